@@ -1,0 +1,70 @@
+# make                  -> builds train_gpt and test_gpt for the backend found (cuda if nvcc and a GPU, else cpu)
+# make BACKEND=cpu|cuda -> forces one;  PRECISION=FP32 -> fp32 CUDA build;  CUDA_ARCH=90 -> sm_90 (Hopper)
+# make BUILD_DIR=build/cuda BACKEND=cuda  -> puts the binaries elsewhere (CI builds both backends)
+
+HAVE_NVCC := $(shell command -v nvcc 2>/dev/null || test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc)
+HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q GPU && echo 1)
+ifeq ($(BACKEND),)
+  ifneq ($(and $(HAVE_NVCC),$(HAVE_GPU)),)
+    BACKEND := cuda
+  else
+    BACKEND := cpu
+  endif
+endif
+
+BUILD_DIR ?= .
+PRECISION ?= BF16
+CUDA_ARCH ?= 90
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+
+MPICXX := $(shell command -v mpicxx 2>/dev/null)
+ifeq ($(MPICXX),)
+  $(error Open MPI not found (mpicxx): apt-get install libopenmpi-dev openmpi-bin)
+endif
+MPI_CFLAGS := $(shell mpicxx --showme:compile) -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX
+MPI_LDFLAGS := $(shell mpicxx --showme:link)
+
+HEADERS := $(wildcard llmc/*.h)
+TARGETS := $(BUILD_DIR)/train_gpt $(BUILD_DIR)/test_gpt
+
+ifeq ($(BACKEND),cpu)
+  CXX := g++
+  CXXFLAGS := -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-function -Wno-missing-field-initializers -x c++ $(MPI_CFLAGS)
+  LDLIBS := -lopenblas -lm $(MPI_LDFLAGS)
+  ifeq ($(wildcard /usr/include/x86_64-linux-gnu/cblas.h /usr/include/cblas.h /usr/include/openblas/cblas.h),)
+    $(error OpenBLAS not found (cblas.h): apt-get install libopenblas-dev)
+  endif
+  CXXFLAGS += $(if $(wildcard /usr/include/openblas/cblas.h),-I/usr/include/openblas)
+  COMPILE = $(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
+else ifeq ($(BACKEND),cuda)
+  ifeq ($(wildcard $(NVCC)),)
+    $(error BACKEND=cuda but nvcc not found at $(NVCC); set CUDA_HOME)
+  endif
+  ifeq ($(wildcard $(CUDA_HOME)/include/nccl.h)$(wildcard /usr/include/nccl.h),)
+    $(error NCCL not found (nccl.h in $(CUDA_HOME)/include or /usr/include))
+  endif
+  NVCCFLAGS := -O3 --use_fast_math -std=c++17 -arch=sm_$(CUDA_ARCH) -Xcompiler -fopenmp,-Wall,-Wno-unused-function \
+               $(MPI_CFLAGS) -I$(CUDA_HOME)/include $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32)
+  LDLIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lgomp $(MPI_LDFLAGS)
+  COMPILE = $(NVCC) $(NVCCFLAGS) $< -o $@ $(LDLIBS)
+else
+  $(error BACKEND must be cpu or cuda, got '$(BACKEND)')
+endif
+
+all: $(TARGETS)
+
+$(BUILD_DIR)/train_gpt: train_gpt.cu $(HEADERS) | $(BUILD_DIR)
+	$(COMPILE)
+
+$(BUILD_DIR)/test_gpt: test_gpt.cu train_gpt.cu $(HEADERS) | $(BUILD_DIR)
+	$(COMPILE)
+
+$(BUILD_DIR):
+	mkdir -p $@
+
+clean:
+	rm -f train_gpt test_gpt
+	rm -rf build
+
+.PHONY: all clean

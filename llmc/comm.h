@@ -1,0 +1,241 @@
+// The process grid and the collectives, in one place.
+//   world = tp * pp * dp, tp fastest: tp_rank = r % tp, pp_rank = (r / tp) % pp, dp_rank = r / (tp * pp).
+//   Each group (tp, pp, dp, ep) is an MPI communicator; on CUDA also an NCCL communicator whose
+//   unique id is broadcast over that MPI communicator. Collectives take a Group, so the call
+//   site says which ranks talk. The CPU build runs the same calls through MPI on host memory.
+// Byte accounting: each collective adds to its group the bytes one rank sends with the ring
+// algorithm (all-reduce 2(p-1)/p*N, reduce-scatter and all-gather (p-1)/p*N, N = full size).
+#ifndef LLMC_COMM_H
+#define LLMC_COMM_H
+
+#include "backend.h"
+
+typedef enum { DT_FLOAT, DT_FLOATX } DType;
+
+typedef struct {
+    const char *name;
+    int size, rank;
+    MPI_Comm mpi;
+#ifdef USE_CUDA
+    ncclComm_t nccl;
+#endif
+    double bytes;   // ring bytes sent by this rank since comm_reset_counters
+    long calls;
+} Group;
+
+typedef struct {
+    int world_size, rank, local_rank;
+    int tp, pp, dp, ep;
+    int tp_rank, pp_rank, dp_rank, ep_rank;
+    Group world, tp_group, pp_group, dp_group, ep_group;
+} Grid;
+
+static size_t comm_type_size(DType t) { return t == DT_FLOAT ? sizeof(float) : sizeof(floatX); }
+
+#ifdef USE_CUDA
+static ncclDataType_t nccl_type(DType t) {
+    if (t == DT_FLOAT) { return ncclFloat; }
+    return sizeof(floatX) == 2 ? ncclBfloat16 : ncclFloat;
+}
+#endif
+
+static void group_init(Group *g, const char *name, int color, int key) {
+    g->name = name;
+    g->bytes = 0;
+    g->calls = 0;
+    MPI_Comm_split(MPI_COMM_WORLD, color, key, &g->mpi);
+    MPI_Comm_size(g->mpi, &g->size);
+    MPI_Comm_rank(g->mpi, &g->rank);
+#ifdef USE_CUDA
+    ncclUniqueId id;
+    if (g->rank == 0) { ncclCheck(ncclGetUniqueId(&id)); }
+    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g->mpi);
+    ncclCheck(ncclCommInitRank(&g->nccl, g->size, id, g->rank));
+#endif
+}
+
+// Builds every group of the grid. Call after the sizes were validated (grid_validate).
+static void grid_init(Grid *grid, int tp, int pp, int ep) {
+    MPI_Comm_size(MPI_COMM_WORLD, &grid->world_size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &grid->rank);
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, grid->rank, MPI_INFO_NULL, &local);
+    MPI_Comm_rank(local, &grid->local_rank);
+    MPI_Comm_free(&local);
+    int r = grid->rank;
+    grid->tp = tp; grid->pp = pp; grid->dp = grid->world_size / (tp * pp); grid->ep = ep;
+    grid->tp_rank = r % tp;
+    grid->pp_rank = (r / tp) % pp;
+    grid->dp_rank = r / (tp * pp);
+    grid->ep_rank = grid->dp_rank % ep;
+    backend_init(grid->local_rank);
+    group_init(&grid->world, "world", 0, r);
+    group_init(&grid->tp_group, "tp", r / tp, r);                                    // same (pp, dp)
+    group_init(&grid->pp_group, "pp", grid->dp_rank * tp + grid->tp_rank, r);         // same (tp, dp)
+    group_init(&grid->dp_group, "dp", grid->pp_rank * tp + grid->tp_rank, r);         // same (tp, pp)
+    group_init(&grid->ep_group, "ep", (grid->dp_rank / ep) * tp * pp + grid->pp_rank * tp + grid->tp_rank, r);
+}
+
+// Prints the grid and the members of every group (rank 0).
+static void grid_print(const Grid *g) {
+    int world = g->world_size;
+    int *all = (int *)malloc_check(sizeof(int) * 4 * world);
+    int mine[4] = {g->tp_group.rank, g->pp_rank, g->dp_rank, g->ep_rank};
+    MPI_Gather(mine, 4, MPI_INT, all, 4, MPI_INT, 0, MPI_COMM_WORLD);
+    if (g->rank == 0) {
+        printf("process grid: world %d = tp %d x pp %d x dp %d (ep %d within dp), tp fastest\n",
+               world, g->tp, g->pp, g->dp, g->ep);
+        for (int r = 0; r < world; r++) {
+            printf("  rank %d: tp_rank %d pp_rank %d dp_rank %d ep_rank %d\n", r, all[4 * r], all[4 * r + 1], all[4 * r + 2], all[4 * r + 3]);
+        }
+        const char *names[3] = {"tp", "pp", "dp"};
+        for (int k = 0; k < 3; k++) {
+            printf("  %s groups:", names[k]);
+            for (int first = 0; first < world; first++) {
+                // a group is printed from its lowest rank
+                int tpr = first % g->tp, ppr = (first / g->tp) % g->pp, dpr = first / (g->tp * g->pp);
+                if ((k == 0 && tpr != 0) || (k == 1 && ppr != 0) || (k == 2 && dpr != 0)) { continue; }
+                int n = k == 0 ? g->tp : (k == 1 ? g->pp : g->dp);
+                int stride = k == 0 ? 1 : (k == 1 ? g->tp : g->tp * g->pp);
+                printf(" [");
+                for (int i = 0; i < n; i++) { printf(i ? " %d" : "%d", first + i * stride); }
+                printf("]");
+            }
+            printf("\n");
+        }
+        fflush(stdout);
+    }
+    free(all);
+}
+
+static void grid_free(Grid *g) {
+    Group *groups[5] = {&g->world, &g->tp_group, &g->pp_group, &g->dp_group, &g->ep_group};
+    for (int i = 0; i < 5; i++) {
+#ifdef USE_CUDA
+        ncclCommDestroy(groups[i]->nccl);
+#endif
+        MPI_Comm_free(&groups[i]->mpi);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// collectives on device buffers (CPU build: host buffers through MPI)
+
+// A request for an asynchronous collective. On CUDA the collective runs on comm_stream and the
+// event marks its end; on the CPU it is a non-blocking MPI request.
+typedef struct {
+#ifdef USE_CUDA
+    cudaEvent_t done;
+#else
+    MPI_Request req;
+#endif
+    int active;
+} CommRequest;
+
+static void comm_count(Group *g, double bytes) { g->bytes += bytes; g->calls++; }
+
+// buf (n) summed over the group, in place. async: NULL = ordered on the compute stream.
+static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest *async) {
+    if (g->size == 1) { return; }
+    comm_count(g, 2.0 * (g->size - 1) / g->size * n * comm_type_size(t));
+#ifdef USE_CUDA
+    cudaStream_t s = async ? comm_stream : main_stream;
+    if (async) { cudaEvent_t ready; cudaCheck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+                 cudaCheck(cudaEventRecord(ready, main_stream)); cudaCheck(cudaStreamWaitEvent(comm_stream, ready, 0));
+                 cudaCheck(cudaEventDestroy(ready)); }
+    ncclCheck(ncclAllReduce(buf, buf, n, nccl_type(t), ncclSum, g->nccl, s));
+    if (async) { cudaCheck(cudaEventCreateWithFlags(&async->done, cudaEventDisableTiming));
+                 cudaCheck(cudaEventRecord(async->done, comm_stream)); async->active = 1; }
+#else
+    if (async) { MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, g->mpi, &async->req); async->active = 1; }
+    else { MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, g->mpi); }
+#endif
+}
+
+// send (size * n) summed over the group; rank i receives chunk i (n) in recv.
+static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n, DType t, CommRequest *async) {
+    if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * comm_type_size(t)); } return; }
+    comm_count(g, (double)(g->size - 1) * n * comm_type_size(t));
+#ifdef USE_CUDA
+    cudaStream_t s = async ? comm_stream : main_stream;
+    if (async) { cudaEvent_t ready; cudaCheck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+                 cudaCheck(cudaEventRecord(ready, main_stream)); cudaCheck(cudaStreamWaitEvent(comm_stream, ready, 0));
+                 cudaCheck(cudaEventDestroy(ready)); }
+    ncclCheck(ncclReduceScatter(send, recv, n, nccl_type(t), ncclSum, g->nccl, s));
+    if (async) { cudaCheck(cudaEventCreateWithFlags(&async->done, cudaEventDisableTiming));
+                 cudaCheck(cudaEventRecord(async->done, comm_stream)); async->active = 1; }
+#else
+    if (async) { MPI_Ireduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, g->mpi, &async->req); async->active = 1; }
+    else { MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, g->mpi); }
+#endif
+}
+
+// every rank's send (n) concatenated in rank order into recv (size * n).
+// In place when send == recv + rank * n.
+static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DType t, CommRequest *async) {
+    size_t es = comm_type_size(t);
+    if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * es); } return; }
+    comm_count(g, (double)(g->size - 1) * n * es);
+    int in_place = ((const char *)send == (const char *)recv + g->rank * n * es);
+#ifdef USE_CUDA
+    (void)in_place;
+    cudaStream_t s = async ? comm_stream : main_stream;
+    if (async) { cudaEvent_t ready; cudaCheck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+                 cudaCheck(cudaEventRecord(ready, main_stream)); cudaCheck(cudaStreamWaitEvent(comm_stream, ready, 0));
+                 cudaCheck(cudaEventDestroy(ready)); }
+    ncclCheck(ncclAllGather(send, recv, n, nccl_type(t), g->nccl, s));
+    if (async) { cudaCheck(cudaEventCreateWithFlags(&async->done, cudaEventDisableTiming));
+                 cudaCheck(cudaEventRecord(async->done, comm_stream)); async->active = 1; }
+#else
+    const void *sb = in_place ? MPI_IN_PLACE : send;
+    if (async) { MPI_Iallgather(sb, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi, &async->req); async->active = 1; }
+    else { MPI_Allgather(sb, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi); }
+#endif
+}
+
+// Makes the compute stream wait for an asynchronous collective (CPU: waits for it).
+static void comm_wait(CommRequest *r) {
+    if (!r->active) { return; }
+#ifdef USE_CUDA
+    cudaCheck(cudaStreamWaitEvent(main_stream, r->done, 0));
+    cudaCheck(cudaEventDestroy(r->done));
+#else
+    MPI_Wait(&r->req, MPI_STATUS_IGNORE);
+#endif
+    r->active = 0;
+}
+
+// Small host-side reductions (loss, norms, flags) always go through MPI, on both backends.
+static void comm_sum_host(Group *g, double *vals, int n) {
+    if (g->size == 1) { return; }
+    MPI_Allreduce(MPI_IN_PLACE, vals, n, MPI_DOUBLE, MPI_SUM, g->mpi);
+}
+
+static void comm_reset_counters(Grid *grid) {
+    Group *groups[5] = {&grid->world, &grid->tp_group, &grid->pp_group, &grid->dp_group, &grid->ep_group};
+    for (int i = 0; i < 5; i++) { groups[i]->bytes = 0; groups[i]->calls = 0; }
+}
+
+// Prints, per rank, the bytes this rank sent in each group since the last reset.
+static void comm_report(Grid *grid, int steps, const char *label) {
+    Group *groups[4] = {&grid->tp_group, &grid->pp_group, &grid->dp_group, &grid->ep_group};
+    double mine[8];
+    for (int i = 0; i < 4; i++) { mine[2 * i] = groups[i]->bytes / steps; mine[2 * i + 1] = (double)groups[i]->calls / steps; }
+    double *all = (double *)malloc_check(sizeof(double) * 8 * grid->world_size);
+    MPI_Gather(mine, 8, MPI_DOUBLE, all, 8, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (grid->rank == 0) {
+        printf("comm report (%s): bytes sent per rank per step (ring formulas: all-reduce 2(p-1)/p*N, reduce-scatter/all-gather (p-1)/p*N)\n", label);
+        for (int r = 0; r < grid->world_size; r++) {
+            printf("  rank %d:", r);
+            for (int i = 0; i < 4; i++) { printf("  %s %.0f B (%.0f calls)", groups[i]->name, all[8 * r + 2 * i], all[8 * r + 2 * i + 1]); }
+            printf("\n");
+        }
+        for (int r = 0; r < grid->world_size; r++) {
+            for (int i = 0; i < 4; i++) { printf("comm %d %s %.0f\n", r, groups[i]->name, all[8 * r + 2 * i]); }
+        }
+        fflush(stdout);
+    }
+    free(all);
+}
+
+#endif

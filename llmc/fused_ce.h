@@ -1,0 +1,113 @@
+// Fused, chunked, vocab-parallel LM head + softmax cross-entropy.
+// The (B*T, Vp) logits never exist: tokens are processed in chunks of n; for each chunk
+//   logits (n, Vl) = h_chunk @ wte_local^T            this tp rank's vocab rows [v0, v0 + Vl)
+//   per token: local max, local sum-exp, target logit  -> one all-gather over tp of (n, 3) floats
+//   loss = log(sum-exp) + max - target logit           (global, identical on every tp rank)
+//   dlogits = (softmax - onehot) * dloss, written over the logits in place
+//   dh_chunk (n, C) = dlogits @ wte_local   (a partial sum: the caller reduces it over tp)
+//   dwte_local += dlogits^T @ h_chunk
+// Padded vocab columns (>= V) never enter the softmax and get zero gradient.
+#ifndef LLMC_FUSED_CE_H
+#define LLMC_FUSED_CE_H
+
+#include "backend.h"
+#include "comm.h"
+#include "matmul.h"
+
+// logits (n, Vl) -> stats (n, 3): [max, sum exp(z - max), target logit or 0]
+static void ce_stats_cpu(float *stats, const float *logits, const int *targets, int v0, int V, int n, int Vl) {
+    int valid = V - v0 < Vl ? V - v0 : Vl;   // columns of real tokens on this rank (may be <= 0)
+    #pragma omp parallel for
+    for (int i = 0; i < n; i++) {
+        const float *z = logits + (size_t)i * Vl;
+        float m = -INFINITY, s = 0.0f, zt = 0.0f;
+        for (int j = 0; j < valid; j++) { if (z[j] > m) { m = z[j]; } }
+        for (int j = 0; j < valid; j++) { s += expf(z[j] - m); }
+        int t = targets[i] - v0;
+        if (t >= 0 && t < valid) { zt = z[t]; }
+        stats[3 * i + 0] = m;
+        stats[3 * i + 1] = s;
+        stats[3 * i + 2] = zt;
+    }
+}
+
+// stats_all (tp, n, 3) from every tp rank -> losses (n); if write_dlogits: logits become dlogits.
+static void ce_loss_dlogits_cpu(float *logits, float *losses, const float *stats_all, const int *targets,
+                                int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
+    int valid = V - v0 < Vl ? V - v0 : Vl;
+    #pragma omp parallel for
+    for (int i = 0; i < n; i++) {
+        float M = -INFINITY;
+        for (int r = 0; r < tp; r++) { float m = stats_all[((size_t)r * n + i) * 3]; if (m > M) { M = m; } }
+        float S = 0.0f, zt = 0.0f;
+        for (int r = 0; r < tp; r++) {
+            const float *st = stats_all + ((size_t)r * n + i) * 3;
+            if (st[1] > 0.0f) { S += st[1] * expf(st[0] - M); }
+            zt += st[2];
+        }
+        losses[i] = logf(S) + M - zt;
+        if (!write_dlogits) { continue; }
+        float *z = logits + (size_t)i * Vl;
+        float invS = 1.0f / S;
+        int t = targets[i] - v0;
+        for (int j = 0; j < Vl; j++) {
+            float g = 0.0f;
+            if (j < valid) { g = (expf(z[j] - M) * invS - (j == t ? 1.0f : 0.0f)) * dloss; }
+            z[j] = g;
+        }
+    }
+}
+
+#ifdef USE_CUDA
+// CUDA kernels go here
+#endif
+
+static void ce_stats(float *stats, const floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
+#ifdef USE_CUDA
+    ce_stats_cuda(stats, logits, targets, v0, V, n, Vl);
+#else
+    ce_stats_cpu(stats, logits, targets, v0, V, n, Vl);
+#endif
+}
+
+static void ce_loss_dlogits(floatX *logits, float *losses, const float *stats_all, const int *targets,
+                            int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
+#ifdef USE_CUDA
+    ce_loss_dlogits_cuda(logits, losses, stats_all, targets, v0, V, n, Vl, tp, dloss, write_dlogits);
+#else
+    ce_loss_dlogits_cpu(logits, losses, stats_all, targets, v0, V, n, Vl, tp, dloss, write_dlogits);
+#endif
+}
+
+// ----------------------------------------------------------------------------
+// the chunk loop (host code, shared by both backends)
+
+typedef struct {
+    int chunk;          // tokens per chunk
+    floatX *logits;     // (chunk, Vl): the only logits buffer
+    float *stats;       // (chunk, 3)
+    float *stats_all;   // (tp, chunk, 3)
+} CEBuffers;
+
+// h (N, C): hidden states of all N tokens (the same on every tp rank); targets (N).
+// losses (N) written. If dh != NULL (training): dh (N, C) written with this rank's partial
+// gradient and dwte_local (Vl, C) accumulated. dloss = d(mean loss)/d(loss of one token).
+static void fused_classifier(float *losses, floatX *dh, floatX *dwte_local, const floatX *h, const floatX *wte_local,
+                             const int *targets, CEBuffers *buf, Group *tp_group, int v0, int V, int Vl,
+                             int N, int C, float dloss) {
+    int tp = tp_group->size;
+    for (int c0 = 0; c0 < N; c0 += buf->chunk) {
+        int n = N - c0 < buf->chunk ? N - c0 : buf->chunk;
+        const floatX *hc = h + (size_t)c0 * C;
+        matmul_forward(buf->logits, hc, wte_local, NULL, n, C, Vl);
+        ce_stats(buf->stats, buf->logits, targets + c0, v0, V, n, Vl);
+        // one collective per chunk: every rank's (max, sum-exp, target logit) for the n tokens
+        comm_all_gather(tp_group, buf->stats, buf->stats_all, 3 * (size_t)n, DT_FLOAT, NULL);
+        ce_loss_dlogits(buf->logits, losses + c0, buf->stats_all, targets + c0, v0, V, n, Vl, tp, dloss, dh != NULL);
+        if (dh != NULL) {
+            matmul_backward(dh + (size_t)c0 * C, dwte_local, NULL, buf->logits, hc, wte_local, n, C, Vl);
+        }
+    }
+}
+
+#endif

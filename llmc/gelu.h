@@ -1,0 +1,50 @@
+// GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+#ifndef LLMC_GELU_H
+#define LLMC_GELU_H
+
+#include "backend.h"
+
+#define GELU_SCALE 0.7978845608028654f   // sqrt(2 / pi)
+
+static void gelu_forward_cpu(float *out, const float *inp, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
+    }
+}
+
+// dinp = gelu'(inp) * dout (written; dinp may alias dout)
+static void gelu_backward_cpu(float *dinp, const float *inp, const float *dout, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        float th = tanhf(u);
+        float sech2 = 1.0f - th * th;
+        float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = grad * dout[i];
+    }
+}
+
+#ifdef USE_CUDA
+// CUDA kernels go here
+#endif
+
+static void gelu_forward(floatX *out, const floatX *inp, size_t n) {
+#ifdef USE_CUDA
+    gelu_forward_cuda(out, inp, n);
+#else
+    gelu_forward_cpu(out, inp, n);
+#endif
+}
+
+static void gelu_backward(floatX *dinp, const floatX *inp, const floatX *dout, size_t n) {
+#ifdef USE_CUDA
+    gelu_backward_cuda(dinp, inp, dout, n);
+#else
+    gelu_backward_cpu(dinp, inp, dout, n);
+#endif
+}
+
+#endif

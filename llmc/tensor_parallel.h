@@ -1,0 +1,79 @@
+// Tensor parallelism (Megatron-style) with optional sequence parallelism, in one place.
+//
+//   column-parallel linear (qkv, fc):  each tp rank holds a slice of the OUTPUT rows of W
+//                                      (qkv: its heads of each of q, k, v; fc: 4C/tp rows)
+//   row-parallel linear (attproj, fcproj): each rank holds a slice of the INPUT columns of W,
+//                                      produces a partial sum; the bias is added once after the sum.
+//   vocab-parallel wte: each rank holds Vp/tp rows, used by the embedding and the LM head.
+//
+// The four communication points (Megatron's f and g), for activations of BT = B*T tokens:
+//                           without --sp                          with --sp (tokens split BT -> BT/tp)
+//   enter column-parallel   fwd: identity    bwd: all-reduce      fwd: all-gather     bwd: reduce-scatter
+//   exit row-parallel       fwd: all-reduce  bwd: identity        fwd: reduce-scatter bwd: all-gather
+// With --sp, LayerNorm, residual adds and biases after the row-parallel layers run on the local
+// BT/tp tokens (the flattened (B, T) token range [tp_rank * BT/tp, (tp_rank + 1) * BT/tp), so every
+// gather and scatter is one contiguous collective); their parameter gradients are then partial
+// and are all-reduced over tp before the data-parallel reduction (zero.h).
+#ifndef LLMC_TENSOR_PARALLEL_H
+#define LLMC_TENSOR_PARALLEL_H
+
+#include "comm.h"
+
+typedef enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS } SplitKind;
+
+// A full (llm.c) tensor viewed as nblk blocks of (rows, cols); SPLIT_ROWS gives rank r the rows
+// [r*rows/tp, (r+1)*rows/tp) of every block, SPLIT_COLS the columns [r*cols/tp, (r+1)*cols/tp).
+// Copies full -> local (to_local = 1) or local -> full (to_local = 0). Host memory.
+static void tp_slice_copy(float *full, float *local, int nblk, size_t rows, size_t cols, SplitKind split,
+                          int tp, int r, int to_local) {
+    if (split == SPLIT_NONE || tp == 1) {
+        size_t n = (size_t)nblk * rows * cols;
+        if (to_local) { memcpy(local, full, n * sizeof(float)); } else { memcpy(full, local, n * sizeof(float)); }
+        return;
+    }
+    if (split == SPLIT_ROWS) {
+        size_t lr = rows / tp;
+        for (int b = 0; b < nblk; b++) {
+            float *f = full + ((size_t)b * rows + r * lr) * cols;
+            float *l = local + (size_t)b * lr * cols;
+            if (to_local) { memcpy(l, f, lr * cols * sizeof(float)); } else { memcpy(f, l, lr * cols * sizeof(float)); }
+        }
+    } else {
+        size_t lc = cols / tp;
+        for (size_t i = 0; i < (size_t)nblk * rows; i++) {
+            float *f = full + i * cols + r * lc;
+            float *l = local + i * lc;
+            if (to_local) { memcpy(l, f, lc * sizeof(float)); } else { memcpy(f, l, lc * sizeof(float)); }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the communication points. x_local is (BTs, C) with BTs = BT/tp under SP, BT otherwise.
+
+// forward, before a column-parallel layer: returns the (BT, C) input (SP: gathered into full_buf)
+static floatX *tp_enter_forward(Group *tp, int sp, floatX *x_local, floatX *full_buf, size_t BTs, int C) {
+    if (!sp || tp->size == 1) { return x_local; }
+    comm_all_gather(tp, x_local, full_buf, BTs * C, DT_FLOATX, NULL);
+    return full_buf;
+}
+
+// backward of the same point: dx_partial (BT, C) summed over tp -> (BTs, C) (SP: into dx_local)
+static floatX *tp_enter_backward(Group *tp, int sp, floatX *dx_partial, floatX *dx_local, size_t BTs, int C) {
+    if (tp->size == 1) { return dx_partial; }
+    if (!sp) { comm_all_reduce(tp, dx_partial, BTs * C, DT_FLOATX, NULL); return dx_partial; }
+    comm_reduce_scatter(tp, dx_partial, dx_local, BTs * C, DT_FLOATX, NULL);
+    return dx_local;
+}
+
+// forward, after a row-parallel layer: partial (BT, C) summed over tp -> (BTs, C) (SP: into out_local)
+static floatX *tp_exit_forward(Group *tp, int sp, floatX *partial, floatX *out_local, size_t BTs, int C) {
+    return tp_enter_backward(tp, sp, partial, out_local, BTs, C);
+}
+
+// backward of the same point: dy_local (BTs, C) -> the (BT, C) gradient (SP: gathered into full_buf)
+static floatX *tp_exit_backward(Group *tp, int sp, floatX *dy_local, floatX *full_buf, size_t BTs, int C) {
+    return tp_enter_forward(tp, sp, dy_local, full_buf, BTs, C);
+}
+
+#endif

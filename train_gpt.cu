@@ -1,0 +1,1018 @@
+/*
+GPT-2 training, single source, CPU or CUDA, any mix of data / ZeRO / tensor+sequence parallelism.
+Read top to bottom: the model's tensors and how they are cut into units -> the model (forward,
+fused chunked head, backward) -> one training step -> checkpoints -> flags -> main.
+The parallel strategies each live in one file: llmc/zero.h (data parallel + ZeRO 0-3),
+llmc/tensor_parallel.h (Megatron TP + SP), llmc/fused_ce.h (vocab-parallel chunked cross-entropy),
+llmc/comm.h (the process grid and the collectives).
+*/
+#include <unistd.h>
+#include <sys/stat.h>
+#include <dirent.h>
+#include <time.h>
+#include "llmc/utils.h"
+#include "llmc/backend.h"
+#include "llmc/alloc.h"
+#include "llmc/comm.h"
+#include "llmc/rand.h"
+#include "llmc/encoder.h"
+#include "llmc/layernorm.h"
+#include "llmc/matmul.h"
+#include "llmc/attention.h"
+#include "llmc/gelu.h"
+#include "llmc/residual.h"
+#include "llmc/fused_ce.h"
+#include "llmc/adamw.h"
+#include "llmc/global_norm.h"
+#include "llmc/tensor_parallel.h"
+#include "llmc/zero.h"
+#include "llmc/dataloader.h"
+#include "llmc/tokenizer.h"
+#include "llmc/schedulers.h"
+
+// ----------------------------------------------------------------------------
+// the model's tensors, in llm.c's file order
+
+typedef struct {
+    int max_seq_len;        // maxT
+    int vocab_size;         // V
+    int padded_vocab_size;  // Vp >= V, rows V..Vp-1 of wte are padding
+    int num_layers;         // L
+    int num_heads;          // NH
+    int channels;           // C
+} GPT2Config;
+
+enum { T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB,
+       T_LN2W, T_LN2B, T_FCW, T_FCB, T_FCPROJW, T_FCPROJB, T_LNFW, T_LNFB, NUM_TENSORS };
+static const char *tensor_names[NUM_TENSORS] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+                                                "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+
+typedef struct { int nblk; size_t rows, cols; SplitKind split; int per_layer; int decay; } TensorSpec;
+
+// Full shape of tensor id (of one layer, for the per-layer ones) and how tensor parallelism cuts it.
+static TensorSpec tensor_spec(const GPT2Config *c, int id) {
+    size_t C = c->channels;
+    switch (id) {
+        case T_WTE:      return (TensorSpec){1, (size_t)c->padded_vocab_size, C, SPLIT_ROWS, 0, 1};  // vocab-parallel
+        case T_WPE:      return (TensorSpec){1, (size_t)c->max_seq_len, C, SPLIT_NONE, 0, 1};
+        case T_QKVW:     return (TensorSpec){3, C, C, SPLIT_ROWS, 1, 1};       // column-parallel: heads of q, k, v
+        case T_QKVB:     return (TensorSpec){3, C, 1, SPLIT_ROWS, 1, 0};
+        case T_ATTPROJW: return (TensorSpec){1, C, C, SPLIT_COLS, 1, 1};       // row-parallel
+        case T_FCW:      return (TensorSpec){1, 4 * C, C, SPLIT_ROWS, 1, 1};   // column-parallel
+        case T_FCB:      return (TensorSpec){1, 4 * C, 1, SPLIT_ROWS, 1, 0};
+        case T_FCPROJW:  return (TensorSpec){1, C, 4 * C, SPLIT_COLS, 1, 1};   // row-parallel
+        case T_LNFW: case T_LNFB: return (TensorSpec){1, 1, C, SPLIT_NONE, 0, 0};
+        default:         return (TensorSpec){1, 1, C, SPLIT_NONE, 1, 0};       // ln1, ln2, attprojb, fcprojb
+    }
+}
+
+static size_t tensor_full_size(const GPT2Config *c, int id) {   // all layers
+    TensorSpec s = tensor_spec(c, id);
+    return (size_t)s.nblk * s.rows * s.cols * (s.per_layer ? c->num_layers : 1);
+}
+
+static size_t num_parameters(const GPT2Config *c) {
+    size_t n = 0;
+    for (int i = 0; i < NUM_TENSORS; i++) { n += tensor_full_size(c, i); }
+    return n;
+}
+
+// The units of zero.h: 0 = embedding (wpe, wte), 1..L = layers, L+1 = final LayerNorm.
+// Inside a unit the tp-replicated tensors come first (one block to all-reduce under SP).
+static int build_units(const GPT2Config *c, int tp, Unit *units) {
+    static const int embedding[] = {T_WPE, T_WTE};
+    static const int layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_FCPROJB,
+                                T_QKVW, T_QKVB, T_ATTPROJW, T_FCW, T_FCB, T_FCPROJW};
+    static const int final_ln[] = {T_LNFW, T_LNFB};
+    int L = c->num_layers;
+    for (int u = 0; u < L + 2; u++) {
+        const int *ids = u == 0 ? embedding : (u <= L ? layer : final_ln);
+        int n = u == 0 ? 2 : (u <= L ? 12 : 2);
+        Unit *U = &units[u];
+        memset(U, 0, sizeof(Unit));
+        for (int k = 0; k < n; k++) {
+            TensorSpec s = tensor_spec(c, ids[k]);
+            UnitTensor *t = &U->t[U->ntensors++];
+            t->id = ids[k];
+            t->layer = (u >= 1 && u <= L) ? u - 1 : -1;
+            t->offset = U->size;
+            t->size = (size_t)s.nblk * s.rows * s.cols / (s.split == SPLIT_NONE ? 1 : tp);
+            t->decay = s.decay;
+            t->replicated = s.split == SPLIT_NONE;
+            U->size += t->size;
+            if (t->replicated) { U->nrep = U->size; }
+        }
+    }
+    return L + 2;
+}
+
+// Pointers to each tensor of a unit, given the unit's base (parameters or gradients: same layout).
+static void unit_view(const Unit *U, floatX *base, floatX *ptr[NUM_TENSORS]) {
+    for (int k = 0; k < U->ntensors; k++) { ptr[U->t[k].id] = base + U->t[k].offset; }
+}
+
+// Host, fp32: cut this tp rank's unit out of the full tensors (to_unit = 1), or put it back.
+static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_TENSORS], float *unit,
+                           int tp, int tp_rank, int to_unit) {
+    for (int k = 0; k < U->ntensors; k++) {
+        const UnitTensor *t = &U->t[k];
+        TensorSpec s = tensor_spec(c, t->id);
+        size_t per_layer = (size_t)s.nblk * s.rows * s.cols;
+        float *f = full[t->id] + (t->layer >= 0 ? (size_t)t->layer * per_layer : 0);
+        tp_slice_copy(f, unit + t->offset, s.nblk, s.rows, s.cols, s.split, tp, tp_rank, to_unit);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// model files (llm.c format): int32 header[256] then the 16 tensors, fp32 (version 3) or bf16 (5)
+
+#define MODEL_MAGIC 20240326
+
+static float bf16_to_float(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
+static uint16_t float_to_bf16(float f) {   // round to nearest even
+    uint32_t u; memcpy(&u, &f, 4);
+    u += 0x7FFF + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+// Reads and checks a model file; returns all parameters as one host fp32 array in file order.
+static float *read_model_file(const char *path, GPT2Config *c) {
+    FILE *f = fopen_check(path, "rb");
+    int h[256];
+    if (fread(h, sizeof(int), 256, f) != 256) { fail("model file '%s' is truncated: expected a 1024-byte header", path); }
+    if (h[0] != MODEL_MAGIC) { fail("model file '%s' has bad magic %d, expected %d", path, h[0], MODEL_MAGIC); }
+    if (h[1] != 3 && h[1] != 5) { fail("model file '%s' has version %d, expected 3 (fp32) or 5 (bf16)", path, h[1]); }
+    c->max_seq_len = h[2]; c->vocab_size = h[3]; c->num_layers = h[4]; c->num_heads = h[5]; c->channels = h[6];
+    c->padded_vocab_size = h[7];
+    if (c->max_seq_len <= 0 || c->vocab_size <= 0 || c->num_layers <= 0 || c->num_heads <= 0 || c->channels <= 0 ||
+        c->padded_vocab_size < c->vocab_size || c->channels % c->num_heads != 0 || c->vocab_size > 65536 ||
+        c->channels > 65536 || c->max_seq_len > 1 << 20 || c->num_layers > 1024) {
+        fail("model file '%s' has inconsistent header values (maxT %d V %d L %d NH %d C %d Vp %d)", path,
+             h[2], h[3], h[4], h[5], h[6], h[7]);
+    }
+    size_t P = num_parameters(c), es = h[1] == 3 ? 4 : 2;
+    long size = file_size(f);
+    if ((size_t)size != 1024 + P * es) {
+        fail("model file '%s' is %ld bytes, expected %zu for its header (%zu parameters, version %d)", path, size, 1024 + P * es, P, h[1]);
+    }
+    float *params = (float *)malloc_check(P * sizeof(float));
+    if (es == 4) {
+        fread_check(params, 4, P, f, path);
+    } else {
+        uint16_t *tmp = (uint16_t *)malloc_check(P * 2);
+        fread_check(tmp, 2, P, f, path);
+        for (size_t i = 0; i < P; i++) { params[i] = bf16_to_float(tmp[i]); }
+        free(tmp);
+    }
+    fclose(f);
+    return params;
+}
+
+// Pointers to the 16 tensors inside one array in file order.
+static void split_tensors(const GPT2Config *c, float *all, float *ptr[NUM_TENSORS]) {
+    for (int i = 0; i < NUM_TENSORS; i++) { ptr[i] = all; all += tensor_full_size(c, i); }
+}
+
+// "d12" (llm.c: depth L, C = 64 L, NH = L) or "L=4,C=64,NH=4,V=250,maxT=64[,Vp=256]".
+// Returns 0 if the string is not a descriptor, -1 if it is a malformed one.
+static int parse_descriptor(const char *s, GPT2Config *c) {
+    memset(c, 0, sizeof(*c));
+    c->vocab_size = 50257; c->max_seq_len = 1024;
+    char *end;
+    if (s[0] == 'd' && s[1] >= '0' && s[1] <= '9') {
+        long d = strtol(s + 1, &end, 10);
+        if (*end != '\0' || d <= 0 || d > 128) { return -1; }
+        c->num_layers = (int)d; c->channels = 64 * (int)d; c->num_heads = (int)d;
+    } else if (strchr(s, '=') != NULL) {
+        char buf[256];
+        snprintf(buf, sizeof(buf), "%s", s);
+        for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+            char *eq = strchr(tok, '=');
+            if (!eq) { return -1; }
+            *eq = '\0';
+            long v = strtol(eq + 1, &end, 10);
+            if (*end != '\0' || v <= 0 || v > (1 << 20)) { return -1; }
+            if (!strcmp(tok, "L")) { c->num_layers = (int)v; }
+            else if (!strcmp(tok, "C")) { c->channels = (int)v; }
+            else if (!strcmp(tok, "NH")) { c->num_heads = (int)v; }
+            else if (!strcmp(tok, "V")) { c->vocab_size = (int)v; }
+            else if (!strcmp(tok, "Vp")) { c->padded_vocab_size = (int)v; }
+            else if (!strcmp(tok, "maxT")) { c->max_seq_len = (int)v; }
+            else { return -1; }
+        }
+        if (c->num_layers == 0 || c->channels == 0 || c->num_heads == 0) { return -1; }
+    } else {
+        return 0;
+    }
+    if (c->padded_vocab_size == 0) { c->padded_vocab_size = (int)ceil_div(c->vocab_size, 128) * 128; }
+    if (c->padded_vocab_size < c->vocab_size || c->channels % c->num_heads != 0 || c->vocab_size > 65536) { return -1; }
+    return 1;
+}
+
+// GPT-2 initialisation (as llm.c): N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), LayerNorm
+// weights 1, biases 0, padded vocab rows 0. Same numbers on every rank, whatever the layout.
+static float *random_init(const GPT2Config *c, uint64_t seed) {
+    size_t P = num_parameters(c);
+    float *all = (float *)calloc(P, sizeof(float));
+    float *t[NUM_TENSORS];
+    split_tensors(c, all, t);
+    Rng rng;
+    rng_init(&rng, seed);
+    float proj_std = 0.02f / sqrtf(2.0f * c->num_layers);
+    for (int i = 0; i < NUM_TENSORS; i++) {
+        size_t n = tensor_full_size(c, i);
+        if (i == T_LN1W || i == T_LN2W || i == T_LNFW) { for (size_t j = 0; j < n; j++) { t[i][j] = 1.0f; } }
+        if (i == T_WTE) { n = (size_t)c->vocab_size * c->channels; }   // padding rows stay 0
+        if (i == T_WTE || i == T_WPE || i == T_QKVW || i == T_FCW) { for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, 0.02f); } }
+        if (i == T_ATTPROJW || i == T_FCPROJW) { for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, proj_std); } }
+    }
+    return all;
+}
+
+// ----------------------------------------------------------------------------
+// the model
+
+typedef struct {
+    // stored for the backward, per layer l (index l * size); BTs = tokens of the LayerNorm/residual
+    // region (BT/tp with SP, else BT), Cl = C/tp, NHl = NH/tp
+    floatX *resid;      // (L+1, BTs, C) the residual stream entering each layer, and the last one
+    floatX *ln1;        // (L, BTs, C)
+    float *ln1_mean, *ln1_rstd;   // (L, BTs)
+    floatX *qkv;        // (L, BT, 3Cl)
+    floatX *atty;       // (L, BT, Cl)
+    float *lse;         // (L, B, NHl, T) attention log-sum-exp
+    floatX *mid;        // (L, BTs, C) residual after attention
+    floatX *ln2;        // (L, BTs, C)
+    float *ln2_mean, *ln2_rstd;
+    floatX *fch, *fchg; // (L, BT, 4Cl) fc output, after GELU
+    floatX *lnf;        // (BTs, C)
+    float *lnf_mean, *lnf_rstd;
+    float *losses;      // (BT)
+    int *inputs, *targets;   // (BT) on the device
+    // workspace, shared by all layers
+    floatX *xfull;      // (BT, C) gathered input of a column-parallel layer (SP only)
+    floatX *pfull;      // (BT, C) partial sums before a tp reduction, and full-token gradients
+    floatX *tokbuf;     // (BTs, C) result of a reduce-scatter (SP)
+    floatX *dresid;     // (BTs, C) gradient of the residual stream
+    floatX *dwide;      // (BT, 4Cl) gradient of fc / gelu, then of qkv
+    floatX *datty;      // (BT, Cl)
+} Activations;
+
+typedef struct {
+    GPT2Config config;
+    Grid *grid;
+    int sp;
+    int B, T, BT, BTs, tok0;     // tok0: first local token of the LayerNorm/residual region
+    int Cl, NHl, Vl, v0;         // this tp rank's channels, heads, vocab rows [v0, v0 + Vl)
+    int nunits;
+    Unit *units;
+    Zero zero;
+    Activations acts;
+    CEBuffers ce;
+    floatX *dlnf;                // set by the head, used by the backward
+    size_t num_parameters;
+} GPT2;
+
+// Builds the model for this rank from full host tensors (file order). Every rank passes the same.
+static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *grid, int zero_stage, int sp) {
+    memset(m, 0, sizeof(*m));
+    m->config = *c;
+    m->grid = grid;
+    m->sp = sp;
+    m->num_parameters = num_parameters(c);
+    int tp = grid->tp;
+    m->Cl = c->channels / tp; m->NHl = c->num_heads / tp;
+    m->Vl = c->padded_vocab_size / tp; m->v0 = grid->tp_rank * m->Vl;
+    m->units = (Unit *)calloc(c->num_layers + 2, sizeof(Unit));
+    m->nunits = build_units(c, tp, m->units);
+    zero_init(&m->zero, grid, zero_stage, sp, m->units, m->nunits);
+    float *full[NUM_TENSORS];
+    split_tensors(c, all_params, full);
+    for (int u = 0; u < m->nunits; u++) {
+        float *host = (float *)malloc_check(m->units[u].size * sizeof(float));
+        unit_copy_full(c, &m->units[u], full, host, tp, grid->tp_rank, 1);
+        zero_set_unit_params(&m->zero, u, host);
+        free(host);
+    }
+}
+
+// Allocates the activations for micro-batches of (B, T) and a CE chunk of `chunk` tokens (0: all).
+static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk) {
+    const GPT2Config *c = &m->config;
+    int tp = m->grid->tp, L = c->num_layers;
+    size_t C = c->channels, Cl = m->Cl;
+    m->B = B; m->T = T; m->BT = B * T;
+    m->BTs = m->sp ? m->BT / tp : m->BT;
+    m->tok0 = m->sp ? m->grid->tp_rank * m->BTs : 0;
+    size_t BT = m->BT, BTs = m->BTs, X = sizeof(floatX), F = sizeof(float);
+    Activations *a = &m->acts;
+    a->resid = (floatX *)mem_alloc((L + 1) * BTs * C * X, MEM_ACTIVATIONS);
+    a->ln1 = (floatX *)mem_alloc(L * BTs * C * X, MEM_ACTIVATIONS);
+    a->ln1_mean = (float *)mem_alloc(L * BTs * F, MEM_ACTIVATIONS);
+    a->ln1_rstd = (float *)mem_alloc(L * BTs * F, MEM_ACTIVATIONS);
+    a->qkv = (floatX *)mem_alloc(L * BT * 3 * Cl * X, MEM_ACTIVATIONS);
+    a->atty = (floatX *)mem_alloc(L * BT * Cl * X, MEM_ACTIVATIONS);
+    a->lse = (float *)mem_alloc(L * BT * m->NHl * F, MEM_ACTIVATIONS);
+    a->mid = (floatX *)mem_alloc(L * BTs * C * X, MEM_ACTIVATIONS);
+    a->ln2 = (floatX *)mem_alloc(L * BTs * C * X, MEM_ACTIVATIONS);
+    a->ln2_mean = (float *)mem_alloc(L * BTs * F, MEM_ACTIVATIONS);
+    a->ln2_rstd = (float *)mem_alloc(L * BTs * F, MEM_ACTIVATIONS);
+    a->fch = (floatX *)mem_alloc(L * BT * 4 * Cl * X, MEM_ACTIVATIONS);
+    a->fchg = (floatX *)mem_alloc(L * BT * 4 * Cl * X, MEM_ACTIVATIONS);
+    a->lnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
+    a->lnf_mean = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
+    a->lnf_rstd = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
+    a->inputs = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
+    a->targets = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
+    a->losses = (float *)mem_alloc(BT * F, MEM_LOGITS);
+    a->xfull = m->sp && tp > 1 ? (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE) : NULL;
+    a->pfull = (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE);
+    a->tokbuf = (floatX *)mem_alloc(BTs * C * X, MEM_WORKSPACE);
+    a->dresid = (floatX *)mem_alloc(BTs * C * X, MEM_WORKSPACE);
+    a->dwide = (floatX *)mem_alloc(BT * 4 * Cl * X, MEM_WORKSPACE);
+    a->datty = (floatX *)mem_alloc(BT * Cl * X, MEM_WORKSPACE);
+    m->ce.chunk = chunk > 0 && chunk < m->BT ? chunk : m->BT;
+    m->ce.logits = (floatX *)mem_alloc((size_t)m->ce.chunk * m->Vl * X, MEM_LOGITS);
+    m->ce.stats = (float *)mem_alloc((size_t)m->ce.chunk * 3 * F, MEM_LOGITS);
+    m->ce.stats_all = (float *)mem_alloc((size_t)tp * m->ce.chunk * 3 * F, MEM_LOGITS);
+}
+
+// inputs (B, T) -> the final LayerNorm output lnf (BTs, C). Tensor-parallel communication at the
+// four points of tensor_parallel.h; ZeRO-3 gathers each unit's parameters as it comes.
+static void gpt2_forward(GPT2 *m) {
+    const GPT2Config *c = &m->config;
+    int L = c->num_layers, C = c->channels, B = m->B, T = m->T, BT = m->BT, BTs = m->BTs;
+    int Cl = m->Cl, NHl = m->NHl, sp = m->sp;
+    Group *tp = &m->grid->tp_group;
+    Activations *a = &m->acts;
+    floatX *p[NUM_TENSORS];
+
+    // embedding: vocab-parallel token lookup of all BT tokens, summed over tp (SP: scattered along
+    // the tokens), then the position embedding of the local tokens
+    unit_view(&m->units[0], zero_fetch_params(&m->zero, 0), p);
+    embedding_forward(a->pfull, a->inputs, p[T_WTE], m->v0, m->v0 + m->Vl, BT, C);
+    floatX *x = tp_exit_forward(tp, sp, a->pfull, a->tokbuf, BTs, C);
+    copy_on_device(a->resid, x, (size_t)BTs * C * sizeof(floatX));
+    position_forward(a->resid, p[T_WPE], m->tok0, BTs, T, C);
+
+    for (int l = 0; l < L; l++) {
+        unit_view(&m->units[1 + l], zero_fetch_params(&m->zero, 1 + l), p);
+        size_t s = (size_t)l * BTs, f = (size_t)l * BT;
+        floatX *res = a->resid + s * C, *ln1 = a->ln1 + s * C, *mid = a->mid + s * C, *ln2 = a->ln2 + s * C;
+        floatX *qkv = a->qkv + f * 3 * Cl, *atty = a->atty + f * Cl, *fch = a->fch + f * 4 * Cl, *fchg = a->fchg + f * 4 * Cl;
+        // attention block: ln1 -> [gather] -> qkv (column-parallel, local heads) -> attention
+        //                  -> attproj (row-parallel) -> [reduce] -> + bias + residual
+        layernorm_forward(ln1, a->ln1_mean + s, a->ln1_rstd + s, res, p[T_LN1W], p[T_LN1B], BTs, C);
+        x = tp_enter_forward(tp, sp, ln1, a->xfull, BTs, C);
+        matmul_forward(qkv, x, p[T_QKVW], p[T_QKVB], BT, C, 3 * Cl);
+        attention_forward(atty, a->lse + (size_t)l * BT * NHl, qkv, B, T, Cl, NHl);
+        matmul_forward(a->pfull, atty, p[T_ATTPROJW], NULL, BT, Cl, C);
+        x = tp_exit_forward(tp, sp, a->pfull, a->tokbuf, BTs, C);
+        residual_bias_forward(mid, res, x, p[T_ATTPROJB], BTs, C);
+        // MLP block: ln2 -> [gather] -> fc (column-parallel) -> gelu -> fcproj (row-parallel) -> [reduce]
+        layernorm_forward(ln2, a->ln2_mean + s, a->ln2_rstd + s, mid, p[T_LN2W], p[T_LN2B], BTs, C);
+        x = tp_enter_forward(tp, sp, ln2, a->xfull, BTs, C);
+        matmul_forward(fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl);
+        gelu_forward(fchg, fch, (size_t)BT * 4 * Cl);
+        matmul_forward(a->pfull, fchg, p[T_FCPROJW], NULL, BT, 4 * Cl, C);
+        x = tp_exit_forward(tp, sp, a->pfull, a->tokbuf, BTs, C);
+        residual_bias_forward(a->resid + (s + BTs) * C, mid, x, p[T_FCPROJB], BTs, C);
+    }
+    unit_view(&m->units[L + 1], zero_fetch_params(&m->zero, L + 1), p);
+    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->resid + (size_t)L * BTs * C, p[T_LNFW], p[T_LNFB], BTs, C);
+}
+
+// The tied LM head and the loss, fused and chunked (fused_ce.h). Returns the mean loss of this
+// rank's B*T tokens. With backward: also dwte and the gradient of lnf (m->dlnf) for gpt2_backward.
+static float gpt2_head(GPT2 *m, float dloss, int backward) {
+    const GPT2Config *c = &m->config;
+    int C = c->channels, BT = m->BT;
+    Group *tp = &m->grid->tp_group;
+    Activations *a = &m->acts;
+    floatX *p[NUM_TENSORS], *g[NUM_TENSORS];
+    // every tp rank needs the hidden states of all tokens: it holds Vp/tp of the vocabulary
+    floatX *h = tp_enter_forward(tp, m->sp, a->lnf, a->xfull, m->BTs, C);
+    unit_view(&m->units[0], zero_fetch_params(&m->zero, 0), p);
+    floatX *dh = NULL, *dwte = NULL;
+    if (backward) {
+        unit_view(&m->units[0], zero_begin_unit_backward(&m->zero, 0), g);
+        dwte = g[T_WTE];
+        dh = a->pfull;
+    }
+    fused_classifier(a->losses, dh, dwte, h, p[T_WTE], a->targets, &m->ce, tp, m->v0, c->vocab_size, m->Vl, BT, C, dloss);
+    if (backward) { m->dlnf = tp_enter_backward(tp, m->sp, dh, a->tokbuf, m->BTs, C); }
+    float *losses = (float *)malloc_check(sizeof(float) * BT);
+    copy_to_host(losses, a->losses, sizeof(float) * BT);
+    double sum = 0.0;
+    for (int i = 0; i < BT; i++) { sum += losses[i]; }
+    free(losses);
+    return (float)(sum / BT);
+}
+
+// The backward, from m->dlnf to every parameter gradient. Each unit's gradient goes to zero.h as soon
+// as the unit is done, so its data-parallel reduction overlaps the backward of the layers below.
+static void gpt2_backward(GPT2 *m, int last_micro) {
+    const GPT2Config *c = &m->config;
+    int L = c->num_layers, C = c->channels, B = m->B, T = m->T, BT = m->BT, BTs = m->BTs;
+    int Cl = m->Cl, NHl = m->NHl, sp = m->sp;
+    Group *tp = &m->grid->tp_group;
+    Zero *z = &m->zero;
+    Activations *a = &m->acts;
+    floatX *p[NUM_TENSORS], *g[NUM_TENSORS];
+
+    unit_view(&m->units[L + 1], zero_fetch_params(z, L + 1), p);
+    unit_view(&m->units[L + 1], zero_begin_unit_backward(z, L + 1), g);
+    zero_on_device(a->dresid, (size_t)BTs * C * sizeof(floatX));
+    layernorm_backward(a->dresid, g[T_LNFW], g[T_LNFB], m->dlnf, a->resid + (size_t)L * BTs * C, p[T_LNFW],
+                       a->lnf_mean, a->lnf_rstd, BTs, C);
+    zero_end_unit_backward(z, L + 1, last_micro);
+
+    for (int l = L - 1; l >= 0; l--) {
+        unit_view(&m->units[1 + l], zero_fetch_params(z, 1 + l), p);
+        unit_view(&m->units[1 + l], zero_begin_unit_backward(z, 1 + l), g);
+        size_t s = (size_t)l * BTs, f = (size_t)l * BT;
+        floatX *res = a->resid + s * C, *ln1 = a->ln1 + s * C, *mid = a->mid + s * C, *ln2 = a->ln2 + s * C;
+        floatX *qkv = a->qkv + f * 3 * Cl, *atty = a->atty + f * Cl, *fch = a->fch + f * 4 * Cl, *fchg = a->fchg + f * 4 * Cl;
+        // MLP block (a->dresid is the gradient of the layer's output)
+        bias_backward(g[T_FCPROJB], a->dresid, BTs, C);
+        floatX *dy = tp_exit_backward(tp, sp, a->dresid, a->pfull, BTs, C);
+        matmul_backward(a->dwide, g[T_FCPROJW], NULL, dy, fchg, p[T_FCPROJW], BT, 4 * Cl, C);
+        gelu_backward(a->dwide, fch, a->dwide, (size_t)BT * 4 * Cl);
+        floatX *x = tp_enter_forward(tp, sp, ln2, a->xfull, BTs, C);   // SP: gathered again, not stored
+        matmul_backward(a->pfull, g[T_FCW], g[T_FCB], a->dwide, x, p[T_FCW], BT, C, 4 * Cl);
+        floatX *dln = tp_enter_backward(tp, sp, a->pfull, a->tokbuf, BTs, C);
+        layernorm_backward(a->dresid, g[T_LN2W], g[T_LN2B], dln, mid, p[T_LN2W], a->ln2_mean + s, a->ln2_rstd + s, BTs, C);
+        // attention block (a->dresid is now the gradient of mid)
+        bias_backward(g[T_ATTPROJB], a->dresid, BTs, C);
+        dy = tp_exit_backward(tp, sp, a->dresid, a->pfull, BTs, C);
+        matmul_backward(a->datty, g[T_ATTPROJW], NULL, dy, atty, p[T_ATTPROJW], BT, Cl, C);
+        attention_backward(a->dwide, a->datty, qkv, atty, a->lse + (size_t)l * BT * NHl, B, T, Cl, NHl);
+        x = tp_enter_forward(tp, sp, ln1, a->xfull, BTs, C);
+        matmul_backward(a->pfull, g[T_QKVW], g[T_QKVB], a->dwide, x, p[T_QKVW], BT, C, 3 * Cl);
+        dln = tp_enter_backward(tp, sp, a->pfull, a->tokbuf, BTs, C);
+        layernorm_backward(a->dresid, g[T_LN1W], g[T_LN1B], dln, res, p[T_LN1W], a->ln1_mean + s, a->ln1_rstd + s, BTs, C);
+        zero_end_unit_backward(z, 1 + l, last_micro);
+    }
+
+    // embedding (its gradient buffer was opened by the head, which wrote the LM-head part of dwte)
+    unit_view(&m->units[0], zero_unit_grads(z, 0), g);
+    position_backward(g[T_WPE], a->dresid, m->tok0, BTs, T, C);
+    floatX *dy = tp_exit_backward(tp, sp, a->dresid, a->pfull, BTs, C);
+    embedding_backward(g[T_WTE], dy, a->inputs, m->v0, m->v0 + m->Vl, BT, C);
+    zero_end_unit_backward(z, 0, last_micro);
+}
+
+// ----------------------------------------------------------------------------
+// training step, validation, sampling
+
+typedef struct { float beta1, beta2, eps, weight_decay, grad_clip; unsigned int seed; } OptConfig;
+
+static void gpt2_upload_batch(GPT2 *m, const int *inputs, const int *targets) {
+    copy_to_device(m->acts.inputs, inputs, sizeof(int) * m->BT);
+    copy_to_device(m->acts.targets, targets, sizeof(int) * m->BT);
+}
+
+// Forward and backward of `accum` micro-batches of this rank; the gradients end up reduced as the
+// ZeRO stage wants them. Returns the mean loss over the global batch (all micro-batches, all dp ranks).
+static float gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
+    zero_zero_grads(&m->zero);
+    float dloss = 1.0f / ((float)m->BT * accum * m->grid->dp);   // d(mean over the global batch)
+    double loss = 0.0;
+    for (int a = 0; a < accum; a++) {
+        dataloader_next_batch(dl);
+        gpt2_upload_batch(m, dl->inputs, dl->targets);
+        gpt2_forward(m);
+        loss += gpt2_head(m, dloss, 1);
+        gpt2_backward(m, a == accum - 1);
+    }
+    zero_finish_grads(&m->zero);
+    loss /= accum;
+    comm_sum_host(&m->grid->dp_group, &loss, 1);
+    return (float)(loss / m->grid->dp);
+}
+
+// Clips by the global gradient norm and runs AdamW (step is 0-based). Returns the norm before clipping.
+static float gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
+    float norm = zero_grad_norm(&m->zero);
+    float scale = (o->grad_clip > 0.0f && norm > o->grad_clip) ? o->grad_clip / norm : 1.0f;
+    zero_optimizer_step(&m->zero, lr, o->beta1, o->beta2, o->eps, o->weight_decay, scale, step + 1, o->seed + 7919u * step);
+    return norm;
+}
+
+// Mean loss over up to max_batches batches of the loader (from its start), over all dp ranks.
+static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
+    dataloader_reset(dl);
+    int n = max_batches < (int)dl->nrounds ? max_batches : (int)dl->nrounds;
+    if (n < 1) { n = 1; }
+    double loss = 0.0;
+    for (int i = 0; i < n; i++) {
+        dataloader_next_batch(dl);
+        gpt2_upload_batch(m, dl->inputs, dl->targets);
+        gpt2_forward(m);
+        loss += gpt2_head(m, 0.0f, 0);
+    }
+    loss /= n;
+    comm_sum_host(&m->grid->dp_group, &loss, 1);
+    return (float)(loss / m->grid->dp);
+}
+
+// Generates gen_tokens tokens after an EOT, greedy-free (sampled at temperature 1). Every rank runs
+// it with the same generator (the forward needs the tp and, at ZeRO 3, dp collectives); rank 0 prints.
+static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int eot) {
+    const GPT2Config *c = &m->config;
+    int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
+    int *gen = (int *)malloc_check(sizeof(int) * m->BT);
+    for (int i = 0; i < m->BT; i++) { gen[i] = eot; }
+    floatX *row = (floatX *)mem_alloc((size_t)Vp * sizeof(floatX), MEM_LOGITS);
+    float *probs = (float *)malloc_check(sizeof(float) * Vp);
+    if (m->grid->rank == 0) { printf("generating:\n---\n"); }
+    int n = gen_tokens < m->T - 1 ? gen_tokens : m->T - 1;
+    for (int t = 1; t <= n; t++) {
+        gpt2_upload_batch(m, gen, gen);
+        gpt2_forward(m);
+        floatX *h = tp_enter_forward(&m->grid->tp_group, m->sp, m->acts.lnf, m->acts.xfull, m->BTs, C);
+        floatX *p[NUM_TENSORS];
+        unit_view(&m->units[0], zero_fetch_params(&m->zero, 0), p);
+        // this rank's vocabulary slice of the logits of position t-1, then all slices (Vp)
+        matmul_forward(row + m->v0, h + (size_t)(t - 1) * C, p[T_WTE], NULL, 1, C, m->Vl);
+        comm_all_gather(&m->grid->tp_group, row + m->v0, row, m->Vl, DT_FLOATX, NULL);
+        download_floats(probs, row, Vp);
+        float maxv = -INFINITY;
+        for (int v = 0; v < V; v++) { if (probs[v] > maxv) { maxv = probs[v]; } }
+        double sum = 0.0;
+        for (int v = 0; v < V; v++) { sum += exp(probs[v] - maxv); }
+        double coin = rng_f32(rng) * sum, cdf = 0.0;
+        int next = V - 1;
+        for (int v = 0; v < V; v++) { cdf += exp(probs[v] - maxv); if (coin < cdf) { next = v; break; } }
+        gen[t] = next;
+        if (m->grid->rank == 0) {
+            const char *piece = tokenizer_decode(tok, next);
+            if (piece) { safe_printf(piece); } else { printf("%d ", next); }
+            fflush(stdout);
+        }
+    }
+    if (m->grid->rank == 0) { printf("\n---\n"); }
+    mem_free(row);
+    free(probs);
+    free(gen);
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints: DIR/model_STEP.bin (llm.c format, written by rank 0), DIR/state_STEP_RANK.bin
+// (each rank: its AdamW shard, data position, generator), each written under a temporary name and
+// renamed; then DIR/DONE_STEP once every rank has finished. Resume takes the newest DONE_.
+
+#define STATE_MAGIC 20240527
+
+// Writes the full model (all tp slices, all ZeRO-3 shards) to path, in the precision of floatX.
+static void gpt2_write_model(GPT2 *m, const char *path) {
+    const GPT2Config *c = &m->config;
+    Grid *g = m->grid;
+    int write = g->rank == 0;
+    float *all = write ? (float *)calloc(m->num_parameters, sizeof(float)) : NULL;
+    float *full[NUM_TENSORS];
+    if (write) { split_tensors(c, all, full); }
+    for (int u = 0; u < m->nunits; u++) {
+        const Unit *U = &m->units[u];
+        float *host = (float *)malloc_check(U->size * sizeof(float));
+        zero_get_unit_params(&m->zero, u, host);            // stage 3: a dp all-gather
+        if (g->dp_rank == 0) {
+            float *slices = g->tp_group.rank == 0 ? (float *)malloc_check(U->size * sizeof(float) * g->tp) : NULL;
+            MPI_Gather(host, (int)U->size, MPI_FLOAT, slices, (int)U->size, MPI_FLOAT, 0, g->tp_group.mpi);
+            if (write) {
+                for (int r = 0; r < g->tp; r++) { unit_copy_full(c, U, full, slices + (size_t)r * U->size, g->tp, r, 0); }
+            }
+            free(slices);
+        }
+        free(host);
+    }
+    zero_release_params(&m->zero);
+    if (!write) { return; }
+    int h[256] = {0};
+    h[0] = MODEL_MAGIC; h[1] = sizeof(floatX) == 4 ? 3 : 5;
+    h[2] = c->max_seq_len; h[3] = c->vocab_size; h[4] = c->num_layers; h[5] = c->num_heads; h[6] = c->channels;
+    h[7] = c->padded_vocab_size;
+    char tmp[1100];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen_check(tmp, "wb");
+    fwrite_check(h, sizeof(int), 256, f, tmp);
+    if (h[1] == 3) {
+        fwrite_check(all, sizeof(float), m->num_parameters, f, tmp);
+    } else {
+        uint16_t *b = (uint16_t *)malloc_check(m->num_parameters * 2);
+        for (size_t i = 0; i < m->num_parameters; i++) { b[i] = float_to_bf16(all[i]); }
+        fwrite_check(b, 2, m->num_parameters, f, tmp);
+        free(b);
+    }
+    fclose_check(f, tmp);
+    if (rename(tmp, path) != 0) { fail("cannot rename '%s' to '%s'", tmp, path); }
+    free(all);
+}
+
+static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng) {
+    Grid *g = m->grid;
+    Zero *z = &m->zero;
+    char path[1024], tmp[1100];
+    snprintf(path, sizeof(path), "%s/model_%08d.bin", dir, step);
+    gpt2_write_model(m, path);
+    snprintf(path, sizeof(path), "%s/state_%08d_%05d.bin", dir, step, g->rank);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    int h[256] = {0};
+    h[0] = STATE_MAGIC; h[1] = 1; h[2] = step; h[3] = g->world_size; h[4] = g->tp; h[5] = g->pp; h[6] = g->dp;
+    h[7] = z->stage; h[8] = dl->epoch; h[9] = dl->shard_pos; h[10] = dl->round; h[11] = z->master != NULL;
+    uint64_t u64[2] = {rng->s, (uint64_t)z->opt_size};
+    float *buf = (float *)malloc_check(z->opt_size * sizeof(float));
+    FILE *f = fopen_check(tmp, "wb");
+    fwrite_check(h, sizeof(int), 256, f, tmp);
+    fwrite_check(u64, sizeof(uint64_t), 2, f, tmp);
+    float *states[3] = {z->m, z->v, z->master};
+    for (int i = 0; i < 3; i++) {
+        if (states[i] == NULL) { continue; }
+        copy_to_host(buf, states[i], z->opt_size * sizeof(float));
+        fwrite_check(buf, sizeof(float), z->opt_size, f, tmp);
+    }
+    fclose_check(f, tmp);
+    free(buf);
+    if (rename(tmp, path) != 0) { fail("cannot rename '%s' to '%s'", tmp, path); }
+    MPI_Barrier(MPI_COMM_WORLD);     // every rank's files are complete
+    if (g->rank == 0) {
+        snprintf(path, sizeof(path), "%s/DONE_%08d", dir, step);
+        FILE *d = fopen_check(path, "wb");
+        fclose_check(d, path);
+        printf("wrote checkpoint at step %d to %s\n", step, dir);
+    }
+}
+
+// The step of the newest complete checkpoint in dir, or -1 (same answer on every rank).
+static int latest_checkpoint(const char *dir) {
+    int best = -1;
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) {
+        DIR *d = opendir(dir);
+        if (d) {
+            struct dirent *e;
+            while ((e = readdir(d)) != NULL) {
+                int s;
+                char extra;
+                if (sscanf(e->d_name, "DONE_%d%c", &s, &extra) == 1 && s > best) { best = s; }
+            }
+            closedir(d);
+        }
+    }
+    MPI_Bcast(&best, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    return best;
+}
+
+// Restores this rank's optimizer shard, data position and generator (the model file is loaded by main).
+static void load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng) {
+    Grid *g = m->grid;
+    Zero *z = &m->zero;
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/state_%08d_%05d.bin", dir, step, g->rank);
+    FILE *f = fopen_check(path, "rb");
+    int h[256];
+    uint64_t u64[2];
+    fread_check(h, sizeof(int), 256, f, path);
+    if (h[0] != STATE_MAGIC || h[1] != 1) { fail("state file '%s' has bad magic/version (%d %d), expected %d 1", path, h[0], h[1], STATE_MAGIC); }
+    if (h[2] != step || h[3] != g->world_size || h[4] != g->tp || h[5] != g->pp || h[6] != g->dp || h[7] != z->stage) {
+        fail("state file '%s' was written by world %d (tp %d pp %d dp %d zero %d); this run is world %d (tp %d pp %d dp %d zero %d): resume with the same layout",
+             path, h[3], h[4], h[5], h[6], h[7], g->world_size, g->tp, g->pp, g->dp, z->stage);
+    }
+    fread_check(u64, sizeof(uint64_t), 2, f, path);
+    if (u64[1] != z->opt_size || h[11] != (z->master != NULL)) { fail("state file '%s' holds a different optimizer shard size", path); }
+    rng->s = u64[0];
+    float *buf = (float *)malloc_check(z->opt_size * sizeof(float));
+    float *states[3] = {z->m, z->v, z->master};
+    for (int i = 0; i < 3; i++) {
+        if (states[i] == NULL) { continue; }
+        fread_check(buf, sizeof(float), z->opt_size, f, path);
+        copy_to_device(states[i], buf, z->opt_size * sizeof(float));
+    }
+    free(buf);
+    fclose(f);
+    dataloader_seek(dl, h[8], h[9], h[10]);
+}
+
+// ----------------------------------------------------------------------------
+// the built-in corpus: a seeded Markov chain, so that ./train_gpt works with no data files
+
+// From each of S symbols, 4 successors with probabilities 1/2, 1/4, 1/8, 1/8. Returns the entropy
+// rate in nats per token: the lowest loss a model can reach on it.
+static double synthetic_corpus(uint16_t *tokens, size_t n, int vocab_size, uint64_t seed) {
+    int S = vocab_size < 256 ? vocab_size : 256;
+    static const double prob[4] = {0.5, 0.25, 0.125, 0.125};
+    int *succ = (int *)malloc_check(sizeof(int) * 4 * S);
+    Rng rng;
+    rng_init(&rng, 12345);                       // the chain itself is fixed
+    for (int i = 0; i < 4 * S; i++) { succ[i] = (int)(rng_u32(&rng) % S); }
+    rng_init(&rng, seed);
+    int cur = 0;
+    for (size_t i = 0; i < n; i++) {
+        tokens[i] = (uint16_t)cur;
+        float u = rng_f32(&rng);
+        int k = u < 0.5f ? 0 : (u < 0.75f ? 1 : (u < 0.875f ? 2 : 3));
+        cur = succ[4 * cur + k];
+    }
+    free(succ);
+    double h = 0.0;
+    for (int k = 0; k < 4; k++) { h -= prob[k] * log(prob[k]); }
+    return h;
+}
+
+// ----------------------------------------------------------------------------
+// command line
+
+typedef struct {
+    const char *train_pattern, *val_pattern, *output_dir, *model;
+    int B, T, total_batch, max_steps, warmup, val_every, val_batches, sample_every, gen_tokens;
+    int checkpoint_every, resume, zero, tp, pp, dp, ep, sp, ce_chunk, memory_report, comm_report, shuffle;
+    float lr, final_frac, weight_decay, grad_clip;
+    const char *scheduler;
+    unsigned int seed;
+} Args;
+
+static void default_args(Args *a) {
+    memset(a, 0, sizeof(*a));
+    a->model = "d4"; a->B = 4; a->T = 64; a->total_batch = -1; a->max_steps = -1; a->lr = 3e-4f; a->warmup = 0;
+    a->final_frac = 1.0f; a->weight_decay = 0.0f; a->val_every = 20; a->val_batches = 20; a->sample_every = 20;
+    a->gen_tokens = 64; a->checkpoint_every = 0; a->resume = 0; a->zero = 0; a->tp = 1; a->pp = 1; a->dp = -1;
+    a->ep = 1; a->sp = 0; a->ce_chunk = 256; a->shuffle = -1; a->grad_clip = 1.0f; a->scheduler = "cosine";
+    a->seed = 1337;
+}
+
+static void print_usage(void) {
+    printf("usage: mpirun -np N ./train_gpt [options]\n"
+           "  -i <glob>  train data shards (default: built-in synthetic corpus)\n"
+           "  -j <glob>  validation data shards (default: none, or the built-in corpus)\n"
+           "  -o <dir>   output dir for main.log and checkpoints (default: none)\n"
+           "  -e <str>   model file (llm.c .bin), or dN (depth N), or L=..,C=..,NH=..,V=..,maxT=..[,Vp=..] (default d4)\n"
+           "  -b <int>   micro-batch size B per rank (default 4)\n"
+           "  -t <int>   sequence length T (default 64)\n"
+           "  -d <int>   total batch size in tokens; B*T*dp must divide it (default B*T*dp)\n"
+           "  -x <int>   max steps (default: one epoch)\n"
+           "  -l <f>     learning rate (default 3e-4)\n"
+           "  -u <int>   warm-up steps (default 0)\n"
+           "  -q <f>     final learning rate fraction (default 1.0)\n"
+           "  -c <f>     weight decay (default 0.0)\n"
+           "  -k <str>   lr schedule: cosine|linear|constant|wsd (default cosine)\n"
+           "  -v <int>   validate every N steps (default 20; 0 off)\n"
+           "  -m <int>   validation batches (default 20)\n"
+           "  -s <int>   sample every N steps (default 20; 0 off)\n"
+           "  -g <int>   tokens to generate (default 64)\n"
+           "  -n <int>   checkpoint every N steps (default 0 off; needs -o)\n"
+           "  -y <int>   1: resume from the newest checkpoint in -o (error if none); 2: resume if one exists\n"
+           "  -z <int>   ZeRO stage 0-3 (same as --zero)\n"
+           "  --tp N (alias --tensor-model-parallel-size)  --pp N  --dp N  --sp  --zero N  --ep N\n"
+           "  --ce-chunk N (tokens per cross-entropy chunk, 0 = full logits)  --memory-report  --comm-report\n"
+           "  --seed N  --shuffle 0|1  --grad-clip F (0 = off)\n");
+}
+
+static int parse_int_arg(int rank, const char *flag, const char *v, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (*v == '\0' || *end != '\0' || errno != 0) { fail_all(rank, "%s expects an integer, got '%s'", flag, v); }
+    if (x < lo || x > hi) { fail_all(rank, "%s must be in [%ld, %ld], got %ld", flag, lo, hi, x); }
+    return (int)x;
+}
+
+static float parse_float_arg(int rank, const char *flag, const char *v, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (*v == '\0' || *end != '\0' || errno != 0 || x != x) { fail_all(rank, "%s expects a number, got '%s'", flag, v); }
+    if (x < lo || x > hi) { fail_all(rank, "%s must be in [%g, %g], got %g", flag, lo, hi, x); }
+    return (float)x;
+}
+
+// Parses argv into a; every rank does the same, so every rank rejects the same bad flag.
+static void parse_args(int argc, char **argv, Args *a, int rank) {
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { if (rank == 0) { print_usage(); } MPI_Finalize(); exit(0); }
+        if (!strcmp(f, "--sp")) { a->sp = 1; continue; }
+        if (!strcmp(f, "--memory-report")) { a->memory_report = 1; continue; }
+        if (!strcmp(f, "--comm-report")) { a->comm_report = 1; continue; }
+        static const char *with_value[] = {"-i", "-j", "-o", "-e", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-c", "-k",
+                                           "-v", "-m", "-s", "-g", "-n", "-y", "-z", "--tp", "--tensor-model-parallel-size",
+                                           "--pp", "--dp", "--zero", "--ep", "--ce-chunk", "--seed", "--shuffle", "--grad-clip"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof(with_value) / sizeof(with_value[0]); k++) { if (!strcmp(f, with_value[k])) { known = 1; } }
+        if (!known) { fail_all(rank, "unknown flag '%s' (see -h)", f); }
+        if (i + 1 >= argc) { fail_all(rank, "flag %s is missing its value", f); }
+        const char *v = argv[++i];
+        if (!strcmp(f, "-i")) { a->train_pattern = v; }
+        else if (!strcmp(f, "-j")) { a->val_pattern = v; }
+        else if (!strcmp(f, "-o")) { a->output_dir = v; }
+        else if (!strcmp(f, "-e")) { a->model = v; }
+        else if (!strcmp(f, "-b")) { a->B = parse_int_arg(rank, f, v, 1, 1 << 20); }
+        else if (!strcmp(f, "-t")) { a->T = parse_int_arg(rank, f, v, 1, 1 << 20); }
+        else if (!strcmp(f, "-d")) { a->total_batch = parse_int_arg(rank, f, v, -1, 1 << 30); }
+        else if (!strcmp(f, "-x")) { a->max_steps = parse_int_arg(rank, f, v, -1, 1 << 30); }
+        else if (!strcmp(f, "-l")) { a->lr = parse_float_arg(rank, f, v, 0.0, 10.0); }
+        else if (!strcmp(f, "-u")) { a->warmup = parse_int_arg(rank, f, v, 0, 1 << 30); }
+        else if (!strcmp(f, "-q")) { a->final_frac = parse_float_arg(rank, f, v, 0.0, 1.0); }
+        else if (!strcmp(f, "-c")) { a->weight_decay = parse_float_arg(rank, f, v, 0.0, 10.0); }
+        else if (!strcmp(f, "-k")) { if (!lr_scheduler_valid(v)) { fail_all(rank, "-k expects cosine|linear|constant|wsd, got '%s'", v); } a->scheduler = v; }
+        else if (!strcmp(f, "-v")) { a->val_every = parse_int_arg(rank, f, v, 0, 1 << 30); }
+        else if (!strcmp(f, "-m")) { a->val_batches = parse_int_arg(rank, f, v, 1, 1 << 30); }
+        else if (!strcmp(f, "-s")) { a->sample_every = parse_int_arg(rank, f, v, 0, 1 << 30); }
+        else if (!strcmp(f, "-g")) { a->gen_tokens = parse_int_arg(rank, f, v, 1, 1 << 20); }
+        else if (!strcmp(f, "-n")) { a->checkpoint_every = parse_int_arg(rank, f, v, 0, 1 << 30); }
+        else if (!strcmp(f, "-y")) { a->resume = parse_int_arg(rank, f, v, 0, 2); }
+        else if (!strcmp(f, "-z") || !strcmp(f, "--zero")) { a->zero = parse_int_arg(rank, f, v, 0, 3); }
+        else if (!strcmp(f, "--tp") || !strcmp(f, "--tensor-model-parallel-size")) { a->tp = parse_int_arg(rank, f, v, 1, 1 << 16); }
+        else if (!strcmp(f, "--pp")) { a->pp = parse_int_arg(rank, f, v, 1, 1 << 16); }
+        else if (!strcmp(f, "--dp")) { a->dp = parse_int_arg(rank, f, v, 1, 1 << 16); }
+        else if (!strcmp(f, "--ep")) { a->ep = parse_int_arg(rank, f, v, 1, 1 << 16); }
+        else if (!strcmp(f, "--ce-chunk")) { a->ce_chunk = parse_int_arg(rank, f, v, 0, 1 << 30); }
+        else if (!strcmp(f, "--seed")) { a->seed = (unsigned)parse_int_arg(rank, f, v, 0, 2147483647); }
+        else if (!strcmp(f, "--shuffle")) { a->shuffle = parse_int_arg(rank, f, v, 0, 1); }
+        else if (!strcmp(f, "--grad-clip")) { a->grad_clip = parse_float_arg(rank, f, v, 0.0, 1e9); }
+    }
+}
+
+// The checks that need the world size and the model shape; identical on every rank, so every rank
+// exits with the same message before any collective could hang.
+static void validate_layout(Args *a, const GPT2Config *c, int world, int rank) {
+    if (world % (a->tp * a->pp) != 0) {
+        fail_all(rank, "world size %d is not divisible by tp*pp = %d*%d (world = tp*pp*dp)", world, a->tp, a->pp);
+    }
+    int dp = world / (a->tp * a->pp);
+    if (a->dp != -1 && a->dp != dp) { fail_all(rank, "--dp %d does not match world size %d = tp %d * pp %d * dp %d", a->dp, world, a->tp, a->pp, dp); }
+    a->dp = dp;
+    if (a->pp > c->num_layers) { fail_all(rank, "--pp %d is larger than the number of layers %d", a->pp, c->num_layers); }
+    if (a->pp != 1) { fail_all(rank, "--pp %d: pipeline parallelism is not implemented yet, only --pp 1", a->pp); }
+    if (dp % a->ep != 0) { fail_all(rank, "--ep %d does not divide dp %d", a->ep, dp); }
+    if (a->ep != 1) { fail_all(rank, "--ep %d: expert parallelism needs MoE layers, which are not implemented yet; only --ep 1", a->ep); }
+    if (c->num_heads % a->tp) { fail_all(rank, "--tp %d does not divide the number of heads %d", a->tp, c->num_heads); }
+    if ((4 * c->channels) % a->tp) { fail_all(rank, "--tp %d does not divide 4C = %d", a->tp, 4 * c->channels); }
+    if (c->padded_vocab_size % a->tp) { fail_all(rank, "--tp %d does not divide the padded vocab size %d", a->tp, c->padded_vocab_size); }
+    if (a->sp && a->T % a->tp) { fail_all(rank, "--sp: --tp %d does not divide T = %d", a->tp, a->T); }
+    if (a->T > c->max_seq_len) { fail_all(rank, "-t %d is larger than the model's maximum sequence length %d", a->T, c->max_seq_len); }
+    long tokens_per_micro = (long)a->B * a->T * dp;
+    if (a->total_batch == -1) { a->total_batch = (int)tokens_per_micro; }
+    if (a->total_batch <= 0 || a->total_batch % tokens_per_micro != 0) {
+        fail_all(rank, "-d %d is not a multiple of B*T*dp = %d*%d*%d = %ld", a->total_batch, a->B, a->T, dp, tokens_per_micro);
+    }
+    if ((a->checkpoint_every > 0 || a->resume) && a->output_dir == NULL) { fail_all(rank, "-n and -y need an output dir (-o)"); }
+}
+
+// Creates the output dir if needed and checks that a file can be written there.
+static void check_output_dir(const char *dir, int rank) {
+    if (rank == 0) { mkdir(dir, 0755); }
+    MPI_Barrier(MPI_COMM_WORLD);
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/.write_test_%d", dir, rank);
+    FILE *f = fopen(path, "wb");
+    int ok = f != NULL;
+    if (f) { fclose(f); remove(path); }
+    int all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!all_ok) { fail_all(rank, "-o '%s' is not a writable directory", dir); }
+}
+
+#ifndef TESTING
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int world, rank;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    Args args;
+    default_args(&args);
+    parse_args(argc, argv, &args, rank);
+
+    // the model: a resumed checkpoint, a file, or a descriptor for random init
+    int resume_step = -1;
+    if (args.resume) {
+        if (args.output_dir == NULL) { fail_all(rank, "-y needs an output dir (-o)"); }
+        resume_step = latest_checkpoint(args.output_dir);
+        if (resume_step < 0 && args.resume == 1) {
+            fail_all(rank, "-y 1: nothing to resume in '%s' (no DONE_* marker); use -y 2 to start fresh when there is none", args.output_dir);
+        }
+        if (resume_step < 0 && rank == 0) { printf("-y 2: no checkpoint in %s, starting fresh\n", args.output_dir); }
+    }
+    GPT2Config config;
+    float *params;
+    char model_path[1024];
+    int desc = parse_descriptor(args.model, &config);
+    if (desc < 0) { fail_all(rank, "-e '%s' is a malformed model descriptor (expected dN or L=..,C=..,NH=..,V=..,maxT=..)", args.model); }
+    if (resume_step >= 0) {
+        snprintf(model_path, sizeof(model_path), "%s/model_%08d.bin", args.output_dir, resume_step);
+        params = read_model_file(model_path, &config);
+    } else if (desc == 1) {
+        params = random_init(&config, args.seed);
+    } else {
+        params = read_model_file(args.model, &config);
+    }
+    validate_layout(&args, &config, world, rank);
+    if (args.output_dir) { check_output_dir(args.output_dir, rank); }
+
+    Grid grid;
+    grid_init(&grid, args.tp, args.pp, args.ep);
+    grid_print(&grid);
+    GPT2 model;
+    gpt2_build(&model, &config, params, &grid, args.zero, args.sp);
+    free(params);
+    gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk);
+    int accum = args.total_batch / (args.B * args.T * grid.dp);
+    if (rank == 0) {
+        printf("model: L %d C %d NH %d V %d (padded %d) maxT %d, %zu parameters, %s\n", config.num_layers, config.channels,
+               config.num_heads, config.vocab_size, config.padded_vocab_size, config.max_seq_len, model.num_parameters, PRECISION_NAME);
+        printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, ce chunk %d\n",
+               args.B, args.T, grid.dp, accum, args.total_batch, args.zero, args.tp, args.sp ? " + sp" : "", model.ce.chunk);
+    }
+
+    // data
+    DataLoader train_loader, val_loader;
+    int have_val = 0;
+    Tokenizer tokenizer;
+    memset(&tokenizer, 0, sizeof(tokenizer));
+    if (args.train_pattern) {
+        dataloader_init(&train_loader, args.train_pattern, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, args.shuffle, args.seed);
+        if (args.val_pattern) {
+            dataloader_init(&val_loader, args.val_pattern, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
+            have_val = 1;
+        }
+        char tok_path[1024];
+        snprintf(tok_path, sizeof(tok_path), "%s", train_loader.files.gl_pathv[0]);
+        char *slash = strrchr(tok_path, '/');
+        snprintf(slash ? slash + 1 : tok_path, sizeof(tok_path) - (slash ? slash + 1 - tok_path : 0), "tokenizer.bin");
+        if (access(tok_path, R_OK) == 0) { tokenizer_init(&tokenizer, tok_path); }
+    } else {
+        size_t n_train = 32768, n_val = 8192;
+        uint16_t *tok = (uint16_t *)malloc_check((n_train + n_val) * sizeof(uint16_t));
+        double h = synthetic_corpus(tok, n_train + n_val, config.vocab_size, args.seed);
+        if (rank == 0) { printf("data: no -i, built-in synthetic corpus (Markov chain, %zu train + %zu val tokens), entropy rate %.4f nats/token = the loss floor\n", n_train, n_val, h); }
+        dataloader_init_memory(&train_loader, tok, n_train, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, args.seed);
+        dataloader_init_memory(&val_loader, tok + n_train, n_val, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, args.seed);
+        have_val = 1;
+        free(tok);
+    }
+    int steps_per_epoch = (int)(train_loader.nrounds * train_loader.nshards / accum);
+    int max_steps = args.max_steps > 0 ? args.max_steps : (steps_per_epoch > 0 ? steps_per_epoch : 1);
+    LRScheduler sched = {args.scheduler, args.lr, args.final_frac, args.warmup, max_steps};
+    OptConfig opt = {0.9f, 0.95f, 1e-8f, args.weight_decay, args.grad_clip, args.seed};
+    Rng sample_rng;
+    rng_init(&sample_rng, args.seed + 1);
+    int start_step = 0;
+    if (resume_step >= 0) {
+        load_state(&model, args.output_dir, resume_step, &train_loader, &sample_rng);
+        start_step = resume_step;
+        if (rank == 0) { printf("resumed from step %d of %s\n", resume_step, args.output_dir); }
+    }
+    FILE *logf = NULL;
+    if (args.output_dir && rank == 0) {
+        char path[1024];
+        snprintf(path, sizeof(path), "%s/main.log", args.output_dir);
+        logf = fopen_check(path, start_step > 0 ? "a" : "w");
+    }
+    int eot = tokenizer.init_ok ? tokenizer.eot_token : config.vocab_size - 1;
+
+    double total_ms = 0.0;
+    int timed_steps = 0;
+    for (int step = start_step; step < max_steps; step++) {
+        if (have_val && args.val_every > 0 && step % args.val_every == 0) {
+            float vl = gpt2_validate(&model, &val_loader, args.val_batches);
+            if (rank == 0) { printf("val loss %.6f\n", vl); if (logf) { fprintf(logf, "s:%d tel:%.6f\n", step, vl); fflush(logf); } }
+        }
+        if (args.sample_every > 0 && step > 0 && step % args.sample_every == 0) {
+            gpt2_sample(&model, &tokenizer, &sample_rng, args.gen_tokens, eot);
+        }
+        comm_reset_counters(&grid);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        float loss = gpt2_forward_backward(&model, &train_loader, accum);
+        float lr = lr_at(&sched, step);
+        float norm = gpt2_update(&model, &opt, lr, step);
+        device_synchronize();
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+        if (step > start_step) { total_ms += ms; timed_steps++; }
+        if (rank == 0) {
+            printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s\n", step + 1, max_steps, loss, norm, lr,
+                   ms, args.total_batch / (ms / 1e3));
+            if (logf) { fprintf(logf, "s:%d trl:%.6f\n", step, loss); fflush(logf); }
+        }
+        if (args.comm_report && step == start_step) { comm_report(&grid, 1, "first step"); }
+        if (args.memory_report && step == start_step) { mem_report(rank, world, "after the first step"); }
+        if (args.checkpoint_every > 0 && (step + 1) % args.checkpoint_every == 0) {
+            save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng);
+        }
+    }
+    if (have_val && args.val_every > 0) {
+        float vl = gpt2_validate(&model, &val_loader, args.val_batches);
+        if (rank == 0) { printf("val loss %.6f\n", vl); if (logf) { fprintf(logf, "s:%d tel:%.6f\n", max_steps, vl); } }
+    }
+    if (rank == 0 && timed_steps > 0) { printf("average step: %.1f ms, %.0f tok/s\n", total_ms / timed_steps, args.total_batch / (total_ms / timed_steps / 1e3)); }
+    if (logf) { fclose(logf); }
+    tokenizer_free(&tokenizer);
+    dataloader_free(&train_loader);
+    if (have_val) { dataloader_free(&val_loader); }
+    mem_free_all();
+    grid_free(&grid);
+    MPI_Finalize();
+    return 0;
+}
+#endif
