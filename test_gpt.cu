@@ -1,3 +1,305 @@
+/*
+test_gpt: runs any parallel configuration of train_gpt against a PyTorch reference state
+(dev/reference/gpt2_ref.py) and checks, on every rank, the part that rank owns:
+  - the loss of the first batch, and every gradient element this rank owns (its tp slice of each
+    tensor, its ZeRO shard), before clipping;
+  - the global gradient norm; the losses of the 10 AdamW steps; the parameters after them;
+  - optionally: resume from a checkpoint at step 5 equals the uninterrupted run bit for bit
+    (--check-resume DIR), the memory report against the ZeRO / SP / chunked-CE formulas
+    (--check-memory), the comm report against the ring formulas (--check-comm).
+usage: mpirun -np N ./test_gpt --ref DIR [--check-resume DIR] [--check-memory] [--check-comm] [train_gpt flags]
+Prints one line per check and closes with "N passed, N failed" (rank 0, summed over ranks).
+*/
 #define TESTING
 #include "train_gpt.cu"
-int main(int argc, char **argv) { (void)argc; (void)argv; return 0; }
+
+// ----------------------------------------------------------------------------
+// the tolerances, all in one place (fp32 CPU build; the bf16 GPU build uses its own row)
+#if defined(USE_CUDA) && !defined(ENABLE_FP32)
+static const float GRAD_ATOL = 1e-2f, GRAD_RTOL = 5e-2f;   // bf16 activations and gradients
+static const float LOSS_TOL = 5e-2f;                        // per step, as llm.c's bf16 check
+static const float NORM_RTOL = 5e-2f;
+#else
+static const float GRAD_ATOL = 1e-5f, GRAD_RTOL = 1e-4f;   // |g - ref| <= ATOL + RTOL |ref|, per element
+static const float LOSS_TOL = 1e-5f;                        // |loss - ref| <= LOSS_TOL * |ref|
+static const float NORM_RTOL = 1e-5f;
+#endif
+
+static int n_passed = 0, n_failed = 0;
+static int my_rank = 0;
+
+// Records one check on this rank; prints failures from any rank and passes from rank 0.
+static void check(int ok, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (ok) { n_passed++; } else { n_failed++; }
+    if (!ok || my_rank == 0) { printf("[rank %d] %s %s\n", my_rank, ok ? "ok  " : "FAIL", msg); fflush(stdout); }
+}
+
+typedef struct {
+    int T, R, nsteps, warmup;
+    float lr, beta1, beta2, eps, weight_decay, clip, final_frac, loss0, norm0;
+    float *grads;        // 16 tensors, file order
+    float *losses, *norms;
+    float *final_params; // 16 tensors, file order
+} RefState;
+
+static void read_ref_state(const char *path, const GPT2Config *c, RefState *s) {
+    FILE *f = fopen_check(path, "rb");
+    int h[256];
+    float fh[256];
+    fread_check(h, sizeof(int), 256, f, path);
+    if (h[0] != 20241129 || h[1] != 1) { fail("reference state '%s' has bad magic/version", path); }
+    fread_check(fh, sizeof(float), 256, f, path);
+    s->T = h[2]; s->R = h[3]; s->nsteps = h[4]; s->warmup = h[5];
+    s->lr = fh[0]; s->beta1 = fh[1]; s->beta2 = fh[2]; s->eps = fh[3]; s->weight_decay = fh[4]; s->clip = fh[5];
+    s->final_frac = fh[6]; s->loss0 = fh[7]; s->norm0 = fh[8];
+    size_t P = num_parameters(c);
+    s->grads = (float *)malloc_check(P * sizeof(float));
+    s->losses = (float *)malloc_check(s->nsteps * sizeof(float));
+    s->norms = (float *)malloc_check(s->nsteps * sizeof(float));
+    s->final_params = (float *)malloc_check(P * sizeof(float));
+    fread_check(s->grads, sizeof(float), P, f, path);
+    fread_check(s->losses, sizeof(float), s->nsteps, f, path);
+    fread_check(s->norms, sizeof(float), s->nsteps, f, path);
+    fread_check(s->final_params, sizeof(float), P, f, path);
+    fclose(f);
+}
+
+// Compares the owned, reduced gradient of every unit against the same range cut from the full
+// reference gradients, per element: |g - ref| <= GRAD_ATOL + GRAD_RTOL |ref|, reported per tensor.
+// (Parameters after the AdamW steps are not compared element-wise: an element whose gradient is
+// rounding noise, e.g. the key biases, whose exact gradient is 0, moves by +-lr whatever the noise;
+// the step losses are the check of the optimizer.)
+static void compare_grads(GPT2 *m, float *ref_all) {
+    const GPT2Config *c = &m->config;
+    float *ref[NUM_TENSORS];
+    split_tensors(c, ref_all, ref);
+    double worst[NUM_TENSORS] = {0};
+    long bad[NUM_TENSORS] = {0}, checked[NUM_TENSORS] = {0};
+    for (int u = 0; u < m->nunits; u++) {
+        const Unit *U = &m->units[u];
+        float *ref_unit = (float *)malloc_check(U->size * sizeof(float));
+        unit_copy_full(c, U, ref, ref_unit, m->grid->tp, m->grid->tp_rank, 1);
+        float *mine = (float *)malloc_check(U->size * sizeof(float));
+        size_t start, len;
+        zero_get_owned_grads(&m->zero, u, mine, &start, &len);
+        for (int k = 0; k < U->ntensors; k++) {
+            const UnitTensor *t = &U->t[k];
+            size_t a = t->offset > start ? t->offset : start;
+            size_t b = t->offset + t->size < start + len ? t->offset + t->size : start + len;
+            for (size_t i = a; i < b; i++) {
+                float g = mine[i - start], r = ref_unit[i];
+                double err = fabs((double)g - r), lim = GRAD_ATOL + GRAD_RTOL * fabs(r);
+                if (!(err <= lim)) { bad[t->id]++; }
+                if (err - lim > worst[t->id] || err != err) { worst[t->id] = err != err ? INFINITY : err - lim; }
+                checked[t->id]++;
+            }
+        }
+        free(ref_unit);
+        free(mine);
+    }
+    for (int i = 0; i < NUM_TENSORS; i++) {
+        if (checked[i] == 0) { continue; }
+        check(bad[i] == 0, "grad %-8s: %ld owned elements, %ld outside |g-ref| <= %.0e + %.0e|ref| (worst excess %.3e)",
+              tensor_names[i], checked[i], bad[i], GRAD_ATOL, GRAD_RTOL, worst[i]);
+    }
+}
+
+// Memory report vs the formulas (fp32 CPU build: 4 bytes per element). P_local is the number of
+// this rank's (tp-sliced) parameters; padding is at most dp-1 elements per unit.
+static void check_memory(GPT2 *m) {
+    Zero *z = &m->zero;
+    int dp = m->grid->dp, L = m->config.num_layers;
+    double P = 0;
+    for (int u = 0; u < m->nunits; u++) { P += m->units[u].size; }
+    double pad = 4.0 * (L + 2) * dp;    // bytes of padding at most, per buffer
+    double X = sizeof(floatX), opt_expect = (z->master ? 12.0 : 8.0) * (z->stage == 0 ? P : P / dp);
+    check(fabs((double)mem_current[MEM_OPTIMIZER] - opt_expect) <= 3 * pad, "memory: optimizer state %.0f B, formula %s = %.0f B (P_local %.0f, dp %d)",
+          (double)mem_current[MEM_OPTIMIZER], z->stage == 0 ? "8P" : "8P/dp", opt_expect, P, dp);
+    size_t max_layer = 0;
+    for (int u = 1; u < m->nunits; u++) { if (m->units[u].padded > max_layer) { max_layer = m->units[u].padded; } }
+    double grads_expect = z->stage == 0 ? X * P : (z->stage == 1 ? X * P + X * P / dp
+                          : X * P / dp + X * (2.0 * max_layer + m->units[0].padded));
+    check(fabs((double)mem_current[MEM_GRADS] - grads_expect) <= 3 * pad,
+          "memory: gradients %.0f B, formula %s = %.0f B", (double)mem_current[MEM_GRADS],
+          z->stage == 0 ? "4P" : (z->stage == 1 ? "4P + 4P/dp" : "4P/dp + transient(2 layers + embedding)"), grads_expect);
+    double params_expect = z->stage < 3 ? X * P : X * P / dp + 2.0 * X * z->max_padded;
+    check(fabs((double)mem_current[MEM_PARAMS] - params_expect) <= 3 * pad,
+          "memory: parameters %.0f B, formula %s = %.0f B", (double)mem_current[MEM_PARAMS],
+          z->stage < 3 ? "4P" : "4P/dp + 2 gathered units", params_expect);
+    // activations: LayerNorm/residual parts on BTs tokens (BT/tp with SP), the rest on BT tokens
+    double BT = m->BT, BTs = m->BTs, C = m->config.channels, Cl = m->Cl;
+    double act_expect = X * ((L + 1) * BTs * C + 3.0 * L * BTs * C + BTs * C) + 4.0 * (4.0 * L * BTs + 2 * BTs)
+                        + X * L * BT * 12.0 * Cl + 4.0 * L * BT * m->NHl + 2 * 4.0 * BT;
+    check(fabs((double)mem_current[MEM_ACTIVATIONS] - act_expect) < 1, "memory: activations %.0f B, formula %.0f B (BTs %d)",
+          (double)mem_current[MEM_ACTIVATIONS], act_expect, m->BTs);
+    // logits: one chunk of chunk x Vp/tp, never B*T x Vp (plus per-token stats and losses)
+    double logits_expect = X * m->ce.chunk * m->Vl + 4.0 * (3.0 * m->ce.chunk * (1 + m->grid->tp) + BT);
+    check(fabs((double)mem_peak[MEM_LOGITS] - logits_expect) < 1, "memory: logits peak %.0f B = chunk %d x Vp/tp %d x %d B + stats/losses (%.0f B)",
+          (double)mem_peak[MEM_LOGITS], m->ce.chunk, m->Vl, (int)X, logits_expect);
+}
+
+// Comm report vs the ring formulas, for one step with gradient accumulation `accum`.
+static void check_comm(GPT2 *m, int accum) {
+    Zero *z = &m->zero;
+    Grid *g = m->grid;
+    int dp = g->dp, tp = g->tp, L = m->config.num_layers;
+    double X = sizeof(floatX), full = 0, rep = 0;
+    for (int u = 0; u < m->nunits; u++) { full += m->units[u].padded; rep += m->units[u].nrep; }
+    if (dp > 1) {
+        double ring = 2.0 * (dp - 1) / dp * X * full;   // one all-reduce of all gradients
+        double expect = ring;
+        if (z->stage >= 2) { expect = (dp - 1.0) / dp * X * full * (accum + 1); }   // RS per micro-batch + AG
+        if (z->stage < 3) {
+            check(fabs(g->dp_group.bytes - expect) < 1, "comm: zero %d dp bytes/step %.0f = formula %.0f (all-reduce 2(p-1)/p*4P = %.0f)",
+                  z->stage, g->dp_group.bytes, expect, ring);
+        } else {
+            double ratio = g->dp_group.bytes / ring;
+            check(accum != 1 || (ratio > 1.4 && ratio <= 1.5 + 1e-9), "comm: zero 3 dp bytes/step %.0f = %.3f x the all-reduce %.0f (fwd+bwd all-gathers + reduce-scatter: about 1.5x; %ld unit gathers)",
+                  g->dp_group.bytes, ratio, ring, z->gathers);
+        }
+    }
+    if (tp > 1) {
+        double S = X * m->BT * m->config.channels, ring = (tp - 1.0) / tp;
+        double ce = 0;
+        for (int c0 = 0; c0 < m->BT; c0 += m->ce.chunk) { int n = m->BT - c0 < m->ce.chunk ? m->BT - c0 : m->ce.chunk; ce += (tp - 1.0) * 3 * n * 4; }
+        double rep_ar = m->sp ? 2.0 * ring * X * rep * (z->stage >= 2 ? accum : 1) : 0;
+        double act = m->sp ? (4.0 + 10.0 * L) * ring * S : (4.0 + 8.0 * L) * ring * S;   // per micro-batch
+        double expect = accum * (act + ce) + rep_ar;
+        check(fabs(g->tp_group.bytes - expect) < 1 + 1e-9 * expect,
+              "comm: tp bytes/step %.0f = formula %.0f (%s: %s; CE stats %.0f)", g->tp_group.bytes, expect,
+              m->sp ? "SP" : "no SP", m->sp ? "(2+4L) RS + (2+6L) AG of (p-1)/p*BT*C, of which 2L AG re-gather in backward"
+                                            : "(2+4L) AR of 2(p-1)/p*BT*C", ce);
+    }
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int world;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
+    const char *ref_dir = NULL, *resume_dir = NULL;
+    int check_mem = 0, check_comm_flag = 0;
+    char **rest = (char **)malloc_check(sizeof(char *) * (argc + 1));
+    int nrest = 0;
+    rest[nrest++] = argv[0];
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--ref") && i + 1 < argc) { ref_dir = argv[++i]; }
+        else if (!strcmp(argv[i], "--check-resume") && i + 1 < argc) { resume_dir = argv[++i]; }
+        else if (!strcmp(argv[i], "--check-memory")) { check_mem = 1; }
+        else if (!strcmp(argv[i], "--check-comm")) { check_comm_flag = 1; }
+        else { rest[nrest++] = argv[i]; }
+    }
+    if (ref_dir == NULL) { fail_all(my_rank, "test_gpt needs --ref DIR (a reference state from dev/reference/gpt2_ref.py)"); }
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/model.bin", ref_dir);
+    GPT2Config config;
+    float *params = read_model_file(path, &config);
+    RefState ref;
+    snprintf(path, sizeof(path), "%s/state.bin", ref_dir);
+    read_ref_state(path, &config, &ref);
+
+    Args args;
+    default_args(&args);
+    args.B = 1;
+    parse_args(nrest, rest, &args, my_rank);
+    args.T = ref.T;
+    args.total_batch = ref.R * ref.T;
+    validate_layout(&args, &config, world, my_rank);
+    Grid grid;
+    grid_init(&grid, args.tp, args.pp, args.ep);
+    int accum = args.total_batch / (args.B * args.T * grid.dp);
+    if (my_rank == 0) {
+        printf("test_gpt: %s | world %d = tp %d x pp %d x dp %d | zero %d%s | B %d T %d accum %d | ce chunk %d | %s\n", ref_dir, world,
+               grid.tp, grid.pp, grid.dp, args.zero, args.sp ? " | sp" : "", args.B, args.T, accum, args.ce_chunk, PRECISION_NAME);
+    }
+    GPT2 model;
+    gpt2_build(&model, &config, params, &grid, args.zero, args.sp);
+    gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk);
+    DataLoader loader;
+    snprintf(path, sizeof(path), "%s/data.bin", ref_dir);
+    dataloader_init(&loader, path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
+    LRScheduler sched = {"cosine", ref.lr, ref.final_frac, ref.warmup, ref.nsteps};
+    OptConfig opt = {ref.beta1, ref.beta2, ref.eps, ref.weight_decay, ref.clip, args.seed};
+
+    // step 0: loss, gradients, norm
+    comm_reset_counters(&grid);
+    float *losses = (float *)malloc_check(sizeof(float) * ref.nsteps);
+    losses[0] = gpt2_forward_backward(&model, &loader, accum);
+    check(fabs(losses[0] - ref.loss0) <= LOSS_TOL * fabs(ref.loss0), "loss of the first batch %.6f, reference %.6f", losses[0], ref.loss0);
+    compare_grads(&model, ref.grads);
+    float norm = gpt2_update(&model, &opt, lr_at(&sched, 0), 0);
+    check(fabs(norm - ref.norm0) <= NORM_RTOL * ref.norm0, "global grad norm %.6f, reference %.6f", norm, ref.norm0);
+    if (check_comm_flag) { check_comm(&model, accum); }
+    if (check_mem) { check_memory(&model); }
+    if (args.memory_report) { mem_report(my_rank, world, "test"); }
+    if (args.comm_report) { comm_report(&grid, 1, "test step 0"); }
+
+    // steps 1 .. nsteps-1
+    for (int s = 1; s < ref.nsteps; s++) {
+        losses[s] = gpt2_forward_backward(&model, &loader, accum);
+        gpt2_update(&model, &opt, lr_at(&sched, s), s);
+    }
+    double worst = 0;
+    int worst_step = 0;
+    for (int s = 0; s < ref.nsteps; s++) {
+        double e = fabs(losses[s] - ref.losses[s]) / fabs(ref.losses[s]);
+        if (e > worst || e != e) { worst = e != e ? INFINITY : e; worst_step = s; }
+    }
+    check(worst <= LOSS_TOL, "losses of %d AdamW steps: worst relative error %.2e at step %d (%.6f vs %.6f)", ref.nsteps, worst,
+          worst_step, losses[worst_step], ref.losses[worst_step]);
+
+    // resume: a fresh model from the step-5 checkpoint must repeat steps 5..9 bit for bit
+    if (resume_dir) {
+        if (my_rank == 0) { mkdir(resume_dir, 0755); }
+        MPI_Barrier(MPI_COMM_WORLD);
+        GPT2 run;
+        gpt2_build(&run, &config, params, &grid, args.zero, args.sp);
+        gpt2_alloc_activations(&run, args.B, args.T, args.ce_chunk);
+        DataLoader dl2;
+        dataloader_init(&dl2, path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
+        Rng rng;
+        rng_init(&rng, 1);
+        float uninterrupted[64];
+        for (int s = 0; s < ref.nsteps; s++) {
+            uninterrupted[s] = gpt2_forward_backward(&run, &dl2, accum);
+            gpt2_update(&run, &opt, lr_at(&sched, s), s);
+            if (s + 1 == 5) { save_checkpoint(&run, resume_dir, 5, &dl2, &rng); }
+        }
+        int step = latest_checkpoint(resume_dir);
+        check(step == 5, "checkpoint: newest complete checkpoint is step %d (expected 5)", step);
+        char mp[1100];
+        snprintf(mp, sizeof(mp), "%s/model_%08d.bin", resume_dir, step);
+        GPT2Config c2;
+        float *p2 = read_model_file(mp, &c2);
+        GPT2 resumed;
+        gpt2_build(&resumed, &c2, p2, &grid, args.zero, args.sp);
+        free(p2);
+        gpt2_alloc_activations(&resumed, args.B, args.T, args.ce_chunk);
+        DataLoader dl3;
+        dataloader_init(&dl3, path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
+        Rng rng3;
+        load_state(&resumed, resume_dir, step, &dl3, &rng3);
+        int same = 1;
+        for (int s = step; s < ref.nsteps; s++) {
+            float l = gpt2_forward_backward(&resumed, &dl3, accum);
+            gpt2_update(&resumed, &opt, lr_at(&sched, s), s);
+            if (memcmp(&l, &uninterrupted[s], sizeof(float)) != 0) { same = 0; }
+            if (my_rank == 0) { printf("  resume step %d: %.9f vs uninterrupted %.9f\n", s, l, uninterrupted[s]); }
+        }
+        check(same, "resume from step %d reproduces steps %d..%d bit for bit", step, step, ref.nsteps - 1);
+        check(rng3.s == rng.s, "resume restores the generator state");
+    }
+
+    int counts[2] = {n_passed, n_failed};
+    MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (my_rank == 0) { printf("%d passed, %d failed\n", counts[0], counts[1]); }
+    mem_free_all();
+    grid_free(&grid);
+    MPI_Finalize();
+    return counts[1] == 0 ? 0 : 1;
+}
