@@ -27,7 +27,34 @@ static void adamw_update_cpu(float *params, float *master, const float *grads, f
 }
 
 #ifdef USE_CUDA
-// CUDA kernel goes here
+// One thread per parameter (grid-stride). With master != NULL the fp32 master weight is updated and
+// rounded stochastically into params (random bits: a hash of (seed, i)); without, params is the
+// master (fp32 build; a bf16 params-only update is rounded stochastically too).
+__global__ void adamw_kernel(floatX *params, float *master, const floatX *grads, float *m, float *v, size_t n,
+                             float lr, float beta1, float beta2, float b1c, float b2c, float eps, float weight_decay,
+                             float grad_scale, unsigned int seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float g = (float)grads[i] * grad_scale;
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float p = master != NULL ? master[i] : (float)params[i];
+        p -= lr * ((mi / b1c) / (sqrtf(vi / b2c) + eps) + weight_decay * p);
+        if (master != NULL) { master[i] = p; }
+        params[i] = float_to_floatX_stochastic(p, random_bits(seed, i));
+    }
+}
+
+static void adamw_update_cuda(floatX *params, float *master, const floatX *grads, float *m, float *v, size_t n,
+                              float lr, float beta1, float beta2, float eps, float weight_decay,
+                              float grad_scale, int t, unsigned int seed) {
+    if (n == 0) { return; }
+    float b1c = 1.0f - powf(beta1, (float)t), b2c = 1.0f - powf(beta2, (float)t);   // as the CPU loop
+    adamw_kernel<<<elementwise_grid(n, 256), 256, 0, main_stream>>>(params, master, grads, m, v, n, lr, beta1, beta2,
+                                                                     b1c, b2c, eps, weight_decay, grad_scale, seed);
+    cudaCheckLaunch();
+}
 #endif
 
 static void adamw_update(floatX *params, float *master, const floatX *grads, float *m, float *v, size_t n,

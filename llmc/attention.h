@@ -87,7 +87,294 @@ static void attention_backward_cpu(float *dqkv, const float *dout, const float *
 }
 
 #ifdef USE_CUDA
-// CUDA kernels go here
+// Tiled causal attention in fp32 CUDA-core math (no tensor cores), never materialising (T, T).
+// Work split: a "group" of TPQ = HS/16 consecutive threads owns one query (or one key) row; each
+// thread of the group holds 16 of the HS dimensions, as 4 float4 chunks, chunk j of thread p
+// covering dims 4*(j*TPQ + p) .. +3 (interleaved, so a group reads 4*TPQ consecutive float4 of
+// a shared-memory row: conflict free). Dot products are finished with TPQ-wide xor shuffles.
+// Every loop bound is uniform in the block (masking, not branching), so full-warp shuffles are safe.
+#define ATT_THREADS 256
+#define ATT_TILE 32          // keys (forward, dq) or queries (dk/dv) per shared-memory tile
+
+__device__ __forceinline__ float4 att_load4(const floatX *p) {
+    return make_float4((float)p[0], (float)p[1], (float)p[2], (float)p[3]);
+}
+__device__ __forceinline__ void att_store4(floatX *p, float4 v) {
+    p[0] = (floatX)v.x; p[1] = (floatX)v.y; p[2] = (floatX)v.z; p[3] = (floatX)v.w;
+}
+__device__ __forceinline__ float att_dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+__device__ __forceinline__ void att_axpy4(float4 &y, float a, float4 x) { y.x += a * x.x; y.y += a * x.y; y.z += a * x.z; y.w += a * x.w; }
+template <int TPQ> __device__ __forceinline__ float att_group_sum(float v) {
+    for (int off = TPQ / 2; off > 0; off >>= 1) { v += __shfl_xor_sync(0xffffffffu, v, off); }
+    return v;
+}
+
+// Forward. grid (CEIL_DIV(T, QT), NH, B), block ATT_THREADS = QT queries x TPQ threads.
+// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T). Online softmax over key tiles of ATT_TILE.
+template <int HS>
+__global__ void __launch_bounds__(ATT_THREADS) attention_forward_kernel(floatX *out, float *lse, const floatX *qkv,
+                                                                       int T, int C, int NH) {
+    constexpr int TPQ = HS / 16, QT = ATT_THREADS / TPQ, H4 = HS / 4;
+    __shared__ float4 ks[ATT_TILE][H4], vs[ATT_TILE][H4];
+    int h = blockIdx.y, b = blockIdx.z;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * QT;            // the longest (latest) query tiles start first
+    int part = threadIdx.x % TPQ;
+    int t = q0 + threadIdx.x / TPQ;
+    int tq = t < T ? t : T - 1;                             // rows past T compute garbage, never stored
+    size_t C3 = 3 * (size_t)C;
+    const floatX *base = qkv + (size_t)b * T * C3 + h * HS;  // q of (b, 0, h); k at +C, v at +2C
+    const float scale = 1.0f / sqrtf((float)HS);
+    float4 q[4], o[4];
+    for (int j = 0; j < 4; j++) {
+        q[j] = att_load4(base + (size_t)tq * C3 + 4 * (j * TPQ + part));
+        o[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    float m = -INFINITY, l = 0.0f;
+    int kend = min(T, q0 + QT);
+    for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < ATT_TILE * H4; i += ATT_THREADS) {
+            int r = i / H4, d4 = i % H4, tk = k0 + r;
+            float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+            if (tk < T) {
+                kv = att_load4(base + (size_t)tk * C3 + C + 4 * d4);
+                vv = att_load4(base + (size_t)tk * C3 + 2 * C + 4 * d4);
+            }
+            ks[r][d4] = kv;
+            vs[r][d4] = vv;
+        }
+        __syncthreads();
+        float s[ATT_TILE];
+        float tile_max = -INFINITY;
+        #pragma unroll
+        for (int kk = 0; kk < ATT_TILE; kk++) {
+            float acc = 0.0f;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) { acc += att_dot4(q[j], ks[kk][j * TPQ + part]); }
+            acc = att_group_sum<TPQ>(acc) * scale;
+            s[kk] = (k0 + kk <= t) ? acc : -INFINITY;       // causal (also hides keys >= T)
+            tile_max = fmaxf(tile_max, s[kk]);
+        }
+        // m_new is finite: key 0 is in the first tile and visible to every query
+        float m_new = fmaxf(m, tile_max);
+        float corr = expf(m - m_new);
+        l *= corr;
+        for (int j = 0; j < 4; j++) { o[j].x *= corr; o[j].y *= corr; o[j].z *= corr; o[j].w *= corr; }
+        #pragma unroll
+        for (int kk = 0; kk < ATT_TILE; kk++) {
+            float p = expf(s[kk] - m_new);
+            l += p;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) { att_axpy4(o[j], p, vs[kk][j * TPQ + part]); }
+        }
+        m = m_new;
+    }
+    if (t < T) {
+        float inv = 1.0f / l;
+        floatX *y = out + ((size_t)b * T + t) * C + h * HS;
+        for (int j = 0; j < 4; j++) {
+            att_store4(y + 4 * (j * TPQ + part), make_float4(o[j].x * inv, o[j].y * inv, o[j].z * inv, o[j].w * inv));
+        }
+        if (part == 0) { lse[((size_t)b * NH + h) * T + t] = m + logf(l); }
+    }
+}
+
+// Backward 1/2: dk, dv. grid (CEIL_DIV(T, KB), NH, B), block = KB keys x TPQ threads. Each group
+// keeps its key's k, v in registers and walks the query tiles from its block's first key to T
+// (queries in ascending order: deterministic), with D = dout.out recomputed per query tile.
+//   p = exp(q.k scale - lse);  dv += p dout;  ds = p (dout.v - D) scale;  dk += ds q
+template <int HS>
+__global__ void __launch_bounds__(ATT_THREADS) attention_backward_dkdv_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv,
+                                                                             const floatX *out, const float *lse,
+                                                                             int T, int C, int NH) {
+    constexpr int TPQ = HS / 16, KB = ATT_THREADS / TPQ, H4 = HS / 4;
+    __shared__ float4 qs[ATT_TILE][H4], dos[ATT_TILE][H4];
+    __shared__ float lse_s[ATT_TILE], D_s[ATT_TILE];
+    int h = blockIdx.y, b = blockIdx.z;
+    int k_first = (gridDim.x - 1 - blockIdx.x) * KB;        // blocks with few queries to visit start last
+    int part = threadIdx.x % TPQ;
+    int key = k_first + threadIdx.x / TPQ;
+    int tk = key < T ? key : T - 1;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    size_t C3 = 3 * (size_t)C;
+    const floatX *base = qkv + (size_t)b * T * C3 + h * HS;
+    const floatX *dout_b = dout + (size_t)b * T * C + h * HS;
+    const floatX *out_b = out + (size_t)b * T * C + h * HS;
+    const float *lse_b = lse + ((size_t)b * NH + h) * T;
+    const float scale = 1.0f / sqrtf((float)HS);
+    float4 k[4], v[4], dk[4], dv[4];
+    for (int j = 0; j < 4; j++) {
+        k[j] = att_load4(base + (size_t)tk * C3 + C + 4 * (j * TPQ + part));
+        v[j] = att_load4(base + (size_t)tk * C3 + 2 * C + 4 * (j * TPQ + part));
+        dk[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        dv[j] = dk[j];
+    }
+    for (int q0 = k_first; q0 < T; q0 += ATT_TILE) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < ATT_TILE * H4; i += ATT_THREADS) {
+            int r = i / H4, d4 = i % H4, t = q0 + r;
+            float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), dv4 = qv;
+            if (t < T) {
+                qv = att_load4(base + (size_t)t * C3 + 4 * d4);
+                dv4 = att_load4(dout_b + (size_t)t * C + 4 * d4);
+            }
+            qs[r][d4] = qv;
+            dos[r][d4] = dv4;
+        }
+        for (int r = warp; r < ATT_TILE; r += ATT_THREADS / 32) {   // D = dout . out, one warp per query
+            int t = q0 + r;
+            float acc = 0.0f;
+            if (t < T) {
+                for (int d = lane; d < HS; d += 32) { acc += (float)dout_b[(size_t)t * C + d] * (float)out_b[(size_t)t * C + d]; }
+            }
+            acc = warp_reduce_sum(acc);
+            if (lane == 0) { D_s[r] = acc; lse_s[r] = t < T ? lse_b[t] : 0.0f; }
+        }
+        __syncthreads();
+        for (int qq = 0; qq < ATT_TILE; qq++) {
+            int t = q0 + qq;
+            float s = 0.0f, dp = 0.0f;
+            float4 qv[4], dy[4];
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                qv[j] = qs[qq][j * TPQ + part];
+                dy[j] = dos[qq][j * TPQ + part];
+                s += att_dot4(k[j], qv[j]);
+                dp += att_dot4(v[j], dy[j]);
+            }
+            s = att_group_sum<TPQ>(s);
+            dp = att_group_sum<TPQ>(dp);
+            float p = (t >= key && t < T) ? expf(s * scale - lse_s[qq]) : 0.0f;
+            float ds = p * (dp - D_s[qq]) * scale;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                att_axpy4(dv[j], p, dy[j]);
+                att_axpy4(dk[j], ds, qv[j]);
+            }
+        }
+    }
+    if (key < T) {
+        floatX *d = dqkv + ((size_t)b * T + key) * C3 + h * HS;
+        for (int j = 0; j < 4; j++) {
+            att_store4(d + C + 4 * (j * TPQ + part), dk[j]);
+            att_store4(d + 2 * C + 4 * (j * TPQ + part), dv[j]);
+        }
+    }
+}
+
+// Backward 2/2: dq. grid (CEIL_DIV(T, QT), NH, B), block = QT queries x TPQ threads; key tiles in
+// ascending order.   ds = p (dout.v - D) scale;  dq += ds k
+template <int HS>
+__global__ void __launch_bounds__(ATT_THREADS) attention_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv,
+                                                                           const floatX *out, const float *lse,
+                                                                           int T, int C, int NH) {
+    constexpr int TPQ = HS / 16, QT = ATT_THREADS / TPQ, H4 = HS / 4;
+    __shared__ float4 ks[ATT_TILE][H4], vs[ATT_TILE][H4];
+    int h = blockIdx.y, b = blockIdx.z;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * QT;
+    int part = threadIdx.x % TPQ;
+    int t = q0 + threadIdx.x / TPQ;
+    int tq = t < T ? t : T - 1;
+    size_t C3 = 3 * (size_t)C;
+    const floatX *base = qkv + (size_t)b * T * C3 + h * HS;
+    const float scale = 1.0f / sqrtf((float)HS);
+    float4 q[4], dy[4], dq[4];
+    float D = 0.0f;
+    for (int j = 0; j < 4; j++) {
+        size_t off = 4 * (j * TPQ + part);
+        q[j] = att_load4(base + (size_t)tq * C3 + off);
+        dy[j] = att_load4(dout + ((size_t)b * T + tq) * C + h * HS + off);
+        D += att_dot4(dy[j], att_load4(out + ((size_t)b * T + tq) * C + h * HS + off));
+        dq[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    D = att_group_sum<TPQ>(D);
+    float l = lse[((size_t)b * NH + h) * T + tq];
+    int kend = min(T, q0 + QT);
+    for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < ATT_TILE * H4; i += ATT_THREADS) {
+            int r = i / H4, d4 = i % H4, tk = k0 + r;
+            float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+            if (tk < T) {
+                kv = att_load4(base + (size_t)tk * C3 + C + 4 * d4);
+                vv = att_load4(base + (size_t)tk * C3 + 2 * C + 4 * d4);
+            }
+            ks[r][d4] = kv;
+            vs[r][d4] = vv;
+        }
+        __syncthreads();
+        #pragma unroll 4
+        for (int kk = 0; kk < ATT_TILE; kk++) {
+            float s = 0.0f, dp = 0.0f;
+            float4 kv[4];
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                kv[j] = ks[kk][j * TPQ + part];
+                s += att_dot4(q[j], kv[j]);
+                dp += att_dot4(dy[j], vs[kk][j * TPQ + part]);
+            }
+            s = att_group_sum<TPQ>(s);
+            dp = att_group_sum<TPQ>(dp);
+            float p = (k0 + kk <= t) ? expf(s * scale - l) : 0.0f;
+            float ds = p * (dp - D) * scale;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) { att_axpy4(dq[j], ds, kv[j]); }
+        }
+    }
+    if (t < T) {
+        floatX *d = dqkv + ((size_t)b * T + t) * C3 + h * HS;
+        for (int j = 0; j < 4; j++) { att_store4(d + 4 * (j * TPQ + part), dq[j]); }
+    }
+}
+
+static int attention_head_size(int C, int NH) {
+    if (NH <= 0 || C % NH != 0) { fail("attention: C=%d is not a multiple of NH=%d", C, NH); }
+    int hs = C / NH;
+    if (hs != 16 && hs != 32 && hs != 64 && hs != 128) {
+        fail("attention: head size %d is not supported by the CUDA kernels (16, 32, 64 or 128)", hs);
+    }
+    return hs;
+}
+
+template <int HS>
+static void attention_forward_launch(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
+    constexpr int QT = ATT_THREADS / (HS / 16);
+    dim3 grid(CEIL_DIV(T, QT), NH, B);
+    attention_forward_kernel<HS><<<grid, ATT_THREADS, 0, main_stream>>>(out, lse, qkv, T, C, NH);
+    cudaCheckLaunch();
+}
+
+template <int HS>
+static void attention_backward_launch(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
+                                      const float *lse, int B, int T, int C, int NH) {
+    constexpr int R = ATT_THREADS / (HS / 16);   // keys (dk/dv) or queries (dq) per block
+    dim3 grid(CEIL_DIV(T, R), NH, B);
+    attention_backward_dkdv_kernel<HS><<<grid, ATT_THREADS, 0, main_stream>>>(dqkv, dout, qkv, out, lse, T, C, NH);
+    cudaCheckLaunch();
+    attention_backward_dq_kernel<HS><<<grid, ATT_THREADS, 0, main_stream>>>(dqkv, dout, qkv, out, lse, T, C, NH);
+    cudaCheckLaunch();
+}
+
+static void attention_forward_cuda(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
+    if (B <= 0 || T <= 0) { return; }
+    switch (attention_head_size(C, NH)) {
+        case 16: attention_forward_launch<16>(out, lse, qkv, B, T, C, NH); break;
+        case 32: attention_forward_launch<32>(out, lse, qkv, B, T, C, NH); break;
+        case 64: attention_forward_launch<64>(out, lse, qkv, B, T, C, NH); break;
+        default: attention_forward_launch<128>(out, lse, qkv, B, T, C, NH); break;
+    }
+}
+
+static void attention_backward_cuda(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
+                                    const float *lse, int B, int T, int C, int NH) {
+    if (B <= 0 || T <= 0) { return; }
+    switch (attention_head_size(C, NH)) {
+        case 16: attention_backward_launch<16>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
+        case 32: attention_backward_launch<32>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
+        case 64: attention_backward_launch<64>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
+        default: attention_backward_launch<128>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
+    }
+}
 #endif
 
 static void attention_forward(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {

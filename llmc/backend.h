@@ -55,6 +55,129 @@ static void *cublaslt_workspace;
 static const size_t cublaslt_workspace_size = 32 * 1024 * 1024;
 static int device_sm_count;
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
+
+// A kernel launch is checked right after it is queued (launch configuration errors).
+#define cudaCheckLaunch() cudaCheck(cudaGetLastError())
+
+// The CPU loops are compiled in the CUDA build too (they are the specification the dev/cuda
+// harnesses check against), but the CUDA build links no BLAS. This plain row-major sgemm stands
+// in for OpenBLAS there; train_gpt never calls it (every launcher takes the CUDA path).
+typedef enum { CblasRowMajor = 101, CblasColMajor = 102 } cblas_order_t;
+typedef enum { CblasNoTrans = 111, CblasTrans = 112 } cblas_transpose_t;
+static void cblas_sgemm(cblas_order_t order, cblas_transpose_t ta, cblas_transpose_t tb, int M, int N, int K,
+                        float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *Cm, int ldc) {
+    if (order != CblasRowMajor) { fail("reference cblas_sgemm: only row-major is supported"); }
+    // C (M, N) = alpha op(A) (M, K) op(B) (K, N) + beta C
+    #pragma omp parallel
+    {
+        float *row = (float *)malloc_check(sizeof(float) * (N > 0 ? N : 1));
+        #pragma omp for
+        for (int i = 0; i < M; i++) {
+            for (int j = 0; j < N; j++) { row[j] = 0.0f; }
+            for (int k = 0; k < K; k++) {
+                float a = ta == CblasNoTrans ? A[(size_t)i * lda + k] : A[(size_t)k * lda + i];
+                if (tb == CblasNoTrans) {
+                    const float *b = B + (size_t)k * ldb;
+                    for (int j = 0; j < N; j++) { row[j] += a * b[j]; }
+                } else {
+                    for (int j = 0; j < N; j++) { row[j] += a * B[(size_t)j * ldb + k]; }
+                }
+            }
+            float *c = Cm + (size_t)i * ldc;
+            for (int j = 0; j < N; j++) { c[j] = alpha * row[j] + (beta == 0.0f ? 0.0f : beta * c[j]); }
+        }
+        free(row);
+    }
+}
+
+// ---- device helpers shared by the kernels (all math in fp32, floatX only in memory) ----
+
+// xor-butterfly: every lane ends with the same value, and the order of additions is fixed,
+// so the result is deterministic.
+__device__ __forceinline__ float warp_reduce_sum(float v) {
+    for (int off = 16; off > 0; off >>= 1) { v += __shfl_xor_sync(0xffffffffu, v, off); }
+    return v;
+}
+__device__ __forceinline__ float warp_reduce_max(float v) {
+    for (int off = 16; off > 0; off >>= 1) { v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off)); }
+    return v;
+}
+
+// Sum (or max) over the whole block, returned to every thread. blockDim.x must be a multiple of
+// 32 (at most 1024); every thread of the block must call it. Safe to call repeatedly.
+__device__ __forceinline__ float block_reduce_sum(float v) {
+    __shared__ float buf[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    v = warp_reduce_sum(v);
+    __syncthreads();                       // buf may still be read by a previous call
+    if (lane == 0) { buf[warp] = v; }
+    __syncthreads();
+    return warp_reduce_sum(lane < nwarps ? buf[lane] : 0.0f);
+}
+__device__ __forceinline__ float block_reduce_max(float v) {
+    __shared__ float buf[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    v = warp_reduce_max(v);
+    __syncthreads();
+    if (lane == 0) { buf[warp] = v; }
+    __syncthreads();
+    return warp_reduce_max(lane < nwarps ? buf[lane] : -INFINITY);
+}
+
+// A cheap, well-mixed 32-bit hash (the "lowbias32" finaliser) of (seed, index): random bits for
+// stochastic rounding, reproducible for a given seed.
+__host__ __device__ __forceinline__ unsigned int hash_u32(unsigned int x) {
+    x ^= x >> 16; x *= 0x7feb352du;
+    x ^= x >> 15; x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+__host__ __device__ __forceinline__ unsigned int random_bits(unsigned int seed, size_t i) {
+    return hash_u32((unsigned int)i ^ hash_u32(seed ^ hash_u32((unsigned int)(i >> 32) + 0x9e3779b9u)));
+}
+
+// fp32 -> floatX with stochastic rounding (bf16: add 16 random bits below the kept mantissa,
+// then truncate, so E[result] = x). fp32 build: identity.
+__device__ __forceinline__ floatX float_to_floatX_stochastic(float x, unsigned int bits) {
+#if defined(ENABLE_FP32)
+    (void)bits;
+    return x;
+#else
+    unsigned int u = __float_as_uint(x);
+    if ((u & 0x7f800000u) == 0x7f800000u) { return __float2bfloat16_rn(x); }   // inf / nan unchanged
+    u = (u + (bits & 0xffffu)) & 0xffff0000u;
+    return __ushort_as_bfloat16((unsigned short)(u >> 16));
+#endif
+}
+
+// Grid for an elementwise kernel over n items: enough blocks to fill the GPU, grid-stride beyond
+static unsigned int elementwise_grid(size_t n, int block) {
+    size_t blocks = CEIL_DIV(n, (size_t)block), cap = (size_t)(device_sm_count > 0 ? device_sm_count : 132) * 16;
+    return (unsigned int)(blocks < cap ? blocks : cap);
+}
+
+// dout (N, C) summed over the rows into dbias (C) (+=), rows in a fixed order (deterministic).
+// block (32, 32): threadIdx.x = channel in a 32-wide slice, threadIdx.y = row lane; grid CEIL_DIV(C, 32).
+__global__ void column_sum_accumulate_kernel(floatX *dbias, const floatX *dout, int N, int C) {
+    __shared__ float part[32][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    float sum = 0.0f;
+    if (c < C) {
+        for (int n = threadIdx.y; n < N; n += 32) { sum += (float)dout[(size_t)n * C + c]; }
+    }
+    part[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float s = 0.0f;
+        for (int r = 0; r < 32; r++) { s += part[r][threadIdx.x]; }
+        dbias[c] = (floatX)((float)dbias[c] + s);
+    }
+}
+static void column_sum_accumulate(floatX *dbias, const floatX *dout, int N, int C) {
+    if (N <= 0 || C <= 0) { return; }
+    column_sum_accumulate_kernel<<<CEIL_DIV(C, 32), dim3(32, 32), 0, main_stream>>>(dbias, dout, N, C);
+    cudaCheckLaunch();
+}
 #endif
 
 // ----------------------------------------------------------------------------

@@ -53,7 +53,89 @@ static void position_backward_cpu(float *dwpe, const float *dout, int n0, int N,
 }
 
 #ifdef USE_CUDA
-// CUDA kernels go here (see the cuda backend issue)
+// out (N, C) = wte[tok - v0] or 0; one thread per element.
+__global__ void embedding_forward_kernel(floatX *out, const int *tokens, const floatX *wte, int v0, int v1, int N, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * C) { return; }
+    int n = (int)(i / C), c = (int)(i % C);
+    int tok = tokens[n];
+    out[i] = (tok >= v0 && tok < v1) ? wte[(size_t)(tok - v0) * C + c] : (floatX)0.0f;
+}
+
+// dwte_local += dout[n] for tokens in [v0, v1), deterministic without atomics or a sort:
+// block (blockIdx.x = n, blockIdx.y = a 256-channel slice) works only if n is the FIRST token
+// position holding its id; it then walks all positions in ascending order (a warp ballot per 32
+// tokens finds the matches) and sums their rows in fp32, so every wte row is written by exactly
+// one block and summed in token order. grid (N, CEIL_DIV(C, 256)), block 256.
+__global__ void embedding_backward_kernel(floatX *dwte, const floatX *dout, const int *tokens, int v0, int v1, int N, int C) {
+    int n = blockIdx.x;
+    int tok = tokens[n];
+    if (tok < v0 || tok >= v1) { return; }
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    int lane = threadIdx.x % 32;
+    float sum = 0.0f;
+    for (int base = 0; base < N; base += 32) {
+        int m = base + lane;
+        unsigned int match = __ballot_sync(0xffffffffu, m < N && tokens[m] == tok);
+        while (match != 0) {
+            int k = base + __ffs(match) - 1;    // ascending positions
+            match &= match - 1;
+            if (k < n) { return; }              // not the first occurrence: another block owns this row (uniform in the block)
+            if (c < C) { sum += (float)dout[(size_t)k * C + c]; }
+        }
+    }
+    if (c < C) {
+        floatX *w = dwte + (size_t)(tok - v0) * C + c;
+        *w = (floatX)((float)*w + sum);
+    }
+}
+
+// out (N, C) += wpe[(n0 + n) % T]
+__global__ void position_forward_kernel(floatX *out, const floatX *wpe, int n0, int N, int T, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * C) { return; }
+    int n = (int)(i / C), c = (int)(i % C);
+    out[i] = (floatX)((float)out[i] + (float)wpe[(size_t)((n0 + n) % T) * C + c]);
+}
+
+// dwpe[t] += sum of dout[n] over the local n with (n0 + n) % T == t, n ascending. One thread per (t, c).
+__global__ void position_backward_kernel(floatX *dwpe, const floatX *dout, int n0, int N, int T, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * C) { return; }
+    int t = (int)(i / C), c = (int)(i % C);
+    int first = ((t - n0) % T + T) % T;      // smallest n >= 0 with (n0 + n) % T == t
+    if (first >= N) { return; }
+    float sum = 0.0f;
+    for (int n = first; n < N; n += T) { sum += (float)dout[(size_t)n * C + c]; }
+    dwpe[i] = (floatX)((float)dwpe[i] + sum);
+}
+
+static void embedding_forward_cuda(floatX *out, const int *tokens, const floatX *wte, int v0, int v1, int N, int C) {
+    size_t total = (size_t)N * C;
+    if (total == 0) { return; }
+    embedding_forward_kernel<<<(unsigned int)CEIL_DIV(total, 256), 256, 0, main_stream>>>(out, tokens, wte, v0, v1, N, C);
+    cudaCheckLaunch();
+}
+
+static void embedding_backward_cuda(floatX *dwte, const floatX *dout, const int *tokens, int v0, int v1, int N, int C) {
+    if (N <= 0 || C <= 0) { return; }
+    embedding_backward_kernel<<<dim3(N, CEIL_DIV(C, 256)), 256, 0, main_stream>>>(dwte, dout, tokens, v0, v1, N, C);
+    cudaCheckLaunch();
+}
+
+static void position_forward_cuda(floatX *out, const floatX *wpe, int n0, int N, int T, int C) {
+    size_t total = (size_t)N * C;
+    if (total == 0) { return; }
+    position_forward_kernel<<<(unsigned int)CEIL_DIV(total, 256), 256, 0, main_stream>>>(out, wpe, n0, N, T, C);
+    cudaCheckLaunch();
+}
+
+static void position_backward_cuda(floatX *dwpe, const floatX *dout, int n0, int N, int T, int C) {
+    size_t total = (size_t)T * C;
+    if (total == 0 || N <= 0) { return; }
+    position_backward_kernel<<<(unsigned int)CEIL_DIV(total, 256), 256, 0, main_stream>>>(dwpe, dout, n0, N, T, C);
+    cudaCheckLaunch();
+}
 #endif
 
 // ----------------------------------------------------------------------------

@@ -59,7 +59,64 @@ static void ce_loss_dlogits_cpu(float *logits, float *losses, const float *stats
 }
 
 #ifdef USE_CUDA
-// CUDA kernels go here
+// One block per token row i: logits (n, Vl) -> stats (n, 3) = [max, sum exp(z - max), target logit or 0]
+// over the valid columns j < V - v0 (padding columns excluded). Fixed-shape block reductions.
+__global__ void ce_stats_kernel(float *stats, const floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
+    int i = blockIdx.x;
+    int valid = V - v0 < Vl ? V - v0 : Vl;
+    const floatX *z = logits + (size_t)i * Vl;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < valid; j += blockDim.x) { m = fmaxf(m, (float)z[j]); }
+    m = block_reduce_max(m);
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < valid; j += blockDim.x) { s += expf((float)z[j] - m); }
+    s = block_reduce_sum(s);
+    if (threadIdx.x == 0) {
+        int t = targets[i] - v0;
+        stats[3 * i + 0] = m;
+        stats[3 * i + 1] = s;
+        stats[3 * i + 2] = (t >= 0 && t < valid) ? (float)z[t] : 0.0f;
+    }
+}
+
+// One block per token row i: combine the tp ranks' stats (in rank order), loss, and optionally
+// overwrite the logits row with dlogits = (softmax - onehot) * dloss (0 on padding columns).
+__global__ void ce_loss_dlogits_kernel(floatX *logits, float *losses, const float *stats_all, const int *targets,
+                                       int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
+    int i = blockIdx.x;
+    int valid = V - v0 < Vl ? V - v0 : Vl;
+    float M = -INFINITY;
+    for (int r = 0; r < tp; r++) { M = fmaxf(M, stats_all[((size_t)r * n + i) * 3]); }
+    float S = 0.0f, zt = 0.0f;
+    for (int r = 0; r < tp; r++) {
+        const float *st = stats_all + ((size_t)r * n + i) * 3;
+        if (st[1] > 0.0f) { S += st[1] * expf(st[0] - M); }
+        zt += st[2];
+    }
+    if (threadIdx.x == 0) { losses[i] = logf(S) + M - zt; }
+    if (!write_dlogits) { return; }
+    floatX *z = logits + (size_t)i * Vl;
+    float invS = 1.0f / S;
+    int t = targets[i] - v0;
+    for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
+        float g = 0.0f;
+        if (j < valid) { g = (expf((float)z[j] - M) * invS - (j == t ? 1.0f : 0.0f)) * dloss; }
+        z[j] = (floatX)g;
+    }
+}
+
+static void ce_stats_cuda(float *stats, const floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
+    if (n <= 0) { return; }
+    ce_stats_kernel<<<n, 1024, 0, main_stream>>>(stats, logits, targets, v0, V, n, Vl);
+    cudaCheckLaunch();
+}
+
+static void ce_loss_dlogits_cuda(floatX *logits, float *losses, const float *stats_all, const int *targets,
+                                 int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
+    if (n <= 0) { return; }
+    ce_loss_dlogits_kernel<<<n, 1024, 0, main_stream>>>(logits, losses, stats_all, targets, v0, V, n, Vl, tp, dloss, write_dlogits);
+    cudaCheckLaunch();
+}
 #endif
 
 static void ce_stats(float *stats, const floatX *logits, const int *targets, int v0, int V, int n, int Vl) {

@@ -28,7 +28,37 @@ static void gelu_backward_cpu(float *dinp, const float *inp, const float *dout, 
 }
 
 #ifdef USE_CUDA
-// CUDA kernels go here
+// out (n) = gelu(inp), elementwise, grid-stride
+__global__ void gelu_forward_kernel(floatX *out, const floatX *inp, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float x = (float)inp[i];
+        out[i] = (floatX)(0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x))));
+    }
+}
+
+// dinp (n) = gelu'(inp) * dout; each element is read before it is written, so dinp may alias dout
+__global__ void gelu_backward_kernel(floatX *dinp, const floatX *inp, const floatX *dout, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float x = (float)inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        float th = tanhf(u);
+        float sech2 = 1.0f - th * th;
+        float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = (floatX)(grad * (float)dout[i]);
+    }
+}
+
+static void gelu_forward_cuda(floatX *out, const floatX *inp, size_t n) {
+    if (n == 0) { return; }
+    gelu_forward_kernel<<<elementwise_grid(n, 256), 256, 0, main_stream>>>(out, inp, n);
+    cudaCheckLaunch();
+}
+
+static void gelu_backward_cuda(floatX *dinp, const floatX *inp, const floatX *dout, size_t n) {
+    if (n == 0) { return; }
+    gelu_backward_kernel<<<elementwise_grid(n, 256), 256, 0, main_stream>>>(dinp, inp, dout, n);
+    cudaCheckLaunch();
+}
 #endif
 
 static void gelu_forward(floatX *out, const floatX *inp, size_t n) {

@@ -39,7 +39,83 @@ static void matmul_backward_cpu(float *dinp, float *dweight, float *dbias, const
 }
 
 #ifdef USE_CUDA
-// cuBLASLt matmuls go here
+#if defined(ENABLE_FP32)
+#define CUBLAS_FLOATX CUDA_R_32F
+#else
+#define CUBLAS_FLOATX CUDA_R_16BF
+#endif
+
+// Largest power of two (<= 256) dividing the address: tells cuBLASLt how aligned a buffer is,
+// so it never picks a kernel that assumes more (shards and chunks start at arbitrary offsets).
+static uint32_t matmul_alignment(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    uint32_t align = 256;
+    while (align > 1 && (a % align) != 0) { align /= 2; }
+    return align;
+}
+
+// D (m, n) = alpha op(A) op(B) + beta D, column-major (cuBLAS) view, fp32 accumulation.
+// A is (m, k) after op, stored with leading dimension lda; likewise B (k, n); D (m, n) ld = m.
+// bias (m) or NULL: added to every column of D through the BIAS epilogue.
+static void matmul_cublaslt(floatX *d, const floatX *a, const floatX *b, const floatX *bias, int m, int n, int k,
+                            int transa, int transb, int lda, int ldb, float beta) {
+    cublasLtMatmulDesc_t desc;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t opa = transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+    cublasLtEpilogue_t epilogue = bias != NULL ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    if (bias != NULL) {   // set before the heuristic query: it reads the pointer's alignment
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasCheck(cublasLtMatrixLayoutCreate(&la, CUBLAS_FLOATX, transa ? k : m, transa ? m : k, lda));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUBLAS_FLOATX, transb ? n : k, transb ? k : n, ldb));
+    cublasCheck(cublasLtMatrixLayoutCreate(&ld, CUBLAS_FLOATX, m, n, m));
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = cublaslt_workspace_size;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    uint32_t al_a = matmul_alignment(a), al_b = matmul_alignment(b), al_d = matmul_alignment(d);
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
+    if (found == 0) {
+        fail("cuBLASLt found no algorithm for m=%d n=%d k=%d transa=%d transb=%d bias=%d (alignments %u %u %u)",
+             m, n, k, transa, transb, bias != NULL, al_a, al_b, al_d);
+    }
+    float alpha = 1.0f;
+    cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
+                               &heuristic.algo, cublaslt_workspace, cublaslt_workspace_size, main_stream));
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    cublasCheck(cublasLtMatrixLayoutDestroy(la));
+    cublasCheck(cublasLtMatrixLayoutDestroy(lb));
+    cublasCheck(cublasLtMatrixLayoutDestroy(ld));
+    cublasCheck(cublasLtMatmulDescDestroy(desc));
+}
+
+// Row-major (N, OC) = (N, IC) @ (OC, IC)^T is, seen column-major, out^T (OC, N) = W (OC, IC) . inp^T:
+// A = weight read transposed (lda IC), B = inp (ldb IC), m = OC, n = N, k = IC.
+static void matmul_forward_cuda(floatX *out, const floatX *inp, const floatX *weight, const floatX *bias, int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0) { return; }
+    matmul_cublaslt(out, weight, inp, bias, OC, N, IC, 1, 0, IC, IC, 0.0f);
+}
+
+// dinp^T (IC, N) = W^T (IC, OC) . dout^T:   A = weight (lda IC), B = dout (ldb OC), m = IC, n = N, k = OC
+// dweight^T (IC, OC) += inp^T (IC, N) . dout (N, OC):  A = inp (lda IC), B = dout read transposed (ldb OC)
+// dbias (OC) += column sums of dout (deterministic kernel in backend.h)
+static void matmul_backward_cuda(floatX *dinp, floatX *dweight, floatX *dbias, const floatX *dout, const floatX *inp,
+                                 const floatX *weight, int N, int IC, int OC) {
+    if (N <= 0) { return; }   // nothing to accumulate; dinp has no rows
+    if (dinp != NULL) { matmul_cublaslt(dinp, weight, dout, NULL, IC, N, OC, 0, 0, IC, OC, 0.0f); }
+    if (dweight != NULL) { matmul_cublaslt(dweight, inp, dout, NULL, IC, OC, N, 0, 1, IC, OC, 1.0f); }
+    if (dbias != NULL) { column_sum_accumulate(dbias, dout, N, OC); }
+}
 #endif
 
 static void matmul_forward(floatX *out, const floatX *inp, const floatX *weight, const floatX *bias, int N, int IC, int OC) {

@@ -32,7 +32,39 @@ static void accumulate_cpu(float *dst, const float *src, size_t n) {
 }
 
 #ifdef USE_CUDA
-// CUDA kernels go here
+// out (N, C) = res + x + bias; out may alias res or x (each element read before written)
+__global__ void residual_bias_forward_kernel(floatX *out, const floatX *res, const floatX *x, const floatX *bias, int N, int C) {
+    size_t total = (size_t)N * C;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        float b = bias != NULL ? (float)bias[i % C] : 0.0f;
+        out[i] = (floatX)((float)res[i] + (float)x[i] + b);
+    }
+}
+
+// dst (n) += src (n)
+__global__ void accumulate_kernel(floatX *dst, const floatX *src, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        dst[i] = (floatX)((float)dst[i] + (float)src[i]);
+    }
+}
+
+static void residual_bias_forward_cuda(floatX *out, const floatX *res, const floatX *x, const floatX *bias, int N, int C) {
+    size_t total = (size_t)N * C;
+    if (total == 0) { return; }
+    residual_bias_forward_kernel<<<elementwise_grid(total, 256), 256, 0, main_stream>>>(out, res, x, bias, N, C);
+    cudaCheckLaunch();
+}
+
+// dbias (C) += column sums of dout (N, C): the deterministic kernel in backend.h
+static void bias_backward_cuda(floatX *dbias, const floatX *dout, int N, int C) {
+    column_sum_accumulate(dbias, dout, N, C);
+}
+
+static void accumulate_cuda(floatX *dst, const floatX *src, size_t n) {
+    if (n == 0) { return; }
+    accumulate_kernel<<<elementwise_grid(n, 256), 256, 0, main_stream>>>(dst, src, n);
+    cudaCheckLaunch();
+}
 #endif
 
 static void residual_bias_forward(floatX *out, const floatX *res, const floatX *x, const floatX *bias, int N, int C) {

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Bad input: each case must exit non-zero with one "error: ..." line naming the thing, within a
+# timeout (no hang of the other ranks), and leave nothing in the output dir.
+# Usage: bash scripts/test_bad_input.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
+set -u
+BIN=$1
+W=$2
+mkdir -p "$W"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+MPIRUN="mpirun --oversubscribe --bind-to none"
+PY=python3
+TINY="L=2,C=64,NH=4,V=250,maxT=64"
+
+# files: a good tiny model and data shard, and broken variants of them
+$PY - "$W" <<'EOF'
+import struct, sys, os
+w = sys.argv[1]
+def header(magic, version, vals):
+    h = [0] * 256; h[0] = magic; h[1] = version
+    for i, v in enumerate(vals): h[2 + i] = v
+    return struct.pack("<256i", *h)
+L, C, NH, V, Vp, maxT = 2, 64, 4, 250, 256, 64
+P = Vp*C + maxT*C + L*(2*C + 3*C*C + 3*C + C*C + C + 2*C + 4*C*C + 4*C + 4*C*C + C) + 2*C
+body = struct.pack("<%df" % P, *([0.01] * P))
+def write(name, data):
+    open(os.path.join(w, name), "wb").write(data)
+write("model_ok.bin", header(20240326, 3, [maxT, V, L, NH, C, Vp]) + body)
+write("model_magic.bin", header(12345, 3, [maxT, V, L, NH, C, Vp]) + body)
+write("model_version.bin", header(20240326, 7, [maxT, V, L, NH, C, Vp]) + body)
+write("model_trunc.bin", header(20240326, 3, [maxT, V, L, NH, C, Vp]) + body[: len(body) // 2])
+write("model_header.bin", header(20240326, 3, [maxT, V, L + 1, NH, C, Vp]) + body)
+write("model_nh.bin", header(20240326, 3, [maxT, V, L, 3, C, Vp]) + body)
+toks = [i % 200 for i in range(4097)]
+write("data_ok.bin", header(20240520, 1, [len(toks)]) + struct.pack("<%dH" % len(toks), *toks))
+write("data_magic.bin", header(1234, 1, [len(toks)]) + struct.pack("<%dH" % len(toks), *toks))
+write("data_trunc.bin", header(20240520, 1, [len(toks)]) + struct.pack("<%dH" % 100, *toks[:100]))
+bad = list(toks); bad[777] = 300
+write("data_vocab.bin", header(20240520, 1, [len(bad)]) + struct.pack("<%dH" % len(bad), *bad))
+EOF
+touch "$W/not_a_dir"
+mkdir -p "$W/empty_ckpt"
+
+# expect NAME NP "EXPECTED TEXT" ARGS... : runs train_gpt with -o $W/out_NAME appended
+expect() {
+    local name=$1 np=$2 text=$3; shift 3
+    local out="$W/out_$name"
+    rm -rf "$out"
+    local launch="$MPIRUN -np $np"
+    [ "$np" = 1 ] && launch=""          # a single process runs without mpirun (MPI singleton)
+    timeout 60 $launch "$BIN/train_gpt" -o "$out" -s 0 -v 0 "$@" >"$W/$name.log" 2>&1
+    local rc=$?
+    local first
+    first=$(grep -m1 '^error: ' "$W/$name.log")
+    if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then
+        echo "FAIL $name: exit $rc (expected an error)"; tail -n 3 "$W/$name.log"; return
+    fi
+    if [ -z "$first" ] || ! grep -qF -- "$text" <<<"$first"; then
+        echo "FAIL $name: no 'error: ...$text...' line"; head -n 3 "$W/$name.log"; return
+    fi
+    if [ -d "$out" ] && [ -n "$(ls -A "$out" 2>/dev/null)" ]; then
+        echo "FAIL $name: wrote files: $(ls "$out")"; return
+    fi
+    echo "ok   $name: $first"
+}
+
+M="$W/model_ok.bin"
+DOK="$W/data_ok.bin"
+expect unknown_flag     1 "unknown flag '--bogus'"            -e "$TINY" --bogus 3
+expect missing_value    1 "missing its value"                 -e "$TINY" -b
+expect not_a_number     1 "-b expects an integer"             -e "$TINY" -b four
+expect out_of_range     1 "--zero must be in"                 -e "$TINY" --zero 4
+expect bad_float        1 "-l expects a number"               -e "$TINY" -l 1e-3x
+expect bad_scheduler    1 "-k expects"                        -e "$TINY" -k triangle
+expect bad_descriptor   1 "malformed model descriptor"        -e "L=2,C=64,NH=5,V=250"
+expect model_missing    1 "cannot open file"                  -e "$W/nope.bin"
+expect model_magic      1 "bad magic"                         -e "$W/model_magic.bin"
+expect model_version    1 "version 7"                         -e "$W/model_version.bin"
+expect model_truncated  1 "bytes, expected"                   -e "$W/model_trunc.bin"
+expect model_header     1 "bytes, expected"                   -e "$W/model_header.bin"
+expect model_heads      1 "inconsistent header"               -e "$W/model_nh.bin"
+expect data_magic       1 "bad magic"                         -e "$M" -i "$W/data_magic.bin" -t 32
+expect data_truncated   1 "truncated or corrupt"              -e "$M" -i "$W/data_trunc.bin" -t 32
+expect data_vocab       1 "token 300 at position 777"         -e "$M" -i "$W/data_vocab.bin" -t 32
+expect data_no_match    1 "no files match"                    -e "$M" -i "$W/nothing_*.bin" -t 32
+expect batch_divides    1 "is not a multiple of B*T*dp"       -e "$M" -i "$DOK" -b 4 -t 32 -d 1000
+expect t_too_long       1 "larger than the model's maximum"   -e "$M" -i "$DOK" -t 128
+expect unwritable_out   1 "not a writable directory"          -e "$M" -i "$DOK" -t 32 -o "$W/not_a_dir/sub"
+expect nothing_resume   1 "nothing to resume"                 -e "$M" -i "$DOK" -t 32 -y 1 -o "$W/empty_ckpt"
+expect world_size       3 "not divisible by tp*pp"            -e "$TINY" --tp 2
+expect tp_heads         3 "does not divide the number of heads" -e "$TINY" --tp 3
+expect sp_tokens        2 "does not divide T"                 -e "$TINY" --tp 2 --sp -t 31
+expect pp_not_yet       2 "pipeline parallelism is not implemented" -e "$TINY" --pp 2
+expect dp_mismatch      2 "--dp 4 does not match"             -e "$TINY" --dp 4
+# a bad file seen by one rank only: every rank must exit (MPI_Abort), none may hang
+timeout 60 $MPIRUN -np 3 "$BIN/test_gpt" --ref refs/tiny --bad-file-on-rank 1 >"$W/onerank.log" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "^error: cannot open file" "$W/onerank.log"; then
+    echo "ok   one_rank_bad_file: exit $rc, $(grep -m1 '^error' "$W/onerank.log")"
+else
+    echo "FAIL one_rank_bad_file: exit $rc"
+fi

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The test matrix: every parallel configuration against the PyTorch reference, then bad inputs.
+# CPU build, oversubscribed ranks on 2 cores: tiny models, OMP_NUM_THREADS=1 per rank.
+# Usage: bash scripts/test_matrix.sh [BIN_DIR]   (closes with "N passed, N failed")
+set -u
+cd "$(dirname "$0")/.."
+BIN=${1:-.}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+MPIRUN="mpirun --oversubscribe --bind-to none"
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+passed=0
+failed=0
+
+# reference states (PyTorch, fp32 CPU), regenerated when missing
+for cfg in tiny d4; do
+    if [ ! -f refs/$cfg/state.bin ]; then
+        echo "== writing the PyTorch reference state refs/$cfg"
+        $PY dev/reference/gpt2_ref.py --config $cfg --out refs/$cfg >/dev/null || { echo "reference $cfg failed"; exit 1; }
+    fi
+done
+
+# run_test NP ARGS... : one test_gpt run; adds its "N passed, N failed" to the totals
+run_test() {
+    local np=$1; shift
+    local log="$TMP/log"
+    timeout 600 $MPIRUN -np "$np" "$BIN/test_gpt" "$@" >"$log" 2>&1
+    local rc=$?
+    local line
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
+    if [ -z "$line" ]; then
+        echo "FAIL  np $np $* (exit $rc, no summary)"; tail -n 5 "$log"; failed=$((failed + 1)); return
+    fi
+    local p=${line%% passed*} f=${line#*, }; f=${f%% failed*}
+    passed=$((passed + p)); failed=$((failed + f))
+    if [ "$f" != "0" ] || [ $rc -ne 0 ]; then
+        echo "FAIL  np $np $* ($line)"; grep -E "FAIL|error" "$log" | head -n 10
+        [ $rc -ne 0 ] && [ "$f" = "0" ] && failed=$((failed + 1))
+    else
+        echo "ok    np $np $* ($line)"
+    fi
+}
+
+T=refs/tiny
+D=refs/d4
+echo "== single rank"
+run_test 1 --ref $T -b 8 --check-memory --check-comm
+run_test 1 --ref $T -b 2                                   # gradient accumulation 4
+run_test 1 --ref $T -b 8 --ce-chunk 0 --check-memory       # naive full logits
+run_test 1 --ref $T -b 8 --ce-chunk 7                      # ragged last chunk
+run_test 1 --ref $T -b 4 --check-resume "$TMP/resume1"
+run_test 1 --ref $D -b 4 --check-memory
+
+echo "== data parallel + ZeRO"
+for z in 0 1 2 3; do
+    run_test 2 --ref $T -b 4 --zero $z --check-memory --check-comm    # dp 2, no accumulation
+    run_test 2 --ref $T -b 1 --zero $z --check-memory --check-comm    # dp 2, accumulation 4
+    run_test 4 --ref $T -b 2 --zero $z --check-memory --check-comm    # dp 4, no accumulation
+    run_test 4 --ref $T -b 1 --zero $z --check-comm                   # dp 4, accumulation 2
+done
+run_test 2 --ref $T -b 2 --zero 3 --check-resume "$TMP/resume_z3"
+run_test 4 --ref $T -b 1 --zero 2 --check-resume "$TMP/resume_z2"
+
+echo "== tensor parallel (+ sequence parallel)"
+run_test 2 --ref $T -b 8 --tp 2 --check-memory --check-comm
+run_test 2 --ref $T -b 8 --tp 2 --sp --check-memory --check-comm
+run_test 4 --ref $T -b 8 --tp 4 --check-memory --check-comm
+run_test 4 --ref $T -b 8 --tp 4 --sp --check-memory --check-comm
+run_test 2 --ref $T -b 8 --tp 2 --ce-chunk 0 --check-memory
+run_test 2 --ref $T -b 8 --tp 2 --sp --ce-chunk 0 --check-memory
+run_test 2 --ref $T -b 2 --tensor-model-parallel-size 2 --sp --ce-chunk 5   # accumulation, ragged chunks
+run_test 2 --ref $D -b 4 --tp 2 --sp --check-memory
+
+echo "== tp x dp"
+for z in 1 3; do
+    run_test 4 --ref $T -b 4 --tp 2 --zero $z --check-memory --check-comm
+    run_test 4 --ref $T -b 4 --tp 2 --sp --zero $z --check-memory --check-comm
+done
+run_test 4 --ref $T -b 1 --tp 2 --sp --zero 2 --check-comm               # accumulation 4
+run_test 4 --ref $T -b 2 --tp 2 --sp --zero 3 --check-resume "$TMP/resume_tp"
+run_test 8 --ref $T -b 2 --tp 2 --sp --zero 3 --check-memory --check-comm  # tp 2 x dp 4
+run_test 8 --ref $T -b 4 --tp 4 --sp --zero 1 --check-comm                 # tp 4 x dp 2
+
+echo "== bad input"
+bash scripts/test_bad_input.sh "$BIN" "$TMP/bad" >"$TMP/bad.log" 2>&1
+cat "$TMP/bad.log" | grep -E "^(ok|FAIL)"
+bp=$(grep -c '^ok' "$TMP/bad.log"); bf=$(grep -c '^FAIL' "$TMP/bad.log")
+passed=$((passed + bp)); failed=$((failed + bf))
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
