@@ -128,10 +128,10 @@ static void check_memory(GPT2 *m) {
     check(fabs((double)mem_current[MEM_GRADS] - grads_expect) <= 3 * pad,
           "memory: gradients %.0f B, formula %s = %.0f B", (double)mem_current[MEM_GRADS],
           z->stage == 0 ? "4P" : (z->stage == 1 ? "4P + 4P/dp" : "4P/dp + transient(2 layers + embedding)"), grads_expect);
-    double params_expect = z->stage < 3 ? X * P : X * P / dp + 2.0 * X * z->max_padded;
+    double params_expect = z->stage < 3 ? X * P : X * P / dp + X * (2.0 * max_layer + m->units[0].padded);
     check(fabs((double)mem_current[MEM_PARAMS] - params_expect) <= 3 * pad,
           "memory: parameters %.0f B, formula %s = %.0f B", (double)mem_current[MEM_PARAMS],
-          z->stage < 3 ? "4P" : "4P/dp + 2 gathered units", params_expect);
+          z->stage < 3 ? "4P" : "4P/dp + gathered (2 layers + embedding)", params_expect);
     // activations: LayerNorm/residual parts on BTs tokens (BT/tp with SP), the rest on BT tokens
     double BT = m->BT, BTs = m->BTs, C = m->config.channels, Cl = m->Cl;
     double act_expect = X * ((L + 1) * BTs * C + 3.0 * L * BTs * C + BTs * C) + 4.0 * (4.0 * L * BTs + 2 * BTs)
@@ -159,12 +159,14 @@ static void check_comm(GPT2 *m, int accum) {
             check(fabs(g->dp_group.bytes - expect) < 1, "comm: zero %d dp bytes/step %.0f = formula %.0f (all-reduce 2(p-1)/p*4P = %.0f)",
                   z->stage, g->dp_group.bytes, expect, ring);
         } else {
-            // per micro-batch: each layer and the embedding gathered twice (forward; backward or LM head),
-            // the final LayerNorm once (still resident for its backward), every unit reduce-scattered;
-            // layer 0 is still resident from one micro-batch's backward to the next one's forward
-            double F = m->units[m->nunits - 1].padded, L0 = m->units[1].padded;
-            double expect3 = (dp - 1.0) / dp * X * (accum * (3.0 * full - F) - (accum - 1) * L0);
-            check(fabs(g->dp_group.bytes - expect3) < 1, "comm: zero 3 dp bytes/step %.0f = formula %.0f = %.3f x the all-reduce %.0f per micro-batch (about 1.5x: gather fwd + gather bwd + reduce-scatter; %ld gathers)",
+            // zero_fetch_params' policy (L >= 2): the embedding gathered once per step; each layer twice per
+            // micro-batch (forward, backward) except the last layer, still resident for its backward, and
+            // layers 0 and 1, kept from one micro-batch's backward to the next one's forward; the final
+            // LayerNorm once per micro-batch; every unit reduce-scattered once per micro-batch
+            double E = m->units[0].padded, F = m->units[m->nunits - 1].padded, Llast = m->units[L].padded;
+            double layers = full - E - F, L01 = m->units[1].padded + m->units[2].padded;
+            double expect3 = (dp - 1.0) / dp * X * (E + accum * (2.0 * layers + F - Llast) - (accum - 1) * L01 + accum * full);
+            check(fabs(g->dp_group.bytes - expect3) < 1, "comm: zero 3 dp bytes/step %.0f = formula %.0f = %.3f x the all-reduce %.0f per micro-batch (gather fwd + gather bwd + reduce-scatter, less the resident units; %ld gathers)",
                   g->dp_group.bytes, expect3, g->dp_group.bytes / accum / ring, ring, z->gathers);
         }
     }

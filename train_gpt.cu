@@ -44,7 +44,7 @@ typedef struct {
 
 enum { T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB,
        T_LN2W, T_LN2B, T_FCW, T_FCB, T_FCPROJW, T_FCPROJB, T_LNFW, T_LNFB, NUM_TENSORS };
-static const char *tensor_names[NUM_TENSORS] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+__attribute__((unused)) static const char *tensor_names[NUM_TENSORS] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
                                                 "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
 
 typedef struct { int nblk; size_t rows, cols; SplitKind split; int per_layer; int decay; } TensorSpec;
@@ -750,7 +750,7 @@ static void print_usage(void) {
            "  -b <int>   micro-batch size B per rank (default 4)\n"
            "  -t <int>   sequence length T (default 64)\n"
            "  -d <int>   total batch size in tokens; B*T*dp must divide it (default B*T*dp)\n"
-           "  -x <int>   max steps (default: one epoch)\n"
+           "  -x <int>   max steps (default -1: one epoch; 0: set up and print the reports only)\n"
            "  -l <f>     learning rate (default 3e-4)\n"
            "  -u <int>   warm-up steps (default 0)\n"
            "  -q <f>     final learning rate fraction (default 1.0)\n"
@@ -941,7 +941,8 @@ int main(int argc, char **argv) {
         snprintf(slash ? slash + 1 : tok_path, sizeof(tok_path) - (slash ? slash + 1 - tok_path : 0), "tokenizer.bin");
         if (access(tok_path, R_OK) == 0) { tokenizer_init(&tokenizer, tok_path); }
     } else {
-        size_t n_train = 32768, n_val = 8192;
+        size_t need = (size_t)grid.dp * args.B * args.T + 1;
+        size_t n_train = need * 4 > 32768 ? need * 4 : 32768, n_val = need > 8192 ? need : 8192;
         uint16_t *tok = (uint16_t *)malloc_check((n_train + n_val) * sizeof(uint16_t));
         double h = synthetic_corpus(tok, n_train + n_val, config.vocab_size, args.seed);
         if (rank == 0) { printf("data: no -i, built-in synthetic corpus (Markov chain, %zu train + %zu val tokens), entropy rate %.4f nats/token = the loss floor\n", n_train, n_val, h); }
@@ -951,7 +952,7 @@ int main(int argc, char **argv) {
         free(tok);
     }
     int steps_per_epoch = (int)(train_loader.nrounds * train_loader.nshards / accum);
-    int max_steps = args.max_steps > 0 ? args.max_steps : (steps_per_epoch > 0 ? steps_per_epoch : 1);
+    int max_steps = args.max_steps >= 0 ? args.max_steps : (steps_per_epoch > 0 ? steps_per_epoch : 1);
     LRScheduler sched = {args.scheduler, args.lr, args.final_frac, args.warmup, max_steps};
     OptConfig opt = {0.9f, 0.95f, 1e-8f, args.weight_decay, args.grad_clip, args.seed};
     Rng sample_rng;
@@ -1001,7 +1002,8 @@ int main(int argc, char **argv) {
             save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng);
         }
     }
-    if (have_val && args.val_every > 0) {
+    if (args.memory_report && max_steps == start_step) { mem_report(rank, world, "set up, no step run (-x 0)"); }
+    if (have_val && args.val_every > 0 && max_steps > start_step) {
         float vl = gpt2_validate(&model, &val_loader, args.val_batches);
         if (rank == 0) { printf("val loss %.6f\n", vl); if (logf) { fprintf(logf, "s:%d tel:%.6f\n", max_steps, vl); } }
     }

@@ -74,13 +74,22 @@ static void cblas_sgemm(cblas_order_t order, cblas_transpose_t ta, cblas_transpo
         #pragma omp for
         for (int i = 0; i < M; i++) {
             for (int j = 0; j < N; j++) { row[j] = 0.0f; }
-            for (int k = 0; k < K; k++) {
-                float a = ta == CblasNoTrans ? A[(size_t)i * lda + k] : A[(size_t)k * lda + i];
-                if (tb == CblasNoTrans) {
-                    const float *b = B + (size_t)k * ldb;
-                    for (int j = 0; j < N; j++) { row[j] += a * b[j]; }
-                } else {
-                    for (int j = 0; j < N; j++) { row[j] += a * B[(size_t)j * ldb + k]; }
+            if (ta == CblasNoTrans && tb == CblasTrans) {     // rows of A and B are contiguous: dot products
+                for (int j = 0; j < N; j++) {
+                    const float *a = A + (size_t)i * lda, *b = B + (size_t)j * ldb;
+                    float s = 0.0f;
+                    for (int k = 0; k < K; k++) { s += a[k] * b[k]; }
+                    row[j] = s;
+                }
+            } else {                                          // row i of C as a sum of rows of op(B)
+                for (int k = 0; k < K; k++) {
+                    float a = ta == CblasNoTrans ? A[(size_t)i * lda + k] : A[(size_t)k * lda + i];
+                    if (tb == CblasNoTrans) {
+                        const float *b = B + (size_t)k * ldb;
+                        for (int j = 0; j < N; j++) { row[j] += a * b[j]; }
+                    } else {
+                        for (int j = 0; j < N; j++) { row[j] += a * B[(size_t)j * ldb + k]; }
+                    }
                 }
             }
             float *c = Cm + (size_t)i * ldc;

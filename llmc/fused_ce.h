@@ -2,6 +2,7 @@
 // The (B*T, Vp) logits never exist: tokens are processed in chunks of n; for each chunk
 //   logits (n, Vl) = h_chunk @ wte_local^T            this tp rank's vocab rows [v0, v0 + Vl)
 //   per token: local max, local sum-exp, target logit  -> one all-gather over tp of (n, 3) floats
+//              (the logits become exp(z - local max) in place: one exp per logit in all)
 //   loss = log(sum-exp) + max - target logit           (global, identical on every tp rank)
 //   dlogits = (softmax - onehot) * dloss, written over the logits in place
 //   dh_chunk (n, C) = dlogits @ wte_local   (a partial sum: the caller reduces it over tp)
@@ -14,27 +15,29 @@
 #include "comm.h"
 #include "matmul.h"
 
-// logits (n, Vl) -> stats (n, 3): [max, sum exp(z - max), target logit or 0]
-static void ce_stats_cpu(float *stats, const float *logits, const int *targets, int v0, int V, int n, int Vl) {
+// logits (n, Vl) -> stats (n, 3): [local max m, sum exp(z - m), target logit or 0]; the logits are
+// overwritten with exp(z - m), so that the second pass needs no exp (padding columns: 0).
+static void ce_stats_cpu(float *stats, float *logits, const int *targets, int v0, int V, int n, int Vl) {
     int valid = V - v0 < Vl ? V - v0 : Vl;   // columns of real tokens on this rank (may be <= 0)
     #pragma omp parallel for
     for (int i = 0; i < n; i++) {
-        const float *z = logits + (size_t)i * Vl;
+        float *z = logits + (size_t)i * Vl;
         float m = -INFINITY, s = 0.0f, zt = 0.0f;
-        for (int j = 0; j < valid; j++) { if (z[j] > m) { m = z[j]; } }
-        for (int j = 0; j < valid; j++) { s += expf(z[j] - m); }
         int t = targets[i] - v0;
         if (t >= 0 && t < valid) { zt = z[t]; }
+        for (int j = 0; j < valid; j++) { if (z[j] > m) { m = z[j]; } }
+        for (int j = 0; j < valid; j++) { z[j] = expf(z[j] - m); s += z[j]; }
+        for (int j = valid > 0 ? valid : 0; j < Vl; j++) { z[j] = 0.0f; }
         stats[3 * i + 0] = m;
         stats[3 * i + 1] = s;
         stats[3 * i + 2] = zt;
     }
 }
 
-// stats_all (tp, n, 3) from every tp rank -> losses (n); if write_dlogits: logits become dlogits.
+// stats_all (tp, n, 3) from every tp rank -> losses (n). If write_dlogits: e = exp(z - m_local) in
+// logits becomes dlogits = (e * exp(m_local - M) / S - onehot) * dloss, M and S the global max and sum.
 static void ce_loss_dlogits_cpu(float *logits, float *losses, const float *stats_all, const int *targets,
-                                int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
-    int valid = V - v0 < Vl ? V - v0 : Vl;
+                                int v0, int n, int Vl, int tp, int tp_rank, float dloss, int write_dlogits) {
     #pragma omp parallel for
     for (int i = 0; i < n; i++) {
         float M = -INFINITY;
@@ -47,14 +50,11 @@ static void ce_loss_dlogits_cpu(float *logits, float *losses, const float *stats
         }
         losses[i] = logf(S) + M - zt;
         if (!write_dlogits) { continue; }
-        float *z = logits + (size_t)i * Vl;
-        float invS = 1.0f / S;
+        float *e = logits + (size_t)i * Vl;
+        float mine = stats_all[((size_t)tp_rank * n + i) * 3];
+        float scale = mine > -INFINITY ? expf(mine - M) / S : 0.0f;
         int t = targets[i] - v0;
-        for (int j = 0; j < Vl; j++) {
-            float g = 0.0f;
-            if (j < valid) { g = (expf(z[j] - M) * invS - (j == t ? 1.0f : 0.0f)) * dloss; }
-            z[j] = g;
-        }
+        for (int j = 0; j < Vl; j++) { e[j] = (e[j] * scale - (j == t ? 1.0f : 0.0f)) * dloss; }
     }
 }
 
@@ -119,7 +119,7 @@ static void ce_loss_dlogits_cuda(floatX *logits, float *losses, const float *sta
 }
 #endif
 
-static void ce_stats(float *stats, const floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
+static void ce_stats(float *stats, floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
 #ifdef USE_CUDA
     ce_stats_cuda(stats, logits, targets, v0, V, n, Vl);
 #else
@@ -128,11 +128,11 @@ static void ce_stats(float *stats, const floatX *logits, const int *targets, int
 }
 
 static void ce_loss_dlogits(floatX *logits, float *losses, const float *stats_all, const int *targets,
-                            int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
+                            int v0, int n, int Vl, int tp, int tp_rank, float dloss, int write_dlogits) {
 #ifdef USE_CUDA
-    ce_loss_dlogits_cuda(logits, losses, stats_all, targets, v0, V, n, Vl, tp, dloss, write_dlogits);
+    ce_loss_dlogits_cuda(logits, losses, stats_all, targets, v0, n, Vl, tp, tp_rank, dloss, write_dlogits);
 #else
-    ce_loss_dlogits_cpu(logits, losses, stats_all, targets, v0, V, n, Vl, tp, dloss, write_dlogits);
+    ce_loss_dlogits_cpu(logits, losses, stats_all, targets, v0, n, Vl, tp, tp_rank, dloss, write_dlogits);
 #endif
 }
 
@@ -160,7 +160,7 @@ static void fused_classifier(float *losses, floatX *dh, floatX *dwte_local, cons
         ce_stats(buf->stats, buf->logits, targets + c0, v0, V, n, Vl);
         // one collective per chunk: every rank's (max, sum-exp, target logit) for the n tokens
         comm_all_gather(tp_group, buf->stats, buf->stats_all, 3 * (size_t)n, DT_FLOAT, NULL);
-        ce_loss_dlogits(buf->logits, losses + c0, buf->stats_all, targets + c0, v0, V, n, Vl, tp, dloss, dh != NULL);
+        ce_loss_dlogits(buf->logits, losses + c0, buf->stats_all, targets + c0, v0, n, Vl, tp, tp_group->rank, dloss, dh != NULL);
         if (dh != NULL) {
             matmul_backward(dh + (size_t)c0 * C, dwte_local, NULL, buf->logits, hc, wte_local, n, C, Vl);
         }

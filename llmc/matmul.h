@@ -57,7 +57,8 @@ static uint32_t matmul_alignment(const void *p) {
 // D (m, n) = alpha op(A) op(B) + beta D, column-major (cuBLAS) view, fp32 accumulation.
 // A is (m, k) after op, stored with leading dimension lda; likewise B (k, n); D (m, n) ld = m.
 // bias (m) or NULL: added to every column of D through the BIAS epilogue.
-static void matmul_cublaslt(floatX *d, const floatX *a, const floatX *b, const floatX *bias, int m, int n, int k,
+// Returns 0 (and does nothing) if cuBLASLt has no algorithm for this shape/alignment.
+static int matmul_cublaslt(floatX *d, const floatX *a, const floatX *b, const floatX *bias, int m, int n, int k,
                             int transa, int transb, int lda, int ldb, float beta) {
     cublasLtMatmulDesc_t desc;
     cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -85,25 +86,45 @@ static void matmul_cublaslt(floatX *d, const floatX *a, const floatX *b, const f
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
     cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
-    if (found == 0) {
-        fail("cuBLASLt found no algorithm for m=%d n=%d k=%d transa=%d transb=%d bias=%d (alignments %u %u %u)",
-             m, n, k, transa, transb, bias != NULL, al_a, al_b, al_d);
+    if (found > 0) {
+        float alpha = 1.0f;
+        cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
+                                   &heuristic.algo, cublaslt_workspace, cublaslt_workspace_size, main_stream));
     }
-    float alpha = 1.0f;
-    cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
-                               &heuristic.algo, cublaslt_workspace, cublaslt_workspace_size, main_stream));
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     cublasCheck(cublasLtMatrixLayoutDestroy(la));
     cublasCheck(cublasLtMatrixLayoutDestroy(lb));
     cublasCheck(cublasLtMatrixLayoutDestroy(ld));
     cublasCheck(cublasLtMatmulDescDestroy(desc));
+    return found > 0;
+}
+
+static void matmul_cublaslt_check(floatX *d, const floatX *a, const floatX *b, int m, int n, int k,
+                                  int transa, int transb, int lda, int ldb, float beta) {
+    if (!matmul_cublaslt(d, a, b, NULL, m, n, k, transa, transb, lda, ldb, beta)) {
+        fail("cuBLASLt has no algorithm for m=%d n=%d k=%d transa=%d transb=%d (alignments %u %u %u bytes)",
+             m, n, k, transa, transb, matmul_alignment(a), matmul_alignment(b), matmul_alignment(d));
+    }
+}
+
+// out (N, OC) += bias (OC): only used when the BIAS epilogue is unavailable (e.g. unaligned bias)
+__global__ void add_bias_kernel(floatX *out, const floatX *bias, int N, int OC) {
+    size_t total = (size_t)N * OC;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        out[i] = (floatX)((float)out[i] + (float)bias[i % OC]);
+    }
 }
 
 // Row-major (N, OC) = (N, IC) @ (OC, IC)^T is, seen column-major, out^T (OC, N) = W (OC, IC) . inp^T:
 // A = weight read transposed (lda IC), B = inp (ldb IC), m = OC, n = N, k = IC.
 static void matmul_forward_cuda(floatX *out, const floatX *inp, const floatX *weight, const floatX *bias, int N, int IC, int OC) {
     if (N <= 0 || OC <= 0) { return; }
-    matmul_cublaslt(out, weight, inp, bias, OC, N, IC, 1, 0, IC, IC, 0.0f);
+    if (matmul_cublaslt(out, weight, inp, bias, OC, N, IC, 1, 0, IC, IC, 0.0f)) { return; }
+    matmul_cublaslt_check(out, weight, inp, OC, N, IC, 1, 0, IC, IC, 0.0f);   // no epilogue, then the bias
+    if (bias != NULL) {
+        add_bias_kernel<<<elementwise_grid((size_t)N * OC, 256), 256, 0, main_stream>>>(out, bias, N, OC);
+        cudaCheckLaunch();
+    }
 }
 
 // dinp^T (IC, N) = W^T (IC, OC) . dout^T:   A = weight (lda IC), B = dout (ldb OC), m = IC, n = N, k = OC
@@ -112,8 +133,8 @@ static void matmul_forward_cuda(floatX *out, const floatX *inp, const floatX *we
 static void matmul_backward_cuda(floatX *dinp, floatX *dweight, floatX *dbias, const floatX *dout, const floatX *inp,
                                  const floatX *weight, int N, int IC, int OC) {
     if (N <= 0) { return; }   // nothing to accumulate; dinp has no rows
-    if (dinp != NULL) { matmul_cublaslt(dinp, weight, dout, NULL, IC, N, OC, 0, 0, IC, OC, 0.0f); }
-    if (dweight != NULL) { matmul_cublaslt(dweight, inp, dout, NULL, IC, OC, N, 0, 1, IC, OC, 1.0f); }
+    if (dinp != NULL) { matmul_cublaslt_check(dinp, weight, dout, IC, N, OC, 0, 0, IC, OC, 0.0f); }
+    if (dweight != NULL) { matmul_cublaslt_check(dweight, inp, dout, IC, OC, N, 0, 1, IC, OC, 1.0f); }
     if (dbias != NULL) { column_sum_accumulate(dbias, dout, N, OC); }
 }
 #endif

@@ -13,8 +13,9 @@
 //      unit's reduce-scatter is in flight; the embedding's lives through the whole backward since the
 //      tied LM head and the token embedding both write it). Every micro-batch reduce-scatters into
 //      the shard accumulator (memory-true, more traffic than stage 1 with accumulation).
-//   3: as 2, and the params exist only as shards: a unit is all-gathered into one of two work
-//      buffers right before it is used (forward, then again in backward) and dropped after.
+//   3: as 2, and the params exist only as shards: a layer is all-gathered into one of two work
+//      buffers right before its forward, dropped, gathered again before its backward (the embedding,
+//      used by the first and the last op, has a buffer of its own; see zero_fetch_params).
 // The gradient of a loss scaled by 1/(global tokens) is summed over dp, so no averaging is needed.
 #ifndef LLMC_ZERO_H
 #define LLMC_ZERO_H
@@ -50,8 +51,8 @@ typedef struct {
     size_t full_size, shard_size, max_padded;
     floatX *params;          // stages 0-2: every unit (full_size)
     floatX *params_shard;    // stage 3: this rank's shards (shard_size)
-    floatX *param_work[2];   // stage 3: two gathered units
-    int work_unit[2], work_last;
+    floatX *param_work[3];   // stage 3: gathered units: [0], [1] layers (and the final LN), [2] the embedding
+    int work_unit[3], work_last;
     floatX *grads;           // stages 0-1: every unit
     floatX *grads_shard;     // stages 1-3: this rank's gradient shards
     floatX *grad_work[3];    // stages 2-3: [0], [1] ping-pong for the layers, [2] the embedding unit
@@ -91,12 +92,13 @@ static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int n
     z->params = z->params_shard = z->grads = z->grads_shard = NULL;
     for (int i = 0; i < 3; i++) { z->grad_work[i] = NULL; z->rs_recv[i] = NULL; z->slot_unit[i] = -1; }
     z->next_layer_slot = 0;
-    z->param_work[0] = z->param_work[1] = NULL;
+    z->param_work[0] = z->param_work[1] = z->param_work[2] = NULL;
     if (stage < 3) {
         z->params = (floatX *)mem_alloc(z->full_size * X, MEM_PARAMS);
     } else {
         z->params_shard = (floatX *)mem_alloc(z->shard_size * X, MEM_PARAMS);
-        for (int i = 0; i < 2; i++) { z->param_work[i] = (floatX *)mem_alloc(z->max_padded * X, MEM_PARAMS); z->work_unit[i] = -1; }
+        size_t sizes[3] = {max_layer_padded, max_layer_padded, units[0].padded};
+        for (int i = 0; i < 3; i++) { z->param_work[i] = (floatX *)mem_alloc(sizes[i] * X, MEM_PARAMS); z->work_unit[i] = -1; }
         z->work_last = 1;
     }
     if (stage < 2) { z->grads = (floatX *)mem_alloc(z->full_size * X, MEM_GRADS); }
@@ -130,22 +132,32 @@ static void zero_owned_range(const Zero *z, int u, size_t *start, size_t *len) {
 // ----------------------------------------------------------------------------
 // parameters
 
-// The full parameters of unit u, ready to use. Stage 3 all-gathers them into a work buffer
-// (the one not used most recently), unless the unit is still there from its last use.
+// The full parameters of unit u, ready to use. Stage 3 all-gathers them into a work buffer unless
+// they are still there: the embedding has its own (it is used first, by the token embedding, and
+// last, by the tied LM head, so it stays gathered until the optimizer changes it); the layers and the
+// final LayerNorm share two, the one not used most recently is overwritten. So a layer is gathered
+// for its forward and again for its backward, the final LayerNorm once per micro-batch (its backward
+// follows the head at once), and layers 0 and 1 stay from one micro-batch's backward to the next forward.
 static floatX *zero_fetch_params(Zero *z, int u) {
     const Unit *U = &z->units[u];
     if (z->stage < 3) { return z->params + U->full_offset; }
-    for (int i = 0; i < 2; i++) { if (z->work_unit[i] == u) { z->work_last = i; return z->param_work[i]; } }
-    int slot = 1 - z->work_last;
+    int slot;
+    if (u == 0) {
+        slot = 2;
+        if (z->work_unit[2] == 0) { return z->param_work[2]; }
+    } else {
+        for (int i = 0; i < 2; i++) { if (z->work_unit[i] == u) { z->work_last = i; return z->param_work[i]; } }
+        slot = 1 - z->work_last;
+        z->work_last = slot;
+    }
     comm_all_gather(&z->grid->dp_group, z->params_shard + U->shard_offset, z->param_work[slot], U->shard, DT_FLOATX, NULL);
     z->work_unit[slot] = u;
-    z->work_last = slot;
     z->gathers++;
     return z->param_work[slot];
 }
 
-// Stage 3: forget the gathered units (their shards changed, or memory is needed elsewhere).
-static void zero_release_params(Zero *z) { z->work_unit[0] = z->work_unit[1] = -1; }
+// Stage 3: forget the gathered units (their shards changed).
+static void zero_release_params(Zero *z) { z->work_unit[0] = z->work_unit[1] = z->work_unit[2] = -1; }
 
 // Sets unit u from a host fp32 copy of the whole unit (U->size elements): the rank keeps what its
 // stage stores, and the fp32 master of its owned range.

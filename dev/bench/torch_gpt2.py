@@ -48,7 +48,7 @@ def forward(idx, tgt):
         x = x + F.linear(F.gelu(F.linear(h, b["fcw"], b["fcb"]), approximate="tanh"), b["fcprojw"], b["fcprojb"])
     x = F.layer_norm(x, (C,), P["lnfw"], P["lnfb"])
     logits = F.linear(x, P["wte"][:a.V])
-    return F.cross_entropy(logits.view(-1, a.V), tgt.view(-1))
+    return F.cross_entropy(logits.reshape(-1, a.V), tgt.reshape(-1))
 
 opt = torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
 data = torch.randint(0, a.V, (a.steps + a.warmup, a.B, a.T + 1))
@@ -63,14 +63,11 @@ for s in range(a.steps + a.warmup):
     if s >= a.warmup:
         times.append(time.perf_counter() - t0)
 ms = 1000 * sum(times) / len(times)
-cfg = torch.__config__.show()
-blas = "openblas" if "openblas" in cfg.lower() else ("mkl" if "mkl" in cfg.lower() else "unknown")
-try:
-    import numpy, subprocess
+blas = "unknown"
+try:   # Debian's torch calls whatever libblas.so.3 the system alternative points to
+    import subprocess
     alt = subprocess.run(["update-alternatives", "--query", "libblas.so.3-x86_64-linux-gnu"], capture_output=True, text=True).stdout
-    for line in alt.splitlines():
-        if line.startswith("Value:"):
-            blas += " (" + line.split()[1] + ")"
+    blas = [l.split()[1] for l in alt.splitlines() if l.startswith("Value:")][0]
 except Exception:
     pass
 print("torch %s tok/s %.0f ms/step %.1f blas %s" % (torch.__version__, a.B * a.T / (ms / 1000), ms, blas))

@@ -1,0 +1,58 @@
+// Causal attention forward (out, lse) and backward (dqkv): CPU loop vs CUDA kernels for every
+// supported head size, odd T, determinism, timing. GPT-2 124M shape: B=4, T=1024, C=768, NH=12.
+#include "../../llmc/attention.h"
+#include "common.h"
+
+static int run_case(int B, int T, int C, int NH, int timed) {
+    int fails = 0;
+    printf("-- B=%d T=%d C=%d NH=%d (head size %d)\n", B, T, C, NH, C / NH);
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
+    float *qkv = make_random(nqkv, -1.5f, 1.5f);
+    float *out = (float *)malloc_check(nout * sizeof(float)), *lse = (float *)malloc_check(nlse * sizeof(float));
+    floatX *d_qkv = to_device(qkv, nqkv), *d_out;
+    float *d_lse;
+    cudaCheck(cudaMalloc(&d_out, nout * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_lse, nlse * sizeof(float)));
+    attention_forward_cpu(out, lse, qkv, B, T, C, NH);
+    attention_forward_cuda(d_out, d_lse, d_qkv, B, T, C, NH);
+    fails += compare_device("attention_forward out", d_out, out, nout, TOL_X);
+    fails += compare_device_f32("attention_forward lse", d_lse, lse, nlse, TOL_FP32);
+
+    // backward from the CPU forward results (rounded to floatX like the kernel's inputs)
+    for (size_t i = 0; i < nout; i++) { out[i] = floatX_to_float(float_to_floatX(out[i])); }
+    upload_floats(d_out, out, nout);
+    copy_to_device(d_lse, lse, nlse * sizeof(float));
+    float *dout = make_random(nout, -1.0f, 1.0f), *dqkv = (float *)malloc_check(nqkv * sizeof(float));
+    floatX *d_dout = to_device(dout, nout), *d_dqkv, *d_dqkv2;
+    cudaCheck(cudaMalloc(&d_dqkv, nqkv * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_dqkv2, nqkv * sizeof(floatX)));
+    cudaCheck(cudaMemset(d_dqkv, 0xff, nqkv * sizeof(floatX)));   // NaN garbage: every element must be written
+    attention_backward_cpu(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    attention_backward_cuda(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
+    attention_backward_cuda(d_dqkv2, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
+    fails += compare_device("attention_backward dqkv", d_dqkv, dqkv, nqkv, TOL_X);
+    fails += compare_bitwise("attention_backward rerun", d_dqkv, d_dqkv2, nqkv * sizeof(floatX));
+
+    if (timed) {
+        double flops = 4.0 * B * NH * ((double)T * (T + 1) / 2) * (C / NH);   // QK^T and PV, causal half
+        report_time("attention_forward", time_ms(10, [&] { attention_forward_cuda(d_out, d_lse, d_qkv, B, T, C, NH); }), 0, flops);
+        report_time("attention_backward", time_ms(10, [&] { attention_backward_cuda(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH); }), 0, 2.5 * flops);
+    }
+    cudaCheck(cudaFree(d_qkv)); cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_lse)); cudaCheck(cudaFree(d_dout));
+    cudaCheck(cudaFree(d_dqkv)); cudaCheck(cudaFree(d_dqkv2));
+    free(qkv); free(out); free(lse); free(dout); free(dqkv);
+    return fails;
+}
+
+int main(int argc, char **argv) {
+    harness_init(&argc, &argv, "attention");
+    rng_seed(6);
+    int fails = 0;
+    fails += run_case(4, 1024, 768, 12, 1);   // GPT-2 124M, hs 64
+    fails += run_case(2, 256, 64, 4, 0);      // hs 16
+    fails += run_case(2, 300, 128, 4, 0);     // hs 32, T not a multiple of any tile
+    fails += run_case(2, 200, 256, 2, 0);     // hs 128
+    fails += run_case(3, 1, 128, 2, 0);       // a single token
+    fails += run_case(1, 77, 384, 6, 0);      // hs 64, tiny odd T
+    return harness_finish(fails);
+}
