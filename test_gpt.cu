@@ -184,13 +184,85 @@ static void check_comm(GPT2 *m, int accum) {
     }
 }
 
+// The comm layer on its own: every collective on every group of the grid, with known values
+// (element i of group rank r holds 1000 r + i), blocking and async, and the byte counters.
+static void check_comm_layer(Grid *grid) {
+    Group *groups[5] = {&grid->world, &grid->tp_group, &grid->pp_group, &grid->dp_group, &grid->ep_group};
+    const size_t n = 7;
+    for (int k = 0; k < 5; k++) {
+        Group *g = groups[k];
+        int p = g->size, r = g->rank, ok;
+        size_t cap = (n + p + 1) * p;   // all-to-all(v) below sends up to p, receives up to p*p elements
+        floatX *dbuf = (floatX *)mem_alloc(sizeof(floatX) * cap * 2, MEM_COMM);
+        float *h = (float *)malloc_check(sizeof(float) * cap * 2);
+        // all-reduce, blocking and async: sum over ranks of (1000 r + i)
+        for (int async = 0; async < 2; async++) {
+            for (size_t i = 0; i < n; i++) { h[i] = 1000.0f * r + i; }
+            upload_floats(dbuf, h, n);
+            double before = g->bytes;
+            CommRequest req = {};
+            comm_all_reduce(g, dbuf, n, DT_FLOATX, async ? &req : NULL);
+            comm_wait(&req);
+            download_floats(h, dbuf, n);
+            ok = fabs(g->bytes - before - (p > 1 ? 2.0 * (p - 1) / p * n * sizeof(floatX) : 0)) < 1e-6;
+            for (size_t i = 0; i < n; i++) { ok &= h[i] == 1000.0f * p * (p - 1) / 2 + (float)(p * i); }
+            check(ok, "comm layer: %s all-reduce%s (p %d): values and byte count", g->name, async ? " async" : "", p);
+        }
+        // reduce-scatter: rank r receives chunk r of the sum; all-gather (out of place and in place)
+        for (size_t i = 0; i < n * p; i++) { h[i] = 1000.0f * r + i; }
+        upload_floats(dbuf, h, n * p);
+        comm_reduce_scatter(g, dbuf, dbuf + n * p, n, DT_FLOATX, NULL);
+        download_floats(h, dbuf + n * p, n);
+        ok = 1;
+        for (size_t i = 0; i < n; i++) { ok &= h[i] == 1000.0f * p * (p - 1) / 2 + (float)(p * (r * n + i)); }
+        check(ok, "comm layer: %s reduce-scatter (p %d)", g->name, p);
+        for (int in_place = 0; in_place < 2; in_place++) {
+            for (size_t i = 0; i < n; i++) { h[i] = 1000.0f * r + i; }
+            floatX *send = in_place ? dbuf + r * n : dbuf + n * p;
+            upload_floats(send, h, n);
+            comm_all_gather(g, send, dbuf, n, DT_FLOATX, NULL);
+            download_floats(h, dbuf, n * p);
+            ok = 1;
+            for (int q = 0; q < p; q++) { for (size_t i = 0; i < n; i++) { ok &= h[q * n + i] == 1000.0f * q + i; } }
+            check(ok, "comm layer: %s all-gather%s (p %d)", g->name, in_place ? " in place" : "", p);
+        }
+        // all-to-all(v): rank r sends (j + 1) elements valued 1000 r + j to rank j
+        size_t sc[64], so[64], rc[64], ro[64], s_off = 0, r_off = 0;
+        if (p <= 64) {
+            for (int j = 0; j < p; j++) { sc[j] = j + 1; so[j] = s_off; s_off += sc[j]; rc[j] = r + 1; ro[j] = r_off; r_off += rc[j]; }
+            for (int j = 0; j < p; j++) { for (size_t i = 0; i < sc[j]; i++) { h[so[j] + i] = 1000.0f * r + j; } }
+            upload_floats(dbuf, h, s_off);
+            comm_all_to_allv(g, dbuf, sc, so, dbuf + cap, rc, ro, DT_FLOATX);
+            download_floats(h, dbuf + cap, r_off);
+            ok = 1;
+            for (int j = 0; j < p; j++) { for (size_t i = 0; i < rc[j]; i++) { ok &= h[ro[j] + i] == 1000.0f * j + r; } }
+            check(ok, "comm layer: %s all-to-all(v) (p %d)", g->name, p);
+        }
+        // send / recv around the ring of the group (even ranks send first: no deadlock)
+        if (p > 1) {
+            for (size_t i = 0; i < n; i++) { h[i] = 1000.0f * r + i; }
+            upload_floats(dbuf, h, n);
+            int next = (r + 1) % p, prev = (r + p - 1) % p;
+            if (r % 2 == 0) { comm_send(g, dbuf, n, DT_FLOATX, next); comm_recv(g, dbuf + n, n, DT_FLOATX, prev); }
+            else { comm_recv(g, dbuf + n, n, DT_FLOATX, prev); comm_send(g, dbuf, n, DT_FLOATX, next); }
+            download_floats(h, dbuf + n, n);
+            ok = 1;
+            for (size_t i = 0; i < n; i++) { ok &= h[i] == 1000.0f * prev + i; }
+            check(ok, "comm layer: %s send/recv ring (p %d)", g->name, p);
+        }
+        comm_barrier(g);
+        free(h);
+        mem_free(dbuf);
+    }
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int world;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
     const char *ref_dir = NULL, *resume_dir = NULL;
-    int check_mem = 0, check_comm_flag = 0, bad_rank = -1;
+    int check_mem = 0, check_comm_flag = 0, check_layer = 0, bad_rank = -1;
     char **rest = (char **)malloc_check(sizeof(char *) * (argc + 1));
     int nrest = 0;
     rest[nrest++] = argv[0];
@@ -199,6 +271,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--check-resume") && i + 1 < argc) { resume_dir = argv[++i]; }
         else if (!strcmp(argv[i], "--check-memory")) { check_mem = 1; }
         else if (!strcmp(argv[i], "--check-comm")) { check_comm_flag = 1; }
+        else if (!strcmp(argv[i], "--check-comm-layer")) { check_layer = 1; }
         else if (!strcmp(argv[i], "--bad-file-on-rank") && i + 1 < argc) { bad_rank = atoi(argv[++i]); }
         else { rest[nrest++] = argv[i]; }
     }
@@ -223,6 +296,18 @@ int main(int argc, char **argv) {
     default_args(&args);
     args.B = 1;
     parse_args(nrest, rest, &args, my_rank);
+    if (check_layer) {   // the comm layer alone, on the grid of --tp/--pp (any world size they divide)
+        if (world % (args.tp * args.pp)) { fail_all(my_rank, "world %d is not divisible by tp*pp", world); }
+        Grid g;
+        grid_init(&g, args.tp, args.pp, 1);
+        check_comm_layer(&g);
+        int counts[2] = {n_passed, n_failed};
+        MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        if (my_rank == 0) { printf("%d passed, %d failed\n", counts[0], counts[1]); }
+        grid_free(&g);
+        MPI_Finalize();
+        return counts[1] == 0 ? 0 : 1;
+    }
     args.T = ref.T;
     args.total_batch = ref.R * ref.T;
     validate_layout(&args, &config, world, my_rank);
@@ -241,6 +326,17 @@ int main(int argc, char **argv) {
     dataloader_init(&loader, path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
     LRScheduler sched = {"cosine", ref.lr, ref.final_frac, ref.warmup, ref.nsteps};
     OptConfig opt = {ref.beta1, ref.beta2, ref.eps, ref.weight_decay, ref.clip, args.seed};
+
+    // the bf16 model file (version 5) of the same weights loads as their round-to-nearest-even
+    snprintf(path, sizeof(path), "%s/model_bf16.bin", ref_dir);
+    if (access(path, R_OK) == 0) {
+        GPT2Config c16;
+        float *p16 = read_model_file(path, &c16);
+        size_t P = num_parameters(&config), bad = 0;
+        for (size_t i = 0; i < P; i++) { if (p16[i] != bf16_to_float(float_to_bf16(params[i]))) { bad++; } }
+        check(bad == 0 && !memcmp(&c16, &config, sizeof(config)), "model file version 5 (bf16): %zu parameters load as bf16(fp32 file), %zu differ", P, bad);
+        free(p16);
+    }
 
     // step 0: loss, gradients, norm
     comm_reset_counters(&grid);

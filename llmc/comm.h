@@ -193,6 +193,56 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
 #endif
 }
 
+// All-to-all with variable counts (expert dispatch): rank i sends send_counts[j] elements from
+// send + send_offsets[j] to rank j, and receives recv_counts[j] elements at recv + recv_offsets[j].
+// Counts and offsets are host arrays of group size, in elements.
+static void comm_all_to_allv(Group *g, const void *send, const size_t *send_counts, const size_t *send_offsets,
+                             void *recv, const size_t *recv_counts, const size_t *recv_offsets, DType t) {
+    size_t es = comm_type_size(t);
+    double sent = 0;
+    for (int j = 0; j < g->size; j++) { if (j != g->rank) { sent += send_counts[j] * es; } }
+    comm_count(g, sent);
+#ifdef USE_CUDA
+    ncclCheck(ncclGroupStart());
+    for (int j = 0; j < g->size; j++) {
+        if (send_counts[j]) { ncclCheck(ncclSend((const char *)send + send_offsets[j] * es, send_counts[j], nccl_type(t), j, g->nccl, main_stream)); }
+        if (recv_counts[j]) { ncclCheck(ncclRecv((char *)recv + recv_offsets[j] * es, recv_counts[j], nccl_type(t), j, g->nccl, main_stream)); }
+    }
+    ncclCheck(ncclGroupEnd());
+#else
+    int *sc = (int *)malloc_check(sizeof(int) * 4 * g->size), *so = sc + g->size, *rc = sc + 2 * g->size, *ro = sc + 3 * g->size;
+    for (int j = 0; j < g->size; j++) {
+        sc[j] = (int)send_counts[j]; so[j] = (int)send_offsets[j]; rc[j] = (int)recv_counts[j]; ro[j] = (int)recv_offsets[j];
+    }
+    MPI_Alltoallv(send, sc, so, MPI_FLOAT, recv, rc, ro, MPI_FLOAT, g->mpi);
+    free(sc);
+#endif
+}
+
+// Point-to-point within a group (pipeline stage boundaries): n elements to / from group rank peer.
+static void comm_send(Group *g, const void *buf, size_t n, DType t, int peer) {
+    comm_count(g, (double)n * comm_type_size(t));
+#ifdef USE_CUDA
+    ncclCheck(ncclSend(buf, n, nccl_type(t), peer, g->nccl, main_stream));
+#else
+    MPI_Send(buf, (int)n, MPI_FLOAT, peer, 0, g->mpi);
+#endif
+}
+
+static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
+#ifdef USE_CUDA
+    ncclCheck(ncclRecv(buf, n, nccl_type(t), peer, g->nccl, main_stream));
+#else
+    (void)t;
+    MPI_Recv(buf, (int)n, MPI_FLOAT, peer, 0, g->mpi, MPI_STATUS_IGNORE);
+#endif
+}
+
+static void comm_barrier(Group *g) {
+    device_synchronize();
+    MPI_Barrier(g->mpi);
+}
+
 // Makes the compute stream wait for an asynchronous collective (CPU: waits for it).
 static void comm_wait(CommRequest *r) {
     if (!r->active) { return; }

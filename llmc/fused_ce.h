@@ -59,32 +59,37 @@ static void ce_loss_dlogits_cpu(float *logits, float *losses, const float *stats
 }
 
 #ifdef USE_CUDA
-// One block per token row i: logits (n, Vl) -> stats (n, 3) = [max, sum exp(z - max), target logit or 0]
-// over the valid columns j < V - v0 (padding columns excluded). Fixed-shape block reductions.
-__global__ void ce_stats_kernel(float *stats, const floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
+// One block per token row i: logits (n, Vl) -> stats (n, 3) = [local max m, sum exp(z - m), target
+// logit or 0] over the valid columns j < V - v0; the row becomes e = exp(z - m) in place (padding
+// columns 0). Fixed-shape block reductions (deterministic).
+__global__ void ce_stats_kernel(float *stats, floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
     int i = blockIdx.x;
     int valid = V - v0 < Vl ? V - v0 : Vl;
-    const floatX *z = logits + (size_t)i * Vl;
+    floatX *z = logits + (size_t)i * Vl;
+    int t = targets[i] - v0;
+    float zt = (t >= 0 && t < valid) ? (float)z[t] : 0.0f;   // read by every thread before any write
     float m = -INFINITY;
     for (int j = threadIdx.x; j < valid; j += blockDim.x) { m = fmaxf(m, (float)z[j]); }
-    m = block_reduce_max(m);
+    m = block_reduce_max(m);                                  // (its __syncthreads also orders zt before the writes)
     float s = 0.0f;
-    for (int j = threadIdx.x; j < valid; j += blockDim.x) { s += expf((float)z[j] - m); }
+    for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
+        float e = 0.0f;
+        if (j < valid) { e = expf((float)z[j] - m); s += e; }
+        z[j] = (floatX)e;
+    }
     s = block_reduce_sum(s);
     if (threadIdx.x == 0) {
-        int t = targets[i] - v0;
         stats[3 * i + 0] = m;
         stats[3 * i + 1] = s;
-        stats[3 * i + 2] = (t >= 0 && t < valid) ? (float)z[t] : 0.0f;
+        stats[3 * i + 2] = zt;
     }
 }
 
-// One block per token row i: combine the tp ranks' stats (in rank order), loss, and optionally
-// overwrite the logits row with dlogits = (softmax - onehot) * dloss (0 on padding columns).
+// One block per token row i: global max M and sum S from the tp ranks' stats (in rank order), the
+// loss, and optionally e = exp(z - m_local) -> dlogits = (e exp(m_local - M) / S - onehot) * dloss.
 __global__ void ce_loss_dlogits_kernel(floatX *logits, float *losses, const float *stats_all, const int *targets,
-                                       int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
+                                       int v0, int n, int Vl, int tp, int tp_rank, float dloss, int write_dlogits) {
     int i = blockIdx.x;
-    int valid = V - v0 < Vl ? V - v0 : Vl;
     float M = -INFINITY;
     for (int r = 0; r < tp; r++) { M = fmaxf(M, stats_all[((size_t)r * n + i) * 3]); }
     float S = 0.0f, zt = 0.0f;
@@ -95,26 +100,26 @@ __global__ void ce_loss_dlogits_kernel(floatX *logits, float *losses, const floa
     }
     if (threadIdx.x == 0) { losses[i] = logf(S) + M - zt; }
     if (!write_dlogits) { return; }
-    floatX *z = logits + (size_t)i * Vl;
-    float invS = 1.0f / S;
+    floatX *e = logits + (size_t)i * Vl;
+    float mine = stats_all[((size_t)tp_rank * n + i) * 3];
+    float scale = mine > -INFINITY ? expf(mine - M) / S : 0.0f;
     int t = targets[i] - v0;
     for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
-        float g = 0.0f;
-        if (j < valid) { g = (expf((float)z[j] - M) * invS - (j == t ? 1.0f : 0.0f)) * dloss; }
-        z[j] = (floatX)g;
+        e[j] = (floatX)(((float)e[j] * scale - (j == t ? 1.0f : 0.0f)) * dloss);
     }
 }
 
-static void ce_stats_cuda(float *stats, const floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
+static void ce_stats_cuda(float *stats, floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
     if (n <= 0) { return; }
     ce_stats_kernel<<<n, 1024, 0, main_stream>>>(stats, logits, targets, v0, V, n, Vl);
     cudaCheckLaunch();
 }
 
 static void ce_loss_dlogits_cuda(floatX *logits, float *losses, const float *stats_all, const int *targets,
-                                 int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
+                                 int v0, int n, int Vl, int tp, int tp_rank, float dloss, int write_dlogits) {
     if (n <= 0) { return; }
-    ce_loss_dlogits_kernel<<<n, 1024, 0, main_stream>>>(logits, losses, stats_all, targets, v0, V, n, Vl, tp, dloss, write_dlogits);
+    ce_loss_dlogits_kernel<<<n, 1024, 0, main_stream>>>(logits, losses, stats_all, targets, v0, n, Vl, tp, tp_rank,
+                                                         dloss, write_dlogits);
     cudaCheckLaunch();
 }
 #endif

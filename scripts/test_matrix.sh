@@ -45,6 +45,11 @@ run_test() {
 
 T=refs/tiny
 D=refs/d4
+echo "== comm layer: every collective on every group"
+run_test 3 --ref $T --check-comm-layer
+run_test 8 --ref $T --tp 2 --check-comm-layer
+run_test 6 --ref $T --tp 3 --check-comm-layer
+
 echo "== single rank"
 run_test 1 --ref $T -b 8 --check-memory --check-comm
 run_test 1 --ref $T -b 2                                   # gradient accumulation 4
@@ -83,11 +88,19 @@ run_test 4 --ref $T -b 2 --tp 2 --sp --zero 3 --check-resume "$TMP/resume_tp"
 run_test 8 --ref $T -b 2 --tp 2 --sp --zero 3 --check-memory --check-comm  # tp 2 x dp 4
 run_test 8 --ref $T -b 4 --tp 4 --sp --zero 1 --check-comm                 # tp 4 x dp 2
 
+# run_script NAME: a script that prints "ok ..." / "FAIL ..." lines
+run_script() {
+    bash "scripts/$1.sh" "$BIN" "$TMP/$1" >"$TMP/$1.log" 2>&1
+    grep -E "^(ok|FAIL)" "$TMP/$1.log"
+    local p f
+    p=$(grep -c '^ok' "$TMP/$1.log"); f=$(grep -c '^FAIL' "$TMP/$1.log")
+    [ "$p" -eq 0 ] && f=$((f + 1))   # a script that checked nothing failed
+    passed=$((passed + p)); failed=$((failed + f))
+}
+echo "== train_gpt end to end"
+run_script test_train
 echo "== bad input"
-bash scripts/test_bad_input.sh "$BIN" "$TMP/bad" >"$TMP/bad.log" 2>&1
-cat "$TMP/bad.log" | grep -E "^(ok|FAIL)"
-bp=$(grep -c '^ok' "$TMP/bad.log"); bf=$(grep -c '^FAIL' "$TMP/bad.log")
-passed=$((passed + bp)); failed=$((failed + bf))
+run_script test_bad_input
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The GPU check (DESIGN.md section 7): run it on a machine with one NVIDIA GPU (sm_90 by default).
+#   1. builds the cuda backend (bf16 and fp32)
+#   2. builds and runs every dev/cuda harness (CUDA kernel vs the CPU loop, timing), bf16 and fp32
+#   3. test_gpt on one GPU against the PyTorch reference                      (TODO: team lead)
+#   4. a short GPT-2 124M-shaped throughput run: tokens/s and MFU              (TODO: team lead)
+# and prints a summary. Budget: under 8 minutes on an H200 (each step has its own timeout).
+# Usage: bash scripts/gpu_check.sh            (CUDA_ARCH=90 by default; JOBS=16 parallel builds)
+set -u
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/cuda/bin:$PATH"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+CUDA_ARCH=${CUDA_ARCH:-90}
+JOBS=${JOBS:-$(nproc)}
+LOG_DIR=${LOG_DIR:-build/gpu_check}
+mkdir -p "$LOG_DIR"
+T0=$(date +%s)
+SUMMARY=()
+FAILED=0
+
+# step NAME TIMEOUT_SECONDS 'COMMAND': runs it (bash -c) with its output in $LOG_DIR/NAME.log and on screen
+step() {
+    local name=$1 limit=$2 cmd=$3
+    local t=$(date +%s)
+    echo "=== $name (limit ${limit}s): $cmd"
+    timeout "$limit" bash -c "$cmd" 2>&1 | tee "$LOG_DIR/$name.log"
+    local rc=${PIPESTATUS[0]}
+    local dt=$(( $(date +%s) - t ))
+    if [ "$rc" -eq 0 ]; then
+        SUMMARY+=("ok    $name (${dt}s)")
+    else
+        [ "$rc" -eq 124 ] && SUMMARY+=("FAIL  $name: timed out after ${limit}s") || SUMMARY+=("FAIL  $name: exit $rc (${dt}s), log $LOG_DIR/$name.log")
+        FAILED=$((FAILED + 1))
+    fi
+    return "$rc"
+}
+
+echo "=== device"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "(nvidia-smi not available)"
+nvcc --version | tail -1
+
+# 1. the cuda backend, both precisions (the two builds in parallel)
+step build_cuda 240 "make BACKEND=cuda BUILD_DIR=build/cuda CUDA_ARCH=$CUDA_ARCH -j2 & a=\$!;
+                    make BACKEND=cuda BUILD_DIR=build/cuda-fp32 PRECISION=FP32 CUDA_ARCH=$CUDA_ARCH -j2 & b=\$!;
+                    wait \$a && wait \$b"
+
+# 2. the kernel harnesses, bf16 then fp32
+step build_harnesses 240 "make -C dev/cuda CUDA_ARCH=$CUDA_ARCH -j$JOBS && make -C dev/cuda PRECISION=FP32 CUDA_ARCH=$CUDA_ARCH -j$JOBS"
+for prec in bf16 fp32; do
+    for op in encoder layernorm matmul attention gelu residual fused_ce adamw global_norm; do
+        if [ -x "dev/cuda/bin/$prec/$op" ]; then
+            step "harness_${prec}_$op" 90 "dev/cuda/bin/$prec/$op"
+        else
+            SUMMARY+=("FAIL  harness_${prec}_$op: not built"); FAILED=$((FAILED + 1))
+        fi
+    done
+done
+
+# 3. TODO(team lead): test_gpt on one GPU against the PyTorch reference state, e.g.
+#    step test_gpt 120 "./build/cuda/test_gpt <reference state flags>"      (bf16 tolerances)
+# 4. TODO(team lead): GPT-2 124M-shaped throughput run printing tokens/s and MFU, e.g.
+#    step throughput_124m 120 "./build/cuda/train_gpt -e L=12,C=768,NH=12,V=50257,maxT=1024 -b 16 -t 1024 -x 20 ..."
+
+echo
+echo "=== gpu_check summary ($(( $(date +%s) - T0 ))s total, budget 480s)"
+for line in "${SUMMARY[@]}"; do echo "  $line"; done
+# the timings of the kernels, one line each, for the record
+grep -h "^  time" "$LOG_DIR"/harness_bf16_*.log 2>/dev/null | sed 's/^/  bf16 /'
+if [ "$FAILED" -eq 0 ]; then echo "GPU CHECK PASSED"; else echo "GPU CHECK FAILED: $FAILED step(s)"; fi
+exit $(( FAILED > 0 ))
