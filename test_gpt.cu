@@ -322,8 +322,9 @@ int main(int argc, char **argv) {
     gpt2_build(&model, &config, params, &grid, args.zero, args.sp);
     gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk);
     DataLoader loader;
-    snprintf(path, sizeof(path), "%s/data.bin", ref_dir);
-    dataloader_init(&loader, path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
+    char data_path[1024];
+    snprintf(data_path, sizeof(data_path), "%s/data.bin", ref_dir);
+    dataloader_init(&loader, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
     LRScheduler sched = {"cosine", ref.lr, ref.final_frac, ref.warmup, ref.nsteps};
     OptConfig opt = {ref.beta1, ref.beta2, ref.eps, ref.weight_decay, ref.clip, args.seed};
 
@@ -373,7 +374,7 @@ int main(int argc, char **argv) {
         gpt2_build(&run, &config, params, &grid, args.zero, args.sp);
         gpt2_alloc_activations(&run, args.B, args.T, args.ce_chunk);
         DataLoader dl2;
-        dataloader_init(&dl2, path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
+        dataloader_init(&dl2, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
         Rng rng;
         rng_init(&rng, 1);
         float uninterrupted[64];
@@ -393,7 +394,7 @@ int main(int argc, char **argv) {
         free(p2);
         gpt2_alloc_activations(&resumed, args.B, args.T, args.ce_chunk);
         DataLoader dl3;
-        dataloader_init(&dl3, path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
+        dataloader_init(&dl3, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
         Rng rng3;
         load_state(&resumed, resume_dir, step, &dl3, &rng3);
         int same = 1;
