@@ -996,7 +996,13 @@ int main(int argc, char **argv) {
                    ms, args.total_batch / (ms / 1e3));
             if (logf) { fprintf(logf, "s:%d trl:%.6f\n", step, loss); fflush(logf); }
         }
-        if (args.comm_report && step == start_step) { comm_report(&grid, 1, "first step"); }
+        if (args.comm_report && step == start_step) {
+            comm_report(&grid, 1, "first step");
+            if (rank == 0 && args.zero >= 2 && accum > 1) {
+                printf("note: zero %d reduce-scatters the gradients after every micro-batch (%d per step) so that no full\n"
+                       "      gradient outlives its unit's backward: dp traffic grows with accumulation, unlike stages 0-1\n", args.zero, accum);
+            }
+        }
         if (args.memory_report && step == start_step) { mem_report(rank, world, "after the first step"); }
         if (args.checkpoint_every > 0 && (step + 1) % args.checkpoint_every == 0) {
             save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng);

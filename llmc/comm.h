@@ -134,18 +134,36 @@ typedef struct {
 
 static void comm_count(Group *g, double bytes) { g->bytes += bytes; g->calls++; }
 
+#ifdef USE_CUDA
+// An asynchronous collective runs on comm_stream once the compute stream has produced its input;
+// a blocking one is simply ordered on the compute stream.
+static cudaStream_t comm_stream_begin(CommRequest *async) {
+    if (!async) { return main_stream; }
+    cudaEvent_t ready;
+    cudaCheck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    cudaCheck(cudaEventRecord(ready, main_stream));
+    cudaCheck(cudaStreamWaitEvent(comm_stream, ready, 0));
+    cudaCheck(cudaEventDestroy(ready));
+    return comm_stream;
+}
+
+// Marks the end of an asynchronous collective; comm_wait makes the compute stream wait for it.
+static void comm_stream_end(CommRequest *async) {
+    if (!async) { return; }
+    cudaCheck(cudaEventCreateWithFlags(&async->done, cudaEventDisableTiming));
+    cudaCheck(cudaEventRecord(async->done, comm_stream));
+    async->active = 1;
+}
+#endif
+
 // buf (n) summed over the group, in place. async: NULL = ordered on the compute stream.
 static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest *async) {
     if (g->size == 1) { return; }
     comm_count(g, 2.0 * (g->size - 1) / g->size * n * comm_type_size(t));
 #ifdef USE_CUDA
-    cudaStream_t s = async ? comm_stream : main_stream;
-    if (async) { cudaEvent_t ready; cudaCheck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-                 cudaCheck(cudaEventRecord(ready, main_stream)); cudaCheck(cudaStreamWaitEvent(comm_stream, ready, 0));
-                 cudaCheck(cudaEventDestroy(ready)); }
+    cudaStream_t s = comm_stream_begin(async);
     ncclCheck(ncclAllReduce(buf, buf, n, nccl_type(t), ncclSum, g->nccl, s));
-    if (async) { cudaCheck(cudaEventCreateWithFlags(&async->done, cudaEventDisableTiming));
-                 cudaCheck(cudaEventRecord(async->done, comm_stream)); async->active = 1; }
+    comm_stream_end(async);
 #else
     if (async) { MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, g->mpi, &async->req); async->active = 1; }
     else { MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, g->mpi); }
@@ -157,13 +175,9 @@ static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n
     if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * comm_type_size(t)); } return; }
     comm_count(g, (double)(g->size - 1) * n * comm_type_size(t));
 #ifdef USE_CUDA
-    cudaStream_t s = async ? comm_stream : main_stream;
-    if (async) { cudaEvent_t ready; cudaCheck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-                 cudaCheck(cudaEventRecord(ready, main_stream)); cudaCheck(cudaStreamWaitEvent(comm_stream, ready, 0));
-                 cudaCheck(cudaEventDestroy(ready)); }
+    cudaStream_t s = comm_stream_begin(async);
     ncclCheck(ncclReduceScatter(send, recv, n, nccl_type(t), ncclSum, g->nccl, s));
-    if (async) { cudaCheck(cudaEventCreateWithFlags(&async->done, cudaEventDisableTiming));
-                 cudaCheck(cudaEventRecord(async->done, comm_stream)); async->active = 1; }
+    comm_stream_end(async);
 #else
     if (async) { MPI_Ireduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, g->mpi, &async->req); async->active = 1; }
     else { MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, g->mpi); }
@@ -176,17 +190,12 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
     size_t es = comm_type_size(t);
     if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * es); } return; }
     comm_count(g, (double)(g->size - 1) * n * es);
-    int in_place = ((const char *)send == (const char *)recv + g->rank * n * es);
 #ifdef USE_CUDA
-    (void)in_place;
-    cudaStream_t s = async ? comm_stream : main_stream;
-    if (async) { cudaEvent_t ready; cudaCheck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-                 cudaCheck(cudaEventRecord(ready, main_stream)); cudaCheck(cudaStreamWaitEvent(comm_stream, ready, 0));
-                 cudaCheck(cudaEventDestroy(ready)); }
+    cudaStream_t s = comm_stream_begin(async);
     ncclCheck(ncclAllGather(send, recv, n, nccl_type(t), g->nccl, s));
-    if (async) { cudaCheck(cudaEventCreateWithFlags(&async->done, cudaEventDisableTiming));
-                 cudaCheck(cudaEventRecord(async->done, comm_stream)); async->active = 1; }
+    comm_stream_end(async);
 #else
+    int in_place = ((const char *)send == (const char *)recv + g->rank * n * es);
     const void *sb = in_place ? MPI_IN_PLACE : send;
     if (async) { MPI_Iallgather(sb, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi, &async->req); async->active = 1; }
     else { MPI_Allgather(sb, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi); }
