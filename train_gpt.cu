@@ -1013,6 +1013,7 @@ int main(int argc, char **argv) {
         float vl = gpt2_validate(&model, &val_loader, args.val_batches);
         if (rank == 0) { printf("val loss %.6f\n", vl); if (logf) { fprintf(logf, "s:%d tel:%.6f\n", max_steps, vl); } }
     }
+    if (args.sample_every > 0 && max_steps > start_step) { gpt2_sample(&model, &tokenizer, &sample_rng, args.gen_tokens, eot); }
     if (rank == 0 && timed_steps > 0) { printf("average step: %.1f ms, %.0f tok/s\n", total_ms / timed_steps, args.total_batch / (total_ms / timed_steps / 1e3)); }
     if (logf) { fclose(logf); }
     tokenizer_free(&tokenizer);

@@ -104,6 +104,21 @@ __device__ __forceinline__ void att_store4(floatX *p, float4 v) {
 }
 __device__ __forceinline__ float att_dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 __device__ __forceinline__ void att_axpy4(float4 &y, float a, float4 x) { y.x += a * x.x; y.y += a * x.y; y.z += a * x.z; y.w += a * x.w; }
+// The keys and values of positions k0 .. k0 + ATT_TILE - 1 (zeros past T) into shared memory.
+template <int H4>
+__device__ __forceinline__ void att_load_kv_tile(float4 (*ks)[H4], float4 (*vs)[H4], const floatX *base, int k0, int T,
+                                                 size_t C3, int C) {
+    for (int i = threadIdx.x; i < ATT_TILE * H4; i += ATT_THREADS) {
+        int r = i / H4, d4 = i % H4, tk = k0 + r;
+        float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+        if (tk < T) {
+            kv = att_load4(base + (size_t)tk * C3 + C + 4 * d4);
+            vv = att_load4(base + (size_t)tk * C3 + 2 * C + 4 * d4);
+        }
+        ks[r][d4] = kv;
+        vs[r][d4] = vv;
+    }
+}
 template <int TPQ> __device__ __forceinline__ float att_group_sum(float v) {
     for (int off = TPQ / 2; off > 0; off >>= 1) { v += __shfl_xor_sync(0xffffffffu, v, off); }
     return v;
@@ -133,16 +148,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_forward_kernel(floatX *
     int kend = min(T, q0 + QT);
     for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
-        for (int i = threadIdx.x; i < ATT_TILE * H4; i += ATT_THREADS) {
-            int r = i / H4, d4 = i % H4, tk = k0 + r;
-            float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
-            if (tk < T) {
-                kv = att_load4(base + (size_t)tk * C3 + C + 4 * d4);
-                vv = att_load4(base + (size_t)tk * C3 + 2 * C + 4 * d4);
-            }
-            ks[r][d4] = kv;
-            vs[r][d4] = vv;
-        }
+        att_load_kv_tile<H4>(ks, vs, base, k0, T, C3, C);
         __syncthreads();
         float s[ATT_TILE];
         float tile_max = -INFINITY;
@@ -292,16 +298,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_backward_dq_kernel(floa
     int kend = min(T, q0 + QT);
     for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
-        for (int i = threadIdx.x; i < ATT_TILE * H4; i += ATT_THREADS) {
-            int r = i / H4, d4 = i % H4, tk = k0 + r;
-            float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
-            if (tk < T) {
-                kv = att_load4(base + (size_t)tk * C3 + C + 4 * d4);
-                vv = att_load4(base + (size_t)tk * C3 + 2 * C + 4 * d4);
-            }
-            ks[r][d4] = kv;
-            vs[r][d4] = vv;
-        }
+        att_load_kv_tile<H4>(ks, vs, base, k0, T, C3, C);
         __syncthreads();
         #pragma unroll 4
         for (int kk = 0; kk < ATT_TILE; kk++) {

@@ -59,3 +59,17 @@ for s in 1 1b 0; do
 done
 diff "$W/shuf1/main.log" "$W/shuf1b/main.log" >/dev/null; say $? "--shuffle 1 is deterministic for a seed"
 ! diff "$W/shuf1/main.log" "$W/shuf0/main.log" >/dev/null; say $? "--shuffle 1 changes the batch order"
+
+# 5. tinyshakespeare from ../shared (as CI has it): shards + tokenizer, training, decoded samples
+TS=../shared/data/tinyshakespeare.txt
+if [ -f "$TS" ]; then
+    python3 dev/data/tinyshakespeare.py --input "$TS" --out "$W/ts" >"$W/ts_prep.log" 2>&1
+    say $? "dev/data/tinyshakespeare.py writes shards and a tokenizer from $TS"
+    "$BIN/train_gpt" -i "$W/ts/tiny_shakespeare_train.bin" -j "$W/ts/tiny_shakespeare_val.bin" -e "L=2,C=64,NH=4,V=257,maxT=64" \
+        -b 4 -t 64 -x 30 -l 3e-3 -v 15 -m 4 -s 30 -g 32 >"$W/ts.log" 2>&1
+    rc=$?
+    # a decoded sample is text: the tokenizer was found next to the shards (no bare token ids)
+    sample=$(awk '/^generating:/ { g = 1; next } g && /^---$/ { if (++c == 2) exit; next } g && c == 1' "$W/ts.log" | tr -d '\n')
+    [ $rc = 0 ] && [ -n "$sample" ] && ! grep -qE '^([0-9]+ )+$' <<<"$sample"
+    say $? "train_gpt trains on tinyshakespeare and decodes its samples with the tokenizer"
+fi
