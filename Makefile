@@ -1,6 +1,7 @@
 # make                  -> builds train_gpt and test_gpt for the backend found (cuda if nvcc and a GPU, else cpu)
 # make BACKEND=cpu|cuda -> forces one;  PRECISION=FP32 -> fp32 CUDA build;  CUDA_ARCH=90 -> sm_90 (Hopper)
 # make BUILD_DIR=build/cuda BACKEND=cuda  -> puts the binaries elsewhere (CI builds both backends)
+# make NO_MPI=1         -> one process, no Open MPI and no NCCL needed (llmc/mpi_single.h): one GPU or the CPU
 
 HAVE_NVCC := $(shell command -v nvcc 2>/dev/null || test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc)
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q GPU && echo 1)
@@ -18,12 +19,19 @@ CUDA_ARCH ?= 90
 CUDA_HOME ?= /usr/local/cuda
 NVCC ?= $(CUDA_HOME)/bin/nvcc
 
-MPICXX := $(shell command -v mpicxx 2>/dev/null)
-ifeq ($(MPICXX),)
-  $(error Open MPI not found (mpicxx): apt-get install libopenmpi-dev openmpi-bin)
+ifeq ($(NO_MPI),1)
+  MPI_CFLAGS := -DNO_MPI
+  MPI_LDFLAGS :=
+  NCCL_LIB :=
+else
+  MPICXX := $(shell command -v mpicxx 2>/dev/null)
+  ifeq ($(MPICXX),)
+    $(error Open MPI not found (mpicxx): apt-get install libopenmpi-dev openmpi-bin, or build one process with NO_MPI=1)
+  endif
+  MPI_CFLAGS := $(shell mpicxx --showme:compile) -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX
+  MPI_LDFLAGS := $(shell mpicxx --showme:link)
+  NCCL_LIB := -lnccl
 endif
-MPI_CFLAGS := $(shell mpicxx --showme:compile) -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX
-MPI_LDFLAGS := $(shell mpicxx --showme:link)
 
 HEADERS := $(wildcard llmc/*.h)
 TARGETS := $(BUILD_DIR)/train_gpt $(BUILD_DIR)/test_gpt
@@ -48,12 +56,12 @@ else ifeq ($(BACKEND),cuda)
   ifeq ($(wildcard $(NVCC)),)
     $(error BACKEND=cuda but nvcc not found at $(NVCC); set CUDA_HOME)
   endif
-  ifeq ($(wildcard $(CUDA_HOME)/include/nccl.h)$(wildcard /usr/include/nccl.h),)
-    $(error NCCL not found (nccl.h in $(CUDA_HOME)/include or /usr/include))
+  ifeq ($(NO_MPI)$(wildcard $(CUDA_HOME)/include/nccl.h)$(wildcard /usr/include/nccl.h),)
+    $(error NCCL not found (nccl.h in $(CUDA_HOME)/include or /usr/include); or build one process with NO_MPI=1)
   endif
   NVCCFLAGS := -O3 --use_fast_math -std=c++17 -arch=sm_$(CUDA_ARCH) -Xcompiler -fopenmp,-Wall,-Wno-unused-function \
                $(MPI_CFLAGS) -I$(CUDA_HOME)/include $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32)
-  LDLIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lgomp $(MPI_LDFLAGS)
+  LDLIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas $(NCCL_LIB) -lgomp $(MPI_LDFLAGS)
   COMPILE = $(NVCC) $(NVCCFLAGS) $< -o $@ $(LDLIBS)
 else
   $(error BACKEND must be cpu or cuda, got '$(BACKEND)')

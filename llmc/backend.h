@@ -9,6 +9,9 @@
 
 #if defined(__CUDACC__)
 #define USE_CUDA 1
+#if !defined(NO_MPI)
+#define USE_NCCL 1     // multi-GPU collectives; a NO_MPI build runs one process and needs none
+#endif
 #endif
 
 #ifdef USE_CUDA
@@ -16,7 +19,9 @@
 #include <cuda_bf16.h>
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#ifdef USE_NCCL
 #include <nccl.h>
+#endif
 #if defined(ENABLE_FP32)
 typedef float floatX;
 #define PRECISION_NAME "fp32"
@@ -43,10 +48,12 @@ static void cublas_check(cublasStatus_t st, const char *file, int line) {
     if (st != CUBLAS_STATUS_SUCCESS) { fail("cuBLAS status %d at %s:%d", (int)st, file, line); }
 }
 #define cublasCheck(st) (cublas_check((st), __FILE__, __LINE__))
+#ifdef USE_NCCL
 static void nccl_check(ncclResult_t r, const char *file, int line) {
     if (r != ncclSuccess) { fail("NCCL: %s at %s:%d", ncclGetErrorString(r), file, line); }
 }
 #define ncclCheck(r) (nccl_check((r), __FILE__, __LINE__))
+#endif
 
 static cudaStream_t main_stream;        // all compute
 static cudaStream_t comm_stream;        // asynchronous collectives (overlap with compute)

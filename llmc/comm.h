@@ -1,7 +1,8 @@
 // The process grid and the collectives, in one place.
 //   world = tp * pp * dp, tp fastest: tp_rank = r % tp, pp_rank = (r / tp) % pp, dp_rank = r / (tp * pp).
 //   Each group (tp, pp, dp, ep) is an MPI communicator; on CUDA also an NCCL communicator whose
-//   unique id is broadcast over that MPI communicator. Collectives take a Group, so the call
+//   unique id is broadcast over that MPI communicator. (NO_MPI=1 builds: one process, every group of
+//   size 1, llmc/mpi_single.h instead of MPI and no NCCL.) Collectives take a Group, so the call
 //   site says which ranks talk. The CPU build runs the same calls through MPI on host memory.
 // Byte accounting: each collective adds to its group the bytes one rank sends with the ring
 // algorithm (all-reduce 2(p-1)/p*N, reduce-scatter and all-gather (p-1)/p*N, N = full size).
@@ -16,7 +17,7 @@ typedef struct {
     const char *name;
     int size, rank;
     MPI_Comm mpi;
-#ifdef USE_CUDA
+#ifdef USE_NCCL
     ncclComm_t nccl;
 #endif
     double bytes;   // ring bytes sent by this rank since comm_reset_counters
@@ -32,7 +33,7 @@ typedef struct {
 
 static size_t comm_type_size(DType t) { return t == DT_FLOAT ? sizeof(float) : sizeof(floatX); }
 
-#ifdef USE_CUDA
+#ifdef USE_NCCL
 static ncclDataType_t nccl_type(DType t) {
     if (t == DT_FLOAT) { return ncclFloat; }
     return sizeof(floatX) == 2 ? ncclBfloat16 : ncclFloat;
@@ -46,7 +47,7 @@ static void group_init(Group *g, const char *name, int color, int key) {
     MPI_Comm_split(MPI_COMM_WORLD, color, key, &g->mpi);
     MPI_Comm_size(g->mpi, &g->size);
     MPI_Comm_rank(g->mpi, &g->rank);
-#ifdef USE_CUDA
+#ifdef USE_NCCL
     ncclUniqueId id;
     if (g->rank == 0) { ncclCheck(ncclGetUniqueId(&id)); }
     MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g->mpi);
@@ -111,7 +112,7 @@ static void grid_print(const Grid *g) {
 static void grid_free(Grid *g) {
     Group *groups[5] = {&g->world, &g->tp_group, &g->pp_group, &g->dp_group, &g->ep_group};
     for (int i = 0; i < 5; i++) {
-#ifdef USE_CUDA
+#ifdef USE_NCCL
         ncclCommDestroy(groups[i]->nccl);
 #endif
         MPI_Comm_free(&groups[i]->mpi);
@@ -124,7 +125,7 @@ static void grid_free(Grid *g) {
 // A request for an asynchronous collective. On CUDA the collective runs on comm_stream and the
 // event marks its end; on the CPU it is a non-blocking MPI request.
 typedef struct {
-#ifdef USE_CUDA
+#ifdef USE_NCCL
     cudaEvent_t done;
 #else
     MPI_Request req;
@@ -134,7 +135,7 @@ typedef struct {
 
 static void comm_count(Group *g, double bytes) { g->bytes += bytes; g->calls++; }
 
-#ifdef USE_CUDA
+#ifdef USE_NCCL
 // An asynchronous collective runs on comm_stream once the compute stream has produced its input;
 // a blocking one is simply ordered on the compute stream.
 static cudaStream_t comm_stream_begin(CommRequest *async) {
@@ -160,7 +161,7 @@ static void comm_stream_end(CommRequest *async) {
 static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest *async) {
     if (g->size == 1) { return; }
     comm_count(g, 2.0 * (g->size - 1) / g->size * n * comm_type_size(t));
-#ifdef USE_CUDA
+#ifdef USE_NCCL
     cudaStream_t s = comm_stream_begin(async);
     ncclCheck(ncclAllReduce(buf, buf, n, nccl_type(t), ncclSum, g->nccl, s));
     comm_stream_end(async);
@@ -174,7 +175,7 @@ static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest 
 static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n, DType t, CommRequest *async) {
     if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * comm_type_size(t)); } return; }
     comm_count(g, (double)(g->size - 1) * n * comm_type_size(t));
-#ifdef USE_CUDA
+#ifdef USE_NCCL
     cudaStream_t s = comm_stream_begin(async);
     ncclCheck(ncclReduceScatter(send, recv, n, nccl_type(t), ncclSum, g->nccl, s));
     comm_stream_end(async);
@@ -190,7 +191,7 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
     size_t es = comm_type_size(t);
     if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * es); } return; }
     comm_count(g, (double)(g->size - 1) * n * es);
-#ifdef USE_CUDA
+#ifdef USE_NCCL
     cudaStream_t s = comm_stream_begin(async);
     ncclCheck(ncclAllGather(send, recv, n, nccl_type(t), g->nccl, s));
     comm_stream_end(async);
@@ -208,10 +209,11 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
 static void comm_all_to_allv(Group *g, const void *send, const size_t *send_counts, const size_t *send_offsets,
                              void *recv, const size_t *recv_counts, const size_t *recv_offsets, DType t) {
     size_t es = comm_type_size(t);
+    if (g->size == 1) { copy_on_device((char *)recv + recv_offsets[0] * es, (const char *)send + send_offsets[0] * es, send_counts[0] * es); return; }
     double sent = 0;
     for (int j = 0; j < g->size; j++) { if (j != g->rank) { sent += send_counts[j] * es; } }
     comm_count(g, sent);
-#ifdef USE_CUDA
+#ifdef USE_NCCL
     ncclCheck(ncclGroupStart());
     for (int j = 0; j < g->size; j++) {
         if (send_counts[j]) { ncclCheck(ncclSend((const char *)send + send_offsets[j] * es, send_counts[j], nccl_type(t), j, g->nccl, main_stream)); }
@@ -231,7 +233,7 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
 // Point-to-point within a group (pipeline stage boundaries): n elements to / from group rank peer.
 static void comm_send(Group *g, const void *buf, size_t n, DType t, int peer) {
     comm_count(g, (double)n * comm_type_size(t));
-#ifdef USE_CUDA
+#ifdef USE_NCCL
     ncclCheck(ncclSend(buf, n, nccl_type(t), peer, g->nccl, main_stream));
 #else
     MPI_Send(buf, (int)n, MPI_FLOAT, peer, 0, g->mpi);
@@ -239,7 +241,7 @@ static void comm_send(Group *g, const void *buf, size_t n, DType t, int peer) {
 }
 
 static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
-#ifdef USE_CUDA
+#ifdef USE_NCCL
     ncclCheck(ncclRecv(buf, n, nccl_type(t), peer, g->nccl, main_stream));
 #else
     (void)t;
@@ -255,7 +257,7 @@ static void comm_barrier(Group *g) {
 // Makes the compute stream wait for an asynchronous collective (CPU: waits for it).
 static void comm_wait(CommRequest *r) {
     if (!r->active) { return; }
-#ifdef USE_CUDA
+#ifdef USE_NCCL
     cudaCheck(cudaStreamWaitEvent(main_stream, r->done, 0));
     cudaCheck(cudaEventDestroy(r->done));
 #else

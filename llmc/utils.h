@@ -9,7 +9,11 @@
 #include <stdint.h>
 #include <math.h>
 #include <errno.h>
+#ifdef NO_MPI
+#include "mpi_single.h"
+#else
 #include <mpi.h>
+#endif
 
 // A fatal error seen by one rank only (a bad file, a failed write): print one line and take
 // every rank down with MPI_Abort, so the others never wait forever in a collective.

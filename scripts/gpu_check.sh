@@ -39,9 +39,14 @@ echo "=== device"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "(nvidia-smi not available)"
 nvcc --version | tail -1
 
-# 1. the cuda backend, both precisions (the two builds in parallel)
-step build_cuda 240 "make BACKEND=cuda BUILD_DIR=build/cuda CUDA_ARCH=$CUDA_ARCH -j2 & a=\$!;
-                    make BACKEND=cuda BUILD_DIR=build/cuda-fp32 PRECISION=FP32 CUDA_ARCH=$CUDA_ARCH -j2 & b=\$!;
+# 1. the cuda backend, both precisions (the two builds in parallel). One GPU needs neither Open MPI nor
+#    NCCL: without them (the device image may lack them) build the single-process NO_MPI=1 variant.
+MPI_FLAG=""
+if ! command -v mpicxx >/dev/null 2>&1 || { [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ]; }; then
+    MPI_FLAG="NO_MPI=1"; echo "(no Open MPI or NCCL here: building with NO_MPI=1)"
+fi
+step build_cuda 240 "make BACKEND=cuda BUILD_DIR=build/cuda CUDA_ARCH=$CUDA_ARCH $MPI_FLAG -j2 & a=\$!;
+                    make BACKEND=cuda BUILD_DIR=build/cuda-fp32 PRECISION=FP32 CUDA_ARCH=$CUDA_ARCH $MPI_FLAG -j2 & b=\$!;
                     wait \$a && wait \$b"
 
 # 2. the kernel harnesses, bf16 then fp32

@@ -22,11 +22,13 @@ for cfg in tiny d4; do
     fi
 done
 
-# run_test NP ARGS... : one test_gpt run; adds its "N passed, N failed" to the totals
+# run_test NP ARGS... : one test_gpt run on NP ranks (NP = nompi: the NO_MPI=1 build, no mpirun);
+# adds its "N passed, N failed" to the totals
 run_test() {
     local np=$1; shift
-    local log="$TMP/log"
-    timeout 600 $MPIRUN -np "$np" "$BIN/test_gpt" "$@" >"$log" 2>&1
+    local log="$TMP/log" launch="$MPIRUN -np $np $BIN/test_gpt"
+    [ "$np" = nompi ] && launch=build/cpu-nompi/test_gpt
+    timeout 600 $launch "$@" >"$log" 2>&1
     local rc=$?
     local line
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
@@ -57,6 +59,12 @@ run_test 1 --ref $T -b 8 --ce-chunk 0 --check-memory       # naive full logits
 run_test 1 --ref $T -b 8 --ce-chunk 7                      # ragged last chunk
 run_test 1 --ref $T -b 4 --check-resume "$TMP/resume1"
 run_test 1 --ref $D -b 4 --check-memory
+
+if [ -x build/cpu-nompi/test_gpt ]; then    # the NO_MPI=1 build: one process, no MPI at all
+    echo "== single process without MPI (NO_MPI=1)"
+    run_test nompi --ref $T -b 8 --check-memory --check-comm
+    run_test nompi --ref $T -b 2 --zero 3 --check-resume "$TMP/resume_nompi"
+fi
 
 echo "== data parallel + ZeRO"
 for z in 0 1 2 3; do
