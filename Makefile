@@ -36,6 +36,12 @@ endif
 HEADERS := $(wildcard llmc/*.h)
 TARGETS := $(BUILD_DIR)/train_gpt $(BUILD_DIR)/test_gpt
 
+# the build configuration, in a file that changes when it does: switching BACKEND, PRECISION, NO_MPI
+# or CUDA_ARCH rebuilds the binaries instead of keeping ones built for another configuration
+CONFIG := $(BACKEND) $(PRECISION) nompi=$(NO_MPI) sm_$(CUDA_ARCH)
+STAMP := $(BUILD_DIR)/.build-config
+$(shell mkdir -p $(BUILD_DIR) && (echo '$(CONFIG)' | cmp -s - $(STAMP) || echo '$(CONFIG)' > $(STAMP)))
+
 ifeq ($(BACKEND),cpu)
   CXX := g++
   CXXFLAGS := -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-function -Wno-missing-field-initializers -x c++ $(MPI_CFLAGS)
@@ -69,17 +75,17 @@ endif
 
 all: $(TARGETS)
 
-$(BUILD_DIR)/train_gpt: train_gpt.cu $(HEADERS) | $(BUILD_DIR)
+$(BUILD_DIR)/train_gpt: train_gpt.cu $(HEADERS) $(STAMP) | $(BUILD_DIR)
 	$(COMPILE)
 
-$(BUILD_DIR)/test_gpt: test_gpt.cu train_gpt.cu $(HEADERS) | $(BUILD_DIR)
+$(BUILD_DIR)/test_gpt: test_gpt.cu train_gpt.cu $(HEADERS) $(STAMP) | $(BUILD_DIR)
 	$(COMPILE)
 
 $(BUILD_DIR):
 	mkdir -p $@
 
 clean:
-	rm -f train_gpt test_gpt
+	rm -f train_gpt test_gpt .build-config
 	rm -rf build
 
 .PHONY: all clean

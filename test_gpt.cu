@@ -123,11 +123,10 @@ static void check_memory(GPT2 *m) {
           (double)mem_current[MEM_OPTIMIZER], z->stage == 0 ? "8P" : "8P/dp", opt_expect, P, dp);
     size_t max_layer = 0;
     for (int u = 1; u < m->nunits; u++) { if (m->units[u].padded > max_layer) { max_layer = m->units[u].padded; } }
-    double grads_expect = z->stage == 0 ? X * P : (z->stage == 1 ? X * P + X * P / dp
-                          : X * P / dp + X * (2.0 * max_layer + m->units[0].padded));
+    double grads_expect = z->stage < 2 ? X * P : X * P / dp + X * (2.0 * max_layer + m->units[0].padded);
     check(fabs((double)mem_current[MEM_GRADS] - grads_expect) <= 3 * pad,
           "memory: gradients %.0f B, formula %s = %.0f B", (double)mem_current[MEM_GRADS],
-          z->stage == 0 ? "4P" : (z->stage == 1 ? "4P + 4P/dp" : "4P/dp + transient(2 layers + embedding)"), grads_expect);
+          z->stage < 2 ? "4P" : "4P/dp + transient(2 layers + embedding)", grads_expect);
     double params_expect = z->stage < 3 ? X * P : X * P / dp + X * (2.0 * max_layer + m->units[0].padded);
     check(fabs((double)mem_current[MEM_PARAMS] - params_expect) <= 3 * pad,
           "memory: parameters %.0f B, formula %s = %.0f B", (double)mem_current[MEM_PARAMS],
@@ -216,6 +215,17 @@ static void check_comm_layer(Grid *grid) {
         ok = 1;
         for (size_t i = 0; i < n; i++) { ok &= h[i] == 1000.0f * p * (p - 1) / 2 + (float)(p * (r * n + i)); }
         check(ok, "comm layer: %s reduce-scatter (p %d)", g->name, p);
+        for (int async = 0; async < 2; async++) {    // in place: the rank's chunk of the input buffer
+            for (size_t i = 0; i < n * p; i++) { h[i] = 1000.0f * r + i; }
+            upload_floats(dbuf, h, n * p);
+            CommRequest req = {};
+            comm_reduce_scatter(g, dbuf, dbuf + r * n, n, DT_FLOATX, async ? &req : NULL);
+            comm_wait(&req);
+            download_floats(h, dbuf + r * n, n);
+            ok = 1;
+            for (size_t i = 0; i < n; i++) { ok &= h[i] == 1000.0f * p * (p - 1) / 2 + (float)(p * (r * n + i)); }
+            check(ok, "comm layer: %s reduce-scatter in place%s (p %d)", g->name, async ? " async" : "", p);
+        }
         for (int in_place = 0; in_place < 2; in_place++) {
             for (size_t i = 0; i < n; i++) { h[i] = 1000.0f * r + i; }
             floatX *send = in_place ? dbuf + r * n : dbuf + n * p;
@@ -381,7 +391,7 @@ int main(int argc, char **argv) {
         for (int s = 0; s < ref.nsteps; s++) {
             uninterrupted[s] = gpt2_forward_backward(&run, &dl2, accum);
             gpt2_update(&run, &opt, lr_at(&sched, s), s);
-            if (s + 1 == 5) { save_checkpoint(&run, resume_dir, 5, &dl2, &rng); }
+            if (s + 1 == 5) { save_checkpoint(&run, resume_dir, 5, &dl2, &rng, args.total_batch); }
         }
         int step = latest_checkpoint(resume_dir);
         check(step == 5, "checkpoint: newest complete checkpoint is step %d (expected 5)", step);
@@ -396,7 +406,7 @@ int main(int argc, char **argv) {
         DataLoader dl3;
         dataloader_init(&dl3, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
         Rng rng3;
-        load_state(&resumed, resume_dir, step, &dl3, &rng3);
+        load_state(&resumed, resume_dir, step, &dl3, &rng3, args.total_batch);
         int same = 1;
         for (int s = step; s < ref.nsteps; s++) {
             float l = gpt2_forward_backward(&resumed, &dl3, accum);

@@ -128,6 +128,14 @@ static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_T
 
 #define MODEL_MAGIC 20240326
 
+// The shapes this program accepts, from a file or a descriptor: positive, C divisible by NH,
+// V <= Vp, token ids that fit the uint16 data shards, and sizes whose element counts fit in memory.
+static int config_valid(const GPT2Config *c) {
+    return c->max_seq_len > 0 && c->vocab_size > 0 && c->num_layers > 0 && c->num_heads > 0 && c->channels > 0 &&
+           c->padded_vocab_size >= c->vocab_size && c->channels % c->num_heads == 0 && c->vocab_size <= 65536 &&
+           c->padded_vocab_size <= 1 << 20 && c->channels <= 16384 && c->max_seq_len <= 1 << 20 && c->num_layers <= 1024;
+}
+
 static float bf16_to_float(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 static uint16_t float_to_bf16(float f) {   // round to nearest even
     uint32_t u; memcpy(&u, &f, 4);
@@ -144,9 +152,7 @@ static float *read_model_file(const char *path, GPT2Config *c) {
     if (h[1] != 3 && h[1] != 5) { fail("model file '%s' has version %d, expected 3 (fp32) or 5 (bf16)", path, h[1]); }
     c->max_seq_len = h[2]; c->vocab_size = h[3]; c->num_layers = h[4]; c->num_heads = h[5]; c->channels = h[6];
     c->padded_vocab_size = h[7];
-    if (c->max_seq_len <= 0 || c->vocab_size <= 0 || c->num_layers <= 0 || c->num_heads <= 0 || c->channels <= 0 ||
-        c->padded_vocab_size < c->vocab_size || c->channels % c->num_heads != 0 || c->vocab_size > 65536 ||
-        c->channels > 65536 || c->max_seq_len > 1 << 20 || c->num_layers > 1024) {
+    if (!config_valid(c)) {
         fail("model file '%s' has inconsistent header values (maxT %d V %d L %d NH %d C %d Vp %d)", path,
              h[2], h[3], h[4], h[5], h[6], h[7]);
     }
@@ -205,15 +211,15 @@ static int parse_descriptor(const char *s, GPT2Config *c) {
         return 0;
     }
     if (c->padded_vocab_size == 0) { c->padded_vocab_size = (int)ceil_div(c->vocab_size, 128) * 128; }
-    if (c->padded_vocab_size < c->vocab_size || c->channels % c->num_heads != 0 || c->vocab_size > 65536) { return -1; }
-    return 1;
+    return config_valid(c) ? 1 : -1;
 }
 
 // GPT-2 initialisation (as llm.c): N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), LayerNorm
 // weights 1, biases 0, padded vocab rows 0. Same numbers on every rank, whatever the layout.
 static float *random_init(const GPT2Config *c, uint64_t seed) {
     size_t P = num_parameters(c);
-    float *all = (float *)calloc(P, sizeof(float));
+    float *all = (float *)malloc_check(P * sizeof(float));
+    memset(all, 0, P * sizeof(float));
     float *t[NUM_TENSORS];
     split_tensors(c, all, t);
     Rng rng;
@@ -283,7 +289,7 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     int tp = grid->tp;
     m->Cl = c->channels / tp; m->NHl = c->num_heads / tp;
     m->Vl = c->padded_vocab_size / tp; m->v0 = grid->tp_rank * m->Vl;
-    m->units = (Unit *)calloc(c->num_layers + 2, sizeof(Unit));
+    m->units = (Unit *)malloc_check((c->num_layers + 2) * sizeof(Unit));
     m->nunits = build_units(c, tp, m->units);
     zero_init(&m->zero, grid, zero_stage, sp, m->units, m->nunits);
     float *full[NUM_TENSORS];
@@ -337,8 +343,8 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk) {
     m->ce.stats_all = (float *)mem_alloc((size_t)tp * m->ce.chunk * 3 * F, MEM_LOGITS);
 }
 
-// inputs (B, T) -> the final LayerNorm output lnf (BTs, C). Tensor-parallel communication at the
-// four points of tensor_parallel.h; ZeRO-3 gathers each unit's parameters as it comes.
+// inputs (B, T) -> the final LayerNorm output lnf (BTs, C). Tensor-parallel communication by the two
+// operations of tensor_parallel.h; ZeRO-3 gathers each unit's parameters as it comes.
 static void gpt2_forward(GPT2 *m) {
     const GPT2Config *c = &m->config;
     int L = c->num_layers, C = c->channels, B = m->B, T = m->T, BT = m->BT, BTs = m->BTs;
@@ -347,11 +353,11 @@ static void gpt2_forward(GPT2 *m) {
     Activations *a = &m->acts;
     floatX *p[NUM_TENSORS];
 
-    // embedding: vocab-parallel token lookup of all BT tokens, summed over tp (SP: scattered along
-    // the tokens), then the position embedding of the local tokens
+    // embedding: vocab-parallel token lookup of all BT tokens, summed over tp (SP: reduce-scattered
+    // along the tokens), then the position embedding of the local tokens
     unit_view(&m->units[0], zero_fetch_params(&m->zero, 0), p);
     embedding_forward(a->pfull, a->inputs, p[T_WTE], m->v0, m->v0 + m->Vl, BT, C);
-    floatX *x = tp_exit_forward(tp, sp, a->pfull, a->tokbuf, BTs, C);
+    floatX *x = tp_sum_partials(tp, sp, a->pfull, a->tokbuf, BTs, C);
     copy_on_device(a->resid, x, (size_t)BTs * C * sizeof(floatX));
     position_forward(a->resid, p[T_WPE], m->tok0, BTs, T, C);
 
@@ -360,22 +366,22 @@ static void gpt2_forward(GPT2 *m) {
         size_t s = (size_t)l * BTs, f = (size_t)l * BT;
         floatX *res = a->resid + s * C, *ln1 = a->ln1 + s * C, *mid = a->mid + s * C, *ln2 = a->ln2 + s * C;
         floatX *qkv = a->qkv + f * 3 * Cl, *atty = a->atty + f * Cl, *fch = a->fch + f * 4 * Cl, *fchg = a->fchg + f * 4 * Cl;
-        // attention block: ln1 -> [gather] -> qkv (column-parallel, local heads) -> attention
-        //                  -> attproj (row-parallel) -> [reduce] -> + bias + residual
+        // attention block: ln1 -> all tokens -> qkv (column-parallel, local heads) -> attention
+        //                  -> attproj (row-parallel) -> sum partials -> + bias + residual
         layernorm_forward(ln1, a->ln1_mean + s, a->ln1_rstd + s, res, p[T_LN1W], p[T_LN1B], BTs, C);
-        x = tp_enter_forward(tp, sp, ln1, a->xfull, BTs, C);
+        x = tp_all_tokens(tp, sp, ln1, a->xfull, BTs, C);
         matmul_forward(qkv, x, p[T_QKVW], p[T_QKVB], BT, C, 3 * Cl);
         attention_forward(atty, a->lse + (size_t)l * BT * NHl, qkv, B, T, Cl, NHl);
         matmul_forward(a->pfull, atty, p[T_ATTPROJW], NULL, BT, Cl, C);
-        x = tp_exit_forward(tp, sp, a->pfull, a->tokbuf, BTs, C);
+        x = tp_sum_partials(tp, sp, a->pfull, a->tokbuf, BTs, C);
         residual_bias_forward(mid, res, x, p[T_ATTPROJB], BTs, C);
-        // MLP block: ln2 -> [gather] -> fc (column-parallel) -> gelu -> fcproj (row-parallel) -> [reduce]
+        // MLP block: ln2 -> all tokens -> fc (column-parallel) -> gelu -> fcproj (row-parallel) -> sum partials
         layernorm_forward(ln2, a->ln2_mean + s, a->ln2_rstd + s, mid, p[T_LN2W], p[T_LN2B], BTs, C);
-        x = tp_enter_forward(tp, sp, ln2, a->xfull, BTs, C);
+        x = tp_all_tokens(tp, sp, ln2, a->xfull, BTs, C);
         matmul_forward(fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl);
         gelu_forward(fchg, fch, (size_t)BT * 4 * Cl);
         matmul_forward(a->pfull, fchg, p[T_FCPROJW], NULL, BT, 4 * Cl, C);
-        x = tp_exit_forward(tp, sp, a->pfull, a->tokbuf, BTs, C);
+        x = tp_sum_partials(tp, sp, a->pfull, a->tokbuf, BTs, C);
         residual_bias_forward(a->resid + (s + BTs) * C, mid, x, p[T_FCPROJB], BTs, C);
     }
     unit_view(&m->units[L + 1], zero_fetch_params(&m->zero, L + 1), p);
@@ -391,7 +397,7 @@ static float gpt2_head(GPT2 *m, float dloss, int backward) {
     Activations *a = &m->acts;
     floatX *p[NUM_TENSORS], *g[NUM_TENSORS];
     // every tp rank needs the hidden states of all tokens: it holds Vp/tp of the vocabulary
-    floatX *h = tp_enter_forward(tp, m->sp, a->lnf, a->xfull, m->BTs, C);
+    floatX *h = tp_all_tokens(tp, m->sp, a->lnf, a->xfull, m->BTs, C);
     unit_view(&m->units[0], zero_fetch_params(&m->zero, 0), p);
     floatX *dh = NULL, *dwte = NULL;
     if (backward) {
@@ -400,7 +406,7 @@ static float gpt2_head(GPT2 *m, float dloss, int backward) {
         dh = a->pfull;
     }
     fused_classifier(a->losses, dh, dwte, h, p[T_WTE], a->targets, &m->ce, tp, m->v0, c->vocab_size, m->Vl, BT, C, dloss);
-    if (backward) { m->dlnf = tp_enter_backward(tp, m->sp, dh, a->tokbuf, m->BTs, C); }
+    if (backward) { m->dlnf = tp_sum_partials(tp, m->sp, dh, a->tokbuf, m->BTs, C); }
     float *losses = (float *)malloc_check(sizeof(float) * BT);
     copy_to_host(losses, a->losses, sizeof(float) * BT);
     double sum = 0.0;
@@ -435,21 +441,21 @@ static void gpt2_backward(GPT2 *m, int last_micro) {
         floatX *qkv = a->qkv + f * 3 * Cl, *atty = a->atty + f * Cl, *fch = a->fch + f * 4 * Cl, *fchg = a->fchg + f * 4 * Cl;
         // MLP block (a->dresid is the gradient of the layer's output)
         bias_backward(g[T_FCPROJB], a->dresid, BTs, C);
-        floatX *dy = tp_exit_backward(tp, sp, a->dresid, a->pfull, BTs, C);
+        floatX *dy = tp_all_tokens(tp, sp, a->dresid, a->pfull, BTs, C);
         matmul_backward(a->dwide, g[T_FCPROJW], NULL, dy, fchg, p[T_FCPROJW], BT, 4 * Cl, C);
         gelu_backward(a->dwide, fch, a->dwide, (size_t)BT * 4 * Cl);
-        floatX *x = tp_enter_forward(tp, sp, ln2, a->xfull, BTs, C);   // SP: gathered again, not stored
+        floatX *x = tp_all_tokens(tp, sp, ln2, a->xfull, BTs, C);   // SP: gathered again, not stored
         matmul_backward(a->pfull, g[T_FCW], g[T_FCB], a->dwide, x, p[T_FCW], BT, C, 4 * Cl);
-        floatX *dln = tp_enter_backward(tp, sp, a->pfull, a->tokbuf, BTs, C);
+        floatX *dln = tp_sum_partials(tp, sp, a->pfull, a->tokbuf, BTs, C);
         layernorm_backward(a->dresid, g[T_LN2W], g[T_LN2B], dln, mid, p[T_LN2W], a->ln2_mean + s, a->ln2_rstd + s, BTs, C);
         // attention block (a->dresid is now the gradient of mid)
         bias_backward(g[T_ATTPROJB], a->dresid, BTs, C);
-        dy = tp_exit_backward(tp, sp, a->dresid, a->pfull, BTs, C);
+        dy = tp_all_tokens(tp, sp, a->dresid, a->pfull, BTs, C);
         matmul_backward(a->datty, g[T_ATTPROJW], NULL, dy, atty, p[T_ATTPROJW], BT, Cl, C);
         attention_backward(a->dwide, a->datty, qkv, atty, a->lse + (size_t)l * BT * NHl, B, T, Cl, NHl);
-        x = tp_enter_forward(tp, sp, ln1, a->xfull, BTs, C);
+        x = tp_all_tokens(tp, sp, ln1, a->xfull, BTs, C);
         matmul_backward(a->pfull, g[T_QKVW], g[T_QKVB], a->dwide, x, p[T_QKVW], BT, C, 3 * Cl);
-        dln = tp_enter_backward(tp, sp, a->pfull, a->tokbuf, BTs, C);
+        dln = tp_sum_partials(tp, sp, a->pfull, a->tokbuf, BTs, C);
         layernorm_backward(a->dresid, g[T_LN1W], g[T_LN1B], dln, res, p[T_LN1W], a->ln1_mean + s, a->ln1_rstd + s, BTs, C);
         zero_end_unit_backward(z, 1 + l, last_micro);
     }
@@ -457,7 +463,7 @@ static void gpt2_backward(GPT2 *m, int last_micro) {
     // embedding (its gradient buffer was opened by the head, which wrote the LM-head part of dwte)
     unit_view(&m->units[0], zero_unit_grads(z, 0), g);
     position_backward(g[T_WPE], a->dresid, m->tok0, BTs, T, C);
-    floatX *dy = tp_exit_backward(tp, sp, a->dresid, a->pfull, BTs, C);
+    floatX *dy = tp_all_tokens(tp, sp, a->dresid, a->pfull, BTs, C);
     embedding_backward(g[T_WTE], dy, a->inputs, m->v0, m->v0 + m->Vl, BT, C);
     zero_end_unit_backward(z, 0, last_micro);
 }
@@ -530,7 +536,7 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
     for (int t = 1; t <= n; t++) {
         gpt2_upload_batch(m, gen, gen);
         gpt2_forward(m);
-        floatX *h = tp_enter_forward(&m->grid->tp_group, m->sp, m->acts.lnf, m->acts.xfull, m->BTs, C);
+        floatX *h = tp_all_tokens(&m->grid->tp_group, m->sp, m->acts.lnf, m->acts.xfull, m->BTs, C);
         floatX *p[NUM_TENSORS];
         unit_view(&m->units[0], zero_fetch_params(&m->zero, 0), p);
         // this rank's vocabulary slice of the logits of position t-1, then all slices (Vp)
@@ -569,7 +575,7 @@ static void gpt2_write_model(GPT2 *m, const char *path) {
     const GPT2Config *c = &m->config;
     Grid *g = m->grid;
     int write = g->rank == 0;
-    float *all = write ? (float *)calloc(m->num_parameters, sizeof(float)) : NULL;
+    float *all = write ? (float *)malloc_check(m->num_parameters * sizeof(float)) : NULL;
     float *full[NUM_TENSORS];
     if (write) { split_tensors(c, all, full); }
     for (int u = 0; u < m->nunits; u++) {
@@ -609,7 +615,7 @@ static void gpt2_write_model(GPT2 *m, const char *path) {
     free(all);
 }
 
-static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng) {
+static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch) {
     Grid *g = m->grid;
     Zero *z = &m->zero;
     char path[1024], tmp[1100];
@@ -620,6 +626,7 @@ static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, 
     int h[256] = {0};
     h[0] = STATE_MAGIC; h[1] = 1; h[2] = step; h[3] = g->world_size; h[4] = g->tp; h[5] = g->pp; h[6] = g->dp;
     h[7] = z->stage; h[8] = dl->epoch; h[9] = dl->shard_pos; h[10] = dl->round; h[11] = z->master != NULL;
+    h[12] = m->B; h[13] = m->T; h[14] = total_batch;
     uint64_t u64[2] = {rng->s, (uint64_t)z->opt_size};
     float *buf = (float *)malloc_check(z->opt_size * sizeof(float));
     FILE *f = fopen_check(tmp, "wb");
@@ -665,7 +672,7 @@ static int latest_checkpoint(const char *dir) {
 }
 
 // Restores this rank's optimizer shard, data position and generator (the model file is loaded by main).
-static void load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng) {
+static void load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch) {
     Grid *g = m->grid;
     Zero *z = &m->zero;
     char path[1024];
@@ -678,6 +685,10 @@ static void load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *
     if (h[2] != step || h[3] != g->world_size || h[4] != g->tp || h[5] != g->pp || h[6] != g->dp || h[7] != z->stage) {
         fail("state file '%s' was written by world %d (tp %d pp %d dp %d zero %d); this run is world %d (tp %d pp %d dp %d zero %d): resume with the same layout",
              path, h[3], h[4], h[5], h[6], h[7], g->world_size, g->tp, g->pp, g->dp, z->stage);
+    }
+    if (h[12] != m->B || h[13] != m->T || h[14] != total_batch) {
+        fail("state file '%s' was written with -b %d -t %d -d %d; this run has -b %d -t %d -d %d: the data position would not match",
+             path, h[12], h[13], h[14], m->B, m->T, total_batch);
     }
     fread_check(u64, sizeof(uint64_t), 2, f, path);
     if (u64[1] != z->opt_size || h[11] != (z->master != NULL)) { fail("state file '%s' holds a different optimizer shard size", path); }
@@ -800,6 +811,9 @@ static void parse_args(int argc, char **argv, Args *a, int rank) {
         int known = 0;
         for (size_t k = 0; k < sizeof(with_value) / sizeof(with_value[0]); k++) { if (!strcmp(f, with_value[k])) { known = 1; } }
         if (!known) { fail_all(rank, "unknown flag '%s' (see -h)", f); }
+        for (int j = 1; j < i; j++) {   // a flag given twice is a mistake, not an override
+            if (!strcmp(argv[j], f)) { fail_all(rank, "flag %s is given twice", f); }
+        }
         if (i + 1 >= argc) { fail_all(rank, "flag %s is missing its value", f); }
         const char *v = argv[++i];
         if (!strcmp(f, "-i")) { a->train_pattern = v; }
@@ -852,16 +866,36 @@ static void validate_layout(Args *a, const GPT2Config *c, int world, int rank) {
     if (a->sp && a->T % a->tp) { fail_all(rank, "--sp: --tp %d does not divide T = %d", a->tp, a->T); }
     if (a->T > c->max_seq_len) { fail_all(rank, "-t %d is larger than the model's maximum sequence length %d", a->T, c->max_seq_len); }
     long tokens_per_micro = (long)a->B * a->T * dp;
+    if (tokens_per_micro > (1L << 30)) {
+        fail_all(rank, "B*T*dp = %d*%d*%d = %ld tokens per micro-batch is too large (at most 2^30)", a->B, a->T, dp, tokens_per_micro);
+    }
     if (a->total_batch == -1) { a->total_batch = (int)tokens_per_micro; }
     if (a->total_batch <= 0 || a->total_batch % tokens_per_micro != 0) {
         fail_all(rank, "-d %d is not a multiple of B*T*dp = %d*%d*%d = %ld", a->total_batch, a->B, a->T, dp, tokens_per_micro);
     }
     if ((a->checkpoint_every > 0 || a->resume) && a->output_dir == NULL) { fail_all(rank, "-n and -y need an output dir (-o)"); }
+    if (a->val_pattern && !a->train_pattern) { fail_all(rank, "-j needs -i (without -i both come from the built-in corpus)"); }
+#ifdef USE_CUDA
+    int hs = c->channels / c->num_heads;
+    if (hs != 16 && hs != 32 && hs != 64 && hs != 128) {
+        fail_all(rank, "head size C/NH = %d: the CUDA attention supports 16, 32, 64, 128", hs);
+    }
+#endif
 }
 
-// Creates the output dir if needed and checks that a file can be written there.
+// mkdir -p
+static void make_dirs(const char *dir) {
+    char buf[1024];
+    snprintf(buf, sizeof(buf), "%s", dir);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p == '/') { *p = '\0'; mkdir(buf, 0755); *p = '/'; }
+    }
+    mkdir(buf, 0755);
+}
+
+// Creates the output dir (and its parents) if needed and checks that a file can be written there.
 static void check_output_dir(const char *dir, int rank) {
-    if (rank == 0) { mkdir(dir, 0755); }
+    if (rank == 0) { make_dirs(dir); }
     MPI_Barrier(MPI_COMM_WORLD);
     char path[1024];
     snprintf(path, sizeof(path), "%s/.write_test_%d", dir, rank);
@@ -951,7 +985,7 @@ int main(int argc, char **argv) {
         have_val = 1;
         free(tok);
     }
-    int steps_per_epoch = (int)(train_loader.nrounds * train_loader.nshards / accum);
+    int steps_per_epoch = (int)(train_loader.rounds_per_epoch / accum);
     int max_steps = args.max_steps >= 0 ? args.max_steps : (steps_per_epoch > 0 ? steps_per_epoch : 1);
     LRScheduler sched = {args.scheduler, args.lr, args.final_frac, args.warmup, max_steps};
     OptConfig opt = {0.9f, 0.95f, 1e-8f, args.weight_decay, args.grad_clip, args.seed};
@@ -959,7 +993,7 @@ int main(int argc, char **argv) {
     rng_init(&sample_rng, args.seed + 1);
     int start_step = 0;
     if (resume_step >= 0) {
-        load_state(&model, args.output_dir, resume_step, &train_loader, &sample_rng);
+        load_state(&model, args.output_dir, resume_step, &train_loader, &sample_rng, args.total_batch);
         start_step = resume_step;
         if (rank == 0) { printf("resumed from step %d of %s\n", resume_step, args.output_dir); }
     }
@@ -1005,7 +1039,7 @@ int main(int argc, char **argv) {
         }
         if (args.memory_report && step == start_step) { mem_report(rank, world, "after the first step"); }
         if (args.checkpoint_every > 0 && (step + 1) % args.checkpoint_every == 0) {
-            save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng);
+            save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng, args.total_batch);
         }
     }
     if (args.memory_report && max_steps == start_step) { mem_report(rank, world, "set up, no step run (-x 0)"); }

@@ -58,7 +58,7 @@ static void nccl_check(ncclResult_t r, const char *file, int line) {
 static cudaStream_t main_stream;        // all compute
 static cudaStream_t comm_stream;        // asynchronous collectives (overlap with compute)
 static cublasLtHandle_t cublaslt_handle;
-static void *cublaslt_workspace;
+static void *cublaslt_workspace;   // allocated on first use through the allocator (matmul.h)
 static const size_t cublaslt_workspace_size = 32 * 1024 * 1024;
 static int device_sm_count;
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
@@ -211,7 +211,6 @@ static void backend_init(int local_rank) {
     cudaCheck(cudaStreamCreate(&main_stream));
     cudaCheck(cudaStreamCreate(&comm_stream));
     cublasCheck(cublasLtCreate(&cublaslt_handle));
-    cudaCheck(cudaMalloc(&cublaslt_workspace, cublaslt_workspace_size));
 #else
     (void)local_rank;
 #endif

@@ -48,10 +48,14 @@ static void group_init(Group *g, const char *name, int color, int key) {
     MPI_Comm_size(g->mpi, &g->size);
     MPI_Comm_rank(g->mpi, &g->rank);
 #ifdef USE_NCCL
-    ncclUniqueId id;
-    if (g->rank == 0) { ncclCheck(ncclGetUniqueId(&id)); }
-    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g->mpi);
-    ncclCheck(ncclCommInitRank(&g->nccl, g->size, id, g->rank));
+    // an NCCL communicator only where NCCL can be called: collectives on one rank return early
+    g->nccl = NULL;
+    if (g->size > 1) {
+        ncclUniqueId id;
+        if (g->rank == 0) { ncclCheck(ncclGetUniqueId(&id)); }
+        MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g->mpi);
+        ncclCheck(ncclCommInitRank(&g->nccl, g->size, id, g->rank));
+    }
 #endif
 }
 
@@ -113,7 +117,7 @@ static void grid_free(Grid *g) {
     Group *groups[5] = {&g->world, &g->tp_group, &g->pp_group, &g->dp_group, &g->ep_group};
     for (int i = 0; i < 5; i++) {
 #ifdef USE_NCCL
-        ncclCommDestroy(groups[i]->nccl);
+        if (groups[i]->nccl) { ncclCommDestroy(groups[i]->nccl); }
 #endif
         MPI_Comm_free(&groups[i]->mpi);
     }
@@ -123,12 +127,16 @@ static void grid_free(Grid *g) {
 // collectives on device buffers (CPU build: host buffers through MPI)
 
 // A request for an asynchronous collective. On CUDA the collective runs on comm_stream and the
-// event marks its end; on the CPU it is a non-blocking MPI request.
+// event marks its end; on the CPU it is a non-blocking MPI request (plus, for an in-place
+// reduce-scatter, the copy of the rank's chunk to its place once the request is done).
 typedef struct {
 #ifdef USE_NCCL
     cudaEvent_t done;
 #else
     MPI_Request req;
+    void *move_dst;
+    const void *move_src;
+    size_t move_bytes;
 #endif
     int active;
 } CommRequest;
@@ -136,10 +144,11 @@ typedef struct {
 static void comm_count(Group *g, double bytes) { g->bytes += bytes; g->calls++; }
 
 #ifdef USE_NCCL
-// An asynchronous collective runs on comm_stream once the compute stream has produced its input;
-// a blocking one is simply ordered on the compute stream.
-static cudaStream_t comm_stream_begin(CommRequest *async) {
-    if (!async) { return main_stream; }
+// Every NCCL call runs on comm_stream, so that the calls on one communicator are issued to one
+// stream in program order (the same order on every rank). It starts once the compute stream has
+// produced its input. A blocking call makes the compute stream wait for it at once; an async one
+// records an event, and comm_wait makes the compute stream wait later.
+static cudaStream_t comm_stream_begin(void) {
     cudaEvent_t ready;
     cudaCheck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
     cudaCheck(cudaEventRecord(ready, main_stream));
@@ -148,40 +157,56 @@ static cudaStream_t comm_stream_begin(CommRequest *async) {
     return comm_stream;
 }
 
-// Marks the end of an asynchronous collective; comm_wait makes the compute stream wait for it.
 static void comm_stream_end(CommRequest *async) {
-    if (!async) { return; }
-    cudaCheck(cudaEventCreateWithFlags(&async->done, cudaEventDisableTiming));
-    cudaCheck(cudaEventRecord(async->done, comm_stream));
-    async->active = 1;
+    cudaEvent_t done;
+    cudaCheck(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    cudaCheck(cudaEventRecord(done, comm_stream));
+    if (async) { async->done = done; async->active = 1; return; }
+    cudaCheck(cudaStreamWaitEvent(main_stream, done, 0));
+    cudaCheck(cudaEventDestroy(done));
 }
+#else
+// MPI datatype of a DType (the CPU build is fp32 throughout: floatX is float)
+static MPI_Datatype mpi_type(DType t) { (void)t; return MPI_FLOAT; }
 #endif
 
-// buf (n) summed over the group, in place. async: NULL = ordered on the compute stream.
+// buf (n) summed over the group, in place. async: NULL = the result is there for the next op.
 static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest *async) {
     if (g->size == 1) { return; }
     comm_count(g, 2.0 * (g->size - 1) / g->size * n * comm_type_size(t));
 #ifdef USE_NCCL
-    cudaStream_t s = comm_stream_begin(async);
-    ncclCheck(ncclAllReduce(buf, buf, n, nccl_type(t), ncclSum, g->nccl, s));
+    ncclCheck(ncclAllReduce(buf, buf, n, nccl_type(t), ncclSum, g->nccl, comm_stream_begin()));
     comm_stream_end(async);
 #else
-    if (async) { MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, g->mpi, &async->req); async->active = 1; }
-    else { MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, g->mpi); }
+    if (async) { MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(t), MPI_SUM, g->mpi, &async->req); async->active = 1; }
+    else { MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(t), MPI_SUM, g->mpi); }
 #endif
 }
 
 // send (size * n) summed over the group; rank i receives chunk i (n) in recv.
+// In place when recv == send + rank * n (the rank's own chunk of the input buffer).
 static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n, DType t, CommRequest *async) {
-    if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * comm_type_size(t)); } return; }
-    comm_count(g, (double)(g->size - 1) * n * comm_type_size(t));
+    size_t es = comm_type_size(t);
+    if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * es); } return; }
+    comm_count(g, (double)(g->size - 1) * n * es);
 #ifdef USE_NCCL
-    cudaStream_t s = comm_stream_begin(async);
-    ncclCheck(ncclReduceScatter(send, recv, n, nccl_type(t), ncclSum, g->nccl, s));
+    ncclCheck(ncclReduceScatter(send, recv, n, nccl_type(t), ncclSum, g->nccl, comm_stream_begin()));
     comm_stream_end(async);
 #else
-    if (async) { MPI_Ireduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, g->mpi, &async->req); async->active = 1; }
-    else { MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, g->mpi); }
+    // MPI's in-place reduce-scatter leaves the rank's chunk at the start of the buffer: move it
+    int in_place = (const char *)recv == (const char *)send + g->rank * n * es;
+    const void *sb = in_place ? MPI_IN_PLACE : send;
+    void *rb = in_place ? (void *)send : recv;
+    if (async) {
+        MPI_Ireduce_scatter_block(sb, rb, (int)n, mpi_type(t), MPI_SUM, g->mpi, &async->req);
+        async->active = 1;
+        async->move_bytes = in_place ? n * es : 0;
+        async->move_dst = recv;
+        async->move_src = send;
+    } else {
+        MPI_Reduce_scatter_block(sb, rb, (int)n, mpi_type(t), MPI_SUM, g->mpi);
+        if (in_place) { memmove(recv, send, n * es); }
+    }
 #endif
 }
 
@@ -192,14 +217,18 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
     if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * es); } return; }
     comm_count(g, (double)(g->size - 1) * n * es);
 #ifdef USE_NCCL
-    cudaStream_t s = comm_stream_begin(async);
-    ncclCheck(ncclAllGather(send, recv, n, nccl_type(t), g->nccl, s));
+    ncclCheck(ncclAllGather(send, recv, n, nccl_type(t), g->nccl, comm_stream_begin()));
     comm_stream_end(async);
 #else
     int in_place = ((const char *)send == (const char *)recv + g->rank * n * es);
     const void *sb = in_place ? MPI_IN_PLACE : send;
-    if (async) { MPI_Iallgather(sb, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi, &async->req); async->active = 1; }
-    else { MPI_Allgather(sb, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi); }
+    if (async) {
+        MPI_Iallgather(sb, (int)n, mpi_type(t), recv, (int)n, mpi_type(t), g->mpi, &async->req);
+        async->active = 1;
+        async->move_bytes = 0;
+    } else {
+        MPI_Allgather(sb, (int)n, mpi_type(t), recv, (int)n, mpi_type(t), g->mpi);
+    }
 #endif
 }
 
@@ -214,18 +243,20 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
     for (int j = 0; j < g->size; j++) { if (j != g->rank) { sent += send_counts[j] * es; } }
     comm_count(g, sent);
 #ifdef USE_NCCL
+    cudaStream_t s = comm_stream_begin();
     ncclCheck(ncclGroupStart());
     for (int j = 0; j < g->size; j++) {
-        if (send_counts[j]) { ncclCheck(ncclSend((const char *)send + send_offsets[j] * es, send_counts[j], nccl_type(t), j, g->nccl, main_stream)); }
-        if (recv_counts[j]) { ncclCheck(ncclRecv((char *)recv + recv_offsets[j] * es, recv_counts[j], nccl_type(t), j, g->nccl, main_stream)); }
+        if (send_counts[j]) { ncclCheck(ncclSend((const char *)send + send_offsets[j] * es, send_counts[j], nccl_type(t), j, g->nccl, s)); }
+        if (recv_counts[j]) { ncclCheck(ncclRecv((char *)recv + recv_offsets[j] * es, recv_counts[j], nccl_type(t), j, g->nccl, s)); }
     }
     ncclCheck(ncclGroupEnd());
+    comm_stream_end(NULL);
 #else
     int *sc = (int *)malloc_check(sizeof(int) * 4 * g->size), *so = sc + g->size, *rc = sc + 2 * g->size, *ro = sc + 3 * g->size;
     for (int j = 0; j < g->size; j++) {
         sc[j] = (int)send_counts[j]; so[j] = (int)send_offsets[j]; rc[j] = (int)recv_counts[j]; ro[j] = (int)recv_offsets[j];
     }
-    MPI_Alltoallv(send, sc, so, MPI_FLOAT, recv, rc, ro, MPI_FLOAT, g->mpi);
+    MPI_Alltoallv(send, sc, so, mpi_type(t), recv, rc, ro, mpi_type(t), g->mpi);
     free(sc);
 #endif
 }
@@ -234,18 +265,19 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
 static void comm_send(Group *g, const void *buf, size_t n, DType t, int peer) {
     comm_count(g, (double)n * comm_type_size(t));
 #ifdef USE_NCCL
-    ncclCheck(ncclSend(buf, n, nccl_type(t), peer, g->nccl, main_stream));
+    ncclCheck(ncclSend(buf, n, nccl_type(t), peer, g->nccl, comm_stream_begin()));
+    comm_stream_end(NULL);
 #else
-    MPI_Send(buf, (int)n, MPI_FLOAT, peer, 0, g->mpi);
+    MPI_Send(buf, (int)n, mpi_type(t), peer, 0, g->mpi);
 #endif
 }
 
 static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
 #ifdef USE_NCCL
-    ncclCheck(ncclRecv(buf, n, nccl_type(t), peer, g->nccl, main_stream));
+    ncclCheck(ncclRecv(buf, n, nccl_type(t), peer, g->nccl, comm_stream_begin()));
+    comm_stream_end(NULL);
 #else
-    (void)t;
-    MPI_Recv(buf, (int)n, MPI_FLOAT, peer, 0, g->mpi, MPI_STATUS_IGNORE);
+    MPI_Recv(buf, (int)n, mpi_type(t), peer, 0, g->mpi, MPI_STATUS_IGNORE);
 #endif
 }
 
@@ -262,6 +294,7 @@ static void comm_wait(CommRequest *r) {
     cudaCheck(cudaEventDestroy(r->done));
 #else
     MPI_Wait(&r->req, MPI_STATUS_IGNORE);
+    if (r->move_bytes) { memmove(r->move_dst, r->move_src, r->move_bytes); }
 #endif
     r->active = 0;
 }

@@ -25,7 +25,8 @@ typedef struct {
     int *shard_order;               // (nshards)
     int loaded_shard;               // file index currently in memory, -1 none
     uint16_t *tokens;
-    size_t ntok, nsamples, nrounds;
+    size_t ntok, nsamples, nrounds;   // of the loaded shard; a round = one batch for every dp rank
+    size_t rounds_per_epoch;          // over all shards
     int *sample_order;              // (nsamples)
     int *inputs, *targets;          // host (B*T)
     int in_memory;                  // one shard given as an array (the built-in synthetic corpus)
@@ -100,6 +101,7 @@ static void dataloader_init(DataLoader *d, const char *pattern, int B, int T, in
             fail("data shard '%s' has %zu tokens, fewer than one batch for every data-parallel rank (dp*B*T+1 = %zu)",
                  d->files.gl_pathv[i], ntok, need);
         }
+        d->rounds_per_epoch += (ntok - 1) / ((size_t)B * T) / dp;
     }
     d->shard_order = (int *)malloc_check(sizeof(int) * d->nshards);
     d->inputs = (int *)malloc_check(sizeof(int) * B * T);
@@ -127,6 +129,7 @@ static void dataloader_init_memory(DataLoader *d, const uint16_t *tokens, size_t
     d->ntok = ntok;
     d->nsamples = (ntok - 1) / ((size_t)B * T);
     d->nrounds = d->nsamples / dp;
+    d->rounds_per_epoch = d->nrounds;
     d->sample_order = (int *)malloc_check(sizeof(int) * (d->nsamples + 1));
     d->loaded_shard = 0;
     dataloader_load_shard(d);

@@ -4,6 +4,7 @@
 #define LLMC_MATMUL_H
 
 #include "backend.h"
+#include "alloc.h"
 
 // inp (N, IC), weight (OC, IC), bias (OC) or NULL -> out (N, OC)
 static void matmul_forward_cpu(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
@@ -60,6 +61,7 @@ static uint32_t matmul_alignment(const void *p) {
 // Returns 0 (and does nothing) if cuBLASLt has no algorithm for this shape/alignment.
 static int matmul_cublaslt(floatX *d, const floatX *a, const floatX *b, const floatX *bias, int m, int n, int k,
                             int transa, int transb, int lda, int ldb, float beta) {
+    if (cublaslt_workspace == NULL) { cublaslt_workspace = mem_alloc(cublaslt_workspace_size, MEM_WORKSPACE); }
     cublasLtMatmulDesc_t desc;
     cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;

@@ -28,7 +28,17 @@ typedef struct { int unused; } MPI_Status;
 #define MPI_STATUS_IGNORE ((MPI_Status *)0)
 
 static int mpi_single_initialized = 0;
-static int MPI_Init(int *argc, char ***argv) { (void)argc; (void)argv; mpi_single_initialized = 1; return 0; }
+static int MPI_Init(int *argc, char ***argv) {
+    (void)argc; (void)argv;
+    const char *n = getenv("OMPI_COMM_WORLD_SIZE");   // launched by mpirun with several ranks?
+    if (n == NULL) { n = getenv("PMI_SIZE"); }
+    if (n != NULL && atoi(n) > 1) {
+        fprintf(stderr, "error: this binary was built with NO_MPI=1 (one process) but launched as %s ranks: rebuild without NO_MPI\n", n);
+        exit(1);
+    }
+    mpi_single_initialized = 1;
+    return 0;
+}
 static int MPI_Initialized(int *flag) { *flag = mpi_single_initialized; return 0; }
 static int MPI_Finalize(void) { mpi_single_initialized = 0; return 0; }
 static int MPI_Abort(MPI_Comm c, int code) { (void)c; exit(code); }

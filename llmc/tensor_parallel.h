@@ -6,10 +6,15 @@
 //                                      produces a partial sum; the bias is added once after the sum.
 //   vocab-parallel wte: each rank holds Vp/tp rows, used by the embedding and the LM head.
 //
-// The four communication points (Megatron's f and g), for activations of BT = B*T tokens:
-//                           without --sp                          with --sp (tokens split BT -> BT/tp)
-//   enter column-parallel   fwd: identity    bwd: all-reduce      fwd: all-gather     bwd: reduce-scatter
-//   exit row-parallel       fwd: all-reduce  bwd: identity        fwd: reduce-scatter bwd: all-gather
+// Communication, for activations of BT = B*T tokens, is two operations:
+//   tp_all_tokens(x):     the (BT, C) tensor from the local one. SP: all-gather along the tokens;
+//                         without SP every rank already holds all tokens: nothing to do.
+//   tp_sum_partials(p):   the sum over tp of partial (BT, C) results. SP: reduce-scatter along the
+//                         tokens, each rank keeps its BT/tp; without SP: all-reduce.
+// They are each other's backward, and Megatron's f and g are made of them:
+//                                    forward              backward
+//   entering a column-parallel layer tp_all_tokens        tp_sum_partials     (Megatron f; SP: gather)
+//   leaving a row-parallel layer     tp_sum_partials      tp_all_tokens       (Megatron g; SP: scatter)
 // With --sp, LayerNorm, residual adds and biases after the row-parallel layers run on the local
 // BT/tp tokens (the flattened (B, T) token range [tp_rank * BT/tp, (tp_rank + 1) * BT/tp), so every
 // gather and scatter is one contiguous collective); their parameter gradients are then partial
@@ -49,31 +54,22 @@ static void tp_slice_copy(float *full, float *local, int nblk, size_t rows, size
 }
 
 // ----------------------------------------------------------------------------
-// the communication points. x_local is (BTs, C) with BTs = BT/tp under SP, BT otherwise.
+// the two operations. x_local is (BTs, C), BTs = BT/tp with SP, else BT.
 
-// forward, before a column-parallel layer: returns the (BT, C) input (SP: gathered into full_buf)
-static floatX *tp_enter_forward(Group *tp, int sp, floatX *x_local, floatX *full_buf, size_t BTs, int C) {
+// x_local (BTs, C) -> (BT, C): SP gathers into full_buf; otherwise x_local already is that.
+static floatX *tp_all_tokens(Group *tp, int sp, floatX *x_local, floatX *full_buf, size_t BTs, int C) {
     if (!sp || tp->size == 1) { return x_local; }
     comm_all_gather(tp, x_local, full_buf, BTs * C, DT_FLOATX, NULL);
     return full_buf;
 }
 
-// backward of the same point: dx_partial (BT, C) summed over tp -> (BTs, C) (SP: into dx_local)
-static floatX *tp_enter_backward(Group *tp, int sp, floatX *dx_partial, floatX *dx_local, size_t BTs, int C) {
-    if (tp->size == 1) { return dx_partial; }
-    if (!sp) { comm_all_reduce(tp, dx_partial, BTs * C, DT_FLOATX, NULL); return dx_partial; }
-    comm_reduce_scatter(tp, dx_partial, dx_local, BTs * C, DT_FLOATX, NULL);
-    return dx_local;
-}
-
-// forward, after a row-parallel layer: partial (BT, C) summed over tp -> (BTs, C) (SP: into out_local)
-static floatX *tp_exit_forward(Group *tp, int sp, floatX *partial, floatX *out_local, size_t BTs, int C) {
-    return tp_enter_backward(tp, sp, partial, out_local, BTs, C);
-}
-
-// backward of the same point: dy_local (BTs, C) -> the (BT, C) gradient (SP: gathered into full_buf)
-static floatX *tp_exit_backward(Group *tp, int sp, floatX *dy_local, floatX *full_buf, size_t BTs, int C) {
-    return tp_enter_forward(tp, sp, dy_local, full_buf, BTs, C);
+// partial (BT, C), summed over tp -> (BTs, C): SP reduce-scatters into out_local; otherwise the
+// all-reduced partial itself.
+static floatX *tp_sum_partials(Group *tp, int sp, floatX *partial, floatX *out_local, size_t BTs, int C) {
+    if (tp->size == 1) { return partial; }
+    if (!sp) { comm_all_reduce(tp, partial, BTs * C, DT_FLOATX, NULL); return partial; }
+    comm_reduce_scatter(tp, partial, out_local, BTs * C, DT_FLOATX, NULL);
+    return out_local;
 }
 
 #endif

@@ -6,13 +6,15 @@
 // reaches the model. Per stage:
 //   0: full params, full grads, full AdamW state; after the last micro-batch each unit's gradient
 //      is all-reduced (asynchronously, while earlier layers run their backward).
-//   1: full params and grads; each unit's gradient is reduce-scattered into the rank's shard; AdamW
-//      state (m, v, and the fp32 master on CUDA) exists for the shard only; after the update the
-//      shards are all-gathered back into the full params.
-//   2: as 1, but full-size gradients exist only for one unit at a time (two, while the previous
-//      unit's reduce-scatter is in flight; the embedding's lives through the whole backward since the
-//      tied LM head and the token embedding both write it). Every micro-batch reduce-scatters into
-//      the shard accumulator (memory-true, more traffic than stage 1 with accumulation).
+//   1: full params and grads; after the last micro-batch each unit's gradient is reduce-scattered in
+//      place (the rank's shard of the sum lands in its own slice of the gradient buffer); AdamW state
+//      (m, v, and the fp32 master on CUDA) exists for the shard only; after the update the shards
+//      are all-gathered back into the full params.
+//   2: as 1, but the gradients are kept as shards only: a full-size gradient exists for one unit
+//      at a time (two, while the previous unit's reduce-scatter is in flight; the embedding's lives
+//      through the whole backward, since the tied LM head and the token embedding both write it).
+//      Every micro-batch reduce-scatters into the shard accumulator (memory-true, more traffic than
+//      stage 1 with gradient accumulation).
 //   3: as 2, and the params exist only as shards: a layer is all-gathered into one of two work
 //      buffers right before its forward, dropped, gathered again before its backward (the embedding,
 //      used by the first and the last op, has a buffer of its own; see zero_fetch_params).
@@ -43,40 +45,64 @@ typedef struct {
     size_t full_offset, shard_offset;
 } Unit;
 
+// Three work buffers holding one full unit each: [0] and [1] for the layers and the final
+// LayerNorm (the one not used most recently is reused), [2] for the embedding.
+typedef struct {
+    floatX *buf[3];
+    int unit[3];     // which unit each holds, -1 none
+    int last;        // of [0], [1]: the one used most recently
+} WorkBuffers;
+
 typedef struct {
     Grid *grid;
     int stage, sp;
     int nunits;
     Unit *units;
-    size_t full_size, shard_size, max_padded;
+    size_t full_size, shard_size, max_layer_padded;
     floatX *params;          // stages 0-2: every unit (full_size)
     floatX *params_shard;    // stage 3: this rank's shards (shard_size)
-    floatX *param_work[3];   // stage 3: gathered units: [0], [1] layers (and the final LN), [2] the embedding
-    int work_unit[3], work_last;
+    WorkBuffers pw;          // stage 3: gathered parameters
     floatX *grads;           // stages 0-1: every unit
-    floatX *grads_shard;     // stages 1-3: this rank's gradient shards
-    floatX *grad_work[3];    // stages 2-3: [0], [1] ping-pong for the layers, [2] the embedding unit
-    floatX *rs_recv[3];      // stages 2-3: reduce-scatter landing buffers, one per work buffer
-    int slot_unit[3], next_layer_slot;
+    floatX *grads_shard;     // stages 2-3: this rank's gradient shards, accumulated over micro-batches
+    WorkBuffers gw;          // stages 2-3: full gradients of the units whose backward is open or reducing
     CommRequest *pending;    // per unit: its gradient reduction in flight
     float *m, *v, *master;   // AdamW state over the owned range (master only when floatX != float)
     size_t opt_size;
     float *norm_parts;       // device: one sum of squares per (unit, tensor)
-    long gathers;            // stage 3: unit all-gathers this step (for the comm report)
+    long gathers;            // stage 3: unit all-gathers (for the comm report)
 } Zero;
 
-// Stages 2-3: the work slot holding unit u's gradient, or -1.
-static int zero_slot_holding(const Zero *z, int u) {
-    for (int i = 0; i < 3; i++) { if (z->slot_unit[i] == u) { return i; } }
+static int work_find(const WorkBuffers *w, int u) {
+    for (int i = 0; i < 3; i++) { if (w->unit[i] == u) { return i; } }
     return -1;
+}
+
+// The buffer unit u goes to: the embedding's own, or the layer buffer not used most recently.
+static int work_pick(const WorkBuffers *w, int u) { return u == 0 ? 2 : 1 - w->last; }
+
+static void work_set(WorkBuffers *w, int i, int u) {
+    w->unit[i] = u;
+    if (i < 2) { w->last = i; }
+}
+
+static void work_alloc(WorkBuffers *w, size_t layer_elems, size_t embedding_elems, MemCategory cat) {
+    size_t sizes[3] = {layer_elems, layer_elems, embedding_elems};
+    for (int i = 0; i < 3; i++) { w->buf[i] = (floatX *)mem_alloc(sizes[i] * sizeof(floatX), cat); w->unit[i] = -1; }
+    w->last = 1;
+}
+
+// The part [a, b) of tensor t inside the unit range [start, end); 0 if empty.
+static int tensor_overlap(const UnitTensor *t, size_t start, size_t end, size_t *a, size_t *b) {
+    *a = t->offset > start ? t->offset : start;
+    *b = t->offset + t->size < end ? t->offset + t->size : end;
+    return *b > *a;
 }
 
 // Lays out the units (offsets, shards) and allocates every buffer of the chosen stage.
 static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int nunits) {
+    memset(z, 0, sizeof(*z));
     z->grid = grid; z->stage = stage; z->sp = sp; z->units = units; z->nunits = nunits;
     int dp = grid->dp;
-    z->full_size = 0; z->shard_size = 0; z->max_padded = 0;
-    size_t max_layer_padded = 0;
     for (int u = 0; u < nunits; u++) {
         Unit *U = &units[u];
         U->shard = ceil_div(U->size, dp);
@@ -85,30 +111,18 @@ static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int n
         U->shard_offset = z->shard_size;
         z->full_size += U->padded;
         z->shard_size += U->shard;
-        if (U->padded > z->max_padded) { z->max_padded = U->padded; }
-        if (u != 0 && U->padded > max_layer_padded) { max_layer_padded = U->padded; }
+        if (u != 0 && U->padded > z->max_layer_padded) { z->max_layer_padded = U->padded; }
     }
     size_t X = sizeof(floatX);
-    z->params = z->params_shard = z->grads = z->grads_shard = NULL;
-    for (int i = 0; i < 3; i++) { z->grad_work[i] = NULL; z->rs_recv[i] = NULL; z->slot_unit[i] = -1; }
-    z->next_layer_slot = 0;
-    z->param_work[0] = z->param_work[1] = z->param_work[2] = NULL;
-    if (stage < 3) {
-        z->params = (floatX *)mem_alloc(z->full_size * X, MEM_PARAMS);
-    } else {
+    if (stage < 3) { z->params = (floatX *)mem_alloc(z->full_size * X, MEM_PARAMS); }
+    else {
         z->params_shard = (floatX *)mem_alloc(z->shard_size * X, MEM_PARAMS);
-        size_t sizes[3] = {max_layer_padded, max_layer_padded, units[0].padded};
-        for (int i = 0; i < 3; i++) { z->param_work[i] = (floatX *)mem_alloc(sizes[i] * X, MEM_PARAMS); z->work_unit[i] = -1; }
-        z->work_last = 1;
+        work_alloc(&z->pw, z->max_layer_padded, units[0].padded, MEM_PARAMS);
     }
     if (stage < 2) { z->grads = (floatX *)mem_alloc(z->full_size * X, MEM_GRADS); }
-    if (stage >= 1) { z->grads_shard = (floatX *)mem_alloc(z->shard_size * X, MEM_GRADS); }
-    if (stage >= 2) {
-        size_t sizes[3] = {max_layer_padded, max_layer_padded, units[0].padded};
-        for (int i = 0; i < 3; i++) {
-            z->grad_work[i] = (floatX *)mem_alloc(sizes[i] * X, MEM_GRADS);
-            z->rs_recv[i] = (floatX *)mem_alloc(sizes[i] / dp * X, MEM_COMM);
-        }
+    else {
+        z->grads_shard = (floatX *)mem_alloc(z->shard_size * X, MEM_GRADS);
+        work_alloc(&z->gw, z->max_layer_padded, units[0].padded, MEM_GRADS);
     }
     z->pending = (CommRequest *)calloc(nunits, sizeof(CommRequest));
     z->opt_size = stage == 0 ? z->full_size : z->shard_size;
@@ -116,14 +130,16 @@ static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int n
     z->v = (float *)mem_alloc(z->opt_size * sizeof(float), MEM_OPTIMIZER);
     z->master = sizeof(floatX) != sizeof(float) ? (float *)mem_alloc(z->opt_size * sizeof(float), MEM_OPTIMIZER) : NULL;
     z->norm_parts = (float *)mem_alloc((size_t)nunits * MAX_UNIT_TENSORS * sizeof(float), MEM_WORKSPACE);
-    z->gathers = 0;
 }
+
+// First element of this rank's shard of unit u (0 at stage 0, which has no shards).
+static size_t zero_shard_start(const Zero *z, int u) { return z->stage == 0 ? 0 : (size_t)z->grid->dp_rank * z->units[u].shard; }
 
 // The element range [start, start + len) of unit u that this rank updates (within the unit).
 static void zero_owned_range(const Zero *z, int u, size_t *start, size_t *len) {
     const Unit *U = &z->units[u];
     if (z->stage == 0) { *start = 0; *len = U->size; return; }
-    size_t s = (size_t)z->grid->dp_rank * U->shard;
+    size_t s = zero_shard_start(z, u);
     size_t e = s + U->shard < U->size ? s + U->shard : U->size;
     *start = s;
     *len = e > s ? e - s : 0;
@@ -136,43 +152,50 @@ static void zero_owned_range(const Zero *z, int u, size_t *start, size_t *len) {
 // they are still there: the embedding has its own (it is used first, by the token embedding, and
 // last, by the tied LM head, so it stays gathered until the optimizer changes it); the layers and the
 // final LayerNorm share two, the one not used most recently is overwritten. So a layer is gathered
-// for its forward and again for its backward, the final LayerNorm once per micro-batch (its backward
-// follows the head at once), and layers 0 and 1 stay from one micro-batch's backward to the next forward.
+// for its forward and again for its backward (but the last layer, still there), the final LayerNorm
+// once per micro-batch (its backward follows the head at once), and layers 0 and 1 stay from one
+// micro-batch's backward to the next one's forward.
 static floatX *zero_fetch_params(Zero *z, int u) {
     const Unit *U = &z->units[u];
     if (z->stage < 3) { return z->params + U->full_offset; }
-    int slot;
-    if (u == 0) {
-        slot = 2;
-        if (z->work_unit[2] == 0) { return z->param_work[2]; }
-    } else {
-        for (int i = 0; i < 2; i++) { if (z->work_unit[i] == u) { z->work_last = i; return z->param_work[i]; } }
-        slot = 1 - z->work_last;
-        z->work_last = slot;
+    int i = work_find(&z->pw, u);
+    if (i < 0) {
+        i = work_pick(&z->pw, u);
+        comm_all_gather(&z->grid->dp_group, z->params_shard + U->shard_offset, z->pw.buf[i], U->shard, DT_FLOATX, NULL);
+        z->gathers++;
     }
-    comm_all_gather(&z->grid->dp_group, z->params_shard + U->shard_offset, z->param_work[slot], U->shard, DT_FLOATX, NULL);
-    z->work_unit[slot] = u;
-    z->gathers++;
-    return z->param_work[slot];
+    work_set(&z->pw, i, u);
+    return z->pw.buf[i];
 }
 
 // Stage 3: forget the gathered units (their shards changed).
-static void zero_release_params(Zero *z) { z->work_unit[0] = z->work_unit[1] = z->work_unit[2] = -1; }
+static void zero_release_params(Zero *z) { for (int i = 0; i < 3; i++) { z->pw.unit[i] = -1; } }
+
+// Where the parameter at element `start` of unit u lives, for start inside the owned range.
+static floatX *zero_owned_param(Zero *z, int u, size_t start) {
+    const Unit *U = &z->units[u];
+    if (z->stage < 3) { return z->params + U->full_offset + start; }
+    return z->params_shard + U->shard_offset + (start - zero_shard_start(z, u));
+}
+
+// Where the AdamW state of element `start` of unit u lives (m, v and master share the layout).
+static size_t zero_owned_state(const Zero *z, int u, size_t start) {
+    const Unit *U = &z->units[u];
+    if (z->stage == 0) { return U->full_offset + start; }
+    return U->shard_offset + (start - zero_shard_start(z, u));
+}
 
 // Sets unit u from a host fp32 copy of the whole unit (U->size elements): the rank keeps what its
 // stage stores, and the fp32 master of its owned range.
 static void zero_set_unit_params(Zero *z, int u, const float *host) {
     const Unit *U = &z->units[u];
     float *padded = (float *)calloc(U->padded, sizeof(float));
+    if (padded == NULL) { fail("out of host memory for a unit of %zu parameters", U->padded); }
     memcpy(padded, host, U->size * sizeof(float));
-    size_t s0 = (size_t)z->grid->dp_rank * U->shard;
+    size_t s0 = zero_shard_start(z, u), n = z->stage == 0 ? U->padded : U->shard;
     if (z->stage < 3) { upload_floats(z->params + U->full_offset, padded, U->padded); }
     else { upload_floats(z->params_shard + U->shard_offset, padded + s0, U->shard); }
-    if (z->master) {
-        size_t off = z->stage == 0 ? U->full_offset : U->shard_offset;
-        size_t start = z->stage == 0 ? 0 : s0, n = z->stage == 0 ? U->padded : U->shard;
-        copy_to_device(z->master + off, padded + start, n * sizeof(float));
-    }
+    if (z->master) { copy_to_device(z->master + zero_owned_state(z, u, s0), padded + s0, n * sizeof(float)); }
     free(padded);
     zero_release_params(z);
 }
@@ -194,64 +217,58 @@ static void zero_zero_grads(Zero *z) {
     if (z->grads_shard) { zero_on_device(z->grads_shard, z->shard_size * sizeof(floatX)); }
 }
 
-// Finishes the reduction that used work slot i (stages 2-3): adds the received shard.
-static void zero_finish_slot(Zero *z, int i) {
-    int u = z->slot_unit[i];
+// Stages 2-3: waits for the reduce-scatter of the unit in gradient buffer i and adds the rank's
+// shard of the sum (left in place, at its own offset of the buffer) to the shard accumulator.
+static void zero_finish_work(Zero *z, int i) {
+    int u = z->gw.unit[i];
     if (u < 0) { return; }
     const Unit *U = &z->units[u];
     comm_wait(&z->pending[u]);
-    accumulate(z->grads_shard + U->shard_offset, z->rs_recv[i], U->shard);
-    z->slot_unit[i] = -1;
+    accumulate(z->grads_shard + U->shard_offset, z->gw.buf[i] + zero_shard_start(z, u), U->shard);
+    z->gw.unit[i] = -1;
 }
 
-// The buffer the backward of unit u accumulates its gradient into (zeroed at stages 2-3).
+// Opens the backward of unit u: the buffer its gradient accumulates into (zeroed at stages 2-3).
 static floatX *zero_begin_unit_backward(Zero *z, int u) {
     const Unit *U = &z->units[u];
     if (z->stage < 2) { return z->grads + U->full_offset; }
-    int i = 2;                       // the embedding unit has its own buffer
-    if (u != 0) { i = z->next_layer_slot; z->next_layer_slot ^= 1; }
-    zero_finish_slot(z, i);   // the previous user of this buffer must be reduced first
-    z->slot_unit[i] = u;
-    zero_on_device(z->grad_work[i], U->padded * sizeof(floatX));
-    return z->grad_work[i];
+    int i = work_pick(&z->gw, u);
+    zero_finish_work(z, i);   // the buffer's previous unit must be reduced first
+    work_set(&z->gw, i, u);
+    zero_on_device(z->gw.buf[i], U->padded * sizeof(floatX));
+    return z->gw.buf[i];
 }
 
 // The gradient buffer of unit u while its backward is open (e.g. the embedding: opened by the head).
 static floatX *zero_unit_grads(Zero *z, int u) {
     if (z->stage < 2) { return z->grads + z->units[u].full_offset; }
-    return z->grad_work[zero_slot_holding(z, u)];
+    return z->gw.buf[work_find(&z->gw, u)];
 }
 
-// The backward of unit u is done: under SP all-reduce its replicated (partial) gradients over tp,
+// Closes the backward of unit u: under SP all-reduce its replicated (partial) gradients over tp,
 // then start its data-parallel reduction. At stages 0-1 only after the last micro-batch.
 static void zero_end_unit_backward(Zero *z, int u, int last_micro) {
     const Unit *U = &z->units[u];
     if (z->stage < 2 && !last_micro) { return; }
-    int slot = zero_slot_holding(z, u);
-    floatX *g = z->stage < 2 ? z->grads + U->full_offset : z->grad_work[slot];
+    floatX *g = zero_unit_grads(z, u);
     if (z->sp && U->nrep > 0) { comm_all_reduce(&z->grid->tp_group, g, U->nrep, DT_FLOATX, NULL); }
     Group *dp = &z->grid->dp_group;
-    if (dp->size == 1 && z->stage == 0) { return; }
-    if (z->stage == 0) {
-        comm_all_reduce(dp, g, U->padded, DT_FLOATX, &z->pending[u]);
-    } else if (z->stage == 1) {
-        comm_reduce_scatter(dp, g, z->grads_shard + U->shard_offset, U->shard, DT_FLOATX, &z->pending[u]);
-    } else {
-        comm_reduce_scatter(dp, g, z->rs_recv[slot], U->shard, DT_FLOATX, &z->pending[u]);
-    }
+    if (z->stage == 0) { comm_all_reduce(dp, g, U->padded, DT_FLOATX, &z->pending[u]); }
+    else { comm_reduce_scatter(dp, g, g + (size_t)dp->rank * U->shard, U->shard, DT_FLOATX, &z->pending[u]); }
 }
 
 // Waits for every gradient reduction of this step. After it, the owned gradients are final.
 static void zero_finish_grads(Zero *z) {
-    if (z->stage >= 2) { for (int i = 0; i < 3; i++) { zero_finish_slot(z, i); } }
+    if (z->stage >= 2) { for (int i = 0; i < 3; i++) { zero_finish_work(z, i); } }
     else { for (int u = 0; u < z->nunits; u++) { comm_wait(&z->pending[u]); } }
 }
 
-// Where the reduced gradient of element `start` of unit u lives (start inside the owned range).
+// Where the reduced gradient of element `start` of unit u lives, for start inside this rank's shard
+// (stages 0-1: its place in the full gradient buffer; stages 2-3: the shard accumulator).
 static floatX *zero_owned_grad(Zero *z, int u, size_t start) {
     const Unit *U = &z->units[u];
-    if (z->stage == 0) { return z->grads + U->full_offset + start; }
-    return z->grads_shard + U->shard_offset + (start - (size_t)z->grid->dp_rank * U->shard);
+    if (z->stage < 2) { return z->grads + U->full_offset + start; }
+    return z->grads_shard + U->shard_offset + (start - zero_shard_start(z, u));
 }
 
 // Copies the owned, reduced gradient of unit u to the host; returns its range within the unit.
@@ -263,21 +280,19 @@ static void zero_get_owned_grads(Zero *z, int u, float *host, size_t *start, siz
 // ----------------------------------------------------------------------------
 // the optimizer step
 
-// Global gradient norm. Every rank sums the squares of the gradient elements it owns: its dp
-// partition of each unit (also at stage 0, where every rank holds all of them, so nothing counts
-// twice), tensors replicated over tp only on tp rank 0. One sum over the world gives the norm.
+// Global gradient norm. Every rank sums the squares of the gradient elements of its dp partition of
+// each unit (also at stage 0, where every rank holds all of them, so nothing counts twice), tensors
+// replicated over tp only on tp rank 0. One sum over the world gives the norm.
 static float zero_grad_norm(Zero *z) {
     int nparts = 0;
     for (int u = 0; u < z->nunits; u++) {
         const Unit *U = &z->units[u];
-        size_t start = (size_t)z->grid->dp_rank * U->shard, end = start + U->shard;
+        size_t start = (size_t)z->grid->dp_rank * U->shard, a, b;
         for (int k = 0; k < U->ntensors; k++) {
             const UnitTensor *t = &U->t[k];
             if (t->replicated && z->grid->tp_rank != 0) { continue; }
-            size_t a = t->offset > start ? t->offset : start;
-            size_t b = t->offset + t->size < end ? t->offset + t->size : end;
-            if (b <= a) { continue; }
-            floatX *g = z->stage == 0 ? z->grads + U->full_offset + a : z->grads_shard + U->shard_offset + (a - start);
+            if (!tensor_overlap(t, start, start + U->shard, &a, &b)) { continue; }
+            floatX *g = z->stage < 2 ? z->grads + U->full_offset + a : z->grads_shard + U->shard_offset + (a - start);
             sum_of_squares(z->norm_parts + nparts++, g, b - a);
         }
     }
@@ -296,23 +311,19 @@ static void zero_optimizer_step(Zero *z, float lr, float beta1, float beta2, flo
                                 float grad_scale, int t, unsigned int seed) {
     for (int u = 0; u < z->nunits; u++) {
         const Unit *U = &z->units[u];
-        size_t start, len;
+        size_t start, len, a, b;
         zero_owned_range(z, u, &start, &len);
-        size_t s0 = z->stage == 0 ? 0 : (size_t)z->grid->dp_rank * U->shard;   // first owned element
-        size_t opt0 = z->stage == 0 ? U->full_offset : U->shard_offset;       // its AdamW state
         for (int k = 0; k < U->ntensors; k++) {
             const UnitTensor *T = &U->t[k];
-            size_t a = T->offset > start ? T->offset : start;
-            size_t b = T->offset + T->size < start + len ? T->offset + T->size : start + len;
-            if (b <= a) { continue; }
-            floatX *p = z->stage < 3 ? z->params + U->full_offset + a : z->params_shard + U->shard_offset + (a - s0);
-            size_t o = opt0 + (a - s0);
-            adamw_update(p, z->master ? z->master + o : NULL, zero_owned_grad(z, u, a), z->m + o, z->v + o, b - a,
-                         lr, beta1, beta2, eps, T->decay ? weight_decay : 0.0f, grad_scale, t, seed + (unsigned)o);
+            if (!tensor_overlap(T, start, start + len, &a, &b)) { continue; }
+            size_t o = zero_owned_state(z, u, a);
+            adamw_update(zero_owned_param(z, u, a), z->master ? z->master + o : NULL, zero_owned_grad(z, u, a),
+                         z->m + o, z->v + o, b - a, lr, beta1, beta2, eps, T->decay ? weight_decay : 0.0f,
+                         grad_scale, t, seed + (unsigned)o);
         }
         if (z->stage == 1 || z->stage == 2) {
             floatX *full = z->params + U->full_offset;
-            comm_all_gather(&z->grid->dp_group, full + s0, full, U->shard, DT_FLOATX, NULL);
+            comm_all_gather(&z->grid->dp_group, full + zero_shard_start(z, u), full, U->shard, DT_FLOATX, NULL);
         }
     }
     zero_release_params(z);

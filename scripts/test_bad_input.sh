@@ -40,14 +40,15 @@ EOF
 touch "$W/not_a_dir"
 mkdir -p "$W/empty_ckpt"
 
-# expect NAME NP "EXPECTED TEXT" ARGS... : runs train_gpt with -o $W/out_NAME appended
+# expect NAME NP "EXPECTED TEXT" ARGS... : runs train_gpt with -o $W/out_NAME unless ARGS have one
 expect() {
     local name=$1 np=$2 text=$3; shift 3
     local out="$W/out_$name"
     rm -rf "$out"
-    local launch="$MPIRUN -np $np"
+    local launch="$MPIRUN -np $np" o=(-o "$out")
     [ "$np" = 1 ] && launch=""          # a single process runs without mpirun (MPI singleton)
-    timeout 60 $launch "$BIN/train_gpt" -o "$out" -s 0 -v 0 "$@" >"$W/$name.log" 2>&1
+    for a in "$@"; do [ "$a" = -o ] && o=(); done   # the case names its own output dir
+    timeout 60 $launch "$BIN/train_gpt" "${o[@]}" -s 0 -v 0 "$@" >"$W/$name.log" 2>&1
     local rc=$?
     local first
     first=$(grep -m1 '^error: ' "$W/$name.log")
@@ -91,6 +92,26 @@ expect tp_heads         3 "does not divide the number of heads" -e "$TINY" --tp 
 expect sp_tokens        2 "does not divide T"                 -e "$TINY" --tp 2 --sp -t 31
 expect pp_not_yet       2 "pipeline parallelism is not implemented" -e "$TINY" --pp 2
 expect dp_mismatch      2 "--dp 4 does not match"             -e "$TINY" --dp 4
+expect flag_twice       1 "flag -b is given twice"            -e "$TINY" -b 4 -t 32 -b 2
+expect val_without_train 1 "-j needs -i"                      -e "$TINY" -t 32 -j "$DOK"
+expect huge_descriptor  1 "out of host memory"                -e d128
+expect bad_big_config   1 "malformed model descriptor"        -e "L=4,C=65536,NH=4"
+expect batch_overflow   1 "too large"                         -e "L=1,C=64,NH=4,V=250,maxT=4096" -t 4096 -b 1048576
+expect zero_t           1 "-t must be in"                     -e "$TINY" -t 0
+expect negative_steps   1 "-x must be in"                     -e "$TINY" -x -5
+# a checkpoint written with one batch shape cannot be resumed with another
+$BIN/train_gpt -e "$TINY" -t 32 -b 4 -x 2 -n 2 -s 0 -v 0 -o "$W/ckpt_shape" >/dev/null 2>&1
+expect resume_shape     1 "was written with -b 4 -t 32"       -e "$TINY" -t 32 -b 2 -x 4 -y 1 -o "$W/ckpt_shape"
+# a NO_MPI=1 binary launched as several ranks refuses instead of running N separate copies
+if [ -x build/cpu-nompi/train_gpt ]; then
+    timeout 60 $MPIRUN -np 2 build/cpu-nompi/train_gpt -e "$TINY" -t 32 -x 1 >"$W/nompi.log" 2>&1
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "^error: this binary was built with NO_MPI=1" "$W/nompi.log"; then
+        echo "ok   nompi_under_mpirun: $(grep -m1 '^error' "$W/nompi.log")"
+    else
+        echo "FAIL nompi_under_mpirun: exit $rc"
+    fi
+fi
 # a bad file seen by one rank only: every rank must exit (MPI_Abort), none may hang
 timeout 60 $MPIRUN -np 3 "$BIN/test_gpt" --ref refs/tiny --bad-file-on-rank 1 >"$W/onerank.log" 2>&1
 rc=$?

@@ -14,13 +14,25 @@ trap 'rm -rf "$TMP"' EXIT
 passed=0
 failed=0
 
-# reference states (PyTorch, fp32 CPU), regenerated when missing
-for cfg in tiny d4; do
-    if [ ! -f refs/$cfg/state.bin ]; then
-        echo "== writing the PyTorch reference state refs/$cfg"
-        $PY dev/reference/gpt2_ref.py --config $cfg --out refs/$cfg >/dev/null || { echo "reference $cfg failed"; exit 1; }
+# the single-process build without MPI (NO_MPI=1), tested below beside the MPI build
+make -s BACKEND=cpu NO_MPI=1 BUILD_DIR=build/cpu-nompi >/dev/null || { echo "NO_MPI=1 build failed"; exit 1; }
+
+# reference states (PyTorch, fp32 CPU), regenerated when missing: the tiny and d4 configs, and
+# shapes the others do not reach: 6 rows per step (dp 3 and 6), a vocab padded so much that tp 4
+# ranks hold only padding (V 100, Vp 256), 6 heads and T 30 (tp 3), one layer and odd sizes
+reference() {   # NAME ARGS...
+    local name=$1; shift
+    if [ ! -f refs/$name/state.bin ]; then
+        echo "== writing the PyTorch reference state refs/$name"
+        $PY dev/reference/gpt2_ref.py "$@" --out refs/$name >/dev/null || { echo "reference $name failed"; exit 1; }
     fi
-done
+}
+reference tiny --config tiny
+reference d4 --config d4
+reference rows6 --config tiny --R 6
+reference padvocab --config tiny --V 100 --Vp 256
+reference heads6 --config tiny --NH 6 --C 96 --V 250 --Vp 264 --T 30
+reference odd --config tiny --L 1 --C 48 --NH 4 --V 77 --Vp 80 --T 20
 
 # run_test NP ARGS... : one test_gpt run on NP ranks (NP = nompi: the NO_MPI=1 build, no mpirun);
 # adds its "N passed, N failed" to the totals
@@ -105,6 +117,17 @@ run_script() {
     [ "$p" -eq 0 ] && f=$((f + 1))   # a script that checked nothing failed
     passed=$((passed + p)); failed=$((failed + f))
 }
+echo "== other shapes: dp 3 and 6, padding-only vocab ranks, tp 3, one layer"
+for z in 0 1 2 3; do run_test 3 --ref refs/rows6 -b 1 --zero $z --check-memory --check-comm; done   # accumulation 2
+run_test 6 --ref refs/rows6 -b 1 --zero 3 --check-comm
+run_test 6 --ref refs/rows6 -b 2 --tp 2 --sp --zero 2 --check-comm                        # tp 2 x dp 3
+run_test 4 --ref refs/padvocab -b 8 --tp 4 --sp --ce-chunk 3 --check-memory --check-comm  # ranks 2, 3: only padding rows
+run_test 8 --ref refs/padvocab -b 2 --tp 4 --sp --zero 3 --ce-chunk 1
+run_test 3 --ref refs/heads6 -b 8 --tp 3 --sp --check-memory --check-comm
+run_test 6 --ref refs/heads6 -b 2 --tp 3 --sp --zero 1 --ce-chunk 5 --check-resume "$TMP/resume_tp3"
+run_test 2 --ref refs/odd -b 4 --zero 3 --check-comm
+run_test 4 --ref refs/odd -b 1 --tp 2 --sp --zero 2 --ce-chunk 7
+
 echo "== train_gpt end to end"
 run_script test_train
 echo "== bad input"

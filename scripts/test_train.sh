@@ -60,7 +60,20 @@ done
 diff "$W/shuf1/main.log" "$W/shuf1b/main.log" >/dev/null; say $? "--shuffle 1 is deterministic for a seed"
 ! diff "$W/shuf1/main.log" "$W/shuf0/main.log" >/dev/null; say $? "--shuffle 1 changes the batch order"
 
-# 5. tinyshakespeare from ../shared (as CI has it): shards + tokenizer, training, decoded samples
+# 5. one epoch (-x -1) counts the batches of every shard, whatever their sizes and order
+python3 - "$W" <<'EOF2'
+import struct, sys
+for name, n in (("small", 600), ("large", 20000)):
+    toks = [i % 251 for i in range(n)]
+    hdr = [0] * 256; hdr[0], hdr[1], hdr[2] = 20240520, 1, n
+    open("%s/epoch_%s.bin" % (sys.argv[1], name), "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % n, *toks))
+EOF2
+for sh in 0 1; do
+    "$BIN/train_gpt" -e "$TINY" -t 32 -b 4 -x -1 -v 0 -s 0 -i "$W/epoch_*.bin" --shuffle $sh 2>&1 | grep -q "^step    1/160 "
+    say $? "-x -1 with shards of 600 and 20000 tokens (--shuffle $sh): one epoch = 4 + 156 = 160 steps of B*T = 128"
+done
+
+# 6. tinyshakespeare from ../shared (as CI has it): shards + tokenizer, training, decoded samples
 TS=../shared/data/tinyshakespeare.txt
 if [ -f "$TS" ]; then
     python3 dev/data/tinyshakespeare.py --input "$TS" --out "$W/ts" >"$W/ts_prep.log" 2>&1
