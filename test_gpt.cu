@@ -110,35 +110,42 @@ static void compare_grads(GPT2 *m, float *ref_all) {
     }
 }
 
-// Memory report vs the formulas (fp32 CPU build: 4 bytes per element). P_local is the number of
-// this rank's (tp-sliced) parameters; padding is at most dp-1 elements per unit.
-static void check_memory(GPT2 *m) {
+// Memory report vs the formulas (X bytes per floatX). P_local is the number of this rank's (its
+// pipeline stage's, tp-sliced) parameters; padding is at most dp-1 elements per unit.
+static void check_memory(GPT2 *m, int accum) {
     Zero *z = &m->zero;
-    int dp = m->grid->dp, L = m->config.num_layers;
+    int dp = m->grid->dp, Ls = m->Ls;
     double P = 0;
     for (int u = 0; u < m->nunits; u++) { P += m->units[u].size; }
-    double pad = 4.0 * (L + 2) * dp;    // bytes of padding at most, per buffer
+    double pad = 4.0 * (m->nunits) * dp;    // bytes of padding at most, per buffer
     double X = sizeof(floatX), opt_expect = (z->master ? 12.0 : 8.0) * (z->stage == 0 ? P : P / dp);
     check(fabs((double)mem_current[MEM_OPTIMIZER] - opt_expect) <= 3 * pad, "memory: optimizer state %.0f B, formula %s = %.0f B (P_local %.0f, dp %d)",
           (double)mem_current[MEM_OPTIMIZER], z->stage == 0 ? "8P" : "8P/dp", opt_expect, P, dp);
-    size_t max_layer = 0;
-    for (int u = 1; u < m->nunits; u++) { if (m->units[u].padded > max_layer) { max_layer = m->units[u].padded; } }
-    double grads_expect = z->stage < 2 ? X * P : X * P / dp + X * (2.0 * max_layer + m->units[0].padded);
+    double max_layer = 0, embed = m->u_embed >= 0 ? m->units[m->u_embed].padded : 0;
+    for (int u = 0; u < m->nunits; u++) { if (u != m->u_embed && m->units[u].padded > max_layer) { max_layer = m->units[u].padded; } }
+    double grads_expect = z->stage < 2 ? X * P : X * P / dp + X * (2.0 * max_layer + embed);
     check(fabs((double)mem_current[MEM_GRADS] - grads_expect) <= 3 * pad,
           "memory: gradients %.0f B, formula %s = %.0f B", (double)mem_current[MEM_GRADS],
           z->stage < 2 ? "4P" : "4P/dp + transient(2 layers + embedding)", grads_expect);
-    double params_expect = z->stage < 3 ? X * P : X * P / dp + X * (2.0 * max_layer + m->units[0].padded);
+    double params_expect = z->stage < 3 ? X * P : X * P / dp + X * (2.0 * max_layer + embed);
     check(fabs((double)mem_current[MEM_PARAMS] - params_expect) <= 3 * pad,
           "memory: parameters %.0f B, formula %s = %.0f B", (double)mem_current[MEM_PARAMS],
           z->stage < 3 ? "4P" : "4P/dp + gathered (2 layers + embedding)", params_expect);
-    // activations: LayerNorm/residual parts on BTs tokens (BT/tp with SP), the rest on BT tokens
+    // activations, per micro-batch alive (1F1B: pp - stage of them, GPipe: all): the LayerNorm/residual
+    // parts on BTs tokens (BT/tp with SP), the rest on BT tokens; lnf and its gradient on the last stage
     double BT = m->BT, BTs = m->BTs, C = m->config.channels, Cl = m->Cl;
-    double act_expect = X * ((L + 1) * BTs * C + 3.0 * L * BTs * C + BTs * C) + 4.0 * (4.0 * L * BTs + 2 * BTs)
-                        + X * L * BT * 12.0 * Cl + 4.0 * L * BT * m->NHl + 2 * 4.0 * BT;
-    check(fabs((double)mem_current[MEM_ACTIVATIONS] - act_expect) < 1, "memory: activations %.0f B, formula %.0f B (BTs %d)",
-          (double)mem_current[MEM_ACTIVATIONS], act_expect, m->BTs);
-    // logits: one chunk of chunk x Vp/tp, never B*T x Vp (plus per-token stats and losses)
-    double logits_expect = X * m->ce.chunk * m->Vl + 4.0 * (3.0 * m->ce.chunk * (1 + m->grid->tp) + BT);
+    double per_micro = X * ((Ls + 1) * BTs * C + 3.0 * Ls * BTs * C + (m->last ? 2 * BTs * C : 0))
+                       + 4.0 * (4.0 * Ls * BTs + (m->last ? 2 * BTs : 0))
+                       + X * Ls * BT * 12.0 * Cl + 4.0 * Ls * BT * m->NHl + 2 * 4.0 * BT;
+    int alive = m->schedule == SCHEDULE_GPIPE ? accum : m->grid->pp - m->grid->pp_rank;
+    if (alive > accum) { alive = accum; }
+    check(m->nslots == alive, "memory: %d micro-batches of activations alive, formula %d (%s, stage %d of %d, %d micro-batches)",
+          m->nslots, alive, m->schedule == SCHEDULE_GPIPE ? "GPipe: all" : "1F1B: pp - stage", m->grid->pp_rank, m->grid->pp, accum);
+    double act_expect = per_micro * m->nslots;
+    check(fabs((double)mem_current[MEM_ACTIVATIONS] - act_expect) < 1, "memory: activations %.0f B, formula %.0f B (%d x %.0f; BTs %d)",
+          (double)mem_current[MEM_ACTIVATIONS], act_expect, m->nslots, per_micro, m->BTs);
+    // logits (last stage): one chunk of chunk x Vp/tp, never B*T x Vp (plus per-token stats and losses)
+    double logits_expect = m->last ? X * m->ce.chunk * m->Vl + 4.0 * (3.0 * m->ce.chunk * (1 + m->grid->tp) + BT) : 0;
     check(fabs((double)mem_peak[MEM_LOGITS] - logits_expect) < 1, "memory: logits peak %.0f B = chunk %d x Vp/tp %d x %d B + stats/losses (%.0f B)",
           (double)mem_peak[MEM_LOGITS], m->ce.chunk, m->Vl, (int)X, logits_expect);
 }
@@ -147,17 +154,16 @@ static void check_memory(GPT2 *m) {
 static void check_comm(GPT2 *m, int accum) {
     Zero *z = &m->zero;
     Grid *g = m->grid;
-    int dp = g->dp, tp = g->tp, L = m->config.num_layers;
+    int dp = g->dp, tp = g->tp, L = m->config.num_layers, Ls = m->Ls, first = m->first, last = m->last;
     double X = sizeof(floatX), full = 0, rep = 0;
     for (int u = 0; u < m->nunits; u++) { full += m->units[u].padded; rep += m->units[u].nrep; }
     if (dp > 1) {
         double ring = 2.0 * (dp - 1) / dp * X * full;   // one all-reduce of all gradients
-        double expect = ring;
-        if (z->stage >= 2) { expect = (dp - 1.0) / dp * X * full * (accum + 1); }   // RS per micro-batch + AG
         if (z->stage < 3) {
+            double expect = z->stage < 2 ? ring : (dp - 1.0) / dp * X * full * (accum + 1);   // 2-3: RS per micro-batch + AG
             check(fabs(g->dp_group.bytes - expect) < 1, "comm: zero %d dp bytes/step %.0f = formula %.0f (all-reduce 2(p-1)/p*4P = %.0f)",
                   z->stage, g->dp_group.bytes, expect, ring);
-        } else {
+        } else if (g->pp == 1) {
             // zero_fetch_params' policy (L >= 2): the embedding gathered once per step; each layer twice per
             // micro-batch (forward, backward) except the last layer, still resident for its backward, and
             // layers 0 and 1, kept from one micro-batch's backward to the next one's forward; the final
@@ -167,19 +173,32 @@ static void check_comm(GPT2 *m, int accum) {
             double expect3 = (dp - 1.0) / dp * X * (E + accum * (2.0 * layers + F - Llast) - (accum - 1) * L01 + accum * full);
             check(fabs(g->dp_group.bytes - expect3) < 1, "comm: zero 3 dp bytes/step %.0f = formula %.0f = %.3f x the all-reduce %.0f per micro-batch (gather fwd + gather bwd + reduce-scatter, less the resident units; %ld gathers)",
                   g->dp_group.bytes, expect3, g->dp_group.bytes / accum / ring, ring, z->gathers);
+        } else {
+            // with a pipeline the interleaving of forwards and backwards decides which units stay resident:
+            // the bytes must be those of the gathers made plus one reduce-scatter per unit and micro-batch
+            double expect3 = (dp - 1.0) / dp * X * (z->gathered_elems + accum * full);
+            check(fabs(g->dp_group.bytes - expect3) < 1 && z->gathers >= m->nunits, "comm: zero 3 dp bytes/step %.0f = formula %.0f (%ld unit gathers + %d reduce-scatters of every unit)",
+                  g->dp_group.bytes, expect3, z->gathers, accum);
         }
+    }
+    if (g->pp > 1) {   // each micro-batch: the output activation forward (but the last stage), the input gradient back (but the first)
+        double expect = accum * X * m->BTs * m->config.channels * ((last ? 0 : 1) + (first ? 0 : 1));
+        check(fabs(g->pp_group.bytes - expect) < 1, "comm: pp bytes/step %.0f = formula %.0f (%d micro-batches x (B*T/tp_sp) x C, to %s)",
+              g->pp_group.bytes, expect, accum, first ? "the next stage" : (last ? "the previous stage" : "both neighbours"));
     }
     if (tp > 1) {
         double S = X * m->BT * m->config.channels, ring = (tp - 1.0) / tp;
         double ce = 0;
-        for (int c0 = 0; c0 < m->BT; c0 += m->ce.chunk) { int n = m->BT - c0 < m->ce.chunk ? m->BT - c0 : m->ce.chunk; ce += (tp - 1.0) * 3 * n * 4; }
+        for (int c0 = 0; last && c0 < m->BT; c0 += m->ce.chunk) { int n = m->BT - c0 < m->ce.chunk ? m->BT - c0 : m->ce.chunk; ce += (tp - 1.0) * 3 * n * 4; }
         double rep_ar = m->sp ? 2.0 * ring * X * rep * (z->stage >= 2 ? accum : 1) : 0;
-        double act = m->sp ? (4.0 + 10.0 * L) * ring * S : (4.0 + 8.0 * L) * ring * S;   // per micro-batch
+        // per micro-batch: 4 per layer of this stage, plus the embedding (first stage) and the head (last stage)
+        double ends = first + last;
+        double act = m->sp ? (2 * ends + 10.0 * Ls) * ring * S : (2 * ends + 8.0 * Ls) * ring * S;
         double expect = accum * (act + ce) + rep_ar;
         check(fabs(g->tp_group.bytes - expect) < 1 + 1e-9 * expect,
               "comm: tp bytes/step %.0f = formula %.0f (%s: %s; CE stats %.0f)", g->tp_group.bytes, expect,
-              m->sp ? "SP" : "no SP", m->sp ? "(2+4L) RS + (2+6L) AG of (p-1)/p*BT*C, of which 2L AG re-gather in backward"
-                                            : "(2+4L) AR of 2(p-1)/p*BT*C", ce);
+              m->sp ? "SP" : "no SP", m->sp ? "(ends+4L) RS + (ends+6L) AG of (p-1)/p*BT*C, of which 2L AG re-gather in backward"
+                                            : "(ends+4L) AR of 2(p-1)/p*BT*C", ce);
     }
 }
 
@@ -330,7 +349,7 @@ int main(int argc, char **argv) {
     }
     GPT2 model;
     gpt2_build(&model, &config, params, &grid, args.zero, args.sp);
-    gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk);
+    gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule));
     DataLoader loader;
     char data_path[1024];
     snprintf(data_path, sizeof(data_path), "%s/data.bin", ref_dir);
@@ -358,7 +377,7 @@ int main(int argc, char **argv) {
     float norm = gpt2_update(&model, &opt, lr_at(&sched, 0), 0);
     check(fabs(norm - ref.norm0) <= NORM_RTOL * ref.norm0, "global grad norm %.6f, reference %.6f", norm, ref.norm0);
     if (check_comm_flag) { check_comm(&model, accum); }
-    if (check_mem) { check_memory(&model); }
+    if (check_mem) { check_memory(&model, accum); }
     if (args.memory_report) { mem_report(my_rank, world, "test"); }
     if (args.comm_report) { comm_report(&grid, 1, "test step 0"); }
 
@@ -382,7 +401,7 @@ int main(int argc, char **argv) {
         MPI_Barrier(MPI_COMM_WORLD);
         GPT2 run;
         gpt2_build(&run, &config, params, &grid, args.zero, args.sp);
-        gpt2_alloc_activations(&run, args.B, args.T, args.ce_chunk);
+        gpt2_alloc_activations(&run, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule));
         DataLoader dl2;
         dataloader_init(&dl2, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
         Rng rng;
@@ -402,7 +421,7 @@ int main(int argc, char **argv) {
         GPT2 resumed;
         gpt2_build(&resumed, &c2, p2, &grid, args.zero, args.sp);
         free(p2);
-        gpt2_alloc_activations(&resumed, args.B, args.T, args.ce_chunk);
+        gpt2_alloc_activations(&resumed, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule));
         DataLoader dl3;
         dataloader_init(&dl3, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
         Rng rng3;

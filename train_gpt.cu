@@ -77,33 +77,54 @@ static size_t num_parameters(const GPT2Config *c) {
     return n;
 }
 
-// The units of zero.h: 0 = embedding (wpe, wte), 1..L = layers, L+1 = final LayerNorm.
-// Inside a unit the tp-replicated tensors come first (one block to all-reduce under SP).
-static int build_units(const GPT2Config *c, int tp, Unit *units) {
+// The layers of pipeline stage `stage` of pp: an even split, the first L % pp stages one more.
+static void stage_layers(int L, int pp, int stage, int *l0, int *l1) {
+    int base = L / pp, extra = L % pp;
+    *l0 = stage * base + (stage < extra ? stage : extra);
+    *l1 = *l0 + base + (stage < extra ? 1 : 0);
+}
+
+// One unit of zero.h: the embedding (wpe, wte), a layer, or the final LayerNorm. Inside a unit
+// the tp-replicated tensors come first (one block to all-reduce under SP).
+static void build_unit(const GPT2Config *c, int tp, Unit *U, const int *ids, int n, int layer) {
+    memset(U, 0, sizeof(Unit));
+    for (int k = 0; k < n; k++) {
+        TensorSpec s = tensor_spec(c, ids[k]);
+        UnitTensor *t = &U->t[U->ntensors++];
+        t->id = ids[k];
+        t->layer = layer;
+        t->offset = U->size;
+        t->size = (size_t)s.nblk * s.rows * s.cols / (s.split == SPLIT_NONE ? 1 : tp);
+        t->decay = s.decay;
+        t->replicated = s.split == SPLIT_NONE;
+        U->size += t->size;
+        if (t->replicated) { U->nrep = U->size; }
+        if (ids[k] == T_WTE) { U->embedding = 1; }
+    }
+}
+
+// The units of a pipeline stage, in the order they run: the embedding (first stage), its layers,
+// the final LayerNorm (last stage) and, when pp > 1, on the last stage a copy of the embedding unit
+// for the tied LM head (same layout as the first stage's, so the two gradients sum shard by shard;
+// its wpe rows are unused). Returns the number of units; sets the index of each kind (-1: none).
+static int build_units(const GPT2Config *c, int tp, int pp, int stage, Unit *units, int *u_embed, int *u_layer0, int *u_final) {
     static const int embedding[] = {T_WPE, T_WTE};
     static const int layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_FCPROJB,
                                 T_QKVW, T_QKVB, T_ATTPROJW, T_FCW, T_FCB, T_FCPROJW};
     static const int final_ln[] = {T_LNFW, T_LNFB};
-    int L = c->num_layers;
-    for (int u = 0; u < L + 2; u++) {
-        const int *ids = u == 0 ? embedding : (u <= L ? layer : final_ln);
-        int n = u == 0 ? 2 : (u <= L ? 12 : 2);
-        Unit *U = &units[u];
-        memset(U, 0, sizeof(Unit));
-        for (int k = 0; k < n; k++) {
-            TensorSpec s = tensor_spec(c, ids[k]);
-            UnitTensor *t = &U->t[U->ntensors++];
-            t->id = ids[k];
-            t->layer = (u >= 1 && u <= L) ? u - 1 : -1;
-            t->offset = U->size;
-            t->size = (size_t)s.nblk * s.rows * s.cols / (s.split == SPLIT_NONE ? 1 : tp);
-            t->decay = s.decay;
-            t->replicated = s.split == SPLIT_NONE;
-            U->size += t->size;
-            if (t->replicated) { U->nrep = U->size; }
-        }
+    int l0, l1, n = 0;
+    stage_layers(c->num_layers, pp, stage, &l0, &l1);
+    *u_embed = *u_final = -1;
+    if (stage == 0) { *u_embed = n; build_unit(c, tp, &units[n++], embedding, 2, -1); }
+    *u_layer0 = n;
+    for (int l = l0; l < l1; l++) { build_unit(c, tp, &units[n++], layer, 12, l); }
+    if (stage == pp - 1) {
+        *u_final = n;
+        build_unit(c, tp, &units[n++], final_ln, 2, -1);
+        if (pp > 1) { *u_embed = n; build_unit(c, tp, &units[n++], embedding, 2, -1); units[n - 1].norm_skip = 1; }
     }
-    return L + 2;
+    if (pp > 1 && *u_embed >= 0) { units[*u_embed].tied = 1; }
+    return n;
 }
 
 // Pointers to each tensor of a unit, given the unit's base (parameters or gradients: same layout).
@@ -239,30 +260,36 @@ static float *random_init(const GPT2Config *c, uint64_t seed) {
 // the model
 
 typedef struct {
-    // stored for the backward, per layer l (index l * size); BTs = tokens of the LayerNorm/residual
-    // region (BT/tp with SP, else BT), Cl = C/tp, NHl = NH/tp
-    floatX *resid;      // (L+1, BTs, C) the residual stream entering each layer, and the last one
-    floatX *ln1;        // (L, BTs, C)
-    float *ln1_mean, *ln1_rstd;   // (L, BTs)
-    floatX *qkv;        // (L, BT, 3Cl)
-    floatX *atty;       // (L, BT, Cl)
-    float *lse;         // (L, B, NHl, T) attention log-sum-exp
-    floatX *mid;        // (L, BTs, C) residual after attention
-    floatX *ln2;        // (L, BTs, C)
+    // stored for the backward, one set per micro-batch in flight on this pipeline stage. Per layer l of
+    // the stage's Ls layers (index l * size); BTs = tokens of the LayerNorm/residual region (BT/tp
+    // with SP, else BT), Cl = C/tp, NHl = NH/tp
+    floatX *resid;      // (Ls+1, BTs, C) the residual stream entering each layer, and the stage's output
+    floatX *ln1;        // (Ls, BTs, C)
+    float *ln1_mean, *ln1_rstd;   // (Ls, BTs)
+    floatX *qkv;        // (Ls, BT, 3Cl)
+    floatX *atty;       // (Ls, BT, Cl)
+    float *lse;         // (Ls, B, NHl, T) attention log-sum-exp
+    floatX *mid;        // (Ls, BTs, C) residual after attention
+    floatX *ln2;        // (Ls, BTs, C)
     float *ln2_mean, *ln2_rstd;
-    floatX *fch, *fchg; // (L, BT, 4Cl) fc output, after GELU
-    floatX *lnf;        // (BTs, C)
+    floatX *fch, *fchg; // (Ls, BT, 4Cl) fc output, after GELU
+    floatX *lnf;        // (BTs, C) last stage
     float *lnf_mean, *lnf_rstd;
-    float *losses;      // (BT)
+    floatX *dlnf;       // (BTs, C) last stage: the gradient of lnf, written by the fused head
     int *inputs, *targets;   // (BT) on the device
-    // workspace, shared by all layers
+} Activations;
+
+typedef struct {        // shared by all layers and micro-batches
     floatX *xfull;      // (BT, C) gathered input of a column-parallel layer (SP only)
     floatX *pfull;      // (BT, C) partial sums before a tp reduction, and full-token gradients
     floatX *tokbuf;     // (BTs, C) result of a reduce-scatter (SP)
-    floatX *dresid;     // (BTs, C) gradient of the residual stream
+    floatX *dresid;     // (BTs, C) gradient of the residual stream (pipeline: received from the next stage)
     floatX *dwide;      // (BT, 4Cl) gradient of fc / gelu, then of qkv
     floatX *datty;      // (BT, Cl)
-} Activations;
+    float *losses;      // (BT)
+} Workspace;
+
+typedef enum { SCHEDULE_1F1B, SCHEDULE_GPIPE } PipeSchedule;
 
 typedef struct {
     GPT2Config config;
@@ -270,27 +297,36 @@ typedef struct {
     int sp;
     int B, T, BT, BTs, tok0;     // tok0: first local token of the LayerNorm/residual region
     int Cl, NHl, Vl, v0;         // this tp rank's channels, heads, vocab rows [v0, v0 + Vl)
-    int nunits;
+    int first, last, l0, Ls;     // pipeline: is this the first / last stage; its layers [l0, l0 + Ls)
+    int nunits, u_embed, u_layer0, u_final;   // this stage's units (zero.h), -1 where it has none
     Unit *units;
     Zero zero;
-    Activations acts;
+    PipeSchedule schedule;
+    int nslots;                  // micro-batches whose activations can be alive at once
+    Activations *acts;           // (nslots)
+    Workspace ws;
     CEBuffers ce;
-    floatX *dlnf;                // set by the head, used by the backward
+    double p2p_seconds;          // pipeline: time spent waiting on the neighbour stages
     size_t num_parameters;
 } GPT2;
 
-// Builds the model for this rank from full host tensors (file order). Every rank passes the same.
+// Builds this rank's part of the model (its pipeline stage, its tp slice, its ZeRO shard) from the
+// full host tensors (file order). Every rank passes the same.
 static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *grid, int zero_stage, int sp) {
     memset(m, 0, sizeof(*m));
     m->config = *c;
     m->grid = grid;
     m->sp = sp;
     m->num_parameters = num_parameters(c);
-    int tp = grid->tp;
+    int tp = grid->tp, l1;
     m->Cl = c->channels / tp; m->NHl = c->num_heads / tp;
     m->Vl = c->padded_vocab_size / tp; m->v0 = grid->tp_rank * m->Vl;
-    m->units = (Unit *)malloc_check((c->num_layers + 2) * sizeof(Unit));
-    m->nunits = build_units(c, tp, m->units);
+    m->first = grid->pp_rank == 0;
+    m->last = grid->pp_rank == grid->pp - 1;
+    stage_layers(c->num_layers, grid->pp, grid->pp_rank, &m->l0, &l1);
+    m->Ls = l1 - m->l0;
+    m->units = (Unit *)malloc_check((m->Ls + 3) * sizeof(Unit));
+    m->nunits = build_units(c, tp, grid->pp, grid->pp_rank, m->units, &m->u_embed, &m->u_layer0, &m->u_final);
     zero_init(&m->zero, grid, zero_stage, sp, m->units, m->nunits);
     float *full[NUM_TENSORS];
     split_tensors(c, all_params, full);
@@ -302,197 +338,279 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     }
 }
 
-// Allocates the activations for micro-batches of (B, T) and a CE chunk of `chunk` tokens (0: all).
-static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk) {
-    const GPT2Config *c = &m->config;
-    int tp = m->grid->tp, L = c->num_layers;
-    size_t C = c->channels, Cl = m->Cl;
+// Allocates the activations for micro-batches of (B, T), `accum` of them per step, with the pipeline
+// schedule's number of them alive at once, and a CE chunk of `chunk` tokens (0: all).
+static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, PipeSchedule schedule) {
+    int tp = m->grid->tp, pp = m->grid->pp, Ls = m->Ls;
+    size_t C = m->config.channels, Cl = m->Cl;
     m->B = B; m->T = T; m->BT = B * T;
     m->BTs = m->sp ? m->BT / tp : m->BT;
     m->tok0 = m->sp ? m->grid->tp_rank * m->BTs : 0;
+    m->schedule = schedule;
+    // 1F1B: stage s runs pp - s forwards before its first backward; GPipe: all of them
+    int alive = schedule == SCHEDULE_GPIPE ? accum : pp - m->grid->pp_rank;
+    m->nslots = alive < accum ? alive : accum;
     size_t BT = m->BT, BTs = m->BTs, X = sizeof(floatX), F = sizeof(float);
-    Activations *a = &m->acts;
-    a->resid = (floatX *)mem_alloc((L + 1) * BTs * C * X, MEM_ACTIVATIONS);
-    a->ln1 = (floatX *)mem_alloc(L * BTs * C * X, MEM_ACTIVATIONS);
-    a->ln1_mean = (float *)mem_alloc(L * BTs * F, MEM_ACTIVATIONS);
-    a->ln1_rstd = (float *)mem_alloc(L * BTs * F, MEM_ACTIVATIONS);
-    a->qkv = (floatX *)mem_alloc(L * BT * 3 * Cl * X, MEM_ACTIVATIONS);
-    a->atty = (floatX *)mem_alloc(L * BT * Cl * X, MEM_ACTIVATIONS);
-    a->lse = (float *)mem_alloc(L * BT * m->NHl * F, MEM_ACTIVATIONS);
-    a->mid = (floatX *)mem_alloc(L * BTs * C * X, MEM_ACTIVATIONS);
-    a->ln2 = (floatX *)mem_alloc(L * BTs * C * X, MEM_ACTIVATIONS);
-    a->ln2_mean = (float *)mem_alloc(L * BTs * F, MEM_ACTIVATIONS);
-    a->ln2_rstd = (float *)mem_alloc(L * BTs * F, MEM_ACTIVATIONS);
-    a->fch = (floatX *)mem_alloc(L * BT * 4 * Cl * X, MEM_ACTIVATIONS);
-    a->fchg = (floatX *)mem_alloc(L * BT * 4 * Cl * X, MEM_ACTIVATIONS);
-    a->lnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
-    a->lnf_mean = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
-    a->lnf_rstd = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
-    a->inputs = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
-    a->targets = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
-    a->losses = (float *)mem_alloc(BT * F, MEM_LOGITS);
-    a->xfull = m->sp && tp > 1 ? (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE) : NULL;
-    a->pfull = (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE);
-    a->tokbuf = (floatX *)mem_alloc(BTs * C * X, MEM_WORKSPACE);
-    a->dresid = (floatX *)mem_alloc(BTs * C * X, MEM_WORKSPACE);
-    a->dwide = (floatX *)mem_alloc(BT * 4 * Cl * X, MEM_WORKSPACE);
-    a->datty = (floatX *)mem_alloc(BT * Cl * X, MEM_WORKSPACE);
-    m->ce.chunk = chunk > 0 && chunk < m->BT ? chunk : m->BT;
-    m->ce.logits = (floatX *)mem_alloc((size_t)m->ce.chunk * m->Vl * X, MEM_LOGITS);
-    m->ce.stats = (float *)mem_alloc((size_t)m->ce.chunk * 3 * F, MEM_LOGITS);
-    m->ce.stats_all = (float *)mem_alloc((size_t)tp * m->ce.chunk * 3 * F, MEM_LOGITS);
+    m->acts = (Activations *)malloc_check(m->nslots * sizeof(Activations));
+    for (int i = 0; i < m->nslots; i++) {
+        Activations *a = &m->acts[i];
+        memset(a, 0, sizeof(*a));
+        a->resid = (floatX *)mem_alloc((Ls + 1) * BTs * C * X, MEM_ACTIVATIONS);
+        a->ln1 = (floatX *)mem_alloc(Ls * BTs * C * X, MEM_ACTIVATIONS);
+        a->ln1_mean = (float *)mem_alloc(Ls * BTs * F, MEM_ACTIVATIONS);
+        a->ln1_rstd = (float *)mem_alloc(Ls * BTs * F, MEM_ACTIVATIONS);
+        a->qkv = (floatX *)mem_alloc(Ls * BT * 3 * Cl * X, MEM_ACTIVATIONS);
+        a->atty = (floatX *)mem_alloc(Ls * BT * Cl * X, MEM_ACTIVATIONS);
+        a->lse = (float *)mem_alloc(Ls * BT * m->NHl * F, MEM_ACTIVATIONS);
+        a->mid = (floatX *)mem_alloc(Ls * BTs * C * X, MEM_ACTIVATIONS);
+        a->ln2 = (floatX *)mem_alloc(Ls * BTs * C * X, MEM_ACTIVATIONS);
+        a->ln2_mean = (float *)mem_alloc(Ls * BTs * F, MEM_ACTIVATIONS);
+        a->ln2_rstd = (float *)mem_alloc(Ls * BTs * F, MEM_ACTIVATIONS);
+        a->fch = (floatX *)mem_alloc(Ls * BT * 4 * Cl * X, MEM_ACTIVATIONS);
+        a->fchg = (floatX *)mem_alloc(Ls * BT * 4 * Cl * X, MEM_ACTIVATIONS);
+        if (m->last) {
+            a->lnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
+            a->lnf_mean = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
+            a->lnf_rstd = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
+            a->dlnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
+        }
+        a->inputs = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
+        a->targets = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
+    }
+    Workspace *w = &m->ws;
+    w->xfull = m->sp && tp > 1 ? (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE) : NULL;
+    w->pfull = (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE);
+    w->tokbuf = (floatX *)mem_alloc(BTs * C * X, MEM_WORKSPACE);
+    w->dresid = (floatX *)mem_alloc(BTs * C * X, MEM_WORKSPACE);
+    w->dwide = (floatX *)mem_alloc(BT * 4 * Cl * X, MEM_WORKSPACE);
+    w->datty = (floatX *)mem_alloc(BT * Cl * X, MEM_WORKSPACE);
+    if (m->last) {
+        w->losses = (float *)mem_alloc(BT * F, MEM_LOGITS);
+        m->ce.chunk = chunk > 0 && chunk < m->BT ? chunk : m->BT;
+        m->ce.logits = (floatX *)mem_alloc((size_t)m->ce.chunk * m->Vl * X, MEM_LOGITS);
+        m->ce.stats = (float *)mem_alloc((size_t)m->ce.chunk * 3 * F, MEM_LOGITS);
+        m->ce.stats_all = (float *)mem_alloc((size_t)tp * m->ce.chunk * 3 * F, MEM_LOGITS);
+    }
 }
 
-// inputs (B, T) -> the final LayerNorm output lnf (BTs, C). Tensor-parallel communication by the two
-// operations of tensor_parallel.h; ZeRO-3 gathers each unit's parameters as it comes.
-static void gpt2_forward(GPT2 *m) {
-    const GPT2Config *c = &m->config;
-    int L = c->num_layers, C = c->channels, B = m->B, T = m->T, BT = m->BT, BTs = m->BTs;
+// The stage's input (B, T) tokens on the first stage, a->resid[0] received from the previous stage
+// otherwise -> the stage's output a->resid[Ls] (the last stage: the final LayerNorm a->lnf).
+// Tensor-parallel communication by the two operations of tensor_parallel.h; ZeRO-3 gathers each
+// unit's parameters as it comes.
+static void gpt2_forward(GPT2 *m, Activations *a) {
+    int C = m->config.channels, B = m->B, T = m->T, BT = m->BT, BTs = m->BTs;
     int Cl = m->Cl, NHl = m->NHl, sp = m->sp;
     Group *tp = &m->grid->tp_group;
-    Activations *a = &m->acts;
-    floatX *p[NUM_TENSORS];
+    Workspace *w = &m->ws;
+    floatX *p[NUM_TENSORS], *x;
 
-    // embedding: vocab-parallel token lookup of all BT tokens, summed over tp (SP: reduce-scattered
-    // along the tokens), then the position embedding of the local tokens
-    unit_view(&m->units[0], zero_fetch_params(&m->zero, 0), p);
-    embedding_forward(a->pfull, a->inputs, p[T_WTE], m->v0, m->v0 + m->Vl, BT, C);
-    floatX *x = tp_sum_partials(tp, sp, a->pfull, a->tokbuf, BTs, C);
-    copy_on_device(a->resid, x, (size_t)BTs * C * sizeof(floatX));
-    position_forward(a->resid, p[T_WPE], m->tok0, BTs, T, C);
-
-    for (int l = 0; l < L; l++) {
-        unit_view(&m->units[1 + l], zero_fetch_params(&m->zero, 1 + l), p);
+    if (m->first) {
+        // embedding: vocab-parallel token lookup of all BT tokens, summed over tp (SP: reduce-scattered
+        // along the tokens), then the position embedding of the local tokens
+        unit_view(&m->units[m->u_embed], zero_fetch_params(&m->zero, m->u_embed), p);
+        embedding_forward(w->pfull, a->inputs, p[T_WTE], m->v0, m->v0 + m->Vl, BT, C);
+        x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
+        copy_on_device(a->resid, x, (size_t)BTs * C * sizeof(floatX));
+        position_forward(a->resid, p[T_WPE], m->tok0, BTs, T, C);
+    }
+    for (int l = 0; l < m->Ls; l++) {
+        int u = m->u_layer0 + l;
+        unit_view(&m->units[u], zero_fetch_params(&m->zero, u), p);
         size_t s = (size_t)l * BTs, f = (size_t)l * BT;
         floatX *res = a->resid + s * C, *ln1 = a->ln1 + s * C, *mid = a->mid + s * C, *ln2 = a->ln2 + s * C;
         floatX *qkv = a->qkv + f * 3 * Cl, *atty = a->atty + f * Cl, *fch = a->fch + f * 4 * Cl, *fchg = a->fchg + f * 4 * Cl;
         // attention block: ln1 -> all tokens -> qkv (column-parallel, local heads) -> attention
         //                  -> attproj (row-parallel) -> sum partials -> + bias + residual
         layernorm_forward(ln1, a->ln1_mean + s, a->ln1_rstd + s, res, p[T_LN1W], p[T_LN1B], BTs, C);
-        x = tp_all_tokens(tp, sp, ln1, a->xfull, BTs, C);
+        x = tp_all_tokens(tp, sp, ln1, w->xfull, BTs, C);
         matmul_forward(qkv, x, p[T_QKVW], p[T_QKVB], BT, C, 3 * Cl);
         attention_forward(atty, a->lse + (size_t)l * BT * NHl, qkv, B, T, Cl, NHl);
-        matmul_forward(a->pfull, atty, p[T_ATTPROJW], NULL, BT, Cl, C);
-        x = tp_sum_partials(tp, sp, a->pfull, a->tokbuf, BTs, C);
+        matmul_forward(w->pfull, atty, p[T_ATTPROJW], NULL, BT, Cl, C);
+        x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
         residual_bias_forward(mid, res, x, p[T_ATTPROJB], BTs, C);
         // MLP block: ln2 -> all tokens -> fc (column-parallel) -> gelu -> fcproj (row-parallel) -> sum partials
         layernorm_forward(ln2, a->ln2_mean + s, a->ln2_rstd + s, mid, p[T_LN2W], p[T_LN2B], BTs, C);
-        x = tp_all_tokens(tp, sp, ln2, a->xfull, BTs, C);
+        x = tp_all_tokens(tp, sp, ln2, w->xfull, BTs, C);
         matmul_forward(fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl);
         gelu_forward(fchg, fch, (size_t)BT * 4 * Cl);
-        matmul_forward(a->pfull, fchg, p[T_FCPROJW], NULL, BT, 4 * Cl, C);
-        x = tp_sum_partials(tp, sp, a->pfull, a->tokbuf, BTs, C);
+        matmul_forward(w->pfull, fchg, p[T_FCPROJW], NULL, BT, 4 * Cl, C);
+        x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
         residual_bias_forward(a->resid + (s + BTs) * C, mid, x, p[T_FCPROJB], BTs, C);
     }
-    unit_view(&m->units[L + 1], zero_fetch_params(&m->zero, L + 1), p);
-    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->resid + (size_t)L * BTs * C, p[T_LNFW], p[T_LNFB], BTs, C);
+    if (m->last) {
+        unit_view(&m->units[m->u_final], zero_fetch_params(&m->zero, m->u_final), p);
+        layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->resid + (size_t)m->Ls * BTs * C, p[T_LNFW], p[T_LNFB], BTs, C);
+    }
 }
 
-// The tied LM head and the loss, fused and chunked (fused_ce.h). Returns the mean loss of this
-// rank's B*T tokens. With backward: also dwte and the gradient of lnf (m->dlnf) for gpt2_backward.
-static float gpt2_head(GPT2 *m, float dloss, int backward) {
+// Last stage: the tied LM head and the loss, fused and chunked (fused_ce.h). Returns the mean loss of
+// this rank's B*T tokens. With backward: also dwte and the gradient of lnf (a->dlnf).
+static float gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int last_micro) {
     const GPT2Config *c = &m->config;
     int C = c->channels, BT = m->BT;
     Group *tp = &m->grid->tp_group;
-    Activations *a = &m->acts;
+    Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *g[NUM_TENSORS];
     // every tp rank needs the hidden states of all tokens: it holds Vp/tp of the vocabulary
-    floatX *h = tp_all_tokens(tp, m->sp, a->lnf, a->xfull, m->BTs, C);
-    unit_view(&m->units[0], zero_fetch_params(&m->zero, 0), p);
+    floatX *h = tp_all_tokens(tp, m->sp, a->lnf, w->xfull, m->BTs, C);
+    unit_view(&m->units[m->u_embed], zero_fetch_params(&m->zero, m->u_embed), p);
     floatX *dh = NULL, *dwte = NULL;
     if (backward) {
-        unit_view(&m->units[0], zero_begin_unit_backward(&m->zero, 0), g);
+        unit_view(&m->units[m->u_embed], zero_begin_unit_backward(&m->zero, m->u_embed), g);
         dwte = g[T_WTE];
-        dh = a->pfull;
+        dh = w->pfull;
     }
-    fused_classifier(a->losses, dh, dwte, h, p[T_WTE], a->targets, &m->ce, tp, m->v0, c->vocab_size, m->Vl, BT, C, dloss);
-    if (backward) { m->dlnf = tp_sum_partials(tp, m->sp, dh, a->tokbuf, m->BTs, C); }
+    fused_classifier(w->losses, dh, dwte, h, p[T_WTE], a->targets, &m->ce, tp, m->v0, c->vocab_size, m->Vl, BT, C, dloss);
+    if (backward) {
+        floatX *dlnf = tp_sum_partials(tp, m->sp, dh, w->tokbuf, m->BTs, C);
+        copy_on_device(a->dlnf, dlnf, (size_t)m->BTs * C * sizeof(floatX));
+        // the last stage's copy of the embedding gets nothing more from this micro-batch
+        if (!m->first) { zero_end_unit_backward(&m->zero, m->u_embed, last_micro); }
+    }
     float *losses = (float *)malloc_check(sizeof(float) * BT);
-    copy_to_host(losses, a->losses, sizeof(float) * BT);
+    copy_to_host(losses, w->losses, sizeof(float) * BT);
     double sum = 0.0;
     for (int i = 0; i < BT; i++) { sum += losses[i]; }
     free(losses);
     return (float)(sum / BT);
 }
 
-// The backward, from m->dlnf to every parameter gradient. Each unit's gradient goes to zero.h as soon
-// as the unit is done, so its data-parallel reduction overlaps the backward of the layers below.
-static void gpt2_backward(GPT2 *m, int last_micro) {
-    const GPT2Config *c = &m->config;
-    int L = c->num_layers, C = c->channels, B = m->B, T = m->T, BT = m->BT, BTs = m->BTs;
+// The backward of one micro-batch: from a->dlnf on the last stage, from the gradient of the stage's
+// output (received into ws.dresid) otherwise; leaves the gradient of the stage's input in ws.dresid.
+// Each unit's gradient goes to zero.h as soon as the unit is done, so its data-parallel reduction
+// overlaps the backward of the layers below.
+static void gpt2_backward(GPT2 *m, Activations *a, int last_micro) {
+    int C = m->config.channels, B = m->B, T = m->T, BT = m->BT, BTs = m->BTs;
     int Cl = m->Cl, NHl = m->NHl, sp = m->sp;
     Group *tp = &m->grid->tp_group;
     Zero *z = &m->zero;
-    Activations *a = &m->acts;
+    Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *g[NUM_TENSORS];
 
-    unit_view(&m->units[L + 1], zero_fetch_params(z, L + 1), p);
-    unit_view(&m->units[L + 1], zero_begin_unit_backward(z, L + 1), g);
-    zero_on_device(a->dresid, (size_t)BTs * C * sizeof(floatX));
-    layernorm_backward(a->dresid, g[T_LNFW], g[T_LNFB], m->dlnf, a->resid + (size_t)L * BTs * C, p[T_LNFW],
-                       a->lnf_mean, a->lnf_rstd, BTs, C);
-    zero_end_unit_backward(z, L + 1, last_micro);
-
-    for (int l = L - 1; l >= 0; l--) {
-        unit_view(&m->units[1 + l], zero_fetch_params(z, 1 + l), p);
-        unit_view(&m->units[1 + l], zero_begin_unit_backward(z, 1 + l), g);
+    if (m->last) {
+        unit_view(&m->units[m->u_final], zero_fetch_params(z, m->u_final), p);
+        unit_view(&m->units[m->u_final], zero_begin_unit_backward(z, m->u_final), g);
+        zero_on_device(w->dresid, (size_t)BTs * C * sizeof(floatX));
+        layernorm_backward(w->dresid, g[T_LNFW], g[T_LNFB], a->dlnf, a->resid + (size_t)m->Ls * BTs * C, p[T_LNFW],
+                           a->lnf_mean, a->lnf_rstd, BTs, C);
+        zero_end_unit_backward(z, m->u_final, last_micro);
+    }
+    for (int l = m->Ls - 1; l >= 0; l--) {
+        int u = m->u_layer0 + l;
+        unit_view(&m->units[u], zero_fetch_params(z, u), p);
+        unit_view(&m->units[u], zero_begin_unit_backward(z, u), g);
         size_t s = (size_t)l * BTs, f = (size_t)l * BT;
         floatX *res = a->resid + s * C, *ln1 = a->ln1 + s * C, *mid = a->mid + s * C, *ln2 = a->ln2 + s * C;
         floatX *qkv = a->qkv + f * 3 * Cl, *atty = a->atty + f * Cl, *fch = a->fch + f * 4 * Cl, *fchg = a->fchg + f * 4 * Cl;
-        // MLP block (a->dresid is the gradient of the layer's output)
-        bias_backward(g[T_FCPROJB], a->dresid, BTs, C);
-        floatX *dy = tp_all_tokens(tp, sp, a->dresid, a->pfull, BTs, C);
-        matmul_backward(a->dwide, g[T_FCPROJW], NULL, dy, fchg, p[T_FCPROJW], BT, 4 * Cl, C);
-        gelu_backward(a->dwide, fch, a->dwide, (size_t)BT * 4 * Cl);
-        floatX *x = tp_all_tokens(tp, sp, ln2, a->xfull, BTs, C);   // SP: gathered again, not stored
-        matmul_backward(a->pfull, g[T_FCW], g[T_FCB], a->dwide, x, p[T_FCW], BT, C, 4 * Cl);
-        floatX *dln = tp_sum_partials(tp, sp, a->pfull, a->tokbuf, BTs, C);
-        layernorm_backward(a->dresid, g[T_LN2W], g[T_LN2B], dln, mid, p[T_LN2W], a->ln2_mean + s, a->ln2_rstd + s, BTs, C);
-        // attention block (a->dresid is now the gradient of mid)
-        bias_backward(g[T_ATTPROJB], a->dresid, BTs, C);
-        dy = tp_all_tokens(tp, sp, a->dresid, a->pfull, BTs, C);
-        matmul_backward(a->datty, g[T_ATTPROJW], NULL, dy, atty, p[T_ATTPROJW], BT, Cl, C);
-        attention_backward(a->dwide, a->datty, qkv, atty, a->lse + (size_t)l * BT * NHl, B, T, Cl, NHl);
-        x = tp_all_tokens(tp, sp, ln1, a->xfull, BTs, C);
-        matmul_backward(a->pfull, g[T_QKVW], g[T_QKVB], a->dwide, x, p[T_QKVW], BT, C, 3 * Cl);
-        dln = tp_sum_partials(tp, sp, a->pfull, a->tokbuf, BTs, C);
-        layernorm_backward(a->dresid, g[T_LN1W], g[T_LN1B], dln, res, p[T_LN1W], a->ln1_mean + s, a->ln1_rstd + s, BTs, C);
-        zero_end_unit_backward(z, 1 + l, last_micro);
+        // MLP block (w->dresid is the gradient of the layer's output)
+        bias_backward(g[T_FCPROJB], w->dresid, BTs, C);
+        floatX *dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
+        matmul_backward(w->dwide, g[T_FCPROJW], NULL, dy, fchg, p[T_FCPROJW], BT, 4 * Cl, C);
+        gelu_backward(w->dwide, fch, w->dwide, (size_t)BT * 4 * Cl);
+        floatX *x = tp_all_tokens(tp, sp, ln2, w->xfull, BTs, C);   // SP: gathered again, not stored
+        matmul_backward(w->pfull, g[T_FCW], g[T_FCB], w->dwide, x, p[T_FCW], BT, C, 4 * Cl);
+        floatX *dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
+        layernorm_backward(w->dresid, g[T_LN2W], g[T_LN2B], dln, mid, p[T_LN2W], a->ln2_mean + s, a->ln2_rstd + s, BTs, C);
+        // attention block (w->dresid is now the gradient of mid)
+        bias_backward(g[T_ATTPROJB], w->dresid, BTs, C);
+        dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
+        matmul_backward(w->datty, g[T_ATTPROJW], NULL, dy, atty, p[T_ATTPROJW], BT, Cl, C);
+        attention_backward(w->dwide, w->datty, qkv, atty, a->lse + (size_t)l * BT * NHl, B, T, Cl, NHl);
+        x = tp_all_tokens(tp, sp, ln1, w->xfull, BTs, C);
+        matmul_backward(w->pfull, g[T_QKVW], g[T_QKVB], w->dwide, x, p[T_QKVW], BT, C, 3 * Cl);
+        dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
+        layernorm_backward(w->dresid, g[T_LN1W], g[T_LN1B], dln, res, p[T_LN1W], a->ln1_mean + s, a->ln1_rstd + s, BTs, C);
+        zero_end_unit_backward(z, u, last_micro);
     }
-
-    // embedding (its gradient buffer was opened by the head, which wrote the LM-head part of dwte)
-    unit_view(&m->units[0], zero_unit_grads(z, 0), g);
-    position_backward(g[T_WPE], a->dresid, m->tok0, BTs, T, C);
-    floatX *dy = tp_all_tokens(tp, sp, a->dresid, a->pfull, BTs, C);
-    embedding_backward(g[T_WTE], dy, a->inputs, m->v0, m->v0 + m->Vl, BT, C);
-    zero_end_unit_backward(z, 0, last_micro);
+    if (m->first) {
+        // the embedding. Without a pipeline its gradient buffer was opened by the head (the LM-head part
+        // of dwte); the first stage of a pipeline opens it here (the last stage's copy was closed by the head)
+        unit_view(&m->units[m->u_embed], m->last ? zero_unit_grads(z, m->u_embed) : zero_begin_unit_backward(z, m->u_embed), g);
+        position_backward(g[T_WPE], w->dresid, m->tok0, BTs, T, C);
+        floatX *dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
+        embedding_backward(g[T_WTE], dy, a->inputs, m->v0, m->v0 + m->Vl, BT, C);
+        zero_end_unit_backward(z, m->u_embed, last_micro);
+    }
 }
 
 // ----------------------------------------------------------------------------
-// training step, validation, sampling
+// one training step: the micro-batches through the pipeline stages (1F1B or GPipe), then AdamW
 
 typedef struct { float beta1, beta2, eps, weight_decay, grad_clip; unsigned int seed; } OptConfig;
 
-static void gpt2_upload_batch(GPT2 *m, const int *inputs, const int *targets) {
-    copy_to_device(m->acts.inputs, inputs, sizeof(int) * m->BT);
-    copy_to_device(m->acts.targets, targets, sizeof(int) * m->BT);
+static void gpt2_upload_batch(GPT2 *m, Activations *a, const int *inputs, const int *targets) {
+    copy_to_device(a->inputs, inputs, sizeof(int) * m->BT);
+    copy_to_device(a->targets, targets, sizeof(int) * m->BT);
 }
 
-// Forward and backward of `accum` micro-batches of this rank; the gradients end up reduced as the
-// ZeRO stage wants them. Returns the mean loss over the global batch (all micro-batches, all dp ranks).
+// The pipeline's point-to-point step: this stage's output activation of micro-batch `send_fwd` to the
+// next stage and/or the gradient of its input (ws.dresid) to the previous one, while receiving
+// micro-batch `recv_fwd`'s input from the previous stage and/or the gradient of its output (into
+// ws.dresid) from the next one. -1 leaves a part out. Shapes (BTs, C). Time spent here is the bubble.
+static void pipe_exchange(GPT2 *m, int send_fwd, int recv_bwd, int send_bwd, int recv_fwd) {
+    Group *pg = &m->grid->pp_group;
+    size_t n = (size_t)m->BTs * m->config.channels;
+    int prev = pg->rank - 1, next = pg->rank + 1;
+    device_synchronize();
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (!m->last && (send_fwd >= 0 || recv_bwd >= 0)) {
+        floatX *out = send_fwd >= 0 ? m->acts[send_fwd % m->nslots].resid + (size_t)m->Ls * n : NULL;
+        comm_sendrecv(pg, out, send_fwd >= 0 ? n : 0, next, m->ws.dresid, recv_bwd >= 0 ? n : 0, next, DT_FLOATX);
+    }
+    if (!m->first && (send_bwd >= 0 || recv_fwd >= 0)) {
+        floatX *in = recv_fwd >= 0 ? m->acts[recv_fwd % m->nslots].resid : NULL;
+        comm_sendrecv(pg, m->ws.dresid, send_bwd >= 0 ? n : 0, prev, in, recv_fwd >= 0 ? n : 0, prev, DT_FLOATX);
+    }
+    device_synchronize();
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    m->p2p_seconds += (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+}
+
+// Forward of micro-batch i on this stage (its input already received); the last stage runs the fused
+// head too, forward and backward at once. Every stage reads every batch, in the same order.
+static double pipe_forward(GPT2 *m, DataLoader *dl, int i, int accum, float dloss) {
+    Activations *a = &m->acts[i % m->nslots];
+    dataloader_next_batch(dl);
+    gpt2_upload_batch(m, a, dl->inputs, dl->targets);
+    gpt2_forward(m, a);
+    return m->last ? gpt2_head(m, a, dloss, 1, i == accum - 1) : 0.0;
+}
+
+// Forward and backward of `accum` micro-batches; the gradients end up reduced as the ZeRO stage
+// wants them. Pipeline stage s of pp runs (Megatron's 1F1B): pp-s-1 warm-up forwards, then one
+// forward and one backward in turn, then the remaining backwards; GPipe: all forwards, then all
+// backwards. With pp = 1 both are forward, backward, forward, backward... Returns the mean loss
+// over the global batch (all micro-batches, all dp ranks), on every rank.
 static float gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     zero_zero_grads(&m->zero);
     float dloss = 1.0f / ((float)m->BT * accum * m->grid->dp);   // d(mean over the global batch)
+    int pp = m->grid->pp, s = m->grid->pp_rank;
+    int warm = m->schedule == SCHEDULE_GPIPE ? accum : (pp - s - 1 < accum ? pp - s - 1 : accum);
+    int steady = accum - warm;
     double loss = 0.0;
-    for (int a = 0; a < accum; a++) {
-        dataloader_next_batch(dl);
-        gpt2_upload_batch(m, dl->inputs, dl->targets);
-        gpt2_forward(m);
-        loss += gpt2_head(m, dloss, 1);
-        gpt2_backward(m, a == accum - 1);
+    for (int i = 0; i < warm; i++) {
+        pipe_exchange(m, -1, -1, -1, i);                  // receive the input
+        loss += pipe_forward(m, dl, i, accum, dloss);
+        pipe_exchange(m, i, -1, -1, -1);                  // send the output
+    }
+    if (steady > 0) { pipe_exchange(m, -1, -1, -1, warm); }
+    for (int k = 0; k < steady; k++) {
+        int i = warm + k;
+        loss += pipe_forward(m, dl, i, accum, dloss);
+        pipe_exchange(m, i, k, -1, -1);                   // send output i, receive the gradient of k
+        gpt2_backward(m, &m->acts[k % m->nslots], k == accum - 1);
+        pipe_exchange(m, -1, -1, k, k + 1 < steady ? i + 1 : -1);   // send input gradient k, receive input i+1
+    }
+    for (int k = steady; k < accum; k++) {
+        pipe_exchange(m, -1, k, -1, -1);                  // receive the gradient of the output
+        gpt2_backward(m, &m->acts[k % m->nslots], k == accum - 1);
+        pipe_exchange(m, -1, -1, k, -1);                  // send the gradient of the input
     }
     zero_finish_grads(&m->zero);
+    // the loss lives on the last stage; every rank gets it
     loss /= accum;
+    if (pp > 1) { MPI_Bcast(&loss, 1, MPI_DOUBLE, pp - 1, m->grid->pp_group.mpi); }
     comm_sum_host(&m->grid->dp_group, &loss, 1);
     return (float)(loss / m->grid->dp);
 }
@@ -505,6 +623,15 @@ static float gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
     return norm;
 }
 
+// Forward only, through every stage: tokens (B, T) in; the last stage's lnf out (in acts[0]).
+static void gpt2_forward_pipeline(GPT2 *m, const int *inputs, const int *targets) {
+    Activations *a = &m->acts[0];
+    gpt2_upload_batch(m, a, inputs, targets);
+    pipe_exchange(m, -1, -1, -1, 0);
+    gpt2_forward(m, a);
+    pipe_exchange(m, 0, -1, -1, -1);
+}
+
 // Mean loss over up to max_batches batches of the loader (from its start), over all dp ranks.
 static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
     dataloader_reset(dl);
@@ -513,43 +640,48 @@ static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
     double loss = 0.0;
     for (int i = 0; i < n; i++) {
         dataloader_next_batch(dl);
-        gpt2_upload_batch(m, dl->inputs, dl->targets);
-        gpt2_forward(m);
-        loss += gpt2_head(m, 0.0f, 0);
+        gpt2_forward_pipeline(m, dl->inputs, dl->targets);
+        if (m->last) { loss += gpt2_head(m, &m->acts[0], 0.0f, 0, 0); }
     }
     loss /= n;
+    if (m->grid->pp > 1) { MPI_Bcast(&loss, 1, MPI_DOUBLE, m->grid->pp - 1, m->grid->pp_group.mpi); }
     comm_sum_host(&m->grid->dp_group, &loss, 1);
     return (float)(loss / m->grid->dp);
 }
 
-// Generates gen_tokens tokens after an EOT, greedy-free (sampled at temperature 1). Every rank runs
-// it with the same generator (the forward needs the tp and, at ZeRO 3, dp collectives); rank 0 prints.
+// Generates gen_tokens tokens after an EOT (sampled at temperature 1). Every rank runs it with the
+// same generator (the forward needs the tp, pp and, at ZeRO 3, dp collectives); the last stage draws
+// the token and sends it to the others; rank 0 prints.
 static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int eot) {
     const GPT2Config *c = &m->config;
     int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
     int *gen = (int *)malloc_check(sizeof(int) * m->BT);
     for (int i = 0; i < m->BT; i++) { gen[i] = eot; }
-    floatX *row = (floatX *)mem_alloc((size_t)Vp * sizeof(floatX), MEM_LOGITS);
+    floatX *row = m->last ? (floatX *)mem_alloc((size_t)Vp * sizeof(floatX), MEM_LOGITS) : NULL;
     float *probs = (float *)malloc_check(sizeof(float) * Vp);
     if (m->grid->rank == 0) { printf("generating:\n---\n"); }
     int n = gen_tokens < m->T - 1 ? gen_tokens : m->T - 1;
     for (int t = 1; t <= n; t++) {
-        gpt2_upload_batch(m, gen, gen);
-        gpt2_forward(m);
-        floatX *h = tp_all_tokens(&m->grid->tp_group, m->sp, m->acts.lnf, m->acts.xfull, m->BTs, C);
-        floatX *p[NUM_TENSORS];
-        unit_view(&m->units[0], zero_fetch_params(&m->zero, 0), p);
-        // this rank's vocabulary slice of the logits of position t-1, then all slices (Vp)
-        matmul_forward(row + m->v0, h + (size_t)(t - 1) * C, p[T_WTE], NULL, 1, C, m->Vl);
-        comm_all_gather(&m->grid->tp_group, row + m->v0, row, m->Vl, DT_FLOATX, NULL);
-        download_floats(probs, row, Vp);
-        float maxv = -INFINITY;
-        for (int v = 0; v < V; v++) { if (probs[v] > maxv) { maxv = probs[v]; } }
-        double sum = 0.0;
-        for (int v = 0; v < V; v++) { sum += exp(probs[v] - maxv); }
-        double coin = rng_f32(rng) * sum, cdf = 0.0;
-        int next = V - 1;
-        for (int v = 0; v < V; v++) { cdf += exp(probs[v] - maxv); if (coin < cdf) { next = v; break; } }
+        gpt2_forward_pipeline(m, gen, gen);
+        float coin01 = rng_f32(rng);   // every rank draws, so the generators stay equal
+        int next = 0;
+        if (m->last) {
+            floatX *h = tp_all_tokens(&m->grid->tp_group, m->sp, m->acts[0].lnf, m->ws.xfull, m->BTs, C);
+            floatX *p[NUM_TENSORS];
+            unit_view(&m->units[m->u_embed], zero_fetch_params(&m->zero, m->u_embed), p);
+            // this rank's vocabulary slice of the logits of position t-1, then all slices (Vp)
+            matmul_forward(row + m->v0, h + (size_t)(t - 1) * C, p[T_WTE], NULL, 1, C, m->Vl);
+            comm_all_gather(&m->grid->tp_group, row + m->v0, row, m->Vl, DT_FLOATX, NULL);
+            download_floats(probs, row, Vp);
+            float maxv = -INFINITY;
+            for (int v = 0; v < V; v++) { if (probs[v] > maxv) { maxv = probs[v]; } }
+            double sum = 0.0;
+            for (int v = 0; v < V; v++) { sum += exp(probs[v] - maxv); }
+            double coin = coin01 * sum, cdf = 0.0;
+            next = V - 1;
+            for (int v = 0; v < V; v++) { cdf += exp(probs[v] - maxv); if (coin < cdf) { next = v; break; } }
+        }
+        if (m->grid->pp > 1) { MPI_Bcast(&next, 1, MPI_INT, m->grid->pp - 1, m->grid->pp_group.mpi); }
         gen[t] = next;
         if (m->grid->rank == 0) {
             const char *piece = tokenizer_decode(tok, next);
@@ -570,30 +702,34 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
 
 #define STATE_MAGIC 20240527
 
-// Writes the full model (all tp slices, all ZeRO-3 shards) to path, in the precision of floatX.
+// Writes the full model (all pipeline stages, tp slices, ZeRO-3 shards) to path, in the precision
+// of floatX: each stage's (tp 0, dp 0) rank assembles its tensors, rank 0 sums the stages' arrays.
 static void gpt2_write_model(GPT2 *m, const char *path) {
     const GPT2Config *c = &m->config;
     Grid *g = m->grid;
-    int write = g->rank == 0;
-    float *all = write ? (float *)malloc_check(m->num_parameters * sizeof(float)) : NULL;
+    int assemble = g->dp_rank == 0 && g->tp_rank == 0, write = g->rank == 0;
+    float *all = assemble ? (float *)malloc_check(m->num_parameters * sizeof(float)) : NULL;
     float *full[NUM_TENSORS];
-    if (write) { split_tensors(c, all, full); }
+    if (assemble) { memset(all, 0, m->num_parameters * sizeof(float)); split_tensors(c, all, full); }
     for (int u = 0; u < m->nunits; u++) {
         const Unit *U = &m->units[u];
         float *host = (float *)malloc_check(U->size * sizeof(float));
         zero_get_unit_params(&m->zero, u, host);            // stage 3: a dp all-gather
-        if (g->dp_rank == 0) {
-            float *slices = g->tp_group.rank == 0 ? (float *)malloc_check(U->size * sizeof(float) * g->tp) : NULL;
+        if (g->dp_rank == 0 && !U->norm_skip) {            // (the last stage's embedding copy: the first's counts)
+            float *slices = g->tp_rank == 0 ? (float *)malloc_check(U->size * sizeof(float) * g->tp) : NULL;
             MPI_Gather(host, (int)U->size, MPI_FLOAT, slices, (int)U->size, MPI_FLOAT, 0, g->tp_group.mpi);
-            if (write) {
+            if (assemble) {
                 for (int r = 0; r < g->tp; r++) { unit_copy_full(c, U, full, slices + (size_t)r * U->size, g->tp, r, 0); }
             }
             free(slices);
         }
         free(host);
     }
+    if (assemble && g->pp > 1) {   // every tensor is written by exactly one stage: the sum is the model
+        MPI_Reduce(write ? MPI_IN_PLACE : all, all, (int)m->num_parameters, MPI_FLOAT, MPI_SUM, 0, g->pp_group.mpi);
+    }
     zero_release_params(&m->zero);
-    if (!write) { return; }
+    if (!write) { free(all); return; }
     int h[256] = {0};
     h[0] = MODEL_MAGIC; h[1] = sizeof(floatX) == 4 ? 3 : 5;
     h[2] = c->max_seq_len; h[3] = c->vocab_size; h[4] = c->num_layers; h[5] = c->num_heads; h[6] = c->channels;
@@ -739,7 +875,7 @@ typedef struct {
     int B, T, total_batch, max_steps, warmup, val_every, val_batches, sample_every, gen_tokens;
     int checkpoint_every, resume, zero, tp, pp, dp, ep, sp, ce_chunk, memory_report, comm_report, shuffle;
     float lr, final_frac, weight_decay, grad_clip;
-    const char *scheduler;
+    const char *scheduler, *pp_schedule;
     unsigned int seed;
 } Args;
 
@@ -749,6 +885,7 @@ static void default_args(Args *a) {
     a->final_frac = 1.0f; a->weight_decay = 0.0f; a->val_every = 20; a->val_batches = 20; a->sample_every = 20;
     a->gen_tokens = 64; a->checkpoint_every = 0; a->resume = 0; a->zero = 0; a->tp = 1; a->pp = 1; a->dp = -1;
     a->ep = 1; a->sp = 0; a->ce_chunk = 256; a->shuffle = -1; a->grad_clip = 1.0f; a->scheduler = "cosine";
+    a->pp_schedule = "1f1b";
     a->seed = 1337;
 }
 
@@ -774,7 +911,7 @@ static void print_usage(void) {
            "  -n <int>   checkpoint every N steps (default 0 off; needs -o)\n"
            "  -y <int>   1: resume from the newest checkpoint in -o (error if none); 2: resume if one exists\n"
            "  -z <int>   ZeRO stage 0-3 (same as --zero)\n"
-           "  --tp N (alias --tensor-model-parallel-size)  --pp N  --dp N  --sp  --zero N  --ep N\n"
+           "  --tp N (alias --tensor-model-parallel-size)  --pp N  --pp-schedule 1f1b|gpipe  --dp N  --sp  --zero N  --ep N\n"
            "  --ce-chunk N (tokens per cross-entropy chunk, 0 = full logits)  --memory-report  --comm-report\n"
            "  --seed N  --shuffle 0|1  --grad-clip F (0 = off)\n");
 }
@@ -807,7 +944,8 @@ static void parse_args(int argc, char **argv, Args *a, int rank) {
         if (!strcmp(f, "--comm-report")) { a->comm_report = 1; continue; }
         static const char *with_value[] = {"-i", "-j", "-o", "-e", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-c", "-k",
                                            "-v", "-m", "-s", "-g", "-n", "-y", "-z", "--tp", "--tensor-model-parallel-size",
-                                           "--pp", "--dp", "--zero", "--ep", "--ce-chunk", "--seed", "--shuffle", "--grad-clip"};
+                                           "--pp", "--dp", "--zero", "--ep", "--ce-chunk", "--seed", "--shuffle", "--grad-clip",
+                                           "--pp-schedule"};
         int known = 0;
         for (size_t k = 0; k < sizeof(with_value) / sizeof(with_value[0]); k++) { if (!strcmp(f, with_value[k])) { known = 1; } }
         if (!known) { fail_all(rank, "unknown flag '%s' (see -h)", f); }
@@ -844,6 +982,10 @@ static void parse_args(int argc, char **argv, Args *a, int rank) {
         else if (!strcmp(f, "--seed")) { a->seed = (unsigned)parse_int_arg(rank, f, v, 0, 2147483647); }
         else if (!strcmp(f, "--shuffle")) { a->shuffle = parse_int_arg(rank, f, v, 0, 1); }
         else if (!strcmp(f, "--grad-clip")) { a->grad_clip = parse_float_arg(rank, f, v, 0.0, 1e9); }
+        else if (!strcmp(f, "--pp-schedule")) {
+            if (strcmp(v, "1f1b") && strcmp(v, "gpipe")) { fail_all(rank, "--pp-schedule expects 1f1b or gpipe, got '%s'", v); }
+            a->pp_schedule = v;
+        }
     }
 }
 
@@ -857,7 +999,6 @@ static void validate_layout(Args *a, const GPT2Config *c, int world, int rank) {
     if (a->dp != -1 && a->dp != dp) { fail_all(rank, "--dp %d does not match world size %d = tp %d * pp %d * dp %d", a->dp, world, a->tp, a->pp, dp); }
     a->dp = dp;
     if (a->pp > c->num_layers) { fail_all(rank, "--pp %d is larger than the number of layers %d", a->pp, c->num_layers); }
-    if (a->pp != 1) { fail_all(rank, "--pp %d: pipeline parallelism is not implemented yet, only --pp 1", a->pp); }
     if (dp % a->ep != 0) { fail_all(rank, "--ep %d does not divide dp %d", a->ep, dp); }
     if (a->ep != 1) { fail_all(rank, "--ep %d: expert parallelism needs MoE layers, which are not implemented yet; only --ep 1", a->ep); }
     if (c->num_heads % a->tp) { fail_all(rank, "--tp %d does not divide the number of heads %d", a->tp, c->num_heads); }
@@ -892,6 +1033,8 @@ static void make_dirs(const char *dir) {
     }
     mkdir(buf, 0755);
 }
+
+static PipeSchedule pipe_schedule(const char *name) { return strcmp(name, "gpipe") ? SCHEDULE_1F1B : SCHEDULE_GPIPE; }
 
 // Creates the output dir (and its parents) if needed and checks that a file can be written there.
 static void check_output_dir(const char *dir, int rank) {
@@ -949,13 +1092,14 @@ int main(int argc, char **argv) {
     GPT2 model;
     gpt2_build(&model, &config, params, &grid, args.zero, args.sp);
     free(params);
-    gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk);
     int accum = args.total_batch / (args.B * args.T * grid.dp);
+    gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule));
     if (rank == 0) {
         printf("model: L %d C %d NH %d V %d (padded %d) maxT %d, %zu parameters, %s\n", config.num_layers, config.channels,
                config.num_heads, config.vocab_size, config.padded_vocab_size, config.max_seq_len, model.num_parameters, PRECISION_NAME);
-        printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, ce chunk %d\n",
-               args.B, args.T, grid.dp, accum, args.total_batch, args.zero, args.tp, args.sp ? " + sp" : "", model.ce.chunk);
+        printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, pp %d (%s), ce chunk %d\n",
+               args.B, args.T, grid.dp, accum, args.total_batch, args.zero, args.tp, args.sp ? " + sp" : "", args.pp,
+               args.pp_schedule, args.ce_chunk);
     }
 
     // data
@@ -1005,7 +1149,7 @@ int main(int argc, char **argv) {
     }
     int eot = tokenizer.init_ok ? tokenizer.eot_token : config.vocab_size - 1;
 
-    double total_ms = 0.0;
+    double total_ms = 0.0, bubble = 0.0;   // bubble: the fraction of a step spent waiting on other stages
     int timed_steps = 0;
     for (int step = start_step; step < max_steps; step++) {
         if (have_val && args.val_every > 0 && step % args.val_every == 0) {
@@ -1016,6 +1160,7 @@ int main(int argc, char **argv) {
             gpt2_sample(&model, &tokenizer, &sample_rng, args.gen_tokens, eot);
         }
         comm_reset_counters(&grid);
+        model.p2p_seconds = 0.0;
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         float loss = gpt2_forward_backward(&model, &train_loader, accum);
@@ -1024,7 +1169,7 @@ int main(int argc, char **argv) {
         device_synchronize();
         clock_gettime(CLOCK_MONOTONIC, &t1);
         double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
-        if (step > start_step) { total_ms += ms; timed_steps++; }
+        if (step > start_step) { total_ms += ms; timed_steps++; bubble += model.p2p_seconds / (ms / 1e3); }
         if (rank == 0) {
             printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s\n", step + 1, max_steps, loss, norm, lr,
                    ms, args.total_batch / (ms / 1e3));
@@ -1049,6 +1194,16 @@ int main(int argc, char **argv) {
     }
     if (args.sample_every > 0 && max_steps > start_step) { gpt2_sample(&model, &tokenizer, &sample_rng, args.gen_tokens, eot); }
     if (rank == 0 && timed_steps > 0) { printf("average step: %.1f ms, %.0f tok/s\n", total_ms / timed_steps, args.total_batch / (total_ms / timed_steps / 1e3)); }
+    if (args.comm_report && grid.pp > 1 && timed_steps > 0) {
+        double mine = bubble / timed_steps, *all = (double *)malloc_check(sizeof(double) * world);
+        MPI_Gather(&mine, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+        if (rank == 0) {
+            printf("pipeline bubble (%s, %d micro-batches): measured time waiting on the neighbour stages / step time, ideal (pp-1)/(m+pp-1) = %.3f\n",
+                   args.pp_schedule, accum, (double)(grid.pp - 1) / (accum + grid.pp - 1));
+            for (int s = 0; s < grid.pp; s++) { printf("  stage %d: %.3f\n", s, all[s * grid.tp]); }   // (tp 0, dp 0) rank of each stage
+        }
+        free(all);
+    }
     if (logf) { fclose(logf); }
     tokenizer_free(&tokenizer);
     dataloader_free(&train_loader);

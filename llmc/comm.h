@@ -29,6 +29,7 @@ typedef struct {
     int tp, pp, dp, ep;
     int tp_rank, pp_rank, dp_rank, ep_rank;
     Group world, tp_group, pp_group, dp_group, ep_group;
+    Group emb_group;   // the first and the last pipeline stage of one (tp, dp) position: the tied wte
 } Grid;
 
 static size_t comm_type_size(DType t) { return t == DT_FLOAT ? sizeof(float) : sizeof(floatX); }
@@ -79,6 +80,8 @@ static void grid_init(Grid *grid, int tp, int pp, int ep) {
     group_init(&grid->pp_group, "pp", grid->dp_rank * tp + grid->tp_rank, r);         // same (tp, dp)
     group_init(&grid->dp_group, "dp", grid->pp_rank * tp + grid->tp_rank, r);         // same (tp, pp)
     group_init(&grid->ep_group, "ep", (grid->dp_rank / ep) * tp * pp + grid->pp_rank * tp + grid->tp_rank, r);
+    int ends = grid->pp_rank == 0 || grid->pp_rank == pp - 1;   // middle stages: a group of their own
+    group_init(&grid->emb_group, "emb", ends ? grid->dp_rank * tp + grid->tp_rank : grid->world_size + r, r);
 }
 
 // Prints the grid and the members of every group (rank 0).
@@ -114,8 +117,8 @@ static void grid_print(const Grid *g) {
 }
 
 static void grid_free(Grid *g) {
-    Group *groups[5] = {&g->world, &g->tp_group, &g->pp_group, &g->dp_group, &g->ep_group};
-    for (int i = 0; i < 5; i++) {
+    Group *groups[6] = {&g->world, &g->tp_group, &g->pp_group, &g->dp_group, &g->ep_group, &g->emb_group};
+    for (int i = 0; i < 6; i++) {
 #ifdef USE_NCCL
         if (groups[i]->nccl) { ncclCommDestroy(groups[i]->nccl); }
 #endif
@@ -281,6 +284,30 @@ static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
 #endif
 }
 
+// One exchange with up to two peers: ns elements of send to group rank dest and nr elements from
+// group rank src into recv, together (a pipeline stage sends its output and receives a gradient in one
+// step, so that neighbours never wait on each other's sends). ns = 0 or nr = 0 leaves a side out.
+static void comm_sendrecv(Group *g, const void *send, size_t ns, int dest, void *recv, size_t nr, int src, DType t) {
+    size_t es = comm_type_size(t);
+    if (ns) { comm_count(g, (double)ns * es); }
+#ifdef USE_NCCL
+    cudaStream_t s = comm_stream_begin();
+    ncclCheck(ncclGroupStart());
+    if (ns) { ncclCheck(ncclSend(send, ns, nccl_type(t), dest, g->nccl, s)); }
+    if (nr) { ncclCheck(ncclRecv(recv, nr, nccl_type(t), src, g->nccl, s)); }
+    ncclCheck(ncclGroupEnd());
+    comm_stream_end(NULL);
+#else
+    if (ns && nr) {
+        MPI_Sendrecv(send, (int)ns, mpi_type(t), dest, 0, recv, (int)nr, mpi_type(t), src, 0, g->mpi, MPI_STATUS_IGNORE);
+    } else if (ns) {
+        MPI_Send(send, (int)ns, mpi_type(t), dest, 0, g->mpi);
+    } else if (nr) {
+        MPI_Recv(recv, (int)nr, mpi_type(t), src, 0, g->mpi, MPI_STATUS_IGNORE);
+    }
+#endif
+}
+
 static void comm_barrier(Group *g) {
     device_synchronize();
     MPI_Barrier(g->mpi);
@@ -306,26 +333,27 @@ static void comm_sum_host(Group *g, double *vals, int n) {
 }
 
 static void comm_reset_counters(Grid *grid) {
-    Group *groups[5] = {&grid->world, &grid->tp_group, &grid->pp_group, &grid->dp_group, &grid->ep_group};
-    for (int i = 0; i < 5; i++) { groups[i]->bytes = 0; groups[i]->calls = 0; }
+    Group *groups[6] = {&grid->world, &grid->tp_group, &grid->pp_group, &grid->dp_group, &grid->ep_group, &grid->emb_group};
+    for (int i = 0; i < 6; i++) { groups[i]->bytes = 0; groups[i]->calls = 0; }
 }
 
 // Prints, per rank, the bytes this rank sent in each group since the last reset.
 static void comm_report(Grid *grid, int steps, const char *label) {
-    Group *groups[4] = {&grid->tp_group, &grid->pp_group, &grid->dp_group, &grid->ep_group};
-    double mine[8];
-    for (int i = 0; i < 4; i++) { mine[2 * i] = groups[i]->bytes / steps; mine[2 * i + 1] = (double)groups[i]->calls / steps; }
-    double *all = (double *)malloc_check(sizeof(double) * 8 * grid->world_size);
-    MPI_Gather(mine, 8, MPI_DOUBLE, all, 8, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    enum { NG = 5 };
+    Group *groups[NG] = {&grid->tp_group, &grid->pp_group, &grid->dp_group, &grid->ep_group, &grid->emb_group};
+    double mine[2 * NG];
+    for (int i = 0; i < NG; i++) { mine[2 * i] = groups[i]->bytes / steps; mine[2 * i + 1] = (double)groups[i]->calls / steps; }
+    double *all = (double *)malloc_check(sizeof(double) * 2 * NG * grid->world_size);
+    MPI_Gather(mine, 2 * NG, MPI_DOUBLE, all, 2 * NG, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     if (grid->rank == 0) {
         printf("comm report (%s): bytes sent per rank per step (ring formulas: all-reduce 2(p-1)/p*N, reduce-scatter/all-gather (p-1)/p*N)\n", label);
         for (int r = 0; r < grid->world_size; r++) {
             printf("  rank %d:", r);
-            for (int i = 0; i < 4; i++) { printf("  %s %.0f B (%.0f calls)", groups[i]->name, all[8 * r + 2 * i], all[8 * r + 2 * i + 1]); }
+            for (int i = 0; i < NG; i++) { printf("  %s %.0f B (%.0f calls)", groups[i]->name, all[2 * NG * r + 2 * i], all[2 * NG * r + 2 * i + 1]); }
             printf("\n");
         }
         for (int r = 0; r < grid->world_size; r++) {
-            for (int i = 0; i < 4; i++) { printf("comm %d %s %.0f\n", r, groups[i]->name, all[8 * r + 2 * i]); }
+            for (int i = 0; i < NG; i++) { printf("comm %d %s %.0f\n", r, groups[i]->name, all[2 * NG * r + 2 * i]); }
         }
         fflush(stdout);
     }

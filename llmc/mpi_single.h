@@ -50,6 +50,12 @@ static int MPI_Comm_split_type(MPI_Comm c, int type, int key, MPI_Info info, MPI
 }
 static int MPI_Comm_free(MPI_Comm *c) { (void)c; return 0; }
 static int MPI_Barrier(MPI_Comm c) { (void)c; return 0; }
+static int MPI_Sendrecv(const void *sb, int sn, MPI_Datatype st, int dest, int stag, void *rb, int rn, MPI_Datatype rt,
+                        int src, int rtag, MPI_Comm c, MPI_Status *s) {
+    (void)sb; (void)sn; (void)st; (void)dest; (void)stag; (void)rb; (void)rn; (void)rt; (void)src; (void)rtag; (void)c; (void)s;
+    fprintf(stderr, "error: MPI_Sendrecv in a build without MPI (NO_MPI=1 runs one process)\n");
+    exit(1);
+}
 static int MPI_Bcast(void *buf, int n, MPI_Datatype t, int root, MPI_Comm c) { (void)buf; (void)n; (void)t; (void)root; (void)c; return 0; }
 // one rank: the result is the input
 static int mpi_single_copy(const void *send, void *recv, int n, MPI_Datatype t) {
@@ -67,6 +73,9 @@ static int MPI_Allgather(const void *send, int n, MPI_Datatype t, void *recv, in
 }
 static int MPI_Gather(const void *send, int n, MPI_Datatype t, void *recv, int rn, MPI_Datatype rt, int root, MPI_Comm c) {
     (void)rn; (void)rt; (void)root; (void)c; return mpi_single_copy(send, recv, n, t);
+}
+static int MPI_Reduce(const void *send, void *recv, int n, MPI_Datatype t, MPI_Op op, int root, MPI_Comm c) {
+    (void)op; (void)root; (void)c; return mpi_single_copy(send, recv, n, t);
 }
 static int MPI_Iallreduce(const void *send, void *recv, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c, MPI_Request *r) {
     *r = 0; return MPI_Allreduce(send, recv, n, t, op, c);

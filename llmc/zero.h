@@ -43,6 +43,9 @@ typedef struct {
     size_t size, nrep;               // elements; of which replicated
     size_t shard, padded;            // shard = ceil(size / dp); padded = shard * dp
     size_t full_offset, shard_offset;
+    int embedding;   // holds wte (the token embedding and the tied LM head): its own work buffer
+    int tied;        // pipeline: a copy of it lives on another stage; gradients summed over the emb group
+    int norm_skip;   // pipeline: the last stage's copy, whose gradient the first stage counts in the norm
 } Unit;
 
 // Three work buffers holding one full unit each: [0] and [1] for the layers and the final
@@ -59,6 +62,7 @@ typedef struct {
     int nunits;
     Unit *units;
     size_t full_size, shard_size, max_layer_padded;
+    int embed_unit;          // the unit with the embedding on this rank, -1 if none
     floatX *params;          // stages 0-2: every unit (full_size)
     floatX *params_shard;    // stage 3: this rank's shards (shard_size)
     WorkBuffers pw;          // stage 3: gathered parameters
@@ -70,6 +74,7 @@ typedef struct {
     size_t opt_size;
     float *norm_parts;       // device: one sum of squares per (unit, tensor)
     long gathers;            // stage 3: unit all-gathers (for the comm report)
+    double gathered_elems;   // stage 3: the padded sizes of the gathered units, summed
 } Zero;
 
 static int work_find(const WorkBuffers *w, int u) {
@@ -78,7 +83,7 @@ static int work_find(const WorkBuffers *w, int u) {
 }
 
 // The buffer unit u goes to: the embedding's own, or the layer buffer not used most recently.
-static int work_pick(const WorkBuffers *w, int u) { return u == 0 ? 2 : 1 - w->last; }
+static int work_pick(const WorkBuffers *w, int embedding) { return embedding ? 2 : 1 - w->last; }
 
 static void work_set(WorkBuffers *w, int i, int u) {
     w->unit[i] = u;
@@ -103,6 +108,7 @@ static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int n
     memset(z, 0, sizeof(*z));
     z->grid = grid; z->stage = stage; z->sp = sp; z->units = units; z->nunits = nunits;
     int dp = grid->dp;
+    z->embed_unit = -1;
     for (int u = 0; u < nunits; u++) {
         Unit *U = &units[u];
         U->shard = ceil_div(U->size, dp);
@@ -111,18 +117,20 @@ static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int n
         U->shard_offset = z->shard_size;
         z->full_size += U->padded;
         z->shard_size += U->shard;
-        if (u != 0 && U->padded > z->max_layer_padded) { z->max_layer_padded = U->padded; }
+        if (U->embedding) { z->embed_unit = u; }
+        else if (U->padded > z->max_layer_padded) { z->max_layer_padded = U->padded; }
     }
+    size_t embed_padded = z->embed_unit >= 0 ? units[z->embed_unit].padded : 0;
     size_t X = sizeof(floatX);
     if (stage < 3) { z->params = (floatX *)mem_alloc(z->full_size * X, MEM_PARAMS); }
     else {
         z->params_shard = (floatX *)mem_alloc(z->shard_size * X, MEM_PARAMS);
-        work_alloc(&z->pw, z->max_layer_padded, units[0].padded, MEM_PARAMS);
+        work_alloc(&z->pw, z->max_layer_padded, embed_padded, MEM_PARAMS);
     }
     if (stage < 2) { z->grads = (floatX *)mem_alloc(z->full_size * X, MEM_GRADS); }
     else {
         z->grads_shard = (floatX *)mem_alloc(z->shard_size * X, MEM_GRADS);
-        work_alloc(&z->gw, z->max_layer_padded, units[0].padded, MEM_GRADS);
+        work_alloc(&z->gw, z->max_layer_padded, embed_padded, MEM_GRADS);
     }
     z->pending = (CommRequest *)calloc(nunits, sizeof(CommRequest));
     z->opt_size = stage == 0 ? z->full_size : z->shard_size;
@@ -160,9 +168,10 @@ static floatX *zero_fetch_params(Zero *z, int u) {
     if (z->stage < 3) { return z->params + U->full_offset; }
     int i = work_find(&z->pw, u);
     if (i < 0) {
-        i = work_pick(&z->pw, u);
+        i = work_pick(&z->pw, U->embedding);
         comm_all_gather(&z->grid->dp_group, z->params_shard + U->shard_offset, z->pw.buf[i], U->shard, DT_FLOATX, NULL);
         z->gathers++;
+        z->gathered_elems += U->padded;
     }
     work_set(&z->pw, i, u);
     return z->pw.buf[i];
@@ -232,7 +241,9 @@ static void zero_finish_work(Zero *z, int i) {
 static floatX *zero_begin_unit_backward(Zero *z, int u) {
     const Unit *U = &z->units[u];
     if (z->stage < 2) { return z->grads + U->full_offset; }
-    int i = work_pick(&z->gw, u);
+    int held = work_find(&z->gw, u);   // u's previous micro-batch (pipelines: not always in the same buffer)
+    if (held >= 0) { zero_finish_work(z, held); }
+    int i = work_pick(&z->gw, U->embedding);
     zero_finish_work(z, i);   // the buffer's previous unit must be reduced first
     work_set(&z->gw, i, u);
     zero_on_device(z->gw.buf[i], U->padded * sizeof(floatX));
@@ -257,10 +268,20 @@ static void zero_end_unit_backward(Zero *z, int u, int last_micro) {
     else { comm_reduce_scatter(dp, g, g + (size_t)dp->rank * U->shard, U->shard, DT_FLOATX, &z->pending[u]); }
 }
 
-// Waits for every gradient reduction of this step. After it, the owned gradients are final.
+static floatX *zero_owned_grad(Zero *z, int u, size_t start);
+
+// Waits for every gradient reduction of this step. After it, the owned gradients are final. A unit
+// tied to a copy on another pipeline stage (the embedding: wte is the token embedding on the first
+// stage and the LM head on the last) then sums its reduced gradient with the copy's, shard by shard
+// (both copies have the same layout, so the same shards), and both stages take the same step.
 static void zero_finish_grads(Zero *z) {
     if (z->stage >= 2) { for (int i = 0; i < 3; i++) { zero_finish_work(z, i); } }
     else { for (int u = 0; u < z->nunits; u++) { comm_wait(&z->pending[u]); } }
+    for (int u = 0; u < z->nunits; u++) {
+        if (!z->units[u].tied) { continue; }
+        size_t s0 = zero_shard_start(z, u), n = z->stage == 0 ? z->units[u].padded : z->units[u].shard;
+        comm_all_reduce(&z->grid->emb_group, zero_owned_grad(z, u, s0), n, DT_FLOATX, NULL);
+    }
 }
 
 // Where the reduced gradient of element `start` of unit u lives, for start inside this rank's shard
@@ -282,11 +303,13 @@ static void zero_get_owned_grads(Zero *z, int u, float *host, size_t *start, siz
 
 // Global gradient norm. Every rank sums the squares of the gradient elements of its dp partition of
 // each unit (also at stage 0, where every rank holds all of them, so nothing counts twice), tensors
-// replicated over tp only on tp rank 0. One sum over the world gives the norm.
+// replicated over tp only on tp rank 0, the tied embedding only on the first pipeline stage. One sum
+// over the world gives the norm.
 static float zero_grad_norm(Zero *z) {
     int nparts = 0;
     for (int u = 0; u < z->nunits; u++) {
         const Unit *U = &z->units[u];
+        if (U->norm_skip) { continue; }
         size_t start = (size_t)z->grid->dp_rank * U->shard, a, b;
         for (int k = 0; k < U->ntensors; k++) {
             const UnitTensor *t = &U->t[k];
@@ -317,9 +340,12 @@ static void zero_optimizer_step(Zero *z, float lr, float beta1, float beta2, flo
             const UnitTensor *T = &U->t[k];
             if (!tensor_overlap(T, start, start + len, &a, &b)) { continue; }
             size_t o = zero_owned_state(z, u, a);
+            // the rounding seed depends on the element's place in its tensor, not on the layout, so
+            // the two copies of a tied tensor round alike
+            unsigned tensor_seed = seed + 1000003u * (unsigned)(T->id * 4096 + T->layer + 1) + (unsigned)(a - T->offset);
             adamw_update(zero_owned_param(z, u, a), z->master ? z->master + o : NULL, zero_owned_grad(z, u, a),
                          z->m + o, z->v + o, b - a, lr, beta1, beta2, eps, T->decay ? weight_decay : 0.0f,
-                         grad_scale, t, seed + (unsigned)o);
+                         grad_scale, t, tensor_seed);
         }
         if (z->stage == 1 || z->stage == 2) {
             floatX *full = z->params + U->full_offset;

@@ -90,7 +90,8 @@ expect nothing_resume   1 "nothing to resume"                 -e "$M" -i "$DOK" 
 expect world_size       3 "not divisible by tp*pp"            -e "$TINY" --tp 2
 expect tp_heads         3 "does not divide the number of heads" -e "$TINY" --tp 3
 expect sp_tokens        2 "does not divide T"                 -e "$TINY" --tp 2 --sp -t 31
-expect pp_not_yet       2 "pipeline parallelism is not implemented" -e "$TINY" --pp 2
+expect pp_too_deep      3 "--pp 3 is larger than the number of layers 2" -e "$TINY" --pp 3
+expect pp_schedule      1 "--pp-schedule expects 1f1b or gpipe" -e "$TINY" --pp-schedule zb
 expect dp_mismatch      2 "--dp 4 does not match"             -e "$TINY" --dp 4
 expect flag_twice       1 "flag -b is given twice"            -e "$TINY" -b 4 -t 32 -b 2
 expect val_without_train 1 "-j needs -i"                      -e "$TINY" -t 32 -j "$DOK"

@@ -19,7 +19,7 @@ make -s BACKEND=cpu NO_MPI=1 BUILD_DIR=build/cpu-nompi >/dev/null || { echo "NO_
 
 # reference states (PyTorch, fp32 CPU), regenerated when missing: the tiny and d4 configs, and
 # shapes the others do not reach: 6 rows per step (dp 3 and 6), a vocab padded so much that tp 4
-# ranks hold only padding (V 100, Vp 256), 6 heads and T 30 (tp 3), one layer and odd sizes
+# ranks hold only padding (V 100, Vp 256), 6 heads and T 30 (tp 3), one layer and odd sizes, 3 layers (pp 3)
 reference() {   # NAME ARGS...
     local name=$1; shift
     if [ ! -f refs/$name/state.bin ]; then
@@ -33,6 +33,7 @@ reference rows6 --config tiny --R 6
 reference padvocab --config tiny --V 100 --Vp 256
 reference heads6 --config tiny --NH 6 --C 96 --V 250 --Vp 264 --T 30
 reference odd --config tiny --L 1 --C 48 --NH 4 --V 77 --Vp 80 --T 20
+reference l3 --config tiny --L 3
 
 # run_test NP ARGS... : one test_gpt run on NP ranks (NP = nompi: the NO_MPI=1 build, no mpirun);
 # adds its "N passed, N failed" to the totals
@@ -117,6 +118,20 @@ run_script() {
     [ "$p" -eq 0 ] && f=$((f + 1))   # a script that checked nothing failed
     passed=$((passed + p)); failed=$((failed + f))
 }
+echo "== pipeline parallel (1F1B and GPipe), with tp, sp, dp and every ZeRO stage"
+for sched in 1f1b gpipe; do
+    run_test 2 --ref $T -b 1 --pp 2 --pp-schedule $sched --check-memory --check-comm           # 8 micro-batches
+    run_test 4 --ref $T -b 2 --pp 4 --pp-schedule $sched --check-memory --check-comm           # one layer per stage
+    run_test 8 --ref $T -b 1 --pp 4 --zero 3 --pp-schedule $sched --check-memory --check-comm  # pp 4 x dp 2
+done
+for z in 0 1 2 3; do run_test 4 --ref $T -b 2 --pp 2 --zero $z --check-memory --check-comm; done   # pp 2 x dp 2
+run_test 4 --ref $T -b 2 --pp 2 --tp 2 --sp --check-memory --check-comm
+run_test 8 --ref $T -b 1 --pp 2 --tp 2 --sp --zero 2 --check-memory --check-comm           # tp 2 x pp 2 x dp 2
+run_test 4 --ref $T -b 1 --pp 2 --zero 3 --check-resume "$TMP/resume_pp"
+run_test 3 --ref refs/l3 -b 2 --pp 3 --check-memory --check-comm                          # stages of 1 layer, L 3
+run_test 2 --ref refs/l3 -b 1 --pp 2 --pp-schedule gpipe --check-comm                     # uneven stages: 2 + 1 layers
+run_test 2 --ref $D -b 2 --pp 2 --check-memory
+
 echo "== other shapes: dp 3 and 6, padding-only vocab ranks, tp 3, one layer"
 for z in 0 1 2 3; do run_test 3 --ref refs/rows6 -b 1 --zero $z --check-memory --check-comm; done   # accumulation 2
 run_test 6 --ref refs/rows6 -b 1 --zero 3 --check-comm

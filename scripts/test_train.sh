@@ -39,11 +39,15 @@ resume_case() {   # NAME NP FLAGS...
 resume_case single 1 -b 4
 resume_case tp_sp_zero3 4 -b 2 --tp 2 --sp --zero 3
 resume_case zero1_accum 2 -b 1 -d 128 --zero 1
+resume_case pp2_zero2 4 -b 1 -d 128 --pp 2 --zero 2
 
-# 3. sampling and validation under tp 2 + sp + zero 3
+# 3. sampling and validation under tp 2 + sp + zero 3, and under pp 2 (the bubble is reported)
 $MPIRUN -np 4 "$BIN/train_gpt" -e "$TINY" -t 32 -b 2 -x 4 -v 2 -m 2 -s 2 -g 8 --tp 2 --sp --zero 3 >"$W/sample.log" 2>&1
 [ $? = 0 ] && grep -q "generating:" "$W/sample.log" && [ "$(grep -c 'val loss' "$W/sample.log")" = 3 ]
 say $? "sampling and validation run under tp 2 + sp + zero 3"
+$MPIRUN -np 4 "$BIN/train_gpt" -e "$TINY" -t 32 -b 1 -d 128 -x 4 -v 2 -m 2 -s 2 -g 8 --pp 2 --tp 2 --sp --comm-report >"$W/sample_pp.log" 2>&1
+[ $? = 0 ] && grep -q "generating:" "$W/sample_pp.log" && [ "$(grep -c 'val loss' "$W/sample_pp.log")" = 3 ] && grep -q "pipeline bubble" "$W/sample_pp.log"
+say $? "sampling, validation and the bubble report run under pp 2 + tp 2 + sp"
 
 # 4. shuffling: seeded (two runs agree), and it changes the order (differs from --shuffle 0)
 python3 - "$W" <<'EOF'
