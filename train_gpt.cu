@@ -420,19 +420,18 @@ static void gpt2_forward(GPT2 *m, Activations *a) {
         floatX *res = a->resid + s * C, *ln1 = a->ln1 + s * C, *mid = a->mid + s * C, *ln2 = a->ln2 + s * C;
         floatX *qkv = a->qkv + f * 3 * Cl, *atty = a->atty + f * Cl, *fch = a->fch + f * 4 * Cl, *fchg = a->fchg + f * 4 * Cl;
         // attention block: ln1 -> all tokens -> qkv (column-parallel, local heads) -> attention
-        //                  -> attproj (row-parallel) -> sum partials -> + bias + residual
+        //                  -> attproj (row-parallel) -> sum partials
         layernorm_forward(ln1, a->ln1_mean + s, a->ln1_rstd + s, res, p[T_LN1W], p[T_LN1B], BTs, C);
         x = tp_all_tokens(tp, sp, ln1, w->xfull, BTs, C);
         matmul_forward(qkv, x, p[T_QKVW], p[T_QKVB], BT, C, 3 * Cl);
         attention_forward(atty, a->lse + (size_t)l * BT * NHl, qkv, B, T, Cl, NHl);
         matmul_forward(w->pfull, atty, p[T_ATTPROJW], NULL, BT, Cl, C);
         x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
-        residual_bias_forward(mid, res, x, p[T_ATTPROJB], BTs, C);
-        // MLP block: ln2 -> all tokens -> fc (column-parallel) -> gelu -> fcproj (row-parallel) -> sum partials
-        layernorm_forward(ln2, a->ln2_mean + s, a->ln2_rstd + s, mid, p[T_LN2W], p[T_LN2B], BTs, C);
+        // MLP block: (+ bias + residual, fused with) ln2 -> all tokens -> fc (column-parallel, fused
+        // with gelu) -> fcproj (row-parallel) -> sum partials
+        residual_layernorm_forward(mid, ln2, a->ln2_mean + s, a->ln2_rstd + s, res, x, p[T_ATTPROJB], p[T_LN2W], p[T_LN2B], BTs, C);
         x = tp_all_tokens(tp, sp, ln2, w->xfull, BTs, C);
-        matmul_forward(fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl);
-        gelu_forward(fchg, fch, (size_t)BT * 4 * Cl);
+        matmul_forward_gelu(fchg, fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl);
         matmul_forward(w->pfull, fchg, p[T_FCPROJW], NULL, BT, 4 * Cl, C);
         x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
         residual_bias_forward(a->resid + (s + BTs) * C, mid, x, p[T_FCPROJB], BTs, C);
@@ -505,8 +504,7 @@ static void gpt2_backward(GPT2 *m, Activations *a, int last_micro) {
         // MLP block (w->dresid is the gradient of the layer's output)
         bias_backward(g[T_FCPROJB], w->dresid, BTs, C);
         floatX *dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
-        matmul_backward(w->dwide, g[T_FCPROJW], NULL, dy, fchg, p[T_FCPROJW], BT, 4 * Cl, C);
-        gelu_backward(w->dwide, fch, w->dwide, (size_t)BT * 4 * Cl);
+        matmul_backward_dgelu(w->dwide, g[T_FCPROJW], dy, fchg, p[T_FCPROJW], fch, BT, 4 * Cl, C);   // d(fc output)
         floatX *x = tp_all_tokens(tp, sp, ln2, w->xfull, BTs, C);   // SP: gathered again, not stored
         matmul_backward(w->pfull, g[T_FCW], g[T_FCB], w->dwide, x, p[T_FCW], BT, C, 4 * Cl);
         floatX *dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);

@@ -3,6 +3,7 @@
 #define LLMC_LAYERNORM_H
 
 #include "backend.h"
+#include "residual.h"
 
 // inp (N, C) -> out (N, C), mean (N), rstd (N)
 static void layernorm_forward_cpu(float *out, float *mean, float *rstd, const float *inp,
@@ -63,6 +64,16 @@ static void layernorm_backward_cpu(float *dinp, float *dweight, float *dbias, co
         dweight[c] += dw;
         dbias[c] += db;
     }
+}
+
+// The residual add fused with the next LayerNorm (the pre-LN block: res_out = res + x + bias is the
+// residual stream, ln_out its normalisation). res, x (N, C), bias (C) or NULL; res_out (N, C) may alias
+// res or x; ln_out (N, C), mean, rstd (N) as layernorm_forward. The specification: the two CPU loops.
+static void residual_layernorm_forward_cpu(float *res_out, float *ln_out, float *mean, float *rstd, const float *res,
+                                           const float *x, const float *bias, const float *weight, const float *lnbias,
+                                           int N, int C) {
+    residual_bias_forward_cpu(res_out, res, x, bias, N, C);
+    layernorm_forward_cpu(ln_out, mean, rstd, res_out, weight, lnbias, N, C);
 }
 
 #ifdef USE_CUDA
@@ -157,6 +168,112 @@ static void layernorm_backward_cuda(floatX *dinp, floatX *dweight, floatX *dbias
     layernorm_backward_params_kernel<<<CEIL_DIV(C, 32), dim3(32, 32), 0, main_stream>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
     cudaCheckLaunch();
 }
+
+// ---- residual add + LayerNorm, one kernel ----
+// V consecutive floatX moved as one load/store (16 bytes when V = 16 / sizeof(floatX))
+template <int V> struct __align__(sizeof(floatX) * V) FloatXPack { floatX v[V]; };
+
+// One block per row n; thread t owns the packs t, t + blockDim.x, ... (at most P of them) of V channels.
+// It reads res, x, bias once, writes res_out, keeps the row in registers (as the floatX value stored in
+// res_out, so mean/rstd/ln_out describe exactly what the backward pass will read back), and after the
+// two block reductions (mean, then the variance about it, as the CPU loop) writes ln_out.
+// res_out may alias res or x: every element is read before it is written, by the same thread.
+template <int V, int P>
+__global__ void residual_layernorm_forward_kernel(floatX *res_out, floatX *ln_out, float *mean, float *rstd,
+                                                  const floatX *res, const floatX *x, const floatX *bias,
+                                                  const floatX *weight, const floatX *lnbias, int C) {
+    typedef FloatXPack<V> Pack;
+    const int n = blockIdx.x, npacks = C / V;
+    const size_t row = (size_t)n * C;
+    float v[P][V];
+    float sum = 0.0f;
+    #pragma unroll
+    for (int p = 0; p < P; p++) {
+        int i = threadIdx.x + p * blockDim.x;
+        if (i < npacks) {
+            Pack r = *(const Pack *)(res + row + (size_t)i * V);
+            Pack a = *(const Pack *)(x + row + (size_t)i * V);
+            float bv[V];
+            if (bias != NULL) {
+                Pack b = *(const Pack *)(bias + (size_t)i * V);
+                #pragma unroll
+                for (int j = 0; j < V; j++) { bv[j] = (float)b.v[j]; }
+            } else {
+                #pragma unroll
+                for (int j = 0; j < V; j++) { bv[j] = 0.0f; }
+            }
+            Pack o;
+            #pragma unroll
+            for (int j = 0; j < V; j++) {
+                o.v[j] = (floatX)((float)r.v[j] + (float)a.v[j] + bv[j]);
+                v[p][j] = (float)o.v[j];
+                sum += v[p][j];
+            }
+            *(Pack *)(res_out + row + (size_t)i * V) = o;
+        } else {
+            #pragma unroll
+            for (int j = 0; j < V; j++) { v[p][j] = 0.0f; }
+        }
+    }
+    const float m = block_reduce_sum(sum) / C;
+    float var = 0.0f;
+    #pragma unroll
+    for (int p = 0; p < P; p++) {
+        if ((int)(threadIdx.x + p * blockDim.x) < npacks) {
+            #pragma unroll
+            for (int j = 0; j < V; j++) { float d = v[p][j] - m; var += d * d; }
+        }
+    }
+    const float s = rsqrtf(block_reduce_sum(var) / C + 1e-5f);
+    #pragma unroll
+    for (int p = 0; p < P; p++) {
+        int i = threadIdx.x + p * blockDim.x;
+        if (i < npacks) {
+            Pack w = *(const Pack *)(weight + (size_t)i * V);
+            Pack b = *(const Pack *)(lnbias + (size_t)i * V);
+            Pack o;
+            #pragma unroll
+            for (int j = 0; j < V; j++) { o.v[j] = (floatX)((s * (v[p][j] - m)) * (float)w.v[j] + (float)b.v[j]); }
+            *(Pack *)(ln_out + row + (size_t)i * V) = o;
+        }
+    }
+    if (threadIdx.x == 0) { mean[n] = m; rstd[n] = s; }
+}
+
+template <int V>
+static int residual_layernorm_forward_launch(floatX *res_out, floatX *ln_out, float *mean, float *rstd, const floatX *res,
+                                             const floatX *x, const floatX *bias, const floatX *weight,
+                                             const floatX *lnbias, int N, int C) {
+    const int npacks = C / V;
+    const int block = npacks >= 1024 ? 1024 : CEIL_DIV(npacks, 32) * 32;
+    const int per_thread = CEIL_DIV(npacks, block);
+    #define RLN_LAUNCH(P) residual_layernorm_forward_kernel<V, P><<<N, block, 0, main_stream>>>( \
+        res_out, ln_out, mean, rstd, res, x, bias, weight, lnbias, C)
+    if (per_thread <= 1) { RLN_LAUNCH(1); }
+    else if (per_thread <= 2) { RLN_LAUNCH(2); }
+    else if (per_thread <= 4) { RLN_LAUNCH(4); }
+    else { return 0; }
+    #undef RLN_LAUNCH
+    cudaCheckLaunch();
+    return 1;
+}
+
+// res_out = res + x + bias, then ln_out = layernorm(res_out): one kernel (16-byte loads when C and
+// every pointer allow, else element by element). Rows too long for its registers (C > 4096 * V):
+// the two separate kernels. ln_out must not alias res, x or res_out.
+static void residual_layernorm_forward_cuda(floatX *res_out, floatX *ln_out, float *mean, float *rstd, const floatX *res,
+                                            const floatX *x, const floatX *bias, const floatX *weight, const floatX *lnbias,
+                                            int N, int C) {
+    if (N <= 0 || C <= 0) { return; }
+    const int VEC = 16 / (int)sizeof(floatX);
+    uintptr_t addr = (uintptr_t)res_out | (uintptr_t)ln_out | (uintptr_t)res | (uintptr_t)x | (uintptr_t)bias |
+                     (uintptr_t)weight | (uintptr_t)lnbias;   // bias NULL: 0, no constraint
+    int vec_ok = C % VEC == 0 && addr % 16 == 0;
+    if (vec_ok && residual_layernorm_forward_launch<VEC>(res_out, ln_out, mean, rstd, res, x, bias, weight, lnbias, N, C)) { return; }
+    if (!vec_ok && residual_layernorm_forward_launch<1>(res_out, ln_out, mean, rstd, res, x, bias, weight, lnbias, N, C)) { return; }
+    residual_bias_forward_cuda(res_out, res, x, bias, N, C);
+    layernorm_forward_cuda(ln_out, mean, rstd, res_out, weight, lnbias, N, C);
+}
 #endif
 
 static void layernorm_forward(floatX *out, float *mean, float *rstd, const floatX *inp,
@@ -174,6 +291,16 @@ static void layernorm_backward(floatX *dinp, floatX *dweight, floatX *dbias, con
     layernorm_backward_cuda(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 #else
     layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+#endif
+}
+
+static void residual_layernorm_forward(floatX *res_out, floatX *ln_out, float *mean, float *rstd, const floatX *res,
+                                       const floatX *x, const floatX *bias, const floatX *weight, const floatX *lnbias,
+                                       int N, int C) {
+#ifdef USE_CUDA
+    residual_layernorm_forward_cuda(res_out, ln_out, mean, rstd, res, x, bias, weight, lnbias, N, C);
+#else
+    residual_layernorm_forward_cpu(res_out, ln_out, mean, rstd, res, x, bias, weight, lnbias, N, C);
 #endif
 }
 

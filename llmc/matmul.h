@@ -5,6 +5,7 @@
 
 #include "backend.h"
 #include "alloc.h"
+#include "gelu.h"
 
 // inp (N, IC), weight (OC, IC), bias (OC) or NULL -> out (N, OC)
 static void matmul_forward_cpu(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
@@ -39,6 +40,28 @@ static void matmul_backward_cpu(float *dinp, float *dweight, float *dbias, const
     }
 }
 
+
+// The MLP's two GELU-adjacent linear layers, fused where the backend can (the CUDA launchers below
+// run them as one cuBLASLt call with a GELU epilogue). These CPU versions are the specification.
+
+// fc forward: out_pre (N, OC) = inp @ weight^T + bias (bias may be NULL), out_gelu (N, OC) = gelu(out_pre).
+// out_gelu and out_pre must be different buffers.
+static void matmul_forward_gelu_cpu(float *out_gelu, float *out_pre, const float *inp, const float *weight, const float *bias,
+                                    int N, int IC, int OC) {
+    matmul_forward_cpu(out_pre, inp, weight, bias, N, IC, OC);
+    gelu_forward_cpu(out_gelu, out_pre, (size_t)N * OC);
+}
+
+// fcproj backward, for a linear layer whose input was inp = gelu(pre) (both (N, IC)):
+// dpre (N, IC) = (dout @ weight) * gelu'(pre)   (written; NULL to skip)
+// dweight (OC, IC) += dout^T @ inp              (NULL to skip)
+// dpre must not alias dout, inp, weight or pre.
+static void matmul_backward_dgelu_cpu(float *dpre, float *dweight, const float *dout, const float *inp, const float *weight,
+                                      const float *pre, int N, int IC, int OC) {
+    matmul_backward_cpu(dpre, dweight, NULL, dout, inp, weight, N, IC, OC);
+    if (dpre != NULL) { gelu_backward_cpu(dpre, pre, dpre, (size_t)N * IC); }
+}
+
 #ifdef USE_CUDA
 #if defined(ENABLE_FP32)
 #define CUBLAS_FLOATX CUDA_R_32F
@@ -55,22 +78,35 @@ static uint32_t matmul_alignment(const void *p) {
     return align;
 }
 
-// D (m, n) = alpha op(A) op(B) + beta D, column-major (cuBLAS) view, fp32 accumulation.
+// D (m, n) = epilogue(alpha op(A) op(B) + beta D), column-major (cuBLAS) view, fp32 accumulation.
 // A is (m, k) after op, stored with leading dimension lda; likewise B (k, n); D (m, n) ld = m.
-// bias (m) or NULL: added to every column of D through the BIAS epilogue.
-// Returns 0 (and does nothing) if cuBLASLt has no algorithm for this shape/alignment.
-static int matmul_cublaslt(floatX *d, const floatX *a, const floatX *b, const floatX *bias, int m, int n, int k,
-                            int transa, int transb, int lda, int ldb, float beta) {
+// epilogue, with its extra operands:
+//   CUBLASLT_EPILOGUE_DEFAULT         nothing
+//   CUBLASLT_EPILOGUE_BIAS            bias (m): added to every column of D
+//   CUBLASLT_EPILOGUE_GELU_AUX[_BIAS] [bias (m) added, then] aux (m, n), ld aux_ld, written with the GELU
+//                                     input, and D := gelu(that)
+//   CUBLASLT_EPILOGUE_DGELU           aux (m, n), ld aux_ld, read (the GELU input of the forward pass):
+//                                     D := (alpha op(A) op(B) + beta D) * gelu'(aux)
+// aux has D's element type (the default of CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE); cuBLASLt wants
+// aux_ld a multiple of 8 and >= m (the callers check that, and 16-byte alignment of aux, beforehand).
+// Returns 0 (and queues nothing) if cuBLASLt has no algorithm for this shape/alignment/epilogue.
+static int matmul_cublaslt_epilogue(floatX *d, const floatX *a, const floatX *b, const floatX *bias, const floatX *aux,
+                                    int64_t aux_ld, cublasLtEpilogue_t epilogue, int m, int n, int k,
+                                    int transa, int transb, int lda, int ldb, float beta) {
     if (cublaslt_workspace == NULL) { cublaslt_workspace = mem_alloc(cublaslt_workspace_size, MEM_WORKSPACE); }
     cublasLtMatmulDesc_t desc;
     cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-    cublasLtEpilogue_t epilogue = bias != NULL ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    if (bias != NULL) {   // set before the heuristic query: it reads the pointer's alignment
+    // pointers are set before the heuristic query: it reads their alignment
+    if (bias != NULL) {
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    if (aux != NULL) {
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
     }
     cublasLtMatrixLayout_t la, lb, ld;
     cublasCheck(cublasLtMatrixLayoutCreate(&la, CUBLAS_FLOATX, transa ? k : m, transa ? m : k, lda));
@@ -87,7 +123,11 @@ static int matmul_cublaslt(floatX *d, const floatX *a, const floatX *b, const fl
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
+    // a configuration cuBLASLt does not support (e.g. an epilogue for this type) may come back as an
+    // error status instead of zero results: both mean "no algorithm", and the caller falls back
+    if (cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found) != CUBLAS_STATUS_SUCCESS) {
+        found = 0;
+    }
     if (found > 0) {
         float alpha = 1.0f;
         cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
@@ -99,6 +139,13 @@ static int matmul_cublaslt(floatX *d, const floatX *a, const floatX *b, const fl
     cublasCheck(cublasLtMatrixLayoutDestroy(ld));
     cublasCheck(cublasLtMatmulDescDestroy(desc));
     return found > 0;
+}
+
+// The plain call: bias (m) or NULL, added through the BIAS epilogue. 0 if there is no algorithm.
+static int matmul_cublaslt(floatX *d, const floatX *a, const floatX *b, const floatX *bias, int m, int n, int k,
+                            int transa, int transb, int lda, int ldb, float beta) {
+    cublasLtEpilogue_t epilogue = bias != NULL ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    return matmul_cublaslt_epilogue(d, a, b, bias, NULL, 0, epilogue, m, n, k, transa, transb, lda, ldb, beta);
 }
 
 static void matmul_cublaslt_check(floatX *d, const floatX *a, const floatX *b, int m, int n, int k,
@@ -139,6 +186,60 @@ static void matmul_backward_cuda(floatX *dinp, floatX *dweight, floatX *dbias, c
     if (dweight != NULL) { matmul_cublaslt_check(dweight, inp, dout, IC, OC, N, 0, 1, IC, OC, 1.0f); }
     if (dbias != NULL) { column_sum_accumulate(dbias, dout, N, OC); }
 }
+
+// ---- GELU epilogues ----
+// What cuBLASLt's GELU computes: the cuBLASLt documentation and cublasLt.h name the epilogues
+// ("apply GELU point-wise transform", "GELU gradient") without writing the formula down. PyTorch
+// routes its tanh GELU (torch._addmm_activation, use_gelu=True, compared against
+// gelu(approximate="tanh") in its tests) and TensorRT-LLM its gelu_tanh MLPs through these epilogues:
+// the tanh approximation of GPT-2, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as in gelu.h.
+// Where it and erf's GELU differ most (x in [-3.5, -2.2]: ~2e-4..4.4e-4 absolute, 3..30% relative)
+// dev/cuda/matmul_gelu.cu probes it and fails if the epilogue is nearer to erf than to tanh.
+// Set matmul_gelu_epilogue_enabled = 0 to take the unfused kernels (same results up to rounding).
+static int matmul_gelu_epilogue_enabled = 1;
+
+// the GELU input/gradient matrix: ld a multiple of 8, start 16-byte aligned (cuBLASLt's aux rules)
+static int matmul_gelu_aux_ok(const floatX *aux, int ld) {
+    return matmul_gelu_epilogue_enabled && ld % 8 == 0 && matmul_alignment(aux) >= 16;
+}
+
+// out_pre (N, OC) = inp @ weight^T + bias, out_gelu = gelu(out_pre): one cuBLASLt call, GELU_AUX_BIAS
+// epilogue (GELU_AUX without bias): D = out_gelu^T (OC, N), aux = out_pre^T (OC, N) with ld OC.
+// The fused GELU is computed from the fp32 pre-activation; the fallback (matmul_forward_cuda, then
+// gelu_forward_cuda) from the floatX-rounded out_pre. Returns 1 if the fused epilogue ran, 0 if not.
+static int matmul_forward_gelu_cuda(floatX *out_gelu, floatX *out_pre, const floatX *inp, const floatX *weight,
+                                    const floatX *bias, int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0) { return 0; }
+    if (matmul_gelu_aux_ok(out_pre, OC)) {
+        cublasLtEpilogue_t epilogue = bias != NULL ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        if (matmul_cublaslt_epilogue(out_gelu, weight, inp, bias, out_pre, OC, epilogue, OC, N, IC, 1, 0, IC, IC, 0.0f)) {
+            return 1;
+        }
+    }
+    matmul_forward_cuda(out_pre, inp, weight, bias, N, IC, OC);
+    gelu_forward_cuda(out_gelu, out_pre, (size_t)N * OC);
+    return 0;
+}
+
+// dpre^T (IC, N) = (W^T (IC, OC) . dout^T) * gelu'(pre^T): DGELU epilogue, aux = pre with ld IC;
+// dweight (OC, IC) += dout^T @ inp as in matmul_backward_cuda. Fallback: the plain GEMM into dpre,
+// then gelu_backward_cuda in place. Returns 1 if the fused epilogue ran for dpre, 0 if not.
+static int matmul_backward_dgelu_cuda(floatX *dpre, floatX *dweight, const floatX *dout, const floatX *inp,
+                                      const floatX *weight, const floatX *pre, int N, int IC, int OC) {
+    if (N <= 0) { return 0; }
+    int fused = 0;
+    if (dpre != NULL && IC > 0) {
+        if (matmul_gelu_aux_ok(pre, IC)) {
+            fused = matmul_cublaslt_epilogue(dpre, weight, dout, NULL, pre, IC, CUBLASLT_EPILOGUE_DGELU, IC, N, OC, 0, 0, IC, OC, 0.0f);
+        }
+        if (!fused) {
+            matmul_cublaslt_check(dpre, weight, dout, IC, N, OC, 0, 0, IC, OC, 0.0f);
+            gelu_backward_cuda(dpre, pre, dpre, (size_t)N * IC);
+        }
+    }
+    if (dweight != NULL) { matmul_cublaslt_check(dweight, inp, dout, IC, OC, N, 0, 1, IC, OC, 1.0f); }
+    return fused;
+}
 #endif
 
 static void matmul_forward(floatX *out, const floatX *inp, const floatX *weight, const floatX *bias, int N, int IC, int OC) {
@@ -155,6 +256,24 @@ static void matmul_backward(floatX *dinp, floatX *dweight, floatX *dbias, const 
     matmul_backward_cuda(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
 #else
     matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+#endif
+}
+
+static void matmul_forward_gelu(floatX *out_gelu, floatX *out_pre, const floatX *inp, const floatX *weight, const floatX *bias,
+                                int N, int IC, int OC) {
+#ifdef USE_CUDA
+    matmul_forward_gelu_cuda(out_gelu, out_pre, inp, weight, bias, N, IC, OC);
+#else
+    matmul_forward_gelu_cpu(out_gelu, out_pre, inp, weight, bias, N, IC, OC);
+#endif
+}
+
+static void matmul_backward_dgelu(floatX *dpre, floatX *dweight, const floatX *dout, const floatX *inp, const floatX *weight,
+                                  const floatX *pre, int N, int IC, int OC) {
+#ifdef USE_CUDA
+    matmul_backward_dgelu_cuda(dpre, dweight, dout, inp, weight, pre, N, IC, OC);
+#else
+    matmul_backward_dgelu_cpu(dpre, dweight, dout, inp, weight, pre, N, IC, OC);
 #endif
 }
 
