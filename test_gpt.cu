@@ -181,6 +181,12 @@ static void check_comm(GPT2 *m, int accum) {
                   g->dp_group.bytes, expect3, z->gathers, accum);
         }
     }
+    if (g->pp > 1 && m->u_embed >= 0) {   // the tied embedding: its owned gradient summed over the 2 end stages
+        const Unit *U = &m->units[m->u_embed];
+        double expect = X * (z->stage == 0 ? U->padded : U->shard);   // all-reduce over 2 ranks: 2(p-1)/p*N = N
+        check(fabs(g->emb_group.bytes - expect) < 1, "comm: emb bytes/step %.0f = formula %.0f (tied embedding gradient, all-reduced between the first and the last stage)",
+              g->emb_group.bytes, expect);
+    }
     if (g->pp > 1) {   // each micro-batch: the output activation forward (but the last stage), the input gradient back (but the first)
         double expect = accum * X * m->BTs * m->config.channels * ((last ? 0 : 1) + (first ? 0 : 1));
         check(fabs(g->pp_group.bytes - expect) < 1, "comm: pp bytes/step %.0f = formula %.0f (%d micro-batches x (B*T/tp_sp) x C, to %s)",

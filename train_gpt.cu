@@ -346,9 +346,11 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     m->B = B; m->T = T; m->BT = B * T;
     m->BTs = m->sp ? m->BT / tp : m->BT;
     m->tok0 = m->sp ? m->grid->tp_rank * m->BTs : 0;
-    m->schedule = schedule;
+    // without a pipeline both schedules are forward, backward, forward, backward... (GPipe's "all
+    // forwards first" would keep the embedding's gradient open across micro-batches): use 1F1B
+    m->schedule = pp == 1 ? SCHEDULE_1F1B : schedule;
     // 1F1B: stage s runs pp - s forwards before its first backward; GPipe: all of them
-    int alive = schedule == SCHEDULE_GPIPE ? accum : pp - m->grid->pp_rank;
+    int alive = m->schedule == SCHEDULE_GPIPE ? accum : pp - m->grid->pp_rank;
     m->nslots = alive < accum ? alive : accum;
     size_t BT = m->BT, BTs = m->BTs, X = sizeof(floatX), F = sizeof(float);
     m->acts = (Activations *)malloc_check(m->nslots * sizeof(Activations));
@@ -604,6 +606,14 @@ static float gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
         pipe_exchange(m, -1, k, -1, -1);                  // receive the gradient of the output
         gpt2_backward(m, &m->acts[k % m->nslots], k == accum - 1);
         pipe_exchange(m, -1, -1, k, -1);                  // send the gradient of the input
+    }
+    if (pp > 1) {   // the later stages finish their last backward first: that wait is bubble too
+        device_synchronize();
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        MPI_Barrier(m->grid->pp_group.mpi);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        m->p2p_seconds += (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
     }
     zero_finish_grads(&m->zero);
     // the loss lives on the last stage; every rank gets it
@@ -1180,7 +1190,19 @@ int main(int argc, char **argv) {
                        "      gradient outlives its unit's backward: dp traffic grows with accumulation, unlike stages 0-1\n", args.zero, accum);
             }
         }
-        if (args.memory_report && step == start_step) { mem_report(rank, world, "after the first step"); }
+        if (args.memory_report && step == start_step) {
+            mem_report(rank, world, "after the first step");
+            if (grid.pp > 1) {   // 1F1B: pp - stage, GPipe: all of them
+                int *alive = (int *)malloc_check(sizeof(int) * world);
+                MPI_Gather(&model.nslots, 1, MPI_INT, alive, 1, MPI_INT, 0, MPI_COMM_WORLD);
+                if (rank == 0) {
+                    printf("pipeline (%s, %d micro-batches): micro-batches of activations alive per stage:", args.pp_schedule, accum);
+                    for (int s = 0; s < grid.pp; s++) { printf(" %d", alive[s * grid.tp]); }
+                    printf("\n");
+                }
+                free(alive);
+            }
+        }
         if (args.checkpoint_every > 0 && (step + 1) % args.checkpoint_every == 0) {
             save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng, args.total_batch);
         }

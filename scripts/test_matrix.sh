@@ -130,6 +130,8 @@ run_test 8 --ref $T -b 1 --pp 2 --tp 2 --sp --zero 2 --check-memory --check-comm
 run_test 4 --ref $T -b 1 --pp 2 --zero 3 --check-resume "$TMP/resume_pp"
 run_test 3 --ref refs/l3 -b 2 --pp 3 --check-memory --check-comm                          # stages of 1 layer, L 3
 run_test 2 --ref refs/l3 -b 1 --pp 2 --pp-schedule gpipe --check-comm                     # uneven stages: 2 + 1 layers
+run_test 3 --ref $T -b 2 --pp 3 --zero 1 --check-memory --check-comm                      # uneven: 2 + 1 + 1 of 4 layers
+run_test 2 --ref $T -b 1 --zero 2 --pp-schedule gpipe --check-comm                        # gpipe without a pipeline = 1F1B
 run_test 2 --ref $D -b 2 --pp 2 --check-memory
 
 echo "== other shapes: dp 3 and 6, padding-only vocab ranks, tp 3, one layer"
