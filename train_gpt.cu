@@ -1,10 +1,10 @@
 /*
-GPT-2 training, single source, CPU or CUDA, any mix of data / ZeRO / tensor+sequence parallelism.
-Read top to bottom: the model's tensors and how they are cut into units -> the model (forward,
-fused chunked head, backward) -> one training step -> checkpoints -> flags -> main.
-The parallel strategies each live in one file: llmc/zero.h (data parallel + ZeRO 0-3),
-llmc/tensor_parallel.h (Megatron TP + SP), llmc/fused_ce.h (vocab-parallel chunked cross-entropy),
-llmc/comm.h (the process grid and the collectives).
+GPT-2 training, single source, CPU or CUDA, any mix of data / ZeRO / tensor+sequence / pipeline
+parallelism. Read top to bottom: the model's tensors and how they are cut into units -> the model
+(forward, fused chunked head, backward) -> one training step (the pipeline schedule) -> checkpoints
+-> flags -> main. The other parallel strategies each live in one file: llmc/zero.h (data parallel +
+ZeRO 0-3), llmc/tensor_parallel.h (Megatron TP + SP), llmc/fused_ce.h (vocab-parallel chunked
+cross-entropy), llmc/comm.h (the process grid and the collectives).
 */
 #include <unistd.h>
 #include <sys/stat.h>

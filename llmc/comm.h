@@ -84,29 +84,29 @@ static void grid_init(Grid *grid, int tp, int pp, int ep) {
     group_init(&grid->emb_group, "emb", ends ? grid->dp_rank * tp + grid->tp_rank : grid->world_size + r, r);
 }
 
-// Prints the grid and the members of every group (rank 0).
-static void grid_print(const Grid *g) {
-    int world = g->world_size;
-    int *all = (int *)malloc_check(sizeof(int) * 4 * world);
-    int mine[4] = {g->tp_group.rank, g->pp_rank, g->dp_rank, g->ep_rank};
-    MPI_Gather(mine, 4, MPI_INT, all, 4, MPI_INT, 0, MPI_COMM_WORLD);
+// Prints the grid and the members of every group (rank 0), as the communicators have them: each
+// rank finds the lowest world rank of each of its groups, and a group is printed from that rank.
+static void grid_print(Grid *g) {
+    enum { NG = 5 };
+    Group *groups[NG] = {&g->tp_group, &g->pp_group, &g->dp_group, &g->ep_group, &g->emb_group};
+    int world = g->world_size, mine[NG + 4] = {g->tp_rank, g->pp_rank, g->dp_rank, g->ep_rank};
+    for (int k = 0; k < NG; k++) { MPI_Allreduce(&g->rank, &mine[4 + k], 1, MPI_INT, MPI_MIN, groups[k]->mpi); }
+    int *all = (int *)malloc_check(sizeof(int) * (NG + 4) * world);
+    MPI_Gather(mine, NG + 4, MPI_INT, all, NG + 4, MPI_INT, 0, MPI_COMM_WORLD);
     if (g->rank == 0) {
-        printf("process grid: world %d = tp %d x pp %d x dp %d (ep %d within dp), tp fastest\n",
-               world, g->tp, g->pp, g->dp, g->ep);
+        printf("process grid: world %d = tp %d x pp %d x dp %d (ep %d within dp), tp fastest\n", world, g->tp, g->pp, g->dp, g->ep);
         for (int r = 0; r < world; r++) {
-            printf("  rank %d: tp_rank %d pp_rank %d dp_rank %d ep_rank %d\n", r, all[4 * r], all[4 * r + 1], all[4 * r + 2], all[4 * r + 3]);
+            int *a = all + (NG + 4) * r;
+            printf("  rank %d: tp_rank %d pp_rank %d dp_rank %d ep_rank %d\n", r, a[0], a[1], a[2], a[3]);
         }
-        const char *names[3] = {"tp", "pp", "dp"};
-        for (int k = 0; k < 3; k++) {
-            printf("  %s groups:", names[k]);
-            for (int first = 0; first < world; first++) {
-                // a group is printed from its lowest rank
-                int tpr = first % g->tp, ppr = (first / g->tp) % g->pp, dpr = first / (g->tp * g->pp);
-                if ((k == 0 && tpr != 0) || (k == 1 && ppr != 0) || (k == 2 && dpr != 0)) { continue; }
-                int n = k == 0 ? g->tp : (k == 1 ? g->pp : g->dp);
-                int stride = k == 0 ? 1 : (k == 1 ? g->tp : g->tp * g->pp);
+        for (int k = 0; k < NG; k++) {
+            printf("  %s groups:", groups[k]->name);
+            for (int leader = 0; leader < world; leader++) {
+                if (all[(NG + 4) * leader + 4 + k] != leader) { continue; }
                 printf(" [");
-                for (int i = 0; i < n; i++) { printf(i ? " %d" : "%d", first + i * stride); }
+                for (int r = 0, n = 0; r < world; r++) {
+                    if (all[(NG + 4) * r + 4 + k] == leader) { printf(n++ ? " %d" : "%d", r); }
+                }
                 printf("]");
             }
             printf("\n");
