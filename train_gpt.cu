@@ -547,13 +547,19 @@ static void gpt2_upload_batch(GPT2 *m, Activations *a, const int *inputs, const 
 // next stage and/or the gradient of its input (ws.dresid) to the previous one, while receiving
 // micro-batch `recv_fwd`'s input from the previous stage and/or the gradient of its output (into
 // ws.dresid) from the next one. -1 leaves a part out. Shapes (BTs, C). Time spent here is the bubble.
+static double wall_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
 static void pipe_exchange(GPT2 *m, int send_fwd, int recv_bwd, int send_bwd, int recv_fwd) {
+    if (m->first && m->last) { return; }   // no pipeline
     Group *pg = &m->grid->pp_group;
     size_t n = (size_t)m->BTs * m->config.channels;
     int prev = pg->rank - 1, next = pg->rank + 1;
-    device_synchronize();
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    device_synchronize();                  // the compute before is not waiting
+    double t0 = wall_seconds();
     if (!m->last && (send_fwd >= 0 || recv_bwd >= 0)) {
         floatX *out = send_fwd >= 0 ? m->acts[send_fwd % m->nslots].resid + (size_t)m->Ls * n : NULL;
         comm_sendrecv(pg, out, send_fwd >= 0 ? n : 0, next, m->ws.dresid, recv_bwd >= 0 ? n : 0, next, DT_FLOATX);
@@ -563,8 +569,7 @@ static void pipe_exchange(GPT2 *m, int send_fwd, int recv_bwd, int send_bwd, int
         comm_sendrecv(pg, m->ws.dresid, send_bwd >= 0 ? n : 0, prev, in, recv_fwd >= 0 ? n : 0, prev, DT_FLOATX);
     }
     device_synchronize();
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    m->p2p_seconds += (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    m->p2p_seconds += wall_seconds() - t0;
 }
 
 // Forward of micro-batch i on this stage (its input already received); the last stage runs the fused
@@ -609,11 +614,9 @@ static float gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     }
     if (pp > 1) {   // the later stages finish their last backward first: that wait is bubble too
         device_synchronize();
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        double t0 = wall_seconds();
         MPI_Barrier(m->grid->pp_group.mpi);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        m->p2p_seconds += (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+        m->p2p_seconds += wall_seconds() - t0;
     }
     zero_finish_grads(&m->zero);
     // the loss lives on the last stage; every rank gets it
@@ -1169,14 +1172,12 @@ int main(int argc, char **argv) {
         }
         comm_reset_counters(&grid);
         model.p2p_seconds = 0.0;
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        double t0 = wall_seconds();
         float loss = gpt2_forward_backward(&model, &train_loader, accum);
         float lr = lr_at(&sched, step);
         float norm = gpt2_update(&model, &opt, lr, step);
         device_synchronize();
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+        double ms = (wall_seconds() - t0) * 1e3;
         if (step > start_step) { total_ms += ms; timed_steps++; bubble += model.p2p_seconds / (ms / 1e3); }
         if (rank == 0) {
             printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s\n", step + 1, max_steps, loss, norm, lr,
