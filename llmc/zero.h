@@ -268,7 +268,13 @@ static void zero_end_unit_backward(Zero *z, int u, int last_micro) {
     else { comm_reduce_scatter(dp, g, g + (size_t)dp->rank * U->shard, U->shard, DT_FLOATX, &z->pending[u]); }
 }
 
-static floatX *zero_owned_grad(Zero *z, int u, size_t start);
+// Where the reduced gradient of element `start` of unit u lives, for start inside this rank's shard
+// (stages 0-1: its place in the full gradient buffer; stages 2-3: the shard accumulator).
+static floatX *zero_owned_grad(Zero *z, int u, size_t start) {
+    const Unit *U = &z->units[u];
+    if (z->stage < 2) { return z->grads + U->full_offset + start; }
+    return z->grads_shard + U->shard_offset + (start - zero_shard_start(z, u));
+}
 
 // Waits for every gradient reduction of this step. After it, the owned gradients are final. A unit
 // tied to a copy on another pipeline stage (the embedding: wte is the token embedding on the first
@@ -282,14 +288,6 @@ static void zero_finish_grads(Zero *z) {
         size_t s0 = zero_shard_start(z, u), n = z->stage == 0 ? z->units[u].padded : z->units[u].shard;
         comm_all_reduce(&z->grid->emb_group, zero_owned_grad(z, u, s0), n, DT_FLOATX, NULL);
     }
-}
-
-// Where the reduced gradient of element `start` of unit u lives, for start inside this rank's shard
-// (stages 0-1: its place in the full gradient buffer; stages 2-3: the shard accumulator).
-static floatX *zero_owned_grad(Zero *z, int u, size_t start) {
-    const Unit *U = &z->units[u];
-    if (z->stage < 2) { return z->grads + U->full_offset + start; }
-    return z->grads_shard + U->shard_offset + (start - zero_shard_start(z, u));
 }
 
 // Copies the owned, reduced gradient of unit u to the host; returns its range within the unit.
