@@ -188,7 +188,8 @@ static void check_comm(GPT2 *m, int accum) {
               g->emb_group.bytes, expect);
     }
     if (g->pp > 1) {   // each micro-batch: the output activation forward (but the last stage), the input gradient back (but the first)
-        double expect = accum * X * m->BTs * m->config.channels * ((last ? 0 : 1) + (first ? 0 : 1));
+        double slice = (double)m->BTs * m->config.channels / (!m->sp && tp > 1 ? tp : 1);   // without SP: 1/tp each
+        double expect = accum * X * slice * ((last ? 0 : 1) + (first ? 0 : 1));
         check(fabs(g->pp_group.bytes - expect) < 1, "comm: pp bytes/step %.0f = formula %.0f (%d micro-batches x (B*T/tp_sp) x C, to %s)",
               g->pp_group.bytes, expect, accum, first ? "the next stage" : (last ? "the previous stage" : "both neighbours"));
     }
@@ -200,7 +201,9 @@ static void check_comm(GPT2 *m, int accum) {
         // per micro-batch: 4 per layer of this stage, plus the embedding (first stage) and the head (last stage)
         double ends = first + last;
         double act = m->sp ? (2 * ends + 10.0 * Ls) * ring * S : (2 * ends + 8.0 * Ls) * ring * S;
-        double expect = accum * (act + ce) + rep_ar;
+        // pipeline without SP: each tp rank received 1/tp of the stage boundary tensors, then all-gathered
+        double pipe_ag = g->pp > 1 && !m->sp ? ((first ? 0 : 1) + (last ? 0 : 1)) * ring * S * m->BTs / m->BT : 0;
+        double expect = accum * (act + ce + pipe_ag) + rep_ar;
         check(fabs(g->tp_group.bytes - expect) < 1 + 1e-9 * expect,
               "comm: tp bytes/step %.0f = formula %.0f (%s: %s; CE stats %.0f)", g->tp_group.bytes, expect,
               m->sp ? "SP" : "no SP", m->sp ? "(ends+4L) RS + (ends+6L) AG of (p-1)/p*BT*C, of which 2L AG re-gather in backward"

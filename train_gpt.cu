@@ -546,7 +546,10 @@ static void gpt2_upload_batch(GPT2 *m, Activations *a, const int *inputs, const 
 // The pipeline's point-to-point step: this stage's output activation of micro-batch `send_fwd` to the
 // next stage and/or the gradient of its input (ws.dresid) to the previous one, while receiving
 // micro-batch `recv_fwd`'s input from the previous stage and/or the gradient of its output (into
-// ws.dresid) from the next one. -1 leaves a part out. Shapes (BTs, C). Time spent here is the bubble.
+// ws.dresid) from the next one. -1 leaves a part out. Shapes (BTs, C). Without SP every tp rank holds
+// the same (BT, C) tensor: each sends only its 1/tp slice, and the receivers all-gather the slices
+// over tp (Megatron's scatter-gather), so the link between stages carries it once, not tp times.
+// Time spent here is the bubble.
 static double wall_seconds(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -555,18 +558,29 @@ static double wall_seconds(void) {
 
 static void pipe_exchange(GPT2 *m, int send_fwd, int recv_bwd, int send_bwd, int recv_fwd) {
     if (m->first && m->last) { return; }   // no pipeline
-    Group *pg = &m->grid->pp_group;
+    Group *pg = &m->grid->pp_group, *tp = &m->grid->tp_group;
     size_t n = (size_t)m->BTs * m->config.channels;
+    int split = !m->sp && tp->size > 1;
+    size_t k = split ? n / tp->size : n, off = split ? (size_t)tp->rank * k : 0;   // this rank's slice
     int prev = pg->rank - 1, next = pg->rank + 1;
     device_synchronize();                  // the compute before is not waiting
     double t0 = wall_seconds();
+    floatX *got_fwd = NULL, *got_bwd = NULL;
     if (!m->last && (send_fwd >= 0 || recv_bwd >= 0)) {
         floatX *out = send_fwd >= 0 ? m->acts[send_fwd % m->nslots].resid + (size_t)m->Ls * n : NULL;
-        comm_sendrecv(pg, out, send_fwd >= 0 ? n : 0, next, m->ws.dresid, recv_bwd >= 0 ? n : 0, next, DT_FLOATX);
+        comm_sendrecv(pg, send_fwd >= 0 ? out + off : NULL, send_fwd >= 0 ? k : 0, next,
+                      m->ws.dresid + off, recv_bwd >= 0 ? k : 0, next, DT_FLOATX);
+        if (recv_bwd >= 0) { got_bwd = m->ws.dresid; }
     }
     if (!m->first && (send_bwd >= 0 || recv_fwd >= 0)) {
         floatX *in = recv_fwd >= 0 ? m->acts[recv_fwd % m->nslots].resid : NULL;
-        comm_sendrecv(pg, m->ws.dresid, send_bwd >= 0 ? n : 0, prev, in, recv_fwd >= 0 ? n : 0, prev, DT_FLOATX);
+        comm_sendrecv(pg, m->ws.dresid + off, send_bwd >= 0 ? k : 0, prev, recv_fwd >= 0 ? in + off : NULL,
+                      recv_fwd >= 0 ? k : 0, prev, DT_FLOATX);
+        got_fwd = in;
+    }
+    floatX *got[2] = {got_fwd, got_bwd};
+    for (int i = 0; i < 2; i++) {
+        if (split && got[i]) { comm_all_gather(tp, got[i] + off, got[i], k, DT_FLOATX, NULL); }
     }
     device_synchronize();
     m->p2p_seconds += wall_seconds() - t0;

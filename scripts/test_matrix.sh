@@ -126,6 +126,7 @@ for sched in 1f1b gpipe; do
 done
 for z in 0 1 2 3; do run_test 4 --ref $T -b 2 --pp 2 --zero $z --check-memory --check-comm; done   # pp 2 x dp 2
 run_test 4 --ref $T -b 2 --pp 2 --tp 2 --sp --check-memory --check-comm
+run_test 4 --ref $T -b 2 --pp 2 --tp 2 --check-memory --check-comm                        # no SP: 1/tp per rank, all-gathered
 run_test 8 --ref $T -b 1 --pp 2 --tp 2 --sp --zero 2 --check-memory --check-comm           # tp 2 x pp 2 x dp 2
 run_test 4 --ref $T -b 1 --pp 2 --zero 3 --check-resume "$TMP/resume_pp"
 run_test 3 --ref refs/l3 -b 2 --pp 3 --check-memory --check-comm                          # stages of 1 layer, L 3
