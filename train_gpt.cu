@@ -104,24 +104,30 @@ static void build_unit(const GPT2Config *c, int tp, Unit *U, const int *ids, int
 }
 
 // The units of a pipeline stage, in the order they run: the embedding (first stage), its layers,
-// the final LayerNorm (last stage) and, when pp > 1, on the last stage a copy of the embedding unit
-// for the tied LM head (same layout as the first stage's, so the two gradients sum shard by shard;
-// its wpe rows are unused). Returns the number of units; sets the index of each kind (-1: none).
-static int build_units(const GPT2Config *c, int tp, int pp, int stage, Unit *units, int *u_embed, int *u_layer0, int *u_final) {
-    static const int embedding[] = {T_WPE, T_WTE};
+// the final LayerNorm (last stage). With a pipeline the first stage's wte and wpe are two units, and
+// the last stage holds a copy of the wte unit for the tied LM head: same layout, so the two copies'
+// gradients sum shard by shard. Returns the number of units; sets the index of each kind (-1: none;
+// without a pipeline u_pos == u_embed, one unit [wpe, wte]).
+static int build_units(const GPT2Config *c, int tp, int pp, int stage, Unit *units,
+                       int *u_embed, int *u_pos, int *u_layer0, int *u_final) {
+    static const int embedding[] = {T_WPE, T_WTE}, token[] = {T_WTE}, position[] = {T_WPE};
     static const int layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_FCPROJB,
                                 T_QKVW, T_QKVB, T_ATTPROJW, T_FCW, T_FCB, T_FCPROJW};
     static const int final_ln[] = {T_LNFW, T_LNFB};
     int l0, l1, n = 0;
     stage_layers(c->num_layers, pp, stage, &l0, &l1);
-    *u_embed = *u_final = -1;
-    if (stage == 0) { *u_embed = n; build_unit(c, tp, &units[n++], embedding, 2, -1); }
+    *u_embed = *u_pos = *u_final = -1;
+    if (stage == 0 && pp == 1) { *u_embed = *u_pos = n; build_unit(c, tp, &units[n++], embedding, 2, -1); }
+    if (stage == 0 && pp > 1) {
+        *u_embed = n; build_unit(c, tp, &units[n++], token, 1, -1);
+        *u_pos = n; build_unit(c, tp, &units[n++], position, 1, -1);
+    }
     *u_layer0 = n;
     for (int l = l0; l < l1; l++) { build_unit(c, tp, &units[n++], layer, 12, l); }
     if (stage == pp - 1) {
         *u_final = n;
         build_unit(c, tp, &units[n++], final_ln, 2, -1);
-        if (pp > 1) { *u_embed = n; build_unit(c, tp, &units[n++], embedding, 2, -1); units[n - 1].norm_skip = 1; }
+        if (pp > 1) { *u_embed = n; build_unit(c, tp, &units[n++], token, 1, -1); units[n - 1].norm_skip = 1; }
     }
     if (pp > 1 && *u_embed >= 0) { units[*u_embed].tied = 1; }
     return n;
@@ -298,7 +304,7 @@ typedef struct {
     int B, T, BT, BTs, tok0;     // tok0: first local token of the LayerNorm/residual region
     int Cl, NHl, Vl, v0;         // this tp rank's channels, heads, vocab rows [v0, v0 + Vl)
     int first, last, l0, Ls;     // pipeline: is this the first / last stage; its layers [l0, l0 + Ls)
-    int nunits, u_embed, u_layer0, u_final;   // this stage's units (zero.h), -1 where it has none
+    int nunits, u_embed, u_pos, u_layer0, u_final;   // this stage's units (zero.h), -1 where it has none
     Unit *units;
     Zero zero;
     PipeSchedule schedule;
@@ -325,8 +331,8 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     m->last = grid->pp_rank == grid->pp - 1;
     stage_layers(c->num_layers, grid->pp, grid->pp_rank, &m->l0, &l1);
     m->Ls = l1 - m->l0;
-    m->units = (Unit *)malloc_check((m->Ls + 3) * sizeof(Unit));
-    m->nunits = build_units(c, tp, grid->pp, grid->pp_rank, m->units, &m->u_embed, &m->u_layer0, &m->u_final);
+    m->units = (Unit *)malloc_check((m->Ls + 4) * sizeof(Unit));
+    m->nunits = build_units(c, tp, grid->pp, grid->pp_rank, m->units, &m->u_embed, &m->u_pos, &m->u_layer0, &m->u_final);
     zero_init(&m->zero, grid, zero_stage, sp, m->units, m->nunits);
     float *full[NUM_TENSORS];
     split_tensors(c, all_params, full);
@@ -410,6 +416,7 @@ static void gpt2_forward(GPT2 *m, Activations *a) {
         // embedding: vocab-parallel token lookup of all BT tokens, summed over tp (SP: reduce-scattered
         // along the tokens), then the position embedding of the local tokens
         unit_view(&m->units[m->u_embed], zero_fetch_params(&m->zero, m->u_embed), p);
+        unit_view(&m->units[m->u_pos], zero_fetch_params(&m->zero, m->u_pos), p);   // (the same unit without a pipeline)
         embedding_forward(w->pfull, a->inputs, p[T_WTE], m->v0, m->v0 + m->Vl, BT, C);
         x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
         copy_on_device(a->resid, x, (size_t)BTs * C * sizeof(floatX));
@@ -524,11 +531,15 @@ static void gpt2_backward(GPT2 *m, Activations *a, int last_micro) {
     }
     if (m->first) {
         // the embedding. Without a pipeline its gradient buffer was opened by the head (the LM-head part
-        // of dwte); the first stage of a pipeline opens it here (the last stage's copy was closed by the head)
+        // of dwte); the first stage of a pipeline opens its wte and wpe units here (the last stage's wte
+        // copy was closed by the head)
+        int pipeline = m->u_pos != m->u_embed;
         unit_view(&m->units[m->u_embed], m->last ? zero_unit_grads(z, m->u_embed) : zero_begin_unit_backward(z, m->u_embed), g);
+        if (pipeline) { unit_view(&m->units[m->u_pos], zero_begin_unit_backward(z, m->u_pos), g); }
         position_backward(g[T_WPE], w->dresid, m->tok0, BTs, T, C);
         floatX *dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
         embedding_backward(g[T_WTE], dy, a->inputs, m->v0, m->v0 + m->Vl, BT, C);
+        if (pipeline) { zero_end_unit_backward(z, m->u_pos, last_micro); }
         zero_end_unit_backward(z, m->u_embed, last_micro);
     }
 }
