@@ -6,6 +6,7 @@
 #define LLMC_ATTENTION_H
 
 #include "backend.h"
+#include "alloc.h"
 
 // qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T)
 static void attention_forward_cpu(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
@@ -352,9 +353,194 @@ static void attention_backward_launch(floatX *dqkv, const floatX *dout, const fl
     cudaCheckLaunch();
 }
 
+// ---- cuBLAS path (the default) ----------------------------------------------------------------
+// Tensor cores through cuBLAS: for one batch index b at a time (host loop), the (NH, T, T) score
+// matrices of all heads live in a workspace (never kept across layers or batch indices):
+//   forward:  S = Q K^T (GEMM, fp32 out) -> kernel: causal mask, scale, softmax -> P (floatX), lse
+//             Y = P V (GEMM) into out
+//   backward: S = Q K^T, dP = dY V^T (GEMMs, fp32 out) -> kernel: D = dY.Y, P = exp(S scale - lse),
+//             dS = P (dP - D) scale (both floatX, zero above the diagonal)
+//             dV = P^T dY, dQ = dS K, dK = dS^T Q (GEMMs, written into dqkv with beta = 0)
+// The GEMMs compute the full T x T (the masked half comes out of the kernels as exact zeros).
+// attention_use_cublas = 0 switches the launchers back to the tiled fp32 kernels above.
+static int attention_use_cublas = 1;
+
+#if defined(ENABLE_FP32)
+#define ATT_CUDA_X CUDA_R_32F      // the cudaDataType of floatX
+#else
+#define ATT_CUDA_X CUDA_R_16BF
+#endif
+#define ATT_ROWS_PER_BLOCK 8        // row kernels: one warp per (head, query) row, 8 warps per block
+
+static cublasHandle_t att_cublas_handle = NULL;
+// workspace for one batch index: n = NH*T*T elements per region, each region 256-byte aligned
+//   S fp32 | dP fp32 | P floatX | dS floatX      (the forward uses S and P only)
+static void *att_ws = NULL;
+static size_t att_ws_bytes = 0;
+static float *att_ws_S, *att_ws_dP;
+static floatX *att_ws_P, *att_ws_dS;
+
+static size_t att_round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+static void att_cublas_setup(int T, int NH) {
+    if (att_cublas_handle == NULL) {
+        cublasCheck(cublasCreate(&att_cublas_handle));
+        cublasCheck(cublasSetStream(att_cublas_handle, main_stream));   // resets the workspace: set it after
+        // cuBLAS's GEMM workspace: the cuBLASLt one (same stream, so never used concurrently)
+        if (cublaslt_workspace == NULL) { cublaslt_workspace = mem_alloc(cublaslt_workspace_size, MEM_WORKSPACE); }
+        cublasCheck(cublasSetWorkspace(att_cublas_handle, cublaslt_workspace, cublaslt_workspace_size));
+    }
+    size_t n = (size_t)NH * T * T;
+    size_t f32 = att_round256(n * sizeof(float)), fx = att_round256(n * sizeof(floatX));
+    size_t need = 2 * f32 + 2 * fx;
+    if (need > att_ws_bytes) {
+        if (att_ws != NULL) { mem_free(att_ws); }   // cudaFree waits for the work still using it
+        att_ws = mem_alloc(need, MEM_WORKSPACE);
+        att_ws_bytes = need;
+    }
+    char *base = (char *)att_ws;
+    att_ws_S = (float *)base;
+    att_ws_dP = (float *)(base + f32);
+    att_ws_P = (floatX *)(base + 2 * f32);
+    att_ws_dS = (floatX *)(base + 2 * f32 + fx);
+}
+
+// Column-major (cuBLAS) strided-batched GEMM, fp32 accumulation, alpha = 1, beta = 0 (C is written,
+// never read): for i < batch, C_i (m, n; ldc) = op(A_i) (m, k) op(B_i) (k, n), X_i = X + i * strideX.
+static void att_gemm(cublasOperation_t opa, cublasOperation_t opb, int m, int n, int k,
+                     const void *A, cudaDataType ta, int lda, long long sa,
+                     const void *B, cudaDataType tb, int ldb, long long sb,
+                     void *Cm, cudaDataType tc, int ldc, long long sc, int batch) {
+    const float alpha = 1.0f, beta = 0.0f;
+    cublasCheck(cublasGemmStridedBatchedEx(att_cublas_handle, opa, opb, m, n, k, &alpha, A, ta, lda, sa, B, tb, ldb, sb,
+                                           &beta, Cm, tc, ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// Row-major (T, T) matrices of one head, stored with row stride T, are, seen column-major, their
+// transposes: buffer X with X[t][t2] at t*T + t2 is the column-major (T, T) matrix Xc, Xc(t2, t) = X[t][t2].
+// A head's Q (T, hs) rows at q + t*3C (row stride 3C) is the column-major (hs, T) Qc, ld 3C; heads are
+// hs apart (batch stride hs). Likewise K, V (ld 3C) and dY, Y (ld C).
+//
+// S[t][t2] = sum_i Q[t][i] K[t2][i]   ->  Sc (T, T) = Kc^T Qc:      A = K (op T, lda 3C), B = Q (op N, ldb 3C),
+//                                          m = n = T, k = hs; C = S (ldc T, stride T*T)
+// dP[t][t2] = sum_i dY[t][i] V[t2][i] ->  dPc = Vc^T dYc:           A = V (op T, lda 3C), B = dY (op N, ldb C)
+static void att_gemm_scores(float *S, const floatX *kv, const floatX *qdy, int ld_qdy, int T, int C, int NH) {
+    int hs = C / NH;
+    att_gemm(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, kv, ATT_CUDA_X, 3 * C, hs, qdy, ATT_CUDA_X, ld_qdy, hs,
+             S, CUDA_R_32F, T, (long long)T * T, NH);
+}
+
+// P (floatX), lse from S: causal mask, scale, softmax. grid (CEIL_DIV(T, ATT_ROWS_PER_BLOCK), NH),
+// block 32 * ATT_ROWS_PER_BLOCK; warp w of block x owns query t = x * ATT_ROWS_PER_BLOCK + w of head
+// blockIdx.y. S, P: (NH, T, T) of one batch index; lse: (NH, T) of that batch index.
+// lse = max + log(sum_{t2 <= t} exp(s scale - max)), P = exp(s scale - max) / sum, 0 for t2 > t.
+__global__ void __launch_bounds__(32 * ATT_ROWS_PER_BLOCK) attention_softmax_forward_kernel(floatX *P, float *lse, const float *S,
+                                                                                           int T, float scale) {
+    int lane = threadIdx.x % 32, h = blockIdx.y;
+    int t = blockIdx.x * ATT_ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (t >= T) { return; }                       // the whole warp: its shuffles stay full
+    size_t row = ((size_t)h * T + t) * T;
+    const float *s = S + row;
+    floatX *p = P + row;
+    // per lane: online max and sum of exp over its keys t2 = lane, lane + 32, ... <= t
+    float m = -INFINITY, l = 0.0f;
+    for (int t2 = lane; t2 <= t; t2 += 32) {
+        float x = s[t2] * scale;
+        if (x > m) { l = l * expf(m - x) + 1.0f; m = x; } else { l += expf(x - m); }
+    }
+    float mx = warp_reduce_max(m);                // finite: key 0 is always visible
+    l = m == -INFINITY ? 0.0f : l * expf(m - mx);  // lanes without a key (t < 31) add nothing
+    float sum = warp_reduce_sum(l);
+    float inv = 1.0f / sum;
+    for (int t2 = lane; t2 < T; t2 += 32) {
+        p[t2] = (floatX)(t2 <= t ? expf(s[t2] * scale - mx) * inv : 0.0f);
+    }
+    if (lane == 0) { lse[(size_t)h * T + t] = mx + logf(sum); }
+}
+
+// P, dS (floatX) from S, dP (fp32), lse, and D = dout . out per row, same grid/block/rows as above.
+// dout, out: (T, C) of this batch index (head h at column h*hs). 0 above the diagonal.
+//   p = exp(s scale - lse);  ds = p (dp - D) scale
+__global__ void __launch_bounds__(32 * ATT_ROWS_PER_BLOCK) attention_softmax_backward_kernel(floatX *P, floatX *dS, const float *S,
+                                                                                            const float *dP, const float *lse,
+                                                                                            const floatX *dout, const floatX *out,
+                                                                                            int T, int C, int hs, float scale) {
+    int lane = threadIdx.x % 32, h = blockIdx.y;
+    int t = blockIdx.x * ATT_ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (t >= T) { return; }
+    const floatX *dy = dout + (size_t)t * C + h * hs, *y = out + (size_t)t * C + h * hs;
+    float D = 0.0f;
+    for (int i = lane; i < hs; i += 32) { D += (float)dy[i] * (float)y[i]; }
+    D = warp_reduce_sum(D);
+    float l = lse[(size_t)h * T + t];
+    size_t row = ((size_t)h * T + t) * T;
+    for (int t2 = lane; t2 < T; t2 += 32) {
+        float p = 0.0f, ds = 0.0f;
+        if (t2 <= t) {
+            p = expf(S[row + t2] * scale - l);
+            ds = p * (dP[row + t2] - D) * scale;
+        }
+        P[row + t2] = (floatX)p;
+        dS[row + t2] = (floatX)ds;
+    }
+}
+
+// Y[t][i] = sum_t2 P[t][t2] V[t2][i]  ->  Yc (hs, T) = Vc Pc:        A = V (op N, lda 3C), B = P (op N, ldb T),
+//                                          m = hs, n = T, k = T; C = out + h*hs (ldc C, stride hs)
+static void attention_forward_cublas(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    att_cublas_setup(T, NH);
+    size_t C3 = 3 * (size_t)C;
+    long long TT = (long long)T * T;
+    dim3 grid(CEIL_DIV(T, ATT_ROWS_PER_BLOCK), NH);
+    for (int b = 0; b < B; b++) {
+        const floatX *q = qkv + (size_t)b * T * C3, *k = q + C, *v = q + 2 * C;
+        att_gemm_scores(att_ws_S, k, q, 3 * C, T, C, NH);
+        attention_softmax_forward_kernel<<<grid, 32 * ATT_ROWS_PER_BLOCK, 0, main_stream>>>(att_ws_P, lse + (size_t)b * NH * T,
+                                                                                         att_ws_S, T, scale);
+        cudaCheckLaunch();
+        att_gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, v, ATT_CUDA_X, 3 * C, hs, att_ws_P, ATT_CUDA_X, T, TT,
+                 out + (size_t)b * T * C, ATT_CUDA_X, C, hs, NH);
+    }
+}
+
+// dV[t2][i] = sum_t P[t][t2] dY[t][i]   ->  dVc (hs, T) = dYc Pc^T:  A = dY (op N, lda C), B = P (op T, ldb T)
+// dQ[t][i]  = sum_t2 dS[t][t2] K[t2][i] ->  dQc (hs, T) = Kc dSc:    A = K (op N, lda 3C), B = dS (op N, ldb T)
+// dK[t2][i] = sum_t dS[t][t2] Q[t][i]   ->  dKc (hs, T) = Qc dSc^T:  A = Q (op N, lda 3C), B = dS (op T, ldb T)
+// all m = hs, n = T, k = T; C = dqkv q/k/v part + h*hs (ldc 3C, stride hs)
+static void attention_backward_cublas(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
+                                      const float *lse, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    att_cublas_setup(T, NH);
+    size_t C3 = 3 * (size_t)C;
+    long long TT = (long long)T * T;
+    dim3 grid(CEIL_DIV(T, ATT_ROWS_PER_BLOCK), NH);
+    for (int b = 0; b < B; b++) {
+        const floatX *q = qkv + (size_t)b * T * C3, *k = q + C, *v = q + 2 * C;
+        const floatX *dy = dout + (size_t)b * T * C, *y = out + (size_t)b * T * C;
+        floatX *dq = dqkv + (size_t)b * T * C3, *dk = dq + C, *dv = dq + 2 * C;
+        att_gemm_scores(att_ws_S, k, q, 3 * C, T, C, NH);
+        att_gemm_scores(att_ws_dP, v, dy, C, T, C, NH);
+        attention_softmax_backward_kernel<<<grid, 32 * ATT_ROWS_PER_BLOCK, 0, main_stream>>>(
+            att_ws_P, att_ws_dS, att_ws_S, att_ws_dP, lse + (size_t)b * NH * T, dy, y, T, C, hs, scale);
+        cudaCheckLaunch();
+        att_gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, dy, ATT_CUDA_X, C, hs, att_ws_P, ATT_CUDA_X, T, TT,
+                 dv, ATT_CUDA_X, 3 * C, hs, NH);
+        att_gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, k, ATT_CUDA_X, 3 * C, hs, att_ws_dS, ATT_CUDA_X, T, TT,
+                 dq, ATT_CUDA_X, 3 * C, hs, NH);
+        att_gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, q, ATT_CUDA_X, 3 * C, hs, att_ws_dS, ATT_CUDA_X, T, TT,
+                 dk, ATT_CUDA_X, 3 * C, hs, NH);
+    }
+}
+// ---- end of the cuBLAS path -------------------------------------------------------------------
+
 static void attention_forward_cuda(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
     if (B <= 0 || T <= 0) { return; }
-    switch (attention_head_size(C, NH)) {
+    int hs = attention_head_size(C, NH);
+    if (attention_use_cublas) { attention_forward_cublas(out, lse, qkv, B, T, C, NH); return; }
+    switch (hs) {
         case 16: attention_forward_launch<16>(out, lse, qkv, B, T, C, NH); break;
         case 32: attention_forward_launch<32>(out, lse, qkv, B, T, C, NH); break;
         case 64: attention_forward_launch<64>(out, lse, qkv, B, T, C, NH); break;
@@ -365,7 +551,9 @@ static void attention_forward_cuda(floatX *out, float *lse, const floatX *qkv, i
 static void attention_backward_cuda(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
                                     const float *lse, int B, int T, int C, int NH) {
     if (B <= 0 || T <= 0) { return; }
-    switch (attention_head_size(C, NH)) {
+    int hs = attention_head_size(C, NH);
+    if (attention_use_cublas) { attention_backward_cublas(dqkv, dout, qkv, out, lse, B, T, C, NH); return; }
+    switch (hs) {
         case 16: attention_backward_launch<16>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
         case 32: attention_backward_launch<32>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
         case 64: attention_backward_launch<64>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;

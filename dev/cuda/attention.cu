@@ -1,7 +1,10 @@
-// Causal attention forward (out, lse) and backward (dqkv): CPU loop vs CUDA kernels for every
+// Causal attention forward (out, lse) and backward (dqkv): CPU loop vs BOTH CUDA paths (the cuBLAS
+// tensor-core path, attention_use_cublas = 1, the default; and the tiled fp32 kernels, = 0) for every
 // supported head size, odd T, determinism, timing. GPT-2 124M shape: B=4, T=1024, C=768, NH=12.
 #include "../../llmc/attention.h"
 #include "common.h"
+
+static const char *path_name(int use_cublas) { return use_cublas ? "cublas" : "tiled"; }
 
 static int run_case(int B, int T, int C, int NH, int timed) {
     int fails = 0;
@@ -14,33 +17,56 @@ static int run_case(int B, int T, int C, int NH, int timed) {
     cudaCheck(cudaMalloc(&d_out, nout * sizeof(floatX)));
     cudaCheck(cudaMalloc(&d_lse, nlse * sizeof(float)));
     attention_forward_cpu(out, lse, qkv, B, T, C, NH);
-    attention_forward_cuda(d_out, d_lse, d_qkv, B, T, C, NH);
-    fails += compare_device("attention_forward out", d_out, out, nout, TOL_X);
-    fails += compare_device_f32("attention_forward lse", d_lse, lse, nlse, TOL_FP32);
-
-    // backward from the CPU forward results (rounded to floatX like the kernel's inputs)
-    for (size_t i = 0; i < nout; i++) { out[i] = floatX_to_float(float_to_floatX(out[i])); }
-    upload_floats(d_out, out, nout);
-    copy_to_device(d_lse, lse, nlse * sizeof(float));
+    // backward from the CPU forward results (rounded to floatX like the kernels' inputs)
+    float *out_x = copy_floats(out, nout);
+    for (size_t i = 0; i < nout; i++) { out_x[i] = floatX_to_float(float_to_floatX(out_x[i])); }
     float *dout = make_random(nout, -1.0f, 1.0f), *dqkv = (float *)malloc_check(nqkv * sizeof(float));
+    attention_backward_cpu(dqkv, dout, qkv, out_x, lse, B, T, C, NH);
     floatX *d_dout = to_device(dout, nout), *d_dqkv, *d_dqkv2;
     cudaCheck(cudaMalloc(&d_dqkv, nqkv * sizeof(floatX)));
     cudaCheck(cudaMalloc(&d_dqkv2, nqkv * sizeof(floatX)));
-    cudaCheck(cudaMemset(d_dqkv, 0xff, nqkv * sizeof(floatX)));   // NaN garbage: every element must be written
-    attention_backward_cpu(dqkv, dout, qkv, out, lse, B, T, C, NH);
-    attention_backward_cuda(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
-    attention_backward_cuda(d_dqkv2, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
-    fails += compare_device("attention_backward dqkv", d_dqkv, dqkv, nqkv, TOL_X);
-    fails += compare_bitwise("attention_backward rerun", d_dqkv, d_dqkv2, nqkv * sizeof(floatX));
 
+    double flops = 4.0 * B * NH * ((double)T * (T + 1) / 2) * (C / NH);   // QK^T and PV, causal half
+    float ms_fwd[2] = {0.0f, 0.0f}, ms_bwd[2] = {0.0f, 0.0f};
+    for (int path = 1; path >= 0; path--) {
+        attention_use_cublas = path;
+        char what[64];
+        printf("  [%s]\n", path_name(path));
+        cudaCheck(cudaMemset(d_out, 0xff, nout * sizeof(floatX)));   // NaN garbage: every element must be written
+        cudaCheck(cudaMemset(d_lse, 0xff, nlse * sizeof(float)));
+        attention_forward_cuda(d_out, d_lse, d_qkv, B, T, C, NH);
+        snprintf(what, sizeof(what), "%s forward out", path_name(path));
+        fails += compare_device(what, d_out, out, nout, TOL_X);
+        snprintf(what, sizeof(what), "%s forward lse", path_name(path));
+        fails += compare_device_f32(what, d_lse, lse, nlse, TOL_FP32);
+
+        upload_floats(d_out, out_x, nout);
+        copy_to_device(d_lse, lse, nlse * sizeof(float));
+        cudaCheck(cudaMemset(d_dqkv, 0xff, nqkv * sizeof(floatX)));   // every element must be written
+        attention_backward_cuda(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
+        attention_backward_cuda(d_dqkv2, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
+        snprintf(what, sizeof(what), "%s backward dqkv", path_name(path));
+        fails += compare_device(what, d_dqkv, dqkv, nqkv, TOL_X);
+        snprintf(what, sizeof(what), "%s backward rerun", path_name(path));
+        fails += compare_bitwise(what, d_dqkv, d_dqkv2, nqkv * sizeof(floatX));
+
+        if (timed) {
+            snprintf(what, sizeof(what), "%s forward", path_name(path));
+            ms_fwd[path] = time_ms(10, [&] { attention_forward_cuda(d_out, d_lse, d_qkv, B, T, C, NH); });
+            report_time(what, ms_fwd[path], 0, flops);
+            snprintf(what, sizeof(what), "%s backward", path_name(path));
+            ms_bwd[path] = time_ms(10, [&] { attention_backward_cuda(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH); });
+            report_time(what, ms_bwd[path], 0, 2.5 * flops);
+        }
+    }
+    attention_use_cublas = 1;
     if (timed) {
-        double flops = 4.0 * B * NH * ((double)T * (T + 1) / 2) * (C / NH);   // QK^T and PV, causal half
-        report_time("attention_forward", time_ms(10, [&] { attention_forward_cuda(d_out, d_lse, d_qkv, B, T, C, NH); }), 0, flops);
-        report_time("attention_backward", time_ms(10, [&] { attention_backward_cuda(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH); }), 0, 2.5 * flops);
+        printf("  speedup cublas vs tiled: forward %.2fx, backward %.2fx\n",
+               ms_fwd[1] > 0.0f ? ms_fwd[0] / ms_fwd[1] : 0.0f, ms_bwd[1] > 0.0f ? ms_bwd[0] / ms_bwd[1] : 0.0f);
     }
     cudaCheck(cudaFree(d_qkv)); cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_lse)); cudaCheck(cudaFree(d_dout));
     cudaCheck(cudaFree(d_dqkv)); cudaCheck(cudaFree(d_dqkv2));
-    free(qkv); free(out); free(lse); free(dout); free(dqkv);
+    free(qkv); free(out); free(out_x); free(lse); free(dout); free(dqkv);
     return fails;
 }
 
@@ -49,10 +75,12 @@ int main(int argc, char **argv) {
     rng_seed(6);
     int fails = 0;
     fails += run_case(4, 1024, 768, 12, 1);   // GPT-2 124M, hs 64
+    fails += run_case(2, 37, 48, 3, 0);       // hs 16, T = 37: causal edges inside and past one warp of keys
     fails += run_case(2, 256, 64, 4, 0);      // hs 16
     fails += run_case(2, 300, 128, 4, 0);     // hs 32, T not a multiple of any tile
     fails += run_case(2, 200, 256, 2, 0);     // hs 128
     fails += run_case(3, 1, 128, 2, 0);       // a single token
     fails += run_case(1, 77, 384, 6, 0);      // hs 64, tiny odd T
+    fails += run_case(1, 1100, 768, 12, 0);   // a larger T after the others: the workspace grows
     return harness_finish(fails);
 }
