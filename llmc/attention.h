@@ -386,6 +386,8 @@ static void att_cublas_setup(int T, int NH) {
     if (att_cublas_handle == NULL) {
         cublasCheck(cublasCreate(&att_cublas_handle));
         cublasCheck(cublasSetStream(att_cublas_handle, main_stream));   // resets the workspace: set it after
+        // split-K partial sums of the k = T GEMMs in fp32, never in floatX
+        cublasCheck(cublasSetMathMode(att_cublas_handle, (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
         // cuBLAS's GEMM workspace: the cuBLASLt one (same stream, so never used concurrently)
         if (cublaslt_workspace == NULL) { cublaslt_workspace = mem_alloc(cublaslt_workspace_size, MEM_WORKSPACE); }
         cublasCheck(cublasSetWorkspace(att_cublas_handle, cublaslt_workspace, cublaslt_workspace_size));

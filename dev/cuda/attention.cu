@@ -1,10 +1,84 @@
-// Causal attention forward (out, lse) and backward (dqkv): CPU loop vs BOTH CUDA paths (the cuBLAS
-// tensor-core path, attention_use_cublas = 1, the default; and the tiled fp32 kernels, = 0) for every
+// Causal attention forward (out, lse) and backward (dqkv): CPU loops vs BOTH CUDA paths (the cuBLAS
+// tensor-core path, attention_use_cublas = 1, the default, with the rounding bound kappa below; and the
+// tiled fp32 kernels, = 0) for every
 // supported head size, odd T, determinism, timing. GPT-2 124M shape: B=4, T=1024, C=768, NH=12.
 #include "../../llmc/attention.h"
 #include "common.h"
 
 static const char *path_name(int use_cublas) { return use_cublas ? "cublas" : "tiled"; }
+
+// The cuBLAS path's precision contract: the tensor cores take floatX operands, so P (forward and
+// backward) and dS are rounded to floatX before their GEMMs, as in FlashAttention and cuDNN. Each
+// rounding changes a term a_j b_j of a sum by at most u |a_j b_j| (u = 2^-8 in bf16, 2^-24 in fp32),
+// so that path may differ from attention.h's fp32 loops by up to
+//     kappa = u sum_j |a_j b_j|   over the rounded terms of each output element
+// on top of TOL_X. Where an output cancels to ~0 that term dominates (measured on an H200 at B4 T1024:
+// up to 4x TOL_X on 0.02% of the elements without it; the same loops with P and dS rounded on the CPU
+// still differed where GPU and CPU round a large p to neighbouring bf16 values). kappa is a bound,
+// not a fit; an indexing or masking error still gives O(rms) errors. The tiled path keeps P and dS in
+// fp32 and gets no kappa.
+#if defined(ENABLE_FP32)
+static const float ATT_U = 0x1p-24f;
+#else
+static const float ATT_U = 0x1p-8f;
+#endif
+
+// kappa of out (B, T, C): u sum_t2 p |v|
+static void attention_forward_kappa(float *kappa, const float *qkv, const float *lse, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < T; t++) {
+                const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                float *kap = kappa + ((size_t)b * T + t) * C + h * hs;
+                float l = lse[((size_t)b * NH + h) * T + t];
+                for (int i = 0; i < hs; i++) { kap[i] = 0.0f; }
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float *k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
+                    float s = 0.0f;
+                    for (int i = 0; i < hs; i++) { s += q[i] * k[i]; }
+                    float p = expf(s * scale - l);
+                    for (int i = 0; i < hs; i++) { kap[i] += ATT_U * p * fabsf(k[C + i]); }
+                }
+            }
+        }
+    }
+}
+
+// kappa of dqkv (B, T, 3C): dq: u sum |ds| |k|, dk: u sum |ds| |q|, dv: u sum p |dy|
+static void attention_backward_kappa(float *kappa, const float *dout, const float *qkv, const float *out,
+                                     const float *lse, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    memset(kappa, 0, (size_t)B * T * 3 * C * sizeof(float));
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {   // this (b, h) owns its slices of dq, dk, dv
+            for (int t = 0; t < T; t++) {
+                const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                const float *dy = dout + ((size_t)b * T + t) * C + h * hs, *y = out + ((size_t)b * T + t) * C + h * hs;
+                float *kq = kappa + ((size_t)b * T + t) * 3 * C + h * hs;
+                float l = lse[((size_t)b * NH + h) * T + t], D = 0.0f;
+                for (int i = 0; i < hs; i++) { D += dy[i] * y[i]; }
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float *k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs, *v = k + C;
+                    float *kk = kappa + ((size_t)b * T + t2) * 3 * C + C + h * hs, *kv = kk + C;
+                    float s = 0.0f, dp = 0.0f;
+                    for (int i = 0; i < hs; i++) { s += q[i] * k[i]; dp += dy[i] * v[i]; }
+                    float p = expf(s * scale - l);
+                    float ds = fabsf(p * (dp - D) * scale);
+                    for (int i = 0; i < hs; i++) {
+                        kq[i] += ATT_U * ds * fabsf(k[i]);
+                        kk[i] += ATT_U * ds * fabsf(q[i]);
+                        kv[i] += ATT_U * p * fabsf(dy[i]);
+                    }
+                }
+            }
+        }
+    }
+}
 
 static int run_case(int B, int T, int C, int NH, int timed) {
     int fails = 0;
@@ -22,6 +96,9 @@ static int run_case(int B, int T, int C, int NH, int timed) {
     for (size_t i = 0; i < nout; i++) { out_x[i] = floatX_to_float(float_to_floatX(out_x[i])); }
     float *dout = make_random(nout, -1.0f, 1.0f), *dqkv = (float *)malloc_check(nqkv * sizeof(float));
     attention_backward_cpu(dqkv, dout, qkv, out_x, lse, B, T, C, NH);
+    float *kappa_out = (float *)malloc_check(nout * sizeof(float)), *kappa_dqkv = (float *)malloc_check(nqkv * sizeof(float));
+    attention_forward_kappa(kappa_out, qkv, lse, B, T, C, NH);
+    attention_backward_kappa(kappa_dqkv, dout, qkv, out_x, lse, B, T, C, NH);
     floatX *d_dout = to_device(dout, nout), *d_dqkv, *d_dqkv2;
     cudaCheck(cudaMalloc(&d_dqkv, nqkv * sizeof(floatX)));
     cudaCheck(cudaMalloc(&d_dqkv2, nqkv * sizeof(floatX)));
@@ -36,7 +113,7 @@ static int run_case(int B, int T, int C, int NH, int timed) {
         cudaCheck(cudaMemset(d_lse, 0xff, nlse * sizeof(float)));
         attention_forward_cuda(d_out, d_lse, d_qkv, B, T, C, NH);
         snprintf(what, sizeof(what), "%s forward out", path_name(path));
-        fails += compare_device(what, d_out, out, nout, TOL_X);
+        fails += compare_device_bounded(what, d_out, out, path ? kappa_out : NULL, nout, TOL_X);
         snprintf(what, sizeof(what), "%s forward lse", path_name(path));
         fails += compare_device_f32(what, d_lse, lse, nlse, TOL_FP32);
 
@@ -46,7 +123,7 @@ static int run_case(int B, int T, int C, int NH, int timed) {
         attention_backward_cuda(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
         attention_backward_cuda(d_dqkv2, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
         snprintf(what, sizeof(what), "%s backward dqkv", path_name(path));
-        fails += compare_device(what, d_dqkv, dqkv, nqkv, TOL_X);
+        fails += compare_device_bounded(what, d_dqkv, dqkv, path ? kappa_dqkv : NULL, nqkv, TOL_X);
         snprintf(what, sizeof(what), "%s backward rerun", path_name(path));
         fails += compare_bitwise(what, d_dqkv, d_dqkv2, nqkv * sizeof(floatX));
 
@@ -66,7 +143,7 @@ static int run_case(int B, int T, int C, int NH, int timed) {
     }
     cudaCheck(cudaFree(d_qkv)); cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_lse)); cudaCheck(cudaFree(d_dout));
     cudaCheck(cudaFree(d_dqkv)); cudaCheck(cudaFree(d_dqkv2));
-    free(qkv); free(out); free(out_x); free(lse); free(dout); free(dqkv);
+    free(qkv); free(out); free(out_x); free(lse); free(dout); free(dqkv); free(kappa_out); free(kappa_dqkv);
     return fails;
 }
 
