@@ -45,7 +45,6 @@ typedef struct {
     float lr, beta1, beta2, eps, weight_decay, clip, final_frac, loss0, norm0;
     float *grads;        // 16 tensors, file order
     float *losses, *norms;
-    float *final_params; // 16 tensors, file order
 } RefState;
 
 static void read_ref_state(const char *path, const GPT2Config *c, RefState *s) {
@@ -62,11 +61,10 @@ static void read_ref_state(const char *path, const GPT2Config *c, RefState *s) {
     s->grads = (float *)malloc_check(P * sizeof(float));
     s->losses = (float *)malloc_check(s->nsteps * sizeof(float));
     s->norms = (float *)malloc_check(s->nsteps * sizeof(float));
-    s->final_params = (float *)malloc_check(P * sizeof(float));
     fread_check(s->grads, sizeof(float), P, f, path);
     fread_check(s->losses, sizeof(float), s->nsteps, f, path);
     fread_check(s->norms, sizeof(float), s->nsteps, f, path);
-    fread_check(s->final_params, sizeof(float), P, f, path);
+    // (the file ends with the parameters after the last step: not read, see compare_grads)
     fclose(f);
 }
 
@@ -137,13 +135,13 @@ static void check_memory(GPT2 *m, int accum) {
     double per_micro = X * ((Ls + 1) * BTs * C + 3.0 * Ls * BTs * C + (m->last ? 2 * BTs * C : 0))
                        + 4.0 * (4.0 * Ls * BTs + (m->last ? 2 * BTs : 0))
                        + X * Ls * BT * 12.0 * Cl + 4.0 * Ls * BT * m->NHl + 2 * 4.0 * BT;
-    int alive = m->schedule == SCHEDULE_GPIPE ? accum : m->grid->pp - m->grid->pp_rank;
+    int alive = m->pipe.schedule == SCHEDULE_GPIPE ? accum : m->grid->pp - m->grid->pp_rank;
     if (alive > accum) { alive = accum; }
-    check(m->nslots == alive, "memory: %d micro-batches of activations alive, formula %d (%s, stage %d of %d, %d micro-batches)",
-          m->nslots, alive, m->schedule == SCHEDULE_GPIPE ? "GPipe: all" : "1F1B: pp - stage", m->grid->pp_rank, m->grid->pp, accum);
-    double act_expect = per_micro * m->nslots;
+    check(m->pipe.nslots == alive, "memory: %d micro-batches of activations alive, formula %d (%s, stage %d of %d, %d micro-batches)",
+          m->pipe.nslots, alive, m->pipe.schedule == SCHEDULE_GPIPE ? "GPipe: all" : "1F1B: pp - stage", m->grid->pp_rank, m->grid->pp, accum);
+    double act_expect = per_micro * m->pipe.nslots;
     check(fabs((double)mem_current[MEM_ACTIVATIONS] - act_expect) < 1, "memory: activations %.0f B, formula %.0f B (%d x %.0f; BTs %d)",
-          (double)mem_current[MEM_ACTIVATIONS], act_expect, m->nslots, per_micro, m->BTs);
+          (double)mem_current[MEM_ACTIVATIONS], act_expect, m->pipe.nslots, per_micro, m->BTs);
     // logits (last stage): one chunk of chunk x Vp/tp, never B*T x Vp (plus per-token stats and losses)
     double logits_expect = m->last ? X * m->ce.chunk * m->Vl + 4.0 * (3.0 * m->ce.chunk * (1 + m->grid->tp) + BT) : 0;
     check(fabs((double)mem_peak[MEM_LOGITS] - logits_expect) < 1, "memory: logits peak %.0f B = chunk %d x Vp/tp %d x %d B + stats/losses (%.0f B)",
@@ -164,7 +162,7 @@ static void check_comm(GPT2 *m, int accum) {
             check(fabs(g->dp_group.bytes - expect) < 1, "comm: zero %d dp bytes/step %.0f = formula %.0f (all-reduce 2(p-1)/p*4P = %.0f)",
                   z->stage, g->dp_group.bytes, expect, ring);
         } else if (g->pp == 1) {
-            // zero_fetch_params' policy (L >= 2): the embedding gathered once per step; each layer twice per
+            // zero_unit_params' policy (L >= 2): the embedding gathered once per step; each layer twice per
             // micro-batch (forward, backward) except the last layer, still resident for its backward, and
             // layers 0 and 1, kept from one micro-batch's backward to the next one's forward; the final
             // LayerNorm once per micro-batch; every unit reduce-scattered once per micro-batch

@@ -26,6 +26,7 @@ cross-entropy), llmc/comm.h (the process grid and the collectives).
 #include "llmc/global_norm.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/zero.h"
+#include "llmc/pipeline.h"
 #include "llmc/dataloader.h"
 #include "llmc/tokenizer.h"
 #include "llmc/schedulers.h"
@@ -75,13 +76,6 @@ static size_t num_parameters(const GPT2Config *c) {
     size_t n = 0;
     for (int i = 0; i < NUM_TENSORS; i++) { n += tensor_full_size(c, i); }
     return n;
-}
-
-// The layers of pipeline stage `stage` of pp: an even split, the first L % pp stages one more.
-static void stage_layers(int L, int pp, int stage, int *l0, int *l1) {
-    int base = L / pp, extra = L % pp;
-    *l0 = stage * base + (stage < extra ? stage : extra);
-    *l1 = *l0 + base + (stage < extra ? 1 : 0);
 }
 
 // One unit of zero.h: the embedding (wpe, wte), a layer, or the final LayerNorm. Inside a unit
@@ -267,8 +261,8 @@ static float *random_init(const GPT2Config *c, uint64_t seed) {
 
 typedef struct {
     // stored for the backward, one set per micro-batch in flight on this pipeline stage. Per layer l of
-    // the stage's Ls layers (index l * size); BTs = tokens of the LayerNorm/residual region (BT/tp
-    // with SP, else BT), Cl = C/tp, NHl = NH/tp
+    // the stage's Ls layers (layer_acts cuts one layer's slice); BTs = tokens of the LayerNorm/residual
+    // region (BT/tp with SP, else BT), Cl = C/tp, NHl = NH/tp
     floatX *resid;      // (Ls+1, BTs, C) the residual stream entering each layer, and the stage's output
     floatX *ln1;        // (Ls, BTs, C)
     float *ln1_mean, *ln1_rstd;   // (Ls, BTs)
@@ -285,6 +279,14 @@ typedef struct {
     int *inputs, *targets;   // (BT) on the device
 } Activations;
 
+// One layer's slice of a micro-batch's activations.
+typedef struct {
+    floatX *res, *ln1, *mid, *ln2, *out;                 // (BTs, C): input, ln1, after attention, ln2, output
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;   // (BTs)
+    floatX *qkv, *atty, *fch, *fchg;                     // (BT, 3Cl), (BT, Cl), (BT, 4Cl), (BT, 4Cl)
+    float *lse;                                          // (B, NHl, T)
+} LayerActs;
+
 typedef struct {        // shared by all layers and micro-batches
     floatX *xfull;      // (BT, C) gathered input of a column-parallel layer (SP only)
     floatX *pfull;      // (BT, C) partial sums before a tp reduction, and full-token gradients
@@ -294,8 +296,6 @@ typedef struct {        // shared by all layers and micro-batches
     floatX *datty;      // (BT, Cl)
     float *losses;      // (BT)
 } Workspace;
-
-typedef enum { SCHEDULE_1F1B, SCHEDULE_GPIPE } PipeSchedule;
 
 typedef struct {
     GPT2Config config;
@@ -307,14 +307,23 @@ typedef struct {
     int nunits, u_embed, u_pos, u_layer0, u_final;   // this stage's units (zero.h), -1 where it has none
     Unit *units;
     Zero zero;
-    PipeSchedule schedule;
-    int nslots;                  // micro-batches whose activations can be alive at once
-    Activations *acts;           // (nslots)
+    Pipeline pipe;               // the schedule, the activation slots, the exchanges (pipeline.h)
+    Activations *acts;           // (pipe.nslots) one per micro-batch alive at once
     Workspace ws;
     CEBuffers ce;
-    double p2p_seconds;          // pipeline: time spent waiting on the neighbour stages
     size_t num_parameters;
 } GPT2;
+
+static LayerActs layer_acts(const GPT2 *m, const Activations *a, int l) {
+    size_t C = m->config.channels, Cl = m->Cl, s = (size_t)l * m->BTs, f = (size_t)l * m->BT;
+    LayerActs x;
+    x.res = a->resid + s * C; x.out = a->resid + (s + m->BTs) * C;
+    x.ln1 = a->ln1 + s * C; x.mid = a->mid + s * C; x.ln2 = a->ln2 + s * C;
+    x.ln1_mean = a->ln1_mean + s; x.ln1_rstd = a->ln1_rstd + s; x.ln2_mean = a->ln2_mean + s; x.ln2_rstd = a->ln2_rstd + s;
+    x.qkv = a->qkv + f * 3 * Cl; x.atty = a->atty + f * Cl; x.fch = a->fch + f * 4 * Cl; x.fchg = a->fchg + f * 4 * Cl;
+    x.lse = a->lse + f * m->NHl;
+    return x;
+}
 
 // Builds this rank's part of the model (its pipeline stage, its tp slice, its ZeRO shard) from the
 // full host tensors (file order). Every rank passes the same.
@@ -352,15 +361,10 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     m->B = B; m->T = T; m->BT = B * T;
     m->BTs = m->sp ? m->BT / tp : m->BT;
     m->tok0 = m->sp ? m->grid->tp_rank * m->BTs : 0;
-    // without a pipeline both schedules are forward, backward, forward, backward... (GPipe's "all
-    // forwards first" would keep the embedding's gradient open across micro-batches): use 1F1B
-    m->schedule = pp == 1 ? SCHEDULE_1F1B : schedule;
-    // 1F1B: stage s runs pp - s forwards before its first backward; GPipe: all of them
-    int alive = m->schedule == SCHEDULE_GPIPE ? accum : pp - m->grid->pp_rank;
-    m->nslots = alive < accum ? alive : accum;
+    int nslots = pipeline_slots(schedule, pp, m->grid->pp_rank, accum);
     size_t BT = m->BT, BTs = m->BTs, X = sizeof(floatX), F = sizeof(float);
-    m->acts = (Activations *)malloc_check(m->nslots * sizeof(Activations));
-    for (int i = 0; i < m->nslots; i++) {
+    m->acts = (Activations *)malloc_check(nslots * sizeof(Activations));
+    for (int i = 0; i < nslots; i++) {
         Activations *a = &m->acts[i];
         memset(a, 0, sizeof(*a));
         a->resid = (floatX *)mem_alloc((Ls + 1) * BTs * C * X, MEM_ACTIVATIONS);
@@ -399,6 +403,40 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
         m->ce.stats = (float *)mem_alloc((size_t)m->ce.chunk * 3 * F, MEM_LOGITS);
         m->ce.stats_all = (float *)mem_alloc((size_t)tp * m->ce.chunk * 3 * F, MEM_LOGITS);
     }
+    // the pipeline's view of the slots: each one's input (resid[0]) and output (resid[Ls])
+    Pipeline *p = &m->pipe;
+    p->pp = &m->grid->pp_group; p->tp = &m->grid->tp_group;
+    p->first = m->first; p->last = m->last;
+    p->split = !m->sp && tp > 1;
+    p->n = BTs * C;
+    p->schedule = pp == 1 ? SCHEDULE_1F1B : schedule;   // (without a pipeline GPipe is 1F1B)
+    p->nslots = nslots;
+    p->input = (floatX **)malloc_check(nslots * sizeof(floatX *));
+    p->output = (floatX **)malloc_check(nslots * sizeof(floatX *));
+    for (int i = 0; i < nslots; i++) { p->input[i] = m->acts[i].resid; p->output[i] = m->acts[i].resid + (size_t)Ls * BTs * C; }
+    p->grad = w->dresid;
+}
+
+// The tied embedding's gradient. wte is used twice: by the token embedding (first stage, the first op
+// of the forward, so the last of the backward) and by the LM head (last stage, the first op of the
+// backward). Both add to the gradient of the wte unit of their stage, so the unit is opened by the
+// first user of a backward and closed by the last (zero.h reduces it once closed):
+//   no pipeline: one unit [wpe, wte]; the head opens it, the token embedding adds its part and closes it.
+//   pipeline:    each end stage holds its own copy of the wte unit: the head opens and closes the last
+//                stage's, the token embedding the first stage's (and the separate wpe unit); after the
+//                data-parallel reduction zero_finish_grads sums the two copies over the emb group.
+typedef enum { WTE_HEAD, WTE_EMBEDDING } WteUser;
+
+static floatX *wte_grad_open(GPT2 *m, WteUser user) {
+    int shared = m->first && m->last;   // one stage holds both users: the head opened it
+    if (user == WTE_EMBEDDING && shared) { return zero_unit_grads(&m->zero, m->u_embed); }
+    return zero_begin_unit_backward(&m->zero, m->u_embed);
+}
+
+static void wte_grad_close(GPT2 *m, WteUser user, int last_micro) {
+    int shared = m->first && m->last;
+    if (user == WTE_HEAD && shared) { return; }   // the token embedding still adds to it
+    zero_end_unit_backward(&m->zero, m->u_embed, last_micro);
 }
 
 // The stage's input (B, T) tokens on the first stage, a->resid[0] received from the previous stage
@@ -415,8 +453,8 @@ static void gpt2_forward(GPT2 *m, Activations *a) {
     if (m->first) {
         // embedding: vocab-parallel token lookup of all BT tokens, summed over tp (SP: reduce-scattered
         // along the tokens), then the position embedding of the local tokens
-        unit_view(&m->units[m->u_embed], zero_fetch_params(&m->zero, m->u_embed), p);
-        unit_view(&m->units[m->u_pos], zero_fetch_params(&m->zero, m->u_pos), p);   // (the same unit without a pipeline)
+        unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p);
+        unit_view(&m->units[m->u_pos], zero_unit_params(&m->zero, m->u_pos), p);   // (the same unit without a pipeline)
         embedding_forward(w->pfull, a->inputs, p[T_WTE], m->v0, m->v0 + m->Vl, BT, C);
         x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
         copy_on_device(a->resid, x, (size_t)BTs * C * sizeof(floatX));
@@ -424,29 +462,27 @@ static void gpt2_forward(GPT2 *m, Activations *a) {
     }
     for (int l = 0; l < m->Ls; l++) {
         int u = m->u_layer0 + l;
-        unit_view(&m->units[u], zero_fetch_params(&m->zero, u), p);
-        size_t s = (size_t)l * BTs, f = (size_t)l * BT;
-        floatX *res = a->resid + s * C, *ln1 = a->ln1 + s * C, *mid = a->mid + s * C, *ln2 = a->ln2 + s * C;
-        floatX *qkv = a->qkv + f * 3 * Cl, *atty = a->atty + f * Cl, *fch = a->fch + f * 4 * Cl, *fchg = a->fchg + f * 4 * Cl;
+        unit_view(&m->units[u], zero_unit_params(&m->zero, u), p);
+        LayerActs y = layer_acts(m, a, l);
         // attention block: ln1 -> all tokens -> qkv (column-parallel, local heads) -> attention
         //                  -> attproj (row-parallel) -> sum partials
-        layernorm_forward(ln1, a->ln1_mean + s, a->ln1_rstd + s, res, p[T_LN1W], p[T_LN1B], BTs, C);
-        x = tp_all_tokens(tp, sp, ln1, w->xfull, BTs, C);
-        matmul_forward(qkv, x, p[T_QKVW], p[T_QKVB], BT, C, 3 * Cl);
-        attention_forward(atty, a->lse + (size_t)l * BT * NHl, qkv, B, T, Cl, NHl);
-        matmul_forward(w->pfull, atty, p[T_ATTPROJW], NULL, BT, Cl, C);
+        layernorm_forward(y.ln1, y.ln1_mean, y.ln1_rstd, y.res, p[T_LN1W], p[T_LN1B], BTs, C);
+        x = tp_all_tokens(tp, sp, y.ln1, w->xfull, BTs, C);
+        matmul_forward(y.qkv, x, p[T_QKVW], p[T_QKVB], BT, C, 3 * Cl);
+        attention_forward(y.atty, y.lse, y.qkv, B, T, Cl, NHl);
+        matmul_forward(w->pfull, y.atty, p[T_ATTPROJW], NULL, BT, Cl, C);
         x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
         // MLP block: (+ bias + residual, fused with) ln2 -> all tokens -> fc (column-parallel, fused
         // with gelu) -> fcproj (row-parallel) -> sum partials
-        residual_layernorm_forward(mid, ln2, a->ln2_mean + s, a->ln2_rstd + s, res, x, p[T_ATTPROJB], p[T_LN2W], p[T_LN2B], BTs, C);
-        x = tp_all_tokens(tp, sp, ln2, w->xfull, BTs, C);
-        matmul_forward_gelu(fchg, fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl);
-        matmul_forward(w->pfull, fchg, p[T_FCPROJW], NULL, BT, 4 * Cl, C);
+        residual_layernorm_forward(y.mid, y.ln2, y.ln2_mean, y.ln2_rstd, y.res, x, p[T_ATTPROJB], p[T_LN2W], p[T_LN2B], BTs, C);
+        x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);
+        matmul_forward_gelu(y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl);
+        matmul_forward(w->pfull, y.fchg, p[T_FCPROJW], NULL, BT, 4 * Cl, C);
         x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
-        residual_bias_forward(a->resid + (s + BTs) * C, mid, x, p[T_FCPROJB], BTs, C);
+        residual_bias_forward(y.out, y.mid, x, p[T_FCPROJB], BTs, C);
     }
     if (m->last) {
-        unit_view(&m->units[m->u_final], zero_fetch_params(&m->zero, m->u_final), p);
+        unit_view(&m->units[m->u_final], zero_unit_params(&m->zero, m->u_final), p);
         layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->resid + (size_t)m->Ls * BTs * C, p[T_LNFW], p[T_LNFB], BTs, C);
     }
 }
@@ -461,10 +497,10 @@ static float gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int l
     floatX *p[NUM_TENSORS], *g[NUM_TENSORS];
     // every tp rank needs the hidden states of all tokens: it holds Vp/tp of the vocabulary
     floatX *h = tp_all_tokens(tp, m->sp, a->lnf, w->xfull, m->BTs, C);
-    unit_view(&m->units[m->u_embed], zero_fetch_params(&m->zero, m->u_embed), p);
+    unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p);
     floatX *dh = NULL, *dwte = NULL;
     if (backward) {
-        unit_view(&m->units[m->u_embed], zero_begin_unit_backward(&m->zero, m->u_embed), g);
+        unit_view(&m->units[m->u_embed], wte_grad_open(m, WTE_HEAD), g);
         dwte = g[T_WTE];
         dh = w->pfull;
     }
@@ -472,8 +508,7 @@ static float gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int l
     if (backward) {
         floatX *dlnf = tp_sum_partials(tp, m->sp, dh, w->tokbuf, m->BTs, C);
         copy_on_device(a->dlnf, dlnf, (size_t)m->BTs * C * sizeof(floatX));
-        // the last stage's copy of the embedding gets nothing more from this micro-batch
-        if (!m->first) { zero_end_unit_backward(&m->zero, m->u_embed, last_micro); }
+        wte_grad_close(m, WTE_HEAD, last_micro);
     }
     float *losses = (float *)malloc_check(sizeof(float) * BT);
     copy_to_host(losses, w->losses, sizeof(float) * BT);
@@ -496,7 +531,7 @@ static void gpt2_backward(GPT2 *m, Activations *a, int last_micro) {
     floatX *p[NUM_TENSORS], *g[NUM_TENSORS];
 
     if (m->last) {
-        unit_view(&m->units[m->u_final], zero_fetch_params(z, m->u_final), p);
+        unit_view(&m->units[m->u_final], zero_unit_params(z, m->u_final), p);
         unit_view(&m->units[m->u_final], zero_begin_unit_backward(z, m->u_final), g);
         zero_on_device(w->dresid, (size_t)BTs * C * sizeof(floatX));
         layernorm_backward(w->dresid, g[T_LNFW], g[T_LNFB], a->dlnf, a->resid + (size_t)m->Ls * BTs * C, p[T_LNFW],
@@ -505,47 +540,43 @@ static void gpt2_backward(GPT2 *m, Activations *a, int last_micro) {
     }
     for (int l = m->Ls - 1; l >= 0; l--) {
         int u = m->u_layer0 + l;
-        unit_view(&m->units[u], zero_fetch_params(z, u), p);
+        unit_view(&m->units[u], zero_unit_params(z, u), p);
         unit_view(&m->units[u], zero_begin_unit_backward(z, u), g);
-        size_t s = (size_t)l * BTs, f = (size_t)l * BT;
-        floatX *res = a->resid + s * C, *ln1 = a->ln1 + s * C, *mid = a->mid + s * C, *ln2 = a->ln2 + s * C;
-        floatX *qkv = a->qkv + f * 3 * Cl, *atty = a->atty + f * Cl, *fch = a->fch + f * 4 * Cl, *fchg = a->fchg + f * 4 * Cl;
+        LayerActs y = layer_acts(m, a, l);
         // MLP block (w->dresid is the gradient of the layer's output)
         bias_backward(g[T_FCPROJB], w->dresid, BTs, C);
         floatX *dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
-        matmul_backward_dgelu(w->dwide, g[T_FCPROJW], dy, fchg, p[T_FCPROJW], fch, BT, 4 * Cl, C);   // d(fc output)
-        floatX *x = tp_all_tokens(tp, sp, ln2, w->xfull, BTs, C);   // SP: gathered again, not stored
+        matmul_backward_dgelu(w->dwide, g[T_FCPROJW], dy, y.fchg, p[T_FCPROJW], y.fch, BT, 4 * Cl, C);   // d(fc output)
+        floatX *x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);   // SP: gathered again, not stored
         matmul_backward(w->pfull, g[T_FCW], g[T_FCB], w->dwide, x, p[T_FCW], BT, C, 4 * Cl);
         floatX *dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
-        layernorm_backward(w->dresid, g[T_LN2W], g[T_LN2B], dln, mid, p[T_LN2W], a->ln2_mean + s, a->ln2_rstd + s, BTs, C);
+        layernorm_backward(w->dresid, g[T_LN2W], g[T_LN2B], dln, y.mid, p[T_LN2W], y.ln2_mean, y.ln2_rstd, BTs, C);
         // attention block (w->dresid is now the gradient of mid)
         bias_backward(g[T_ATTPROJB], w->dresid, BTs, C);
         dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
-        matmul_backward(w->datty, g[T_ATTPROJW], NULL, dy, atty, p[T_ATTPROJW], BT, Cl, C);
-        attention_backward(w->dwide, w->datty, qkv, atty, a->lse + (size_t)l * BT * NHl, B, T, Cl, NHl);
-        x = tp_all_tokens(tp, sp, ln1, w->xfull, BTs, C);
+        matmul_backward(w->datty, g[T_ATTPROJW], NULL, dy, y.atty, p[T_ATTPROJW], BT, Cl, C);
+        attention_backward(w->dwide, w->datty, y.qkv, y.atty, y.lse, B, T, Cl, NHl);
+        x = tp_all_tokens(tp, sp, y.ln1, w->xfull, BTs, C);
         matmul_backward(w->pfull, g[T_QKVW], g[T_QKVB], w->dwide, x, p[T_QKVW], BT, C, 3 * Cl);
         dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
-        layernorm_backward(w->dresid, g[T_LN1W], g[T_LN1B], dln, res, p[T_LN1W], a->ln1_mean + s, a->ln1_rstd + s, BTs, C);
+        layernorm_backward(w->dresid, g[T_LN1W], g[T_LN1B], dln, y.res, p[T_LN1W], y.ln1_mean, y.ln1_rstd, BTs, C);
         zero_end_unit_backward(z, u, last_micro);
     }
     if (m->first) {
-        // the embedding. Without a pipeline its gradient buffer was opened by the head (the LM-head part
-        // of dwte); the first stage of a pipeline opens its wte and wpe units here (the last stage's wte
-        // copy was closed by the head)
+        // the embedding: the position embedding of the local tokens, the token embedding of all of them
         int pipeline = m->u_pos != m->u_embed;
-        unit_view(&m->units[m->u_embed], m->last ? zero_unit_grads(z, m->u_embed) : zero_begin_unit_backward(z, m->u_embed), g);
+        unit_view(&m->units[m->u_embed], wte_grad_open(m, WTE_EMBEDDING), g);
         if (pipeline) { unit_view(&m->units[m->u_pos], zero_begin_unit_backward(z, m->u_pos), g); }
         position_backward(g[T_WPE], w->dresid, m->tok0, BTs, T, C);
         floatX *dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
         embedding_backward(g[T_WTE], dy, a->inputs, m->v0, m->v0 + m->Vl, BT, C);
         if (pipeline) { zero_end_unit_backward(z, m->u_pos, last_micro); }
-        zero_end_unit_backward(z, m->u_embed, last_micro);
+        wte_grad_close(m, WTE_EMBEDDING, last_micro);
     }
 }
 
 // ----------------------------------------------------------------------------
-// one training step: the micro-batches through the pipeline stages (1F1B or GPipe), then AdamW
+// one training step: the micro-batches through the pipeline stages (pipeline.h), then AdamW
 
 typedef struct { float beta1, beta2, eps, weight_decay, grad_clip; unsigned int seed; } OptConfig;
 
@@ -554,99 +585,43 @@ static void gpt2_upload_batch(GPT2 *m, Activations *a, const int *inputs, const 
     copy_to_device(a->targets, targets, sizeof(int) * m->BT);
 }
 
-// The pipeline's point-to-point step: this stage's output activation of micro-batch `send_fwd` to the
-// next stage and/or the gradient of its input (ws.dresid) to the previous one, while receiving
-// micro-batch `recv_fwd`'s input from the previous stage and/or the gradient of its output (into
-// ws.dresid) from the next one. -1 leaves a part out. Shapes (BTs, C). Without SP every tp rank holds
-// the same (BT, C) tensor: each sends only its 1/tp slice, and the receivers all-gather the slices
-// over tp (Megatron's scatter-gather), so the link between stages carries it once, not tp times.
-// Time spent here is the bubble.
-static double wall_seconds(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
+// What the schedule runs for one training step on this stage.
+typedef struct {
+    GPT2 *m;
+    DataLoader *dl;
+    int accum;
+    float dloss;       // d(loss)/d(each token's loss): 1 / (tokens in the global batch)
+    double loss;       // summed over the micro-batches (last stage)
+} TrainStep;
 
-static void pipe_exchange(GPT2 *m, int send_fwd, int recv_bwd, int send_bwd, int recv_fwd) {
-    if (m->first && m->last) { return; }   // no pipeline
-    Group *pg = &m->grid->pp_group, *tp = &m->grid->tp_group;
-    size_t n = (size_t)m->BTs * m->config.channels;
-    int split = !m->sp && tp->size > 1;
-    size_t k = split ? n / tp->size : n, off = split ? (size_t)tp->rank * k : 0;   // this rank's slice
-    int prev = pg->rank - 1, next = pg->rank + 1;
-    device_synchronize();                  // the compute before is not waiting
-    double t0 = wall_seconds();
-    floatX *got_fwd = NULL, *got_bwd = NULL;
-    if (!m->last && (send_fwd >= 0 || recv_bwd >= 0)) {
-        floatX *out = send_fwd >= 0 ? m->acts[send_fwd % m->nslots].resid + (size_t)m->Ls * n : NULL;
-        comm_sendrecv(pg, send_fwd >= 0 ? out + off : NULL, send_fwd >= 0 ? k : 0, next,
-                      m->ws.dresid + off, recv_bwd >= 0 ? k : 0, next, DT_FLOATX);
-        if (recv_bwd >= 0) { got_bwd = m->ws.dresid; }
-    }
-    if (!m->first && (send_bwd >= 0 || recv_fwd >= 0)) {
-        floatX *in = recv_fwd >= 0 ? m->acts[recv_fwd % m->nslots].resid : NULL;
-        comm_sendrecv(pg, m->ws.dresid + off, send_bwd >= 0 ? k : 0, prev, recv_fwd >= 0 ? in + off : NULL,
-                      recv_fwd >= 0 ? k : 0, prev, DT_FLOATX);
-        got_fwd = in;
-    }
-    floatX *got[2] = {got_fwd, got_bwd};
-    for (int i = 0; i < 2; i++) {
-        if (split && got[i]) { comm_all_gather(tp, got[i] + off, got[i], k, DT_FLOATX, NULL); }
-    }
-    device_synchronize();
-    m->p2p_seconds += wall_seconds() - t0;
-}
-
-// Forward of micro-batch i on this stage (its input already received); the last stage runs the fused
-// head too, forward and backward at once. Every stage reads every batch, in the same order.
-static double pipe_forward(GPT2 *m, DataLoader *dl, int i, int accum, float dloss) {
-    Activations *a = &m->acts[i % m->nslots];
-    dataloader_next_batch(dl);
-    gpt2_upload_batch(m, a, dl->inputs, dl->targets);
+// Forward of micro-batch i (its input received): every stage reads every batch, in the same order;
+// the last stage runs the fused head too, forward and backward at once.
+static void train_forward(void *ctx, int i) {
+    TrainStep *s = (TrainStep *)ctx;
+    GPT2 *m = s->m;
+    Activations *a = &m->acts[i % m->pipe.nslots];
+    dataloader_next_batch(s->dl);
+    gpt2_upload_batch(m, a, s->dl->inputs, s->dl->targets);
     gpt2_forward(m, a);
-    return m->last ? gpt2_head(m, a, dloss, 1, i == accum - 1) : 0.0;
+    if (m->last) { s->loss += gpt2_head(m, a, s->dloss, 1, i == s->accum - 1); }
+}
+
+static void train_backward(void *ctx, int i) {
+    TrainStep *s = (TrainStep *)ctx;
+    gpt2_backward(s->m, &s->m->acts[i % s->m->pipe.nslots], i == s->accum - 1);
 }
 
 // Forward and backward of `accum` micro-batches; the gradients end up reduced as the ZeRO stage
-// wants them. Pipeline stage s of pp runs (Megatron's 1F1B): pp-s-1 warm-up forwards, then one
-// forward and one backward in turn, then the remaining backwards; GPipe: all forwards, then all
-// backwards. With pp = 1 both are forward, backward, forward, backward... Returns the mean loss
-// over the global batch (all micro-batches, all dp ranks), on every rank.
+// wants them. Returns the mean loss over the global batch (all micro-batches, all dp ranks), on
+// every rank.
 static float gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
-    zero_zero_grads(&m->zero);
-    float dloss = 1.0f / ((float)m->BT * accum * m->grid->dp);   // d(mean over the global batch)
-    int pp = m->grid->pp, s = m->grid->pp_rank;
-    int warm = m->schedule == SCHEDULE_GPIPE ? accum : (pp - s - 1 < accum ? pp - s - 1 : accum);
-    int steady = accum - warm;
-    double loss = 0.0;
-    for (int i = 0; i < warm; i++) {
-        pipe_exchange(m, -1, -1, -1, i);                  // receive the input
-        loss += pipe_forward(m, dl, i, accum, dloss);
-        pipe_exchange(m, i, -1, -1, -1);                  // send the output
-    }
-    if (steady > 0) { pipe_exchange(m, -1, -1, -1, warm); }
-    for (int k = 0; k < steady; k++) {
-        int i = warm + k;
-        loss += pipe_forward(m, dl, i, accum, dloss);
-        pipe_exchange(m, i, k, -1, -1);                   // send output i, receive the gradient of k
-        gpt2_backward(m, &m->acts[k % m->nslots], k == accum - 1);
-        pipe_exchange(m, -1, -1, k, k + 1 < steady ? i + 1 : -1);   // send input gradient k, receive input i+1
-    }
-    for (int k = steady; k < accum; k++) {
-        pipe_exchange(m, -1, k, -1, -1);                  // receive the gradient of the output
-        gpt2_backward(m, &m->acts[k % m->nslots], k == accum - 1);
-        pipe_exchange(m, -1, -1, k, -1);                  // send the gradient of the input
-    }
-    if (pp > 1) {   // the later stages finish their last backward first: that wait is bubble too
-        device_synchronize();
-        double t0 = wall_seconds();
-        MPI_Barrier(m->grid->pp_group.mpi);
-        m->p2p_seconds += wall_seconds() - t0;
-    }
+    zero_clear_grads(&m->zero);
+    TrainStep s = {m, dl, accum, 1.0f / ((float)m->BT * accum * m->grid->dp), 0.0};
+    pipeline_run(&m->pipe, accum, (StageWork){&s, train_forward, train_backward});
     zero_finish_grads(&m->zero);
     // the loss lives on the last stage; every rank gets it
-    loss /= accum;
-    if (pp > 1) { MPI_Bcast(&loss, 1, MPI_DOUBLE, pp - 1, m->grid->pp_group.mpi); }
+    double loss = s.loss / accum;
+    if (m->grid->pp > 1) { MPI_Bcast(&loss, 1, MPI_DOUBLE, m->grid->pp - 1, m->grid->pp_group.mpi); }
     comm_sum_host(&m->grid->dp_group, &loss, 1);
     return (float)(loss / m->grid->dp);
 }
@@ -659,13 +634,12 @@ static float gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
     return norm;
 }
 
+static void forward_only(void *ctx, int i) { (void)i; GPT2 *m = (GPT2 *)ctx; gpt2_forward(m, &m->acts[0]); }
+
 // Forward only, through every stage: tokens (B, T) in; the last stage's lnf out (in acts[0]).
 static void gpt2_forward_pipeline(GPT2 *m, const int *inputs, const int *targets) {
-    Activations *a = &m->acts[0];
-    gpt2_upload_batch(m, a, inputs, targets);
-    pipe_exchange(m, -1, -1, -1, 0);
-    gpt2_forward(m, a);
-    pipe_exchange(m, 0, -1, -1, -1);
+    gpt2_upload_batch(m, &m->acts[0], inputs, targets);
+    pipeline_forward_only(&m->pipe, (StageWork){m, forward_only, NULL});
 }
 
 // Mean loss over up to max_batches batches of the loader (from its start), over all dp ranks.
@@ -704,7 +678,7 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
         if (m->last) {
             floatX *h = tp_all_tokens(&m->grid->tp_group, m->sp, m->acts[0].lnf, m->ws.xfull, m->BTs, C);
             floatX *p[NUM_TENSORS];
-            unit_view(&m->units[m->u_embed], zero_fetch_params(&m->zero, m->u_embed), p);
+            unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p);
             // this rank's vocabulary slice of the logits of position t-1, then all slices (Vp)
             matmul_forward(row + m->v0, h + (size_t)(t - 1) * C, p[T_WTE], NULL, 1, C, m->Vl);
             comm_all_gather(&m->grid->tp_group, row + m->v0, row, m->Vl, DT_FLOATX, NULL);
@@ -1086,6 +1060,99 @@ static void check_output_dir(const char *dir, int rank) {
     if (!all_ok) { fail_all(rank, "-o '%s' is not a writable directory", dir); }
 }
 
+// ----------------------------------------------------------------------------
+// main: set-up (model, data), the training loop, the reports
+
+// The model's weights (host fp32, file order) and shape: from the newest checkpoint in -o when
+// resuming (*resume_step >= 0), else from a model file, else a descriptor with random init.
+static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step) {
+    *resume_step = -1;
+    if (a->resume) {
+        *resume_step = latest_checkpoint(a->output_dir);
+        if (*resume_step < 0 && a->resume == 1) {
+            fail_all(rank, "-y 1: nothing to resume in '%s' (no DONE_* marker); use -y 2 to start fresh when there is none", a->output_dir);
+        }
+        if (*resume_step < 0 && rank == 0) { printf("-y 2: no checkpoint in %s, starting fresh\n", a->output_dir); }
+    }
+    int desc = parse_descriptor(a->model, config);
+    if (desc < 0) { fail_all(rank, "-e '%s' is a malformed model descriptor (expected dN or L=..,C=..,NH=..,V=..,maxT=..)", a->model); }
+    if (*resume_step >= 0) {
+        char path[1024];
+        snprintf(path, sizeof(path), "%s/model_%08d.bin", a->output_dir, *resume_step);
+        return read_model_file(path, config);
+    }
+    return desc == 1 ? random_init(config, a->seed) : read_model_file(a->model, config);
+}
+
+// The train and validation loaders: the -i / -j shards (and tokenizer.bin beside the train shards,
+// for decoding samples), or the built-in corpus. Returns whether there is validation data.
+static int setup_data(const Args *a, const GPT2Config *config, Grid *grid, DataLoader *train, DataLoader *val, Tokenizer *tok) {
+    memset(tok, 0, sizeof(*tok));
+    if (a->train_pattern) {
+        dataloader_init(train, a->train_pattern, a->B, a->T, config->vocab_size, grid->dp, grid->dp_rank, a->shuffle, a->seed);
+        if (a->val_pattern) {
+            dataloader_init(val, a->val_pattern, a->B, a->T, config->vocab_size, grid->dp, grid->dp_rank, 0, a->seed);
+        }
+        char tok_path[1024];
+        snprintf(tok_path, sizeof(tok_path), "%s", train->files.gl_pathv[0]);
+        char *slash = strrchr(tok_path, '/');
+        snprintf(slash ? slash + 1 : tok_path, sizeof(tok_path) - (slash ? slash + 1 - tok_path : 0), "tokenizer.bin");
+        if (access(tok_path, R_OK) == 0) { tokenizer_init(tok, tok_path); }
+        return a->val_pattern != NULL;
+    }
+    size_t need = (size_t)grid->dp * a->B * a->T + 1;
+    size_t n_train = need * 4 > 32768 ? need * 4 : 32768, n_val = need > 8192 ? need : 8192;
+    uint16_t *corpus = (uint16_t *)malloc_check((n_train + n_val) * sizeof(uint16_t));
+    double h = synthetic_corpus(corpus, n_train + n_val, config->vocab_size, a->seed);
+    if (grid->rank == 0) {
+        printf("data: no -i, built-in synthetic corpus (Markov chain, %zu train + %zu val tokens), entropy rate %.4f nats/token = the loss floor\n",
+               n_train, n_val, h);
+    }
+    dataloader_init_memory(train, corpus, n_train, a->B, a->T, config->vocab_size, grid->dp, grid->dp_rank, a->seed);
+    dataloader_init_memory(val, corpus + n_train, n_val, a->B, a->T, config->vocab_size, grid->dp, grid->dp_rank, a->seed);
+    free(corpus);
+    return 1;
+}
+
+// After the first step: bytes per group (--comm-report), memory per category and the activation
+// slots per pipeline stage (--memory-report).
+static void report_first_step(const Args *a, GPT2 *m, int accum) {
+    Grid *g = m->grid;
+    if (a->comm_report) {
+        comm_report(g, 1, "first step");
+        if (g->rank == 0 && a->zero >= 2 && accum > 1) {
+            printf("note: zero %d reduce-scatters the gradients after every micro-batch (%d per step) so that no full\n"
+                   "      gradient outlives its unit's backward: dp traffic grows with accumulation, unlike stages 0-1\n", a->zero, accum);
+        }
+    }
+    if (a->memory_report) {
+        mem_report(g->rank, g->world_size, "after the first step");
+        if (g->pp > 1) {   // 1F1B: pp - stage, GPipe: all of them
+            int *alive = (int *)malloc_check(sizeof(int) * g->world_size);
+            MPI_Gather(&m->pipe.nslots, 1, MPI_INT, alive, 1, MPI_INT, 0, MPI_COMM_WORLD);
+            if (g->rank == 0) {
+                printf("pipeline (%s, %d micro-batches): micro-batches of activations alive per stage:", a->pp_schedule, accum);
+                for (int s = 0; s < g->pp; s++) { printf(" %d", alive[s * g->tp]); }
+                printf("\n");
+            }
+            free(alive);
+        }
+    }
+}
+
+// The pipeline bubble of each stage: time waiting on the neighbour stages / step time, averaged
+// over the timed steps, next to the ideal (pp-1)/(m+pp-1).
+static void report_bubble(const Args *a, Grid *g, double bubble_sum, int steps, int accum) {
+    double mine = bubble_sum / steps, *all = (double *)malloc_check(sizeof(double) * g->world_size);
+    MPI_Gather(&mine, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (g->rank == 0) {
+        printf("pipeline bubble (%s, %d micro-batches): measured time waiting on the neighbour stages / step time, ideal (pp-1)/(m+pp-1) = %.3f\n",
+               a->pp_schedule, accum, (double)(g->pp - 1) / (accum + g->pp - 1));
+        for (int s = 0; s < g->pp; s++) { printf("  stage %d: %.3f\n", s, all[s * g->tp]); }   // (tp 0, dp 0) rank of each stage
+    }
+    free(all);
+}
+
 #ifndef TESTING
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
@@ -1095,33 +1162,14 @@ int main(int argc, char **argv) {
     Args args;
     default_args(&args);
     parse_args(argc, argv, &args, rank);
+    if (args.resume && args.output_dir == NULL) { fail_all(rank, "-y needs an output dir (-o)"); }
 
-    // the model: a resumed checkpoint, a file, or a descriptor for random init
-    int resume_step = -1;
-    if (args.resume) {
-        if (args.output_dir == NULL) { fail_all(rank, "-y needs an output dir (-o)"); }
-        resume_step = latest_checkpoint(args.output_dir);
-        if (resume_step < 0 && args.resume == 1) {
-            fail_all(rank, "-y 1: nothing to resume in '%s' (no DONE_* marker); use -y 2 to start fresh when there is none", args.output_dir);
-        }
-        if (resume_step < 0 && rank == 0) { printf("-y 2: no checkpoint in %s, starting fresh\n", args.output_dir); }
-    }
+    // the model, the grid, this rank's part of the model
     GPT2Config config;
-    float *params;
-    char model_path[1024];
-    int desc = parse_descriptor(args.model, &config);
-    if (desc < 0) { fail_all(rank, "-e '%s' is a malformed model descriptor (expected dN or L=..,C=..,NH=..,V=..,maxT=..)", args.model); }
-    if (resume_step >= 0) {
-        snprintf(model_path, sizeof(model_path), "%s/model_%08d.bin", args.output_dir, resume_step);
-        params = read_model_file(model_path, &config);
-    } else if (desc == 1) {
-        params = random_init(&config, args.seed);
-    } else {
-        params = read_model_file(args.model, &config);
-    }
+    int resume_step;
+    float *params = load_model(&args, rank, &config, &resume_step);
     validate_layout(&args, &config, world, rank);
     if (args.output_dir) { check_output_dir(args.output_dir, rank); }
-
     Grid grid;
     grid_init(&grid, args.tp, args.pp, args.ep);
     grid_print(&grid);
@@ -1138,33 +1186,10 @@ int main(int argc, char **argv) {
                args.pp_schedule, args.ce_chunk);
     }
 
-    // data
+    // data, schedule, optimizer, and the state of a resumed run
     DataLoader train_loader, val_loader;
-    int have_val = 0;
     Tokenizer tokenizer;
-    memset(&tokenizer, 0, sizeof(tokenizer));
-    if (args.train_pattern) {
-        dataloader_init(&train_loader, args.train_pattern, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, args.shuffle, args.seed);
-        if (args.val_pattern) {
-            dataloader_init(&val_loader, args.val_pattern, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
-            have_val = 1;
-        }
-        char tok_path[1024];
-        snprintf(tok_path, sizeof(tok_path), "%s", train_loader.files.gl_pathv[0]);
-        char *slash = strrchr(tok_path, '/');
-        snprintf(slash ? slash + 1 : tok_path, sizeof(tok_path) - (slash ? slash + 1 - tok_path : 0), "tokenizer.bin");
-        if (access(tok_path, R_OK) == 0) { tokenizer_init(&tokenizer, tok_path); }
-    } else {
-        size_t need = (size_t)grid.dp * args.B * args.T + 1;
-        size_t n_train = need * 4 > 32768 ? need * 4 : 32768, n_val = need > 8192 ? need : 8192;
-        uint16_t *tok = (uint16_t *)malloc_check((n_train + n_val) * sizeof(uint16_t));
-        double h = synthetic_corpus(tok, n_train + n_val, config.vocab_size, args.seed);
-        if (rank == 0) { printf("data: no -i, built-in synthetic corpus (Markov chain, %zu train + %zu val tokens), entropy rate %.4f nats/token = the loss floor\n", n_train, n_val, h); }
-        dataloader_init_memory(&train_loader, tok, n_train, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, args.seed);
-        dataloader_init_memory(&val_loader, tok + n_train, n_val, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, args.seed);
-        have_val = 1;
-        free(tok);
-    }
+    int have_val = setup_data(&args, &config, &grid, &train_loader, &val_loader, &tokenizer);
     int steps_per_epoch = (int)(train_loader.rounds_per_epoch / accum);
     int max_steps = args.max_steps >= 0 ? args.max_steps : (steps_per_epoch > 0 ? steps_per_epoch : 1);
     LRScheduler sched = {args.scheduler, args.lr, args.final_frac, args.warmup, max_steps};
@@ -1185,6 +1210,7 @@ int main(int argc, char **argv) {
     }
     int eot = tokenizer.init_ok ? tokenizer.eot_token : config.vocab_size - 1;
 
+    // the training loop
     double total_ms = 0.0, bubble = 0.0;   // bubble: the fraction of a step spent waiting on other stages
     int timed_steps = 0;
     for (int step = start_step; step < max_steps; step++) {
@@ -1196,43 +1222,26 @@ int main(int argc, char **argv) {
             gpt2_sample(&model, &tokenizer, &sample_rng, args.gen_tokens, eot);
         }
         comm_reset_counters(&grid);
-        model.p2p_seconds = 0.0;
+        model.pipe.wait_seconds = 0.0;
         double t0 = wall_seconds();
         float loss = gpt2_forward_backward(&model, &train_loader, accum);
         float lr = lr_at(&sched, step);
         float norm = gpt2_update(&model, &opt, lr, step);
         device_synchronize();
         double ms = (wall_seconds() - t0) * 1e3;
-        if (step > start_step) { total_ms += ms; timed_steps++; bubble += model.p2p_seconds / (ms / 1e3); }
+        if (step > start_step) { total_ms += ms; timed_steps++; bubble += model.pipe.wait_seconds / (ms / 1e3); }
         if (rank == 0) {
             printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s\n", step + 1, max_steps, loss, norm, lr,
                    ms, args.total_batch / (ms / 1e3));
             if (logf) { fprintf(logf, "s:%d trl:%.6f\n", step, loss); fflush(logf); }
         }
-        if (args.comm_report && step == start_step) {
-            comm_report(&grid, 1, "first step");
-            if (rank == 0 && args.zero >= 2 && accum > 1) {
-                printf("note: zero %d reduce-scatters the gradients after every micro-batch (%d per step) so that no full\n"
-                       "      gradient outlives its unit's backward: dp traffic grows with accumulation, unlike stages 0-1\n", args.zero, accum);
-            }
-        }
-        if (args.memory_report && step == start_step) {
-            mem_report(rank, world, "after the first step");
-            if (grid.pp > 1) {   // 1F1B: pp - stage, GPipe: all of them
-                int *alive = (int *)malloc_check(sizeof(int) * world);
-                MPI_Gather(&model.nslots, 1, MPI_INT, alive, 1, MPI_INT, 0, MPI_COMM_WORLD);
-                if (rank == 0) {
-                    printf("pipeline (%s, %d micro-batches): micro-batches of activations alive per stage:", args.pp_schedule, accum);
-                    for (int s = 0; s < grid.pp; s++) { printf(" %d", alive[s * grid.tp]); }
-                    printf("\n");
-                }
-                free(alive);
-            }
-        }
+        if (step == start_step) { report_first_step(&args, &model, accum); }
         if (args.checkpoint_every > 0 && (step + 1) % args.checkpoint_every == 0) {
             save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng, args.total_batch);
         }
     }
+
+    // the end: validation, a sample, the timings
     if (args.memory_report && max_steps == start_step) { mem_report(rank, world, "set up, no step run (-x 0)"); }
     if (have_val && args.val_every > 0 && max_steps > start_step) {
         float vl = gpt2_validate(&model, &val_loader, args.val_batches);
@@ -1240,16 +1249,7 @@ int main(int argc, char **argv) {
     }
     if (args.sample_every > 0 && max_steps > start_step) { gpt2_sample(&model, &tokenizer, &sample_rng, args.gen_tokens, eot); }
     if (rank == 0 && timed_steps > 0) { printf("average step: %.1f ms, %.0f tok/s\n", total_ms / timed_steps, args.total_batch / (total_ms / timed_steps / 1e3)); }
-    if (args.comm_report && grid.pp > 1 && timed_steps > 0) {
-        double mine = bubble / timed_steps, *all = (double *)malloc_check(sizeof(double) * world);
-        MPI_Gather(&mine, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-        if (rank == 0) {
-            printf("pipeline bubble (%s, %d micro-batches): measured time waiting on the neighbour stages / step time, ideal (pp-1)/(m+pp-1) = %.3f\n",
-                   args.pp_schedule, accum, (double)(grid.pp - 1) / (accum + grid.pp - 1));
-            for (int s = 0; s < grid.pp; s++) { printf("  stage %d: %.3f\n", s, all[s * grid.tp]); }   // (tp 0, dp 0) rank of each stage
-        }
-        free(all);
-    }
+    if (args.comm_report && grid.pp > 1 && timed_steps > 0) { report_bubble(&args, &grid, bubble, timed_steps, accum); }
     if (logf) { fclose(logf); }
     tokenizer_free(&tokenizer);
     dataloader_free(&train_loader);

@@ -125,7 +125,7 @@ template <int TPQ> __device__ __forceinline__ float att_group_sum(float v) {
     return v;
 }
 
-// Forward. grid (CEIL_DIV(T, QT), NH, B), block ATT_THREADS = QT queries x TPQ threads.
+// Forward. grid (ceil_div(T, QT), NH, B), block ATT_THREADS = QT queries x TPQ threads.
 // qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T). Online softmax over key tiles of ATT_TILE.
 template <int HS>
 __global__ void __launch_bounds__(ATT_THREADS) attention_forward_kernel(floatX *out, float *lse, const floatX *qkv,
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_forward_kernel(floatX *
     }
 }
 
-// Backward 1/2: dk, dv. grid (CEIL_DIV(T, KB), NH, B), block = KB keys x TPQ threads. Each group
+// Backward 1/2: dk, dv. grid (ceil_div(T, KB), NH, B), block = KB keys x TPQ threads. Each group
 // keeps its key's k, v in registers and walks the query tiles from its block's first key to T
 // (queries in ascending order: deterministic), with D = dout.out recomputed per query tile.
 //   p = exp(q.k scale - lse);  dv += p dout;  ds = p (dout.v - D) scale;  dk += ds q
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_backward_dkdv_kernel(fl
     }
 }
 
-// Backward 2/2: dq. grid (CEIL_DIV(T, QT), NH, B), block = QT queries x TPQ threads; key tiles in
+// Backward 2/2: dq. grid (ceil_div(T, QT), NH, B), block = QT queries x TPQ threads; key tiles in
 // ascending order.   ds = p (dout.v - D) scale;  dq += ds k
 template <int HS>
 __global__ void __launch_bounds__(ATT_THREADS) attention_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv,
@@ -337,7 +337,7 @@ static int attention_head_size(int C, int NH) {
 template <int HS>
 static void attention_forward_launch(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
     constexpr int QT = ATT_THREADS / (HS / 16);
-    dim3 grid(CEIL_DIV(T, QT), NH, B);
+    dim3 grid(ceil_div(T, QT), NH, B);
     attention_forward_kernel<HS><<<grid, ATT_THREADS, 0, main_stream>>>(out, lse, qkv, T, C, NH);
     cudaCheckLaunch();
 }
@@ -346,7 +346,7 @@ template <int HS>
 static void attention_backward_launch(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
                                       const float *lse, int B, int T, int C, int NH) {
     constexpr int R = ATT_THREADS / (HS / 16);   // keys (dk/dv) or queries (dq) per block
-    dim3 grid(CEIL_DIV(T, R), NH, B);
+    dim3 grid(ceil_div(T, R), NH, B);
     attention_backward_dkdv_kernel<HS><<<grid, ATT_THREADS, 0, main_stream>>>(dqkv, dout, qkv, out, lse, T, C, NH);
     cudaCheckLaunch();
     attention_backward_dq_kernel<HS><<<grid, ATT_THREADS, 0, main_stream>>>(dqkv, dout, qkv, out, lse, T, C, NH);
@@ -432,7 +432,7 @@ static void att_gemm_scores(float *S, const floatX *kv, const floatX *qdy, int l
              S, CUDA_R_32F, T, (long long)T * T, NH);
 }
 
-// P (floatX), lse from S: causal mask, scale, softmax. grid (CEIL_DIV(T, ATT_ROWS_PER_BLOCK), NH),
+// P (floatX), lse from S: causal mask, scale, softmax. grid (ceil_div(T, ATT_ROWS_PER_BLOCK), NH),
 // block 32 * ATT_ROWS_PER_BLOCK; warp w of block x owns query t = x * ATT_ROWS_PER_BLOCK + w of head
 // blockIdx.y. S, P: (NH, T, T) of one batch index; lse: (NH, T) of that batch index.
 // lse = max + log(sum_{t2 <= t} exp(s scale - max)), P = exp(s scale - max) / sum, 0 for t2 > t.
@@ -495,7 +495,7 @@ static void attention_forward_cublas(floatX *out, float *lse, const floatX *qkv,
     att_cublas_setup(T, NH);
     size_t C3 = 3 * (size_t)C;
     long long TT = (long long)T * T;
-    dim3 grid(CEIL_DIV(T, ATT_ROWS_PER_BLOCK), NH);
+    dim3 grid(ceil_div(T, ATT_ROWS_PER_BLOCK), NH);
     for (int b = 0; b < B; b++) {
         const floatX *q = qkv + (size_t)b * T * C3, *k = q + C, *v = q + 2 * C;
         att_gemm_scores(att_ws_S, k, q, 3 * C, T, C, NH);
@@ -518,7 +518,7 @@ static void attention_backward_cublas(floatX *dqkv, const floatX *dout, const fl
     att_cublas_setup(T, NH);
     size_t C3 = 3 * (size_t)C;
     long long TT = (long long)T * T;
-    dim3 grid(CEIL_DIV(T, ATT_ROWS_PER_BLOCK), NH);
+    dim3 grid(ceil_div(T, ATT_ROWS_PER_BLOCK), NH);
     for (int b = 0; b < B; b++) {
         const floatX *q = qkv + (size_t)b * T * C3, *k = q + C, *v = q + 2 * C;
         const floatX *dy = dout + (size_t)b * T * C, *y = out + (size_t)b * T * C;

@@ -61,7 +61,6 @@ static cublasLtHandle_t cublaslt_handle;
 static void *cublaslt_workspace;   // allocated on first use through the allocator (matmul.h)
 static const size_t cublaslt_workspace_size = 32 * 1024 * 1024;
 static int device_sm_count;
-#define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
 
 // A kernel launch is checked right after it is queued (launch configuration errors).
 #define cudaCheckLaunch() cudaCheck(cudaGetLastError())
@@ -168,12 +167,12 @@ __device__ __forceinline__ floatX float_to_floatX_stochastic(float x, unsigned i
 
 // Grid for an elementwise kernel over n items: enough blocks to fill the GPU, grid-stride beyond
 static unsigned int elementwise_grid(size_t n, int block) {
-    size_t blocks = CEIL_DIV(n, (size_t)block), cap = (size_t)(device_sm_count > 0 ? device_sm_count : 132) * 16;
+    size_t blocks = ceil_div(n, (size_t)block), cap = (size_t)(device_sm_count > 0 ? device_sm_count : 132) * 16;
     return (unsigned int)(blocks < cap ? blocks : cap);
 }
 
 // dout (N, C) summed over the rows into dbias (C) (+=), rows in a fixed order (deterministic).
-// block (32, 32): threadIdx.x = channel in a 32-wide slice, threadIdx.y = row lane; grid CEIL_DIV(C, 32).
+// block (32, 32): threadIdx.x = channel in a 32-wide slice, threadIdx.y = row lane; grid ceil_div(C, 32).
 __global__ void column_sum_accumulate_kernel(floatX *dbias, const floatX *dout, int N, int C) {
     __shared__ float part[32][33];
     int c = blockIdx.x * 32 + threadIdx.x;
@@ -191,7 +190,7 @@ __global__ void column_sum_accumulate_kernel(floatX *dbias, const floatX *dout, 
 }
 static void column_sum_accumulate(floatX *dbias, const floatX *dout, int N, int C) {
     if (N <= 0 || C <= 0) { return; }
-    column_sum_accumulate_kernel<<<CEIL_DIV(C, 32), dim3(32, 32), 0, main_stream>>>(dbias, dout, N, C);
+    column_sum_accumulate_kernel<<<ceil_div(C, 32), dim3(32, 32), 0, main_stream>>>(dbias, dout, N, C);
     cudaCheckLaunch();
 }
 #endif

@@ -60,7 +60,7 @@ static void group_init(Group *g, const char *name, int color, int key) {
 #endif
 }
 
-// Builds every group of the grid. Call after the sizes were validated (grid_validate).
+// Builds every group of the grid. Call after the sizes were validated (validate_layout in train_gpt.cu).
 static void grid_init(Grid *grid, int tp, int pp, int ep) {
     MPI_Comm_size(MPI_COMM_WORLD, &grid->world_size);
     MPI_Comm_rank(MPI_COMM_WORLD, &grid->rank);

@@ -66,7 +66,7 @@ __global__ void embedding_forward_kernel(floatX *out, const int *tokens, const f
 // block (blockIdx.x = n, blockIdx.y = a 256-channel slice) works only if n is the FIRST token
 // position holding its id; it then walks all positions in ascending order (a warp ballot per 32
 // tokens finds the matches) and sums their rows in fp32, so every wte row is written by exactly
-// one block and summed in token order. grid (N, CEIL_DIV(C, 256)), block 256.
+// one block and summed in token order. grid (N, ceil_div(C, 256)), block 256.
 __global__ void embedding_backward_kernel(floatX *dwte, const floatX *dout, const int *tokens, int v0, int v1, int N, int C) {
     int n = blockIdx.x;
     int tok = tokens[n];
@@ -113,27 +113,27 @@ __global__ void position_backward_kernel(floatX *dwpe, const floatX *dout, int n
 static void embedding_forward_cuda(floatX *out, const int *tokens, const floatX *wte, int v0, int v1, int N, int C) {
     size_t total = (size_t)N * C;
     if (total == 0) { return; }
-    embedding_forward_kernel<<<(unsigned int)CEIL_DIV(total, 256), 256, 0, main_stream>>>(out, tokens, wte, v0, v1, N, C);
+    embedding_forward_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(out, tokens, wte, v0, v1, N, C);
     cudaCheckLaunch();
 }
 
 static void embedding_backward_cuda(floatX *dwte, const floatX *dout, const int *tokens, int v0, int v1, int N, int C) {
     if (N <= 0 || C <= 0) { return; }
-    embedding_backward_kernel<<<dim3(N, CEIL_DIV(C, 256)), 256, 0, main_stream>>>(dwte, dout, tokens, v0, v1, N, C);
+    embedding_backward_kernel<<<dim3(N, ceil_div(C, 256)), 256, 0, main_stream>>>(dwte, dout, tokens, v0, v1, N, C);
     cudaCheckLaunch();
 }
 
 static void position_forward_cuda(floatX *out, const floatX *wpe, int n0, int N, int T, int C) {
     size_t total = (size_t)N * C;
     if (total == 0) { return; }
-    position_forward_kernel<<<(unsigned int)CEIL_DIV(total, 256), 256, 0, main_stream>>>(out, wpe, n0, N, T, C);
+    position_forward_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(out, wpe, n0, N, T, C);
     cudaCheckLaunch();
 }
 
 static void position_backward_cuda(floatX *dwpe, const floatX *dout, int n0, int N, int T, int C) {
     size_t total = (size_t)T * C;
     if (total == 0 || N <= 0) { return; }
-    position_backward_kernel<<<(unsigned int)CEIL_DIV(total, 256), 256, 0, main_stream>>>(dwpe, dout, n0, N, T, C);
+    position_backward_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(dwpe, dout, n0, N, T, C);
     cudaCheckLaunch();
 }
 #endif

@@ -126,7 +126,7 @@ __global__ void layernorm_backward_dinp_kernel(floatX *dinp, const floatX *dout,
 
 // dweight, dbias (C) += sums over the N rows of xhat * dy and dy. Deterministic column reduction:
 // block (32, 32) owns 32 channels, thread row y sums rows y, y+32, ... in order, then the 32
-// partials are added in a fixed order. grid CEIL_DIV(C, 32).
+// partials are added in a fixed order. grid ceil_div(C, 32).
 __global__ void layernorm_backward_params_kernel(floatX *dweight, floatX *dbias, const floatX *dout, const floatX *inp,
                                                  const float *mean, const float *rstd, int N, int C) {
     __shared__ float pw[32][33], pb[32][33];
@@ -155,7 +155,7 @@ static void layernorm_forward_cuda(floatX *out, float *mean, float *rstd, const 
                                    const floatX *weight, const floatX *bias, int N, int C) {
     if (N <= 0) { return; }
     const int block = 256, rows_per_block = block / 32;
-    layernorm_forward_kernel<<<CEIL_DIV(N, rows_per_block), block, 0, main_stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+    layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(out, mean, rstd, inp, weight, bias, N, C);
     cudaCheckLaunch();
 }
 
@@ -163,9 +163,9 @@ static void layernorm_backward_cuda(floatX *dinp, floatX *dweight, floatX *dbias
                                     const floatX *weight, const float *mean, const float *rstd, int N, int C) {
     if (N <= 0) { return; }
     const int block = 256, rows_per_block = block / 32;
-    layernorm_backward_dinp_kernel<<<CEIL_DIV(N, rows_per_block), block, 0, main_stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    layernorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
     cudaCheckLaunch();
-    layernorm_backward_params_kernel<<<CEIL_DIV(C, 32), dim3(32, 32), 0, main_stream>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+    layernorm_backward_params_kernel<<<ceil_div(C, 32), dim3(32, 32), 0, main_stream>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
     cudaCheckLaunch();
 }
 
@@ -245,8 +245,8 @@ static int residual_layernorm_forward_launch(floatX *res_out, floatX *ln_out, fl
                                              const floatX *x, const floatX *bias, const floatX *weight,
                                              const floatX *lnbias, int N, int C) {
     const int npacks = C / V;
-    const int block = npacks >= 1024 ? 1024 : CEIL_DIV(npacks, 32) * 32;
-    const int per_thread = CEIL_DIV(npacks, block);
+    const int block = npacks >= 1024 ? 1024 : ceil_div(npacks, 32) * 32;
+    const int per_thread = ceil_div(npacks, block);
     #define RLN_LAUNCH(P) residual_layernorm_forward_kernel<V, P><<<N, block, 0, main_stream>>>( \
         res_out, ln_out, mean, rstd, res, x, bias, weight, lnbias, C)
     if (per_thread <= 1) { RLN_LAUNCH(1); }

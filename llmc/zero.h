@@ -17,7 +17,7 @@
 //      stage 1 with gradient accumulation).
 //   3: as 2, and the params exist only as shards: a layer is all-gathered into one of two work
 //      buffers right before its forward, dropped, gathered again before its backward (the embedding,
-//      used by the first and the last op, has a buffer of its own; see zero_fetch_params).
+//      used by the first and the last op, has a buffer of its own; see WorkBuffers and zero_unit_params).
 // The gradient of a loss scaled by 1/(global tokens) is summed over dp, so no averaging is needed.
 #ifndef LLMC_ZERO_H
 #define LLMC_ZERO_H
@@ -48,8 +48,14 @@ typedef struct {
     int norm_skip;   // pipeline: the last stage's copy, whose gradient the first stage counts in the norm
 } Unit;
 
-// Three work buffers holding one full unit each: [0] and [1] for the layers and the final
-// LayerNorm (the one not used most recently is reused), [2] for the embedding.
+// Three work buffers holding one full unit each (stage 3: gathered parameters; stages 2-3: the full
+// gradients of the units whose backward is open or whose reduce-scatter is in flight). [2] is the
+// embedding's. [0] and [1] serve the layers and the final LayerNorm with this eviction rule: a unit
+// already in a buffer is used where it is; otherwise it goes into the buffer NOT used most recently
+// (least recently used of two), evicting the unit there (gradients: after waiting for its
+// reduce-scatter). So at most two layers are full at once, and a layer used twice in a row (the
+// last layer's forward then backward, the first layers' backward then the next micro-batch's
+// forward) is not gathered twice. test_gpt's byte formula for stage 3 counts exactly these gathers.
 typedef struct {
     floatX *buf[3];
     int unit[3];     // which unit each holds, -1 none
@@ -163,7 +169,7 @@ static void zero_owned_range(const Zero *z, int u, size_t *start, size_t *len) {
 // for its forward and again for its backward (but the last layer, still there), the final LayerNorm
 // once per micro-batch (its backward follows the head at once), and layers 0 and 1 stay from one
 // micro-batch's backward to the next one's forward.
-static floatX *zero_fetch_params(Zero *z, int u) {
+static floatX *zero_unit_params(Zero *z, int u) {
     const Unit *U = &z->units[u];
     if (z->stage < 3) { return z->params + U->full_offset; }
     int i = work_find(&z->pw, u);
@@ -213,7 +219,7 @@ static void zero_set_unit_params(Zero *z, int u, const float *host) {
 static void zero_get_unit_params(Zero *z, int u, float *host) {
     const Unit *U = &z->units[u];
     float *padded = (float *)malloc_check(U->padded * sizeof(float));
-    download_floats(padded, zero_fetch_params(z, u), U->padded);
+    download_floats(padded, zero_unit_params(z, u), U->padded);
     memcpy(host, padded, U->size * sizeof(float));
     free(padded);
 }
@@ -221,7 +227,7 @@ static void zero_get_unit_params(Zero *z, int u, float *host) {
 // ----------------------------------------------------------------------------
 // gradients
 
-static void zero_zero_grads(Zero *z) {
+static void zero_clear_grads(Zero *z) {
     if (z->grads) { zero_on_device(z->grads, z->full_size * sizeof(floatX)); }
     if (z->grads_shard) { zero_on_device(z->grads_shard, z->shard_size * sizeof(floatX)); }
 }
