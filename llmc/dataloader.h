@@ -1,15 +1,24 @@
 // Token shards in llm.c's format: int32 header[256] (magic 20240520, version 1, [2] = ntok), then
 // ntok uint16 tokens. A batch is B*T+1 consecutive tokens: inputs are the first B*T, targets the
-// last B*T. Order (without shuffling): sample j of a shard starts at token j*B*T, and data-parallel
-// rank r takes sample k*dp + r at its k-th read, exactly as llm.c. With shuffling, the shard order
-// and the sample order inside each shard are permuted per epoch by a seeded generator; every rank
-// computes the same permutation and takes its interleaved samples from it.
+// last B*T. The data order is llm.c's, with and without shuffling:
+//  - a shard holds nrounds = (ntok-1) / (dp*B*T) rounds (llm.c's "samples"): round k covers the
+//    tokens from k*dp*B*T on, and data-parallel rank r reads its B*T (+1) slice at offset r*B*T
+//    (the B*T-token sample k*dp + r);
+//  - without shuffling the shards go in glob order and the rounds in order;
+//  - with shuffling each dp rank runs its own MT19937 (mt19937.h) seeded with 42 + dp_rank +
+//    (seed - 1337): llm.c's 42 + rank at the default --seed 1337 (tp and pp ranks of one dp position
+//    draw the same). The draws, in llm.c's order: at the start of every epoch a shuffle of the shard
+//    order (of the previous epoch's order, not of the identity); then, as each shard is entered, a
+//    shuffle of the identity over its rounds. Shuffling n items takes n-1 draws.
+// The position (epoch, shard_pos, round) is all a checkpoint stores: dataloader_seek replays the
+// generator from its seed through the earlier epochs and shards (a few draws per round), so a resumed
+// run reads exactly the batches an uninterrupted one would.
 #ifndef LLMC_DATALOADER_H
 #define LLMC_DATALOADER_H
 
 #include <glob.h>
 #include "utils.h"
-#include "rand.h"
+#include "mt19937.h"
 
 #define DATA_MAGIC 20240520
 
@@ -20,14 +29,16 @@ typedef struct {
     uint64_t seed;
     glob_t files;
     int nshards;
+    int *shard_rounds;              // (nshards) rounds of each file, in glob order
     // position
     int epoch, shard_pos, round;    // shard_pos indexes shard_order
-    int *shard_order;               // (nshards)
+    int *shard_order;               // (nshards) this epoch's file order
     int loaded_shard;               // file index currently in memory, -1 none
     uint16_t *tokens;
-    size_t ntok, nsamples, nrounds;   // of the loaded shard; a round = one batch for every dp rank
-    size_t rounds_per_epoch;          // over all shards
-    int *sample_order;              // (nsamples)
+    size_t ntok, nrounds;           // of the loaded shard; a round = one batch for every dp rank
+    size_t rounds_per_epoch;        // over all shards
+    int *sample_order;              // (nrounds) the shard's round order
+    Mt19937 rng;                    // the shuffle generator, in step with the position
     int *inputs, *targets;          // host (B*T)
     int in_memory;                  // one shard given as an array (the built-in synthetic corpus)
 } DataLoader;
@@ -48,41 +59,75 @@ static size_t data_shard_ntok(const char *path) {
     return (size_t)(unsigned)header[2];
 }
 
-static void dataloader_permute(DataLoader *d, int *order, int n, uint64_t salt) {
-    for (int i = 0; i < n; i++) { order[i] = i; }
-    if (!d->shuffle) { return; }
-    Rng rng;
-    rng_init(&rng, d->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(d->epoch + 1)) ^ salt);
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(rng_u32(&rng) % (uint32_t)(i + 1));
-        int t = order[i]; order[i] = order[j]; order[j] = t;
+// llm.c seeds rank r with 42 + r; --seed moves every rank's seed by the same amount.
+static uint32_t dataloader_shuffle_seed(const DataLoader *d) {
+    return (uint32_t)(42u + (uint32_t)d->dp_rank + ((uint32_t)d->seed - 1337u));
+}
+
+// Loads file `file` (validating every token id) unless it is the one in memory.
+static void dataloader_load_shard(DataLoader *d, int file) {
+    if (file == d->loaded_shard) { return; }
+    const char *path = d->files.gl_pathv[file];
+    d->ntok = data_shard_ntok(path);
+    free(d->tokens);
+    d->tokens = (uint16_t *)malloc_check(d->ntok * sizeof(uint16_t));
+    FILE *f = fopen_check(path, "rb");
+    fseek(f, 1024, SEEK_SET);
+    fread_check(d->tokens, sizeof(uint16_t), d->ntok, f, path);
+    fclose(f);
+    for (size_t i = 0; i < d->ntok; i++) {
+        if (d->tokens[i] >= d->vocab_size) {
+            fail("data shard '%s': token %d at position %zu is not below the model's vocab size %d", path, d->tokens[i], i, d->vocab_size);
+        }
+    }
+    d->loaded_shard = file;
+}
+
+// Enters shard position shard_pos: loads its file and draws its round order (llm.c: the shard is
+// loaded, then its rounds shuffled).
+static void dataloader_enter_shard(DataLoader *d) {
+    int file = d->shard_order[d->shard_pos];
+    dataloader_load_shard(d, file);
+    d->nrounds = (size_t)d->shard_rounds[file];
+    free(d->sample_order);
+    d->sample_order = (int *)malloc_check(sizeof(int) * d->nrounds);
+    for (size_t i = 0; i < d->nrounds; i++) { d->sample_order[i] = (int)i; }
+    if (d->shuffle) { mt19937_shuffle(d->sample_order, (int)d->nrounds, &d->rng); }
+}
+
+// Start of an epoch: llm.c shuffles the shard order it already has.
+static void dataloader_start_epoch(DataLoader *d) {
+    if (d->shuffle) { mt19937_shuffle(d->shard_order, d->nshards, &d->rng); }
+}
+
+// Moves to a given position (used by reset and by resume): replays the draws of every epoch and
+// shard before it from the seed, then enters the shard.
+static void dataloader_seek(DataLoader *d, int epoch, int shard_pos, int round) {
+    if (epoch < 0 || shard_pos < 0 || shard_pos >= d->nshards || round < 0) {
+        fail("data position epoch %d shard %d round %d is out of range (%d shards)", epoch, shard_pos, round, d->nshards);
+    }
+    mt19937_seed(&d->rng, dataloader_shuffle_seed(d));
+    for (int i = 0; i < d->nshards; i++) { d->shard_order[i] = i; }
+    for (int e = 0; e <= epoch && d->shuffle; e++) {
+        dataloader_start_epoch(d);
+        int passed = e < epoch ? d->nshards : shard_pos;   // shards read before the position
+        for (int p = 0; p < passed; p++) { mt19937_skip_shuffle(&d->rng, d->shard_rounds[d->shard_order[p]]); }
+    }
+    d->epoch = epoch; d->shard_pos = shard_pos; d->round = round;
+    dataloader_enter_shard(d);
+    if ((size_t)round > d->nrounds) {
+        fail("data position round %d is past the %zu rounds of shard %d (a checkpoint of other data?)", round, d->nrounds, shard_pos);
     }
 }
 
-// Loads the shard at shard_order[shard_pos] (validating every token id) and its sample order.
-static void dataloader_load_shard(DataLoader *d) {
-    int file = d->shard_order[d->shard_pos];
-    if (file != d->loaded_shard) {
-        const char *path = d->files.gl_pathv[file];
-        d->ntok = data_shard_ntok(path);
-        free(d->tokens);
-        d->tokens = (uint16_t *)malloc_check(d->ntok * sizeof(uint16_t));
-        FILE *f = fopen_check(path, "rb");
-        fseek(f, 1024, SEEK_SET);
-        fread_check(d->tokens, sizeof(uint16_t), d->ntok, f, path);
-        fclose(f);
-        for (size_t i = 0; i < d->ntok; i++) {
-            if (d->tokens[i] >= d->vocab_size) {
-                fail("data shard '%s': token %d at position %zu is not below the model's vocab size %d", path, d->tokens[i], i, d->vocab_size);
-            }
-        }
-        d->loaded_shard = file;
-        d->nsamples = (d->ntok - 1) / ((size_t)d->B * d->T);
-        d->nrounds = d->nsamples / d->dp;
-        free(d->sample_order);
-        d->sample_order = (int *)malloc_check(sizeof(int) * (d->nsamples + 1));
-    }
-    dataloader_permute(d, d->sample_order, (int)d->nsamples, 0x51ED27ull * (uint64_t)(file + 1));
+static void dataloader_reset(DataLoader *d) { dataloader_seek(d, 0, 0, 0); }
+
+static void dataloader_alloc(DataLoader *d) {
+    d->shard_order = (int *)malloc_check(sizeof(int) * d->nshards);
+    d->shard_rounds = (int *)malloc_check(sizeof(int) * d->nshards);
+    d->inputs = (int *)malloc_check(sizeof(int) * d->B * d->T);
+    d->targets = (int *)malloc_check(sizeof(int) * d->B * d->T);
+    d->loaded_shard = -1;
 }
 
 static void dataloader_init(DataLoader *d, const char *pattern, int B, int T, int vocab_size, int dp, int dp_rank,
@@ -94,6 +139,7 @@ static void dataloader_init(DataLoader *d, const char *pattern, int B, int T, in
     }
     d->nshards = (int)d->files.gl_pathc;
     d->shuffle = shuffle < 0 ? (d->nshards > 1) : shuffle;   // default: shuffle only with several shards
+    dataloader_alloc(d);
     size_t need = (size_t)dp * B * T + 1;
     for (int i = 0; i < d->nshards; i++) {
         size_t ntok = data_shard_ntok(d->files.gl_pathv[i]);
@@ -101,18 +147,15 @@ static void dataloader_init(DataLoader *d, const char *pattern, int B, int T, in
             fail("data shard '%s' has %zu tokens, fewer than one batch for every data-parallel rank (dp*B*T+1 = %zu)",
                  d->files.gl_pathv[i], ntok, need);
         }
-        d->rounds_per_epoch += (ntok - 1) / ((size_t)B * T) / dp;
+        size_t rounds = (ntok - 1) / ((size_t)dp * B * T);
+        if (rounds > 0x7FFFFFFF) { fail("data shard '%s' has too many batches (%zu)", d->files.gl_pathv[i], rounds); }
+        d->shard_rounds[i] = (int)rounds;
+        d->rounds_per_epoch += rounds;
     }
-    d->shard_order = (int *)malloc_check(sizeof(int) * d->nshards);
-    d->inputs = (int *)malloc_check(sizeof(int) * B * T);
-    d->targets = (int *)malloc_check(sizeof(int) * B * T);
-    d->loaded_shard = -1;
-    d->epoch = 0; d->shard_pos = 0; d->round = 0;
-    dataloader_permute(d, d->shard_order, d->nshards, 0);
-    dataloader_load_shard(d);
+    dataloader_reset(d);
 }
 
-// One in-memory shard (the tokens are copied and checked like a file's).
+// One in-memory shard (the tokens are copied and checked like a file's), never shuffled.
 static void dataloader_init_memory(DataLoader *d, const uint16_t *tokens, size_t ntok, int B, int T, int vocab_size,
                                    int dp, int dp_rank, uint64_t seed) {
     memset(d, 0, sizeof(*d));
@@ -120,39 +163,28 @@ static void dataloader_init_memory(DataLoader *d, const uint16_t *tokens, size_t
     d->in_memory = 1;
     d->nshards = 1;
     if (ntok < (size_t)dp * B * T + 1) { fail("built-in corpus has %zu tokens, fewer than dp*B*T+1 = %zu", ntok, (size_t)dp * B * T + 1); }
-    d->shard_order = (int *)malloc_check(sizeof(int));
-    d->shard_order[0] = 0;
-    d->inputs = (int *)malloc_check(sizeof(int) * B * T);
-    d->targets = (int *)malloc_check(sizeof(int) * B * T);
+    dataloader_alloc(d);
     d->tokens = (uint16_t *)malloc_check(ntok * sizeof(uint16_t));
     memcpy(d->tokens, tokens, ntok * sizeof(uint16_t));
+    for (size_t i = 0; i < ntok; i++) {
+        if (d->tokens[i] >= vocab_size) { fail("built-in corpus: token %d at position %zu is not below the vocab size %d", d->tokens[i], i, vocab_size); }
+    }
     d->ntok = ntok;
-    d->nsamples = (ntok - 1) / ((size_t)B * T);
-    d->nrounds = d->nsamples / dp;
-    d->rounds_per_epoch = d->nrounds;
-    d->sample_order = (int *)malloc_check(sizeof(int) * (d->nsamples + 1));
     d->loaded_shard = 0;
-    dataloader_load_shard(d);
+    d->shard_rounds[0] = (int)((ntok - 1) / ((size_t)dp * B * T));
+    d->rounds_per_epoch = (size_t)d->shard_rounds[0];
+    dataloader_reset(d);
 }
-
-// Moves to a given position (used by reset and by resume).
-static void dataloader_seek(DataLoader *d, int epoch, int shard_pos, int round) {
-    d->epoch = epoch; d->shard_pos = shard_pos; d->round = round;
-    dataloader_permute(d, d->shard_order, d->nshards, 0);
-    dataloader_load_shard(d);
-}
-
-static void dataloader_reset(DataLoader *d) { dataloader_seek(d, 0, 0, 0); }
 
 // Fills inputs/targets (B*T each) with this rank's next batch.
 static void dataloader_next_batch(DataLoader *d) {
     if ((size_t)d->round >= d->nrounds) {
         d->round = 0;
         d->shard_pos++;
-        if (d->shard_pos == d->nshards) { d->shard_pos = 0; d->epoch++; dataloader_permute(d, d->shard_order, d->nshards, 0); }
-        dataloader_load_shard(d);
+        if (d->shard_pos == d->nshards) { d->shard_pos = 0; d->epoch++; dataloader_start_epoch(d); }
+        dataloader_enter_shard(d);
     }
-    size_t sample = (size_t)d->sample_order[(size_t)d->round * d->dp + d->dp_rank];
+    size_t sample = (size_t)d->sample_order[d->round] * d->dp + d->dp_rank;
     const uint16_t *p = d->tokens + sample * d->B * d->T;
     for (int i = 0; i < d->B * d->T; i++) { d->inputs[i] = p[i]; d->targets[i] = p[i + 1]; }
     d->round++;
@@ -160,7 +192,7 @@ static void dataloader_next_batch(DataLoader *d) {
 
 static void dataloader_free(DataLoader *d) {
     if (!d->in_memory) { globfree(&d->files); }
-    free(d->shard_order); free(d->tokens); free(d->sample_order); free(d->inputs); free(d->targets);
+    free(d->shard_order); free(d->shard_rounds); free(d->tokens); free(d->sample_order); free(d->inputs); free(d->targets);
 }
 
 #endif
