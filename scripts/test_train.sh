@@ -80,7 +80,7 @@ done
 # 6. tinyshakespeare from ../shared (as CI has it): shards + tokenizer, training, decoded samples
 TS=../shared/data/tinyshakespeare.txt
 if [ -f "$TS" ]; then
-    python3 dev/data/tinyshakespeare.py --input "$TS" --out "$W/ts" >"$W/ts_prep.log" 2>&1
+    python3 dev/data/tinyshakespeare.py --input "$TS" --out "$W/ts" --tokenizer byte >"$W/ts_prep.log" 2>&1   # V=257 below
     say $? "dev/data/tinyshakespeare.py writes shards and a tokenizer from $TS"
     "$BIN/train_gpt" -i "$W/ts/tiny_shakespeare_train.bin" -j "$W/ts/tiny_shakespeare_val.bin" -e "L=2,C=64,NH=4,V=257,maxT=64" \
         -b 4 -t 64 -x 30 -l 3e-3 -v 15 -m 4 -s 30 -g 32 >"$W/ts.log" 2>&1

