@@ -2,6 +2,20 @@
 # make BACKEND=cpu|cuda -> forces one;  PRECISION=FP32 -> fp32 CUDA build;  CUDA_ARCH=90 -> sm_90 (Hopper)
 # make BUILD_DIR=build/cuda BACKEND=cuda  -> puts the binaries elsewhere (CI builds both backends)
 # make NO_MPI=1         -> one process, no Open MPI and no NCCL needed (llmc/mpi_single.h): one GPU or the CPU
+# make setup            -> scripts/setup.sh: installs what is missing (apt packages; PyPI ones into .venv)
+# make train            -> setup, build, tinyshakespeare in GPT-2 tokens, a small model trained (samples printed),
+#                          its loss curve (scripts/train_tinyshakespeare.sh; TS_TEXT=... for another text file)
+# make test             -> setup, every build CI checks (CUDA compile + link when nvcc is there, cpu, cpu NO_MPI=1),
+#                          then scripts/test_matrix.sh; .ci/run runs exactly this
+
+# setup, train and test install what is missing before they build: the checks below must not stop
+# them first (their recipes run make again, which checks)
+SETUP_GOALS := setup train test clean
+ifneq ($(MAKECMDGOALS),)
+  ifeq ($(filter-out $(SETUP_GOALS),$(MAKECMDGOALS)),)
+    SKIP_CHECKS := 1
+  endif
+endif
 
 HAVE_NVCC := $(shell command -v nvcc 2>/dev/null || test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc)
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q GPU && echo 1)
@@ -25,11 +39,11 @@ ifeq ($(NO_MPI),1)
   NCCL_LIB :=
 else
   MPICXX := $(shell command -v mpicxx 2>/dev/null)
-  ifeq ($(MPICXX),)
-    $(error Open MPI not found (mpicxx): apt-get install libopenmpi-dev openmpi-bin, or build one process with NO_MPI=1)
+  ifeq ($(MPICXX)$(SKIP_CHECKS),)
+    $(error Open MPI not found (mpicxx): make setup (or apt-get install libopenmpi-dev openmpi-bin), or build one process with NO_MPI=1)
   endif
-  MPI_CFLAGS := $(shell mpicxx --showme:compile) -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX
-  MPI_LDFLAGS := $(shell mpicxx --showme:link)
+  MPI_CFLAGS := $(if $(MPICXX),$(shell mpicxx --showme:compile)) -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX
+  MPI_LDFLAGS := $(if $(MPICXX),$(shell mpicxx --showme:link))
   NCCL_LIB := -lnccl
 endif
 
@@ -53,16 +67,16 @@ ifeq ($(BACKEND),cpu)
   else
     LDLIBS := -lopenblas -lm $(MPI_LDFLAGS)
   endif
-  ifeq ($(wildcard /usr/include/x86_64-linux-gnu/cblas.h /usr/include/cblas.h /usr/include/openblas/cblas.h),)
-    $(error OpenBLAS not found (cblas.h): apt-get install libopenblas-dev)
+  ifeq ($(wildcard /usr/include/x86_64-linux-gnu/cblas.h /usr/include/cblas.h /usr/include/openblas/cblas.h)$(SKIP_CHECKS),)
+    $(error OpenBLAS not found (cblas.h): make setup (or apt-get install libopenblas-dev))
   endif
   CXXFLAGS += $(if $(wildcard /usr/include/openblas/cblas.h),-I/usr/include/openblas)
   COMPILE = $(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 else ifeq ($(BACKEND),cuda)
-  ifeq ($(wildcard $(NVCC)),)
+  ifeq ($(wildcard $(NVCC))$(SKIP_CHECKS),)
     $(error BACKEND=cuda but nvcc not found at $(NVCC); set CUDA_HOME)
   endif
-  ifeq ($(NO_MPI)$(wildcard $(CUDA_HOME)/include/nccl.h)$(wildcard /usr/include/nccl.h),)
+  ifeq ($(NO_MPI)$(wildcard $(CUDA_HOME)/include/nccl.h)$(wildcard /usr/include/nccl.h)$(SKIP_CHECKS),)
     $(error NCCL not found (nccl.h in $(CUDA_HOME)/include or /usr/include); or build one process with NO_MPI=1)
   endif
   NVCCFLAGS := -O3 --use_fast_math -std=c++17 -arch=sm_$(CUDA_ARCH) -Xcompiler -fopenmp,-Wall,-Wno-unused-function \
@@ -88,4 +102,37 @@ clean:
 	rm -f train_gpt test_gpt .build-config
 	rm -rf build
 
-.PHONY: all clean
+# ----------------------------------------------------------------------------
+# the README's two commands: make train (from a fresh machine to a trained model), make test
+
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+TS_TEXT ?= ../shared/data/tinyshakespeare.txt
+
+setup:
+	@bash scripts/setup.sh
+
+# Without Open MPI (not installable here) it builds the single-process binary instead.
+train:
+	@bash scripts/setup.sh || echo "make train: going on with what is there (see above)"
+	@if command -v mpicxx >/dev/null 2>&1 || [ "$(NO_MPI)" = 1 ]; then $(MAKE) --no-print-directory -j$(JOBS) all; \
+	else echo "make train: no Open MPI, so a single-process build (NO_MPI=1)"; $(MAKE) --no-print-directory -j$(JOBS) all NO_MPI=1; fi
+	@bash scripts/train_tinyshakespeare.sh $(BUILD_DIR) $(TS_TEXT)
+
+# What CI checks: the CUDA builds compile and link (no GPU needed), the CPU builds run the matrix.
+test:
+	@bash scripts/setup.sh
+	@echo "== $$(nproc) cores; $$(/usr/bin/python3 -c 'import torch, numpy; print("torch", torch.__version__, "numpy", numpy.__version__)' 2>&1 | tail -n 1)"
+	@if [ -n "$(HAVE_NVCC)" ]; then \
+	    echo "== CUDA build (compile and link only)"; \
+	    $(MAKE) --no-print-directory BACKEND=cuda BUILD_DIR=build/cuda -j$(JOBS) && \
+	    $(MAKE) --no-print-directory BACKEND=cuda BUILD_DIR=build/cuda-fp32 PRECISION=FP32 -j$(JOBS) && \
+	    $(MAKE) --no-print-directory BACKEND=cuda BUILD_DIR=build/cuda-nompi NO_MPI=1 -j$(JOBS) && \
+	    if [ -f dev/cuda/Makefile ]; then PATH="$(CUDA_HOME)/bin:$$PATH" $(MAKE) --no-print-directory -C dev/cuda -j$(JOBS); fi; \
+	else echo "== nvcc not found: CUDA build skipped"; fi
+	@echo "== CPU build, and the single-process build without MPI that the matrix also runs"
+	@$(MAKE) --no-print-directory BACKEND=cpu -j$(JOBS)
+	@$(MAKE) --no-print-directory BACKEND=cpu BUILD_DIR=build/cpu-nompi NO_MPI=1 -j$(JOBS)
+	@echo "== tests: bash scripts/test_matrix.sh"
+	@bash scripts/test_matrix.sh
+
+.PHONY: all clean setup train test
