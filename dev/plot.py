@@ -1,0 +1,116 @@
+"""
+Plots train and validation loss from train_gpt's (or llm.c's) main.log files, one colour per run.
+
+main.log lines: "s:STEP trl:LOSS" (train loss of step STEP) and "s:STEP tel:LOSS" (validation loss
+before step STEP); any other line is skipped. A resumed run appends to its log: for a step logged
+twice the later line wins.
+
+  .venv/bin/python dev/plot.py out/tinyshakespeare/main.log -o loss.png
+  .venv/bin/python dev/plot.py runA/main.log runB/main.log --label "B=8" --label "B=16" --tokens-per-step 1024,2048
+
+Train loss is a thin line (smoothed with --smooth N, a running mean over N steps), validation loss
+a thicker line with dots, in the run's colour. --tokens-per-step puts tokens on the x axis (one
+value for every run, or one per run, comma-separated).
+"""
+
+import argparse
+import os
+import re
+import sys
+
+LINE = re.compile(r"^s:(\d+) (trl|tel):([-+0-9.eE]+|nan|inf)\s*$")
+
+
+def read_log(path):
+    """Returns ({step: train loss}, {step: val loss}) of one main.log."""
+    train, val = {}, {}
+    with open(path) as f:
+        for line in f:
+            m = LINE.match(line)
+            if not m:
+                continue
+            step, kind, value = int(m.group(1)), m.group(2), float(m.group(3))
+            (train if kind == "trl" else val)[step] = value
+    return train, val
+
+
+def running_mean(ys, n):
+    if n <= 1:
+        return ys
+    out, acc = [], 0.0
+    for i, y in enumerate(ys):
+        acc += y
+        if i >= n:
+            acc -= ys[i - n]
+        out.append(acc / min(i + 1, n))
+    return out
+
+
+def default_label(path):
+    """The run's directory name (main.log itself says nothing)."""
+    d = os.path.dirname(os.path.abspath(path))
+    return os.path.basename(d) or path
+
+
+def main():
+    p = argparse.ArgumentParser(description="plot train/val loss of main.log files")
+    p.add_argument("logs", nargs="+", help="main.log files (one run each)")
+    p.add_argument("-o", "--out", default="loss.png", help="output PNG (default loss.png)")
+    p.add_argument("--label", action="append", help="a run's label, once per log in order (default: each log's directory)")
+    p.add_argument("--tokens-per-step", help="x axis in tokens: one number, or one per log, comma-separated")
+    p.add_argument("--smooth", type=int, default=1, help="running mean of the train loss over N steps")
+    p.add_argument("--title", default=None)
+    p.add_argument("--ymax", type=float, default=None, help="upper y limit (the first steps can dwarf the rest)")
+    a = p.parse_args()
+
+    labels = a.label if a.label else [default_label(x) for x in a.logs]
+    if len(labels) != len(a.logs):
+        sys.exit(f"{len(labels)} labels for {len(a.logs)} logs")
+    tps = None
+    if a.tokens_per_step:
+        tps = [float(x) for x in a.tokens_per_step.split(",")]
+        if len(tps) == 1:
+            tps = tps * len(a.logs)
+        if len(tps) != len(a.logs):
+            sys.exit(f"{len(tps)} --tokens-per-step values for {len(a.logs)} logs")
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (path, label) in enumerate(zip(a.logs, labels)):
+        train, val = read_log(path)
+        if not train and not val:
+            print(f"warning: {path} has no 's:STEP trl:' or 's:STEP tel:' lines", file=sys.stderr)
+            continue
+        scale = tps[i] if tps else 1.0
+        c = colors[i % len(colors)]
+        if train:
+            steps = sorted(train)
+            ys = running_mean([train[s] for s in steps], a.smooth)
+            ax.plot([s * scale for s in steps], ys, color=c, lw=0.9, alpha=0.75, label=f"{label} train")
+        if val:
+            steps = sorted(val)
+            ax.plot([s * scale for s in steps], [val[s] for s in steps], color=c, lw=2.0, marker="o", ms=4,
+                    label=f"{label} val")
+        last = f"train {train[max(train)]:.3f}" if train else ""
+        if val:
+            last += f"{', ' if last else ''}val {val[max(val)]:.3f}"
+        print(f"{label}: {len(train)} train points, {len(val)} val points; last {last}")
+    ax.set_xlabel("tokens" if tps else "step")
+    ax.set_ylabel("loss (nats/token)")
+    if a.ymax is not None:
+        ax.set_ylim(top=a.ymax)
+    if a.title:
+        ax.set_title(a.title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(a.out)
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
