@@ -20,11 +20,15 @@ Prints one line per check and closes with "N passed, N failed" (rank 0, summed o
 static const float GRAD_ATOL = 1e-2f, GRAD_RTOL = 5e-2f;   // bf16 activations and gradients
 static const float LOSS_TOL = 5e-2f;                        // per step, as llm.c's bf16 check
 static const float NORM_RTOL = 5e-2f;
+static const float ROUTE_MARGIN = 5e-2f;                    // bf16 router inputs: only clear decisions compare
 #else
 static const float GRAD_ATOL = 1e-5f, GRAD_RTOL = 1e-4f;   // |g - ref| <= ATOL + RTOL |ref|, per element
-static const float LOSS_TOL = 1e-5f;                        // |loss - ref| <= LOSS_TOL * |ref|
+static const float LOSS_TOL = 1e-5f;                        // |loss - ref| <= LOSS_TOL * |ref| (also MoE aux, z)
 static const float NORM_RTOL = 1e-5f;
+static const float ROUTE_MARGIN = 1e-5f;   // MoE: the routing of a (layer, sequence) is compared with the reference's
+                                           // when every decision's margin (gap in p) exceeds this
 #endif
+static const double DROP_TOL = 1e-6;       // MoE: dropped fraction (a count ratio: equal when the masks are)
 
 static int n_passed = 0, n_failed = 0;
 static int my_rank = 0;
@@ -68,6 +72,78 @@ static void read_ref_state(const char *path, const GPT2Config *c, RefState *s) {
     fclose(f);
 }
 
+// The MoE part of a reference state (moe.bin, see gpt2_ref.py): its options, step-0 values, routing.
+typedef struct {
+    int present, E, k, every, F1000, policy, Lm, R, T, nsteps;
+    float aux_coeff, z_coeff, aux0, z0, dropped0, min_margin;
+    int *choice, *keep;                 // (Lm, R, T, k)
+    float *topk_margin, *cap_margin;    // (Lm, R, T), (Lm, R, E)
+} RefMoE;
+
+static void read_ref_moe(const char *dir, RefMoE *r) {
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/moe.bin", dir);
+    memset(r, 0, sizeof(*r));
+    if (access(path, R_OK) != 0) { return; }
+    FILE *f = fopen_check(path, "rb");
+    int h[256];
+    float fh[256];
+    fread_check(h, sizeof(int), 256, f, path);
+    fread_check(fh, sizeof(float), 256, f, path);
+    if (h[0] != 20241130 || h[1] != 1) { fail("reference '%s' has bad magic/version", path); }
+    r->present = 1;
+    r->E = h[2]; r->k = h[3]; r->every = h[4]; r->F1000 = h[5]; r->policy = h[6]; r->Lm = h[7]; r->R = h[8]; r->T = h[9]; r->nsteps = h[10];
+    r->aux_coeff = fh[0]; r->z_coeff = fh[1]; r->aux0 = fh[2]; r->z0 = fh[3]; r->dropped0 = fh[4]; r->min_margin = fh[5];
+    size_t n = (size_t)r->Lm * r->R * r->T * r->k;
+    r->choice = (int *)malloc_check(n * sizeof(int));
+    r->keep = (int *)malloc_check(n * sizeof(int));
+    r->topk_margin = (float *)malloc_check((size_t)r->Lm * r->R * r->T * sizeof(float));
+    r->cap_margin = (float *)malloc_check((size_t)r->Lm * r->R * r->E * sizeof(float));
+    fread_check(r->choice, sizeof(int), n, f, path);
+    fread_check(r->keep, sizeof(int), n, f, path);
+    fread_check(r->topk_margin, sizeof(float), (size_t)r->Lm * r->R * r->T, f, path);
+    fread_check(r->cap_margin, sizeof(float), (size_t)r->Lm * r->R * r->E, f, path);
+    fclose(f);
+}
+
+// The routing of step 0 (model.route_log: per micro-batch i, per MoE layer of this stage, choice then
+// keep (BT, k) each) against the reference's, sequence by sequence: micro-batch i's row b on dp rank r
+// is the reference's row (i dp + r) B + b. A (layer, sequence) is compared when every margin of its
+// decisions exceeds ROUTE_MARGIN (the others may flip with rounding); its choice and keep masks must
+// then be identical.
+static void compare_routing(GPT2 *m, const RefMoE *r, const int *log, int accum) {
+    const GPT2Config *c = &m->config;
+    int B = m->B, T = m->T, k = c->topk, E = c->num_experts, dp = m->grid->dp;
+    int moe_before = 0;   // MoE layers of the earlier stages
+    for (int l = 0; l < m->l0; l++) { moe_before += is_moe_layer(c, l); }
+    long compared = 0, skipped = 0, differ = 0;
+    int nmoe = 0;   // MoE layers of this stage
+    for (int l = 0; l < m->Ls; l++) { nmoe += is_moe_layer(c, m->l0 + l); }
+    for (int i = 0; i < accum; i++) {
+        int j = 0;
+        for (int l = 0; l < m->Ls; l++) {
+            if (!is_moe_layer(c, m->l0 + l)) { continue; }
+            const int *choice = log + ((size_t)i * nmoe + j) * 2 * m->BT * k, *keep = choice + (size_t)m->BT * k;
+            int gm = moe_before + j;
+            for (int b = 0; b < B; b++) {
+                int g = (i * dp + m->grid->dp_rank) * B + b, clear = 1;
+                for (int t = 0; t < T; t++) { clear &= r->topk_margin[((size_t)gm * r->R + g) * T + t] > ROUTE_MARGIN; }
+                for (int e = 0; e < E; e++) { clear &= r->cap_margin[((size_t)gm * r->R + g) * E + e] > ROUTE_MARGIN; }
+                if (!clear) { skipped++; continue; }
+                compared++;
+                size_t mine = (size_t)b * T * k, ref = (((size_t)gm * r->R + g) * T) * k;
+                for (size_t q = 0; q < (size_t)T * k; q++) {
+                    if (choice[mine + q] != r->choice[ref + q] || keep[mine + q] != r->keep[ref + q]) { differ++; break; }
+                }
+            }
+            j++;
+        }
+    }
+    if (compared + skipped == 0) { return; }   // no MoE layer on this stage
+    check(differ == 0 && compared > 0, "routing: %ld (layer, sequence) pairs with margins > %.0e compared, %ld differ from the reference's "
+          "top-k choices and capacity keep masks (%ld pairs with a smaller margin not compared)", compared, ROUTE_MARGIN, differ, skipped);
+}
+
 // Compares the owned, reduced gradient of every unit against the same range cut from the full
 // reference gradients, per element: |g - ref| <= GRAD_ATOL + GRAD_RTOL |ref|, reported per tensor.
 // (Parameters after the AdamW steps are not compared element-wise: an element whose gradient is
@@ -108,33 +184,57 @@ static void compare_grads(GPT2 *m, float *ref_all) {
     }
 }
 
-// Memory report vs the formulas (X bytes per floatX). P_local is the number of this rank's (its
-// pipeline stage's, tp-sliced) parameters; padding is at most dp-1 elements per unit.
+// Memory report vs the formulas (X bytes per floatX). P is the number of this rank's (its pipeline
+// stage's, tp-sliced, its experts') parameters, Psh its share under ZeRO: each unit divided by its
+// data-parallel group (dp; edp for the experts); padding is at most p-1 elements per unit.
 static void check_memory(GPT2 *m, int accum) {
+    const GPT2Config *c = &m->config;
     Zero *z = &m->zero;
     int dp = m->grid->dp, Ls = m->Ls;
-    double P = 0;
-    for (int u = 0; u < m->nunits; u++) { P += m->units[u].size; }
+    double P = 0, Psh = 0, experts = 0;
+    for (int u = 0; u < m->nunits; u++) {
+        P += m->units[u].size;
+        Psh += (double)m->units[u].size / m->units[u].dpg->size;
+        if (m->units[u].dpg == &m->grid->edp_group) { experts += m->units[u].size; }
+    }
     double pad = 4.0 * (m->nunits) * dp;    // bytes of padding at most, per buffer
-    double X = sizeof(floatX), opt_expect = (z->master ? 12.0 : 8.0) * (z->stage == 0 ? P : P / dp);
+    double X = sizeof(floatX), opt_expect = (z->master ? 12.0 : 8.0) * (z->stage == 0 ? P : Psh);
     check(fabs((double)mem_current[MEM_OPTIMIZER] - opt_expect) <= 3 * pad, "memory: optimizer state %.0f B, formula %s = %.0f B (P_local %.0f, dp %d)",
-          (double)mem_current[MEM_OPTIMIZER], z->stage == 0 ? "8P" : "8P/dp", opt_expect, P, dp);
+          (double)mem_current[MEM_OPTIMIZER], z->stage == 0 ? "8P" : "8P/dp (experts: /edp)", opt_expect, P, dp);
     double max_layer = 0, embed = m->u_embed >= 0 ? m->units[m->u_embed].padded : 0;
     for (int u = 0; u < m->nunits; u++) { if (u != m->u_embed && m->units[u].padded > max_layer) { max_layer = m->units[u].padded; } }
-    double grads_expect = z->stage < 2 ? X * P : X * P / dp + X * (2.0 * max_layer + embed);
+    double grads_expect = z->stage < 2 ? X * P : X * Psh + X * (2.0 * max_layer + embed);
     check(fabs((double)mem_current[MEM_GRADS] - grads_expect) <= 3 * pad,
           "memory: gradients %.0f B, formula %s = %.0f B", (double)mem_current[MEM_GRADS],
           z->stage < 2 ? "4P" : "4P/dp + transient(2 layers + embedding)", grads_expect);
-    double params_expect = z->stage < 3 ? X * P : X * P / dp + X * (2.0 * max_layer + embed);
+    double params_expect = z->stage < 3 ? X * P : X * Psh + X * (2.0 * max_layer + embed);
     check(fabs((double)mem_current[MEM_PARAMS] - params_expect) <= 3 * pad,
           "memory: parameters %.0f B, formula %s = %.0f B", (double)mem_current[MEM_PARAMS],
           z->stage < 3 ? "4P" : "4P/dp + gathered (2 layers + embedding)", params_expect);
+    // MoE: each MoE layer of the stage holds E/ep experts, each 1/tp of an MLP (fcproj's bias whole)
+    double BT = m->BT, BTs = m->BTs, C = c->channels, Cl = m->Cl;
+    int nmoe = 0;
+    for (int l = 0; l < Ls; l++) { nmoe += is_moe_layer(c, m->l0 + l); }
+    if (nmoe > 0) {
+        double El = (double)c->num_experts / m->grid->ep, per_expert = 4 * Cl * C + 4 * Cl + C * 4 * Cl + C;
+        check(experts == nmoe * El * per_expert, "memory: expert parameters per rank %.0f = %d MoE layers x E/ep = %.0f experts x %.0f (1/tp of an MLP)",
+              experts, nmoe, El, per_expert);
+    }
     // activations, per micro-batch alive (1F1B: pp - stage of them, GPipe: all): the LayerNorm/residual
-    // parts on BTs tokens (BT/tp with SP), the rest on BT tokens; lnf and its gradient on the last stage
-    double BT = m->BT, BTs = m->BTs, C = m->config.channels, Cl = m->Cl;
+    // parts on BTs tokens (BT/tp with SP), the rest on BT tokens; lnf and its gradient on the last stage;
+    // a dense layer's MLP stores fc and GELU (BT, 4Cl); a MoE layer its routing and, for the Rr rows its
+    // experts may receive, their input, fc and GELU, and for the Rs rows it may send, their outputs
+    double Rs = 0, Rr = 0, E = c->num_experts, k = c->topk;
+    if (nmoe > 0) {   // worst cases: a token goes to at most k experts (min(k, E/ep) of one rank), a sequence
+                      // at most cap times to one expert
+        double cap = moe_capacity(c->topk, m->T, c->num_experts, m->moe.cap1000), El = E / m->grid->ep, kl = k < El ? k : El;
+        Rs = m->B * fmin(m->T * k, E * cap);
+        Rr = m->grid->ep * m->B * fmin(m->T * kl, El * cap);
+    }
     double per_micro = X * ((Ls + 1) * BTs * C + 3.0 * Ls * BTs * C + (m->last ? 2 * BTs * C : 0))
                        + 4.0 * (4.0 * Ls * BTs + (m->last ? 2 * BTs : 0))
-                       + X * Ls * BT * 12.0 * Cl + 4.0 * Ls * BT * m->NHl + 2 * 4.0 * BT;
+                       + X * Ls * BT * 4.0 * Cl + X * (Ls - nmoe) * BT * 8.0 * Cl + 4.0 * Ls * BT * m->NHl + 2 * 4.0 * BT
+                       + nmoe * (4.0 * (BT * E + BT + 4 * BT * k + m->B * E) + X * (Rr * C + 2 * Rr * 4 * Cl + Rs * C));
     int alive = m->pipe.schedule == SCHEDULE_GPIPE ? accum : m->grid->pp - m->grid->pp_rank;
     if (alive > accum) { alive = accum; }
     check(m->pipe.nslots == alive, "memory: %d micro-batches of activations alive, formula %d (%s, stage %d of %d, %d micro-batches)",
@@ -142,26 +242,47 @@ static void check_memory(GPT2 *m, int accum) {
     double act_expect = per_micro * m->pipe.nslots;
     check(fabs((double)mem_current[MEM_ACTIVATIONS] - act_expect) < 1, "memory: activations %.0f B, formula %.0f B (%d x %.0f; BTs %d)",
           (double)mem_current[MEM_ACTIVATIONS], act_expect, m->pipe.nslots, per_micro, m->BTs);
+    if (nmoe > 0) {   // the dispatch buffers, send and receive, at their worst case
+        double comm_expect = X * (Rs + Rr) * C;
+        check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1, "memory: MoE dispatch buffers %.0f B = (Rs %.0f + Rr %.0f rows) x C x %d B",
+              (double)mem_current[MEM_COMM], Rs, Rr, (int)X);
+    }
     // logits (last stage): one chunk of chunk x Vp/tp, never B*T x Vp (plus per-token stats and losses)
     double logits_expect = m->last ? X * m->ce.chunk * m->Vl + 4.0 * (3.0 * m->ce.chunk * (1 + m->grid->tp) + BT) : 0;
     check(fabs((double)mem_peak[MEM_LOGITS] - logits_expect) < 1, "memory: logits peak %.0f B = chunk %d x Vp/tp %d x %d B + stats/losses (%.0f B)",
           (double)mem_peak[MEM_LOGITS], m->ce.chunk, m->Vl, (int)X, logits_expect);
 }
 
-// Comm report vs the ring formulas, for one step with gradient accumulation `accum`.
-static void check_comm(GPT2 *m, int accum) {
+// Comm report vs the ring formulas, for one step with gradient accumulation `accum`. ep_rows: the rows
+// this rank's MoE dispatches sent to other ep ranks plus those it received from them (each moves
+// forward and back, in the forward and again in the backward), from the routing (test main).
+static void check_comm(GPT2 *m, int accum, double ep_rows) {
+    const GPT2Config *c = &m->config;
     Zero *z = &m->zero;
     Grid *g = m->grid;
-    int dp = g->dp, tp = g->tp, L = m->config.num_layers, Ls = m->Ls, first = m->first, last = m->last;
-    double X = sizeof(floatX), full = 0, rep = 0;
-    for (int u = 0; u < m->nunits; u++) { full += m->units[u].padded; rep += m->units[u].nrep; }
-    if (dp > 1) {
-        double ring = 2.0 * (dp - 1) / dp * X * full;   // one all-reduce of all gradients
-        if (z->stage < 3) {
-            double expect = z->stage < 2 ? ring : (dp - 1.0) / dp * X * full * (accum + 1);   // 2-3: RS per micro-batch + AG
-            check(fabs(g->dp_group.bytes - expect) < 1, "comm: zero %d dp bytes/step %.0f = formula %.0f (all-reduce 2(p-1)/p*4P = %.0f)",
-                  z->stage, g->dp_group.bytes, expect, ring);
-        } else if (g->pp == 1) {
+    int dp = g->dp, tp = g->tp, L = c->num_layers, Ls = m->Ls, first = m->first, last = m->last, nmoe = 0;
+    double X = sizeof(floatX), full = 0, rep = 0, ring_all = 0;
+    double full_g[2] = {0, 0};   // padded elements of the units reduced over dp, over edp
+    for (int u = 0; u < m->nunits; u++) {
+        const Unit *U = &m->units[u];
+        int ge = U->dpg == &g->edp_group;
+        full_g[ge] += U->padded;
+        full += U->padded; rep += U->nrep;
+        ring_all += (U->dpg->size - 1.0) / U->dpg->size * U->padded;
+    }
+    for (int l = 0; l < Ls; l++) { nmoe += is_moe_layer(c, m->l0 + l); }
+    Group *groups[2] = {&g->dp_group, &g->edp_group};
+    for (int i = 0; i < 2 && z->stage < 3; i++) {   // dp: every unit but the experts; edp: the experts
+        int p = groups[i]->size;
+        if (p == 1 || full_g[i] == 0) { continue; }
+        double ring = 2.0 * (p - 1) / p * X * full_g[i];   // one all-reduce of those gradients
+        double expect = z->stage < 2 ? ring : (p - 1.0) / p * X * full_g[i] * (accum + 1);   // 2: RS per micro-batch + AG
+        check(fabs(groups[i]->bytes - expect) < 1, "comm: zero %d %s bytes/step %.0f = formula %.0f (all-reduce 2(p-1)/p*4P = %.0f)",
+              z->stage, groups[i]->name, groups[i]->bytes, expect, ring);
+    }
+    if (z->stage == 3 && dp > 1) {
+        double ring = 2.0 * (dp - 1) / dp * X * full;
+        if (g->pp == 1 && c->num_experts == 0) {
             // zero_unit_params' policy (L >= 2): the embedding gathered once per step; each layer twice per
             // micro-batch (forward, backward) except the last layer, still resident for its backward, and
             // layers 0 and 1, kept from one micro-batch's backward to the next one's forward; the final
@@ -172,11 +293,11 @@ static void check_comm(GPT2 *m, int accum) {
             check(fabs(g->dp_group.bytes - expect3) < 1, "comm: zero 3 dp bytes/step %.0f = formula %.0f = %.3f x the all-reduce %.0f per micro-batch (gather fwd + gather bwd + reduce-scatter, less the resident units; %ld gathers)",
                   g->dp_group.bytes, expect3, g->dp_group.bytes / accum / ring, ring, z->gathers);
         } else {
-            // with a pipeline the interleaving of forwards and backwards decides which units stay resident:
-            // the bytes must be those of the gathers made plus one reduce-scatter per unit and micro-batch
-            double expect3 = (dp - 1.0) / dp * X * (z->gathered_elems + accum * full);
-            check(fabs(g->dp_group.bytes - expect3) < 1 && z->gathers >= m->nunits, "comm: zero 3 dp bytes/step %.0f = formula %.0f (%ld unit gathers + %d reduce-scatters of every unit)",
-                  g->dp_group.bytes, expect3, z->gathers, accum);
+            // with a pipeline, or the units of MoE layers, the interleaving of the uses decides which units stay
+            // resident: the bytes must be those of the gathers made plus one reduce-scatter per unit and micro-batch
+            double bytes = g->dp_group.bytes + g->edp_group.bytes, expect3 = X * (z->gathered_ring + accum * ring_all);
+            check(fabs(bytes - expect3) < 1 && z->gathers >= m->nunits, "comm: zero 3 dp+edp bytes/step %.0f = formula %.0f (%ld unit gathers + %d reduce-scatters of every unit)",
+                  bytes, expect3, z->gathers, accum);
         }
     }
     if (g->pp > 1 && m->u_embed >= 0) {   // the tied embedding: its owned gradient summed over the 2 end stages
@@ -186,13 +307,18 @@ static void check_comm(GPT2 *m, int accum) {
               g->emb_group.bytes, expect);
     }
     if (g->pp > 1) {   // each micro-batch: the output activation forward (but the last stage), the input gradient back (but the first)
-        double slice = (double)m->BTs * m->config.channels / (!m->sp && tp > 1 ? tp : 1);   // without SP: 1/tp each
+        double slice = (double)m->BTs * c->channels / (!m->sp && tp > 1 ? tp : 1);   // without SP: 1/tp each
         double expect = accum * X * slice * ((last ? 0 : 1) + (first ? 0 : 1));
         check(fabs(g->pp_group.bytes - expect) < 1, "comm: pp bytes/step %.0f = formula %.0f (%d micro-batches x (B*T/tp_sp) x C, to %s)",
               g->pp_group.bytes, expect, accum, first ? "the next stage" : (last ? "the previous stage" : "both neighbours"));
     }
+    if (g->ep > 1 && nmoe > 0) {   // rows x C x X each way, forward (dispatch, return) and backward (the same)
+        double expect = 2.0 * ep_rows * c->channels * X;
+        check(fabs(g->ep_group.bytes - expect) < 1, "comm: ep bytes/step %.0f = formula %.0f (2 x %.0f rows to / from the other ep ranks x C x %d B: all-to-all dispatch and return, forward and backward)",
+              g->ep_group.bytes, expect, ep_rows, (int)X);
+    }
     if (tp > 1) {
-        double S = X * m->BT * m->config.channels, ring = (tp - 1.0) / tp;
+        double S = X * m->BT * c->channels, ring = (tp - 1.0) / tp;
         double ce = 0;
         for (int c0 = 0; last && c0 < m->BT; c0 += m->ce.chunk) { int n = m->BT - c0 < m->ce.chunk ? m->BT - c0 : m->ce.chunk; ce += (tp - 1.0) * 3 * n * 4; }
         double rep_ar = m->sp ? 2.0 * ring * X * rep * (z->stage >= 2 ? accum : 1) : 0;
@@ -201,11 +327,13 @@ static void check_comm(GPT2 *m, int accum) {
         double act = m->sp ? (2 * ends + 10.0 * Ls) * ring * S : (2 * ends + 8.0 * Ls) * ring * S;
         // pipeline without SP: each tp rank received 1/tp of the stage boundary tensors, then all-gathered
         double pipe_ag = g->pp > 1 && !m->sp ? ((first ? 0 : 1) + (last ? 0 : 1)) * ring * S * m->BTs / m->BT : 0;
-        double expect = accum * (act + ce + pipe_ag) + rep_ar;
+        // MoE: the gates' gradient (BT, k) fp32, all-reduced per MoE layer
+        double gates = nmoe * 2.0 * ring * m->BT * c->topk * 4;
+        double expect = accum * (act + ce + pipe_ag + gates) + rep_ar;
         check(fabs(g->tp_group.bytes - expect) < 1 + 1e-9 * expect,
-              "comm: tp bytes/step %.0f = formula %.0f (%s: %s; CE stats %.0f)", g->tp_group.bytes, expect,
+              "comm: tp bytes/step %.0f = formula %.0f (%s: %s; CE stats %.0f; MoE gate gradients %.0f)", g->tp_group.bytes, expect,
               m->sp ? "SP" : "no SP", m->sp ? "(ends+4L) RS + (ends+6L) AG of (p-1)/p*BT*C, of which 2L AG re-gather in backward"
-                                            : "(ends+4L) AR of 2(p-1)/p*BT*C", ce);
+                                            : "(ends+4L) AR of 2(p-1)/p*BT*C", ce, accum * gates);
     }
 }
 
@@ -314,11 +442,14 @@ int main(int argc, char **argv) {
     if (ref_dir == NULL) { fail_all(my_rank, "test_gpt needs --ref DIR (a reference state from dev/reference/gpt2_ref.py)"); }
     char path[1024];
     snprintf(path, sizeof(path), "%s/model.bin", ref_dir);
-    GPT2Config config;
-    float *params = read_model_file(path, &config);
+    GPT2Config ref_config;   // the reference's shape; the model tested is the same, or (--experts E with a
+                             // dense reference) its upcycling, compared with the dense reference's numbers
+    float *ref_params = read_model_file(path, &ref_config);
     RefState ref;
     snprintf(path, sizeof(path), "%s/state.bin", ref_dir);
-    read_ref_state(path, &config, &ref);
+    read_ref_state(path, &ref_config, &ref);
+    RefMoE rmoe;
+    read_ref_moe(ref_dir, &rmoe);
 
     if (bad_rank >= 0) {
         // one rank meets a bad file while the others wait in a collective: all must exit, none hang
@@ -346,6 +477,20 @@ int main(int argc, char **argv) {
     }
     args.T = ref.T;
     args.total_batch = ref.R * ref.T;
+    GPT2Config config = ref_config;
+    float *params = (float *)malloc_check(num_parameters(&ref_config) * sizeof(float));
+    memcpy(params, ref_params, num_parameters(&ref_config) * sizeof(float));
+    snprintf(path, sizeof(path), "%s/model.bin", ref_dir);
+    params = apply_moe_flags(&args, my_rank, &config, params, path, 0);
+    if (config.num_experts > 0 && ref_config.num_experts == 0) {
+        // E = 1, k = 1 (and z-coeff 0) is the dense model: its expert's gradients are the dense MLP's,
+        // its router's exactly zero
+        float *g = upcycle_dense(&ref_config, ref.grads, &config, 0, 1);
+        free(ref.grads);
+        ref.grads = g;
+    }
+    MoEOptions moe = moe_options(&args);   // a MoE reference: its own options
+    if (rmoe.present) { moe = (MoEOptions){rmoe.F1000, rmoe.policy ? DROP_POSITION : DROP_PROBS, rmoe.aux_coeff, rmoe.z_coeff}; }
     validate_layout(&args, &config, world, my_rank);
     Grid grid;
     grid_init(&grid, args.tp, args.pp, args.ep);
@@ -353,10 +498,15 @@ int main(int argc, char **argv) {
     if (my_rank == 0) {
         printf("test_gpt: %s | world %d = tp %d x pp %d x dp %d | zero %d%s | B %d T %d accum %d | ce chunk %d | %s\n", ref_dir, world,
                grid.tp, grid.pp, grid.dp, args.zero, args.sp ? " | sp" : "", args.B, args.T, accum, args.ce_chunk, PRECISION_NAME);
+        if (config.num_experts > 0) {
+            printf("          MoE: E %d k %d every %d | ep %d edp %d | capacity factor %.3f, drop %s, aux %g, z %g%s\n", config.num_experts,
+                   config.topk, config.moe_every, grid.ep, grid.dp / grid.ep, moe.cap1000 / 1000.0, moe.policy == DROP_PROBS ? "probs" : "position",
+                   moe.aux_coeff, moe.z_coeff, ref_config.num_experts == 0 ? " | upcycled from the dense reference" : "");
+        }
     }
     GPT2 model;
-    gpt2_build(&model, &config, params, &grid, args.zero, args.sp);
-    gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule));
+    gpt2_build(&model, &config, params, &grid, args.zero, args.sp, moe);
+    gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
     DataLoader loader;
     char data_path[1024];
     snprintf(data_path, sizeof(data_path), "%s/data.bin", ref_dir);
@@ -369,21 +519,54 @@ int main(int argc, char **argv) {
     if (access(path, R_OK) == 0) {
         GPT2Config c16;
         float *p16 = read_model_file(path, &c16);
-        size_t P = num_parameters(&config), bad = 0;
-        for (size_t i = 0; i < P; i++) { if (p16[i] != bf16_to_float(float_to_bf16(params[i]))) { bad++; } }
-        check(bad == 0 && !memcmp(&c16, &config, sizeof(config)), "model file version 5 (bf16): %zu parameters load as bf16(fp32 file), %zu differ", P, bad);
+        size_t P = num_parameters(&ref_config), bad = 0;
+        for (size_t i = 0; i < P; i++) { if (p16[i] != bf16_to_float(float_to_bf16(ref_params[i]))) { bad++; } }
+        check(bad == 0 && !memcmp(&c16, &ref_config, sizeof(ref_config)), "model file version %d (bf16): %zu parameters load as bf16(fp32 file), %zu differ",
+              ref_config.num_experts ? 15 : 5, P, bad);
         free(p16);
     }
 
-    // step 0: loss, gradients, norm
+    // step 0: loss, gradients, norm (MoE: the routing of every layer and micro-batch logged)
     comm_reset_counters(&grid);
     float *losses = (float *)malloc_check(sizeof(float) * ref.nsteps);
+    int nmoe = 0;
+    for (int l = 0; l < model.Ls; l++) { nmoe += is_moe_layer(&config, model.l0 + l); }
+    int *route_log = (int *)malloc_check(sizeof(int) * (2 * (size_t)model.BT * config.topk * nmoe * accum + 1));
+    model.route_log = route_log;
+    model.route_log_left = nmoe * accum;
     losses[0] = gpt2_forward_backward(&model, &loader, accum);
+    model.route_log = NULL;
     check(fabs(losses[0] - ref.loss0) <= LOSS_TOL * fabs(ref.loss0), "loss of the first batch %.6f, reference %.6f", losses[0], ref.loss0);
+    double ep_rows = 0;
+    if (config.num_experts > 0) {
+        double aux, z, dropped;
+        gpt2_moe_stats(&model, accum, &aux, &z, &dropped);
+        if (rmoe.present) {
+            check(fabs(aux - rmoe.aux0) <= LOSS_TOL * fabs(rmoe.aux0) && fabs(z - rmoe.z0) <= LOSS_TOL * fabs(rmoe.z0),
+                  "MoE auxiliary losses of the first batch: aux %.6f z %.6f, reference %.6f %.6f", aux, z, rmoe.aux0, rmoe.z0);
+            check(fabs(dropped - rmoe.dropped0) <= DROP_TOL, "MoE dropped fraction %.6f, reference %.6f", dropped, rmoe.dropped0);
+            compare_routing(&model, &rmoe, route_log, accum);
+        }
+        // the rows this rank's dispatches moved to and from the other ep ranks, from its routing and the
+        // others' (each micro-batch and MoE layer: counts per expert, all-gathered over the ep group)
+        int E = config.num_experts, El = E / grid.ep, k = config.topk;
+        int *cnt = (int *)malloc_check(sizeof(int) * E), *all = (int *)malloc_check(sizeof(int) * E * grid.ep);
+        for (int q = 0; q < nmoe * accum; q++) {
+            const int *choice = route_log + (size_t)q * 2 * model.BT * k, *keep = choice + (size_t)model.BT * k;
+            for (int e = 0; e < E; e++) { cnt[e] = 0; }
+            for (size_t i = 0; i < (size_t)model.BT * k; i++) { if (keep[i]) { cnt[choice[i]]++; } }
+            MPI_Allgather(cnt, E, MPI_INT, all, E, MPI_INT, grid.ep_group.mpi);
+            for (int r = 0; r < grid.ep; r++) {
+                if (r == grid.ep_rank) { continue; }
+                for (int le = 0; le < El; le++) { ep_rows += all[grid.ep_rank * E + r * El + le] + all[r * E + grid.ep_rank * El + le]; }
+            }
+        }
+        free(cnt); free(all);
+    }
     compare_grads(&model, ref.grads);
     float norm = gpt2_update(&model, &opt, lr_at(&sched, 0), 0);
     check(fabs(norm - ref.norm0) <= NORM_RTOL * ref.norm0, "global grad norm %.6f, reference %.6f", norm, ref.norm0);
-    if (check_comm_flag) { check_comm(&model, accum); }
+    if (check_comm_flag) { check_comm(&model, accum, ep_rows); }
     if (check_mem) { check_memory(&model, accum); }
     if (args.memory_report) { mem_report(my_rank, world, "test"); }
     if (args.comm_report) { comm_report(&grid, 1, "test step 0"); }
@@ -407,8 +590,8 @@ int main(int argc, char **argv) {
         if (my_rank == 0) { mkdir(resume_dir, 0755); }
         MPI_Barrier(MPI_COMM_WORLD);
         GPT2 run;
-        gpt2_build(&run, &config, params, &grid, args.zero, args.sp);
-        gpt2_alloc_activations(&run, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule));
+        gpt2_build(&run, &config, params, &grid, args.zero, args.sp, moe);
+        gpt2_alloc_activations(&run, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
         DataLoader dl2;
         dataloader_init(&dl2, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
         Rng rng;
@@ -426,9 +609,10 @@ int main(int argc, char **argv) {
         GPT2Config c2;
         float *p2 = read_model_file(mp, &c2);
         GPT2 resumed;
-        gpt2_build(&resumed, &c2, p2, &grid, args.zero, args.sp);
+        check(!memcmp(&c2, &config, sizeof(config)), "checkpoint: the model file keeps the shape (E %d k %d every %d)", c2.num_experts, c2.topk, c2.moe_every);
+        gpt2_build(&resumed, &c2, p2, &grid, args.zero, args.sp, moe);
         free(p2);
-        gpt2_alloc_activations(&resumed, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule));
+        gpt2_alloc_activations(&resumed, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
         DataLoader dl3;
         dataloader_init(&dl3, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
         Rng rng3;

@@ -27,12 +27,13 @@ cross-entropy), llmc/comm.h (the process grid and the collectives).
 #include "llmc/tensor_parallel.h"
 #include "llmc/zero.h"
 #include "llmc/pipeline.h"
+#include "llmc/moe.h"
 #include "llmc/dataloader.h"
 #include "llmc/tokenizer.h"
 #include "llmc/schedulers.h"
 
 // ----------------------------------------------------------------------------
-// the model's tensors, in llm.c's file order
+// the model's tensors, in llm.c's file order (then the MoE tensors)
 
 typedef struct {
     int max_seq_len;        // maxT
@@ -41,35 +42,59 @@ typedef struct {
     int num_layers;         // L
     int num_heads;          // NH
     int channels;           // C
+    int num_experts;        // E: 0 = dense
+    int topk;               // k
+    int moe_every;          // layer l is MoE when l % moe_every == moe_every - 1 (moe.h)
 } GPT2Config;
 
 enum { T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB,
-       T_LN2W, T_LN2B, T_FCW, T_FCB, T_FCPROJW, T_FCPROJB, T_LNFW, T_LNFB, NUM_TENSORS };
+       T_LN2W, T_LN2B, T_FCW, T_FCB, T_FCPROJW, T_FCPROJB, T_LNFW, T_LNFB,
+       T_ROUTERW, T_EFCW, T_EFCB, T_EFCPROJW, T_EFCPROJB, NUM_TENSORS };
 __attribute__((unused)) static const char *tensor_names[NUM_TENSORS] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-                                                "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+                                                "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
+                                                "routerw", "efcw", "efcb", "efcprojw", "efcprojb"};
 
-typedef struct { int nblk; size_t rows, cols; SplitKind split; int per_layer; int decay; } TensorSpec;
+static int is_moe_layer(const GPT2Config *c, int l) { return c->num_experts > 0 && l % c->moe_every == c->moe_every - 1; }
 
-// Full shape of tensor id (of one layer, for the per-layer ones) and how tensor parallelism cuts it.
+static int num_moe_layers(const GPT2Config *c) {
+    int n = 0;
+    for (int l = 0; l < c->num_layers; l++) { n += is_moe_layer(c, l); }
+    return n;
+}
+
+// How tensor id is stored: `layers` stacked slices (-1: not per layer) of nblk blocks of (rows, cols),
+// cut by tensor parallelism as `split`. The dense MLP tensors hold only the dense layers, the MoE
+// tensors only the MoE layers, as nblk = E blocks (one per expert, cut over the ep ranks). Weight decay
+// on the 2-D matrices. full_grad: replicated over tp but with a complete gradient on every tp rank
+// (computed from all tokens even under SP): never summed over tp.
+typedef struct { int layers, nblk; size_t rows, cols; SplitKind split; int decay, experts, full_grad; } TensorSpec;
+
 static TensorSpec tensor_spec(const GPT2Config *c, int id) {
     size_t C = c->channels;
+    int L = c->num_layers, Lm = num_moe_layers(c), Ld = L - Lm, E = c->num_experts;
     switch (id) {
-        case T_WTE:      return (TensorSpec){1, (size_t)c->padded_vocab_size, C, SPLIT_ROWS, 0, 1};  // vocab-parallel
-        case T_WPE:      return (TensorSpec){1, (size_t)c->max_seq_len, C, SPLIT_NONE, 0, 1};
-        case T_QKVW:     return (TensorSpec){3, C, C, SPLIT_ROWS, 1, 1};       // column-parallel: heads of q, k, v
-        case T_QKVB:     return (TensorSpec){3, C, 1, SPLIT_ROWS, 1, 0};
-        case T_ATTPROJW: return (TensorSpec){1, C, C, SPLIT_COLS, 1, 1};       // row-parallel
-        case T_FCW:      return (TensorSpec){1, 4 * C, C, SPLIT_ROWS, 1, 1};   // column-parallel
-        case T_FCB:      return (TensorSpec){1, 4 * C, 1, SPLIT_ROWS, 1, 0};
-        case T_FCPROJW:  return (TensorSpec){1, C, 4 * C, SPLIT_COLS, 1, 1};   // row-parallel
-        case T_LNFW: case T_LNFB: return (TensorSpec){1, 1, C, SPLIT_NONE, 0, 0};
-        default:         return (TensorSpec){1, 1, C, SPLIT_NONE, 1, 0};       // ln1, ln2, attprojb, fcprojb
+        case T_WTE:      return (TensorSpec){-1, 1, (size_t)c->padded_vocab_size, C, SPLIT_ROWS, 1, 0, 0};  // vocab-parallel
+        case T_WPE:      return (TensorSpec){-1, 1, (size_t)c->max_seq_len, C, SPLIT_NONE, 1, 0, 0};
+        case T_QKVW:     return (TensorSpec){L, 3, C, C, SPLIT_ROWS, 1, 0, 0};       // column-parallel: heads of q, k, v
+        case T_QKVB:     return (TensorSpec){L, 3, C, 1, SPLIT_ROWS, 0, 0, 0};
+        case T_ATTPROJW: return (TensorSpec){L, 1, C, C, SPLIT_COLS, 1, 0, 0};       // row-parallel
+        case T_FCW:      return (TensorSpec){Ld, 1, 4 * C, C, SPLIT_ROWS, 1, 0, 0};  // column-parallel
+        case T_FCB:      return (TensorSpec){Ld, 1, 4 * C, 1, SPLIT_ROWS, 0, 0, 0};
+        case T_FCPROJW:  return (TensorSpec){Ld, 1, C, 4 * C, SPLIT_COLS, 1, 0, 0};  // row-parallel
+        case T_FCPROJB:  return (TensorSpec){Ld, 1, 1, C, SPLIT_NONE, 0, 0, 0};
+        case T_LNFW: case T_LNFB: return (TensorSpec){-1, 1, 1, C, SPLIT_NONE, 0, 0, 0};
+        case T_ROUTERW:  return (TensorSpec){Lm, 1, (size_t)E, C, SPLIT_NONE, 1, 0, 1};   // replicated everywhere
+        case T_EFCW:     return (TensorSpec){Lm, E, 4 * C, C, SPLIT_ROWS, 1, 1, 0};      // per expert, as fcw
+        case T_EFCB:     return (TensorSpec){Lm, E, 4 * C, 1, SPLIT_ROWS, 0, 1, 0};
+        case T_EFCPROJW: return (TensorSpec){Lm, E, C, 4 * C, SPLIT_COLS, 1, 1, 0};
+        case T_EFCPROJB: return (TensorSpec){Lm, E, 1, C, SPLIT_NONE, 0, 1, 1};          // added once, on tp rank 0
+        default:         return (TensorSpec){L, 1, 1, C, SPLIT_NONE, 0, 0, 0};           // ln1, ln2, attprojb
     }
 }
 
 static size_t tensor_full_size(const GPT2Config *c, int id) {   // all layers
     TensorSpec s = tensor_spec(c, id);
-    return (size_t)s.nblk * s.rows * s.cols * (s.per_layer ? c->num_layers : 1);
+    return (size_t)s.nblk * s.rows * s.cols * (s.layers < 0 ? 1 : (size_t)s.layers);
 }
 
 static size_t num_parameters(const GPT2Config *c) {
@@ -78,50 +103,74 @@ static size_t num_parameters(const GPT2Config *c) {
     return n;
 }
 
-// One unit of zero.h: the embedding (wpe, wte), a layer, or the final LayerNorm. Inside a unit
-// the tp-replicated tensors come first (one block to all-reduce under SP).
-static void build_unit(const GPT2Config *c, int tp, Unit *U, const int *ids, int n, int layer) {
+// Which slice of a per-layer tensor belongs to layer l: the dense MLP tensors count only the dense
+// layers, the MoE tensors only the MoE layers.
+static int tensor_layer_slice(const GPT2Config *c, int id, int l) {
+    if (id == T_FCW || id == T_FCB || id == T_FCPROJW || id == T_FCPROJB || id >= T_ROUTERW) {
+        int moe = id >= T_ROUTERW, n = 0;
+        for (int i = 0; i < l; i++) { n += is_moe_layer(c, i) == moe; }
+        return n;
+    }
+    return l;
+}
+
+// One unit of zero.h: the embedding (wpe, wte), a layer, the experts of a MoE layer held by this ep
+// rank, or the final LayerNorm, reduced over data-parallel group dpg. Inside a unit the tensors whose
+// gradients are partial over tp under SP come first (one block to all-reduce under SP).
+static void build_unit(const GPT2Config *c, int tp, int ep, int ep_rank, Group *dpg, Unit *U, const int *ids, int n, int layer) {
     memset(U, 0, sizeof(Unit));
+    U->dpg = dpg;
     for (int k = 0; k < n; k++) {
         TensorSpec s = tensor_spec(c, ids[k]);
         UnitTensor *t = &U->t[U->ntensors++];
         t->id = ids[k];
         t->layer = layer;
+        t->nblk = s.experts ? s.nblk / ep : s.nblk;   // the local experts [blk0, blk0 + nblk)
+        t->blk0 = s.experts ? ep_rank * t->nblk : 0;
         t->offset = U->size;
-        t->size = (size_t)s.nblk * s.rows * s.cols / (s.split == SPLIT_NONE ? 1 : tp);
+        t->size = (size_t)t->nblk * s.rows * s.cols / (s.split == SPLIT_NONE ? 1 : tp);
         t->decay = s.decay;
         t->replicated = s.split == SPLIT_NONE;
         U->size += t->size;
-        if (t->replicated) { U->nrep = U->size; }
+        if (t->replicated && !s.full_grad) { U->nrep = U->size; }
         if (ids[k] == T_WTE) { U->embedding = 1; }
     }
 }
 
-// The units of a pipeline stage, in the order they run: the embedding (first stage), its layers,
-// the final LayerNorm (last stage). With a pipeline the first stage's wte and wpe are two units, and
-// the last stage holds a copy of the wte unit for the tied LM head: same layout, so the two copies'
-// gradients sum shard by shard. Returns the number of units; sets the index of each kind (-1: none;
-// without a pipeline u_pos == u_embed, one unit [wpe, wte]).
-static int build_units(const GPT2Config *c, int tp, int pp, int stage, Unit *units,
-                       int *u_embed, int *u_pos, int *u_layer0, int *u_final) {
+// The units of a pipeline stage, in the order they run: the embedding (first stage), its layers
+// (a MoE layer: the layer, then its experts), the final LayerNorm (last stage). With a pipeline the
+// first stage's wte and wpe are two units, and the last stage holds a copy of the wte unit for the
+// tied LM head: same layout, so the two copies' gradients sum shard by shard. Returns the number of
+// units; sets the index of each kind (-1: none; without a pipeline u_pos == u_embed, one unit [wpe,
+// wte]) and, per layer of the stage, its unit and its experts' unit (-1 for a dense layer).
+static int build_units(const GPT2Config *c, Grid *g, Unit *units, int *u_embed, int *u_pos, int *u_layer, int *u_experts, int *u_final) {
     static const int embedding[] = {T_WPE, T_WTE}, token[] = {T_WTE}, position[] = {T_WPE};
     static const int layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_FCPROJB,
                                 T_QKVW, T_QKVB, T_ATTPROJW, T_FCW, T_FCB, T_FCPROJW};
+    static const int moe_layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_ROUTERW, T_QKVW, T_QKVB, T_ATTPROJW};
+    static const int experts[] = {T_EFCPROJB, T_EFCW, T_EFCB, T_EFCPROJW};
     static const int final_ln[] = {T_LNFW, T_LNFB};
-    int l0, l1, n = 0;
+    int tp = g->tp, pp = g->pp, stage = g->pp_rank, ep = g->ep, er = g->ep_rank, l0, l1, n = 0;
+    Group *dp = &g->dp_group;
     stage_layers(c->num_layers, pp, stage, &l0, &l1);
     *u_embed = *u_pos = *u_final = -1;
-    if (stage == 0 && pp == 1) { *u_embed = *u_pos = n; build_unit(c, tp, &units[n++], embedding, 2, -1); }
+    if (stage == 0 && pp == 1) { *u_embed = *u_pos = n; build_unit(c, tp, ep, er, dp, &units[n++], embedding, 2, -1); }
     if (stage == 0 && pp > 1) {
-        *u_embed = n; build_unit(c, tp, &units[n++], token, 1, -1);
-        *u_pos = n; build_unit(c, tp, &units[n++], position, 1, -1);
+        *u_embed = n; build_unit(c, tp, ep, er, dp, &units[n++], token, 1, -1);
+        *u_pos = n; build_unit(c, tp, ep, er, dp, &units[n++], position, 1, -1);
     }
-    *u_layer0 = n;
-    for (int l = l0; l < l1; l++) { build_unit(c, tp, &units[n++], layer, 12, l); }
+    for (int l = l0; l < l1; l++) {
+        u_layer[l - l0] = n;
+        u_experts[l - l0] = -1;
+        if (!is_moe_layer(c, l)) { build_unit(c, tp, ep, er, dp, &units[n++], layer, 12, l); continue; }
+        build_unit(c, tp, ep, er, dp, &units[n++], moe_layer, 9, l);
+        u_experts[l - l0] = n;
+        build_unit(c, tp, ep, er, &g->edp_group, &units[n++], experts, 4, l);
+    }
     if (stage == pp - 1) {
         *u_final = n;
-        build_unit(c, tp, &units[n++], final_ln, 2, -1);
-        if (pp > 1) { *u_embed = n; build_unit(c, tp, &units[n++], token, 1, -1); units[n - 1].norm_skip = 1; }
+        build_unit(c, tp, ep, er, dp, &units[n++], final_ln, 2, -1);
+        if (pp > 1) { *u_embed = n; build_unit(c, tp, ep, er, dp, &units[n++], token, 1, -1); units[n - 1].norm_skip = 1; }
     }
     if (pp > 1 && *u_embed >= 0) { units[*u_embed].tied = 1; }
     return n;
@@ -132,29 +181,39 @@ static void unit_view(const Unit *U, floatX *base, floatX *ptr[NUM_TENSORS]) {
     for (int k = 0; k < U->ntensors; k++) { ptr[U->t[k].id] = base + U->t[k].offset; }
 }
 
-// Host, fp32: cut this tp rank's unit out of the full tensors (to_unit = 1), or put it back.
+// Host, fp32: cut this tp rank's unit (its local experts) out of the full tensors (to_unit = 1), or
+// put it back.
 static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_TENSORS], float *unit,
                            int tp, int tp_rank, int to_unit) {
     for (int k = 0; k < U->ntensors; k++) {
         const UnitTensor *t = &U->t[k];
         TensorSpec s = tensor_spec(c, t->id);
-        size_t per_layer = (size_t)s.nblk * s.rows * s.cols;
-        float *f = full[t->id] + (t->layer >= 0 ? (size_t)t->layer * per_layer : 0);
-        tp_slice_copy(f, unit + t->offset, s.nblk, s.rows, s.cols, s.split, tp, tp_rank, to_unit);
+        size_t blk = s.rows * s.cols, per_layer = (size_t)s.nblk * blk;
+        float *f = full[t->id] + (t->layer >= 0 ? (size_t)tensor_layer_slice(c, t->id, t->layer) * per_layer : 0) + (size_t)t->blk0 * blk;
+        tp_slice_copy(f, unit + t->offset, t->nblk, s.rows, s.cols, s.split, tp, tp_rank, to_unit);
     }
 }
 
 // ----------------------------------------------------------------------------
-// model files (llm.c format): int32 header[256] then the 16 tensors, fp32 (version 3) or bf16 (5)
+// model files (llm.c format): int32 header[256] then the tensors, fp32 (version 3) or bf16 (5).
+// MoE models (ours): version 13 (fp32) or 15 (bf16), header[8..10] = E, k, moe_every, and after
+// the 16 dense tensors (whose MLP tensors hold only the dense layers) routerw (Lm, E, C), efcw
+// (Lm, E, 4C, C), efcb (Lm, E, 4C), efcprojw (Lm, E, C, 4C), efcprojb (Lm, E, C) for the Lm MoE layers.
+// header[255] is reserved (a checksum). llm.c reads versions 3 and 5 and ignores slots 8..255.
 
 #define MODEL_MAGIC 20240326
 
 // The shapes this program accepts, from a file or a descriptor: positive, C divisible by NH,
-// V <= Vp, token ids that fit the uint16 data shards, and sizes whose element counts fit in memory.
+// V <= Vp, token ids that fit the uint16 data shards, sizes whose element counts fit in memory, and
+// (MoE) 1 <= k <= E <= MOE_MAX_EXPERTS, 1 <= moe_every <= L.
 static int config_valid(const GPT2Config *c) {
-    return c->max_seq_len > 0 && c->vocab_size > 0 && c->num_layers > 0 && c->num_heads > 0 && c->channels > 0 &&
-           c->padded_vocab_size >= c->vocab_size && c->channels % c->num_heads == 0 && c->vocab_size <= 65536 &&
-           c->padded_vocab_size <= 1 << 20 && c->channels <= 16384 && c->max_seq_len <= 1 << 20 && c->num_layers <= 1024;
+    int dense_ok = c->max_seq_len > 0 && c->vocab_size > 0 && c->num_layers > 0 && c->num_heads > 0 && c->channels > 0 &&
+                   c->padded_vocab_size >= c->vocab_size && c->channels % c->num_heads == 0 && c->vocab_size <= 65536 &&
+                   c->padded_vocab_size <= 1 << 20 && c->channels <= 16384 && c->max_seq_len <= 1 << 20 && c->num_layers <= 1024;
+    int moe_ok = c->num_experts == 0 ? c->topk == 0 && c->moe_every == 0
+                                     : c->num_experts > 0 && c->num_experts <= MOE_MAX_EXPERTS && c->topk >= 1 &&
+                                       c->topk <= c->num_experts && c->moe_every >= 1 && c->moe_every <= c->num_layers;
+    return dense_ok && moe_ok;
 }
 
 static float bf16_to_float(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -170,14 +229,20 @@ static float *read_model_file(const char *path, GPT2Config *c) {
     int h[256];
     if (fread(h, sizeof(int), 256, f) != 256) { fail("model file '%s' is truncated: expected a 1024-byte header", path); }
     if (h[0] != MODEL_MAGIC) { fail("model file '%s' has bad magic %d, expected %d", path, h[0], MODEL_MAGIC); }
-    if (h[1] != 3 && h[1] != 5) { fail("model file '%s' has version %d, expected 3 (fp32) or 5 (bf16)", path, h[1]); }
+    int moe = h[1] == 13 || h[1] == 15;
+    if (h[1] != 3 && h[1] != 5 && !moe) {
+        fail("model file '%s' has version %d, expected 3 (fp32), 5 (bf16), 13 (MoE fp32) or 15 (MoE bf16)", path, h[1]);
+    }
+    memset(c, 0, sizeof(*c));
     c->max_seq_len = h[2]; c->vocab_size = h[3]; c->num_layers = h[4]; c->num_heads = h[5]; c->channels = h[6];
     c->padded_vocab_size = h[7];
+    if (moe) { c->num_experts = h[8]; c->topk = h[9]; c->moe_every = h[10]; }
+    if (moe && c->num_experts < 1) { fail("model file '%s' is a MoE file (version %d) with %d experts", path, h[1], h[8]); }
     if (!config_valid(c)) {
-        fail("model file '%s' has inconsistent header values (maxT %d V %d L %d NH %d C %d Vp %d)", path,
-             h[2], h[3], h[4], h[5], h[6], h[7]);
+        fail("model file '%s' has inconsistent header values (maxT %d V %d L %d NH %d C %d Vp %d; E %d k %d every %d)", path,
+             h[2], h[3], h[4], h[5], h[6], h[7], c->num_experts, c->topk, c->moe_every);
     }
-    size_t P = num_parameters(c), es = h[1] == 3 ? 4 : 2;
+    size_t P = num_parameters(c), es = h[1] % 10 == 3 ? 4 : 2;
     long size = file_size(f);
     if ((size_t)size != 1024 + P * es) {
         fail("model file '%s' is %ld bytes, expected %zu for its header (%zu parameters, version %d)", path, size, 1024 + P * es, P, h[1]);
@@ -195,12 +260,12 @@ static float *read_model_file(const char *path, GPT2Config *c) {
     return params;
 }
 
-// Pointers to the 16 tensors inside one array in file order.
+// Pointers to the tensors inside one array in file order.
 static void split_tensors(const GPT2Config *c, float *all, float *ptr[NUM_TENSORS]) {
     for (int i = 0; i < NUM_TENSORS; i++) { ptr[i] = all; all += tensor_full_size(c, i); }
 }
 
-// "d12" (llm.c: depth L, C = 64 L, NH = L) or "L=4,C=64,NH=4,V=250,maxT=64[,Vp=256]".
+// "d12" (llm.c: depth L, C = 64 L, NH = L) or "L=4,C=64,NH=4,V=250,maxT=64[,Vp=256][,E=8,k=2[,every=2]]".
 // Returns 0 if the string is not a descriptor, -1 if it is a malformed one.
 static int parse_descriptor(const char *s, GPT2Config *c) {
     memset(c, 0, sizeof(*c));
@@ -212,22 +277,30 @@ static int parse_descriptor(const char *s, GPT2Config *c) {
         c->num_layers = (int)d; c->channels = 64 * (int)d; c->num_heads = (int)d;
     } else if (strchr(s, '=') != NULL) {
         char buf[256];
+        if (strlen(s) >= sizeof(buf)) { return -1; }
         snprintf(buf, sizeof(buf), "%s", s);
+        static const char *keys[] = {"L", "C", "NH", "V", "Vp", "maxT", "E", "k", "every"};
+        int *fields[] = {&c->num_layers, &c->channels, &c->num_heads, &c->vocab_size, &c->padded_vocab_size, &c->max_seq_len,
+                         &c->num_experts, &c->topk, &c->moe_every};
+        int seen[9] = {0};
         for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
             char *eq = strchr(tok, '=');
             if (!eq) { return -1; }
             *eq = '\0';
             long v = strtol(eq + 1, &end, 10);
             if (*end != '\0' || v <= 0 || v > (1 << 20)) { return -1; }
-            if (!strcmp(tok, "L")) { c->num_layers = (int)v; }
-            else if (!strcmp(tok, "C")) { c->channels = (int)v; }
-            else if (!strcmp(tok, "NH")) { c->num_heads = (int)v; }
-            else if (!strcmp(tok, "V")) { c->vocab_size = (int)v; }
-            else if (!strcmp(tok, "Vp")) { c->padded_vocab_size = (int)v; }
-            else if (!strcmp(tok, "maxT")) { c->max_seq_len = (int)v; }
-            else { return -1; }
+            int key = -1;
+            for (int i = 0; i < 9; i++) { if (!strcmp(tok, keys[i])) { key = i; } }
+            if (key < 0 || seen[key]++) { return -1; }   // unknown or repeated
+            *fields[key] = (int)v;
         }
         if (c->num_layers == 0 || c->channels == 0 || c->num_heads == 0) { return -1; }
+        if (c->num_experts > 0) {
+            if (c->topk == 0) { c->topk = 1; }
+            if (c->moe_every == 0) { c->moe_every = 1; }
+        } else if (c->topk || c->moe_every) {
+            return -1;   // k or every without E
+        }
     } else {
         return 0;
     }
@@ -236,7 +309,8 @@ static int parse_descriptor(const char *s, GPT2Config *c) {
 }
 
 // GPT-2 initialisation (as llm.c): N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), LayerNorm
-// weights 1, biases 0, padded vocab rows 0. Same numbers on every rank, whatever the layout.
+// weights 1, biases 0, padded vocab rows 0; the router N(0, 0.02), the experts as the dense MLP.
+// Same numbers on every rank, whatever the layout.
 static float *random_init(const GPT2Config *c, uint64_t seed) {
     size_t P = num_parameters(c);
     float *all = (float *)malloc_check(P * sizeof(float));
@@ -250,14 +324,58 @@ static float *random_init(const GPT2Config *c, uint64_t seed) {
         size_t n = tensor_full_size(c, i);
         if (i == T_LN1W || i == T_LN2W || i == T_LNFW) { for (size_t j = 0; j < n; j++) { t[i][j] = 1.0f; } }
         if (i == T_WTE) { n = (size_t)c->vocab_size * c->channels; }   // padding rows stay 0
-        if (i == T_WTE || i == T_WPE || i == T_QKVW || i == T_FCW) { for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, 0.02f); } }
-        if (i == T_ATTPROJW || i == T_FCPROJW) { for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, proj_std); } }
+        if (i == T_WTE || i == T_WPE || i == T_QKVW || i == T_FCW || i == T_ROUTERW || i == T_EFCW) {
+            for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, 0.02f); }
+        }
+        if (i == T_ATTPROJW || i == T_FCPROJW || i == T_EFCPROJW) { for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, proj_std); } }
     }
+    return all;
+}
+
+// Sparse upcycling: the MoE model `moe` from a dense model of the same shape, every expert of a MoE
+// layer a copy of that layer's dense MLP; the router N(0, 0.02) from seed (or zeros: router_zero).
+// (Also how test_gpt lays out a dense reference's gradients for an E = 1 model.)
+static float *upcycle_dense(const GPT2Config *dense, float *dense_all, const GPT2Config *moe, uint64_t seed, int router_zero) {
+    float *all = (float *)malloc_check(num_parameters(moe) * sizeof(float));
+    float *d[NUM_TENSORS], *t[NUM_TENSORS];
+    split_tensors(dense, dense_all, d);
+    split_tensors(moe, all, t);
+    for (int i = 0; i < NUM_TENSORS; i++) {
+        if (i == T_FCW || i == T_FCB || i == T_FCPROJW || i == T_FCPROJB || i >= T_ROUTERW) { continue; }
+        memcpy(t[i], d[i], tensor_full_size(moe, i) * sizeof(float));
+    }
+    static const int mlp[4] = {T_FCW, T_FCB, T_FCPROJW, T_FCPROJB}, experts[4] = {T_EFCW, T_EFCB, T_EFCPROJW, T_EFCPROJB};
+    for (int l = 0; l < moe->num_layers; l++) {
+        for (int i = 0; i < 4; i++) {
+            TensorSpec s = tensor_spec(dense, mlp[i]);
+            size_t n = s.rows * s.cols;
+            const float *src = d[mlp[i]] + (size_t)l * n;   // the dense model: every layer dense
+            float *dst = is_moe_layer(moe, l) ? t[experts[i]] + (size_t)tensor_layer_slice(moe, experts[i], l) * moe->num_experts * n
+                                              : t[mlp[i]] + (size_t)tensor_layer_slice(moe, mlp[i], l) * n;
+            for (int e = 0; e < (is_moe_layer(moe, l) ? moe->num_experts : 1); e++) { memcpy(dst + (size_t)e * n, src, n * sizeof(float)); }
+        }
+    }
+    Rng rng;
+    rng_init(&rng, seed);
+    for (size_t j = 0; j < tensor_full_size(moe, T_ROUTERW); j++) { t[T_ROUTERW][j] = router_zero ? 0.0f : rng_normal(&rng, 0, 0.02f); }
     return all;
 }
 
 // ----------------------------------------------------------------------------
 // the model
+
+typedef struct {        // one MoE layer of one micro-batch, stored for the backward (moe.h names them)
+    float *probs;       // (BT, E) router probabilities
+    float *lse;         // (BT) router log-sum-exp (the z-loss)
+    int *choice;        // (BT, k) the top-k experts
+    float *gate;        // (BT, k)
+    int *keep, *row;    // (BT, k) kept after capacity; the row in the send layout (-1: dropped)
+    float *f;           // (B, E) top-k assignment fractions per sequence (the aux loss)
+    floatX *xe;         // (Rr, C) the rows this rank's experts received, grouped by local expert
+    floatX *h, *hg;     // (Rr, 4Cl) their fc output, after GELU
+    floatX *ys;         // (Rs, C) the expert outputs back, in the send layout
+    int *counts;        // host (ep, E): rows each rank of the ep group keeps for each expert
+} MoEActs;
 
 typedef struct {
     // stored for the backward, one set per micro-batch in flight on this pipeline stage. Per layer l of
@@ -272,7 +390,8 @@ typedef struct {
     floatX *mid;        // (Ls, BTs, C) residual after attention
     floatX *ln2;        // (Ls, BTs, C)
     float *ln2_mean, *ln2_rstd;
-    floatX *fch, *fchg; // (Ls, BT, 4Cl) fc output, after GELU
+    floatX *fch, *fchg; // (dense layers of the stage, BT, 4Cl) fc output, after GELU
+    MoEActs *moe;       // (Ls) the MoE layers' routing and expert activations (unused for dense layers)
     floatX *lnf;        // (BTs, C) last stage
     float *lnf_mean, *lnf_rstd;
     floatX *dlnf;       // (BTs, C) last stage: the gradient of lnf, written by the fused head
@@ -283,8 +402,9 @@ typedef struct {
 typedef struct {
     floatX *res, *ln1, *mid, *ln2, *out;                 // (BTs, C): input, ln1, after attention, ln2, output
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;   // (BTs)
-    floatX *qkv, *atty, *fch, *fchg;                     // (BT, 3Cl), (BT, Cl), (BT, 4Cl), (BT, 4Cl)
+    floatX *qkv, *atty, *fch, *fchg;                     // (BT, 3Cl), (BT, Cl), (BT, 4Cl), (BT, 4Cl): fch only dense
     float *lse;                                          // (B, NHl, T)
+    MoEActs *moe;                                        // MoE layers
 } LayerActs;
 
 typedef struct {        // shared by all layers and micro-batches
@@ -295,7 +415,22 @@ typedef struct {        // shared by all layers and micro-batches
     floatX *dwide;      // (BT, 4Cl) gradient of fc / gelu, then of qkv
     floatX *datty;      // (BT, Cl)
     float *losses;      // (BT)
+    // MoE layers
+    floatX *msend;      // (Rs, C) rows in the send layout: x, then the gradients
+    floatX *mrecv;      // (Rr, C) rows as the all-to-all delivers them, grouped by source rank
+    floatX *mexp;       // (Rr, C) rows grouped by local expert: the outputs, the gradients
+    floatX *mdh;        // (Rr, 4Cl) the gradient of the experts' fc output
+    float *dgate;       // (BT, k)
+    float *dlogits;     // (BT, E)
+    float *pmean, *zsum;   // (B, E), (B): aux and z statistics per sequence
+    int *counts, *offsets; // (E) kept rows per expert; their first rows in the send layout
 } Workspace;
+
+typedef struct {        // the MoE layers' numbers of one step, for the log (sums over this rank's layers)
+    double aux;         // sum over sequences of E sum_i f_i P_i
+    double z;           // sum over tokens of lse^2
+    double kept, assigned;   // assignments after capacity / made
+} MoEStats;
 
 typedef struct {
     GPT2Config config;
@@ -304,7 +439,8 @@ typedef struct {
     int B, T, BT, BTs, tok0;     // tok0: first local token of the LayerNorm/residual region
     int Cl, NHl, Vl, v0;         // this tp rank's channels, heads, vocab rows [v0, v0 + Vl)
     int first, last, l0, Ls;     // pipeline: is this the first / last stage; its layers [l0, l0 + Ls)
-    int nunits, u_embed, u_pos, u_layer0, u_final;   // this stage's units (zero.h), -1 where it has none
+    int nunits, u_embed, u_pos, u_final;   // this stage's units (zero.h), -1 where it has none
+    int *u_layer, *u_experts;    // (Ls) each layer's unit; its experts' unit (-1: a dense layer)
     Unit *units;
     Zero zero;
     Pipeline pipe;               // the schedule, the activation slots, the exchanges (pipeline.h)
@@ -312,26 +448,41 @@ typedef struct {
     Workspace ws;
     CEBuffers ce;
     size_t num_parameters;
+    // MoE
+    MoEOptions moe;              // capacity factor, drop policy, auxiliary loss coefficients
+    int El;                      // experts per ep rank
+    int moe_cap;                 // assignments an expert keeps per sequence, now (sampling: T, dropless)
+    size_t moe_rows_send, moe_rows_recv;   // Rs, Rr: rows of the dispatch buffers (their worst case)
+    float moe_aux_scale, moe_z_scale;      // the auxiliary losses' seeds for this step (see moe.h)
+    int moe_count_stats;         // add the forward's numbers to moe_stats (training, not validation)
+    MoEStats moe_stats;
+    int *route_log, route_log_left;        // test_gpt: (choice, keep) of each MoE layer run, when set
 } GPT2;
 
 static LayerActs layer_acts(const GPT2 *m, const Activations *a, int l) {
     size_t C = m->config.channels, Cl = m->Cl, s = (size_t)l * m->BTs, f = (size_t)l * m->BT;
+    size_t dense = 0;   // dense layers of the stage before l
+    for (int i = 0; i < l; i++) { dense += !is_moe_layer(&m->config, m->l0 + i); }
     LayerActs x;
     x.res = a->resid + s * C; x.out = a->resid + (s + m->BTs) * C;
     x.ln1 = a->ln1 + s * C; x.mid = a->mid + s * C; x.ln2 = a->ln2 + s * C;
     x.ln1_mean = a->ln1_mean + s; x.ln1_rstd = a->ln1_rstd + s; x.ln2_mean = a->ln2_mean + s; x.ln2_rstd = a->ln2_rstd + s;
-    x.qkv = a->qkv + f * 3 * Cl; x.atty = a->atty + f * Cl; x.fch = a->fch + f * 4 * Cl; x.fchg = a->fchg + f * 4 * Cl;
+    x.qkv = a->qkv + f * 3 * Cl; x.atty = a->atty + f * Cl;
+    x.fch = a->fch + dense * m->BT * 4 * Cl; x.fchg = a->fchg + dense * m->BT * 4 * Cl;
     x.lse = a->lse + f * m->NHl;
+    x.moe = &a->moe[l];
     return x;
 }
 
-// Builds this rank's part of the model (its pipeline stage, its tp slice, its ZeRO shard) from the
-// full host tensors (file order). Every rank passes the same.
-static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *grid, int zero_stage, int sp) {
+// Builds this rank's part of the model (its pipeline stage, its tp slice, its experts, its ZeRO shard)
+// from the full host tensors (file order). Every rank passes the same.
+static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *grid, int zero_stage, int sp, MoEOptions moe) {
     memset(m, 0, sizeof(*m));
     m->config = *c;
     m->grid = grid;
     m->sp = sp;
+    m->moe = moe;
+    m->El = c->num_experts / grid->ep;
     m->num_parameters = num_parameters(c);
     int tp = grid->tp, l1;
     m->Cl = c->channels / tp; m->NHl = c->num_heads / tp;
@@ -340,8 +491,10 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     m->last = grid->pp_rank == grid->pp - 1;
     stage_layers(c->num_layers, grid->pp, grid->pp_rank, &m->l0, &l1);
     m->Ls = l1 - m->l0;
-    m->units = (Unit *)malloc_check((m->Ls + 4) * sizeof(Unit));
-    m->nunits = build_units(c, tp, grid->pp, grid->pp_rank, m->units, &m->u_embed, &m->u_pos, &m->u_layer0, &m->u_final);
+    m->units = (Unit *)malloc_check((2 * m->Ls + 4) * sizeof(Unit));
+    m->u_layer = (int *)malloc_check((m->Ls + 1) * sizeof(int));
+    m->u_experts = (int *)malloc_check((m->Ls + 1) * sizeof(int));
+    m->nunits = build_units(c, grid, m->units, &m->u_embed, &m->u_pos, m->u_layer, m->u_experts, &m->u_final);
     zero_init(&m->zero, grid, zero_stage, sp, m->units, m->nunits);
     float *full[NUM_TENSORS];
     split_tensors(c, all_params, full);
@@ -353,16 +506,34 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     }
 }
 
+// Rows a MoE layer's dispatch buffers need at most, for micro-batches of B sequences: this rank
+// sends each token to at most k experts and at most cap tokens of a sequence to one expert; it
+// receives from each of the ep ranks at most min(k, El) rows per token and cap per local expert.
+static void moe_buffer_rows(const GPT2 *m, int cap, size_t *Rs, size_t *Rr) {
+    size_t B = m->B, T = m->T, k = m->config.topk, E = m->config.num_experts, El = m->El;
+    size_t kl = k < El ? k : El;
+    *Rs = B * (T * k < E * cap ? T * k : E * cap);
+    *Rr = (size_t)m->grid->ep * B * (T * kl < El * cap ? T * kl : El * cap);
+}
+
 // Allocates the activations for micro-batches of (B, T), `accum` of them per step, with the pipeline
-// schedule's number of them alive at once, and a CE chunk of `chunk` tokens (0: all).
-static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, PipeSchedule schedule) {
+// schedule's number of them alive at once, and a CE chunk of `chunk` tokens (0: all). MoE dispatch
+// buffers are sized for the capacity factor, or dropless when the run samples (moe_dropless).
+static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, PipeSchedule schedule, int moe_dropless) {
+    const GPT2Config *c = &m->config;
     int tp = m->grid->tp, pp = m->grid->pp, Ls = m->Ls;
-    size_t C = m->config.channels, Cl = m->Cl;
+    size_t C = c->channels, Cl = m->Cl;
     m->B = B; m->T = T; m->BT = B * T;
     m->BTs = m->sp ? m->BT / tp : m->BT;
     m->tok0 = m->sp ? m->grid->tp_rank * m->BTs : 0;
     int nslots = pipeline_slots(schedule, pp, m->grid->pp_rank, accum);
-    size_t BT = m->BT, BTs = m->BTs, X = sizeof(floatX), F = sizeof(float);
+    size_t BT = m->BT, BTs = m->BTs, X = sizeof(floatX), F = sizeof(float), I = sizeof(int);
+    size_t E = c->num_experts, k = c->topk, Ld = 0, Lm = 0;
+    for (int l = m->l0; l < m->l0 + Ls; l++) { if (is_moe_layer(c, l)) { Lm++; } else { Ld++; } }
+    m->moe_cap = E > 0 ? moe_capacity(c->topk, T, c->num_experts, m->moe.cap1000) : 0;
+    size_t Rs = 0, Rr = 0;
+    if (Lm > 0) { moe_buffer_rows(m, moe_dropless ? T : m->moe_cap, &Rs, &Rr); }
+    m->moe_rows_send = Rs; m->moe_rows_recv = Rr;
     m->acts = (Activations *)malloc_check(nslots * sizeof(Activations));
     for (int i = 0; i < nslots; i++) {
         Activations *a = &m->acts[i];
@@ -378,8 +549,25 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
         a->ln2 = (floatX *)mem_alloc(Ls * BTs * C * X, MEM_ACTIVATIONS);
         a->ln2_mean = (float *)mem_alloc(Ls * BTs * F, MEM_ACTIVATIONS);
         a->ln2_rstd = (float *)mem_alloc(Ls * BTs * F, MEM_ACTIVATIONS);
-        a->fch = (floatX *)mem_alloc(Ls * BT * 4 * Cl * X, MEM_ACTIVATIONS);
-        a->fchg = (floatX *)mem_alloc(Ls * BT * 4 * Cl * X, MEM_ACTIVATIONS);
+        a->fch = (floatX *)mem_alloc(Ld * BT * 4 * Cl * X, MEM_ACTIVATIONS);
+        a->fchg = (floatX *)mem_alloc(Ld * BT * 4 * Cl * X, MEM_ACTIVATIONS);
+        a->moe = (MoEActs *)calloc(Ls, sizeof(MoEActs));
+        for (int l = 0; l < Ls; l++) {
+            if (!is_moe_layer(c, m->l0 + l)) { continue; }
+            MoEActs *ma = &a->moe[l];
+            ma->probs = (float *)mem_alloc(BT * E * F, MEM_ACTIVATIONS);
+            ma->lse = (float *)mem_alloc(BT * F, MEM_ACTIVATIONS);
+            ma->choice = (int *)mem_alloc(BT * k * I, MEM_ACTIVATIONS);
+            ma->gate = (float *)mem_alloc(BT * k * F, MEM_ACTIVATIONS);
+            ma->keep = (int *)mem_alloc(BT * k * I, MEM_ACTIVATIONS);
+            ma->row = (int *)mem_alloc(BT * k * I, MEM_ACTIVATIONS);
+            ma->f = (float *)mem_alloc((size_t)B * E * F, MEM_ACTIVATIONS);
+            ma->xe = (floatX *)mem_alloc(Rr * C * X, MEM_ACTIVATIONS);
+            ma->h = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_ACTIVATIONS);
+            ma->hg = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_ACTIVATIONS);
+            ma->ys = (floatX *)mem_alloc(Rs * C * X, MEM_ACTIVATIONS);
+            ma->counts = (int *)malloc_check((size_t)m->grid->ep * E * I);
+        }
         if (m->last) {
             a->lnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
             a->lnf_mean = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
@@ -396,6 +584,18 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     w->dresid = (floatX *)mem_alloc(BTs * C * X, MEM_WORKSPACE);
     w->dwide = (floatX *)mem_alloc(BT * 4 * Cl * X, MEM_WORKSPACE);
     w->datty = (floatX *)mem_alloc(BT * Cl * X, MEM_WORKSPACE);
+    if (Lm > 0) {
+        w->msend = (floatX *)mem_alloc(Rs * C * X, MEM_COMM);
+        w->mrecv = (floatX *)mem_alloc(Rr * C * X, MEM_COMM);
+        w->mexp = (floatX *)mem_alloc(Rr * C * X, MEM_WORKSPACE);
+        w->mdh = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_WORKSPACE);
+        w->dgate = (float *)mem_alloc(BT * k * F, MEM_WORKSPACE);
+        w->dlogits = (float *)mem_alloc(BT * E * F, MEM_WORKSPACE);
+        w->pmean = (float *)mem_alloc((size_t)B * E * F, MEM_WORKSPACE);
+        w->zsum = (float *)mem_alloc((size_t)B * F, MEM_WORKSPACE);
+        w->counts = (int *)mem_alloc(E * I, MEM_WORKSPACE);
+        w->offsets = (int *)mem_alloc(E * I, MEM_WORKSPACE);
+    }
     if (m->last) {
         w->losses = (float *)mem_alloc(BT * F, MEM_LOGITS);
         m->ce.chunk = chunk > 0 && chunk < m->BT ? chunk : m->BT;
@@ -439,6 +639,169 @@ static void wte_grad_close(GPT2 *m, WteUser user, int last_micro) {
     zero_end_unit_backward(&m->zero, m->u_embed, last_micro);
 }
 
+// ----------------------------------------------------------------------------
+// a MoE layer's MLP (moe.h has the semantics and the steps)
+
+// Checks the (ep, E) table of kept rows (identical on every rank of the ep group, so every rank
+// decides alike): each rank's counts must fit the buffers (a bad count would overrun them).
+static void moe_check_counts(const GPT2 *m, const int *counts) {
+    int ep = m->grid->ep, E = m->config.num_experts, El = m->El;
+    for (int s = 0; s < ep; s++) {
+        size_t sent = 0;
+        for (int e = 0; e < E; e++) {
+            int n = counts[s * E + e];
+            if (n < 0 || n > m->B * m->moe_cap) { fail("MoE dispatch: ep rank %d reports %d rows for expert %d (at most %d)", s, n, e, m->B * m->moe_cap); }
+            sent += n;
+        }
+        if (sent > m->moe_rows_send) { fail("MoE dispatch: ep rank %d sends %zu rows, its buffer holds %zu", s, sent, m->moe_rows_send); }
+    }
+    for (int r = 0; r < ep; r++) {
+        size_t got = 0;
+        for (int s = 0; s < ep; s++) { for (int le = 0; le < El; le++) { got += counts[s * E + r * El + le]; } }
+        if (got > m->moe_rows_recv) { fail("MoE dispatch: ep rank %d receives %zu rows, its buffer holds %zu", r, got, m->moe_rows_recv); }
+    }
+}
+
+// All-to-all(v) over the ep group, in rows of C: to_experts = 1 sends the rows of the send layout to
+// the ranks owning their experts, where they arrive grouped by source rank; 0 sends them back.
+static void moe_all_to_all(GPT2 *m, const int *counts, const floatX *send, floatX *recv, int to_experts) {
+    Group *g = &m->grid->ep_group;
+    int ep = g->size, me = g->rank, E = m->config.num_experts, El = m->El;
+    size_t C = m->config.channels;
+    size_t *buf = (size_t *)malloc_check(sizeof(size_t) * 4 * ep), *to = buf, *to_off = buf + ep, *from = buf + 2 * ep, *from_off = buf + 3 * ep;
+    size_t a = 0, b = 0;
+    for (int r = 0; r < ep; r++) {
+        to[r] = from[r] = 0;
+        for (int le = 0; le < El; le++) { to[r] += counts[me * E + r * El + le]; from[r] += counts[r * E + me * El + le]; }
+        to[r] *= C; from[r] *= C;
+        to_off[r] = a; from_off[r] = b;
+        a += to[r]; b += from[r];
+    }
+    if (to_experts) { comm_all_to_allv(g, send, to, to_off, recv, from, from_off, DT_FLOATX); }
+    else { comm_all_to_allv(g, send, from, from_off, recv, to, to_off, DT_FLOATX); }
+    free(buf);
+}
+
+// The rows received from the ep ranks (grouped by source, then local expert) regrouped by local
+// expert (then source), so each expert's rows are contiguous (to_experts = 1), or back (0).
+static void moe_regroup(GPT2 *m, const int *counts, const floatX *src, floatX *dst, int to_experts) {
+    int ep = m->grid->ep, me = m->grid->ep_rank, E = m->config.num_experts, El = m->El;
+    size_t C = m->config.channels, by_source = 0;
+    for (int s = 0; s < ep; s++) {
+        for (int le = 0; le < El; le++) {
+            size_t n = counts[s * E + me * El + le], by_expert = 0;
+            for (int l2 = 0; l2 < le; l2++) { for (int s2 = 0; s2 < ep; s2++) { by_expert += counts[s2 * E + me * El + l2]; } }
+            for (int s2 = 0; s2 < s; s2++) { by_expert += counts[s2 * E + me * El + le]; }
+            size_t from = to_experts ? by_source : by_expert, to = to_experts ? by_expert : by_source;
+            if (n) { copy_on_device(dst + to * C, src + from * C, n * C * sizeof(floatX)); }
+            by_source += n;
+        }
+    }
+}
+
+// Rows each local expert runs, and where its rows start (grouped by local expert).
+static size_t moe_expert_rows(const GPT2 *m, const int *counts, int le, size_t *start) {
+    int ep = m->grid->ep, me = m->grid->ep_rank, E = m->config.num_experts, El = m->El;
+    size_t n = 0;
+    *start = 0;
+    for (int l2 = 0; l2 <= le; l2++) {
+        for (int s = 0; s < ep; s++) { size_t c = counts[s * E + me * El + l2]; if (l2 < le) { *start += c; } else { n += c; } }
+    }
+    return n;
+}
+
+// x (BT, C): the ln2 output of all tokens (the same on every tp rank) -> out (BT, C), a partial sum
+// over tp. pe: the layer's experts (local, tp-sliced), wr the router.
+static void moe_forward(GPT2 *m, MoEActs *ma, floatX *pe[NUM_TENSORS], const floatX *wr, const floatX *x, floatX *out) {
+    const GPT2Config *c = &m->config;
+    int B = m->B, T = m->T, BT = m->BT, C = c->channels, Cl = m->Cl, E = c->num_experts, k = c->topk, El = m->El;
+    Workspace *w = &m->ws;
+    // route: probabilities, top-k, capacity per sequence, the statistics of the auxiliary losses
+    moe_router_forward(ma->probs, ma->lse, x, wr, BT, C, E);
+    moe_topk(ma->choice, ma->gate, ma->probs, BT, E, k);
+    moe_capacity_keep(ma->keep, ma->choice, ma->probs, B, T, E, k, m->moe_cap, m->moe.policy);
+    moe_sequence_stats(ma->f, w->pmean, w->zsum, ma->choice, ma->probs, ma->lse, B, T, E, k);
+    // the dispatch plan: rows per expert, exchanged over the ep group and checked; each row's place
+    int mine[MOE_MAX_EXPERTS], offsets[MOE_MAX_EXPERTS];
+    moe_count(w->counts, ma->choice, ma->keep, BT, E, k);
+    copy_to_host(mine, w->counts, E * sizeof(int));
+    comm_all_gather_host_ints(&m->grid->ep_group, mine, E, ma->counts);
+    moe_check_counts(m, ma->counts);
+    for (int e = 0, o = 0; e < E; e++) { offsets[e] = o; o += mine[e]; }
+    copy_to_device(w->offsets, offsets, E * sizeof(int));
+    moe_rows(ma->row, ma->choice, ma->keep, w->offsets, BT, E, k);
+    // dispatch, the local experts, back, combine
+    moe_permute(w->msend, x, ma->row, BT, k, C);
+    moe_all_to_all(m, ma->counts, w->msend, w->mrecv, 1);
+    moe_regroup(m, ma->counts, w->mrecv, ma->xe, 1);
+    for (int le = 0; le < El; le++) {
+        size_t r0, n = moe_expert_rows(m, ma->counts, le, &r0);
+        if (n == 0) { continue; }
+        const floatX *b2 = m->grid->tp_rank == 0 ? pe[T_EFCPROJB] + (size_t)le * C : NULL;   // added once over tp
+        matmul_forward_gelu(ma->hg + r0 * 4 * Cl, ma->h + r0 * 4 * Cl, ma->xe + r0 * C, pe[T_EFCW] + (size_t)le * 4 * Cl * C,
+                            pe[T_EFCB] + (size_t)le * 4 * Cl, (int)n, C, 4 * Cl);
+        matmul_forward(w->mexp + r0 * C, ma->hg + r0 * 4 * Cl, pe[T_EFCPROJW] + (size_t)le * C * 4 * Cl, b2, (int)n, 4 * Cl, C);
+    }
+    moe_regroup(m, ma->counts, w->mexp, w->mrecv, 0);
+    moe_all_to_all(m, ma->counts, w->mrecv, ma->ys, 0);
+    moe_combine(out, ma->ys, ma->gate, ma->row, BT, k, C);
+    if (m->route_log && m->route_log_left > 0) {   // test_gpt: this layer's routing
+        copy_to_host(m->route_log, ma->choice, (size_t)BT * k * sizeof(int));
+        copy_to_host(m->route_log + (size_t)BT * k, ma->keep, (size_t)BT * k * sizeof(int));
+        m->route_log += 2 * (size_t)BT * k;
+        m->route_log_left--;
+    }
+    if (m->moe_count_stats) {   // aux and z of this micro-batch's sequences, the kept fraction
+        float *f = (float *)malloc_check(sizeof(float) * (2 * B * E + B));
+        copy_to_host(f, ma->f, sizeof(float) * B * E);
+        copy_to_host(f + B * E, w->pmean, sizeof(float) * B * E);
+        copy_to_host(f + 2 * B * E, w->zsum, sizeof(float) * B);
+        for (int b = 0; b < B; b++) {
+            double aux = 0.0;
+            for (int e = 0; e < E; e++) { aux += (double)f[b * E + e] * f[B * E + b * E + e]; }
+            m->moe_stats.aux += E * aux;
+            m->moe_stats.z += f[2 * B * E + b];
+        }
+        for (int e = 0; e < E; e++) { m->moe_stats.kept += mine[e]; }
+        m->moe_stats.assigned += (double)BT * k;
+        free(f);
+    }
+}
+
+// The backward of moe_forward. dy (BT, C): the gradient of out on every tp rank (all tokens) -> dx (BT, C),
+// the gradient of x, a partial sum over tp (written); ge: the experts' gradients, dwr the router's (+=).
+static void moe_backward(GPT2 *m, MoEActs *ma, floatX *pe[NUM_TENSORS], floatX *ge[NUM_TENSORS], const floatX *wr, floatX *dwr,
+                         const floatX *x, const floatX *dy, floatX *dx) {
+    const GPT2Config *c = &m->config;
+    int T = m->T, BT = m->BT, C = c->channels, Cl = m->Cl, E = c->num_experts, k = c->topk, El = m->El;
+    Workspace *w = &m->ws;
+    // combine: the gradient of each kept row (send layout), and of the gates (all-reduced over tp: the
+    // expert outputs are partial sums over tp)
+    moe_combine_backward(w->msend, w->dgate, dy, ma->ys, ma->gate, ma->row, BT, k, C);
+    comm_all_reduce(&m->grid->tp_group, w->dgate, (size_t)BT * k, DT_FLOAT, NULL);
+    // to the experts, their backward, back
+    moe_all_to_all(m, ma->counts, w->msend, w->mrecv, 1);
+    moe_regroup(m, ma->counts, w->mrecv, w->mexp, 1);
+    for (int le = 0; le < El; le++) {
+        size_t r0, n = moe_expert_rows(m, ma->counts, le, &r0);
+        if (n == 0) { continue; }
+        floatX *dye = w->mexp + r0 * C, *dh = w->mdh + r0 * 4 * Cl;
+        matmul_backward_dgelu(dh, ge[T_EFCPROJW] + (size_t)le * C * 4 * Cl, dye, ma->hg + r0 * 4 * Cl,
+                              pe[T_EFCPROJW] + (size_t)le * C * 4 * Cl, ma->h + r0 * 4 * Cl, (int)n, 4 * Cl, C);
+        bias_backward(ge[T_EFCPROJB] + (size_t)le * C, dye, (int)n, C);   // complete on every tp rank
+        matmul_backward(dye, ge[T_EFCW] + (size_t)le * 4 * Cl * C, ge[T_EFCB] + (size_t)le * 4 * Cl, dh, ma->xe + r0 * C,
+                        pe[T_EFCW] + (size_t)le * 4 * Cl * C, (int)n, C, 4 * Cl);   // dye := the rows' dx
+    }
+    moe_regroup(m, ma->counts, w->mexp, w->mrecv, 0);
+    moe_all_to_all(m, ma->counts, w->mrecv, w->msend, 0);
+    moe_unpermute(dx, w->msend, ma->row, BT, k, C);
+    // the router: identical on every tp rank (complete gates' gradient); its input gradient added once
+    moe_router_backward(w->dlogits, w->dgate, ma->gate, ma->choice, ma->probs, ma->lse, ma->f, T, BT, E, k,
+                        m->moe_aux_scale, m->moe_z_scale);
+    moe_router_dweight(dwr, w->dlogits, x, BT, C, E);
+    if (m->grid->tp_rank == 0) { moe_router_dinput(dx, w->dlogits, wr, BT, C, E); }
+}
+
 // The stage's input (B, T) tokens on the first stage, a->resid[0] received from the previous stage
 // otherwise -> the stage's output a->resid[Ls] (the last stage: the final LayerNorm a->lnf).
 // Tensor-parallel communication by the two operations of tensor_parallel.h; ZeRO-3 gathers each
@@ -461,8 +824,7 @@ static void gpt2_forward(GPT2 *m, Activations *a) {
         position_forward(a->resid, p[T_WPE], m->tok0, BTs, T, C);
     }
     for (int l = 0; l < m->Ls; l++) {
-        int u = m->u_layer0 + l;
-        unit_view(&m->units[u], zero_unit_params(&m->zero, u), p);
+        unit_view(&m->units[m->u_layer[l]], zero_unit_params(&m->zero, m->u_layer[l]), p);
         LayerActs y = layer_acts(m, a, l);
         // attention block: ln1 -> all tokens -> qkv (column-parallel, local heads) -> attention
         //                  -> attproj (row-parallel) -> sum partials
@@ -473,13 +835,19 @@ static void gpt2_forward(GPT2 *m, Activations *a) {
         matmul_forward(w->pfull, y.atty, p[T_ATTPROJW], NULL, BT, Cl, C);
         x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
         // MLP block: (+ bias + residual, fused with) ln2 -> all tokens -> fc (column-parallel, fused
-        // with gelu) -> fcproj (row-parallel) -> sum partials
+        // with gelu) -> fcproj (row-parallel) -> sum partials; a MoE layer: the experts instead
         residual_layernorm_forward(y.mid, y.ln2, y.ln2_mean, y.ln2_rstd, y.res, x, p[T_ATTPROJB], p[T_LN2W], p[T_LN2B], BTs, C);
         x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);
-        matmul_forward_gelu(y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl);
-        matmul_forward(w->pfull, y.fchg, p[T_FCPROJW], NULL, BT, 4 * Cl, C);
+        if (m->u_experts[l] >= 0) {
+            floatX *pe[NUM_TENSORS];
+            unit_view(&m->units[m->u_experts[l]], zero_unit_params(&m->zero, m->u_experts[l]), pe);
+            moe_forward(m, y.moe, pe, p[T_ROUTERW], x, w->pfull);
+        } else {
+            matmul_forward_gelu(y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl);
+            matmul_forward(w->pfull, y.fchg, p[T_FCPROJW], NULL, BT, 4 * Cl, C);
+        }
         x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
-        residual_bias_forward(y.out, y.mid, x, p[T_FCPROJB], BTs, C);
+        residual_bias_forward(y.out, y.mid, x, m->u_experts[l] >= 0 ? NULL : p[T_FCPROJB], BTs, C);
     }
     if (m->last) {
         unit_view(&m->units[m->u_final], zero_unit_params(&m->zero, m->u_final), p);
@@ -539,16 +907,27 @@ static void gpt2_backward(GPT2 *m, Activations *a, int last_micro) {
         zero_end_unit_backward(z, m->u_final, last_micro);
     }
     for (int l = m->Ls - 1; l >= 0; l--) {
-        int u = m->u_layer0 + l;
+        int u = m->u_layer[l], ue = m->u_experts[l];
         unit_view(&m->units[u], zero_unit_params(z, u), p);
         unit_view(&m->units[u], zero_begin_unit_backward(z, u), g);
         LayerActs y = layer_acts(m, a, l);
         // MLP block (w->dresid is the gradient of the layer's output)
-        bias_backward(g[T_FCPROJB], w->dresid, BTs, C);
-        floatX *dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
-        matmul_backward_dgelu(w->dwide, g[T_FCPROJW], dy, y.fchg, p[T_FCPROJW], y.fch, BT, 4 * Cl, C);   // d(fc output)
-        floatX *x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);   // SP: gathered again, not stored
-        matmul_backward(w->pfull, g[T_FCW], g[T_FCB], w->dwide, x, p[T_FCW], BT, C, 4 * Cl);
+        floatX *dy, *x;
+        if (ue >= 0) {   // the experts, then the router
+            floatX *pe[NUM_TENSORS], *ge[NUM_TENSORS];
+            unit_view(&m->units[ue], zero_unit_params(z, ue), pe);
+            unit_view(&m->units[ue], zero_begin_unit_backward(z, ue), ge);
+            dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
+            x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);   // SP: gathered again, not stored
+            moe_backward(m, y.moe, pe, ge, p[T_ROUTERW], g[T_ROUTERW], x, dy, w->pfull);
+            zero_end_unit_backward(z, ue, last_micro);
+        } else {
+            bias_backward(g[T_FCPROJB], w->dresid, BTs, C);
+            dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
+            matmul_backward_dgelu(w->dwide, g[T_FCPROJW], dy, y.fchg, p[T_FCPROJW], y.fch, BT, 4 * Cl, C);   // d(fc output)
+            x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);   // SP: gathered again, not stored
+            matmul_backward(w->pfull, g[T_FCW], g[T_FCB], w->dwide, x, p[T_FCW], BT, C, 4 * Cl);
+        }
         floatX *dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
         layernorm_backward(w->dresid, g[T_LN2W], g[T_LN2B], dln, y.mid, p[T_LN2W], y.ln2_mean, y.ln2_rstd, BTs, C);
         // attention block (w->dresid is now the gradient of mid)
@@ -616,14 +995,35 @@ static void train_backward(void *ctx, int i) {
 // every rank.
 static float gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     zero_clear_grads(&m->zero);
+    // the MoE auxiliary losses' seeds (moe.h): aux is a mean over the global batch's sequences, z over its tokens
+    double sequences = (double)m->B * accum * m->grid->dp;
+    m->moe_aux_scale = (float)(m->moe.aux_coeff * m->config.num_experts / (m->T * sequences));
+    m->moe_z_scale = (float)(m->moe.z_coeff / (m->T * sequences));
+    memset(&m->moe_stats, 0, sizeof(m->moe_stats));
+    m->moe_count_stats = 1;
     TrainStep s = {m, dl, accum, 1.0f / ((float)m->BT * accum * m->grid->dp), 0.0};
     pipeline_run(&m->pipe, accum, (StageWork){&s, train_forward, train_backward});
+    m->moe_count_stats = 0;
     zero_finish_grads(&m->zero);
     // the loss lives on the last stage; every rank gets it
     double loss = s.loss / accum;
     if (m->grid->pp > 1) { MPI_Bcast(&loss, 1, MPI_DOUBLE, m->grid->pp - 1, m->grid->pp_group.mpi); }
     comm_sum_host(&m->grid->dp_group, &loss, 1);
     return (float)(loss / m->grid->dp);
+}
+
+// The MoE numbers of the last step, on every rank: aux and z as the loss defines them (means over the
+// global batch of the sums over the MoE layers of every stage; tp ranks hold copies: tp rank 0 counts)
+// and the fraction of the top-k assignments dropped by the capacity.
+static void gpt2_moe_stats(GPT2 *m, int accum, double *aux, double *z, double *dropped) {
+    MoEStats *st = &m->moe_stats;
+    double v[4] = {0.0, 0.0, 0.0, 0.0};
+    if (m->grid->tp_rank == 0) { v[0] = st->aux; v[1] = st->z; v[2] = st->kept; v[3] = st->assigned; }
+    comm_sum_host(&m->grid->world, v, 4);
+    double sequences = (double)m->B * accum * m->grid->dp;
+    *aux = v[0] / sequences;
+    *z = v[1] / (sequences * m->T);
+    *dropped = v[3] > 0 ? 1.0 - v[2] / v[3] : 0.0;
 }
 
 // Clips by the global gradient norm and runs AdamW (step is 0-based). Returns the norm before clipping.
@@ -661,10 +1061,12 @@ static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
 
 // Generates gen_tokens tokens after an EOT (sampled at temperature 1). Every rank runs it with the
 // same generator (the forward needs the tp, pp and, at ZeRO 3, dp collectives); the last stage draws
-// the token and sends it to the others; rank 0 prints.
+// the token and sends it to the others; rank 0 prints. MoE layers run dropless: with a capacity, the
+// padding after the current token would take capacity from it.
 static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int eot) {
     const GPT2Config *c = &m->config;
-    int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
+    int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size, cap = m->moe_cap;
+    m->moe_cap = m->T;
     int *gen = (int *)malloc_check(sizeof(int) * m->BT);
     for (int i = 0; i < m->BT; i++) { gen[i] = eot; }
     floatX *row = m->last ? (floatX *)mem_alloc((size_t)Vp * sizeof(floatX), MEM_LOGITS) : NULL;
@@ -700,6 +1102,7 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
         }
     }
     if (m->grid->rank == 0) { printf("\n---\n"); }
+    m->moe_cap = cap;
     mem_free(row);
     free(probs);
     free(gen);
@@ -712,43 +1115,50 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
 
 #define STATE_MAGIC 20240527
 
-// Writes the full model (all pipeline stages, tp slices, ZeRO-3 shards) to path, in the precision
-// of floatX: each stage's (tp 0, dp 0) rank assembles its tensors, rank 0 sums the stages' arrays.
+// Writes the full model (all pipeline stages, tp slices, experts, ZeRO-3 shards) to path, in the
+// precision of floatX. The tp-0 rank of each unit's data-parallel group's rank 0 assembles the unit
+// (its dense units on dp rank 0 of each stage, its experts on edp rank 0 of each ep rank), each
+// tensor element is assembled by exactly one rank, and a sum over those ranks gives the model on rank 0.
 static void gpt2_write_model(GPT2 *m, const char *path) {
     const GPT2Config *c = &m->config;
     Grid *g = m->grid;
-    int assemble = g->dp_rank == 0 && g->tp_rank == 0, write = g->rank == 0;
+    int assemble = g->tp_rank == 0 && g->dp_rank < g->ep, write = g->rank == 0;   // (edp rank 0 <=> dp rank < ep)
     float *all = assemble ? (float *)malloc_check(m->num_parameters * sizeof(float)) : NULL;
     float *full[NUM_TENSORS];
     if (assemble) { memset(all, 0, m->num_parameters * sizeof(float)); split_tensors(c, all, full); }
     for (int u = 0; u < m->nunits; u++) {
         const Unit *U = &m->units[u];
         float *host = (float *)malloc_check(U->size * sizeof(float));
-        zero_get_unit_params(&m->zero, u, host);            // stage 3: a dp all-gather
-        if (g->dp_rank == 0 && !U->norm_skip) {            // (the last stage's embedding copy: the first's counts)
+        zero_get_unit_params(&m->zero, u, host);            // stage 3: an all-gather over the unit's group
+        if (U->dpg->rank == 0 && !U->norm_skip) {          // (the last stage's embedding copy: the first's counts)
             float *slices = g->tp_rank == 0 ? (float *)malloc_check(U->size * sizeof(float) * g->tp) : NULL;
             MPI_Gather(host, (int)U->size, MPI_FLOAT, slices, (int)U->size, MPI_FLOAT, 0, g->tp_group.mpi);
-            if (assemble) {
+            if (g->tp_rank == 0) {
                 for (int r = 0; r < g->tp; r++) { unit_copy_full(c, U, full, slices + (size_t)r * U->size, g->tp, r, 0); }
             }
             free(slices);
         }
         free(host);
     }
-    if (assemble && g->pp > 1) {   // every tensor is written by exactly one stage: the sum is the model
-        MPI_Reduce(write ? MPI_IN_PLACE : all, all, (int)m->num_parameters, MPI_FLOAT, MPI_SUM, 0, g->pp_group.mpi);
+    MPI_Comm assemblers;   // rank 0 first (key: world rank)
+    MPI_Comm_split(MPI_COMM_WORLD, assemble ? 0 : MPI_UNDEFINED, g->rank, &assemblers);
+    if (assemble) {
+        int n;
+        MPI_Comm_size(assemblers, &n);
+        if (n > 1) { MPI_Reduce(write ? MPI_IN_PLACE : all, all, (int)m->num_parameters, MPI_FLOAT, MPI_SUM, 0, assemblers); }
+        MPI_Comm_free(&assemblers);
     }
     zero_release_params(&m->zero);
     if (!write) { free(all); return; }
     int h[256] = {0};
-    h[0] = MODEL_MAGIC; h[1] = sizeof(floatX) == 4 ? 3 : 5;
+    h[0] = MODEL_MAGIC; h[1] = (sizeof(floatX) == 4 ? 3 : 5) + (c->num_experts > 0 ? 10 : 0);
     h[2] = c->max_seq_len; h[3] = c->vocab_size; h[4] = c->num_layers; h[5] = c->num_heads; h[6] = c->channels;
-    h[7] = c->padded_vocab_size;
+    h[7] = c->padded_vocab_size; h[8] = c->num_experts; h[9] = c->topk; h[10] = c->moe_every;
     char tmp[1100];
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
     FILE *f = fopen_check(tmp, "wb");
     fwrite_check(h, sizeof(int), 256, f, tmp);
-    if (h[1] == 3) {
+    if (sizeof(floatX) == 4) {
         fwrite_check(all, sizeof(float), m->num_parameters, f, tmp);
     } else {
         uint16_t *b = (uint16_t *)malloc_check(m->num_parameters * 2);
@@ -772,7 +1182,7 @@ static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, 
     int h[256] = {0};
     h[0] = STATE_MAGIC; h[1] = 1; h[2] = step; h[3] = g->world_size; h[4] = g->tp; h[5] = g->pp; h[6] = g->dp;
     h[7] = z->stage; h[8] = dl->epoch; h[9] = dl->shard_pos; h[10] = dl->round; h[11] = z->master != NULL;
-    h[12] = m->B; h[13] = m->T; h[14] = total_batch;
+    h[12] = m->B; h[13] = m->T; h[14] = total_batch; h[15] = g->ep;
     uint64_t u64[2] = {rng->s, (uint64_t)z->opt_size};
     float *buf = (float *)malloc_check(z->opt_size * sizeof(float));
     FILE *f = fopen_check(tmp, "wb");
@@ -828,9 +1238,10 @@ static void load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *
     uint64_t u64[2];
     fread_check(h, sizeof(int), 256, f, path);
     if (h[0] != STATE_MAGIC || h[1] != 1) { fail("state file '%s' has bad magic/version (%d %d), expected %d 1", path, h[0], h[1], STATE_MAGIC); }
-    if (h[2] != step || h[3] != g->world_size || h[4] != g->tp || h[5] != g->pp || h[6] != g->dp || h[7] != z->stage) {
-        fail("state file '%s' was written by world %d (tp %d pp %d dp %d zero %d); this run is world %d (tp %d pp %d dp %d zero %d): resume with the same layout",
-             path, h[3], h[4], h[5], h[6], h[7], g->world_size, g->tp, g->pp, g->dp, z->stage);
+    int ep = h[15] > 0 ? h[15] : 1;   // (files written before expert parallelism: 0)
+    if (h[2] != step || h[3] != g->world_size || h[4] != g->tp || h[5] != g->pp || h[6] != g->dp || h[7] != z->stage || ep != g->ep) {
+        fail("state file '%s' was written by world %d (tp %d pp %d dp %d ep %d zero %d); this run is world %d (tp %d pp %d dp %d ep %d zero %d): resume with the same layout",
+             path, h[3], h[4], h[5], h[6], ep, h[7], g->world_size, g->tp, g->pp, g->dp, g->ep, z->stage);
     }
     if (h[12] != m->B || h[13] != m->T || h[14] != total_batch) {
         fail("state file '%s' was written with -b %d -t %d -d %d; this run has -b %d -t %d -d %d: the data position would not match",
@@ -884,8 +1295,9 @@ typedef struct {
     const char *train_pattern, *val_pattern, *output_dir, *model;
     int B, T, total_batch, max_steps, warmup, val_every, val_batches, sample_every, gen_tokens;
     int checkpoint_every, resume, zero, tp, pp, dp, ep, sp, ce_chunk, memory_report, comm_report, shuffle;
-    float lr, final_frac, weight_decay, grad_clip;
-    const char *scheduler, *pp_schedule;
+    int experts, topk, moe_every, cap1000;   // MoE; the first three -1 when not given
+    float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff;
+    const char *scheduler, *pp_schedule, *drop_policy;
     unsigned int seed;
 } Args;
 
@@ -896,6 +1308,7 @@ static void default_args(Args *a) {
     a->gen_tokens = 64; a->checkpoint_every = 0; a->resume = 0; a->zero = 0; a->tp = 1; a->pp = 1; a->dp = -1;
     a->ep = 1; a->sp = 0; a->ce_chunk = 256; a->shuffle = -1; a->grad_clip = 1.0f; a->scheduler = "cosine";
     a->pp_schedule = "1f1b";
+    a->experts = a->topk = a->moe_every = -1; a->cap1000 = 1250; a->drop_policy = "probs"; a->aux_coeff = 0.01f; a->z_coeff = 0.001f;
     a->seed = 1337;
 }
 
@@ -904,7 +1317,7 @@ static void print_usage(void) {
            "  -i <glob>  train data shards (default: built-in synthetic corpus)\n"
            "  -j <glob>  validation data shards (default: none, or the built-in corpus)\n"
            "  -o <dir>   output dir for main.log and checkpoints (default: none)\n"
-           "  -e <str>   model file (llm.c .bin), or dN (depth N), or L=..,C=..,NH=..,V=..,maxT=..[,Vp=..] (default d4)\n"
+           "  -e <str>   model file (llm.c .bin), or dN (depth N), or L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..] (default d4)\n"
            "  -b <int>   micro-batch size B per rank (default 4)\n"
            "  -t <int>   sequence length T (default 64)\n"
            "  -d <int>   total batch size in tokens; B*T*dp must divide it (default B*T*dp)\n"
@@ -923,7 +1336,11 @@ static void print_usage(void) {
            "  -z <int>   ZeRO stage 0-3 (same as --zero)\n"
            "  --tp N (alias --tensor-model-parallel-size)  --pp N  --pp-schedule 1f1b|gpipe  --dp N  --sp  --zero N  --ep N\n"
            "  --ce-chunk N (tokens per cross-entropy chunk, 0 = full logits)  --memory-report  --comm-report\n"
-           "  --seed N  --shuffle 0|1  --grad-clip F (0 = off)\n");
+           "  --seed N  --shuffle 0|1  --grad-clip F (0 = off)\n"
+           "  MoE: --experts E (alias --num-experts)  --topk k (--moe-router-topk; default 1)  --moe-every N (default 1)\n"
+           "       --capacity-factor F (default 1.25, 0 = dropless)  --drop-policy probs|position  --aux-coeff A (0.01)\n"
+           "       --z-coeff Z (0.001)  --ep N (alias --expert-model-parallel-size). A dense model file with --experts:\n"
+           "       every expert starts as a copy of its layer's MLP (sparse upcycling)\n");
 }
 
 static int parse_int_arg(int rank, const char *flag, const char *v, long lo, long hi) {
@@ -944,25 +1361,42 @@ static float parse_float_arg(int rank, const char *flag, const char *v, double l
     return (float)x;
 }
 
-// Parses argv into a; every rank does the same, so every rank rejects the same bad flag.
+// --capacity-factor: a number with at most 3 decimals -> F x 1000 (moe.h computes the capacity in integers)
+static int parse_capacity_factor(int rank, const char *v) {
+    double F = parse_float_arg(rank, "--capacity-factor", v, 0.0, 1e6);
+    double F1000 = round(1000.0 * F);
+    if (fabs(1000.0 * F - F1000) > 1e-6 * (1.0 + F1000)) { fail_all(rank, "--capacity-factor %s has more than 3 decimals", v); }
+    return (int)F1000;
+}
+
+// Parses argv into a; every rank does the same, so every rank rejects the same bad flag. An alias
+// is the same flag: giving both is giving it twice.
 static void parse_args(int argc, char **argv, Args *a, int rank) {
+    static const char *with_value[][2] = {
+        {"-i", 0}, {"-j", 0}, {"-o", 0}, {"-e", 0}, {"-b", 0}, {"-t", 0}, {"-d", 0}, {"-x", 0}, {"-l", 0}, {"-u", 0}, {"-q", 0},
+        {"-c", 0}, {"-k", 0}, {"-v", 0}, {"-m", 0}, {"-s", 0}, {"-g", 0}, {"-n", 0}, {"-y", 0}, {"--zero", "-z"},
+        {"--tp", "--tensor-model-parallel-size"}, {"--pp", 0}, {"--dp", 0}, {"--ep", "--expert-model-parallel-size"},
+        {"--ce-chunk", 0}, {"--seed", 0}, {"--shuffle", 0}, {"--grad-clip", 0}, {"--pp-schedule", 0},
+        {"--experts", "--num-experts"}, {"--topk", "--moe-router-topk"}, {"--moe-every", 0}, {"--capacity-factor", 0},
+        {"--drop-policy", 0}, {"--aux-coeff", 0}, {"--z-coeff", 0}};
+    const int nflags = sizeof(with_value) / sizeof(with_value[0]);
+    int given[64] = {0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { if (rank == 0) { print_usage(); } MPI_Finalize(); exit(0); }
         if (!strcmp(f, "--sp")) { a->sp = 1; continue; }
         if (!strcmp(f, "--memory-report")) { a->memory_report = 1; continue; }
         if (!strcmp(f, "--comm-report")) { a->comm_report = 1; continue; }
-        static const char *with_value[] = {"-i", "-j", "-o", "-e", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-c", "-k",
-                                           "-v", "-m", "-s", "-g", "-n", "-y", "-z", "--tp", "--tensor-model-parallel-size",
-                                           "--pp", "--dp", "--zero", "--ep", "--ce-chunk", "--seed", "--shuffle", "--grad-clip",
-                                           "--pp-schedule"};
-        int known = 0;
-        for (size_t k = 0; k < sizeof(with_value) / sizeof(with_value[0]); k++) { if (!strcmp(f, with_value[k])) { known = 1; } }
-        if (!known) { fail_all(rank, "unknown flag '%s' (see -h)", f); }
-        for (int j = 1; j < i; j++) {   // a flag given twice is a mistake, not an override
-            if (!strcmp(argv[j], f)) { fail_all(rank, "flag %s is given twice", f); }
+        int known = -1;
+        for (int k = 0; k < nflags; k++) {
+            if (!strcmp(f, with_value[k][0]) || (with_value[k][1] && !strcmp(f, with_value[k][1]))) { known = k; }
+        }
+        if (known < 0) { fail_all(rank, "unknown flag '%s' (see -h)", f); }
+        if (given[known]++) {   // a flag given twice is a mistake, not an override
+            fail_all(rank, "flag %s is given twice%s", with_value[known][0], with_value[known][1] ? " (or under its alias)" : "");
         }
         if (i + 1 >= argc) { fail_all(rank, "flag %s is missing its value", f); }
+        f = with_value[known][0];   // the canonical name from here on
         const char *v = argv[++i];
         if (!strcmp(f, "-i")) { a->train_pattern = v; }
         else if (!strcmp(f, "-j")) { a->val_pattern = v; }
@@ -983,8 +1417,8 @@ static void parse_args(int argc, char **argv, Args *a, int rank) {
         else if (!strcmp(f, "-g")) { a->gen_tokens = parse_int_arg(rank, f, v, 1, 1 << 20); }
         else if (!strcmp(f, "-n")) { a->checkpoint_every = parse_int_arg(rank, f, v, 0, 1 << 30); }
         else if (!strcmp(f, "-y")) { a->resume = parse_int_arg(rank, f, v, 0, 2); }
-        else if (!strcmp(f, "-z") || !strcmp(f, "--zero")) { a->zero = parse_int_arg(rank, f, v, 0, 3); }
-        else if (!strcmp(f, "--tp") || !strcmp(f, "--tensor-model-parallel-size")) { a->tp = parse_int_arg(rank, f, v, 1, 1 << 16); }
+        else if (!strcmp(f, "--zero")) { a->zero = parse_int_arg(rank, f, v, 0, 3); }
+        else if (!strcmp(f, "--tp")) { a->tp = parse_int_arg(rank, f, v, 1, 1 << 16); }
         else if (!strcmp(f, "--pp")) { a->pp = parse_int_arg(rank, f, v, 1, 1 << 16); }
         else if (!strcmp(f, "--dp")) { a->dp = parse_int_arg(rank, f, v, 1, 1 << 16); }
         else if (!strcmp(f, "--ep")) { a->ep = parse_int_arg(rank, f, v, 1, 1 << 16); }
@@ -996,7 +1430,22 @@ static void parse_args(int argc, char **argv, Args *a, int rank) {
             if (strcmp(v, "1f1b") && strcmp(v, "gpipe")) { fail_all(rank, "--pp-schedule expects 1f1b or gpipe, got '%s'", v); }
             a->pp_schedule = v;
         }
+        else if (!strcmp(f, "--experts")) { a->experts = parse_int_arg(rank, f, v, 1, MOE_MAX_EXPERTS); }
+        else if (!strcmp(f, "--topk")) { a->topk = parse_int_arg(rank, f, v, 1, MOE_MAX_EXPERTS); }
+        else if (!strcmp(f, "--moe-every")) { a->moe_every = parse_int_arg(rank, f, v, 1, 1024); }
+        else if (!strcmp(f, "--capacity-factor")) { a->cap1000 = parse_capacity_factor(rank, v); }
+        else if (!strcmp(f, "--drop-policy")) {
+            if (strcmp(v, "probs") && strcmp(v, "position")) { fail_all(rank, "--drop-policy expects probs or position, got '%s'", v); }
+            a->drop_policy = v;
+        }
+        else if (!strcmp(f, "--aux-coeff")) { a->aux_coeff = parse_float_arg(rank, f, v, 0.0, 1e6); }
+        else if (!strcmp(f, "--z-coeff")) { a->z_coeff = parse_float_arg(rank, f, v, 0.0, 1e6); }
     }
+}
+
+static MoEOptions moe_options(const Args *a) {
+    MoEOptions o = {a->cap1000, strcmp(a->drop_policy, "position") ? DROP_PROBS : DROP_POSITION, a->aux_coeff, a->z_coeff};
+    return o;
 }
 
 // The checks that need the world size and the model shape; identical on every rank, so every rank
@@ -1009,8 +1458,9 @@ static void validate_layout(Args *a, const GPT2Config *c, int world, int rank) {
     if (a->dp != -1 && a->dp != dp) { fail_all(rank, "--dp %d does not match world size %d = tp %d * pp %d * dp %d", a->dp, world, a->tp, a->pp, dp); }
     a->dp = dp;
     if (a->pp > c->num_layers) { fail_all(rank, "--pp %d is larger than the number of layers %d", a->pp, c->num_layers); }
-    if (dp % a->ep != 0) { fail_all(rank, "--ep %d does not divide dp %d", a->ep, dp); }
-    if (a->ep != 1) { fail_all(rank, "--ep %d: expert parallelism needs MoE layers, which are not implemented yet; only --ep 1", a->ep); }
+    if (dp % a->ep != 0) { fail_all(rank, "--ep %d does not divide dp %d (world = tp*pp*dp, ep within dp)", a->ep, dp); }
+    if (a->ep > 1 && c->num_experts == 0) { fail_all(rank, "--ep %d: expert parallelism needs MoE layers (--experts E or a MoE model)", a->ep); }
+    if (c->num_experts % a->ep) { fail_all(rank, "--ep %d does not divide the number of experts %d", a->ep, c->num_experts); }
     if (c->num_heads % a->tp) { fail_all(rank, "--tp %d does not divide the number of heads %d", a->tp, c->num_heads); }
     if ((4 * c->channels) % a->tp) { fail_all(rank, "--tp %d does not divide 4C = %d", a->tp, 4 * c->channels); }
     if (c->padded_vocab_size % a->tp) { fail_all(rank, "--tp %d does not divide the padded vocab size %d", a->tp, c->padded_vocab_size); }
@@ -1063,6 +1513,37 @@ static void check_output_dir(const char *dir, int rank) {
 // ----------------------------------------------------------------------------
 // main: set-up (model, data), the training loop, the reports
 
+// The MoE shape given by the flags (--experts, --topk, --moe-every) against the model's: a MoE model
+// (file, checkpoint, descriptor with E=) must agree with every flag given; a dense descriptor or file
+// becomes a MoE model of that shape (a file: upcycled, each expert a copy of its layer's MLP), except
+// when resuming (a checkpoint keeps its shape). Returns the weights (params, or a new array).
+static float *apply_moe_flags(const Args *a, int rank, GPT2Config *c, float *params, const char *what, int resuming) {
+    if (a->experts < 0 && a->topk < 0 && a->moe_every < 0) { return params; }
+    if (c->num_experts > 0 || resuming) {
+        int given[3] = {a->experts, a->topk, a->moe_every}, has[3] = {c->num_experts, c->topk, c->moe_every};
+        static const char *flag[3] = {"--experts", "--topk", "--moe-every"}, *name[3] = {"E", "k", "every"};
+        for (int i = 0; i < 3; i++) {
+            if (given[i] >= 0 && given[i] != has[i]) {
+                fail_all(rank, "%s %d, but %s has %s = %d%s", flag[i], given[i], what, name[i], has[i],
+                         resuming ? " (a checkpoint resumes with its own shape)" : "");
+            }
+        }
+        return params;
+    }
+    if (a->experts < 0) { fail_all(rank, "--topk and --moe-every need --experts E (or a MoE model)"); }
+    GPT2Config moe = *c;
+    moe.num_experts = a->experts; moe.topk = a->topk > 0 ? a->topk : 1; moe.moe_every = a->moe_every > 0 ? a->moe_every : 1;
+    if (!config_valid(&moe)) {
+        fail_all(rank, "--experts %d --topk %d --moe-every %d: need 1 <= k <= E <= %d and 1 <= every <= L = %d",
+                 moe.num_experts, moe.topk, moe.moe_every, MOE_MAX_EXPERTS, c->num_layers);
+    }
+    float *out = params ? upcycle_dense(c, params, &moe, a->seed, 0) : NULL;
+    if (params && rank == 0) { printf("%s: dense model upcycled to %d experts (each a copy of its layer's MLP), top-%d, every %d layers\n", what, moe.num_experts, moe.topk, moe.moe_every); }
+    free(params);
+    *c = moe;
+    return out;
+}
+
 // The model's weights (host fp32, file order) and shape: from the newest checkpoint in -o when
 // resuming (*resume_step >= 0), else from a model file, else a descriptor with random init.
 static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step) {
@@ -1075,13 +1556,20 @@ static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step
         if (*resume_step < 0 && rank == 0) { printf("-y 2: no checkpoint in %s, starting fresh\n", a->output_dir); }
     }
     int desc = parse_descriptor(a->model, config);
-    if (desc < 0) { fail_all(rank, "-e '%s' is a malformed model descriptor (expected dN or L=..,C=..,NH=..,V=..,maxT=..)", a->model); }
+    if (desc < 0) {
+        fail_all(rank, "-e '%s' is a malformed model descriptor (expected dN or L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..], "
+                 "each key once, 1 <= k <= E)", a->model);
+    }
     if (*resume_step >= 0) {
         char path[1024];
         snprintf(path, sizeof(path), "%s/model_%08d.bin", a->output_dir, *resume_step);
-        return read_model_file(path, config);
+        return apply_moe_flags(a, rank, config, read_model_file(path, config), "the checkpoint", 1);
     }
-    return desc == 1 ? random_init(config, a->seed) : read_model_file(a->model, config);
+    if (desc == 1) {
+        apply_moe_flags(a, rank, config, NULL, "the descriptor", 0);
+        return random_init(config, a->seed);
+    }
+    return apply_moe_flags(a, rank, config, read_model_file(a->model, config), a->model, 0);
 }
 
 // The train and validation loaders: the -i / -j shards (and tokenizer.bin beside the train shards,
@@ -1174,13 +1662,19 @@ int main(int argc, char **argv) {
     grid_init(&grid, args.tp, args.pp, args.ep);
     grid_print(&grid);
     GPT2 model;
-    gpt2_build(&model, &config, params, &grid, args.zero, args.sp);
+    gpt2_build(&model, &config, params, &grid, args.zero, args.sp, moe_options(&args));
     free(params);
     int accum = args.total_batch / (args.B * args.T * grid.dp);
-    gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule));
+    gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), args.sample_every > 0);
     if (rank == 0) {
         printf("model: L %d C %d NH %d V %d (padded %d) maxT %d, %zu parameters, %s\n", config.num_layers, config.channels,
                config.num_heads, config.vocab_size, config.padded_vocab_size, config.max_seq_len, model.num_parameters, PRECISION_NAME);
+        if (config.num_experts > 0) {
+            printf("moe: %d of %d layers (every %d), %d experts, top-%d, capacity factor %.3f (%d per expert and sequence%s), drop %s, "
+                   "aux %g, z %g; ep %d (%d experts per rank), edp %d\n", num_moe_layers(&config), config.num_layers, config.moe_every,
+                   config.num_experts, config.topk, args.cap1000 / 1000.0, model.moe_cap, args.cap1000 == 0 ? ", dropless" : "",
+                   args.drop_policy, args.aux_coeff, args.z_coeff, grid.ep, model.El, grid.dp / grid.ep);
+        }
         printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, pp %d (%s), ce chunk %d\n",
                args.B, args.T, grid.dp, accum, args.total_batch, args.zero, args.tp, args.sp ? " + sp" : "", args.pp,
                args.pp_schedule, args.ce_chunk);
@@ -1230,10 +1724,18 @@ int main(int argc, char **argv) {
         device_synchronize();
         double ms = (wall_seconds() - t0) * 1e3;
         if (step > start_step) { total_ms += ms; timed_steps++; bubble += model.pipe.wait_seconds / (ms / 1e3); }
+        double aux = 0, z = 0, dropped = 0;
+        if (config.num_experts > 0) { gpt2_moe_stats(&model, accum, &aux, &z, &dropped); }
         if (rank == 0) {
-            printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s\n", step + 1, max_steps, loss, norm, lr,
+            printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, max_steps, loss, norm, lr,
                    ms, args.total_batch / (ms / 1e3));
-            if (logf) { fprintf(logf, "s:%d trl:%.6f\n", step, loss); fflush(logf); }
+            if (config.num_experts > 0) { printf(" | aux %.4f z %.4f dropped %.4f", aux, z, dropped); }
+            printf("\n");
+            if (logf) {
+                fprintf(logf, "s:%d trl:%.6f\n", step, loss);
+                if (config.num_experts > 0) { fprintf(logf, "s:%d aux:%.6f\ns:%d z:%.6f\ns:%d drop:%.6f\n", step, aux, step, z, step, dropped); }
+                fflush(logf);
+            }
         }
         if (step == start_step) { report_first_step(&args, &model, accum); }
         if (args.checkpoint_every > 0 && (step + 1) % args.checkpoint_every == 0) {

@@ -1,6 +1,9 @@
 // The process grid and the collectives, in one place.
 //   world = tp * pp * dp, tp fastest: tp_rank = r % tp, pp_rank = (r / tp) % pp, dp_rank = r / (tp * pp).
-//   Each group (tp, pp, dp, ep) is an MPI communicator; on CUDA also an NCCL communicator whose
+//   Expert parallelism is carved out of dp: an ep group is ep consecutive dp ranks with the same
+//   (tp, pp) (ep_rank = dp_rank % ep); the edp group (expert data parallel) is the dp/ep ranks with the
+//   same (tp, pp, ep_rank), which hold the same experts.
+//   Each group (tp, pp, dp, ep, edp) is an MPI communicator; on CUDA also an NCCL communicator whose
 //   unique id is broadcast over that MPI communicator. (NO_MPI=1 builds: one process, every group of
 //   size 1, llmc/mpi_single.h instead of MPI and no NCCL.) Collectives take a Group, so the call
 //   site says which ranks talk. The CPU build runs the same calls through MPI on host memory.
@@ -29,6 +32,7 @@ typedef struct {
     int tp, pp, dp, ep;
     int tp_rank, pp_rank, dp_rank, ep_rank;
     Group world, tp_group, pp_group, dp_group, ep_group;
+    Group edp_group;   // the dp ranks with the same experts: ep_rank equal (dp / ep of them)
     Group emb_group;   // the first and the last pipeline stage of one (tp, dp) position: the tied wte
 } Grid;
 
@@ -80,6 +84,7 @@ static void grid_init(Grid *grid, int tp, int pp, int ep) {
     group_init(&grid->pp_group, "pp", grid->dp_rank * tp + grid->tp_rank, r);         // same (tp, dp)
     group_init(&grid->dp_group, "dp", grid->pp_rank * tp + grid->tp_rank, r);         // same (tp, pp)
     group_init(&grid->ep_group, "ep", (grid->dp_rank / ep) * tp * pp + grid->pp_rank * tp + grid->tp_rank, r);
+    group_init(&grid->edp_group, "edp", grid->ep_rank * tp * pp + grid->pp_rank * tp + grid->tp_rank, r);
     int ends = grid->pp_rank == 0 || grid->pp_rank == pp - 1;   // middle stages: a group of their own
     group_init(&grid->emb_group, "emb", ends ? grid->dp_rank * tp + grid->tp_rank : grid->world_size + r, r);
 }
@@ -87,14 +92,15 @@ static void grid_init(Grid *grid, int tp, int pp, int ep) {
 // Prints the grid and the members of every group (rank 0), as the communicators have them: each
 // rank finds the lowest world rank of each of its groups, and a group is printed from that rank.
 static void grid_print(Grid *g) {
-    enum { NG = 5 };
-    Group *groups[NG] = {&g->tp_group, &g->pp_group, &g->dp_group, &g->ep_group, &g->emb_group};
+    enum { NG = 6 };
+    Group *groups[NG] = {&g->tp_group, &g->pp_group, &g->dp_group, &g->ep_group, &g->edp_group, &g->emb_group};
     int world = g->world_size, mine[NG + 4] = {g->tp_rank, g->pp_rank, g->dp_rank, g->ep_rank};
     for (int k = 0; k < NG; k++) { MPI_Allreduce(&g->rank, &mine[4 + k], 1, MPI_INT, MPI_MIN, groups[k]->mpi); }
     int *all = (int *)malloc_check(sizeof(int) * (NG + 4) * world);
     MPI_Gather(mine, NG + 4, MPI_INT, all, NG + 4, MPI_INT, 0, MPI_COMM_WORLD);
     if (g->rank == 0) {
-        printf("process grid: world %d = tp %d x pp %d x dp %d (ep %d within dp), tp fastest\n", world, g->tp, g->pp, g->dp, g->ep);
+        printf("process grid: world %d = tp %d x pp %d x dp %d (ep %d x edp %d within dp), tp fastest\n", world, g->tp, g->pp, g->dp,
+               g->ep, g->dp / g->ep);
         for (int r = 0; r < world; r++) {
             int *a = all + (NG + 4) * r;
             printf("  rank %d: tp_rank %d pp_rank %d dp_rank %d ep_rank %d\n", r, a[0], a[1], a[2], a[3]);
@@ -117,8 +123,8 @@ static void grid_print(Grid *g) {
 }
 
 static void grid_free(Grid *g) {
-    Group *groups[6] = {&g->world, &g->tp_group, &g->pp_group, &g->dp_group, &g->ep_group, &g->emb_group};
-    for (int i = 0; i < 6; i++) {
+    Group *groups[7] = {&g->world, &g->tp_group, &g->pp_group, &g->dp_group, &g->ep_group, &g->edp_group, &g->emb_group};
+    for (int i = 0; i < 7; i++) {
 #ifdef USE_NCCL
         if (groups[i]->nccl) { ncclCommDestroy(groups[i]->nccl); }
 #endif
@@ -332,15 +338,22 @@ static void comm_sum_host(Group *g, double *vals, int n) {
     MPI_Allreduce(MPI_IN_PLACE, vals, n, MPI_DOUBLE, MPI_SUM, g->mpi);
 }
 
+// Host ints of every rank, concatenated in rank order (the expert dispatch counts): all (size * n).
+// Metadata, through MPI on both backends; not counted in the group's bytes.
+static void comm_all_gather_host_ints(Group *g, const int *mine, int n, int *all) {
+    if (g->size == 1) { memcpy(all, mine, sizeof(int) * n); return; }
+    MPI_Allgather(mine, n, MPI_INT, all, n, MPI_INT, g->mpi);
+}
+
 static void comm_reset_counters(Grid *grid) {
-    Group *groups[6] = {&grid->world, &grid->tp_group, &grid->pp_group, &grid->dp_group, &grid->ep_group, &grid->emb_group};
-    for (int i = 0; i < 6; i++) { groups[i]->bytes = 0; groups[i]->calls = 0; }
+    Group *groups[7] = {&grid->world, &grid->tp_group, &grid->pp_group, &grid->dp_group, &grid->ep_group, &grid->edp_group, &grid->emb_group};
+    for (int i = 0; i < 7; i++) { groups[i]->bytes = 0; groups[i]->calls = 0; }
 }
 
 // Prints, per rank, the bytes this rank sent in each group since the last reset.
 static void comm_report(Grid *grid, int steps, const char *label) {
-    enum { NG = 5 };
-    Group *groups[NG] = {&grid->tp_group, &grid->pp_group, &grid->dp_group, &grid->ep_group, &grid->emb_group};
+    enum { NG = 6 };
+    Group *groups[NG] = {&grid->tp_group, &grid->pp_group, &grid->dp_group, &grid->ep_group, &grid->edp_group, &grid->emb_group};
     double mine[2 * NG];
     for (int i = 0; i < NG; i++) { mine[2 * i] = groups[i]->bytes / steps; mine[2 * i + 1] = (double)groups[i]->calls / steps; }
     double *all = (double *)malloc_check(sizeof(double) * 2 * NG * grid->world_size);

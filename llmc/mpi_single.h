@@ -25,6 +25,7 @@ typedef struct { int unused; } MPI_Status;
 #define MPI_MIN 1
 #define MPI_MAX 2
 #define MPI_IN_PLACE ((void *)1)
+#define MPI_UNDEFINED (-32766)
 #define MPI_STATUS_IGNORE ((MPI_Status *)0)
 
 static int mpi_single_initialized = 0;

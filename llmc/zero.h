@@ -1,9 +1,12 @@
 // Data parallelism and ZeRO stages 0-3 over the dp group, in one place.
 //
 // The parameters of a rank (its tp slice) are cut into UNITS: the embedding (wpe, wte), each
-// transformer layer, the final LayerNorm. Each unit is a contiguous block, padded to a multiple of
-// dp and cut into dp equal SHARDS; dp rank r owns shard r of every unit. Padding is zero and never
-// reaches the model. Per stage:
+// transformer layer, the experts of each MoE layer, the final LayerNorm. Each unit is a contiguous
+// block, padded to a multiple of the size p of its data-parallel group and cut into p equal SHARDS;
+// rank r of the group owns shard r. The group is dp for every unit but the experts', which are
+// replicated only over the edp group (the dp/ep ranks holding the same experts: moe.h), so their
+// gradients are summed, and their shards cut, over edp. Padding is zero and never reaches the
+// model. Per stage:
 //   0: full params, full grads, full AdamW state; after the last micro-batch each unit's gradient
 //      is all-reduced (asynchronously, while earlier layers run their backward).
 //   1: full params and grads; after the last micro-batch each unit's gradient is reduce-scattered in
@@ -32,15 +35,19 @@
 
 typedef struct {
     int id, layer;        // which model tensor (the caller's numbering), which layer (-1: none)
+    int blk0, nblk;       // the caller's: the blocks of the tensor it holds (MoE: the local experts)
     size_t offset, size;  // within the unit, local (tp-sliced) elements
     int decay;            // weight decay applies
-    int replicated;       // the same on every tp rank (its gradient is partial under SP)
+    int replicated;       // the same on every tp rank (counted once in the gradient norm)
 } UnitTensor;
 
 typedef struct {
     int ntensors;
-    UnitTensor t[MAX_UNIT_TENSORS];  // replicated tensors first, so they form one block [0, nrep)
-    size_t size, nrep;               // elements; of which replicated
+    UnitTensor t[MAX_UNIT_TENSORS];
+    size_t size;                     // elements
+    size_t nrep;                     // [0, nrep): replicated tensors whose gradients are partial sums
+                                     // over tp under SP (LayerNorms, biases after row-parallel layers)
+    Group *dpg;                      // its data-parallel group: dp, or edp for the experts
     size_t shard, padded;            // shard = ceil(size / dp); padded = shard * dp
     size_t full_offset, shard_offset;
     int embedding;   // holds wte (the token embedding and the tied LM head): its own work buffer
@@ -80,7 +87,7 @@ typedef struct {
     size_t opt_size;
     float *norm_parts;       // device: one sum of squares per (unit, tensor)
     long gathers;            // stage 3: unit all-gathers (for the comm report)
-    double gathered_elems;   // stage 3: the padded sizes of the gathered units, summed
+    double gathered_ring;    // stage 3: the gathered units' padded sizes x (p-1)/p (ring elements sent), summed
 } Zero;
 
 static int work_find(const WorkBuffers *w, int u) {
@@ -113,12 +120,11 @@ static int tensor_overlap(const UnitTensor *t, size_t start, size_t end, size_t 
 static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int nunits) {
     memset(z, 0, sizeof(*z));
     z->grid = grid; z->stage = stage; z->sp = sp; z->units = units; z->nunits = nunits;
-    int dp = grid->dp;
     z->embed_unit = -1;
     for (int u = 0; u < nunits; u++) {
         Unit *U = &units[u];
-        U->shard = ceil_div(U->size, dp);
-        U->padded = U->shard * dp;
+        U->shard = ceil_div(U->size, U->dpg->size);
+        U->padded = U->shard * U->dpg->size;
         U->full_offset = z->full_size;
         U->shard_offset = z->shard_size;
         z->full_size += U->padded;
@@ -147,7 +153,7 @@ static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int n
 }
 
 // First element of this rank's shard of unit u (0 at stage 0, which has no shards).
-static size_t zero_shard_start(const Zero *z, int u) { return z->stage == 0 ? 0 : (size_t)z->grid->dp_rank * z->units[u].shard; }
+static size_t zero_shard_start(const Zero *z, int u) { return z->stage == 0 ? 0 : (size_t)z->units[u].dpg->rank * z->units[u].shard; }
 
 // The element range [start, start + len) of unit u that this rank updates (within the unit).
 static void zero_owned_range(const Zero *z, int u, size_t *start, size_t *len) {
@@ -175,9 +181,9 @@ static floatX *zero_unit_params(Zero *z, int u) {
     int i = work_find(&z->pw, u);
     if (i < 0) {
         i = work_pick(&z->pw, U->embedding);
-        comm_all_gather(&z->grid->dp_group, z->params_shard + U->shard_offset, z->pw.buf[i], U->shard, DT_FLOATX, NULL);
+        comm_all_gather(U->dpg, z->params_shard + U->shard_offset, z->pw.buf[i], U->shard, DT_FLOATX, NULL);
         z->gathers++;
-        z->gathered_elems += U->padded;
+        z->gathered_ring += (U->dpg->size - 1.0) / U->dpg->size * U->padded;
     }
     work_set(&z->pw, i, u);
     return z->pw.buf[i];
@@ -269,7 +275,7 @@ static void zero_end_unit_backward(Zero *z, int u, int last_micro) {
     if (z->stage < 2 && !last_micro) { return; }
     floatX *g = zero_unit_grads(z, u);
     if (z->sp && U->nrep > 0) { comm_all_reduce(&z->grid->tp_group, g, U->nrep, DT_FLOATX, NULL); }
-    Group *dp = &z->grid->dp_group;
+    Group *dp = U->dpg;
     if (z->stage == 0) { comm_all_reduce(dp, g, U->padded, DT_FLOATX, &z->pending[u]); }
     else { comm_reduce_scatter(dp, g, g + (size_t)dp->rank * U->shard, U->shard, DT_FLOATX, &z->pending[u]); }
 }
@@ -305,16 +311,17 @@ static void zero_get_owned_grads(Zero *z, int u, float *host, size_t *start, siz
 // ----------------------------------------------------------------------------
 // the optimizer step
 
-// Global gradient norm. Every rank sums the squares of the gradient elements of its dp partition of
-// each unit (also at stage 0, where every rank holds all of them, so nothing counts twice), tensors
-// replicated over tp only on tp rank 0, the tied embedding only on the first pipeline stage. One sum
-// over the world gives the norm.
+// Global gradient norm. Every rank sums the squares of the gradient elements of its partition of each
+// unit over the unit's data-parallel group (also at stage 0, where every rank holds all of them, so
+// nothing counts twice; an expert's replicas over edp likewise, and other ep ranks hold other experts),
+// tensors replicated over tp only on tp rank 0, the tied embedding only on the first pipeline stage.
+// One sum over the world gives the norm, each parameter counted once.
 static float zero_grad_norm(Zero *z) {
     int nparts = 0;
     for (int u = 0; u < z->nunits; u++) {
         const Unit *U = &z->units[u];
         if (U->norm_skip) { continue; }
-        size_t start = (size_t)z->grid->dp_rank * U->shard, a, b;
+        size_t start = (size_t)U->dpg->rank * U->shard, a, b;
         for (int k = 0; k < U->ntensors; k++) {
             const UnitTensor *t = &U->t[k];
             if (t->replicated && z->grid->tp_rank != 0) { continue; }
@@ -353,7 +360,7 @@ static void zero_optimizer_step(Zero *z, float lr, float beta1, float beta2, flo
         }
         if (z->stage == 1 || z->stage == 2) {
             floatX *full = z->params + U->full_offset;
-            comm_all_gather(&z->grid->dp_group, full + zero_shard_start(z, u), full, U->shard, DT_FLOATX, NULL);
+            comm_all_gather(U->dpg, full + zero_shard_start(z, u), full, U->shard, DT_FLOATX, NULL);
         }
     }
     zero_release_params(z);

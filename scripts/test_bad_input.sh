@@ -30,6 +30,14 @@ write("model_version.bin", header(20240326, 7, [maxT, V, L, NH, C, Vp]) + body)
 write("model_trunc.bin", header(20240326, 3, [maxT, V, L, NH, C, Vp]) + body[: len(body) // 2])
 write("model_header.bin", header(20240326, 3, [maxT, V, L + 1, NH, C, Vp]) + body)
 write("model_nh.bin", header(20240326, 3, [maxT, V, L, 3, C, Vp]) + body)
+# MoE files (version 13): E 4, k 2, every 1; the dense MLP tensors hold no layer, the MoE tensors follow
+E, k = 4, 2
+Pm = Vp*C + maxT*C + L*(2*C + 3*C*C + 3*C + C*C + C + 2*C) + 2*C + L*E*(C + 4*C*C + 4*C + 4*C*C + C)
+mbody = struct.pack("<%df" % Pm, *([0.01] * Pm))
+write("moe_ok.bin", header(20240326, 13, [maxT, V, L, NH, C, Vp, E, k, 1]) + mbody)
+write("moe_k.bin", header(20240326, 13, [maxT, V, L, NH, C, Vp, E, 5, 1]) + mbody)
+write("moe_noexperts.bin", header(20240326, 13, [maxT, V, L, NH, C, Vp, 0, 0, 0]) + body)
+write("moe_size.bin", header(20240326, 13, [maxT, V, L, NH, C, Vp, E, k, 1]) + body)
 toks = [i % 200 for i in range(4097)]
 write("data_ok.bin", header(20240520, 1, [len(toks)]) + struct.pack("<%dH" % len(toks), *toks))
 write("data_magic.bin", header(1234, 1, [len(toks)]) + struct.pack("<%dH" % len(toks), *toks))
@@ -100,6 +108,27 @@ expect bad_big_config   1 "malformed model descriptor"        -e "L=4,C=65536,NH
 expect batch_overflow   1 "too large"                         -e "L=1,C=64,NH=4,V=250,maxT=4096" -t 4096 -b 1048576
 expect zero_t           1 "-t must be in"                     -e "$TINY" -t 0
 expect negative_steps   1 "-x must be in"                     -e "$TINY" -x -5
+# Mixture of Experts
+MOE="$TINY,E=4,k=2"
+expect moe_ep_experts   3 "--ep 3 does not divide the number of experts 4" -e "$MOE" --ep 3
+expect moe_ep_dp        2 "--ep 4 does not divide dp 2"       -e "$MOE" --ep 4
+expect moe_ep_dense     2 "expert parallelism needs MoE layers" -e "$TINY" --ep 2
+expect moe_k_large      1 "need 1 <= k <= E"                  -e "$TINY" --experts 2 --topk 3
+expect moe_k_zero       1 "--topk must be in"                 -e "$TINY" --experts 2 --topk 0
+expect moe_k_desc       1 "malformed model descriptor"        -e "$TINY,E=2,k=3"
+expect moe_k_alone      1 "--topk and --moe-every need --experts" -e "$TINY" --topk 2
+expect moe_negative_F   1 "--capacity-factor must be in"      -e "$MOE" --capacity-factor -1
+expect moe_F_decimals   1 "has more than 3 decimals"          -e "$MOE" --capacity-factor 1.2345
+expect moe_policy       1 "--drop-policy expects probs or position" -e "$MOE" --drop-policy random
+expect moe_every_deep   1 "1 <= every <= L"                   -e "$TINY" --experts 2 --moe-every 3
+expect moe_alias_twice  1 "flag --experts is given twice"     -e "$TINY" --experts 2 --num-experts 2
+expect moe_flag_vs_file 1 "--experts 8, but"                  -e "$W/moe_ok.bin" --experts 8
+expect moe_header_k     1 "inconsistent header"               -e "$W/moe_k.bin"
+expect moe_no_experts   1 "MoE file (version 13) with 0 experts" -e "$W/moe_noexperts.bin"
+expect moe_file_size    1 "bytes, expected"                   -e "$W/moe_size.bin"
+$BIN/train_gpt -e "$MOE" -t 32 -b 4 -x 2 -n 2 -s 0 -v 0 -o "$W/ckpt_moe" >/dev/null 2>&1
+expect moe_resume_E     1 "a checkpoint resumes with its own shape" -e "$MOE" -t 32 -b 4 -x 4 -y 1 --experts 8 -o "$W/ckpt_moe"
+expect moe_resume_k     1 "--topk 1, but the checkpoint has k = 2" -e "$MOE" -t 32 -b 4 -x 4 -y 1 --topk 1 -o "$W/ckpt_moe"
 # a checkpoint written with one batch shape cannot be resumed with another
 $BIN/train_gpt -e "$TINY" -t 32 -b 4 -x 2 -n 2 -s 0 -v 0 -o "$W/ckpt_shape" >/dev/null 2>&1
 expect resume_shape     1 "was written with -b 4 -t 32"       -e "$TINY" -t 32 -b 2 -x 4 -y 1 -o "$W/ckpt_shape"

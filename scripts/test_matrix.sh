@@ -34,6 +34,16 @@ reference padvocab --config tiny --V 100 --Vp 256
 reference heads6 --config tiny --NH 6 --C 96 --V 250 --Vp 264 --T 30
 reference odd --config tiny --L 1 --C 48 --NH 4 --V 77 --Vp 80 --T 20
 reference l3 --config tiny --L 3
+# Mixture of Experts (tiny shape): E 4 top-2 F 1.25 probs; position policy F 1.0; dropless with every 2nd
+# layer MoE; E 8 top-1 (Switch) F 1.0; every token to expert 0 (capacity saturates); k = E;
+# E 8 top-2 position F 1.25 every 2nd layer
+reference moe --config tiny --E 4 --k 2
+reference moe_pos --config tiny --E 4 --k 2 --F 1.0 --policy position
+reference moe_dl --config tiny --E 4 --k 2 --F 0 --every 2
+reference moe_k1 --config tiny --E 8 --k 1 --F 1.0
+reference moe_skew --config tiny --E 4 --k 1 --skew
+reference moe_kE --config tiny --E 4 --k 4
+reference moe_pos2 --config tiny --E 8 --k 2 --F 1.25 --policy position --every 2
 
 # run_test NP ARGS... : one test_gpt run on NP ranks (NP = nompi: the NO_MPI=1 build, no mpirun);
 # adds its "N passed, N failed" to the totals
@@ -146,8 +156,42 @@ run_test 6 --ref refs/heads6 -b 2 --tp 3 --sp --zero 1 --ce-chunk 5 --check-resu
 run_test 2 --ref refs/odd -b 4 --zero 3 --check-comm
 run_test 4 --ref refs/odd -b 1 --tp 2 --sp --zero 2 --ce-chunk 7
 
+echo "== Mixture of Experts: router, top-k, capacity per sequence, aux and z losses, expert parallelism (all-to-all)"
+MO=refs/moe
+run_test 1 --ref $MO -b 8 --check-memory --check-comm
+run_test 1 --ref $MO -b 2 --check-memory                                   # accumulation 4
+run_test 1 --ref $MO -b 4 --check-resume "$TMP/resume_moe1"
+[ -x build/cpu-nompi/test_gpt ] && run_test nompi --ref $MO -b 8 --check-memory --check-comm
+run_test 2 --ref $MO -b 4 --zero 1 --check-memory --check-comm             # dp 2, ep 1: experts replicated (edp 2)
+for z in 0 1 2 3; do
+    run_test 2 --ref $MO -b 4 --ep 2 --zero $z --check-memory --check-comm # ep 2, edp 1
+    run_test 4 --ref $MO -b 2 --ep 2 --zero $z --check-memory --check-comm # ep 2, edp 2
+done
+run_test 4 --ref $MO -b 2 --ep 4 --zero 3 --check-memory --check-comm      # ep 4: one expert per rank
+run_test 4 --ref $MO -b 1 --ep 2 --zero 2 --check-comm                     # accumulation 2
+run_test 4 --ref $MO -b 1 --ep 2 --zero 3 --check-resume "$TMP/resume_moe_ep"
+run_test 2 --ref $MO -b 8 --tp 2 --check-memory --check-comm
+run_test 2 --ref $MO -b 8 --tp 2 --sp --check-memory --check-comm
+run_test 4 --ref $MO -b 4 --tp 2 --sp --ep 2 --zero 1 --check-memory --check-comm
+run_test 8 --ref $MO -b 2 --tp 2 --sp --ep 2 --zero 3 --check-memory --check-comm   # tp 2 x ep 2 x edp 2
+run_test 4 --ref $MO -b 4 --tp 2 --ep 2 --check-comm                         # tp without SP, ep
+run_test 2 --ref refs/moe_dl -b 1 --pp 2 --check-memory --check-comm       # dropless, every 2nd layer MoE
+run_test 2 --ref refs/moe_dl -b 1 --pp 2 --pp-schedule gpipe --check-memory --check-comm
+run_test 4 --ref refs/moe_dl -b 2 --pp 2 --ep 2 --zero 1 --check-memory --check-comm
+run_test 8 --ref refs/moe_dl -b 1 --pp 2 --tp 2 --sp --ep 2 --zero 2 --check-comm
+run_test 2 --ref refs/moe_pos -b 2 --ep 2 --zero 3 --check-memory --check-comm      # position policy, F 1.0
+run_test 4 --ref refs/moe_pos2 -b 2 --ep 4 --zero 1 --check-memory --check-comm     # E 8: 2 experts per rank
+run_test 4 --ref refs/moe_pos2 -b 1 --pp 2 --ep 2 --pp-schedule gpipe --check-comm
+run_test 4 --ref refs/moe_k1 -b 2 --ep 4 --zero 2 --check-memory --check-comm       # Switch top-1
+run_test 4 --ref refs/moe_skew -b 2 --ep 4 --check-memory --check-comm     # capacity saturates; experts 1-3 get no token
+run_test 2 --ref refs/moe_kE -b 4 --ep 2 --check-memory --check-comm       # k = E
+run_test 1 --ref $T -b 8 --experts 1 --topk 1 --z-coeff 0 --check-memory --check-comm   # E 1, k 1: the dense model
+run_test 2 --ref $T -b 8 --experts 1 --z-coeff 0 --tp 2 --sp --check-comm
+run_test 4 --ref $T -b 2 --experts 1 --z-coeff 0 --pp 2 --zero 2 --check-comm
+
 echo "== train_gpt end to end"
 run_script test_train
+run_script test_moe_train
 echo "== bad input"
 run_script test_bad_input
 

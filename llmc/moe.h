@@ -1,0 +1,642 @@
+// Mixture of Experts and expert parallelism, in one place.
+//
+// THE LAYER. With --experts E --topk k, layer l is a MoE layer when l % every == every-1 (--moe-every,
+// default 1): its MLP becomes E expert MLPs of the dense MLP's shape (fc C->4C with bias, GELU, fcproj
+// 4C->C with bias) behind a router. For the tokens x (N, C) of the ln2 output:
+//   router    logits = x W_r^T in fp32, W_r (E, C), no bias, the same on every rank;
+//             p = softmax(logits) over all E, lse = logsumexp(logits)
+//   top-k     the k largest p of each token, ties to the LOWER expert index, in order of p;
+//             gates: k = 1: g = p_e (Switch: the router learns from the main loss); k > 1: the k
+//             probabilities renormalised to sum 1
+//   capacity  counted PER SEQUENCE of T tokens, so that the drops never depend on the layout (B, dp,
+//             pp, ep, accumulation): each expert keeps at most cap = min(T, ceil(k T F1000 / (1000 E)))
+//             assignments of each sequence (integers; F1000 = round(1000 F), F = --capacity-factor,
+//             at most 3 decimals, 0 = dropless). Which ones (--drop-policy):
+//               probs     the cap with the highest p_e (the full softmax, not the gate), ties to the
+//                         earlier position
+//               position  first choices before second ones (choice rank), then the earlier position
+//             A dropped assignment adds nothing (the token keeps its residual); the other gates are
+//             not renormalised. Sampling runs dropless (cap = T).
+//   output    out[t] = sum over its kept assignments j (in order) of g_j * expert_{e_j}(x[t])
+// AUXILIARY LOSSES, also per sequence. Load balancing (Switch): per sequence and MoE layer
+//   aux = E sum_i f_i P_i, f_i = (top-k assignments to i, before drops) / (k T) (no gradient),
+//   P_i = the sequence's mean of p_i. Router z-loss per token: lse^2. The optimised loss is
+//   CE + aux_coeff * (mean over the global batch's sequences of the sum over MoE layers of aux)
+//      + z_coeff * (mean over its tokens of the sum over MoE layers of lse^2);
+// main.log's trl stays the CE alone. E = 1, k = 1 is the dense model exactly when z_coeff = 0 (g = 1,
+// and aux = 1 has no gradient; the z-loss would still train the router and the layers below it).
+//
+// EXPERT PARALLELISM (--ep N): N consecutive dp ranks with the same (tp, pp) form an ep group; ep rank
+// r holds the El = E/N experts [r El, (r+1) El). The dp/N ranks holding the same experts form the
+// expert-data-parallel (edp) group, over which the expert gradients are summed (zero.h). One MoE
+// layer, one micro-batch, on every rank of the ep group:
+//   1. route its own N tokens (all tokens of the micro-batch, identically on every tp rank)
+//   2. count the kept rows per expert; all-gather the counts over the ep group (host ints); every
+//      rank checks the whole (ep, E) table, so a bad count stops every rank alike, never a hang
+//   3. permute: the kept rows of x, grouped by expert = by owner rank ("send layout")
+//   4. all-to-all(v): the rows to the ranks owning their experts; arriving grouped by source rank,
+//      they are regrouped by local expert (copies of contiguous segments)
+//   5. each local expert runs its MLP on its contiguous rows (the matmul launchers; with TP the
+//      experts are column/row-parallel like the dense MLP: partial outputs, fcproj's bias on tp rank 0)
+//   6. the outputs back: regrouped by source, all-to-all(v) in reverse, into the send layout
+//   7. combine with the gates, in the fixed order of each token's choices -> (N, C), summed over tp
+//      by the caller like any row-parallel output
+// The backward runs the same exchanges in reverse with the gradients. The gradient of the gates needs
+// the full expert outputs: each tp rank has a partial sum, so dgate (N, k floats) is all-reduced over tp.
+// Then the router's backward runs identically on every tp rank: its weight gradient is complete on each
+// (not partial: counted once, never summed over tp), and its input gradient is added on tp rank 0 only.
+#ifndef LLMC_MOE_H
+#define LLMC_MOE_H
+
+#include "backend.h"
+#include "alloc.h"
+#include "comm.h"
+#include "matmul.h"
+#include "residual.h"
+
+#define MOE_MAX_EXPERTS 256
+
+typedef enum { DROP_PROBS, DROP_POSITION } DropPolicy;
+
+// The training options of the MoE layers (the shape, E, k and every, is in the model).
+typedef struct {
+    int cap1000;          // capacity factor x 1000; 0 = dropless
+    DropPolicy policy;
+    float aux_coeff, z_coeff;
+} MoEOptions;
+
+// Assignments one expert keeps from one sequence of T tokens (0 < cap <= T).
+static int moe_capacity(int k, int T, int E, int cap1000) {
+    if (cap1000 == 0) { return T; }
+    long long c = ((long long)k * T * cap1000 + 1000LL * E - 1) / (1000LL * E);
+    return c < T ? (int)c : T;
+}
+
+// ----------------------------------------------------------------------------
+// CPU loops: the specification
+
+// x (N, C), wr (E, C) -> probs (N, E) = softmax(x wr^T), lse (N). Each logit is one dot product in
+// channel order, so a token's routing does not depend on the other tokens of the batch.
+static void moe_router_forward_cpu(float *probs, float *lse, const float *x, const float *wr, int N, int C, int E) {
+    #pragma omp parallel for
+    for (int t = 0; t < N; t++) {
+        float *p = probs + (size_t)t * E, m = -INFINITY, s = 0.0f;
+        for (int e = 0; e < E; e++) {
+            float z = 0.0f;
+            for (int c = 0; c < C; c++) { z += x[(size_t)t * C + c] * wr[(size_t)e * C + c]; }
+            p[e] = z;
+            if (z > m) { m = z; }
+        }
+        for (int e = 0; e < E; e++) { p[e] = expf(p[e] - m); s += p[e]; }
+        for (int e = 0; e < E; e++) { p[e] /= s; }
+        lse[t] = m + logf(s);
+    }
+}
+
+// probs (N, E) -> choice (N, k): the k largest in order, ties to the lower index; gate (N, k).
+static void moe_topk_cpu(int *choice, float *gate, const float *probs, int N, int E, int k) {
+    for (int t = 0; t < N; t++) {
+        const float *p = probs + (size_t)t * E;
+        int *ch = choice + (size_t)t * k;
+        float sum = 0.0f;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++) { taken |= ch[i] == e; }
+                if (!taken && (best < 0 || p[e] > p[best])) { best = e; }   // strict: the lower index wins ties
+            }
+            ch[j] = best;
+            sum += p[best];
+        }
+        for (int j = 0; j < k; j++) { gate[(size_t)t * k + j] = k == 1 ? p[ch[j]] : p[ch[j]] / sum; }
+    }
+}
+
+// Does assignment (t, j) come before (t2, j2) for their expert e? probs: higher p_e, then earlier t;
+// position: lower choice rank j, then earlier t.
+static int moe_before(DropPolicy policy, float p, int t, int j, float p2, int t2, int j2) {
+    if (policy == DROP_PROBS) { return p > p2 || (p == p2 && t < t2); }
+    return j < j2 || (j == j2 && t < t2);
+}
+
+// keep (N, k): 1 if assignment (t, j) is among the cap first of its expert in its sequence (rank < cap).
+static void moe_capacity_keep_cpu(int *keep, const int *choice, const float *probs, int B, int T, int E, int k,
+                                  int cap, DropPolicy policy) {
+    #pragma omp parallel for
+    for (int b = 0; b < B; b++) {
+        for (int t = b * T; t < (b + 1) * T; t++) {
+            for (int j = 0; j < k; j++) {
+                int e = choice[(size_t)t * k + j], rank = 0;
+                float p = probs[(size_t)t * E + e];
+                for (int t2 = b * T; t2 < (b + 1) * T; t2++) {
+                    for (int j2 = 0; j2 < k; j2++) {
+                        if (choice[(size_t)t2 * k + j2] != e) { continue; }
+                        rank += moe_before(policy, probs[(size_t)t2 * E + e], t2, j2, p, t, j);
+                    }
+                }
+                keep[(size_t)t * k + j] = rank < cap;
+            }
+        }
+    }
+}
+
+// Per sequence b: f (B, E) = top-k assignments to e (before drops) / (k T); pmean (B, E) = mean of p_e;
+// zsum (B) = sum over its tokens of lse^2.
+static void moe_sequence_stats_cpu(float *f, float *pmean, float *zsum, const int *choice, const float *probs,
+                                   const float *lse, int B, int T, int E, int k) {
+    for (int b = 0; b < B; b++) {
+        float *fb = f + (size_t)b * E, *pb = pmean + (size_t)b * E;
+        float z = 0.0f;
+        for (int e = 0; e < E; e++) { fb[e] = 0.0f; pb[e] = 0.0f; }
+        for (int t = b * T; t < (b + 1) * T; t++) {
+            for (int j = 0; j < k; j++) { fb[choice[(size_t)t * k + j]] += 1.0f; }
+            for (int e = 0; e < E; e++) { pb[e] += probs[(size_t)t * E + e]; }
+            z += lse[t] * lse[t];
+        }
+        for (int e = 0; e < E; e++) { fb[e] /= (float)(k * T); pb[e] /= (float)T; }
+        zsum[b] = z;
+    }
+}
+
+// counts (E): kept assignments per expert.
+static void moe_count_cpu(int *counts, const int *choice, const int *keep, int N, int E, int k) {
+    for (int e = 0; e < E; e++) { counts[e] = 0; }
+    for (size_t i = 0; i < (size_t)N * k; i++) { if (keep[i]) { counts[choice[i]]++; } }
+}
+
+// row (N, k): where each kept assignment goes in the send layout (experts in order, offsets (E) their
+// first rows; within an expert, tokens in order); -1 if dropped.
+static void moe_rows_cpu(int *row, const int *choice, const int *keep, const int *offsets, int N, int E, int k) {
+    int next[MOE_MAX_EXPERTS];
+    for (int e = 0; e < E; e++) { next[e] = offsets[e]; }
+    for (size_t i = 0; i < (size_t)N * k; i++) { row[i] = keep[i] ? next[choice[i]]++ : -1; }
+}
+
+// xs (rows, C): xs[row[t][j]] = x[t] for every kept assignment.
+static void moe_permute_cpu(float *xs, const float *x, const int *row, int N, int k, int C) {
+    #pragma omp parallel for
+    for (int t = 0; t < N; t++) {
+        for (int j = 0; j < k; j++) {
+            int r = row[(size_t)t * k + j];
+            if (r >= 0) { memcpy(xs + (size_t)r * C, x + (size_t)t * C, C * sizeof(float)); }
+        }
+    }
+}
+
+// out (N, C) = sum over the kept j of gate[t][j] * ys[row[t][j]], in the order j = 0..k-1.
+static void moe_combine_cpu(float *out, const float *ys, const float *gate, const int *row, int N, int k, int C) {
+    #pragma omp parallel for
+    for (int t = 0; t < N; t++) {
+        float *o = out + (size_t)t * C;
+        for (int c = 0; c < C; c++) { o[c] = 0.0f; }
+        for (int j = 0; j < k; j++) {
+            int r = row[(size_t)t * k + j];
+            if (r < 0) { continue; }
+            float g = gate[(size_t)t * k + j];
+            for (int c = 0; c < C; c++) { o[c] += g * ys[(size_t)r * C + c]; }
+        }
+    }
+}
+
+// The combine's backward: dys[row] = gate * dout[t]; dgate[t][j] = dout[t] . ys[row] (0 if dropped).
+static void moe_combine_backward_cpu(float *dys, float *dgate, const float *dout, const float *ys, const float *gate,
+                                     const int *row, int N, int k, int C) {
+    #pragma omp parallel for
+    for (int t = 0; t < N; t++) {
+        const float *d = dout + (size_t)t * C;
+        for (int j = 0; j < k; j++) {
+            int r = row[(size_t)t * k + j];
+            float dg = 0.0f;
+            if (r >= 0) {
+                float g = gate[(size_t)t * k + j];
+                for (int c = 0; c < C; c++) { dys[(size_t)r * C + c] = g * d[c]; dg += d[c] * ys[(size_t)r * C + c]; }
+            }
+            dgate[(size_t)t * k + j] = dg;
+        }
+    }
+}
+
+// The permute's backward: dx (N, C) = sum over the kept j of dxs[row[t][j]] (written).
+static void moe_unpermute_cpu(float *dx, const float *dxs, const int *row, int N, int k, int C) {
+    #pragma omp parallel for
+    for (int t = 0; t < N; t++) {
+        float *o = dx + (size_t)t * C;
+        for (int c = 0; c < C; c++) { o[c] = 0.0f; }
+        for (int j = 0; j < k; j++) {
+            int r = row[(size_t)t * k + j];
+            if (r >= 0) { for (int c = 0; c < C; c++) { o[c] += dxs[(size_t)r * C + c]; } }
+        }
+    }
+}
+
+// The router's backward to its logits, dlogits (N, E), from: dgate (N, k) (the gates' gradient, summed
+// over tp), and the two auxiliary losses, aux_scale = aux_coeff E / (T * sequences in the global batch)
+// times f (B, E) per token of sequence b, z_scale = z_coeff / (tokens in the global batch):
+//   gates -> p:   k = 1: dp_e += dg;  k > 1: g_j = p_j / S, dp_{e_j} += (dg_j - sum_i dg_i g_i) / S
+//   aux -> p:     dp_e += aux_scale f[b][e]
+//   softmax:      dlogit_e = p_e (dp_e - sum_i p_i dp_i)
+//   z:            dlogit_e += z_scale 2 lse p_e
+static void moe_router_backward_cpu(float *dlogits, const float *dgate, const float *gate, const int *choice,
+                                    const float *probs, const float *lse, const float *f, int T, int N, int E, int k,
+                                    float aux_scale, float z_scale) {
+    #pragma omp parallel for
+    for (int t = 0; t < N; t++) {
+        const float *p = probs + (size_t)t * E, *dg = dgate + (size_t)t * k, *g = gate + (size_t)t * k;
+        const int *ch = choice + (size_t)t * k;
+        float dp[MOE_MAX_EXPERTS], *dl = dlogits + (size_t)t * E;
+        for (int e = 0; e < E; e++) { dp[e] = aux_scale * f[(size_t)(t / T) * E + e]; }
+        if (k == 1) {
+            dp[ch[0]] += dg[0];
+        } else {
+            float S = 0.0f, dot = 0.0f;
+            for (int j = 0; j < k; j++) { S += p[ch[j]]; dot += dg[j] * g[j]; }
+            for (int j = 0; j < k; j++) { dp[ch[j]] += (dg[j] - dot) / S; }
+        }
+        float pdp = 0.0f;
+        for (int e = 0; e < E; e++) { pdp += p[e] * dp[e]; }
+        for (int e = 0; e < E; e++) { dl[e] = p[e] * (dp[e] - pdp) + z_scale * 2.0f * lse[t] * p[e]; }
+    }
+}
+
+// dwr (E, C) += dlogits^T x, tokens summed in order.
+static void moe_router_dweight_cpu(float *dwr, const float *dlogits, const float *x, int N, int C, int E) {
+    #pragma omp parallel for
+    for (int e = 0; e < E; e++) {
+        for (int c = 0; c < C; c++) {
+            float s = 0.0f;
+            for (int t = 0; t < N; t++) { s += dlogits[(size_t)t * E + e] * x[(size_t)t * C + c]; }
+            dwr[(size_t)e * C + c] += s;
+        }
+    }
+}
+
+// dx (N, C) += dlogits wr.
+static void moe_router_dinput_cpu(float *dx, const float *dlogits, const float *wr, int N, int C, int E) {
+    #pragma omp parallel for
+    for (int t = 0; t < N; t++) {
+        for (int c = 0; c < C; c++) {
+            float s = 0.0f;
+            for (int e = 0; e < E; e++) { s += dlogits[(size_t)t * E + e] * wr[(size_t)e * C + c]; }
+            dx[(size_t)t * C + c] += s;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// CUDA kernels, one per loop above
+
+#ifdef USE_CUDA
+// one warp per token: each logit a warp-reduced dot product, then the softmax in lane 0's registers
+__global__ void moe_router_forward_kernel(float *probs, float *lse, const floatX *x, const floatX *wr, int N, int C, int E) {
+    int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (t >= N) { return; }
+    float *p = probs + (size_t)t * E;
+    for (int e = 0; e < E; e++) {
+        float z = 0.0f;
+        for (int c = lane; c < C; c += 32) { z += (float)x[(size_t)t * C + c] * (float)wr[(size_t)e * C + c]; }
+        z = warp_reduce_sum(z);
+        if (lane == 0) { p[e] = z; }
+    }
+    __syncwarp();
+    if (lane != 0) { return; }
+    float m = -INFINITY, s = 0.0f;
+    for (int e = 0; e < E; e++) { m = fmaxf(m, p[e]); }
+    for (int e = 0; e < E; e++) { p[e] = expf(p[e] - m); s += p[e]; }
+    for (int e = 0; e < E; e++) { p[e] /= s; }
+    lse[t] = m + logf(s);
+}
+
+__global__ void moe_topk_kernel(int *choice, float *gate, const float *probs, int N, int E, int k) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= N) { return; }
+    const float *p = probs + (size_t)t * E;
+    int *ch = choice + (size_t)t * k;
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) { taken |= ch[i] == e; }
+            if (!taken && (best < 0 || p[e] > p[best])) { best = e; }
+        }
+        ch[j] = best;
+        sum += p[best];
+    }
+    for (int j = 0; j < k; j++) { gate[(size_t)t * k + j] = k == 1 ? p[ch[j]] : p[ch[j]] / sum; }
+}
+
+__device__ __forceinline__ int moe_before_dev(int policy, float p, int t, int j, float p2, int t2, int j2) {
+    if (policy == DROP_PROBS) { return p > p2 || (p == p2 && t < t2); }
+    return j < j2 || (j == j2 && t < t2);
+}
+
+// grid (B), block 256: each thread ranks the assignments of its tokens against the whole sequence
+__global__ void moe_capacity_keep_kernel(int *keep, const int *choice, const float *probs, int T, int E, int k,
+                                         int cap, int policy) {
+    int b = blockIdx.x;
+    for (int i = threadIdx.x; i < T * k; i += blockDim.x) {
+        int t = b * T + i / k, j = i % k;
+        int e = choice[(size_t)t * k + j], rank = 0;
+        float p = probs[(size_t)t * E + e];
+        for (int i2 = 0; i2 < T * k; i2++) {
+            int t2 = b * T + i2 / k, j2 = i2 % k;
+            if (choice[(size_t)t2 * k + j2] != e) { continue; }
+            rank += moe_before_dev(policy, probs[(size_t)t2 * E + e], t2, j2, p, t, j);
+        }
+        keep[(size_t)t * k + j] = rank < cap;
+    }
+}
+
+// grid (B), one thread per expert
+__global__ void moe_sequence_stats_kernel(float *f, float *pmean, float *zsum, const int *choice, const float *probs,
+                                          const float *lse, int T, int E, int k) {
+    int b = blockIdx.x;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        float n = 0.0f, ps = 0.0f;
+        for (int t = b * T; t < (b + 1) * T; t++) {
+            for (int j = 0; j < k; j++) { n += choice[(size_t)t * k + j] == e ? 1.0f : 0.0f; }
+            ps += probs[(size_t)t * E + e];
+        }
+        f[(size_t)b * E + e] = n / (float)(k * T);
+        pmean[(size_t)b * E + e] = ps / (float)T;
+    }
+    if (threadIdx.x == 0) {
+        float z = 0.0f;
+        for (int t = b * T; t < (b + 1) * T; t++) { z += lse[t] * lse[t]; }
+        zsum[b] = z;
+    }
+}
+
+// grid (E), block 1024: the assignments to expert e counted and numbered in (token, choice) order with a
+// block-wide running count (a count per 1024-wide tile, added in tile order). offsets == NULL: count only.
+__global__ void moe_rows_kernel(int *counts, int *row, const int *choice, const int *keep, const int *offsets, int N, int k) {
+    __shared__ int warp_sums[32];
+    __shared__ int base;
+    int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    if (threadIdx.x == 0) { base = offsets ? offsets[e] : 0; }
+    __syncthreads();
+    size_t n = (size_t)N * k;
+    for (size_t tile = 0; tile < n; tile += blockDim.x) {
+        size_t i = tile + threadIdx.x;
+        int mine = i < n && keep[i] && choice[i] == e;
+        // exclusive prefix of `mine` over the block: within the warp by ballot, across warps in shared memory
+        unsigned int ballot = __ballot_sync(0xffffffffu, mine);
+        int before = __popc(ballot & ((1u << lane) - 1u));
+        if (lane == 0) { warp_sums[warp] = __popc(ballot); }
+        __syncthreads();
+        int warp_base = 0, total = 0;
+        for (int w = 0; w < nwarps; w++) { if (w < warp) { warp_base += warp_sums[w]; } total += warp_sums[w]; }
+        if (row != NULL && i < n && keep[i] && choice[i] == e) { row[i] = base + warp_base + before; }
+        __syncthreads();
+        if (threadIdx.x == 0) { base += total; }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0 && counts != NULL) { counts[e] = base - (offsets ? offsets[e] : 0); }
+}
+
+__global__ void moe_dropped_rows_kernel(int *row, const int *keep, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        if (!keep[i]) { row[i] = -1; }
+    }
+}
+
+// one block per (token, choice): copy the token's row to its place
+__global__ void moe_permute_kernel(floatX *xs, const floatX *x, const int *row, int k, int C) {
+    int t = blockIdx.x / k, r = row[blockIdx.x];
+    if (r < 0) { return; }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) { xs[(size_t)r * C + c] = x[(size_t)t * C + c]; }
+}
+
+// one block per token
+__global__ void moe_combine_kernel(floatX *out, const floatX *ys, const float *gate, const int *row, int k, int C) {
+    int t = blockIdx.x;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float o = 0.0f;
+        for (int j = 0; j < k; j++) {
+            int r = row[(size_t)t * k + j];
+            if (r >= 0) { o += gate[(size_t)t * k + j] * (float)ys[(size_t)r * C + c]; }
+        }
+        out[(size_t)t * C + c] = (floatX)o;
+    }
+}
+
+// one block per (token, choice)
+__global__ void moe_combine_backward_kernel(floatX *dys, float *dgate, const floatX *dout, const floatX *ys, const float *gate,
+                                            const int *row, int k, int C) {
+    int t = blockIdx.x / k, r = row[blockIdx.x];
+    float dg = 0.0f;
+    if (r >= 0) {
+        float g = gate[blockIdx.x];
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            float d = (float)dout[(size_t)t * C + c];
+            dys[(size_t)r * C + c] = (floatX)(g * d);
+            dg += d * (float)ys[(size_t)r * C + c];
+        }
+    }
+    dg = block_reduce_sum(dg);
+    if (threadIdx.x == 0) { dgate[blockIdx.x] = dg; }
+}
+
+__global__ void moe_unpermute_kernel(floatX *dx, const floatX *dxs, const int *row, int k, int C) {
+    int t = blockIdx.x;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float s = 0.0f;
+        for (int j = 0; j < k; j++) {
+            int r = row[(size_t)t * k + j];
+            if (r >= 0) { s += (float)dxs[(size_t)r * C + c]; }
+        }
+        dx[(size_t)t * C + c] = (floatX)s;
+    }
+}
+
+__global__ void moe_router_backward_kernel(float *dlogits, const float *dgate, const float *gate, const int *choice,
+                                           const float *probs, const float *lse, const float *f, int T, int N, int E, int k,
+                                           float aux_scale, float z_scale) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= N) { return; }
+    const float *p = probs + (size_t)t * E, *dg = dgate + (size_t)t * k, *g = gate + (size_t)t * k;
+    const int *ch = choice + (size_t)t * k;
+    float *dl = dlogits + (size_t)t * E;   // holds dp first, then the logits' gradient
+    for (int e = 0; e < E; e++) { dl[e] = aux_scale * f[(size_t)(t / T) * E + e]; }
+    if (k == 1) {
+        dl[ch[0]] += dg[0];
+    } else {
+        float S = 0.0f, dot = 0.0f;
+        for (int j = 0; j < k; j++) { S += p[ch[j]]; dot += dg[j] * g[j]; }
+        for (int j = 0; j < k; j++) { dl[ch[j]] += (dg[j] - dot) / S; }
+    }
+    float pdp = 0.0f;
+    for (int e = 0; e < E; e++) { pdp += p[e] * dl[e]; }
+    for (int e = 0; e < E; e++) { dl[e] = p[e] * (dl[e] - pdp) + z_scale * 2.0f * lse[t] * p[e]; }
+}
+
+// grid (E, ceil(C / 32)), block (32, 32): a 32-channel slice of row e, tokens strided over threadIdx.y
+// and the 32 partial sums added in a fixed order
+__global__ void moe_router_dweight_kernel(floatX *dwr, const float *dlogits, const floatX *x, int N, int C, int E) {
+    __shared__ float part[32][33];
+    int e = blockIdx.x, c = blockIdx.y * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (c < C) { for (int t = threadIdx.y; t < N; t += 32) { s += dlogits[(size_t)t * E + e] * (float)x[(size_t)t * C + c]; } }
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float sum = 0.0f;
+        for (int r = 0; r < 32; r++) { sum += part[r][threadIdx.x]; }
+        dwr[(size_t)e * C + c] = (floatX)((float)dwr[(size_t)e * C + c] + sum);
+    }
+}
+
+__global__ void moe_router_dinput_kernel(floatX *dx, const float *dlogits, const floatX *wr, int N, int C, int E) {
+    size_t total = (size_t)N * C;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t t = i / C, c = i % C;
+        float s = 0.0f;
+        for (int e = 0; e < E; e++) { s += dlogits[t * E + e] * (float)wr[(size_t)e * C + c]; }
+        dx[i] = (floatX)((float)dx[i] + s);
+    }
+}
+#endif
+
+// ----------------------------------------------------------------------------
+// launchers: one signature for both backends
+
+static void moe_router_forward(float *probs, float *lse, const floatX *x, const floatX *wr, int N, int C, int E) {
+#ifdef USE_CUDA
+    if (N <= 0) { return; }
+    moe_router_forward_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(probs, lse, x, wr, N, C, E);
+    cudaCheckLaunch();
+#else
+    moe_router_forward_cpu(probs, lse, x, wr, N, C, E);
+#endif
+}
+
+static void moe_topk(int *choice, float *gate, const float *probs, int N, int E, int k) {
+#ifdef USE_CUDA
+    if (N <= 0) { return; }
+    moe_topk_kernel<<<ceil_div(N, 256), 256, 0, main_stream>>>(choice, gate, probs, N, E, k);
+    cudaCheckLaunch();
+#else
+    moe_topk_cpu(choice, gate, probs, N, E, k);
+#endif
+}
+
+static void moe_capacity_keep(int *keep, const int *choice, const float *probs, int B, int T, int E, int k, int cap,
+                              DropPolicy policy) {
+#ifdef USE_CUDA
+    if (B <= 0) { return; }
+    moe_capacity_keep_kernel<<<B, 256, 0, main_stream>>>(keep, choice, probs, T, E, k, cap, (int)policy);
+    cudaCheckLaunch();
+#else
+    moe_capacity_keep_cpu(keep, choice, probs, B, T, E, k, cap, policy);
+#endif
+}
+
+static void moe_sequence_stats(float *f, float *pmean, float *zsum, const int *choice, const float *probs, const float *lse,
+                               int B, int T, int E, int k) {
+#ifdef USE_CUDA
+    if (B <= 0) { return; }
+    moe_sequence_stats_kernel<<<B, 32, 0, main_stream>>>(f, pmean, zsum, choice, probs, lse, T, E, k);
+    cudaCheckLaunch();
+#else
+    moe_sequence_stats_cpu(f, pmean, zsum, choice, probs, lse, B, T, E, k);
+#endif
+}
+
+// counts (E, device): kept assignments per expert
+static void moe_count(int *counts, const int *choice, const int *keep, int N, int E, int k) {
+#ifdef USE_CUDA
+    moe_rows_kernel<<<E, 1024, 0, main_stream>>>(counts, NULL, choice, keep, NULL, N, k);
+    cudaCheckLaunch();
+#else
+    moe_count_cpu(counts, choice, keep, N, E, k);
+#endif
+}
+
+// row (N, k) from offsets (E, device)
+static void moe_rows(int *row, const int *choice, const int *keep, const int *offsets, int N, int E, int k) {
+#ifdef USE_CUDA
+    if (N <= 0) { return; }
+    moe_rows_kernel<<<E, 1024, 0, main_stream>>>(NULL, row, choice, keep, offsets, N, k);
+    cudaCheckLaunch();
+    moe_dropped_rows_kernel<<<elementwise_grid((size_t)N * k, 256), 256, 0, main_stream>>>(row, keep, (size_t)N * k);
+    cudaCheckLaunch();
+#else
+    moe_rows_cpu(row, choice, keep, offsets, N, E, k);
+#endif
+}
+
+static void moe_permute(floatX *xs, const floatX *x, const int *row, int N, int k, int C) {
+#ifdef USE_CUDA
+    if (N <= 0) { return; }
+    moe_permute_kernel<<<N * k, 256, 0, main_stream>>>(xs, x, row, k, C);
+    cudaCheckLaunch();
+#else
+    moe_permute_cpu(xs, x, row, N, k, C);
+#endif
+}
+
+static void moe_combine(floatX *out, const floatX *ys, const float *gate, const int *row, int N, int k, int C) {
+#ifdef USE_CUDA
+    if (N <= 0) { return; }
+    moe_combine_kernel<<<N, 256, 0, main_stream>>>(out, ys, gate, row, k, C);
+    cudaCheckLaunch();
+#else
+    moe_combine_cpu(out, ys, gate, row, N, k, C);
+#endif
+}
+
+static void moe_combine_backward(floatX *dys, float *dgate, const floatX *dout, const floatX *ys, const float *gate,
+                                 const int *row, int N, int k, int C) {
+#ifdef USE_CUDA
+    if (N <= 0) { return; }
+    moe_combine_backward_kernel<<<N * k, 256, 0, main_stream>>>(dys, dgate, dout, ys, gate, row, k, C);
+    cudaCheckLaunch();
+#else
+    moe_combine_backward_cpu(dys, dgate, dout, ys, gate, row, N, k, C);
+#endif
+}
+
+static void moe_unpermute(floatX *dx, const floatX *dxs, const int *row, int N, int k, int C) {
+#ifdef USE_CUDA
+    if (N <= 0) { return; }
+    moe_unpermute_kernel<<<N, 256, 0, main_stream>>>(dx, dxs, row, k, C);
+    cudaCheckLaunch();
+#else
+    moe_unpermute_cpu(dx, dxs, row, N, k, C);
+#endif
+}
+
+static void moe_router_backward(float *dlogits, const float *dgate, const float *gate, const int *choice, const float *probs,
+                                const float *lse, const float *f, int T, int N, int E, int k, float aux_scale, float z_scale) {
+#ifdef USE_CUDA
+    if (N <= 0) { return; }
+    moe_router_backward_kernel<<<ceil_div(N, 128), 128, 0, main_stream>>>(dlogits, dgate, gate, choice, probs, lse, f, T, N, E, k,
+                                                                          aux_scale, z_scale);
+    cudaCheckLaunch();
+#else
+    moe_router_backward_cpu(dlogits, dgate, gate, choice, probs, lse, f, T, N, E, k, aux_scale, z_scale);
+#endif
+}
+
+static void moe_router_dweight(floatX *dwr, const float *dlogits, const floatX *x, int N, int C, int E) {
+#ifdef USE_CUDA
+    if (N <= 0) { return; }
+    moe_router_dweight_kernel<<<dim3(E, ceil_div(C, 32)), dim3(32, 32), 0, main_stream>>>(dwr, dlogits, x, N, C, E);
+    cudaCheckLaunch();
+#else
+    moe_router_dweight_cpu(dwr, dlogits, x, N, C, E);
+#endif
+}
+
+static void moe_router_dinput(floatX *dx, const float *dlogits, const floatX *wr, int N, int C, int E) {
+#ifdef USE_CUDA
+    if (N <= 0) { return; }
+    moe_router_dinput_kernel<<<elementwise_grid((size_t)N * C, 256), 256, 0, main_stream>>>(dx, dlogits, wr, N, C, E);
+    cudaCheckLaunch();
+#else
+    moe_router_dinput_cpu(dx, dlogits, wr, N, C, E);
+#endif
+}
+
+#endif

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Mixture of Experts end to end (train_gpt itself, not test_gpt): main.log's aux, z and drop lines, the
+# loss falls; checkpoint + resume under ep 2 x zero 3 repeats the uninterrupted run exactly; sampling
+# (dropless) and validation under ep 2 x tp 2 + sp and under pp 2 x ep 2; sparse upcycling of a dense
+# checkpoint with k = E is the dense model at the first step; the MoE model file (version 13).
+# Usage: bash scripts/test_moe_train.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
+set -u
+BIN=$1
+W=$2
+mkdir -p "$W"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+MPIRUN="mpirun --oversubscribe --bind-to none"
+TINY="L=2,C=64,NH=4,V=256,maxT=64"
+MOE="$TINY,E=4,k=2"
+say() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fi; }
+
+# 1. one process, built-in corpus: trl, aux, z, drop lines per step; the loss falls
+"$BIN/train_gpt" -e "$MOE" -t 32 -b 4 -x 30 -l 3e-3 -v 15 -m 4 -s 0 -o "$W/a" >"$W/a.log" 2>&1
+say $? "train_gpt trains a MoE model (E 4, k 2) for 30 steps"
+n=0
+for key in trl aux z drop; do n=$((n + $(grep -cE "^s:[0-9]+ $key:[0-9]+\.[0-9]{6}$" "$W/a/main.log"))); done
+[ "$n" = 120 ]; say $? "main.log has 30 lines each of trl, aux, z and drop (got $n of 120)"
+first=$(awk -F'trl:' '/trl:/ { print $2; exit }' "$W/a/main.log"); last=$(awk -F'trl:' '/trl:/ { x = $2 } END { print x }' "$W/a/main.log")
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }'; say $? "the MoE model's loss falls: $first -> $last"
+grep -q "^moe: 2 of 2 layers (every 1), 4 experts, top-2, capacity factor 1.250 (20 per expert and sequence)" "$W/a.log"
+say $? "the start-up line states the MoE layers and the capacity (ceil(2*32*1.25/4) = 20)"
+
+# 2. resume through main() under ep 2 x zero 3 (4 ranks): 10 steps straight vs 6 + checkpoint + resume
+common=(-e "$MOE" -t 32 -b 2 -v 0 -s 0 -l 3e-3 -c 0.1 --ep 2 --zero 3)
+$MPIRUN -np 4 "$BIN/train_gpt" "${common[@]}" -x 10 -o "$W/full" >/dev/null 2>&1
+$MPIRUN -np 4 "$BIN/train_gpt" "${common[@]}" -x 6 -n 3 -o "$W/ckpt" >/dev/null 2>&1
+$MPIRUN -np 4 "$BIN/train_gpt" "${common[@]}" -x 10 -y 1 -o "$W/ckpt" >"$W/resume.log" 2>&1
+rc=$?
+grep -q "resumed from step 6" "$W/resume.log" && [ $rc = 0 ]; say $? "ep 2 x zero 3: -y 1 resumes from step 6"
+diff <(grep -E "trl|aux|z:|drop" "$W/full/main.log") <(grep -E "trl|aux|z:|drop" "$W/ckpt/main.log") >/dev/null
+say $? "ep 2 x zero 3: the resumed main.log (trl, aux, z, drop) equals the uninterrupted one, all 10 steps"
+ver=$(python3 -c "import struct,sys; h=struct.unpack('<11i', open(sys.argv[1],'rb').read(44)); print(h[1], h[8], h[9], h[10])" "$W/ckpt/model_00000006.bin")
+[ "$ver" = "13 4 2 1" ]; say $? "the checkpoint is a MoE model file: version 13, E 4, k 2, every 1 (got $ver)"
+
+# 3. sampling (dropless) and validation under ep 2 x tp 2 + sp, and under pp 2 x ep 2 with every 2nd layer MoE
+$MPIRUN -np 4 "$BIN/train_gpt" -e "$MOE" -t 32 -b 2 -x 4 -v 2 -m 2 -s 2 -g 8 --tp 2 --sp --ep 2 >"$W/sample.log" 2>&1
+[ $? = 0 ] && grep -q "generating:" "$W/sample.log" && [ "$(grep -c 'val loss' "$W/sample.log")" = 3 ]
+say $? "sampling and validation run under ep 2 x tp 2 + sp"
+$MPIRUN -np 4 "$BIN/train_gpt" -e "L=4,C=64,NH=4,V=256,maxT=64,E=4,k=1,every=2" -t 32 -b 1 -d 128 -x 4 -v 2 -m 2 -s 2 -g 8 --pp 2 --ep 2 \
+    --comm-report >"$W/sample_pp.log" 2>&1
+[ $? = 0 ] && grep -q "generating:" "$W/sample_pp.log" && grep -q "pipeline bubble" "$W/sample_pp.log"
+say $? "training, sampling and the bubble report run under pp 2 x ep 2 (top-1, every 2nd layer MoE)"
+
+# 4. sparse upcycling: a dense checkpoint with --experts 4 --topk 4 (every expert a copy of the MLP,
+#    gates summing to 1) computes the dense model: the same first loss
+"$BIN/train_gpt" -e "$TINY" -t 32 -b 4 -x 2 -n 2 -v 0 -s 0 -o "$W/dense" >/dev/null 2>&1
+"$BIN/train_gpt" -e "$W/dense/model_00000002.bin" -t 32 -b 4 -x 1 -v 0 -s 0 -o "$W/dense_next" >/dev/null 2>&1
+"$BIN/train_gpt" -e "$W/dense/model_00000002.bin" -t 32 -b 4 -x 1 -v 0 -s 0 --experts 4 --topk 4 --z-coeff 0 -o "$W/upcycled" >"$W/upcycled.log" 2>&1
+a=$(awk -F'trl:' '/trl:/ { print $2; exit }' "$W/dense_next/main.log"); b=$(awk -F'trl:' '/trl:/ { print $2; exit }' "$W/upcycled/main.log")
+grep -q "upcycled to 4 experts" "$W/upcycled.log" && awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; exit !(d < 2e-6 && d > -2e-6) }'
+say $? "sparse upcycling (E 4, k 4): first loss $b equals the dense model's $a"
