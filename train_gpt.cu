@@ -457,6 +457,8 @@ typedef struct {
     int moe_count_stats;         // add the forward's numbers to moe_stats (training, not validation)
     MoEStats moe_stats;
     int *route_log, route_log_left;        // test_gpt: (choice, keep) of each MoE layer run, when set
+    int moe_time_a2a;            // --comm-report: time the all-to-alls (the device synchronised around them)
+    double moe_a2a_seconds;      // this step's time in them
 } GPT2;
 
 static LayerActs layer_acts(const GPT2 *m, const Activations *a, int l) {
@@ -677,8 +679,11 @@ static void moe_all_to_all(GPT2 *m, const int *counts, const floatX *send, float
         to_off[r] = a; from_off[r] = b;
         a += to[r]; b += from[r];
     }
+    double t0 = 0.0;
+    if (m->moe_time_a2a) { device_synchronize(); t0 = wall_seconds(); }
     if (to_experts) { comm_all_to_allv(g, send, to, to_off, recv, from, from_off, DT_FLOATX); }
     else { comm_all_to_allv(g, send, from, from_off, recv, to, to_off, DT_FLOATX); }
+    if (m->moe_time_a2a) { device_synchronize(); m->moe_a2a_seconds += wall_seconds() - t0; }
     free(buf);
 }
 
@@ -1706,6 +1711,8 @@ int main(int argc, char **argv) {
 
     // the training loop
     double total_ms = 0.0, bubble = 0.0;   // bubble: the fraction of a step spent waiting on other stages
+    double a2a = 0.0;                      // MoE: the fraction of a step spent in the expert all-to-alls
+    model.moe_time_a2a = args.comm_report && config.num_experts > 0;
     int timed_steps = 0;
     for (int step = start_step; step < max_steps; step++) {
         if (have_val && args.val_every > 0 && step % args.val_every == 0) {
@@ -1717,13 +1724,18 @@ int main(int argc, char **argv) {
         }
         comm_reset_counters(&grid);
         model.pipe.wait_seconds = 0.0;
+        model.moe_a2a_seconds = 0.0;
         double t0 = wall_seconds();
         float loss = gpt2_forward_backward(&model, &train_loader, accum);
         float lr = lr_at(&sched, step);
         float norm = gpt2_update(&model, &opt, lr, step);
         device_synchronize();
         double ms = (wall_seconds() - t0) * 1e3;
-        if (step > start_step) { total_ms += ms; timed_steps++; bubble += model.pipe.wait_seconds / (ms / 1e3); }
+        if (step > start_step) {
+            total_ms += ms; timed_steps++;
+            bubble += model.pipe.wait_seconds / (ms / 1e3);
+            a2a += model.moe_a2a_seconds / (ms / 1e3);
+        }
         double aux = 0, z = 0, dropped = 0;
         if (config.num_experts > 0) { gpt2_moe_stats(&model, accum, &aux, &z, &dropped); }
         if (rank == 0) {
@@ -1752,6 +1764,16 @@ int main(int argc, char **argv) {
     if (args.sample_every > 0 && max_steps > start_step) { gpt2_sample(&model, &tokenizer, &sample_rng, args.gen_tokens, eot); }
     if (rank == 0 && timed_steps > 0) { printf("average step: %.1f ms, %.0f tok/s\n", total_ms / timed_steps, args.total_batch / (total_ms / timed_steps / 1e3)); }
     if (args.comm_report && grid.pp > 1 && timed_steps > 0) { report_bubble(&args, &grid, bubble, timed_steps, accum); }
+    if (model.moe_time_a2a && timed_steps > 0) {
+        double v[2] = {a2a / timed_steps, 0.0};
+        v[1] = v[0];
+        comm_sum_host(&grid.world, v, 1);
+        MPI_Allreduce(MPI_IN_PLACE, &v[1], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        if (rank == 0) {
+            printf("MoE all-to-all (ep %d, the device synchronised around each): %.1f%% of the step time on average over the ranks, %.1f%% at most\n",
+                   grid.ep, 100.0 * v[0] / world, 100.0 * v[1]);
+        }
+    }
     if (logf) { fclose(logf); }
     tokenizer_free(&tokenizer);
     dataloader_free(&train_loader);
