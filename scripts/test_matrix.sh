@@ -192,6 +192,7 @@ run_test 4 --ref $T -b 2 --experts 1 --z-coeff 0 --pp 2 --zero 2 --check-comm
 echo "== train_gpt end to end"
 run_script test_train
 run_script test_moe_train
+run_script test_data    # llm.c's shuffled order (vs dev/data/shuffle_ref.py), shuffled resume, GPT-2 tokens offline
 echo "== bad input"
 run_script test_bad_input
 
