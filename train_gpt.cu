@@ -457,6 +457,7 @@ typedef struct {
     int moe_count_stats;         // add the forward's numbers to moe_stats (training, not validation)
     MoEStats moe_stats;
     int *route_log, route_log_left;        // test_gpt: (choice, keep) of each MoE layer run, when set
+    int micro;                   // the micro-batch running (for --trace)
     int moe_time_a2a;            // --comm-report: time the all-to-alls (the device synchronised around them)
     double moe_a2a_seconds;      // this step's time in them
 } GPT2;
@@ -821,14 +822,17 @@ static void gpt2_forward(GPT2 *m, Activations *a) {
     if (m->first) {
         // embedding: vocab-parallel token lookup of all BT tokens, summed over tp (SP: reduce-scattered
         // along the tokens), then the position embedding of the local tokens
+        trace_begin();
         unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p);
         unit_view(&m->units[m->u_pos], zero_unit_params(&m->zero, m->u_pos), p);   // (the same unit without a pipeline)
         embedding_forward(w->pfull, a->inputs, p[T_WTE], m->v0, m->v0 + m->Vl, BT, C);
         x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
         copy_on_device(a->resid, x, (size_t)BTs * C * sizeof(floatX));
         position_forward(a->resid, p[T_WPE], m->tok0, BTs, T, C);
+        trace_end("embedding", "forward", "\"micro\":%d", m->micro);
     }
     for (int l = 0; l < m->Ls; l++) {
+        trace_begin();
         unit_view(&m->units[m->u_layer[l]], zero_unit_params(&m->zero, m->u_layer[l]), p);
         LayerActs y = layer_acts(m, a, l);
         // attention block: ln1 -> all tokens -> qkv (column-parallel, local heads) -> attention
@@ -853,6 +857,7 @@ static void gpt2_forward(GPT2 *m, Activations *a) {
         }
         x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
         residual_bias_forward(y.out, y.mid, x, m->u_experts[l] >= 0 ? NULL : p[T_FCPROJB], BTs, C);
+        trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "forward", "\"layer\":%d,\"micro\":%d", m->l0 + l, m->micro);
     }
     if (m->last) {
         unit_view(&m->units[m->u_final], zero_unit_params(&m->zero, m->u_final), p);
@@ -868,6 +873,7 @@ static float gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int l
     Group *tp = &m->grid->tp_group;
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *g[NUM_TENSORS];
+    trace_begin();
     // every tp rank needs the hidden states of all tokens: it holds Vp/tp of the vocabulary
     floatX *h = tp_all_tokens(tp, m->sp, a->lnf, w->xfull, m->BTs, C);
     unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p);
@@ -888,6 +894,7 @@ static float gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int l
     double sum = 0.0;
     for (int i = 0; i < BT; i++) { sum += losses[i]; }
     free(losses);
+    trace_end("head + loss", backward ? "forward+backward" : "forward", "\"micro\":%d", m->micro);
     return (float)(sum / BT);
 }
 
@@ -912,6 +919,7 @@ static void gpt2_backward(GPT2 *m, Activations *a, int last_micro) {
         zero_end_unit_backward(z, m->u_final, last_micro);
     }
     for (int l = m->Ls - 1; l >= 0; l--) {
+        trace_begin();
         int u = m->u_layer[l], ue = m->u_experts[l];
         unit_view(&m->units[u], zero_unit_params(z, u), p);
         unit_view(&m->units[u], zero_begin_unit_backward(z, u), g);
@@ -945,8 +953,10 @@ static void gpt2_backward(GPT2 *m, Activations *a, int last_micro) {
         dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
         layernorm_backward(w->dresid, g[T_LN1W], g[T_LN1B], dln, y.res, p[T_LN1W], y.ln1_mean, y.ln1_rstd, BTs, C);
         zero_end_unit_backward(z, u, last_micro);
+        trace_end(ue >= 0 ? "MoE layer" : "layer", "backward", "\"layer\":%d,\"micro\":%d", m->l0 + l, m->micro);
     }
     if (m->first) {
+        trace_begin();
         // the embedding: the position embedding of the local tokens, the token embedding of all of them
         int pipeline = m->u_pos != m->u_embed;
         unit_view(&m->units[m->u_embed], wte_grad_open(m, WTE_EMBEDDING), g);
@@ -956,6 +966,7 @@ static void gpt2_backward(GPT2 *m, Activations *a, int last_micro) {
         embedding_backward(g[T_WTE], dy, a->inputs, m->v0, m->v0 + m->Vl, BT, C);
         if (pipeline) { zero_end_unit_backward(z, m->u_pos, last_micro); }
         wte_grad_close(m, WTE_EMBEDDING, last_micro);
+        trace_end("embedding", "backward", "\"micro\":%d", m->micro);
     }
 }
 
@@ -984,6 +995,7 @@ static void train_forward(void *ctx, int i) {
     TrainStep *s = (TrainStep *)ctx;
     GPT2 *m = s->m;
     Activations *a = &m->acts[i % m->pipe.nslots];
+    m->micro = i;
     dataloader_next_batch(s->dl);
     gpt2_upload_batch(m, a, s->dl->inputs, s->dl->targets);
     gpt2_forward(m, a);
@@ -992,6 +1004,7 @@ static void train_forward(void *ctx, int i) {
 
 static void train_backward(void *ctx, int i) {
     TrainStep *s = (TrainStep *)ctx;
+    s->m->micro = i;
     gpt2_backward(s->m, &s->m->acts[i % s->m->pipe.nslots], i == s->accum - 1);
 }
 
@@ -1033,9 +1046,11 @@ static void gpt2_moe_stats(GPT2 *m, int accum, double *aux, double *z, double *d
 
 // Clips by the global gradient norm and runs AdamW (step is 0-based). Returns the norm before clipping.
 static float gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
+    trace_begin();
     float norm = zero_grad_norm(&m->zero);
     float scale = (o->grad_clip > 0.0f && norm > o->grad_clip) ? o->grad_clip / norm : 1.0f;
     zero_optimizer_step(&m->zero, lr, o->beta1, o->beta2, o->eps, o->weight_decay, scale, step + 1, o->seed + 7919u * step);
+    trace_end("norm + AdamW", "optimizer", "\"step\":%d", step);
     return norm;
 }
 
@@ -1177,6 +1192,7 @@ static void gpt2_write_model(GPT2 *m, const char *path) {
 }
 
 static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch) {
+    trace_begin();
     Grid *g = m->grid;
     Zero *z = &m->zero;
     char path[1024], tmp[1100];
@@ -1209,6 +1225,7 @@ static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, 
         fclose_check(d, path);
         printf("wrote checkpoint at step %d to %s\n", step, dir);
     }
+    trace_end("checkpoint", "io", "\"step\":%d", step);
 }
 
 // The step of the newest complete checkpoint in dir, or -1 (same answer on every rank).
@@ -1302,7 +1319,7 @@ typedef struct {
     int checkpoint_every, resume, zero, tp, pp, dp, ep, sp, ce_chunk, memory_report, comm_report, shuffle;
     int experts, topk, moe_every, cap1000;   // MoE; the first three -1 when not given
     float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff;
-    const char *scheduler, *pp_schedule, *drop_policy;
+    const char *scheduler, *pp_schedule, *drop_policy, *trace_dir;
     unsigned int seed;
 } Args;
 
@@ -1341,7 +1358,7 @@ static void print_usage(void) {
            "  -z <int>   ZeRO stage 0-3 (same as --zero)\n"
            "  --tp N (alias --tensor-model-parallel-size)  --pp N  --pp-schedule 1f1b|gpipe  --dp N  --sp  --zero N  --ep N\n"
            "  --ce-chunk N (tokens per cross-entropy chunk, 0 = full logits)  --memory-report  --comm-report\n"
-           "  --seed N  --shuffle 0|1  --grad-clip F (0 = off)\n"
+           "  --seed N  --shuffle 0|1  --grad-clip F (0 = off)  --trace DIR (a Chrome trace per rank: dev/trace.py)\n"
            "  MoE: --experts E (alias --num-experts)  --topk k (--moe-router-topk; default 1)  --moe-every N (default 1)\n"
            "       --capacity-factor F (default 1.25, 0 = dropless)  --drop-policy probs|position  --aux-coeff A (0.01)\n"
            "       --z-coeff Z (0.001)  --ep N (alias --expert-model-parallel-size). A dense model file with --experts:\n"
@@ -1383,7 +1400,7 @@ static void parse_args(int argc, char **argv, Args *a, int rank) {
         {"--tp", "--tensor-model-parallel-size"}, {"--pp", 0}, {"--dp", 0}, {"--ep", "--expert-model-parallel-size"},
         {"--ce-chunk", 0}, {"--seed", 0}, {"--shuffle", 0}, {"--grad-clip", 0}, {"--pp-schedule", 0},
         {"--experts", "--num-experts"}, {"--topk", "--moe-router-topk"}, {"--moe-every", 0}, {"--capacity-factor", 0},
-        {"--drop-policy", 0}, {"--aux-coeff", 0}, {"--z-coeff", 0}};
+        {"--drop-policy", 0}, {"--aux-coeff", 0}, {"--z-coeff", 0}, {"--trace", 0}};
     const int nflags = sizeof(with_value) / sizeof(with_value[0]);
     int given[64] = {0};
     for (int i = 1; i < argc; i++) {
@@ -1445,6 +1462,7 @@ static void parse_args(int argc, char **argv, Args *a, int rank) {
         }
         else if (!strcmp(f, "--aux-coeff")) { a->aux_coeff = parse_float_arg(rank, f, v, 0.0, 1e6); }
         else if (!strcmp(f, "--z-coeff")) { a->z_coeff = parse_float_arg(rank, f, v, 0.0, 1e6); }
+        else if (!strcmp(f, "--trace")) { if (!*v) { fail_all(rank, "--trace expects a directory, got ''"); } a->trace_dir = v; }
     }
 }
 
@@ -1666,6 +1684,8 @@ int main(int argc, char **argv) {
     Grid grid;
     grid_init(&grid, args.tp, args.pp, args.ep);
     grid_print(&grid);
+    if (args.trace_dir) { check_output_dir(args.trace_dir, rank); }
+    trace_open(args.trace_dir, rank);
     GPT2 model;
     gpt2_build(&model, &config, params, &grid, args.zero, args.sp, moe_options(&args));
     free(params);
@@ -1725,12 +1745,14 @@ int main(int argc, char **argv) {
         comm_reset_counters(&grid);
         model.pipe.wait_seconds = 0.0;
         model.moe_a2a_seconds = 0.0;
+        trace_begin();
         double t0 = wall_seconds();
         float loss = gpt2_forward_backward(&model, &train_loader, accum);
         float lr = lr_at(&sched, step);
         float norm = gpt2_update(&model, &opt, lr, step);
         device_synchronize();
         double ms = (wall_seconds() - t0) * 1e3;
+        trace_end("step", "step", "\"step\":%d,\"pipeline_wait_ms\":%.3f", step, model.pipe.wait_seconds * 1e3);
         if (step > start_step) {
             total_ms += ms; timed_steps++;
             bubble += model.pipe.wait_seconds / (ms / 1e3);
@@ -1775,6 +1797,7 @@ int main(int argc, char **argv) {
         }
     }
     if (logf) { fclose(logf); }
+    trace_close();
     tokenizer_free(&tokenizer);
     dataloader_free(&train_loader);
     if (have_val) { dataloader_free(&val_loader); }

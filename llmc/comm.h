@@ -13,6 +13,7 @@
 #define LLMC_COMM_H
 
 #include "backend.h"
+#include "trace.h"
 
 typedef enum { DT_FLOAT, DT_FLOATX } DType;
 
@@ -152,6 +153,9 @@ typedef struct {
 
 static void comm_count(Group *g, double bytes) { g->bytes += bytes; g->calls++; }
 
+// --trace: each collective is a span (trace.h) named by its operation, with its group and bytes
+#define COMM_TRACE_END(op, g, bytes, async) trace_end(op, "comm", "\"group\":\"%s\",\"bytes\":%.0f,\"async\":%d", (g)->name, (double)(bytes), (async) != NULL)
+
 #ifdef USE_NCCL
 // Every NCCL call runs on comm_stream, so that the calls on one communicator are issued to one
 // stream in program order (the same order on every rank). It starts once the compute stream has
@@ -183,6 +187,7 @@ static MPI_Datatype mpi_type(DType t) { (void)t; return MPI_FLOAT; }
 static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest *async) {
     if (g->size == 1) { return; }
     comm_count(g, 2.0 * (g->size - 1) / g->size * n * comm_type_size(t));
+    trace_begin();
 #ifdef USE_NCCL
     ncclCheck(ncclAllReduce(buf, buf, n, nccl_type(t), ncclSum, g->nccl, comm_stream_begin()));
     comm_stream_end(async);
@@ -190,6 +195,7 @@ static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest 
     if (async) { MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(t), MPI_SUM, g->mpi, &async->req); async->active = 1; }
     else { MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(t), MPI_SUM, g->mpi); }
 #endif
+    COMM_TRACE_END("all-reduce", g, 2.0 * (g->size - 1) / g->size * n * comm_type_size(t), async);
 }
 
 // send (size * n) summed over the group; rank i receives chunk i (n) in recv.
@@ -198,6 +204,7 @@ static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n
     size_t es = comm_type_size(t);
     if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * es); } return; }
     comm_count(g, (double)(g->size - 1) * n * es);
+    trace_begin();
 #ifdef USE_NCCL
     ncclCheck(ncclReduceScatter(send, recv, n, nccl_type(t), ncclSum, g->nccl, comm_stream_begin()));
     comm_stream_end(async);
@@ -217,6 +224,7 @@ static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n
         if (in_place) { memmove(recv, send, n * es); }
     }
 #endif
+    COMM_TRACE_END("reduce-scatter", g, (g->size - 1.0) * n * es, async);
 }
 
 // every rank's send (n) concatenated in rank order into recv (size * n).
@@ -225,6 +233,7 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
     size_t es = comm_type_size(t);
     if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * es); } return; }
     comm_count(g, (double)(g->size - 1) * n * es);
+    trace_begin();
 #ifdef USE_NCCL
     ncclCheck(ncclAllGather(send, recv, n, nccl_type(t), g->nccl, comm_stream_begin()));
     comm_stream_end(async);
@@ -239,6 +248,7 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
         MPI_Allgather(sb, (int)n, mpi_type(t), recv, (int)n, mpi_type(t), g->mpi);
     }
 #endif
+    COMM_TRACE_END("all-gather", g, (g->size - 1.0) * n * es, async);
 }
 
 // All-to-all with variable counts (expert dispatch): rank i sends send_counts[j] elements from
@@ -251,6 +261,7 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
     double sent = 0;
     for (int j = 0; j < g->size; j++) { if (j != g->rank) { sent += send_counts[j] * es; } }
     comm_count(g, sent);
+    trace_begin();
 #ifdef USE_NCCL
     cudaStream_t s = comm_stream_begin();
     ncclCheck(ncclGroupStart());
@@ -268,6 +279,7 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
     MPI_Alltoallv(send, sc, so, mpi_type(t), recv, rc, ro, mpi_type(t), g->mpi);
     free(sc);
 #endif
+    COMM_TRACE_END("all-to-all", g, sent, (CommRequest *)NULL);
 }
 
 // Point-to-point within a group (pipeline stage boundaries): n elements to / from group rank peer.
@@ -296,6 +308,7 @@ static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
 static void comm_sendrecv(Group *g, const void *send, size_t ns, int dest, void *recv, size_t nr, int src, DType t) {
     size_t es = comm_type_size(t);
     if (ns) { comm_count(g, (double)ns * es); }
+    trace_begin();
 #ifdef USE_NCCL
     cudaStream_t s = comm_stream_begin();
     ncclCheck(ncclGroupStart());
@@ -312,6 +325,8 @@ static void comm_sendrecv(Group *g, const void *send, size_t ns, int dest, void 
         MPI_Recv(recv, (int)nr, mpi_type(t), src, 0, g->mpi, MPI_STATUS_IGNORE);
     }
 #endif
+    trace_end(ns && nr ? "send-recv" : (ns ? "send" : "recv"), "comm", "\"group\":\"%s\",\"bytes\":%.0f,\"received\":%.0f",
+              g->name, (double)ns * es, (double)nr * es);
 }
 
 static void comm_barrier(Group *g) {
@@ -322,6 +337,7 @@ static void comm_barrier(Group *g) {
 // Makes the compute stream wait for an asynchronous collective (CPU: waits for it).
 static void comm_wait(CommRequest *r) {
     if (!r->active) { return; }
+    trace_begin();
 #ifdef USE_NCCL
     cudaCheck(cudaStreamWaitEvent(main_stream, r->done, 0));
     cudaCheck(cudaEventDestroy(r->done));
@@ -330,6 +346,7 @@ static void comm_wait(CommRequest *r) {
     if (r->move_bytes) { memmove(r->move_dst, r->move_src, r->move_bytes); }
 #endif
     r->active = 0;
+    trace_end("wait", "comm", NULL);
 }
 
 // Small host-side reductions (loss, norms, flags) always go through MPI, on both backends.

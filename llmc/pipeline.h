@@ -66,8 +66,9 @@ typedef struct {
 // gradient of the input to the previous one (send_bwd), while receiving micro-batch recv_fwd's input
 // from the previous stage and/or the gradient of the output from the next one (recv_bwd). 0 / -1
 // leave a part out. The named exchanges below are the only callers.
-static void pipe_exchange(Pipeline *p, int send_fwd, int recv_bwd, int send_bwd, int recv_fwd) {
+static void pipe_exchange(Pipeline *p, const char *name, int send_fwd, int recv_bwd, int send_bwd, int recv_fwd) {
     if (p->first && p->last) { return; }   // no pipeline
+    trace_begin();
     size_t k = p->split ? p->n / p->tp->size : p->n, off = p->split ? (size_t)p->tp->rank * k : 0;   // this rank's slice
     int prev = p->pp->rank - 1, next = p->pp->rank + 1;
     device_synchronize();                  // the compute before is not waiting
@@ -89,15 +90,16 @@ static void pipe_exchange(Pipeline *p, int send_fwd, int recv_bwd, int send_bwd,
     }
     device_synchronize();
     p->wait_seconds += wall_seconds() - t0;
+    trace_end(name, "pipeline", "\"send_forward\":%d,\"recv_forward\":%d", send_fwd, recv_fwd);
 }
 
-static void recv_forward(Pipeline *p, int i) { pipe_exchange(p, -1, 0, 0, i); }
-static void send_forward(Pipeline *p, int i) { pipe_exchange(p, i, 0, 0, -1); }
-static void recv_backward(Pipeline *p) { pipe_exchange(p, -1, 1, 0, -1); }
-static void send_backward(Pipeline *p) { pipe_exchange(p, -1, 0, 1, -1); }
-static void send_forward_recv_backward(Pipeline *p, int i) { pipe_exchange(p, i, 1, 0, -1); }
+static void recv_forward(Pipeline *p, int i) { pipe_exchange(p, "recv_forward", -1, 0, 0, i); }
+static void send_forward(Pipeline *p, int i) { pipe_exchange(p, "send_forward", i, 0, 0, -1); }
+static void recv_backward(Pipeline *p) { pipe_exchange(p, "recv_backward", -1, 1, 0, -1); }
+static void send_backward(Pipeline *p) { pipe_exchange(p, "send_backward", -1, 0, 1, -1); }
+static void send_forward_recv_backward(Pipeline *p, int i) { pipe_exchange(p, "send_forward_recv_backward", i, 1, 0, -1); }
 // the gradient of the input to the previous stage; the input of micro-batch i (-1: none) from it
-static void send_backward_recv_forward(Pipeline *p, int i) { pipe_exchange(p, -1, 0, 1, i); }
+static void send_backward_recv_forward(Pipeline *p, int i) { pipe_exchange(p, "send_backward_recv_forward", -1, 0, 1, i); }
 
 // The work of one stage, called by the schedule: the forward of micro-batch i (its input received;
 // the last stage also runs the head and the loss, forward and backward), and the backward of
@@ -133,10 +135,12 @@ static void pipeline_run(Pipeline *p, int m, StageWork w) {
         send_backward(p);
     }
     if (pp > 1) {   // the later stages finish their last backward first: that wait is bubble too
+        trace_begin();
         device_synchronize();
         double t0 = wall_seconds();
         MPI_Barrier(p->pp->mpi);
         p->wait_seconds += wall_seconds() - t0;
+        trace_end("flush", "pipeline", NULL);
     }
 }
 

@@ -193,6 +193,7 @@ echo "== train_gpt end to end"
 run_script test_train
 run_script test_moe_train
 run_script test_data    # llm.c's shuffled order (vs dev/data/shuffle_ref.py), shuffled resume, GPT-2 tokens offline
+run_script test_trace   # --trace: a Chrome trace per rank, its spans, its bubble = --comm-report's
 echo "== bad input"
 run_script test_bad_input
 
