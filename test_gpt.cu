@@ -462,7 +462,8 @@ int main(int argc, char **argv) {
     Args args;
     default_args(&args);
     args.B = 1;
-    parse_args(nrest, rest, &args, my_rank);
+    parse_args(nrest, rest, &args);
+    agree_on_args(&args, my_rank, world);
     if (check_layer) {   // the comm layer alone, on the grid of --tp/--pp (any world size they divide)
         if (world % (args.tp * args.pp)) { fail_all(my_rank, "world %d is not divisible by tp*pp", world); }
         Grid g;
@@ -564,7 +565,7 @@ int main(int argc, char **argv) {
         free(cnt); free(all);
     }
     compare_grads(&model, ref.grads);
-    float norm = gpt2_update(&model, &opt, lr_at(&sched, 0), 0);
+    float norm = gpt2_update(&model, &opt, lr_at(&sched, 0), 0, losses[0]);
     check(fabs(norm - ref.norm0) <= NORM_RTOL * ref.norm0, "global grad norm %.6f, reference %.6f", norm, ref.norm0);
     if (check_comm_flag) { check_comm(&model, accum, ep_rows); }
     if (check_mem) { check_memory(&model, accum); }
@@ -574,7 +575,7 @@ int main(int argc, char **argv) {
     // steps 1 .. nsteps-1
     for (int s = 1; s < ref.nsteps; s++) {
         losses[s] = gpt2_forward_backward(&model, &loader, accum);
-        gpt2_update(&model, &opt, lr_at(&sched, s), s);
+        gpt2_update(&model, &opt, lr_at(&sched, s), s, losses[s]);
     }
     double worst = 0;
     int worst_step = 0;
@@ -599,7 +600,7 @@ int main(int argc, char **argv) {
         float uninterrupted[64];
         for (int s = 0; s < ref.nsteps; s++) {
             uninterrupted[s] = gpt2_forward_backward(&run, &dl2, accum);
-            gpt2_update(&run, &opt, lr_at(&sched, s), s);
+            gpt2_update(&run, &opt, lr_at(&sched, s), s, uninterrupted[s]);
             if (s + 1 == 5) { save_checkpoint(&run, resume_dir, 5, &dl2, &rng, args.total_batch); }
         }
         int step = latest_checkpoint(resume_dir);
@@ -620,7 +621,7 @@ int main(int argc, char **argv) {
         int same = 1;
         for (int s = step; s < ref.nsteps; s++) {
             float l = gpt2_forward_backward(&resumed, &dl3, accum);
-            gpt2_update(&resumed, &opt, lr_at(&sched, s), s);
+            gpt2_update(&resumed, &opt, lr_at(&sched, s), s, l);
             if (memcmp(&l, &uninterrupted[s], sizeof(float)) != 0) { same = 0; }
             if (my_rank == 0) { printf("  resume step %d: %.9f vs uninterrupted %.9f\n", s, l, uninterrupted[s]); }
         }

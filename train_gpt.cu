@@ -7,6 +7,8 @@ ZeRO 0-3), llmc/tensor_parallel.h (Megatron TP + SP), llmc/fused_ce.h (vocab-par
 cross-entropy), llmc/comm.h (the process grid and the collectives).
 */
 #include <unistd.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <dirent.h>
 #include <time.h>
@@ -199,7 +201,7 @@ static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_T
 // MoE models (ours): version 13 (fp32) or 15 (bf16), header[8..10] = E, k, moe_every, and after
 // the 16 dense tensors (whose MLP tensors hold only the dense layers) routerw (Lm, E, C), efcw
 // (Lm, E, 4C, C), efcb (Lm, E, 4C), efcprojw (Lm, E, C, 4C), efcprojb (Lm, E, C) for the Lm MoE layers.
-// header[255] is reserved (a checksum). llm.c reads versions 3 and 5 and ignores slots 8..255.
+// header[255]: the CRC-32 of the body (guard.h; 0 = none, as in llm.c's files, which ignore slots 8..255).
 
 #define MODEL_MAGIC 20240326
 
@@ -221,6 +223,24 @@ static uint16_t float_to_bf16(float f) {   // round to nearest even
     uint32_t u; memcpy(&u, &f, 4);
     u += 0x7FFF + ((u >> 16) & 1);
     return (uint16_t)(u >> 16);
+}
+
+// Pointers to the tensors inside one array in file order.
+static void split_tensors(const GPT2Config *c, float *all, float *ptr[NUM_TENSORS]) {
+    for (int i = 0; i < NUM_TENSORS; i++) { ptr[i] = all; all += tensor_full_size(c, i); }
+}
+
+// Fails naming the tensor and the index of the first value of a file-order array that is not a finite
+// number (what: the file or the state it came from).
+static void check_finite(const GPT2Config *c, const float *all, const char *what) {
+    size_t P = num_parameters(c);
+    for (size_t i = 0; i < P; i++) {
+        if (isfinite(all[i])) { continue; }
+        size_t off = i;
+        int id = 0;
+        while (off >= tensor_full_size(c, id)) { off -= tensor_full_size(c, id); id++; }
+        fail("%s: %s[%zu] is %g, not a finite number", what, tensor_names[id], off, all[i]);
+    }
 }
 
 // Reads and checks a model file; returns all parameters as one host fp32 array in file order.
@@ -247,6 +267,7 @@ static float *read_model_file(const char *path, GPT2Config *c) {
     if ((size_t)size != 1024 + P * es) {
         fail("model file '%s' is %ld bytes, expected %zu for its header (%zu parameters, version %d)", path, size, 1024 + P * es, P, h[1]);
     }
+    check_file_crc(f, h, path);
     float *params = (float *)malloc_check(P * sizeof(float));
     if (es == 4) {
         fread_check(params, 4, P, f, path);
@@ -257,12 +278,8 @@ static float *read_model_file(const char *path, GPT2Config *c) {
         free(tmp);
     }
     fclose(f);
+    check_finite(c, params, path);
     return params;
-}
-
-// Pointers to the tensors inside one array in file order.
-static void split_tensors(const GPT2Config *c, float *all, float *ptr[NUM_TENSORS]) {
-    for (int i = 0; i < NUM_TENSORS; i++) { ptr[i] = all; all += tensor_full_size(c, i); }
 }
 
 // "d12" (llm.c: depth L, C = 64 L, NH = L) or "L=4,C=64,NH=4,V=250,maxT=64[,Vp=256][,E=8,k=2[,every=2]]".
@@ -458,6 +475,7 @@ typedef struct {
     MoEStats moe_stats;
     int *route_log, route_log_left;        // test_gpt: (choice, keep) of each MoE layer run, when set
     int micro;                   // the micro-batch running (for --trace)
+    int updates, skips, skips_in_a_row;   // AdamW updates applied; skipped (a non-finite loss or norm): in all, in a row
     int moe_time_a2a;            // --comm-report: time the all-to-alls (the device synchronised around them)
     double moe_a2a_seconds;      // this step's time in them
 } GPT2;
@@ -1025,7 +1043,7 @@ static float gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     zero_finish_grads(&m->zero);
     // the loss lives on the last stage; every rank gets it
     double loss = s.loss / accum;
-    if (m->grid->pp > 1) { MPI_Bcast(&loss, 1, MPI_DOUBLE, m->grid->pp - 1, m->grid->pp_group.mpi); }
+    if (m->grid->pp > 1) { WATCHED("broadcast of the loss", "pp", MPI_Bcast(&loss, 1, MPI_DOUBLE, m->grid->pp - 1, m->grid->pp_group.mpi)); }
     comm_sum_host(&m->grid->dp_group, &loss, 1);
     return (float)(loss / m->grid->dp);
 }
@@ -1044,12 +1062,22 @@ static void gpt2_moe_stats(GPT2 *m, int accum, double *aux, double *z, double *d
     *dropped = v[3] > 0 ? 1.0 - v[2] / v[3] : 0.0;
 }
 
-// Clips by the global gradient norm and runs AdamW (step is 0-based). Returns the norm before clipping.
-static float gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
+// Clips by the global gradient norm and runs AdamW (step is 0-based). A non-finite loss or gradient
+// norm (the same on every rank: both are global) skips the update: the parameters and the AdamW state
+// stay as they were, and AdamW's step count t counts only the updates applied. Returns the norm
+// before clipping; m->skips_in_a_row says whether this one was skipped.
+static float gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step, float loss) {
     trace_begin();
     float norm = zero_grad_norm(&m->zero);
-    float scale = (o->grad_clip > 0.0f && norm > o->grad_clip) ? o->grad_clip / norm : 1.0f;
-    zero_optimizer_step(&m->zero, lr, o->beta1, o->beta2, o->eps, o->weight_decay, scale, step + 1, o->seed + 7919u * step);
+    if (!isfinite(norm) || !isfinite(loss)) {
+        m->skips++;
+        m->skips_in_a_row++;
+    } else {
+        float scale = (o->grad_clip > 0.0f && norm > o->grad_clip) ? o->grad_clip / norm : 1.0f;
+        zero_optimizer_step(&m->zero, lr, o->beta1, o->beta2, o->eps, o->weight_decay, scale, m->updates + 1, o->seed + 7919u * step);
+        m->updates++;
+        m->skips_in_a_row = 0;
+    }
     trace_end("norm + AdamW", "optimizer", "\"step\":%d", step);
     return norm;
 }
@@ -1074,7 +1102,7 @@ static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
         if (m->last) { loss += gpt2_head(m, &m->acts[0], 0.0f, 0, 0); }
     }
     loss /= n;
-    if (m->grid->pp > 1) { MPI_Bcast(&loss, 1, MPI_DOUBLE, m->grid->pp - 1, m->grid->pp_group.mpi); }
+    if (m->grid->pp > 1) { WATCHED("broadcast of the loss", "pp", MPI_Bcast(&loss, 1, MPI_DOUBLE, m->grid->pp - 1, m->grid->pp_group.mpi)); }
     comm_sum_host(&m->grid->dp_group, &loss, 1);
     return (float)(loss / m->grid->dp);
 }
@@ -1113,7 +1141,7 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
             next = V - 1;
             for (int v = 0; v < V; v++) { cdf += exp(probs[v] - maxv); if (coin < cdf) { next = v; break; } }
         }
-        if (m->grid->pp > 1) { MPI_Bcast(&next, 1, MPI_INT, m->grid->pp - 1, m->grid->pp_group.mpi); }
+        if (m->grid->pp > 1) { WATCHED("broadcast of the sampled token", "pp", MPI_Bcast(&next, 1, MPI_INT, m->grid->pp - 1, m->grid->pp_group.mpi)); }
         gen[t] = next;
         if (m->grid->rank == 0) {
             const char *piece = tokenizer_decode(tok, next);
@@ -1129,30 +1157,64 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
 }
 
 // ----------------------------------------------------------------------------
-// checkpoints: DIR/model_STEP.bin (llm.c format, written by rank 0), DIR/state_STEP_RANK.bin
-// (each rank: its AdamW shard, data position, generator), each written under a temporary name and
-// renamed; then DIR/DONE_STEP once every rank has finished. Resume takes the newest DONE_.
+// checkpoints, layout-independent: a checkpoint written by any layout (tp, sp, pp, dp, ep, ZeRO stage)
+// resumes in any other of the same model and global batch, each rank cutting its part out of the
+// files as it does from a model file.
+//   DIR/model_STEP.bin  the model file (llm.c's format; MoE: ours), rank 0
+//   DIR/state_STEP.bin  rank 0: int32 header[256] (below), then the AdamW state of every parameter in
+//                       the model file's order: fp32 m, v and (CUDA bf16) the fp32 master weights
+//   DIR/DONE_STEP       written once both are complete
+// Each file is written under a temporary name, fsync'd and renamed, and carries the CRC-32 of its body
+// in header slot 255. Resume (-y) takes the newest DONE_. The data position is not stored as such: after
+// `step` steps every rank has read step x (accumulation) rounds, and dataloader_seek_rounds finds where
+// that leaves it in the resuming layout: exactly where an uninterrupted run of that layout would be (the
+// same sequences in the same order without shuffling; with --shuffle 1 the order of rounds depends on
+// B and dp, as llm.c's, so another layout continues from the same number of rounds in its own order).
 
 #define STATE_MAGIC 20240527
+#define STATE_VERSION 2
+enum { SH_STEP = 2, SH_UPDATES, SH_SKIPS, SH_T, SH_BATCH, SH_EPOCH, SH_SHARD, SH_SHUFFLE, SH_MASTER, SH_PARAMS_LO, SH_PARAMS_HI,
+       SH_RNG_LO = 15, SH_RNG_HI, SH_NSHARDS, SH_SKIPS_IN_A_ROW,
+       SH_TP = 20, SH_PP, SH_DP, SH_EP, SH_ZERO, SH_CRC = 255 };
 
-// Writes the full model (all pipeline stages, tp slices, experts, ZeRO-3 shards) to path, in the
-// precision of floatX. The tp-0 rank of each unit's data-parallel group's rank 0 assembles the unit
-// (its dense units on dp rank 0 of each stage, its experts on edp rank 0 of each ep rank), each
-// tensor element is assembled by exactly one rank, and a sum over those ranks gives the model on rank 0.
-static void gpt2_write_model(GPT2 *m, const char *path) {
+// Writes a file under a temporary name: header (1024 bytes; slot 255 set to the body's CRC), body
+// parts, fsync, rename. Fails with the path on any error (a full disk, say): never a torn file.
+static void write_file_atomic(const char *path, int *header, const void **parts, const size_t *bytes, int nparts) {
+    uint32_t crc = 0;
+    for (int i = 0; i < nparts; i++) { crc = crc32_update(crc, parts[i], bytes[i]); }
+    header[SH_CRC] = (int)(crc ? crc : 1);
+    char tmp[PATH_LEN + 8];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen_check(tmp, "wb");
+    fwrite_check(header, sizeof(int), 256, f, tmp);
+    for (int i = 0; i < nparts; i++) { fwrite_check(parts[i], 1, bytes[i], f, tmp); }
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0) { fail("cannot write '%s' (disk full?)", tmp); }
+    fclose_check(f, tmp);
+    if (rename(tmp, path) != 0) { fail("cannot rename '%s' to '%s'", tmp, path); }
+}
+
+// One full host array (file order) on rank 0 from every rank's units: get(z, u, which, host) gives
+// unit u's full contents on every rank of its data-parallel group (a collective over it). The tp-0
+// rank of each unit's group rank 0 assembles the unit (the dense units on dp rank 0 of each stage, the
+// experts on edp rank 0 of each ep rank); each element is assembled by exactly one rank, so a sum over
+// those ranks is the array. Other ranks get NULL.
+typedef void (*UnitGetter)(Zero *z, int u, int which, float *host);
+static void unit_params_getter(Zero *z, int u, int which, float *host) { (void)which; zero_get_unit_params(z, u, host); }
+
+static float *gpt2_assemble(GPT2 *m, UnitGetter get, int which) {
     const GPT2Config *c = &m->config;
     Grid *g = m->grid;
-    int assemble = g->tp_rank == 0 && g->dp_rank < g->ep, write = g->rank == 0;   // (edp rank 0 <=> dp rank < ep)
-    float *all = assemble ? (float *)malloc_check(m->num_parameters * sizeof(float)) : NULL;
-    float *full[NUM_TENSORS];
-    if (assemble) { memset(all, 0, m->num_parameters * sizeof(float)); split_tensors(c, all, full); }
+    int assemble = g->tp_rank == 0 && g->dp_rank < g->ep, root = g->rank == 0;   // (edp rank 0 <=> dp rank < ep)
+    float *all = assemble ? (float *)calloc(m->num_parameters, sizeof(float)) : NULL, *full[NUM_TENSORS];
+    if (assemble && all == NULL) { fail("out of host memory assembling %zu parameters", m->num_parameters); }
+    if (assemble) { split_tensors(c, all, full); }
     for (int u = 0; u < m->nunits; u++) {
         const Unit *U = &m->units[u];
         float *host = (float *)malloc_check(U->size * sizeof(float));
-        zero_get_unit_params(&m->zero, u, host);            // stage 3: an all-gather over the unit's group
-        if (U->dpg->rank == 0 && !U->norm_skip) {          // (the last stage's embedding copy: the first's counts)
+        get(&m->zero, u, which, host);
+        if (U->dpg->rank == 0 && !U->norm_skip) {   // (the last stage's embedding copy: the first's counts)
             float *slices = g->tp_rank == 0 ? (float *)malloc_check(U->size * sizeof(float) * g->tp) : NULL;
-            MPI_Gather(host, (int)U->size, MPI_FLOAT, slices, (int)U->size, MPI_FLOAT, 0, g->tp_group.mpi);
+            WATCHED("gather over tp (checkpoint)", "tp", MPI_Gather(host, (int)U->size, MPI_FLOAT, slices, (int)U->size, MPI_FLOAT, 0, g->tp_group.mpi));
             if (g->tp_rank == 0) {
                 for (int r = 0; r < g->tp; r++) { unit_copy_full(c, U, full, slices + (size_t)r * U->size, g->tp, r, 0); }
             }
@@ -1165,29 +1227,39 @@ static void gpt2_write_model(GPT2 *m, const char *path) {
     if (assemble) {
         int n;
         MPI_Comm_size(assemblers, &n);
-        if (n > 1) { MPI_Reduce(write ? MPI_IN_PLACE : all, all, (int)m->num_parameters, MPI_FLOAT, MPI_SUM, 0, assemblers); }
+        if (n > 1) {
+            WATCHED("sum of the assembled parts (checkpoint)", "assemblers",
+                    MPI_Reduce(root ? MPI_IN_PLACE : all, all, (int)m->num_parameters, MPI_FLOAT, MPI_SUM, 0, assemblers));
+        }
         MPI_Comm_free(&assemblers);
     }
+    if (!root) { free(all); return NULL; }
+    return all;
+}
+
+// Writes the full model (all pipeline stages, tp slices, experts, ZeRO-3 shards) to path, in the
+// precision of floatX. Every rank calls.
+static void gpt2_write_model(GPT2 *m, const char *path) {
+    const GPT2Config *c = &m->config;
+    float *all = gpt2_assemble(m, unit_params_getter, 0);
     zero_release_params(&m->zero);
-    if (!write) { free(all); return; }
+    if (all == NULL) { return; }
+    check_finite(c, all, path);   // never a checkpoint of NaN (the update that would make one is skipped)
     int h[256] = {0};
     h[0] = MODEL_MAGIC; h[1] = (sizeof(floatX) == 4 ? 3 : 5) + (c->num_experts > 0 ? 10 : 0);
     h[2] = c->max_seq_len; h[3] = c->vocab_size; h[4] = c->num_layers; h[5] = c->num_heads; h[6] = c->channels;
     h[7] = c->padded_vocab_size; h[8] = c->num_experts; h[9] = c->topk; h[10] = c->moe_every;
-    char tmp[1100];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *f = fopen_check(tmp, "wb");
-    fwrite_check(h, sizeof(int), 256, f, tmp);
-    if (sizeof(floatX) == 4) {
-        fwrite_check(all, sizeof(float), m->num_parameters, f, tmp);
-    } else {
-        uint16_t *b = (uint16_t *)malloc_check(m->num_parameters * 2);
-        for (size_t i = 0; i < m->num_parameters; i++) { b[i] = float_to_bf16(all[i]); }
-        fwrite_check(b, 2, m->num_parameters, f, tmp);
-        free(b);
+    size_t P = m->num_parameters;
+    const void *body = all;
+    size_t bytes = P * sizeof(float);
+    uint16_t *b = NULL;
+    if (sizeof(floatX) != 4) {
+        b = (uint16_t *)malloc_check(P * 2);
+        for (size_t i = 0; i < P; i++) { b[i] = float_to_bf16(all[i]); }
+        body = b; bytes = P * 2;
     }
-    fclose_check(f, tmp);
-    if (rename(tmp, path) != 0) { fail("cannot rename '%s' to '%s'", tmp, path); }
+    write_file_atomic(path, h, &body, &bytes, 1);
+    free(b);
     free(all);
 }
 
@@ -1195,33 +1267,35 @@ static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, 
     trace_begin();
     Grid *g = m->grid;
     Zero *z = &m->zero;
-    char path[1024], tmp[1100];
-    snprintf(path, sizeof(path), "%s/model_%08d.bin", dir, step);
+    char path[PATH_LEN];
+    path_join(path, dir, "model_%08d.bin", step);
     gpt2_write_model(m, path);
-    snprintf(path, sizeof(path), "%s/state_%08d_%05d.bin", dir, step, g->rank);
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    int h[256] = {0};
-    h[0] = STATE_MAGIC; h[1] = 1; h[2] = step; h[3] = g->world_size; h[4] = g->tp; h[5] = g->pp; h[6] = g->dp;
-    h[7] = z->stage; h[8] = dl->epoch; h[9] = dl->shard_pos; h[10] = dl->round; h[11] = z->master != NULL;
-    h[12] = m->B; h[13] = m->T; h[14] = total_batch; h[15] = g->ep;
-    uint64_t u64[2] = {rng->s, (uint64_t)z->opt_size};
-    float *buf = (float *)malloc_check(z->opt_size * sizeof(float));
-    FILE *f = fopen_check(tmp, "wb");
-    fwrite_check(h, sizeof(int), 256, f, tmp);
-    fwrite_check(u64, sizeof(uint64_t), 2, f, tmp);
-    float *states[3] = {z->m, z->v, z->master};
-    for (int i = 0; i < 3; i++) {
-        if (states[i] == NULL) { continue; }
-        copy_to_host(buf, states[i], z->opt_size * sizeof(float));
-        fwrite_check(buf, sizeof(float), z->opt_size, f, tmp);
-    }
-    fclose_check(f, tmp);
-    free(buf);
-    if (rename(tmp, path) != 0) { fail("cannot rename '%s' to '%s'", tmp, path); }
-    MPI_Barrier(MPI_COMM_WORLD);     // every rank's files are complete
+    // the optimizer state, assembled like the parameters
+    int nstates = z->master ? 3 : 2;
+    float *states[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < nstates; i++) { states[i] = gpt2_assemble(m, zero_get_unit_state, i); }
     if (g->rank == 0) {
-        snprintf(path, sizeof(path), "%s/DONE_%08d", dir, step);
+        for (int i = 0; i < nstates; i++) { check_finite(&m->config, states[i], "the optimizer state"); }
+        uint64_t P = m->num_parameters;
+        int h[256] = {0};
+        h[0] = STATE_MAGIC; h[1] = STATE_VERSION; h[SH_STEP] = step; h[SH_UPDATES] = m->updates; h[SH_SKIPS] = m->skips;
+        h[SH_SKIPS_IN_A_ROW] = m->skips_in_a_row; h[SH_T] = m->T; h[SH_BATCH] = total_batch;
+        h[SH_EPOCH] = dl->epoch; h[SH_SHARD] = dl->shard_pos; h[SH_SHUFFLE] = dl->shuffle; h[SH_NSHARDS] = dl->nshards;   // (rank 0's, for the reader)
+        h[SH_MASTER] = nstates == 3;
+        h[SH_PARAMS_LO] = (int)(P & 0xFFFFFFFFu); h[SH_PARAMS_HI] = (int)(P >> 32);
+        h[SH_RNG_LO] = (int)(rng->s & 0xFFFFFFFFu); h[SH_RNG_HI] = (int)(rng->s >> 32);
+        h[SH_TP] = g->tp; h[SH_PP] = g->pp; h[SH_DP] = g->dp; h[SH_EP] = g->ep; h[SH_ZERO] = z->stage;   // (for the reader)
+        const void *parts[3] = {states[0], states[1], states[2]};
+        size_t bytes[3] = {P * sizeof(float), P * sizeof(float), P * sizeof(float)};
+        path_join(path, dir, "state_%08d.bin", step);
+        write_file_atomic(path, h, parts, bytes, nstates);
+    }
+    for (int i = 0; i < nstates; i++) { free(states[i]); }
+    WATCHED("barrier (checkpoint)", "world", MPI_Barrier(MPI_COMM_WORLD));     // every file is complete
+    if (g->rank == 0) {
+        path_join(path, dir, "DONE_%08d", step);
         FILE *d = fopen_check(path, "wb");
+        if (fsync(fileno(d)) != 0) { fail("cannot write '%s'", path); }
         fclose_check(d, path);
         printf("wrote checkpoint at step %d to %s\n", step, dir);
     }
@@ -1240,48 +1314,70 @@ static int latest_checkpoint(const char *dir) {
             while ((e = readdir(d)) != NULL) {
                 int s;
                 char extra;
-                if (sscanf(e->d_name, "DONE_%d%c", &s, &extra) == 1 && s > best) { best = s; }
+                if (sscanf(e->d_name, "DONE_%d%c", &s, &extra) == 1 && s > best && s >= 0) { best = s; }
             }
             closedir(d);
         }
     }
-    MPI_Bcast(&best, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    WATCHED("broadcast (checkpoint)", "world", MPI_Bcast(&best, 1, MPI_INT, 0, MPI_COMM_WORLD));
     return best;
 }
 
-// Restores this rank's optimizer shard, data position and generator (the model file is loaded by main).
+// Restores the optimizer state of this rank's part, the step counters, the data position and the
+// generator from DIR/state_STEP.bin (the parameters come from the model file). Every field is checked
+// before it is used.
 static void load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch) {
     Grid *g = m->grid;
     Zero *z = &m->zero;
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/state_%08d_%05d.bin", dir, step, g->rank);
+    char path[PATH_LEN];
+    path_join(path, dir, "state_%08d.bin", step);
     FILE *f = fopen_check(path, "rb");
     int h[256];
-    uint64_t u64[2];
-    fread_check(h, sizeof(int), 256, f, path);
-    if (h[0] != STATE_MAGIC || h[1] != 1) { fail("state file '%s' has bad magic/version (%d %d), expected %d 1", path, h[0], h[1], STATE_MAGIC); }
-    int ep = h[15] > 0 ? h[15] : 1;   // (files written before expert parallelism: 0)
-    if (h[2] != step || h[3] != g->world_size || h[4] != g->tp || h[5] != g->pp || h[6] != g->dp || h[7] != z->stage || ep != g->ep) {
-        fail("state file '%s' was written by world %d (tp %d pp %d dp %d ep %d zero %d); this run is world %d (tp %d pp %d dp %d ep %d zero %d): resume with the same layout",
-             path, h[3], h[4], h[5], h[6], ep, h[7], g->world_size, g->tp, g->pp, g->dp, g->ep, z->stage);
+    if (fread(h, sizeof(int), 256, f) != 256) { fail("state file '%s' is truncated: expected a 1024-byte header", path); }
+    if (h[0] != STATE_MAGIC) { fail("state file '%s' has bad magic %d, expected %d", path, h[0], STATE_MAGIC); }
+    if (h[1] != STATE_VERSION) { fail("state file '%s' has version %d, expected %d (checkpoints of older versions cannot be resumed)", path, h[1], STATE_VERSION); }
+    uint64_t P = (uint32_t)h[SH_PARAMS_LO] | (uint64_t)(uint32_t)h[SH_PARAMS_HI] << 32;
+    int nstates = h[SH_MASTER] ? 3 : 2;
+    if (h[SH_STEP] != step || P != m->num_parameters || (h[SH_MASTER] != 0 && h[SH_MASTER] != 1)) {
+        fail("state file '%s' does not belong to this checkpoint (step %d, %llu parameters; expected step %d, %zu)", path,
+             h[SH_STEP], (unsigned long long)P, step, m->num_parameters);
     }
-    if (h[12] != m->B || h[13] != m->T || h[14] != total_batch) {
-        fail("state file '%s' was written with -b %d -t %d -d %d; this run has -b %d -t %d -d %d: the data position would not match",
-             path, h[12], h[13], h[14], m->B, m->T, total_batch);
+    if (h[SH_T] != m->T || h[SH_BATCH] != total_batch) {
+        fail("state file '%s' was written with -t %d -d %d; this run has -t %d -d %d: a checkpoint resumes with the same sequence "
+             "length and global batch (the layout may change)", path, h[SH_T], h[SH_BATCH], m->T, total_batch);
     }
-    fread_check(u64, sizeof(uint64_t), 2, f, path);
-    if (u64[1] != z->opt_size || h[11] != (z->master != NULL)) { fail("state file '%s' holds a different optimizer shard size", path); }
-    rng->s = u64[0];
-    float *buf = (float *)malloc_check(z->opt_size * sizeof(float));
-    float *states[3] = {z->m, z->v, z->master};
-    for (int i = 0; i < 3; i++) {
-        if (states[i] == NULL) { continue; }
-        fread_check(buf, sizeof(float), z->opt_size, f, path);
-        copy_to_device(states[i], buf, z->opt_size * sizeof(float));
+    if (h[SH_UPDATES] < 0 || h[SH_SKIPS] < 0 || h[SH_UPDATES] + h[SH_SKIPS] != step || h[SH_SKIPS_IN_A_ROW] < 0 || h[SH_SKIPS_IN_A_ROW] > h[SH_SKIPS]) {
+        fail("state file '%s' has inconsistent step counters (step %d, %d updates, %d skipped, %d in a row)", path, step,
+             h[SH_UPDATES], h[SH_SKIPS], h[SH_SKIPS_IN_A_ROW]);
     }
-    free(buf);
+    if (h[SH_NSHARDS] != dl->nshards || h[SH_SHUFFLE] != dl->shuffle) {
+        fail("state file '%s' was written reading %d data shards with --shuffle %d; this run reads %d with --shuffle %d", path,
+             h[SH_NSHARDS], h[SH_SHUFFLE], dl->nshards, dl->shuffle);
+    }
+    long size = file_size(f);
+    if ((uint64_t)size != 1024 + (uint64_t)nstates * P * sizeof(float)) {
+        fail("state file '%s' is %ld bytes, expected %llu", path, size, (unsigned long long)(1024 + (uint64_t)nstates * P * sizeof(float)));
+    }
+    check_file_crc(f, h, path);
+    // every rank reads the whole state and keeps its part, unit by unit
+    float *all = (float *)malloc_check(P * sizeof(float)), *full[NUM_TENSORS];
+    split_tensors(&m->config, all, full);
+    for (int i = 0; i < nstates; i++) {
+        fread_check(all, sizeof(float), P, f, path);
+        check_finite(&m->config, all, path);
+        if (i == 2 && z->master == NULL) { continue; }   // fp32 parameters: no master weights to restore
+        for (int u = 0; u < m->nunits; u++) {
+            float *host = (float *)malloc_check(m->units[u].size * sizeof(float));
+            unit_copy_full(&m->config, &m->units[u], full, host, g->tp, g->tp_rank, 1);
+            zero_set_unit_state(z, u, i, host);
+            free(host);
+        }
+    }
+    free(all);
     fclose(f);
-    dataloader_seek(dl, h[8], h[9], h[10]);
+    m->updates = h[SH_UPDATES]; m->skips = h[SH_SKIPS]; m->skips_in_a_row = h[SH_SKIPS_IN_A_ROW];
+    rng->s = (uint32_t)h[SH_RNG_LO] | (uint64_t)(uint32_t)h[SH_RNG_HI] << 32;
+    dataloader_seek_rounds(dl, (uint64_t)step * (total_batch / (m->B * m->T * g->dp)));   // accumulation rounds per step
 }
 
 // ----------------------------------------------------------------------------
@@ -1318,9 +1414,11 @@ typedef struct {
     int B, T, total_batch, max_steps, warmup, val_every, val_batches, sample_every, gen_tokens;
     int checkpoint_every, resume, zero, tp, pp, dp, ep, sp, ce_chunk, memory_report, comm_report, shuffle;
     int experts, topk, moe_every, cap1000;   // MoE; the first three -1 when not given
-    float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff;
+    float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff, timeout;
+    int max_skips, help;
     const char *scheduler, *pp_schedule, *drop_policy, *trace_dir;
     unsigned int seed;
+    const char *given[64];   // the value of each flag given (FLAGS order), NULL if not: compared across ranks
 } Args;
 
 static void default_args(Args *a) {
@@ -1331,6 +1429,7 @@ static void default_args(Args *a) {
     a->ep = 1; a->sp = 0; a->ce_chunk = 256; a->shuffle = -1; a->grad_clip = 1.0f; a->scheduler = "cosine";
     a->pp_schedule = "1f1b";
     a->experts = a->topk = a->moe_every = -1; a->cap1000 = 1250; a->drop_policy = "probs"; a->aux_coeff = 0.01f; a->z_coeff = 0.001f;
+    a->timeout = 600.0f; a->max_skips = 5;
     a->seed = 1337;
 }
 
@@ -1359,110 +1458,182 @@ static void print_usage(void) {
            "  --tp N (alias --tensor-model-parallel-size)  --pp N  --pp-schedule 1f1b|gpipe  --dp N  --sp  --zero N  --ep N\n"
            "  --ce-chunk N (tokens per cross-entropy chunk, 0 = full logits)  --memory-report  --comm-report\n"
            "  --seed N  --shuffle 0|1  --grad-clip F (0 = off)  --trace DIR (a Chrome trace per rank: dev/trace.py)\n"
+           "  --timeout S (stop when a collective makes no progress for S seconds; default 600, 0 off)\n"
+           "  --max-skips N (stop after N updates in a row skipped for a non-finite loss or norm; default 5)\n"
            "  MoE: --experts E (alias --num-experts)  --topk k (--moe-router-topk; default 1)  --moe-every N (default 1)\n"
            "       --capacity-factor F (default 1.25, 0 = dropless)  --drop-policy probs|position  --aux-coeff A (0.01)\n"
            "       --z-coeff Z (0.001)  --ep N (alias --expert-model-parallel-size). A dense model file with --experts:\n"
            "       every expert starts as a copy of its layer's MLP (sparse upcycling)\n");
 }
 
-static int parse_int_arg(int rank, const char *flag, const char *v, long lo, long hi) {
+// Flag errors are recorded, not fatal at once: every rank first takes part in agree_on_args (the first
+// collective), so a rank given a bad flag never leaves the others waiting.
+static char arg_error[512] = "";
+static void arg_fail(const char *fmt, ...) {
+    if (arg_error[0]) { return; }   // the first one counts
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(arg_error, sizeof(arg_error), fmt, ap);
+    va_end(ap);
+}
+
+static int parse_int_arg(const char *flag, const char *v, long lo, long hi) {
     char *end;
     errno = 0;
     long x = strtol(v, &end, 10);
-    if (*v == '\0' || *end != '\0' || errno != 0) { fail_all(rank, "%s expects an integer, got '%s'", flag, v); }
-    if (x < lo || x > hi) { fail_all(rank, "%s must be in [%ld, %ld], got %ld", flag, lo, hi, x); }
+    if (*v == '\0' || *end != '\0' || errno != 0) { arg_fail("%s expects an integer, got '%s'", flag, v); return (int)lo; }
+    if (x < lo || x > hi) { arg_fail("%s must be in [%ld, %ld], got %ld", flag, lo, hi, x); return (int)lo; }
     return (int)x;
 }
 
-static float parse_float_arg(int rank, const char *flag, const char *v, double lo, double hi) {
+static float parse_float_arg(const char *flag, const char *v, double lo, double hi) {
     char *end;
     errno = 0;
     double x = strtod(v, &end);
-    if (*v == '\0' || *end != '\0' || errno != 0 || x != x) { fail_all(rank, "%s expects a number, got '%s'", flag, v); }
-    if (x < lo || x > hi) { fail_all(rank, "%s must be in [%g, %g], got %g", flag, lo, hi, x); }
+    if (*v == '\0' || *end != '\0' || errno != 0 || x != x) { arg_fail("%s expects a number, got '%s'", flag, v); return (float)lo; }
+    if (x < lo || x > hi) { arg_fail("%s must be in [%g, %g], got %g", flag, lo, hi, x); return (float)lo; }
     return (float)x;
 }
 
 // --capacity-factor: a number with at most 3 decimals -> F x 1000 (moe.h computes the capacity in integers)
-static int parse_capacity_factor(int rank, const char *v) {
-    double F = parse_float_arg(rank, "--capacity-factor", v, 0.0, 1e6);
+static int parse_capacity_factor(const char *v) {
+    double F = parse_float_arg("--capacity-factor", v, 0.0, 1e6);
     double F1000 = round(1000.0 * F);
-    if (fabs(1000.0 * F - F1000) > 1e-6 * (1.0 + F1000)) { fail_all(rank, "--capacity-factor %s has more than 3 decimals", v); }
+    if (fabs(1000.0 * F - F1000) > 1e-6 * (1.0 + F1000)) { arg_fail("--capacity-factor %s has more than 3 decimals", v); }
     return (int)F1000;
 }
 
-// Parses argv into a; every rank does the same, so every rank rejects the same bad flag. An alias
-// is the same flag: giving both is giving it twice.
-static void parse_args(int argc, char **argv, Args *a, int rank) {
-    static const char *with_value[][2] = {
-        {"-i", 0}, {"-j", 0}, {"-o", 0}, {"-e", 0}, {"-b", 0}, {"-t", 0}, {"-d", 0}, {"-x", 0}, {"-l", 0}, {"-u", 0}, {"-q", 0},
-        {"-c", 0}, {"-k", 0}, {"-v", 0}, {"-m", 0}, {"-s", 0}, {"-g", 0}, {"-n", 0}, {"-y", 0}, {"--zero", "-z"},
-        {"--tp", "--tensor-model-parallel-size"}, {"--pp", 0}, {"--dp", 0}, {"--ep", "--expert-model-parallel-size"},
-        {"--ce-chunk", 0}, {"--seed", 0}, {"--shuffle", 0}, {"--grad-clip", 0}, {"--pp-schedule", 0},
-        {"--experts", "--num-experts"}, {"--topk", "--moe-router-topk"}, {"--moe-every", 0}, {"--capacity-factor", 0},
-        {"--drop-policy", 0}, {"--aux-coeff", 0}, {"--z-coeff", 0}, {"--trace", 0}};
-    const int nflags = sizeof(with_value) / sizeof(with_value[0]);
-    int given[64] = {0};
+// The flags with a value (an alias is the same flag: giving both is giving it twice), then the switches.
+static const char *FLAGS[][2] = {
+    {"-i", 0}, {"-j", 0}, {"-o", 0}, {"-e", 0}, {"-b", 0}, {"-t", 0}, {"-d", 0}, {"-x", 0}, {"-l", 0}, {"-u", 0}, {"-q", 0},
+    {"-c", 0}, {"-k", 0}, {"-v", 0}, {"-m", 0}, {"-s", 0}, {"-g", 0}, {"-n", 0}, {"-y", 0}, {"--zero", "-z"},
+    {"--tp", "--tensor-model-parallel-size"}, {"--pp", 0}, {"--dp", 0}, {"--ep", "--expert-model-parallel-size"},
+    {"--ce-chunk", 0}, {"--seed", 0}, {"--shuffle", 0}, {"--grad-clip", 0}, {"--pp-schedule", 0},
+    {"--experts", "--num-experts"}, {"--topk", "--moe-router-topk"}, {"--moe-every", 0}, {"--capacity-factor", 0},
+    {"--drop-policy", 0}, {"--aux-coeff", 0}, {"--z-coeff", 0}, {"--trace", 0}, {"--timeout", 0}, {"--max-skips", 0},
+    {"--sp", 0}, {"--memory-report", 0}, {"--comm-report", 0}};
+#define NUM_SWITCHES 3
+#define NUM_FLAGS ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
+
+// Parses argv into a, recording the first bad flag in arg_error (every rank does the same).
+static void parse_args(int argc, char **argv, Args *a) {
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
-        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { if (rank == 0) { print_usage(); } MPI_Finalize(); exit(0); }
-        if (!strcmp(f, "--sp")) { a->sp = 1; continue; }
-        if (!strcmp(f, "--memory-report")) { a->memory_report = 1; continue; }
-        if (!strcmp(f, "--comm-report")) { a->comm_report = 1; continue; }
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { a->help = 1; continue; }
         int known = -1;
-        for (int k = 0; k < nflags; k++) {
-            if (!strcmp(f, with_value[k][0]) || (with_value[k][1] && !strcmp(f, with_value[k][1]))) { known = k; }
+        for (int k = 0; k < NUM_FLAGS; k++) {
+            if (!strcmp(f, FLAGS[k][0]) || (FLAGS[k][1] && !strcmp(f, FLAGS[k][1]))) { known = k; }
         }
-        if (known < 0) { fail_all(rank, "unknown flag '%s' (see -h)", f); }
-        if (given[known]++) {   // a flag given twice is a mistake, not an override
-            fail_all(rank, "flag %s is given twice%s", with_value[known][0], with_value[known][1] ? " (or under its alias)" : "");
+        if (known < 0) { arg_fail("unknown flag '%s' (see -h)", f); continue; }
+        if (a->given[known]) {   // a flag given twice is a mistake, not an override
+            arg_fail("flag %s is given twice%s", FLAGS[known][0], FLAGS[known][1] ? " (or under its alias)" : "");
+            continue;
         }
-        if (i + 1 >= argc) { fail_all(rank, "flag %s is missing its value", f); }
-        f = with_value[known][0];   // the canonical name from here on
+        f = FLAGS[known][0];   // the canonical name from here on
+        if (known >= NUM_FLAGS - NUM_SWITCHES) {   // switches
+            a->given[known] = "1";
+            if (!strcmp(f, "--sp")) { a->sp = 1; }
+            else if (!strcmp(f, "--memory-report")) { a->memory_report = 1; }
+            else { a->comm_report = 1; }
+            continue;
+        }
+        if (i + 1 >= argc) { arg_fail("flag %s is missing its value", f); continue; }
         const char *v = argv[++i];
+        a->given[known] = v;
         if (!strcmp(f, "-i")) { a->train_pattern = v; }
         else if (!strcmp(f, "-j")) { a->val_pattern = v; }
         else if (!strcmp(f, "-o")) { a->output_dir = v; }
         else if (!strcmp(f, "-e")) { a->model = v; }
-        else if (!strcmp(f, "-b")) { a->B = parse_int_arg(rank, f, v, 1, 1 << 20); }
-        else if (!strcmp(f, "-t")) { a->T = parse_int_arg(rank, f, v, 1, 1 << 20); }
-        else if (!strcmp(f, "-d")) { a->total_batch = parse_int_arg(rank, f, v, -1, 1 << 30); }
-        else if (!strcmp(f, "-x")) { a->max_steps = parse_int_arg(rank, f, v, -1, 1 << 30); }
-        else if (!strcmp(f, "-l")) { a->lr = parse_float_arg(rank, f, v, 0.0, 10.0); }
-        else if (!strcmp(f, "-u")) { a->warmup = parse_int_arg(rank, f, v, 0, 1 << 30); }
-        else if (!strcmp(f, "-q")) { a->final_frac = parse_float_arg(rank, f, v, 0.0, 1.0); }
-        else if (!strcmp(f, "-c")) { a->weight_decay = parse_float_arg(rank, f, v, 0.0, 10.0); }
-        else if (!strcmp(f, "-k")) { if (!lr_scheduler_valid(v)) { fail_all(rank, "-k expects cosine|linear|constant|wsd, got '%s'", v); } a->scheduler = v; }
-        else if (!strcmp(f, "-v")) { a->val_every = parse_int_arg(rank, f, v, 0, 1 << 30); }
-        else if (!strcmp(f, "-m")) { a->val_batches = parse_int_arg(rank, f, v, 1, 1 << 30); }
-        else if (!strcmp(f, "-s")) { a->sample_every = parse_int_arg(rank, f, v, 0, 1 << 30); }
-        else if (!strcmp(f, "-g")) { a->gen_tokens = parse_int_arg(rank, f, v, 1, 1 << 20); }
-        else if (!strcmp(f, "-n")) { a->checkpoint_every = parse_int_arg(rank, f, v, 0, 1 << 30); }
-        else if (!strcmp(f, "-y")) { a->resume = parse_int_arg(rank, f, v, 0, 2); }
-        else if (!strcmp(f, "--zero")) { a->zero = parse_int_arg(rank, f, v, 0, 3); }
-        else if (!strcmp(f, "--tp")) { a->tp = parse_int_arg(rank, f, v, 1, 1 << 16); }
-        else if (!strcmp(f, "--pp")) { a->pp = parse_int_arg(rank, f, v, 1, 1 << 16); }
-        else if (!strcmp(f, "--dp")) { a->dp = parse_int_arg(rank, f, v, 1, 1 << 16); }
-        else if (!strcmp(f, "--ep")) { a->ep = parse_int_arg(rank, f, v, 1, 1 << 16); }
-        else if (!strcmp(f, "--ce-chunk")) { a->ce_chunk = parse_int_arg(rank, f, v, 0, 1 << 30); }
-        else if (!strcmp(f, "--seed")) { a->seed = (unsigned)parse_int_arg(rank, f, v, 0, 2147483647); }
-        else if (!strcmp(f, "--shuffle")) { a->shuffle = parse_int_arg(rank, f, v, 0, 1); }
-        else if (!strcmp(f, "--grad-clip")) { a->grad_clip = parse_float_arg(rank, f, v, 0.0, 1e9); }
+        else if (!strcmp(f, "-b")) { a->B = parse_int_arg(f, v, 1, 1 << 20); }
+        else if (!strcmp(f, "-t")) { a->T = parse_int_arg(f, v, 1, 1 << 20); }
+        else if (!strcmp(f, "-d")) { a->total_batch = parse_int_arg(f, v, -1, 1 << 30); }
+        else if (!strcmp(f, "-x")) { a->max_steps = parse_int_arg(f, v, -1, 1 << 30); }
+        else if (!strcmp(f, "-l")) { a->lr = parse_float_arg(f, v, 0.0, 10.0); }
+        else if (!strcmp(f, "-u")) { a->warmup = parse_int_arg(f, v, 0, 1 << 30); }
+        else if (!strcmp(f, "-q")) { a->final_frac = parse_float_arg(f, v, 0.0, 1.0); }
+        else if (!strcmp(f, "-c")) { a->weight_decay = parse_float_arg(f, v, 0.0, 10.0); }
+        else if (!strcmp(f, "-k")) { if (!lr_scheduler_valid(v)) { arg_fail("-k expects cosine|linear|constant|wsd, got '%s'", v); } a->scheduler = v; }
+        else if (!strcmp(f, "-v")) { a->val_every = parse_int_arg(f, v, 0, 1 << 30); }
+        else if (!strcmp(f, "-m")) { a->val_batches = parse_int_arg(f, v, 1, 1 << 30); }
+        else if (!strcmp(f, "-s")) { a->sample_every = parse_int_arg(f, v, 0, 1 << 30); }
+        else if (!strcmp(f, "-g")) { a->gen_tokens = parse_int_arg(f, v, 1, 1 << 20); }
+        else if (!strcmp(f, "-n")) { a->checkpoint_every = parse_int_arg(f, v, 0, 1 << 30); }
+        else if (!strcmp(f, "-y")) { a->resume = parse_int_arg(f, v, 0, 2); }
+        else if (!strcmp(f, "--zero")) { a->zero = parse_int_arg(f, v, 0, 3); }
+        else if (!strcmp(f, "--tp")) { a->tp = parse_int_arg(f, v, 1, 1 << 16); }
+        else if (!strcmp(f, "--pp")) { a->pp = parse_int_arg(f, v, 1, 1 << 16); }
+        else if (!strcmp(f, "--dp")) { a->dp = parse_int_arg(f, v, 1, 1 << 16); }
+        else if (!strcmp(f, "--ep")) { a->ep = parse_int_arg(f, v, 1, 1 << 16); }
+        else if (!strcmp(f, "--ce-chunk")) { a->ce_chunk = parse_int_arg(f, v, 0, 1 << 30); }
+        else if (!strcmp(f, "--seed")) { a->seed = (unsigned)parse_int_arg(f, v, 0, 2147483647); }
+        else if (!strcmp(f, "--shuffle")) { a->shuffle = parse_int_arg(f, v, 0, 1); }
+        else if (!strcmp(f, "--grad-clip")) { a->grad_clip = parse_float_arg(f, v, 0.0, 1e9); }
         else if (!strcmp(f, "--pp-schedule")) {
-            if (strcmp(v, "1f1b") && strcmp(v, "gpipe")) { fail_all(rank, "--pp-schedule expects 1f1b or gpipe, got '%s'", v); }
+            if (strcmp(v, "1f1b") && strcmp(v, "gpipe")) { arg_fail("--pp-schedule expects 1f1b or gpipe, got '%s'", v); }
             a->pp_schedule = v;
         }
-        else if (!strcmp(f, "--experts")) { a->experts = parse_int_arg(rank, f, v, 1, MOE_MAX_EXPERTS); }
-        else if (!strcmp(f, "--topk")) { a->topk = parse_int_arg(rank, f, v, 1, MOE_MAX_EXPERTS); }
-        else if (!strcmp(f, "--moe-every")) { a->moe_every = parse_int_arg(rank, f, v, 1, 1024); }
-        else if (!strcmp(f, "--capacity-factor")) { a->cap1000 = parse_capacity_factor(rank, v); }
+        else if (!strcmp(f, "--experts")) { a->experts = parse_int_arg(f, v, 1, MOE_MAX_EXPERTS); }
+        else if (!strcmp(f, "--topk")) { a->topk = parse_int_arg(f, v, 1, MOE_MAX_EXPERTS); }
+        else if (!strcmp(f, "--moe-every")) { a->moe_every = parse_int_arg(f, v, 1, 1024); }
+        else if (!strcmp(f, "--capacity-factor")) { a->cap1000 = parse_capacity_factor(v); }
         else if (!strcmp(f, "--drop-policy")) {
-            if (strcmp(v, "probs") && strcmp(v, "position")) { fail_all(rank, "--drop-policy expects probs or position, got '%s'", v); }
+            if (strcmp(v, "probs") && strcmp(v, "position")) { arg_fail("--drop-policy expects probs or position, got '%s'", v); }
             a->drop_policy = v;
         }
-        else if (!strcmp(f, "--aux-coeff")) { a->aux_coeff = parse_float_arg(rank, f, v, 0.0, 1e6); }
-        else if (!strcmp(f, "--z-coeff")) { a->z_coeff = parse_float_arg(rank, f, v, 0.0, 1e6); }
-        else if (!strcmp(f, "--trace")) { if (!*v) { fail_all(rank, "--trace expects a directory, got ''"); } a->trace_dir = v; }
+        else if (!strcmp(f, "--aux-coeff")) { a->aux_coeff = parse_float_arg(f, v, 0.0, 1e6); }
+        else if (!strcmp(f, "--z-coeff")) { a->z_coeff = parse_float_arg(f, v, 0.0, 1e6); }
+        else if (!strcmp(f, "--trace")) { if (!*v) { arg_fail("--trace expects a directory, got ''"); } a->trace_dir = v; }
+        else if (!strcmp(f, "--timeout")) { a->timeout = parse_float_arg(f, v, 0.0, 1e7); }
+        else if (!strcmp(f, "--max-skips")) { a->max_skips = parse_int_arg(f, v, 1, 1 << 30); }
+    }
+    if (a->output_dir && !a->output_dir[0]) { arg_fail("-o expects a directory, got '' (an unset variable?)"); }
+    if (a->output_dir && strlen(a->output_dir) > PATH_LEN - 64) {
+        arg_fail("-o is %zu bytes long, at most %d (the file names inside must fit)", strlen(a->output_dir), PATH_LEN - 64);
+    }
+}
+
+// FNV-1a of a string (NULL: not given)
+static uint64_t hash_string(const char *s) {
+    if (s == NULL) { return 0; }
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) { h = (h ^ (unsigned char)*s) * 1099511628211ull; }
+    return h ^ 1;
+}
+
+// The first collective: every rank must have been given the same flags (an MPMD launch or a wrapper
+// that differs per rank would hang or silently diverge). Bad flags stop every rank, each with one line;
+// -h prints the usage. Then rank 0's flags are compared with every rank's, flag by flag.
+static void agree_on_args(Args *a, int rank, int world) {
+    int bad = arg_error[0] != 0, any_bad = bad, all_bad = bad, help = a->help;
+    watch_enter("the first collective (the flags)", "world");   // (a rank that never gets here stops the others)
+    MPI_Allreduce(MPI_IN_PLACE, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &all_bad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &help, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    watch_leave();
+    if (any_bad) {   // the same error everywhere: rank 0 says it; otherwise each rank says its own
+        if (all_bad && rank == 0) { fprintf(stderr, "error: %s\n", arg_error); }
+        else if (!all_bad && bad) { fprintf(stderr, "error: rank %d: %s\n", rank, arg_error); }
+        else if (!all_bad && rank == 0) { fprintf(stderr, "error: the flags were rejected on another rank (every rank must be given the same flags)\n"); }
+        MPI_Finalize();
+        exit(1);
+    }
+    if (help) { if (rank == 0) { print_usage(); } MPI_Finalize(); exit(0); }
+    uint64_t mine[64], ref[64];
+    for (int k = 0; k < NUM_FLAGS; k++) { mine[k] = ref[k] = hash_string(a->given[k]); }
+    WATCHED("broadcast of the flags", "world", MPI_Bcast(ref, NUM_FLAGS * 8, MPI_BYTE, 0, MPI_COMM_WORLD));
+    int first = world * NUM_FLAGS;   // (flag * world + rank) of the first difference
+    for (int k = 0; k < NUM_FLAGS && first == world * NUM_FLAGS; k++) { if (mine[k] != ref[k]) { first = k * world + rank; } }
+    WATCHED("all-reduce of the flags", "world", MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (first < world * NUM_FLAGS) {
+        int k = first / world, r = first % world;
+        if (r == rank) {
+            fprintf(stderr, "error: rank %d: flag %s is %s%s%s here, not as on rank 0 (every rank must be given the same flags)\n", rank,
+                    FLAGS[k][0], a->given[k] ? "'" : "", a->given[k] ? a->given[k] : "not given", a->given[k] ? "'" : "");
+        } else {
+            fprintf(stderr, "error: rank %d: flag %s differs between the ranks (rank %d has another value than rank 0)\n", rank, FLAGS[k][0], r);
+        }
+        MPI_Finalize();
+        exit(1);
     }
 }
 
@@ -1509,7 +1680,7 @@ static void validate_layout(Args *a, const GPT2Config *c, int world, int rank) {
 
 // mkdir -p
 static void make_dirs(const char *dir) {
-    char buf[1024];
+    char buf[PATH_LEN];
     snprintf(buf, sizeof(buf), "%s", dir);
     for (char *p = buf + 1; *p; p++) {
         if (*p == '/') { *p = '\0'; mkdir(buf, 0755); *p = '/'; }
@@ -1522,14 +1693,14 @@ static PipeSchedule pipe_schedule(const char *name) { return strcmp(name, "gpipe
 // Creates the output dir (and its parents) if needed and checks that a file can be written there.
 static void check_output_dir(const char *dir, int rank) {
     if (rank == 0) { make_dirs(dir); }
-    MPI_Barrier(MPI_COMM_WORLD);
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/.write_test_%d", dir, rank);
+    WATCHED("barrier (output dir)", "world", MPI_Barrier(MPI_COMM_WORLD));
+    char path[PATH_LEN];
+    path_join(path, dir, ".write_test_%d", rank);
     FILE *f = fopen(path, "wb");
     int ok = f != NULL;
     if (f) { fclose(f); remove(path); }
     int all_ok = 0;
-    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    WATCHED("all-reduce (output dir)", "world", MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
     if (!all_ok) { fail_all(rank, "-o '%s' is not a writable directory", dir); }
 }
 
@@ -1584,8 +1755,8 @@ static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step
                  "each key once, 1 <= k <= E)", a->model);
     }
     if (*resume_step >= 0) {
-        char path[1024];
-        snprintf(path, sizeof(path), "%s/model_%08d.bin", a->output_dir, *resume_step);
+        char path[PATH_LEN];
+        path_join(path, a->output_dir, "model_%08d.bin", *resume_step);
         return apply_moe_flags(a, rank, config, read_model_file(path, config), "the checkpoint", 1);
     }
     if (desc == 1) {
@@ -1604,11 +1775,18 @@ static int setup_data(const Args *a, const GPT2Config *config, Grid *grid, DataL
         if (a->val_pattern) {
             dataloader_init(val, a->val_pattern, a->B, a->T, config->vocab_size, grid->dp, grid->dp_rank, 0, a->seed);
         }
-        char tok_path[1024];
-        snprintf(tok_path, sizeof(tok_path), "%s", train->files.gl_pathv[0]);
+        char tok_path[PATH_LEN];
+        if (snprintf(tok_path, sizeof(tok_path), "%s", train->files.gl_pathv[0]) >= (int)sizeof(tok_path)) { tok_path[0] = '\0'; }
         char *slash = strrchr(tok_path, '/');
         snprintf(slash ? slash + 1 : tok_path, sizeof(tok_path) - (slash ? slash + 1 - tok_path : 0), "tokenizer.bin");
         if (access(tok_path, R_OK) == 0) { tokenizer_init(tok, tok_path); }
+        if (tok->init_ok && (int)tok->vocab_size != config->vocab_size) {   // its table would print other tokens
+            if (grid->rank == 0) {
+                printf("warning: %s has %u tokens, the model %d: samples are printed as token ids\n", tok_path, tok->vocab_size, config->vocab_size);
+            }
+            tokenizer_free(tok);
+            memset(tok, 0, sizeof(*tok));
+        }
         return a->val_pattern != NULL;
     }
     size_t need = (size_t)grid->dp * a->B * a->T + 1;
@@ -1664,6 +1842,167 @@ static void report_bubble(const Args *a, Grid *g, double bubble_sum, int steps, 
     free(all);
 }
 
+// main.log lines: every write and flush checked (a full disk stops the run, never a torn log)
+static void log_printf(FILE *f, const char *fmt, ...) {
+    if (f == NULL) { return; }
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vfprintf(f, fmt, ap);
+    va_end(ap);
+    if (n < 0 || fflush(f) != 0) { fail("cannot write to main.log (disk full?): the run stops rather than leave a torn log"); }
+}
+
+// The start-up lines: the model, the MoE layers, the batch and the layout.
+static void print_setup(const Args *a, const GPT2 *m, int accum) {
+    const GPT2Config *c = &m->config;
+    if (m->grid->rank != 0) { return; }
+    printf("model: L %d C %d NH %d V %d (padded %d) maxT %d, %zu parameters, %s\n", c->num_layers, c->channels,
+           c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len, m->num_parameters, PRECISION_NAME);
+    if (c->num_experts > 0) {
+        printf("moe: %d of %d layers (every %d), %d experts, top-%d, capacity factor %.3f (%d per expert and sequence%s), drop %s, "
+               "aux %g, z %g; ep %d (%d experts per rank), edp %d\n", num_moe_layers(c), c->num_layers, c->moe_every,
+               c->num_experts, c->topk, a->cap1000 / 1000.0, m->moe_cap, a->cap1000 == 0 ? ", dropless" : "",
+               a->drop_policy, a->aux_coeff, a->z_coeff, m->grid->ep, m->El, m->grid->dp / m->grid->ep);
+    }
+    printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, pp %d (%s), ce chunk %d\n",
+           a->B, a->T, m->grid->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "", a->pp, a->pp_schedule, a->ce_chunk);
+}
+
+// One step's line on the screen and in main.log: the CE loss (trl), and for MoE models aux, z and the
+// dropped fraction; a skipped update says so.
+static void log_step(const Args *a, GPT2 *m, FILE *logf, int step, int max_steps, int accum, float loss, float norm, float lr, double ms) {
+    int moe = m->config.num_experts > 0, skipped = m->skips_in_a_row > 0;
+    double aux = 0, z = 0, dropped = 0;
+    if (moe) { gpt2_moe_stats(m, accum, &aux, &z, &dropped); }
+    if (m->grid->rank != 0) { return; }
+    printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, max_steps, loss, norm, lr, ms,
+           a->total_batch / (ms / 1e3));
+    if (moe) { printf(" | aux %.4f z %.4f dropped %.4f", aux, z, dropped); }
+    if (skipped) { printf(" | non-finite: update skipped (%d in a row)", m->skips_in_a_row); }
+    printf("\n");
+    log_printf(logf, "s:%d trl:%.6f\n", step, loss);
+    if (moe) { log_printf(logf, "s:%d aux:%.6f\ns:%d z:%.6f\ns:%d drop:%.6f\n", step, aux, step, z, step, dropped); }
+    if (skipped) { log_printf(logf, "s:%d skip:loss %g norm %g\n", step, loss, norm); }
+    fflush(stdout);
+}
+
+// The timed steps (all but the first of the run): their time, and the shares of it spent waiting on
+// the pipeline neighbours (the bubble) and in the MoE all-to-alls.
+typedef struct { double total_ms, bubble, a2a; int steps; } StepTimes;
+
+static void step_times_add(StepTimes *t, const GPT2 *m, double ms) {
+    t->total_ms += ms;
+    t->steps++;
+    t->bubble += m->pipe.wait_seconds / (ms / 1e3);
+    t->a2a += m->moe_a2a_seconds / (ms / 1e3);
+}
+
+static void report_times(const Args *a, GPT2 *m, const StepTimes *t, int accum) {
+    Grid *g = m->grid;
+    if (t->steps == 0) { return; }
+    if (g->rank == 0) { printf("average step: %.1f ms, %.0f tok/s\n", t->total_ms / t->steps, a->total_batch / (t->total_ms / t->steps / 1e3)); }
+    if (a->comm_report && g->pp > 1) { report_bubble(a, g, t->bubble, t->steps, accum); }
+    if (m->moe_time_a2a) {
+        double mean = t->a2a / t->steps, most = mean;
+        comm_sum_host(&g->world, &mean, 1);
+        MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        if (g->rank == 0) {
+            printf("MoE all-to-all (ep %d, the device synchronised around each): %.1f%% of the step time on average over the ranks, %.1f%% at most\n",
+                   g->ep, 100.0 * mean / g->world_size, 100.0 * most);
+        }
+    }
+}
+
+// Every rank must hold the same model and read the same data: a hash of the model's shape and
+// weights, and of the data files (names, sizes, first tokens), compared with rank 0's.
+static void agree_on_inputs(const GPT2Config *c, const float *params, const DataLoader *train, int rank, int world) {
+    uint64_t mine[2] = {0, 0}, ref[2];
+    mine[0] = crc32_update(crc32_update(0, c, sizeof(*c)), params, num_parameters(c) * sizeof(float));
+    if (train && !train->in_memory) {
+        uint32_t h = 0;
+        for (int i = 0; i < train->nshards; i++) {
+            h = crc32_update(h, train->files.gl_pathv[i], strlen(train->files.gl_pathv[i]));
+            h = crc32_update(h, &train->shard_rounds[i], sizeof(int));
+        }
+        mine[1] = h;
+    }
+    memcpy(ref, mine, sizeof(ref));
+    WATCHED("broadcast of the inputs' hashes", "world", MPI_Bcast(ref, 2 * 8, MPI_BYTE, 0, MPI_COMM_WORLD));
+    int differ[2] = {mine[0] != ref[0] ? rank : world, mine[1] != ref[1] ? rank : world};
+    WATCHED("all-reduce (inputs agree)", "world", MPI_Allreduce(MPI_IN_PLACE, differ, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (differ[0] < world || differ[1] < world) {
+        fprintf(stderr, "error: rank %d: the %s on rank %d differs from rank 0's (every rank must read the same files)\n", rank,
+                differ[0] < world ? "model (-e or the checkpoint)" : "training data (-i: file names or sizes)", differ[0] < world ? differ[0] : differ[1]);
+        MPI_Finalize();
+        exit(1);
+    }
+}
+
+// -o DIR is this run's alone: rank 0 holds an flock() on DIR/.lock for the run's lifetime (the kernel
+// releases it when the process dies, so a resume after kill -9 is never refused), and a second run on
+// the same DIR stops, naming the holder.
+static void lock_output_dir(const char *dir, int rank) {
+    char msg[PATH_LEN + 512] = "";
+    if (rank == 0) {
+        char path[PATH_LEN];
+        path_join(path, dir, ".lock");
+        int fd = open(path, O_RDWR | O_CREAT, 0644);
+        if (fd < 0) { snprintf(msg, sizeof(msg), "cannot open '%s'", path); }
+        else if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            char holder[256] = "";
+            ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
+            holder[n > 0 ? n : 0] = '\0';
+            holder[strcspn(holder, "\n")] = '\0';
+            snprintf(msg, sizeof(msg), "-o '%s' is in use by another run (%s); wait for it, or use another directory", dir, holder[0] ? holder : "unknown");
+        } else {   // ours until this process ends: the descriptor stays open
+            char host[128] = "?", line[256];
+            gethostname(host, sizeof(host) - 1);
+            int len = snprintf(line, sizeof(line), "pid %d on %s since %ld\n", (int)getpid(), host, (long)time(NULL));
+            if (ftruncate(fd, 0) != 0 || pwrite(fd, line, len, 0) != len) { snprintf(msg, sizeof(msg), "cannot write '%s'", path); }
+        }
+    }
+    WATCHED("broadcast (lock)", "world", MPI_Bcast(msg, sizeof(msg), MPI_CHAR, 0, MPI_COMM_WORLD));
+    if (msg[0]) { fail_all(rank, "%s", msg); }
+}
+
+// main.log, rank 0. A resumed run first drops the lines of the steps at and after the resumed one (a
+// run killed after the checkpoint logged them), so the log equals an uninterrupted run's; every write
+// and flush is checked (a full disk stops the run, never a torn log).
+static FILE *open_log(const char *dir, int resume_step) {
+    char path[PATH_LEN], tmp[PATH_LEN + 8];
+    path_join(path, dir, "main.log");
+    if (resume_step > 0 && access(path, R_OK) == 0) {
+        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+        FILE *in = fopen_check(path, "r"), *out = fopen_check(tmp, "w");
+        char line[1024];
+        while (fgets(line, sizeof(line), in)) {
+            int s;
+            if (sscanf(line, "s:%d ", &s) == 1 && s >= resume_step) { continue; }
+            if (fputs(line, out) < 0) { fail("cannot write '%s' (disk full?)", tmp); }
+        }
+        fclose(in);
+        if (fflush(out) != 0 || fsync(fileno(out)) != 0) { fail("cannot write '%s' (disk full?)", tmp); }
+        fclose_check(out, tmp);
+        if (rename(tmp, path) != 0) { fail("cannot rename '%s' to '%s'", tmp, path); }
+    }
+    return fopen_check(path, resume_step > 0 ? "a" : "w");
+}
+
+// Test hook: TRAIN_GPT_INJECT_NAN=STEP:COUNT poisons one gradient element at steps STEP .. STEP+COUNT-1
+// (the update must then be skipped, and COUNT > --max-skips must stop the run).
+static void inject_nan_for_test(GPT2 *m, int step) {
+    static int first = -2, count = 0;
+    if (first == -2) {
+        const char *e = getenv("TRAIN_GPT_INJECT_NAN");
+        first = -1;
+        if (e && sscanf(e, "%d:%d", &first, &count) != 2) { first = -1; }
+    }
+    if (first < 0 || step < first || step >= first + count || m->grid->rank != 0) { return; }
+    Zero *z = &m->zero;
+    float nan = NAN;
+    upload_floats(z->stage < 2 ? z->grads : z->grads_shard, &nan, 1);
+}
+
 #ifndef TESTING
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
@@ -1672,7 +2011,10 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     Args args;
     default_args(&args);
-    parse_args(argc, argv, &args, rank);
+    parse_args(argc, argv, &args);
+    watchdog_start(args.timeout, rank);   // from here a stalled peer stops this rank
+    signals_install();
+    agree_on_args(&args, rank, world);
     if (args.resume && args.output_dir == NULL) { fail_all(rank, "-y needs an output dir (-o)"); }
 
     // the model, the grid, this rank's part of the model
@@ -1680,10 +2022,14 @@ int main(int argc, char **argv) {
     int resume_step;
     float *params = load_model(&args, rank, &config, &resume_step);
     validate_layout(&args, &config, world, rank);
-    if (args.output_dir) { check_output_dir(args.output_dir, rank); }
     Grid grid;
     grid_init(&grid, args.tp, args.pp, args.ep);
     grid_print(&grid);
+    DataLoader train_loader, val_loader;   // (checked before anything is written)
+    Tokenizer tokenizer;
+    int have_val = setup_data(&args, &config, &grid, &train_loader, &val_loader, &tokenizer);
+    agree_on_inputs(&config, params, &train_loader, rank, world);
+    if (args.output_dir) { check_output_dir(args.output_dir, rank); lock_output_dir(args.output_dir, rank); }
     if (args.trace_dir) { check_output_dir(args.trace_dir, rank); }
     trace_open(args.trace_dir, rank);
     GPT2 model;
@@ -1691,112 +2037,83 @@ int main(int argc, char **argv) {
     free(params);
     int accum = args.total_batch / (args.B * args.T * grid.dp);
     gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), args.sample_every > 0);
-    if (rank == 0) {
-        printf("model: L %d C %d NH %d V %d (padded %d) maxT %d, %zu parameters, %s\n", config.num_layers, config.channels,
-               config.num_heads, config.vocab_size, config.padded_vocab_size, config.max_seq_len, model.num_parameters, PRECISION_NAME);
-        if (config.num_experts > 0) {
-            printf("moe: %d of %d layers (every %d), %d experts, top-%d, capacity factor %.3f (%d per expert and sequence%s), drop %s, "
-                   "aux %g, z %g; ep %d (%d experts per rank), edp %d\n", num_moe_layers(&config), config.num_layers, config.moe_every,
-                   config.num_experts, config.topk, args.cap1000 / 1000.0, model.moe_cap, args.cap1000 == 0 ? ", dropless" : "",
-                   args.drop_policy, args.aux_coeff, args.z_coeff, grid.ep, model.El, grid.dp / grid.ep);
-        }
-        printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, pp %d (%s), ce chunk %d\n",
-               args.B, args.T, grid.dp, accum, args.total_batch, args.zero, args.tp, args.sp ? " + sp" : "", args.pp,
-               args.pp_schedule, args.ce_chunk);
-    }
+    print_setup(&args, &model, accum);
 
-    // data, schedule, optimizer, and the state of a resumed run
-    DataLoader train_loader, val_loader;
-    Tokenizer tokenizer;
-    int have_val = setup_data(&args, &config, &grid, &train_loader, &val_loader, &tokenizer);
+    // schedule, optimizer, and the state of a resumed run
     int steps_per_epoch = (int)(train_loader.rounds_per_epoch / accum);
     int max_steps = args.max_steps >= 0 ? args.max_steps : (steps_per_epoch > 0 ? steps_per_epoch : 1);
     LRScheduler sched = {args.scheduler, args.lr, args.final_frac, args.warmup, max_steps};
     OptConfig opt = {0.9f, 0.95f, 1e-8f, args.weight_decay, args.grad_clip, args.seed};
     Rng sample_rng;
     rng_init(&sample_rng, args.seed + 1);
-    int start_step = 0;
+    int start_step = resume_step >= 0 ? resume_step : 0;
     if (resume_step >= 0) {
         load_state(&model, args.output_dir, resume_step, &train_loader, &sample_rng, args.total_batch);
-        start_step = resume_step;
         if (rank == 0) { printf("resumed from step %d of %s\n", resume_step, args.output_dir); }
     }
-    FILE *logf = NULL;
-    if (args.output_dir && rank == 0) {
-        char path[1024];
-        snprintf(path, sizeof(path), "%s/main.log", args.output_dir);
-        logf = fopen_check(path, start_step > 0 ? "a" : "w");
-    }
+    FILE *logf = args.output_dir && rank == 0 ? open_log(args.output_dir, start_step) : NULL;
     int eot = tokenizer.init_ok ? tokenizer.eot_token : config.vocab_size - 1;
 
     // the training loop
-    double total_ms = 0.0, bubble = 0.0;   // bubble: the fraction of a step spent waiting on other stages
-    double a2a = 0.0;                      // MoE: the fraction of a step spent in the expert all-to-alls
+    StepTimes times;
+    memset(&times, 0, sizeof(times));
     model.moe_time_a2a = args.comm_report && config.num_experts > 0;
-    int timed_steps = 0;
-    for (int step = start_step; step < max_steps; step++) {
+    int step = start_step, saved = -1;
+    for (; step < max_steps; step++) {
         if (have_val && args.val_every > 0 && step % args.val_every == 0) {
             float vl = gpt2_validate(&model, &val_loader, args.val_batches);
-            if (rank == 0) { printf("val loss %.6f\n", vl); if (logf) { fprintf(logf, "s:%d tel:%.6f\n", step, vl); fflush(logf); } }
+            if (rank == 0) { printf("val loss %.6f\n", vl); log_printf(logf, "s:%d tel:%.6f\n", step, vl); }
         }
         if (args.sample_every > 0 && step > 0 && step % args.sample_every == 0) {
             gpt2_sample(&model, &tokenizer, &sample_rng, args.gen_tokens, eot);
         }
         comm_reset_counters(&grid);
-        model.pipe.wait_seconds = 0.0;
-        model.moe_a2a_seconds = 0.0;
+        model.pipe.wait_seconds = model.moe_a2a_seconds = 0.0;
         trace_begin();
         double t0 = wall_seconds();
         float loss = gpt2_forward_backward(&model, &train_loader, accum);
+        inject_nan_for_test(&model, step);
         float lr = lr_at(&sched, step);
-        float norm = gpt2_update(&model, &opt, lr, step);
+        float norm = gpt2_update(&model, &opt, lr, step, loss);
         device_synchronize();
         double ms = (wall_seconds() - t0) * 1e3;
         trace_end("step", "step", "\"step\":%d,\"pipeline_wait_ms\":%.3f", step, model.pipe.wait_seconds * 1e3);
-        if (step > start_step) {
-            total_ms += ms; timed_steps++;
-            bubble += model.pipe.wait_seconds / (ms / 1e3);
-            a2a += model.moe_a2a_seconds / (ms / 1e3);
-        }
-        double aux = 0, z = 0, dropped = 0;
-        if (config.num_experts > 0) { gpt2_moe_stats(&model, accum, &aux, &z, &dropped); }
-        if (rank == 0) {
-            printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, max_steps, loss, norm, lr,
-                   ms, args.total_batch / (ms / 1e3));
-            if (config.num_experts > 0) { printf(" | aux %.4f z %.4f dropped %.4f", aux, z, dropped); }
-            printf("\n");
-            if (logf) {
-                fprintf(logf, "s:%d trl:%.6f\n", step, loss);
-                if (config.num_experts > 0) { fprintf(logf, "s:%d aux:%.6f\ns:%d z:%.6f\ns:%d drop:%.6f\n", step, aux, step, z, step, dropped); }
-                fflush(logf);
-            }
+        if (step > start_step) { step_times_add(&times, &model, ms); }
+        log_step(&args, &model, logf, step, max_steps, accum, loss, norm, lr, ms);
+        if (model.skips_in_a_row >= args.max_skips) {
+            fail_all(rank, "step %d: %d updates in a row skipped for a non-finite loss or gradient norm (--max-skips %d); the parameters "
+                     "are those before step %d, and no checkpoint holds a non-finite value", step + 1, model.skips_in_a_row, args.max_skips,
+                     step + 2 - model.skips_in_a_row);
         }
         if (step == start_step) { report_first_step(&args, &model, accum); }
         if (args.checkpoint_every > 0 && (step + 1) % args.checkpoint_every == 0) {
             save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng, args.total_batch);
+            saved = step + 1;
+        }
+        // a stop asked for by a signal, on any rank: all ranks agree here, write a checkpoint and exit 0
+        int stop = stop_signal;
+        WATCHED("all-reduce (stop request)", "world", MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+        if (stop && step + 1 < max_steps) {
+            if (args.output_dir && saved != step + 1) { save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng, args.total_batch); }
+            if (rank == 0) {
+                printf("stopped by %s after step %d: %s\n", signal_name(stop), step + 1,
+                       args.output_dir ? "checkpoint written, resume with -y 1" : "no -o, so no checkpoint");
+            }
+            step = max_steps + 1;   // (no final validation or sample)
         }
     }
 
     // the end: validation, a sample, the timings
-    if (args.memory_report && max_steps == start_step) { mem_report(rank, world, "set up, no step run (-x 0)"); }
-    if (have_val && args.val_every > 0 && max_steps > start_step) {
-        float vl = gpt2_validate(&model, &val_loader, args.val_batches);
-        if (rank == 0) { printf("val loss %.6f\n", vl); if (logf) { fprintf(logf, "s:%d tel:%.6f\n", max_steps, vl); } }
-    }
-    if (args.sample_every > 0 && max_steps > start_step) { gpt2_sample(&model, &tokenizer, &sample_rng, args.gen_tokens, eot); }
-    if (rank == 0 && timed_steps > 0) { printf("average step: %.1f ms, %.0f tok/s\n", total_ms / timed_steps, args.total_batch / (total_ms / timed_steps / 1e3)); }
-    if (args.comm_report && grid.pp > 1 && timed_steps > 0) { report_bubble(&args, &grid, bubble, timed_steps, accum); }
-    if (model.moe_time_a2a && timed_steps > 0) {
-        double v[2] = {a2a / timed_steps, 0.0};
-        v[1] = v[0];
-        comm_sum_host(&grid.world, v, 1);
-        MPI_Allreduce(MPI_IN_PLACE, &v[1], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        if (rank == 0) {
-            printf("MoE all-to-all (ep %d, the device synchronised around each): %.1f%% of the step time on average over the ranks, %.1f%% at most\n",
-                   grid.ep, 100.0 * v[0] / world, 100.0 * v[1]);
+    if (step == max_steps) {
+        if (args.memory_report && max_steps == start_step) { mem_report(rank, world, "set up, no step run (-x 0)"); }
+        if (have_val && args.val_every > 0 && max_steps > start_step) {
+            float vl = gpt2_validate(&model, &val_loader, args.val_batches);
+            if (rank == 0) { printf("val loss %.6f\n", vl); log_printf(logf, "s:%d tel:%.6f\n", max_steps, vl); }
         }
+        if (args.sample_every > 0 && max_steps > start_step) { gpt2_sample(&model, &tokenizer, &sample_rng, args.gen_tokens, eot); }
     }
-    if (logf) { fclose(logf); }
+    report_times(&args, &model, &times, accum);
+    if (logf) { fclose_check(logf, "main.log"); }
     trace_close();
     tokenizer_free(&tokenizer);
     dataloader_free(&train_loader);

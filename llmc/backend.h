@@ -6,6 +6,7 @@
 #define LLMC_BACKEND_H
 
 #include "utils.h"
+#include "guard.h"
 
 #if defined(__CUDACC__)
 #define USE_CUDA 1
@@ -217,7 +218,8 @@ static void backend_init(int local_rank) {
 
 static void device_synchronize(void) {
 #ifdef USE_CUDA
-    cudaCheck(cudaStreamSynchronize(main_stream));
+    // (with NCCL a hung collective shows here: the watchdog sees it, guard.h)
+    WATCHED("device synchronize", "-", cudaCheck(cudaStreamSynchronize(main_stream)));
 #endif
 }
 
@@ -233,7 +235,7 @@ static void copy_to_device(void *dst, const void *src, size_t bytes) {
 static void copy_to_host(void *dst, const void *src, size_t bytes) {
 #ifdef USE_CUDA
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, main_stream));
-    cudaCheck(cudaStreamSynchronize(main_stream));
+    WATCHED("device synchronize", "-", cudaCheck(cudaStreamSynchronize(main_stream)));
 #else
     memcpy(dst, src, bytes);
 #endif

@@ -14,6 +14,7 @@
 
 #include "backend.h"
 #include "trace.h"
+#include "guard.h"
 
 typedef enum { DT_FLOAT, DT_FLOATX } DType;
 
@@ -46,6 +47,13 @@ static ncclDataType_t nccl_type(DType t) {
 }
 #endif
 
+#ifdef USE_NCCL
+// every NCCL communicator, so that the watchdog can abort them all (guard.h)
+static ncclComm_t nccl_comms[16];
+static int nccl_ncomms = 0;
+static void nccl_abort_all(void) { for (int i = 0; i < nccl_ncomms; i++) { ncclCommAbort(nccl_comms[i]); } }
+#endif
+
 static void group_init(Group *g, const char *name, int color, int key) {
     g->name = name;
     g->bytes = 0;
@@ -61,6 +69,8 @@ static void group_init(Group *g, const char *name, int color, int key) {
         if (g->rank == 0) { ncclCheck(ncclGetUniqueId(&id)); }
         MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g->mpi);
         ncclCheck(ncclCommInitRank(&g->nccl, g->size, id, g->rank));
+        if (nccl_ncomms < 16) { nccl_comms[nccl_ncomms++] = g->nccl; }
+        watch_abort = nccl_abort_all;
     }
 #endif
 }
@@ -149,12 +159,16 @@ typedef struct {
     size_t move_bytes;
 #endif
     int active;
+    const char *group;   // (for the watchdog's message)
 } CommRequest;
 
 static void comm_count(Group *g, double bytes) { g->bytes += bytes; g->calls++; }
+static void comm_mark(CommRequest *async, Group *g) { if (async) { async->group = g->name; } }
 
 // --trace: each collective is a span (trace.h) named by its operation, with its group and bytes
 #define COMM_TRACE_END(op, g, bytes, async) trace_end(op, "comm", "\"group\":\"%s\",\"bytes\":%.0f,\"async\":%d", (g)->name, (double)(bytes), (async) != NULL)
+// --timeout: each blocking op is watched (guard.h) from its start to its end
+#define COMM_WATCH(op, g) watch_enter(op, (g)->name)
 
 #ifdef USE_NCCL
 // Every NCCL call runs on comm_stream, so that the calls on one communicator are issued to one
@@ -187,7 +201,9 @@ static MPI_Datatype mpi_type(DType t) { (void)t; return MPI_FLOAT; }
 static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest *async) {
     if (g->size == 1) { return; }
     comm_count(g, 2.0 * (g->size - 1) / g->size * n * comm_type_size(t));
+    comm_mark(async, g);
     trace_begin();
+    COMM_WATCH("all-reduce", g);
 #ifdef USE_NCCL
     ncclCheck(ncclAllReduce(buf, buf, n, nccl_type(t), ncclSum, g->nccl, comm_stream_begin()));
     comm_stream_end(async);
@@ -195,6 +211,7 @@ static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest 
     if (async) { MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(t), MPI_SUM, g->mpi, &async->req); async->active = 1; }
     else { MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(t), MPI_SUM, g->mpi); }
 #endif
+    watch_leave();
     COMM_TRACE_END("all-reduce", g, 2.0 * (g->size - 1) / g->size * n * comm_type_size(t), async);
 }
 
@@ -204,7 +221,9 @@ static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n
     size_t es = comm_type_size(t);
     if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * es); } return; }
     comm_count(g, (double)(g->size - 1) * n * es);
+    comm_mark(async, g);
     trace_begin();
+    COMM_WATCH("reduce-scatter", g);
 #ifdef USE_NCCL
     ncclCheck(ncclReduceScatter(send, recv, n, nccl_type(t), ncclSum, g->nccl, comm_stream_begin()));
     comm_stream_end(async);
@@ -224,6 +243,7 @@ static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n
         if (in_place) { memmove(recv, send, n * es); }
     }
 #endif
+    watch_leave();
     COMM_TRACE_END("reduce-scatter", g, (g->size - 1.0) * n * es, async);
 }
 
@@ -233,7 +253,9 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
     size_t es = comm_type_size(t);
     if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * es); } return; }
     comm_count(g, (double)(g->size - 1) * n * es);
+    comm_mark(async, g);
     trace_begin();
+    COMM_WATCH("all-gather", g);
 #ifdef USE_NCCL
     ncclCheck(ncclAllGather(send, recv, n, nccl_type(t), g->nccl, comm_stream_begin()));
     comm_stream_end(async);
@@ -248,6 +270,7 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
         MPI_Allgather(sb, (int)n, mpi_type(t), recv, (int)n, mpi_type(t), g->mpi);
     }
 #endif
+    watch_leave();
     COMM_TRACE_END("all-gather", g, (g->size - 1.0) * n * es, async);
 }
 
@@ -262,6 +285,7 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
     for (int j = 0; j < g->size; j++) { if (j != g->rank) { sent += send_counts[j] * es; } }
     comm_count(g, sent);
     trace_begin();
+    COMM_WATCH("all-to-all", g);
 #ifdef USE_NCCL
     cudaStream_t s = comm_stream_begin();
     ncclCheck(ncclGroupStart());
@@ -279,6 +303,7 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
     MPI_Alltoallv(send, sc, so, mpi_type(t), recv, rc, ro, mpi_type(t), g->mpi);
     free(sc);
 #endif
+    watch_leave();
     COMM_TRACE_END("all-to-all", g, sent, (CommRequest *)NULL);
 }
 
@@ -309,6 +334,7 @@ static void comm_sendrecv(Group *g, const void *send, size_t ns, int dest, void 
     size_t es = comm_type_size(t);
     if (ns) { comm_count(g, (double)ns * es); }
     trace_begin();
+    COMM_WATCH(ns && nr ? "send-recv" : (ns ? "send" : "recv"), g);
 #ifdef USE_NCCL
     cudaStream_t s = comm_stream_begin();
     ncclCheck(ncclGroupStart());
@@ -325,19 +351,23 @@ static void comm_sendrecv(Group *g, const void *send, size_t ns, int dest, void 
         MPI_Recv(recv, (int)nr, mpi_type(t), src, 0, g->mpi, MPI_STATUS_IGNORE);
     }
 #endif
+    watch_leave();
     trace_end(ns && nr ? "send-recv" : (ns ? "send" : "recv"), "comm", "\"group\":\"%s\",\"bytes\":%.0f,\"received\":%.0f",
               g->name, (double)ns * es, (double)nr * es);
 }
 
 static void comm_barrier(Group *g) {
     device_synchronize();
+    COMM_WATCH("barrier", g);
     MPI_Barrier(g->mpi);
+    watch_leave();
 }
 
 // Makes the compute stream wait for an asynchronous collective (CPU: waits for it).
 static void comm_wait(CommRequest *r) {
     if (!r->active) { return; }
     trace_begin();
+    watch_enter("wait for an asynchronous collective", r->group ? r->group : "?");
 #ifdef USE_NCCL
     cudaCheck(cudaStreamWaitEvent(main_stream, r->done, 0));
     cudaCheck(cudaEventDestroy(r->done));
@@ -346,20 +376,25 @@ static void comm_wait(CommRequest *r) {
     if (r->move_bytes) { memmove(r->move_dst, r->move_src, r->move_bytes); }
 #endif
     r->active = 0;
+    watch_leave();
     trace_end("wait", "comm", NULL);
 }
 
 // Small host-side reductions (loss, norms, flags) always go through MPI, on both backends.
 static void comm_sum_host(Group *g, double *vals, int n) {
     if (g->size == 1) { return; }
+    COMM_WATCH("host all-reduce", g);
     MPI_Allreduce(MPI_IN_PLACE, vals, n, MPI_DOUBLE, MPI_SUM, g->mpi);
+    watch_leave();
 }
 
 // Host ints of every rank, concatenated in rank order (the expert dispatch counts): all (size * n).
 // Metadata, through MPI on both backends; not counted in the group's bytes.
 static void comm_all_gather_host_ints(Group *g, const int *mine, int n, int *all) {
     if (g->size == 1) { memcpy(all, mine, sizeof(int) * n); return; }
+    COMM_WATCH("host all-gather", g);
     MPI_Allgather(mine, n, MPI_INT, all, n, MPI_INT, g->mpi);
+    watch_leave();
 }
 
 static void comm_reset_counters(Grid *grid) {

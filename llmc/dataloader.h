@@ -10,9 +10,9 @@
 //    draw the same). The draws, in llm.c's order: at the start of every epoch a shuffle of the shard
 //    order (of the previous epoch's order, not of the identity); then, as each shard is entered, a
 //    shuffle of the identity over its rounds. Shuffling n items takes n-1 draws.
-// The position (epoch, shard_pos, round) is all a checkpoint stores: dataloader_seek replays the
-// generator from its seed through the earlier epochs and shards (a few draws per round), so a resumed
-// run reads exactly the batches an uninterrupted one would.
+// A position is (epoch, shard_pos, round); dataloader_seek replays the generator from its seed through
+// the earlier epochs and shards (a few draws per round), so a resumed run reads exactly the batches an
+// uninterrupted one would. A checkpoint stores only the step: dataloader_seek_rounds finds the position.
 #ifndef LLMC_DATALOADER_H
 #define LLMC_DATALOADER_H
 
@@ -121,6 +121,21 @@ static void dataloader_seek(DataLoader *d, int epoch, int shard_pos, int round) 
 }
 
 static void dataloader_reset(DataLoader *d) { dataloader_seek(d, 0, 0, 0); }
+
+// The position after n rounds read from the start (a checkpoint's: step x accumulation rounds per
+// step). Derived from the count alone, it is the position an uninterrupted run of THIS layout (B, dp)
+// would have, so a checkpoint resumes in another layout as if that layout had run from the start;
+// with shuffling each dp rank walks its own shard order, as llm.c's ranks do.
+static void dataloader_seek_rounds(DataLoader *d, uint64_t n) {
+    uint64_t per_epoch = d->rounds_per_epoch;
+    if (per_epoch == 0) { fail("the data has no complete batch"); }
+    if (n / per_epoch > 1000000) { fail("data position: %llu rounds is over a million epochs of this data", (unsigned long long)n); }
+    int epoch = (int)(n / per_epoch), pos = 0;
+    uint64_t rem = n % per_epoch;
+    dataloader_seek(d, epoch, 0, 0);   // this epoch's shard order
+    while (rem >= (uint64_t)d->shard_rounds[d->shard_order[pos]]) { rem -= d->shard_rounds[d->shard_order[pos]]; pos++; }
+    dataloader_seek(d, epoch, pos, (int)rem);
+}
 
 static void dataloader_alloc(DataLoader *d) {
     d->shard_order = (int *)malloc_check(sizeof(int) * d->nshards);

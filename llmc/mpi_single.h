@@ -18,6 +18,7 @@ typedef struct { int unused; } MPI_Status;
 #define MPI_COMM_TYPE_SHARED 0
 #define MPI_INFO_NULL 0
 #define MPI_BYTE 1
+#define MPI_CHAR 1
 #define MPI_INT 4
 #define MPI_FLOAT 4
 #define MPI_DOUBLE 8

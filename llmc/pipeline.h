@@ -138,7 +138,7 @@ static void pipeline_run(Pipeline *p, int m, StageWork w) {
         trace_begin();
         device_synchronize();
         double t0 = wall_seconds();
-        MPI_Barrier(p->pp->mpi);
+        WATCHED("pipeline flush barrier", p->pp->name, MPI_Barrier(p->pp->mpi));
         p->wait_seconds += wall_seconds() - t0;
         trace_end("flush", "pipeline", NULL);
     }

@@ -83,4 +83,15 @@ static void *malloc_check(size_t bytes) {
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
+// File names: dir + "/" + a printf name, never truncated (-o is checked against PATH_LEN up front).
+#define PATH_LEN 4096
+static void path_join(char *out, const char *dir, const char *fmt, ...) {
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof(name), fmt, ap);
+    va_end(ap);
+    if (snprintf(out, PATH_LEN, "%s/%s", dir, name) >= PATH_LEN) { fail("the path '%s/%s' is too long (at most %d bytes)", dir, name, PATH_LEN - 1); }
+}
+
 #endif

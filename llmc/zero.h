@@ -230,6 +230,30 @@ static void zero_get_unit_params(Zero *z, int u, float *host) {
     free(padded);
 }
 
+// The AdamW state of unit u (which: 0 m, 1 v, 2 the fp32 master weights, NULL without one) as a host
+// fp32 copy of the whole unit (U->size elements), for checkpoints: the owned shards all-gathered over
+// the unit's group (stage 0: every rank holds it all). Every rank of the group must call.
+static float *zero_state_array(Zero *z, int which) { return which == 0 ? z->m : which == 1 ? z->v : z->master; }
+
+static void zero_get_unit_state(Zero *z, int u, int which, float *host) {
+    const Unit *U = &z->units[u];
+    float *state = zero_state_array(z, which);
+    if (z->stage == 0) { copy_to_host(host, state + zero_owned_state(z, u, 0), U->size * sizeof(float)); return; }
+    float *shard = (float *)malloc_check(U->shard * sizeof(float)), *padded = (float *)malloc_check(U->padded * sizeof(float));
+    copy_to_host(shard, state + zero_owned_state(z, u, zero_shard_start(z, u)), U->shard * sizeof(float));
+    WATCHED("all-gather of optimizer state (checkpoint)", U->dpg->name,
+            MPI_Allgather(shard, (int)U->shard, MPI_FLOAT, padded, (int)U->shard, MPI_FLOAT, U->dpg->mpi));
+    memcpy(host, padded, U->size * sizeof(float));
+    free(shard); free(padded);
+}
+
+// Sets the owned part of state `which` of unit u from a host copy of the whole unit (resume).
+static void zero_set_unit_state(Zero *z, int u, int which, const float *host) {
+    size_t start, len;
+    zero_owned_range(z, u, &start, &len);
+    if (len > 0) { copy_to_device(zero_state_array(z, which) + zero_owned_state(z, u, start), host + start, len * sizeof(float)); }
+}
+
 // ----------------------------------------------------------------------------
 // gradients
 

@@ -30,6 +30,10 @@ write("model_version.bin", header(20240326, 7, [maxT, V, L, NH, C, Vp]) + body)
 write("model_trunc.bin", header(20240326, 3, [maxT, V, L, NH, C, Vp]) + body[: len(body) // 2])
 write("model_header.bin", header(20240326, 3, [maxT, V, L + 1, NH, C, Vp]) + body)
 write("model_nh.bin", header(20240326, 3, [maxT, V, L, 3, C, Vp]) + body)
+vals = [0.01] * P; vals[Vp * C + 7] = float("nan")   # wpe[7]
+write("model_nan.bin", header(20240326, 3, [maxT, V, L, NH, C, Vp]) + struct.pack("<%df" % P, *vals))
+vals = [0.01] * P; vals[3] = float("inf")            # wte[3]
+write("model_inf.bin", header(20240326, 3, [maxT, V, L, NH, C, Vp]) + struct.pack("<%df" % P, *vals))
 # MoE files (version 13): E 4, k 2, every 1; the dense MLP tensors hold no layer, the MoE tensors follow
 E, k = 4, 2
 Pm = Vp*C + maxT*C + L*(2*C + 3*C*C + 3*C + C*C + C + 2*C) + 2*C + L*E*(C + 4*C*C + 4*C + 4*C*C + C)
@@ -108,6 +112,14 @@ expect bad_big_config   1 "malformed model descriptor"        -e "L=4,C=65536,NH
 expect batch_overflow   1 "too large"                         -e "L=1,C=64,NH=4,V=250,maxT=4096" -t 4096 -b 1048576
 expect zero_t           1 "-t must be in"                     -e "$TINY" -t 0
 expect negative_steps   1 "-x must be in"                     -e "$TINY" -x -5
+# non-finite weights, paths, repeated flags
+expect model_nan        1 "model_nan.bin: wpe[7] is nan, not a finite number" -e "$W/model_nan.bin"
+expect model_inf        1 "model_inf.bin: wte[3] is inf, not a finite number" -e "$W/model_inf.bin"
+expect empty_out        1 "-o expects a directory, got '' (an unset variable?)" -e "$TINY" -o ""
+expect long_out         1 "bytes long, at most 4032"           -e "$TINY" -o "$W/$(printf 'a%.0s' $(seq 1 4980))"
+expect zero_alias_twice 1 "flag --zero is given twice (or under its alias)" -e "$TINY" -z 1 --zero 2
+expect tp_alias_twice   1 "flag --tp is given twice (or under its alias)"   -e "$TINY" --tp 1 --tensor-model-parallel-size 2
+expect desc_key_twice   1 "malformed model descriptor"        -e "L=2,L=3,C=64,NH=4"
 # Mixture of Experts
 MOE="$TINY,E=4,k=2"
 expect moe_ep_experts   3 "--ep 3 does not divide the number of experts 4" -e "$MOE" --ep 3
@@ -131,7 +143,7 @@ expect moe_resume_E     1 "a checkpoint resumes with its own shape" -e "$MOE" -t
 expect moe_resume_k     1 "--topk 1, but the checkpoint has k = 2" -e "$MOE" -t 32 -b 4 -x 4 -y 1 --topk 1 -o "$W/ckpt_moe"
 # a checkpoint written with one batch shape cannot be resumed with another
 $BIN/train_gpt -e "$TINY" -t 32 -b 4 -x 2 -n 2 -s 0 -v 0 -o "$W/ckpt_shape" >/dev/null 2>&1
-expect resume_shape     1 "was written with -b 4 -t 32"       -e "$TINY" -t 32 -b 2 -x 4 -y 1 -o "$W/ckpt_shape"
+expect resume_shape     1 "was written with -t 32 -d 128"     -e "$TINY" -t 32 -b 2 -x 4 -y 1 -o "$W/ckpt_shape"
 # a NO_MPI=1 binary launched as several ranks refuses instead of running N separate copies
 if [ -x build/cpu-nompi/train_gpt ]; then
     timeout 60 $MPIRUN -np 2 build/cpu-nompi/train_gpt -e "$TINY" -t 32 -x 1 >"$W/nompi.log" 2>&1

@@ -194,6 +194,10 @@ run_script test_train
 run_script test_moe_train
 run_script test_data    # llm.c's shuffled order (vs dev/data/shuffle_ref.py), shuffled resume, GPT-2 tokens offline
 run_script test_trace   # --trace: a Chrome trace per rank, its spans, its bubble = --comm-report's
+echo "== reliability: layout-independent checkpoints, faults, fuzzed files"
+run_script test_resume_layouts   # a checkpoint of one layout resumed in another = that layout's uninterrupted run
+run_script test_faults           # NaN skips, checksums, kill -9 + resume, a stalled rank, SIGUSR1/SIGTERM, the lock, a full disk, MPMD flags
+run_script test_fuzz             # 500 mutated model, state, data and tokenizer files: no crash, no hang
 echo "== bad input"
 run_script test_bad_input
 
