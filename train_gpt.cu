@@ -1377,6 +1377,7 @@ static void load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *
     fclose(f);
     m->updates = h[SH_UPDATES]; m->skips = h[SH_SKIPS]; m->skips_in_a_row = h[SH_SKIPS_IN_A_ROW];
     rng->s = (uint32_t)h[SH_RNG_LO] | (uint64_t)(uint32_t)h[SH_RNG_HI] << 32;
+    if (rng->s == 0) { fail("state file '%s' holds the generator state 0, which no run can reach", path); }
     dataloader_seek_rounds(dl, (uint64_t)step * (total_batch / (m->B * m->T * g->dp)));   // accumulation rounds per step
 }
 

@@ -33,7 +33,13 @@ say $? "5 skipped updates in a row stop the run: $(grep -m1 '^error' "$W/nan10.l
 "$BIN/train_gpt" "${COMMON[@]}" -x 9 -y 1 -o "$W/nan10" >"$W/nan10r.log" 2>&1
 say $? "the newest checkpoint of that run (written while it skipped) holds no NaN: it resumes"
 
-# 2. checksums: a flipped byte in the body of a model or state file is found
+# 2. checksums: slot 255 holds zlib's CRC-32 of the body; a flipped byte in the body of a model or state file is found
+python3 - "$W/nan2/model_00000010.bin" "$W/nan2/state_00000010.bin" <<'PYEOF'
+import struct, sys, zlib
+ok = all(struct.unpack("<256i", open(p, "rb").read(1024))[255] & 0xFFFFFFFF == zlib.crc32(open(p, "rb").read()[1024:]) for p in sys.argv[1:])
+sys.exit(0 if ok else 1)
+PYEOF
+say $? "header slot 255 of the model and state files is zlib.crc32 of the body (checked with Python's zlib)"
 mkdir -p "$W/crc"; cp "$W/nan2/DONE_00000010" "$W/crc/"
 for f in model state; do
     cp "$W/nan2/${f}_00000010.bin" "$W/crc/${f}_00000010.bin"
