@@ -231,17 +231,25 @@ static void check_memory(GPT2 *m, int accum) {
         Rs = m->B * fmin(m->T * k, E * cap);
         Rr = m->grid->ep * m->B * fmin(m->T * kl, El * cap);
     }
-    double per_micro = X * ((Ls + 1) * BTs * C + 3.0 * Ls * BTs * C + (m->last ? 2 * BTs * C : 0))
-                       + 4.0 * (4.0 * Ls * BTs + (m->last ? 2 * BTs : 0))
-                       + X * Ls * BT * 4.0 * Cl + X * (Ls - nmoe) * BT * 8.0 * Cl + 4.0 * Ls * BT * m->NHl + 2 * 4.0 * BT
-                       + nmoe * (4.0 * (BT * E + BT + 4 * BT * k + m->B * E) + X * (Rr * C + 2 * Rr * 4 * Cl + Rs * C));
+    // per layer: the LayerNorm/residual tensors, qkv and attention output, the attention lse; a dense
+    // layer's fc and GELU outputs; a MoE layer's routing and expert rows, and its experts' fc and GELU
+    double core = X * 3.0 * BTs * C + 4.0 * 4.0 * BTs + X * BT * 4.0 * Cl + 4.0 * BT * m->NHl;
+    double dense_fc = X * BT * 8.0 * Cl, route = 4.0 * (BT * E + BT + 4 * BT * k + m->B * E) + X * (Rr * C + Rs * C);
+    double hidden = X * 2 * Rr * 4 * Cl, Ld = Ls - nmoe;
+    double stage = X * (Ls + 1) * BTs * C + (m->last ? X * 2 * BTs * C + 4.0 * 2 * BTs : 0) + 2 * 4.0 * BT;   // residual stream, lnf, tokens
+    // --recompute: what is recomputed is not stored per micro-batch; one layer of it lives in a scratch
+    double per_micro, scratch;
+    if (m->recompute == RECOMPUTE_NONE) { per_micro = stage + Ls * core + Ld * dense_fc + nmoe * (route + hidden); scratch = 0; }
+    else if (m->recompute == RECOMPUTE_MLP) { per_micro = stage + Ls * core + nmoe * route; scratch = (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? hidden : 0); }
+    else { per_micro = stage; scratch = (Ls > 0 ? core : 0) + (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? route + hidden : 0); }
     int alive = m->pipe.schedule == SCHEDULE_GPIPE ? accum : m->grid->pp - m->grid->pp_rank;
     if (alive > accum) { alive = accum; }
     check(m->pipe.nslots == alive, "memory: %d micro-batches of activations alive, formula %d (%s, stage %d of %d, %d micro-batches)",
           m->pipe.nslots, alive, m->pipe.schedule == SCHEDULE_GPIPE ? "GPipe: all" : "1F1B: pp - stage", m->grid->pp_rank, m->grid->pp, accum);
-    double act_expect = per_micro * m->pipe.nslots;
-    check(fabs((double)mem_current[MEM_ACTIVATIONS] - act_expect) < 1, "memory: activations %.0f B, formula %.0f B (%d x %.0f; BTs %d)",
-          (double)mem_current[MEM_ACTIVATIONS], act_expect, m->pipe.nslots, per_micro, m->BTs);
+    double act_expect = per_micro * m->pipe.nslots + scratch;
+    static const char *modes[3] = {"none", "mlp", "full"};
+    check(fabs((double)mem_current[MEM_ACTIVATIONS] - act_expect) < 1, "memory: activations %.0f B, formula %.0f B (%d x %.0f + recompute scratch %.0f; BTs %d, recompute %s)",
+          (double)mem_current[MEM_ACTIVATIONS], act_expect, m->pipe.nslots, per_micro, scratch, m->BTs, modes[m->recompute]);
     if (nmoe > 0) {   // the dispatch buffers, send and receive, at their worst case
         double comm_expect = X * (Rs + Rr) * C;
         check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1, "memory: MoE dispatch buffers %.0f B = (Rs %.0f + Rr %.0f rows) x C x %d B",
@@ -312,10 +320,11 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
         check(fabs(g->pp_group.bytes - expect) < 1, "comm: pp bytes/step %.0f = formula %.0f (%d micro-batches x (B*T/tp_sp) x C, to %s)",
               g->pp_group.bytes, expect, accum, first ? "the next stage" : (last ? "the previous stage" : "both neighbours"));
     }
+    int runs = m->recompute == RECOMPUTE_FULL ? 3 : 2;   // forward, backward (and the recomputed forward)
     if (g->ep > 1 && nmoe > 0) {   // rows x C x X each way, forward (dispatch, return) and backward (the same)
-        double expect = 2.0 * ep_rows * c->channels * X;
-        check(fabs(g->ep_group.bytes - expect) < 1, "comm: ep bytes/step %.0f = formula %.0f (2 x %.0f rows to / from the other ep ranks x C x %d B: all-to-all dispatch and return, forward and backward)",
-              g->ep_group.bytes, expect, ep_rows, (int)X);
+        double expect = runs * ep_rows * c->channels * X;
+        check(fabs(g->ep_group.bytes - expect) < 1, "comm: ep bytes/step %.0f = formula %.0f (%d x %.0f rows to / from the other ep ranks x C x %d B: all-to-all dispatch and return, forward, backward%s)",
+              g->ep_group.bytes, expect, runs, ep_rows, (int)X, runs == 3 ? ", recomputed forward" : "");
     }
     if (tp > 1) {
         double S = X * m->BT * c->channels, ring = (tp - 1.0) / tp;
@@ -325,6 +334,7 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
         // per micro-batch: 4 per layer of this stage, plus the embedding (first stage) and the head (last stage)
         double ends = first + last;
         double act = m->sp ? (2 * ends + 10.0 * Ls) * ring * S : (2 * ends + 8.0 * Ls) * ring * S;
+        if (m->recompute == RECOMPUTE_FULL) { act += 4.0 * Ls * ring * S; }   // each layer's forward collectives, again
         // pipeline without SP: each tp rank received 1/tp of the stage boundary tensors, then all-gathered
         double pipe_ag = g->pp > 1 && !m->sp ? ((first ? 0 : 1) + (last ? 0 : 1)) * ring * S * m->BTs / m->BT : 0;
         // MoE: the gates' gradient (BT, k) fp32, all-reduced per MoE layer
@@ -507,6 +517,7 @@ int main(int argc, char **argv) {
     }
     GPT2 model;
     gpt2_build(&model, &config, params, &grid, args.zero, args.sp, moe);
+    model.recompute = recompute_mode(args.recompute);
     gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
     DataLoader loader;
     char data_path[1024];
@@ -592,6 +603,7 @@ int main(int argc, char **argv) {
         MPI_Barrier(MPI_COMM_WORLD);
         GPT2 run;
         gpt2_build(&run, &config, params, &grid, args.zero, args.sp, moe);
+        run.recompute = model.recompute;
         gpt2_alloc_activations(&run, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
         DataLoader dl2;
         dataloader_init(&dl2, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
@@ -613,6 +625,7 @@ int main(int argc, char **argv) {
         check(!memcmp(&c2, &config, sizeof(config)), "checkpoint: the model file keeps the shape (E %d k %d every %d)", c2.num_experts, c2.topk, c2.moe_every);
         gpt2_build(&resumed, &c2, p2, &grid, args.zero, args.sp, moe);
         free(p2);
+        resumed.recompute = model.recompute;
         gpt2_alloc_activations(&resumed, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
         DataLoader dl3;
         dataloader_init(&dl3, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);

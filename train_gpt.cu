@@ -381,6 +381,13 @@ static float *upcycle_dense(const GPT2Config *dense, float *dense_all, const GPT
 // ----------------------------------------------------------------------------
 // the model
 
+// Activation recompute (--recompute): none stores every layer's activations for the backward; mlp drops
+// the MLP's fc and GELU outputs (the experts' too), the largest, and recomputes them in the backward from
+// the stored ln2 output; full keeps only each layer's input and recomputes the whole layer (its
+// tensor-parallel collectives and expert all-to-alls included) before its backward. The results are
+// bit-identical: the recomputation runs the same kernels on the same inputs.
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_MLP, RECOMPUTE_FULL } Recompute;
+
 typedef struct {        // one MoE layer of one micro-batch, stored for the backward (moe.h names them)
     float *probs;       // (BT, E) router probabilities
     float *lse;         // (BT) router log-sum-exp (the z-loss)
@@ -472,6 +479,9 @@ typedef struct {
     size_t moe_rows_send, moe_rows_recv;   // Rs, Rr: rows of the dispatch buffers (their worst case)
     float moe_aux_scale, moe_z_scale;      // the auxiliary losses' seeds for this step (see moe.h)
     int moe_count_stats;         // add the forward's numbers to moe_stats (training, not validation)
+    Recompute recompute;         // what the backward recomputes instead of storing (see layer_acts)
+    int recomputing;             // the forward running now is a recomputation (its MoE numbers are not counted again)
+    Activations scratch;         // one layer's worth of what is recomputed, shared by the layers and micro-batches
     MoEStats moe_stats;
     int *route_log, route_log_left;        // test_gpt: (choice, keep) of each MoE layer run, when set
     int micro;                   // the micro-batch running (for --trace)
@@ -480,18 +490,24 @@ typedef struct {
     double moe_a2a_seconds;      // this step's time in them
 } GPT2;
 
+// Layer l's slice of micro-batch a's activations. What the backward recomputes lives in m->scratch
+// (one layer): under mlp the fc and GELU outputs, under full everything but the layer's input and
+// output (the residual stream, always stored).
 static LayerActs layer_acts(const GPT2 *m, const Activations *a, int l) {
-    size_t C = m->config.channels, Cl = m->Cl, s = (size_t)l * m->BTs, f = (size_t)l * m->BT;
-    size_t dense = 0;   // dense layers of the stage before l
-    for (int i = 0; i < l; i++) { dense += !is_moe_layer(&m->config, m->l0 + i); }
+    int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE;
+    const Activations *h = full ? &m->scratch : a;   // where the per-layer tensors are
+    size_t C = m->config.channels, Cl = m->Cl, li = full ? 0 : l, s = li * m->BTs, f = li * m->BT;
+    size_t dense = 0;   // dense layers of the stage before l (the fc outputs are stored for those only)
+    for (int i = 0; i < l && !mlp; i++) { dense += !is_moe_layer(&m->config, m->l0 + i); }
+    const Activations *fc = mlp ? &m->scratch : a;
     LayerActs x;
-    x.res = a->resid + s * C; x.out = a->resid + (s + m->BTs) * C;
-    x.ln1 = a->ln1 + s * C; x.mid = a->mid + s * C; x.ln2 = a->ln2 + s * C;
-    x.ln1_mean = a->ln1_mean + s; x.ln1_rstd = a->ln1_rstd + s; x.ln2_mean = a->ln2_mean + s; x.ln2_rstd = a->ln2_rstd + s;
-    x.qkv = a->qkv + f * 3 * Cl; x.atty = a->atty + f * Cl;
-    x.fch = a->fch + dense * m->BT * 4 * Cl; x.fchg = a->fchg + dense * m->BT * 4 * Cl;
-    x.lse = a->lse + f * m->NHl;
-    x.moe = &a->moe[l];
+    x.res = a->resid + (size_t)l * m->BTs * C; x.out = a->resid + (size_t)(l + 1) * m->BTs * C;
+    x.ln1 = h->ln1 + s * C; x.mid = h->mid + s * C; x.ln2 = h->ln2 + s * C;
+    x.ln1_mean = h->ln1_mean + s; x.ln1_rstd = h->ln1_rstd + s; x.ln2_mean = h->ln2_mean + s; x.ln2_rstd = h->ln2_rstd + s;
+    x.qkv = h->qkv + f * 3 * Cl; x.atty = h->atty + f * Cl;
+    x.fch = fc->fch + dense * m->BT * 4 * Cl; x.fchg = fc->fchg + dense * m->BT * 4 * Cl;
+    x.lse = h->lse + f * m->NHl;
+    x.moe = &h->moe[li];
     return x;
 }
 
@@ -555,48 +571,71 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     size_t Rs = 0, Rr = 0;
     if (Lm > 0) { moe_buffer_rows(m, moe_dropless ? T : m->moe_cap, &Rs, &Rr); }
     m->moe_rows_send = Rs; m->moe_rows_recv = Rr;
+    // per micro-batch slot: the residual stream and, unless recomputed, every layer's tensors; the
+    // recomputed ones in m->scratch, one layer (of each kind the stage has) for all layers and slots
+    int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE;
     m->acts = (Activations *)malloc_check(nslots * sizeof(Activations));
-    for (int i = 0; i < nslots; i++) {
-        Activations *a = &m->acts[i];
+    memset(&m->scratch, 0, sizeof(m->scratch));
+    for (int i = 0; i <= nslots; i++) {
+        Activations *a = i < nslots ? &m->acts[i] : &m->scratch;
+        int scratch = i == nslots;
         memset(a, 0, sizeof(*a));
-        a->resid = (floatX *)mem_alloc((Ls + 1) * BTs * C * X, MEM_ACTIVATIONS);
-        a->ln1 = (floatX *)mem_alloc(Ls * BTs * C * X, MEM_ACTIVATIONS);
-        a->ln1_mean = (float *)mem_alloc(Ls * BTs * F, MEM_ACTIVATIONS);
-        a->ln1_rstd = (float *)mem_alloc(Ls * BTs * F, MEM_ACTIVATIONS);
-        a->qkv = (floatX *)mem_alloc(Ls * BT * 3 * Cl * X, MEM_ACTIVATIONS);
-        a->atty = (floatX *)mem_alloc(Ls * BT * Cl * X, MEM_ACTIVATIONS);
-        a->lse = (float *)mem_alloc(Ls * BT * m->NHl * F, MEM_ACTIVATIONS);
-        a->mid = (floatX *)mem_alloc(Ls * BTs * C * X, MEM_ACTIVATIONS);
-        a->ln2 = (floatX *)mem_alloc(Ls * BTs * C * X, MEM_ACTIVATIONS);
-        a->ln2_mean = (float *)mem_alloc(Ls * BTs * F, MEM_ACTIVATIONS);
-        a->ln2_rstd = (float *)mem_alloc(Ls * BTs * F, MEM_ACTIVATIONS);
-        a->fch = (floatX *)mem_alloc(Ld * BT * 4 * Cl * X, MEM_ACTIVATIONS);
-        a->fchg = (floatX *)mem_alloc(Ld * BT * 4 * Cl * X, MEM_ACTIVATIONS);
-        a->moe = (MoEActs *)calloc(Ls, sizeof(MoEActs));
+        size_t n = scratch ? (full ? 1 : 0) : (full ? 0 : Ls);                 // layers of the per-layer tensors here
+        size_t nfc = scratch ? (mlp && Ld > 0 ? 1 : 0) : (mlp ? 0 : Ld);       // ... of fc and GELU outputs
+        if (!scratch) { a->resid = (floatX *)mem_alloc((Ls + 1) * BTs * C * X, MEM_ACTIVATIONS); }
+        a->ln1 = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
+        a->ln1_mean = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
+        a->ln1_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
+        a->qkv = (floatX *)mem_alloc(n * BT * 3 * Cl * X, MEM_ACTIVATIONS);
+        a->atty = (floatX *)mem_alloc(n * BT * Cl * X, MEM_ACTIVATIONS);
+        a->lse = (float *)mem_alloc(n * BT * m->NHl * F, MEM_ACTIVATIONS);
+        a->mid = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
+        a->ln2 = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
+        a->ln2_mean = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
+        a->ln2_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
+        a->fch = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
+        a->fchg = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
+        a->moe = (MoEActs *)calloc(Ls + 1, sizeof(MoEActs));
         for (int l = 0; l < Ls; l++) {
-            if (!is_moe_layer(c, m->l0 + l)) { continue; }
-            MoEActs *ma = &a->moe[l];
-            ma->probs = (float *)mem_alloc(BT * E * F, MEM_ACTIVATIONS);
-            ma->lse = (float *)mem_alloc(BT * F, MEM_ACTIVATIONS);
-            ma->choice = (int *)mem_alloc(BT * k * I, MEM_ACTIVATIONS);
-            ma->gate = (float *)mem_alloc(BT * k * F, MEM_ACTIVATIONS);
-            ma->keep = (int *)mem_alloc(BT * k * I, MEM_ACTIVATIONS);
-            ma->row = (int *)mem_alloc(BT * k * I, MEM_ACTIVATIONS);
-            ma->f = (float *)mem_alloc((size_t)B * E * F, MEM_ACTIVATIONS);
-            ma->xe = (floatX *)mem_alloc(Rr * C * X, MEM_ACTIVATIONS);
-            ma->h = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_ACTIVATIONS);
-            ma->hg = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_ACTIVATIONS);
-            ma->ys = (floatX *)mem_alloc(Rs * C * X, MEM_ACTIVATIONS);
-            ma->counts = (int *)malloc_check((size_t)m->grid->ep * E * I);
+            // the MoE layers' routing and expert rows: stored per layer, or (full) one set in the scratch;
+            // the experts' fc and GELU outputs: stored, or (mlp, full) one set in the scratch
+            if (!is_moe_layer(c, m->l0 + l) || (scratch && !mlp)) { continue; }
+            int routing = scratch ? full : !full, hidden = scratch ? mlp : !mlp;
+            if (scratch && full && a->moe[0].probs) { continue; }   // one set
+            if (scratch && !full && a->moe[0].h) { continue; }
+            MoEActs *ma = &a->moe[scratch ? 0 : l];
+            if (routing) {
+                ma->probs = (float *)mem_alloc(BT * E * F, MEM_ACTIVATIONS);
+                ma->lse = (float *)mem_alloc(BT * F, MEM_ACTIVATIONS);
+                ma->choice = (int *)mem_alloc(BT * k * I, MEM_ACTIVATIONS);
+                ma->gate = (float *)mem_alloc(BT * k * F, MEM_ACTIVATIONS);
+                ma->keep = (int *)mem_alloc(BT * k * I, MEM_ACTIVATIONS);
+                ma->row = (int *)mem_alloc(BT * k * I, MEM_ACTIVATIONS);
+                ma->f = (float *)mem_alloc((size_t)B * E * F, MEM_ACTIVATIONS);
+                ma->xe = (floatX *)mem_alloc(Rr * C * X, MEM_ACTIVATIONS);
+                ma->ys = (floatX *)mem_alloc(Rs * C * X, MEM_ACTIVATIONS);
+                ma->counts = (int *)malloc_check((size_t)m->grid->ep * E * I);
+            }
+            if (hidden) {
+                ma->h = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_ACTIVATIONS);
+                ma->hg = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_ACTIVATIONS);
+            }
         }
-        if (m->last) {
+        if (!scratch && m->last) {
             a->lnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
             a->lnf_mean = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
             a->lnf_rstd = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
             a->dlnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
         }
-        a->inputs = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
-        a->targets = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
+        if (!scratch) {
+            a->inputs = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
+            a->targets = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
+        }
+    }
+    if (mlp && !full) {   // mlp: the stored MoE layers compute their experts' hidden rows in the scratch's
+        for (int i = 0; i < nslots; i++) {
+            for (int l = 0; l < Ls; l++) { m->acts[i].moe[l].h = m->scratch.moe[0].h; m->acts[i].moe[l].hg = m->scratch.moe[0].hg; }
+        }
     }
     Workspace *w = &m->ws;
     w->xfull = m->sp && tp > 1 ? (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE) : NULL;
@@ -769,13 +808,13 @@ static void moe_forward(GPT2 *m, MoEActs *ma, floatX *pe[NUM_TENSORS], const flo
     moe_regroup(m, ma->counts, w->mexp, w->mrecv, 0);
     moe_all_to_all(m, ma->counts, w->mrecv, ma->ys, 0);
     moe_combine(out, ma->ys, ma->gate, ma->row, BT, k, C);
-    if (m->route_log && m->route_log_left > 0) {   // test_gpt: this layer's routing
+    if (m->route_log && m->route_log_left > 0 && !m->recomputing) {   // test_gpt: this layer's routing
         copy_to_host(m->route_log, ma->choice, (size_t)BT * k * sizeof(int));
         copy_to_host(m->route_log + (size_t)BT * k, ma->keep, (size_t)BT * k * sizeof(int));
         m->route_log += 2 * (size_t)BT * k;
         m->route_log_left--;
     }
-    if (m->moe_count_stats) {   // aux and z of this micro-batch's sequences, the kept fraction
+    if (m->moe_count_stats && !m->recomputing) {   // aux and z of this micro-batch's sequences, the kept fraction
         float *f = (float *)malloc_check(sizeof(float) * (2 * B * E + B));
         copy_to_host(f, ma->f, sizeof(float) * B * E);
         copy_to_host(f + B * E, w->pmean, sizeof(float) * B * E);
@@ -810,6 +849,10 @@ static void moe_backward(GPT2 *m, MoEActs *ma, floatX *pe[NUM_TENSORS], floatX *
         size_t r0, n = moe_expert_rows(m, ma->counts, le, &r0);
         if (n == 0) { continue; }
         floatX *dye = w->mexp + r0 * C, *dh = w->mdh + r0 * 4 * Cl;
+        if (m->recompute == RECOMPUTE_MLP) {   // the rows' fc and GELU outputs again, from their stored input
+            matmul_forward_gelu(ma->hg + r0 * 4 * Cl, ma->h + r0 * 4 * Cl, ma->xe + r0 * C, pe[T_EFCW] + (size_t)le * 4 * Cl * C,
+                                pe[T_EFCB] + (size_t)le * 4 * Cl, (int)n, C, 4 * Cl);
+        }
         matmul_backward_dgelu(dh, ge[T_EFCPROJW] + (size_t)le * C * 4 * Cl, dye, ma->hg + r0 * 4 * Cl,
                               pe[T_EFCPROJW] + (size_t)le * C * 4 * Cl, ma->h + r0 * 4 * Cl, (int)n, 4 * Cl, C);
         bias_backward(ge[T_EFCPROJB] + (size_t)le * C, dye, (int)n, C);   // complete on every tp rank
@@ -826,13 +869,43 @@ static void moe_backward(GPT2 *m, MoEActs *ma, floatX *pe[NUM_TENSORS], floatX *
     if (m->grid->tp_rank == 0) { moe_router_dinput(dx, w->dlogits, wr, BT, C, E); }
 }
 
+// One layer: y.res (BTs, C) -> y.out, its activations into y. Tensor-parallel communication by the two
+// operations of tensor_parallel.h; ZeRO-3 gathers the layer's parameters (and its experts') as they come.
+static void layer_forward(GPT2 *m, LayerActs y, int l) {
+    int C = m->config.channels, B = m->B, T = m->T, BT = m->BT, BTs = m->BTs;
+    int Cl = m->Cl, NHl = m->NHl, sp = m->sp, ue = m->u_experts[l];
+    Group *tp = &m->grid->tp_group;
+    Workspace *w = &m->ws;
+    floatX *p[NUM_TENSORS], *x;
+    unit_view(&m->units[m->u_layer[l]], zero_unit_params(&m->zero, m->u_layer[l]), p);
+    // attention block: ln1 -> all tokens -> qkv (column-parallel, local heads) -> attention
+    //                  -> attproj (row-parallel) -> sum partials
+    layernorm_forward(y.ln1, y.ln1_mean, y.ln1_rstd, y.res, p[T_LN1W], p[T_LN1B], BTs, C);
+    x = tp_all_tokens(tp, sp, y.ln1, w->xfull, BTs, C);
+    matmul_forward(y.qkv, x, p[T_QKVW], p[T_QKVB], BT, C, 3 * Cl);
+    attention_forward(y.atty, y.lse, y.qkv, B, T, Cl, NHl);
+    matmul_forward(w->pfull, y.atty, p[T_ATTPROJW], NULL, BT, Cl, C);
+    x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
+    // MLP block: (+ bias + residual, fused with) ln2 -> all tokens -> fc (column-parallel, fused
+    // with gelu) -> fcproj (row-parallel) -> sum partials; a MoE layer: the experts instead
+    residual_layernorm_forward(y.mid, y.ln2, y.ln2_mean, y.ln2_rstd, y.res, x, p[T_ATTPROJB], p[T_LN2W], p[T_LN2B], BTs, C);
+    x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);
+    if (ue >= 0) {
+        floatX *pe[NUM_TENSORS];
+        unit_view(&m->units[ue], zero_unit_params(&m->zero, ue), pe);
+        moe_forward(m, y.moe, pe, p[T_ROUTERW], x, w->pfull);
+    } else {
+        matmul_forward_gelu(y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl);
+        matmul_forward(w->pfull, y.fchg, p[T_FCPROJW], NULL, BT, 4 * Cl, C);
+    }
+    x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
+    residual_bias_forward(y.out, y.mid, x, ue >= 0 ? NULL : p[T_FCPROJB], BTs, C);
+}
+
 // The stage's input (B, T) tokens on the first stage, a->resid[0] received from the previous stage
 // otherwise -> the stage's output a->resid[Ls] (the last stage: the final LayerNorm a->lnf).
-// Tensor-parallel communication by the two operations of tensor_parallel.h; ZeRO-3 gathers each
-// unit's parameters as it comes.
 static void gpt2_forward(GPT2 *m, Activations *a) {
-    int C = m->config.channels, B = m->B, T = m->T, BT = m->BT, BTs = m->BTs;
-    int Cl = m->Cl, NHl = m->NHl, sp = m->sp;
+    int C = m->config.channels, T = m->T, BT = m->BT, BTs = m->BTs, sp = m->sp;
     Group *tp = &m->grid->tp_group;
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *x;
@@ -851,30 +924,7 @@ static void gpt2_forward(GPT2 *m, Activations *a) {
     }
     for (int l = 0; l < m->Ls; l++) {
         trace_begin();
-        unit_view(&m->units[m->u_layer[l]], zero_unit_params(&m->zero, m->u_layer[l]), p);
-        LayerActs y = layer_acts(m, a, l);
-        // attention block: ln1 -> all tokens -> qkv (column-parallel, local heads) -> attention
-        //                  -> attproj (row-parallel) -> sum partials
-        layernorm_forward(y.ln1, y.ln1_mean, y.ln1_rstd, y.res, p[T_LN1W], p[T_LN1B], BTs, C);
-        x = tp_all_tokens(tp, sp, y.ln1, w->xfull, BTs, C);
-        matmul_forward(y.qkv, x, p[T_QKVW], p[T_QKVB], BT, C, 3 * Cl);
-        attention_forward(y.atty, y.lse, y.qkv, B, T, Cl, NHl);
-        matmul_forward(w->pfull, y.atty, p[T_ATTPROJW], NULL, BT, Cl, C);
-        x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
-        // MLP block: (+ bias + residual, fused with) ln2 -> all tokens -> fc (column-parallel, fused
-        // with gelu) -> fcproj (row-parallel) -> sum partials; a MoE layer: the experts instead
-        residual_layernorm_forward(y.mid, y.ln2, y.ln2_mean, y.ln2_rstd, y.res, x, p[T_ATTPROJB], p[T_LN2W], p[T_LN2B], BTs, C);
-        x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);
-        if (m->u_experts[l] >= 0) {
-            floatX *pe[NUM_TENSORS];
-            unit_view(&m->units[m->u_experts[l]], zero_unit_params(&m->zero, m->u_experts[l]), pe);
-            moe_forward(m, y.moe, pe, p[T_ROUTERW], x, w->pfull);
-        } else {
-            matmul_forward_gelu(y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl);
-            matmul_forward(w->pfull, y.fchg, p[T_FCPROJW], NULL, BT, 4 * Cl, C);
-        }
-        x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
-        residual_bias_forward(y.out, y.mid, x, m->u_experts[l] >= 0 ? NULL : p[T_FCPROJB], BTs, C);
+        layer_forward(m, layer_acts(m, a, l), l);
         trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "forward", "\"layer\":%d,\"micro\":%d", m->l0 + l, m->micro);
     }
     if (m->last) {
@@ -916,13 +966,53 @@ static float gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int l
     return (float)(sum / BT);
 }
 
+// One layer's backward: w->dresid, the gradient of y.out, becomes the gradient of y.res; the layer's
+// parameter gradients (and its experts') go to zero.h as the layer is done.
+static void layer_backward(GPT2 *m, LayerActs y, int l, int last_micro) {
+    int C = m->config.channels, B = m->B, T = m->T, BT = m->BT, BTs = m->BTs;
+    int Cl = m->Cl, NHl = m->NHl, sp = m->sp, u = m->u_layer[l], ue = m->u_experts[l];
+    Group *tp = &m->grid->tp_group;
+    Zero *z = &m->zero;
+    Workspace *w = &m->ws;
+    floatX *p[NUM_TENSORS], *g[NUM_TENSORS], *dy, *x;
+    unit_view(&m->units[u], zero_unit_params(z, u), p);
+    unit_view(&m->units[u], zero_begin_unit_backward(z, u), g);
+    // MLP block (w->dresid is the gradient of the layer's output)
+    x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);   // SP: gathered again, not stored
+    if (ue >= 0) {   // the experts, then the router
+        floatX *pe[NUM_TENSORS], *ge[NUM_TENSORS];
+        unit_view(&m->units[ue], zero_unit_params(z, ue), pe);
+        unit_view(&m->units[ue], zero_begin_unit_backward(z, ue), ge);
+        dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
+        moe_backward(m, y.moe, pe, ge, p[T_ROUTERW], g[T_ROUTERW], x, dy, w->pfull);
+        zero_end_unit_backward(z, ue, last_micro);
+    } else {
+        if (m->recompute == RECOMPUTE_MLP) { matmul_forward_gelu(y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl); }
+        bias_backward(g[T_FCPROJB], w->dresid, BTs, C);
+        dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
+        matmul_backward_dgelu(w->dwide, g[T_FCPROJW], dy, y.fchg, p[T_FCPROJW], y.fch, BT, 4 * Cl, C);   // d(fc output)
+        matmul_backward(w->pfull, g[T_FCW], g[T_FCB], w->dwide, x, p[T_FCW], BT, C, 4 * Cl);
+    }
+    floatX *dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
+    layernorm_backward(w->dresid, g[T_LN2W], g[T_LN2B], dln, y.mid, p[T_LN2W], y.ln2_mean, y.ln2_rstd, BTs, C);
+    // attention block (w->dresid is now the gradient of mid)
+    bias_backward(g[T_ATTPROJB], w->dresid, BTs, C);
+    dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
+    matmul_backward(w->datty, g[T_ATTPROJW], NULL, dy, y.atty, p[T_ATTPROJW], BT, Cl, C);
+    attention_backward(w->dwide, w->datty, y.qkv, y.atty, y.lse, B, T, Cl, NHl);
+    x = tp_all_tokens(tp, sp, y.ln1, w->xfull, BTs, C);
+    matmul_backward(w->pfull, g[T_QKVW], g[T_QKVB], w->dwide, x, p[T_QKVW], BT, C, 3 * Cl);
+    dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
+    layernorm_backward(w->dresid, g[T_LN1W], g[T_LN1B], dln, y.res, p[T_LN1W], y.ln1_mean, y.ln1_rstd, BTs, C);
+    zero_end_unit_backward(z, u, last_micro);
+}
+
 // The backward of one micro-batch: from a->dlnf on the last stage, from the gradient of the stage's
 // output (received into ws.dresid) otherwise; leaves the gradient of the stage's input in ws.dresid.
 // Each unit's gradient goes to zero.h as soon as the unit is done, so its data-parallel reduction
 // overlaps the backward of the layers below.
 static void gpt2_backward(GPT2 *m, Activations *a, int last_micro) {
-    int C = m->config.channels, B = m->B, T = m->T, BT = m->BT, BTs = m->BTs;
-    int Cl = m->Cl, NHl = m->NHl, sp = m->sp;
+    int C = m->config.channels, T = m->T, BT = m->BT, BTs = m->BTs, sp = m->sp;
     Group *tp = &m->grid->tp_group;
     Zero *z = &m->zero;
     Workspace *w = &m->ws;
@@ -937,41 +1027,17 @@ static void gpt2_backward(GPT2 *m, Activations *a, int last_micro) {
         zero_end_unit_backward(z, m->u_final, last_micro);
     }
     for (int l = m->Ls - 1; l >= 0; l--) {
-        trace_begin();
-        int u = m->u_layer[l], ue = m->u_experts[l];
-        unit_view(&m->units[u], zero_unit_params(z, u), p);
-        unit_view(&m->units[u], zero_begin_unit_backward(z, u), g);
         LayerActs y = layer_acts(m, a, l);
-        // MLP block (w->dresid is the gradient of the layer's output)
-        floatX *dy, *x;
-        if (ue >= 0) {   // the experts, then the router
-            floatX *pe[NUM_TENSORS], *ge[NUM_TENSORS];
-            unit_view(&m->units[ue], zero_unit_params(z, ue), pe);
-            unit_view(&m->units[ue], zero_begin_unit_backward(z, ue), ge);
-            dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
-            x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);   // SP: gathered again, not stored
-            moe_backward(m, y.moe, pe, ge, p[T_ROUTERW], g[T_ROUTERW], x, dy, w->pfull);
-            zero_end_unit_backward(z, ue, last_micro);
-        } else {
-            bias_backward(g[T_FCPROJB], w->dresid, BTs, C);
-            dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
-            matmul_backward_dgelu(w->dwide, g[T_FCPROJW], dy, y.fchg, p[T_FCPROJW], y.fch, BT, 4 * Cl, C);   // d(fc output)
-            x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);   // SP: gathered again, not stored
-            matmul_backward(w->pfull, g[T_FCW], g[T_FCB], w->dwide, x, p[T_FCW], BT, C, 4 * Cl);
+        if (m->recompute == RECOMPUTE_FULL) {   // the layer's activations again, from its stored input
+            trace_begin();
+            m->recomputing = 1;
+            layer_forward(m, y, l);
+            m->recomputing = 0;
+            trace_end("recompute", "forward", "\"layer\":%d,\"micro\":%d", m->l0 + l, m->micro);
         }
-        floatX *dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
-        layernorm_backward(w->dresid, g[T_LN2W], g[T_LN2B], dln, y.mid, p[T_LN2W], y.ln2_mean, y.ln2_rstd, BTs, C);
-        // attention block (w->dresid is now the gradient of mid)
-        bias_backward(g[T_ATTPROJB], w->dresid, BTs, C);
-        dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
-        matmul_backward(w->datty, g[T_ATTPROJW], NULL, dy, y.atty, p[T_ATTPROJW], BT, Cl, C);
-        attention_backward(w->dwide, w->datty, y.qkv, y.atty, y.lse, B, T, Cl, NHl);
-        x = tp_all_tokens(tp, sp, y.ln1, w->xfull, BTs, C);
-        matmul_backward(w->pfull, g[T_QKVW], g[T_QKVB], w->dwide, x, p[T_QKVW], BT, C, 3 * Cl);
-        dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
-        layernorm_backward(w->dresid, g[T_LN1W], g[T_LN1B], dln, y.res, p[T_LN1W], y.ln1_mean, y.ln1_rstd, BTs, C);
-        zero_end_unit_backward(z, u, last_micro);
-        trace_end(ue >= 0 ? "MoE layer" : "layer", "backward", "\"layer\":%d,\"micro\":%d", m->l0 + l, m->micro);
+        trace_begin();
+        layer_backward(m, y, l, last_micro);
+        trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "backward", "\"layer\":%d,\"micro\":%d", m->l0 + l, m->micro);
     }
     if (m->first) {
         trace_begin();
@@ -1417,6 +1483,7 @@ typedef struct {
     int experts, topk, moe_every, cap1000;   // MoE; the first three -1 when not given
     float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff, timeout;
     int max_skips, help;
+    const char *recompute;
     const char *scheduler, *pp_schedule, *drop_policy, *trace_dir;
     unsigned int seed;
     const char *given[64];   // the value of each flag given (FLAGS order), NULL if not: compared across ranks
@@ -1430,7 +1497,7 @@ static void default_args(Args *a) {
     a->ep = 1; a->sp = 0; a->ce_chunk = 256; a->shuffle = -1; a->grad_clip = 1.0f; a->scheduler = "cosine";
     a->pp_schedule = "1f1b";
     a->experts = a->topk = a->moe_every = -1; a->cap1000 = 1250; a->drop_policy = "probs"; a->aux_coeff = 0.01f; a->z_coeff = 0.001f;
-    a->timeout = 600.0f; a->max_skips = 5;
+    a->timeout = 600.0f; a->max_skips = 5; a->recompute = "none";
     a->seed = 1337;
 }
 
@@ -1461,6 +1528,7 @@ static void print_usage(void) {
            "  --seed N  --shuffle 0|1  --grad-clip F (0 = off)  --trace DIR (a Chrome trace per rank: dev/trace.py)\n"
            "  --timeout S (stop when a collective makes no progress for S seconds; default 600, 0 off)\n"
            "  --max-skips N (stop after N updates in a row skipped for a non-finite loss or norm; default 5)\n"
+           "  --recompute none|mlp|full (recompute the MLP's fc/GELU outputs, or whole layers, in the backward; default none)\n"
            "  MoE: --experts E (alias --num-experts)  --topk k (--moe-router-topk; default 1)  --moe-every N (default 1)\n"
            "       --capacity-factor F (default 1.25, 0 = dropless)  --drop-policy probs|position  --aux-coeff A (0.01)\n"
            "       --z-coeff Z (0.001)  --ep N (alias --expert-model-parallel-size). A dense model file with --experts:\n"
@@ -1511,7 +1579,7 @@ static const char *FLAGS[][2] = {
     {"--tp", "--tensor-model-parallel-size"}, {"--pp", 0}, {"--dp", 0}, {"--ep", "--expert-model-parallel-size"},
     {"--ce-chunk", 0}, {"--seed", 0}, {"--shuffle", 0}, {"--grad-clip", 0}, {"--pp-schedule", 0},
     {"--experts", "--num-experts"}, {"--topk", "--moe-router-topk"}, {"--moe-every", 0}, {"--capacity-factor", 0},
-    {"--drop-policy", 0}, {"--aux-coeff", 0}, {"--z-coeff", 0}, {"--trace", 0}, {"--timeout", 0}, {"--max-skips", 0},
+    {"--drop-policy", 0}, {"--aux-coeff", 0}, {"--z-coeff", 0}, {"--trace", 0}, {"--timeout", 0}, {"--max-skips", 0}, {"--recompute", 0},
     {"--sp", 0}, {"--memory-report", 0}, {"--comm-report", 0}};
 #define NUM_SWITCHES 3
 #define NUM_FLAGS ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
@@ -1586,6 +1654,10 @@ static void parse_args(int argc, char **argv, Args *a) {
         else if (!strcmp(f, "--trace")) { if (!*v) { arg_fail("--trace expects a directory, got ''"); } a->trace_dir = v; }
         else if (!strcmp(f, "--timeout")) { a->timeout = parse_float_arg(f, v, 0.0, 1e7); }
         else if (!strcmp(f, "--max-skips")) { a->max_skips = parse_int_arg(f, v, 1, 1 << 30); }
+        else if (!strcmp(f, "--recompute")) {
+            if (strcmp(v, "none") && strcmp(v, "mlp") && strcmp(v, "full")) { arg_fail("--recompute expects none, mlp or full, got '%s'", v); }
+            a->recompute = v;
+        }
     }
     if (a->output_dir && !a->output_dir[0]) { arg_fail("-o expects a directory, got '' (an unset variable?)"); }
     if (a->output_dir && strlen(a->output_dir) > PATH_LEN - 64) {
@@ -1636,6 +1708,10 @@ static void agree_on_args(Args *a, int rank, int world) {
         MPI_Finalize();
         exit(1);
     }
+}
+
+static Recompute recompute_mode(const char *name) {
+    return !strcmp(name, "mlp") ? RECOMPUTE_MLP : !strcmp(name, "full") ? RECOMPUTE_FULL : RECOMPUTE_NONE;
 }
 
 static MoEOptions moe_options(const Args *a) {
@@ -1865,8 +1941,8 @@ static void print_setup(const Args *a, const GPT2 *m, int accum) {
                c->num_experts, c->topk, a->cap1000 / 1000.0, m->moe_cap, a->cap1000 == 0 ? ", dropless" : "",
                a->drop_policy, a->aux_coeff, a->z_coeff, m->grid->ep, m->El, m->grid->dp / m->grid->ep);
     }
-    printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, pp %d (%s), ce chunk %d\n",
-           a->B, a->T, m->grid->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "", a->pp, a->pp_schedule, a->ce_chunk);
+    printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, pp %d (%s), ce chunk %d, recompute %s\n",
+           a->B, a->T, m->grid->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "", a->pp, a->pp_schedule, a->ce_chunk, a->recompute);
 }
 
 // One step's line on the screen and in main.log: the CE loss (trl), and for MoE models aux, z and the
@@ -2036,6 +2112,7 @@ int main(int argc, char **argv) {
     GPT2 model;
     gpt2_build(&model, &config, params, &grid, args.zero, args.sp, moe_options(&args));
     free(params);
+    model.recompute = recompute_mode(args.recompute);
     int accum = args.total_batch / (args.B * args.T * grid.dp);
     gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), args.sample_every > 0);
     print_setup(&args, &model, accum);

@@ -189,11 +189,21 @@ run_test 1 --ref $T -b 8 --experts 1 --topk 1 --z-coeff 0 --check-memory --check
 run_test 2 --ref $T -b 8 --experts 1 --z-coeff 0 --tp 2 --sp --check-comm
 run_test 4 --ref $T -b 2 --experts 1 --z-coeff 0 --pp 2 --zero 2 --check-comm
 
+echo "== activation recompute (--recompute mlp | full): the same numbers, the memory and comm formulas"
+for r in mlp full; do
+    run_test 1 --ref $T -b 8 --recompute $r --check-memory --check-comm
+    run_test 4 --ref $T -b 2 --tp 2 --sp --zero 3 --recompute $r --check-memory --check-comm
+    run_test 2 --ref $T -b 1 --pp 2 --recompute $r --check-memory --check-comm
+    run_test 4 --ref $MO -b 4 --tp 2 --sp --ep 2 --zero 1 --recompute $r --check-memory --check-comm
+    run_test 2 --ref refs/moe_dl -b 1 --pp 2 --recompute $r --check-memory --check-comm
+done
+
 echo "== train_gpt end to end"
 run_script test_train
 run_script test_moe_train
 run_script test_data    # llm.c's shuffled order (vs dev/data/shuffle_ref.py), shuffled resume, GPT-2 tokens offline
 run_script test_trace   # --trace: a Chrome trace per rank, its spans, its bubble = --comm-report's
+run_script test_levers  # --recompute mlp / full bit-identical to none end to end
 echo "== reliability: layout-independent checkpoints, faults, fuzzed files"
 run_script test_resume_layouts   # a checkpoint of one layout resumed in another = that layout's uninterrupted run
 run_script test_faults           # NaN skips, checksums, kill -9 + resume, a stalled rank, SIGUSR1/SIGTERM, the lock, a full disk, MPMD flags
