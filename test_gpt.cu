@@ -613,7 +613,7 @@ int main(int argc, char **argv) {
         for (int s = 0; s < ref.nsteps; s++) {
             uninterrupted[s] = gpt2_forward_backward(&run, &dl2, accum);
             gpt2_update(&run, &opt, lr_at(&sched, s), s, uninterrupted[s]);
-            if (s + 1 == 5) { save_checkpoint(&run, resume_dir, 5, &dl2, &rng, args.total_batch); }
+            if (s + 1 == 5) { save_checkpoint(&run, resume_dir, 5, &dl2, &rng, args.total_batch, 0); }
         }
         int step = latest_checkpoint(resume_dir);
         check(step == 5, "checkpoint: newest complete checkpoint is step %d (expected 5)", step);

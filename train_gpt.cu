@@ -1244,19 +1244,23 @@ enum { SH_STEP = 2, SH_UPDATES, SH_SKIPS, SH_T, SH_BATCH, SH_EPOCH, SH_SHARD, SH
        SH_TP = 20, SH_PP, SH_DP, SH_EP, SH_ZERO, SH_CRC = 255 };
 
 // Writes a file under a temporary name: header (1024 bytes; slot 255 set to the body's CRC), body
-// parts, fsync, rename. Fails with the path on any error (a full disk, say): never a torn file.
-static void write_file_atomic(const char *path, int *header, const void **parts, const size_t *bytes, int nparts) {
+// parts, fsync, rename: never a torn file. Returns 0, or 1 with the reason in err (no fail(): the
+// asynchronous writer runs this on its own thread).
+static int write_file_atomic(const char *path, int *header, const void **parts, const size_t *bytes, int nparts, char *err, size_t errlen) {
     uint32_t crc = 0;
     for (int i = 0; i < nparts; i++) { crc = crc32_update(crc, parts[i], bytes[i]); }
     header[SH_CRC] = (int)(crc ? crc : 1);
     char tmp[PATH_LEN + 8];
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *f = fopen_check(tmp, "wb");
-    fwrite_check(header, sizeof(int), 256, f, tmp);
-    for (int i = 0; i < nparts; i++) { fwrite_check(parts[i], 1, bytes[i], f, tmp); }
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) { fail("cannot write '%s' (disk full?)", tmp); }
-    fclose_check(f, tmp);
-    if (rename(tmp, path) != 0) { fail("cannot rename '%s' to '%s'", tmp, path); }
+    FILE *f = fopen(tmp, "wb");
+    if (f == NULL) { snprintf(err, errlen, "cannot open '%s' for writing", tmp); return 1; }
+    int ok = fwrite(header, sizeof(int), 256, f) == 256;
+    for (int i = 0; i < nparts && ok; i++) { ok = fwrite(parts[i], 1, bytes[i], f) == bytes[i]; }
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) { snprintf(err, errlen, "cannot write '%s' (disk full?)", tmp); return 1; }
+    if (rename(tmp, path) != 0) { snprintf(err, errlen, "cannot rename '%s' to '%s'", tmp, path); return 1; }
+    return 0;
 }
 
 // One full host array (file order) on rank 0 from every rank's units: get(z, u, which, host) gives
@@ -1303,69 +1307,128 @@ static float *gpt2_assemble(GPT2 *m, UnitGetter get, int which) {
     return all;
 }
 
-// Writes the full model (all pipeline stages, tp slices, experts, ZeRO-3 shards) to path, in the
-// precision of floatX. Every rank calls.
-static void gpt2_write_model(GPT2 *m, const char *path) {
-    const GPT2Config *c = &m->config;
-    float *all = gpt2_assemble(m, unit_params_getter, 0);
-    zero_release_params(&m->zero);
-    if (all == NULL) { return; }
-    check_finite(c, all, path);   // never a checkpoint of NaN (the update that would make one is skipped)
-    int h[256] = {0};
-    h[0] = MODEL_MAGIC; h[1] = (sizeof(floatX) == 4 ? 3 : 5) + (c->num_experts > 0 ? 10 : 0);
-    h[2] = c->max_seq_len; h[3] = c->vocab_size; h[4] = c->num_layers; h[5] = c->num_heads; h[6] = c->channels;
-    h[7] = c->padded_vocab_size; h[8] = c->num_experts; h[9] = c->topk; h[10] = c->moe_every;
-    size_t P = m->num_parameters;
-    const void *body = all;
-    size_t bytes = P * sizeof(float);
-    uint16_t *b = NULL;
-    if (sizeof(floatX) != 4) {
-        b = (uint16_t *)malloc_check(P * 2);
-        for (size_t i = 0; i < P; i++) { b[i] = float_to_bf16(all[i]); }
-        body = b; bytes = P * 2;
-    }
-    write_file_atomic(path, h, &body, &bytes, 1);
-    free(b);
-    free(all);
-}
+// A checkpoint's files, assembled on rank 0 (the header and body of each), written by write_checkpoint:
+// at once, or (--async-checkpoint) on a thread of rank 0 while training goes on. DONE_STEP is written
+// by the main thread once the files are complete (checkpoint_done): at the next step boundary after.
+typedef struct {
+    char dir[PATH_LEN];
+    int step;
+    int model_header[256], state_header[256];
+    void *model_body;              // the parameters in floatX's file precision
+    size_t model_bytes, state_bytes;
+    float *states[3];              // m, v, master
+    int nstates;
+    pthread_t thread;
+    int running;                   // a write is in flight (or finished and not yet marked DONE)
+    volatile int finished;         // the writer is done (set by it)
+    char error[2 * PATH_LEN + 64]; // its failure, if any
+} Checkpoint;
 
-static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch) {
-    trace_begin();
+static Checkpoint ckpt_writer;   // rank 0's (one write in flight at most)
+
+// Every rank: the full parameters and AdamW state assembled on rank 0 into c (stage 3 and the
+// experts gather; each rank contributes its part). Checks that no value is non-finite.
+static void checkpoint_assemble(GPT2 *m, Checkpoint *ck, const char *dir, int step, const DataLoader *dl, const Rng *rng, int total_batch) {
+    const GPT2Config *c = &m->config;
     Grid *g = m->grid;
     Zero *z = &m->zero;
-    char path[PATH_LEN];
-    path_join(path, dir, "model_%08d.bin", step);
-    gpt2_write_model(m, path);
-    // the optimizer state, assembled like the parameters
+    float *all = gpt2_assemble(m, unit_params_getter, 0);
+    zero_release_params(z);
     int nstates = z->master ? 3 : 2;
     float *states[3] = {NULL, NULL, NULL};
     for (int i = 0; i < nstates; i++) { states[i] = gpt2_assemble(m, zero_get_unit_state, i); }
-    if (g->rank == 0) {
-        for (int i = 0; i < nstates; i++) { check_finite(&m->config, states[i], "the optimizer state"); }
-        uint64_t P = m->num_parameters;
-        int h[256] = {0};
-        h[0] = STATE_MAGIC; h[1] = STATE_VERSION; h[SH_STEP] = step; h[SH_UPDATES] = m->updates; h[SH_SKIPS] = m->skips;
-        h[SH_SKIPS_IN_A_ROW] = m->skips_in_a_row; h[SH_T] = m->T; h[SH_BATCH] = total_batch;
-        h[SH_EPOCH] = dl->epoch; h[SH_SHARD] = dl->shard_pos; h[SH_SHUFFLE] = dl->shuffle; h[SH_NSHARDS] = dl->nshards;   // (rank 0's, for the reader)
-        h[SH_MASTER] = nstates == 3;
-        h[SH_PARAMS_LO] = (int)(P & 0xFFFFFFFFu); h[SH_PARAMS_HI] = (int)(P >> 32);
-        h[SH_RNG_LO] = (int)(rng->s & 0xFFFFFFFFu); h[SH_RNG_HI] = (int)(rng->s >> 32);
-        h[SH_TP] = g->tp; h[SH_PP] = g->pp; h[SH_DP] = g->dp; h[SH_EP] = g->ep; h[SH_ZERO] = z->stage;   // (for the reader)
-        const void *parts[3] = {states[0], states[1], states[2]};
-        size_t bytes[3] = {P * sizeof(float), P * sizeof(float), P * sizeof(float)};
-        path_join(path, dir, "state_%08d.bin", step);
-        write_file_atomic(path, h, parts, bytes, nstates);
+    if (g->rank != 0) { return; }
+    check_finite(c, all, "the model");   // never a checkpoint of NaN (the update that would make one is skipped)
+    for (int i = 0; i < nstates; i++) { check_finite(c, states[i], "the optimizer state"); }
+    memset(ck, 0, sizeof(*ck));
+    snprintf(ck->dir, sizeof(ck->dir), "%s", dir);
+    ck->step = step;
+    size_t P = m->num_parameters;
+    int *h = ck->model_header;
+    h[0] = MODEL_MAGIC; h[1] = (sizeof(floatX) == 4 ? 3 : 5) + (c->num_experts > 0 ? 10 : 0);
+    h[2] = c->max_seq_len; h[3] = c->vocab_size; h[4] = c->num_layers; h[5] = c->num_heads; h[6] = c->channels;
+    h[7] = c->padded_vocab_size; h[8] = c->num_experts; h[9] = c->topk; h[10] = c->moe_every;
+    if (sizeof(floatX) == 4) {
+        ck->model_body = all; ck->model_bytes = P * sizeof(float);
+    } else {
+        uint16_t *b = (uint16_t *)malloc_check(P * 2);
+        for (size_t i = 0; i < P; i++) { b[i] = float_to_bf16(all[i]); }
+        free(all);
+        ck->model_body = b; ck->model_bytes = P * 2;
     }
-    for (int i = 0; i < nstates; i++) { free(states[i]); }
-    WATCHED("barrier (checkpoint)", "world", MPI_Barrier(MPI_COMM_WORLD));     // every file is complete
-    if (g->rank == 0) {
-        path_join(path, dir, "DONE_%08d", step);
-        FILE *d = fopen_check(path, "wb");
-        if (fsync(fileno(d)) != 0) { fail("cannot write '%s'", path); }
-        fclose_check(d, path);
-        printf("wrote checkpoint at step %d to %s\n", step, dir);
+    h = ck->state_header;
+    h[0] = STATE_MAGIC; h[1] = STATE_VERSION; h[SH_STEP] = step; h[SH_UPDATES] = m->updates; h[SH_SKIPS] = m->skips;
+    h[SH_SKIPS_IN_A_ROW] = m->skips_in_a_row; h[SH_T] = m->T; h[SH_BATCH] = total_batch;
+    h[SH_EPOCH] = dl->epoch; h[SH_SHARD] = dl->shard_pos; h[SH_SHUFFLE] = dl->shuffle; h[SH_NSHARDS] = dl->nshards;   // (rank 0's, for the reader)
+    h[SH_MASTER] = nstates == 3;
+    h[SH_PARAMS_LO] = (int)(P & 0xFFFFFFFFu); h[SH_PARAMS_HI] = (int)((uint64_t)P >> 32);
+    h[SH_RNG_LO] = (int)(rng->s & 0xFFFFFFFFu); h[SH_RNG_HI] = (int)(rng->s >> 32);
+    h[SH_TP] = g->tp; h[SH_PP] = g->pp; h[SH_DP] = g->dp; h[SH_EP] = g->ep; h[SH_ZERO] = z->stage;   // (for the reader)
+    for (int i = 0; i < nstates; i++) { ck->states[i] = states[i]; }
+    ck->nstates = nstates;
+    ck->state_bytes = P * sizeof(float);
+}
+
+// Writes the model and state files of ck (rank 0; the thread's body with --async-checkpoint) and
+// frees its buffers. Test hook: TRAIN_GPT_SLOW_CHECKPOINT=SECONDS waits before the state file's rename.
+static void *checkpoint_write(void *arg) {
+    Checkpoint *ck = (Checkpoint *)arg;
+    char path[PATH_LEN];
+    path_join(path, ck->dir, "model_%08d.bin", ck->step);
+    const void *body = ck->model_body;
+    int bad = write_file_atomic(path, ck->model_header, &body, &ck->model_bytes, 1, ck->error, sizeof(ck->error));
+    const char *slow = getenv("TRAIN_GPT_SLOW_CHECKPOINT");
+    if (slow) { usleep((useconds_t)(atof(slow) * 1e6)); }
+    if (!bad) {
+        path_join(path, ck->dir, "state_%08d.bin", ck->step);
+        const void *parts[3] = {ck->states[0], ck->states[1], ck->states[2]};
+        size_t bytes[3] = {ck->state_bytes, ck->state_bytes, ck->state_bytes};
+        write_file_atomic(path, ck->state_header, parts, bytes, ck->nstates, ck->error, sizeof(ck->error));
     }
-    trace_end("checkpoint", "io", "\"step\":%d", step);
+    free(ck->model_body);
+    for (int i = 0; i < ck->nstates; i++) { free(ck->states[i]); }
+    ck->finished = 1;
+    return NULL;
+}
+
+// Rank 0: marks a written checkpoint complete (DONE_STEP); a failed write stops the run.
+static void checkpoint_mark_done(Checkpoint *ck) {
+    if (ck->error[0]) { fail("checkpoint of step %d: %s", ck->step, ck->error); }
+    char path[PATH_LEN];
+    path_join(path, ck->dir, "DONE_%08d", ck->step);
+    FILE *d = fopen_check(path, "wb");
+    if (fsync(fileno(d)) != 0) { fail("cannot write '%s'", path); }
+    fclose_check(d, path);
+    printf("wrote checkpoint at step %d to %s\n", ck->step, ck->dir);
+}
+
+// Rank 0, at a step boundary: once the asynchronous write in flight is complete (wait: block until it
+// is), marks it DONE. Returns whether nothing is in flight any more.
+static int checkpoint_done(int wait) {
+    Checkpoint *ck = &ckpt_writer;
+    if (!ck->running) { return 1; }
+    if (!wait && !ck->finished) { return 0; }
+    pthread_join(ck->thread, NULL);
+    ck->running = 0;
+    checkpoint_mark_done(ck);
+    return 1;
+}
+
+// Every rank: a checkpoint of this step. The assembly is collective and synchronous; rank 0 then
+// writes the files, on a thread with async (a checkpoint still in flight is finished first).
+static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch, int async) {
+    trace_begin();
+    Checkpoint *ck = &ckpt_writer;
+    if (m->grid->rank == 0) { checkpoint_done(1); }
+    checkpoint_assemble(m, ck, dir, step, dl, rng, total_batch);
+    if (m->grid->rank == 0 && async) {
+        ck->running = 1;
+        if (pthread_create(&ck->thread, NULL, checkpoint_write, ck) != 0) { fail("cannot start the checkpoint writer thread"); }
+    } else if (m->grid->rank == 0) {
+        checkpoint_write(ck);
+        checkpoint_mark_done(ck);
+    }
+    trace_end("checkpoint", "io", "\"step\":%d,\"async\":%d", step, async);
 }
 
 // The step of the newest complete checkpoint in dir, or -1 (same answer on every rank).
@@ -1484,6 +1547,7 @@ typedef struct {
     float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff, timeout;
     int max_skips, help;
     const char *recompute;
+    int async_checkpoint;
     const char *scheduler, *pp_schedule, *drop_policy, *trace_dir;
     unsigned int seed;
     const char *given[64];   // the value of each flag given (FLAGS order), NULL if not: compared across ranks
@@ -1529,6 +1593,7 @@ static void print_usage(void) {
            "  --timeout S (stop when a collective makes no progress for S seconds; default 600, 0 off)\n"
            "  --max-skips N (stop after N updates in a row skipped for a non-finite loss or norm; default 5)\n"
            "  --recompute none|mlp|full (recompute the MLP's fc/GELU outputs, or whole layers, in the backward; default none)\n"
+           "  --async-checkpoint (rank 0 writes the checkpoint files on a thread while training goes on)\n"
            "  MoE: --experts E (alias --num-experts)  --topk k (--moe-router-topk; default 1)  --moe-every N (default 1)\n"
            "       --capacity-factor F (default 1.25, 0 = dropless)  --drop-policy probs|position  --aux-coeff A (0.01)\n"
            "       --z-coeff Z (0.001)  --ep N (alias --expert-model-parallel-size). A dense model file with --experts:\n"
@@ -1580,8 +1645,8 @@ static const char *FLAGS[][2] = {
     {"--ce-chunk", 0}, {"--seed", 0}, {"--shuffle", 0}, {"--grad-clip", 0}, {"--pp-schedule", 0},
     {"--experts", "--num-experts"}, {"--topk", "--moe-router-topk"}, {"--moe-every", 0}, {"--capacity-factor", 0},
     {"--drop-policy", 0}, {"--aux-coeff", 0}, {"--z-coeff", 0}, {"--trace", 0}, {"--timeout", 0}, {"--max-skips", 0}, {"--recompute", 0},
-    {"--sp", 0}, {"--memory-report", 0}, {"--comm-report", 0}};
-#define NUM_SWITCHES 3
+    {"--sp", 0}, {"--memory-report", 0}, {"--comm-report", 0}, {"--async-checkpoint", 0}};
+#define NUM_SWITCHES 4
 #define NUM_FLAGS ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
 
 // Parses argv into a, recording the first bad flag in arg_error (every rank does the same).
@@ -1603,7 +1668,8 @@ static void parse_args(int argc, char **argv, Args *a) {
             a->given[known] = "1";
             if (!strcmp(f, "--sp")) { a->sp = 1; }
             else if (!strcmp(f, "--memory-report")) { a->memory_report = 1; }
-            else { a->comm_report = 1; }
+            else if (!strcmp(f, "--comm-report")) { a->comm_report = 1; }
+            else { a->async_checkpoint = 1; }
             continue;
         }
         if (i + 1 >= argc) { arg_fail("flag %s is missing its value", f); continue; }
@@ -2165,14 +2231,17 @@ int main(int argc, char **argv) {
         }
         if (step == start_step) { report_first_step(&args, &model, accum); }
         if (args.checkpoint_every > 0 && (step + 1) % args.checkpoint_every == 0) {
-            save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng, args.total_batch);
+            save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng, args.total_batch, args.async_checkpoint);
             saved = step + 1;
+        } else if (rank == 0) {
+            checkpoint_done(0);   // an asynchronous write finished since: mark it DONE now
         }
         // a stop asked for by a signal, on any rank: all ranks agree here, write a checkpoint and exit 0
         int stop = stop_signal;
         WATCHED("all-reduce (stop request)", "world", MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
         if (stop && step + 1 < max_steps) {
-            if (args.output_dir && saved != step + 1) { save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng, args.total_batch); }
+            if (args.output_dir && saved != step + 1) { save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng, args.total_batch, 0); }
+            if (rank == 0) { checkpoint_done(1); }
             if (rank == 0) {
                 printf("stopped by %s after step %d: %s\n", signal_name(stop), step + 1,
                        args.output_dir ? "checkpoint written, resume with -y 1" : "no -o, so no checkpoint");
@@ -2190,6 +2259,7 @@ int main(int argc, char **argv) {
         }
         if (args.sample_every > 0 && max_steps > start_step) { gpt2_sample(&model, &tokenizer, &sample_rng, args.gen_tokens, eot); }
     }
+    if (rank == 0) { checkpoint_done(1); }
     report_times(&args, &model, &times, accum);
     if (logf) { fclose_check(logf, "main.log"); }
     trace_close();

@@ -29,3 +29,32 @@ recompute_case() {   # NAME NP FLAGS...
 recompute_case dense_tp2sp_zero3 4 -e "L=4,C=64,NH=4,V=256,maxT=64" -b 2 --tp 2 --sp --zero 3
 recompute_case dense_pp2 2 -e "L=4,C=64,NH=4,V=256,maxT=64" -b 1 -d 128 --pp 2
 recompute_case moe_ep2_tp2sp 4 -e "L=4,C=64,NH=4,V=256,maxT=64,E=4,k=2,every=2" -b 4 --tp 2 --sp --ep 2 --zero 1
+
+# 2. asynchronous checkpoints: the same files as synchronous ones; a kill -9 while one is being written
+#    leaves the previous checkpoint to resume from, and that resume is exact
+async_case() {   # NAME NP FLAGS...
+    local name=$1 np=$2; shift 2
+    for mode in sync async; do
+        rm -rf "$W/$name.$mode"
+        $MPIRUN -np $np "$BIN/train_gpt" -t 32 -x 6 -n 2 -v 0 -s 0 -l 3e-3 $([ $mode = async ] && echo --async-checkpoint) "$@" \
+            -o "$W/$name.$mode" >"$W/$name.$mode.log" 2>&1
+    done
+    local ok=0 n=0
+    for f in "$W/$name.sync/"*; do n=$((n + 1)); cmp -s "$f" "$W/$name.async/$(basename "$f")" || ok=1; done
+    say $ok "$name: --async-checkpoint writes the same $n files (model, state, DONE markers, main.log) as synchronous checkpoints"
+}
+async_case dense_tp2sp_zero3 4 -e "L=4,C=64,NH=4,V=256,maxT=64" -b 2 --tp 2 --sp --zero 3
+async_case moe_ep2 2 -e "L=4,C=64,NH=4,V=256,maxT=64,E=4,k=2" -b 4 --ep 2 --zero 1
+TINY="L=2,C=64,NH=4,V=256,maxT=64"
+"$BIN/train_gpt" -e "$TINY" -t 32 -x 12 -n 2 -v 0 -s 0 -l 3e-3 -o "$W/akill_ref" >/dev/null 2>&1
+rm -rf "$W/akill"
+TRAIN_GPT_SLOW_CHECKPOINT=2 "$BIN/train_gpt" -e "$TINY" -t 32 -x 12 -n 2 -v 0 -s 0 -l 3e-3 --async-checkpoint -o "$W/akill" >/dev/null 2>&1 &
+pid=$!
+for i in $(seq 1 200); do [ -f "$W/akill/model_00000004.bin" ] && break; sleep 0.05; done
+kill -9 $pid; wait $pid 2>/dev/null
+[ -f "$W/akill/DONE_00000002" ] && [ ! -f "$W/akill/DONE_00000004" ] && [ ! -f "$W/akill/state_00000004.bin" ]
+say $? "kill -9 while the step-4 checkpoint is being written: step 2 is the newest DONE, step 4's state never appeared"
+"$BIN/train_gpt" -e "$TINY" -t 32 -x 12 -n 2 -v 0 -s 0 -l 3e-3 --async-checkpoint -y 1 -o "$W/akill" >"$W/akill.resume.log" 2>&1
+grep -q "resumed from step 2" "$W/akill.resume.log" && cmp -s "$W/akill_ref/model_00000012.bin" "$W/akill/model_00000012.bin" \
+    && cmp -s "$W/akill_ref/state_00000012.bin" "$W/akill/state_00000012.bin" && diff <(grep trl "$W/akill_ref/main.log") <(grep trl "$W/akill/main.log") >/dev/null
+say $? "resumed from step 2: the final files and main.log equal an uninterrupted run's"
