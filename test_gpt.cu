@@ -250,11 +250,11 @@ static void check_memory(GPT2 *m, int accum) {
     static const char *modes[3] = {"none", "mlp", "full"};
     check(fabs((double)mem_current[MEM_ACTIVATIONS] - act_expect) < 1, "memory: activations %.0f B, formula %.0f B (%d x %.0f + recompute scratch %.0f; BTs %d, recompute %s)",
           (double)mem_current[MEM_ACTIVATIONS], act_expect, m->pipe.nslots, per_micro, scratch, m->BTs, modes[m->recompute]);
-    if (nmoe > 0) {   // the dispatch buffers, send and receive, at their worst case
-        double comm_expect = X * (Rs + Rr) * C;
-        check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1, "memory: MoE dispatch buffers %.0f B = (Rs %.0f + Rr %.0f rows) x C x %d B",
-              (double)mem_current[MEM_COMM], Rs, Rr, (int)X);
-    }
+    // comm buffers: MoE's dispatch buffers, send and receive, at their worst case; with a pipeline and
+    // --overlap, the copy of the input's gradient being sent (but on the first stage)
+    double grad_copy = m->pipe.overlap && !m->first ? X * BTs * C : 0, comm_expect = X * (Rs + Rr) * C + grad_copy;
+    check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1, "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B",
+          (double)mem_current[MEM_COMM], Rs, Rr, (int)X, grad_copy);
     // logits (last stage): one chunk of chunk x Vp/tp, never B*T x Vp (plus per-token stats and losses)
     double logits_expect = m->last ? X * m->ce.chunk * m->Vl + 4.0 * (3.0 * m->ce.chunk * (1 + m->grid->tp) + BT) : 0;
     check(fabs((double)mem_peak[MEM_LOGITS] - logits_expect) < 1, "memory: logits peak %.0f B = chunk %d x Vp/tp %d x %d B + stats/losses (%.0f B)",
@@ -518,6 +518,7 @@ int main(int argc, char **argv) {
     GPT2 model;
     gpt2_build(&model, &config, params, &grid, args.zero, args.sp, moe);
     model.recompute = recompute_mode(args.recompute);
+    model.zero.prefetch = args.overlap;
     gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
     DataLoader loader;
     char data_path[1024];
@@ -604,6 +605,7 @@ int main(int argc, char **argv) {
         GPT2 run;
         gpt2_build(&run, &config, params, &grid, args.zero, args.sp, moe);
         run.recompute = model.recompute;
+        run.zero.prefetch = model.zero.prefetch;
         gpt2_alloc_activations(&run, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
         DataLoader dl2;
         dataloader_init(&dl2, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
@@ -626,6 +628,7 @@ int main(int argc, char **argv) {
         gpt2_build(&resumed, &c2, p2, &grid, args.zero, args.sp, moe);
         free(p2);
         resumed.recompute = model.recompute;
+        resumed.zero.prefetch = model.zero.prefetch;
         gpt2_alloc_activations(&resumed, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
         DataLoader dl3;
         dataloader_init(&dl3, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);

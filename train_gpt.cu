@@ -675,6 +675,8 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     p->output = (floatX **)malloc_check(nslots * sizeof(floatX *));
     for (int i = 0; i < nslots; i++) { p->input[i] = m->acts[i].resid; p->output[i] = m->acts[i].resid + (size_t)Ls * BTs * C; }
     p->grad = w->dresid;
+    p->overlap = m->zero.prefetch && pp > 1;   // (--overlap: set before this call)
+    p->grad_send = p->overlap && !m->first ? (floatX *)mem_alloc(BTs * C * X, MEM_COMM) : NULL;
 }
 
 // The tied embedding's gradient. wte is used twice: by the token embedding (first stage, the first op
@@ -877,7 +879,9 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
     Group *tp = &m->grid->tp_group;
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *x;
-    unit_view(&m->units[m->u_layer[l]], zero_unit_params(&m->zero, m->u_layer[l]), p);
+    int u = m->u_layer[l], next = l + 1 < m->Ls ? m->u_layer[l + 1] : (m->last ? m->u_final : -1);
+    unit_view(&m->units[u], zero_unit_params(&m->zero, u), p);
+    if (!m->recomputing) { zero_prefetch_params(&m->zero, ue >= 0 ? ue : next, u); }   // ZeRO-3: the next unit, while this one computes
     // attention block: ln1 -> all tokens -> qkv (column-parallel, local heads) -> attention
     //                  -> attproj (row-parallel) -> sum partials
     layernorm_forward(y.ln1, y.ln1_mean, y.ln1_rstd, y.res, p[T_LN1W], p[T_LN1B], BTs, C);
@@ -894,6 +898,7 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
         floatX *pe[NUM_TENSORS];
         unit_view(&m->units[ue], zero_unit_params(&m->zero, ue), pe);
         moe_forward(m, y.moe, pe, p[T_ROUTERW], x, w->pfull);
+        if (!m->recomputing) { zero_prefetch_params(&m->zero, next, ue); }   // (over the layer's own unit: done with it)
     } else {
         matmul_forward_gelu(y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl);
         matmul_forward(w->pfull, y.fchg, p[T_FCPROJW], NULL, BT, 4 * Cl, C);
@@ -975,7 +980,9 @@ static void layer_backward(GPT2 *m, LayerActs y, int l, int last_micro) {
     Zero *z = &m->zero;
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *g[NUM_TENSORS], *dy, *x;
+    int prev = l > 0 ? m->u_layer[l - 1] : -1;
     unit_view(&m->units[u], zero_unit_params(z, u), p);
+    if (ue < 0) { zero_prefetch_params(z, prev, u); }   // ZeRO-3: the layer below, while this one computes
     unit_view(&m->units[u], zero_begin_unit_backward(z, u), g);
     // MLP block (w->dresid is the gradient of the layer's output)
     x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);   // SP: gathered again, not stored
@@ -986,6 +993,7 @@ static void layer_backward(GPT2 *m, LayerActs y, int l, int last_micro) {
         dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
         moe_backward(m, y.moe, pe, ge, p[T_ROUTERW], g[T_ROUTERW], x, dy, w->pfull);
         zero_end_unit_backward(z, ue, last_micro);
+        zero_prefetch_params(z, prev, u);   // (over the experts: done with them)
     } else {
         if (m->recompute == RECOMPUTE_MLP) { matmul_forward_gelu(y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl); }
         bias_backward(g[T_FCPROJB], w->dresid, BTs, C);
@@ -1020,6 +1028,7 @@ static void gpt2_backward(GPT2 *m, Activations *a, int last_micro) {
 
     if (m->last) {
         unit_view(&m->units[m->u_final], zero_unit_params(z, m->u_final), p);
+        if (m->Ls > 0) { zero_prefetch_params(z, m->u_layer[m->Ls - 1], m->u_final); }
         unit_view(&m->units[m->u_final], zero_begin_unit_backward(z, m->u_final), g);
         zero_on_device(w->dresid, (size_t)BTs * C * sizeof(floatX));
         layernorm_backward(w->dresid, g[T_LNFW], g[T_LNFB], a->dlnf, a->resid + (size_t)m->Ls * BTs * C, p[T_LNFW],
@@ -1547,7 +1556,7 @@ typedef struct {
     float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff, timeout;
     int max_skips, help;
     const char *recompute;
-    int async_checkpoint;
+    int async_checkpoint, overlap;
     const char *scheduler, *pp_schedule, *drop_policy, *trace_dir;
     unsigned int seed;
     const char *given[64];   // the value of each flag given (FLAGS order), NULL if not: compared across ranks
@@ -1561,7 +1570,7 @@ static void default_args(Args *a) {
     a->ep = 1; a->sp = 0; a->ce_chunk = 256; a->shuffle = -1; a->grad_clip = 1.0f; a->scheduler = "cosine";
     a->pp_schedule = "1f1b";
     a->experts = a->topk = a->moe_every = -1; a->cap1000 = 1250; a->drop_policy = "probs"; a->aux_coeff = 0.01f; a->z_coeff = 0.001f;
-    a->timeout = 600.0f; a->max_skips = 5; a->recompute = "none";
+    a->timeout = 600.0f; a->max_skips = 5; a->recompute = "none"; a->overlap = 1;
     a->seed = 1337;
 }
 
@@ -1594,6 +1603,7 @@ static void print_usage(void) {
            "  --max-skips N (stop after N updates in a row skipped for a non-finite loss or norm; default 5)\n"
            "  --recompute none|mlp|full (recompute the MLP's fc/GELU outputs, or whole layers, in the backward; default none)\n"
            "  --async-checkpoint (rank 0 writes the checkpoint files on a thread while training goes on)\n"
+           "  --overlap 0|1 (ZeRO-3: gather the next layer while one computes; pipeline: post receives early; default 1)\n"
            "  MoE: --experts E (alias --num-experts)  --topk k (--moe-router-topk; default 1)  --moe-every N (default 1)\n"
            "       --capacity-factor F (default 1.25, 0 = dropless)  --drop-policy probs|position  --aux-coeff A (0.01)\n"
            "       --z-coeff Z (0.001)  --ep N (alias --expert-model-parallel-size). A dense model file with --experts:\n"
@@ -1644,7 +1654,7 @@ static const char *FLAGS[][2] = {
     {"--tp", "--tensor-model-parallel-size"}, {"--pp", 0}, {"--dp", 0}, {"--ep", "--expert-model-parallel-size"},
     {"--ce-chunk", 0}, {"--seed", 0}, {"--shuffle", 0}, {"--grad-clip", 0}, {"--pp-schedule", 0},
     {"--experts", "--num-experts"}, {"--topk", "--moe-router-topk"}, {"--moe-every", 0}, {"--capacity-factor", 0},
-    {"--drop-policy", 0}, {"--aux-coeff", 0}, {"--z-coeff", 0}, {"--trace", 0}, {"--timeout", 0}, {"--max-skips", 0}, {"--recompute", 0},
+    {"--drop-policy", 0}, {"--aux-coeff", 0}, {"--z-coeff", 0}, {"--trace", 0}, {"--timeout", 0}, {"--max-skips", 0}, {"--recompute", 0}, {"--overlap", 0},
     {"--sp", 0}, {"--memory-report", 0}, {"--comm-report", 0}, {"--async-checkpoint", 0}};
 #define NUM_SWITCHES 4
 #define NUM_FLAGS ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
@@ -1720,6 +1730,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         else if (!strcmp(f, "--trace")) { if (!*v) { arg_fail("--trace expects a directory, got ''"); } a->trace_dir = v; }
         else if (!strcmp(f, "--timeout")) { a->timeout = parse_float_arg(f, v, 0.0, 1e7); }
         else if (!strcmp(f, "--max-skips")) { a->max_skips = parse_int_arg(f, v, 1, 1 << 30); }
+        else if (!strcmp(f, "--overlap")) { a->overlap = parse_int_arg(f, v, 0, 1); }
         else if (!strcmp(f, "--recompute")) {
             if (strcmp(v, "none") && strcmp(v, "mlp") && strcmp(v, "full")) { arg_fail("--recompute expects none, mlp or full, got '%s'", v); }
             a->recompute = v;
@@ -2179,6 +2190,7 @@ int main(int argc, char **argv) {
     gpt2_build(&model, &config, params, &grid, args.zero, args.sp, moe_options(&args));
     free(params);
     model.recompute = recompute_mode(args.recompute);
+    model.zero.prefetch = args.overlap;
     int accum = args.total_batch / (args.B * args.T * grid.dp);
     gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), args.sample_every > 0);
     print_setup(&args, &model, accum);

@@ -327,6 +327,23 @@ static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
 #endif
 }
 
+// A non-blocking send of n elements to group rank peer (pipeline overlap): comm_wait(req) before the
+// buffer is written again. CPU: MPI_Isend; CUDA: ncclSend on comm_stream, its end an event.
+static void comm_isend(Group *g, const void *buf, size_t n, DType t, int peer, CommRequest *req) {
+    comm_count(g, (double)n * comm_type_size(t));
+    comm_mark(req, g);
+    trace_begin();
+#ifdef USE_NCCL
+    ncclCheck(ncclSend(buf, n, nccl_type(t), peer, g->nccl, comm_stream_begin()));
+    comm_stream_end(req);
+#else
+    MPI_Isend(buf, (int)n, mpi_type(t), peer, 0, g->mpi, &req->req);
+    req->active = 1;
+    req->move_bytes = 0;
+#endif
+    trace_end("isend", "comm", "\"group\":\"%s\",\"bytes\":%.0f", g->name, (double)n * comm_type_size(t));
+}
+
 // One exchange with up to two peers: ns elements of send to group rank dest and nr elements from
 // group rank src into recv, together (a pipeline stage sends its output and receives a gradient in one
 // step, so that neighbours never wait on each other's sends). ns = 0 or nr = 0 leaves a side out.

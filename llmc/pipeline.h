@@ -20,7 +20,9 @@
 // the steady state combines a send with a receive in one step so that neighbours never wait on each
 // other's sends. Without SP every tp rank holds the same (B*T, C) boundary tensor: each sends only its
 // 1/tp slice and the receivers all-gather it over tp (Megatron's scatter-gather), so the link between
-// stages carries it once, not tp times. Time spent in the exchanges is the bubble (wait_seconds).
+// stages carries it once, not tp times. With --overlap the sends do not block: a stage goes on with its
+// next forward or backward while its output (or its input's gradient, copied aside) is in flight, and
+// waits for them at its next exchange. Time spent in the exchanges is the bubble (wait_seconds).
 #ifndef LLMC_PIPELINE_H
 #define LLMC_PIPELINE_H
 
@@ -60,6 +62,9 @@ typedef struct {
     floatX **output;       // (nslots) the stage's output of each slot (sent)
     floatX *grad;          // the gradient of the output (received), then of the input (sent)
     double wait_seconds;   // time in the exchanges: the bubble
+    int overlap;           // sends do not block: they complete while the stage computes (--overlap)
+    floatX *grad_send;     // overlap: the gradient being sent (a copy: grad is written by the next backward)
+    CommRequest sending[2];   // overlap: the sends in flight (forward, backward), completed at the next exchange
 } Pipeline;
 
 // One exchange with the neighbours: the output of micro-batch send_fwd to the next stage and/or the
@@ -73,15 +78,25 @@ static void pipe_exchange(Pipeline *p, const char *name, int send_fwd, int recv_
     int prev = p->pp->rank - 1, next = p->pp->rank + 1;
     device_synchronize();                  // the compute before is not waiting
     double t0 = wall_seconds();
+    for (int i = 0; i < 2; i++) { comm_wait(&p->sending[i]); }   // the previous exchange's sends
     floatX *got_fwd = NULL, *got_bwd = NULL;
     if (!p->last && (send_fwd >= 0 || recv_bwd)) {
         floatX *out = send_fwd >= 0 ? p->output[send_fwd % p->nslots] : NULL;
+        if (p->overlap && out) {   // the output slot is not written before this micro-batch's backward
+            comm_isend(p->pp, out + off, k, DT_FLOATX, next, &p->sending[0]);
+            out = NULL;
+        }
         comm_sendrecv(p->pp, out ? out + off : NULL, out ? k : 0, next, p->grad + off, recv_bwd ? k : 0, next, DT_FLOATX);
         if (recv_bwd) { got_bwd = p->grad; }
     }
     if (!p->first && (send_bwd || recv_fwd >= 0)) {
-        floatX *in = recv_fwd >= 0 ? p->input[recv_fwd % p->nslots] : NULL;
-        comm_sendrecv(p->pp, p->grad + off, send_bwd ? k : 0, prev, in ? in + off : NULL, in ? k : 0, prev, DT_FLOATX);
+        floatX *in = recv_fwd >= 0 ? p->input[recv_fwd % p->nslots] : NULL, *g = send_bwd ? p->grad + off : NULL;
+        if (p->overlap && g) {
+            copy_on_device(p->grad_send + off, g, k * sizeof(floatX));
+            comm_isend(p->pp, p->grad_send + off, k, DT_FLOATX, prev, &p->sending[1]);
+            g = NULL;
+        }
+        comm_sendrecv(p->pp, g, g ? k : 0, prev, in ? in + off : NULL, in ? k : 0, prev, DT_FLOATX);
         got_fwd = in;
     }
     floatX *got[2] = {got_fwd, got_bwd};
@@ -138,6 +153,7 @@ static void pipeline_run(Pipeline *p, int m, StageWork w) {
         trace_begin();
         device_synchronize();
         double t0 = wall_seconds();
+        for (int i = 0; i < 2; i++) { comm_wait(&p->sending[i]); }
         WATCHED("pipeline flush barrier", p->pp->name, MPI_Barrier(p->pp->mpi));
         p->wait_seconds += wall_seconds() - t0;
         trace_end("flush", "pipeline", NULL);

@@ -67,6 +67,7 @@ typedef struct {
     floatX *buf[3];
     int unit[3];     // which unit each holds, -1 none
     int last;        // of [0], [1]: the one used most recently
+    CommRequest gather[3];   // stage 3 prefetch: the all-gather filling the buffer, while in flight
 } WorkBuffers;
 
 typedef struct {
@@ -86,6 +87,7 @@ typedef struct {
     float *m, *v, *master;   // AdamW state over the owned range (master only when floatX != float)
     size_t opt_size;
     float *norm_parts;       // device: one sum of squares per (unit, tensor)
+    int prefetch;            // stage 3: gather the next unit while this one computes (zero_prefetch_params)
     long gathers;            // stage 3: unit all-gathers (for the comm report)
     double gathered_ring;    // stage 3: the gathered units' padded sizes x (p-1)/p (ring elements sent), summed
 } Zero;
@@ -169,28 +171,46 @@ static void zero_owned_range(const Zero *z, int u, size_t *start, size_t *len) {
 // parameters
 
 // The full parameters of unit u, ready to use. Stage 3 all-gathers them into a work buffer unless
-// they are still there: the embedding has its own (it is used first, by the token embedding, and
-// last, by the tied LM head, so it stays gathered until the optimizer changes it); the layers and the
-// final LayerNorm share two, the one not used most recently is overwritten. So a layer is gathered
-// for its forward and again for its backward (but the last layer, still there), the final LayerNorm
-// once per micro-batch (its backward follows the head at once), and layers 0 and 1 stay from one
-// micro-batch's backward to the next one's forward.
+// they are still there (or on their way: a prefetch, waited for here): the embedding has its own (it is
+// used first, by the token embedding, and last, by the tied LM head, so it stays gathered until the
+// optimizer changes it); the layers and the final LayerNorm share two, the one not used most recently
+// is overwritten. So a layer is gathered for its forward and again for its backward (but the last
+// layer, still there), the final LayerNorm once per micro-batch (its backward follows the head at
+// once), and layers 0 and 1 stay from one micro-batch's backward to the next one's forward.
 static floatX *zero_unit_params(Zero *z, int u) {
     const Unit *U = &z->units[u];
     if (z->stage < 3) { return z->params + U->full_offset; }
     int i = work_find(&z->pw, u);
     if (i < 0) {
         i = work_pick(&z->pw, U->embedding);
+        comm_wait(&z->pw.gather[i]);   // (a prefetch into it that was not used)
         comm_all_gather(U->dpg, z->params_shard + U->shard_offset, z->pw.buf[i], U->shard, DT_FLOATX, NULL);
         z->gathers++;
         z->gathered_ring += (U->dpg->size - 1.0) / U->dpg->size * U->padded;
     }
+    comm_wait(&z->pw.gather[i]);
     work_set(&z->pw, i, u);
     return z->pw.buf[i];
 }
 
+// Stage 3 overlap: starts gathering unit u (a layer's or the final LayerNorm's) into the layer buffer
+// that does not hold unit keep (the one in use), while the caller computes; zero_unit_params(u) then
+// waits for it. The caller says what it will need next (train_gpt.cu's layer_forward and
+// layer_backward): the next layer, or a MoE layer's experts.
+static void zero_prefetch_params(Zero *z, int u, int keep) {
+    if (z->stage < 3 || !z->prefetch || u < 0) { return; }
+    const Unit *U = &z->units[u];
+    if (U->embedding || work_find(&z->pw, u) >= 0) { return; }
+    int k = work_find(&z->pw, keep), i = k == 0 ? 1 : 0;
+    comm_wait(&z->pw.gather[i]);
+    z->pw.unit[i] = u;
+    comm_all_gather(U->dpg, z->params_shard + U->shard_offset, z->pw.buf[i], U->shard, DT_FLOATX, &z->pw.gather[i]);
+    z->gathers++;
+    z->gathered_ring += (U->dpg->size - 1.0) / U->dpg->size * U->padded;
+}
+
 // Stage 3: forget the gathered units (their shards changed).
-static void zero_release_params(Zero *z) { for (int i = 0; i < 3; i++) { z->pw.unit[i] = -1; } }
+static void zero_release_params(Zero *z) { for (int i = 0; i < 3; i++) { comm_wait(&z->pw.gather[i]); z->pw.unit[i] = -1; } }
 
 // Where the parameter at element `start` of unit u lives, for start inside the owned range.
 static floatX *zero_owned_param(Zero *z, int u, size_t start) {

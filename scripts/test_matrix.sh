@@ -198,12 +198,18 @@ for r in mlp full; do
     run_test 2 --ref refs/moe_dl -b 1 --pp 2 --recompute $r --check-memory --check-comm
 done
 
+echo "== communication overlap off (--overlap 0: blocking ZeRO-3 gathers and pipeline sends): the same numbers and formulas"
+run_test 2 --ref $T -b 4 --zero 3 --overlap 0 --check-memory --check-comm
+run_test 4 --ref $T -b 1 --pp 2 --zero 3 --overlap 0 --check-memory --check-comm
+run_test 4 --ref $T -b 1 --pp 4 --pp-schedule gpipe --overlap 0 --check-memory --check-comm
+run_test 4 --ref $MO -b 4 --tp 2 --sp --ep 2 --zero 3 --overlap 0 --check-memory --check-comm
+
 echo "== train_gpt end to end"
 run_script test_train
 run_script test_moe_train
 run_script test_data    # llm.c's shuffled order (vs dev/data/shuffle_ref.py), shuffled resume, GPT-2 tokens offline
 run_script test_trace   # --trace: a Chrome trace per rank, its spans, its bubble = --comm-report's
-run_script test_levers  # --recompute mlp / full bit-identical to none end to end
+run_script test_levers  # --recompute, --async-checkpoint, --overlap: bit-identical end to end
 echo "== reliability: layout-independent checkpoints, faults, fuzzed files"
 run_script test_resume_layouts   # a checkpoint of one layout resumed in another = that layout's uninterrupted run
 run_script test_faults           # NaN skips, checksums, kill -9 + resume, a stalled rank, SIGUSR1/SIGTERM, the lock, a full disk, MPMD flags
