@@ -106,25 +106,24 @@ static void read_ref_moe(const char *dir, RefMoE *r) {
     fclose(f);
 }
 
-// The routing of step 0 (model.route_log: per micro-batch i, per MoE layer of this stage, choice then
-// keep (BT, k) each) against the reference's, sequence by sequence: micro-batch i's row b on dp rank r
-// is the reference's row (i dp + r) B + b. A (layer, sequence) is compared when every margin of its
+// The routing of step 0 (model.route_log: per micro-batch i, per MoE layer of this stage in the stage's
+// order, choice then keep (BT, k) each) against the reference's, sequence by sequence: micro-batch
+// i's row b on dp rank r is the reference's row (i dp + r) B + b. A (layer, sequence) is compared when every margin of its
 // decisions exceeds ROUTE_MARGIN (the others may flip with rounding); its choice and keep masks must
 // then be identical.
 static void compare_routing(GPT2 *m, const RefMoE *r, const int *log, int accum) {
     const GPT2Config *c = &m->config;
     int B = m->B, T = m->T, k = c->topk, E = c->num_experts, dp = m->grid->dp;
-    int moe_before = 0;   // MoE layers of the earlier stages
-    for (int l = 0; l < m->l0; l++) { moe_before += is_moe_layer(c, l); }
     long compared = 0, skipped = 0, differ = 0;
     int nmoe = 0;   // MoE layers of this stage
-    for (int l = 0; l < m->Ls; l++) { nmoe += is_moe_layer(c, m->l0 + l); }
+    for (int l = 0; l < m->Ls; l++) { nmoe += is_moe_layer(c, m->layer_id[l]); }
     for (int i = 0; i < accum; i++) {
         int j = 0;
         for (int l = 0; l < m->Ls; l++) {
-            if (!is_moe_layer(c, m->l0 + l)) { continue; }
+            if (!is_moe_layer(c, m->layer_id[l])) { continue; }
             const int *choice = log + ((size_t)i * nmoe + j) * 2 * m->BT * k, *keep = choice + (size_t)m->BT * k;
-            int gm = moe_before + j;
+            int gm = 0;   // the model's MoE layers before this one
+            for (int q = 0; q < m->layer_id[l]; q++) { gm += is_moe_layer(c, q); }
             for (int b = 0; b < B; b++) {
                 int g = (i * dp + m->grid->dp_rank) * B + b, clear = 1;
                 for (int t = 0; t < T; t++) { clear &= r->topk_margin[((size_t)gm * r->R + g) * T + t] > ROUTE_MARGIN; }
@@ -214,7 +213,7 @@ static void check_memory(GPT2 *m, int accum) {
     // MoE: each MoE layer of the stage holds E/ep experts, each 1/tp of an MLP (fcproj's bias whole)
     double BT = m->BT, BTs = m->BTs, C = c->channels, Cl = m->Cl;
     int nmoe = 0;
-    for (int l = 0; l < Ls; l++) { nmoe += is_moe_layer(c, m->l0 + l); }
+    for (int l = 0; l < Ls; l++) { nmoe += is_moe_layer(c, m->layer_id[l]); }
     if (nmoe > 0) {
         double El = (double)c->num_experts / m->grid->ep, per_expert = 4 * Cl * C + 4 * Cl + C * 4 * Cl + C;
         check(experts == nmoe * El * per_expert, "memory: expert parameters per rank %.0f = %d MoE layers x E/ep = %.0f experts x %.0f (1/tp of an MLP)",
@@ -236,25 +235,45 @@ static void check_memory(GPT2 *m, int accum) {
     double core = X * 3.0 * BTs * C + 4.0 * 4.0 * BTs + X * BT * 4.0 * Cl + 4.0 * BT * m->NHl;
     double dense_fc = X * BT * 8.0 * Cl, route = 4.0 * (BT * E + BT + 4 * BT * k + m->B * E) + X * (Rr * C + Rs * C);
     double hidden = X * 2 * Rr * 4 * Cl, Ld = Ls - nmoe;
-    double stage = X * (Ls + 1) * BTs * C + (m->last ? X * 2 * BTs * C + 4.0 * 2 * BTs : 0) + 2 * 4.0 * BT;   // residual stream, lnf, tokens
     // --recompute: what is recomputed is not stored per micro-batch; one layer of it lives in a scratch
-    double per_micro, scratch;
-    if (m->recompute == RECOMPUTE_NONE) { per_micro = stage + Ls * core + Ld * dense_fc + nmoe * (route + hidden); scratch = 0; }
-    else if (m->recompute == RECOMPUTE_MLP) { per_micro = stage + Ls * core + nmoe * route; scratch = (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? hidden : 0); }
-    else { per_micro = stage; scratch = (Ls > 0 ? core : 0) + (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? route + hidden : 0); }
-    int alive = m->pipe.schedule == SCHEDULE_GPIPE ? accum : m->grid->pp - m->grid->pp_rank;
-    if (alive > accum) { alive = accum; }
-    check(m->pipe.nslots == alive, "memory: %d micro-batches of activations alive, formula %d (%s, stage %d of %d, %d micro-batches)",
-          m->pipe.nslots, alive, m->pipe.schedule == SCHEDULE_GPIPE ? "GPipe: all" : "1F1B: pp - stage", m->grid->pp_rank, m->grid->pp, accum);
-    double act_expect = per_micro * m->pipe.nslots + scratch;
+    double scratch;
+    if (m->recompute == RECOMPUTE_NONE) { scratch = 0; }
+    else if (m->recompute == RECOMPUTE_MLP) { scratch = (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? hidden : 0); }
+    else { scratch = (Ls > 0 ? core : 0) + (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? route + hidden : 0); }
+    // micro-batches alive at once: 1F1B pp - stage, GPipe all of them (at most m); interleaved, per model
+    // chunk: what pipeline_plan found in the schedule, which the step just run must have used, no fewer
+    // (pipeline.h checks as it runs that no slot is taken twice)
+    int V = m->V, pp = m->grid->pp, s = m->grid->pp_rank, total_slots = 0;
+    double act_expect = scratch;
+    for (int v = 0; v < V; v++) {
+        int l0 = m->chunk_l0[v], Lc = m->chunk_l0[v + 1] - l0, nmc = 0, last = m->last && v == V - 1;
+        for (int l = l0; l < l0 + Lc; l++) { nmc += is_moe_layer(c, m->layer_id[l]); }
+        double Ldc = Lc - nmc;
+        // the chunk's residual stream, lnf (the last one), tokens (chunk 0) and targets (the last chunk)
+        double stage = X * (Lc + 1) * BTs * C + (last ? X * 2 * BTs * C + 4.0 * 2 * BTs : 0) + 4.0 * BT * ((v == 0) + (v == V - 1));
+        double per_micro = stage + (m->recompute == RECOMPUTE_FULL ? 0 : Lc * core) + (m->recompute == RECOMPUTE_NONE ? Ldc * dense_fc + nmc * hidden : 0) +
+                           (m->recompute != RECOMPUTE_FULL ? nmc * route : 0);
+        if (m->pipe.schedule != SCHEDULE_INTERLEAVED) {
+            int alive = m->pipe.schedule == SCHEDULE_GPIPE || pp == 1 ? (pp == 1 ? 1 : accum) : pp - s;
+            if (alive > accum) { alive = accum; }
+            check(m->pipe.nslots[v] == alive, "memory: %d micro-batches of activations alive, formula %d (%s, stage %d of %d, %d micro-batches)",
+                  m->pipe.nslots[v], alive, m->pipe.schedule == SCHEDULE_GPIPE ? "GPipe: all" : "1F1B: pp - stage", s, pp, accum);
+        }
+        check(m->pipe.peak[v] == m->pipe.nslots[v], "memory: chunk %d: %d slots, as many micro-batches alive at once in the step run (%s)", v,
+              m->pipe.nslots[v], m->pipe.schedule == SCHEDULE_INTERLEAVED ? "interleaved" : m->pipe.schedule == SCHEDULE_GPIPE ? "GPipe" : "1F1B");
+        act_expect += per_micro * m->pipe.nslots[v];
+        total_slots += m->pipe.nslots[v];
+    }
     static const char *modes[3] = {"none", "mlp", "full"};
-    check(fabs((double)mem_current[MEM_ACTIVATIONS] - act_expect) < 1, "memory: activations %.0f B, formula %.0f B (%d x %.0f + recompute scratch %.0f; BTs %d, recompute %s)",
-          (double)mem_current[MEM_ACTIVATIONS], act_expect, m->pipe.nslots, per_micro, scratch, m->BTs, modes[m->recompute]);
+    check(fabs((double)mem_current[MEM_ACTIVATIONS] - act_expect) < 1, "memory: activations %.0f B, formula %.0f B (%d slots over %d chunk(s) + recompute scratch %.0f; BTs %d, recompute %s)",
+          (double)mem_current[MEM_ACTIVATIONS], act_expect, total_slots, V, scratch, m->BTs, modes[m->recompute]);
     // comm buffers: MoE's dispatch buffers, send and receive, at their worst case; with a pipeline and
-    // --overlap, the copy of the input's gradient being sent (but on the first stage)
-    double grad_copy = m->pipe.overlap && !m->first ? X * BTs * C : 0, comm_expect = X * (Rs + Rr) * C + grad_copy;
-    check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1, "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B",
-          (double)mem_current[MEM_COMM], Rs, Rr, (int)X, grad_copy);
+    // --overlap, the copy of the input's gradient being sent (but on the first stage, without
+    // interleaving); interleaved, where a received gradient waits for its backward
+    double grad_copy = m->pipe.overlap && (!m->first || V > 1) ? X * BTs * C : 0, grad_wait = V > 1 ? X * BTs * C : 0;
+    double comm_expect = X * (Rs + Rr) * C + grad_copy + grad_wait;
+    check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1, "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B",
+          (double)mem_current[MEM_COMM], Rs, Rr, (int)X, grad_copy, grad_wait);
     // logits (last stage): one chunk of chunk x Vp/tp, never B*T x Vp (plus per-token stats and losses)
     double logits_expect = m->last ? X * m->ce.chunk * m->Vl + 4.0 * (3.0 * m->ce.chunk * (1 + m->grid->tp) + BT) : 0;
     check(fabs((double)mem_peak[MEM_LOGITS] - logits_expect) < 1, "memory: logits peak %.0f B = chunk %d x Vp/tp %d x %d B + stats/losses (%.0f B)",
@@ -278,7 +297,7 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
         full += U->padded; rep += U->nrep;
         ring_all += (U->dpg->size - 1.0) / U->dpg->size * U->padded;
     }
-    for (int l = 0; l < Ls; l++) { nmoe += is_moe_layer(c, m->l0 + l); }
+    for (int l = 0; l < Ls; l++) { nmoe += is_moe_layer(c, m->layer_id[l]); }
     Group *groups[2] = {&g->dp_group, &g->edp_group};
     for (int i = 0; i < 2 && z->stage < 3; i++) {   // dp: every unit but the experts; edp: the experts
         int p = groups[i]->size;
@@ -314,11 +333,13 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
         check(fabs(g->emb_group.bytes - expect) < 1, "comm: emb bytes/step %.0f = formula %.0f (tied embedding gradient, all-reduced between the first and the last stage)",
               g->emb_group.bytes, expect);
     }
-    if (g->pp > 1) {   // each micro-batch: the output activation forward (but the last stage), the input gradient back (but the first)
+    int V = m->V;
+    if (g->pp > 1) {   // each micro-batch and model chunk: the output activation forward (but the last stage's last
+                       // chunk), the input gradient back (but the first stage's chunk 0)
         double slice = (double)m->BTs * c->channels / (!m->sp && tp > 1 ? tp : 1);   // without SP: 1/tp each
-        double expect = accum * X * slice * ((last ? 0 : 1) + (first ? 0 : 1));
-        check(fabs(g->pp_group.bytes - expect) < 1, "comm: pp bytes/step %.0f = formula %.0f (%d micro-batches x (B*T/tp_sp) x C, to %s)",
-              g->pp_group.bytes, expect, accum, first ? "the next stage" : (last ? "the previous stage" : "both neighbours"));
+        double expect = accum * X * slice * ((V - last) + (V - first));
+        check(fabs(g->pp_group.bytes - expect) < 1, "comm: pp bytes/step %.0f = formula %.0f (%d micro-batches x %d chunk(s) x (B*T/tp_sp) x C, to %s)",
+              g->pp_group.bytes, expect, accum, V, first ? "the next stage" : (last ? "the previous stage" : "both neighbours"));
     }
     int runs = m->recompute == RECOMPUTE_FULL ? 3 : 2;   // forward, backward (and the recomputed forward)
     if (g->ep > 1 && nmoe > 0) {   // rows x C x X each way, forward (dispatch, return) and backward (the same)
@@ -336,7 +357,7 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
         double act = m->sp ? (2 * ends + 10.0 * Ls) * ring * S : (2 * ends + 8.0 * Ls) * ring * S;
         if (m->recompute == RECOMPUTE_FULL) { act += 4.0 * Ls * ring * S; }   // each layer's forward collectives, again
         // pipeline without SP: each tp rank received 1/tp of the stage boundary tensors, then all-gathered
-        double pipe_ag = g->pp > 1 && !m->sp ? ((first ? 0 : 1) + (last ? 0 : 1)) * ring * S * m->BTs / m->BT : 0;
+        double pipe_ag = g->pp > 1 && !m->sp ? ((V - first) + (V - last)) * ring * S * m->BTs / m->BT : 0;
         // MoE: the gates' gradient (BT, k) fp32, all-reduced per MoE layer
         double gates = nmoe * 2.0 * ring * m->BT * c->topk * 4;
         double expect = accum * (act + ce + pipe_ag + gates) + rep_ar;
@@ -516,7 +537,7 @@ int main(int argc, char **argv) {
         }
     }
     GPT2 model;
-    gpt2_build(&model, &config, params, &grid, args.zero, args.sp, moe);
+    gpt2_build(&model, &config, params, &grid, args.vpp, args.zero, args.sp, moe);
     model.recompute = recompute_mode(args.recompute);
     model.zero.prefetch = args.overlap;
     gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
@@ -543,10 +564,10 @@ int main(int argc, char **argv) {
     comm_reset_counters(&grid);
     float *losses = (float *)malloc_check(sizeof(float) * ref.nsteps);
     int nmoe = 0;
-    for (int l = 0; l < model.Ls; l++) { nmoe += is_moe_layer(&config, model.l0 + l); }
+    for (int l = 0; l < model.Ls; l++) { nmoe += is_moe_layer(&config, model.layer_id[l]); }
     int *route_log = (int *)malloc_check(sizeof(int) * (2 * (size_t)model.BT * config.topk * nmoe * accum + 1));
     model.route_log = route_log;
-    model.route_log_left = nmoe * accum;
+    model.route_log_micro = accum;
     losses[0] = gpt2_forward_backward(&model, &loader, accum);
     model.route_log = NULL;
     check(fabs(losses[0] - ref.loss0) <= LOSS_TOL * fabs(ref.loss0), "loss of the first batch %.6f, reference %.6f", losses[0], ref.loss0);
@@ -603,7 +624,7 @@ int main(int argc, char **argv) {
         if (my_rank == 0) { mkdir(resume_dir, 0755); }
         MPI_Barrier(MPI_COMM_WORLD);
         GPT2 run;
-        gpt2_build(&run, &config, params, &grid, args.zero, args.sp, moe);
+        gpt2_build(&run, &config, params, &grid, args.vpp, args.zero, args.sp, moe);
         run.recompute = model.recompute;
         run.zero.prefetch = model.zero.prefetch;
         gpt2_alloc_activations(&run, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
@@ -625,7 +646,7 @@ int main(int argc, char **argv) {
         float *p2 = read_model_file(mp, &c2);
         GPT2 resumed;
         check(!memcmp(&c2, &config, sizeof(config)), "checkpoint: the model file keeps the shape (E %d k %d every %d)", c2.num_experts, c2.topk, c2.moe_every);
-        gpt2_build(&resumed, &c2, p2, &grid, args.zero, args.sp, moe);
+        gpt2_build(&resumed, &c2, p2, &grid, args.vpp, args.zero, args.sp, moe);
         free(p2);
         resumed.recompute = model.recompute;
         resumed.zero.prefetch = model.zero.prefetch;

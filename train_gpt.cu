@@ -140,34 +140,38 @@ static void build_unit(const GPT2Config *c, int tp, int ep, int ep_rank, Group *
 }
 
 // The units of a pipeline stage, in the order they run: the embedding (first stage), its layers
-// (a MoE layer: the layer, then its experts), the final LayerNorm (last stage). With a pipeline the
+// (a MoE layer: the layer, then its experts; interleaved: chunk 0's, then chunk 1's, ...), the final
+// LayerNorm (last stage). With a pipeline the
 // first stage's wte and wpe are two units, and the last stage holds a copy of the wte unit for the
 // tied LM head: same layout, so the two copies' gradients sum shard by shard. Returns the number of
 // units; sets the index of each kind (-1: none; without a pipeline u_pos == u_embed, one unit [wpe,
 // wte]) and, per layer of the stage, its unit and its experts' unit (-1 for a dense layer).
-static int build_units(const GPT2Config *c, Grid *g, Unit *units, int *u_embed, int *u_pos, int *u_layer, int *u_experts, int *u_final) {
+static int build_units(const GPT2Config *c, Grid *g, int V, Unit *units, int *u_embed, int *u_pos, int *u_layer, int *u_experts, int *u_final) {
     static const int embedding[] = {T_WPE, T_WTE}, token[] = {T_WTE}, position[] = {T_WPE};
     static const int layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_FCPROJB,
                                 T_QKVW, T_QKVB, T_ATTPROJW, T_FCW, T_FCB, T_FCPROJW};
     static const int moe_layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_ROUTERW, T_QKVW, T_QKVB, T_ATTPROJW};
     static const int experts[] = {T_EFCPROJB, T_EFCW, T_EFCB, T_EFCPROJW};
     static const int final_ln[] = {T_LNFW, T_LNFB};
-    int tp = g->tp, pp = g->pp, stage = g->pp_rank, ep = g->ep, er = g->ep_rank, l0, l1, n = 0;
+    int tp = g->tp, pp = g->pp, stage = g->pp_rank, ep = g->ep, er = g->ep_rank, n = 0, ll = 0;
     Group *dp = &g->dp_group;
-    stage_layers(c->num_layers, pp, stage, &l0, &l1);
     *u_embed = *u_pos = *u_final = -1;
     if (stage == 0 && pp == 1) { *u_embed = *u_pos = n; build_unit(c, tp, ep, er, dp, &units[n++], embedding, 2, -1); }
     if (stage == 0 && pp > 1) {
         *u_embed = n; build_unit(c, tp, ep, er, dp, &units[n++], token, 1, -1);
         *u_pos = n; build_unit(c, tp, ep, er, dp, &units[n++], position, 1, -1);
     }
-    for (int l = l0; l < l1; l++) {
-        u_layer[l - l0] = n;
-        u_experts[l - l0] = -1;
-        if (!is_moe_layer(c, l)) { build_unit(c, tp, ep, er, dp, &units[n++], layer, 12, l); continue; }
-        build_unit(c, tp, ep, er, dp, &units[n++], moe_layer, 9, l);
-        u_experts[l - l0] = n;
-        build_unit(c, tp, ep, er, &g->edp_group, &units[n++], experts, 4, l);
+    for (int v = 0; v < V; v++) {   // the stage's model chunks (one without interleaving), in order
+        int l0, l1;
+        chunk_layers(c->num_layers, pp, V, stage, v, &l0, &l1);
+        for (int l = l0; l < l1; l++, ll++) {
+            u_layer[ll] = n;
+            u_experts[ll] = -1;
+            if (!is_moe_layer(c, l)) { build_unit(c, tp, ep, er, dp, &units[n++], layer, 12, l); continue; }
+            build_unit(c, tp, ep, er, dp, &units[n++], moe_layer, 9, l);
+            u_experts[ll] = n;
+            build_unit(c, tp, ep, er, &g->edp_group, &units[n++], experts, 4, l);
+        }
     }
     if (stage == pp - 1) {
         *u_final = n;
@@ -402,10 +406,11 @@ typedef struct {        // one MoE layer of one micro-batch, stored for the back
 } MoEActs;
 
 typedef struct {
-    // stored for the backward, one set per micro-batch in flight on this pipeline stage. Per layer l of
-    // the stage's Ls layers (layer_acts cuts one layer's slice); BTs = tokens of the LayerNorm/residual
-    // region (BT/tp with SP, else BT), Cl = C/tp, NHl = NH/tp
-    floatX *resid;      // (Ls+1, BTs, C) the residual stream entering each layer, and the stage's output
+    // stored for the backward, one set per micro-batch in flight through one model chunk of this
+    // pipeline stage (the stage's layers without interleaving). Per layer l of the chunk's Lc layers
+    // (layer_acts cuts one layer's slice); BTs = tokens of the LayerNorm/residual region (BT/tp with SP,
+    // else BT), Cl = C/tp, NHl = NH/tp. "Ls" below: the chunk's layers.
+    floatX *resid;      // (Ls+1, BTs, C) the residual stream entering each layer, and the chunk's output
     floatX *ln1;        // (Ls, BTs, C)
     float *ln1_mean, *ln1_rstd;   // (Ls, BTs)
     floatX *qkv;        // (Ls, BT, 3Cl)
@@ -414,12 +419,12 @@ typedef struct {
     floatX *mid;        // (Ls, BTs, C) residual after attention
     floatX *ln2;        // (Ls, BTs, C)
     float *ln2_mean, *ln2_rstd;
-    floatX *fch, *fchg; // (dense layers of the stage, BT, 4Cl) fc output, after GELU
+    floatX *fch, *fchg; // (dense layers of the chunk, BT, 4Cl) fc output, after GELU
     MoEActs *moe;       // (Ls) the MoE layers' routing and expert activations (unused for dense layers)
-    floatX *lnf;        // (BTs, C) last stage
+    floatX *lnf;        // (BTs, C) the last stage's last chunk
     float *lnf_mean, *lnf_rstd;
     floatX *dlnf;       // (BTs, C) last stage: the gradient of lnf, written by the fused head
-    int *inputs, *targets;   // (BT) on the device
+    int *inputs, *targets;   // (BT) on the device: the tokens (first chunk), the targets (last chunk)
 } Activations;
 
 // One layer's slice of a micro-batch's activations.
@@ -462,13 +467,15 @@ typedef struct {
     int sp;
     int B, T, BT, BTs, tok0;     // tok0: first local token of the LayerNorm/residual region
     int Cl, NHl, Vl, v0;         // this tp rank's channels, heads, vocab rows [v0, v0 + Vl)
-    int first, last, l0, Ls;     // pipeline: is this the first / last stage; its layers [l0, l0 + Ls)
+    int first, last, Ls, V;      // pipeline: is this the first / last stage; its layers; its model chunks
+    int *layer_id;               // (Ls) the model layer of each of the stage's layers (chunk by chunk)
+    int *chunk_l0;               // (V+1) chunk v's layers are the stage's [chunk_l0[v], chunk_l0[v+1])
     int nunits, u_embed, u_pos, u_final;   // this stage's units (zero.h), -1 where it has none
     int *u_layer, *u_experts;    // (Ls) each layer's unit; its experts' unit (-1: a dense layer)
     Unit *units;
     Zero zero;
     Pipeline pipe;               // the schedule, the activation slots, the exchanges (pipeline.h)
-    Activations *acts;           // (pipe.nslots) one per micro-batch alive at once
+    Activations *acts;           // one per micro-batch alive at once in each chunk (pipe.slot0, pipe.nslots)
     Workspace ws;
     CEBuffers ce;
     size_t num_parameters;
@@ -483,25 +490,33 @@ typedef struct {
     int recomputing;             // the forward running now is a recomputation (its MoE numbers are not counted again)
     Activations scratch;         // one layer's worth of what is recomputed, shared by the layers and micro-batches
     MoEStats moe_stats;
-    int *route_log, route_log_left;        // test_gpt: (choice, keep) of each MoE layer run, when set
+    int *route_log, route_log_micro;       // test_gpt: (choice, keep) of each (micro-batch < route_log_micro, MoE layer of the stage), when set
+    int moe_index;                         // the MoE layer running: its index among the stage's MoE layers
     int micro;                   // the micro-batch running (for --trace)
     int updates, skips, skips_in_a_row;   // AdamW updates applied; skipped (a non-finite loss or norm): in all, in a row
     int moe_time_a2a;            // --comm-report: time the all-to-alls (the device synchronised around them)
     double moe_a2a_seconds;      // this step's time in them
 } GPT2;
 
-// Layer l's slice of micro-batch a's activations. What the backward recomputes lives in m->scratch
-// (one layer): under mlp the fc and GELU outputs, under full everything but the layer's input and
-// output (the residual stream, always stored).
+// The model chunk holding the stage's layer l.
+static int layer_chunk(const GPT2 *m, int l) {
+    int v = 0;
+    while (l >= m->chunk_l0[v + 1]) { v++; }
+    return v;
+}
+
+// The stage's layer l's slice of micro-batch a's activations (a: a slot of l's chunk). What the
+// backward recomputes lives in m->scratch (one layer): under mlp the fc and GELU outputs, under full
+// everything but the layer's input and output (the residual stream, always stored).
 static LayerActs layer_acts(const GPT2 *m, const Activations *a, int l) {
-    int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE;
+    int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE, l0 = m->chunk_l0[layer_chunk(m, l)];
     const Activations *h = full ? &m->scratch : a;   // where the per-layer tensors are
-    size_t C = m->config.channels, Cl = m->Cl, li = full ? 0 : l, s = li * m->BTs, f = li * m->BT;
-    size_t dense = 0;   // dense layers of the stage before l (the fc outputs are stored for those only)
-    for (int i = 0; i < l && !mlp; i++) { dense += !is_moe_layer(&m->config, m->l0 + i); }
+    size_t C = m->config.channels, Cl = m->Cl, lc = l - l0, li = full ? 0 : lc, s = li * m->BTs, f = li * m->BT;
+    size_t dense = 0;   // dense layers of the chunk before l (the fc outputs are stored for those only)
+    for (int i = l0; i < l && !mlp; i++) { dense += !is_moe_layer(&m->config, m->layer_id[i]); }
     const Activations *fc = mlp ? &m->scratch : a;
     LayerActs x;
-    x.res = a->resid + (size_t)l * m->BTs * C; x.out = a->resid + (size_t)(l + 1) * m->BTs * C;
+    x.res = a->resid + lc * m->BTs * C; x.out = a->resid + (lc + 1) * m->BTs * C;
     x.ln1 = h->ln1 + s * C; x.mid = h->mid + s * C; x.ln2 = h->ln2 + s * C;
     x.ln1_mean = h->ln1_mean + s; x.ln1_rstd = h->ln1_rstd + s; x.ln2_mean = h->ln2_mean + s; x.ln2_rstd = h->ln2_rstd + s;
     x.qkv = h->qkv + f * 3 * Cl; x.atty = h->atty + f * Cl;
@@ -513,7 +528,7 @@ static LayerActs layer_acts(const GPT2 *m, const Activations *a, int l) {
 
 // Builds this rank's part of the model (its pipeline stage, its tp slice, its experts, its ZeRO shard)
 // from the full host tensors (file order). Every rank passes the same.
-static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *grid, int zero_stage, int sp, MoEOptions moe) {
+static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *grid, int V, int zero_stage, int sp, MoEOptions moe) {
     memset(m, 0, sizeof(*m));
     m->config = *c;
     m->grid = grid;
@@ -521,17 +536,26 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     m->moe = moe;
     m->El = c->num_experts / grid->ep;
     m->num_parameters = num_parameters(c);
-    int tp = grid->tp, l1;
+    int tp = grid->tp;
     m->Cl = c->channels / tp; m->NHl = c->num_heads / tp;
     m->Vl = c->padded_vocab_size / tp; m->v0 = grid->tp_rank * m->Vl;
     m->first = grid->pp_rank == 0;
     m->last = grid->pp_rank == grid->pp - 1;
-    stage_layers(c->num_layers, grid->pp, grid->pp_rank, &m->l0, &l1);
-    m->Ls = l1 - m->l0;
+    m->V = V;
+    m->chunk_l0 = (int *)malloc_check((V + 1) * sizeof(int));
+    m->layer_id = (int *)malloc_check((c->num_layers + 1) * sizeof(int));
+    m->Ls = 0;
+    for (int v = 0; v < V; v++) {
+        int l0, l1;
+        chunk_layers(c->num_layers, grid->pp, V, grid->pp_rank, v, &l0, &l1);
+        m->chunk_l0[v] = m->Ls;
+        for (int l = l0; l < l1; l++) { m->layer_id[m->Ls++] = l; }
+    }
+    m->chunk_l0[V] = m->Ls;
     m->units = (Unit *)malloc_check((2 * m->Ls + 4) * sizeof(Unit));
     m->u_layer = (int *)malloc_check((m->Ls + 1) * sizeof(int));
     m->u_experts = (int *)malloc_check((m->Ls + 1) * sizeof(int));
-    m->nunits = build_units(c, grid, m->units, &m->u_embed, &m->u_pos, m->u_layer, m->u_experts, &m->u_final);
+    m->nunits = build_units(c, grid, V, m->units, &m->u_embed, &m->u_pos, m->u_layer, m->u_experts, &m->u_final);
     zero_init(&m->zero, grid, zero_stage, sp, m->units, m->nunits);
     float *full[NUM_TENSORS];
     split_tensors(c, all_params, full);
@@ -554,35 +578,41 @@ static void moe_buffer_rows(const GPT2 *m, int cap, size_t *Rs, size_t *Rr) {
 }
 
 // Allocates the activations for micro-batches of (B, T), `accum` of them per step, with the pipeline
-// schedule's number of them alive at once, and a CE chunk of `chunk` tokens (0: all). MoE dispatch
-// buffers are sized for the capacity factor, or dropless when the run samples (moe_dropless).
+// schedule's number of them alive at once in each model chunk, and a CE chunk of `chunk` tokens (0:
+// all). MoE dispatch buffers are sized for the capacity factor, or dropless when the run samples
+// (moe_dropless).
 static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, PipeSchedule schedule, int moe_dropless) {
     const GPT2Config *c = &m->config;
-    int tp = m->grid->tp, pp = m->grid->pp, Ls = m->Ls;
+    int tp = m->grid->tp, pp = m->grid->pp, Ls = m->Ls, V = m->V;
     size_t C = c->channels, Cl = m->Cl;
     m->B = B; m->T = T; m->BT = B * T;
     m->BTs = m->sp ? m->BT / tp : m->BT;
     m->tok0 = m->sp ? m->grid->tp_rank * m->BTs : 0;
-    int nslots = pipeline_slots(schedule, pp, m->grid->pp_rank, accum);
+    Pipeline *p = &m->pipe;
+    p->pp = &m->grid->pp_group; p->tp = &m->grid->tp_group;
+    int nslots = pipeline_plan(p, pp == 1 ? SCHEDULE_1F1B : schedule, pp, V, m->grid->pp_rank, accum);   // (without a pipeline GPipe is 1F1B)
     size_t BT = m->BT, BTs = m->BTs, X = sizeof(floatX), F = sizeof(float), I = sizeof(int);
     size_t E = c->num_experts, k = c->topk, Ld = 0, Lm = 0;
-    for (int l = m->l0; l < m->l0 + Ls; l++) { if (is_moe_layer(c, l)) { Lm++; } else { Ld++; } }
+    for (int l = 0; l < Ls; l++) { if (is_moe_layer(c, m->layer_id[l])) { Lm++; } else { Ld++; } }
     m->moe_cap = E > 0 ? moe_capacity(c->topk, T, c->num_experts, m->moe.cap1000) : 0;
     size_t Rs = 0, Rr = 0;
     if (Lm > 0) { moe_buffer_rows(m, moe_dropless ? T : m->moe_cap, &Rs, &Rr); }
     m->moe_rows_send = Rs; m->moe_rows_recv = Rr;
-    // per micro-batch slot: the residual stream and, unless recomputed, every layer's tensors; the
-    // recomputed ones in m->scratch, one layer (of each kind the stage has) for all layers and slots
+    // per micro-batch slot of a chunk: the residual stream and, unless recomputed, every layer's tensors;
+    // the recomputed ones in m->scratch, one layer (of each kind the stage has) for all layers and slots
     int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE;
     m->acts = (Activations *)malloc_check(nslots * sizeof(Activations));
     memset(&m->scratch, 0, sizeof(m->scratch));
     for (int i = 0; i <= nslots; i++) {
         Activations *a = i < nslots ? &m->acts[i] : &m->scratch;
-        int scratch = i == nslots;
+        int scratch = i == nslots, v = 0;
+        while (!scratch && i >= p->slot0[v + 1]) { v++; }   // the slot's chunk
+        int l0 = scratch ? 0 : m->chunk_l0[v], Lc = scratch ? Ls : m->chunk_l0[v + 1] - l0, Ldc = 0;
+        for (int l = l0; l < l0 + Lc; l++) { Ldc += !is_moe_layer(c, m->layer_id[l]); }
         memset(a, 0, sizeof(*a));
-        size_t n = scratch ? (full ? 1 : 0) : (full ? 0 : Ls);                 // layers of the per-layer tensors here
-        size_t nfc = scratch ? (mlp && Ld > 0 ? 1 : 0) : (mlp ? 0 : Ld);       // ... of fc and GELU outputs
-        if (!scratch) { a->resid = (floatX *)mem_alloc((Ls + 1) * BTs * C * X, MEM_ACTIVATIONS); }
+        size_t n = scratch ? (full ? 1 : 0) : (full ? 0 : Lc);                 // layers of the per-layer tensors here
+        size_t nfc = scratch ? (mlp && Ld > 0 ? 1 : 0) : (mlp ? 0 : Ldc);      // ... of fc and GELU outputs
+        if (!scratch) { a->resid = (floatX *)mem_alloc((Lc + 1) * BTs * C * X, MEM_ACTIVATIONS); }
         a->ln1 = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
         a->ln1_mean = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
         a->ln1_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
@@ -595,11 +625,11 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
         a->ln2_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
         a->fch = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
         a->fchg = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
-        a->moe = (MoEActs *)calloc(Ls + 1, sizeof(MoEActs));
-        for (int l = 0; l < Ls; l++) {
+        a->moe = (MoEActs *)calloc(Lc + 1, sizeof(MoEActs));
+        for (int l = 0; l < Lc; l++) {
             // the MoE layers' routing and expert rows: stored per layer, or (full) one set in the scratch;
             // the experts' fc and GELU outputs: stored, or (mlp, full) one set in the scratch
-            if (!is_moe_layer(c, m->l0 + l) || (scratch && !mlp)) { continue; }
+            if (!is_moe_layer(c, m->layer_id[l0 + l]) || (scratch && !mlp)) { continue; }
             int routing = scratch ? full : !full, hidden = scratch ? mlp : !mlp;
             if (scratch && full && a->moe[0].probs) { continue; }   // one set
             if (scratch && !full && a->moe[0].h) { continue; }
@@ -621,20 +651,20 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
                 ma->hg = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_ACTIVATIONS);
             }
         }
-        if (!scratch && m->last) {
+        if (!scratch && m->last && v == V - 1) {
             a->lnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
             a->lnf_mean = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
             a->lnf_rstd = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
             a->dlnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
         }
-        if (!scratch) {
-            a->inputs = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
-            a->targets = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
-        }
+        if (!scratch && v == 0) { a->inputs = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS); }
+        if (!scratch && v == V - 1) { a->targets = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS); }
     }
     if (mlp && !full) {   // mlp: the stored MoE layers compute their experts' hidden rows in the scratch's
-        for (int i = 0; i < nslots; i++) {
-            for (int l = 0; l < Ls; l++) { m->acts[i].moe[l].h = m->scratch.moe[0].h; m->acts[i].moe[l].hg = m->scratch.moe[0].hg; }
+        for (int v = 0; v < V; v++) {
+            for (int i = p->slot0[v]; i < p->slot0[v + 1]; i++) {
+                for (int l = 0; l < m->chunk_l0[v + 1] - m->chunk_l0[v]; l++) { m->acts[i].moe[l].h = m->scratch.moe[0].h; m->acts[i].moe[l].hg = m->scratch.moe[0].hg; }
+            }
         }
     }
     Workspace *w = &m->ws;
@@ -663,20 +693,24 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
         m->ce.stats = (float *)mem_alloc((size_t)m->ce.chunk * 3 * F, MEM_LOGITS);
         m->ce.stats_all = (float *)mem_alloc((size_t)tp * m->ce.chunk * 3 * F, MEM_LOGITS);
     }
-    // the pipeline's view of the slots: each one's input (resid[0]) and output (resid[Ls])
-    Pipeline *p = &m->pipe;
-    p->pp = &m->grid->pp_group; p->tp = &m->grid->tp_group;
+    // the pipeline's view of the slots: each one's input (resid[0]) and output (resid[Lc])
     p->first = m->first; p->last = m->last;
     p->split = !m->sp && tp > 1;
     p->n = BTs * C;
-    p->schedule = pp == 1 ? SCHEDULE_1F1B : schedule;   // (without a pipeline GPipe is 1F1B)
-    p->nslots = nslots;
     p->input = (floatX **)malloc_check(nslots * sizeof(floatX *));
     p->output = (floatX **)malloc_check(nslots * sizeof(floatX *));
-    for (int i = 0; i < nslots; i++) { p->input[i] = m->acts[i].resid; p->output[i] = m->acts[i].resid + (size_t)Ls * BTs * C; }
+    for (int v = 0; v < V; v++) {
+        for (int i = p->slot0[v]; i < p->slot0[v + 1]; i++) {
+            p->input[i] = m->acts[i].resid;
+            p->output[i] = m->acts[i].resid + (size_t)(m->chunk_l0[v + 1] - m->chunk_l0[v]) * BTs * C;
+        }
+    }
     p->grad = w->dresid;
+    // interleaved: a gradient can arrive while another chunk's backward (the head's) still uses dresid
+    p->grad_recv = V > 1 ? (floatX *)mem_alloc(BTs * C * X, MEM_COMM) : w->dresid;
+    p->grad_held = -1;
     p->overlap = m->zero.prefetch && pp > 1;   // (--overlap: set before this call)
-    p->grad_send = p->overlap && !m->first ? (floatX *)mem_alloc(BTs * C * X, MEM_COMM) : NULL;
+    p->grad_send = p->overlap && (!m->first || V > 1) ? (floatX *)mem_alloc(BTs * C * X, MEM_COMM) : NULL;
 }
 
 // The tied embedding's gradient. wte is used twice: by the token embedding (first stage, the first op
@@ -810,11 +844,12 @@ static void moe_forward(GPT2 *m, MoEActs *ma, floatX *pe[NUM_TENSORS], const flo
     moe_regroup(m, ma->counts, w->mexp, w->mrecv, 0);
     moe_all_to_all(m, ma->counts, w->mrecv, ma->ys, 0);
     moe_combine(out, ma->ys, ma->gate, ma->row, BT, k, C);
-    if (m->route_log && m->route_log_left > 0 && !m->recomputing) {   // test_gpt: this layer's routing
-        copy_to_host(m->route_log, ma->choice, (size_t)BT * k * sizeof(int));
-        copy_to_host(m->route_log + (size_t)BT * k, ma->keep, (size_t)BT * k * sizeof(int));
-        m->route_log += 2 * (size_t)BT * k;
-        m->route_log_left--;
+    if (m->route_log && m->micro < m->route_log_micro && !m->recomputing) {   // test_gpt: this layer's routing
+        int nmoe = 0;
+        for (int l = 0; l < m->Ls; l++) { nmoe += is_moe_layer(&m->config, m->layer_id[l]); }
+        int *log = m->route_log + ((size_t)m->micro * nmoe + m->moe_index) * 2 * BT * k;
+        copy_to_host(log, ma->choice, (size_t)BT * k * sizeof(int));
+        copy_to_host(log + (size_t)BT * k, ma->keep, (size_t)BT * k * sizeof(int));
     }
     if (m->moe_count_stats && !m->recomputing) {   // aux and z of this micro-batch's sequences, the kept fraction
         float *f = (float *)malloc_check(sizeof(float) * (2 * B * E + B));
@@ -879,7 +914,8 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
     Group *tp = &m->grid->tp_group;
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *x;
-    int u = m->u_layer[l], next = l + 1 < m->Ls ? m->u_layer[l + 1] : (m->last ? m->u_final : -1);
+    int v = layer_chunk(m, l), u = m->u_layer[l];   // what runs next: the chunk's next layer, or the final LayerNorm
+    int next = l + 1 < m->chunk_l0[v + 1] ? m->u_layer[l + 1] : (m->last && v == m->V - 1 ? m->u_final : -1);
     unit_view(&m->units[u], zero_unit_params(&m->zero, u), p);
     if (!m->recomputing) { zero_prefetch_params(&m->zero, ue >= 0 ? ue : next, u); }   // ZeRO-3: the next unit, while this one computes
     // attention block: ln1 -> all tokens -> qkv (column-parallel, local heads) -> attention
@@ -897,6 +933,8 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
     if (ue >= 0) {
         floatX *pe[NUM_TENSORS];
         unit_view(&m->units[ue], zero_unit_params(&m->zero, ue), pe);
+        m->moe_index = 0;
+        for (int i = 0; i < l; i++) { m->moe_index += m->u_experts[i] >= 0; }
         moe_forward(m, y.moe, pe, p[T_ROUTERW], x, w->pfull);
         if (!m->recomputing) { zero_prefetch_params(&m->zero, next, ue); }   // (over the layer's own unit: done with it)
     } else {
@@ -907,15 +945,17 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
     residual_bias_forward(y.out, y.mid, x, ue >= 0 ? NULL : p[T_FCPROJB], BTs, C);
 }
 
-// The stage's input (B, T) tokens on the first stage, a->resid[0] received from the previous stage
-// otherwise -> the stage's output a->resid[Ls] (the last stage: the final LayerNorm a->lnf).
-static void gpt2_forward(GPT2 *m, Activations *a) {
+// Model chunk v of the stage (the stage's layers without interleaving), a: a slot of that chunk.
+// The input (B, T) tokens on the first stage's chunk 0, a->resid[0] received from the previous stage
+// otherwise -> the chunk's output a->resid[Lc] (the last stage's last chunk: the final LayerNorm a->lnf).
+static void gpt2_forward(GPT2 *m, int v, Activations *a) {
     int C = m->config.channels, T = m->T, BT = m->BT, BTs = m->BTs, sp = m->sp;
+    int l0 = m->chunk_l0[v], l1 = m->chunk_l0[v + 1];
     Group *tp = &m->grid->tp_group;
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *x;
 
-    if (m->first) {
+    if (m->first && v == 0) {
         // embedding: vocab-parallel token lookup of all BT tokens, summed over tp (SP: reduce-scattered
         // along the tokens), then the position embedding of the local tokens
         trace_begin();
@@ -927,14 +967,14 @@ static void gpt2_forward(GPT2 *m, Activations *a) {
         position_forward(a->resid, p[T_WPE], m->tok0, BTs, T, C);
         trace_end("embedding", "forward", "\"micro\":%d", m->micro);
     }
-    for (int l = 0; l < m->Ls; l++) {
+    for (int l = l0; l < l1; l++) {
         trace_begin();
         layer_forward(m, layer_acts(m, a, l), l);
-        trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "forward", "\"layer\":%d,\"micro\":%d", m->l0 + l, m->micro);
+        trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "forward", "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
     }
-    if (m->last) {
+    if (m->last && v == m->V - 1) {
         unit_view(&m->units[m->u_final], zero_unit_params(&m->zero, m->u_final), p);
-        layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->resid + (size_t)m->Ls * BTs * C, p[T_LNFW], p[T_LNFB], BTs, C);
+        layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW], p[T_LNFB], BTs, C);
     }
 }
 
@@ -980,7 +1020,7 @@ static void layer_backward(GPT2 *m, LayerActs y, int l, int last_micro) {
     Zero *z = &m->zero;
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *g[NUM_TENSORS], *dy, *x;
-    int prev = l > 0 ? m->u_layer[l - 1] : -1;
+    int prev = l > m->chunk_l0[layer_chunk(m, l)] ? m->u_layer[l - 1] : -1;   // the chunk's layer below
     unit_view(&m->units[u], zero_unit_params(z, u), p);
     if (ue < 0) { zero_prefetch_params(z, prev, u); }   // ZeRO-3: the layer below, while this one computes
     unit_view(&m->units[u], zero_begin_unit_backward(z, u), g);
@@ -1015,40 +1055,41 @@ static void layer_backward(GPT2 *m, LayerActs y, int l, int last_micro) {
     zero_end_unit_backward(z, u, last_micro);
 }
 
-// The backward of one micro-batch: from a->dlnf on the last stage, from the gradient of the stage's
-// output (received into ws.dresid) otherwise; leaves the gradient of the stage's input in ws.dresid.
-// Each unit's gradient goes to zero.h as soon as the unit is done, so its data-parallel reduction
-// overlaps the backward of the layers below.
-static void gpt2_backward(GPT2 *m, Activations *a, int last_micro) {
+// The backward of one micro-batch through model chunk v: from a->dlnf on the last stage's last chunk,
+// from the gradient of the chunk's output (in ws.dresid) otherwise; leaves the gradient of the chunk's
+// input in ws.dresid. Each unit's gradient goes to zero.h as soon as the unit is done, so its
+// data-parallel reduction overlaps the backward of the layers below.
+static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
     int C = m->config.channels, T = m->T, BT = m->BT, BTs = m->BTs, sp = m->sp;
+    int l0 = m->chunk_l0[v], l1 = m->chunk_l0[v + 1];
     Group *tp = &m->grid->tp_group;
     Zero *z = &m->zero;
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *g[NUM_TENSORS];
 
-    if (m->last) {
+    if (m->last && v == m->V - 1) {
         unit_view(&m->units[m->u_final], zero_unit_params(z, m->u_final), p);
-        if (m->Ls > 0) { zero_prefetch_params(z, m->u_layer[m->Ls - 1], m->u_final); }
+        if (l1 > l0) { zero_prefetch_params(z, m->u_layer[l1 - 1], m->u_final); }
         unit_view(&m->units[m->u_final], zero_begin_unit_backward(z, m->u_final), g);
         zero_on_device(w->dresid, (size_t)BTs * C * sizeof(floatX));
-        layernorm_backward(w->dresid, g[T_LNFW], g[T_LNFB], a->dlnf, a->resid + (size_t)m->Ls * BTs * C, p[T_LNFW],
+        layernorm_backward(w->dresid, g[T_LNFW], g[T_LNFB], a->dlnf, a->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW],
                            a->lnf_mean, a->lnf_rstd, BTs, C);
         zero_end_unit_backward(z, m->u_final, last_micro);
     }
-    for (int l = m->Ls - 1; l >= 0; l--) {
+    for (int l = l1 - 1; l >= l0; l--) {
         LayerActs y = layer_acts(m, a, l);
         if (m->recompute == RECOMPUTE_FULL) {   // the layer's activations again, from its stored input
             trace_begin();
             m->recomputing = 1;
             layer_forward(m, y, l);
             m->recomputing = 0;
-            trace_end("recompute", "forward", "\"layer\":%d,\"micro\":%d", m->l0 + l, m->micro);
+            trace_end("recompute", "forward", "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
         }
         trace_begin();
         layer_backward(m, y, l, last_micro);
-        trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "backward", "\"layer\":%d,\"micro\":%d", m->l0 + l, m->micro);
+        trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "backward", "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
     }
-    if (m->first) {
+    if (m->first && v == 0) {
         trace_begin();
         // the embedding: the position embedding of the local tokens, the token embedding of all of them
         int pipeline = m->u_pos != m->u_embed;
@@ -1068,42 +1109,47 @@ static void gpt2_backward(GPT2 *m, Activations *a, int last_micro) {
 
 typedef struct { float beta1, beta2, eps, weight_decay, grad_clip; unsigned int seed; } OptConfig;
 
-static void gpt2_upload_batch(GPT2 *m, Activations *a, const int *inputs, const int *targets) {
-    copy_to_device(a->inputs, inputs, sizeof(int) * m->BT);
-    copy_to_device(a->targets, targets, sizeof(int) * m->BT);
+// Micro-batch i's activations in model chunk v.
+static Activations *chunk_acts(GPT2 *m, int v, int i) { return &m->acts[m->pipe.slot0[v] + i % m->pipe.nslots[v]]; }
+
+// Micro-batch i's tokens go to chunk 0 (the embedding), its targets to the last chunk (the loss), each
+// when that chunk's forward starts (a slot of the last chunk may still hold an earlier micro-batch
+// whose forward is yet to come). NULL: not now.
+static void gpt2_upload_batch(GPT2 *m, int i, const int *inputs, const int *targets) {
+    if (inputs) { copy_to_device(chunk_acts(m, 0, i)->inputs, inputs, sizeof(int) * m->BT); }
+    if (targets) { copy_to_device(chunk_acts(m, m->V - 1, i)->targets, targets, sizeof(int) * m->BT); }
 }
 
 // What the schedule runs for one training step on this stage.
 typedef struct {
     GPT2 *m;
-    DataLoader *dl;
     int accum;
+    int *inputs, *targets;   // (accum, BT) the step's batches, read by every stage in the same order
     float dloss;       // d(loss)/d(each token's loss): 1 / (tokens in the global batch)
     double loss;       // summed over the micro-batches (last stage)
 } TrainStep;
 
-// Forward of micro-batch i (its input received): every stage reads every batch, in the same order;
-// the last stage runs the fused head too, forward and backward at once.
-static void train_forward(void *ctx, int i) {
+// Forward of micro-batch i through chunk v (its input received); the last chunk of the last stage
+// runs the fused head too, forward and backward at once.
+static void train_forward(void *ctx, int v, int i) {
     TrainStep *s = (TrainStep *)ctx;
     GPT2 *m = s->m;
-    Activations *a = &m->acts[i % m->pipe.nslots];
+    Activations *a = chunk_acts(m, v, i);
     m->micro = i;
-    dataloader_next_batch(s->dl);
-    gpt2_upload_batch(m, a, s->dl->inputs, s->dl->targets);
-    gpt2_forward(m, a);
-    if (m->last) { s->loss += gpt2_head(m, a, s->dloss, 1, i == s->accum - 1); }
+    gpt2_upload_batch(m, i, v == 0 ? s->inputs + (size_t)i * m->BT : NULL, v == m->V - 1 ? s->targets + (size_t)i * m->BT : NULL);
+    gpt2_forward(m, v, a);
+    if (m->last && v == m->V - 1) { s->loss += gpt2_head(m, a, s->dloss, 1, i == s->accum - 1); }
 }
 
-static void train_backward(void *ctx, int i) {
+static void train_backward(void *ctx, int v, int i) {
     TrainStep *s = (TrainStep *)ctx;
     s->m->micro = i;
-    gpt2_backward(s->m, &s->m->acts[i % s->m->pipe.nslots], i == s->accum - 1);
+    gpt2_backward(s->m, v, chunk_acts(s->m, v, i), i == s->accum - 1);
 }
 
-// Forward and backward of `accum` micro-batches; the gradients end up reduced as the ZeRO stage
-// wants them. Returns the mean loss over the global batch (all micro-batches, all dp ranks), on
-// every rank.
+// Forward and backward of `accum` micro-batches (the number the activations were allocated for); the
+// gradients end up reduced as the ZeRO stage wants them. Returns the mean loss over the global batch
+// (all micro-batches, all dp ranks), on every rank.
 static float gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     zero_clear_grads(&m->zero);
     // the MoE auxiliary losses' seeds (moe.h): aux is a mean over the global batch's sequences, z over its tokens
@@ -1112,8 +1158,16 @@ static float gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     m->moe_z_scale = (float)(m->moe.z_coeff / (m->T * sequences));
     memset(&m->moe_stats, 0, sizeof(m->moe_stats));
     m->moe_count_stats = 1;
-    TrainStep s = {m, dl, accum, 1.0f / ((float)m->BT * accum * m->grid->dp), 0.0};
-    pipeline_run(&m->pipe, accum, (StageWork){&s, train_forward, train_backward});
+    TrainStep s = {m, accum, (int *)malloc_check(sizeof(int) * accum * m->BT), (int *)malloc_check(sizeof(int) * accum * m->BT),
+                   1.0f / ((float)m->BT * accum * m->grid->dp), 0.0};
+    for (int i = 0; i < accum; i++) {
+        dataloader_next_batch(dl);
+        memcpy(s.inputs + (size_t)i * m->BT, dl->inputs, sizeof(int) * m->BT);
+        memcpy(s.targets + (size_t)i * m->BT, dl->targets, sizeof(int) * m->BT);
+    }
+    if (accum != m->pipe.steps.n_total / m->V) { fprintf(stderr, "error: %d micro-batches, the schedule was made for %d\n", accum, m->pipe.steps.n_total / m->V); exit(1); }
+    pipeline_run(&m->pipe, (StageWork){&s, train_forward, train_backward});
+    free(s.inputs); free(s.targets);
     m->moe_count_stats = 0;
     zero_finish_grads(&m->zero);
     // the loss lives on the last stage; every rank gets it
@@ -1157,11 +1211,12 @@ static float gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step, float 
     return norm;
 }
 
-static void forward_only(void *ctx, int i) { (void)i; GPT2 *m = (GPT2 *)ctx; gpt2_forward(m, &m->acts[0]); }
+static void forward_only(void *ctx, int v, int i) { GPT2 *m = (GPT2 *)ctx; gpt2_forward(m, v, chunk_acts(m, v, i)); }
 
-// Forward only, through every stage: tokens (B, T) in; the last stage's lnf out (in acts[0]).
+// Forward only, through every stage: tokens (B, T) in; the last stage's lnf out (in the last chunk's
+// acts of micro-batch 0).
 static void gpt2_forward_pipeline(GPT2 *m, const int *inputs, const int *targets) {
-    gpt2_upload_batch(m, &m->acts[0], inputs, targets);
+    gpt2_upload_batch(m, 0, inputs, targets);
     pipeline_forward_only(&m->pipe, (StageWork){m, forward_only, NULL});
 }
 
@@ -1174,7 +1229,7 @@ static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
     for (int i = 0; i < n; i++) {
         dataloader_next_batch(dl);
         gpt2_forward_pipeline(m, dl->inputs, dl->targets);
-        if (m->last) { loss += gpt2_head(m, &m->acts[0], 0.0f, 0, 0); }
+        if (m->last) { loss += gpt2_head(m, chunk_acts(m, m->V - 1, 0), 0.0f, 0, 0); }
     }
     loss /= n;
     if (m->grid->pp > 1) { WATCHED("broadcast of the loss", "pp", MPI_Bcast(&loss, 1, MPI_DOUBLE, m->grid->pp - 1, m->grid->pp_group.mpi)); }
@@ -1201,7 +1256,7 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
         float coin01 = rng_f32(rng);   // every rank draws, so the generators stay equal
         int next = 0;
         if (m->last) {
-            floatX *h = tp_all_tokens(&m->grid->tp_group, m->sp, m->acts[0].lnf, m->ws.xfull, m->BTs, C);
+            floatX *h = tp_all_tokens(&m->grid->tp_group, m->sp, chunk_acts(m, m->V - 1, 0)->lnf, m->ws.xfull, m->BTs, C);
             floatX *p[NUM_TENSORS];
             unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p);
             // this rank's vocabulary slice of the logits of position t-1, then all slices (Vp)
@@ -1551,7 +1606,7 @@ static double synthetic_corpus(uint16_t *tokens, size_t n, int vocab_size, uint6
 typedef struct {
     const char *train_pattern, *val_pattern, *output_dir, *model;
     int B, T, total_batch, max_steps, warmup, val_every, val_batches, sample_every, gen_tokens;
-    int checkpoint_every, resume, zero, tp, pp, dp, ep, sp, ce_chunk, memory_report, comm_report, shuffle;
+    int checkpoint_every, resume, zero, tp, pp, vpp, dp, ep, sp, ce_chunk, memory_report, comm_report, shuffle;
     int experts, topk, moe_every, cap1000;   // MoE; the first three -1 when not given
     float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff, timeout;
     int max_skips, help;
@@ -1566,7 +1621,7 @@ static void default_args(Args *a) {
     memset(a, 0, sizeof(*a));
     a->model = "d4"; a->B = 4; a->T = 64; a->total_batch = -1; a->max_steps = -1; a->lr = 3e-4f; a->warmup = 0;
     a->final_frac = 1.0f; a->weight_decay = 0.0f; a->val_every = 20; a->val_batches = 20; a->sample_every = 20;
-    a->gen_tokens = 64; a->checkpoint_every = 0; a->resume = 0; a->zero = 0; a->tp = 1; a->pp = 1; a->dp = -1;
+    a->gen_tokens = 64; a->checkpoint_every = 0; a->resume = 0; a->zero = 0; a->tp = 1; a->pp = 1; a->vpp = 1; a->dp = -1;
     a->ep = 1; a->sp = 0; a->ce_chunk = 256; a->shuffle = -1; a->grad_clip = 1.0f; a->scheduler = "cosine";
     a->pp_schedule = "1f1b";
     a->experts = a->topk = a->moe_every = -1; a->cap1000 = 1250; a->drop_policy = "probs"; a->aux_coeff = 0.01f; a->z_coeff = 0.001f;
@@ -1596,7 +1651,8 @@ static void print_usage(void) {
            "  -n <int>   checkpoint every N steps (default 0 off; needs -o)\n"
            "  -y <int>   1: resume from the newest checkpoint in -o (error if none); 2: resume if one exists\n"
            "  -z <int>   ZeRO stage 0-3 (same as --zero)\n"
-           "  --tp N (alias --tensor-model-parallel-size)  --pp N  --pp-schedule 1f1b|gpipe  --dp N  --sp  --zero N  --ep N\n"
+           "  --tp N (alias --tensor-model-parallel-size)  --pp N  --pp-schedule 1f1b|gpipe|interleaved  --dp N  --sp  --zero N  --ep N\n"
+           "  --vpp V (alias --virtual-pipeline-model-parallel-size: model chunks per pipeline stage; V > 1 is the interleaved schedule)\n"
            "  --ce-chunk N (tokens per cross-entropy chunk, 0 = full logits)  --memory-report  --comm-report\n"
            "  --seed N  --shuffle 0|1  --grad-clip F (0 = off)  --trace DIR (a Chrome trace per rank: dev/trace.py)\n"
            "  --timeout S (stop when a collective makes no progress for S seconds; default 600, 0 off)\n"
@@ -1651,7 +1707,7 @@ static int parse_capacity_factor(const char *v) {
 static const char *FLAGS[][2] = {
     {"-i", 0}, {"-j", 0}, {"-o", 0}, {"-e", 0}, {"-b", 0}, {"-t", 0}, {"-d", 0}, {"-x", 0}, {"-l", 0}, {"-u", 0}, {"-q", 0},
     {"-c", 0}, {"-k", 0}, {"-v", 0}, {"-m", 0}, {"-s", 0}, {"-g", 0}, {"-n", 0}, {"-y", 0}, {"--zero", "-z"},
-    {"--tp", "--tensor-model-parallel-size"}, {"--pp", 0}, {"--dp", 0}, {"--ep", "--expert-model-parallel-size"},
+    {"--tp", "--tensor-model-parallel-size"}, {"--pp", 0}, {"--vpp", "--virtual-pipeline-model-parallel-size"}, {"--dp", 0}, {"--ep", "--expert-model-parallel-size"},
     {"--ce-chunk", 0}, {"--seed", 0}, {"--shuffle", 0}, {"--grad-clip", 0}, {"--pp-schedule", 0},
     {"--experts", "--num-experts"}, {"--topk", "--moe-router-topk"}, {"--moe-every", 0}, {"--capacity-factor", 0},
     {"--drop-policy", 0}, {"--aux-coeff", 0}, {"--z-coeff", 0}, {"--trace", 0}, {"--timeout", 0}, {"--max-skips", 0}, {"--recompute", 0}, {"--overlap", 0},
@@ -1707,6 +1763,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         else if (!strcmp(f, "--zero")) { a->zero = parse_int_arg(f, v, 0, 3); }
         else if (!strcmp(f, "--tp")) { a->tp = parse_int_arg(f, v, 1, 1 << 16); }
         else if (!strcmp(f, "--pp")) { a->pp = parse_int_arg(f, v, 1, 1 << 16); }
+        else if (!strcmp(f, "--vpp")) { a->vpp = parse_int_arg(f, v, 1, 1024); }
         else if (!strcmp(f, "--dp")) { a->dp = parse_int_arg(f, v, 1, 1 << 16); }
         else if (!strcmp(f, "--ep")) { a->ep = parse_int_arg(f, v, 1, 1 << 16); }
         else if (!strcmp(f, "--ce-chunk")) { a->ce_chunk = parse_int_arg(f, v, 0, 1 << 30); }
@@ -1714,7 +1771,9 @@ static void parse_args(int argc, char **argv, Args *a) {
         else if (!strcmp(f, "--shuffle")) { a->shuffle = parse_int_arg(f, v, 0, 1); }
         else if (!strcmp(f, "--grad-clip")) { a->grad_clip = parse_float_arg(f, v, 0.0, 1e9); }
         else if (!strcmp(f, "--pp-schedule")) {
-            if (strcmp(v, "1f1b") && strcmp(v, "gpipe")) { arg_fail("--pp-schedule expects 1f1b or gpipe, got '%s'", v); }
+            if (strcmp(v, "1f1b") && strcmp(v, "gpipe") && strcmp(v, "interleaved")) {
+                arg_fail("--pp-schedule expects 1f1b, gpipe or interleaved, got '%s'", v);
+            }
             a->pp_schedule = v;
         }
         else if (!strcmp(f, "--experts")) { a->experts = parse_int_arg(f, v, 1, MOE_MAX_EXPERTS); }
@@ -1736,6 +1795,12 @@ static void parse_args(int argc, char **argv, Args *a) {
             a->recompute = v;
         }
     }
+    // --vpp V > 1 is the interleaved schedule; --pp-schedule interleaved needs it
+    int vpp_given = a->vpp > 1, interleaved = !strcmp(a->pp_schedule, "interleaved"), schedule_given = 0;
+    for (int k = 0; k < NUM_FLAGS; k++) { if (!strcmp(FLAGS[k][0], "--pp-schedule")) { schedule_given = a->given[k] != NULL; } }
+    if (vpp_given && schedule_given && !interleaved) { arg_fail("--vpp %d is the interleaved schedule, not --pp-schedule %s", a->vpp, a->pp_schedule); }
+    if (interleaved && !vpp_given) { arg_fail("--pp-schedule interleaved needs --vpp V >= 2 (model chunks per stage)"); }
+    if (vpp_given) { a->pp_schedule = "interleaved"; }
     if (a->output_dir && !a->output_dir[0]) { arg_fail("-o expects a directory, got '' (an unset variable?)"); }
     if (a->output_dir && strlen(a->output_dir) > PATH_LEN - 64) {
         arg_fail("-o is %zu bytes long, at most %d (the file names inside must fit)", strlen(a->output_dir), PATH_LEN - 64);
@@ -1822,6 +1887,15 @@ static void validate_layout(Args *a, const GPT2Config *c, int world, int rank) {
     if (a->total_batch <= 0 || a->total_batch % tokens_per_micro != 0) {
         fail_all(rank, "-d %d is not a multiple of B*T*dp = %d*%d*%d = %ld", a->total_batch, a->B, a->T, dp, tokens_per_micro);
     }
+    if (a->vpp > 1) {   // interleaved: micro-batches go through the chunks in groups of pp
+        int accum = (int)(a->total_batch / tokens_per_micro);
+        if (a->pp < 2) { fail_all(rank, "--vpp %d: the interleaved schedule needs a pipeline (--pp >= 2)", a->vpp); }
+        if (accum % a->pp) {
+            fail_all(rank, "--vpp %d: the interleaved schedule needs the micro-batches per step (-d / (B*T*dp) = %d) to be a multiple of --pp %d",
+                     a->vpp, accum, a->pp);
+        }
+        if (a->pp * a->vpp > c->num_layers) { fail_all(rank, "--pp %d x --vpp %d = %d model chunks, more than the %d layers", a->pp, a->vpp, a->pp * a->vpp, c->num_layers); }
+    }
     if ((a->checkpoint_every > 0 || a->resume) && a->output_dir == NULL) { fail_all(rank, "-n and -y need an output dir (-o)"); }
     if (a->val_pattern && !a->train_pattern) { fail_all(rank, "-j needs -i (without -i both come from the built-in corpus)"); }
 #ifdef USE_CUDA
@@ -1842,7 +1916,9 @@ static void make_dirs(const char *dir) {
     mkdir(buf, 0755);
 }
 
-static PipeSchedule pipe_schedule(const char *name) { return strcmp(name, "gpipe") ? SCHEDULE_1F1B : SCHEDULE_GPIPE; }
+static PipeSchedule pipe_schedule(const char *name) {
+    return !strcmp(name, "gpipe") ? SCHEDULE_GPIPE : !strcmp(name, "interleaved") ? SCHEDULE_INTERLEAVED : SCHEDULE_1F1B;
+}
 
 // Creates the output dir (and its parents) if needed and checks that a file can be written there.
 static void check_output_dir(const char *dir, int rank) {
@@ -1970,12 +2046,16 @@ static void report_first_step(const Args *a, GPT2 *m, int accum) {
     }
     if (a->memory_report) {
         mem_report(g->rank, g->world_size, "after the first step");
-        if (g->pp > 1) {   // 1F1B: pp - stage, GPipe: all of them
-            int *alive = (int *)malloc_check(sizeof(int) * g->world_size);
-            MPI_Gather(&m->pipe.nslots, 1, MPI_INT, alive, 1, MPI_INT, 0, MPI_COMM_WORLD);
+        if (g->pp > 1) {   // 1F1B: pp - stage, GPipe: all of them; interleaved: per chunk
+            int V = m->V, *alive = (int *)malloc_check(sizeof(int) * g->world_size * V);
+            MPI_Gather(m->pipe.nslots, V, MPI_INT, alive, V, MPI_INT, 0, MPI_COMM_WORLD);
             if (g->rank == 0) {
-                printf("pipeline (%s, %d micro-batches): micro-batches of activations alive per stage:", a->pp_schedule, accum);
-                for (int s = 0; s < g->pp; s++) { printf(" %d", alive[s * g->tp]); }
+                printf("pipeline (%s, %d micro-batches): micro-batches of activations alive per stage%s:", a->pp_schedule, accum,
+                       V > 1 ? " (per model chunk)" : "");
+                for (int s = 0; s < g->pp; s++) {
+                    printf(" ");
+                    for (int v = 0; v < V; v++) { printf("%s%d", v ? "+" : "", alive[s * g->tp * V + v]); }
+                }
                 printf("\n");
             }
             free(alive);
@@ -1984,13 +2064,14 @@ static void report_first_step(const Args *a, GPT2 *m, int accum) {
 }
 
 // The pipeline bubble of each stage: time waiting on the neighbour stages / step time, averaged
-// over the timed steps, next to the ideal (pp-1)/(m+pp-1).
+// over the timed steps, next to the ideal (pp-1)/(V*m+pp-1) (V = 1 but interleaved).
 static void report_bubble(const Args *a, Grid *g, double bubble_sum, int steps, int accum) {
     double mine = bubble_sum / steps, *all = (double *)malloc_check(sizeof(double) * g->world_size);
     MPI_Gather(&mine, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     if (g->rank == 0) {
-        printf("pipeline bubble (%s, %d micro-batches): measured time waiting on the neighbour stages / step time, ideal (pp-1)/(m+pp-1) = %.3f\n",
-               a->pp_schedule, accum, (double)(g->pp - 1) / (accum + g->pp - 1));
+        int V = a->vpp;
+        printf("pipeline bubble (%s, %d micro-batches): measured time waiting on the neighbour stages / step time, ideal (pp-1)/(%sm+pp-1) = %.3f\n",
+               a->pp_schedule, accum, V > 1 ? "V*" : "", (double)(g->pp - 1) / (V * accum + g->pp - 1));
         for (int s = 0; s < g->pp; s++) { printf("  stage %d: %.3f\n", s, all[s * g->tp]); }   // (tp 0, dp 0) rank of each stage
     }
     free(all);
@@ -2187,7 +2268,7 @@ int main(int argc, char **argv) {
     if (args.trace_dir) { check_output_dir(args.trace_dir, rank); }
     trace_open(args.trace_dir, rank);
     GPT2 model;
-    gpt2_build(&model, &config, params, &grid, args.zero, args.sp, moe_options(&args));
+    gpt2_build(&model, &config, params, &grid, args.vpp, args.zero, args.sp, moe_options(&args));
     free(params);
     model.recompute = recompute_mode(args.recompute);
     model.zero.prefetch = args.overlap;

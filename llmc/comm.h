@@ -327,50 +327,54 @@ static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
 #endif
 }
 
-// A non-blocking send of n elements to group rank peer (pipeline overlap): comm_wait(req) before the
-// buffer is written again. CPU: MPI_Isend; CUDA: ncclSend on comm_stream, its end an event.
-static void comm_isend(Group *g, const void *buf, size_t n, DType t, int peer, CommRequest *req) {
-    comm_count(g, (double)n * comm_type_size(t));
-    comm_mark(req, g);
-    trace_begin();
-#ifdef USE_NCCL
-    ncclCheck(ncclSend(buf, n, nccl_type(t), peer, g->nccl, comm_stream_begin()));
-    comm_stream_end(req);
-#else
-    MPI_Isend(buf, (int)n, mpi_type(t), peer, 0, g->mpi, &req->req);
-    req->active = 1;
-    req->move_bytes = 0;
-#endif
-    trace_end("isend", "comm", "\"group\":\"%s\",\"bytes\":%.0f", g->name, (double)n * comm_type_size(t));
-}
+// One batch of point-to-point transfers within a group, started together (a pipeline exchange: a stage
+// may send to and receive from both neighbours in one step; started one by one, two stages each
+// waiting on its send to the other would wait forever). tag tells the kinds apart between the same
+// two ranks (0: activations, 1: gradients; with two stages the next one is also the previous one).
+// The receives are complete on return. The sends too, unless `sends` (up to 2) is given: then they
+// complete while the caller computes, and comm_wait(&sends[i]) comes before their buffers change.
+// CPU: MPI_Irecv / MPI_Issend (a synchronous send completes only once received, as NCCL's do, so
+// that the CPU runs catch an exchange that would deadlock on GPUs); CUDA: one NCCL group.
+typedef struct { int send; void *buf; size_t n; int peer; int tag; } P2POp;
 
-// One exchange with up to two peers: ns elements of send to group rank dest and nr elements from
-// group rank src into recv, together (a pipeline stage sends its output and receives a gradient in one
-// step, so that neighbours never wait on each other's sends). ns = 0 or nr = 0 leaves a side out.
-static void comm_sendrecv(Group *g, const void *send, size_t ns, int dest, void *recv, size_t nr, int src, DType t) {
+static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest *sends) {
     size_t es = comm_type_size(t);
-    if (ns) { comm_count(g, (double)ns * es); }
+    double sent = 0, received = 0;
+    int nrecv = 0;
+    for (int i = 0; i < nops; i++) {
+        if (ops[i].send) { sent += (double)ops[i].n * es; } else { received += (double)ops[i].n * es; nrecv++; }
+    }
+    if (sent > 0) { comm_count(g, sent); }
     trace_begin();
-    COMM_WATCH(ns && nr ? "send-recv" : (ns ? "send" : "recv"), g);
+    COMM_WATCH("point-to-point exchange", g);
 #ifdef USE_NCCL
     cudaStream_t s = comm_stream_begin();
     ncclCheck(ncclGroupStart());
-    if (ns) { ncclCheck(ncclSend(send, ns, nccl_type(t), dest, g->nccl, s)); }
-    if (nr) { ncclCheck(ncclRecv(recv, nr, nccl_type(t), src, g->nccl, s)); }
+    for (int i = 0; i < nops; i++) {
+        if (ops[i].send) { ncclCheck(ncclSend(ops[i].buf, ops[i].n, nccl_type(t), ops[i].peer, g->nccl, s)); }
+        else { ncclCheck(ncclRecv(ops[i].buf, ops[i].n, nccl_type(t), ops[i].peer, g->nccl, s)); }
+    }
     ncclCheck(ncclGroupEnd());
-    comm_stream_end(NULL);
+    if (sends && nrecv == 0) { comm_mark(&sends[0], g); comm_stream_end(&sends[0]); }   // (one event for the group)
+    else { comm_stream_end(NULL); }
 #else
-    if (ns && nr) {
-        MPI_Sendrecv(send, (int)ns, mpi_type(t), dest, 0, recv, (int)nr, mpi_type(t), src, 0, g->mpi, MPI_STATUS_IGNORE);
-    } else if (ns) {
-        MPI_Send(send, (int)ns, mpi_type(t), dest, 0, g->mpi);
-    } else if (nr) {
-        MPI_Recv(recv, (int)nr, mpi_type(t), src, 0, g->mpi, MPI_STATUS_IGNORE);
+    MPI_Request recv_req[4], send_req[4];
+    int nr = 0, ns = 0;
+    for (int i = 0; i < nops; i++) {   // the receives first: a send then finds its receive posted
+        if (!ops[i].send) { MPI_Irecv(ops[i].buf, (int)ops[i].n, mpi_type(t), ops[i].peer, ops[i].tag, g->mpi, &recv_req[nr++]); }
+    }
+    for (int i = 0; i < nops; i++) {
+        if (ops[i].send) { MPI_Issend(ops[i].buf, (int)ops[i].n, mpi_type(t), ops[i].peer, ops[i].tag, g->mpi, &send_req[ns++]); }
+    }
+    MPI_Waitall(nr, recv_req, MPI_STATUSES_IGNORE);
+    if (sends) {
+        for (int i = 0; i < ns; i++) { comm_mark(&sends[i], g); sends[i].req = send_req[i]; sends[i].active = 1; sends[i].move_bytes = 0; }
+    } else {
+        MPI_Waitall(ns, send_req, MPI_STATUSES_IGNORE);
     }
 #endif
     watch_leave();
-    trace_end(ns && nr ? "send-recv" : (ns ? "send" : "recv"), "comm", "\"group\":\"%s\",\"bytes\":%.0f,\"received\":%.0f",
-              g->name, (double)ns * es, (double)nr * es);
+    trace_end("exchange", "comm", "\"group\":\"%s\",\"bytes\":%.0f,\"received\":%.0f", g->name, sent, received);
 }
 
 static void comm_barrier(Group *g) {

@@ -1,5 +1,5 @@
-// Pipeline parallelism, in one place: how the layers are cut into stages, the schedules (1F1B and
-// GPipe) and the point-to-point exchanges between neighbouring stages.
+// Pipeline parallelism, in one place: how the layers are cut into stages, the schedules (1F1B,
+// GPipe, interleaved 1F1B) and the point-to-point exchanges between neighbouring stages.
 //
 // The L layers are cut into pp stages of contiguous layers (stage_layers); the first stage also runs
 // the embedding, the last one the final LayerNorm, the LM head and the loss. A step's m micro-batches
@@ -15,21 +15,31 @@
 //   stage 0  F0 F1 F2 F3 .. .. .. B0 F4 B1 F5 B2 ..          (pp = 4, 1F1B: 3 warm-up forwards)
 //   stage 3  .. .. .. F0 B0 F1 B1 F2 B2 F3 B3 ..             (no warm-up: forward, backward, ...)
 //
-// The exchanges are named after what they move (Megatron's names): send_forward / recv_forward move
-// activations to the next stage, send_backward / recv_backward move gradients to the previous one, and
-// the steady state combines a send with a receive in one step so that neighbours never wait on each
-// other's sends. Without SP every tp rank holds the same (B*T, C) boundary tensor: each sends only its
-// 1/tp slice and the receivers all-gather it over tp (Megatron's scatter-gather), so the link between
-// stages carries it once, not tp times. With --overlap the sends do not block: a stage goes on with its
-// next forward or backward while its output (or its input's gradient, copied aside) is in flight, and
-// waits for them at its next exchange. Time spent in the exchanges is the bubble (wait_seconds).
+//   Interleaved 1F1B (Megatron's virtual pipeline, --vpp V): the layers are cut into pp*V chunks and
+//         rank r holds V of them, chunks r, r+pp, r+2pp, ... (its "model chunks" v = 0..V-1). A micro-
+//         batch goes around the ranks V times: rank pp-1's chunk v feeds rank 0's chunk v+1. Micro-
+//         batches go in groups of pp through chunk 0, then the same group through chunk 1, ... (so m
+//         must be a multiple of pp), the backward through the chunks in reverse. Each rank's work is V
+//         times finer, and the bubble V times smaller: (pp-1)/(V*m+pp-1) of the step; the price is V
+//         times the boundary traffic and more micro-batches of activations alive on the first ranks.
+//
+// A schedule is a list of steps per rank (pipeline_steps): run a forward and/or a backward, then one
+// exchange with the neighbours, all of its sends and receives started together so that neighbours
+// never wait on each other's sends (Megatron's names: send_forward / recv_forward move activations
+// to the next stage, send_backward / recv_backward move gradients to the previous one). Every rank can
+// build every rank's list; pipeline_run executes this rank's. Without SP every tp rank holds the same
+// boundary tensor: each sends only its 1/tp slice and the receivers all-gather it over tp (Megatron's
+// scatter-gather), so the link between stages carries it once, not tp times. With --overlap the
+// sends do not block: a stage goes on with its next forward or backward while its output (or its
+// input's gradient, copied aside) is in flight, and waits for them at its next exchange. Time spent in
+// the exchanges is the bubble (wait_seconds).
 #ifndef LLMC_PIPELINE_H
 #define LLMC_PIPELINE_H
 
 #include <time.h>
 #include "comm.h"
 
-typedef enum { SCHEDULE_1F1B, SCHEDULE_GPIPE } PipeSchedule;
+typedef enum { SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED } PipeSchedule;
 
 static double wall_seconds(void) {
     struct timespec t;
@@ -44,112 +54,326 @@ static void stage_layers(int L, int pp, int stage, int *l0, int *l1) {
     *l1 = *l0 + base + (stage < extra ? 1 : 0);
 }
 
-// Micro-batches whose activations are alive at once on a stage (and so the activation slots it needs).
-// Without a pipeline both schedules are forward, backward, forward, ... : one.
-static int pipeline_slots(PipeSchedule schedule, int pp, int stage, int m) {
-    int alive = pp == 1 ? 1 : (schedule == SCHEDULE_GPIPE ? m : pp - stage);
-    return alive < m ? alive : m;
+// The layers of rank `rank`'s model chunk v (of V per rank): the virtual stage v*pp + rank of pp*V.
+static void chunk_layers(int L, int pp, int V, int rank, int v, int *l0, int *l1) { stage_layers(L, pp * V, v * pp + rank, l0, l1); }
+
+// The k-th forward (or backward) of a rank, k = 0 .. m*V-1: its model chunk and its micro-batch.
+// Groups of pp micro-batches pass chunk 0, then chunk 1, ...; the backward takes the chunks in reverse.
+static int schedule_chunk(int k, int pp, int V, int forward) {
+    int c = (k % (pp * V) + pp * V) % (pp * V) / pp;   // (k < 0: counted back from the previous group)
+    return forward ? c : V - 1 - c;
+}
+static int schedule_micro(int k, int pp, int V) { return k / (pp * V) * pp + k % pp; }
+
+// One step of a rank's schedule: forward k (-1: none), backward k (-1: none), then the exchange: send
+// that forward's output to the next stage, send that backward's input gradient to the previous one,
+// receive the input of forward recv_fwd (-1: none) from the previous stage, receive the gradient of
+// backward recv_bwd's output (-1: none) from the next one.
+typedef struct { int fwd, bwd, send_fwd, send_bwd, recv_fwd, recv_bwd; } PipeStep;
+
+typedef struct {
+    PipeStep *s;
+    int n, cap;
+    int pp, V, rank;
+    int n_total;   // forwards (= backwards) of the rank: m*V
+} StepList;
+
+// Adds a step, leaving out what does not apply: chunk 0 of rank 0 receives no input (the embedding
+// makes it) and sends no gradient; the last chunk of rank pp-1 sends no output (the head takes it)
+// and receives no gradient. A step left with nothing to do is dropped.
+static void add_step(StepList *l, int fwd, int bwd, int send_fwd, int send_bwd, int recv_fwd, int recv_bwd) {
+    int pp = l->pp, V = l->V, r = l->rank;
+    #define FIRST_CHUNK(k, fw) (r == 0 && schedule_chunk(k, pp, V, fw) == 0)
+    #define LAST_CHUNK(k, fw) (r == pp - 1 && schedule_chunk(k, pp, V, fw) == V - 1)
+    if (send_fwd && LAST_CHUNK(fwd, 1)) { send_fwd = 0; }
+    if (send_bwd && FIRST_CHUNK(bwd, 0)) { send_bwd = 0; }
+    if (recv_fwd >= 0 && FIRST_CHUNK(recv_fwd, 1)) { recv_fwd = -1; }
+    if (recv_bwd >= 0 && LAST_CHUNK(recv_bwd, 0)) { recv_bwd = -1; }
+    #undef FIRST_CHUNK
+    #undef LAST_CHUNK
+    if (fwd < 0 && bwd < 0 && !send_fwd && !send_bwd && recv_fwd < 0 && recv_bwd < 0) { return; }
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        l->s = (PipeStep *)realloc(l->s, l->cap * sizeof(PipeStep));
+        if (!l->s) { fprintf(stderr, "error: out of host memory for the pipeline schedule\n"); exit(1); }
+    }
+    l->s[l->n++] = (PipeStep){fwd, bwd, send_fwd, send_bwd, recv_fwd, recv_bwd};
+}
+
+// 1F1B and GPipe (V = 1): the exchanges go one way at a time, with one neighbour each.
+static void steps_1f1b(StepList *l, int m, int gpipe) {
+    int pp = l->pp, s = l->rank;
+    int warm = gpipe ? m : (pp - s - 1 < m ? pp - s - 1 : m), steady = m - warm;
+    for (int i = 0; i < warm; i++) {          // warm-up (GPipe: every forward)
+        add_step(l, -1, -1, 0, 0, i, -1);     //   recv_forward
+        add_step(l, i, -1, 1, 0, -1, -1);     //   forward, send_forward
+    }
+    if (steady > 0) { add_step(l, -1, -1, 0, 0, warm, -1); }
+    for (int k = 0; k < steady; k++) {        // steady state: forward i = warm + k, backward k
+        int i = warm + k;
+        add_step(l, i, -1, 1, 0, -1, k);                          // forward, send_forward_recv_backward
+        add_step(l, -1, k, 0, 1, k + 1 < steady ? i + 1 : -1, -1);   // backward, send_backward_recv_forward
+    }
+    for (int k = steady; k < m; k++) {        // cool-down (GPipe: every backward)
+        add_step(l, -1, -1, 0, 0, -1, k);     //   recv_backward
+        add_step(l, -1, k, 0, 1, -1, -1);     //   backward, send_backward
+    }
+}
+
+// The first forward >= k whose input comes from another rank (not chunk 0 of rank 0), and the first
+// backward >= k whose output's gradient does (not the last chunk of rank pp-1); m*V if none.
+static int next_input(const StepList *l, int k) {
+    while (k < l->n_total && l->rank == 0 && schedule_chunk(k, l->pp, l->V, 1) == 0) { k++; }
+    return k;
+}
+static int next_gradient(const StepList *l, int k) {
+    while (k < l->n_total && l->rank == l->pp - 1 && schedule_chunk(k, l->pp, l->V, 0) == l->V - 1) { k++; }
+    return k;
+}
+
+// Interleaved 1F1B (Megatron's schedule): warm-up forwards, then steps of one forward and one
+// backward with a single exchange in both directions, then the cool-down backwards. Rank r's warm-up
+// is 2(pp-r-1) + (V-1)pp forwards (all of them when m == pp). What a rank receives in an exchange is
+// what its neighbour sends in the matching one: each rank's k-th output goes to the next rank's k-th
+// input that comes from a peer, in order (send and receive sequences are the same, in the same order,
+// because every rank runs the chunks in the same order); the receives below follow the senders.
+static void steps_interleaved(StepList *l, int m) {
+    int pp = l->pp, V = l->V, r = l->rank, total = m * V;
+    int all_warm = m == pp;
+    int warm = all_warm ? total : 2 * (pp - r - 1) + (V - 1) * pp;
+    if (warm > total) { warm = total; }
+    int rest = total - warm;
+    // the inputs and the gradients this rank receives, in order: forwards / backwards not fed by itself
+    int next_in = 0, next_grad = 0;
+    #define NEXT_IN() (next_in = next_input(l, next_in), next_in < total ? next_in++ : -1)
+    #define NEXT_GRAD() (next_grad = next_gradient(l, next_grad), next_grad < total ? next_grad++ : -1)
+    add_step(l, -1, -1, 0, 0, r != 0 ? NEXT_IN() : -1, -1);   // forward 0's input (rank 0: the embedding makes it)
+    for (int k = 0; k < warm; k++) {
+        // the previous rank sends the output of its forward k; rank 0 gets rank pp-1's (the next chunk's input)
+        int recv = k + 1 < total && !(r == 0 && schedule_chunk(k + 1, pp, V, 1) == 0);
+        int grad = k == warm - 1 && !all_warm && r != pp - 1;   // the last warm-up step: the first gradient too
+        add_step(l, k, -1, 1, 0, recv ? NEXT_IN() : -1, grad ? NEXT_GRAD() : -1);
+    }
+    for (int j = 0; j < rest; j++) {
+        int kf = warm + j, kb = j;
+        // rank 0 is pp-1 forwards ahead of rank pp-1, which sends nothing after its last chunk; likewise
+        // rank pp-1 is ahead of rank 0 in the backward, which sends nothing from its chunk 0
+        int recv = j < rest - 1 && !(r == 0 && schedule_chunk(kf - (pp - 1), pp, V, 1) == V - 1);
+        int grad = !(r == pp - 1 && schedule_chunk(kb - (pp - 1), pp, V, 0) == 0);
+        add_step(l, kf, kb, 1, 1, recv ? NEXT_IN() : -1, grad ? NEXT_GRAD() : -1);
+    }
+    if (all_warm && r != pp - 1) { add_step(l, -1, -1, 0, 0, -1, NEXT_GRAD()); }
+    for (int k = rest; k < total; k++) {
+        int grad = k + 1 < total && !(r == pp - 1 && schedule_chunk(k + 1, pp, V, 0) == V - 1);
+        add_step(l, -1, k, 0, 1, -1, grad ? NEXT_GRAD() : -1);
+    }
+    #undef NEXT_IN
+    #undef NEXT_GRAD
+}
+
+// Rank `rank`'s schedule for m micro-batches (forward_only: one micro-batch through every chunk).
+static StepList pipeline_steps(PipeSchedule schedule, int pp, int V, int rank, int m, int forward_only) {
+    StepList l = {NULL, 0, 0, pp, V, rank, m * V};
+    if (forward_only) {   // micro-batch 0 around the ranks V times: forward k = v*pp is chunk v
+        for (int v = 0; v < V; v++) {
+            add_step(&l, -1, -1, 0, 0, v * pp, -1);
+            add_step(&l, v * pp, -1, 1, 0, -1, -1);
+        }
+    } else if (schedule == SCHEDULE_INTERLEAVED) {
+        steps_interleaved(&l, m);
+    } else {
+        steps_1f1b(&l, m, schedule == SCHEDULE_GPIPE);
+    }
+    return l;
+}
+
+// A step list's sends and receives must pair up with the neighbours': this rank's outputs, in order,
+// are the next rank's inputs from a peer, in order (the same micro-batch; the next chunk when they
+// cross from rank pp-1 to rank 0), and likewise for the gradients. Returns 0 if they do not.
+static int steps_match(const StepList *a, const StepList *next) {
+    int pp = a->pp, V = a->V, sf = 0, rf = 0, sb = 0, rb = 0;
+    int *out = (int *)calloc(2 * (size_t)a->n_total + 2, sizeof(int)), *in = out + a->n_total + 1;
+    for (int i = 0; i < a->n; i++) { if (a->s[i].send_fwd) { out[sf++] = a->s[i].fwd; } }
+    for (int i = 0; i < next->n; i++) { if (next->s[i].recv_fwd >= 0) { in[rf++] = next->s[i].recv_fwd; } }
+    int ok = sf == rf;
+    for (int i = 0; ok && i < sf; i++) {
+        int wrap = a->rank == pp - 1;
+        ok = schedule_micro(out[i], pp, V) == schedule_micro(in[i], pp, V) &&
+             schedule_chunk(out[i], pp, V, 1) + wrap == schedule_chunk(in[i], pp, V, 1);
+    }
+    for (int i = 0; i < next->n; i++) { if (next->s[i].send_bwd) { out[sb++] = next->s[i].bwd; } }
+    for (int i = 0; i < a->n; i++) { if (a->s[i].recv_bwd >= 0) { in[rb++] = a->s[i].recv_bwd; } }
+    ok = ok && sb == rb;
+    for (int i = 0; ok && i < sb; i++) {
+        int wrap = next->rank == 0;
+        ok = schedule_micro(out[i], pp, V) == schedule_micro(in[i], pp, V) &&
+             schedule_chunk(out[i], pp, V, 0) - wrap == schedule_chunk(in[i], pp, V, 0);
+    }
+    free(out);
+    return ok;
 }
 
 typedef struct {
     Group *pp, *tp;
-    int first, last;       // this stage is the first / the last
+    int first, last;       // this rank holds the first / the last stage (its chunk 0 / chunk V-1)
     int split;             // no SP and tp > 1: send 1/tp of each tensor, all-gather on arrival
     size_t n;              // elements of one boundary tensor (B*T/tp_sp * C)
     PipeSchedule schedule;
-    int nslots;            // activation slots: micro-batch i lives in slot i % nslots
-    floatX **input;        // (nslots) the stage's input of each slot (received)
-    floatX **output;       // (nslots) the stage's output of each slot (sent)
-    floatX *grad;          // the gradient of the output (received), then of the input (sent)
+    int V;                 // model chunks per rank (interleaved; 1 otherwise)
+    StepList steps;        // this rank's schedule for a training step
+    int *nslots, *slot0;   // (V) activation slots of each chunk (micro-batch i of chunk v: slot0[v] + i % nslots[v])
+    int *holder;           // (slots) the micro-batch each slot holds now, -1 none (checked as the schedule runs)
+    int *alive, *peak;     // (V) micro-batches alive in each chunk now, and the most at once so far
+    floatX **input;        // (slots) the input of each slot (received, or made by the embedding)
+    floatX **output;       // (slots) the output of each slot (sent, or taken by the head)
+    floatX *grad;          // the gradient of the output (received), then of the input (sent): ws.dresid
+    floatX *grad_recv;     // interleaved: where a received gradient waits for its backward (1F1B: grad)
+    int grad_held;         // the backward whose gradient is in grad_recv (-1: none)
     double wait_seconds;   // time in the exchanges: the bubble
     int overlap;           // sends do not block: they complete while the stage computes (--overlap)
-    floatX *grad_send;     // overlap: the gradient being sent (a copy: grad is written by the next backward)
-    CommRequest sending[2];   // overlap: the sends in flight (forward, backward), completed at the next exchange
+    floatX *grad_send;     // a copy of the gradient being sent (grad is written by the next backward)
+    CommRequest sending[2];   // overlap: the sends in flight, completed at the next exchange
 } Pipeline;
 
-// One exchange with the neighbours: the output of micro-batch send_fwd to the next stage and/or the
-// gradient of the input to the previous one (send_bwd), while receiving micro-batch recv_fwd's input
-// from the previous stage and/or the gradient of the output from the next one (recv_bwd). 0 / -1
-// leave a part out. The named exchanges below are the only callers.
-static void pipe_exchange(Pipeline *p, const char *name, int send_fwd, int recv_bwd, int send_bwd, int recv_fwd) {
-    if (p->first && p->last) { return; }   // no pipeline
+static int pipe_slot(const Pipeline *p, int k, int forward) {
+    int pp = p->pp->size, v = schedule_chunk(k, pp, p->V, forward);
+    return p->slot0[v] + schedule_micro(k, pp, p->V) % p->nslots[v];
+}
+
+// The schedule of rank `rank` for m micro-batches, checked against its neighbours', and the
+// activation slots it needs: chunk v's micro-batch is alive from its input's arrival (or its forward,
+// on the first stage) to the end of its backward; the slots of a chunk are the most alive at once.
+// Returns the total number of slots.
+static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int V, int rank, int m) {
+    p->schedule = schedule;
+    p->V = V;
+    p->steps = pipeline_steps(schedule, pp, V, rank, m, 0);
+    StepList prev = pipeline_steps(schedule, pp, V, (rank + pp - 1) % pp, m, 0);
+    StepList next = pipeline_steps(schedule, pp, V, (rank + 1) % pp, m, 0);
+    if (pp > 1 && (!steps_match(&p->steps, &next) || !steps_match(&prev, &p->steps))) {
+        fprintf(stderr, "error: the %s schedule's exchanges do not pair up (pp %d, V %d, m %d): a bug\n",
+                schedule == SCHEDULE_INTERLEAVED ? "interleaved" : "pipeline", pp, V, m);
+        exit(1);
+    }
+    free(prev.s); free(next.s);
+    p->nslots = (int *)calloc(V, sizeof(int));
+    p->slot0 = (int *)calloc(V + 1, sizeof(int));
+    int *alive = (int *)calloc(V, sizeof(int));
+    for (int i = 0; i < p->steps.n; i++) {
+        const PipeStep *s = &p->steps.s[i];
+        if (s->fwd >= 0 && rank == 0 && schedule_chunk(s->fwd, pp, V, 1) == 0) { alive[0]++; }
+        if (s->bwd >= 0) { alive[schedule_chunk(s->bwd, pp, V, 0)]--; }
+        if (s->recv_fwd >= 0) { alive[schedule_chunk(s->recv_fwd, pp, V, 1)]++; }
+        for (int v = 0; v < V; v++) { if (alive[v] > p->nslots[v]) { p->nslots[v] = alive[v]; } }
+    }
+    if (pp == 1) { p->nslots[0] = 1; }   // (no exchanges: forward, backward, forward, ...)
+    free(alive);
+    for (int v = 0; v < V; v++) { p->slot0[v + 1] = p->slot0[v] + p->nslots[v]; }
+    p->holder = (int *)malloc(p->slot0[V] * sizeof(int));
+    for (int i = 0; i < p->slot0[V]; i++) { p->holder[i] = -1; }
+    p->alive = (int *)calloc(V, sizeof(int));
+    p->peak = (int *)calloc(V, sizeof(int));
+    return p->slot0[V];
+}
+
+// The slots as the schedule runs: forward or backward k's micro-batch takes its chunk's slot when its
+// input arrives (or its forward starts, on chunk 0 of the first stage) and gives it back after its
+// backward. A slot taken while another micro-batch holds it would be a planning error: it stops the run.
+static void slot_take(Pipeline *p, int k) {
+    int pp = p->pp->size, v = schedule_chunk(k, pp, p->V, 1), i = schedule_micro(k, pp, p->V), s = pipe_slot(p, k, 1);
+    if (p->holder[s] != -1) {
+        fprintf(stderr, "error: pipeline: chunk %d's slot for micro-batch %d still holds micro-batch %d: a bug\n", v, i, p->holder[s]);
+        exit(1);
+    }
+    p->holder[s] = i;
+    if (++p->alive[v] > p->peak[v]) { p->peak[v] = p->alive[v]; }
+}
+static void slot_give(Pipeline *p, int k) {
+    p->holder[pipe_slot(p, k, 0)] = -1;
+    p->alive[schedule_chunk(k, p->pp->size, p->V, 0)]--;
+}
+
+// One exchange with the neighbours (the step's sends and receives, all started together). The next
+// stage of chunk v is the next rank's chunk v, but after rank pp-1: rank 0's chunk v+1 (interleaved).
+static void pipe_exchange(Pipeline *p, const PipeStep *st) {
+    int pp = p->pp->size, next = (p->pp->rank + 1) % pp, prev = (p->pp->rank + pp - 1) % pp;
+    if (pp == 1 || (!st->send_fwd && !st->send_bwd && st->recv_fwd < 0 && st->recv_bwd < 0)) { return; }
     trace_begin();
     size_t k = p->split ? p->n / p->tp->size : p->n, off = p->split ? (size_t)p->tp->rank * k : 0;   // this rank's slice
-    int prev = p->pp->rank - 1, next = p->pp->rank + 1;
     device_synchronize();                  // the compute before is not waiting
     double t0 = wall_seconds();
     for (int i = 0; i < 2; i++) { comm_wait(&p->sending[i]); }   // the previous exchange's sends
-    floatX *got_fwd = NULL, *got_bwd = NULL;
-    if (!p->last && (send_fwd >= 0 || recv_bwd)) {
-        floatX *out = send_fwd >= 0 ? p->output[send_fwd % p->nslots] : NULL;
-        if (p->overlap && out) {   // the output slot is not written before this micro-batch's backward
-            comm_isend(p->pp, out + off, k, DT_FLOATX, next, &p->sending[0]);
-            out = NULL;
+    P2POp ops[4];
+    int n = 0;
+    floatX *got[2] = {NULL, NULL};
+    if (st->send_fwd) { ops[n++] = (P2POp){1, p->output[pipe_slot(p, st->fwd, 1)] + off, k, next, 0}; }
+    if (st->send_bwd) {
+        floatX *g = p->grad;
+        if (p->grad_send) {   // the next backward writes grad while this is in flight
+            copy_on_device(p->grad_send + off, g + off, k * sizeof(floatX));
+            g = p->grad_send;
         }
-        comm_sendrecv(p->pp, out ? out + off : NULL, out ? k : 0, next, p->grad + off, recv_bwd ? k : 0, next, DT_FLOATX);
-        if (recv_bwd) { got_bwd = p->grad; }
+        ops[n++] = (P2POp){1, g + off, k, prev, 1};
     }
-    if (!p->first && (send_bwd || recv_fwd >= 0)) {
-        floatX *in = recv_fwd >= 0 ? p->input[recv_fwd % p->nslots] : NULL, *g = send_bwd ? p->grad + off : NULL;
-        if (p->overlap && g) {
-            copy_on_device(p->grad_send + off, g, k * sizeof(floatX));
-            comm_isend(p->pp, p->grad_send + off, k, DT_FLOATX, prev, &p->sending[1]);
-            g = NULL;
-        }
-        comm_sendrecv(p->pp, g, g ? k : 0, prev, in ? in + off : NULL, in ? k : 0, prev, DT_FLOATX);
-        got_fwd = in;
+    if (st->recv_fwd >= 0) {
+        slot_take(p, st->recv_fwd);
+        got[0] = p->input[pipe_slot(p, st->recv_fwd, 1)];
+        ops[n++] = (P2POp){0, got[0] + off, k, prev, 0};
     }
-    floatX *got[2] = {got_fwd, got_bwd};
+    if (st->recv_bwd >= 0) { got[1] = p->grad_recv; p->grad_held = st->recv_bwd; ops[n++] = (P2POp){0, got[1] + off, k, next, 1}; }
+    comm_p2p(p->pp, ops, n, DT_FLOATX, p->overlap ? p->sending : NULL);
     for (int i = 0; i < 2; i++) {
         if (p->split && got[i]) { comm_all_gather(p->tp, got[i] + off, got[i], k, DT_FLOATX, NULL); }
     }
     device_synchronize();
     p->wait_seconds += wall_seconds() - t0;
-    trace_end(name, "pipeline", "\"send_forward\":%d,\"recv_forward\":%d", send_fwd, recv_fwd);
+    char name[96];
+    snprintf(name, sizeof(name), "%s%s%s%s", st->send_fwd ? "send_forward " : "", st->send_bwd ? "send_backward " : "",
+             st->recv_fwd >= 0 ? "recv_forward " : "", st->recv_bwd >= 0 ? "recv_backward " : "");
+    name[strlen(name) - 1] = 0;
+    for (char *c = name; *c; c++) { if (*c == ' ') { *c = '+'; } }
+    trace_end(name, "pipeline", "\"send_forward\":%d,\"recv_forward\":%d,\"send_backward\":%d,\"recv_backward\":%d",
+              st->send_fwd ? st->fwd : -1, st->recv_fwd, st->send_bwd ? st->bwd : -1, st->recv_bwd);
 }
 
-static void recv_forward(Pipeline *p, int i) { pipe_exchange(p, "recv_forward", -1, 0, 0, i); }
-static void send_forward(Pipeline *p, int i) { pipe_exchange(p, "send_forward", i, 0, 0, -1); }
-static void recv_backward(Pipeline *p) { pipe_exchange(p, "recv_backward", -1, 1, 0, -1); }
-static void send_backward(Pipeline *p) { pipe_exchange(p, "send_backward", -1, 0, 1, -1); }
-static void send_forward_recv_backward(Pipeline *p, int i) { pipe_exchange(p, "send_forward_recv_backward", i, 1, 0, -1); }
-// the gradient of the input to the previous stage; the input of micro-batch i (-1: none) from it
-static void send_backward_recv_forward(Pipeline *p, int i) { pipe_exchange(p, "send_backward_recv_forward", -1, 0, 1, i); }
-
-// The work of one stage, called by the schedule: the forward of micro-batch i (its input received;
-// the last stage also runs the head and the loss, forward and backward), and the backward of
-// micro-batch i (the gradient of its output received; it leaves the gradient of its input in p->grad).
+// The work of one stage, called by the schedule: the forward of micro-batch i through model chunk v
+// (its input received; the last chunk of the last stage also runs the head and the loss, forward and
+// backward), and the backward of micro-batch i through chunk v (the gradient of its output in
+// p->grad; it leaves the gradient of its input there).
 typedef struct {
     void *ctx;
-    void (*forward)(void *ctx, int i);
-    void (*backward)(void *ctx, int i);
+    void (*forward)(void *ctx, int v, int i);
+    void (*backward)(void *ctx, int v, int i);
 } StageWork;
 
-// m micro-batches through this stage, as the schedule orders them. Every stage runs the same
-// code; the warm-up length is what differs.
-static void pipeline_run(Pipeline *p, int m, StageWork w) {
-    int pp = p->pp->size, s = p->pp->rank;
-    int warm = p->schedule == SCHEDULE_GPIPE ? m : (pp - s - 1 < m ? pp - s - 1 : m);
-    int steady = m - warm;
-    for (int i = 0; i < warm; i++) {          // warm-up (GPipe: every forward)
-        recv_forward(p, i);
-        w.forward(w.ctx, i);
-        send_forward(p, i);
+static void pipeline_execute(Pipeline *p, const StepList *l, StageWork w) {
+    int pp = p->pp->size, V = p->V;
+    for (int i = 0; i < l->n; i++) {
+        const PipeStep *s = &l->s[i];
+        if (s->fwd >= 0) {
+            int v = schedule_chunk(s->fwd, pp, V, 1);
+            if (p->first && v == 0) { slot_take(p, s->fwd); }   // (the others took theirs when the input arrived)
+            w.forward(w.ctx, v, schedule_micro(s->fwd, pp, V));
+        }
+        if (s->bwd >= 0) {
+            int v = schedule_chunk(s->bwd, pp, V, 0);
+            if (!(p->last && v == V - 1) && p->grad_recv != p->grad) {   // its gradient waited in grad_recv
+                if (p->grad_held != s->bwd) { fprintf(stderr, "error: pipeline: backward %d ran without its gradient: a bug\n", s->bwd); exit(1); }
+                copy_on_device(p->grad, p->grad_recv, p->n * sizeof(floatX));
+                p->grad_held = -1;
+            }
+            w.backward(w.ctx, v, schedule_micro(s->bwd, pp, V));
+            slot_give(p, s->bwd);
+        }
+        pipe_exchange(p, s);
     }
-    if (steady > 0) { recv_forward(p, warm); }
-    for (int k = 0; k < steady; k++) {        // steady state: forward i = warm + k, backward k
-        int i = warm + k;
-        w.forward(w.ctx, i);
-        send_forward_recv_backward(p, i);
-        w.backward(w.ctx, k);
-        send_backward_recv_forward(p, k + 1 < steady ? i + 1 : -1);
-    }
-    for (int k = steady; k < m; k++) {        // cool-down (GPipe: every backward)
-        recv_backward(p);
-        w.backward(w.ctx, k);
-        send_backward(p);
-    }
-    if (pp > 1) {   // the later stages finish their last backward first: that wait is bubble too
+}
+
+// A training step: the m micro-batches this plan was made for, through this stage, as the schedule
+// orders them; then the flush.
+static void pipeline_run(Pipeline *p, StageWork w) {
+    pipeline_execute(p, &p->steps, w);
+    if (p->pp->size > 1) {   // the later stages finish their last backward first: that wait is bubble too
         trace_begin();
         device_synchronize();
         double t0 = wall_seconds();
@@ -160,12 +384,14 @@ static void pipeline_run(Pipeline *p, int m, StageWork w) {
     }
 }
 
-// One micro-batch forward through every stage (validation, sampling): its input from the previous
-// stage, the stage's layers, the output to the next.
+// One micro-batch forward through every stage (validation, sampling), in slot 0 of each chunk.
 static void pipeline_forward_only(Pipeline *p, StageWork w) {
-    recv_forward(p, 0);
-    w.forward(w.ctx, 0);
-    send_forward(p, 0);
+    StepList l = pipeline_steps(p->schedule, p->pp->size, p->V, p->pp->rank, 1, 1);
+    pipeline_execute(p, &l, w);
+    for (int i = 0; i < 2; i++) { comm_wait(&p->sending[i]); }
+    for (int i = 0; i < p->slot0[p->V]; i++) { p->holder[i] = -1; }   // (no backward gives them back)
+    for (int v = 0; v < p->V; v++) { p->alive[v] = 0; }
+    free(l.s);
 }
 
 #endif

@@ -103,7 +103,12 @@ expect world_size       3 "not divisible by tp*pp"            -e "$TINY" --tp 2
 expect tp_heads         3 "does not divide the number of heads" -e "$TINY" --tp 3
 expect sp_tokens        2 "does not divide T"                 -e "$TINY" --tp 2 --sp -t 31
 expect pp_too_deep      3 "--pp 3 is larger than the number of layers 2" -e "$TINY" --pp 3
-expect pp_schedule      1 "--pp-schedule expects 1f1b or gpipe" -e "$TINY" --pp-schedule zb
+expect pp_schedule      1 "--pp-schedule expects 1f1b, gpipe or interleaved" -e "$TINY" --pp-schedule zb
+expect vpp_microbatches 2 "to be a multiple of --pp 2"        -e "$TINY" --pp 2 --vpp 2 -b 2 -t 32 -d 192
+expect vpp_no_pipeline  1 "needs a pipeline (--pp >= 2)"      -e "$TINY" --vpp 2
+expect vpp_layers       2 "--pp 2 x --vpp 2 = 4 model chunks, more than the 2 layers" -e "$TINY" --pp 2 --vpp 2 -t 32 -d 256
+expect vpp_missing      1 "--pp-schedule interleaved needs --vpp" -e "$TINY" --pp-schedule interleaved
+expect vpp_schedule     1 "--vpp 2 is the interleaved schedule, not --pp-schedule gpipe" -e "$TINY" --vpp 2 --pp-schedule gpipe
 expect dp_mismatch      2 "--dp 4 does not match"             -e "$TINY" --dp 4
 expect flag_twice       1 "flag -b is given twice"            -e "$TINY" -b 4 -t 32 -b 2
 expect val_without_train 1 "-j needs -i"                      -e "$TINY" -t 32 -j "$DOK"

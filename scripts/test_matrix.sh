@@ -34,6 +34,7 @@ reference padvocab --config tiny --V 100 --Vp 256
 reference heads6 --config tiny --NH 6 --C 96 --V 250 --Vp 264 --T 30
 reference odd --config tiny --L 1 --C 48 --NH 4 --V 77 --Vp 80 --T 20
 reference l3 --config tiny --L 3
+reference l8 --config tiny --L 8     # interleaved 1F1B: pp 4 x V 2 chunks of one layer or more
 # Mixture of Experts (tiny shape): E 4 top-2 F 1.25 probs; position policy F 1.0; dropless with every 2nd
 # layer MoE; E 8 top-1 (Switch) F 1.0; every token to expert 0 (capacity saturates); k = E;
 # E 8 top-2 position F 1.25 every 2nd layer
@@ -44,6 +45,7 @@ reference moe_k1 --config tiny --E 8 --k 1 --F 1.0
 reference moe_skew --config tiny --E 4 --k 1 --skew
 reference moe_kE --config tiny --E 4 --k 4
 reference moe_pos2 --config tiny --E 8 --k 2 --F 1.25 --policy position --every 2
+reference moe_l8 --config tiny --L 8 --E 4 --k 2 --every 2
 
 # run_test NP ARGS... : one test_gpt run on NP ranks (NP = nompi: the NO_MPI=1 build, no mpirun);
 # adds its "N passed, N failed" to the totals
@@ -145,6 +147,23 @@ run_test 3 --ref $T -b 2 --pp 3 --zero 1 --check-memory --check-comm            
 run_test 2 --ref $T -b 1 --zero 2 --pp-schedule gpipe --check-comm                        # gpipe without a pipeline = 1F1B
 run_test 2 --ref $D -b 2 --pp 2 --check-memory
 
+echo "== interleaved 1F1B (--vpp V): L 8 cut into pp*V chunks, rank r holding chunks r, r+pp, ..."
+L8=refs/l8
+run_test 2 --ref $L8 -b 1 --pp 2 --vpp 2 --check-memory --check-comm          # 8 micro-batches
+run_test 2 --ref $L8 -b 4 --pp 2 --vpp 2 --check-memory --check-comm          # m = pp: every forward first
+run_test 2 --ref $L8 -b 1 --pp 2 --vpp 4 --check-memory --check-comm          # one layer per chunk
+run_test 2 --ref $L8 -b 2 --pp 2 --vpp 3 --check-memory --check-comm          # uneven chunks 2 2 1 1 1 1
+run_test 4 --ref $L8 -b 1 --pp 4 --vpp 2 --check-memory --check-comm
+run_test 4 --ref $L8 -b 2 --pp 4 --vpp 2 --check-memory --check-comm          # m = pp
+run_test 4 --ref $L8 -b 1 --pp 2 --vpp 2 --tp 2 --sp --check-memory --check-comm
+run_test 4 --ref $L8 -b 1 --pp 2 --vpp 2 --tp 2 --check-memory --check-comm   # no SP: 1/tp per rank, all-gathered
+for z in 1 3; do run_test 4 --ref $L8 -b 1 --pp 2 --vpp 2 --zero $z --check-memory --check-comm; done   # pp 2 x dp 2
+run_test 8 --ref $L8 -b 1 --pp 4 --vpp 2 --tp 2 --sp --zero 2 --check-memory --check-comm   # tp 2 x pp 4
+run_test 8 --ref $L8 -b 1 --pp 2 --vpp 2 --tp 2 --sp --zero 3 --check-memory --check-comm   # tp 2 x pp 2 x dp 2
+run_test 4 --ref refs/moe_l8 -b 2 --pp 2 --vpp 2 --ep 2 --zero 1 --check-memory --check-comm
+run_test 4 --ref refs/moe_l8 -b 1 --pp 4 --vpp 2 --check-memory --check-comm
+run_test 2 --ref $L8 -b 1 --pp 2 --vpp 2 --check-resume "$TMP/resume_vpp"
+
 echo "== other shapes: dp 3 and 6, padding-only vocab ranks, tp 3, one layer"
 for z in 0 1 2 3; do run_test 3 --ref refs/rows6 -b 1 --zero $z --check-memory --check-comm; done   # accumulation 2
 run_test 6 --ref refs/rows6 -b 1 --zero 3 --check-comm
@@ -196,12 +215,14 @@ for r in mlp full; do
     run_test 2 --ref $T -b 1 --pp 2 --recompute $r --check-memory --check-comm
     run_test 4 --ref $MO -b 4 --tp 2 --sp --ep 2 --zero 1 --recompute $r --check-memory --check-comm
     run_test 2 --ref refs/moe_dl -b 1 --pp 2 --recompute $r --check-memory --check-comm
+    run_test 4 --ref refs/moe_l8 -b 2 --pp 2 --vpp 2 --tp 2 --sp --recompute $r --check-memory --check-comm
 done
 
 echo "== communication overlap off (--overlap 0: blocking ZeRO-3 gathers and pipeline sends): the same numbers and formulas"
 run_test 2 --ref $T -b 4 --zero 3 --overlap 0 --check-memory --check-comm
 run_test 4 --ref $T -b 1 --pp 2 --zero 3 --overlap 0 --check-memory --check-comm
 run_test 4 --ref $T -b 1 --pp 4 --pp-schedule gpipe --overlap 0 --check-memory --check-comm
+run_test 4 --ref refs/l8 -b 1 --pp 4 --vpp 2 --overlap 0 --check-memory --check-comm
 run_test 4 --ref $MO -b 4 --tp 2 --sp --ep 2 --zero 3 --overlap 0 --check-memory --check-comm
 
 echo "== train_gpt end to end"

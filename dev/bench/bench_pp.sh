@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Pipeline benchmark (not a test): bubble fraction per stage and activation memory per stage, 1F1B vs
-# GPipe, pp 2 on the 2 cores (one rank per core: more ranks than cores make the waits meaningless).
+# GPipe vs interleaved 1F1B (V 2 and 4 model chunks per stage), pp 2 on the 2 cores (one rank per core: more ranks than cores make the waits meaningless).
 # Model L8 C128 NH4, B2 T64 micro-batches, m = 2, 4, 8 per step; V = 256 (balanced stages) and 50257
 # (the LM head makes the last stage the slow one: the first waits on it).
 set -u
@@ -9,11 +9,13 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 for V in 256 50257; do
 echo "V $V"
 printf "%-6s %-3s %8s %8s %8s %12s %12s %9s\n" sched m ideal stage0 stage1 "act0 MiB" "act1 MiB" tok/s
-for sched in 1f1b gpipe; do
+for sched in 1f1b gpipe vpp2 vpp4; do
+    flags="--pp-schedule $sched" vpp=1
+    case $sched in vpp*) vpp=${sched#vpp}; flags="--vpp $vpp";; esac
     for m in 2 4 8; do
         out=$(mpirun --oversubscribe --bind-to none -np 2 ./train_gpt -e "L=8,C=128,NH=4,V=$V,maxT=64" -b 2 -t 64 \
-              -d $((2 * 64 * m)) -x 6 -s 0 -v 0 --pp 2 --pp-schedule $sched --comm-report --memory-report)
-        ideal=$(awk -v m=$m 'BEGIN { printf "%.3f", 1 / (m + 1) }')
+              -d $((2 * 64 * m)) -x 6 -s 0 -v 0 --pp 2 $flags --comm-report --memory-report)
+        ideal=$(awk -v m=$m -v v=$vpp 'BEGIN { printf "%.3f", 1 / (v * m + 1) }')
         s0=$(awk '/^  stage 0:/ { print $3 }' <<<"$out"); s1=$(awk '/^  stage 1:/ { print $3 }' <<<"$out")
         a0=$(awk '$1 == "mem" && $2 == 0 && $3 == "activations" { printf "%.2f", $5 / 1048576 }' <<<"$out")
         a1=$(awk '$1 == "mem" && $2 == 1 && $3 == "activations" { printf "%.2f", $5 / 1048576 }' <<<"$out")
