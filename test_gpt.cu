@@ -185,11 +185,12 @@ static void compare_grads(GPT2 *m, float *ref_all) {
 
 // Memory report vs the formulas (X bytes per floatX). P is the number of this rank's (its pipeline
 // stage's, tp-sliced, its experts') parameters, Psh its share under ZeRO: each unit divided by its
-// data-parallel group (dp; edp for the experts); padding is at most p-1 elements per unit.
+// data-parallel group (dp, or cp x dp with context parallelism; edp for the experts); padding is at
+// most p-1 elements per unit.
 static void check_memory(GPT2 *m, int accum) {
     const GPT2Config *c = &m->config;
     Zero *z = &m->zero;
-    int dp = m->grid->dp, Ls = m->Ls;
+    int dp = m->grid->grad_group->size, Ls = m->Ls;
     double P = 0, Psh = 0, experts = 0;
     for (int u = 0; u < m->nunits; u++) {
         P += m->units[u].size;
@@ -271,9 +272,11 @@ static void check_memory(GPT2 *m, int accum) {
     // --overlap, the copy of the input's gradient being sent (but on the first stage, without
     // interleaving); interleaved, where a received gradient waits for its backward
     double grad_copy = m->pipe.overlap && (!m->first || V > 1) ? X * BTs * C : 0, grad_wait = V > 1 ? X * BTs * C : 0;
-    double comm_expect = X * (Rs + Rr) * C + grad_copy + grad_wait;
-    check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1, "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B",
-          (double)mem_current[MEM_COMM], Rs, Rr, (int)X, grad_copy, grad_wait);
+    // context parallelism: ring attention's keys and values (B, T/cp, 2C/tp), held and arriving, and their gradients
+    double ring = m->grid->cp > 1 ? 4.0 * X * BT * 2 * Cl : 0;
+    double comm_expect = X * (Rs + Rr) * C + grad_copy + grad_wait + ring;
+    check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1, "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B + cp ring 4 x (B, T/cp, 2C/tp) %.0f B",
+          (double)mem_current[MEM_COMM], Rs, Rr, (int)X, grad_copy, grad_wait, ring);
     // logits (last stage): one chunk of chunk x Vp/tp, never B*T x Vp (plus per-token stats and losses)
     double logits_expect = m->last ? X * m->ce.chunk * m->Vl + 4.0 * (3.0 * m->ce.chunk * (1 + m->grid->tp) + BT) : 0;
     check(fabs((double)mem_peak[MEM_LOGITS] - logits_expect) < 1, "memory: logits peak %.0f B = chunk %d x Vp/tp %d x %d B + stats/losses (%.0f B)",
@@ -287,7 +290,7 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
     const GPT2Config *c = &m->config;
     Zero *z = &m->zero;
     Grid *g = m->grid;
-    int dp = g->dp, tp = g->tp, L = c->num_layers, Ls = m->Ls, first = m->first, last = m->last, nmoe = 0;
+    int dp = g->grad_group->size, tp = g->tp, L = c->num_layers, Ls = m->Ls, first = m->first, last = m->last, nmoe = 0;
     double X = sizeof(floatX), full = 0, rep = 0, ring_all = 0;
     double full_g[2] = {0, 0};   // padded elements of the units reduced over dp, over edp
     for (int u = 0; u < m->nunits; u++) {
@@ -298,7 +301,7 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
         ring_all += (U->dpg->size - 1.0) / U->dpg->size * U->padded;
     }
     for (int l = 0; l < Ls; l++) { nmoe += is_moe_layer(c, m->layer_id[l]); }
-    Group *groups[2] = {&g->dp_group, &g->edp_group};
+    Group *groups[2] = {g->grad_group, &g->edp_group};
     for (int i = 0; i < 2 && z->stage < 3; i++) {   // dp: every unit but the experts; edp: the experts
         int p = groups[i]->size;
         if (p == 1 || full_g[i] == 0) { continue; }
@@ -317,12 +320,12 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
             double E = m->units[0].padded, F = m->units[m->nunits - 1].padded, Llast = m->units[L].padded;
             double layers = full - E - F, L01 = m->units[1].padded + m->units[2].padded;
             double expect3 = (dp - 1.0) / dp * X * (E + accum * (2.0 * layers + F - Llast) - (accum - 1) * L01 + accum * full);
-            check(fabs(g->dp_group.bytes - expect3) < 1, "comm: zero 3 dp bytes/step %.0f = formula %.0f = %.3f x the all-reduce %.0f per micro-batch (gather fwd + gather bwd + reduce-scatter, less the resident units; %ld gathers)",
-                  g->dp_group.bytes, expect3, g->dp_group.bytes / accum / ring, ring, z->gathers);
+            check(fabs(g->grad_group->bytes - expect3) < 1, "comm: zero 3 %s bytes/step %.0f = formula %.0f = %.3f x the all-reduce %.0f per micro-batch (gather fwd + gather bwd + reduce-scatter, less the resident units; %ld gathers)",
+                  g->grad_group->name, g->grad_group->bytes, expect3, g->grad_group->bytes / accum / ring, ring, z->gathers);
         } else {
             // with a pipeline, or the units of MoE layers, the interleaving of the uses decides which units stay
             // resident: the bytes must be those of the gathers made plus one reduce-scatter per unit and micro-batch
-            double bytes = g->dp_group.bytes + g->edp_group.bytes, expect3 = X * (z->gathered_ring + accum * ring_all);
+            double bytes = g->grad_group->bytes + g->edp_group.bytes, expect3 = X * (z->gathered_ring + accum * ring_all);
             check(fabs(bytes - expect3) < 1 && z->gathers >= m->nunits, "comm: zero 3 dp+edp bytes/step %.0f = formula %.0f (%ld unit gathers + %d reduce-scatters of every unit)",
                   bytes, expect3, z->gathers, accum);
         }
@@ -340,6 +343,13 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
         double expect = accum * X * slice * ((V - last) + (V - first));
         check(fabs(g->pp_group.bytes - expect) < 1, "comm: pp bytes/step %.0f = formula %.0f (%d micro-batches x %d chunk(s) x (B*T/tp_sp) x C, to %s)",
               g->pp_group.bytes, expect, accum, V, first ? "the next stage" : (last ? "the previous stage" : "both neighbours"));
+    }
+    if (g->cp > 1) {   // ring attention, per layer and micro-batch: N-1 hops of k, v forward (again when recomputed),
+                       // N-1 of k, v and N of dk, dv backward; each (B, T/cp, 2C/tp)
+        int N = g->cp, hops = (N - 1) + (m->recompute == RECOMPUTE_FULL ? N - 1 : 0) + (N - 1) + N;
+        double kv = X * m->BT * 2.0 * m->Cl, expect = (double)accum * Ls * hops * kv;
+        check(fabs(g->cp_group.bytes - expect) < 1, "comm: cp bytes/step %.0f = formula %.0f (%d micro-batches x %d layers x %d hops of (B, T/cp, 2C/tp) = %.0f B: ring attention)",
+              g->cp_group.bytes, expect, accum, Ls, hops, kv);
     }
     int runs = m->recompute == RECOMPUTE_FULL ? 3 : 2;   // forward, backward (and the recomputed forward)
     if (g->ep > 1 && nmoe > 0) {   // rows x C x X each way, forward (dispatch, return) and backward (the same)
@@ -498,7 +508,7 @@ int main(int argc, char **argv) {
     if (check_layer) {   // the comm layer alone, on the grid of --tp/--pp (any world size they divide)
         if (world % (args.tp * args.pp)) { fail_all(my_rank, "world %d is not divisible by tp*pp", world); }
         Grid g;
-        grid_init(&g, args.tp, args.pp, 1);
+        grid_init(&g, args.tp, 1, args.pp, 1);
         check_comm_layer(&g);
         int counts[2] = {n_passed, n_failed};
         MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
@@ -525,11 +535,11 @@ int main(int argc, char **argv) {
     if (rmoe.present) { moe = (MoEOptions){rmoe.F1000, rmoe.policy ? DROP_POSITION : DROP_PROBS, rmoe.aux_coeff, rmoe.z_coeff}; }
     validate_layout(&args, &config, world, my_rank);
     Grid grid;
-    grid_init(&grid, args.tp, args.pp, args.ep);
+    grid_init(&grid, args.tp, args.cp, args.pp, args.ep);
     int accum = args.total_batch / (args.B * args.T * grid.dp);
     if (my_rank == 0) {
-        printf("test_gpt: %s | world %d = tp %d x pp %d x dp %d | zero %d%s | B %d T %d accum %d | ce chunk %d | %s\n", ref_dir, world,
-               grid.tp, grid.pp, grid.dp, args.zero, args.sp ? " | sp" : "", args.B, args.T, accum, args.ce_chunk, PRECISION_NAME);
+        printf("test_gpt: %s | world %d = tp %d x cp %d x pp %d x dp %d | zero %d%s | B %d T %d accum %d | ce chunk %d | %s\n", ref_dir, world,
+               grid.tp, grid.cp, grid.pp, grid.dp, args.zero, args.sp ? " | sp" : "", args.B, args.T, accum, args.ce_chunk, PRECISION_NAME);
         if (config.num_experts > 0) {
             printf("          MoE: E %d k %d every %d | ep %d edp %d | capacity factor %.3f, drop %s, aux %g, z %g%s\n", config.num_experts,
                    config.topk, config.moe_every, grid.ep, grid.dp / grid.ep, moe.cap1000 / 1000.0, moe.policy == DROP_PROBS ? "probs" : "position",
@@ -540,7 +550,7 @@ int main(int argc, char **argv) {
     gpt2_build(&model, &config, params, &grid, args.vpp, args.zero, args.sp, moe);
     model.recompute = recompute_mode(args.recompute);
     model.zero.prefetch = args.overlap;
-    gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
+    gpt2_alloc_activations(&model, args.B, args.T / args.cp, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
     DataLoader loader;
     char data_path[1024];
     snprintf(data_path, sizeof(data_path), "%s/data.bin", ref_dir);
@@ -627,7 +637,7 @@ int main(int argc, char **argv) {
         gpt2_build(&run, &config, params, &grid, args.vpp, args.zero, args.sp, moe);
         run.recompute = model.recompute;
         run.zero.prefetch = model.zero.prefetch;
-        gpt2_alloc_activations(&run, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
+        gpt2_alloc_activations(&run, args.B, args.T / args.cp, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
         DataLoader dl2;
         dataloader_init(&dl2, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
         Rng rng;
@@ -650,7 +660,7 @@ int main(int argc, char **argv) {
         free(p2);
         resumed.recompute = model.recompute;
         resumed.zero.prefetch = model.zero.prefetch;
-        gpt2_alloc_activations(&resumed, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
+        gpt2_alloc_activations(&resumed, args.B, args.T / args.cp, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
         DataLoader dl3;
         dataloader_init(&dl3, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
         Rng rng3;

@@ -21,6 +21,7 @@ cross-entropy), llmc/comm.h (the process grid and the collectives).
 #include "llmc/layernorm.h"
 #include "llmc/matmul.h"
 #include "llmc/attention.h"
+#include "llmc/context_parallel.h"
 #include "llmc/gelu.h"
 #include "llmc/residual.h"
 #include "llmc/fused_ce.h"
@@ -154,7 +155,7 @@ static int build_units(const GPT2Config *c, Grid *g, int V, Unit *units, int *u_
     static const int experts[] = {T_EFCPROJB, T_EFCW, T_EFCB, T_EFCPROJW};
     static const int final_ln[] = {T_LNFW, T_LNFB};
     int tp = g->tp, pp = g->pp, stage = g->pp_rank, ep = g->ep, er = g->ep_rank, n = 0, ll = 0;
-    Group *dp = &g->dp_group;
+    Group *dp = g->grad_group;   // (the dp group; with cp, the cp x dp ranks)
     *u_embed = *u_pos = *u_final = -1;
     if (stage == 0 && pp == 1) { *u_embed = *u_pos = n; build_unit(c, tp, ep, er, dp, &units[n++], embedding, 2, -1); }
     if (stage == 0 && pp > 1) {
@@ -465,7 +466,10 @@ typedef struct {
     GPT2Config config;
     Grid *grid;
     int sp;
-    int B, T, BT, BTs, tok0;     // tok0: first local token of the LayerNorm/residual region
+    int B, T, BT, BTs, tok0;     // T: the tokens of a sequence this rank holds (with cp: T/cp); tok0: first local
+                                 // token of the LayerNorm/residual region
+    SeqPos seqpos;               // where the local tokens are in the sequence (context_parallel.h)
+    CPRing cpring;               // cp > 1: ring attention's buffers
     int Cl, NHl, Vl, v0;         // this tp rank's channels, heads, vocab rows [v0, v0 + Vl)
     int first, last, Ls, V;      // pipeline: is this the first / last stage; its layers; its model chunks
     int *layer_id;               // (Ls) the model layer of each of the stage's layers (chunk by chunk)
@@ -588,6 +592,8 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     m->B = B; m->T = T; m->BT = B * T;
     m->BTs = m->sp ? m->BT / tp : m->BT;
     m->tok0 = m->sp ? m->grid->tp_rank * m->BTs : 0;
+    int cp = m->grid->cp, ci = m->grid->cp_rank;   // cp rank ci holds sequence chunks ci and 2cp-1-ci of T/2 tokens each
+    m->seqpos = cp > 1 ? (SeqPos){T / 2, ci * T / 2, (2 * cp - 1 - ci) * T / 2} : (SeqPos){T, 0, 0};
     Pipeline *p = &m->pipe;
     p->pp = &m->grid->pp_group; p->tp = &m->grid->tp_group;
     int nslots = pipeline_plan(p, pp == 1 ? SCHEDULE_1F1B : schedule, pp, V, m->grid->pp_rank, accum);   // (without a pipeline GPipe is 1F1B)
@@ -668,6 +674,11 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
         }
     }
     Workspace *w = &m->ws;
+    m->cpring.cp = &m->grid->cp_group;
+    for (int i = 0; i < 2 && cp > 1; i++) {   // ring attention: the keys and values held and arriving, their gradients
+        m->cpring.kv[i] = (floatX *)mem_alloc(BT * 2 * Cl * X, MEM_COMM);
+        m->cpring.dkv[i] = (floatX *)mem_alloc(BT * 2 * Cl * X, MEM_COMM);
+    }
     w->xfull = m->sp && tp > 1 ? (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE) : NULL;
     w->pfull = (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE);
     w->tokbuf = (floatX *)mem_alloc(BTs * C * X, MEM_WORKSPACE);
@@ -923,7 +934,8 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
     layernorm_forward(y.ln1, y.ln1_mean, y.ln1_rstd, y.res, p[T_LN1W], p[T_LN1B], BTs, C);
     x = tp_all_tokens(tp, sp, y.ln1, w->xfull, BTs, C);
     matmul_forward(y.qkv, x, p[T_QKVW], p[T_QKVB], BT, C, 3 * Cl);
-    attention_forward(y.atty, y.lse, y.qkv, B, T, Cl, NHl);
+    if (m->grid->cp > 1) { cp_attention_forward(&m->cpring, y.atty, y.lse, y.qkv, B, T, Cl, NHl); }   // ring attention
+    else { attention_forward(y.atty, y.lse, y.qkv, B, T, Cl, NHl); }
     matmul_forward(w->pfull, y.atty, p[T_ATTPROJW], NULL, BT, Cl, C);
     x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
     // MLP block: (+ bias + residual, fused with) ln2 -> all tokens -> fc (column-parallel, fused
@@ -964,7 +976,7 @@ static void gpt2_forward(GPT2 *m, int v, Activations *a) {
         embedding_forward(w->pfull, a->inputs, p[T_WTE], m->v0, m->v0 + m->Vl, BT, C);
         x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
         copy_on_device(a->resid, x, (size_t)BTs * C * sizeof(floatX));
-        position_forward(a->resid, p[T_WPE], m->tok0, BTs, T, C);
+        position_forward(a->resid, p[T_WPE], m->seqpos, m->tok0, BTs, T, C);
         trace_end("embedding", "forward", "\"micro\":%d", m->micro);
     }
     for (int l = l0; l < l1; l++) {
@@ -1047,7 +1059,8 @@ static void layer_backward(GPT2 *m, LayerActs y, int l, int last_micro) {
     bias_backward(g[T_ATTPROJB], w->dresid, BTs, C);
     dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
     matmul_backward(w->datty, g[T_ATTPROJW], NULL, dy, y.atty, p[T_ATTPROJW], BT, Cl, C);
-    attention_backward(w->dwide, w->datty, y.qkv, y.atty, y.lse, B, T, Cl, NHl);
+    if (m->grid->cp > 1) { cp_attention_backward(&m->cpring, w->dwide, w->datty, y.qkv, y.atty, y.lse, B, T, Cl, NHl); }
+    else { attention_backward(w->dwide, w->datty, y.qkv, y.atty, y.lse, B, T, Cl, NHl); }
     x = tp_all_tokens(tp, sp, y.ln1, w->xfull, BTs, C);
     matmul_backward(w->pfull, g[T_QKVW], g[T_QKVB], w->dwide, x, p[T_QKVW], BT, C, 3 * Cl);
     dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
@@ -1095,7 +1108,7 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
         int pipeline = m->u_pos != m->u_embed;
         unit_view(&m->units[m->u_embed], wte_grad_open(m, WTE_EMBEDDING), g);
         if (pipeline) { unit_view(&m->units[m->u_pos], zero_begin_unit_backward(z, m->u_pos), g); }
-        position_backward(g[T_WPE], w->dresid, m->tok0, BTs, T, C);
+        position_backward(g[T_WPE], w->dresid, m->seqpos, m->tok0, BTs, T, C);
         floatX *dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
         embedding_backward(g[T_WTE], dy, a->inputs, m->v0, m->v0 + m->Vl, BT, C);
         if (pipeline) { zero_end_unit_backward(z, m->u_pos, last_micro); }
@@ -1108,6 +1121,14 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
 // one training step: the micro-batches through the pipeline stages (pipeline.h), then AdamW
 
 typedef struct { float beta1, beta2, eps, weight_decay, grad_clip; unsigned int seed; } OptConfig;
+
+// This rank's tokens of a (B, T*cp) batch: each sequence's tokens at the local positions (seq_pos).
+static void local_tokens(const GPT2 *m, int *local, const int *batch) {
+    int T = m->T, Tg = T * m->grid->cp;
+    for (int b = 0; b < m->B; b++) {
+        for (int t = 0; t < T; t++) { local[b * T + t] = batch[(size_t)b * Tg + seq_pos(m->seqpos, t)]; }
+    }
+}
 
 // Micro-batch i's activations in model chunk v.
 static Activations *chunk_acts(GPT2 *m, int v, int i) { return &m->acts[m->pipe.slot0[v] + i % m->pipe.nslots[v]]; }
@@ -1158,12 +1179,13 @@ static float gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     m->moe_z_scale = (float)(m->moe.z_coeff / (m->T * sequences));
     memset(&m->moe_stats, 0, sizeof(m->moe_stats));
     m->moe_count_stats = 1;
+    int ranks = m->grid->dp * m->grid->cp;   // the ranks that share a step's tokens (cp: each sequence too)
     TrainStep s = {m, accum, (int *)malloc_check(sizeof(int) * accum * m->BT), (int *)malloc_check(sizeof(int) * accum * m->BT),
-                   1.0f / ((float)m->BT * accum * m->grid->dp), 0.0};
+                   1.0f / ((float)m->BT * accum * ranks), 0.0};
     for (int i = 0; i < accum; i++) {
         dataloader_next_batch(dl);
-        memcpy(s.inputs + (size_t)i * m->BT, dl->inputs, sizeof(int) * m->BT);
-        memcpy(s.targets + (size_t)i * m->BT, dl->targets, sizeof(int) * m->BT);
+        local_tokens(m, s.inputs + (size_t)i * m->BT, dl->inputs);
+        local_tokens(m, s.targets + (size_t)i * m->BT, dl->targets);
     }
     if (accum != m->pipe.steps.n_total / m->V) { fprintf(stderr, "error: %d micro-batches, the schedule was made for %d\n", accum, m->pipe.steps.n_total / m->V); exit(1); }
     pipeline_run(&m->pipe, (StageWork){&s, train_forward, train_backward});
@@ -1173,8 +1195,8 @@ static float gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     // the loss lives on the last stage; every rank gets it
     double loss = s.loss / accum;
     if (m->grid->pp > 1) { WATCHED("broadcast of the loss", "pp", MPI_Bcast(&loss, 1, MPI_DOUBLE, m->grid->pp - 1, m->grid->pp_group.mpi)); }
-    comm_sum_host(&m->grid->dp_group, &loss, 1);
-    return (float)(loss / m->grid->dp);
+    comm_sum_host(m->grid->grad_group, &loss, 1);
+    return (float)(loss / ranks);
 }
 
 // The MoE numbers of the last step, on every rank: aux and z as the loss defines them (means over the
@@ -1213,10 +1235,14 @@ static float gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step, float 
 
 static void forward_only(void *ctx, int v, int i) { GPT2 *m = (GPT2 *)ctx; gpt2_forward(m, v, chunk_acts(m, v, i)); }
 
-// Forward only, through every stage: tokens (B, T) in; the last stage's lnf out (in the last chunk's
-// acts of micro-batch 0).
+// Forward only, through every stage: tokens (B, T*cp) in; the last stage's lnf of this rank's tokens
+// out (in the last chunk's acts of micro-batch 0).
 static void gpt2_forward_pipeline(GPT2 *m, const int *inputs, const int *targets) {
-    gpt2_upload_batch(m, 0, inputs, targets);
+    int *in = (int *)malloc_check(sizeof(int) * 2 * m->BT), *tg = in + m->BT;
+    local_tokens(m, in, inputs);
+    local_tokens(m, tg, targets);
+    gpt2_upload_batch(m, 0, in, tg);
+    free(in);
     pipeline_forward_only(&m->pipe, (StageWork){m, forward_only, NULL});
 }
 
@@ -1233,34 +1259,36 @@ static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
     }
     loss /= n;
     if (m->grid->pp > 1) { WATCHED("broadcast of the loss", "pp", MPI_Bcast(&loss, 1, MPI_DOUBLE, m->grid->pp - 1, m->grid->pp_group.mpi)); }
-    comm_sum_host(&m->grid->dp_group, &loss, 1);
-    return (float)(loss / m->grid->dp);
+    comm_sum_host(m->grid->grad_group, &loss, 1);
+    return (float)(loss / (m->grid->dp * m->grid->cp));
 }
 
 // Generates gen_tokens tokens after an EOT (sampled at temperature 1). Every rank runs it with the
-// same generator (the forward needs the tp, pp and, at ZeRO 3, dp collectives); the last stage draws
-// the token and sends it to the others; rank 0 prints. MoE layers run dropless: with a capacity, the
+// same generator (the forward needs the tp, cp, pp and, at ZeRO 3, dp collectives); the last stage's
+// cp rank holding the position draws the token and sends it to the others; rank 0 prints. MoE layers run dropless: with a capacity, the
 // padding after the current token would take capacity from it.
 static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int eot) {
     const GPT2Config *c = &m->config;
     int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size, cap = m->moe_cap;
     m->moe_cap = m->T;
-    int *gen = (int *)malloc_check(sizeof(int) * m->BT);
-    for (int i = 0; i < m->BT; i++) { gen[i] = eot; }
+    int Tg = m->T * m->grid->cp, cp = m->grid->cp;   // the whole sequence (cp: over the cp ranks)
+    int *gen = (int *)malloc_check(sizeof(int) * m->B * Tg);
+    for (int i = 0; i < m->B * Tg; i++) { gen[i] = eot; }
     floatX *row = m->last ? (floatX *)mem_alloc((size_t)Vp * sizeof(floatX), MEM_LOGITS) : NULL;
     float *probs = (float *)malloc_check(sizeof(float) * Vp);
     if (m->grid->rank == 0) { printf("generating:\n---\n"); }
-    int n = gen_tokens < m->T - 1 ? gen_tokens : m->T - 1;
+    int n = gen_tokens < Tg - 1 ? gen_tokens : Tg - 1;
     for (int t = 1; t <= n; t++) {
         gpt2_forward_pipeline(m, gen, gen);
         float coin01 = rng_f32(rng);   // every rank draws, so the generators stay equal
-        int next = 0;
-        if (m->last) {
+        int next = 0, chunk = (t - 1) / (Tg / (2 * cp)), owner = chunk < cp ? chunk : 2 * cp - 1 - chunk;   // position t-1's cp rank
+        int row_t = cp == 1 ? t - 1 : (chunk < cp ? 0 : m->T / 2) + (t - 1) % (Tg / (2 * cp));                // and its local row
+        floatX *p[NUM_TENSORS];
+        if (m->last) { unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p); }   // (ZeRO 3: a dp, cp collective)
+        if (m->last && m->grid->cp_rank == owner) {
             floatX *h = tp_all_tokens(&m->grid->tp_group, m->sp, chunk_acts(m, m->V - 1, 0)->lnf, m->ws.xfull, m->BTs, C);
-            floatX *p[NUM_TENSORS];
-            unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p);
             // this rank's vocabulary slice of the logits of position t-1, then all slices (Vp)
-            matmul_forward(row + m->v0, h + (size_t)(t - 1) * C, p[T_WTE], NULL, 1, C, m->Vl);
+            matmul_forward(row + m->v0, h + (size_t)row_t * C, p[T_WTE], NULL, 1, C, m->Vl);
             comm_all_gather(&m->grid->tp_group, row + m->v0, row, m->Vl, DT_FLOATX, NULL);
             download_floats(probs, row, Vp);
             float maxv = -INFINITY;
@@ -1271,6 +1299,7 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
             next = V - 1;
             for (int v = 0; v < V; v++) { cdf += exp(probs[v] - maxv); if (coin < cdf) { next = v; break; } }
         }
+        if (cp > 1 && m->last) { WATCHED("broadcast of the sampled token", "cp", MPI_Bcast(&next, 1, MPI_INT, owner, m->grid->cp_group.mpi)); }
         if (m->grid->pp > 1) { WATCHED("broadcast of the sampled token", "pp", MPI_Bcast(&next, 1, MPI_INT, m->grid->pp - 1, m->grid->pp_group.mpi)); }
         gen[t] = next;
         if (m->grid->rank == 0) {
@@ -1338,7 +1367,7 @@ static void unit_params_getter(Zero *z, int u, int which, float *host) { (void)w
 static float *gpt2_assemble(GPT2 *m, UnitGetter get, int which) {
     const GPT2Config *c = &m->config;
     Grid *g = m->grid;
-    int assemble = g->tp_rank == 0 && g->dp_rank < g->ep, root = g->rank == 0;   // (edp rank 0 <=> dp rank < ep)
+    int assemble = g->tp_rank == 0 && g->cp_rank == 0 && g->dp_rank < g->ep, root = g->rank == 0;   // (edp rank 0 <=> dp rank < ep)
     float *all = assemble ? (float *)calloc(m->num_parameters, sizeof(float)) : NULL, *full[NUM_TENSORS];
     if (assemble && all == NULL) { fail("out of host memory assembling %zu parameters", m->num_parameters); }
     if (assemble) { split_tensors(c, all, full); }
@@ -1422,7 +1451,7 @@ static void checkpoint_assemble(GPT2 *m, Checkpoint *ck, const char *dir, int st
     }
     h = ck->state_header;
     h[0] = STATE_MAGIC; h[1] = STATE_VERSION; h[SH_STEP] = step; h[SH_UPDATES] = m->updates; h[SH_SKIPS] = m->skips;
-    h[SH_SKIPS_IN_A_ROW] = m->skips_in_a_row; h[SH_T] = m->T; h[SH_BATCH] = total_batch;
+    h[SH_SKIPS_IN_A_ROW] = m->skips_in_a_row; h[SH_T] = m->T * m->grid->cp; h[SH_BATCH] = total_batch;
     h[SH_EPOCH] = dl->epoch; h[SH_SHARD] = dl->shard_pos; h[SH_SHUFFLE] = dl->shuffle; h[SH_NSHARDS] = dl->nshards;   // (rank 0's, for the reader)
     h[SH_MASTER] = nstates == 3;
     h[SH_PARAMS_LO] = (int)(P & 0xFFFFFFFFu); h[SH_PARAMS_HI] = (int)((uint64_t)P >> 32);
@@ -1535,9 +1564,9 @@ static void load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *
         fail("state file '%s' does not belong to this checkpoint (step %d, %llu parameters; expected step %d, %zu)", path,
              h[SH_STEP], (unsigned long long)P, step, m->num_parameters);
     }
-    if (h[SH_T] != m->T || h[SH_BATCH] != total_batch) {
+    if (h[SH_T] != m->T * g->cp || h[SH_BATCH] != total_batch) {
         fail("state file '%s' was written with -t %d -d %d; this run has -t %d -d %d: a checkpoint resumes with the same sequence "
-             "length and global batch (the layout may change)", path, h[SH_T], h[SH_BATCH], m->T, total_batch);
+             "length and global batch (the layout may change)", path, h[SH_T], h[SH_BATCH], m->T * g->cp, total_batch);
     }
     if (h[SH_UPDATES] < 0 || h[SH_SKIPS] < 0 || h[SH_UPDATES] + h[SH_SKIPS] != step || h[SH_SKIPS_IN_A_ROW] < 0 || h[SH_SKIPS_IN_A_ROW] > h[SH_SKIPS]) {
         fail("state file '%s' has inconsistent step counters (step %d, %d updates, %d skipped, %d in a row)", path, step,
@@ -1571,7 +1600,7 @@ static void load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *
     m->updates = h[SH_UPDATES]; m->skips = h[SH_SKIPS]; m->skips_in_a_row = h[SH_SKIPS_IN_A_ROW];
     rng->s = (uint32_t)h[SH_RNG_LO] | (uint64_t)(uint32_t)h[SH_RNG_HI] << 32;
     if (rng->s == 0) { fail("state file '%s' holds the generator state 0, which no run can reach", path); }
-    dataloader_seek_rounds(dl, (uint64_t)step * (total_batch / (m->B * m->T * g->dp)));   // accumulation rounds per step
+    dataloader_seek_rounds(dl, (uint64_t)step * (total_batch / (m->B * m->T * g->cp * g->dp)));   // accumulation rounds per step
 }
 
 // ----------------------------------------------------------------------------
@@ -1606,7 +1635,7 @@ static double synthetic_corpus(uint16_t *tokens, size_t n, int vocab_size, uint6
 typedef struct {
     const char *train_pattern, *val_pattern, *output_dir, *model;
     int B, T, total_batch, max_steps, warmup, val_every, val_batches, sample_every, gen_tokens;
-    int checkpoint_every, resume, zero, tp, pp, vpp, dp, ep, sp, ce_chunk, memory_report, comm_report, shuffle;
+    int checkpoint_every, resume, zero, tp, cp, pp, vpp, dp, ep, sp, ce_chunk, memory_report, comm_report, shuffle;
     int experts, topk, moe_every, cap1000;   // MoE; the first three -1 when not given
     float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff, timeout;
     int max_skips, help;
@@ -1621,7 +1650,7 @@ static void default_args(Args *a) {
     memset(a, 0, sizeof(*a));
     a->model = "d4"; a->B = 4; a->T = 64; a->total_batch = -1; a->max_steps = -1; a->lr = 3e-4f; a->warmup = 0;
     a->final_frac = 1.0f; a->weight_decay = 0.0f; a->val_every = 20; a->val_batches = 20; a->sample_every = 20;
-    a->gen_tokens = 64; a->checkpoint_every = 0; a->resume = 0; a->zero = 0; a->tp = 1; a->pp = 1; a->vpp = 1; a->dp = -1;
+    a->gen_tokens = 64; a->checkpoint_every = 0; a->resume = 0; a->zero = 0; a->tp = 1; a->cp = 1; a->pp = 1; a->vpp = 1; a->dp = -1;
     a->ep = 1; a->sp = 0; a->ce_chunk = 256; a->shuffle = -1; a->grad_clip = 1.0f; a->scheduler = "cosine";
     a->pp_schedule = "1f1b";
     a->experts = a->topk = a->moe_every = -1; a->cap1000 = 1250; a->drop_policy = "probs"; a->aux_coeff = 0.01f; a->z_coeff = 0.001f;
@@ -1652,6 +1681,7 @@ static void print_usage(void) {
            "  -y <int>   1: resume from the newest checkpoint in -o (error if none); 2: resume if one exists\n"
            "  -z <int>   ZeRO stage 0-3 (same as --zero)\n"
            "  --tp N (alias --tensor-model-parallel-size)  --pp N  --pp-schedule 1f1b|gpipe|interleaved  --dp N  --sp  --zero N  --ep N\n"
+           "  --cp N (alias --context-parallel-size: each sequence over N ranks, ring attention; T a multiple of 2N)\n"
            "  --vpp V (alias --virtual-pipeline-model-parallel-size: model chunks per pipeline stage; V > 1 is the interleaved schedule)\n"
            "  --ce-chunk N (tokens per cross-entropy chunk, 0 = full logits)  --memory-report  --comm-report\n"
            "  --seed N  --shuffle 0|1  --grad-clip F (0 = off)  --trace DIR (a Chrome trace per rank: dev/trace.py)\n"
@@ -1707,7 +1737,7 @@ static int parse_capacity_factor(const char *v) {
 static const char *FLAGS[][2] = {
     {"-i", 0}, {"-j", 0}, {"-o", 0}, {"-e", 0}, {"-b", 0}, {"-t", 0}, {"-d", 0}, {"-x", 0}, {"-l", 0}, {"-u", 0}, {"-q", 0},
     {"-c", 0}, {"-k", 0}, {"-v", 0}, {"-m", 0}, {"-s", 0}, {"-g", 0}, {"-n", 0}, {"-y", 0}, {"--zero", "-z"},
-    {"--tp", "--tensor-model-parallel-size"}, {"--pp", 0}, {"--vpp", "--virtual-pipeline-model-parallel-size"}, {"--dp", 0}, {"--ep", "--expert-model-parallel-size"},
+    {"--tp", "--tensor-model-parallel-size"}, {"--cp", "--context-parallel-size"}, {"--pp", 0}, {"--vpp", "--virtual-pipeline-model-parallel-size"}, {"--dp", 0}, {"--ep", "--expert-model-parallel-size"},
     {"--ce-chunk", 0}, {"--seed", 0}, {"--shuffle", 0}, {"--grad-clip", 0}, {"--pp-schedule", 0},
     {"--experts", "--num-experts"}, {"--topk", "--moe-router-topk"}, {"--moe-every", 0}, {"--capacity-factor", 0},
     {"--drop-policy", 0}, {"--aux-coeff", 0}, {"--z-coeff", 0}, {"--trace", 0}, {"--timeout", 0}, {"--max-skips", 0}, {"--recompute", 0}, {"--overlap", 0},
@@ -1762,6 +1792,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         else if (!strcmp(f, "-y")) { a->resume = parse_int_arg(f, v, 0, 2); }
         else if (!strcmp(f, "--zero")) { a->zero = parse_int_arg(f, v, 0, 3); }
         else if (!strcmp(f, "--tp")) { a->tp = parse_int_arg(f, v, 1, 1 << 16); }
+        else if (!strcmp(f, "--cp")) { a->cp = parse_int_arg(f, v, 1, 1 << 16); }
         else if (!strcmp(f, "--pp")) { a->pp = parse_int_arg(f, v, 1, 1 << 16); }
         else if (!strcmp(f, "--vpp")) { a->vpp = parse_int_arg(f, v, 1, 1024); }
         else if (!strcmp(f, "--dp")) { a->dp = parse_int_arg(f, v, 1, 1 << 16); }
@@ -1864,11 +1895,17 @@ static MoEOptions moe_options(const Args *a) {
 // The checks that need the world size and the model shape; identical on every rank, so every rank
 // exits with the same message before any collective could hang.
 static void validate_layout(Args *a, const GPT2Config *c, int world, int rank) {
-    if (world % (a->tp * a->pp) != 0) {
-        fail_all(rank, "world size %d is not divisible by tp*pp = %d*%d (world = tp*pp*dp)", world, a->tp, a->pp);
+    if (world % (a->tp * a->cp * a->pp) != 0) {
+        fail_all(rank, "world size %d is not divisible by tp*cp*pp = %d*%d*%d (world = tp*cp*pp*dp)", world, a->tp, a->cp, a->pp);
     }
-    int dp = world / (a->tp * a->pp);
-    if (a->dp != -1 && a->dp != dp) { fail_all(rank, "--dp %d does not match world size %d = tp %d * pp %d * dp %d", a->dp, world, a->tp, a->pp, dp); }
+    int dp = world / (a->tp * a->cp * a->pp);
+    if (a->dp != -1 && a->dp != dp) {
+        fail_all(rank, "--dp %d does not match world size %d = tp %d * cp %d * pp %d * dp %d", a->dp, world, a->tp, a->cp, a->pp, dp);
+    }
+    if (a->cp > 1) {   // the sequence in 2cp chunks; MoE's capacity and auxiliary loss count per whole sequence
+        if (a->T % (2 * a->cp)) { fail_all(rank, "--cp %d: T = %d is not a multiple of 2*cp = %d (each rank holds 2 chunks of T/(2cp))", a->cp, a->T, 2 * a->cp); }
+        if (c->num_experts > 0) { fail_all(rank, "--cp %d with MoE layers is not supported (expert capacity and the load-balancing loss are per whole sequence)", a->cp); }
+    }
     a->dp = dp;
     if (a->pp > c->num_layers) { fail_all(rank, "--pp %d is larger than the number of layers %d", a->pp, c->num_layers); }
     if (dp % a->ep != 0) { fail_all(rank, "--ep %d does not divide dp %d (world = tp*pp*dp, ep within dp)", a->ep, dp); }
@@ -1877,7 +1914,7 @@ static void validate_layout(Args *a, const GPT2Config *c, int world, int rank) {
     if (c->num_heads % a->tp) { fail_all(rank, "--tp %d does not divide the number of heads %d", a->tp, c->num_heads); }
     if ((4 * c->channels) % a->tp) { fail_all(rank, "--tp %d does not divide 4C = %d", a->tp, 4 * c->channels); }
     if (c->padded_vocab_size % a->tp) { fail_all(rank, "--tp %d does not divide the padded vocab size %d", a->tp, c->padded_vocab_size); }
-    if (a->sp && a->T % a->tp) { fail_all(rank, "--sp: --tp %d does not divide T = %d", a->tp, a->T); }
+    if (a->sp && (a->T / a->cp) % a->tp) { fail_all(rank, "--sp: --tp %d does not divide T/cp = %d", a->tp, a->T / a->cp); }
     if (a->T > c->max_seq_len) { fail_all(rank, "-t %d is larger than the model's maximum sequence length %d", a->T, c->max_seq_len); }
     long tokens_per_micro = (long)a->B * a->T * dp;
     if (tokens_per_micro > (1L << 30)) {
@@ -2099,8 +2136,8 @@ static void print_setup(const Args *a, const GPT2 *m, int accum) {
                c->num_experts, c->topk, a->cap1000 / 1000.0, m->moe_cap, a->cap1000 == 0 ? ", dropless" : "",
                a->drop_policy, a->aux_coeff, a->z_coeff, m->grid->ep, m->El, m->grid->dp / m->grid->ep);
     }
-    printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, pp %d (%s), ce chunk %d, recompute %s\n",
-           a->B, a->T, m->grid->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "", a->pp, a->pp_schedule, a->ce_chunk, a->recompute);
+    printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, cp %d, pp %d (%s), ce chunk %d, recompute %s\n",
+           a->B, a->T, m->grid->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "", a->cp, a->pp, a->pp_schedule, a->ce_chunk, a->recompute);
 }
 
 // One step's line on the screen and in main.log: the CE loss (trl), and for MoE models aux, z and the
@@ -2258,7 +2295,7 @@ int main(int argc, char **argv) {
     float *params = load_model(&args, rank, &config, &resume_step);
     validate_layout(&args, &config, world, rank);
     Grid grid;
-    grid_init(&grid, args.tp, args.pp, args.ep);
+    grid_init(&grid, args.tp, args.cp, args.pp, args.ep);
     grid_print(&grid);
     DataLoader train_loader, val_loader;   // (checked before anything is written)
     Tokenizer tokenizer;
@@ -2273,7 +2310,7 @@ int main(int argc, char **argv) {
     model.recompute = recompute_mode(args.recompute);
     model.zero.prefetch = args.overlap;
     int accum = args.total_batch / (args.B * args.T * grid.dp);
-    gpt2_alloc_activations(&model, args.B, args.T, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), args.sample_every > 0);
+    gpt2_alloc_activations(&model, args.B, args.T / args.cp, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), args.sample_every > 0);
     print_setup(&args, &model, accum);
 
     // schedule, optimizer, and the state of a resumed run

@@ -1,9 +1,13 @@
 // The process grid and the collectives, in one place.
-//   world = tp * pp * dp, tp fastest: tp_rank = r % tp, pp_rank = (r / tp) % pp, dp_rank = r / (tp * pp).
+//   world = tp * cp * pp * dp, tp fastest, then cp: tp_rank = r % tp, cp_rank = (r / tp) % cp,
+//   pp_rank = (r / (tp * cp)) % pp, dp_rank = r / (tp * cp * pp).
+//   Context parallelism (cp, context_parallel.h) splits each sequence over the cp ranks of a dp rank:
+//   they read the same batch and hold different tokens of it, so the gradients are summed (and ZeRO
+//   shards) over the dpcp group, the cp * dp ranks with the same (tp, pp); without cp it is the dp group.
 //   Expert parallelism is carved out of dp: an ep group is ep consecutive dp ranks with the same
-//   (tp, pp) (ep_rank = dp_rank % ep); the edp group (expert data parallel) is the dp/ep ranks with the
-//   same (tp, pp, ep_rank), which hold the same experts.
-//   Each group (tp, pp, dp, ep, edp) is an MPI communicator; on CUDA also an NCCL communicator whose
+//   (tp, cp, pp) (ep_rank = dp_rank % ep); the edp group (expert data parallel) is the dp/ep ranks with the
+//   same (tp, cp, pp, ep_rank), which hold the same experts.
+//   Each group (tp, cp, pp, dp, dpcp, ep, edp) is an MPI communicator; on CUDA also an NCCL communicator whose
 //   unique id is broadcast over that MPI communicator. (NO_MPI=1 builds: one process, every group of
 //   size 1, llmc/mpi_single.h instead of MPI and no NCCL.) Collectives take a Group, so the call
 //   site says which ranks talk. The CPU build runs the same calls through MPI on host memory.
@@ -31,9 +35,11 @@ typedef struct {
 
 typedef struct {
     int world_size, rank, local_rank;
-    int tp, pp, dp, ep;
-    int tp_rank, pp_rank, dp_rank, ep_rank;
-    Group world, tp_group, pp_group, dp_group, ep_group;
+    int tp, cp, pp, dp, ep;
+    int tp_rank, cp_rank, pp_rank, dp_rank, ep_rank;
+    Group world, tp_group, cp_group, pp_group, dp_group, ep_group;
+    Group dpcp_group;  // cp > 1: the cp * dp ranks with the same (tp, pp), over which the gradients are summed
+    Group *grad_group; // the dense gradients' group: dpcp_group, or dp_group without cp
     Group edp_group;   // the dp ranks with the same experts: ep_rank equal (dp / ep of them)
     Group emb_group;   // the first and the last pipeline stage of one (tp, dp) position: the tied wte
 } Grid;
@@ -76,7 +82,7 @@ static void group_init(Group *g, const char *name, int color, int key) {
 }
 
 // Builds every group of the grid. Call after the sizes were validated (validate_layout in train_gpt.cu).
-static void grid_init(Grid *grid, int tp, int pp, int ep) {
+static void grid_init(Grid *grid, int tp, int cp, int pp, int ep) {
     MPI_Comm_size(MPI_COMM_WORLD, &grid->world_size);
     MPI_Comm_rank(MPI_COMM_WORLD, &grid->rank);
     MPI_Comm local;
@@ -84,45 +90,61 @@ static void grid_init(Grid *grid, int tp, int pp, int ep) {
     MPI_Comm_rank(local, &grid->local_rank);
     MPI_Comm_free(&local);
     int r = grid->rank;
-    grid->tp = tp; grid->pp = pp; grid->dp = grid->world_size / (tp * pp); grid->ep = ep;
+    grid->tp = tp; grid->cp = cp; grid->pp = pp; grid->dp = grid->world_size / (tp * cp * pp); grid->ep = ep;
     grid->tp_rank = r % tp;
-    grid->pp_rank = (r / tp) % pp;
-    grid->dp_rank = r / (tp * pp);
+    grid->cp_rank = (r / tp) % cp;
+    grid->pp_rank = (r / (tp * cp)) % pp;
+    grid->dp_rank = r / (tp * cp * pp);
     grid->ep_rank = grid->dp_rank % ep;
     backend_init(grid->local_rank);
+    int t = grid->tp_rank, c = grid->cp_rank, tc = tp * cp, tcp = tp * cp * pp;
     group_init(&grid->world, "world", 0, r);
-    group_init(&grid->tp_group, "tp", r / tp, r);                                    // same (pp, dp)
-    group_init(&grid->pp_group, "pp", grid->dp_rank * tp + grid->tp_rank, r);         // same (tp, dp)
-    group_init(&grid->dp_group, "dp", grid->pp_rank * tp + grid->tp_rank, r);         // same (tp, pp)
-    group_init(&grid->ep_group, "ep", (grid->dp_rank / ep) * tp * pp + grid->pp_rank * tp + grid->tp_rank, r);
-    group_init(&grid->edp_group, "edp", grid->ep_rank * tp * pp + grid->pp_rank * tp + grid->tp_rank, r);
+    group_init(&grid->tp_group, "tp", r / tp, r);                                            // same (cp, pp, dp)
+    group_init(&grid->cp_group, "cp", grid->dp_rank * tp * pp + grid->pp_rank * tp + t, r);   // same (tp, pp, dp)
+    group_init(&grid->pp_group, "pp", grid->dp_rank * tc + c * tp + t, r);                   // same (tp, cp, dp)
+    group_init(&grid->dp_group, "dp", grid->pp_rank * tc + c * tp + t, r);                   // same (tp, cp, pp)
+    if (cp > 1) { group_init(&grid->dpcp_group, "dpcp", grid->pp_rank * tp + t, r); }        // same (tp, pp)
+    grid->grad_group = cp > 1 ? &grid->dpcp_group : &grid->dp_group;
+    group_init(&grid->ep_group, "ep", (grid->dp_rank / ep) * tcp + grid->pp_rank * tc + c * tp + t, r);
+    group_init(&grid->edp_group, "edp", grid->ep_rank * tcp + grid->pp_rank * tc + c * tp + t, r);
     int ends = grid->pp_rank == 0 || grid->pp_rank == pp - 1;   // middle stages: a group of their own
-    group_init(&grid->emb_group, "emb", ends ? grid->dp_rank * tp + grid->tp_rank : grid->world_size + r, r);
+    group_init(&grid->emb_group, "emb", ends ? grid->dp_rank * tc + c * tp + t : grid->world_size + r, r);
+}
+
+// The grid's groups (world first if asked): tp, cp, pp, dp, dpcp (only with cp), ep, edp, emb.
+static int grid_groups(Grid *g, Group **out, int with_world) {
+    int n = 0;
+    if (with_world) { out[n++] = &g->world; }
+    out[n++] = &g->tp_group; out[n++] = &g->cp_group; out[n++] = &g->pp_group; out[n++] = &g->dp_group;
+    if (g->cp > 1) { out[n++] = &g->dpcp_group; }
+    out[n++] = &g->ep_group; out[n++] = &g->edp_group; out[n++] = &g->emb_group;
+    return n;
 }
 
 // Prints the grid and the members of every group (rank 0), as the communicators have them: each
 // rank finds the lowest world rank of each of its groups, and a group is printed from that rank.
 static void grid_print(Grid *g) {
-    enum { NG = 6 };
-    Group *groups[NG] = {&g->tp_group, &g->pp_group, &g->dp_group, &g->ep_group, &g->edp_group, &g->emb_group};
-    int world = g->world_size, mine[NG + 4] = {g->tp_rank, g->pp_rank, g->dp_rank, g->ep_rank};
-    for (int k = 0; k < NG; k++) { MPI_Allreduce(&g->rank, &mine[4 + k], 1, MPI_INT, MPI_MIN, groups[k]->mpi); }
-    int *all = (int *)malloc_check(sizeof(int) * (NG + 4) * world);
-    MPI_Gather(mine, NG + 4, MPI_INT, all, NG + 4, MPI_INT, 0, MPI_COMM_WORLD);
+    enum { NG = 8 };
+    Group *groups[NG];
+    int ng = grid_groups(g, groups, 0);
+    int world = g->world_size, mine[NG + 5] = {g->tp_rank, g->cp_rank, g->pp_rank, g->dp_rank, g->ep_rank};
+    for (int k = 0; k < ng; k++) { MPI_Allreduce(&g->rank, &mine[5 + k], 1, MPI_INT, MPI_MIN, groups[k]->mpi); }
+    int *all = (int *)malloc_check(sizeof(int) * (NG + 5) * world);
+    MPI_Gather(mine, NG + 5, MPI_INT, all, NG + 5, MPI_INT, 0, MPI_COMM_WORLD);
     if (g->rank == 0) {
-        printf("process grid: world %d = tp %d x pp %d x dp %d (ep %d x edp %d within dp), tp fastest\n", world, g->tp, g->pp, g->dp,
-               g->ep, g->dp / g->ep);
+        printf("process grid: world %d = tp %d x cp %d x pp %d x dp %d (ep %d x edp %d within dp), tp fastest\n", world, g->tp, g->cp,
+               g->pp, g->dp, g->ep, g->dp / g->ep);
         for (int r = 0; r < world; r++) {
-            int *a = all + (NG + 4) * r;
-            printf("  rank %d: tp_rank %d pp_rank %d dp_rank %d ep_rank %d\n", r, a[0], a[1], a[2], a[3]);
+            int *a = all + (NG + 5) * r;
+            printf("  rank %d: tp_rank %d cp_rank %d pp_rank %d dp_rank %d ep_rank %d\n", r, a[0], a[1], a[2], a[3], a[4]);
         }
-        for (int k = 0; k < NG; k++) {
+        for (int k = 0; k < ng; k++) {
             printf("  %s groups:", groups[k]->name);
             for (int leader = 0; leader < world; leader++) {
-                if (all[(NG + 4) * leader + 4 + k] != leader) { continue; }
+                if (all[(NG + 5) * leader + 5 + k] != leader) { continue; }
                 printf(" [");
                 for (int r = 0, n = 0; r < world; r++) {
-                    if (all[(NG + 4) * r + 4 + k] == leader) { printf(n++ ? " %d" : "%d", r); }
+                    if (all[(NG + 5) * r + 5 + k] == leader) { printf(n++ ? " %d" : "%d", r); }
                 }
                 printf("]");
             }
@@ -134,8 +156,9 @@ static void grid_print(Grid *g) {
 }
 
 static void grid_free(Grid *g) {
-    Group *groups[7] = {&g->world, &g->tp_group, &g->pp_group, &g->dp_group, &g->ep_group, &g->edp_group, &g->emb_group};
-    for (int i = 0; i < 7; i++) {
+    Group *groups[9];
+    int n = grid_groups(g, groups, 1);
+    for (int i = 0; i < n; i++) {
 #ifdef USE_NCCL
         if (groups[i]->nccl) { ncclCommDestroy(groups[i]->nccl); }
 #endif
@@ -419,15 +442,17 @@ static void comm_all_gather_host_ints(Group *g, const int *mine, int n, int *all
 }
 
 static void comm_reset_counters(Grid *grid) {
-    Group *groups[7] = {&grid->world, &grid->tp_group, &grid->pp_group, &grid->dp_group, &grid->ep_group, &grid->edp_group, &grid->emb_group};
-    for (int i = 0; i < 7; i++) { groups[i]->bytes = 0; groups[i]->calls = 0; }
+    Group *groups[9];
+    int n = grid_groups(grid, groups, 1);
+    for (int i = 0; i < n; i++) { groups[i]->bytes = 0; groups[i]->calls = 0; }
 }
 
 // Prints, per rank, the bytes this rank sent in each group since the last reset.
 static void comm_report(Grid *grid, int steps, const char *label) {
-    enum { NG = 6 };
-    Group *groups[NG] = {&grid->tp_group, &grid->pp_group, &grid->dp_group, &grid->ep_group, &grid->edp_group, &grid->emb_group};
-    double mine[2 * NG];
+    enum { NGMAX = 8 };
+    Group *groups[NGMAX];
+    int NG = grid_groups(grid, groups, 0);
+    double mine[2 * NGMAX];
     for (int i = 0; i < NG; i++) { mine[2 * i] = groups[i]->bytes / steps; mine[2 * i + 1] = (double)groups[i]->calls / steps; }
     double *all = (double *)malloc_check(sizeof(double) * 2 * NG * grid->world_size);
     MPI_Gather(mine, 2 * NG, MPI_DOUBLE, all, 2 * NG, MPI_DOUBLE, 0, MPI_COMM_WORLD);

@@ -7,6 +7,15 @@
 
 #include "backend.h"
 
+// Where in the sequence the local position t is (0 <= t < T, the tokens of a sequence this rank
+// holds): with context parallelism two chunks of `half` tokens starting at sequence positions off0
+// and off1 (context_parallel.h); without, half = T and off0 = 0: t itself.
+typedef struct { int half, off0, off1; } SeqPos;
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline int seq_pos(SeqPos p, int t) { return t < p.half ? p.off0 + t : p.off1 + t - p.half; }
+
 // out (N, C) = wte[tok - v0] for tokens in [v0, v1), else 0.   wte_local (v1 - v0, C)
 static void embedding_forward_cpu(float *out, const int *tokens, const float *wte, int v0, int v1, int N, int C) {
     #pragma omp parallel for
@@ -34,21 +43,21 @@ static void embedding_backward_cpu(float *dwte, const float *dout, const int *to
     }
 }
 
-// out (N, C) += wpe[(n0 + n) % T]: the N local tokens start at flat token index n0 of the (B, T) batch.
-static void position_forward_cpu(float *out, const float *wpe, int n0, int N, int T, int C) {
+// out (N, C) += wpe[seq_pos((n0 + n) % T)]: the N local tokens start at flat token index n0 of the (B, T) batch.
+static void position_forward_cpu(float *out, const float *wpe, SeqPos sp, int n0, int N, int T, int C) {
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
-        const float *w = wpe + (size_t)((n0 + n) % T) * C;
+        const float *w = wpe + (size_t)seq_pos(sp, (n0 + n) % T) * C;
         float *o = out + (size_t)n * C;
         for (int c = 0; c < C; c++) { o[c] += w[c]; }
     }
 }
 
 // dwpe[t] += dout[n] over the local tokens at position t.
-static void position_backward_cpu(float *dwpe, const float *dout, int n0, int N, int T, int C) {
+static void position_backward_cpu(float *dwpe, const float *dout, SeqPos sp, int n0, int N, int T, int C) {
     #pragma omp parallel for
     for (int c = 0; c < C; c++) {
-        for (int n = 0; n < N; n++) { dwpe[(size_t)((n0 + n) % T) * C + c] += dout[(size_t)n * C + c]; }
+        for (int n = 0; n < N; n++) { dwpe[(size_t)seq_pos(sp, (n0 + n) % T) * C + c] += dout[(size_t)n * C + c]; }
     }
 }
 
@@ -91,15 +100,16 @@ __global__ void embedding_backward_kernel(floatX *dwte, const floatX *dout, cons
 }
 
 // out (N, C) += wpe[(n0 + n) % T]
-__global__ void position_forward_kernel(floatX *out, const floatX *wpe, int n0, int N, int T, int C) {
+__global__ void position_forward_kernel(floatX *out, const floatX *wpe, SeqPos sp, int n0, int N, int T, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * C) { return; }
     int n = (int)(i / C), c = (int)(i % C);
-    out[i] = (floatX)((float)out[i] + (float)wpe[(size_t)((n0 + n) % T) * C + c]);
+    out[i] = (floatX)((float)out[i] + (float)wpe[(size_t)seq_pos(sp, (n0 + n) % T) * C + c]);
 }
 
-// dwpe[t] += sum of dout[n] over the local n with (n0 + n) % T == t, n ascending. One thread per (t, c).
-__global__ void position_backward_kernel(floatX *dwpe, const floatX *dout, int n0, int N, int T, int C) {
+// dwpe[seq_pos(t)] += sum of dout[n] over the local n with (n0 + n) % T == t, n ascending. One thread per
+// local (t, c) (distinct t: distinct rows of dwpe).
+__global__ void position_backward_kernel(floatX *dwpe, const floatX *dout, SeqPos sp, int n0, int N, int T, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)T * C) { return; }
     int t = (int)(i / C), c = (int)(i % C);
@@ -107,7 +117,8 @@ __global__ void position_backward_kernel(floatX *dwpe, const floatX *dout, int n
     if (first >= N) { return; }
     float sum = 0.0f;
     for (int n = first; n < N; n += T) { sum += (float)dout[(size_t)n * C + c]; }
-    dwpe[i] = (floatX)((float)dwpe[i] + sum);
+    size_t w = (size_t)seq_pos(sp, t) * C + c;
+    dwpe[w] = (floatX)((float)dwpe[w] + sum);
 }
 
 static void embedding_forward_cuda(floatX *out, const int *tokens, const floatX *wte, int v0, int v1, int N, int C) {
@@ -123,17 +134,17 @@ static void embedding_backward_cuda(floatX *dwte, const floatX *dout, const int 
     cudaCheckLaunch();
 }
 
-static void position_forward_cuda(floatX *out, const floatX *wpe, int n0, int N, int T, int C) {
+static void position_forward_cuda(floatX *out, const floatX *wpe, SeqPos sp, int n0, int N, int T, int C) {
     size_t total = (size_t)N * C;
     if (total == 0) { return; }
-    position_forward_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(out, wpe, n0, N, T, C);
+    position_forward_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(out, wpe, sp, n0, N, T, C);
     cudaCheckLaunch();
 }
 
-static void position_backward_cuda(floatX *dwpe, const floatX *dout, int n0, int N, int T, int C) {
+static void position_backward_cuda(floatX *dwpe, const floatX *dout, SeqPos sp, int n0, int N, int T, int C) {
     size_t total = (size_t)T * C;
     if (total == 0 || N <= 0) { return; }
-    position_backward_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(dwpe, dout, n0, N, T, C);
+    position_backward_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(dwpe, dout, sp, n0, N, T, C);
     cudaCheckLaunch();
 }
 #endif
@@ -157,19 +168,19 @@ static void embedding_backward(floatX *dwte, const floatX *dout, const int *toke
 #endif
 }
 
-static void position_forward(floatX *out, const floatX *wpe, int n0, int N, int T, int C) {
+static void position_forward(floatX *out, const floatX *wpe, SeqPos sp, int n0, int N, int T, int C) {
 #ifdef USE_CUDA
-    position_forward_cuda(out, wpe, n0, N, T, C);
+    position_forward_cuda(out, wpe, sp, n0, N, T, C);
 #else
-    position_forward_cpu(out, wpe, n0, N, T, C);
+    position_forward_cpu(out, wpe, sp, n0, N, T, C);
 #endif
 }
 
-static void position_backward(floatX *dwpe, const floatX *dout, int n0, int N, int T, int C) {
+static void position_backward(floatX *dwpe, const floatX *dout, SeqPos sp, int n0, int N, int T, int C) {
 #ifdef USE_CUDA
-    position_backward_cuda(dwpe, dout, n0, N, T, C);
+    position_backward_cuda(dwpe, dout, sp, n0, N, T, C);
 #else
-    position_backward_cpu(dwpe, dout, n0, N, T, C);
+    position_backward_cpu(dwpe, dout, sp, n0, N, T, C);
 #endif
 }
 

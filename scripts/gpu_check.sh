@@ -52,7 +52,7 @@ step build_cuda 240 "make BACKEND=cuda BUILD_DIR=build/cuda CUDA_ARCH=$CUDA_ARCH
 # 2. the kernel harnesses, bf16 then fp32
 step build_harnesses 240 "make -C dev/cuda CUDA_ARCH=$CUDA_ARCH -j$JOBS && make -C dev/cuda PRECISION=FP32 CUDA_ARCH=$CUDA_ARCH -j$JOBS"
 for prec in bf16 fp32; do
-    for op in encoder layernorm matmul attention gelu residual fused_ce adamw global_norm matmul_gelu residual_layernorm moe; do
+    for op in encoder layernorm matmul attention gelu residual fused_ce adamw global_norm matmul_gelu residual_layernorm moe context_parallel; do
         if [ -x "dev/cuda/bin/$prec/$op" ]; then
             step "harness_${prec}_$op" 90 "dev/cuda/bin/$prec/$op"
         else

@@ -99,7 +99,7 @@ expect batch_divides    1 "is not a multiple of B*T*dp"       -e "$M" -i "$DOK" 
 expect t_too_long       1 "larger than the model's maximum"   -e "$M" -i "$DOK" -t 128
 expect unwritable_out   1 "not a writable directory"          -e "$M" -i "$DOK" -t 32 -o "$W/not_a_dir/sub"
 expect nothing_resume   1 "nothing to resume"                 -e "$M" -i "$DOK" -t 32 -y 1 -o "$W/empty_ckpt"
-expect world_size       3 "not divisible by tp*pp"            -e "$TINY" --tp 2
+expect world_size       3 "not divisible by tp*cp*pp"            -e "$TINY" --tp 2
 expect tp_heads         3 "does not divide the number of heads" -e "$TINY" --tp 3
 expect sp_tokens        2 "does not divide T"                 -e "$TINY" --tp 2 --sp -t 31
 expect pp_too_deep      3 "--pp 3 is larger than the number of layers 2" -e "$TINY" --pp 3
@@ -110,6 +110,9 @@ expect vpp_layers       2 "--pp 2 x --vpp 2 = 4 model chunks, more than the 2 la
 expect vpp_missing      1 "--pp-schedule interleaved needs --vpp" -e "$TINY" --pp-schedule interleaved
 expect vpp_schedule     1 "--vpp 2 is the interleaved schedule, not --pp-schedule gpipe" -e "$TINY" --vpp 2 --pp-schedule gpipe
 expect dp_mismatch      2 "--dp 4 does not match"             -e "$TINY" --dp 4
+expect cp_world         3 "not divisible by tp*cp*pp = 1*2*1"  -e "$TINY" --cp 2
+expect cp_chunks        2 "T = 34 is not a multiple of 2*cp = 4" -e "$TINY" --cp 2 -t 34
+expect cp_moe           2 "--cp 2 with MoE layers is not supported" -e "$TINY,E=4,k=2" --cp 2 -t 32
 expect flag_twice       1 "flag -b is given twice"            -e "$TINY" -b 4 -t 32 -b 2
 expect val_without_train 1 "-j needs -i"                      -e "$TINY" -t 32 -j "$DOK"
 expect huge_descriptor  1 "out of host memory"                -e d128

@@ -147,6 +147,21 @@ run_test 3 --ref $T -b 2 --pp 3 --zero 1 --check-memory --check-comm            
 run_test 2 --ref $T -b 1 --zero 2 --pp-schedule gpipe --check-comm                        # gpipe without a pipeline = 1F1B
 run_test 2 --ref $D -b 2 --pp 2 --check-memory
 
+echo "== context parallelism (--cp N): each sequence in 2N chunks, rank i holding chunks i and 2N-1-i; ring attention"
+run_test 2 --ref $T -b 8 --cp 2 --check-memory --check-comm
+run_test 4 --ref $T -b 8 --cp 4 --check-memory --check-comm                      # chunks of 4 tokens
+run_test 8 --ref $T -b 8 --cp 8 --check-comm                                     # chunks of 2 tokens
+run_test 4 --ref $T -b 4 --cp 2 --tp 2 --sp --check-memory --check-comm          # cp x tp (SP)
+run_test 4 --ref $T -b 4 --cp 2 --tp 2 --check-memory --check-comm               # cp x tp, no SP
+for z in 1 2 3; do run_test 4 --ref $T -b 4 --cp 2 --zero $z --check-memory --check-comm; done   # cp 2 x dp 2: sharded over cp x dp
+run_test 8 --ref $T -b 4 --cp 4 --zero 3 --check-memory --check-comm              # cp 4 x dp 2
+run_test 4 --ref $T -b 4 --cp 2 --pp 2 --check-memory --check-comm               # cp x pp
+run_test 8 --ref $T -b 2 --cp 2 --pp 2 --tp 2 --sp --zero 1 --check-memory --check-comm   # tp x cp x pp
+run_test 8 --ref refs/l8 -b 1 --cp 2 --pp 2 --vpp 2 --zero 2 --check-memory --check-comm  # cp x interleaved pp x dp
+run_test 2 --ref $T -b 8 --cp 2 --recompute full --check-memory --check-comm      # the ring again in the recomputed forward
+run_test 2 --ref $D -b 4 --cp 2 --check-memory --check-comm
+run_test 4 --ref $T -b 4 --cp 2 --zero 3 --check-resume "$TMP/resume_cp"
+
 echo "== interleaved 1F1B (--vpp V): L 8 cut into pp*V chunks, rank r holding chunks r, r+pp, ..."
 L8=refs/l8
 run_test 2 --ref $L8 -b 1 --pp 2 --vpp 2 --check-memory --check-comm          # 8 micro-batches

@@ -47,28 +47,31 @@ int main(int argc, char **argv) {
         free(wte); free(out); free(dwte); free(dout);
     }
 
-    // positions: the whole batch (n0 = 0), and a sequence-parallel slice starting mid-sequence
-    const int cases[2][2] = {{0, N}, {2 * T + 37, 1000}};
-    for (int s = 0; s < 2; s++) {
-        int n0 = cases[s][0], Nl = cases[s][1];
-        printf("-- positions: tokens [%d, %d) of the batch\n", n0, n0 + Nl);
+    // positions: the whole batch (n0 = 0), a sequence-parallel slice starting mid-sequence, and a
+    // context-parallel rank's tokens (cp 2, rank 1: chunks 1 and 2 of 4, T/2 local tokens per sequence)
+    const int cases[3][3] = {{0, N, T}, {2 * T + 37, 1000, T}, {0, N / 2, T / 2}};
+    const SeqPos maps[3] = {{T, 0, 0}, {T, 0, 0}, {T / 4, T / 4, T / 2}};
+    for (int s = 0; s < 3; s++) {
+        int n0 = cases[s][0], Nl = cases[s][1], Tl = cases[s][2];
+        SeqPos sp = maps[s];
+        printf("-- positions: tokens [%d, %d) of the batch, %d local positions per sequence\n", n0, n0 + Nl, Tl);
         float *wpe = make_random((size_t)T * C, -1.0f, 1.0f);
         float *out = make_random((size_t)Nl * C, -1.0f, 1.0f);
         floatX *d_wpe = to_device(wpe, (size_t)T * C), *d_out = to_device(out, (size_t)Nl * C);
-        position_forward_cpu(out, wpe, n0, Nl, T, C);
-        position_forward_cuda(d_out, d_wpe, n0, Nl, T, C);
+        position_forward_cpu(out, wpe, sp, n0, Nl, Tl, C);
+        position_forward_cuda(d_out, d_wpe, sp, n0, Nl, Tl, C);
         fails += compare_device("position_forward out", d_out, out, (size_t)Nl * C, TOL_X);
 
         float *dwpe = make_random((size_t)T * C, -1.0f, 1.0f);
         float *dout = make_random((size_t)Nl * C, -1.0f, 1.0f);
         floatX *d_dwpe = to_device(dwpe, (size_t)T * C), *d_dout = to_device(dout, (size_t)Nl * C);
-        position_backward_cpu(dwpe, dout, n0, Nl, T, C);
-        position_backward_cuda(d_dwpe, d_dout, n0, Nl, T, C);
+        position_backward_cpu(dwpe, dout, sp, n0, Nl, Tl, C);
+        position_backward_cuda(d_dwpe, d_dout, sp, n0, Nl, Tl, C);
         fails += compare_device("position_backward dwpe", d_dwpe, dwpe, (size_t)T * C, TOL_X);
         if (s == 0) {
-            report_time("position_forward", time_ms(20, [&] { position_forward_cuda(d_out, d_wpe, n0, Nl, T, C); }),
+            report_time("position_forward", time_ms(20, [&] { position_forward_cuda(d_out, d_wpe, sp, n0, Nl, Tl, C); }),
                         3.0 * Nl * C * sizeof(floatX), 0);
-            report_time("position_backward", time_ms(20, [&] { position_backward_cuda(d_dwpe, d_dout, n0, Nl, T, C); }),
+            report_time("position_backward", time_ms(20, [&] { position_backward_cuda(d_dwpe, d_dout, sp, n0, Nl, Tl, C); }),
                         (Nl + 2.0 * T) * C * sizeof(floatX), 0);
         }
         cudaCheck(cudaFree(d_wpe)); cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_dwpe)); cudaCheck(cudaFree(d_dout));

@@ -1,0 +1,298 @@
+// Context parallelism (--cp N), in one place: the sequence is cut into 2N chunks of c = T/(2N) tokens
+// and cp rank i holds chunks i and 2N-1-i (its local sequence: chunk i's c tokens, then chunk
+// 2N-1-i's), so that every rank has the same share of the causal attention's work (chunk 0 attends
+// to itself only, chunk 2N-1 to everything). Everything but attention works token by token on the
+// local tokens. Attention is ring attention: each rank keeps its queries and passes the keys and
+// values around the cp ring; at step s it holds rank j = i - s's, and adds each of its query chunks'
+// attention over each of j's key chunks that are not in its future (earlier chunks in full, the same
+// chunk causally) to what it has, by the log-sum-exp merge:
+//   lse = log(exp(lse1) + exp(lse2)),  out = out1 exp(lse1 - lse) + out2 exp(lse2 - lse)
+// The backward recomputes the probabilities from the final lse (as the one-device backward does):
+// the keys and values go around again, now with their gradients dk, dv, which collect each rank's
+// part and, after a last hop, arrive back at their owner.
+//   forward  (N-1) hops of k, v (B, T/cp, 2C/tp); backward (N-1) hops of k, v and N of dk, dv.
+// Rank i's local rows: [0, c) are sequence positions i*c .., [c, 2c) positions (2N-1-i)*c .. .
+#ifndef LLMC_CONTEXT_PARALLEL_H
+#define LLMC_CONTEXT_PARALLEL_H
+
+#include "backend.h"
+#include "comm.h"
+
+// The sequence chunk of local rows [half*c, half*c + c) of cp rank i (of N): i, or 2N-1-i.
+static int cp_chunk(int i, int N, int half) { return half ? 2 * N - 1 - i : i; }
+
+// ----------------------------------------------------------------------------
+// one block: queries rows [q0, q0+n) of qkv (B, T, 3C), keys and values rows [k0, k0+n) of kv
+// (B, T, 2C) = [k | v]; causal: the blocks are the same chunk (key j only for query t >= j)
+
+// Adds the key block to the attention of the query block: out (B, T, C) and lse (B, NH, T) at the
+// query rows hold the attention over the blocks added so far (lse -inf, out 0: none).
+static void attention_block_forward_cpu(float *out, float *lse, const float *qkv, const float *kv, int B, int T, int C, int NH,
+                                        int q0, int k0, int n, int causal) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel
+    {
+        float *p = (float *)malloc_check(sizeof(float) * n);
+        float *o = (float *)malloc_check(sizeof(float) * hs);
+        #pragma omp for collapse(2)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                for (int t = 0; t < n; t++) {
+                    const float *q = qkv + ((size_t)b * T + q0 + t) * 3 * C + h * hs;
+                    int nk = causal ? t + 1 : n;
+                    float maxv = -INFINITY;
+                    for (int j = 0; j < nk; j++) {
+                        const float *k = kv + ((size_t)b * T + k0 + j) * 2 * C + h * hs;
+                        float s = 0.0f;
+                        for (int i = 0; i < hs; i++) { s += q[i] * k[i]; }
+                        p[j] = s * scale;
+                        if (p[j] > maxv) { maxv = p[j]; }
+                    }
+                    float sum = 0.0f;
+                    for (int j = 0; j < nk; j++) { p[j] = expf(p[j] - maxv); sum += p[j]; }
+                    for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
+                    for (int j = 0; j < nk; j++) {
+                        const float *v = kv + ((size_t)b * T + k0 + j) * 2 * C + C + h * hs;
+                        for (int i = 0; i < hs; i++) { o[i] += p[j] / sum * v[i]; }
+                    }
+                    // merge (out1, lse1) with this block's (o, lse2)
+                    float *l = lse + ((size_t)b * NH + h) * T + q0 + t, lse2 = maxv + logf(sum);
+                    float mx = *l > lse2 ? *l : lse2, l12 = mx + logf(expf(*l - mx) + expf(lse2 - mx));
+                    float w1 = expf(*l - l12), w2 = expf(lse2 - l12);
+                    float *y = out + ((size_t)b * T + q0 + t) * C + h * hs;
+                    for (int i = 0; i < hs; i++) { y[i] = y[i] * w1 + o[i] * w2; }
+                    *l = l12;
+                }
+            }
+        }
+        free(p); free(o);
+    }
+}
+
+// The block's part of the backward, with out and lse the final ones (over every block):
+//   p = exp(q.k scale - lse), ds = p (dout.v - dout.out) scale;  dq += ds k, dk += ds q, dv += p dout
+// dq into the q part of dqkv (B, T, 3C), dk and dv into dkv (B, T, 2C) = [dk | dv], both added to.
+static void attention_block_backward_cpu(float *dqkv, float *dkv, const float *dout, const float *qkv, const float *out,
+                                         const float *lse, const float *kv, int B, int T, int C, int NH, int q0, int k0, int n, int causal) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {   // this (b, h) owns its slices of dq, dk, dv
+            for (int t = 0; t < n; t++) {
+                size_t row = (size_t)b * T + q0 + t;
+                const float *q = qkv + row * 3 * C + h * hs, *dy = dout + row * C + h * hs, *y = out + row * C + h * hs;
+                float *dq = dqkv + row * 3 * C + h * hs, l = lse[((size_t)b * NH + h) * T + q0 + t], D = 0.0f;
+                for (int i = 0; i < hs; i++) { D += dy[i] * y[i]; }
+                for (int j = 0; j < (causal ? t + 1 : n); j++) {
+                    const float *k = kv + ((size_t)b * T + k0 + j) * 2 * C + h * hs, *v = k + C;
+                    float *dk = dkv + ((size_t)b * T + k0 + j) * 2 * C + h * hs, *dv = dk + C;
+                    float s = 0.0f, dp = 0.0f;
+                    for (int i = 0; i < hs; i++) { s += q[i] * k[i]; dp += dy[i] * v[i]; }
+                    float p = expf(s * scale - l), ds = p * (dp - D) * scale;
+                    for (int i = 0; i < hs; i++) { dq[i] += ds * k[i]; dk[i] += ds * q[i]; dv[i] += p * dy[i]; }
+                }
+            }
+        }
+    }
+}
+
+#ifdef USE_CUDA
+// One warp per (query row, head, batch index): lane i of the warp holds dims i, i+32, ... of the
+// head; each key's score is a warp sum; online softmax over the block's keys, then the lse merge.
+// grid (n, NH, B), block 32.
+__global__ void attention_block_forward_kernel(floatX *out, float *lse, const floatX *qkv, const floatX *kv, int T, int C, int NH,
+                                               int q0, int k0, int n, int causal) {
+    int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, hs = C / NH;
+    float scale = rsqrtf((float)hs);
+    const floatX *q = qkv + ((size_t)b * T + q0 + t) * 3 * C + h * hs;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, maxv = -INFINITY, sum = 0.0f;   // hs <= 128: 4 dims per lane
+    int nk = causal ? t + 1 : n;
+    for (int j = 0; j < nk; j++) {
+        const floatX *k = kv + ((size_t)b * T + k0 + j) * 2 * C + h * hs, *v = k + C;
+        float s = 0.0f;
+        for (int i = lane; i < hs; i += 32) { s += (float)q[i] * (float)k[i]; }
+        s = warp_reduce_sum(s) * scale;
+        float mx = fmaxf(maxv, s), a = expf(maxv - mx), e = expf(s - mx);
+        sum = sum * a + e;
+        for (int r = 0, i = lane; i < hs; r++, i += 32) { acc[r] = acc[r] * a + e * (float)v[i]; }
+        maxv = mx;
+    }
+    float *l = lse + ((size_t)b * NH + h) * T + q0 + t, lse2 = maxv + logf(sum);
+    float l1 = *l, mx = fmaxf(l1, lse2), l12 = mx + logf(expf(l1 - mx) + expf(lse2 - mx));
+    float w1 = expf(l1 - l12), w2 = expf(lse2 - l12) / sum;
+    floatX *y = out + ((size_t)b * T + q0 + t) * C + h * hs;
+    for (int r = 0, i = lane; i < hs; r++, i += 32) { y[i] = (floatX)((float)y[i] * w1 + acc[r] * w2); }
+    __syncwarp();
+    if (lane == 0) { *l = l12; }
+}
+
+// dq of one query row (warp per (row, head, batch)): grid (n, NH, B), block 32.
+__global__ void attention_block_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
+                                                   const float *lse, const floatX *kv, int T, int C, int NH, int q0, int k0, int n, int causal) {
+    int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, hs = C / NH;
+    float scale = rsqrtf((float)hs);
+    size_t row = (size_t)b * T + q0 + t;
+    const floatX *q = qkv + row * 3 * C + h * hs, *dy = dout + row * C + h * hs, *y = out + row * C + h * hs;
+    float l = lse[((size_t)b * NH + h) * T + q0 + t], D = 0.0f, dq[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i = lane; i < hs; i += 32) { D += (float)dy[i] * (float)y[i]; }
+    D = warp_reduce_sum(D);
+    for (int j = 0; j < (causal ? t + 1 : n); j++) {
+        const floatX *k = kv + ((size_t)b * T + k0 + j) * 2 * C + h * hs, *v = k + C;
+        float s = 0.0f, dp = 0.0f;
+        for (int i = lane; i < hs; i += 32) { s += (float)q[i] * (float)k[i]; dp += (float)dy[i] * (float)v[i]; }
+        s = warp_reduce_sum(s); dp = warp_reduce_sum(dp);
+        float p = expf(s * scale - l), ds = p * (dp - D) * scale;
+        for (int r = 0, i = lane; i < hs; r++, i += 32) { dq[r] += ds * (float)k[i]; }
+    }
+    floatX *d = dqkv + row * 3 * C + h * hs;
+    for (int r = 0, i = lane; i < hs; r++, i += 32) { d[i] = (floatX)((float)d[i] + dq[r]); }
+}
+
+// dk, dv of one key row (warp per (row, head, batch)), over the block's queries in ascending order
+// (deterministic): grid (n, NH, B), block 32.
+__global__ void attention_block_backward_dkdv_kernel(floatX *dkv, const floatX *dout, const floatX *qkv, const floatX *out,
+                                                     const float *lse, const floatX *kv, int T, int C, int NH, int q0, int k0, int n, int causal) {
+    int j = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, hs = C / NH;
+    float scale = rsqrtf((float)hs);
+    const floatX *k = kv + ((size_t)b * T + k0 + j) * 2 * C + h * hs, *v = k + C;
+    float dk[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int t = causal ? j : 0; t < n; t++) {
+        size_t row = (size_t)b * T + q0 + t;
+        const floatX *q = qkv + row * 3 * C + h * hs, *dy = dout + row * C + h * hs, *y = out + row * C + h * hs;
+        float s = 0.0f, dp = 0.0f, D = 0.0f;
+        for (int i = lane; i < hs; i += 32) { s += (float)q[i] * (float)k[i]; dp += (float)dy[i] * (float)v[i]; D += (float)dy[i] * (float)y[i]; }
+        s = warp_reduce_sum(s); dp = warp_reduce_sum(dp); D = warp_reduce_sum(D);
+        float p = expf(s * scale - lse[((size_t)b * NH + h) * T + q0 + t]), ds = p * (dp - D) * scale;
+        for (int r = 0, i = lane; i < hs; r++, i += 32) { dk[r] += ds * (float)q[i]; dv[r] += p * (float)dy[i]; }
+    }
+    floatX *d = dkv + ((size_t)b * T + k0 + j) * 2 * C + h * hs;
+    for (int r = 0, i = lane; i < hs; r++, i += 32) { d[i] = (floatX)((float)d[i] + dk[r]); d[C + i] = (floatX)((float)d[C + i] + dv[r]); }
+}
+
+// kv (N, 2C) = the k and v parts of qkv (N, 3C), or (unpack) dqkv's k and v parts = dkv
+__global__ void cp_kv_copy_kernel(floatX *kv, floatX *qkv, size_t N, int C, int pack) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N * 2 * C) { return; }
+    size_t row = i / (2 * C), c = i % (2 * C);
+    if (pack) { kv[i] = qkv[row * 3 * C + C + c]; } else { qkv[row * 3 * C + C + c] = kv[i]; }
+}
+
+// out = 0 and lse = -inf before the first block
+__global__ void attention_block_init_kernel(floatX *out, float *lse, size_t nout, size_t nlse) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < nout) { out[i] = (floatX)0.0f; }
+    if (i < nlse) { lse[i] = -INFINITY; }
+}
+#endif
+
+static void attention_block_forward(floatX *out, float *lse, const floatX *qkv, const floatX *kv, int B, int T, int C, int NH,
+                                    int q0, int k0, int n, int causal) {
+#ifdef USE_CUDA
+    attention_block_forward_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(out, lse, qkv, kv, T, C, NH, q0, k0, n, causal);
+    cudaCheckLaunch();
+#else
+    attention_block_forward_cpu(out, lse, qkv, kv, B, T, C, NH, q0, k0, n, causal);
+#endif
+}
+
+static void attention_block_backward(floatX *dqkv, floatX *dkv, const floatX *dout, const floatX *qkv, const floatX *out,
+                                     const float *lse, const floatX *kv, int B, int T, int C, int NH, int q0, int k0, int n, int causal) {
+#ifdef USE_CUDA
+    attention_block_backward_dq_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(dqkv, dout, qkv, out, lse, kv, T, C, NH, q0, k0, n, causal);
+    cudaCheckLaunch();
+    attention_block_backward_dkdv_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(dkv, dout, qkv, out, lse, kv, T, C, NH, q0, k0, n, causal);
+    cudaCheckLaunch();
+#else
+    attention_block_backward_cpu(dqkv, dkv, dout, qkv, out, lse, kv, B, T, C, NH, q0, k0, n, causal);
+#endif
+}
+
+// kv (N, 2C) <- the k and v parts of qkv (N, 3C) (pack), or the reverse into dqkv
+static void cp_kv_copy(floatX *kv, floatX *qkv, size_t N, int C, int pack) {
+#ifdef USE_CUDA
+    size_t total = N * 2 * C;
+    if (total == 0) { return; }
+    cp_kv_copy_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(kv, qkv, N, C, pack);
+    cudaCheckLaunch();
+#else
+    for (size_t r = 0; r < N; r++) {
+        if (pack) { memcpy(kv + r * 2 * C, qkv + r * 3 * C + C, 2 * C * sizeof(float)); }
+        else { memcpy(qkv + r * 3 * C + C, kv + r * 2 * C, 2 * C * sizeof(float)); }
+    }
+#endif
+}
+
+static void attention_block_init(floatX *out, float *lse, size_t nout, size_t nlse) {
+#ifdef USE_CUDA
+    size_t total = nout > nlse ? nout : nlse;
+    attention_block_init_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(out, lse, nout, nlse);
+    cudaCheckLaunch();
+#else
+    for (size_t i = 0; i < nout; i++) { out[i] = 0.0f; }
+    for (size_t i = 0; i < nlse; i++) { lse[i] = -INFINITY; }
+#endif
+}
+
+// ----------------------------------------------------------------------------
+// the ring
+
+typedef struct {
+    Group *cp;
+    floatX *kv[2], *dkv[2];   // (B, T, 2C) each: the keys and values held now and arriving; their gradients
+} CPRing;
+
+// Adds the attention of each local query chunk over each of rank j's key chunks that is not in its future.
+static void cp_blocks(CPRing *r, int j, int cur, int backward, floatX *out, float *lse, floatX *dqkv, const floatX *dout,
+                      floatX *qkv, int B, int T, int C, int NH) {
+    int N = r->cp->size, i = r->cp->rank, c = T / 2;
+    for (int qa = 0; qa < 2; qa++) {
+        for (int kb = 0; kb < 2; kb++) {
+            int qc = cp_chunk(i, N, qa), kc = cp_chunk(j, N, kb);
+            if (kc > qc) { continue; }   // the future
+            if (backward) { attention_block_backward(dqkv, r->dkv[cur], dout, qkv, out, lse, r->kv[cur], B, T, C, NH, qa * c, kb * c, c, kc == qc); }
+            else { attention_block_forward(out, lse, qkv, r->kv[cur], B, T, C, NH, qa * c, kb * c, c, kc == qc); }
+        }
+    }
+}
+
+// One hop around the ring: this rank's buffers [cur] to the next rank, the previous rank's into [!cur].
+static void cp_hop(CPRing *r, int cur, int kv, int dkv, size_t n) {
+    int N = r->cp->size, next = (r->cp->rank + 1) % N, prev = (r->cp->rank + N - 1) % N;
+    P2POp ops[4];
+    int k = 0;
+    if (kv) { ops[k++] = (P2POp){1, r->kv[cur], n, next, 0}; ops[k++] = (P2POp){0, r->kv[!cur], n, prev, 0}; }
+    if (dkv) { ops[k++] = (P2POp){1, r->dkv[cur], n, next, 1}; ops[k++] = (P2POp){0, r->dkv[!cur], n, prev, 1}; }
+    comm_p2p(r->cp, ops, k, DT_FLOATX, NULL);
+}
+
+// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T): causal attention of the local queries over the
+// whole sequence (T = the local tokens of a sequence, two chunks).
+static void cp_attention_forward(CPRing *r, floatX *out, float *lse, floatX *qkv, int B, int T, int C, int NH) {
+    int N = r->cp->size, i = r->cp->rank, cur = 0;
+    size_t n = (size_t)B * T * 2 * C;
+    attention_block_init(out, lse, (size_t)B * T * C, (size_t)B * NH * T);
+    cp_kv_copy(r->kv[0], qkv, (size_t)B * T, C, 1);
+    for (int s = 0; s < N; s++, cur = !cur) {
+        cp_blocks(r, (i - s + N) % N, cur, 0, out, lse, NULL, NULL, qkv, B, T, C, NH);
+        if (s < N - 1) { cp_hop(r, cur, 1, 0, n); }
+    }
+}
+
+// dout (B, T, C) -> dqkv (B, T, 3C) (written), from the forward's qkv, out and final lse.
+static void cp_attention_backward(CPRing *r, floatX *dqkv, const floatX *dout, floatX *qkv, floatX *out, float *lse,
+                                  int B, int T, int C, int NH) {
+    int N = r->cp->size, i = r->cp->rank, cur = 0;
+    size_t n = (size_t)B * T * 2 * C;
+    zero_on_device(dqkv, (size_t)B * T * 3 * C * sizeof(floatX));
+    zero_on_device(r->dkv[0], n * sizeof(floatX));
+    cp_kv_copy(r->kv[0], qkv, (size_t)B * T, C, 1);
+    for (int s = 0; s < N; s++, cur = !cur) {
+        cp_blocks(r, (i - s + N) % N, cur, 1, out, lse, dqkv, dout, qkv, B, T, C, NH);
+        cp_hop(r, cur, s < N - 1, 1, n);   // the last hop takes each dk, dv home
+    }
+    cp_kv_copy(r->dkv[cur], dqkv, (size_t)B * T, C, 0);
+}
+
+#endif
