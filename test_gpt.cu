@@ -241,33 +241,41 @@ static void check_memory(GPT2 *m, int accum) {
     if (m->recompute == RECOMPUTE_NONE) { scratch = 0; }
     else if (m->recompute == RECOMPUTE_MLP) { scratch = (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? hidden : 0); }
     else { scratch = (Ls > 0 ? core : 0) + (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? route + hidden : 0); }
-    // micro-batches alive at once: 1F1B pp - stage, GPipe all of them (at most m); interleaved, per model
-    // chunk: what pipeline_plan found in the schedule, which the step just run must have used, no fewer
-    // (pipeline.h checks as it runs that no slot is taken twice)
-    int V = m->V, pp = m->grid->pp, s = m->grid->pp_rank, total_slots = 0;
-    double act_expect = scratch;
-    for (int v = 0; v < V; v++) {
-        int l0 = m->chunk_l0[v], Lc = m->chunk_l0[v + 1] - l0, nmc = 0, last = m->last && v == V - 1;
-        for (int l = l0; l < l0 + Lc; l++) { nmc += is_moe_layer(c, m->layer_id[l]); }
-        double Ldc = Lc - nmc;
-        // the chunk's residual stream, lnf (the last one), tokens (chunk 0) and targets (the last chunk)
-        double stage = X * (Lc + 1) * BTs * C + (last ? X * 2 * BTs * C + 4.0 * 2 * BTs : 0) + 4.0 * BT * ((v == 0) + (v == V - 1));
-        double per_micro = stage + (m->recompute == RECOMPUTE_FULL ? 0 : Lc * core) + (m->recompute == RECOMPUTE_NONE ? Ldc * dense_fc + nmc * hidden : 0) +
-                           (m->recompute != RECOMPUTE_FULL ? nmc * route : 0);
-        if (m->pipe.schedule != SCHEDULE_INTERLEAVED) {
-            int alive = m->pipe.schedule == SCHEDULE_GPIPE || pp == 1 ? (pp == 1 ? 1 : accum) : pp - s;
-            if (alive > accum) { alive = accum; }
-            check(m->pipe.nslots[v] == alive, "memory: %d micro-batches of activations alive, formula %d (%s, stage %d of %d, %d micro-batches)",
-                  m->pipe.nslots[v], alive, m->pipe.schedule == SCHEDULE_GPIPE ? "GPipe: all" : "1F1B: pp - stage", s, pp, accum);
-        }
-        check(m->pipe.peak[v] == m->pipe.nslots[v], "memory: chunk %d: %d slots, as many micro-batches alive at once in the step run (%s)", v,
-              m->pipe.nslots[v], m->pipe.schedule == SCHEDULE_INTERLEAVED ? "interleaved" : m->pipe.schedule == SCHEDULE_GPIPE ? "GPipe" : "1F1B");
-        act_expect += per_micro * m->pipe.nslots[v];
-        total_slots += m->pipe.nslots[v];
+    // (micro-batch, chunk) pairs alive at once: 1F1B pp - stage, GPipe all m; interleaved (Megatron's count)
+    // 2(pp - stage - 1) + (V-1)pp warm-up forwards + 1, all m*V when m = pp: stage 0 holds pp + (pp-1)/V
+    // stages' worth. The step just run must have had that many alive at once (pipeline.h checks as it
+    // runs that no slot is taken twice).
+    int V = m->V, pp = m->grid->pp, s = m->grid->pp_rank, alive;
+    if (pp == 1) { alive = 1; }
+    else if (m->pipe.schedule == SCHEDULE_GPIPE) { alive = accum; }
+    else if (m->pipe.schedule == SCHEDULE_1F1B) { alive = pp - s < accum ? pp - s : accum; }
+    else { alive = accum == pp ? accum * V : 2 * (pp - s - 1) + (V - 1) * pp + 1; if (alive > accum * V) { alive = accum * V; } }
+    check(m->pipe.nslots == alive, "memory: %d (micro-batch, chunk) activation slots, formula %d (%s, stage %d of %d, V %d, %d micro-batches)",
+          m->pipe.nslots, alive, m->pipe.schedule == SCHEDULE_GPIPE ? "GPipe: all" : m->pipe.schedule == SCHEDULE_1F1B ? "1F1B: pp - stage" :
+          "interleaved: 2(pp-s-1) + (V-1)pp + 1", s, pp, V, accum);
+    check(m->pipe.peak == m->pipe.nslots, "memory: the step run had %d pairs alive at once, the %d slots", m->pipe.peak, m->pipe.nslots);
+    // a slot holds any chunk of the stage: the largest chunk's layers, a dense layer's fc at as many
+    // positions as the most dense layers of a chunk, a MoE layer's tensors at each position where a chunk has one
+    int Lmax = 0, Ldmax = 0, nmoe_pos = 0;
+    for (int l = 0, any; l < Ls; l++) {
+        any = 0;
+        for (int v = 0; v < V; v++) { int l0 = m->chunk_l0[v]; any |= l0 + l < m->chunk_l0[v + 1] && is_moe_layer(c, m->layer_id[l0 + l]); }
+        nmoe_pos += any;
     }
+    for (int v = 0; v < V; v++) {
+        int l0 = m->chunk_l0[v], Lc = m->chunk_l0[v + 1] - l0, Ldc = 0;
+        for (int l = l0; l < l0 + Lc; l++) { Ldc += !is_moe_layer(c, m->layer_id[l]); }
+        if (Lc > Lmax) { Lmax = Lc; }
+        if (Ldc > Ldmax) { Ldmax = Ldc; }
+    }
+    // the residual stream, lnf (last stage), tokens (first stage) and targets (last stage)
+    double stage = X * (Lmax + 1) * BTs * C + (m->last ? X * 2 * BTs * C + 4.0 * 2 * BTs : 0) + 4.0 * BT * (m->first + m->last);
+    double per_micro = stage + (m->recompute == RECOMPUTE_FULL ? 0 : Lmax * core) +
+                       (m->recompute == RECOMPUTE_NONE ? Ldmax * dense_fc + nmoe_pos * hidden : 0) + (m->recompute != RECOMPUTE_FULL ? nmoe_pos * route : 0);
+    double act_expect = scratch + per_micro * m->pipe.nslots;
     static const char *modes[3] = {"none", "mlp", "full"};
-    check(fabs((double)mem_current[MEM_ACTIVATIONS] - act_expect) < 1, "memory: activations %.0f B, formula %.0f B (%d slots over %d chunk(s) + recompute scratch %.0f; BTs %d, recompute %s)",
-          (double)mem_current[MEM_ACTIVATIONS], act_expect, total_slots, V, scratch, m->BTs, modes[m->recompute]);
+    check(fabs((double)mem_current[MEM_ACTIVATIONS] - act_expect) < 1, "memory: activations %.0f B, formula %.0f B (%d slots x %.0f + recompute scratch %.0f; BTs %d, recompute %s)",
+          (double)mem_current[MEM_ACTIVATIONS], act_expect, m->pipe.nslots, per_micro, scratch, m->BTs, modes[m->recompute]);
     // comm buffers: MoE's dispatch buffers, send and receive, at their worst case; with a pipeline and
     // --overlap, the copy of the input's gradient being sent (but on the first stage, without
     // interleaving); interleaved, where a received gradient waits for its backward

@@ -479,7 +479,7 @@ typedef struct {
     Unit *units;
     Zero zero;
     Pipeline pipe;               // the schedule, the activation slots, the exchanges (pipeline.h)
-    Activations *acts;           // one per micro-batch alive at once in each chunk (pipe.slot0, pipe.nslots)
+    Activations *acts;           // (pipe.nslots) one per (micro-batch, model chunk) alive at once (pipeline.h's slots)
     Workspace ws;
     CEBuffers ce;
     size_t num_parameters;
@@ -582,8 +582,8 @@ static void moe_buffer_rows(const GPT2 *m, int cap, size_t *Rs, size_t *Rr) {
 }
 
 // Allocates the activations for micro-batches of (B, T), `accum` of them per step, with the pipeline
-// schedule's number of them alive at once in each model chunk, and a CE chunk of `chunk` tokens (0:
-// all). MoE dispatch buffers are sized for the capacity factor, or dropless when the run samples
+// schedule's number of (micro-batch, model chunk) pairs alive at once, and a CE chunk of `chunk` tokens
+// (0: all). MoE dispatch buffers are sized for the capacity factor, or dropless when the run samples
 // (moe_dropless).
 static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, PipeSchedule schedule, int moe_dropless) {
     const GPT2Config *c = &m->config;
@@ -604,17 +604,23 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     size_t Rs = 0, Rr = 0;
     if (Lm > 0) { moe_buffer_rows(m, moe_dropless ? T : m->moe_cap, &Rs, &Rr); }
     m->moe_rows_send = Rs; m->moe_rows_recv = Rr;
-    // per micro-batch slot of a chunk: the residual stream and, unless recomputed, every layer's tensors;
-    // the recomputed ones in m->scratch, one layer (of each kind the stage has) for all layers and slots
-    int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE;
+    // per slot: the residual stream and, unless recomputed, every layer's tensors, for any of the stage's
+    // chunks (the slots are shared: each holds the largest chunk, a MoE layer's tensors at each position
+    // where some chunk has one); the recomputed ones in m->scratch, one layer (of each kind the stage
+    // has) for all layers and slots
+    int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE, Lmax = 0, Ldmax = 0;
+    int *moe_at = (int *)calloc(Ls + 1, sizeof(int));   // some chunk has a MoE layer at this position
+    for (int v = 0; v < V; v++) {
+        int l0 = m->chunk_l0[v], Lc = m->chunk_l0[v + 1] - l0, Ldc = 0;
+        for (int l = 0; l < Lc; l++) { if (is_moe_layer(c, m->layer_id[l0 + l])) { moe_at[l] = 1; } else { Ldc++; } }
+        if (Lc > Lmax) { Lmax = Lc; }
+        if (Ldc > Ldmax) { Ldmax = Ldc; }
+    }
     m->acts = (Activations *)malloc_check(nslots * sizeof(Activations));
     memset(&m->scratch, 0, sizeof(m->scratch));
     for (int i = 0; i <= nslots; i++) {
         Activations *a = i < nslots ? &m->acts[i] : &m->scratch;
-        int scratch = i == nslots, v = 0;
-        while (!scratch && i >= p->slot0[v + 1]) { v++; }   // the slot's chunk
-        int l0 = scratch ? 0 : m->chunk_l0[v], Lc = scratch ? Ls : m->chunk_l0[v + 1] - l0, Ldc = 0;
-        for (int l = l0; l < l0 + Lc; l++) { Ldc += !is_moe_layer(c, m->layer_id[l]); }
+        int scratch = i == nslots, Lc = scratch ? Ls : Lmax, Ldc = Ldmax;
         memset(a, 0, sizeof(*a));
         size_t n = scratch ? (full ? 1 : 0) : (full ? 0 : Lc);                 // layers of the per-layer tensors here
         size_t nfc = scratch ? (mlp && Ld > 0 ? 1 : 0) : (mlp ? 0 : Ldc);      // ... of fc and GELU outputs
@@ -635,7 +641,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
         for (int l = 0; l < Lc; l++) {
             // the MoE layers' routing and expert rows: stored per layer, or (full) one set in the scratch;
             // the experts' fc and GELU outputs: stored, or (mlp, full) one set in the scratch
-            if (!is_moe_layer(c, m->layer_id[l0 + l]) || (scratch && !mlp)) { continue; }
+            if (!(scratch ? is_moe_layer(c, m->layer_id[l]) : moe_at[l]) || (scratch && !mlp)) { continue; }
             int routing = scratch ? full : !full, hidden = scratch ? mlp : !mlp;
             if (scratch && full && a->moe[0].probs) { continue; }   // one set
             if (scratch && !full && a->moe[0].h) { continue; }
@@ -657,20 +663,19 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
                 ma->hg = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_ACTIVATIONS);
             }
         }
-        if (!scratch && m->last && v == V - 1) {
+        if (!scratch && m->last) {   // (the last chunk's)
             a->lnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
             a->lnf_mean = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
             a->lnf_rstd = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
             a->dlnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
         }
-        if (!scratch && v == 0) { a->inputs = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS); }
-        if (!scratch && v == V - 1) { a->targets = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS); }
+        if (!scratch && m->first) { a->inputs = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS); }   // (chunk 0's)
+        if (!scratch && m->last) { a->targets = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS); }   // (the last chunk's)
     }
+    free(moe_at);
     if (mlp && !full) {   // mlp: the stored MoE layers compute their experts' hidden rows in the scratch's
-        for (int v = 0; v < V; v++) {
-            for (int i = p->slot0[v]; i < p->slot0[v + 1]; i++) {
-                for (int l = 0; l < m->chunk_l0[v + 1] - m->chunk_l0[v]; l++) { m->acts[i].moe[l].h = m->scratch.moe[0].h; m->acts[i].moe[l].hg = m->scratch.moe[0].hg; }
-            }
+        for (int i = 0; i < nslots; i++) {
+            for (int l = 0; l < Lmax; l++) { m->acts[i].moe[l].h = m->scratch.moe[0].h; m->acts[i].moe[l].hg = m->scratch.moe[0].hg; }
         }
     }
     Workspace *w = &m->ws;
@@ -708,14 +713,10 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     p->first = m->first; p->last = m->last;
     p->split = !m->sp && tp > 1;
     p->n = BTs * C;
-    p->input = (floatX **)malloc_check(nslots * sizeof(floatX *));
-    p->output = (floatX **)malloc_check(nslots * sizeof(floatX *));
-    for (int v = 0; v < V; v++) {
-        for (int i = p->slot0[v]; i < p->slot0[v + 1]; i++) {
-            p->input[i] = m->acts[i].resid;
-            p->output[i] = m->acts[i].resid + (size_t)(m->chunk_l0[v + 1] - m->chunk_l0[v]) * BTs * C;
-        }
-    }
+    p->resid = (floatX **)malloc_check(nslots * sizeof(floatX *));
+    p->chunk_len = (int *)malloc_check(V * sizeof(int));
+    for (int i = 0; i < nslots; i++) { p->resid[i] = m->acts[i].resid; }
+    for (int v = 0; v < V; v++) { p->chunk_len[v] = m->chunk_l0[v + 1] - m->chunk_l0[v]; }
     p->grad = w->dresid;
     // interleaved: a gradient can arrive while another chunk's backward (the head's) still uses dresid
     p->grad_recv = V > 1 ? (floatX *)mem_alloc(BTs * C * X, MEM_COMM) : w->dresid;
@@ -1131,14 +1132,14 @@ static void local_tokens(const GPT2 *m, int *local, const int *batch) {
 }
 
 // Micro-batch i's activations in model chunk v.
-static Activations *chunk_acts(GPT2 *m, int v, int i) { return &m->acts[m->pipe.slot0[v] + i % m->pipe.nslots[v]]; }
+static Activations *chunk_acts(GPT2 *m, int v, int i) { return &m->acts[m->pipe.slot_of[v * m->pipe.m + i]]; }
 
 // Micro-batch i's tokens go to chunk 0 (the embedding), its targets to the last chunk (the loss), each
 // when that chunk's forward starts (a slot of the last chunk may still hold an earlier micro-batch
 // whose forward is yet to come). NULL: not now.
 static void gpt2_upload_batch(GPT2 *m, int i, const int *inputs, const int *targets) {
-    if (inputs) { copy_to_device(chunk_acts(m, 0, i)->inputs, inputs, sizeof(int) * m->BT); }
-    if (targets) { copy_to_device(chunk_acts(m, m->V - 1, i)->targets, targets, sizeof(int) * m->BT); }
+    if (inputs && m->first) { copy_to_device(chunk_acts(m, 0, i)->inputs, inputs, sizeof(int) * m->BT); }
+    if (targets && m->last) { copy_to_device(chunk_acts(m, m->V - 1, i)->targets, targets, sizeof(int) * m->BT); }
 }
 
 // What the schedule runs for one training step on this stage.
@@ -1233,7 +1234,13 @@ static float gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step, float 
     return norm;
 }
 
-static void forward_only(void *ctx, int v, int i) { GPT2 *m = (GPT2 *)ctx; gpt2_forward(m, v, chunk_acts(m, v, i)); }
+typedef struct { GPT2 *m; const int *inputs, *targets; } ForwardOnly;   // this rank's tokens and targets
+
+static void forward_only(void *ctx, int v, int i) {
+    ForwardOnly *f = (ForwardOnly *)ctx;
+    gpt2_upload_batch(f->m, i, v == 0 ? f->inputs : NULL, v == f->m->V - 1 ? f->targets : NULL);
+    gpt2_forward(f->m, v, chunk_acts(f->m, v, i));
+}
 
 // Forward only, through every stage: tokens (B, T*cp) in; the last stage's lnf of this rank's tokens
 // out (in the last chunk's acts of micro-batch 0).
@@ -1241,9 +1248,9 @@ static void gpt2_forward_pipeline(GPT2 *m, const int *inputs, const int *targets
     int *in = (int *)malloc_check(sizeof(int) * 2 * m->BT), *tg = in + m->BT;
     local_tokens(m, in, inputs);
     local_tokens(m, tg, targets);
-    gpt2_upload_batch(m, 0, in, tg);
+    ForwardOnly f = {m, in, tg};
+    pipeline_forward_only(&m->pipe, (StageWork){&f, forward_only, NULL});
     free(in);
-    pipeline_forward_only(&m->pipe, (StageWork){m, forward_only, NULL});
 }
 
 // Mean loss over up to max_batches batches of the loader (from its start), over all dp ranks.
@@ -2083,16 +2090,13 @@ static void report_first_step(const Args *a, GPT2 *m, int accum) {
     }
     if (a->memory_report) {
         mem_report(g->rank, g->world_size, "after the first step");
-        if (g->pp > 1) {   // 1F1B: pp - stage, GPipe: all of them; interleaved: per chunk
-            int V = m->V, *alive = (int *)malloc_check(sizeof(int) * g->world_size * V);
-            MPI_Gather(m->pipe.nslots, V, MPI_INT, alive, V, MPI_INT, 0, MPI_COMM_WORLD);
+        if (g->pp > 1) {   // 1F1B: pp - stage, GPipe: all of them; interleaved: (micro-batch, chunk) pairs
+            int *alive = (int *)malloc_check(sizeof(int) * g->world_size);
+            MPI_Gather(&m->pipe.nslots, 1, MPI_INT, alive, 1, MPI_INT, 0, MPI_COMM_WORLD);
             if (g->rank == 0) {
-                printf("pipeline (%s, %d micro-batches): micro-batches of activations alive per stage%s:", a->pp_schedule, accum,
-                       V > 1 ? " (per model chunk)" : "");
-                for (int s = 0; s < g->pp; s++) {
-                    printf(" ");
-                    for (int v = 0; v < V; v++) { printf("%s%d", v ? "+" : "", alive[s * g->tp * V + v]); }
-                }
+                printf("pipeline (%s, %d micro-batches): %s of activations alive per stage:", a->pp_schedule, accum,
+                       m->V > 1 ? "(micro-batch, model chunk) pairs" : "micro-batches");
+                for (int s = 0; s < g->pp; s++) { printf(" %d", alive[s * g->tp * g->cp]); }
                 printf("\n");
             }
             free(alive);

@@ -364,10 +364,10 @@ static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest 
     size_t es = comm_type_size(t);
     double sent = 0, received = 0;
     int nrecv = 0;
-    for (int i = 0; i < nops; i++) {
-        if (ops[i].send) { sent += (double)ops[i].n * es; } else { received += (double)ops[i].n * es; nrecv++; }
+    for (int i = 0; i < nops; i++) {   // (each message sent counts as a call)
+        if (ops[i].send) { sent += (double)ops[i].n * es; comm_count(g, (double)ops[i].n * es); }
+        else { received += (double)ops[i].n * es; nrecv++; }
     }
-    if (sent > 0) { comm_count(g, sent); }
     trace_begin();
     COMM_WATCH("point-to-point exchange", g);
 #ifdef USE_NCCL

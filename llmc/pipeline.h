@@ -221,11 +221,14 @@ typedef struct {
     PipeSchedule schedule;
     int V;                 // model chunks per rank (interleaved; 1 otherwise)
     StepList steps;        // this rank's schedule for a training step
-    int *nslots, *slot0;   // (V) activation slots of each chunk (micro-batch i of chunk v: slot0[v] + i % nslots[v])
-    int *holder;           // (slots) the micro-batch each slot holds now, -1 none (checked as the schedule runs)
-    int *alive, *peak;     // (V) micro-batches alive in each chunk now, and the most at once so far
-    floatX **input;        // (slots) the input of each slot (received, or made by the embedding)
-    floatX **output;       // (slots) the output of each slot (sent, or taken by the head)
+    int m;                 // micro-batches per step (the plan's)
+    int nslots;            // activation slots: as many (micro-batch, chunk) pairs as are alive at once
+    int *slot_of;          // (V, m) the slot of micro-batch i in chunk v while it is alive, -1 otherwise
+    int *busy;             // (nslots) 1 while a slot is taken
+    int alive, peak;       // slots taken now, and the most at once since the plan
+    floatX **resid;        // (nslots) each slot's residual stream: the chunk's input (received, or made by the embedding),
+                           // each layer's output, the last one the chunk's output (sent, or taken by the head)
+    int *chunk_len;        // (V) layers of each chunk: its output is resid + chunk_len * n
     floatX *grad;          // the gradient of the output (received), then of the input (sent): ws.dresid
     floatX *grad_recv;     // interleaved: where a received gradient waits for its backward (1F1B: grad)
     int grad_held;         // the backward whose gradient is in grad_recv (-1: none)
@@ -235,15 +238,42 @@ typedef struct {
     CommRequest sending[2];   // overlap: the sends in flight, completed at the next exchange
 } Pipeline;
 
+// The slot of forward (or backward) k's micro-batch in its chunk.
 static int pipe_slot(const Pipeline *p, int k, int forward) {
-    int pp = p->pp->size, v = schedule_chunk(k, pp, p->V, forward);
-    return p->slot0[v] + schedule_micro(k, pp, p->V) % p->nslots[v];
+    int pp = p->pp->size, v = schedule_chunk(k, pp, p->V, forward), i = schedule_micro(k, pp, p->V), s = p->slot_of[v * p->m + i];
+    if (s < 0) { fprintf(stderr, "error: pipeline: micro-batch %d of chunk %d has no activation slot: a bug\n", i, v); exit(1); }
+    return s;
 }
 
-// The schedule of rank `rank` for m micro-batches, checked against its neighbours', and the
-// activation slots it needs: chunk v's micro-batch is alive from its input's arrival (or its forward,
-// on the first stage) to the end of its backward; the slots of a chunk are the most alive at once.
-// Returns the total number of slots.
+// The activation slots, one pool for all the stage's chunks: a (micro-batch, chunk) takes the lowest
+// free slot when its input arrives (or its forward starts, on chunk 0 of the first stage) and gives it
+// back after its backward. The plan runs the schedule's list through the same rules to size the pool.
+static void slot_take(Pipeline *p, int k) {
+    int pp = p->pp->size, v = schedule_chunk(k, pp, p->V, 1), i = schedule_micro(k, pp, p->V), s = 0;
+    while (s < p->nslots && p->busy[s]) { s++; }
+    if (s == p->nslots || p->slot_of[v * p->m + i] >= 0) {
+        fprintf(stderr, "error: pipeline: no free activation slot for micro-batch %d of chunk %d (%d slots): a bug\n", i, v, p->nslots);
+        exit(1);
+    }
+    p->busy[s] = 1;
+    p->slot_of[v * p->m + i] = s;
+    if (++p->alive > p->peak) { p->peak = p->alive; }
+}
+static void slot_give(Pipeline *p, int k) {
+    int pp = p->pp->size, v = schedule_chunk(k, pp, p->V, 0), i = schedule_micro(k, pp, p->V);
+    p->busy[pipe_slot(p, k, 0)] = 0;
+    p->slot_of[v * p->m + i] = -1;
+    p->alive--;
+}
+static void slots_reset(Pipeline *p) {
+    for (int i = 0; i < p->V * p->m; i++) { p->slot_of[i] = -1; }
+    for (int s = 0; s < p->nslots; s++) { p->busy[s] = 0; }
+    p->alive = 0;
+}
+
+// The schedule of rank `rank` for m micro-batches, checked against its neighbours', and the number of
+// activation slots it needs: the most (micro-batch, chunk) pairs alive at once, each alive from its
+// input's arrival (or its forward, on chunk 0 of the first stage) to the end of its backward.
 static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int V, int rank, int m) {
     p->schedule = schedule;
     p->V = V;
@@ -256,41 +286,22 @@ static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int V, int 
         exit(1);
     }
     free(prev.s); free(next.s);
-    p->nslots = (int *)calloc(V, sizeof(int));
-    p->slot0 = (int *)calloc(V + 1, sizeof(int));
-    int *alive = (int *)calloc(V, sizeof(int));
+    int alive = 0, most = pp == 1 ? 1 : 0;   // (no pipeline: forward, backward, forward, ...)
     for (int i = 0; i < p->steps.n; i++) {
         const PipeStep *s = &p->steps.s[i];
-        if (s->fwd >= 0 && rank == 0 && schedule_chunk(s->fwd, pp, V, 1) == 0) { alive[0]++; }
-        if (s->bwd >= 0) { alive[schedule_chunk(s->bwd, pp, V, 0)]--; }
-        if (s->recv_fwd >= 0) { alive[schedule_chunk(s->recv_fwd, pp, V, 1)]++; }
-        for (int v = 0; v < V; v++) { if (alive[v] > p->nslots[v]) { p->nslots[v] = alive[v]; } }
+        if (s->fwd >= 0 && rank == 0 && schedule_chunk(s->fwd, pp, V, 1) == 0) { alive++; }
+        if (alive > most) { most = alive; }
+        if (s->bwd >= 0) { alive--; }
+        if (s->recv_fwd >= 0) { alive++; }
+        if (alive > most) { most = alive; }
     }
-    if (pp == 1) { p->nslots[0] = 1; }   // (no exchanges: forward, backward, forward, ...)
-    free(alive);
-    for (int v = 0; v < V; v++) { p->slot0[v + 1] = p->slot0[v] + p->nslots[v]; }
-    p->holder = (int *)malloc(p->slot0[V] * sizeof(int));
-    for (int i = 0; i < p->slot0[V]; i++) { p->holder[i] = -1; }
-    p->alive = (int *)calloc(V, sizeof(int));
-    p->peak = (int *)calloc(V, sizeof(int));
-    return p->slot0[V];
-}
-
-// The slots as the schedule runs: forward or backward k's micro-batch takes its chunk's slot when its
-// input arrives (or its forward starts, on chunk 0 of the first stage) and gives it back after its
-// backward. A slot taken while another micro-batch holds it would be a planning error: it stops the run.
-static void slot_take(Pipeline *p, int k) {
-    int pp = p->pp->size, v = schedule_chunk(k, pp, p->V, 1), i = schedule_micro(k, pp, p->V), s = pipe_slot(p, k, 1);
-    if (p->holder[s] != -1) {
-        fprintf(stderr, "error: pipeline: chunk %d's slot for micro-batch %d still holds micro-batch %d: a bug\n", v, i, p->holder[s]);
-        exit(1);
-    }
-    p->holder[s] = i;
-    if (++p->alive[v] > p->peak[v]) { p->peak[v] = p->alive[v]; }
-}
-static void slot_give(Pipeline *p, int k) {
-    p->holder[pipe_slot(p, k, 0)] = -1;
-    p->alive[schedule_chunk(k, p->pp->size, p->V, 0)]--;
+    p->m = m;
+    p->nslots = most;
+    p->slot_of = (int *)malloc(V * (size_t)m * sizeof(int));
+    p->busy = (int *)malloc(most * sizeof(int));
+    slots_reset(p);
+    p->peak = 0;
+    return most;
 }
 
 // One exchange with the neighbours (the step's sends and receives, all started together). The next
@@ -306,7 +317,10 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st) {
     P2POp ops[4];
     int n = 0;
     floatX *got[2] = {NULL, NULL};
-    if (st->send_fwd) { ops[n++] = (P2POp){1, p->output[pipe_slot(p, st->fwd, 1)] + off, k, next, 0}; }
+    if (st->send_fwd) {
+        floatX *out = p->resid[pipe_slot(p, st->fwd, 1)] + (size_t)p->chunk_len[schedule_chunk(st->fwd, pp, p->V, 1)] * p->n;
+        ops[n++] = (P2POp){1, out + off, k, next, 0};
+    }
     if (st->send_bwd) {
         floatX *g = p->grad;
         if (p->grad_send) {   // the next backward writes grad while this is in flight
@@ -317,7 +331,7 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st) {
     }
     if (st->recv_fwd >= 0) {
         slot_take(p, st->recv_fwd);
-        got[0] = p->input[pipe_slot(p, st->recv_fwd, 1)];
+        got[0] = p->resid[pipe_slot(p, st->recv_fwd, 1)];
         ops[n++] = (P2POp){0, got[0] + off, k, prev, 0};
     }
     if (st->recv_bwd >= 0) { got[1] = p->grad_recv; p->grad_held = st->recv_bwd; ops[n++] = (P2POp){0, got[1] + off, k, next, 1}; }
@@ -372,6 +386,7 @@ static void pipeline_execute(Pipeline *p, const StepList *l, StageWork w) {
 // A training step: the m micro-batches this plan was made for, through this stage, as the schedule
 // orders them; then the flush.
 static void pipeline_run(Pipeline *p, StageWork w) {
+    slots_reset(p);
     pipeline_execute(p, &p->steps, w);
     if (p->pp->size > 1) {   // the later stages finish their last backward first: that wait is bubble too
         trace_begin();
@@ -384,13 +399,12 @@ static void pipeline_run(Pipeline *p, StageWork w) {
     }
 }
 
-// One micro-batch forward through every stage (validation, sampling), in slot 0 of each chunk.
+// One micro-batch forward through every stage (validation, sampling).
 static void pipeline_forward_only(Pipeline *p, StageWork w) {
     StepList l = pipeline_steps(p->schedule, p->pp->size, p->V, p->pp->rank, 1, 1);
+    slots_reset(p);   // (no backward gives them back: they stay, for the caller to read the output, until the next run)
     pipeline_execute(p, &l, w);
     for (int i = 0; i < 2; i++) { comm_wait(&p->sending[i]); }
-    for (int i = 0; i < p->slot0[p->V]; i++) { p->holder[i] = -1; }   // (no backward gives them back)
-    for (int v = 0; v < p->V; v++) { p->alive[v] = 0; }
     free(l.s);
 }
 

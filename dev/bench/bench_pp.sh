@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 for V in 256 50257; do
 echo "V $V"
-printf "%-6s %-3s %8s %8s %8s %12s %12s %9s\n" sched m ideal stage0 stage1 "act0 MiB" "act1 MiB" tok/s
+printf "%-6s %-3s %8s %8s %8s %12s %12s %9s %6s\n" sched m ideal stage0 stage1 "act0 MiB" "act1 MiB" tok/s msgs
 for sched in 1f1b gpipe vpp2 vpp4; do
     flags="--pp-schedule $sched" vpp=1
     case $sched in vpp*) vpp=${sched#vpp}; flags="--vpp $vpp";; esac
@@ -20,7 +20,8 @@ for sched in 1f1b gpipe vpp2 vpp4; do
         a0=$(awk '$1 == "mem" && $2 == 0 && $3 == "activations" { printf "%.2f", $5 / 1048576 }' <<<"$out")
         a1=$(awk '$1 == "mem" && $2 == 1 && $3 == "activations" { printf "%.2f", $5 / 1048576 }' <<<"$out")
         tok=$(awk '/average step/ { print $(NF-1) }' <<<"$out")
-        printf "%-6s %-3s %8s %8s %8s %12s %12s %9s\n" $sched $m $ideal "$s0" "$s1" "$a0" "$a1" "$tok"
+        msgs=$(grep -m1 "^  rank 0:  tp" <<<"$out" | sed 's/.* pp [0-9]* B (\([0-9]*\) calls).*/\1/')   # boundary messages stage 0 sends per step
+        printf "%-6s %-3s %8s %8s %8s %12s %12s %9s %6s\n" $sched $m $ideal "$s0" "$s1" "$a0" "$a1" "$tok" "$msgs"
     done
 done
 done
