@@ -619,7 +619,20 @@ int main(int argc, char **argv) {
     float norm = gpt2_update(&model, &opt, lr_at(&sched, 0), 0, losses[0]);
     check(fabs(norm - ref.norm0) <= NORM_RTOL * ref.norm0, "global grad norm %.6f, reference %.6f", norm, ref.norm0);
     if (check_comm_flag) { check_comm(&model, accum, ep_rows); }
-    if (check_mem) { check_memory(&model, accum); }
+    if (check_mem) {
+        check_memory(&model, accum);
+        // the memory plan (--plan, --memory-limit) of this rank, made without allocating, equals what the
+        // model allocated, category by category and in total (this build's sizes; test_gpt does not sample)
+        Args planned = args;
+        planned.sample_every = 0;
+        MemPlan plan = gpt2_plan(&planned, &config, model.moe, world, my_rank, plan_build(&planned));
+        int same = plan.peak_total == mem_peak_total;
+        for (int k = 0; k < MEM_NCAT; k++) { same &= plan.peak[k] == mem_peak[k]; }
+        check(same, "memory plan = measurement: planned peaks %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f), measured %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f)",
+              (double)plan.peak[0], (double)plan.peak[1], (double)plan.peak[2], (double)plan.peak[3], (double)plan.peak[4], (double)plan.peak[5],
+              (double)plan.peak[6], (double)plan.peak_total, (double)mem_peak[0], (double)mem_peak[1], (double)mem_peak[2], (double)mem_peak[3],
+              (double)mem_peak[4], (double)mem_peak[5], (double)mem_peak[6], (double)mem_peak_total);
+    }
     if (args.memory_report) { mem_report(my_rank, world, "test"); }
     if (args.comm_report) { comm_report(&grid, 1, "test step 0"); }
 

@@ -1,11 +1,13 @@
 /*
-GPT-2 training, single source, CPU or CUDA, any mix of data / ZeRO / tensor+sequence / pipeline
-parallelism. Read top to bottom: the model's tensors and how they are cut into units -> the model
-(forward, fused chunked head, backward) -> one training step (the pipeline schedule) -> checkpoints
--> flags -> main. The other parallel strategies each live in one file: llmc/zero.h (data parallel +
-ZeRO 0-3), llmc/tensor_parallel.h (Megatron TP + SP), llmc/fused_ce.h (vocab-parallel chunked
-cross-entropy), llmc/comm.h (the process grid and the collectives).
+GPT-2 training, single source, CPU or CUDA, any mix of data / ZeRO / tensor+sequence / context /
+pipeline / expert parallelism. Read top to bottom: the model's tensors and how they are cut into units
+-> the model (forward, fused chunked head, backward) -> one training step (the pipeline schedule) ->
+checkpoints -> flags -> the memory plan -> main. The other parallel strategies each live in one file:
+llmc/zero.h (data parallel + ZeRO 0-3), llmc/tensor_parallel.h (Megatron TP + SP), llmc/context_parallel.h
+(ring attention), llmc/pipeline.h (schedules), llmc/moe.h (experts), llmc/fused_ce.h (vocab-parallel
+chunked cross-entropy), llmc/comm.h (the process grid and the collectives).
 */
+#include <ctype.h>
 #include <unistd.h>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -249,9 +251,10 @@ static void check_finite(const GPT2Config *c, const float *all, const char *what
 }
 
 // Reads and checks a model file; returns all parameters as one host fp32 array in file order.
-static float *read_model_file(const char *path, GPT2Config *c) {
+// Opens a model file and checks its header and size; returns it positioned after the header, with the
+// config and the bytes per stored parameter (4 or 2).
+static FILE *open_model_file(const char *path, GPT2Config *c, int h[256], size_t *es_out) {
     FILE *f = fopen_check(path, "rb");
-    int h[256];
     if (fread(h, sizeof(int), 256, f) != 256) { fail("model file '%s' is truncated: expected a 1024-byte header", path); }
     if (h[0] != MODEL_MAGIC) { fail("model file '%s' has bad magic %d, expected %d", path, h[0], MODEL_MAGIC); }
     int moe = h[1] == 13 || h[1] == 15;
@@ -272,6 +275,15 @@ static float *read_model_file(const char *path, GPT2Config *c) {
     if ((size_t)size != 1024 + P * es) {
         fail("model file '%s' is %ld bytes, expected %zu for its header (%zu parameters, version %d)", path, size, 1024 + P * es, P, h[1]);
     }
+    *es_out = es;
+    return f;
+}
+
+static float *read_model_file(const char *path, GPT2Config *c) {
+    int h[256];
+    size_t es, P;
+    FILE *f = open_model_file(path, c, h, &es);
+    P = num_parameters(c);
     check_file_crc(f, h, path);
     float *params = (float *)malloc_check(P * sizeof(float));
     if (es == 4) {
@@ -561,6 +573,7 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     m->u_experts = (int *)malloc_check((m->Ls + 1) * sizeof(int));
     m->nunits = build_units(c, grid, V, m->units, &m->u_embed, &m->u_pos, m->u_layer, m->u_experts, &m->u_final);
     zero_init(&m->zero, grid, zero_stage, sp, m->units, m->nunits);
+    if (all_params == NULL) { return; }   // (a plan: the sizes only)
     float *full[NUM_TENSORS];
     split_tensors(c, all_params, full);
     for (int u = 0; u < m->nunits; u++) {
@@ -597,7 +610,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     Pipeline *p = &m->pipe;
     p->pp = &m->grid->pp_group; p->tp = &m->grid->tp_group;
     int nslots = pipeline_plan(p, pp == 1 ? SCHEDULE_1F1B : schedule, pp, V, m->grid->pp_rank, accum);   // (without a pipeline GPipe is 1F1B)
-    size_t BT = m->BT, BTs = m->BTs, X = sizeof(floatX), F = sizeof(float), I = sizeof(int);
+    size_t BT = m->BT, BTs = m->BTs, X = floatx_bytes(), F = sizeof(float), I = sizeof(int);
     size_t E = c->num_experts, k = c->topk, Ld = 0, Lm = 0;
     for (int l = 0; l < Ls; l++) { if (is_moe_layer(c, m->layer_id[l])) { Lm++; } else { Ld++; } }
     m->moe_cap = E > 0 ? moe_capacity(c->topk, T, c->num_experts, m->moe.cap1000) : 0;
@@ -1281,7 +1294,7 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
     int Tg = m->T * m->grid->cp, cp = m->grid->cp;   // the whole sequence (cp: over the cp ranks)
     int *gen = (int *)malloc_check(sizeof(int) * m->B * Tg);
     for (int i = 0; i < m->B * Tg; i++) { gen[i] = eot; }
-    floatX *row = m->last ? (floatX *)mem_alloc((size_t)Vp * sizeof(floatX), MEM_LOGITS) : NULL;
+    floatX *row = m->last ? (floatX *)mem_alloc((size_t)Vp * floatx_bytes(), MEM_LOGITS) : NULL;   // (as planned: gpt2_plan)
     float *probs = (float *)malloc_check(sizeof(float) * Vp);
     if (m->grid->rank == 0) { printf("generating:\n---\n"); }
     int n = gen_tokens < Tg - 1 ? gen_tokens : Tg - 1;
@@ -1648,6 +1661,9 @@ typedef struct {
     int max_skips, help;
     const char *recompute;
     int async_checkpoint, overlap;
+    int plan;                    // --plan N: print the memory plan for N ranks and exit
+    const char *plan_precision;  // --plan-precision bf16|fp32: plan the CUDA build's sizes (NULL: this build's)
+    double memory_limit;         // --memory-limit: bytes per rank (0: none; CUDA: the free device memory)
     const char *scheduler, *pp_schedule, *drop_policy, *trace_dir;
     unsigned int seed;
     const char *given[64];   // the value of each flag given (FLAGS order), NULL if not: compared across ranks
@@ -1696,6 +1712,9 @@ static void print_usage(void) {
            "  --max-skips N (stop after N updates in a row skipped for a non-finite loss or norm; default 5)\n"
            "  --recompute none|mlp|full (recompute the MLP's fc/GELU outputs, or whole layers, in the backward; default none)\n"
            "  --async-checkpoint (rank 0 writes the checkpoint files on a thread while training goes on)\n"
+           "  --plan N (print every rank's planned peak memory for a world of N ranks, and exit; no weights, no device)\n"
+           "  --plan-precision bf16|fp32 (plan the CUDA build's sizes from any build)  --memory-limit SIZE (e.g. 80G:\n"
+           "       a rank over it is named with the tensor that dominates and the levers that fit; a run stops before allocating)\n"
            "  --overlap 0|1 (ZeRO-3: gather the next layer while one computes; pipeline: post receives early; default 1)\n"
            "  MoE: --experts E (alias --num-experts)  --topk k (--moe-router-topk; default 1)  --moe-every N (default 1)\n"
            "       --capacity-factor F (default 1.25, 0 = dropless)  --drop-policy probs|position  --aux-coeff A (0.01)\n"
@@ -1732,6 +1751,19 @@ static float parse_float_arg(const char *flag, const char *v, double lo, double 
     return (float)x;
 }
 
+// A size in bytes: a number with an optional K, M, G or T (powers of 2^10), e.g. 80G.
+static double parse_size_arg(const char *flag, const char *v) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    const char *units = "KMGT", *u = *end ? strchr(units, toupper((unsigned char)*end)) : NULL;
+    if (*v == '\0' || errno != 0 || x != x || x <= 0 || (*end && (u == NULL || end[1] != '\0'))) {
+        arg_fail("%s expects a size such as 80G (K, M, G, T: powers of 1024), got '%s'", flag, v);
+        return 0;
+    }
+    return x * (u ? pow(1024.0, (double)(u - units + 1)) : 1.0);
+}
+
 // --capacity-factor: a number with at most 3 decimals -> F x 1000 (moe.h computes the capacity in integers)
 static int parse_capacity_factor(const char *v) {
     double F = parse_float_arg("--capacity-factor", v, 0.0, 1e6);
@@ -1748,6 +1780,7 @@ static const char *FLAGS[][2] = {
     {"--ce-chunk", 0}, {"--seed", 0}, {"--shuffle", 0}, {"--grad-clip", 0}, {"--pp-schedule", 0},
     {"--experts", "--num-experts"}, {"--topk", "--moe-router-topk"}, {"--moe-every", 0}, {"--capacity-factor", 0},
     {"--drop-policy", 0}, {"--aux-coeff", 0}, {"--z-coeff", 0}, {"--trace", 0}, {"--timeout", 0}, {"--max-skips", 0}, {"--recompute", 0}, {"--overlap", 0},
+    {"--plan", 0}, {"--plan-precision", 0}, {"--memory-limit", 0},
     {"--sp", 0}, {"--memory-report", 0}, {"--comm-report", 0}, {"--async-checkpoint", 0}};
 #define NUM_SWITCHES 4
 #define NUM_FLAGS ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
@@ -1828,6 +1861,12 @@ static void parse_args(int argc, char **argv, Args *a) {
         else if (!strcmp(f, "--timeout")) { a->timeout = parse_float_arg(f, v, 0.0, 1e7); }
         else if (!strcmp(f, "--max-skips")) { a->max_skips = parse_int_arg(f, v, 1, 1 << 30); }
         else if (!strcmp(f, "--overlap")) { a->overlap = parse_int_arg(f, v, 0, 1); }
+        else if (!strcmp(f, "--plan")) { a->plan = parse_int_arg(f, v, 1, 1 << 20); }
+        else if (!strcmp(f, "--plan-precision")) {
+            if (strcmp(v, "bf16") && strcmp(v, "fp32")) { arg_fail("--plan-precision expects bf16 or fp32, got '%s'", v); }
+            a->plan_precision = v;
+        }
+        else if (!strcmp(f, "--memory-limit")) { a->memory_limit = parse_size_arg(f, v); }
         else if (!strcmp(f, "--recompute")) {
             if (strcmp(v, "none") && strcmp(v, "mlp") && strcmp(v, "full")) { arg_fail("--recompute expects none, mlp or full, got '%s'", v); }
             a->recompute = v;
@@ -1899,55 +1938,64 @@ static MoEOptions moe_options(const Args *a) {
     return o;
 }
 
-// The checks that need the world size and the model shape; identical on every rank, so every rank
-// exits with the same message before any collective could hang.
-static void validate_layout(Args *a, const GPT2Config *c, int world, int rank) {
+// The checks that need the world size and the model shape (and the defaults that follow from them: dp,
+// -d). Returns 1 with the reason in err if the layout cannot run (the memory plan tries layouts with it).
+#define LAYOUT_FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return 1; } while (0)
+static int layout_error(Args *a, const GPT2Config *c, int world, char *err, size_t errlen) {
     if (world % (a->tp * a->cp * a->pp) != 0) {
-        fail_all(rank, "world size %d is not divisible by tp*cp*pp = %d*%d*%d (world = tp*cp*pp*dp)", world, a->tp, a->cp, a->pp);
+        LAYOUT_FAIL("world size %d is not divisible by tp*cp*pp = %d*%d*%d (world = tp*cp*pp*dp)", world, a->tp, a->cp, a->pp);
     }
     int dp = world / (a->tp * a->cp * a->pp);
     if (a->dp != -1 && a->dp != dp) {
-        fail_all(rank, "--dp %d does not match world size %d = tp %d * cp %d * pp %d * dp %d", a->dp, world, a->tp, a->cp, a->pp, dp);
+        LAYOUT_FAIL("--dp %d does not match world size %d = tp %d * cp %d * pp %d * dp %d", a->dp, world, a->tp, a->cp, a->pp, dp);
     }
     if (a->cp > 1) {   // the sequence in 2cp chunks; MoE's capacity and auxiliary loss count per whole sequence
-        if (a->T % (2 * a->cp)) { fail_all(rank, "--cp %d: T = %d is not a multiple of 2*cp = %d (each rank holds 2 chunks of T/(2cp))", a->cp, a->T, 2 * a->cp); }
-        if (c->num_experts > 0) { fail_all(rank, "--cp %d with MoE layers is not supported (expert capacity and the load-balancing loss are per whole sequence)", a->cp); }
+        if (a->T % (2 * a->cp)) { LAYOUT_FAIL("--cp %d: T = %d is not a multiple of 2*cp = %d (each rank holds 2 chunks of T/(2cp))", a->cp, a->T, 2 * a->cp); }
+        if (c->num_experts > 0) { LAYOUT_FAIL("--cp %d with MoE layers is not supported (expert capacity and the load-balancing loss are per whole sequence)", a->cp); }
     }
     a->dp = dp;
-    if (a->pp > c->num_layers) { fail_all(rank, "--pp %d is larger than the number of layers %d", a->pp, c->num_layers); }
-    if (dp % a->ep != 0) { fail_all(rank, "--ep %d does not divide dp %d (world = tp*pp*dp, ep within dp)", a->ep, dp); }
-    if (a->ep > 1 && c->num_experts == 0) { fail_all(rank, "--ep %d: expert parallelism needs MoE layers (--experts E or a MoE model)", a->ep); }
-    if (c->num_experts % a->ep) { fail_all(rank, "--ep %d does not divide the number of experts %d", a->ep, c->num_experts); }
-    if (c->num_heads % a->tp) { fail_all(rank, "--tp %d does not divide the number of heads %d", a->tp, c->num_heads); }
-    if ((4 * c->channels) % a->tp) { fail_all(rank, "--tp %d does not divide 4C = %d", a->tp, 4 * c->channels); }
-    if (c->padded_vocab_size % a->tp) { fail_all(rank, "--tp %d does not divide the padded vocab size %d", a->tp, c->padded_vocab_size); }
-    if (a->sp && (a->T / a->cp) % a->tp) { fail_all(rank, "--sp: --tp %d does not divide T/cp = %d", a->tp, a->T / a->cp); }
-    if (a->T > c->max_seq_len) { fail_all(rank, "-t %d is larger than the model's maximum sequence length %d", a->T, c->max_seq_len); }
+    if (a->pp > c->num_layers) { LAYOUT_FAIL("--pp %d is larger than the number of layers %d", a->pp, c->num_layers); }
+    if (dp % a->ep != 0) { LAYOUT_FAIL("--ep %d does not divide dp %d (world = tp*pp*dp, ep within dp)", a->ep, dp); }
+    if (a->ep > 1 && c->num_experts == 0) { LAYOUT_FAIL("--ep %d: expert parallelism needs MoE layers (--experts E or a MoE model)", a->ep); }
+    if (c->num_experts % a->ep) { LAYOUT_FAIL("--ep %d does not divide the number of experts %d", a->ep, c->num_experts); }
+    if (c->num_heads % a->tp) { LAYOUT_FAIL("--tp %d does not divide the number of heads %d", a->tp, c->num_heads); }
+    if ((4 * c->channels) % a->tp) { LAYOUT_FAIL("--tp %d does not divide 4C = %d", a->tp, 4 * c->channels); }
+    if (c->padded_vocab_size % a->tp) { LAYOUT_FAIL("--tp %d does not divide the padded vocab size %d", a->tp, c->padded_vocab_size); }
+    if (a->sp && (a->T / a->cp) % a->tp) { LAYOUT_FAIL("--sp: --tp %d does not divide T/cp = %d", a->tp, a->T / a->cp); }
+    if (a->T > c->max_seq_len) { LAYOUT_FAIL("-t %d is larger than the model's maximum sequence length %d", a->T, c->max_seq_len); }
     long tokens_per_micro = (long)a->B * a->T * dp;
     if (tokens_per_micro > (1L << 30)) {
-        fail_all(rank, "B*T*dp = %d*%d*%d = %ld tokens per micro-batch is too large (at most 2^30)", a->B, a->T, dp, tokens_per_micro);
+        LAYOUT_FAIL("B*T*dp = %d*%d*%d = %ld tokens per micro-batch is too large (at most 2^30)", a->B, a->T, dp, tokens_per_micro);
     }
     if (a->total_batch == -1) { a->total_batch = (int)tokens_per_micro; }
     if (a->total_batch <= 0 || a->total_batch % tokens_per_micro != 0) {
-        fail_all(rank, "-d %d is not a multiple of B*T*dp = %d*%d*%d = %ld", a->total_batch, a->B, a->T, dp, tokens_per_micro);
+        LAYOUT_FAIL("-d %d is not a multiple of B*T*dp = %d*%d*%d = %ld", a->total_batch, a->B, a->T, dp, tokens_per_micro);
     }
     if (a->vpp > 1) {   // interleaved: micro-batches go through the chunks in groups of pp
         int accum = (int)(a->total_batch / tokens_per_micro);
-        if (a->pp < 2) { fail_all(rank, "--vpp %d: the interleaved schedule needs a pipeline (--pp >= 2)", a->vpp); }
+        if (a->pp < 2) { LAYOUT_FAIL("--vpp %d: the interleaved schedule needs a pipeline (--pp >= 2)", a->vpp); }
         if (accum % a->pp) {
-            fail_all(rank, "--vpp %d: the interleaved schedule needs the micro-batches per step (-d / (B*T*dp) = %d) to be a multiple of --pp %d",
+            LAYOUT_FAIL("--vpp %d: the interleaved schedule needs the micro-batches per step (-d / (B*T*dp) = %d) to be a multiple of --pp %d",
                      a->vpp, accum, a->pp);
         }
-        if (a->pp * a->vpp > c->num_layers) { fail_all(rank, "--pp %d x --vpp %d = %d model chunks, more than the %d layers", a->pp, a->vpp, a->pp * a->vpp, c->num_layers); }
+        if (a->pp * a->vpp > c->num_layers) { LAYOUT_FAIL("--pp %d x --vpp %d = %d model chunks, more than the %d layers", a->pp, a->vpp, a->pp * a->vpp, c->num_layers); }
     }
-    if ((a->checkpoint_every > 0 || a->resume) && a->output_dir == NULL) { fail_all(rank, "-n and -y need an output dir (-o)"); }
-    if (a->val_pattern && !a->train_pattern) { fail_all(rank, "-j needs -i (without -i both come from the built-in corpus)"); }
+    if ((a->checkpoint_every > 0 || a->resume) && a->output_dir == NULL) { LAYOUT_FAIL("-n and -y need an output dir (-o)"); }
+    if (a->val_pattern && !a->train_pattern) { LAYOUT_FAIL("-j needs -i (without -i both come from the built-in corpus)"); }
 #ifdef USE_CUDA
     int hs = c->channels / c->num_heads;
     if (hs != 16 && hs != 32 && hs != 64 && hs != 128) {
-        fail_all(rank, "head size C/NH = %d: the CUDA attention supports 16, 32, 64, 128", hs);
+        LAYOUT_FAIL("head size C/NH = %d: the CUDA attention supports 16, 32, 64, 128", hs);
     }
 #endif
+    return 0;
+}
+#undef LAYOUT_FAIL
+
+// Identical on every rank, so every rank exits with the same message before any collective could hang.
+static void validate_layout(Args *a, const GPT2Config *c, int world, int rank) {
+    char err[512];
+    if (layout_error(a, c, world, err, sizeof(err))) { fail_all(rank, "%s", err); }
 }
 
 // mkdir -p
@@ -1977,6 +2025,241 @@ static void check_output_dir(const char *dir, int rank) {
     WATCHED("all-reduce (output dir)", "world", MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
     if (!all_ok) { fail_all(rank, "-o '%s' is not a writable directory", dir); }
 }
+
+// ----------------------------------------------------------------------------
+// the memory plan (--plan N, --memory-limit): any rank's peak bytes per category for any world size and
+// flags, from the code that allocates: gpt2_build and gpt2_alloc_activations run with the allocator only
+// counting (alloc.h) on a grid without communicators (grid_plan): no weights, no device, one process.
+
+typedef struct { size_t floatx; int cuda; const char *name; } PlanBuild;   // the build planned for
+
+static PlanBuild plan_build(const Args *a) {
+#ifdef USE_CUDA
+    PlanBuild b = {sizeof(floatX), 1, sizeof(floatX) == 2 ? "CUDA build, bf16 (AdamW state and master weights fp32)" : "CUDA build, fp32"};
+#else
+    PlanBuild b = {sizeof(floatX), 0, "CPU build, fp32"};
+#endif
+    if (a->plan_precision && !strcmp(a->plan_precision, "bf16")) { b = (PlanBuild){2, 1, "CUDA build, bf16 (AdamW state and master weights fp32)"}; }
+    if (a->plan_precision && !strcmp(a->plan_precision, "fp32")) { b = (PlanBuild){4, 1, "CUDA build, fp32"}; }
+    return b;
+}
+
+// What the CUDA context and NCCL take beside the allocator's buffers (an assumption, stated with the plan).
+static double plan_reserve(PlanBuild b) { return b.cuda ? 1024.0 * 1048576.0 : 0.0; }
+
+// Rank `rank` of a world of `world` ranks: what gpt2_build and gpt2_alloc_activations allocate, then what
+// the run allocates later: gpt2_sample's logits row (the last stage, when sampling) and, on CUDA, the
+// cuBLAS workspaces of the first GEMM and of the first attention (cuBLAS path, without cp).
+static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int world, int rank, PlanBuild b) {
+    mem_plan_begin(b.floatx);
+    Grid g;
+    grid_plan(&g, world, rank, a->tp, a->cp, a->pp, a->ep);
+    GPT2 m;
+    gpt2_build(&m, c, NULL, &g, a->vpp, a->zero, a->sp, moe);
+    m.recompute = recompute_mode(a->recompute);
+    m.zero.prefetch = a->overlap;
+    int accum = a->total_batch / (a->B * a->T * g.dp);
+    gpt2_alloc_activations(&m, a->B, a->T / a->cp, a->ce_chunk, accum, pipe_schedule(a->pp_schedule), a->sample_every > 0);
+    if (a->sample_every > 0 && m.last) { mem_alloc((size_t)c->padded_vocab_size * floatx_bytes(), MEM_LOGITS); }
+    if (b.cuda) {
+        mem_alloc(CUBLASLT_WORKSPACE_BYTES, MEM_WORKSPACE);
+        if (a->cp == 1 && m.Ls > 0) { mem_alloc(attention_workspace_bytes(m.T, m.NHl, b.floatx), MEM_WORKSPACE); }
+    }
+    MemPlan p = mem_plan_end();
+    free(m.units); free(m.u_layer); free(m.u_experts); free(m.layer_id); free(m.chunk_l0); free(m.acts);
+    free(m.pipe.steps.s); free(m.pipe.slot_of); free(m.pipe.busy); free(m.pipe.resid); free(m.pipe.chunk_len); free(m.zero.pending);
+    return p;
+}
+
+// The plan of every pipeline stage (tp, cp, dp rank 0 of each: the other positions hold as much);
+// returns the stage with the largest peak total.
+static int plan_stages(const Args *a, const GPT2Config *c, int world, PlanBuild b, MemPlan *plans) {
+    int worst = 0;
+    for (int s = 0; s < a->pp; s++) { plans[s] = gpt2_plan(a, c, moe_options(a), world, s * a->tp * a->cp, b); }
+    for (int s = 1; s < a->pp; s++) { if (plans[s].peak_total > plans[worst].peak_total) { worst = s; } }
+    return worst;
+}
+
+static double gib(double bytes) { return bytes / 1073741824.0; }
+
+// What dominates a category of the plan, in words (for the advice).
+static void plan_explain(const Args *a, const GPT2Config *c, int world, int stage, int cat, PlanBuild b, char *out, size_t n) {
+    int dp = world / (a->tp * a->cp * a->pp), accum = a->total_batch / (a->B * a->T * dp), L0, L1;
+    stage_layers(c->num_layers, a->pp, stage, &L0, &L1);
+    double X = (double)b.floatx, BT = (double)a->B * a->T / a->cp, P = (double)num_parameters(c) / a->pp / a->tp;
+    switch (cat) {
+    case MEM_PARAMS: snprintf(out, n, "parameters: about P/(pp tp) = %.0fM x %.0f B%s", P / 1e6, X, a->zero == 3 ? " / dp (ZeRO 3)" : ", a full copy on every dp rank"); break;
+    case MEM_GRADS: snprintf(out, n, "gradients: about P/(pp tp) = %.0fM x %.0f B%s", P / 1e6, X, a->zero >= 2 ? " / dp (ZeRO 2-3)" : ", a full copy on every dp rank"); break;
+    case MEM_OPTIMIZER: snprintf(out, n, "AdamW m, v%s: %d B per parameter%s", b.floatx == 2 ? " and fp32 master weights" : "", b.floatx == 2 ? 12 : 8,
+                                 a->zero >= 1 ? " / dp (ZeRO 1-3)" : " for every parameter of the stage (ZeRO 0)"); break;
+    case MEM_ACTIVATIONS: snprintf(out, n, "activations: %s micro-batch(es) of B %d x T/cp %.0f tokens in flight on stage %d (of %d micro-batches), %d layers each%s%s",
+                                   !strcmp(a->pp_schedule, "gpipe") ? "all" : "up to pp - stage", a->B, BT / a->B, stage, accum, L1 - L0,
+                                   a->tp > 1 && !a->sp ? ", the LayerNorm/residual part replicated over tp (no --sp)" : "", strcmp(a->recompute, "none") ? "" : ", nothing recomputed"); break;
+    case MEM_LOGITS: snprintf(out, n, "logits: %s x Vp/tp = %d x %d x %.0f B", a->ce_chunk == 0 ? "all B*T/cp tokens (--ce-chunk 0)" : "one CE chunk",
+                              a->ce_chunk == 0 || a->ce_chunk > BT ? (int)BT : a->ce_chunk, c->padded_vocab_size / a->tp, X); break;
+    case MEM_COMM: snprintf(out, n, "comm buffers: MoE dispatch rows, the cp ring's k, v, or pipeline gradient copies"); break;
+    default: snprintf(out, n, "workspace: %s", b.cuda && a->cp == 1 ? "cuBLAS attention scores (NH/tp, T, T) in fp32 and floatX, and the layers' scratch"
+                                                                    : "one layer's scratch (B*T, 4C/tp)"); break;
+    }
+}
+
+// Seconds per step of a layout, from stated assumptions: FLOP rate per rank, the link bandwidth of each
+// group (tp, cp, ep inside a node; pp, dp across nodes), the pipeline bubble, and a fixed cost per layer
+// and micro-batch (launches, latencies: smaller micro-batches are slower). A ranking, not a forecast.
+#define PLAN_FLOPS 200e12     // achieved per rank (about 20% of an H200's dense bf16 peak: what the GPU check measured)
+#define PLAN_NODE_BW 300e9    // bytes/s per rank inside a node (NVLink)
+#define PLAN_NET_BW 40e9      // bytes/s per rank across nodes
+#define PLAN_LAYER_COST 50e-6 // seconds per layer and micro-batch, forward and backward
+static double plan_seconds(const Args *a, const GPT2Config *c, int world, PlanBuild b) {
+    int dp = world / (a->tp * a->cp * a->pp), accum = a->total_batch / (a->B * a->T * dp);
+    double L = c->num_layers, C = c->channels, T = a->T, tokens = (double)a->total_batch, X = (double)b.floatx;
+    double P = (double)num_parameters(c), recompute = !strcmp(a->recompute, "full") ? 4.0 / 3 : !strcmp(a->recompute, "mlp") ? 1.1 : 1.0;
+    double flops = (6.0 * P + 6.0 * L * C * T) * tokens * recompute;   // weights, plus causal attention (12 L C T / 2 per token)
+    double compute = flops / (world * PLAN_FLOPS);
+    double bubble = a->pp > 1 ? (a->pp - 1.0) / (a->vpp * accum + a->pp - 1.0) : 0.0;
+    double BTl = (double)a->B * a->T / a->cp, Pl = P / (a->tp * a->pp);
+    double tp_bytes = a->tp > 1 ? accum * (L / a->pp) * 8.0 * (a->tp - 1.0) / a->tp * BTl * C * X : 0;
+    double cp_bytes = a->cp > 1 ? accum * (L / a->pp) * (3.0 * a->cp - 2) * BTl * 2 * C / a->tp * X : 0;
+    double pp_bytes = a->pp > 1 ? accum * 2.0 * a->vpp * BTl * C / a->tp * X : 0;
+    double dp_bytes = dp > 1 ? (a->zero >= 2 ? (accum + 1.0) : 2.0) * (dp - 1.0) / dp * Pl * X * (a->zero == 3 ? 2.0 : 1.0) : 0;
+    double comm = (tp_bytes + cp_bytes) / PLAN_NODE_BW + (pp_bytes + dp_bytes) / PLAN_NET_BW;
+    double fixed = accum * (L / a->pp) * PLAN_LAYER_COST;
+    return (compute + fixed) / (1.0 - bubble) + comm;
+}
+
+typedef struct { char what[96]; Args args; double peak; double seconds; int fits; } Lever;
+
+// One lever's layout, if it runs: its worst stage's peak and its time.
+static int try_lever(Lever *lv, const Args *base, const GPT2Config *c, int world, PlanBuild b, double limit, const char *what) {
+    char err[512];
+    lv->args.dp = -1;   // (world and -d fixed: dp follows)
+    if (layout_error(&lv->args, c, world, err, sizeof(err))) { return 0; }
+    (void)base;
+    MemPlan *plans = (MemPlan *)malloc_check(sizeof(MemPlan) * lv->args.pp);
+    int w = plan_stages(&lv->args, c, world, b, plans);
+    lv->peak = (double)plans[w].peak_total + plan_reserve(b);
+    lv->fits = lv->peak <= limit;
+    lv->seconds = plan_seconds(&lv->args, c, world, b);
+    snprintf(lv->what, sizeof(lv->what), "%s", what);
+    free(plans);
+    return 1;
+}
+
+static int lever_order(const void *x, const void *y) {
+    const Lever *a = (const Lever *)x, *b = (const Lever *)y;
+    if (a->fits != b->fits) { return b->fits - a->fits; }
+    return a->seconds < b->seconds ? -1 : a->seconds > b->seconds;
+}
+
+// The single levers that apply to layout a (world and -d fixed), planned; without one that fits, pairs.
+static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild b, double limit, Lever *out, int pairs_of) {
+    int n = 0;
+    #define LEVER(cond, what, change) do { if (cond) { Lever lv; lv.args = *a; { Args *x = &lv.args; change; } if (try_lever(&lv, a, c, world, b, limit, what)) { out[n++] = lv; } } } while (0)
+    char w[96];
+    if (a->zero < 3) { snprintf(w, sizeof(w), "--zero %d", a->zero + 1); LEVER(1, w, x->zero = a->zero + 1); }
+    LEVER(a->tp > 1 && !a->sp, "--sp", x->sp = 1);
+    snprintf(w, sizeof(w), "--tp %d --sp", 2 * a->tp); LEVER(1, w, { x->tp = 2 * a->tp; x->sp = 1; });
+    snprintf(w, sizeof(w), "--pp %d", 2 * a->pp); LEVER(1, w, x->pp = 2 * a->pp);
+    LEVER(!strcmp(a->pp_schedule, "gpipe"), "--pp-schedule 1f1b", x->pp_schedule = "1f1b");
+    snprintf(w, sizeof(w), "--cp %d", 2 * a->cp); LEVER(1, w, x->cp = 2 * a->cp);
+    LEVER(a->ce_chunk == 0, "--ce-chunk 256", x->ce_chunk = 256);
+    if (a->ce_chunk > 64) { snprintf(w, sizeof(w), "--ce-chunk %d", a->ce_chunk / 2); LEVER(1, w, x->ce_chunk = a->ce_chunk / 2); }
+    LEVER(!strcmp(a->recompute, "none"), "--recompute mlp", x->recompute = "mlp");
+    LEVER(strcmp(a->recompute, "full"), "--recompute full", x->recompute = "full");
+    if (a->B % 2 == 0) { snprintf(w, sizeof(w), "-b %d (twice the accumulation)", a->B / 2); LEVER(1, w, x->B = a->B / 2); }
+    if (c->num_experts > 0) { snprintf(w, sizeof(w), "--ep %d", 2 * a->ep); LEVER(1, w, x->ep = 2 * a->ep); }
+    #undef LEVER
+    if (pairs_of) {   // no single lever fits: each pair of them (the second applied on top of the first)
+        int singles = n;
+        for (int i = 0; i < singles; i++) {
+            Lever more[16];
+            int k = plan_levers(&out[i].args, c, world, b, limit, more, 0);
+            for (int j = 0; j < k && n < 256; j++) {
+                if (!strcmp(more[j].what, out[i].what)) { continue; }
+                char both[96];
+                snprintf(both, sizeof(both), "%.40s + %.40s", out[i].what, more[j].what);
+                memcpy(more[j].what, both, sizeof(both));
+                out[n++] = more[j];
+            }
+        }
+        memmove(out, out + singles, (n - singles) * sizeof(Lever));
+        n -= singles;
+    }
+    return n;
+}
+
+// Prints the plan of every stage and, with a limit, whether each fits; over the limit, what dominates
+// and the levers. Returns 1 if every rank fits (or there is no limit).
+static int plan_report(const Args *a, const GPT2Config *c, int world, double limit) {
+    PlanBuild b = plan_build(a);
+    MemPlan *plans = (MemPlan *)malloc_check(sizeof(MemPlan) * a->pp);
+    int worst = plan_stages(a, c, world, b, plans), accum = a->total_batch / (a->B * a->T * a->dp);
+    double reserve = plan_reserve(b);
+    printf("memory plan: L %d C %d NH %d Vp %d%s, world %d = tp %d x cp %d x pp %d x dp %d, B %d T %d x %d micro-batches, zero %d%s, "
+           "%s%s, recompute %s, ce chunk %d; %s\n", c->num_layers, c->channels, c->num_heads, c->padded_vocab_size,
+           c->num_experts ? " (MoE)" : "", world, a->tp, a->cp, a->pp, a->dp, a->B, a->T, accum, a->zero, a->sp ? ", sp" : "",
+           a->pp_schedule, a->vpp > 1 ? " (vpp)" : "", a->recompute, a->ce_chunk, b.name);
+    printf("%-5s", "stage");
+    for (int k = 0; k < MEM_NCAT; k++) { printf(" | %11s", mem_category_names[k]); }
+    printf(" | %10s  (peak MiB per rank)\n", "peak total");
+    for (int s = 0; s < a->pp; s++) {
+        printf("%-5d", s);
+        for (int k = 0; k < MEM_NCAT; k++) { printf(" | %11.1f", plans[s].peak[k] / 1048576.0); }
+        printf(" | %10.1f\n", plans[s].peak_total / 1048576.0);
+        // the stage's last (tp, cp, dp) position: the same, or a row of its own
+        int last = s * a->tp * a->cp + (a->tp - 1) + a->tp * (a->cp - 1) + a->tp * a->cp * a->pp * (a->dp - 1);
+        MemPlan other = gpt2_plan(a, c, moe_options(a), world, last, b);
+        int same = other.peak_total == plans[s].peak_total;
+        for (int k = 0; k < MEM_NCAT; k++) { same &= other.peak[k] == plans[s].peak[k]; }
+        if (!same) {
+            printf("r%-4d", last);
+            for (int k = 0; k < MEM_NCAT; k++) { printf(" | %11.1f", other.peak[k] / 1048576.0); }
+            printf(" | %10.1f  (rank %d: the stage's last tp, cp, dp position)\n", other.peak_total / 1048576.0, last);
+        }
+    }
+    for (int s = 0; s < a->pp; s++) {   // machine-readable, for tests: "plan stage category peak"
+        for (int k = 0; k < MEM_NCAT; k++) { printf("plan %d %s %zu\n", s, mem_category_names[k], plans[s].peak[k]); }
+        printf("plan %d total %zu\n", s, plans[s].peak_total);
+    }
+    int fits = 1;
+    if (limit > 0) {
+        double need = (double)plans[worst].peak_total + reserve;
+        fits = need <= limit;
+        printf("limit %.2f GiB per rank%s: stage %d needs %.2f GiB: %s\n", gib(limit),
+               reserve > 0 ? " (1.00 GiB of it assumed for the CUDA context and NCCL)" : "", worst, gib(need), fits ? "fits" : "does NOT fit");
+    }
+    if (!fits) {
+        int big = 0;
+        for (int k = 1; k < MEM_NCAT; k++) { if (plans[worst].peak[k] > plans[worst].peak[big]) { big = k; } }
+        char why[256];
+        plan_explain(a, c, world, worst, big, b, why, sizeof(why));
+        printf("largest on stage %d: %s = %.2f GiB\n", worst, mem_category_names[big], gib(plans[worst].peak[big]));
+        printf("  %s\n", why);
+        Lever *levers = (Lever *)malloc_check(sizeof(Lever) * 256);
+        Args base = *a;
+        int n = plan_levers(&base, c, world, b, limit, levers, 0), any = 0;
+        for (int i = 0; i < n; i++) { any |= levers[i].fits; }
+        if (!any) { n = plan_levers(&base, c, world, b, limit, levers, 1); }
+        qsort(levers, n, sizeof(Lever), lever_order);
+        printf("levers (%s; world %d and -d %d fixed, so tp, cp or pp x2 halves dp; time per step from %.0f TFLOP/s per rank, %.0f GB/s "
+               "inside a node (tp, cp), %.0f GB/s across (pp, dp), %.0f us per layer and micro-batch, the bubble), fits first, then fastest:\n",
+               any ? "one at a time" : "no single lever fits: pairs", world, a->total_batch, PLAN_FLOPS / 1e12, PLAN_NODE_BW / 1e9, PLAN_NET_BW / 1e9,
+               PLAN_LAYER_COST * 1e6);
+        for (int i = 0; i < n && i < 12; i++) {
+            printf("  %-8s %9.3f GiB  %10.2f ms/step  %s\n", levers[i].fits ? "fits" : "too big", gib(levers[i].peak), levers[i].seconds * 1e3, levers[i].what);
+        }
+        for (int i = 0; i < n; i++) {   // machine-readable, for tests: "lever rank fits peak_bytes seconds what"
+            printf("lever %d %d %.0f %.6f %s\n", i, levers[i].fits, levers[i].peak, levers[i].seconds, levers[i].what);
+        }
+        if (n == 0) { printf("  (no lever applies to this layout)\n"); }
+        printf("  (this layout: %.2f ms/step)\n", plan_seconds(a, c, world, b) * 1e3);
+        free(levers);
+    }
+    fflush(stdout);
+    free(plans);
+    return fits;
+}
+
 
 // ----------------------------------------------------------------------------
 // main: set-up (model, data), the training loop, the reports
@@ -2014,6 +2297,36 @@ static float *apply_moe_flags(const Args *a, int rank, GPT2Config *c, float *par
 
 // The model's weights (host fp32, file order) and shape: from the newest checkpoint in -o when
 // resuming (*resume_step >= 0), else from a model file, else a descriptor with random init.
+// Before allocating: this rank's planned peak against --memory-limit (on CUDA, without one: the free device
+// memory, less the reserve the plan assumes for the CUDA context and NCCL). If any rank does not fit, every
+// rank stops; rank 0 prints the plan and the levers first.
+static void check_memory_fits(const Args *a, const GPT2Config *c, Grid *g) {
+    PlanBuild b = plan_build(a);
+    double limit = a->memory_limit > 0 ? a->memory_limit : device_free_bytes();
+    if (limit <= 0) { return; }
+    MemPlan mine = gpt2_plan(a, c, moe_options(a), g->world_size, g->rank, b);
+    double need = (double)mine.peak_total + (a->memory_limit > 0 ? plan_reserve(b) : 0.0);
+    int over = need > limit ? 1 : 0;
+    WATCHED("all-reduce (memory plan)", "world", MPI_Allreduce(MPI_IN_PLACE, &over, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (!over) { return; }
+    Args shown = *a;
+    if (g->rank == 0) { plan_report(&shown, c, g->world_size, limit); }
+    fail_all(g->rank, "the planned peak of a rank exceeds %s %.2f GiB: see the plan and the levers above (or --plan %d to explore)",
+             a->memory_limit > 0 ? "--memory-limit" : "the free device memory", gib(limit), g->world_size);
+}
+
+// The model's shape without its weights (a plan): the descriptor, or the file's header.
+static void plan_config(Args *a, GPT2Config *config) {
+    int desc = parse_descriptor(a->model, config);
+    if (desc < 0) { fail("-e '%s' is a malformed model descriptor", a->model); }
+    if (desc == 0) {
+        int h[256];
+        size_t es;
+        fclose(open_model_file(a->model, config, h, &es));
+    }
+    apply_moe_flags(a, 0, config, NULL, "the model", 0);
+}
+
 static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step) {
     *resume_step = -1;
     if (a->resume) {
@@ -2291,6 +2604,14 @@ int main(int argc, char **argv) {
     watchdog_start(args.timeout, rank);   // from here a stalled peer stops this rank
     signals_install();
     agree_on_args(&args, rank, world);
+    if (args.plan) {   // the memory plan for --plan N ranks, on one process: no weights, no device, no data
+        GPT2Config config;
+        plan_config(&args, &config);
+        validate_layout(&args, &config, args.plan, rank);
+        if (rank == 0) { plan_report(&args, &config, args.plan, args.memory_limit); }
+        MPI_Finalize();
+        return 0;
+    }
     if (args.resume && args.output_dir == NULL) { fail_all(rank, "-y needs an output dir (-o)"); }
 
     // the model, the grid, this rank's part of the model
@@ -2301,6 +2622,7 @@ int main(int argc, char **argv) {
     Grid grid;
     grid_init(&grid, args.tp, args.cp, args.pp, args.ep);
     grid_print(&grid);
+    check_memory_fits(&args, &config, &grid);   // (before any allocation: the plan, and the advice if it does not fit)
     DataLoader train_loader, val_loader;   // (checked before anything is written)
     Tokenizer tokenizer;
     int have_val = setup_data(&args, &config, &grid, &train_loader, &val_loader, &tokenizer);
@@ -2394,6 +2716,7 @@ int main(int argc, char **argv) {
         if (args.sample_every > 0 && max_steps > start_step) { gpt2_sample(&model, &tokenizer, &sample_rng, args.gen_tokens, eot); }
     }
     if (rank == 0) { checkpoint_done(1); }
+    if (args.memory_report && max_steps > start_step) { mem_report(rank, world, "at the end of the run"); }
     report_times(&args, &model, &times, accum);
     if (logf) { fclose_check(logf, "main.log"); }
     trace_close();

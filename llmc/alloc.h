@@ -19,10 +19,23 @@ static int mem_nblocks = 0, mem_capacity = 0;
 static size_t mem_current[MEM_NCAT], mem_peak[MEM_NCAT];
 static size_t mem_current_total = 0, mem_peak_total = 0;
 
+// Planning (--plan, --memory-limit, test_gpt's plan = measurement): the allocator only keeps the books.
+// mem_alloc hands out distinct fake addresses; nothing is allocated, and the code that plans writes
+// nothing through them. A plan may be for another build's floatX (bf16 from the CPU build): the
+// allocating code asks floatx_bytes(), never sizeof(floatX).
+static int mem_planning = 0;
+static size_t mem_plan_floatx = 0;   // planning: the planned build's bytes per floatX (0: this build's)
+static uintptr_t mem_plan_next = 0;
+static size_t floatx_bytes(void) { return mem_planning && mem_plan_floatx ? mem_plan_floatx : sizeof(floatX); }
+
 // zero-initialised device memory
 static void *mem_alloc(size_t bytes, MemCategory cat) {
     if (bytes == 0) { return NULL; }
     void *p = NULL;
+    if (mem_planning) {
+        mem_plan_next += 256;
+        p = (void *)mem_plan_next;
+    } else {
 #ifdef USE_CUDA
     cudaError_t err = cudaMalloc(&p, bytes);
     if (err != cudaSuccess) { fail("out of device memory allocating %zu bytes for %s", bytes, mem_category_names[cat]); }
@@ -31,6 +44,7 @@ static void *mem_alloc(size_t bytes, MemCategory cat) {
     p = calloc(1, bytes);
     if (p == NULL) { fail("out of memory allocating %zu bytes for %s", bytes, mem_category_names[cat]); }
 #endif
+    }
     if (mem_nblocks == mem_capacity) {
         mem_capacity = mem_capacity ? 2 * mem_capacity : 256;
         mem_blocks = (MemBlock *)realloc(mem_blocks, mem_capacity * sizeof(MemBlock));
@@ -50,6 +64,7 @@ static void mem_free(void *p) {
             mem_current[mem_blocks[i].cat] -= mem_blocks[i].bytes;
             mem_current_total -= mem_blocks[i].bytes;
             mem_blocks[i] = mem_blocks[--mem_nblocks];
+            if (mem_planning) { return; }
 #ifdef USE_CUDA
             cudaCheck(cudaFree(p));
 #else
@@ -59,6 +74,30 @@ static void mem_free(void *p) {
         }
     }
     fail("mem_free of a pointer the allocator does not own");
+}
+
+// A plan: the allocator's books are set aside, the planning code allocates into empty ones, and its peaks
+// come back; then the books are as they were.
+typedef struct { size_t peak[MEM_NCAT], peak_total; } MemPlan;
+static size_t mem_saved[2 * MEM_NCAT + 2];
+static int mem_saved_nblocks;
+static void mem_plan_begin(size_t floatx) {
+    for (int c = 0; c < MEM_NCAT; c++) { mem_saved[c] = mem_current[c]; mem_saved[MEM_NCAT + c] = mem_peak[c]; mem_current[c] = mem_peak[c] = 0; }
+    mem_saved[2 * MEM_NCAT] = mem_current_total; mem_saved[2 * MEM_NCAT + 1] = mem_peak_total;
+    mem_current_total = mem_peak_total = 0;
+    mem_saved_nblocks = mem_nblocks;
+    mem_planning = 1;
+    mem_plan_floatx = floatx;
+}
+static MemPlan mem_plan_end(void) {
+    MemPlan plan;
+    for (int c = 0; c < MEM_NCAT; c++) { plan.peak[c] = mem_peak[c]; mem_current[c] = mem_saved[c]; mem_peak[c] = mem_saved[MEM_NCAT + c]; }
+    plan.peak_total = mem_peak_total;
+    mem_current_total = mem_saved[2 * MEM_NCAT]; mem_peak_total = mem_saved[2 * MEM_NCAT + 1];
+    mem_nblocks = mem_saved_nblocks;   // (the plan's books)
+    mem_planning = 0;
+    mem_plan_floatx = 0;
+    return plan;
 }
 
 static void mem_free_all(void) {
@@ -88,8 +127,8 @@ static void mem_report(int rank, int world_size, const char *label) {
         }
         // machine-readable lines, one per rank and category, for tests: "mem rank cat current peak"
         for (int r = 0; r < world_size; r++) {
-            for (int c = 0; c < MEM_NCAT; c++) {
-                printf("mem %d %s %.0f %.0f\n", r, mem_category_names[c], all[r * n + 2 * c], all[r * n + 2 * c + 1]);
+            for (int c = 0; c <= MEM_NCAT; c++) {
+                printf("mem %d %s %.0f %.0f\n", r, c < MEM_NCAT ? mem_category_names[c] : "total", all[r * n + 2 * c], all[r * n + 2 * c + 1]);
             }
         }
         fflush(stdout);

@@ -8,6 +8,14 @@
 #include "backend.h"
 #include "alloc.h"
 
+// The CUDA build's cuBLAS attention workspace for one batch index (att_cublas_setup below): S and dP in
+// fp32, P and dS in floatX, (NH, T, T) each, every region 256-byte aligned. Build-independent, so that a
+// memory plan counts what the GPU allocates.
+static size_t attention_workspace_bytes(int T, int NH, size_t floatx) {
+    size_t n = (size_t)NH * T * T;
+    return 2 * ((n * 4 + 255) / 256 * 256) + 2 * ((n * floatx + 255) / 256 * 256);
+}
+
 // qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T)
 static void attention_forward_cpu(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
     int hs = C / NH;
@@ -394,7 +402,7 @@ static void att_cublas_setup(int T, int NH) {
     }
     size_t n = (size_t)NH * T * T;
     size_t f32 = att_round256(n * sizeof(float)), fx = att_round256(n * sizeof(floatX));
-    size_t need = 2 * f32 + 2 * fx;
+    size_t need = attention_workspace_bytes(T, NH, sizeof(floatX));   // = 2 f32 + 2 fx
     if (need > att_ws_bytes) {
         if (att_ws != NULL) { mem_free(att_ws); }   // cudaFree waits for the work still using it
         att_ws = mem_alloc(need, MEM_WORKSPACE);

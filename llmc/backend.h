@@ -15,6 +15,9 @@
 #endif
 #endif
 
+// The CUDA build's cuBLAS/cuBLASLt workspace (allocated at the first GEMM; a memory plan counts it).
+#define CUBLASLT_WORKSPACE_BYTES ((size_t)32 * 1024 * 1024)
+
 #ifdef USE_CUDA
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -60,7 +63,7 @@ static cudaStream_t main_stream;        // all compute
 static cudaStream_t comm_stream;        // asynchronous collectives (overlap with compute)
 static cublasLtHandle_t cublaslt_handle;
 static void *cublaslt_workspace;   // allocated on first use through the allocator (matmul.h)
-static const size_t cublaslt_workspace_size = 32 * 1024 * 1024;
+static const size_t cublaslt_workspace_size = CUBLASLT_WORKSPACE_BYTES;
 static int device_sm_count;
 
 // A kernel launch is checked right after it is queued (launch configuration errors).
@@ -213,6 +216,17 @@ static void backend_init(int local_rank) {
     cublasCheck(cublasLtCreate(&cublaslt_handle));
 #else
     (void)local_rank;
+#endif
+}
+
+// Bytes free on this rank's device (0 on the CPU: no limit known).
+static double device_free_bytes(void) {
+#ifdef USE_CUDA
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    return (double)free_b;
+#else
+    return 0.0;
 #endif
 }
 

@@ -111,6 +111,27 @@ static void grid_init(Grid *grid, int tp, int cp, int pp, int ep) {
     group_init(&grid->emb_group, "emb", ends ? grid->dp_rank * tc + c * tp + t : grid->world_size + r, r);
 }
 
+// The grid as rank r of a world of `world` ranks would have it, without communicators (a memory plan:
+// the sizes and positions only; nothing may be sent through these groups).
+static void grid_plan(Grid *grid, int world, int r, int tp, int cp, int pp, int ep) {
+    memset(grid, 0, sizeof(*grid));
+    grid->world_size = world; grid->rank = r;
+    grid->tp = tp; grid->cp = cp; grid->pp = pp; grid->dp = world / (tp * cp * pp); grid->ep = ep;
+    grid->tp_rank = r % tp; grid->cp_rank = (r / tp) % cp; grid->pp_rank = (r / (tp * cp)) % pp; grid->dp_rank = r / (tp * cp * pp);
+    grid->ep_rank = grid->dp_rank % ep;
+    int dp = grid->dp, ends = pp > 1 && (grid->pp_rank == 0 || grid->pp_rank == pp - 1);
+    grid->world = (Group){"world", world, r};
+    grid->tp_group = (Group){"tp", tp, grid->tp_rank};
+    grid->cp_group = (Group){"cp", cp, grid->cp_rank};
+    grid->pp_group = (Group){"pp", pp, grid->pp_rank};
+    grid->dp_group = (Group){"dp", dp, grid->dp_rank};
+    grid->dpcp_group = (Group){"dpcp", cp * dp, grid->dp_rank * cp + grid->cp_rank};
+    grid->grad_group = cp > 1 ? &grid->dpcp_group : &grid->dp_group;
+    grid->ep_group = (Group){"ep", ep, grid->ep_rank};
+    grid->edp_group = (Group){"edp", dp / ep, grid->dp_rank / ep};
+    grid->emb_group = (Group){"emb", ends ? 2 : 1, ends && grid->pp_rank == pp - 1 ? 1 : 0};
+}
+
 // The grid's groups (world first if asked): tp, cp, pp, dp, dpcp (only with cp), ep, edp, emb.
 static int grid_groups(Grid *g, Group **out, int with_world) {
     int n = 0;

@@ -107,7 +107,7 @@ static void work_set(WorkBuffers *w, int i, int u) {
 
 static void work_alloc(WorkBuffers *w, size_t layer_elems, size_t embedding_elems, MemCategory cat) {
     size_t sizes[3] = {layer_elems, layer_elems, embedding_elems};
-    for (int i = 0; i < 3; i++) { w->buf[i] = (floatX *)mem_alloc(sizes[i] * sizeof(floatX), cat); w->unit[i] = -1; }
+    for (int i = 0; i < 3; i++) { w->buf[i] = (floatX *)mem_alloc(sizes[i] * floatx_bytes(), cat); w->unit[i] = -1; }
     w->last = 1;
 }
 
@@ -135,7 +135,7 @@ static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int n
         else if (U->padded > z->max_layer_padded) { z->max_layer_padded = U->padded; }
     }
     size_t embed_padded = z->embed_unit >= 0 ? units[z->embed_unit].padded : 0;
-    size_t X = sizeof(floatX);
+    size_t X = floatx_bytes();
     if (stage < 3) { z->params = (floatX *)mem_alloc(z->full_size * X, MEM_PARAMS); }
     else {
         z->params_shard = (floatX *)mem_alloc(z->shard_size * X, MEM_PARAMS);
@@ -150,7 +150,7 @@ static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int n
     z->opt_size = stage == 0 ? z->full_size : z->shard_size;
     z->m = (float *)mem_alloc(z->opt_size * sizeof(float), MEM_OPTIMIZER);
     z->v = (float *)mem_alloc(z->opt_size * sizeof(float), MEM_OPTIMIZER);
-    z->master = sizeof(floatX) != sizeof(float) ? (float *)mem_alloc(z->opt_size * sizeof(float), MEM_OPTIMIZER) : NULL;
+    z->master = floatx_bytes() != sizeof(float) ? (float *)mem_alloc(z->opt_size * sizeof(float), MEM_OPTIMIZER) : NULL;
     z->norm_parts = (float *)mem_alloc((size_t)nunits * MAX_UNIT_TENSORS * sizeof(float), MEM_WORKSPACE);
 }
 

@@ -26,7 +26,7 @@ awk -v a="$ours" -v b="$torch" 'BEGIN { printf "ratio train_gpt / PyTorch: %.2fx
 echo
 echo "== 2. peak logits/loss memory, B4 T1024, one rank (from --memory-report)"
 for chunk in 0 256; do
-    peak=$(OMP_NUM_THREADS=$TH ./train_gpt -e "$MODEL" -b 4 -t 1024 -x 1 -s 0 -v 0 --ce-chunk $chunk --memory-report | awk '$1 == "mem" && $2 == 0 && $3 == "logits" { print $5 }')
+    peak=$(OMP_NUM_THREADS=$TH ./train_gpt -e "$MODEL" -b 4 -t 1024 -x 1 -s 0 -v 0 --ce-chunk $chunk --memory-report | awk '/at the end of the run/ { exit } $1 == "mem" && $2 == 0 && $3 == "logits" { print $5 }')
     echo "--ce-chunk $chunk: $(mib "$peak") MiB"
     [ $chunk = 0 ] && full=$peak || chunked=$peak
 done
@@ -39,7 +39,7 @@ for z in 0 1 2 3; do
     out=$(OMP_NUM_THREADS=1 $MPIRUN -np 2 ./train_gpt -e d4 -b 4 -t 64 -x 6 -s 0 -v 0 --zero $z --comm-report --memory-report)
     tok=$(awk '/average step/ { print $(NF-1) }' <<<"$out")
     dpb=$(awk '$1 == "comm" && $2 == 0 && $3 == "dp" { print $4 }' <<<"$out")
-    get() { awk -v c="$1" '$1 == "mem" && $2 == 0 && $3 == c { print $5 }' <<<"$out"; }
+    get() { awk -v c="$1" '/at the end of the run/ { exit } $1 == "mem" && $2 == 0 && $3 == c { print $5 }' <<<"$out"; }
     printf "%-6s %10s %16s %16s %16s %16s\n" $z "$tok" "$dpb" "$(get parameters)" "$(get gradients)" "$(get optimizer)"
 done
 echo "(ring all-reduce of all gradients = 2(p-1)/p * 4P = 4P bytes at dp 2; zero 3 gathers each layer twice: ~1.5x)"
@@ -53,9 +53,9 @@ for T in 1024 4096 16384; do
             sp=""; [ $tp -gt 1 ] && sp="--sp"
             out=$(OMP_NUM_THREADS=1 $MPIRUN -np $tp ./train_gpt -e "L=4,C=128,NH=4,V=50257,maxT=16384" -b 1 -t $T -x 0 -s 0 -v 0 \
                   --tp $tp $sp --ce-chunk $chunk --memory-report)
-            act=$(awk '$1 == "mem" && $2 == 0 && $3 == "activations" { print $5 }' <<<"$out")
-            lg=$(awk '$1 == "mem" && $2 == 0 && $3 == "logits" { print $5 }' <<<"$out")
-            tot=$(awk '$1 == "mem" && $2 == 0 { s += $5 } END { print s }' <<<"$out")
+            act=$(awk '/at the end of the run/ { exit } $1 == "mem" && $2 == 0 && $3 == "activations" { print $5 }' <<<"$out")
+            lg=$(awk '/at the end of the run/ { exit } $1 == "mem" && $2 == 0 && $3 == "logits" { print $5 }' <<<"$out")
+            tot=$(awk '/at the end of the run/ { exit } $1 == "mem" && $2 == 0 && $3 != "total" { s += $5 } END { print s }' <<<"$out")
             printf "%-6s %-3s %-4s %-9s %12s %12s %12s\n" $T $tp "${sp:+yes}" "$([ $chunk = 0 ] && echo full || echo chunk256)" \
                    "$(mib "$act")" "$(mib "$lg")" "$(mib "$tot")"
         done

@@ -15,7 +15,7 @@ echo "1. activation recompute (one rank)"
 printf "%-6s %10s %16s\n" mode "step ms" "activations MiB"
 for r in none mlp full; do
     out=$(./train_gpt -e "L=4,C=128,NH=4,V=256,maxT=128" -b 8 -t 128 -x 8 -v 0 -s 0 --recompute $r --memory-report 2>&1)
-    act=$(awk '$1 == "mem" && $2 == 0 && $3 == "activations" { printf "%.2f", $5 / 1048576 }' <<<"$out")
+    act=$(awk '/at the end of the run/ { exit } $1 == "mem" && $2 == 0 && $3 == "activations" { printf "%.2f", $5 / 1048576 }' <<<"$out")
     printf "%-6s %10s %16s\n" $r "$(avg <<<"$out")" "$act"
 done
 

@@ -17,8 +17,8 @@ for sched in 1f1b gpipe vpp2 vpp4; do
               -d $((2 * 64 * m)) -x 6 -s 0 -v 0 --pp 2 $flags --comm-report --memory-report)
         ideal=$(awk -v m=$m -v v=$vpp 'BEGIN { printf "%.3f", 1 / (v * m + 1) }')
         s0=$(awk '/^  stage 0:/ { print $3 }' <<<"$out"); s1=$(awk '/^  stage 1:/ { print $3 }' <<<"$out")
-        a0=$(awk '$1 == "mem" && $2 == 0 && $3 == "activations" { printf "%.2f", $5 / 1048576 }' <<<"$out")
-        a1=$(awk '$1 == "mem" && $2 == 1 && $3 == "activations" { printf "%.2f", $5 / 1048576 }' <<<"$out")
+        a0=$(awk '/at the end of the run/ { exit } $1 == "mem" && $2 == 0 && $3 == "activations" { printf "%.2f", $5 / 1048576 }' <<<"$out")
+        a1=$(awk '/at the end of the run/ { exit } $1 == "mem" && $2 == 1 && $3 == "activations" { printf "%.2f", $5 / 1048576 }' <<<"$out")
         tok=$(awk '/average step/ { print $(NF-1) }' <<<"$out")
         msgs=$(grep -m1 "^  rank 0:  tp" <<<"$out" | sed 's/.* pp [0-9]* B (\([0-9]*\) calls).*/\1/')   # boundary messages stage 0 sends per step
         printf "%-6s %-3s %8s %8s %8s %12s %12s %9s %6s\n" $sched $m $ideal "$s0" "$s1" "$a0" "$a1" "$tok" "$msgs"

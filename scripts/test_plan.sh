@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The memory plan (--plan N, --memory-limit) end to end:
+#   1. plan = measurement: `train_gpt --plan N` (one process, no weights) predicts, for every pipeline
+#      stage, the peak bytes per category and in total that `mpirun -np N train_gpt --memory-report` then
+#      measures at the end of a run (sampling included), byte for byte, for several layouts
+#   2. the advice: for constructed out-of-memory cases the first lever that fits is the one that cuts the
+#      dominating tensor, and a run of that configuration measures exactly the predicted peak
+#   3. a run over --memory-limit stops before allocating, on every rank, with the plan and the levers
+# Usage: bash scripts/test_plan.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
+set -u
+BIN=$1
+W=$2
+mkdir -p "$W"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+MPIRUN="mpirun --oversubscribe --bind-to none"
+say() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fi; }
+
+# measured peaks at the end of the run: "mem RANK CAT current peak" after the "at the end of the run" header
+measured() { awk '/at the end of the run/ { on = 1 } on && $1 == "mem" && $3 != "total" { print $2, $3, $5 }' "$1"; }
+# planned peaks of each stage as the rank (stage * tp * cp) that holds it: "RANK CAT peak"
+planned() { awk -v tc="$2" '$1 == "plan" && $3 != "total" { print $2 * tc, $3, $4 }' "$1"; }
+
+# 1. plan = measurement
+plan_case() {   # NAME NP TPCP FLAGS...
+    local name=$1 np=$2 tc=$3; shift 3
+    "$BIN/train_gpt" "$@" --plan $np >"$W/$name.plan" 2>&1
+    $MPIRUN -np $np "$BIN/train_gpt" "$@" -x 2 -v 1 -m 1 -s 2 -g 4 --memory-report >"$W/$name.run" 2>&1
+    local ok=1 n
+    n=$(planned "$W/$name.plan" $tc | wc -l)
+    [ "$n" -gt 0 ] && diff <(planned "$W/$name.plan" $tc | sort) <(measured "$W/$name.run" | awk -v tc=$tc '$1 % tc == 0' | grep -f <(planned "$W/$name.plan" $tc | awk '{print "^" $1 " "}' | sort -u) | sort) >"$W/$name.diff" && ok=0
+    say $ok "$name: --plan $np = the measured peaks of every stage, $n categories, byte for byte (sampling and validation included)"
+}
+D="L=4,C=64,NH=4,V=256,maxT=64"
+plan_case single     1 1 -e "$D" -b 4 -t 32
+plan_case dp2_zero3  2 1 -e "$D" -b 4 -t 32 --zero 3
+plan_case tp2sp_pp2  4 2 -e "$D" -b 2 -t 32 -d 256 --tp 2 --sp --pp 2 --zero 1
+plan_case pp4_gpipe  4 1 -e "$D" -b 1 -t 32 -d 256 --pp 4 --pp-schedule gpipe
+plan_case vpp2_cp2   4 2 -e "$D" -b 1 -t 32 -d 128 --pp 2 --vpp 2 --cp 2 --zero 2
+plan_case moe_ep2    4 1 -e "$D,E=4,k=2" -b 2 -t 32 --ep 2 --zero 1 --recompute mlp
+plan_case ce_full    1 1 -e "$D" -b 4 -t 32 --ce-chunk 0 --recompute full
+
+# 2. the advice: the first lever that fits, and a run of it (the lever's flags replacing the same flags of
+#    the case) measures the predicted peak total on its worst rank, byte for byte
+with_lever() {   # LEVER FLAGS... -> FLAGS (in the array LEVERED) with each flag of LEVER replaced
+    local lever=($1); shift
+    local skip=0 a
+    LEVERED=()
+    for a in "$@"; do
+        if [ $skip = 1 ]; then skip=0; continue; fi
+        case " ${lever[*]} " in *" $a "*) [[ $a == -* ]] && { skip=1; continue; } ;; esac
+        LEVERED+=("$a")
+    done
+    LEVERED+=("${lever[@]}")
+}
+advice_case() {   # NAME NP LIMIT EXPECTED_LEVER FLAGS...
+    local name=$1 np=$2 limit=$3 expect=$4; shift 4
+    "$BIN/train_gpt" "$@" -v 0 -s 0 --plan $np --memory-limit $limit >"$W/$name.plan" 2>&1
+    local top peak fits
+    top=$(awk '$1 == "lever" && $2 == 0 { for (i = 6; i <= NF; i++) printf "%s%s", $i, (i < NF ? " " : ""); exit }' "$W/$name.plan")
+    fits=$(awk '$1 == "lever" && $2 == 0 { print $3 }' "$W/$name.plan")
+    peak=$(awk '$1 == "lever" && $2 == 0 { print $4 }' "$W/$name.plan")
+    local ok=1 got=""
+    if grep -q "does NOT fit" "$W/$name.plan" && [ "$fits" = 1 ] && [ "$top" = "$expect" ]; then
+        with_lever "${top%% (*}" "$@"   # ("-b 2 (twice the accumulation)" -> "-b 2")
+        $MPIRUN -np $np "$BIN/train_gpt" "${LEVERED[@]}" -x 1 -v 0 -s 0 --memory-report >"$W/$name.run" 2>&1
+        got=$(awk '/at the end of the run/ { on = 1 } on && $1 == "mem" && $3 == "total" && $5 > m { m = $5 } END { printf "%.0f", m }' "$W/$name.run")
+        [ "$got" = "$peak" ] && ok=0
+    fi
+    say $ok "$name: over $limit, the first lever that fits is '$top' (expected '$expect'), predicted peak $peak B, measured ${got:-?} B"
+}
+# the logits of every token (--ce-chunk 0) at a 16k vocabulary dominate -> chunk the cross-entropy
+advice_case logits_full 1 60M "--ce-chunk 256" -e "L=2,C=64,NH=4,V=16384,maxT=512" -b 4 -t 512 --ce-chunk 0
+# AdamW state of a deep narrow model at ZeRO 0 on dp 2 dominates -> ZeRO 1
+advice_case optimizer_zero0 2 65M "--zero 1" -e "L=24,C=128,NH=4,V=256,maxT=64" -b 1 -t 16
+# long-T activations with tp 2 without SP -> --sp
+advice_case activations_nosp 2 95M "--sp" -e "L=4,C=128,NH=4,V=256,maxT=1024" -b 4 -t 1024 --tp 2
+# GPipe keeps all 8 micro-batches alive -> 1F1B
+advice_case gpipe_inflight 2 50M "--pp-schedule 1f1b" -e "L=4,C=128,NH=4,V=256,maxT=256" -b 4 -t 256 -d 8192 --pp 2 --pp-schedule gpipe
+
+# 3. a run over --memory-limit stops before allocating, on every rank, with the plan
+$MPIRUN -np 2 "$BIN/train_gpt" -e "L=2,C=64,NH=4,V=16384,maxT=512" -b 4 -t 512 --ce-chunk 0 --memory-limit 60M -x 1 -v 0 -s 0 >"$W/stop.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "^error: the planned peak of a rank exceeds --memory-limit" "$W/stop.log" && grep -q "^lever 0 1 " "$W/stop.log" && ! grep -q "^step" "$W/stop.log"
+say $? "a run over --memory-limit 60M stops before its first step (exit $rc) with the plan and the levers"
