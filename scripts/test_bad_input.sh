@@ -110,6 +110,9 @@ expect vpp_layers       2 "--pp 2 x --vpp 2 = 4 model chunks, more than the 2 la
 expect vpp_missing      1 "--pp-schedule interleaved needs --vpp" -e "$TINY" --pp-schedule interleaved
 expect vpp_schedule     1 "--vpp 2 is the interleaved schedule, not --pp-schedule gpipe" -e "$TINY" --vpp 2 --pp-schedule gpipe
 expect dp_mismatch      2 "--dp 4 does not match"             -e "$TINY" --dp 4
+expect plan_precision   1 "--plan-precision expects bf16 or fp32" -e "$TINY" --plan 2 --plan-precision fp8
+expect memory_limit     1 "--memory-limit expects a size such as 80G" -e "$TINY" --memory-limit 80Q
+expect plan_layout      1 "world size 3 is not divisible by tp*cp*pp = 2*1*1" -e "$TINY" --plan 3 --tp 2
 expect cp_world         3 "not divisible by tp*cp*pp = 1*2*1"  -e "$TINY" --cp 2
 expect cp_chunks        2 "T = 34 is not a multiple of 2*cp = 4" -e "$TINY" --cp 2 -t 34
 expect cp_moe           2 "--cp 2 with MoE layers is not supported" -e "$TINY,E=4,k=2" --cp 2 -t 32
