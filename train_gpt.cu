@@ -2066,6 +2066,7 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
         if (a->cp == 1 && m.Ls > 0) { mem_alloc(attention_workspace_bytes(m.T, m.NHl, b.floatx), MEM_WORKSPACE); }
     }
     MemPlan p = mem_plan_end();
+    p.slots = m.pipe.nslots;
     free(m.units); free(m.u_layer); free(m.u_experts); free(m.layer_id); free(m.chunk_l0); free(m.acts);
     free(m.pipe.steps.s); free(m.pipe.slot_of); free(m.pipe.busy); free(m.pipe.resid); free(m.pipe.chunk_len); free(m.zero.pending);
     return p;
@@ -2083,7 +2084,7 @@ static int plan_stages(const Args *a, const GPT2Config *c, int world, PlanBuild 
 static double gib(double bytes) { return bytes / 1073741824.0; }
 
 // What dominates a category of the plan, in words (for the advice).
-static void plan_explain(const Args *a, const GPT2Config *c, int world, int stage, int cat, PlanBuild b, char *out, size_t n) {
+static void plan_explain(const Args *a, const GPT2Config *c, int world, int stage, int cat, PlanBuild b, int slots, char *out, size_t n) {
     int dp = world / (a->tp * a->cp * a->pp), accum = a->total_batch / (a->B * a->T * dp), L0, L1;
     stage_layers(c->num_layers, a->pp, stage, &L0, &L1);
     double X = (double)b.floatx, BT = (double)a->B * a->T / a->cp, P = (double)num_parameters(c) / a->pp / a->tp;
@@ -2092,8 +2093,8 @@ static void plan_explain(const Args *a, const GPT2Config *c, int world, int stag
     case MEM_GRADS: snprintf(out, n, "gradients: about P/(pp tp) = %.0fM x %.0f B%s", P / 1e6, X, a->zero >= 2 ? " / dp (ZeRO 2-3)" : ", a full copy on every dp rank"); break;
     case MEM_OPTIMIZER: snprintf(out, n, "AdamW m, v%s: %d B per parameter%s", b.floatx == 2 ? " and fp32 master weights" : "", b.floatx == 2 ? 12 : 8,
                                  a->zero >= 1 ? " / dp (ZeRO 1-3)" : " for every parameter of the stage (ZeRO 0)"); break;
-    case MEM_ACTIVATIONS: snprintf(out, n, "activations: %s micro-batch(es) of B %d x T/cp %.0f tokens in flight on stage %d (of %d micro-batches), %d layers each%s%s",
-                                   !strcmp(a->pp_schedule, "gpipe") ? "all" : "up to pp - stage", a->B, BT / a->B, stage, accum, L1 - L0,
+    case MEM_ACTIVATIONS: snprintf(out, n, "activations: %d micro-batch(es)%s of B %d x T/cp %.0f tokens in flight on stage %d (%s, %d micro-batches), %d layers each%s%s",
+                                   slots, a->vpp > 1 ? " x model chunks" : "", a->B, BT / a->B, stage, a->pp_schedule, accum, L1 - L0,
                                    a->tp > 1 && !a->sp ? ", the LayerNorm/residual part replicated over tp (no --sp)" : "", strcmp(a->recompute, "none") ? "" : ", nothing recomputed"); break;
     case MEM_LOGITS: snprintf(out, n, "logits: %s x Vp/tp = %d x %d x %.0f B", a->ce_chunk == 0 ? "all B*T/cp tokens (--ce-chunk 0)" : "one CE chunk",
                               a->ce_chunk == 0 || a->ce_chunk > BT ? (int)BT : a->ce_chunk, c->padded_vocab_size / a->tp, X); break;
@@ -2232,7 +2233,7 @@ static int plan_report(const Args *a, const GPT2Config *c, int world, double lim
         int big = 0;
         for (int k = 1; k < MEM_NCAT; k++) { if (plans[worst].peak[k] > plans[worst].peak[big]) { big = k; } }
         char why[256];
-        plan_explain(a, c, world, worst, big, b, why, sizeof(why));
+        plan_explain(a, c, world, worst, big, b, plans[worst].slots, why, sizeof(why));
         printf("largest on stage %d: %s = %.2f GiB\n", worst, mem_category_names[big], gib(plans[worst].peak[big]));
         printf("  %s\n", why);
         Lever *levers = (Lever *)malloc_check(sizeof(Lever) * 256);

@@ -78,7 +78,7 @@ static void mem_free(void *p) {
 
 // A plan: the allocator's books are set aside, the planning code allocates into empty ones, and its peaks
 // come back; then the books are as they were.
-typedef struct { size_t peak[MEM_NCAT], peak_total; } MemPlan;
+typedef struct { size_t peak[MEM_NCAT], peak_total; int slots; } MemPlan;   // slots: the model's (micro-batch, chunk) activation slots
 static size_t mem_saved[2 * MEM_NCAT + 2];
 static int mem_saved_nblocks;
 static void mem_plan_begin(size_t floatx) {
@@ -91,6 +91,7 @@ static void mem_plan_begin(size_t floatx) {
 }
 static MemPlan mem_plan_end(void) {
     MemPlan plan;
+    plan.slots = 0;
     for (int c = 0; c < MEM_NCAT; c++) { plan.peak[c] = mem_peak[c]; mem_current[c] = mem_saved[c]; mem_peak[c] = mem_saved[MEM_NCAT + c]; }
     plan.peak_total = mem_peak_total;
     mem_current_total = mem_saved[2 * MEM_NCAT]; mem_peak_total = mem_saved[2 * MEM_NCAT + 1];
