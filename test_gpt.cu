@@ -20,7 +20,8 @@ Prints one line per check and closes with "N passed, N failed" (rank 0, summed o
 static const float GRAD_ATOL = 1e-2f, GRAD_RTOL = 5e-2f;   // bf16 activations and gradients
 static const float LOSS_TOL = 5e-2f;                        // per step, as llm.c's bf16 check
 static const float NORM_RTOL = 5e-2f;
-static const float ROUTE_MARGIN = 5e-2f;                    // bf16 router inputs: only clear decisions compare
+static const float ROUTE_MARGIN = 5e-3f;                    // bf16 router inputs: only clear decisions compare
+                                                            // (H200: flips up to a margin of 3.9e-4 on refs/moe*)
 #else
 static const float GRAD_ATOL = 1e-5f, GRAD_RTOL = 1e-4f;   // |g - ref| <= ATOL + RTOL |ref|, per element
 static const float LOSS_TOL = 1e-5f;                        // |loss - ref| <= LOSS_TOL * |ref| (also MoE aux, z)
@@ -107,41 +108,76 @@ static void read_ref_moe(const char *dir, RefMoE *r) {
 }
 
 // The routing of step 0 (model.route_log: per micro-batch i, per MoE layer of this stage in the stage's
-// order, choice then keep (BT, k) each) against the reference's, sequence by sequence: micro-batch
-// i's row b on dp rank r is the reference's row (i dp + r) B + b. A (layer, sequence) is compared when every margin of its
-// decisions exceeds ROUTE_MARGIN (the others may flip with rounding); its choice and keep masks must
-// then be identical.
-static void compare_routing(GPT2 *m, const RefMoE *r, const int *log, int accum) {
+// order, choice then keep (BT, k) each) against the reference's: micro-batch i's row b on dp rank r is the
+// reference's row (i dp + r) B + b. A token's top-k choice (experts in order of p) depends on its router
+// row: it is compared when its decision margin exceeds ROUTE_MARGIN (the others may flip with rounding)
+// and no earlier MoE layer routed a token of its sequence at or before its position otherwise (a token
+// sent to another expert, or dropped, changes its row and, through causal attention, the rows after it).
+// The capacity keep masks depend on the whole sequence: a (layer, sequence) is compared, choices and keep
+// masks, when every margin of its decisions is clear and nothing upstream differs. The largest margin of
+// a compared choice that differs is printed: it is what ROUTE_MARGIN must stay above. Collective (the
+// earlier layers may be on other stages); returns the tokens of this rank whose choice differs.
+static long compare_routing(GPT2 *m, const RefMoE *r, const int *log, int accum) {
     const GPT2Config *c = &m->config;
-    int B = m->B, T = m->T, k = c->topk, E = c->num_experts, dp = m->grid->dp;
-    long compared = 0, skipped = 0, differ = 0;
+    int B = m->B, T = m->T, k = c->topk, E = c->num_experts, dp = m->grid->dp, R = r->R;
     int nmoe = 0;   // MoE layers of this stage
     for (int l = 0; l < m->Ls; l++) { nmoe += is_moe_layer(c, m->layer_id[l]); }
-    for (int i = 0; i < accum; i++) {
-        int j = 0;
-        for (int l = 0; l < m->Ls; l++) {
-            if (!is_moe_layer(c, m->layer_id[l])) { continue; }
-            const int *choice = log + ((size_t)i * nmoe + j) * 2 * m->BT * k, *keep = choice + (size_t)m->BT * k;
-            int gm = 0;   // the model's MoE layers before this one
-            for (int q = 0; q < m->layer_id[l]; q++) { gm += is_moe_layer(c, q); }
-            for (int b = 0; b < B; b++) {
-                int g = (i * dp + m->grid->dp_rank) * B + b, clear = 1;
-                for (int t = 0; t < T; t++) { clear &= r->topk_margin[((size_t)gm * r->R + g) * T + t] > ROUTE_MARGIN; }
-                for (int e = 0; e < E; e++) { clear &= r->cap_margin[((size_t)gm * r->R + g) * E + e] > ROUTE_MARGIN; }
-                if (!clear) { skipped++; continue; }
-                compared++;
-                size_t mine = (size_t)b * T * k, ref = (((size_t)gm * r->R + g) * T) * k;
-                for (size_t q = 0; q < (size_t)T * k; q++) {
-                    if (choice[mine + q] != r->choice[ref + q] || keep[mine + q] != r->keep[ref + q]) { differ++; break; }
+    // first[gm][g]: the first position of row g whose choice or keep differs in MoE layer gm (T: none), all ranks'
+    int *first = (int *)malloc_check(sizeof(int) * ((size_t)r->Lm * R + 1));
+    for (size_t q = 0; q < (size_t)r->Lm * R; q++) { first[q] = T; }
+    for (int pass = 0; pass < 2; pass++) {
+        long tok_compared = 0, tok_differ = 0, tok_downstream = 0, seq_compared = 0, seq_skipped = 0, seq_differ = 0, flips = 0;
+        float flip_margin = 0.0f;
+        for (int i = 0; i < accum; i++) {
+            int j = 0;
+            for (int l = 0; l < m->Ls; l++) {
+                if (!is_moe_layer(c, m->layer_id[l])) { continue; }
+                const int *choice = log + ((size_t)i * nmoe + j) * 2 * m->BT * k, *keep = choice + (size_t)m->BT * k;
+                int gm = 0;   // the model's MoE layers before this one
+                for (int q = 0; q < m->layer_id[l]; q++) { gm += is_moe_layer(c, q); }
+                for (int b = 0; b < B; b++) {
+                    int g = (i * dp + m->grid->dp_rank) * B + b, upstream = T;
+                    size_t mine = (size_t)b * T * k, ref = (((size_t)gm * R + g) * T) * k;
+                    if (pass == 0) {
+                        for (int t = 0; t < T && first[(size_t)gm * R + g] == T; t++) {
+                            if (memcmp(choice + mine + (size_t)t * k, r->choice + ref + (size_t)t * k, k * sizeof(int)) ||
+                                memcmp(keep + mine + (size_t)t * k, r->keep + ref + (size_t)t * k, k * sizeof(int))) { first[(size_t)gm * R + g] = t; }
+                        }
+                        continue;
+                    }
+                    for (int q = 0; q < gm; q++) { upstream = first[(size_t)q * R + g] < upstream ? first[(size_t)q * R + g] : upstream; }
+                    int clear = upstream == T;
+                    for (int t = 0; t < T; t++) {
+                        float margin = r->topk_margin[((size_t)gm * R + g) * T + t];
+                        int same = !memcmp(choice + mine + (size_t)t * k, r->choice + ref + (size_t)t * k, k * sizeof(int));
+                        flips += !same;
+                        if (t >= upstream) { tok_downstream++; continue; }
+                        if (margin > ROUTE_MARGIN) { tok_compared++; tok_differ += !same; } else { clear = 0; }
+                        if (!same && margin > flip_margin) { flip_margin = margin; }
+                    }
+                    for (int e = 0; e < E; e++) { clear &= r->cap_margin[((size_t)gm * R + g) * E + e] > ROUTE_MARGIN; }
+                    if (!clear) { seq_skipped++; continue; }
+                    seq_compared++;
+                    for (size_t q = 0; q < (size_t)T * k; q++) {
+                        if (choice[mine + q] != r->choice[ref + q] || keep[mine + q] != r->keep[ref + q]) { seq_differ++; break; }
+                    }
                 }
+                j++;
             }
-            j++;
         }
+        if (pass == 0) { MPI_Allreduce(MPI_IN_PLACE, first, r->Lm * R, MPI_INT, MPI_MIN, MPI_COMM_WORLD); continue; }
+        free(first);
+        if (nmoe == 0) { return 0; }   // no MoE layer on this stage
+        check(tok_differ == 0 && seq_differ == 0 && tok_compared > 0,
+              "routing: %ld tokens with a top-k margin > %.0e compared, %ld differ from the reference's choices (%ld after a token "
+              "routed otherwise upstream not compared); %ld (layer, sequence) pairs with every margin clear compared, %ld differ in "
+              "choices or capacity keep masks (%ld not compared); largest margin of a compared choice that differs %.1e",
+              tok_compared, ROUTE_MARGIN, tok_differ, tok_downstream, seq_compared, seq_differ, seq_skipped, flip_margin);
+        return flips;
     }
-    if (compared + skipped == 0) { return; }   // no MoE layer on this stage
-    check(differ == 0 && compared > 0, "routing: %ld (layer, sequence) pairs with margins > %.0e compared, %ld differ from the reference's "
-          "top-k choices and capacity keep masks (%ld pairs with a smaller margin not compared)", compared, ROUTE_MARGIN, differ, skipped);
+    return 0;
 }
+
 
 // Compares the owned, reduced gradient of every unit against the same range cut from the full
 // reference gradients, per element: |g - ref| <= GRAD_ATOL + GRAD_RTOL |ref|, reported per tensor.
@@ -596,8 +632,16 @@ int main(int argc, char **argv) {
         if (rmoe.present) {
             check(fabs(aux - rmoe.aux0) <= LOSS_TOL * fabs(rmoe.aux0) && fabs(z - rmoe.z0) <= LOSS_TOL * fabs(rmoe.z0),
                   "MoE auxiliary losses of the first batch: aux %.6f z %.6f, reference %.6f %.6f", aux, z, rmoe.aux0, rmoe.z0);
-            check(fabs(dropped - rmoe.dropped0) <= DROP_TOL, "MoE dropped fraction %.6f, reference %.6f", dropped, rmoe.dropped0);
-            compare_routing(&model, &rmoe, route_log, accum);
+            // the same choices give the same loads, so the same dropped count; each token whose choice differs
+            // (only where its margin allows, checked above) moves at most k assignments, each changing the
+            // count by at most 2 (one expert's load down, another's up): the fraction, a mean over the MoE
+            // layers of dropped / (R T k), by at most 2 flips / (Lm R T). (tp ranks route the same tokens.)
+            double flips = (double)compare_routing(&model, &rmoe, route_log, accum);
+            MPI_Allreduce(MPI_IN_PLACE, &flips, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+            flips /= grid.tp;
+            double drop_tol = DROP_TOL + 2.0 * flips / ((double)rmoe.Lm * rmoe.R * rmoe.T);
+            check(fabs(dropped - rmoe.dropped0) <= drop_tol, "MoE dropped fraction %.6f, reference %.6f (%.0f tokens routed otherwise: tolerance %.1e)",
+                  dropped, rmoe.dropped0, flips, drop_tol);
         }
         // the rows this rank's dispatches moved to and from the other ep ranks, from its routing and the
         // others' (each micro-batch and MoE layer: counts per expert, all-gathered over the ep group)

@@ -2316,16 +2316,29 @@ static void check_memory_fits(const Args *a, const GPT2Config *c, Grid *g) {
              a->memory_limit > 0 ? "--memory-limit" : "the free device memory", gib(limit), g->world_size);
 }
 
-// The model's shape without its weights (a plan): the descriptor, or the file's header.
-static void plan_config(Args *a, GPT2Config *config) {
+// The layout checked against the model, the grid, and the memory plan (before any allocation: the plan,
+// and the advice if it does not fit).
+static void setup_grid(Args *a, const GPT2Config *c, Grid *g, int world, int rank) {
+    validate_layout(a, c, world, rank);
+    grid_init(g, a->tp, a->cp, a->pp, a->ep);
+    grid_print(g);
+    check_memory_fits(a, c, g);
+}
+
+// The model's shape without its weights (a plan, or the memory check before the weights are made):
+// the descriptor, or the file's header; the same errors as load_model.
+static void plan_config(Args *a, int rank, GPT2Config *config) {
     int desc = parse_descriptor(a->model, config);
-    if (desc < 0) { fail("-e '%s' is a malformed model descriptor", a->model); }
+    if (desc < 0) {
+        fail_all(rank, "-e '%s' is a malformed model descriptor (expected dN or L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..], "
+                 "each key once, 1 <= k <= E)", a->model);
+    }
     if (desc == 0) {
         int h[256];
         size_t es;
         fclose(open_model_file(a->model, config, h, &es));
     }
-    apply_moe_flags(a, 0, config, NULL, "the model", 0);
+    apply_moe_flags(a, rank, config, NULL, desc == 1 ? "the descriptor" : a->model, 0);
 }
 
 static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step) {
@@ -2607,7 +2620,7 @@ int main(int argc, char **argv) {
     agree_on_args(&args, rank, world);
     if (args.plan) {   // the memory plan for --plan N ranks, on one process: no weights, no device, no data
         GPT2Config config;
-        plan_config(&args, &config);
+        plan_config(&args, rank, &config);
         validate_layout(&args, &config, args.plan, rank);
         if (rank == 0) { plan_report(&args, &config, args.plan, args.memory_limit); }
         MPI_Finalize();
@@ -2615,15 +2628,14 @@ int main(int argc, char **argv) {
     }
     if (args.resume && args.output_dir == NULL) { fail_all(rank, "-y needs an output dir (-o)"); }
 
-    // the model, the grid, this rank's part of the model
+    // the model, the grid, this rank's part of the model. A fresh run's shape alone says whether it fits:
+    // it is checked before the weights are made (a resumed one's shape is in its checkpoint).
     GPT2Config config;
+    Grid grid;
+    if (!args.resume) { plan_config(&args, rank, &config); setup_grid(&args, &config, &grid, world, rank); }
     int resume_step;
     float *params = load_model(&args, rank, &config, &resume_step);
-    validate_layout(&args, &config, world, rank);
-    Grid grid;
-    grid_init(&grid, args.tp, args.cp, args.pp, args.ep);
-    grid_print(&grid);
-    check_memory_fits(&args, &config, &grid);   // (before any allocation: the plan, and the advice if it does not fit)
+    if (args.resume) { setup_grid(&args, &config, &grid, world, rank); }
     DataLoader train_loader, val_loader;   // (checked before anything is written)
     Tokenizer tokenizer;
     int have_val = setup_data(&args, &config, &grid, &train_loader, &val_loader, &tokenizer);

@@ -71,11 +71,26 @@ done
 for cfg in tiny d4; do
     if [ -f refs/$cfg/state.bin ]; then
         step test_gpt_fp32_$cfg 120 "./build/cuda-fp32/test_gpt --ref refs/$cfg -b 4 --check-memory"
-        step test_gpt_bf16_$cfg 120 "./build/cuda/test_gpt --ref refs/$cfg -b 4"
+        step test_gpt_bf16_$cfg 120 "./build/cuda/test_gpt --ref refs/$cfg -b 4 --check-memory"
     else
         SUMMARY+=("FAIL  test_gpt_$cfg: no reference state refs/$cfg"); FAILED=$((FAILED + 1))
     fi
 done
+
+# 3b. the MoE kernels (router, top-k, capacity, dispatch/combine, aux and z losses) and recompute on one GPU,
+#     against the PyTorch MoE references (carry refs/moe*: the MoE reference needs its flags, see test_matrix.sh)
+for cfg in moe moe_pos moe_dl moe_k1; do
+    if [ -f refs/$cfg/state.bin ]; then
+        step test_gpt_fp32_$cfg 120 "./build/cuda-fp32/test_gpt --ref refs/$cfg -b 2 --check-memory"
+        step test_gpt_bf16_$cfg 120 "./build/cuda/test_gpt --ref refs/$cfg -b 2 --check-memory"
+    else
+        SUMMARY+=("skip  test_gpt_$cfg: no reference state refs/$cfg (carry it)")
+    fi
+done
+[ -f refs/tiny/state.bin ] && step test_gpt_fp32_recompute 120 "./build/cuda-fp32/test_gpt --ref refs/tiny -b 4 --recompute full --check-memory"
+# a run that cannot fit stops before allocating, with the plan and the levers (the free device memory as limit)
+step oom_stops_early 60 "./build/cuda/train_gpt -e d48 -b 64 -t 1024 -x 1 -v 0 -s 0 > $LOG_DIR/oom.out 2>&1;
+                         rc=\$?; cat $LOG_DIR/oom.out | tail -25; [ \$rc -ne 0 ] && grep -q 'exceeds the free device memory' $LOG_DIR/oom.out && ! grep -q '^step' $LOG_DIR/oom.out"
 
 # 4. GPT-2 124M-shaped throughput (d12: L12 C768 NH12 V50257), B16 T1024, bf16, 30 steps. MFU counts
 #    6N + 6 L C T flops per token against the H200's ~989 TFLOP/s dense bf16 peak.
@@ -87,11 +102,15 @@ if [ -f "$LOG_DIR/throughput_124m.log" ]; then
         "$LOG_DIR/throughput_124m.log" | tee "$LOG_DIR/mfu.txt"
 fi
 
+# 5. the same shape with MoE every 2nd layer (E 8, top-2, F 1.25): tokens/s beside the dense run
+step throughput_124m_moe 180 "./build/cuda/train_gpt -e d12 --experts 8 --topk 2 --moe-every 2 -b 16 -t 1024 -x 20 -v 0 -s 0 --ce-chunk 2048 --memory-report"
+
 echo
 echo "=== gpu_check summary ($(( $(date +%s) - T0 ))s total, budget 480s)"
 for line in "${SUMMARY[@]}"; do echo "  $line"; done
 # the timings of the kernels, one line each, for the record
 grep -h "^  time" "$LOG_DIR"/harness_bf16_*.log 2>/dev/null | sed 's/^/  bf16 /'
 cat "$LOG_DIR/mfu.txt" 2>/dev/null
+grep -h "^average step" "$LOG_DIR/throughput_124m_moe.log" 2>/dev/null | sed 's/^/  124M MoE E8 k2 every 2: /'
 if [ "$FAILED" -eq 0 ]; then echo "GPU CHECK PASSED"; else echo "GPU CHECK FAILED: $FAILED step(s)"; fi
 exit $(( FAILED > 0 ))
