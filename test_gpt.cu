@@ -549,6 +549,7 @@ int main(int argc, char **argv) {
     args.B = 1;
     parse_args(nrest, rest, &args);
     agree_on_args(&args, my_rank, world);
+    attention_path = attention_path_of(&args);
     if (check_layer) {   // the comm layer alone, on the grid of --tp/--pp (any world size they divide)
         if (world % (args.tp * args.pp)) { fail_all(my_rank, "world %d is not divisible by tp*pp", world); }
         Grid g;

@@ -1660,6 +1660,7 @@ typedef struct {
     float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff, timeout;
     int max_skips, help;
     const char *recompute;
+    const char *attention;       // the CUDA build's attention path: cublas or flash
     int async_checkpoint, overlap;
     int plan;                    // --plan N: print the memory plan for N ranks and exit
     const char *plan_precision;  // --plan-precision bf16|fp32: plan the CUDA build's sizes (NULL: this build's)
@@ -1677,7 +1678,7 @@ static void default_args(Args *a) {
     a->ep = 1; a->sp = 0; a->ce_chunk = 256; a->shuffle = -1; a->grad_clip = 1.0f; a->scheduler = "cosine";
     a->pp_schedule = "1f1b";
     a->experts = a->topk = a->moe_every = -1; a->cap1000 = 1250; a->drop_policy = "probs"; a->aux_coeff = 0.01f; a->z_coeff = 0.001f;
-    a->timeout = 600.0f; a->max_skips = 5; a->recompute = "none"; a->overlap = 1;
+    a->timeout = 600.0f; a->max_skips = 5; a->recompute = "none"; a->overlap = 1; a->attention = "cublas";
     a->seed = 1337;
 }
 
@@ -1710,6 +1711,8 @@ static void print_usage(void) {
            "  --seed N  --shuffle 0|1  --grad-clip F (0 = off)  --trace DIR (a Chrome trace per rank: dev/trace.py)\n"
            "  --timeout S (stop when a collective makes no progress for S seconds; default 600, 0 off)\n"
            "  --max-skips N (stop after N updates in a row skipped for a non-finite loss or norm; default 5)\n"
+           "  --attention cublas|flash (CUDA build: cuBLAS GEMMs through an (NH, T, T) workspace, or the flash kernels: no workspace,\n"
+           "               bf16 and head size 64 or 128; default cublas, the faster on an H200 today)\n"
            "  --recompute none|mlp|full (recompute the MLP's fc/GELU outputs, or whole layers, in the backward; default none)\n"
            "  --async-checkpoint (rank 0 writes the checkpoint files on a thread while training goes on)\n"
            "  --plan N (print every rank's planned peak memory for a world of N ranks, and exit; no weights, no device)\n"
@@ -1779,7 +1782,7 @@ static const char *FLAGS[][2] = {
     {"--tp", "--tensor-model-parallel-size"}, {"--cp", "--context-parallel-size"}, {"--pp", 0}, {"--vpp", "--virtual-pipeline-model-parallel-size"}, {"--dp", 0}, {"--ep", "--expert-model-parallel-size"},
     {"--ce-chunk", 0}, {"--seed", 0}, {"--shuffle", 0}, {"--grad-clip", 0}, {"--pp-schedule", 0},
     {"--experts", "--num-experts"}, {"--topk", "--moe-router-topk"}, {"--moe-every", 0}, {"--capacity-factor", 0},
-    {"--drop-policy", 0}, {"--aux-coeff", 0}, {"--z-coeff", 0}, {"--trace", 0}, {"--timeout", 0}, {"--max-skips", 0}, {"--recompute", 0}, {"--overlap", 0},
+    {"--drop-policy", 0}, {"--aux-coeff", 0}, {"--z-coeff", 0}, {"--trace", 0}, {"--timeout", 0}, {"--max-skips", 0}, {"--recompute", 0}, {"--overlap", 0}, {"--attention", 0},
     {"--plan", 0}, {"--plan-precision", 0}, {"--memory-limit", 0},
     {"--sp", 0}, {"--memory-report", 0}, {"--comm-report", 0}, {"--async-checkpoint", 0}};
 #define NUM_SWITCHES 4
@@ -1867,6 +1870,10 @@ static void parse_args(int argc, char **argv, Args *a) {
             a->plan_precision = v;
         }
         else if (!strcmp(f, "--memory-limit")) { a->memory_limit = parse_size_arg(f, v); }
+        else if (!strcmp(f, "--attention")) {
+            if (strcmp(v, "cublas") && strcmp(v, "flash")) { arg_fail("--attention expects cublas or flash, got '%s'", v); }
+            a->attention = v;
+        }
         else if (!strcmp(f, "--recompute")) {
             if (strcmp(v, "none") && strcmp(v, "mlp") && strcmp(v, "full")) { arg_fail("--recompute expects none, mlp or full, got '%s'", v); }
             a->recompute = v;
@@ -2044,12 +2051,14 @@ static PlanBuild plan_build(const Args *a) {
     return b;
 }
 
+static int attention_path_of(const Args *a) { return !strcmp(a->attention, "flash") ? ATT_FLASH : ATT_CUBLAS; }
+
 // What the CUDA context and NCCL take beside the allocator's buffers (an assumption, stated with the plan).
 static double plan_reserve(PlanBuild b) { return b.cuda ? 1024.0 * 1048576.0 : 0.0; }
 
 // Rank `rank` of a world of `world` ranks: what gpt2_build and gpt2_alloc_activations allocate, then what
 // the run allocates later: gpt2_sample's logits row (the last stage, when sampling) and, on CUDA, the
-// cuBLAS workspaces of the first GEMM and of the first attention (cuBLAS path, without cp).
+// cuBLAS workspaces of the first GEMM and of the first attention (the cuBLAS path's; flash has none; without cp).
 static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int world, int rank, PlanBuild b) {
     mem_plan_begin(b.floatx);
     Grid g;
@@ -2063,7 +2072,7 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
     if (a->sample_every > 0 && m.last) { mem_alloc((size_t)c->padded_vocab_size * floatx_bytes(), MEM_LOGITS); }
     if (b.cuda) {
         mem_alloc(CUBLASLT_WORKSPACE_BYTES, MEM_WORKSPACE);
-        if (a->cp == 1 && m.Ls > 0) { mem_alloc(attention_workspace_bytes(m.T, m.NHl, b.floatx), MEM_WORKSPACE); }
+        if (a->cp == 1 && m.Ls > 0) { mem_alloc(attention_workspace_bytes(attention_path_of(a), m.T, m.NHl, c->channels / c->num_heads, b.floatx), MEM_WORKSPACE); }
     }
     MemPlan p = mem_plan_end();
     p.slots = m.pipe.nslots;
@@ -2111,11 +2120,13 @@ static void plan_explain(const Args *a, const GPT2Config *c, int world, int stag
 #define PLAN_NODE_BW 300e9    // bytes/s per rank inside a node (NVLink)
 #define PLAN_NET_BW 40e9      // bytes/s per rank across nodes
 #define PLAN_LAYER_COST 50e-6 // seconds per layer and micro-batch, forward and backward
+#define PLAN_FLASH_SLOWER 3.0 // --attention flash: its attention FLOPs at a third of the rate (H200, T 4096: 3.5x the cuBLAS path's time)
 static double plan_seconds(const Args *a, const GPT2Config *c, int world, PlanBuild b) {
     int dp = world / (a->tp * a->cp * a->pp), accum = a->total_batch / (a->B * a->T * dp);
     double L = c->num_layers, C = c->channels, T = a->T, tokens = (double)a->total_batch, X = (double)b.floatx;
     double P = (double)num_parameters(c), recompute = !strcmp(a->recompute, "full") ? 4.0 / 3 : !strcmp(a->recompute, "mlp") ? 1.1 : 1.0;
-    double flops = (6.0 * P + 6.0 * L * C * T) * tokens * recompute;   // weights, plus causal attention (12 L C T / 2 per token)
+    double flash = !strcmp(a->attention, "flash") && attention_flash_applies(c->channels / c->num_heads, b.floatx) ? PLAN_FLASH_SLOWER : 1.0;
+    double flops = (6.0 * P + 6.0 * L * C * T * flash) * tokens * recompute;   // weights, plus causal attention (12 L C T / 2 per token)
     double compute = flops / (world * PLAN_FLOPS);
     double bubble = a->pp > 1 ? (a->pp - 1.0) / (a->vpp * accum + a->pp - 1.0) : 0.0;
     double BTl = (double)a->B * a->T / a->cp, Pl = P / (a->tp * a->pp);
@@ -2165,6 +2176,8 @@ static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild 
     snprintf(w, sizeof(w), "--cp %d", 2 * a->cp); LEVER(1, w, x->cp = 2 * a->cp);
     LEVER(a->ce_chunk == 0, "--ce-chunk 256", x->ce_chunk = 256);
     if (a->ce_chunk > 64) { snprintf(w, sizeof(w), "--ce-chunk %d", a->ce_chunk / 2); LEVER(1, w, x->ce_chunk = a->ce_chunk / 2); }
+    LEVER(b.cuda && a->cp == 1 && strcmp(a->attention, "flash") && attention_flash_applies(c->channels / c->num_heads, b.floatx),
+          "--attention flash", x->attention = "flash");
     LEVER(!strcmp(a->recompute, "none"), "--recompute mlp", x->recompute = "mlp");
     LEVER(strcmp(a->recompute, "full"), "--recompute full", x->recompute = "full");
     if (a->B % 2 == 0) { snprintf(w, sizeof(w), "-b %d (twice the accumulation)", a->B / 2); LEVER(1, w, x->B = a->B / 2); }
@@ -2243,9 +2256,9 @@ static int plan_report(const Args *a, const GPT2Config *c, int world, double lim
         if (!any) { n = plan_levers(&base, c, world, b, limit, levers, 1); }
         qsort(levers, n, sizeof(Lever), lever_order);
         printf("levers (%s; world %d and -d %d fixed, so tp, cp or pp x2 halves dp; time per step from %.0f TFLOP/s per rank, %.0f GB/s "
-               "inside a node (tp, cp), %.0f GB/s across (pp, dp), %.0f us per layer and micro-batch, the bubble), fits first, then fastest:\n",
-               any ? "one at a time" : "no single lever fits: pairs", world, a->total_batch, PLAN_FLOPS / 1e12, PLAN_NODE_BW / 1e9, PLAN_NET_BW / 1e9,
-               PLAN_LAYER_COST * 1e6);
+               "inside a node (tp, cp), %.0f GB/s across (pp, dp), %.0f us per layer and micro-batch, the bubble, flash attention %.0fx slower), "
+               "fits first, then fastest:\n", any ? "one at a time" : "no single lever fits: pairs", world, a->total_batch, PLAN_FLOPS / 1e12,
+               PLAN_NODE_BW / 1e9, PLAN_NET_BW / 1e9, PLAN_LAYER_COST * 1e6, PLAN_FLASH_SLOWER);
         for (int i = 0; i < n && i < 12; i++) {
             printf("  %-8s %9.3f GiB  %10.2f ms/step  %s\n", levers[i].fits ? "fits" : "too big", gib(levers[i].peak), levers[i].seconds * 1e3, levers[i].what);
         }
@@ -2618,6 +2631,7 @@ int main(int argc, char **argv) {
     watchdog_start(args.timeout, rank);   // from here a stalled peer stops this rank
     signals_install();
     agree_on_args(&args, rank, world);
+    attention_path = attention_path_of(&args);
     if (args.plan) {   // the memory plan for --plan N ranks, on one process: no weights, no device, no data
         GPT2Config config;
         plan_config(&args, rank, &config);

@@ -7,13 +7,27 @@
 
 #include "backend.h"
 #include "alloc.h"
+#include "flash_attention.h"
 
-// The CUDA build's cuBLAS attention workspace for one batch index (att_cublas_setup below): S and dP in
-// fp32, P and dS in floatX, (NH, T, T) each, every region 256-byte aligned. Build-independent, so that a
-// memory plan counts what the GPU allocates.
-static size_t attention_workspace_bytes(int T, int NH, size_t floatx) {
+// The CUDA build's attention paths (--attention): cuBLAS, the default (tensor-core GEMMs through an
+// (NH, T, T) workspace), flash (flash_attention.h: tensor cores, no (T, T) anywhere; bf16 builds, head
+// size 64 or 128, else cuBLAS), tiled (fp32 CUDA cores; the harness's third). The CPU build runs the
+// loops below. Build-independent, so that a memory plan counts what the GPU allocates.
+#define ATT_TILED 0
+#define ATT_CUBLAS 1
+#define ATT_FLASH 2
+static int attention_path = ATT_CUBLAS;
+static int attention_flash_applies(int hs, size_t floatx) { return floatx == 2 && (hs == 64 || hs == 128); }
+
+// The cuBLAS path's workspace for one batch index (att_cublas_setup below): S and dP in fp32, P and dS
+// in floatX, (NH, T, T) each, every region 256-byte aligned.
+static size_t attention_cublas_workspace_bytes(int T, int NH, size_t floatx) {
     size_t n = (size_t)NH * T * T;
     return 2 * ((n * 4 + 255) / 256 * 256) + 2 * ((n * floatx + 255) / 256 * 256);
+}
+// ... what path `path` allocates: nothing for flash (where it applies)
+static size_t attention_workspace_bytes(int path, int T, int NH, int hs, size_t floatx) {
+    return path == ATT_FLASH && attention_flash_applies(hs, floatx) ? 0 : attention_cublas_workspace_bytes(T, NH, floatx);
 }
 
 // qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T)
@@ -370,8 +384,6 @@ static void attention_backward_launch(floatX *dqkv, const floatX *dout, const fl
 //             dS = P (dP - D) scale (both floatX, zero above the diagonal)
 //             dV = P^T dY, dQ = dS K, dK = dS^T Q (GEMMs, written into dqkv with beta = 0)
 // The GEMMs compute the full T x T (the masked half comes out of the kernels as exact zeros).
-// attention_use_cublas = 0 switches the launchers back to the tiled fp32 kernels above.
-static int attention_use_cublas = 1;
 
 #if defined(ENABLE_FP32)
 #define ATT_CUDA_X CUDA_R_32F      // the cudaDataType of floatX
@@ -402,7 +414,7 @@ static void att_cublas_setup(int T, int NH) {
     }
     size_t n = (size_t)NH * T * T;
     size_t f32 = att_round256(n * sizeof(float)), fx = att_round256(n * sizeof(floatX));
-    size_t need = attention_workspace_bytes(T, NH, sizeof(floatX));   // = 2 f32 + 2 fx
+    size_t need = attention_cublas_workspace_bytes(T, NH, sizeof(floatX));   // = 2 f32 + 2 fx
     if (need > att_ws_bytes) {
         if (att_ws != NULL) { mem_free(att_ws); }   // cudaFree waits for the work still using it
         att_ws = mem_alloc(need, MEM_WORKSPACE);
@@ -546,10 +558,21 @@ static void attention_backward_cublas(floatX *dqkv, const floatX *dout, const fl
 }
 // ---- end of the cuBLAS path -------------------------------------------------------------------
 
+// the path a call takes: attention_path, flash only where it applies
+static int attention_path_for(int hs) {
+    return attention_path == ATT_FLASH && !attention_flash_applies(hs, sizeof(floatX)) ? ATT_CUBLAS : attention_path;
+}
+
 static void attention_forward_cuda(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
     if (B <= 0 || T <= 0) { return; }
-    int hs = attention_head_size(C, NH);
-    if (attention_use_cublas) { attention_forward_cublas(out, lse, qkv, B, T, C, NH); return; }
+    int hs = attention_head_size(C, NH), path = attention_path_for(hs);
+#if !defined(ENABLE_FP32)
+    if (path == ATT_FLASH) {
+        if (hs == 64) { flash_forward_launch<64>(out, lse, qkv, B, T, C, NH); } else { flash_forward_launch<128>(out, lse, qkv, B, T, C, NH); }
+        return;
+    }
+#endif
+    if (path == ATT_CUBLAS) { attention_forward_cublas(out, lse, qkv, B, T, C, NH); return; }
     switch (hs) {
         case 16: attention_forward_launch<16>(out, lse, qkv, B, T, C, NH); break;
         case 32: attention_forward_launch<32>(out, lse, qkv, B, T, C, NH); break;
@@ -561,8 +584,15 @@ static void attention_forward_cuda(floatX *out, float *lse, const floatX *qkv, i
 static void attention_backward_cuda(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
                                     const float *lse, int B, int T, int C, int NH) {
     if (B <= 0 || T <= 0) { return; }
-    int hs = attention_head_size(C, NH);
-    if (attention_use_cublas) { attention_backward_cublas(dqkv, dout, qkv, out, lse, B, T, C, NH); return; }
+    int hs = attention_head_size(C, NH), path = attention_path_for(hs);
+#if !defined(ENABLE_FP32)
+    if (path == ATT_FLASH) {
+        if (hs == 64) { flash_backward_launch<64>(dqkv, dout, qkv, out, lse, B, T, C, NH); }
+        else { flash_backward_launch<128>(dqkv, dout, qkv, out, lse, B, T, C, NH); }
+        return;
+    }
+#endif
+    if (path == ATT_CUBLAS) { attention_backward_cublas(dqkv, dout, qkv, out, lse, B, T, C, NH); return; }
     switch (hs) {
         case 16: attention_backward_launch<16>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
         case 32: attention_backward_launch<32>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;

@@ -72,6 +72,7 @@ for cfg in tiny d4; do
     if [ -f refs/$cfg/state.bin ]; then
         step test_gpt_fp32_$cfg 120 "./build/cuda-fp32/test_gpt --ref refs/$cfg -b 4 --check-memory"
         step test_gpt_bf16_$cfg 120 "./build/cuda/test_gpt --ref refs/$cfg -b 4 --check-memory"
+        [ $cfg = d4 ] && step test_gpt_bf16_d4_flash 120 "./build/cuda/test_gpt --ref refs/d4 -b 4 --check-memory --attention flash"
     else
         SUMMARY+=("FAIL  test_gpt_$cfg: no reference state refs/$cfg"); FAILED=$((FAILED + 1))
     fi
@@ -102,6 +103,9 @@ if [ -f "$LOG_DIR/throughput_124m.log" ]; then
         "$LOG_DIR/throughput_124m.log" | tee "$LOG_DIR/mfu.txt"
 fi
 
+# 4b. the same with the flash attention kernels (no (NH, T, T) workspace)
+step throughput_124m_flash 120 "./build/cuda/train_gpt -e d12 -b 16 -t 1024 -x 20 -v 0 -s 0 --ce-chunk 2048 --attention flash --memory-report"
+
 # 5. the same shape with MoE every 2nd layer (E 8, top-2, F 1.25): tokens/s beside the dense run
 step throughput_124m_moe 180 "./build/cuda/train_gpt -e d12 --experts 8 --topk 2 --moe-every 2 -b 16 -t 1024 -x 20 -v 0 -s 0 --ce-chunk 2048 --memory-report"
 
@@ -111,6 +115,7 @@ for line in "${SUMMARY[@]}"; do echo "  $line"; done
 # the timings of the kernels, one line each, for the record
 grep -h "^  time" "$LOG_DIR"/harness_bf16_*.log 2>/dev/null | sed 's/^/  bf16 /'
 cat "$LOG_DIR/mfu.txt" 2>/dev/null
+grep -h "^average step" "$LOG_DIR/throughput_124m_flash.log" 2>/dev/null | sed 's/^/  124M --attention flash: /'
 grep -h "^average step" "$LOG_DIR/throughput_124m_moe.log" 2>/dev/null | sed 's/^/  124M MoE E8 k2 every 2: /'
 if [ "$FAILED" -eq 0 ]; then echo "GPU CHECK PASSED"; else echo "GPU CHECK FAILED: $FAILED step(s)"; fi
 exit $(( FAILED > 0 ))

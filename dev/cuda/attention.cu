@@ -1,16 +1,16 @@
-// Causal attention forward (out, lse) and backward (dqkv): CPU loops vs BOTH CUDA paths (the cuBLAS
-// tensor-core path, attention_use_cublas = 1, the default, with the rounding bound kappa below; and the
-// tiled fp32 kernels, = 0) for every
+// Causal attention forward (out, lse) and backward (dqkv): CPU loops vs EVERY CUDA path: flash (the
+// tensor-core flash kernels of flash_attention.h: bf16 builds, head size 64 and 128), cuBLAS (the
+// default: tensor-core GEMMs through an (NH, T, T) workspace) and tiled (fp32 CUDA cores), for every
 // supported head size, odd T, determinism, timing. GPT-2 124M shape: B=4, T=1024, C=768, NH=12.
 #include "../../llmc/attention.h"
 #include "common.h"
 
-static const char *path_name(int use_cublas) { return use_cublas ? "cublas" : "tiled"; }
+static const char *path_name(int path) { return path == ATT_FLASH ? "flash" : path == ATT_CUBLAS ? "cublas" : "tiled"; }
 
-// The cuBLAS path's precision contract: the tensor cores take floatX operands, so P (forward and
-// backward) and dS are rounded to floatX before their GEMMs, as in FlashAttention and cuDNN. Each
+// The tensor-core paths' precision contract: the tensor cores take floatX operands, so P (forward and
+// backward) and dS are rounded to floatX before their products, as in FlashAttention and cuDNN. Each
 // rounding changes a term a_j b_j of a sum by at most u |a_j b_j| (u = 2^-8 in bf16, 2^-24 in fp32),
-// so that path may differ from attention.h's fp32 loops by up to
+// so those paths may differ from attention.h's fp32 loops by up to
 //     kappa = u sum_j |a_j b_j|   over the rounded terms of each output element
 // on top of TOL_X. Where an output cancels to ~0 that term dominates (measured on an H200 at B4 T1024:
 // up to 4x TOL_X on 0.02% of the elements without it; the same loops with P and dS rounded on the CPU
@@ -104,9 +104,10 @@ static int run_case(int B, int T, int C, int NH, int timed) {
     cudaCheck(cudaMalloc(&d_dqkv2, nqkv * sizeof(floatX)));
 
     double flops = 4.0 * B * NH * ((double)T * (T + 1) / 2) * (C / NH);   // QK^T and PV, causal half
-    float ms_fwd[2] = {0.0f, 0.0f}, ms_bwd[2] = {0.0f, 0.0f};
-    for (int path = 1; path >= 0; path--) {
-        attention_use_cublas = path;
+    float ms_fwd[3] = {0.0f, 0.0f, 0.0f}, ms_bwd[3] = {0.0f, 0.0f, 0.0f};
+    for (int path = ATT_FLASH; path >= ATT_TILED; path--) {
+        if (path == ATT_FLASH && !attention_flash_applies(C / NH, sizeof(floatX))) { continue; }
+        attention_path = path;
         char what[64];
         printf("  [%s]\n", path_name(path));
         cudaCheck(cudaMemset(d_out, 0xff, nout * sizeof(floatX)));   // NaN garbage: every element must be written
@@ -136,10 +137,13 @@ static int run_case(int B, int T, int C, int NH, int timed) {
             report_time(what, ms_bwd[path], 0, 2.5 * flops);
         }
     }
-    attention_use_cublas = 1;
+    attention_path = ATT_CUBLAS;
     if (timed) {
         printf("  speedup cublas vs tiled: forward %.2fx, backward %.2fx\n",
                ms_fwd[1] > 0.0f ? ms_fwd[0] / ms_fwd[1] : 0.0f, ms_bwd[1] > 0.0f ? ms_bwd[0] / ms_bwd[1] : 0.0f);
+        if (ms_fwd[2] > 0.0f) {
+            printf("  speedup flash vs cublas: forward %.2fx, backward %.2fx\n", ms_fwd[1] / ms_fwd[2], ms_bwd[1] / ms_bwd[2]);
+        }
     }
     cudaCheck(cudaFree(d_qkv)); cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_lse)); cudaCheck(cudaFree(d_dout));
     cudaCheck(cudaFree(d_dqkv)); cudaCheck(cudaFree(d_dqkv2));
@@ -159,5 +163,7 @@ int main(int argc, char **argv) {
     fails += run_case(3, 1, 128, 2, 0);       // a single token
     fails += run_case(1, 77, 384, 6, 0);      // hs 64, tiny odd T
     fails += run_case(1, 1100, 768, 12, 0);   // a larger T after the others: the workspace grows
+    fails += run_case(1, 4096, 1024, 8, 1);   // hs 128 at T 4096 (flash: 64 tiles of queries and of keys)
+    fails += run_case(2, 130, 256, 4, 0);     // hs 64, T just past two flash tiles
     return harness_finish(fails);
 }
