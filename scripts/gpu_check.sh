@@ -3,8 +3,9 @@
 #   1. builds the cuda backend (bf16 and fp32)
 #   2. builds and runs every dev/cuda harness (CUDA kernel vs the CPU loop, timing), bf16 and fp32
 #   3. test_gpt on one GPU against the PyTorch reference (refs/: carry it, or PyTorch writes it)
-#   4. a short GPT-2 124M-shaped throughput run: tokens/s and MFU
-# and prints a summary. Budget: under 8 minutes on an H200 (each step has its own timeout).
+#   4. a short GPT-2 124M-shaped throughput run: tokens/s and MFU (and the same with flash attention, with MoE)
+#   5. the roofline model (dev/cuda/roofline.py) with the efficiencies the harnesses measured, beside the step
+# and prints a summary (also $LOG_DIR/summary.txt; the roofline table in $LOG_DIR/roofline.txt). Budget: under 8 minutes on an H200 (each step has its own timeout).
 # Usage: bash scripts/gpu_check.sh            (CUDA_ARCH=90 by default; JOBS=16 parallel builds)
 set -u
 cd "$(dirname "$0")/.."
@@ -94,12 +95,13 @@ step oom_stops_early 60 "./build/cuda/train_gpt -e d48 -b 64 -t 1024 -x 1 -v 0 -
                          rc=\$?; cat $LOG_DIR/oom.out | tail -25; [ \$rc -ne 0 ] && grep -q 'exceeds the free device memory' $LOG_DIR/oom.out && ! grep -q '^step' $LOG_DIR/oom.out"
 
 # 4. GPT-2 124M-shaped throughput (d12: L12 C768 NH12 V50257), B16 T1024, bf16, 30 steps. MFU counts
-#    6N + 6 L C T flops per token against the H200's ~989 TFLOP/s dense bf16 peak.
+#    6N + 6 L C T flops per token against 790 TFLOP/s (an H200's measured dense bf16 rate) and the 989 peak.
 step throughput_124m 240 "./build/cuda/train_gpt -e d12 -b 16 -t 1024 -x 30 -v 0 -s 0 --ce-chunk 2048 --memory-report"
 if [ -f "$LOG_DIR/throughput_124m.log" ]; then
     awk '/parameters,/ { for (i = 1; i < NF; i++) if ($(i+1) == "parameters,") N = $i }
          /average step/ { tok = $(NF-1) }
-         END { if (tok > 0) { f = 6 * N + 6 * 12 * 768 * 1024; printf "  124M: %d tok/s, %.1f%% MFU (%.3g flops per token)\n", tok, 100 * tok * f / 989e12, f } }' \
+         END { if (tok > 0) { f = 6 * N + 6 * 12 * 768 * 1024; printf "  124M: %d tok/s, %.1f ms/step, MFU %.1f%% of 790 TFLOP/s (H200 measured dense bf16), %.1f%% of 989 (%.3g flops per token)\n",
+                                tok, 16384000 / tok, 100 * tok * f / 790e12, 100 * tok * f / 989e12, f } }' \
         "$LOG_DIR/throughput_124m.log" | tee "$LOG_DIR/mfu.txt"
 fi
 
@@ -109,7 +111,12 @@ step throughput_124m_flash 120 "./build/cuda/train_gpt -e d12 -b 16 -t 1024 -x 2
 # 5. the same shape with MoE every 2nd layer (E 8, top-2, F 1.25): tokens/s beside the dense run
 step throughput_124m_moe 180 "./build/cuda/train_gpt -e d12 --experts 8 --topk 2 --moe-every 2 -b 16 -t 1024 -x 20 -v 0 -s 0 --ce-chunk 2048 --memory-report"
 
+# 6. the roofline model of the same step, with the efficiencies the harnesses just measured, beside the measurement
+STEP_MS=$(awk '/^average step/ { print $3 }' "$LOG_DIR/throughput_124m.log" 2>/dev/null)
+python3 dev/cuda/roofline.py --measured "$LOG_DIR"/harness_bf16_*.log ${STEP_MS:+--step-ms $STEP_MS} > "$LOG_DIR/roofline.txt" 2>&1
+
 echo
+{
 echo "=== gpu_check summary ($(( $(date +%s) - T0 ))s total, budget 480s)"
 for line in "${SUMMARY[@]}"; do echo "  $line"; done
 # the timings of the kernels, one line each, for the record
@@ -117,5 +124,8 @@ grep -h "^  time" "$LOG_DIR"/harness_bf16_*.log 2>/dev/null | sed 's/^/  bf16 /'
 cat "$LOG_DIR/mfu.txt" 2>/dev/null
 grep -h "^average step" "$LOG_DIR/throughput_124m_flash.log" 2>/dev/null | sed 's/^/  124M --attention flash: /'
 grep -h "^average step" "$LOG_DIR/throughput_124m_moe.log" 2>/dev/null | sed 's/^/  124M MoE E8 k2 every 2: /'
+echo "  roofline (dev/cuda/roofline.py, 124M B16 T1024, cuBLAS attention):"
+tail -n 3 "$LOG_DIR/roofline.txt" | sed 's/^/    /'
 if [ "$FAILED" -eq 0 ]; then echo "GPU CHECK PASSED"; else echo "GPU CHECK FAILED: $FAILED step(s)"; fi
+} | tee "$LOG_DIR/summary.txt"
 exit $(( FAILED > 0 ))
