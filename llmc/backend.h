@@ -175,28 +175,6 @@ static unsigned int elementwise_grid(size_t n, int block) {
     return (unsigned int)(blocks < cap ? blocks : cap);
 }
 
-// dout (N, C) summed over the rows into dbias (C) (+=), rows in a fixed order (deterministic).
-// block (32, 32): threadIdx.x = channel in a 32-wide slice, threadIdx.y = row lane; grid ceil_div(C, 32).
-__global__ void column_sum_accumulate_kernel(floatX *dbias, const floatX *dout, int N, int C) {
-    __shared__ float part[32][33];
-    int c = blockIdx.x * 32 + threadIdx.x;
-    float sum = 0.0f;
-    if (c < C) {
-        for (int n = threadIdx.y; n < N; n += 32) { sum += (float)dout[(size_t)n * C + c]; }
-    }
-    part[threadIdx.y][threadIdx.x] = sum;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        float s = 0.0f;
-        for (int r = 0; r < 32; r++) { s += part[r][threadIdx.x]; }
-        dbias[c] = (floatX)((float)dbias[c] + s);
-    }
-}
-static void column_sum_accumulate(floatX *dbias, const floatX *dout, int N, int C) {
-    if (N <= 0 || C <= 0) { return; }
-    column_sum_accumulate_kernel<<<ceil_div(C, 32), dim3(32, 32), 0, main_stream>>>(dbias, dout, N, C);
-    cudaCheckLaunch();
-}
 #endif
 
 // ----------------------------------------------------------------------------

@@ -124,33 +124,6 @@ __global__ void layernorm_backward_dinp_kernel(floatX *dinp, const floatX *dout,
     }
 }
 
-// dweight, dbias (C) += sums over the N rows of xhat * dy and dy. Deterministic column reduction:
-// block (32, 32) owns 32 channels, thread row y sums rows y, y+32, ... in order, then the 32
-// partials are added in a fixed order. grid ceil_div(C, 32).
-__global__ void layernorm_backward_params_kernel(floatX *dweight, floatX *dbias, const floatX *dout, const floatX *inp,
-                                                 const float *mean, const float *rstd, int N, int C) {
-    __shared__ float pw[32][33], pb[32][33];
-    int c = blockIdx.x * 32 + threadIdx.x;
-    float dw = 0.0f, db = 0.0f;
-    if (c < C) {
-        for (int n = threadIdx.y; n < N; n += 32) {
-            size_t i = (size_t)n * C + c;
-            float dy = (float)dout[i];
-            dw += ((float)inp[i] - mean[n]) * rstd[n] * dy;
-            db += dy;
-        }
-    }
-    pw[threadIdx.y][threadIdx.x] = dw;
-    pb[threadIdx.y][threadIdx.x] = db;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        float sw = 0.0f, sb = 0.0f;
-        for (int r = 0; r < 32; r++) { sw += pw[r][threadIdx.x]; sb += pb[r][threadIdx.x]; }
-        dweight[c] = (floatX)((float)dweight[c] + sw);
-        dbias[c] = (floatX)((float)dbias[c] + sb);
-    }
-}
-
 static void layernorm_forward_cuda(floatX *out, float *mean, float *rstd, const floatX *inp,
                                    const floatX *weight, const floatX *bias, int N, int C) {
     if (N <= 0) { return; }
@@ -165,8 +138,7 @@ static void layernorm_backward_cuda(floatX *dinp, floatX *dweight, floatX *dbias
     const int block = 256, rows_per_block = block / 32;
     layernorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
     cudaCheckLaunch();
-    layernorm_backward_params_kernel<<<ceil_div(C, 32), dim3(32, 32), 0, main_stream>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
-    cudaCheckLaunch();
+    column_sums_accumulate(dbias, dweight, dout, inp, mean, rstd, N, C);   // dbias += sum dy, dweight += sum xhat dy (residual.h)
 }
 
 // ---- residual add + LayerNorm, one kernel ----

@@ -6,6 +6,7 @@
 #include "backend.h"
 #include "alloc.h"
 #include "gelu.h"
+#include "residual.h"
 
 // inp (N, IC), weight (OC, IC), bias (OC) or NULL -> out (N, OC)
 static void matmul_forward_cpu(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
@@ -187,7 +188,7 @@ static void matmul_backward_cuda(floatX *dinp, floatX *dweight, floatX *dbias, c
     if (N <= 0) { return; }   // nothing to accumulate; dinp has no rows
     if (dinp != NULL) { matmul_cublaslt_check(dinp, weight, dout, IC, N, OC, 0, 0, IC, OC, 0.0f); }
     if (dweight != NULL) { matmul_cublaslt_check(dweight, inp, dout, IC, OC, N, 0, 1, IC, OC, 1.0f); }
-    if (dbias != NULL) { column_sum_accumulate(dbias, dout, N, OC); }
+    if (dbias != NULL) { column_sums_accumulate(dbias, NULL, dout, NULL, NULL, NULL, N, OC); }
 }
 
 // ---- GELU epilogues ----

@@ -3,6 +3,7 @@
 #define LLMC_RESIDUAL_H
 
 #include "backend.h"
+#include "alloc.h"
 
 // res, x (N, C), bias (C) or NULL -> out (N, C). out may alias res or x.
 static void residual_bias_forward_cpu(float *out, const float *res, const float *x, const float *bias, int N, int C) {
@@ -55,9 +56,69 @@ static void residual_bias_forward_cuda(floatX *out, const floatX *res, const flo
     cudaCheckLaunch();
 }
 
-// dbias (C) += column sums of dout (N, C): the deterministic kernel in backend.h
+// Column sums on every SM, deterministic (bias gradients; LayerNorm's weight and bias gradients):
+//   pass 1, grid (C / 256, R): thread (block (cx, r), t) sums column c = 256 cx + t over the rows of slice r,
+//           r*rows .. (r+1)*rows - 1, in order: part[r][c] = sum dy; with LayerNorm's inp, mean, rstd also
+//           part[R + r][c] = sum xhat dy
+//   pass 2: thread c adds part[0..R)[c] (and part[R..2R)[c]) in order into dbias[c] (dweight[c]).
+// rows = 64 (doubled until the 2 R C partials fit the cuBLASLt workspace): the order depends on N and C
+// only, not on the GPU. The partials live in the cuBLASLt workspace (the same stream as the GEMMs, so
+// never used at the same time). Each thread's work is a function of its indices alone (no shared memory,
+// no synchronisation): column_partials and column_finish are the kernels' bodies, replayed on the CPU by
+// dev/cuda/column_sums_replay.cu.
+#define COLSUM_THREADS 256
+__host__ __device__ inline void column_partials(float *part, const floatX *dout, const floatX *inp, const float *mean,
+                                                const float *rstd, int N, int C, int rows, int R, int cx, int r, int t) {
+    int c = cx * COLSUM_THREADS + t, n1 = (r + 1) * rows < N ? (r + 1) * rows : N;
+    if (c >= C) { return; }
+    float s = 0.0f, sx = 0.0f;
+    for (int n = r * rows; n < n1; n++) {
+        float dy = (float)dout[(size_t)n * C + c];
+        s += dy;
+        if (inp != NULL) { sx += ((float)inp[(size_t)n * C + c] - mean[n]) * rstd[n] * dy; }
+    }
+    part[(size_t)r * C + c] = s;
+    if (inp != NULL) { part[(size_t)(R + r) * C + c] = sx; }
+}
+__host__ __device__ inline void column_finish(floatX *dbias, floatX *dweight, const float *part, int C, int R, int c) {
+    if (c >= C) { return; }
+    float s = 0.0f, sx = 0.0f;
+    for (int r = 0; r < R; r++) {
+        s += part[(size_t)r * C + c];
+        if (dweight != NULL) { sx += part[(size_t)(R + r) * C + c]; }
+    }
+    dbias[c] = (floatX)((float)dbias[c] + s);
+    if (dweight != NULL) { dweight[c] = (floatX)((float)dweight[c] + sx); }
+}
+__global__ void column_partials_kernel(float *part, const floatX *dout, const floatX *inp, const float *mean, const float *rstd,
+                                       int N, int C, int rows) {
+    column_partials(part, dout, inp, mean, rstd, N, C, rows, gridDim.y, blockIdx.x, blockIdx.y, threadIdx.x);
+}
+__global__ void column_finish_kernel(floatX *dbias, floatX *dweight, const float *part, int C, int R) {
+    column_finish(dbias, dweight, part, C, R, blockIdx.x * blockDim.x + threadIdx.x);
+}
+// the row slice length for N rows, C columns, `sums` sums per column: 64, doubled until the partials fit
+static int column_slice_rows(int N, int C, int sums, size_t workspace_bytes) {
+    int rows = 64;
+    while ((size_t)ceil_div(N, rows) * C * sums * sizeof(float) > workspace_bytes) { rows *= 2; }
+    return rows;
+}
+// dbias (C) += column sums of dout (N, C); with inp, mean, rstd (LayerNorm): dweight (C) += sums of xhat dout
+static void column_sums_accumulate(floatX *dbias, floatX *dweight, const floatX *dout, const floatX *inp, const float *mean,
+                                   const float *rstd, int N, int C) {
+    if (N <= 0 || C <= 0) { return; }
+    if (cublaslt_workspace == NULL) { cublaslt_workspace = mem_alloc(cublaslt_workspace_size, MEM_WORKSPACE); }
+    int rows = column_slice_rows(N, C, inp != NULL ? 2 : 1, cublaslt_workspace_size), R = ceil_div(N, rows);
+    float *part = (float *)cublaslt_workspace;
+    column_partials_kernel<<<dim3(ceil_div(C, COLSUM_THREADS), R), COLSUM_THREADS, 0, main_stream>>>(part, dout, inp, mean, rstd, N, C, rows);
+    cudaCheckLaunch();
+    column_finish_kernel<<<ceil_div(C, COLSUM_THREADS), COLSUM_THREADS, 0, main_stream>>>(dbias, dweight, part, C, R);
+    cudaCheckLaunch();
+}
+
+// dbias (C) += column sums of dout (N, C)
 static void bias_backward_cuda(floatX *dbias, const floatX *dout, int N, int C) {
-    column_sum_accumulate(dbias, dout, N, C);
+    column_sums_accumulate(dbias, NULL, dout, NULL, NULL, NULL, N, C);
 }
 
 static void accumulate_cuda(floatX *dst, const floatX *src, size_t n) {

@@ -247,6 +247,11 @@ run_script test_data    # llm.c's shuffled order (vs dev/data/shuffle_ref.py), s
 run_script test_trace   # --trace: a Chrome trace per rank, its spans, its bubble = --comm-report's
 run_script test_levers  # --recompute, --async-checkpoint, --overlap: bit-identical end to end
 run_script test_plan    # --plan = the measured peaks byte for byte; --memory-limit's advice for constructed OOMs
+if command -v nvcc >/dev/null 2>&1 || [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then
+    run_script test_cuda_replay   # the all-SM column sums (bias, LayerNorm gradients) replayed on the CPU
+else
+    echo "(nvcc not found: the CUDA replays are not run)"
+fi
 echo "== reliability: layout-independent checkpoints, faults, fuzzed files"
 run_script test_resume_layouts   # a checkpoint of one layout resumed in another = that layout's uninterrupted run
 run_script test_faults           # NaN skips, checksums, kill -9 + resume, a stalled rank, SIGUSR1/SIGTERM, the lock, a full disk, MPMD flags
