@@ -359,9 +359,13 @@ static void zero_get_owned_grads(Zero *z, int u, float *host, size_t *start, siz
 // unit over the unit's data-parallel group (also at stage 0, where every rank holds all of them, so
 // nothing counts twice; an expert's replicas over edp likewise, and other ep ranks hold other experts),
 // tensors replicated over tp only on tp rank 0, the tied embedding only on the first pipeline stage.
-// One sum over the world gives the norm, each parameter counted once.
+// One sum over the world gives the norm, each parameter counted once. Ranges that follow each other in
+// memory (a unit's tensors, and the next unit's) are summed as one: a few launches per step, not two per
+// tensor.
 static float zero_grad_norm(Zero *z) {
     int nparts = 0;
+    floatX *run = NULL;   // the range being gathered: run .. run + run_len
+    size_t run_len = 0;
     for (int u = 0; u < z->nunits; u++) {
         const Unit *U = &z->units[u];
         if (U->norm_skip) { continue; }
@@ -371,9 +375,13 @@ static float zero_grad_norm(Zero *z) {
             if (t->replicated && z->grid->tp_rank != 0) { continue; }
             if (!tensor_overlap(t, start, start + U->shard, &a, &b)) { continue; }
             floatX *g = z->stage < 2 ? z->grads + U->full_offset + a : z->grads_shard + U->shard_offset + (a - start);
-            sum_of_squares(z->norm_parts + nparts++, g, b - a);
+            if (run != NULL && g == run + run_len) { run_len += b - a; continue; }
+            if (run != NULL) { sum_of_squares(z->norm_parts + nparts++, run, run_len); }
+            run = g;
+            run_len = b - a;
         }
     }
+    if (run != NULL) { sum_of_squares(z->norm_parts + nparts++, run, run_len); }
     float *parts = (float *)malloc_check(sizeof(float) * (nparts + 1));
     if (nparts > 0) { copy_to_host(parts, z->norm_parts, sizeof(float) * nparts); }
     double sum = 0.0;
