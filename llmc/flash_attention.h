@@ -1,39 +1,82 @@
-// Causal flash attention on the tensor cores, forward and backward (bf16 builds, head size 64 or 128;
-// the default path there, attention.h). attention_forward_cpu and attention_backward_cpu are the
-// specification; this is the same math tiled so that the (T, T) scores never reach global memory:
+// Causal flash attention on the tensor cores, forward and backward (bf16 builds, head size 64 or 128).
+// attention_forward_cpu and attention_backward_cpu are the specification; this is the same math tiled so
+// that the (T, T) scores never reach global memory (FlashAttention-2's order):
 //   forward (block = 64 query rows of one (b, h), 4 warps of 16 rows; key tiles of 64 up to the diagonal,
-//            the tiles above it skipped):  S = Q K^T (mma), causal mask, online softmax (running max m and
-//            sum l per row, O rescaled by exp(m_old - m_new)), O += P V (mma);  out = O / l, lse = m + log l
+//            the tiles above it skipped):  S = Q K^T, causal mask, online softmax (running max m and sum l
+//            per row, O rescaled by exp(m_old - m_new)), O += P V;  out = O / l, lse = m + log l
 //   backward (D = dY.Y per query row, p = exp(s scale - lse), ds = p (dp - D) scale, as the CPU loop):
-//            dk/dv kernel: block = 64 keys, loops over the query tiles from the diagonal down; each warp
-//                          holds dK, dV of its 16 keys in mma accumulators: dV += P^T dY, dK += dS^T Q
-//            dq kernel:    block = 64 queries, loops over the key tiles up to the diagonal: dQ += dS K
-//            Each output element is owned by one warp and summed in a fixed order: deterministic, no atomics.
-// The mma operands are bf16 (P and dS rounded, as in FlashAttention and the cuBLAS path), accumulation fp32.
-// WMMA fragments have no documented element layout, so the element-wise steps (mask, softmax, dS) go
-// through a per-warp fp32 tile in shared memory: lane pair (2r, 2r+1) owns row r, 32 columns each.
+//            dK/dV kernel: block = 64 keys, the query tiles from the diagonal down; each warp accumulates
+//                          dV += P^T dY and dK += dS^T Q for its 16 keys
+//            dQ kernel:    block = 64 queries, the key tiles up to the diagonal: dQ += dS K
+//            Every output element is summed by one thread in a fixed order: deterministic, no atomics.
+// The products are mma.sync m16n8k16 (bf16 operands, fp32 accumulation) on register fragments, so S, P
+// and O never leave the registers: a lane holds rows g = lane/4 and g + 8 of its warp's 16, columns
+// 2t, 2t + 1 (t = lane % 4) of each 8-wide tile (PTX ISA, "Matrix Fragments for mma.m16n8k16"); a row's
+// max and sum are finished over the 4 lanes that share it. An S tile in accumulator layout is already
+// the A operand of the next product (P V, dS K, ...), two 8-wide tiles per 16-wide k step.
+// The kernel bodies are __host__ __device__ functions of the thread's indices: on the GPU the warp
+// operations (fa_mma, fa_shfl_xor, fa_sync) are the hardware's; dev/cuda/flash_replay.cu runs the same
+// bodies on CPU threads with those three emulated from the PTX layouts, against the CPU loops.
 #ifndef LLMC_FLASH_ATTENTION_H
 #define LLMC_FLASH_ATTENTION_H
 
 #if defined(USE_CUDA) && !defined(ENABLE_FP32)
-#include <mma.h>
+#include <stdint.h>
+#include <string.h>
 
 #define FA_TILE 64                 // query rows per block = keys per tile
 #define FA_WARPS 4                 // 16 rows each
 #define FA_THREADS (32 * FA_WARPS)
-#define FA_LDS (FA_TILE + 4)       // fp32 score tiles (16, FA_LDS) per warp
-#define FA_LDP (FA_TILE + 8)       // bf16 P / dS tiles (16, FA_LDP) per warp
 
-typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, floatX, nvcuda::wmma::row_major> fa_a;
-typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, floatX, nvcuda::wmma::row_major> fa_b;
-typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, floatX, nvcuda::wmma::col_major> fa_bt;   // B = X^T
-typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> fa_acc;
+// The CPU replay's warp operations (set by dev/cuda/flash_replay.cu; never used by the trainer).
+typedef struct {
+    void (*mma)(float c[4], const uint32_t a[4], const uint32_t b[2]);
+    float (*shfl_xor)(float v, int mask);
+    void (*sync)(void);
+} FaHostOps;
+static FaHostOps fa_host_ops;
+
+// c (16 x 8, fp32) += A (16 x 16, bf16, row) B (16 x 8, bf16, col): lane (g, t) holds a = {A[g][2t..], A[g+8][2t..],
+// A[g][2t+8..], A[g+8][2t+8..]}, b = {B[2t..][g], B[2t+8..][g]}, c = {C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]}
+__host__ __device__ inline void fa_mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+#ifdef __CUDA_ARCH__
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    fa_host_ops.mma(c, a, b);
+#endif
+}
+__host__ __device__ inline float fa_shfl_xor(float v, int mask) {
+#ifdef __CUDA_ARCH__
+    return __shfl_xor_sync(0xffffffffu, v, mask);
+#else
+    return fa_host_ops.shfl_xor(v, mask);
+#endif
+}
+__host__ __device__ inline void fa_sync(void) {
+#ifdef __CUDA_ARCH__
+    __syncthreads();
+#else
+    fa_host_ops.sync();
+#endif
+}
+
+// two bf16 as one 32-bit register, the first in the low half
+__host__ __device__ inline uint32_t fa_bits2(floatX lo, floatX hi) {
+    uint16_t a, b;
+    memcpy(&a, &lo, 2);
+    memcpy(&b, &hi, 2);
+    return (uint32_t)a | ((uint32_t)b << 16);
+}
+__host__ __device__ inline uint32_t fa_pack(float lo, float hi) { return fa_bits2((floatX)lo, (floatX)hi); }
+__host__ __device__ inline uint32_t fa_ld2(const floatX *p) { return fa_bits2(p[0], p[1]); }
 
 // rows r0 .. r0 + 63 of a (T, ld) bf16 matrix (HS columns from src) -> dst (64, HS + 8); zeros past T
 template <int HS>
-__device__ __forceinline__ void fa_load_tile(floatX *dst, const floatX *src, int r0, int T, size_t ld) {
+__host__ __device__ inline void fa_load_tile(floatX *dst, const floatX *src, int r0, int T, size_t ld, int tid) {
     constexpr int CHUNKS = HS / 8;   // 16-byte chunks per row
-    for (int i = threadIdx.x; i < FA_TILE * CHUNKS; i += FA_THREADS) {
+    for (int i = tid; i < FA_TILE * CHUNKS; i += FA_THREADS) {
         int r = i / CHUNKS, c = (i % CHUNKS) * 8;
         int4 v = make_int4(0, 0, 0, 0);
         if (r0 + r < T) { v = *(const int4 *)(src + (size_t)(r0 + r) * ld + c); }
@@ -41,227 +84,239 @@ __device__ __forceinline__ void fa_load_tile(floatX *dst, const floatX *src, int
     }
 }
 
-// tile (16, 64) = A (16 rows of a (.., HS + 8) tile) times B^T (64 rows of a (.., HS + 8) tile), stored fp32 (16, FA_LDS)
+// the A fragments (16 rows from row0 of a (64, HS + 8) tile) for the HS / 16 k steps over its columns
 template <int HS>
-__device__ __forceinline__ void fa_scores(float *S, const floatX *A, const floatX *B) {
-    fa_acc s[FA_TILE / 16];
-    for (int n = 0; n < FA_TILE / 16; n++) { nvcuda::wmma::fill_fragment(s[n], 0.0f); }
+__host__ __device__ inline void fa_a_rows(uint32_t a[][4], const floatX *tile, int row0, int g, int t) {
     for (int kk = 0; kk < HS / 16; kk++) {
-        fa_a a;
-        nvcuda::wmma::load_matrix_sync(a, A + kk * 16, HS + 8);
-        for (int n = 0; n < FA_TILE / 16; n++) {
-            fa_bt bt;
-            nvcuda::wmma::load_matrix_sync(bt, B + n * 16 * (HS + 8) + kk * 16, HS + 8);
-            nvcuda::wmma::mma_sync(s[n], a, bt, s[n]);
-        }
+        const floatX *p = tile + (row0 + g) * (HS + 8) + kk * 16 + 2 * t;
+        a[kk][0] = fa_ld2(p);
+        a[kk][1] = fa_ld2(p + 8 * (HS + 8));
+        a[kk][2] = fa_ld2(p + 8);
+        a[kk][3] = fa_ld2(p + 8 * (HS + 8) + 8);
     }
-    for (int n = 0; n < FA_TILE / 16; n++) { nvcuda::wmma::store_matrix_sync(S + n * 16, s[n], FA_LDS, nvcuda::wmma::mem_row_major); }
 }
 
-// acc[n] (16, 16 n .. 16 n + 15) += A (16, 64; ld FA_LDP) times B (64 rows of a (.., HS + 8) tile)
+// s[j] (16 x 8: the warp's rows against rows 8j .. 8j + 7 of tile X) = A X^T over the HS columns
 template <int HS>
-__device__ __forceinline__ void fa_accumulate(fa_acc *acc, const floatX *A, const floatX *B) {
+__host__ __device__ inline void fa_scores(float s[FA_TILE / 8][4], const uint32_t a[][4], const floatX *X, int g, int t) {
+    for (int j = 0; j < FA_TILE / 8; j++) { s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f; }
+    for (int kk = 0; kk < HS / 16; kk++) {
+        for (int j = 0; j < FA_TILE / 8; j++) {
+            const floatX *p = X + (j * 8 + g) * (HS + 8) + kk * 16 + 2 * t;   // B = X^T: row g of X, 2 columns
+            uint32_t b[2] = {fa_ld2(p), fa_ld2(p + 8)};
+            fa_mma(s[j], a[kk], b);
+        }
+    }
+}
+
+// acc[n] (16 x 8: dims 8n .. 8n + 7) += P (16 x 64, accumulator layout, rounded to bf16) times tile X (64 x HS)
+template <int HS>
+__host__ __device__ inline void fa_accumulate(float acc[HS / 8][4], float p[FA_TILE / 8][4], const floatX *X, int g, int t) {
     for (int kk = 0; kk < FA_TILE / 16; kk++) {
-        fa_a a;
-        nvcuda::wmma::load_matrix_sync(a, A + kk * 16, FA_LDP);
-        for (int n = 0; n < HS / 16; n++) {
-            fa_b bm;
-            nvcuda::wmma::load_matrix_sync(bm, B + kk * 16 * (HS + 8) + n * 16, HS + 8);
-            nvcuda::wmma::mma_sync(acc[n], a, bm, acc[n]);
+        uint32_t a[4] = {fa_pack(p[2 * kk][0], p[2 * kk][1]), fa_pack(p[2 * kk][2], p[2 * kk][3]),
+                         fa_pack(p[2 * kk + 1][0], p[2 * kk + 1][1]), fa_pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+        for (int n = 0; n < HS / 8; n++) {
+            const floatX *x = X + (kk * 16 + 2 * t) * (HS + 8) + n * 8 + g;   // B = X: column g, rows 2t, 2t + 1 (+ 8)
+            uint32_t b[2] = {fa_bits2(x[0], x[HS + 8]), fa_bits2(x[8 * (HS + 8)], x[9 * (HS + 8)])};
+            fa_mma(acc[n], a, b);
         }
     }
 }
 
 // D = dY.Y and lse of query rows q0 .. q0 + 63 (two threads per row) -> Ds, Ls (0 past T)
 template <int HS>
-__device__ __forceinline__ void fa_row_stats(float *Ds, float *Ls, const floatX *dy, const floatX *y, const float *lse, int q0, int T, int C) {
-    int i = threadIdx.x / 2, half = threadIdx.x % 2, t = q0 + i;
+__host__ __device__ inline void fa_row_stats(float *Ds, float *Ls, const floatX *dy, const floatX *y, const float *lse, int q0, int T,
+                                             int C, int tid) {
+    int i = tid / 2, half = tid % 2, q = q0 + i;
     float d = 0.0f;
-    if (t < T) {
-        for (int c = half * HS / 2; c < (half + 1) * HS / 2; c++) { d += (float)dy[(size_t)t * C + c] * (float)y[(size_t)t * C + c]; }
+    if (q < T) {
+        for (int c = half * HS / 2; c < (half + 1) * HS / 2; c++) { d += (float)dy[(size_t)q * C + c] * (float)y[(size_t)q * C + c]; }
     }
-    d += __shfl_xor_sync(0xffffffff, d, 1);
-    if (half == 0) { Ds[i] = d; Ls[i] = t < T ? lse[t] : 0.0f; }
+    d += fa_shfl_xor(d, 1);
+    if (half == 0) { Ds[i] = d; Ls[i] = q < T ? lse[q] : 0.0f; }
 }
 
-// shared memory: forward Q, K, V (64, HS + 8) bf16 | S (16, FA_LDS) fp32, P (16, FA_LDP) bf16, O (16, HS + 4) fp32 per warp
-template <int HS> static size_t fa_forward_smem(void) {
-    return 3 * FA_TILE * (HS + 8) * 2 + FA_WARPS * 16 * (FA_LDS * 4 + FA_LDP * 2 + (HS + 4) * 4);
-}
-// backward: Q, dY, K, V (64, HS + 8) bf16 | S, dP (16, FA_LDS) fp32 and P, dS (16, FA_LDP) bf16 per warp | D, lse (64)
-template <int HS> static size_t fa_backward_smem(void) {
-    return 4 * FA_TILE * (HS + 8) * 2 + FA_WARPS * 16 * (2 * FA_LDS * 4 + 2 * FA_LDP * 2) + 2 * FA_TILE * 4;
-}
-
-// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T). grid (T / 64, NH, B), the longest rows first.
+// a warp's accumulators (16 x HS) -> rows row0 + g, row0 + g + 8 of dst (ld), rows >= T skipped
 template <int HS>
-__global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(floatX *out, float *lse, const floatX *qkv, int T, int C, int NH) {
-    constexpr int LDX = HS + 8, LDO = HS + 4;
-    extern __shared__ __align__(128) unsigned char fa_smem[];
-    floatX *Qs = (floatX *)fa_smem, *Ks = Qs + FA_TILE * LDX, *Vs = Ks + FA_TILE * LDX;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float *S = (float *)(Vs + FA_TILE * LDX) + warp * 16 * FA_LDS;
-    floatX *P = (floatX *)((float *)(Vs + FA_TILE * LDX) + FA_WARPS * 16 * FA_LDS) + warp * 16 * FA_LDP;
-    float *O = (float *)((floatX *)((float *)(Vs + FA_TILE * LDX) + FA_WARPS * 16 * FA_LDS) + FA_WARPS * 16 * FA_LDP) + warp * 16 * LDO;
-    int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, q0 = qt * FA_TILE;
-    int r = lane / 2, half = lane % 2, qi = q0 + warp * 16 + r;   // this lane: half of row r of the warp's 16
+__host__ __device__ inline void fa_store_rows(floatX *dst, float acc[HS / 8][4], int row0, int T, size_t ld, int g, int t) {
+    for (int i = 0; i < 2; i++) {
+        int r = row0 + g + 8 * i;
+        if (r >= T) { continue; }
+        for (int n = 0; n < HS / 8; n++) {
+            dst[(size_t)r * ld + n * 8 + 2 * t] = (floatX)acc[n][2 * i];
+            dst[(size_t)r * ld + n * 8 + 2 * t + 1] = (floatX)acc[n][2 * i + 1];
+        }
+    }
+}
+
+// shared memory: forward Q, K, V (64, HS + 8); backward Q, dY, K, V and D, lse (64)
+template <int HS> static size_t fa_forward_smem(void) { return 3 * FA_TILE * (HS + 8) * sizeof(floatX); }
+template <int HS> static size_t fa_backward_smem(void) { return 4 * FA_TILE * (HS + 8) * sizeof(floatX) + 2 * FA_TILE * sizeof(float); }
+
+// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T): block (qt, h, b), the longest rows first (qt = nq - 1 - bx)
+template <int HS>
+__host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, int b, int nq, int tid,
+                                            floatX *out, float *lse, const floatX *qkv, int T, int C, int NH) {
+    constexpr int LDX = HS + 8;
+    floatX *Qs = (floatX *)smem, *Ks = Qs + FA_TILE * LDX, *Vs = Ks + FA_TILE * LDX;
+    int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    int q0 = (nq - 1 - bx) * FA_TILE, qrow[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};   // this lane's two rows
     size_t C3 = 3 * (size_t)C;
     const floatX *base = qkv + (size_t)b * T * C3 + h * HS;
-    float scale = rsqrtf((float)HS), m = -INFINITY, l = 0.0f;
-    for (int c = half * HS / 2; c < (half + 1) * HS / 2; c++) { O[r * LDO + c] = 0.0f; }
-    fa_load_tile<HS>(Qs, base, q0, T, C3);
-    int last = (min(q0 + FA_TILE, T) - 1) / FA_TILE;   // = qt: the tiles above the diagonal are never loaded
+    float scale = 1.0f / sqrtf((float)HS), m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float o[HS / 8][4], s[FA_TILE / 8][4];
+    for (int n = 0; n < HS / 8; n++) { o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f; }
+    fa_load_tile<HS>(Qs, base, q0, T, C3, tid);
+    fa_sync();
+    uint32_t qa[HS / 16][4];
+    fa_a_rows<HS>(qa, Qs, warp * 16, g, t);
+    int last = ((q0 + FA_TILE < T ? q0 + FA_TILE : T) - 1) / FA_TILE;   // the diagonal tile
     for (int kt = 0; kt <= last; kt++) {
         int k0 = kt * FA_TILE;
-        __syncthreads();   // every warp is done with the previous K, V
-        fa_load_tile<HS>(Ks, base + C, k0, T, C3);
-        fa_load_tile<HS>(Vs, base + 2 * C, k0, T, C3);
-        __syncthreads();
-        fa_scores<HS>(S, Qs + warp * 16 * LDX, Ks);   // S (16, 64) = Q_w K^T
-        __syncwarp();
-        // online softmax of row r: mask, the new max, P = exp(s - m_new), l and O rescaled by exp(m_old - m_new)
-        float mx = -INFINITY;
-        for (int c = half * 32; c < half * 32 + 32; c++) {
-            int key = k0 + c;
-            float s = key <= qi && key < T ? S[r * FA_LDS + c] * scale : -INFINITY;
-            S[r * FA_LDS + c] = s;
-            mx = fmaxf(mx, s);
+        fa_sync();   // every warp is done with the previous K, V
+        fa_load_tile<HS>(Ks, base + C, k0, T, C3, tid);
+        fa_load_tile<HS>(Vs, base + 2 * C, k0, T, C3, tid);
+        fa_sync();
+        fa_scores<HS>(s, qa, Ks, g, t);   // S (16, 64) = Q_w K^T
+        // online softmax: mask, the rows' new max (over the 4 lanes of a row), P = exp(s - m_new), l, O rescaled
+        float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f}, alpha[2];
+        for (int j = 0; j < FA_TILE / 8; j++) {
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + j * 8 + 2 * t + (e & 1), i = e / 2;
+                s[j][e] = key <= qrow[i] && key < T ? s[j][e] * scale : -INFINITY;
+                mx[i] = fmaxf(mx[i], s[j][e]);
+            }
         }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-        float m_new = fmaxf(m, mx), alpha = expf(m - m_new), sum = 0.0f;   // key k0 <= qi: m_new is finite
-        for (int c = half * 32; c < half * 32 + 32; c++) {
-            float p = expf(S[r * FA_LDS + c] - m_new);
-            P[r * FA_LDP + c] = (floatX)p;
-            sum += p;
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], fa_shfl_xor(mx[i], 1));
+            mx[i] = fmaxf(mx[i], fa_shfl_xor(mx[i], 2));
+            float m_new = fmaxf(m[i], mx[i]);   // finite: key k0 <= every row of the block
+            alpha[i] = expf(m[i] - m_new);
+            m[i] = m_new;
         }
-        sum += __shfl_xor_sync(0xffffffff, sum, 1);
-        l = l * alpha + sum;
-        m = m_new;
-        for (int c = half * HS / 2; c < (half + 1) * HS / 2; c++) { O[r * LDO + c] *= alpha; }
-        __syncwarp();
-        // O_w (16, HS) += P (16, 64) V (64, HS), through the accumulators
-        fa_acc o[HS / 16];
-        for (int n = 0; n < HS / 16; n++) { nvcuda::wmma::load_matrix_sync(o[n], O + n * 16, LDO, nvcuda::wmma::mem_row_major); }
-        fa_accumulate<HS>(o, P, Vs);
-        for (int n = 0; n < HS / 16; n++) { nvcuda::wmma::store_matrix_sync(O + n * 16, o[n], LDO, nvcuda::wmma::mem_row_major); }
-        __syncwarp();
+        for (int j = 0; j < FA_TILE / 8; j++) {
+            for (int e = 0; e < 4; e++) { s[j][e] = expf(s[j][e] - m[e / 2]); sum[e / 2] += s[j][e]; }
+        }
+        for (int i = 0; i < 2; i++) {
+            sum[i] += fa_shfl_xor(sum[i], 1);
+            sum[i] += fa_shfl_xor(sum[i], 2);
+            l[i] = l[i] * alpha[i] + sum[i];
+        }
+        for (int n = 0; n < HS / 8; n++) { o[n][0] *= alpha[0]; o[n][1] *= alpha[0]; o[n][2] *= alpha[1]; o[n][3] *= alpha[1]; }
+        fa_accumulate<HS>(o, s, Vs, g, t);   // O_w += P V
     }
-    if (qi < T) {
-        float inv = 1.0f / l;
-        floatX *y = out + ((size_t)b * T + qi) * C + h * HS;
-        for (int c = half * HS / 2; c < (half + 1) * HS / 2; c++) { y[c] = (floatX)(O[r * LDO + c] * inv); }
-        if (half == 0) { lse[((size_t)b * NH + h) * T + qi] = m + logf(l); }
+    for (int i = 0; i < 2; i++) {
+        float inv = 1.0f / l[i];
+        for (int n = 0; n < HS / 8; n++) { o[n][2 * i] *= inv; o[n][2 * i + 1] *= inv; }
+        if (t == 0 && qrow[i] < T) { lse[((size_t)b * NH + h) * T + qrow[i]] = m[i] + logf(l[i]); }
     }
+    fa_store_rows<HS>(out + (size_t)b * T * C + h * HS, o, q0 + warp * 16, T, C, g, t);
 }
 
-// The backward's shared memory, carved the same way by both kernels.
+// dK, dV (in dqkv) of keys k0 .. k0 + 63: block (kt, h, b), the longest loops (first keys) first
 template <int HS>
-struct FaBackwardSmem {
-    floatX *Qs, *dYs, *Ks, *Vs, *P, *dS;   // P, dS: this warp's (16, FA_LDP)
-    float *S, *dP, *Ds, *Ls;               // S, dP: this warp's (16, FA_LDS); contiguous, so (16, HS + 4) fits in S
-    __device__ FaBackwardSmem(unsigned char *smem, int warp) {
-        constexpr int LDX = HS + 8;
-        Qs = (floatX *)smem; dYs = Qs + FA_TILE * LDX; Ks = dYs + FA_TILE * LDX; Vs = Ks + FA_TILE * LDX;
-        float *f = (float *)(Vs + FA_TILE * LDX);
-        S = f + warp * 2 * 16 * FA_LDS; dP = S + 16 * FA_LDS;
-        floatX *x = (floatX *)(f + FA_WARPS * 2 * 16 * FA_LDS);
-        P = x + warp * 2 * 16 * FA_LDP; dS = P + 16 * FA_LDP;
-        Ds = (float *)(x + FA_WARPS * 2 * 16 * FA_LDP); Ls = Ds + FA_TILE;
-    }
-};
-
-// A warp's accumulators (16, HS) -> rows row0 .. row0 + 15 of dst (ld C3), through its fp32 scratch; rows >= T skipped
-template <int HS>
-__device__ __forceinline__ void fa_store_rows(floatX *dst, fa_acc *acc, float *scratch, int row0, int T, size_t ld) {
-    constexpr int LDO = HS + 4;
-    int lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
-    __syncwarp();
-    for (int n = 0; n < HS / 16; n++) { nvcuda::wmma::store_matrix_sync(scratch + n * 16, acc[n], LDO, nvcuda::wmma::mem_row_major); }
-    __syncwarp();
-    if (row0 + r < T) {
-        for (int c = half * HS / 2; c < (half + 1) * HS / 2; c++) { dst[(size_t)(row0 + r) * ld + c] = (floatX)scratch[r * LDO + c]; }
-    }
-    __syncwarp();
-}
-
-// dK, dV (in dqkv) of keys k0 .. k0 + 63: grid (T / 64, NH, B), the longest loops (first keys) first.
-template <int HS>
-__global__ void __launch_bounds__(FA_THREADS) flash_backward_dkdv_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv,
-                                                                        const floatX *out, const float *lse, int T, int C, int NH) {
+__host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, int h, int b, int tid, floatX *dqkv, const floatX *dout,
+                                                  const floatX *qkv, const floatX *out, const float *lse, int T, int C, int NH) {
     constexpr int LDX = HS + 8;
-    extern __shared__ __align__(128) unsigned char fa_smem[];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
-    FaBackwardSmem<HS> sm(fa_smem, warp);
-    int kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, k0 = kt * FA_TILE, key = k0 + warp * 16 + r;
+    floatX *Qs = (floatX *)smem, *dYs = Qs + FA_TILE * LDX, *Ks = dYs + FA_TILE * LDX, *Vs = Ks + FA_TILE * LDX;
+    float *Ds = (float *)(Vs + FA_TILE * LDX), *Ls = Ds + FA_TILE;
+    int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, k0 = kt * FA_TILE;
+    int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};   // this lane's two keys
     size_t C3 = 3 * (size_t)C;
     const floatX *base = qkv + (size_t)b * T * C3 + h * HS, *dy = dout + (size_t)b * T * C + h * HS, *y = out + (size_t)b * T * C + h * HS;
     const float *lse_bh = lse + ((size_t)b * NH + h) * T;
-    float scale = rsqrtf((float)HS);
-    fa_load_tile<HS>(sm.Ks, base + C, k0, T, C3);
-    fa_load_tile<HS>(sm.Vs, base + 2 * C, k0, T, C3);
-    fa_acc dk[HS / 16], dv[HS / 16];
-    for (int n = 0; n < HS / 16; n++) { nvcuda::wmma::fill_fragment(dk[n], 0.0f); nvcuda::wmma::fill_fragment(dv[n], 0.0f); }
+    float scale = 1.0f / sqrtf((float)HS);
+    fa_load_tile<HS>(Ks, base + C, k0, T, C3, tid);
+    fa_load_tile<HS>(Vs, base + 2 * C, k0, T, C3, tid);
+    fa_sync();
+    uint32_t ka[HS / 16][4], va[HS / 16][4];
+    fa_a_rows<HS>(ka, Ks, warp * 16, g, t);
+    fa_a_rows<HS>(va, Vs, warp * 16, g, t);
+    float dk[HS / 8][4], dv[HS / 8][4], s[FA_TILE / 8][4], dp[FA_TILE / 8][4];
+    for (int n = 0; n < HS / 8; n++) { for (int e = 0; e < 4; e++) { dk[n][e] = 0.0f; dv[n][e] = 0.0f; } }
     for (int qt = kt; qt * FA_TILE < T; qt++) {
         int q0 = qt * FA_TILE;
-        __syncthreads();   // every warp is done with the previous Q, dY
-        fa_load_tile<HS>(sm.Qs, base, q0, T, C3);
-        fa_load_tile<HS>(sm.dYs, dy, q0, T, C);
-        fa_row_stats<HS>(sm.Ds, sm.Ls, dy, y, lse_bh, q0, T, C);
-        __syncthreads();
-        fa_scores<HS>(sm.S, sm.Ks + warp * 16 * LDX, sm.Qs);     // S^T (16 keys, 64 queries) = K_w Q^T
-        fa_scores<HS>(sm.dP, sm.Vs + warp * 16 * LDX, sm.dYs);   // dP^T = V_w dY^T
-        __syncwarp();
-        for (int c = half * 32; c < half * 32 + 32; c++) {       // row r = key, column c = query q0 + c
-            int q = q0 + c;
-            float p = key <= q && q < T && key < T ? expf(sm.S[r * FA_LDS + c] * scale - sm.Ls[c]) : 0.0f;
-            sm.P[r * FA_LDP + c] = (floatX)p;
-            sm.dS[r * FA_LDP + c] = (floatX)(p * (sm.dP[r * FA_LDS + c] - sm.Ds[c]) * scale);
+        fa_sync();   // every warp is done with the previous Q, dY, D, lse
+        fa_load_tile<HS>(Qs, base, q0, T, C3, tid);
+        fa_load_tile<HS>(dYs, dy, q0, T, C, tid);
+        fa_row_stats<HS>(Ds, Ls, dy, y, lse_bh, q0, T, C, tid);
+        fa_sync();
+        fa_scores<HS>(s, ka, Qs, g, t);    // S^T (16 keys, 64 queries) = K_w Q^T
+        fa_scores<HS>(dp, va, dYs, g, t);  // dP^T = V_w dY^T
+        for (int j = 0; j < FA_TILE / 8; j++) {
+            for (int e = 0; e < 4; e++) {   // row = this lane's key e / 2, column = query q0 + c
+                int c = j * 8 + 2 * t + (e & 1), q = q0 + c, kk = key[e / 2];
+                float p = kk <= q && q < T && kk < T ? expf(s[j][e] * scale - Ls[c]) : 0.0f;
+                s[j][e] = p;
+                dp[j][e] = p * (dp[j][e] - Ds[c]) * scale;
+            }
         }
-        __syncwarp();
-        fa_accumulate<HS>(dv, sm.P, sm.dYs);   // dV_w += P^T dY
-        fa_accumulate<HS>(dk, sm.dS, sm.Qs);   // dK_w += dS^T Q
+        fa_accumulate<HS>(dv, s, dYs, g, t);   // dV_w += P^T dY
+        fa_accumulate<HS>(dk, dp, Qs, g, t);   // dK_w += dS^T Q
     }
     floatX *dst = dqkv + (size_t)b * T * C3 + h * HS;
-    fa_store_rows<HS>(dst + C, dk, sm.S, k0 + warp * 16, T, C3);
-    fa_store_rows<HS>(dst + 2 * C, dv, sm.S, k0 + warp * 16, T, C3);
+    fa_store_rows<HS>(dst + C, dk, k0 + warp * 16, T, C3, g, t);
+    fa_store_rows<HS>(dst + 2 * C, dv, k0 + warp * 16, T, C3, g, t);
 }
 
-// dQ (in dqkv) of queries q0 .. q0 + 63: grid (T / 64, NH, B), the longest rows first.
+// dQ (in dqkv) of queries q0 .. q0 + 63: block (qt, h, b), the longest rows first (qt = nq - 1 - bx)
+template <int HS>
+__host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int h, int b, int nq, int tid, floatX *dqkv, const floatX *dout,
+                                                const floatX *qkv, const floatX *out, const float *lse, int T, int C, int NH) {
+    constexpr int LDX = HS + 8;
+    floatX *Qs = (floatX *)smem, *dYs = Qs + FA_TILE * LDX, *Ks = dYs + FA_TILE * LDX, *Vs = Ks + FA_TILE * LDX;
+    float *Ds = (float *)(Vs + FA_TILE * LDX), *Ls = Ds + FA_TILE;
+    int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, q0 = (nq - 1 - bx) * FA_TILE;
+    int qr[2] = {warp * 16 + g, warp * 16 + g + 8};   // this lane's two query rows, in the tile
+    size_t C3 = 3 * (size_t)C;
+    const floatX *base = qkv + (size_t)b * T * C3 + h * HS, *dy = dout + (size_t)b * T * C + h * HS, *y = out + (size_t)b * T * C + h * HS;
+    float scale = 1.0f / sqrtf((float)HS);
+    fa_load_tile<HS>(Qs, base, q0, T, C3, tid);
+    fa_load_tile<HS>(dYs, dy, q0, T, C, tid);
+    fa_row_stats<HS>(Ds, Ls, dy, y, lse + ((size_t)b * NH + h) * T, q0, T, C, tid);
+    fa_sync();
+    uint32_t qa[HS / 16][4], dya[HS / 16][4];
+    fa_a_rows<HS>(qa, Qs, warp * 16, g, t);
+    fa_a_rows<HS>(dya, dYs, warp * 16, g, t);
+    float dq[HS / 8][4], s[FA_TILE / 8][4], dp[FA_TILE / 8][4];
+    for (int n = 0; n < HS / 8; n++) { dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f; }
+    int last = ((q0 + FA_TILE < T ? q0 + FA_TILE : T) - 1) / FA_TILE;
+    for (int kt = 0; kt <= last; kt++) {
+        int k0 = kt * FA_TILE;
+        fa_sync();   // every warp is done with the previous K, V
+        fa_load_tile<HS>(Ks, base + C, k0, T, C3, tid);
+        fa_load_tile<HS>(Vs, base + 2 * C, k0, T, C3, tid);
+        fa_sync();
+        fa_scores<HS>(s, qa, Ks, g, t);     // S (16 queries, 64 keys) = Q_w K^T
+        fa_scores<HS>(dp, dya, Vs, g, t);   // dP = dY_w V^T
+        for (int j = 0; j < FA_TILE / 8; j++) {
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + j * 8 + 2 * t + (e & 1), r = qr[e / 2], q = q0 + r;
+                float p = key <= q && q < T && key < T ? expf(s[j][e] * scale - Ls[r]) : 0.0f;
+                dp[j][e] = p * (dp[j][e] - Ds[r]) * scale;
+            }
+        }
+        fa_accumulate<HS>(dq, dp, Ks, g, t);   // dQ_w += dS K
+    }
+    fa_store_rows<HS>(dqkv + (size_t)b * T * C3 + h * HS, dq, q0 + warp * 16, T, C3, g, t);
+}
+
+template <int HS>
+__global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(floatX *out, float *lse, const floatX *qkv, int T, int C, int NH) {
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    flash_forward_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, threadIdx.x, out, lse, qkv, T, C, NH);
+}
+template <int HS>
+__global__ void __launch_bounds__(FA_THREADS) flash_backward_dkdv_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv,
+                                                                        const floatX *out, const float *lse, int T, int C, int NH) {
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    flash_backward_dkdv_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, dqkv, dout, qkv, out, lse, T, C, NH);
+}
 template <int HS>
 __global__ void __launch_bounds__(FA_THREADS) flash_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv,
                                                                       const floatX *out, const float *lse, int T, int C, int NH) {
-    constexpr int LDX = HS + 8;
-    extern __shared__ __align__(128) unsigned char fa_smem[];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
-    FaBackwardSmem<HS> sm(fa_smem, warp);
-    int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, q0 = qt * FA_TILE, qrow = warp * 16 + r, qi = q0 + qrow;
-    size_t C3 = 3 * (size_t)C;
-    const floatX *base = qkv + (size_t)b * T * C3 + h * HS, *dy = dout + (size_t)b * T * C + h * HS, *y = out + (size_t)b * T * C + h * HS;
-    float scale = rsqrtf((float)HS);
-    fa_load_tile<HS>(sm.Qs, base, q0, T, C3);
-    fa_load_tile<HS>(sm.dYs, dy, q0, T, C);
-    fa_row_stats<HS>(sm.Ds, sm.Ls, dy, y, lse + ((size_t)b * NH + h) * T, q0, T, C);
-    fa_acc dq[HS / 16];
-    for (int n = 0; n < HS / 16; n++) { nvcuda::wmma::fill_fragment(dq[n], 0.0f); }
-    int last = (min(q0 + FA_TILE, T) - 1) / FA_TILE;
-    for (int kt = 0; kt <= last; kt++) {
-        int k0 = kt * FA_TILE;
-        __syncthreads();   // every warp is done with the previous K, V (and Q, dY, D, lse are in)
-        fa_load_tile<HS>(sm.Ks, base + C, k0, T, C3);
-        fa_load_tile<HS>(sm.Vs, base + 2 * C, k0, T, C3);
-        __syncthreads();
-        fa_scores<HS>(sm.S, sm.Qs + warp * 16 * LDX, sm.Ks);     // S (16 queries, 64 keys) = Q_w K^T
-        fa_scores<HS>(sm.dP, sm.dYs + warp * 16 * LDX, sm.Vs);   // dP = dY_w V^T
-        __syncwarp();
-        for (int c = half * 32; c < half * 32 + 32; c++) {
-            int key = k0 + c;
-            float p = key <= qi && qi < T && key < T ? expf(sm.S[r * FA_LDS + c] * scale - sm.Ls[qrow]) : 0.0f;
-            sm.dS[r * FA_LDP + c] = (floatX)(p * (sm.dP[r * FA_LDS + c] - sm.Ds[qrow]) * scale);
-        }
-        __syncwarp();
-        fa_accumulate<HS>(dq, sm.dS, sm.Ks);   // dQ_w += dS K
-    }
-    fa_store_rows<HS>(dqkv + (size_t)b * T * C3 + h * HS, dq, sm.S, q0 + warp * 16, T, C3);
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    flash_backward_dq_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, threadIdx.x, dqkv, dout, qkv, out, lse, T, C, NH);
 }
 
 template <int HS>

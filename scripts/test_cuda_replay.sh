@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # CUDA kernels whose bodies are replayed on the CPU, every block and thread in turn (dev/cuda/*_replay.cu,
+# the flash kernels with their warp operations emulated from the PTX layouts;
 # built by nvcc as host code: no GPU needed): their indexing and slicing against the exact results.
 # Usage: bash scripts/test_cuda_replay.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
 set -u
 cd "$(dirname "$0")/.."
 export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
 make -s -C dev/cuda replay 2>&1 || echo "FAIL make -C dev/cuda replay"
+make -s -C dev/cuda flash-replay 2>&1 || echo "FAIL make -C dev/cuda flash-replay"

@@ -37,8 +37,8 @@ H200_MEASURED = {
     "gemm_head":         ("lm head chunk", 470.0, "TFLOP/s"),                                         # fwd 573, bwd 372
     "attn_cublas_fwd":   ("cublas forward (B4 T1024 hs64)", 32.6, "TFLOP/s causal"),
     "attn_cublas_bwd":   ("cublas backward", 36.9, "TFLOP/s causal"),
-    "attn_flash_fwd":    ("flash forward (B4 T1024 hs64)", 27.8, "TFLOP/s causal"),
-    "attn_flash_bwd":    ("flash backward", 24.4, "TFLOP/s causal"),
+    "attn_flash_fwd":    ("flash forward (B4 T1024 hs64; the WMMA version)", 27.8, "TFLOP/s causal"),
+    "attn_flash_bwd":    ("flash backward (the WMMA version)", 24.4, "TFLOP/s causal"),
     "layernorm_fwd":     ("layernorm_forward", 2131.0, "GB/s"),
     "layernorm_bwd":     ("layernorm_backward", 566.1, "GB/s"),
     "residual_ln_fwd":   ("residual_layernorm fused", 3429.7, "GB/s"),

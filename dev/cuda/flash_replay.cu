@@ -1,0 +1,146 @@
+// The flash attention kernels (llmc/flash_attention.h) replayed on the CPU, thread by thread: each block's
+// 128 threads are CPU threads running the kernels' own bodies, and the three warp operations are emulated
+// from the PTX ISA's description: fa_sync a barrier of the block; fa_shfl_xor an exchange through memory;
+// fa_mma rebuilds the warp's A (16 x 16) and B (16 x 8) from every lane's registers ("Matrix Fragments for
+// mma.m16n8k16": a_i at row g (+8 for a2, a3, a6, a7), column 2t + (i & 1) (+8 for a4..a7); b_i at row
+// 2t + (i & 1) (+8 for b2, b3), column g; c_i at row g (+8 for c2, c3), column 2t + (i & 1)) and computes this
+// lane's four outputs. Checks the tiling, the masking, the online softmax and the fragment bookkeeping
+// against attention_forward_cpu / attention_backward_cpu without a GPU. bf16 build: inputs rounded to
+// bf16; an indexing or masking error gives errors of the size of the outputs themselves.
+// Build and run (no GPU needed): make -C dev/cuda flash-replay
+#include "../../llmc/attention.h"
+#include <pthread.h>
+#include <thread>
+#include <vector>
+
+static pthread_barrier_t emu_barrier;
+static thread_local int emu_tid;
+static float emu_f[FA_THREADS];
+static uint32_t emu_a[FA_THREADS][4], emu_b[FA_THREADS][2];
+
+static void emu_sync(void) { pthread_barrier_wait(&emu_barrier); }
+static float emu_shfl_xor(float v, int mask) {
+    emu_f[emu_tid] = v;
+    emu_sync();
+    float r = emu_f[(emu_tid & ~31) | ((emu_tid & 31) ^ mask)];
+    emu_sync();
+    return r;
+}
+static float bf16_bits(uint32_t h) { uint32_t u = h << 16; float f; memcpy(&f, &u, 4); return f; }   // bf16 -> fp32, exact
+static float bf16_lo(uint32_t r) { return bf16_bits(r & 0xffffu); }
+static float bf16_hi(uint32_t r) { return bf16_bits(r >> 16); }
+static void emu_mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    memcpy(emu_a[emu_tid], a, sizeof(emu_a[0]));
+    memcpy(emu_b[emu_tid], b, sizeof(emu_b[0]));
+    emu_sync();
+    int w = emu_tid & ~31, lane = emu_tid & 31, g = lane / 4, t = lane % 4;
+    float A[16][16], B[16][8];
+    for (int L = 0; L < 32; L++) {
+        int gl = L / 4, tl = L % 4;
+        const uint32_t *ra = emu_a[w + L], *rb = emu_b[w + L];
+        A[gl][2 * tl] = bf16_lo(ra[0]);         A[gl][2 * tl + 1] = bf16_hi(ra[0]);
+        A[gl + 8][2 * tl] = bf16_lo(ra[1]);     A[gl + 8][2 * tl + 1] = bf16_hi(ra[1]);
+        A[gl][2 * tl + 8] = bf16_lo(ra[2]);     A[gl][2 * tl + 9] = bf16_hi(ra[2]);
+        A[gl + 8][2 * tl + 8] = bf16_lo(ra[3]); A[gl + 8][2 * tl + 9] = bf16_hi(ra[3]);
+        B[2 * tl][gl] = bf16_lo(rb[0]);         B[2 * tl + 1][gl] = bf16_hi(rb[0]);
+        B[2 * tl + 8][gl] = bf16_lo(rb[1]);     B[2 * tl + 9][gl] = bf16_hi(rb[1]);
+    }
+    for (int e = 0; e < 4; e++) {
+        int row = g + 8 * (e / 2), col = 2 * t + (e & 1);
+        float acc = 0.0f;
+        for (int k = 0; k < 16; k++) { acc += A[row][k] * B[k][col]; }
+        c[e] += acc;
+    }
+    emu_sync();
+}
+
+// runs body(tid) on FA_THREADS CPU threads, as one block
+template <typename F>
+static void run_block(F body) {
+    std::vector<std::thread> threads;
+    for (int tid = 0; tid < FA_THREADS; tid++) { threads.emplace_back([&, tid] { emu_tid = tid; body(tid); }); }
+    for (auto &th : threads) { th.join(); }
+}
+
+static float *rounded_random(size_t n, unsigned int *seed) {
+    float *x = (float *)aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+    for (size_t i = 0; i < n; i++) {
+        *seed = *seed * 1664525u + 1013904223u;
+        x[i] = (float)(floatX)(((*seed >> 8) / 16777216.0f) * 2.0f - 1.0f);
+    }
+    return x;
+}
+static floatX *to_bf16(const float *x, size_t n) {
+    floatX *y = (floatX *)aligned_alloc(64, (n * sizeof(floatX) + 63) / 64 * 64);
+    for (size_t i = 0; i < n; i++) { y[i] = (floatX)x[i]; }
+    return y;
+}
+
+static int fails = 0;
+template <typename X>
+static void compare(const char *what, const X *got, const float *want, size_t n, int B, int T, int C, int NH) {
+    double worst = 0.0, sq = 0.0, ref = 0.0;
+    size_t bad = 0, at = 0;
+    for (size_t i = 0; i < n; i++) {
+        double g = (double)(float)got[i], w = want[i], err = fabs(g - w), allowed = 1e-2 + 2e-2 * fabs(w);
+        sq += err * err; ref += w * w;
+        if (!(err <= allowed)) { bad++; }
+        if (!(err / allowed <= worst)) { worst = err / allowed; at = i; }
+    }
+    printf("%-4s flash replay B%d T%d C%d NH%d (hs %d): %-14s %zu of %zu beyond 1e-2 + 2e-2|ref| (worst err/allowed %.3f at %zu), rms err / rms %.2e\n",
+           bad ? "FAIL" : "ok", B, T, C, NH, C / NH, what, bad, n, worst, at, sqrt(sq / (ref + 1e-30)));
+    fails += bad > 0;
+}
+
+template <int HS>
+static void run_case(int B, int T, int NH) {
+    int C = NH * HS;
+    unsigned int seed = 99u + T;
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
+    float *qkv = rounded_random(nqkv, &seed), *dout = rounded_random(nout, &seed);
+    float *out = (float *)malloc(nout * sizeof(float)), *lse = (float *)malloc(nlse * sizeof(float)), *dqkv = (float *)malloc(nqkv * sizeof(float));
+    attention_forward_cpu(out, lse, qkv, B, T, C, NH);
+    for (size_t i = 0; i < nout; i++) { out[i] = (float)(floatX)out[i]; }   // the backward reads out as stored
+    attention_backward_cpu(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    floatX *x_qkv = to_bf16(qkv, nqkv), *x_dout = to_bf16(dout, nout), *x_outc = to_bf16(out, nout);
+    floatX *g_out = (floatX *)aligned_alloc(64, nout * sizeof(floatX) + 64), *g_dqkv = (floatX *)aligned_alloc(64, nqkv * sizeof(floatX) + 64);
+    float *g_lse = (float *)malloc(nlse * sizeof(float));
+    for (size_t i = 0; i < nout; i++) { g_out[i] = (floatX)NAN; }   // every element must be written
+    for (size_t i = 0; i < nqkv; i++) { g_dqkv[i] = (floatX)NAN; }
+    for (size_t i = 0; i < nlse; i++) { g_lse[i] = NAN; }
+    size_t smem_bytes = fa_backward_smem<HS>() > fa_forward_smem<HS>() ? fa_backward_smem<HS>() : fa_forward_smem<HS>();
+    unsigned char *smem = (unsigned char *)aligned_alloc(64, (smem_bytes + 63) / 64 * 64);
+    int nq = ceil_div(T, FA_TILE);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int bx = 0; bx < nq; bx++) {
+                run_block([&](int tid) { flash_forward_body<HS>(smem, bx, h, b, nq, tid, g_out, g_lse, x_qkv, T, C, NH); });
+            }
+        }
+    }
+    compare("forward out", g_out, out, nout, B, T, C, NH);
+    compare("forward lse", g_lse, lse, nlse, B, T, C, NH);
+    // the backward from the CPU forward's out (as stored) and lse, as the harness does
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int bx = 0; bx < nq; bx++) {
+                run_block([&](int tid) { flash_backward_dkdv_body<HS>(smem, bx, h, b, tid, g_dqkv, x_dout, x_qkv, x_outc, lse, T, C, NH); });
+                run_block([&](int tid) { flash_backward_dq_body<HS>(smem, bx, h, b, nq, tid, g_dqkv, x_dout, x_qkv, x_outc, lse, T, C, NH); });
+            }
+        }
+    }
+    compare("backward dqkv", g_dqkv, dqkv, nqkv, B, T, C, NH);
+    free(qkv); free(dout); free(out); free(lse); free(dqkv); free(x_qkv); free(x_dout); free(x_outc); free(g_out); free(g_dqkv);
+    free(g_lse); free(smem);
+}
+
+int main(void) {
+    pthread_barrier_init(&emu_barrier, NULL, FA_THREADS);
+    fa_host_ops.mma = emu_mma;
+    fa_host_ops.shfl_xor = emu_shfl_xor;
+    fa_host_ops.sync = emu_sync;
+    run_case<64>(1, 130, 2);    // hs 64: two full tiles and a partial one (the causal edge inside a tile, rows past T)
+    run_case<128>(2, 64, 1);    // hs 128: one tile, two batch indices
+    run_case<64>(1, 7, 1);      // fewer tokens than one warp's rows
+    return fails != 0;
+}
