@@ -228,10 +228,6 @@ __host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, i
     float scale = 1.0f / sqrtf((float)HS);
     fa_load_tile<HS>(Ks, base + C, k0, T, C3, tid);
     fa_load_tile<HS>(Vs, base + 2 * C, k0, T, C3, tid);
-    fa_sync();
-    uint32_t ka[HS / 16][4], va[HS / 16][4];
-    fa_a_rows<HS>(ka, Ks, warp * 16, g, t);
-    fa_a_rows<HS>(va, Vs, warp * 16, g, t);
     float dk[HS / 8][4], dv[HS / 8][4], s[FA_TILE / 8][4], dp[FA_TILE / 8][4];
     for (int n = 0; n < HS / 8; n++) { for (int e = 0; e < 4; e++) { dk[n][e] = 0.0f; dv[n][e] = 0.0f; } }
     for (int qt = kt; qt * FA_TILE < T; qt++) {
@@ -241,8 +237,14 @@ __host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, i
         fa_load_tile<HS>(dYs, dy, q0, T, C, tid);
         fa_row_stats<HS>(Ds, Ls, dy, y, lse_bh, q0, T, C, tid);
         fa_sync();
-        fa_scores<HS>(s, ka, Qs, g, t);    // S^T (16 keys, 64 queries) = K_w Q^T
-        fa_scores<HS>(dp, va, dYs, g, t);  // dP^T = V_w dY^T
+        {   // the warp's K and V rows as A fragments, read again each tile (held across the loop, they would
+            // spill at head size 128 next to the dK, dV accumulators)
+            uint32_t ka[HS / 16][4], va[HS / 16][4];
+            fa_a_rows<HS>(ka, Ks, warp * 16, g, t);
+            fa_a_rows<HS>(va, Vs, warp * 16, g, t);
+            fa_scores<HS>(s, ka, Qs, g, t);    // S^T (16 keys, 64 queries) = K_w Q^T
+            fa_scores<HS>(dp, va, dYs, g, t);  // dP^T = V_w dY^T
+        }
         for (int j = 0; j < FA_TILE / 8; j++) {
             for (int e = 0; e < 4; e++) {   // row = this lane's key e / 2, column = query q0 + c
                 int c = j * 8 + 2 * t + (e & 1), q = q0 + c, kk = key[e / 2];
