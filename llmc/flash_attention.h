@@ -84,6 +84,15 @@ __host__ __device__ inline void fa_load_tile(floatX *dst, const floatX *src, int
     }
 }
 
+// the next K, V tiles (keys k0 .. k0 + 63 of the head at base) into Ks, Vs, once every warp is done with the last
+template <int HS>
+__host__ __device__ inline void fa_next_kv(floatX *Ks, floatX *Vs, const floatX *base, int k0, int T, int C, int tid) {
+    fa_sync();
+    fa_load_tile<HS>(Ks, base + C, k0, T, 3 * (size_t)C, tid);
+    fa_load_tile<HS>(Vs, base + 2 * C, k0, T, 3 * (size_t)C, tid);
+    fa_sync();
+}
+
 // the A fragments (16 rows from row0 of a (64, HS + 8) tile) for the HS / 16 k steps over its columns
 template <int HS>
 __host__ __device__ inline void fa_a_rows(uint32_t a[][4], const floatX *tile, int row0, int g, int t) {
@@ -173,10 +182,7 @@ __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, 
     int last = ((q0 + FA_TILE < T ? q0 + FA_TILE : T) - 1) / FA_TILE;   // the diagonal tile
     for (int kt = 0; kt <= last; kt++) {
         int k0 = kt * FA_TILE;
-        fa_sync();   // every warp is done with the previous K, V
-        fa_load_tile<HS>(Ks, base + C, k0, T, C3, tid);
-        fa_load_tile<HS>(Vs, base + 2 * C, k0, T, C3, tid);
-        fa_sync();
+        fa_next_kv<HS>(Ks, Vs, base, k0, T, C, tid);
         fa_scores<HS>(s, qa, Ks, g, t);   // S (16, 64) = Q_w K^T
         // online softmax: mask, the rows' new max (over the 4 lanes of a row), P = exp(s - m_new), l, O rescaled
         float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f}, alpha[2];
@@ -285,10 +291,7 @@ __host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int
     int last = ((q0 + FA_TILE < T ? q0 + FA_TILE : T) - 1) / FA_TILE;
     for (int kt = 0; kt <= last; kt++) {
         int k0 = kt * FA_TILE;
-        fa_sync();   // every warp is done with the previous K, V
-        fa_load_tile<HS>(Ks, base + C, k0, T, C3, tid);
-        fa_load_tile<HS>(Vs, base + 2 * C, k0, T, C3, tid);
-        fa_sync();
+        fa_next_kv<HS>(Ks, Vs, base, k0, T, C, tid);
         fa_scores<HS>(s, qa, Ks, g, t);     // S (16 queries, 64 keys) = Q_w K^T
         fa_scores<HS>(dp, dya, Vs, g, t);   // dP = dY_w V^T
         for (int j = 0; j < FA_TILE / 8; j++) {

@@ -2,12 +2,7 @@
 # Bad input: each case must exit non-zero with one "error: ..." line naming the thing, within a
 # timeout (no hang of the other ranks), and leave nothing in the output dir.
 # Usage: bash scripts/test_bad_input.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
-set -u
-BIN=$1
-W=$2
-mkdir -p "$W"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-MPIRUN="mpirun --oversubscribe --bind-to none"
+. "$(dirname "$0")/test_lib.sh"
 PY=python3
 TINY="L=2,C=64,NH=4,V=250,maxT=64"
 

@@ -10,13 +10,7 @@
 #  4. dev/data/tinyshakespeare.py: GPT-2 tokens (val = EOT then the tokens of the first line, llm.c's
 #     token counts), tokenizer files train_gpt decodes with; the byte fallback
 # Usage: bash scripts/test_data.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
-set -u
-BIN=$1
-W=$2
-mkdir -p "$W"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-MPIRUN="mpirun --oversubscribe --bind-to none"
-say() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fi; }
+. "$(dirname "$0")/test_lib.sh"
 # the python with the PyPI packages (scripts/setup.sh makes .venv), else Debian's, else any
 PY=.venv/bin/python
 [ -x "$PY" ] || PY=/usr/bin/python3

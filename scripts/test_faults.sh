@@ -4,16 +4,10 @@
 # a stalled rank stopped by the watchdog, SIGUSR1 through mpirun and SIGTERM to the ranks (a checkpoint
 # that resumes exactly), the lock on -o, a full disk under main.log, different flags per rank.
 # Usage: bash scripts/test_faults.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
-set -u
-BIN=$1
-W=$2
-mkdir -p "$W"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-MPIRUN="mpirun --oversubscribe --bind-to none"
+. "$(dirname "$0")/test_lib.sh"
 NOMPI=build/cpu-nompi/train_gpt
 TINY="L=2,C=64,NH=4,V=256,maxT=64"
 COMMON=(-e "$TINY" -t 32 -v 0 -s 0 -l 3e-3 -c 0.1)   # (B: the default 4)
-say() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fi; }
 trl() { grep trl "$1/main.log"; }
 
 # 1. non-finite: a NaN gradient at steps 4-5 skips both updates and training goes on; 10 in a row stop

@@ -4,13 +4,7 @@
 # stored part of none's (the matrix asserts the formulas); --async-checkpoint writes the same files as
 # synchronous checkpoints and survives a kill -9 mid-write; --overlap 1 is bit-identical to --overlap 0.
 # Usage: bash scripts/test_levers.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
-set -u
-BIN=$1
-W=$2
-mkdir -p "$W"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-MPIRUN="mpirun --oversubscribe --bind-to none"
-say() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fi; }
+. "$(dirname "$0")/test_lib.sh"
 act() { awk '/at the end of the run/ { exit } $1 == "mem" && $2 == 0 && $3 == "activations" { print $5 }' "$1"; }
 
 # 1. recompute: bit-identical to none

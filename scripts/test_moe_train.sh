@@ -4,15 +4,9 @@
 # (dropless) and validation under ep 2 x tp 2 + sp and under pp 2 x ep 2; sparse upcycling of a dense
 # checkpoint with k = E is the dense model at the first step; the MoE model file (version 13).
 # Usage: bash scripts/test_moe_train.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
-set -u
-BIN=$1
-W=$2
-mkdir -p "$W"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-MPIRUN="mpirun --oversubscribe --bind-to none"
+. "$(dirname "$0")/test_lib.sh"
 TINY="L=2,C=64,NH=4,V=256,maxT=64"
 MOE="$TINY,E=4,k=2"
-say() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fi; }
 
 # 1. one process, built-in corpus: trl, aux, z, drop lines per step; the loss falls
 "$BIN/train_gpt" -e "$MOE" -t 32 -b 4 -x 30 -l 3e-3 -v 15 -m 4 -s 0 -o "$W/a" >"$W/a.log" 2>&1

@@ -7,13 +7,7 @@
 #      dominating tensor, and a run of that configuration measures exactly the predicted peak
 #   3. a run over --memory-limit stops before allocating, on every rank, with the plan and the levers
 # Usage: bash scripts/test_plan.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
-set -u
-BIN=$1
-W=$2
-mkdir -p "$W"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-MPIRUN="mpirun --oversubscribe --bind-to none"
-say() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fi; }
+. "$(dirname "$0")/test_lib.sh"
 
 # measured peaks at the end of the run: "mem RANK CAT current peak" after the "at the end of the run" header
 measured() { awk '/at the end of the run/ { on = 1 } on && $1 == "mem" && $3 != "total" { print $2, $3, $5 }' "$1"; }

@@ -5,13 +5,7 @@
 # layout-independent. (The parameters are not compared element-wise: one whose gradient is rounding noise
 # moves by about lr per step whatever the noise; the losses are the check, as in test_gpt.)
 # Usage: bash scripts/test_resume_layouts.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
-set -u
-BIN=$1
-W=$2
-mkdir -p "$W"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-MPIRUN="mpirun --oversubscribe --bind-to none"
-say() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fi; }
+. "$(dirname "$0")/test_lib.sh"
 
 # pair NAME MODEL "NP_A FLAGS_A" "NP_B FLAGS_B"   (constant lr: -q 1; the built-in corpus; 512 tokens per step)
 pair() {

@@ -3,13 +3,7 @@
 # each layer and micro-batch, the head, collectives with their group and bytes, the pipeline exchanges,
 # the optimizer, checkpoints), and the bubble measured from the trace is the one --comm-report prints.
 # Usage: bash scripts/test_trace.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
-set -u
-BIN=$1
-W=$2
-mkdir -p "$W"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-MPIRUN="mpirun --oversubscribe --bind-to none"
-say() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fi; }
+. "$(dirname "$0")/test_lib.sh"
 
 # pp 2 x dp 2, 4 micro-batches, 3 steps, a checkpoint at step 3
 $MPIRUN -np 4 "$BIN/train_gpt" -e "L=4,C=64,NH=4,V=256,maxT=64" -t 32 -b 2 -d 512 -x 3 -n 3 -v 0 -s 0 --pp 2 --zero 1 \

@@ -3,14 +3,8 @@
 # built-in corpus, checkpoint + resume through main() repeats the uninterrupted losses exactly,
 # sampling and validation run under tp+sp+zero3, shuffling is seeded and deterministic.
 # Usage: bash scripts/test_train.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
-set -u
-BIN=$1
-W=$2
-mkdir -p "$W"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-MPIRUN="mpirun --oversubscribe --bind-to none"
+. "$(dirname "$0")/test_lib.sh"
 TINY="L=2,C=64,NH=4,V=256,maxT=64"
-say() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fi; }
 
 # 1. one process, built-in corpus: main.log lines, falling loss
 "$BIN/train_gpt" -e "$TINY" -t 32 -b 4 -x 40 -l 3e-3 -v 20 -m 4 -s 0 -o "$W/a" >"$W/a.log" 2>&1
