@@ -1,13 +1,14 @@
 // Fused, chunked, vocab-parallel LM head + softmax cross-entropy.
 // The (B*T, Vp) logits never exist: tokens are processed in chunks of n; for each chunk
 //   logits (n, Vl) = h_chunk @ wte_local^T            this tp rank's vocab rows [v0, v0 + Vl)
-//   per token: local max, local sum-exp, target logit  -> one all-gather over tp of (n, 3) floats
-//              (the logits become exp(z - local max) in place: one exp per logit in all)
-//   loss = log(sum-exp) + max - target logit           (global, identical on every tp rank)
-//   dlogits = (softmax - onehot) * dloss, written over the logits in place
+//   per token: local max m, local sum exp(z - m), target logit  (one read of the logits)
+//   tp > 1: one all-gather over tp of the (n, 3) stats; global M = max m, S = sum s exp(m - M)
+//   loss = log S + M - target logit                   (global, identical on every tp rank)
+//   dlogits = (exp(z - M) / S - onehot) * dloss, written over the logits in place (one read, one write)
 //   dh_chunk (n, C) = dlogits @ wte_local   (a partial sum: the caller reduces it over tp)
 //   dwte_local += dlogits^T @ h_chunk
-// Padded vocab columns (>= V) never enter the softmax and get zero gradient.
+// At tp = 1 the two passes are one kernel: each row is read from memory once (the second read hits
+// the L2) and written once. Padded vocab columns (>= V) never enter the softmax and get zero gradient.
 #ifndef LLMC_FUSED_CE_H
 #define LLMC_FUSED_CE_H
 
@@ -15,29 +16,29 @@
 #include "comm.h"
 #include "matmul.h"
 
-// logits (n, Vl) -> stats (n, 3): [local max m, sum exp(z - m), target logit or 0]; the logits are
-// overwritten with exp(z - m), so that the second pass needs no exp (padding columns: 0).
-static void ce_stats_cpu(float *stats, float *logits, const int *targets, int v0, int V, int n, int Vl) {
+// logits (n, Vl) -> stats (n, 3): [local max m, sum exp(z - m), target logit or 0] over the valid
+// columns j < V - v0 (m = -inf, s = 0 where this rank holds none). The logits are only read.
+static void ce_stats_cpu(float *stats, const float *logits, const int *targets, int v0, int V, int n, int Vl) {
     int valid = V - v0 < Vl ? V - v0 : Vl;   // columns of real tokens on this rank (may be <= 0)
     #pragma omp parallel for
     for (int i = 0; i < n; i++) {
-        float *z = logits + (size_t)i * Vl;
+        const float *z = logits + (size_t)i * Vl;
         float m = -INFINITY, s = 0.0f, zt = 0.0f;
         int t = targets[i] - v0;
         if (t >= 0 && t < valid) { zt = z[t]; }
         for (int j = 0; j < valid; j++) { if (z[j] > m) { m = z[j]; } }
-        for (int j = 0; j < valid; j++) { z[j] = expf(z[j] - m); s += z[j]; }
-        for (int j = valid > 0 ? valid : 0; j < Vl; j++) { z[j] = 0.0f; }
+        for (int j = 0; j < valid; j++) { s += expf(z[j] - m); }
         stats[3 * i + 0] = m;
         stats[3 * i + 1] = s;
         stats[3 * i + 2] = zt;
     }
 }
 
-// stats_all (tp, n, 3) from every tp rank -> losses (n). If write_dlogits: e = exp(z - m_local) in
-// logits becomes dlogits = (e * exp(m_local - M) / S - onehot) * dloss, M and S the global max and sum.
+// stats_all (tp, n, 3) from every tp rank -> losses (n). If write_dlogits: the logits z become
+// dlogits = (exp(z - M) / S - onehot) * dloss, M and S the global max and sum; padding columns 0.
 static void ce_loss_dlogits_cpu(float *logits, float *losses, const float *stats_all, const int *targets,
-                                int v0, int n, int Vl, int tp, int tp_rank, float dloss, int write_dlogits) {
+                                int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
+    int valid = V - v0 < Vl ? V - v0 : Vl;
     #pragma omp parallel for
     for (int i = 0; i < n; i++) {
         float M = -INFINITY;
@@ -50,46 +51,84 @@ static void ce_loss_dlogits_cpu(float *logits, float *losses, const float *stats
         }
         losses[i] = logf(S) + M - zt;
         if (!write_dlogits) { continue; }
-        float *e = logits + (size_t)i * Vl;
-        float mine = stats_all[((size_t)tp_rank * n + i) * 3];
-        float scale = mine > -INFINITY ? expf(mine - M) / S : 0.0f;
+        float *z = logits + (size_t)i * Vl;
         int t = targets[i] - v0;
-        for (int j = 0; j < Vl; j++) { e[j] = (e[j] * scale - (j == t ? 1.0f : 0.0f)) * dloss; }
+        for (int j = 0; j < Vl; j++) {
+            float p = j < valid ? expf(z[j] - M) / S : 0.0f;
+            z[j] = (p - (j == t ? 1.0f : 0.0f)) * dloss;
+        }
     }
 }
 
 #ifdef USE_CUDA
-// One block per token row i: logits (n, Vl) -> stats (n, 3) = [local max m, sum exp(z - m), target
-// logit or 0] over the valid columns j < V - v0; the row becomes e = exp(z - m) in place (padding
-// columns 0). Fixed-shape block reductions (deterministic).
-__global__ void ce_stats_kernel(float *stats, floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
-    int i = blockIdx.x;
-    int valid = V - v0 < Vl ? V - v0 : Vl;
-    floatX *z = logits + (size_t)i * Vl;
-    int t = targets[i] - v0;
-    float zt = (t >= 0 && t < valid) ? (float)z[t] : 0.0f;   // read by every thread before any write
-    float m = -INFINITY;
-    for (int j = threadIdx.x; j < valid; j += blockDim.x) { m = fmaxf(m, (float)z[j]); }
-    m = block_reduce_max(m);                                  // (its __syncthreads also orders zt before the writes)
-    float s = 0.0f;
-    for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
-        float e = 0.0f;
-        if (j < valid) { e = expf((float)z[j] - m); s += e; }
-        z[j] = (floatX)e;
+// One block of CE_THREADS per token row. Thread t reads the row in 16-byte vectors of W elements:
+// columns W (t + k CE_THREADS) .. + W - 1, k = 0, 1, ... (W = CE_VEC where the row length and the
+// pointer allow, else 1). The thread bodies are functions of their indices, replayed on the CPU by
+// dev/cuda/fused_ce_replay.cu; the block's max and sum are fixed-shape reductions (deterministic).
+#define CE_THREADS 1024
+#define CE_VEC ((int)(16 / sizeof(floatX)))
+template <int W> struct alignas(W * sizeof(floatX)) CEVec { floatX x[W]; };
+
+// the vector width for rows of Vl elements starting at logits
+static int ce_vector_width(const floatX *logits, int Vl) {
+    return Vl % CE_VEC == 0 && (uintptr_t)logits % 16 == 0 ? CE_VEC : 1;
+}
+
+// thread t's online softmax over its valid columns of row z: m its max, s = sum exp(z - m)
+template <int W>
+__host__ __device__ inline void ce_thread_stats(float *m_out, float *s_out, const floatX *z, int valid, int t) {
+    float m = -INFINITY, s = 0.0f;
+    for (int j0 = W * t; j0 < valid; j0 += W * CE_THREADS) {
+        CEVec<W> v = *(const CEVec<W> *)(z + j0);
+        float vm = m;
+        for (int k = 0; k < W; k++) { if (j0 + k < valid) { vm = fmaxf(vm, (float)v.x[k]); } }
+        if (vm > m) { s *= expf(m - vm); m = vm; }   // rescale the running sum to the new max
+        for (int k = 0; k < W; k++) { if (j0 + k < valid) { s += expf((float)v.x[k] - m); } }
     }
-    s = block_reduce_sum(s);
-    if (threadIdx.x == 0) {
-        stats[3 * i + 0] = m;
-        stats[3 * i + 1] = s;
-        stats[3 * i + 2] = zt;
+    *m_out = m;
+    *s_out = s;
+}
+
+// thread t's columns of row z (all Vl, padding included) become (exp(z - M) inv_S - onehot[tcol]) dloss
+template <int W>
+__host__ __device__ inline void ce_thread_dlogits(floatX *z, int valid, int Vl, int tcol, float M, float inv_S, float dloss, int t) {
+    for (int j0 = W * t; j0 < Vl; j0 += W * CE_THREADS) {
+        CEVec<W> v = *(CEVec<W> *)(z + j0);
+        for (int k = 0; k < W; k++) {
+            int j = j0 + k;
+            float p = j < valid ? expf((float)v.x[k] - M) * inv_S : 0.0f;
+            v.x[k] = (floatX)((p - (j == tcol ? 1.0f : 0.0f)) * dloss);
+        }
+        *(CEVec<W> *)(z + j0) = v;
     }
 }
 
-// One block per token row i: global max M and sum S from the tp ranks' stats (in rank order), the
-// loss, and optionally e = exp(z - m_local) -> dlogits = (e exp(m_local - M) / S - onehot) * dloss.
+// the row's max and sum over the block: every thread's (m, s) rescaled to the block max M
+__device__ inline void ce_block_stats(float *M, float *S, float m, float s) {
+    *M = block_reduce_max(m);
+    *S = block_reduce_sum(m == -INFINITY ? 0.0f : s * expf(m - *M));
+}
+
+// logits (n, Vl) -> stats (n, 3), as ce_stats_cpu; the logits are only read
+template <int W>
+__global__ void ce_stats_kernel(float *stats, const floatX *logits, const int *targets, int v0, int V, int Vl) {
+    int i = blockIdx.x, valid = V - v0 < Vl ? V - v0 : Vl, t = targets[i] - v0;
+    const floatX *z = logits + (size_t)i * Vl;
+    float m, s, M, S;
+    ce_thread_stats<W>(&m, &s, z, valid, threadIdx.x);
+    ce_block_stats(&M, &S, m, s);
+    if (threadIdx.x == 0) {
+        stats[3 * i + 0] = M;
+        stats[3 * i + 1] = S;
+        stats[3 * i + 2] = t >= 0 && t < valid ? (float)z[t] : 0.0f;
+    }
+}
+
+// the global max and sum from the tp ranks' stats (in rank order), the loss, and optionally dlogits
+template <int W>
 __global__ void ce_loss_dlogits_kernel(floatX *logits, float *losses, const float *stats_all, const int *targets,
-                                       int v0, int n, int Vl, int tp, int tp_rank, float dloss, int write_dlogits) {
-    int i = blockIdx.x;
+                                       int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
+    int i = blockIdx.x, valid = V - v0 < Vl ? V - v0 : Vl;
     float M = -INFINITY;
     for (int r = 0; r < tp; r++) { M = fmaxf(M, stats_all[((size_t)r * n + i) * 3]); }
     float S = 0.0f, zt = 0.0f;
@@ -99,27 +138,44 @@ __global__ void ce_loss_dlogits_kernel(floatX *logits, float *losses, const floa
         zt += st[2];
     }
     if (threadIdx.x == 0) { losses[i] = logf(S) + M - zt; }
-    if (!write_dlogits) { return; }
-    floatX *e = logits + (size_t)i * Vl;
-    float mine = stats_all[((size_t)tp_rank * n + i) * 3];
-    float scale = mine > -INFINITY ? expf(mine - M) / S : 0.0f;
-    int t = targets[i] - v0;
-    for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
-        e[j] = (floatX)(((float)e[j] * scale - (j == t ? 1.0f : 0.0f)) * dloss);
-    }
+    if (write_dlogits) { ce_thread_dlogits<W>(logits + (size_t)i * Vl, valid, Vl, targets[i] - v0, M, 1.0f / S, dloss, threadIdx.x); }
 }
 
-static void ce_stats_cuda(float *stats, floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
+// tp = 1: stats, loss and dlogits of a row in one kernel (the row read once from memory, once from L2)
+template <int W>
+__global__ void ce_fused_kernel(floatX *logits, float *losses, const int *targets, int V, int Vl, float dloss, int write_dlogits) {
+    int i = blockIdx.x, valid = V < Vl ? V : Vl, t = targets[i];
+    floatX *z = logits + (size_t)i * Vl;
+    float zt = t >= 0 && t < valid ? (float)z[t] : 0.0f;   // read before the reductions' barriers: before any write
+    float m, s, M, S;
+    ce_thread_stats<W>(&m, &s, z, valid, threadIdx.x);
+    ce_block_stats(&M, &S, m, s);
+    if (threadIdx.x == 0) { losses[i] = logf(S) + M - zt; }
+    if (write_dlogits) { ce_thread_dlogits<W>(z, valid, Vl, t, M, 1.0f / S, dloss, threadIdx.x); }
+}
+
+static void ce_stats_cuda(float *stats, const floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
     if (n <= 0) { return; }
-    ce_stats_kernel<<<n, 1024, 0, main_stream>>>(stats, logits, targets, v0, V, n, Vl);
+    if (ce_vector_width(logits, Vl) > 1) { ce_stats_kernel<CE_VEC><<<n, CE_THREADS, 0, main_stream>>>(stats, logits, targets, v0, V, Vl); }
+    else { ce_stats_kernel<1><<<n, CE_THREADS, 0, main_stream>>>(stats, logits, targets, v0, V, Vl); }
     cudaCheckLaunch();
 }
 
 static void ce_loss_dlogits_cuda(floatX *logits, float *losses, const float *stats_all, const int *targets,
-                                 int v0, int n, int Vl, int tp, int tp_rank, float dloss, int write_dlogits) {
+                                 int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
     if (n <= 0) { return; }
-    ce_loss_dlogits_kernel<<<n, 1024, 0, main_stream>>>(logits, losses, stats_all, targets, v0, n, Vl, tp, tp_rank,
-                                                         dloss, write_dlogits);
+    if (ce_vector_width(logits, Vl) > 1) {
+        ce_loss_dlogits_kernel<CE_VEC><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, stats_all, targets, v0, V, n, Vl, tp, dloss, write_dlogits);
+    } else {
+        ce_loss_dlogits_kernel<1><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, stats_all, targets, v0, V, n, Vl, tp, dloss, write_dlogits);
+    }
+    cudaCheckLaunch();
+}
+
+static void ce_fused_cuda(floatX *logits, float *losses, const int *targets, int V, int n, int Vl, float dloss, int write_dlogits) {
+    if (n <= 0) { return; }
+    if (ce_vector_width(logits, Vl) > 1) { ce_fused_kernel<CE_VEC><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, targets, V, Vl, dloss, write_dlogits); }
+    else { ce_fused_kernel<1><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, targets, V, Vl, dloss, write_dlogits); }
     cudaCheckLaunch();
 }
 #endif
@@ -133,11 +189,23 @@ static void ce_stats(float *stats, floatX *logits, const int *targets, int v0, i
 }
 
 static void ce_loss_dlogits(floatX *logits, float *losses, const float *stats_all, const int *targets,
-                            int v0, int n, int Vl, int tp, int tp_rank, float dloss, int write_dlogits) {
+                            int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
 #ifdef USE_CUDA
-    ce_loss_dlogits_cuda(logits, losses, stats_all, targets, v0, n, Vl, tp, tp_rank, dloss, write_dlogits);
+    ce_loss_dlogits_cuda(logits, losses, stats_all, targets, v0, V, n, Vl, tp, dloss, write_dlogits);
 #else
-    ce_loss_dlogits_cpu(logits, losses, stats_all, targets, v0, n, Vl, tp, tp_rank, dloss, write_dlogits);
+    ce_loss_dlogits_cpu(logits, losses, stats_all, targets, v0, V, n, Vl, tp, dloss, write_dlogits);
+#endif
+}
+
+// tp = 1: the stats and the loss (and dlogits) of every row, without a collective in between
+static void ce_fused(float *stats, floatX *logits, float *losses, const int *targets, int V, int n, int Vl,
+                     float dloss, int write_dlogits) {
+#ifdef USE_CUDA
+    (void)stats;
+    ce_fused_cuda(logits, losses, targets, V, n, Vl, dloss, write_dlogits);
+#else
+    ce_stats_cpu(stats, logits, targets, 0, V, n, Vl);
+    ce_loss_dlogits_cpu(logits, losses, stats, targets, 0, V, n, Vl, 1, dloss, write_dlogits);
 #endif
 }
 
@@ -162,10 +230,14 @@ static void fused_classifier(float *losses, floatX *dh, floatX *dwte_local, cons
         int n = N - c0 < buf->chunk ? N - c0 : buf->chunk;
         const floatX *hc = h + (size_t)c0 * C;
         matmul_forward(buf->logits, hc, wte_local, NULL, n, C, Vl);
-        ce_stats(buf->stats, buf->logits, targets + c0, v0, V, n, Vl);
-        // one collective per chunk: every rank's (max, sum-exp, target logit) for the n tokens
-        comm_all_gather(tp_group, buf->stats, buf->stats_all, 3 * (size_t)n, DT_FLOAT, NULL);
-        ce_loss_dlogits(buf->logits, losses + c0, buf->stats_all, targets + c0, v0, n, Vl, tp, tp_group->rank, dloss, dh != NULL);
+        if (tp == 1) {
+            ce_fused(buf->stats, buf->logits, losses + c0, targets + c0, V, n, Vl, dloss, dh != NULL);
+        } else {
+            ce_stats(buf->stats, buf->logits, targets + c0, v0, V, n, Vl);
+            // one collective per chunk: every rank's (max, sum-exp, target logit) for the n tokens
+            comm_all_gather(tp_group, buf->stats, buf->stats_all, 3 * (size_t)n, DT_FLOAT, NULL);
+            ce_loss_dlogits(buf->logits, losses + c0, buf->stats_all, targets + c0, v0, V, n, Vl, tp, dloss, dh != NULL);
+        }
         if (dh != NULL) {
             matmul_backward(dh + (size_t)c0 * C, dwte_local, NULL, buf->logits, hc, wte_local, n, C, Vl);
         }
