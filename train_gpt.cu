@@ -457,6 +457,7 @@ typedef struct {        // shared by all layers and micro-batches
     floatX *dwide;      // (BT, 4Cl) gradient of fc / gelu, then of qkv
     floatX *datty;      // (BT, Cl)
     float *losses;      // (BT)
+    double *loss_sum;   // (1) the losses of the step's micro-batches (or the evaluation's batches), summed
     // MoE layers
     floatX *msend;      // (Rs, C) rows in the send layout: x, then the gradients
     floatX *mrecv;      // (Rr, C) rows as the all-to-all delivers them, grouped by source rank
@@ -509,6 +510,7 @@ typedef struct {
     int *route_log, route_log_micro;       // test_gpt: (choice, keep) of each (micro-batch < route_log_micro, MoE layer of the stage), when set
     int moe_index;                         // the MoE layer running: its index among the stage's MoE layers
     int micro;                   // the micro-batch running (for --trace)
+    int *step_tokens;            // (2, accum, BT) page-locked: a step's inputs and targets, uploaded without a wait
     int updates, skips, skips_in_a_row;   // AdamW updates applied; skipped (a non-finite loss or norm): in all, in a row
     int moe_time_a2a;            // --comm-report: time the all-to-alls (the device synchronised around them)
     double moe_a2a_seconds;      // this step's time in them
@@ -717,6 +719,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     }
     if (m->last) {
         w->losses = (float *)mem_alloc(BT * F, MEM_LOGITS);
+        w->loss_sum = (double *)mem_alloc(sizeof(double), MEM_LOGITS);
         m->ce.chunk = chunk > 0 && chunk < m->BT ? chunk : m->BT;
         m->ce.logits = (floatX *)mem_alloc((size_t)m->ce.chunk * m->Vl * X, MEM_LOGITS);
         m->ce.stats = (float *)mem_alloc((size_t)m->ce.chunk * 3 * F, MEM_LOGITS);
@@ -1004,9 +1007,10 @@ static void gpt2_forward(GPT2 *m, int v, Activations *a) {
     }
 }
 
-// Last stage: the tied LM head and the loss, fused and chunked (fused_ce.h). Returns the mean loss of
-// this rank's B*T tokens. With backward: also dwte and the gradient of lnf (a->dlnf).
-static float gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int last_micro) {
+// Last stage: the tied LM head and the loss, fused and chunked (fused_ce.h). The sum of the losses of
+// this rank's B*T tokens is added to ws.loss_sum on the device (read once, by gpt2_read_loss). With
+// backward: also dwte and the gradient of lnf (a->dlnf).
+static void gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int last_micro) {
     const GPT2Config *c = &m->config;
     int C = c->channels, BT = m->BT;
     Group *tp = &m->grid->tp_group;
@@ -1028,13 +1032,23 @@ static float gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int l
         copy_on_device(a->dlnf, dlnf, (size_t)m->BTs * C * sizeof(floatX));
         wte_grad_close(m, WTE_HEAD, last_micro);
     }
-    float *losses = (float *)malloc_check(sizeof(float) * BT);
-    copy_to_host(losses, w->losses, sizeof(float) * BT);
-    double sum = 0.0;
-    for (int i = 0; i < BT; i++) { sum += losses[i]; }
-    free(losses);
+    loss_accumulate(w->loss_sum, w->losses, BT);
     trace_end("head + loss", backward ? "forward+backward" : "forward", "\"micro\":%d", m->micro);
-    return (float)(sum / BT);
+}
+
+// The mean loss of `batches` batches of this rank's B*T tokens whose sums gpt2_head accumulated on the
+// last stage since the previous read (the one wait on the device for it), on every rank: broadcast
+// from the last stage, summed over the ranks sharing the step's tokens. The sum starts again at 0.
+static float gpt2_read_loss(GPT2 *m, int batches) {
+    double sum = 0.0;
+    if (m->last) {
+        copy_to_host(&sum, m->ws.loss_sum, sizeof(double));
+        zero_on_device(m->ws.loss_sum, sizeof(double));
+    }
+    double loss = sum / ((double)m->BT * batches);
+    if (m->grid->pp > 1) { WATCHED("broadcast of the loss", "pp", MPI_Bcast(&loss, 1, MPI_DOUBLE, m->grid->pp - 1, m->grid->pp_group.mpi)); }
+    comm_sum_host(m->grid->grad_group, &loss, 1);
+    return (float)(loss / (m->grid->dp * m->grid->cp));
 }
 
 // One layer's backward: w->dresid, the gradient of y.out, becomes the gradient of y.res; the layer's
@@ -1150,9 +1164,10 @@ static Activations *chunk_acts(GPT2 *m, int v, int i) { return &m->acts[m->pipe.
 // Micro-batch i's tokens go to chunk 0 (the embedding), its targets to the last chunk (the loss), each
 // when that chunk's forward starts (a slot of the last chunk may still hold an earlier micro-batch
 // whose forward is yet to come). NULL: not now.
+// The copies are queued (copy_to_device_async): the host arrays must hold until the device has run them.
 static void gpt2_upload_batch(GPT2 *m, int i, const int *inputs, const int *targets) {
-    if (inputs && m->first) { copy_to_device(chunk_acts(m, 0, i)->inputs, inputs, sizeof(int) * m->BT); }
-    if (targets && m->last) { copy_to_device(chunk_acts(m, m->V - 1, i)->targets, targets, sizeof(int) * m->BT); }
+    if (inputs && m->first) { copy_to_device_async(chunk_acts(m, 0, i)->inputs, inputs, sizeof(int) * m->BT); }
+    if (targets && m->last) { copy_to_device_async(chunk_acts(m, m->V - 1, i)->targets, targets, sizeof(int) * m->BT); }
 }
 
 // What the schedule runs for one training step on this stage.
@@ -1161,7 +1176,6 @@ typedef struct {
     int accum;
     int *inputs, *targets;   // (accum, BT) the step's batches, read by every stage in the same order
     float dloss;       // d(loss)/d(each token's loss): 1 / (tokens in the global batch)
-    double loss;       // summed over the micro-batches (last stage)
 } TrainStep;
 
 // Forward of micro-batch i through chunk v (its input received); the last chunk of the last stage
@@ -1173,7 +1187,7 @@ static void train_forward(void *ctx, int v, int i) {
     m->micro = i;
     gpt2_upload_batch(m, i, v == 0 ? s->inputs + (size_t)i * m->BT : NULL, v == m->V - 1 ? s->targets + (size_t)i * m->BT : NULL);
     gpt2_forward(m, v, a);
-    if (m->last && v == m->V - 1) { s->loss += gpt2_head(m, a, s->dloss, 1, i == s->accum - 1); }
+    if (m->last && v == m->V - 1) { gpt2_head(m, a, s->dloss, 1, i == s->accum - 1); }
 }
 
 static void train_backward(void *ctx, int v, int i) {
@@ -1194,23 +1208,19 @@ static float gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     memset(&m->moe_stats, 0, sizeof(m->moe_stats));
     m->moe_count_stats = 1;
     int ranks = m->grid->dp * m->grid->cp;   // the ranks that share a step's tokens (cp: each sequence too)
-    TrainStep s = {m, accum, (int *)malloc_check(sizeof(int) * accum * m->BT), (int *)malloc_check(sizeof(int) * accum * m->BT),
-                   1.0f / ((float)m->BT * accum * ranks), 0.0};
+    if (accum != m->pipe.steps.n_total / m->V) { fprintf(stderr, "error: %d micro-batches, the schedule was made for %d\n", accum, m->pipe.steps.n_total / m->V); exit(1); }
+    if (m->step_tokens == NULL) { m->step_tokens = (int *)host_alloc_pinned(sizeof(int) * 2 * accum * m->BT); }   // once: accum is the schedule's
+    device_synchronize();   // the previous step's uploads have read the buffer (the step ended with a wait: free here)
+    TrainStep s = {m, accum, m->step_tokens, m->step_tokens + (size_t)accum * m->BT, 1.0f / ((float)m->BT * accum * ranks)};
     for (int i = 0; i < accum; i++) {
         dataloader_next_batch(dl);
         local_tokens(m, s.inputs + (size_t)i * m->BT, dl->inputs);
         local_tokens(m, s.targets + (size_t)i * m->BT, dl->targets);
     }
-    if (accum != m->pipe.steps.n_total / m->V) { fprintf(stderr, "error: %d micro-batches, the schedule was made for %d\n", accum, m->pipe.steps.n_total / m->V); exit(1); }
     pipeline_run(&m->pipe, (StageWork){&s, train_forward, train_backward});
-    free(s.inputs); free(s.targets);
     m->moe_count_stats = 0;
     zero_finish_grads(&m->zero);
-    // the loss lives on the last stage; every rank gets it
-    double loss = s.loss / accum;
-    if (m->grid->pp > 1) { WATCHED("broadcast of the loss", "pp", MPI_Bcast(&loss, 1, MPI_DOUBLE, m->grid->pp - 1, m->grid->pp_group.mpi)); }
-    comm_sum_host(m->grid->grad_group, &loss, 1);
-    return (float)(loss / ranks);
+    return gpt2_read_loss(m, accum);
 }
 
 // The MoE numbers of the last step, on every rank: aux and z as the loss defines them (means over the
@@ -1271,16 +1281,12 @@ static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
     dataloader_reset(dl);
     int n = max_batches < (int)dl->nrounds ? max_batches : (int)dl->nrounds;
     if (n < 1) { n = 1; }
-    double loss = 0.0;
     for (int i = 0; i < n; i++) {
         dataloader_next_batch(dl);
         gpt2_forward_pipeline(m, dl->inputs, dl->targets);
-        if (m->last) { loss += gpt2_head(m, chunk_acts(m, m->V - 1, 0), 0.0f, 0, 0); }
+        if (m->last) { gpt2_head(m, chunk_acts(m, m->V - 1, 0), 0.0f, 0, 0); }
     }
-    loss /= n;
-    if (m->grid->pp > 1) { WATCHED("broadcast of the loss", "pp", MPI_Bcast(&loss, 1, MPI_DOUBLE, m->grid->pp - 1, m->grid->pp_group.mpi)); }
-    comm_sum_host(m->grid->grad_group, &loss, 1);
-    return (float)(loss / (m->grid->dp * m->grid->cp));
+    return gpt2_read_loss(m, n);
 }
 
 // Generates gen_tokens tokens after an EOT (sampled at temperature 1). Every rank runs it with the

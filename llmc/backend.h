@@ -224,6 +224,27 @@ static void copy_to_device(void *dst, const void *src, size_t bytes) {
 #endif
 }
 
+// Queued on the compute stream, no wait: src must stay unchanged until the device has run the copy
+// (page-locked from host_alloc_pinned; pageable memory is staged by the driver before the call returns).
+static void copy_to_device_async(void *dst, const void *src, size_t bytes) {
+#ifdef USE_CUDA
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, main_stream));
+#else
+    memcpy(dst, src, bytes);
+#endif
+}
+
+// Host memory the device copies from without staging (page-locked on CUDA)
+static void *host_alloc_pinned(size_t bytes) {
+#ifdef USE_CUDA
+    void *p = NULL;
+    cudaCheck(cudaMallocHost(&p, bytes > 0 ? bytes : 1));
+    return p;
+#else
+    return malloc_check(bytes > 0 ? bytes : 1);
+#endif
+}
+
 static void copy_to_host(void *dst, const void *src, size_t bytes) {
 #ifdef USE_CUDA
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, main_stream));

@@ -180,6 +180,37 @@ static void ce_fused_cuda(floatX *logits, float *losses, const int *targets, int
 }
 #endif
 
+// acc[0] += the sum of losses (n), in double: the step's loss stays on the device until it is read once
+static void loss_accumulate_cpu(double *acc, const float *losses, int n) {
+    double s = 0.0;
+    for (int i = 0; i < n; i++) { s += losses[i]; }
+    acc[0] += s;
+}
+#ifdef USE_CUDA
+// one block: each thread's strided sum in double, then a fixed-order tree (deterministic)
+#define LOSS_THREADS 1024
+__global__ void loss_accumulate_kernel(double *acc, const float *losses, int n) {
+    __shared__ double part[LOSS_THREADS];
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += LOSS_THREADS) { s += losses[i]; }
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int stride = LOSS_THREADS / 2; stride > 0; stride /= 2) {
+        if (threadIdx.x < stride) { part[threadIdx.x] += part[threadIdx.x + stride]; }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) { acc[0] += part[0]; }
+}
+#endif
+static void loss_accumulate(double *acc, const float *losses, int n) {
+#ifdef USE_CUDA
+    loss_accumulate_kernel<<<1, LOSS_THREADS, 0, main_stream>>>(acc, losses, n);
+    cudaCheckLaunch();
+#else
+    loss_accumulate_cpu(acc, losses, n);
+#endif
+}
+
 static void ce_stats(float *stats, floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
 #ifdef USE_CUDA
     ce_stats_cuda(stats, logits, targets, v0, V, n, Vl);
