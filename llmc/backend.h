@@ -59,8 +59,7 @@ static void nccl_check(ncclResult_t r, const char *file, int line) {
 #define ncclCheck(r) (nccl_check((r), __FILE__, __LINE__))
 #endif
 
-static cudaStream_t main_stream;        // all compute
-static cudaStream_t comm_stream;        // asynchronous collectives (overlap with compute)
+static cudaStream_t main_stream;        // all compute (each communication group has its own stream: comm.h)
 static cublasLtHandle_t cublaslt_handle;
 static void *cublaslt_workspace;   // allocated on first use through the allocator (matmul.h)
 static const size_t cublaslt_workspace_size = CUBLASLT_WORKSPACE_BYTES;
@@ -190,7 +189,6 @@ static void backend_init(int local_rank) {
     cudaCheck(cudaGetDeviceProperties(&prop, local_rank % ndev));
     device_sm_count = prop.multiProcessorCount;
     cudaCheck(cudaStreamCreate(&main_stream));
-    cudaCheck(cudaStreamCreate(&comm_stream));
     cublasCheck(cublasLtCreate(&cublaslt_handle));
 #else
     (void)local_rank;

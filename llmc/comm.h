@@ -11,6 +11,16 @@
 //   unique id is broadcast over that MPI communicator. (NO_MPI=1 builds: one process, every group of
 //   size 1, llmc/mpi_single.h instead of MPI and no NCCL.) Collectives take a Group, so the call
 //   site says which ranks talk. The CPU build runs the same calls through MPI on host memory.
+// Streams (CUDA): every group has a stream of its own, and each NCCL call of the group runs on it, so
+// that a blocking tp collective never queues behind an asynchronous dp reduction or a pipeline send.
+// The calls of one communicator are issued to its one stream in program order, the same order on every
+// rank. Compute runs on main_stream; events order the two (comm_stream_begin / comm_stream_end):
+//   main_stream --record g->ready--> g->stream waits: the collective starts once its input is computed
+//   g->stream --record done--> main_stream waits: at once (blocking) or at comm_wait (asynchronous)
+// Operations of different groups may then run at the same time. NCCL does not promise that two
+// communicators progress concurrently; it needs every rank to issue each communicator's operations in
+// one order (ours do: the schedule is the same program on every rank) and the compute stream to wait
+// for each result before using it (the events above).
 // Byte accounting: each collective adds to its group the bytes one rank sends with the ring
 // algorithm (all-reduce 2(p-1)/p*N, reduce-scatter and all-gather (p-1)/p*N, N = full size).
 #ifndef LLMC_COMM_H
@@ -28,6 +38,8 @@ typedef struct {
     MPI_Comm mpi;
 #ifdef USE_NCCL
     ncclComm_t nccl;
+    cudaStream_t stream;   // this group's NCCL calls (size > 1)
+    cudaEvent_t ready;     // recorded on main_stream before each call: its input is ready
 #endif
     double bytes;   // ring bytes sent by this rank since comm_reset_counters
     long calls;
@@ -75,6 +87,8 @@ static void group_init(Group *g, const char *name, int color, int key) {
         if (g->rank == 0) { ncclCheck(ncclGetUniqueId(&id)); }
         MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g->mpi);
         ncclCheck(ncclCommInitRank(&g->nccl, g->size, id, g->rank));
+        cudaCheck(cudaStreamCreate(&g->stream));
+        cudaCheck(cudaEventCreateWithFlags(&g->ready, cudaEventDisableTiming));
         if (nccl_ncomms < 16) { nccl_comms[nccl_ncomms++] = g->nccl; }
         watch_abort = nccl_abort_all;
     }
@@ -181,7 +195,11 @@ static void grid_free(Grid *g) {
     int n = grid_groups(g, groups, 1);
     for (int i = 0; i < n; i++) {
 #ifdef USE_NCCL
-        if (groups[i]->nccl) { ncclCommDestroy(groups[i]->nccl); }
+        if (groups[i]->nccl) {
+            ncclCommDestroy(groups[i]->nccl);
+            cudaCheck(cudaStreamDestroy(groups[i]->stream));
+            cudaCheck(cudaEventDestroy(groups[i]->ready));
+        }
 #endif
         MPI_Comm_free(&groups[i]->mpi);
     }
@@ -190,7 +208,7 @@ static void grid_free(Grid *g) {
 // ----------------------------------------------------------------------------
 // collectives on device buffers (CPU build: host buffers through MPI)
 
-// A request for an asynchronous collective. On CUDA the collective runs on comm_stream and the
+// A request for an asynchronous collective. On CUDA the collective runs on its group's stream and the
 // event marks its end; on the CPU it is a non-blocking MPI request (plus, for an in-place
 // reduce-scatter, the copy of the rank's chunk to its place once the request is done).
 typedef struct {
@@ -215,23 +233,19 @@ static void comm_mark(CommRequest *async, Group *g) { if (async) { async->group 
 #define COMM_WATCH(op, g) watch_enter(op, (g)->name)
 
 #ifdef USE_NCCL
-// Every NCCL call runs on comm_stream, so that the calls on one communicator are issued to one
-// stream in program order (the same order on every rank). It starts once the compute stream has
-// produced its input. A blocking call makes the compute stream wait for it at once; an async one
-// records an event, and comm_wait makes the compute stream wait later.
-static cudaStream_t comm_stream_begin(void) {
-    cudaEvent_t ready;
-    cudaCheck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    cudaCheck(cudaEventRecord(ready, main_stream));
-    cudaCheck(cudaStreamWaitEvent(comm_stream, ready, 0));
-    cudaCheck(cudaEventDestroy(ready));
-    return comm_stream;
+// A call on group g starts on g->stream once the compute stream has produced its input. A blocking
+// call makes the compute stream wait for it at once; an async one records an event, and comm_wait
+// makes the compute stream wait later.
+static cudaStream_t comm_stream_begin(Group *g) {
+    cudaCheck(cudaEventRecord(g->ready, main_stream));
+    cudaCheck(cudaStreamWaitEvent(g->stream, g->ready, 0));
+    return g->stream;
 }
 
-static void comm_stream_end(CommRequest *async) {
+static void comm_stream_end(Group *g, CommRequest *async) {
     cudaEvent_t done;
     cudaCheck(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    cudaCheck(cudaEventRecord(done, comm_stream));
+    cudaCheck(cudaEventRecord(done, g->stream));
     if (async) { async->done = done; async->active = 1; return; }
     cudaCheck(cudaStreamWaitEvent(main_stream, done, 0));
     cudaCheck(cudaEventDestroy(done));
@@ -249,8 +263,8 @@ static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest 
     trace_begin();
     COMM_WATCH("all-reduce", g);
 #ifdef USE_NCCL
-    ncclCheck(ncclAllReduce(buf, buf, n, nccl_type(t), ncclSum, g->nccl, comm_stream_begin()));
-    comm_stream_end(async);
+    ncclCheck(ncclAllReduce(buf, buf, n, nccl_type(t), ncclSum, g->nccl, comm_stream_begin(g)));
+    comm_stream_end(g, async);
 #else
     if (async) { MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(t), MPI_SUM, g->mpi, &async->req); async->active = 1; }
     else { MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(t), MPI_SUM, g->mpi); }
@@ -269,8 +283,8 @@ static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n
     trace_begin();
     COMM_WATCH("reduce-scatter", g);
 #ifdef USE_NCCL
-    ncclCheck(ncclReduceScatter(send, recv, n, nccl_type(t), ncclSum, g->nccl, comm_stream_begin()));
-    comm_stream_end(async);
+    ncclCheck(ncclReduceScatter(send, recv, n, nccl_type(t), ncclSum, g->nccl, comm_stream_begin(g)));
+    comm_stream_end(g, async);
 #else
     // MPI's in-place reduce-scatter leaves the rank's chunk at the start of the buffer: move it
     int in_place = (const char *)recv == (const char *)send + g->rank * n * es;
@@ -301,8 +315,8 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
     trace_begin();
     COMM_WATCH("all-gather", g);
 #ifdef USE_NCCL
-    ncclCheck(ncclAllGather(send, recv, n, nccl_type(t), g->nccl, comm_stream_begin()));
-    comm_stream_end(async);
+    ncclCheck(ncclAllGather(send, recv, n, nccl_type(t), g->nccl, comm_stream_begin(g)));
+    comm_stream_end(g, async);
 #else
     int in_place = ((const char *)send == (const char *)recv + g->rank * n * es);
     const void *sb = in_place ? MPI_IN_PLACE : send;
@@ -331,14 +345,14 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
     trace_begin();
     COMM_WATCH("all-to-all", g);
 #ifdef USE_NCCL
-    cudaStream_t s = comm_stream_begin();
+    cudaStream_t s = comm_stream_begin(g);
     ncclCheck(ncclGroupStart());
     for (int j = 0; j < g->size; j++) {
         if (send_counts[j]) { ncclCheck(ncclSend((const char *)send + send_offsets[j] * es, send_counts[j], nccl_type(t), j, g->nccl, s)); }
         if (recv_counts[j]) { ncclCheck(ncclRecv((char *)recv + recv_offsets[j] * es, recv_counts[j], nccl_type(t), j, g->nccl, s)); }
     }
     ncclCheck(ncclGroupEnd());
-    comm_stream_end(NULL);
+    comm_stream_end(g, NULL);
 #else
     int *sc = (int *)malloc_check(sizeof(int) * 4 * g->size), *so = sc + g->size, *rc = sc + 2 * g->size, *ro = sc + 3 * g->size;
     for (int j = 0; j < g->size; j++) {
@@ -355,8 +369,8 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
 static void comm_send(Group *g, const void *buf, size_t n, DType t, int peer) {
     comm_count(g, (double)n * comm_type_size(t));
 #ifdef USE_NCCL
-    ncclCheck(ncclSend(buf, n, nccl_type(t), peer, g->nccl, comm_stream_begin()));
-    comm_stream_end(NULL);
+    ncclCheck(ncclSend(buf, n, nccl_type(t), peer, g->nccl, comm_stream_begin(g)));
+    comm_stream_end(g, NULL);
 #else
     MPI_Send(buf, (int)n, mpi_type(t), peer, 0, g->mpi);
 #endif
@@ -364,8 +378,8 @@ static void comm_send(Group *g, const void *buf, size_t n, DType t, int peer) {
 
 static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
 #ifdef USE_NCCL
-    ncclCheck(ncclRecv(buf, n, nccl_type(t), peer, g->nccl, comm_stream_begin()));
-    comm_stream_end(NULL);
+    ncclCheck(ncclRecv(buf, n, nccl_type(t), peer, g->nccl, comm_stream_begin(g)));
+    comm_stream_end(g, NULL);
 #else
     MPI_Recv(buf, (int)n, mpi_type(t), peer, 0, g->mpi, MPI_STATUS_IGNORE);
 #endif
@@ -392,15 +406,15 @@ static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest 
     trace_begin();
     COMM_WATCH("point-to-point exchange", g);
 #ifdef USE_NCCL
-    cudaStream_t s = comm_stream_begin();
+    cudaStream_t s = comm_stream_begin(g);
     ncclCheck(ncclGroupStart());
     for (int i = 0; i < nops; i++) {
         if (ops[i].send) { ncclCheck(ncclSend(ops[i].buf, ops[i].n, nccl_type(t), ops[i].peer, g->nccl, s)); }
         else { ncclCheck(ncclRecv(ops[i].buf, ops[i].n, nccl_type(t), ops[i].peer, g->nccl, s)); }
     }
     ncclCheck(ncclGroupEnd());
-    if (sends && nrecv == 0) { comm_mark(&sends[0], g); comm_stream_end(&sends[0]); }   // (one event for the group)
-    else { comm_stream_end(NULL); }
+    if (sends && nrecv == 0) { comm_mark(&sends[0], g); comm_stream_end(g, &sends[0]); }   // (one event for the group)
+    else { comm_stream_end(g, NULL); }
 #else
     MPI_Request recv_req[4], send_req[4];
     int nr = 0, ns = 0;
