@@ -391,24 +391,29 @@ static float zero_grad_norm(Zero *z) {
     return (float)sqrt(sum);
 }
 
-// AdamW on the owned range of every unit, tensor by tensor (weight decay only where t->decay),
-// then (stages 1-2) all-gather the updated shards into the full parameters.
+static_assert(ADAMW_MAX_SEGMENTS >= MAX_UNIT_TENSORS, "a unit's tensors must fit one AdamW update");
+
+// AdamW on the owned range of every unit, one update per unit with a segment per tensor (weight decay
+// only where t->decay), then (stages 1-2) all-gather the updated shards into the full parameters.
 static void zero_optimizer_step(Zero *z, float lr, float beta1, float beta2, float eps, float weight_decay,
                                 float grad_scale, int t, unsigned int seed) {
     for (int u = 0; u < z->nunits; u++) {
         const Unit *U = &z->units[u];
         size_t start, len, a, b;
         zero_owned_range(z, u, &start, &len);
+        AdamWSegments sg = {0};
         for (int k = 0; k < U->ntensors; k++) {
             const UnitTensor *T = &U->t[k];
             if (!tensor_overlap(T, start, start + len, &a, &b)) { continue; }
-            size_t o = zero_owned_state(z, u, a);
             // the rounding seed depends on the element's place in its tensor, not on the layout, so
             // the two copies of a tied tensor round alike
             unsigned tensor_seed = seed + 1000003u * (unsigned)(T->id * 4096 + T->layer + 1) + (unsigned)(a - T->offset);
-            adamw_update(zero_owned_param(z, u, a), z->master ? z->master + o : NULL, zero_owned_grad(z, u, a),
-                         z->m + o, z->v + o, b - a, lr, beta1, beta2, eps, T->decay ? weight_decay : 0.0f,
-                         grad_scale, t, tensor_seed);
+            sg.s[sg.n++] = (AdamWSegment){a - start, b - a, T->decay ? weight_decay : 0.0f, tensor_seed};
+        }
+        if (sg.n > 0) {
+            size_t o = zero_owned_state(z, u, start);
+            adamw_update_segments(zero_owned_param(z, u, start), z->master ? z->master + o : NULL, zero_owned_grad(z, u, start),
+                                  z->m + o, z->v + o, &sg, lr, beta1, beta2, eps, grad_scale, t);
         }
         if (z->stage == 1 || z->stage == 2) {
             floatX *full = z->params + U->full_offset;

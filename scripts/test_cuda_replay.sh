@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CUDA kernels whose bodies are replayed on the CPU, every block and thread in turn (dev/cuda/*_replay.cu:
-# the all-SM column sums, the cross-entropy kernels in bf16 and fp32,
+# the all-SM column sums, the multi-tensor AdamW launch, the cross-entropy kernels in bf16 and fp32,
 # the flash kernels with their warp operations emulated from the PTX layouts;
 # built by nvcc as host code: no GPU needed): their indexing and slicing against the exact results.
 # Usage: bash scripts/test_cuda_replay.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)

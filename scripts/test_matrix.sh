@@ -248,7 +248,7 @@ run_script test_trace   # --trace: a Chrome trace per rank, its spans, its bubbl
 run_script test_levers  # --recompute, --async-checkpoint, --overlap: bit-identical end to end
 run_script test_plan    # --plan = the measured peaks byte for byte; --memory-limit's advice for constructed OOMs
 if command -v nvcc >/dev/null 2>&1 || [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then
-    run_script test_cuda_replay   # the all-SM column sums, the CE kernels and the flash attention kernels replayed on the CPU
+    run_script test_cuda_replay   # the all-SM column sums, multi-tensor AdamW, the CE and flash attention kernels replayed on the CPU
 else
     echo "(nvcc not found: the CUDA replays are not run)"
 fi

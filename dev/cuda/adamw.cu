@@ -27,8 +27,8 @@ int main(int argc, char **argv) {
     float *cpu_master = copy_floats(master, n), *cpu_params = copy_floats(master, n);
     float *cpu_m = copy_floats(m, n), *cpu_v = copy_floats(v, n);
     adamw_update_cpu(cpu_params, cpu_master, grads, cpu_m, cpu_v, n, lr, beta1, beta2, eps, wd, grad_scale, t, seed);
-    adamw_update_cuda(d_params, d_master, d_grads, d_m, d_v, n, lr, beta1, beta2, eps, wd, grad_scale, t, seed);
-    adamw_update_cuda(d_params2, d_master2, d_grads, d_m2, d_v2, n, lr, beta1, beta2, eps, wd, grad_scale, t, seed);
+    adamw_update(d_params, d_master, d_grads, d_m, d_v, n, lr, beta1, beta2, eps, wd, grad_scale, t, seed);
+    adamw_update(d_params2, d_master2, d_grads, d_m2, d_v2, n, lr, beta1, beta2, eps, wd, grad_scale, t, seed);
     printf("-- with fp32 master weights\n");
     fails += compare_device_f32("adamw master", d_master, cpu_master, n, TOL_FP32);
     fails += compare_device_f32("adamw m", d_m, cpu_m, n, TOL_FP32);
@@ -62,7 +62,7 @@ int main(int argc, char **argv) {
 #endif
         free(gp); free(gm);
     }
-    report_time("adamw_update (master)", time_ms(20, [&] { adamw_update_cuda(d_params, d_master, d_grads, d_m, d_v, n, lr, beta1, beta2, eps, wd, grad_scale, t, seed); }),
+    report_time("adamw_update (master)", time_ms(20, [&] { adamw_update(d_params, d_master, d_grads, d_m, d_v, n, lr, beta1, beta2, eps, wd, grad_scale, t, seed); }),
                 (double)n * (2 * sizeof(floatX) + 6 * sizeof(float)), 0);
 
     // path B: no master, the parameters are updated in place
@@ -75,10 +75,40 @@ int main(int argc, char **argv) {
     memcpy(cpu_m, m, n * sizeof(float));
     memcpy(cpu_v, v, n * sizeof(float));
     adamw_update_cpu(cpu_pb, NULL, grads, cpu_m, cpu_v, n, lr, beta1, beta2, eps, wd, grad_scale, t, seed);
-    adamw_update_cuda(d_pb, NULL, d_grads, d_m, d_v, n, lr, beta1, beta2, eps, wd, grad_scale, t, seed);
+    adamw_update(d_pb, NULL, d_grads, d_m, d_v, n, lr, beta1, beta2, eps, wd, grad_scale, t, seed);
     fails += compare_device("adamw params (no master)", d_pb, cpu_pb, n, TOL_X);
     fails += compare_device_f32("adamw m (no master)", d_m, cpu_m, n, TOL_FP32);
     fails += compare_device_f32("adamw v (no master)", d_v, cpu_v, n, TOL_FP32);
+
+    // several tensors in one launch (a unit's update): three segments with gaps between them, against one
+    // launch per segment: bitwise the same (same seeds, same element indices), the gaps untouched
+    printf("-- three tensors in one launch (adamw_update_segments) vs one launch each\n");
+    {
+        AdamWSegments sg = {3, {{5, 1000003, wd, 11u}, {1000010, 77, 0.0f, 22u}, {1000100, n - 1000200, wd, 33u}}, {0}};
+        upload_floats(d_params, master, n); upload_floats(d_params2, master, n);
+        copy_to_device(d_master, master, n * sizeof(float)); copy_to_device(d_master2, master, n * sizeof(float));
+        copy_to_device(d_m, m, n * sizeof(float)); copy_to_device(d_m2, m, n * sizeof(float));
+        copy_to_device(d_v, v, n * sizeof(float)); copy_to_device(d_v2, v, n * sizeof(float));
+        adamw_update_segments(d_params, d_master, d_grads, d_m, d_v, &sg, lr, beta1, beta2, eps, grad_scale, t);
+        for (int k = 0; k < sg.n; k++) {
+            size_t o = sg.s[k].start;
+            adamw_update(d_params2 + o, d_master2 + o, d_grads + o, d_m2 + o, d_v2 + o, sg.s[k].len, lr, beta1, beta2, eps,
+                              sg.s[k].weight_decay, grad_scale, t, sg.s[k].seed);
+        }
+        fails += compare_bitwise("segments: params", d_params, d_params2, n * sizeof(floatX));
+        fails += compare_bitwise("segments: master", d_master, d_master2, n * sizeof(float));
+        fails += compare_bitwise("segments: m", d_m, d_m2, n * sizeof(float));
+        fails += compare_bitwise("segments: v", d_v, d_v2, n * sizeof(float));
+        float *gm = from_device_f32(d_master, n);
+        size_t changed = 0;
+        for (size_t i = 0; i < n; i++) {
+            int in_gap = i < 5 || (i >= 1000008 && i < 1000010) || (i >= 1000087 && i < 1000100) || i >= n - 100;
+            if (in_gap && gm[i] != master[i]) { changed++; }
+        }
+        printf("  %-28s %zu elements in the gaps changed: %s\n", "segments: gaps", changed, changed ? "FAIL" : "ok");
+        fails += changed != 0;
+        free(gm);
+    }
 
     cudaCheck(cudaFree(d_params)); cudaCheck(cudaFree(d_params2)); cudaCheck(cudaFree(d_grads)); cudaCheck(cudaFree(d_master));
     cudaCheck(cudaFree(d_m)); cudaCheck(cudaFree(d_v)); cudaCheck(cudaFree(d_master2)); cudaCheck(cudaFree(d_m2));
