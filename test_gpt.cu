@@ -623,7 +623,8 @@ int main(int argc, char **argv) {
     int *route_log = (int *)malloc_check(sizeof(int) * (2 * (size_t)model.BT * config.topk * nmoe * accum + 1));
     model.route_log = route_log;
     model.route_log_micro = accum;
-    losses[0] = gpt2_forward_backward(&model, &loader, accum);
+    gpt2_forward_backward(&model, &loader, accum);
+    losses[0] = gpt2_read_loss(&model, accum);
     model.route_log = NULL;
     check(fabs(losses[0] - ref.loss0) <= LOSS_TOL * fabs(ref.loss0), "loss of the first batch %.6f, reference %.6f", losses[0], ref.loss0);
     double ep_rows = 0;
@@ -661,7 +662,11 @@ int main(int argc, char **argv) {
         free(cnt); free(all);
     }
     compare_grads(&model, ref.grads);
-    float norm = gpt2_update(&model, &opt, lr_at(&sched, 0), 0, losses[0]);
+    StepResult r0 = gpt2_update(&model, &opt, lr_at(&sched, 0), 0);
+    float norm = r0.norm;
+    // the same sums divided in another order (fp64, then rounded to float): within 2 float ulps
+    check(fabsf(r0.loss - losses[0]) <= ldexpf(fabsf(losses[0]), -22), "the step's loss (read with the norm, after the device all-reduce) %.9g = the loss read alone %.9g",
+          r0.loss, losses[0]);
     check(fabs(norm - ref.norm0) <= NORM_RTOL * ref.norm0, "global grad norm %.6f, reference %.6f", norm, ref.norm0);
     if (check_comm_flag) { check_comm(&model, accum, ep_rows); }
     if (check_mem) {
@@ -683,8 +688,8 @@ int main(int argc, char **argv) {
 
     // steps 1 .. nsteps-1
     for (int s = 1; s < ref.nsteps; s++) {
-        losses[s] = gpt2_forward_backward(&model, &loader, accum);
-        gpt2_update(&model, &opt, lr_at(&sched, s), s, losses[s]);
+        gpt2_forward_backward(&model, &loader, accum);
+        losses[s] = gpt2_update(&model, &opt, lr_at(&sched, s), s).loss;
     }
     double worst = 0;
     int worst_step = 0;
@@ -710,8 +715,8 @@ int main(int argc, char **argv) {
         rng_init(&rng, 1);
         float uninterrupted[64];
         for (int s = 0; s < ref.nsteps; s++) {
-            uninterrupted[s] = gpt2_forward_backward(&run, &dl2, accum);
-            gpt2_update(&run, &opt, lr_at(&sched, s), s, uninterrupted[s]);
+            gpt2_forward_backward(&run, &dl2, accum);
+            uninterrupted[s] = gpt2_update(&run, &opt, lr_at(&sched, s), s).loss;
             if (s + 1 == 5) { save_checkpoint(&run, resume_dir, 5, &dl2, &rng, args.total_batch, 0); }
         }
         int step = latest_checkpoint(resume_dir);
@@ -733,8 +738,8 @@ int main(int argc, char **argv) {
         load_state(&resumed, resume_dir, step, &dl3, &rng3, args.total_batch);
         int same = 1;
         for (int s = step; s < ref.nsteps; s++) {
-            float l = gpt2_forward_backward(&resumed, &dl3, accum);
-            gpt2_update(&resumed, &opt, lr_at(&sched, s), s, l);
+            gpt2_forward_backward(&resumed, &dl3, accum);
+            float l = gpt2_update(&resumed, &opt, lr_at(&sched, s), s).loss;
             if (memcmp(&l, &uninterrupted[s], sizeof(float)) != 0) { same = 0; }
             if (my_rank == 0) { printf("  resume step %d: %.9f vs uninterrupted %.9f\n", s, l, uninterrupted[s]); }
         }

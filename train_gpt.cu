@@ -1036,15 +1036,18 @@ static void gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int la
     trace_end("head + loss", backward ? "forward+backward" : "forward", "\"micro\":%d", m->micro);
 }
 
+// The loss sum starts at 0 (a step's or an evaluation's first batch).
+static void gpt2_clear_loss(GPT2 *m) {
+    if (m->last) { zero_on_device(m->ws.loss_sum, sizeof(double)); }
+}
+
 // The mean loss of `batches` batches of this rank's B*T tokens whose sums gpt2_head accumulated on the
-// last stage since the previous read (the one wait on the device for it), on every rank: broadcast
-// from the last stage, summed over the ranks sharing the step's tokens. The sum starts again at 0.
+// last stage since gpt2_clear_loss (a wait on the device), on every rank: broadcast from the last stage,
+// summed over the ranks sharing the step's tokens. (A training step reads its loss with its norm, in
+// gpt2_update; this is for evaluations and tests.)
 static float gpt2_read_loss(GPT2 *m, int batches) {
     double sum = 0.0;
-    if (m->last) {
-        copy_to_host(&sum, m->ws.loss_sum, sizeof(double));
-        zero_on_device(m->ws.loss_sum, sizeof(double));
-    }
+    if (m->last) { copy_to_host(&sum, m->ws.loss_sum, sizeof(double)); }
     double loss = sum / ((double)m->BT * batches);
     if (m->grid->pp > 1) { WATCHED("broadcast of the loss", "pp", MPI_Bcast(&loss, 1, MPI_DOUBLE, m->grid->pp - 1, m->grid->pp_group.mpi)); }
     comm_sum_host(m->grid->grad_group, &loss, 1);
@@ -1197,10 +1200,11 @@ static void train_backward(void *ctx, int v, int i) {
 }
 
 // Forward and backward of `accum` micro-batches (the number the activations were allocated for); the
-// gradients end up reduced as the ZeRO stage wants them. Returns the mean loss over the global batch
-// (all micro-batches, all dp ranks), on every rank.
-static float gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
+// gradients end up reduced as the ZeRO stage wants them, the losses summed on the device. Nothing waits
+// for the device here: gpt2_update reads the loss with the norm (or gpt2_read_loss, for a test).
+static void gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     zero_clear_grads(&m->zero);
+    gpt2_clear_loss(m);
     // the MoE auxiliary losses' seeds (moe.h): aux is a mean over the global batch's sequences, z over its tokens
     double sequences = (double)m->B * accum * m->grid->dp;
     m->moe_aux_scale = (float)(m->moe.aux_coeff * m->config.num_experts / (m->T * sequences));
@@ -1220,7 +1224,6 @@ static float gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     pipeline_run(&m->pipe, (StageWork){&s, train_forward, train_backward});
     m->moe_count_stats = 0;
     zero_finish_grads(&m->zero);
-    return gpt2_read_loss(m, accum);
 }
 
 // The MoE numbers of the last step, on every rank: aux and z as the loss defines them (means over the
@@ -1237,24 +1240,36 @@ static void gpt2_moe_stats(GPT2 *m, int accum, double *aux, double *z, double *d
     *dropped = v[3] > 0 ? 1.0 - v[2] / v[3] : 0.0;
 }
 
-// Clips by the global gradient norm and runs AdamW (step is 0-based). A non-finite loss or gradient
-// norm (the same on every rank: both are global) skips the update: the parameters and the AdamW state
-// stay as they were, and AdamW's step count t counts only the updates applied. Returns the norm
-// before clipping; m->skips_in_a_row says whether this one was skipped.
-static float gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step, float loss) {
+typedef struct { float loss, norm; } StepResult;   // the step's mean loss (global batch), its gradient norm before clipping
+
+// Clips by the global gradient norm and runs AdamW (step is 0-based), all on the device: the norm's
+// partial sums and this rank's loss sum (the last stage's tp rank 0: the other tp ranks hold copies)
+// all-reduced over the world in one call, the clip scale made from them, AdamW scaled by it. A
+// non-finite loss or gradient norm (the same on every rank: both are global) makes the scale 0 and
+// skips the update: the parameters and the AdamW state stay as they were, and AdamW's step count t
+// counts only the updates applied. Then the step's one wait: the host reads the loss and the norm
+// (m->skips_in_a_row says whether this update was skipped).
+static StepResult gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
+    Zero *z = &m->zero;
+    Grid *g = m->grid;
     trace_begin();
-    float norm = zero_grad_norm(&m->zero);
-    if (!isfinite(norm) || !isfinite(loss)) {
+    int nparts = zero_grad_norm_parts(z);
+    step_stats_gather(z->stats, z->norm_parts, nparts, m->last && g->tp_rank == 0 ? m->ws.loss_sum : NULL);
+    comm_all_reduce(&g->world, z->stats, 2, DT_DOUBLE, NULL);   // loss_sum, norm_sq
+    double tokens = (double)m->BT * (m->pipe.steps.n_total / m->V) * g->dp * g->cp;   // the global batch's
+    step_stats_clip(z->stats, tokens, o->grad_clip);
+    zero_optimizer_step(z, lr, o->beta1, o->beta2, o->eps, o->weight_decay, &z->stats->scale, m->updates + 1, o->seed + 7919u * step);
+    StepStats st;
+    copy_to_host(&st, z->stats, sizeof(st));
+    if (st.scale == 0.0f) {
         m->skips++;
         m->skips_in_a_row++;
     } else {
-        float scale = (o->grad_clip > 0.0f && norm > o->grad_clip) ? o->grad_clip / norm : 1.0f;
-        zero_optimizer_step(&m->zero, lr, o->beta1, o->beta2, o->eps, o->weight_decay, scale, m->updates + 1, o->seed + 7919u * step);
         m->updates++;
         m->skips_in_a_row = 0;
     }
     trace_end("norm + AdamW", "optimizer", "\"step\":%d", step);
-    return norm;
+    return (StepResult){st.loss, st.norm};
 }
 
 typedef struct { GPT2 *m; const int *inputs, *targets; } ForwardOnly;   // this rank's tokens and targets
@@ -1279,6 +1294,7 @@ static void gpt2_forward_pipeline(GPT2 *m, const int *inputs, const int *targets
 // Mean loss over up to max_batches batches of the loader (from its start), over all dp ranks.
 static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
     dataloader_reset(dl);
+    gpt2_clear_loss(m);
     int n = max_batches < (int)dl->nrounds ? max_batches : (int)dl->nrounds;
     if (n < 1) { n = 1; }
     for (int i = 0; i < n; i++) {
@@ -2705,15 +2721,15 @@ int main(int argc, char **argv) {
         model.pipe.wait_seconds = model.moe_a2a_seconds = 0.0;
         trace_begin();
         double t0 = wall_seconds();
-        float loss = gpt2_forward_backward(&model, &train_loader, accum);
+        gpt2_forward_backward(&model, &train_loader, accum);
         inject_nan_for_test(&model, step);
         float lr = lr_at(&sched, step);
-        float norm = gpt2_update(&model, &opt, lr, step, loss);
+        StepResult r = gpt2_update(&model, &opt, lr, step);
         device_synchronize();
         double ms = (wall_seconds() - t0) * 1e3;
         trace_end("step", "step", "\"step\":%d,\"pipeline_wait_ms\":%.3f", step, model.pipe.wait_seconds * 1e3);
         if (step > start_step) { step_times_add(&times, &model, ms); }
-        log_step(&args, &model, logf, step, max_steps, accum, loss, norm, lr, ms);
+        log_step(&args, &model, logf, step, max_steps, accum, r.loss, r.norm, lr, ms);
         if (model.skips_in_a_row >= args.max_skips) {
             fail_all(rank, "step %d: %d updates in a row skipped for a non-finite loss or gradient norm (--max-skips %d); the parameters "
                      "are those before step %d, and no checkpoint holds a non-finite value", step + 1, model.skips_in_a_row, args.max_skips,

@@ -1,5 +1,7 @@
 // AdamW as in llm.c: decoupled weight decay, bias correction, gradients pre-scaled by the clip factor.
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr (mhat / (sqrt(vhat) + eps) + wd p)
+// The scale is read from device memory (*grad_scale, made on the device: global_norm.h), so the host
+// need not wait for the norm; a scale of 0 means a skipped step: nothing is written.
 // With bf16 parameters (CUDA) the fp32 master copy is updated and rounded stochastically into
 // the bf16 parameters; on the CPU (fp32 everywhere) master is NULL and the parameters are the master.
 #ifndef LLMC_ADAMW_H
@@ -9,12 +11,14 @@
 
 static void adamw_update_cpu(float *params, float *master, const float *grads, float *m, float *v, size_t n,
                              float lr, float beta1, float beta2, float eps, float weight_decay,
-                             float grad_scale, int t, unsigned int seed) {
+                             const float *grad_scale, int t, unsigned int seed) {
     (void)seed;
+    float scale = *grad_scale;
+    if (scale == 0.0f) { return; }
     float b1c = 1.0f - powf(beta1, (float)t), b2c = 1.0f - powf(beta2, (float)t);
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
-        float g = grads[i] * grad_scale;
+        float g = grads[i] * scale;
         float mi = beta1 * m[i] + (1.0f - beta1) * g;
         float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
         m[i] = mi;
@@ -55,12 +59,14 @@ __host__ __device__ inline int adamw_block_segment(const AdamWSegments *sg, unsi
 // stochastically too).
 #define ADAMW_THREADS 256
 __global__ void adamw_kernel(floatX *params, float *master, const floatX *grads, float *m, float *v, AdamWSegments sg,
-                             float lr, float beta1, float beta2, float b1c, float b2c, float eps, float grad_scale) {
+                             float lr, float beta1, float beta2, float b1c, float b2c, float eps, const float *grad_scale) {
+    float scale = *grad_scale;
+    if (scale == 0.0f) { return; }
     unsigned int b, nb;
     const AdamWSegment *seg = &sg.s[adamw_block_segment(&sg, blockIdx.x, &b, &nb)];
     for (size_t i = (size_t)b * ADAMW_THREADS + threadIdx.x; i < seg->len; i += (size_t)nb * ADAMW_THREADS) {
         size_t j = seg->start + i;
-        float g = (float)grads[j] * grad_scale;
+        float g = (float)grads[j] * scale;
         float mi = beta1 * m[j] + (1.0f - beta1) * g;
         float vi = beta2 * v[j] + (1.0f - beta2) * g * g;
         m[j] = mi;
@@ -80,7 +86,7 @@ static unsigned int adamw_deal_blocks(AdamWSegments *sg) {
 }
 
 static void adamw_update_segments_cuda(floatX *params, float *master, const floatX *grads, float *m, float *v, AdamWSegments sg,
-                                       float lr, float beta1, float beta2, float eps, float grad_scale, int t) {
+                                       float lr, float beta1, float beta2, float eps, const float *grad_scale, int t) {
     unsigned int blocks = adamw_deal_blocks(&sg);
     if (blocks == 0) { return; }
     float b1c = 1.0f - powf(beta1, (float)t), b2c = 1.0f - powf(beta2, (float)t);   // as the CPU loop
@@ -90,7 +96,7 @@ static void adamw_update_segments_cuda(floatX *params, float *master, const floa
 #endif
 
 static void adamw_update_segments(floatX *params, float *master, const floatX *grads, float *m, float *v, const AdamWSegments *sg,
-                                  float lr, float beta1, float beta2, float eps, float grad_scale, int t) {
+                                  float lr, float beta1, float beta2, float eps, const float *grad_scale, int t) {
 #ifdef USE_CUDA
     adamw_update_segments_cuda(params, master, grads, m, v, *sg, lr, beta1, beta2, eps, grad_scale, t);
 #else
@@ -105,7 +111,7 @@ static void adamw_update_segments(floatX *params, float *master, const floatX *g
 // One tensor: a single segment
 static void adamw_update(floatX *params, float *master, const floatX *grads, float *m, float *v, size_t n,
                          float lr, float beta1, float beta2, float eps, float weight_decay,
-                         float grad_scale, int t, unsigned int seed) {
+                         const float *grad_scale, int t, unsigned int seed) {
     AdamWSegments sg = {1, {{0, n, weight_decay, seed}}, {0}};
     adamw_update_segments(params, master, grads, m, v, &sg, lr, beta1, beta2, eps, grad_scale, t);
 }

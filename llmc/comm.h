@@ -30,7 +30,7 @@
 #include "trace.h"
 #include "guard.h"
 
-typedef enum { DT_FLOAT, DT_FLOATX } DType;
+typedef enum { DT_FLOAT, DT_FLOATX, DT_DOUBLE } DType;   // DT_DOUBLE: the step's loss and norm sums
 
 typedef struct {
     const char *name;
@@ -56,11 +56,12 @@ typedef struct {
     Group emb_group;   // the first and the last pipeline stage of one (tp, dp) position: the tied wte
 } Grid;
 
-static size_t comm_type_size(DType t) { return t == DT_FLOAT ? sizeof(float) : sizeof(floatX); }
+static size_t comm_type_size(DType t) { return t == DT_FLOAT ? sizeof(float) : t == DT_DOUBLE ? sizeof(double) : sizeof(floatX); }
 
 #ifdef USE_NCCL
 static ncclDataType_t nccl_type(DType t) {
     if (t == DT_FLOAT) { return ncclFloat; }
+    if (t == DT_DOUBLE) { return ncclFloat64; }
     return sizeof(floatX) == 2 ? ncclBfloat16 : ncclFloat;
 }
 #endif
@@ -252,7 +253,7 @@ static void comm_stream_end(Group *g, CommRequest *async) {
 }
 #else
 // MPI datatype of a DType (the CPU build is fp32 throughout: floatX is float)
-static MPI_Datatype mpi_type(DType t) { (void)t; return MPI_FLOAT; }
+static MPI_Datatype mpi_type(DType t) { return t == DT_DOUBLE ? MPI_DOUBLE : MPI_FLOAT; }
 #endif
 
 // buf (n) summed over the group, in place. async: NULL = the result is there for the next op.

@@ -69,4 +69,65 @@ static void sum_of_squares(float *out, const floatX *x, size_t n) {
 #endif
 }
 
+// ----------------------------------------------------------------------------
+// The end of a step without the host: the loss and the squared gradient norm summed on the device, one
+// all-reduce of the two over every rank (the caller's), then the factor AdamW scales the gradients by:
+// clip / norm above the clip, 1 below, 0 when the loss or the norm is not finite (AdamW then skips the
+// update: adamw.h). The host reads the struct once, when the step is over.
+typedef struct {
+    double loss_sum, norm_sq;   // this rank's part, then (after the all-reduce) every rank's
+    float loss, norm, scale;    // loss_sum / tokens, sqrt(norm_sq); the gradient scale (0: skip)
+    float pad;
+} StepStats;
+
+// The CPU loops, run by one GPU thread as they are.
+// st->norm_sq = the n partial sums of squares added in order; st->loss_sum = *loss_sum (NULL: 0)
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline void step_stats_gather_body(StepStats *st, const float *parts, int n, const double *loss_sum) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) { sum += parts[i]; }
+    st->norm_sq = sum;
+    st->loss_sum = loss_sum != NULL ? *loss_sum : 0.0;
+}
+
+// loss = loss_sum / tokens; norm = sqrt(norm_sq); scale as above (clip 0: no clipping)
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline void step_stats_clip_body(StepStats *st, double tokens, float clip) {
+    float loss = (float)(st->loss_sum / tokens), norm = (float)sqrt(st->norm_sq);
+    st->loss = loss;
+    st->norm = norm;
+    if (!isfinite(loss) || !isfinite(norm)) { st->scale = 0.0f; }
+    else { st->scale = clip > 0.0f && norm > clip ? (float)((double)clip / norm) : 1.0f; }   // (fp64: exact under fast math)
+}
+
+#ifdef USE_CUDA
+// one thread each: a few hundred parts, in the CPU loop's order
+__global__ void step_stats_gather_kernel(StepStats *st, const float *parts, int n, const double *loss_sum) {
+    step_stats_gather_body(st, parts, n, loss_sum);
+}
+__global__ void step_stats_clip_kernel(StepStats *st, double tokens, float clip) { step_stats_clip_body(st, tokens, clip); }
+#endif
+
+static void step_stats_gather(StepStats *st, const float *parts, int n, const double *loss_sum) {
+#ifdef USE_CUDA
+    step_stats_gather_kernel<<<1, 1, 0, main_stream>>>(st, parts, n, loss_sum);
+    cudaCheckLaunch();
+#else
+    step_stats_gather_body(st, parts, n, loss_sum);
+#endif
+}
+
+static void step_stats_clip(StepStats *st, double tokens, float clip) {
+#ifdef USE_CUDA
+    step_stats_clip_kernel<<<1, 1, 0, main_stream>>>(st, tokens, clip);
+    cudaCheckLaunch();
+#else
+    step_stats_clip_body(st, tokens, clip);
+#endif
+}
+
 #endif

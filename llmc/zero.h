@@ -87,6 +87,7 @@ typedef struct {
     float *m, *v, *master;   // AdamW state over the owned range (master only when floatX != float)
     size_t opt_size;
     float *norm_parts;       // device: one sum of squares per (unit, tensor)
+    StepStats *stats;        // device: the step's loss, norm and gradient scale (global_norm.h)
     int prefetch;            // stage 3: gather the next unit while this one computes (zero_prefetch_params)
     long gathers;            // stage 3: unit all-gathers (for the comm report)
     double gathered_ring;    // stage 3: the gathered units' padded sizes x (p-1)/p (ring elements sent), summed
@@ -152,6 +153,7 @@ static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int n
     z->v = (float *)mem_alloc(z->opt_size * sizeof(float), MEM_OPTIMIZER);
     z->master = floatx_bytes() != sizeof(float) ? (float *)mem_alloc(z->opt_size * sizeof(float), MEM_OPTIMIZER) : NULL;
     z->norm_parts = (float *)mem_alloc((size_t)nunits * MAX_UNIT_TENSORS * sizeof(float), MEM_WORKSPACE);
+    z->stats = (StepStats *)mem_alloc(sizeof(StepStats), MEM_WORKSPACE);
 }
 
 // First element of this rank's shard of unit u (0 at stage 0, which has no shards).
@@ -361,8 +363,8 @@ static void zero_get_owned_grads(Zero *z, int u, float *host, size_t *start, siz
 // tensors replicated over tp only on tp rank 0, the tied embedding only on the first pipeline stage.
 // One sum over the world gives the norm, each parameter counted once. Ranges that follow each other in
 // memory (a unit's tensors, and the next unit's) are summed as one: a few launches per step, not two per
-// tensor.
-static float zero_grad_norm(Zero *z) {
+// tensor. The partial sums stay on the device (z->norm_parts); returns how many.
+static int zero_grad_norm_parts(Zero *z) {
     int nparts = 0;
     floatX *run = NULL;   // the range being gathered: run .. run + run_len
     size_t run_len = 0;
@@ -382,21 +384,17 @@ static float zero_grad_norm(Zero *z) {
         }
     }
     if (run != NULL) { sum_of_squares(z->norm_parts + nparts++, run, run_len); }
-    float *parts = (float *)malloc_check(sizeof(float) * (nparts + 1));
-    if (nparts > 0) { copy_to_host(parts, z->norm_parts, sizeof(float) * nparts); }
-    double sum = 0.0;
-    for (int i = 0; i < nparts; i++) { sum += parts[i]; }
-    free(parts);
-    comm_sum_host(&z->grid->world, &sum, 1);
-    return (float)sqrt(sum);
+    return nparts;
 }
 
 static_assert(ADAMW_MAX_SEGMENTS >= MAX_UNIT_TENSORS, "a unit's tensors must fit one AdamW update");
 
 // AdamW on the owned range of every unit, one update per unit with a segment per tensor (weight decay
-// only where t->decay), then (stages 1-2) all-gather the updated shards into the full parameters.
+// only where t->decay), then (stages 1-2) all-gather the updated shards into the full parameters. The
+// gradients are scaled by *grad_scale, on the device (0: the update is skipped; the gather then copies
+// the unchanged shards).
 static void zero_optimizer_step(Zero *z, float lr, float beta1, float beta2, float eps, float weight_decay,
-                                float grad_scale, int t, unsigned int seed) {
+                                const float *grad_scale, int t, unsigned int seed) {
     for (int u = 0; u < z->nunits; u++) {
         const Unit *U = &z->units[u];
         size_t start, len, a, b;

@@ -9,9 +9,10 @@ int main(int argc, char **argv) {
     rng_seed(8);
     int fails = 0;
     const size_t n = (size_t)16 * 1024 * 1024 + 5;
-    const float lr = 6e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f, grad_scale = 0.5f;
+    const float lr = 6e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f, scale = 0.5f, no_update = 0.0f;
     const int t = 5;
     const unsigned int seed = 1234;
+    float *grad_scale = to_device_f32(&scale, 1), *skip = to_device_f32(&no_update, 1);   // AdamW reads the scale on the device
 
     float *master = (float *)malloc_check(n * sizeof(float));
     for (size_t i = 0; i < n; i++) { master[i] = 2.0f * rng_uniform() - 1.0f; }   // full fp32 precision
@@ -26,7 +27,7 @@ int main(int argc, char **argv) {
     float *d_master2 = to_device_f32(master, n), *d_m2 = to_device_f32(m, n), *d_v2 = to_device_f32(v, n);
     float *cpu_master = copy_floats(master, n), *cpu_params = copy_floats(master, n);
     float *cpu_m = copy_floats(m, n), *cpu_v = copy_floats(v, n);
-    adamw_update_cpu(cpu_params, cpu_master, grads, cpu_m, cpu_v, n, lr, beta1, beta2, eps, wd, grad_scale, t, seed);
+    adamw_update_cpu(cpu_params, cpu_master, grads, cpu_m, cpu_v, n, lr, beta1, beta2, eps, wd, &scale, t, seed);
     adamw_update(d_params, d_master, d_grads, d_m, d_v, n, lr, beta1, beta2, eps, wd, grad_scale, t, seed);
     adamw_update(d_params2, d_master2, d_grads, d_m2, d_v2, n, lr, beta1, beta2, eps, wd, grad_scale, t, seed);
     printf("-- with fp32 master weights\n");
@@ -74,7 +75,7 @@ int main(int argc, char **argv) {
     float *cpu_pb = copy_floats(params, n);
     memcpy(cpu_m, m, n * sizeof(float));
     memcpy(cpu_v, v, n * sizeof(float));
-    adamw_update_cpu(cpu_pb, NULL, grads, cpu_m, cpu_v, n, lr, beta1, beta2, eps, wd, grad_scale, t, seed);
+    adamw_update_cpu(cpu_pb, NULL, grads, cpu_m, cpu_v, n, lr, beta1, beta2, eps, wd, &scale, t, seed);
     adamw_update(d_pb, NULL, d_grads, d_m, d_v, n, lr, beta1, beta2, eps, wd, grad_scale, t, seed);
     fails += compare_device("adamw params (no master)", d_pb, cpu_pb, n, TOL_X);
     fails += compare_device_f32("adamw m (no master)", d_m, cpu_m, n, TOL_FP32);
@@ -110,6 +111,19 @@ int main(int argc, char **argv) {
         free(gm);
     }
 
+    // a scale of 0 (a skipped step: a non-finite loss or norm) writes nothing
+    printf("-- scale 0: the update is skipped\n");
+    {
+        copy_to_device(d_params2, d_params, n * sizeof(floatX)); copy_to_device(d_master2, d_master, n * sizeof(float));
+        copy_to_device(d_m2, d_m, n * sizeof(float)); copy_to_device(d_v2, d_v, n * sizeof(float));
+        adamw_update(d_params, d_master, d_grads, d_m, d_v, n, lr, beta1, beta2, eps, wd, skip, t, seed);
+        fails += compare_bitwise("skip: params", d_params, d_params2, n * sizeof(floatX));
+        fails += compare_bitwise("skip: master", d_master, d_master2, n * sizeof(float));
+        fails += compare_bitwise("skip: m", d_m, d_m2, n * sizeof(float));
+        fails += compare_bitwise("skip: v", d_v, d_v2, n * sizeof(float));
+    }
+
+    cudaCheck(cudaFree(grad_scale)); cudaCheck(cudaFree(skip));
     cudaCheck(cudaFree(d_params)); cudaCheck(cudaFree(d_params2)); cudaCheck(cudaFree(d_grads)); cudaCheck(cudaFree(d_master));
     cudaCheck(cudaFree(d_m)); cudaCheck(cudaFree(d_v)); cudaCheck(cudaFree(d_master2)); cudaCheck(cudaFree(d_m2));
     cudaCheck(cudaFree(d_v2)); cudaCheck(cudaFree(d_pb));

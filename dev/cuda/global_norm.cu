@@ -1,5 +1,6 @@
 // Sum of squares (global-norm clipping): CPU loop (fp64) vs CUDA (fixed grid, fp64 partials),
-// sizes from 0 to all of GPT-2 124M's parameters, determinism, timing.
+// sizes from 0 to all of GPT-2 124M's parameters, determinism, timing; the step's loss, norm and clip
+// scale made on the device.
 #include "../../llmc/global_norm.h"
 #include "common.h"
 
@@ -29,5 +30,42 @@ int main(int argc, char **argv) {
         free(x);
     }
     cudaCheck(cudaFree(d_out));
+
+    // the end of a step (step_stats_gather, the all-reduce, step_stats_clip): one GPU thread runs the CPU
+    // loops, so the struct must be bitwise the CPU's: a clipped step, an unclipped one, no clipping, a
+    // non-finite norm part and a non-finite loss (scale 0: skip)
+    printf("-- step stats: loss, norm, clip scale\n");
+    {
+        const int np = 300;
+        float *parts = make_random(np, 0.0f, 0.02f);
+        float *d_parts = to_device_f32(parts, np);
+        double loss_sum = 5.25 * 4096, *d_loss;
+        StepStats *d_st;
+        cudaCheck(cudaMalloc(&d_loss, sizeof(double)));
+        cudaCheck(cudaMalloc(&d_st, sizeof(StepStats)));
+        struct { const char *what; float clip; float part0; double loss; float want_scale; } cases[5] = {
+            {"clipped", 1.0f, 10.0f, loss_sum, -1.0f}, {"not clipped", 1e3f, 10.0f, loss_sum, -1.0f}, {"no clip", 0.0f, 10.0f, loss_sum, 1.0f},
+            {"NaN norm: skip", 1.0f, NAN, loss_sum, 0.0f}, {"inf loss: skip", 1.0f, 10.0f, INFINITY, 0.0f}};
+        for (int c = 0; c < 5; c++) {
+            parts[0] = cases[c].part0;
+            copy_to_device(d_parts, parts, sizeof(float) * np);
+            copy_to_device(d_loss, &cases[c].loss, sizeof(double));
+            StepStats cpu, gpu;
+            memset(&cpu, 0, sizeof(cpu));
+            cudaCheck(cudaMemset(d_st, 0, sizeof(StepStats)));
+            step_stats_gather_body(&cpu, parts, np, &cases[c].loss);
+            step_stats_clip_body(&cpu, 4096.0, cases[c].clip);
+            step_stats_gather(d_st, d_parts, np, d_loss);
+            step_stats_clip(d_st, 4096.0, cases[c].clip);
+            copy_to_host(&gpu, d_st, sizeof(gpu));
+            int same = !memcmp(&cpu, &gpu, sizeof(cpu));
+            int scale_ok = cases[c].want_scale < 0 ? (cpu.scale > 0 && cpu.scale < 1) == (cases[c].clip < cpu.norm) : cpu.scale == cases[c].want_scale;
+            printf("  %-28s loss %.6g norm %.6g scale %.6g (CPU %.6g): %s\n", cases[c].what, gpu.loss, gpu.norm, gpu.scale, cpu.scale,
+                   same && scale_ok ? "ok" : "FAIL");
+            fails += !(same && scale_ok);
+        }
+        cudaCheck(cudaFree(d_parts)); cudaCheck(cudaFree(d_loss)); cudaCheck(cudaFree(d_st));
+        free(parts);
+    }
     return harness_finish(fails);
 }
