@@ -466,13 +466,12 @@ typedef struct {        // shared by all layers and micro-batches
     float *dgate;       // (BT, k)
     float *dlogits;     // (BT, E)
     float *pmean, *zsum;   // (B, E), (B): aux and z statistics per sequence
+    double *moe_sums;      // (2) the step's aux and z sums over this rank's MoE layers and micro-batches (moe_loss_sums)
     int *counts, *offsets; // (E) kept rows per expert; their first rows in the send layout
 } Workspace;
 
-typedef struct {        // the MoE layers' numbers of one step, for the log (sums over this rank's layers)
-    double aux;         // sum over sequences of E sum_i f_i P_i
-    double z;           // sum over tokens of lse^2
-    double kept, assigned;   // assignments after capacity / made
+typedef struct {        // the MoE layers' dispatch numbers of one step, for the log (sums over this rank's
+    double kept, assigned;   // layers): assignments after capacity / made (aux and z: ws.moe_sums, on the device)
 } MoEStats;
 
 typedef struct {
@@ -714,6 +713,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
         w->dlogits = (float *)mem_alloc(BT * E * F, MEM_WORKSPACE);
         w->pmean = (float *)mem_alloc((size_t)B * E * F, MEM_WORKSPACE);
         w->zsum = (float *)mem_alloc((size_t)B * F, MEM_WORKSPACE);
+        w->moe_sums = (double *)mem_alloc(2 * sizeof(double), MEM_WORKSPACE);
         w->counts = (int *)mem_alloc(E * I, MEM_WORKSPACE);
         w->offsets = (int *)mem_alloc(E * I, MEM_WORKSPACE);
     }
@@ -879,20 +879,10 @@ static void moe_forward(GPT2 *m, MoEActs *ma, floatX *pe[NUM_TENSORS], const flo
         copy_to_host(log, ma->choice, (size_t)BT * k * sizeof(int));
         copy_to_host(log + (size_t)BT * k, ma->keep, (size_t)BT * k * sizeof(int));
     }
-    if (m->moe_count_stats && !m->recomputing) {   // aux and z of this micro-batch's sequences, the kept fraction
-        float *f = (float *)malloc_check(sizeof(float) * (2 * B * E + B));
-        copy_to_host(f, ma->f, sizeof(float) * B * E);
-        copy_to_host(f + B * E, w->pmean, sizeof(float) * B * E);
-        copy_to_host(f + 2 * B * E, w->zsum, sizeof(float) * B);
-        for (int b = 0; b < B; b++) {
-            double aux = 0.0;
-            for (int e = 0; e < E; e++) { aux += (double)f[b * E + e] * f[B * E + b * E + e]; }
-            m->moe_stats.aux += E * aux;
-            m->moe_stats.z += f[2 * B * E + b];
-        }
+    if (m->moe_count_stats && !m->recomputing) {   // aux and z of this micro-batch's sequences (on the device), the kept fraction
+        moe_loss_sums(w->moe_sums, ma->f, w->pmean, w->zsum, B, E);
         for (int e = 0; e < E; e++) { m->moe_stats.kept += mine[e]; }
         m->moe_stats.assigned += (double)BT * k;
-        free(f);
     }
 }
 
@@ -1210,6 +1200,7 @@ static void gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     m->moe_aux_scale = (float)(m->moe.aux_coeff * m->config.num_experts / (m->T * sequences));
     m->moe_z_scale = (float)(m->moe.z_coeff / (m->T * sequences));
     memset(&m->moe_stats, 0, sizeof(m->moe_stats));
+    if (m->ws.moe_sums) { zero_on_device(m->ws.moe_sums, 2 * sizeof(double)); }
     m->moe_count_stats = 1;
     int ranks = m->grid->dp * m->grid->cp;   // the ranks that share a step's tokens (cp: each sequence too)
     if (accum != m->pipe.steps.n_total / m->V) { fprintf(stderr, "error: %d micro-batches, the schedule was made for %d\n", accum, m->pipe.steps.n_total / m->V); exit(1); }
@@ -1232,7 +1223,10 @@ static void gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
 static void gpt2_moe_stats(GPT2 *m, int accum, double *aux, double *z, double *dropped) {
     MoEStats *st = &m->moe_stats;
     double v[4] = {0.0, 0.0, 0.0, 0.0};
-    if (m->grid->tp_rank == 0) { v[0] = st->aux; v[1] = st->z; v[2] = st->kept; v[3] = st->assigned; }
+    if (m->grid->tp_rank == 0) {
+        if (m->ws.moe_sums) { copy_to_host(v, m->ws.moe_sums, 2 * sizeof(double)); }
+        v[2] = st->kept; v[3] = st->assigned;
+    }
     comm_sum_host(&m->grid->world, v, 4);
     double sequences = (double)m->B * accum * m->grid->dp;
     *aux = v[0] / sequences;
@@ -2708,6 +2702,7 @@ int main(int argc, char **argv) {
     StepTimes times;
     memset(&times, 0, sizeof(times));
     model.moe_time_a2a = args.comm_report && config.num_experts > 0;
+    model.pipe.time_waits = args.comm_report || args.trace_dir != NULL;
     int step = start_step, saved = -1;
     for (; step < max_steps; step++) {
         if (have_val && args.val_every > 0 && step % args.val_every == 0) {

@@ -159,6 +159,22 @@ static void moe_sequence_stats_cpu(float *f, float *pmean, float *zsum, const in
     }
 }
 
+// The auxiliary losses' numbers of B sequences added to sums (2, fp64): sums[0] += E sum_e f[b][e] pmean[b][e]
+// for each sequence (its aux loss before the coefficient), sums[1] += zsum[b] (its z loss's), in this
+// order. The GPU runs this loop in one thread (B*E products): the step's numbers stay on the device
+// until its log reads them, once.
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline void moe_loss_sums_body(double *sums, const float *f, const float *pmean, const float *zsum, int B, int E) {
+    for (int b = 0; b < B; b++) {
+        double aux = 0.0;
+        for (int e = 0; e < E; e++) { aux += (double)f[(size_t)b * E + e] * pmean[(size_t)b * E + e]; }
+        sums[0] += E * aux;
+        sums[1] += zsum[b];
+    }
+}
+
 // counts (E): kept assignments per expert.
 static void moe_count_cpu(int *counts, const int *choice, const int *keep, int N, int E, int k) {
     for (int e = 0; e < E; e++) { counts[e] = 0; }
@@ -346,6 +362,10 @@ __global__ void moe_capacity_keep_kernel(int *keep, const int *choice, const flo
         }
         keep[(size_t)t * k + j] = rank < cap;
     }
+}
+
+__global__ void moe_loss_sums_kernel(double *sums, const float *f, const float *pmean, const float *zsum, int B, int E) {
+    moe_loss_sums_body(sums, f, pmean, zsum, B, E);
 }
 
 // grid (B), one thread per expert
@@ -540,6 +560,15 @@ static void moe_sequence_stats(float *f, float *pmean, float *zsum, const int *c
     cudaCheckLaunch();
 #else
     moe_sequence_stats_cpu(f, pmean, zsum, choice, probs, lse, B, T, E, k);
+#endif
+}
+
+static void moe_loss_sums(double *sums, const float *f, const float *pmean, const float *zsum, int B, int E) {
+#ifdef USE_CUDA
+    moe_loss_sums_kernel<<<1, 1, 0, main_stream>>>(sums, f, pmean, zsum, B, E);
+    cudaCheckLaunch();
+#else
+    moe_loss_sums_body(sums, f, pmean, zsum, B, E);
 #endif
 }
 

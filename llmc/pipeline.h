@@ -32,7 +32,9 @@
 // scatter-gather), so the link between stages carries it once, not tp times. With --overlap the
 // sends do not block: a stage goes on with its next forward or backward while its output (or its
 // input's gradient, copied aside) is in flight, and waits for them at its next exchange. Time spent in
-// the exchanges is the bubble (wait_seconds).
+// the exchanges is the bubble (wait_seconds), measured when asked (time_waits): the device is then
+// synchronised around each exchange, which a GPU step otherwise never waits for (the NCCL sends and
+// receives are ordered on the streams, as the MPI ones are in the host's program order).
 #ifndef LLMC_PIPELINE_H
 #define LLMC_PIPELINE_H
 
@@ -232,7 +234,8 @@ typedef struct {
     floatX *grad;          // the gradient of the output (received), then of the input (sent): ws.dresid
     floatX *grad_recv;     // interleaved: where a received gradient waits for its backward (1F1B: grad)
     int grad_held;         // the backward whose gradient is in grad_recv (-1: none)
-    double wait_seconds;   // time in the exchanges: the bubble
+    double wait_seconds;   // time in the exchanges: the bubble (when time_waits)
+    int time_waits;        // measure it (--comm-report, --trace): the device synchronised around the exchanges
     int overlap;           // sends do not block: they complete while the stage computes (--overlap)
     floatX *grad_send;     // a copy of the gradient being sent (grad is written by the next backward)
     CommRequest sending[2];   // overlap: the sends in flight, completed at the next exchange
@@ -311,7 +314,7 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st) {
     if (pp == 1 || (!st->send_fwd && !st->send_bwd && st->recv_fwd < 0 && st->recv_bwd < 0)) { return; }
     trace_begin();
     size_t k = p->split ? p->n / p->tp->size : p->n, off = p->split ? (size_t)p->tp->rank * k : 0;   // this rank's slice
-    device_synchronize();                  // the compute before is not waiting
+    if (p->time_waits) { device_synchronize(); }   // the compute before is not waiting
     double t0 = wall_seconds();
     for (int i = 0; i < 2; i++) { comm_wait(&p->sending[i]); }   // the previous exchange's sends
     P2POp ops[4];
@@ -339,7 +342,7 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st) {
     for (int i = 0; i < 2; i++) {
         if (p->split && got[i]) { comm_all_gather(p->tp, got[i] + off, got[i], k, DT_FLOATX, NULL); }
     }
-    device_synchronize();
+    if (p->time_waits) { device_synchronize(); }
     p->wait_seconds += wall_seconds() - t0;
     char name[96];
     snprintf(name, sizeof(name), "%s%s%s%s", st->send_fwd ? "send_forward " : "", st->send_bwd ? "send_backward " : "",
@@ -390,10 +393,10 @@ static void pipeline_run(Pipeline *p, StageWork w) {
     pipeline_execute(p, &p->steps, w);
     if (p->pp->size > 1) {   // the later stages finish their last backward first: that wait is bubble too
         trace_begin();
-        device_synchronize();
+        if (p->time_waits) { device_synchronize(); }
         double t0 = wall_seconds();
         for (int i = 0; i < 2; i++) { comm_wait(&p->sending[i]); }
-        WATCHED("pipeline flush barrier", p->pp->name, MPI_Barrier(p->pp->mpi));
+        if (p->time_waits) { WATCHED("pipeline flush barrier", p->pp->name, MPI_Barrier(p->pp->mpi)); }
         p->wait_seconds += wall_seconds() - t0;
         trace_end("flush", "pipeline", NULL);
     }

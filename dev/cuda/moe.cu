@@ -60,6 +60,22 @@ static int run_case(int B, int T, int C, int E, int k, int cap1000, DropPolicy p
     fails += compare_device_f32("aux f (assignments)", d_f, f, (size_t)B * E, TOL_FP32);
     fails += compare_device_f32("aux P (mean probs)", d_pmean, pmean, (size_t)B * E, TOL_FP32);
     fails += compare_device_f32("z (sum lse^2)", d_zsum, zsum, B, TOL_FP32);
+    {   // the step's aux and z sums (two layers' worth, on the CPU's statistics): one GPU thread, the CPU loop: bitwise
+        double sums[2] = {0.0, 0.0}, got[2], *d_sums;
+        cudaCheck(cudaMalloc(&d_sums, sizeof(sums)));
+        cudaCheck(cudaMemset(d_sums, 0, sizeof(sums)));
+        copy_to_device(d_f, f, (size_t)B * E * sizeof(float)); copy_to_device(d_pmean, pmean, (size_t)B * E * sizeof(float));
+        copy_to_device(d_zsum, zsum, B * sizeof(float));
+        for (int layer = 0; layer < 2; layer++) {
+            moe_loss_sums_body(sums, f, pmean, zsum, B, E);
+            moe_loss_sums(d_sums, d_f, d_pmean, d_zsum, B, E);
+        }
+        copy_to_host(got, d_sums, sizeof(got));
+        int same = !memcmp(got, sums, sizeof(sums));
+        printf("  %-28s aux %.9g z %.9g (CPU %.9g %.9g): %s\n", "aux, z sums (2 layers)", got[0], got[1], sums[0], sums[1], same ? "ok" : "FAIL");
+        fails += !same;
+        cudaCheck(cudaFree(d_sums));
+    }
     int counts[MOE_MAX_EXPERTS], offsets[MOE_MAX_EXPERTS], R = 0;
     moe_count_cpu(counts, choice, keep, N, E, k);
     moe_count(d_counts, d_choice, d_keep, N, E, k);
