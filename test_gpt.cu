@@ -119,12 +119,13 @@ static void read_ref_moe(const char *dir, RefMoE *r) {
 // earlier layers may be on other stages); returns the tokens of this rank whose choice differs.
 static long compare_routing(GPT2 *m, const RefMoE *r, const int *log, int accum) {
     const GPT2Config *c = &m->config;
-    int B = m->B, T = m->T, k = c->topk, E = c->num_experts, dp = m->grid->dp, R = r->R;
+    int B = m->B, T = m->T, Tg = r->T, k = c->topk, E = c->num_experts, dp = m->grid->dp, R = r->R;
     int nmoe = 0;   // MoE layers of this stage
     for (int l = 0; l < m->Ls; l++) { nmoe += is_moe_layer(c, m->layer_id[l]); }
-    // first[gm][g]: the first position of row g whose choice or keep differs in MoE layer gm (T: none), all ranks'
+    // first[gm][g]: the first position of row g whose choice or keep differs in MoE layer gm (Tg: none), all ranks'.
+    // This rank's token t is at position seq_pos(m->seqpos, t) of its sequence (cp: Tg = cp T)
     int *first = (int *)malloc_check(sizeof(int) * ((size_t)r->Lm * R + 1));
-    for (size_t q = 0; q < (size_t)r->Lm * R; q++) { first[q] = T; }
+    for (size_t q = 0; q < (size_t)r->Lm * R; q++) { first[q] = Tg; }
     for (int pass = 0; pass < 2; pass++) {
         long tok_compared = 0, tok_differ = 0, tok_downstream = 0, seq_compared = 0, seq_skipped = 0, seq_differ = 0, flips = 0;
         float flip_margin = 0.0f;
@@ -136,30 +137,35 @@ static long compare_routing(GPT2 *m, const RefMoE *r, const int *log, int accum)
                 int gm = 0;   // the model's MoE layers before this one
                 for (int q = 0; q < m->layer_id[l]; q++) { gm += is_moe_layer(c, q); }
                 for (int b = 0; b < B; b++) {
-                    int g = (i * dp + m->grid->dp_rank) * B + b, upstream = T;
-                    size_t mine = (size_t)b * T * k, ref = (((size_t)gm * R + g) * T) * k;
+                    int g = (i * dp + m->grid->dp_rank) * B + b, upstream = Tg;
+                    size_t mine = (size_t)b * T * k, ref = (((size_t)gm * R + g) * Tg) * k;
                     if (pass == 0) {
-                        for (int t = 0; t < T && first[(size_t)gm * R + g] == T; t++) {
-                            if (memcmp(choice + mine + (size_t)t * k, r->choice + ref + (size_t)t * k, k * sizeof(int)) ||
-                                memcmp(keep + mine + (size_t)t * k, r->keep + ref + (size_t)t * k, k * sizeof(int))) { first[(size_t)gm * R + g] = t; }
+                        int *f = &first[(size_t)gm * R + g];
+                        for (int t = 0; t < T; t++) {
+                            int pos = seq_pos(m->seqpos, t);
+                            if (memcmp(choice + mine + (size_t)t * k, r->choice + ref + (size_t)pos * k, k * sizeof(int)) ||
+                                memcmp(keep + mine + (size_t)t * k, r->keep + ref + (size_t)pos * k, k * sizeof(int))) { *f = pos < *f ? pos : *f; }
                         }
                         continue;
                     }
                     for (int q = 0; q < gm; q++) { upstream = first[(size_t)q * R + g] < upstream ? first[(size_t)q * R + g] : upstream; }
-                    int clear = upstream == T;
+                    int clear = upstream == Tg;
                     for (int t = 0; t < T; t++) {
-                        float margin = r->topk_margin[((size_t)gm * R + g) * T + t];
-                        int same = !memcmp(choice + mine + (size_t)t * k, r->choice + ref + (size_t)t * k, k * sizeof(int));
+                        int pos = seq_pos(m->seqpos, t);
+                        float margin = r->topk_margin[((size_t)gm * R + g) * Tg + pos];
+                        int same = !memcmp(choice + mine + (size_t)t * k, r->choice + ref + (size_t)pos * k, k * sizeof(int));
                         flips += !same;
-                        if (t >= upstream) { tok_downstream++; continue; }
+                        if (pos >= upstream) { tok_downstream++; continue; }
                         if (margin > ROUTE_MARGIN) { tok_compared++; tok_differ += !same; } else { clear = 0; }
                         if (!same && margin > flip_margin) { flip_margin = margin; }
                     }
                     for (int e = 0; e < E; e++) { clear &= r->cap_margin[((size_t)gm * R + g) * E + e] > ROUTE_MARGIN; }
                     if (!clear) { seq_skipped++; continue; }
                     seq_compared++;
-                    for (size_t q = 0; q < (size_t)T * k; q++) {
-                        if (choice[mine + q] != r->choice[ref + q] || keep[mine + q] != r->keep[ref + q]) { seq_differ++; break; }
+                    for (int t = 0; t < T; t++) {
+                        size_t q = (size_t)seq_pos(m->seqpos, t) * k;
+                        if (memcmp(choice + mine + (size_t)t * k, r->choice + ref + q, k * sizeof(int)) ||
+                            memcmp(keep + mine + (size_t)t * k, r->keep + ref + q, k * sizeof(int))) { seq_differ++; break; }
                     }
                 }
                 j++;
@@ -263,7 +269,7 @@ static void check_memory(GPT2 *m, int accum) {
     double Rs = 0, Rr = 0, E = c->num_experts, k = c->topk;
     if (nmoe > 0) {   // worst cases: a token goes to at most k experts (min(k, E/ep) of one rank), a sequence
                       // at most cap times to one expert
-        double cap = moe_capacity(c->topk, m->T, c->num_experts, m->moe.cap1000), El = E / m->grid->ep, kl = k < El ? k : El;
+        double cap = moe_capacity(c->topk, m->T * m->grid->cp, c->num_experts, m->moe.cap1000), El = E / m->grid->ep, kl = k < El ? k : El;
         Rs = m->B * fmin(m->T * k, E * cap);
         Rr = m->grid->ep * m->B * fmin(m->T * kl, El * cap);
     }
@@ -392,8 +398,14 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
                        // N-1 of k, v and N of dk, dv backward; each (B, T/cp, 2C/tp)
         int N = g->cp, hops = (N - 1) + (m->recompute == RECOMPUTE_FULL ? N - 1 : 0) + (N - 1) + N;
         double kv = X * m->BT * 2.0 * m->Cl, expect = (double)accum * Ls * hops * kv;
-        check(fabs(g->cp_group.bytes - expect) < 1, "comm: cp bytes/step %.0f = formula %.0f (%d micro-batches x %d layers x %d hops of (B, T/cp, 2C/tp) = %.0f B: ring attention)",
-              g->cp_group.bytes, expect, accum, Ls, hops, kv);
+        // MoE, per layer and forward (again when recomputed): the sequences' other assignments for the
+        // capacity, all-gathered (choices and probabilities, (B, T/cp, k) ints and floats; not when
+        // dropless), and f, all-reduced ((B, E) floats)
+        int capped = m->moe_cap < m->T * N, fwd = m->recompute == RECOMPUTE_FULL ? 2 : 1;
+        double moe = nmoe * fwd * ((capped ? 2.0 * (N - 1) * m->BT * c->topk * 4 : 0) + 2.0 * (N - 1) / N * m->B * c->num_experts * 4);
+        expect += accum * moe;
+        check(fabs(g->cp_group.bytes - expect) < 1, "comm: cp bytes/step %.0f = formula %.0f (%d micro-batches x %d layers x %d hops of (B, T/cp, 2C/tp) = %.0f B: ring attention; MoE routing %.0f B)",
+              g->cp_group.bytes, expect, accum, Ls, hops, kv, accum * moe);
     }
     int runs = m->recompute == RECOMPUTE_FULL ? 3 : 2;   // forward, backward (and the recomputed forward)
     if (g->ep > 1 && nmoe > 0) {   // rows x C x X each way, forward (dispatch, return) and backward (the same)
@@ -587,7 +599,7 @@ int main(int argc, char **argv) {
                grid.tp, grid.cp, grid.pp, grid.dp, args.zero, args.sp ? " | sp" : "", args.B, args.T, accum, args.ce_chunk, PRECISION_NAME);
         if (config.num_experts > 0) {
             printf("          MoE: E %d k %d every %d | ep %d edp %d | capacity factor %.3f, drop %s, aux %g, z %g%s\n", config.num_experts,
-                   config.topk, config.moe_every, grid.ep, grid.dp / grid.ep, moe.cap1000 / 1000.0, moe.policy == DROP_PROBS ? "probs" : "position",
+                   config.topk, config.moe_every, grid.ep, grid.edp_group.size, moe.cap1000 / 1000.0, moe.policy == DROP_PROBS ? "probs" : "position",
                    moe.aux_coeff, moe.z_coeff, ref_config.num_experts == 0 ? " | upcycled from the dense reference" : "");
         }
     }

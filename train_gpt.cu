@@ -465,6 +465,9 @@ typedef struct {        // shared by all layers and micro-batches
     floatX *mdh;        // (Rr, 4Cl) the gradient of the experts' fc output
     float *dgate;       // (BT, k)
     float *dlogits;     // (BT, E)
+    float *cprob;       // (BT, k) the probability of each assignment (top-k's values)
+    int *choice_all;    // cp > 1: (cp, BT, k) the assignments of every part of the sequences (all-gathered)
+    float *cprob_all;   // cp > 1: (cp, BT, k) their probabilities
     float *pmean, *zsum;   // (B, E), (B): aux and z statistics per sequence
     double *moe_sums;      // (2) the step's aux and z sums over this rank's MoE layers and micro-batches (moe_loss_sums)
     int *counts, *offsets; // (E) kept rows per expert; their first rows in the send layout
@@ -606,15 +609,15 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     m->B = B; m->T = T; m->BT = B * T;
     m->BTs = m->sp ? m->BT / tp : m->BT;
     m->tok0 = m->sp ? m->grid->tp_rank * m->BTs : 0;
-    int cp = m->grid->cp, ci = m->grid->cp_rank;   // cp rank ci holds sequence chunks ci and 2cp-1-ci of T/2 tokens each
-    m->seqpos = cp > 1 ? (SeqPos){T / 2, ci * T / 2, (2 * cp - 1 - ci) * T / 2} : (SeqPos){T, 0, 0};
+    int cp = m->grid->cp;
+    m->seqpos = seq_pos_of_rank(cp, m->grid->cp_rank, T);
     Pipeline *p = &m->pipe;
     p->pp = &m->grid->pp_group; p->tp = &m->grid->tp_group;
     int nslots = pipeline_plan(p, pp == 1 ? SCHEDULE_1F1B : schedule, pp, V, m->grid->pp_rank, accum);   // (without a pipeline GPipe is 1F1B)
     size_t BT = m->BT, BTs = m->BTs, X = floatx_bytes(), F = sizeof(float), I = sizeof(int);
     size_t E = c->num_experts, k = c->topk, Ld = 0, Lm = 0;
     for (int l = 0; l < Ls; l++) { if (is_moe_layer(c, m->layer_id[l])) { Lm++; } else { Ld++; } }
-    m->moe_cap = E > 0 ? moe_capacity(c->topk, T, c->num_experts, m->moe.cap1000) : 0;
+    m->moe_cap = E > 0 ? moe_capacity(c->topk, T * cp, c->num_experts, m->moe.cap1000) : 0;   // per whole sequence
     size_t Rs = 0, Rr = 0;
     if (Lm > 0) { moe_buffer_rows(m, moe_dropless ? T : m->moe_cap, &Rs, &Rr); }
     m->moe_rows_send = Rs; m->moe_rows_recv = Rr;
@@ -711,6 +714,11 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
         w->mdh = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_WORKSPACE);
         w->dgate = (float *)mem_alloc(BT * k * F, MEM_WORKSPACE);
         w->dlogits = (float *)mem_alloc(BT * E * F, MEM_WORKSPACE);
+        w->cprob = (float *)mem_alloc(BT * k * F, MEM_WORKSPACE);
+        if (cp > 1) {
+            w->choice_all = (int *)mem_alloc(cp * BT * k * I, MEM_WORKSPACE);
+            w->cprob_all = (float *)mem_alloc(cp * BT * k * F, MEM_WORKSPACE);
+        }
         w->pmean = (float *)mem_alloc((size_t)B * E * F, MEM_WORKSPACE);
         w->zsum = (float *)mem_alloc((size_t)B * F, MEM_WORKSPACE);
         w->moe_sums = (double *)mem_alloc(2 * sizeof(double), MEM_WORKSPACE);
@@ -845,9 +853,20 @@ static void moe_forward(GPT2 *m, MoEActs *ma, floatX *pe[NUM_TENSORS], const flo
     Workspace *w = &m->ws;
     // route: probabilities, top-k, capacity per sequence, the statistics of the auxiliary losses
     moe_router_forward(ma->probs, ma->lse, x, wr, BT, C, E);
-    moe_topk(ma->choice, ma->gate, ma->probs, BT, E, k);
-    moe_capacity_keep(ma->keep, ma->choice, ma->probs, B, T, E, k, m->moe_cap, m->moe.policy);
-    moe_sequence_stats(ma->f, w->pmean, w->zsum, ma->choice, ma->probs, ma->lse, B, T, E, k);
+    moe_topk(ma->choice, w->cprob, ma->gate, ma->probs, BT, E, k);
+    // capacity and f count per whole sequence: with cp its other parts are on the other cp ranks (a
+    // capacity needs their assignments: all-gathered; f is a sum: all-reduced; P and z stay partial sums)
+    Group *cpg = &m->grid->cp_group;
+    int cp = cpg->size, Tg = T * cp;
+    if (cp > 1 && m->moe_cap < Tg) {
+        comm_all_gather(cpg, ma->choice, w->choice_all, (size_t)BT * k, DT_INT, NULL);
+        comm_all_gather(cpg, w->cprob, w->cprob_all, (size_t)BT * k, DT_FLOAT, NULL);
+        moe_capacity_keep(ma->keep, w->choice_all, w->cprob_all, cp, cpg->rank, B, T, k, m->moe_cap, m->moe.policy);
+    } else {   // (dropless: every assignment kept, whatever the positions)
+        moe_capacity_keep(ma->keep, ma->choice, w->cprob, 1, 0, B, T, k, m->moe_cap, m->moe.policy);
+    }
+    moe_sequence_stats(ma->f, w->pmean, w->zsum, ma->choice, ma->probs, ma->lse, B, T, E, k, Tg);
+    comm_all_reduce(cpg, ma->f, (size_t)B * E, DT_FLOAT, NULL);
     // the dispatch plan: rows per expert, exchanged over the ep group and checked; each row's place
     int mine[MOE_MAX_EXPERTS], offsets[MOE_MAX_EXPERTS];
     moe_count(w->counts, ma->choice, ma->keep, BT, E, k);
@@ -1197,8 +1216,9 @@ static void gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     gpt2_clear_loss(m);
     // the MoE auxiliary losses' seeds (moe.h): aux is a mean over the global batch's sequences, z over its tokens
     double sequences = (double)m->B * accum * m->grid->dp;
-    m->moe_aux_scale = (float)(m->moe.aux_coeff * m->config.num_experts / (m->T * sequences));
-    m->moe_z_scale = (float)(m->moe.z_coeff / (m->T * sequences));
+    double Tg = (double)m->T * m->grid->cp;   // a whole sequence's tokens
+    m->moe_aux_scale = (float)(m->moe.aux_coeff * m->config.num_experts / (Tg * sequences));
+    m->moe_z_scale = (float)(m->moe.z_coeff / (Tg * sequences));
     memset(&m->moe_stats, 0, sizeof(m->moe_stats));
     if (m->ws.moe_sums) { zero_on_device(m->ws.moe_sums, 2 * sizeof(double)); }
     m->moe_count_stats = 1;
@@ -1230,7 +1250,7 @@ static void gpt2_moe_stats(GPT2 *m, int accum, double *aux, double *z, double *d
     comm_sum_host(&m->grid->world, v, 4);
     double sequences = (double)m->B * accum * m->grid->dp;
     *aux = v[0] / sequences;
-    *z = v[1] / (sequences * m->T);
+    *z = v[1] / (sequences * m->T * m->grid->cp);
     *dropped = v[3] > 0 ? 1.0 - v[2] / v[3] : 0.0;
 }
 
@@ -1306,8 +1326,8 @@ static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
 static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int eot) {
     const GPT2Config *c = &m->config;
     int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size, cap = m->moe_cap;
-    m->moe_cap = m->T;
     int Tg = m->T * m->grid->cp, cp = m->grid->cp;   // the whole sequence (cp: over the cp ranks)
+    m->moe_cap = Tg;   // (dropless)
     int *gen = (int *)malloc_check(sizeof(int) * m->B * Tg);
     for (int i = 0; i < m->B * Tg; i++) { gen[i] = eot; }
     floatX *row = m->last ? (floatX *)mem_alloc((size_t)Vp * floatx_bytes(), MEM_LOGITS) : NULL;   // (as planned: gpt2_plan)
@@ -1972,9 +1992,8 @@ static int layout_error(Args *a, const GPT2Config *c, int world, char *err, size
     if (a->dp != -1 && a->dp != dp) {
         LAYOUT_FAIL("--dp %d does not match world size %d = tp %d * cp %d * pp %d * dp %d", a->dp, world, a->tp, a->cp, a->pp, dp);
     }
-    if (a->cp > 1) {   // the sequence in 2cp chunks; MoE's capacity and auxiliary loss count per whole sequence
-        if (a->T % (2 * a->cp)) { LAYOUT_FAIL("--cp %d: T = %d is not a multiple of 2*cp = %d (each rank holds 2 chunks of T/(2cp))", a->cp, a->T, 2 * a->cp); }
-        if (c->num_experts > 0) { LAYOUT_FAIL("--cp %d with MoE layers is not supported (expert capacity and the load-balancing loss are per whole sequence)", a->cp); }
+    if (a->cp > 1 && a->T % (2 * a->cp)) {   // the sequence in 2cp chunks
+        LAYOUT_FAIL("--cp %d: T = %d is not a multiple of 2*cp = %d (each rank holds 2 chunks of T/(2cp))", a->cp, a->T, 2 * a->cp);
     }
     a->dp = dp;
     if (a->pp > c->num_layers) { LAYOUT_FAIL("--pp %d is larger than the number of layers %d", a->pp, c->num_layers); }
@@ -2495,7 +2514,7 @@ static void print_setup(const Args *a, const GPT2 *m, int accum) {
         printf("moe: %d of %d layers (every %d), %d experts, top-%d, capacity factor %.3f (%d per expert and sequence%s), drop %s, "
                "aux %g, z %g; ep %d (%d experts per rank), edp %d\n", num_moe_layers(c), c->num_layers, c->moe_every,
                c->num_experts, c->topk, a->cap1000 / 1000.0, m->moe_cap, a->cap1000 == 0 ? ", dropless" : "",
-               a->drop_policy, a->aux_coeff, a->z_coeff, m->grid->ep, m->El, m->grid->dp / m->grid->ep);
+               a->drop_policy, a->aux_coeff, a->z_coeff, m->grid->ep, m->El, m->grid->edp_group.size);
     }
     printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, cp %d, pp %d (%s), ce chunk %d, recompute %s\n",
            a->B, a->T, m->grid->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "", a->cp, a->pp, a->pp_schedule, a->ce_chunk, a->recompute);

@@ -5,8 +5,8 @@
 //   they read the same batch and hold different tokens of it, so the gradients are summed (and ZeRO
 //   shards) over the dpcp group, the cp * dp ranks with the same (tp, pp); without cp it is the dp group.
 //   Expert parallelism is carved out of dp: an ep group is ep consecutive dp ranks with the same
-//   (tp, cp, pp) (ep_rank = dp_rank % ep); the edp group (expert data parallel) is the dp/ep ranks with the
-//   same (tp, cp, pp, ep_rank), which hold the same experts.
+//   (tp, cp, pp) (ep_rank = dp_rank % ep); the edp group (expert data parallel) is the dp/ep x cp ranks
+//   with the same (tp, pp, ep_rank), which hold the same experts (with cp, for other tokens of the sequences).
 //   Each group (tp, cp, pp, dp, dpcp, ep, edp) is an MPI communicator; on CUDA also an NCCL communicator whose
 //   unique id is broadcast over that MPI communicator. (NO_MPI=1 builds: one process, every group of
 //   size 1, llmc/mpi_single.h instead of MPI and no NCCL.) Collectives take a Group, so the call
@@ -30,7 +30,7 @@
 #include "trace.h"
 #include "guard.h"
 
-typedef enum { DT_FLOAT, DT_FLOATX, DT_DOUBLE } DType;   // DT_DOUBLE: the step's loss and norm sums
+typedef enum { DT_FLOAT, DT_FLOATX, DT_DOUBLE, DT_INT } DType;   // DT_DOUBLE: the step's loss and norm sums; DT_INT: MoE choices
 
 typedef struct {
     const char *name;
@@ -52,16 +52,17 @@ typedef struct {
     Group world, tp_group, cp_group, pp_group, dp_group, ep_group;
     Group dpcp_group;  // cp > 1: the cp * dp ranks with the same (tp, pp), over which the gradients are summed
     Group *grad_group; // the dense gradients' group: dpcp_group, or dp_group without cp
-    Group edp_group;   // the dp ranks with the same experts: ep_rank equal (dp / ep of them)
+    Group edp_group;   // the ranks with the same experts: (tp, pp, ep_rank) equal (dp / ep x cp of them)
     Group emb_group;   // the first and the last pipeline stage of one (tp, dp) position: the tied wte
 } Grid;
 
-static size_t comm_type_size(DType t) { return t == DT_FLOAT ? sizeof(float) : t == DT_DOUBLE ? sizeof(double) : sizeof(floatX); }
+static size_t comm_type_size(DType t) { return t == DT_FLOAT ? sizeof(float) : t == DT_DOUBLE ? sizeof(double) : t == DT_INT ? sizeof(int) : sizeof(floatX); }
 
 #ifdef USE_NCCL
 static ncclDataType_t nccl_type(DType t) {
     if (t == DT_FLOAT) { return ncclFloat; }
     if (t == DT_DOUBLE) { return ncclFloat64; }
+    if (t == DT_INT) { return ncclInt32; }
     return sizeof(floatX) == 2 ? ncclBfloat16 : ncclFloat;
 }
 #endif
@@ -121,7 +122,7 @@ static void grid_init(Grid *grid, int tp, int cp, int pp, int ep) {
     if (cp > 1) { group_init(&grid->dpcp_group, "dpcp", grid->pp_rank * tp + t, r); }        // same (tp, pp)
     grid->grad_group = cp > 1 ? &grid->dpcp_group : &grid->dp_group;
     group_init(&grid->ep_group, "ep", (grid->dp_rank / ep) * tcp + grid->pp_rank * tc + c * tp + t, r);
-    group_init(&grid->edp_group, "edp", grid->ep_rank * tcp + grid->pp_rank * tc + c * tp + t, r);
+    group_init(&grid->edp_group, "edp", (grid->ep_rank * pp + grid->pp_rank) * tp + t, r);   // same (tp, pp, ep rank): cp too
     int ends = grid->pp_rank == 0 || grid->pp_rank == pp - 1;   // middle stages: a group of their own
     group_init(&grid->emb_group, "emb", ends ? grid->dp_rank * tc + c * tp + t : grid->world_size + r, r);
 }
@@ -143,7 +144,7 @@ static void grid_plan(Grid *grid, int world, int r, int tp, int cp, int pp, int 
     grid->dpcp_group = (Group){"dpcp", cp * dp, grid->dp_rank * cp + grid->cp_rank};
     grid->grad_group = cp > 1 ? &grid->dpcp_group : &grid->dp_group;
     grid->ep_group = (Group){"ep", ep, grid->ep_rank};
-    grid->edp_group = (Group){"edp", dp / ep, grid->dp_rank / ep};
+    grid->edp_group = (Group){"edp", dp / ep * cp, grid->dp_rank / ep * cp + grid->cp_rank};
     grid->emb_group = (Group){"emb", ends ? 2 : 1, ends && grid->pp_rank == pp - 1 ? 1 : 0};
 }
 
@@ -168,8 +169,8 @@ static void grid_print(Grid *g) {
     int *all = (int *)malloc_check(sizeof(int) * (NG + 5) * world);
     MPI_Gather(mine, NG + 5, MPI_INT, all, NG + 5, MPI_INT, 0, MPI_COMM_WORLD);
     if (g->rank == 0) {
-        printf("process grid: world %d = tp %d x cp %d x pp %d x dp %d (ep %d x edp %d within dp), tp fastest\n", world, g->tp, g->cp,
-               g->pp, g->dp, g->ep, g->dp / g->ep);
+        printf("process grid: world %d = tp %d x cp %d x pp %d x dp %d (ep %d within dp, edp %d = dp/ep x cp), tp fastest\n", world, g->tp, g->cp,
+               g->pp, g->dp, g->ep, g->dp / g->ep * g->cp);
         for (int r = 0; r < world; r++) {
             int *a = all + (NG + 5) * r;
             printf("  rank %d: tp_rank %d cp_rank %d pp_rank %d dp_rank %d ep_rank %d\n", r, a[0], a[1], a[2], a[3], a[4]);
@@ -253,7 +254,7 @@ static void comm_stream_end(Group *g, CommRequest *async) {
 }
 #else
 // MPI datatype of a DType (the CPU build is fp32 throughout: floatX is float)
-static MPI_Datatype mpi_type(DType t) { return t == DT_DOUBLE ? MPI_DOUBLE : MPI_FLOAT; }
+static MPI_Datatype mpi_type(DType t) { return t == DT_DOUBLE ? MPI_DOUBLE : t == DT_INT ? MPI_INT : MPI_FLOAT; }
 #endif
 
 // buf (n) summed over the group, in place. async: NULL = the result is there for the next op.

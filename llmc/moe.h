@@ -9,7 +9,8 @@
 //             gates: k = 1: g = p_e (Switch: the router learns from the main loss); k > 1: the k
 //             probabilities renormalised to sum 1
 //   capacity  counted PER SEQUENCE of T tokens, so that the drops never depend on the layout (B, dp,
-//             pp, ep, accumulation): each expert keeps at most cap = min(T, ceil(k T F1000 / (1000 E)))
+//             cp, pp, ep, accumulation; with cp each rank ranks its assignments against the whole
+//             sequence's, all-gathered over cp, at their positions in it): each expert keeps at most cap = min(T, ceil(k T F1000 / (1000 E)))
 //             assignments of each sequence (integers; F1000 = round(1000 F), F = --capacity-factor,
 //             at most 3 decimals, 0 = dropless). Which ones (--drop-policy):
 //               probs     the cap with the highest p_e (the full softmax, not the gate), ties to the
@@ -20,7 +21,8 @@
 //   output    out[t] = sum over its kept assignments j (in order) of g_j * expert_{e_j}(x[t])
 // AUXILIARY LOSSES, also per sequence. Load balancing (Switch): per sequence and MoE layer
 //   aux = E sum_i f_i P_i, f_i = (top-k assignments to i, before drops) / (k T) (no gradient),
-//   P_i = the sequence's mean of p_i. Router z-loss per token: lse^2. The optimised loss is
+//   P_i = the sequence's mean of p_i (with cp: f summed over the cp ranks, P left as each rank's partial sum:
+//   aux is linear in P). Router z-loss per token: lse^2. The optimised loss is
 //   CE + aux_coeff * (mean over the global batch's sequences of the sum over MoE layers of aux)
 //      + z_coeff * (mean over its tokens of the sum over MoE layers of lse^2);
 // main.log's trl stays the CE alone. E = 1, k = 1 is the dense model exactly when z_coeff = 0 (g = 1,
@@ -53,6 +55,7 @@
 #include "comm.h"
 #include "matmul.h"
 #include "residual.h"
+#include "encoder.h"
 
 #define MOE_MAX_EXPERTS 256
 
@@ -93,8 +96,9 @@ static void moe_router_forward_cpu(float *probs, float *lse, const float *x, con
     }
 }
 
-// probs (N, E) -> choice (N, k): the k largest in order, ties to the lower index; gate (N, k).
-static void moe_topk_cpu(int *choice, float *gate, const float *probs, int N, int E, int k) {
+// probs (N, E) -> choice (N, k): the k largest in order, ties to the lower index; cprob (N, k) their
+// probabilities; gate (N, k).
+static void moe_topk_cpu(int *choice, float *cprob, float *gate, const float *probs, int N, int E, int k) {
     for (int t = 0; t < N; t++) {
         const float *p = probs + (size_t)t * E;
         int *ch = choice + (size_t)t * k;
@@ -107,6 +111,7 @@ static void moe_topk_cpu(int *choice, float *gate, const float *probs, int N, in
                 if (!taken && (best < 0 || p[e] > p[best])) { best = e; }   // strict: the lower index wins ties
             }
             ch[j] = best;
+            cprob[(size_t)t * k + j] = p[best];
             sum += p[best];
         }
         for (int j = 0; j < k; j++) { gate[(size_t)t * k + j] = k == 1 ? p[ch[j]] : p[ch[j]] / sum; }
@@ -120,31 +125,40 @@ static int moe_before(DropPolicy policy, float p, int t, int j, float p2, int t2
     return j < j2 || (j == j2 && t < t2);
 }
 
-// keep (N, k): 1 if assignment (t, j) is among the cap first of its expert in its sequence (rank < cap).
-static void moe_capacity_keep_cpu(int *keep, const int *choice, const float *probs, int B, int T, int E, int k,
+// keep (B*T, k) of this rank's T tokens of each of B sequences: 1 if assignment (t, j) is among the cap
+// first of its expert in its WHOLE sequence (rank < cap), ordered by moe_before at the sequence positions.
+// choice, cprob (S, B, T, k): the assignments (expert, its p) of the S parts of every sequence, part s2
+// at positions seq_pos(seq_pos_of_rank(S, s2, T), t) (context parallelism: cp rank s2's tokens; S = 1:
+// the whole sequence); this rank's part is `me`.
+static void moe_capacity_keep_cpu(int *keep, const int *choice, const float *cprob, int S, int me, int B, int T, int k,
                                   int cap, DropPolicy policy) {
     #pragma omp parallel for
     for (int b = 0; b < B; b++) {
-        for (int t = b * T; t < (b + 1) * T; t++) {
+        for (int t = 0; t < T; t++) {
             for (int j = 0; j < k; j++) {
-                int e = choice[(size_t)t * k + j], rank = 0;
-                float p = probs[(size_t)t * E + e];
-                for (int t2 = b * T; t2 < (b + 1) * T; t2++) {
-                    for (int j2 = 0; j2 < k; j2++) {
-                        if (choice[(size_t)t2 * k + j2] != e) { continue; }
-                        rank += moe_before(policy, probs[(size_t)t2 * E + e], t2, j2, p, t, j);
+                size_t a = (((size_t)me * B + b) * T + t) * k + j;
+                int e = choice[a], pos = seq_pos(seq_pos_of_rank(S, me, T), t), rank = 0;
+                for (int s2 = 0; s2 < S; s2++) {
+                    SeqPos q = seq_pos_of_rank(S, s2, T);
+                    for (int t2 = 0; t2 < T; t2++) {
+                        for (int j2 = 0; j2 < k; j2++) {
+                            size_t a2 = (((size_t)s2 * B + b) * T + t2) * k + j2;
+                            if (choice[a2] != e) { continue; }
+                            rank += moe_before(policy, cprob[a2], seq_pos(q, t2), j2, cprob[a], pos, j);
+                        }
                     }
                 }
-                keep[(size_t)t * k + j] = rank < cap;
+                keep[((size_t)b * T + t) * k + j] = rank < cap;
             }
         }
     }
 }
 
-// Per sequence b: f (B, E) = top-k assignments to e (before drops) / (k T); pmean (B, E) = mean of p_e;
-// zsum (B) = sum over its tokens of lse^2.
+// Per sequence b of T tokens here, of Tg in all (context parallelism: the sequence's other tokens are on
+// the other cp ranks, whose sums the caller adds): f (B, E) = top-k assignments to e (before drops) / (k Tg);
+// pmean (B, E) = sum of p_e / Tg; zsum (B) = sum over the tokens of lse^2.
 static void moe_sequence_stats_cpu(float *f, float *pmean, float *zsum, const int *choice, const float *probs,
-                                   const float *lse, int B, int T, int E, int k) {
+                                   const float *lse, int B, int T, int E, int k, int Tg) {
     for (int b = 0; b < B; b++) {
         float *fb = f + (size_t)b * E, *pb = pmean + (size_t)b * E;
         float z = 0.0f;
@@ -154,7 +168,7 @@ static void moe_sequence_stats_cpu(float *f, float *pmean, float *zsum, const in
             for (int e = 0; e < E; e++) { pb[e] += probs[(size_t)t * E + e]; }
             z += lse[t] * lse[t];
         }
-        for (int e = 0; e < E; e++) { fb[e] /= (float)(k * T); pb[e] /= (float)T; }
+        for (int e = 0; e < E; e++) { fb[e] /= (float)(k * Tg); pb[e] /= (float)Tg; }
         zsum[b] = z;
     }
 }
@@ -323,7 +337,7 @@ __global__ void moe_router_forward_kernel(float *probs, float *lse, const floatX
     lse[t] = m + logf(s);
 }
 
-__global__ void moe_topk_kernel(int *choice, float *gate, const float *probs, int N, int E, int k) {
+__global__ void moe_topk_kernel(int *choice, float *cprob, float *gate, const float *probs, int N, int E, int k) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= N) { return; }
     const float *p = probs + (size_t)t * E;
@@ -337,6 +351,7 @@ __global__ void moe_topk_kernel(int *choice, float *gate, const float *probs, in
             if (!taken && (best < 0 || p[e] > p[best])) { best = e; }
         }
         ch[j] = best;
+        cprob[(size_t)t * k + j] = p[best];
         sum += p[best];
     }
     for (int j = 0; j < k; j++) { gate[(size_t)t * k + j] = k == 1 ? p[ch[j]] : p[ch[j]] / sum; }
@@ -347,20 +362,24 @@ __device__ __forceinline__ int moe_before_dev(int policy, float p, int t, int j,
     return j < j2 || (j == j2 && t < t2);
 }
 
-// grid (B), block 256: each thread ranks the assignments of its tokens against the whole sequence
-__global__ void moe_capacity_keep_kernel(int *keep, const int *choice, const float *probs, int T, int E, int k,
-                                         int cap, int policy) {
+// grid (B), block 256: each thread ranks the assignments of its tokens against the whole sequence (all S parts)
+__global__ void moe_capacity_keep_kernel(int *keep, const int *choice, const float *cprob, int S, int me, int B, int T,
+                                         int k, int cap, int policy) {
     int b = blockIdx.x;
     for (int i = threadIdx.x; i < T * k; i += blockDim.x) {
-        int t = b * T + i / k, j = i % k;
-        int e = choice[(size_t)t * k + j], rank = 0;
-        float p = probs[(size_t)t * E + e];
-        for (int i2 = 0; i2 < T * k; i2++) {
-            int t2 = b * T + i2 / k, j2 = i2 % k;
-            if (choice[(size_t)t2 * k + j2] != e) { continue; }
-            rank += moe_before_dev(policy, probs[(size_t)t2 * E + e], t2, j2, p, t, j);
+        int t = i / k, j = i % k;
+        size_t a = (((size_t)me * B + b) * T + t) * k + j;
+        int e = choice[a], pos = seq_pos(seq_pos_of_rank(S, me, T), t), rank = 0;
+        for (int s2 = 0; s2 < S; s2++) {
+            SeqPos q = seq_pos_of_rank(S, s2, T);
+            const int *ch2 = choice + ((size_t)s2 * B + b) * T * k;
+            const float *cp2 = cprob + ((size_t)s2 * B + b) * T * k;
+            for (int i2 = 0; i2 < T * k; i2++) {
+                if (ch2[i2] != e) { continue; }
+                rank += moe_before_dev(policy, cp2[i2], seq_pos(q, i2 / k), i2 % k, cprob[a], pos, j);
+            }
         }
-        keep[(size_t)t * k + j] = rank < cap;
+        keep[((size_t)b * T + t) * k + j] = rank < cap;
     }
 }
 
@@ -370,7 +389,7 @@ __global__ void moe_loss_sums_kernel(double *sums, const float *f, const float *
 
 // grid (B), one thread per expert
 __global__ void moe_sequence_stats_kernel(float *f, float *pmean, float *zsum, const int *choice, const float *probs,
-                                          const float *lse, int T, int E, int k) {
+                                          const float *lse, int T, int E, int k, int Tg) {
     int b = blockIdx.x;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         float n = 0.0f, ps = 0.0f;
@@ -378,8 +397,8 @@ __global__ void moe_sequence_stats_kernel(float *f, float *pmean, float *zsum, c
             for (int j = 0; j < k; j++) { n += choice[(size_t)t * k + j] == e ? 1.0f : 0.0f; }
             ps += probs[(size_t)t * E + e];
         }
-        f[(size_t)b * E + e] = n / (float)(k * T);
-        pmean[(size_t)b * E + e] = ps / (float)T;
+        f[(size_t)b * E + e] = n / (float)(k * Tg);
+        pmean[(size_t)b * E + e] = ps / (float)Tg;
     }
     if (threadIdx.x == 0) {
         float z = 0.0f;
@@ -531,35 +550,35 @@ static void moe_router_forward(float *probs, float *lse, const floatX *x, const 
 #endif
 }
 
-static void moe_topk(int *choice, float *gate, const float *probs, int N, int E, int k) {
+static void moe_topk(int *choice, float *cprob, float *gate, const float *probs, int N, int E, int k) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_topk_kernel<<<ceil_div(N, 256), 256, 0, main_stream>>>(choice, gate, probs, N, E, k);
+    moe_topk_kernel<<<ceil_div(N, 256), 256, 0, main_stream>>>(choice, cprob, gate, probs, N, E, k);
     cudaCheckLaunch();
 #else
-    moe_topk_cpu(choice, gate, probs, N, E, k);
+    moe_topk_cpu(choice, cprob, gate, probs, N, E, k);
 #endif
 }
 
-static void moe_capacity_keep(int *keep, const int *choice, const float *probs, int B, int T, int E, int k, int cap,
+static void moe_capacity_keep(int *keep, const int *choice, const float *cprob, int S, int me, int B, int T, int k, int cap,
                               DropPolicy policy) {
 #ifdef USE_CUDA
     if (B <= 0) { return; }
-    moe_capacity_keep_kernel<<<B, 256, 0, main_stream>>>(keep, choice, probs, T, E, k, cap, (int)policy);
+    moe_capacity_keep_kernel<<<B, 256, 0, main_stream>>>(keep, choice, cprob, S, me, B, T, k, cap, (int)policy);
     cudaCheckLaunch();
 #else
-    moe_capacity_keep_cpu(keep, choice, probs, B, T, E, k, cap, policy);
+    moe_capacity_keep_cpu(keep, choice, cprob, S, me, B, T, k, cap, policy);
 #endif
 }
 
 static void moe_sequence_stats(float *f, float *pmean, float *zsum, const int *choice, const float *probs, const float *lse,
-                               int B, int T, int E, int k) {
+                               int B, int T, int E, int k, int Tg) {
 #ifdef USE_CUDA
     if (B <= 0) { return; }
-    moe_sequence_stats_kernel<<<B, 32, 0, main_stream>>>(f, pmean, zsum, choice, probs, lse, T, E, k);
+    moe_sequence_stats_kernel<<<B, 32, 0, main_stream>>>(f, pmean, zsum, choice, probs, lse, T, E, k, Tg);
     cudaCheckLaunch();
 #else
-    moe_sequence_stats_cpu(f, pmean, zsum, choice, probs, lse, B, T, E, k);
+    moe_sequence_stats_cpu(f, pmean, zsum, choice, probs, lse, B, T, E, k, Tg);
 #endif
 }
 

@@ -110,7 +110,6 @@ expect memory_limit     1 "--memory-limit expects a size such as 80G" -e "$TINY"
 expect plan_layout      1 "world size 3 is not divisible by tp*cp*pp = 2*1*1" -e "$TINY" --plan 3 --tp 2
 expect cp_world         3 "not divisible by tp*cp*pp = 1*2*1"  -e "$TINY" --cp 2
 expect cp_chunks        2 "T = 34 is not a multiple of 2*cp = 4" -e "$TINY" --cp 2 -t 34
-expect cp_moe           2 "--cp 2 with MoE layers is not supported" -e "$TINY,E=4,k=2" --cp 2 -t 32
 expect flag_twice       1 "flag -b is given twice"            -e "$TINY" -b 4 -t 32 -b 2
 expect val_without_train 1 "-j needs -i"                      -e "$TINY" -t 32 -j "$DOK"
 expect huge_descriptor  1 "out of host memory"                -e d128

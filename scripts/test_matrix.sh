@@ -210,6 +210,14 @@ run_test 4 --ref $MO -b 4 --tp 2 --sp --ep 2 --zero 1 --check-memory --check-com
 run_test 8 --ref $MO -b 2 --tp 2 --sp --ep 2 --zero 3 --check-memory --check-comm   # tp 2 x ep 2 x edp 2
 run_test 4 --ref $MO -b 4 --tp 2 --ep 2 --check-comm                         # tp without SP, ep
 run_test 2 --ref refs/moe_dl -b 1 --pp 2 --check-memory --check-comm       # dropless, every 2nd layer MoE
+# MoE with cp: capacity and f per whole sequence (the other parts' assignments all-gathered over cp)
+run_test 2 --ref $MO -b 8 --cp 2 --check-memory --check-comm
+run_test 4 --ref $MO -b 8 --cp 4 --check-comm                              # chunks of 4 tokens
+run_test 4 --ref refs/moe_pos -b 4 --cp 2 --ep 2 --zero 1 --check-memory --check-comm   # position policy, cp x ep
+run_test 8 --ref $MO -b 2 --cp 2 --ep 2 --tp 2 --sp --zero 3 --check-memory --check-comm # tp x cp x ep x edp
+run_test 4 --ref refs/moe_dl -b 2 --cp 2 --pp 2 --check-memory --check-comm             # dropless: nothing gathered
+run_test 2 --ref $MO -b 8 --cp 2 --recompute full --check-memory --check-comm           # gathered again when recomputed
+run_test 4 --ref $MO -b 2 --cp 2 --ep 2 --zero 3 --check-resume "$TMP/resume_moe_cp"
 run_test 2 --ref refs/moe_dl -b 1 --pp 2 --pp-schedule gpipe --check-memory --check-comm
 run_test 4 --ref refs/moe_dl -b 2 --pp 2 --ep 2 --zero 1 --check-memory --check-comm
 run_test 8 --ref refs/moe_dl -b 1 --pp 2 --tp 2 --sp --ep 2 --zero 2 --check-comm

@@ -39,6 +39,9 @@ $MPIRUN -np 4 "$BIN/train_gpt" -e "L=4,C=64,NH=4,V=256,maxT=64,E=4,k=1,every=2" 
     --comm-report >"$W/sample_pp.log" 2>&1
 [ $? = 0 ] && grep -q "generating:" "$W/sample_pp.log" && grep -q "pipeline bubble" "$W/sample_pp.log"
 say $? "training, sampling and the bubble report run under pp 2 x ep 2 (top-1, every 2nd layer MoE)"
+$MPIRUN -np 4 "$BIN/train_gpt" -e "$MOE" -t 32 -b 2 -x 4 -v 2 -m 2 -s 2 -g 8 --cp 2 --ep 2 >"$W/sample_cp.log" 2>&1
+[ $? = 0 ] && grep -q "generating:" "$W/sample_cp.log" && [ "$(grep -c 'val loss' "$W/sample_cp.log")" = 3 ] && grep -q "edp 2" "$W/sample_cp.log"
+say $? "training, sampling and validation run under cp 2 x ep 2 (the experts' gradients summed over edp = dp/ep x cp = 2)"
 
 # 4. sparse upcycling: a dense checkpoint with --experts 4 --topk 4 (every expert a copy of the MLP,
 #    gates summing to 1) computes the dense model: the same first loss

@@ -41,3 +41,4 @@ pair pp2vpp2__pp4             "$M" "2 --pp 2 --vpp 2 -b 4"         "4 --pp 4 -b 
 pair pp4vpp2z1__pp2vpp2tp2sp  "L=8,C=64,NH=4,V=256,maxT=64" "4 --pp 4 --vpp 2 --zero 1 -b 4" "4 --pp 2 --vpp 2 --tp 2 --sp -b 8"
 pair cp2z3__pp2tp2sp          "$M" "4 --cp 2 --zero 3 -b 8"        "4 --pp 2 --tp 2 --sp -b 8"
 pair dp2__cp4                 "$M" "2 -b 8"                        "4 --cp 4 -b 16"
+pair moe_cp2ep2z2__ep2tp2sp   "$M,E=4,k=2" "4 --cp 2 --ep 2 --zero 2 -b 8" "4 --ep 2 --tp 2 --sp -b 8"

@@ -37,26 +37,41 @@ static int run_case(int B, int T, int C, int E, int k, int cap1000, DropPolicy p
     copy_to_device(d_probs, probs, NE * sizeof(float));
     copy_to_device(d_lse, lse, N * sizeof(float));
     int *choice = (int *)malloc_check(Nk * sizeof(int)), *keep = (int *)malloc_check(Nk * sizeof(int)), *row = (int *)malloc_check(Nk * sizeof(int));
-    float *gate = (float *)malloc_check(Nk * sizeof(float));
+    float *gate = (float *)malloc_check(Nk * sizeof(float)), *cprob = (float *)malloc_check(Nk * sizeof(float));
     int *d_choice, *d_keep, *d_row, *d_counts, *d_offsets;
-    float *d_gate;
+    float *d_gate, *d_cprob;
+    cudaCheck(cudaMalloc(&d_cprob, Nk * sizeof(float)));
     cudaCheck(cudaMalloc(&d_choice, Nk * sizeof(int))); cudaCheck(cudaMalloc(&d_keep, Nk * sizeof(int)));
     cudaCheck(cudaMalloc(&d_row, Nk * sizeof(int))); cudaCheck(cudaMalloc(&d_gate, Nk * sizeof(float)));
     cudaCheck(cudaMalloc(&d_counts, E * sizeof(int))); cudaCheck(cudaMalloc(&d_offsets, E * sizeof(int)));
-    moe_topk_cpu(choice, gate, probs, N, E, k);
-    moe_topk(d_choice, d_gate, d_probs, N, E, k);
+    moe_topk_cpu(choice, cprob, gate, probs, N, E, k);
+    moe_topk(d_choice, d_cprob, d_gate, d_probs, N, E, k);
     fails += compare_ints("top-k choices", d_choice, choice, Nk);
+    fails += compare_device_f32("top-k probabilities", d_cprob, cprob, Nk, TOL_FP32);
     fails += compare_device_f32("gates", d_gate, gate, Nk, TOL_FP32);
     copy_to_device(d_gate, gate, Nk * sizeof(float));
-    moe_capacity_keep_cpu(keep, choice, probs, B, T, E, k, cap, policy);
-    moe_capacity_keep(d_keep, d_choice, d_probs, B, T, E, k, cap, policy);
+    copy_to_device(d_cprob, cprob, Nk * sizeof(float));
+    // context parallelism: the same assignments read as 2 parts (cp ranks) of B/2 sequences of 2T tokens,
+    // part s at positions seq_pos_of_rank(2, s, T); each part's keep mask against the whole sequences
+    if (B % 2 == 0) {
+        int cap2 = moe_capacity(k, 2 * T, E, cap1000);
+        for (int me = 0; me < 2; me++) {
+            moe_capacity_keep_cpu(keep, choice, cprob, 2, me, B / 2, T, k, cap2, policy);
+            moe_capacity_keep(d_keep, d_choice, d_cprob, 2, me, B / 2, T, k, cap2, policy);
+            char what[64];
+            snprintf(what, sizeof(what), "capacity keep, cp part %d/2", me);
+            fails += compare_ints(what, d_keep, keep, Nk / 2);
+        }
+    }
+    moe_capacity_keep_cpu(keep, choice, cprob, 1, 0, B, T, k, cap, policy);
+    moe_capacity_keep(d_keep, d_choice, d_cprob, 1, 0, B, T, k, cap, policy);
     fails += compare_ints("capacity keep mask", d_keep, keep, Nk);
     float *f = (float *)malloc_check((size_t)B * E * sizeof(float)), *pmean = (float *)malloc_check((size_t)B * E * sizeof(float));
     float *zsum = (float *)malloc_check(B * sizeof(float)), *d_f, *d_pmean, *d_zsum;
     cudaCheck(cudaMalloc(&d_f, (size_t)B * E * sizeof(float))); cudaCheck(cudaMalloc(&d_pmean, (size_t)B * E * sizeof(float)));
     cudaCheck(cudaMalloc(&d_zsum, B * sizeof(float)));
-    moe_sequence_stats_cpu(f, pmean, zsum, choice, probs, lse, B, T, E, k);
-    moe_sequence_stats(d_f, d_pmean, d_zsum, d_choice, d_probs, d_lse, B, T, E, k);
+    moe_sequence_stats_cpu(f, pmean, zsum, choice, probs, lse, B, T, E, k, T);
+    moe_sequence_stats(d_f, d_pmean, d_zsum, d_choice, d_probs, d_lse, B, T, E, k, T);
     fails += compare_device_f32("aux f (assignments)", d_f, f, (size_t)B * E, TOL_FP32);
     fails += compare_device_f32("aux P (mean probs)", d_pmean, pmean, (size_t)B * E, TOL_FP32);
     fails += compare_device_f32("z (sum lse^2)", d_zsum, zsum, B, TOL_FP32);
@@ -135,8 +150,8 @@ static int run_case(int B, int T, int C, int E, int k, int cap1000, DropPolicy p
 
     if (timed) {
         report_time("router forward", time_ms(10, [&] { moe_router_forward(d_probs, d_lse, d_x, d_wr, N, C, E); }), (double)NC * sizeof(floatX), 2.0 * NC * E);
-        report_time("top-k", time_ms(10, [&] { moe_topk(d_choice, d_gate, d_probs, N, E, k); }), (double)NE * 4, 0);
-        report_time("capacity keep", time_ms(10, [&] { moe_capacity_keep(d_keep, d_choice, d_probs, B, T, E, k, cap, policy); }), 0, 0);
+        report_time("top-k", time_ms(10, [&] { moe_topk(d_choice, d_cprob, d_gate, d_probs, N, E, k); }), (double)NE * 4, 0);
+        report_time("capacity keep", time_ms(10, [&] { moe_capacity_keep(d_keep, d_choice, d_cprob, 1, 0, B, T, k, cap, policy); }), 0, 0);
         report_time("rows", time_ms(10, [&] { moe_rows(d_row, d_choice, d_keep, d_offsets, N, E, k); }), 0, 0);
         report_time("permute", time_ms(10, [&] { moe_permute(d_xs, d_x, d_row, N, k, C); }), 2.0 * R * C * sizeof(floatX), 0);
         report_time("combine", time_ms(10, [&] { moe_combine(d_out, d_ys, d_gate, d_row, N, k, C); }), (double)(R + N) * C * sizeof(floatX), 0);
@@ -145,10 +160,10 @@ static int run_case(int B, int T, int C, int E, int k, int cap1000, DropPolicy p
         report_time("router dweight", time_ms(10, [&] { moe_router_dweight(d_dwr, d_dlogits, d_x, N, C, E); }), (double)NC * sizeof(floatX), 2.0 * NC * E);
         report_time("router dinput", time_ms(10, [&] { moe_router_dinput(d_dx, d_dlogits, d_wr, N, C, E); }), 2.0 * NC * sizeof(floatX), 2.0 * NC * E);
     }
-    void *dev[] = {d_x, d_wr, d_probs, d_lse, d_choice, d_keep, d_row, d_gate, d_counts, d_offsets, d_f, d_pmean, d_zsum, d_xs, d_ys,
+    void *dev[] = {d_x, d_wr, d_probs, d_lse, d_choice, d_keep, d_row, d_gate, d_cprob, d_counts, d_offsets, d_f, d_pmean, d_zsum, d_xs, d_ys,
                    d_out, d_dout, d_dys, d_dgate, d_dx, d_dx2, d_dlogits, d_dwr, d_dwr2};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) { cudaCheck(cudaFree(dev[i])); }
-    void *host[] = {x, wr, probs, lse, choice, keep, row, gate, f, pmean, zsum, xs, ys, out, dout, dys, dgate, dx, dlogits, dwr};
+    void *host[] = {x, wr, probs, lse, choice, keep, row, gate, cprob, f, pmean, zsum, xs, ys, out, dout, dys, dgate, dx, dlogits, dwr};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) { free(host[i]); }
     return fails;
 }
