@@ -391,13 +391,15 @@ static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
 // may send to and receive from both neighbours in one step; started one by one, two stages each
 // waiting on its send to the other would wait forever). tag tells the kinds apart between the same
 // two ranks (0: activations, 1: gradients; with two stages the next one is also the previous one).
-// The receives are complete on return. The sends too, unless `sends` (up to 2) is given: then they
-// complete while the caller computes, and comm_wait(&sends[i]) comes before their buffers change.
+// The receives are complete on return. The sends too, unless `sends` (one per send) is given: then they
+// complete while the caller computes, and comm_wait(&sends[i]) comes before their buffers change. With
+// `recvs` too (one per receive) nothing is complete on return: comm_wait(&recvs[i]) comes before the
+// received buffer is read (CUDA: every request waits for the whole group).
 // CPU: MPI_Irecv / MPI_Issend (a synchronous send completes only once received, as NCCL's do, so
 // that the CPU runs catch an exchange that would deadlock on GPUs); CUDA: one NCCL group.
 typedef struct { int send; void *buf; size_t n; int peer; int tag; } P2POp;
 
-static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest *sends) {
+static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest *sends, CommRequest *recvs) {
     size_t es = comm_type_size(t);
     double sent = 0, received = 0;
     int nrecv = 0;
@@ -415,7 +417,14 @@ static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest 
         else { ncclCheck(ncclRecv(ops[i].buf, ops[i].n, nccl_type(t), ops[i].peer, g->nccl, s)); }
     }
     ncclCheck(ncclGroupEnd());
-    if (sends && nrecv == 0) { comm_mark(&sends[0], g); comm_stream_end(g, &sends[0]); }   // (one event for the group)
+    if (sends && recvs) {   // an event per request, each recorded after the whole group
+        for (int i = 0, ns = 0, nr = 0; i < nops; i++) {
+            CommRequest *r = ops[i].send ? &sends[ns++] : &recvs[nr++];
+            comm_mark(r, g);
+            comm_stream_end(g, r);
+        }
+    }
+    else if (sends && nrecv == 0) { comm_mark(&sends[0], g); comm_stream_end(g, &sends[0]); }   // (one event for the group)
     else { comm_stream_end(g, NULL); }
 #else
     MPI_Request recv_req[4], send_req[4];
@@ -426,7 +435,11 @@ static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest 
     for (int i = 0; i < nops; i++) {
         if (ops[i].send) { MPI_Issend(ops[i].buf, (int)ops[i].n, mpi_type(t), ops[i].peer, ops[i].tag, g->mpi, &send_req[ns++]); }
     }
-    MPI_Waitall(nr, recv_req, MPI_STATUSES_IGNORE);
+    if (sends && recvs) {
+        for (int i = 0; i < nr; i++) { comm_mark(&recvs[i], g); recvs[i].req = recv_req[i]; recvs[i].active = 1; recvs[i].move_bytes = 0; }
+    } else {
+        MPI_Waitall(nr, recv_req, MPI_STATUSES_IGNORE);
+    }
     if (sends) {
         for (int i = 0; i < ns; i++) { comm_mark(&sends[i], g); sends[i].req = send_req[i]; sends[i].active = 1; sends[i].move_bytes = 0; }
     } else {

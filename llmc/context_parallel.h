@@ -11,6 +11,9 @@
 // the keys and values go around again, now with their gradients dk, dv, which collect each rank's
 // part and, after a last hop, arrive back at their owner.
 //   forward  (N-1) hops of k, v (B, T/cp, 2C/tp); backward (N-1) hops of k, v and N of dk, dv.
+// Each hop of k, v is started before the blocks that use the k, v held now and waited for after them,
+// so it travels while they compute (the blocks only read what is sent; what arrives goes to the other
+// buffer); dk, dv are sent once the blocks have added to them.
 // Rank i's local rows: [0, c) are sequence positions i*c .., [c, 2c) positions (2N-1-i)*c .. .
 #ifndef LLMC_CONTEXT_PARALLEL_H
 #define LLMC_CONTEXT_PARALLEL_H
@@ -257,15 +260,16 @@ static void cp_blocks(CPRing *r, int j, int cur, int backward, floatX *out, floa
     }
 }
 
-// One hop around the ring: this rank's buffers [cur] to the next rank, the previous rank's into [!cur].
-static void cp_hop(CPRing *r, int cur, int kv, int dkv, size_t n) {
+// One hop around the ring: this rank's buffer [cur] to the next rank, the previous rank's into [!cur]
+// (buf: r->kv, tag 0, or r->dkv, tag 1). With `hop` the hop is started and cp_hop_wait completes it;
+// without, it is complete on return.
+static void cp_hop(CPRing *r, floatX **buf, int tag, int cur, size_t n, CommRequest hop[2]) {
     int N = r->cp->size, next = (r->cp->rank + 1) % N, prev = (r->cp->rank + N - 1) % N;
-    P2POp ops[4];
-    int k = 0;
-    if (kv) { ops[k++] = (P2POp){1, r->kv[cur], n, next, 0}; ops[k++] = (P2POp){0, r->kv[!cur], n, prev, 0}; }
-    if (dkv) { ops[k++] = (P2POp){1, r->dkv[cur], n, next, 1}; ops[k++] = (P2POp){0, r->dkv[!cur], n, prev, 1}; }
-    comm_p2p(r->cp, ops, k, DT_FLOATX, NULL);
+    P2POp ops[2] = {{1, buf[cur], n, next, tag}, {0, buf[!cur], n, prev, tag}};
+    comm_p2p(r->cp, ops, 2, DT_FLOATX, hop ? &hop[0] : NULL, hop ? &hop[1] : NULL);
 }
+
+static void cp_hop_wait(CommRequest hop[2]) { comm_wait(&hop[1]); comm_wait(&hop[0]); }
 
 // qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T): causal attention of the local queries over the
 // whole sequence (T = the local tokens of a sequence, two chunks).
@@ -275,8 +279,10 @@ static void cp_attention_forward(CPRing *r, floatX *out, float *lse, floatX *qkv
     attention_block_init(out, lse, (size_t)B * T * C, (size_t)B * NH * T);
     cp_kv_copy(r->kv[0], qkv, (size_t)B * T, C, 1);
     for (int s = 0; s < N; s++, cur = !cur) {
+        CommRequest hop[2];
+        if (s < N - 1) { cp_hop(r, r->kv, 0, cur, n, hop); }   // the next rank's k, v arrive meanwhile
         cp_blocks(r, (i - s + N) % N, cur, 0, out, lse, NULL, NULL, qkv, B, T, C, NH);
-        if (s < N - 1) { cp_hop(r, cur, 1, 0, n); }
+        if (s < N - 1) { cp_hop_wait(hop); }
     }
 }
 
@@ -289,8 +295,11 @@ static void cp_attention_backward(CPRing *r, floatX *dqkv, const floatX *dout, f
     zero_on_device(r->dkv[0], n * sizeof(floatX));
     cp_kv_copy(r->kv[0], qkv, (size_t)B * T, C, 1);
     for (int s = 0; s < N; s++, cur = !cur) {
+        CommRequest hop[2];
+        if (s < N - 1) { cp_hop(r, r->kv, 0, cur, n, hop); }
         cp_blocks(r, (i - s + N) % N, cur, 1, out, lse, dqkv, dout, qkv, B, T, C, NH);
-        cp_hop(r, cur, s < N - 1, 1, n);   // the last hop takes each dk, dv home
+        cp_hop(r, r->dkv, 1, cur, n, NULL);   // the dk, dv just added to (the last hop takes each home)
+        if (s < N - 1) { cp_hop_wait(hop); }
     }
     cp_kv_copy(r->dkv[cur], dqkv, (size_t)B * T, C, 0);
 }

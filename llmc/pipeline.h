@@ -338,7 +338,7 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st) {
         ops[n++] = (P2POp){0, got[0] + off, k, prev, 0};
     }
     if (st->recv_bwd >= 0) { got[1] = p->grad_recv; p->grad_held = st->recv_bwd; ops[n++] = (P2POp){0, got[1] + off, k, next, 1}; }
-    comm_p2p(p->pp, ops, n, DT_FLOATX, p->overlap ? p->sending : NULL);
+    comm_p2p(p->pp, ops, n, DT_FLOATX, p->overlap ? p->sending : NULL, NULL);
     for (int i = 0; i < 2; i++) {
         if (p->split && got[i]) { comm_all_gather(p->tp, got[i] + off, got[i], k, DT_FLOATX, NULL); }
     }
