@@ -28,9 +28,9 @@
 // main.log's trl stays the CE alone. E = 1, k = 1 is the dense model exactly when z_coeff = 0 (g = 1,
 // and aux = 1 has no gradient; the z-loss would still train the router and the layers below it).
 //
-// EXPERT PARALLELISM (--ep N): N consecutive dp ranks with the same (tp, pp) form an ep group; ep rank
-// r holds the El = E/N experts [r El, (r+1) El). The dp/N ranks holding the same experts form the
-// expert-data-parallel (edp) group, over which the expert gradients are summed (zero.h). One MoE
+// EXPERT PARALLELISM (--ep N): N consecutive dp ranks with the same (tp, cp, pp) form an ep group; ep
+// rank r holds the El = E/N experts [r El, (r+1) El). The dp/N x cp ranks holding the same experts form
+// the expert-data-parallel (edp) group, over which the expert gradients are summed (zero.h). One MoE
 // layer, one micro-batch, on every rank of the ep group:
 //   1. route its own N tokens (all tokens of the micro-batch, identically on every tp rank)
 //   2. count the kept rows per expert; all-gather the counts over the ep group (host ints); every

@@ -4,7 +4,7 @@
 // transformer layer, the experts of each MoE layer, the final LayerNorm. Each unit is a contiguous
 // block, padded to a multiple of the size p of its data-parallel group and cut into p equal SHARDS;
 // rank r of the group owns shard r. The group is dp for every unit but the experts', which are
-// replicated only over the edp group (the dp/ep ranks holding the same experts: moe.h), so their
+// replicated only over the edp group (the dp/ep x cp ranks holding the same experts: moe.h), so their
 // gradients are summed, and their shards cut, over edp. Padding is zero and never reaches the
 // model. Per stage:
 //   0: full params, full grads, full AdamW state; after the last micro-batch each unit's gradient
