@@ -248,6 +248,31 @@ run_test 4 --ref $T -b 1 --pp 4 --pp-schedule gpipe --overlap 0 --check-memory -
 run_test 4 --ref refs/l8 -b 1 --pp 4 --vpp 2 --overlap 0 --check-memory --check-comm
 run_test 4 --ref $MO -b 4 --tp 2 --sp --ep 2 --zero 3 --overlap 0 --check-memory --check-comm
 
+echo "== random layouts (drawn once, seed 11, from tp 1-4, cp 1-4, pp 1-4, vpp, ep, ZeRO 0-3, SP, recompute,"
+echo "   overlap, CE chunk, schedule over the references; kept: the 22 the layout validation accepts)"
+run_test 8 --ref refs/moe_pos --cp 4 --pp 2 --zero 3 -b 2 --ce-chunk 0 --pp-schedule gpipe --check-memory --check-comm
+run_test 1 --ref refs/l3 --zero 3 -b 2 --overlap 0 --check-comm
+run_test 6 --ref $MO --pp 3 --zero 1 -b 1 --recompute mlp --ce-chunk 1
+run_test 8 --ref refs/l8 --cp 4 --pp 2 --zero 0 --vpp 2 --sp -b 4 --recompute mlp --ce-chunk 7 --check-memory
+run_test 8 --ref refs/l8 --tp 2 --pp 2 --zero 1 --vpp 2 --sp -b 2 --recompute full --ce-chunk 1 --check-comm
+run_test 4 --ref refs/moe_k1 --tp 2 --pp 2 --zero 1 --sp -b 1 --ce-chunk 7 --check-memory
+run_test 1 --ref refs/moe_pos2 --zero 1 -b 1 --overlap 0 --pp-schedule gpipe --check-memory --check-comm
+run_test 8 --ref refs/moe_k1 --tp 4 --cp 2 --zero 0 -b 1 --recompute mlp --pp-schedule gpipe --check-comm
+run_test 8 --ref refs/moe_pos --cp 4 --pp 2 --zero 1 -b 1 --ce-chunk 7 --check-comm
+run_test 8 --ref refs/moe_pos --tp 2 --pp 2 --zero 2 -b 1 --recompute full --ce-chunk 1 --check-memory --check-comm
+run_test 8 --ref refs/moe_skew --tp 4 --pp 2 --zero 3 -b 1 --overlap 0 --ce-chunk 64 --check-memory --check-comm
+run_test 2 --ref refs/l8 --tp 2 --zero 0 --sp -b 1 --recompute mlp --pp-schedule gpipe --check-memory --check-comm
+run_test 4 --ref refs/moe_pos --tp 2 --zero 1 -b 2 --overlap 0 --check-memory
+run_test 4 --ref refs/moe_pos2 --tp 2 --zero 0 --ep 2 -b 2 --recompute mlp --overlap 0 --ce-chunk 3
+run_test 6 --ref refs/moe_dl --pp 3 --zero 1 -b 4 --check-comm
+run_test 2 --ref refs/moe_pos2 --pp 2 --zero 0 --vpp 2 -b 1 --check-comm
+run_test 8 --ref refs/l8 --cp 2 --pp 2 --zero 3 -b 1 --recompute full --overlap 0 --ce-chunk 0 --check-memory --check-comm
+run_test 6 --ref refs/moe_kE --pp 3 --zero 3 --sp -b 4 --check-memory --check-comm
+run_test 4 --ref refs/moe_l8 --zero 0 --ep 2 --sp -b 2 --check-memory
+run_test 4 --ref refs/padvocab --pp 4 --zero 0 --sp -b 4 --overlap 0 --ce-chunk 1
+run_test 2 --ref refs/moe_dl --cp 2 --zero 1 -b 8 --recompute mlp --pp-schedule gpipe
+run_test 4 --ref refs/moe_pos2 --cp 2 --pp 2 --zero 3 --vpp 2 -b 2 --check-comm
+
 echo "== train_gpt end to end"
 run_script test_train
 run_script test_moe_train
