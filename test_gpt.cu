@@ -2,12 +2,18 @@
 test_gpt: runs any parallel configuration of train_gpt against a PyTorch reference state
 (dev/reference/gpt2_ref.py) and checks, on every rank, the part that rank owns:
   - the loss of the first batch, and every gradient element this rank owns (its tp slice of each
-    tensor, its ZeRO shard), before clipping;
-  - the global gradient norm; the losses of the 10 AdamW steps; the parameters after them;
+    tensor, its ZeRO shard), before clipping; MoE: the auxiliary losses, dropped fraction, routing;
+  - the global gradient norm; the losses of the 10 AdamW steps;
   - optionally: resume from a checkpoint at step 5 equals the uninterrupted run bit for bit
-    (--check-resume DIR), the memory report against the ZeRO / SP / chunked-CE formulas
-    (--check-memory), the comm report against the ring formulas (--check-comm).
+    (--check-resume DIR, which also writes what this layout computes at step 5 from that checkpoint
+    for --resume-from), the memory report against the ZeRO / SP / chunked-CE formulas and the memory
+    plan (--check-memory), the comm report against the ring formulas (--check-comm);
+  - or (--resume-from DIR) another layout resuming that checkpoint: its step 5 (loss, routing, every
+    gradient element, norm) against the first layout's from the same checkpoint, its steps 5..9 against
+    the first layout's and the reference's losses. --mutate experts|data-round breaks the resume on
+    purpose (experts stored in another order in the state; the data one round off): it must then fail.
 usage: mpirun -np N ./test_gpt --ref DIR [--check-resume DIR] [--check-memory] [--check-comm] [train_gpt flags]
+       mpirun -np N ./test_gpt --ref DIR --resume-from DIR [--mutate experts|data-round] [train_gpt flags]
        mpirun -np N ./test_gpt --ref DIR --bad-file-on-rank R   (rank R fails on a file: every rank must exit)
 Prints one line per check and closes with "N passed, N failed" (rank 0, summed over ranks).
 */
@@ -15,21 +21,47 @@ Prints one line per check and closes with "N passed, N failed" (rank 0, summed o
 #include "train_gpt.cu"
 
 // ----------------------------------------------------------------------------
-// the tolerances, all in one place (fp32 CPU build; the bf16 GPU build uses its own row)
+// the tolerances, all in one place. Every comparison here is of two computations of the same numbers from
+// the same inputs (PyTorch and us; layout A and layout B from one checkpoint), which differ only in the
+// order of their floating-point sums: a BLAS kernel choice, a tp or dp split, a chunk size. Each bound is
+// derived from that, and must hold under any OpenBLAS kernel choice (the matrix runs the layout checks
+// under two). fp32, u = 2^-24 = 6e-8; a sum of n terms carries a rounding error of about sqrt(n) u
+// sum|terms| (errors of random sign; the worst case n u is never approached by these sums):
+//  - GRAD: a weight gradient is a sum over B*T <= 256 tokens of products whose factors come from GEMM
+//    sums of K <= 4C = 1024 terms chained through L <= 8 layers, and from the head's sum over Vp <= 50304
+//    rows: (sqrt(256) + L sqrt(1024) + sqrt(50304)) u ~ 3e-5 relative to sum|terms| at most (d4), ~5e-6
+//    for the C 64 references. RTOL 1e-4 is 3-20x that where the terms do not cancel (|g| ~ sum|terms|);
+//    ATOL 1e-5 covers cancelling sums (|g| << sum|terms|) with sum|terms| <= 0.3 (per-token terms are
+//    ~1/(B T) of the mean loss's gradient times O(1) activations).
+//  - LOSS: a mean over B*T tokens of logsumexp(logits) - logit, logits from the same chains (~1e-6
+//    relative, O(1) in size) over a loss of ~5: ~1e-6 relative; 1e-5 leaves 10x, also over 10 AdamW
+//    steps (an update moves by lr times the relative change of m/sqrt(v), ~1e-6, except where a gradient
+//    is pure rounding noise, e.g. the key biases, whose parameters the loss does not depend on). The MoE
+//    aux and z losses the same (means of p and of squared log-sum-exps).
+//  - NORM: sqrt(sum g^2) is weighted by the largest gradients, whose relative errors (~1e-6) average out
+//    over many elements: 1e-5.
+//  - ROUTE_MARGIN: p = softmax(x w) with x the ln2 output (LayerNorm: O(1) entries, ~1e-6 relative
+//    error) and w ~ 0.02 over C = 64 channels: the logits differ by ~sqrt(64) 1e-6 0.02 ~ 2e-7 and p by
+//    at most p(1 - p) that, 4e-8. A decision whose margin (gap in p) exceeds 1e-5 (250x) cannot flip and
+//    is compared; others may flip. The references' data seeds give every decision of their 10 steps a
+//    margin >= 1e-6 (gpt2_ref.py --min_margin, 25x), so losses and gradients compare without exclusions.
+//  - DROP: the dropped fraction is a ratio of counts: equal when the masks are (1e-6: the printing).
+// bf16 (GPU; u = 2^-8 = 3.9e-3 per stored activation, fp32 accumulation): a gradient passes ~10 bf16
+// roundings per layer, ~10 sqrt(L) u ~ 5e-2 relative; ATOL 1e-2 covers cancelling sums of O(0.1) terms.
+// Router inputs are bf16: p differs by ~p(1 - p) sqrt(C) u 0.02 ~ 1.5e-4 (an H200 flipped decisions up
+// to a margin of 3.9e-4): decisions compare above 5e-3.
 #if defined(USE_CUDA) && !defined(ENABLE_FP32)
-static const float GRAD_ATOL = 1e-2f, GRAD_RTOL = 5e-2f;   // bf16 activations and gradients
-static const float LOSS_TOL = 5e-2f;                        // per step, as llm.c's bf16 check
+static const float GRAD_ATOL = 1e-2f, GRAD_RTOL = 5e-2f;   // |g - ref| <= ATOL + RTOL |ref|, per element
+static const float LOSS_TOL = 5e-2f;                        // |loss - ref| <= LOSS_TOL |ref|, per step (also MoE aux, z)
 static const float NORM_RTOL = 5e-2f;
-static const float ROUTE_MARGIN = 5e-3f;                    // bf16 router inputs: only clear decisions compare
-                                                            // (H200: flips up to a margin of 3.9e-4 on refs/moe*)
+static const float ROUTE_MARGIN = 5e-3f;
 #else
 static const float GRAD_ATOL = 1e-5f, GRAD_RTOL = 1e-4f;   // |g - ref| <= ATOL + RTOL |ref|, per element
-static const float LOSS_TOL = 1e-5f;                        // |loss - ref| <= LOSS_TOL * |ref| (also MoE aux, z)
+static const float LOSS_TOL = 1e-5f;                        // |loss - ref| <= LOSS_TOL |ref|, per step (also MoE aux, z)
 static const float NORM_RTOL = 1e-5f;
-static const float ROUTE_MARGIN = 1e-5f;   // MoE: the routing of a (layer, sequence) is compared with the reference's
-                                           // when every decision's margin (gap in p) exceeds this
+static const float ROUTE_MARGIN = 1e-5f;   // MoE: a decision is compared with the reference's when its margin exceeds this
 #endif
-static const double DROP_TOL = 1e-6;       // MoE: dropped fraction (a count ratio: equal when the masks are)
+static const double DROP_TOL = 1e-6;       // MoE: dropped fraction
 
 static int n_passed = 0, n_failed = 0;
 static int my_rank = 0;
@@ -107,7 +139,17 @@ static void read_ref_moe(const char *dir, RefMoE *r) {
     fclose(f);
 }
 
-// The routing of step 0 (model.route_log: per micro-batch i, per MoE layer of this stage in the stage's
+// test_gpt's routing log (model.route_log, see moe_forward): per micro-batch, per MoE layer of the
+// stage in the stage's order, an entry of choice (BT, k) ints, keep (BT, k) ints, probs (BT, E) floats.
+static size_t route_entry(const GPT2 *m) { return (size_t)m->BT * (2 * m->config.topk + m->config.num_experts); }
+
+static int stage_moe_layers(const GPT2 *m) {
+    int n = 0;
+    for (int l = 0; l < m->Ls; l++) { n += is_moe_layer(&m->config, m->layer_id[l]); }
+    return n;
+}
+
+// The routing of a step (model.route_log: per micro-batch i, per MoE layer of this stage in the stage's
 // order, choice then keep (BT, k) each) against the reference's: micro-batch i's row b on dp rank r is the
 // reference's row (i dp + r) B + b. A token's top-k choice (experts in order of p) depends on its router
 // row: it is compared when its decision margin exceeds ROUTE_MARGIN (the others may flip with rounding)
@@ -120,8 +162,7 @@ static void read_ref_moe(const char *dir, RefMoE *r) {
 static long compare_routing(GPT2 *m, const RefMoE *r, const int *log, int accum) {
     const GPT2Config *c = &m->config;
     int B = m->B, T = m->T, Tg = r->T, k = c->topk, E = c->num_experts, dp = m->grid->dp, R = r->R;
-    int nmoe = 0;   // MoE layers of this stage
-    for (int l = 0; l < m->Ls; l++) { nmoe += is_moe_layer(c, m->layer_id[l]); }
+    int nmoe = stage_moe_layers(m);
     // first[gm][g]: the first position of row g whose choice or keep differs in MoE layer gm (Tg: none), all ranks'.
     // This rank's token t is at position seq_pos(m->seqpos, t) of its sequence (cp: Tg = cp T)
     int *first = (int *)malloc_check(sizeof(int) * ((size_t)r->Lm * R + 1));
@@ -133,7 +174,7 @@ static long compare_routing(GPT2 *m, const RefMoE *r, const int *log, int accum)
             int j = 0;
             for (int l = 0; l < m->Ls; l++) {
                 if (!is_moe_layer(c, m->layer_id[l])) { continue; }
-                const int *choice = log + ((size_t)i * nmoe + j) * 2 * m->BT * k, *keep = choice + (size_t)m->BT * k;
+                const int *choice = log + ((size_t)i * nmoe + j) * route_entry(m), *keep = choice + (size_t)m->BT * k;
                 int gm = 0;   // the model's MoE layers before this one
                 for (int q = 0; q < m->layer_id[l]; q++) { gm += is_moe_layer(c, q); }
                 for (int b = 0; b < B; b++) {
@@ -517,12 +558,459 @@ static void check_comm_layer(Grid *grid) {
     }
 }
 
+// ----------------------------------------------------------------------------
+// the phases of a test run
+
+typedef struct {           // what every phase needs: the reference, the layout, the model's options
+    Args args;
+    GPT2Config config;     // the model tested (the reference's, or its upcycling with --experts)
+    float *params;         // its initial parameters, file order
+    RefState ref;
+    RefMoE rmoe;
+    MoEOptions moe;
+    Grid grid;
+    int world, accum;
+    char data_path[1024];
+    LRScheduler sched;
+    OptConfig opt;
+} TestRun;
+
+// A model of the run's layout and options from the parameters `params` (file order), and its data loader
+// at the start of the reference's data.
+static void test_model(TestRun *t, GPT2 *m, const GPT2Config *c, float *params, DataLoader *dl) {
+    const Args *a = &t->args;
+    gpt2_build(m, c, params, &t->grid, a->vpp, a->zero, a->sp, t->moe);
+    m->recompute = recompute_mode(a->recompute);
+    m->zero.prefetch = a->overlap;
+    gpt2_alloc_activations(m, a->B, a->T / a->cp, a->ce_chunk, t->accum, pipe_schedule(a->pp_schedule), 0);
+    dataloader_init(dl, t->data_path, a->B, a->T, c->vocab_size, t->grid.dp, t->grid.dp_rank, 0, a->seed);
+}
+
+// The rows this rank's MoE dispatches moved to and from the other ep ranks in the logged step, from
+// its routing and the others' (each micro-batch and MoE layer: counts per expert, all-gathered over ep).
+static double ep_rows_moved(GPT2 *m, const int *log, int accum) {
+    Grid *g = m->grid;
+    int E = m->config.num_experts, El = E / g->ep, k = m->config.topk, nmoe = stage_moe_layers(m);
+    int *cnt = (int *)malloc_check(sizeof(int) * E), *all = (int *)malloc_check(sizeof(int) * E * g->ep);
+    double rows = 0;
+    for (int q = 0; q < nmoe * accum; q++) {
+        const int *choice = log + (size_t)q * route_entry(m), *keep = choice + (size_t)m->BT * k;
+        for (int e = 0; e < E; e++) { cnt[e] = 0; }
+        for (size_t i = 0; i < (size_t)m->BT * k; i++) { if (keep[i]) { cnt[choice[i]]++; } }
+        MPI_Allgather(cnt, E, MPI_INT, all, E, MPI_INT, g->ep_group.mpi);
+        for (int r = 0; r < g->ep; r++) {
+            if (r == g->ep_rank) { continue; }
+            for (int le = 0; le < El; le++) { rows += all[g->ep_rank * E + r * El + le] + all[r * E + g->ep_rank * El + le]; }
+        }
+    }
+    free(cnt); free(all);
+    return rows;
+}
+
+// One step checked against a reference computed from the same parameters and batch (`what` names it):
+// the loss, MoE's auxiliary losses, dropped fraction and routing, every owned gradient element, the
+// norm; then the update. Only the summation order differs from the reference, which the tolerances at
+// the top bound. Returns the step's result; *ep_rows: the rows the step's all-to-alls moved (check_comm).
+static StepResult check_step(TestRun *t, GPT2 *m, DataLoader *dl, const RefState *ref, const RefMoE *rmoe, int step,
+                             const char *what, double *ep_rows) {
+    const GPT2Config *c = &m->config;
+    int accum = t->accum;
+    int *log = (int *)malloc_check(sizeof(int) * (route_entry(m) * stage_moe_layers(m) * accum + 1));
+    m->route_log = log;
+    m->route_log_micro = accum;
+    gpt2_forward_backward(m, dl, accum);
+    float loss = gpt2_read_loss(m, accum);
+    m->route_log = NULL;
+    check(fabs(loss - ref->loss0) <= LOSS_TOL * fabs(ref->loss0), "step %d: loss %.6f, %s %.6f", step, loss, what, ref->loss0);
+    *ep_rows = 0;
+    if (c->num_experts > 0) {
+        double aux, z, dropped;
+        gpt2_moe_stats(m, accum, &aux, &z, &dropped);
+        if (rmoe->present) {
+            check(fabs(aux - rmoe->aux0) <= LOSS_TOL * fabs(rmoe->aux0) && fabs(z - rmoe->z0) <= LOSS_TOL * fabs(rmoe->z0),
+                  "step %d: MoE auxiliary losses aux %.6f z %.6f, %s %.6f %.6f", step, aux, z, what, rmoe->aux0, rmoe->z0);
+            // the same choices give the same loads, so the same dropped count; each token whose choice differs
+            // (only where its margin allows, checked above) moves at most k assignments, each changing the
+            // count by at most 2 (one expert's load down, another's up): the fraction, a mean over the MoE
+            // layers of dropped / (R T k), by at most 2 flips / (Lm R T). (tp ranks route the same tokens.)
+            double flips = (double)compare_routing(m, rmoe, log, accum);
+            MPI_Allreduce(MPI_IN_PLACE, &flips, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+            flips /= t->grid.tp;
+            double drop_tol = DROP_TOL + 2.0 * flips / ((double)rmoe->Lm * rmoe->R * rmoe->T);
+            check(fabs(dropped - rmoe->dropped0) <= drop_tol, "step %d: MoE dropped fraction %.6f, %s %.6f (%.0f tokens routed otherwise: tolerance %.1e)",
+                  step, dropped, what, rmoe->dropped0, flips, drop_tol);
+        }
+        *ep_rows = ep_rows_moved(m, log, accum);
+    }
+    free(log);
+    compare_grads(m, ref->grads);
+    StepResult r = gpt2_update(m, &t->opt, lr_at(&t->sched, step), step);
+    // the same sums divided in another order (fp64, then rounded to float): within 2 float ulps
+    check(fabsf(r.loss - loss) <= ldexpf(fabsf(loss), -22), "step %d: the loss read with the norm (after the device all-reduce) %.9g = the loss read alone %.9g",
+          step, r.loss, loss);
+    check(fabs(r.norm - ref->norm0) <= NORM_RTOL * ref->norm0, "step %d: global grad norm %.6f, %s %.6f", step, r.norm, what, ref->norm0);
+    return r;
+}
+
+// The memory plan (--plan, --memory-limit) of this rank, made without allocating, equals what the model
+// allocated, category by category and in total (this build's sizes; test_gpt does not sample).
+static void check_plan(TestRun *t, GPT2 *m) {
+    Args planned = t->args;
+    planned.sample_every = 0;
+    MemPlan plan = gpt2_plan(&planned, &t->config, m->moe, t->world, my_rank, plan_build(&planned));
+    int same = plan.peak_total == mem_peak_total;
+    for (int k = 0; k < MEM_NCAT; k++) { same &= plan.peak[k] == mem_peak[k]; }
+    check(same, "memory plan = measurement: planned peaks %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f), measured %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f)",
+          (double)plan.peak[0], (double)plan.peak[1], (double)plan.peak[2], (double)plan.peak[3], (double)plan.peak[4], (double)plan.peak[5],
+          (double)plan.peak[6], (double)plan.peak_total, (double)mem_peak[0], (double)mem_peak[1], (double)mem_peak[2], (double)mem_peak[3],
+          (double)mem_peak[4], (double)mem_peak[5], (double)mem_peak[6], (double)mem_peak_total);
+}
+
+// Step 0 against the PyTorch reference (loss, routing, gradients, norm), then the memory and comm
+// reports against their formulas.
+static void check_first_step(TestRun *t, GPT2 *m, DataLoader *dl, int check_mem, int check_comm_flag, float *loss0) {
+    comm_reset_counters(&t->grid);
+    double ep_rows;
+    *loss0 = check_step(t, m, dl, &t->ref, &t->rmoe, 0, "reference", &ep_rows).loss;
+    if (check_comm_flag) { check_comm(m, t->accum, ep_rows); }
+    if (check_mem) { check_memory(m, t->accum); check_plan(t, m); }
+    if (t->args.memory_report) { mem_report(my_rank, t->world, "test"); }
+    if (t->args.comm_report) { comm_report(&t->grid, 1, "test step 0"); }
+}
+
+// |got[i] - want[i]| <= LOSS_TOL |want[i]| for steps s0 + i, i < n.
+static void check_losses(const float *got, const float *want, int n, int s0, const char *what) {
+    double worst = 0;
+    int at = 0;
+    for (int i = 0; i < n; i++) {
+        double e = fabs(got[i] - want[i]) / fabs(want[i]);
+        if (e > worst || e != e) { worst = e != e ? INFINITY : e; at = i; }
+    }
+    check(worst <= LOSS_TOL, "losses of steps %d..%d %s: worst relative error %.2e at step %d (%.6f vs %.6f)", s0, s0 + n - 1, what, worst,
+          s0 + at, got[at], want[at]);
+}
+
+// Steps 1 .. nsteps-1 (AdamW, the reference's schedule): each step's loss against the reference's.
+static void check_training(TestRun *t, GPT2 *m, DataLoader *dl, float loss0) {
+    float *losses = (float *)malloc_check(sizeof(float) * t->ref.nsteps);
+    losses[0] = loss0;
+    for (int s = 1; s < t->ref.nsteps; s++) {
+        gpt2_forward_backward(m, dl, t->accum);
+        losses[s] = gpt2_update(m, &t->opt, lr_at(&t->sched, s), s).loss;
+    }
+    check_losses(losses, t->ref.losses, t->ref.nsteps, 0, "(AdamW) against the reference's");
+    free(losses);
+}
+
+// ----------------------------------------------------------------------------
+// resume: in the same layout bit for bit; in another layout, what layout A computes from its checkpoint
+
+#define RESUME_STEP 5
+
+// The full gradient of unit u (its tp slice) on every rank of its data-parallel group: the owned
+// shards, all-gathered (ZeRO 0: every rank owns it all). For gpt2_assemble.
+static void unit_grads_getter(Zero *z, int u, int which, float *host) {
+    (void)which;
+    const Unit *U = &z->units[u];
+    size_t start, len;
+    if (z->stage == 0) { zero_get_owned_grads(z, u, host, &start, &len); return; }
+    float *shard = (float *)calloc(U->shard, sizeof(float)), *padded = (float *)malloc_check(U->padded * sizeof(float));
+    if (shard == NULL) { fail("out of host memory"); }
+    zero_get_owned_grads(z, u, shard, &start, &len);
+    MPI_Allgather(shard, (int)U->shard, MPI_FLOAT, padded, (int)U->shard, MPI_FLOAT, U->dpg->mpi);
+    memcpy(host, padded, U->size * sizeof(float));
+    free(shard); free(padded);
+}
+
+// The logged routing of a step on rank 0 as the reference's arrays: choice, keep (Lm, R, Tg, k) and
+// probs (Lm, R, Tg, E) of every MoE layer, global row and sequence position (each written by the one
+// rank that holds it: tp rank 0 of its stage, dp rank and cp part; summed over the world).
+static void gather_routing(GPT2 *m, const int *log, int accum, int R, int Tg, int **choice_out, int **keep_out, float **probs_out) {
+    const GPT2Config *c = &m->config;
+    int k = c->topk, E = c->num_experts, Lm = num_moe_layers(c), B = m->B, T = m->T, dp = m->grid->dp;
+    size_t nk = (size_t)Lm * R * Tg * k, ne = (size_t)Lm * R * Tg * E;
+    int *choice = (int *)calloc(nk, sizeof(int)), *keep = (int *)calloc(nk, sizeof(int));
+    float *probs = (float *)calloc(ne, sizeof(float));
+    if (!choice || !keep || !probs) { fail("out of host memory"); }
+    for (int i = 0, j; i < accum && m->grid->tp_rank == 0; i++) {
+        j = 0;
+        for (int l = 0; l < m->Ls; l++) {
+            if (!is_moe_layer(c, m->layer_id[l])) { continue; }
+            const int *e = log + ((size_t)i * stage_moe_layers(m) + j++) * route_entry(m);
+            int gm = 0;
+            for (int q = 0; q < m->layer_id[l]; q++) { gm += is_moe_layer(c, q); }
+            for (int b = 0; b < B; b++) {
+                size_t g = (size_t)(i * dp + m->grid->dp_rank) * B + b;
+                for (int tt = 0; tt < T; tt++) {
+                    size_t src = (size_t)b * T + tt, dst = ((size_t)gm * R + g) * Tg + seq_pos(m->seqpos, tt);
+                    memcpy(choice + dst * k, e + src * k, k * sizeof(int));
+                    memcpy(keep + dst * k, e + (size_t)m->BT * k + src * k, k * sizeof(int));
+                    memcpy(probs + dst * E, e + (size_t)m->BT * 2 * k + src * E, E * sizeof(float));
+                }
+            }
+        }
+    }
+    int root = my_rank == 0;
+    MPI_Reduce(root ? MPI_IN_PLACE : choice, choice, (int)nk, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+    MPI_Reduce(root ? MPI_IN_PLACE : keep, keep, (int)nk, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+    MPI_Reduce(root ? MPI_IN_PLACE : probs, probs, (int)ne, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
+    *choice_out = choice; *keep_out = keep; *probs_out = probs;
+}
+
+// The decision margins of a routing, as gpt2_ref.py defines them: per token the smallest gap between
+// consecutive probabilities among its first min(k, E-1) + 1 in descending order; per (sequence, expert),
+// probs policy with more candidates than the capacity, the gap between the last kept assignment's p_e
+// and the first dropped one's (infinite where there is no decision).
+static float routing_margins(const RefMoE *r, const int *choice, const float *probs, int cap, float *topk_margin, float *cap_margin) {
+    int E = r->E, k = r->k, T = r->T, J = k < E - 1 ? k : E - 1;
+    float least = INFINITY, *sp = (float *)malloc_check(sizeof(float) * E), *cp = (float *)malloc_check(sizeof(float) * T * k);
+    int *ct = (int *)malloc_check(sizeof(int) * T * k);
+    for (size_t q = 0; q < (size_t)r->Lm * r->R; q++) {
+        for (int t = 0; t < T; t++) {
+            const float *p = probs + (q * T + t) * E;
+            for (int e = 0; e < E; e++) { sp[e] = p[e]; }
+            for (int i = 1; i < E; i++) { for (int j = i; j > 0 && sp[j] > sp[j - 1]; j--) { float x = sp[j]; sp[j] = sp[j - 1]; sp[j - 1] = x; } }
+            float mg = INFINITY;
+            for (int j = 0; j < J; j++) { mg = fminf(mg, sp[j] - sp[j + 1]); }
+            topk_margin[q * T + t] = mg;
+            least = fminf(least, mg);
+        }
+        for (int e = 0; e < E; e++) {   // candidates of expert e ordered by (-p_e, position)
+            int n = 0;
+            for (int t = 0; t < T; t++) {
+                for (int j = 0; j < k; j++) {
+                    if (choice[(q * T + t) * k + j] != e) { continue; }
+                    float pe = probs[(q * T + t) * E + e];
+                    int i = n++;
+                    while (i > 0 && (cp[i - 1] < pe || (cp[i - 1] == pe && ct[i - 1] > t))) { cp[i] = cp[i - 1]; ct[i] = ct[i - 1]; i--; }
+                    cp[i] = pe; ct[i] = t;
+                }
+            }
+            float mg = r->policy == 0 && n > cap ? cp[cap - 1] - cp[cap] : INFINITY;
+            cap_margin[q * E + e] = mg;
+            least = fminf(least, mg);
+        }
+    }
+    free(sp); free(cp); free(ct);
+    return least;
+}
+
+// Layout A's results of the step after its checkpoint, written as a reference directory (dir/step5:
+// state.bin and moe.bin in gpt2_ref.py's formats) for layout B (check_resume_from): the loss, the
+// gradients in file order, the norm, the MoE numbers and routing with its margins, and the losses of
+// the steps after (here: steps RESUME_STEP .. nsteps-1 as steps 0 ..).
+typedef struct {
+    float *grads, loss, norm, aux, z, dropped;
+    int *choice, *keep;
+    float *probs;
+} StepDump;
+
+static void write_step_dump(TestRun *t, const char *dir, const StepDump *d, const float *losses, const float *norms, int n) {
+    char path[PATH_LEN];
+    path_join(path, dir, "step%d", RESUME_STEP);
+    mkdir(path, 0755);
+    const RefState *ref = &t->ref;
+    int h[256] = {20241129, 1, ref->T, ref->R, n, ref->warmup};
+    float fh[256] = {ref->lr, ref->beta1, ref->beta2, ref->eps, ref->weight_decay, ref->clip, ref->final_frac, d->loss, d->norm};
+    path_join(path, dir, "step%d/state.bin", RESUME_STEP);
+    FILE *f = fopen_check(path, "wb");
+    fwrite_check(h, sizeof(int), 256, f, path);
+    fwrite_check(fh, sizeof(float), 256, f, path);
+    fwrite_check(d->grads, sizeof(float), num_parameters(&t->config), f, path);
+    fwrite_check(losses, sizeof(float), n, f, path);
+    fwrite_check(norms, sizeof(float), n, f, path);
+    fclose_check(f, path);
+    if (t->config.num_experts == 0) { return; }
+    RefMoE r = {1, t->config.num_experts, t->config.topk, t->config.moe_every, t->moe.cap1000, t->moe.policy == DROP_POSITION,
+                num_moe_layers(&t->config), ref->R, ref->T, n};
+    size_t nt = (size_t)r.Lm * r.R * r.T;
+    float *topk_margin = (float *)malloc_check(sizeof(float) * nt), *cap_margin = (float *)malloc_check(sizeof(float) * r.Lm * r.R * r.E);
+    float least = routing_margins(&r, d->choice, d->probs, moe_capacity(r.k, r.T, r.E, r.F1000), topk_margin, cap_margin);
+    int mh[256] = {20241130, 1, r.E, r.k, r.every, r.F1000, r.policy, r.Lm, r.R, r.T, n};
+    float mfh[256] = {t->moe.aux_coeff, t->moe.z_coeff, d->aux, d->z, d->dropped, least};
+    path_join(path, dir, "step%d/moe.bin", RESUME_STEP);
+    f = fopen_check(path, "wb");
+    fwrite_check(mh, sizeof(int), 256, f, path);
+    fwrite_check(mfh, sizeof(float), 256, f, path);
+    fwrite_check(d->choice, sizeof(int), nt * r.k, f, path);
+    fwrite_check(d->keep, sizeof(int), nt * r.k, f, path);
+    fwrite_check(topk_margin, sizeof(float), nt, f, path);
+    fwrite_check(cap_margin, sizeof(float), (size_t)r.Lm * r.R * r.E, f, path);
+    fclose_check(f, path);
+    printf("  layout A's step %d written to %s/step%d (smallest routing margin %.2e)\n", RESUME_STEP, dir, RESUME_STEP, least);
+    free(topk_margin); free(cap_margin);
+}
+
+// Same layout: a fresh model trains to step RESUME_STEP, checkpoints into dir, and goes on; a model
+// resumed from that checkpoint must repeat the steps after it bit for bit. Also writes what this layout
+// (layout A) computes at the step after the checkpoint (write_step_dump), for check_resume_from.
+static void check_resume(TestRun *t, const char *dir) {
+    int nsteps = t->ref.nsteps, accum = t->accum;
+    if (nsteps <= RESUME_STEP || nsteps > 64) { fail("--check-resume needs a reference of %d to 64 steps", RESUME_STEP + 1); }
+    if (my_rank == 0) { mkdir(dir, 0755); }
+    MPI_Barrier(MPI_COMM_WORLD);
+    GPT2 run;
+    DataLoader dl;
+    test_model(t, &run, &t->config, t->params, &dl);
+    Rng rng;
+    rng_init(&rng, 1);
+    float uninterrupted[64], norms[64];
+    StepDump d = {};
+    for (int s = 0; s < nsteps; s++) {
+        int dump = s == RESUME_STEP;
+        int *log = dump ? (int *)malloc_check(sizeof(int) * (route_entry(&run) * stage_moe_layers(&run) * accum + 1)) : NULL;
+        run.route_log = log;
+        run.route_log_micro = accum;
+        gpt2_forward_backward(&run, &dl, accum);
+        run.route_log = NULL;
+        if (dump) {
+            d.loss = gpt2_read_loss(&run, accum);
+            if (t->config.num_experts > 0) {
+                double aux, z, dropped;
+                gpt2_moe_stats(&run, accum, &aux, &z, &dropped);
+                d.aux = (float)aux; d.z = (float)z; d.dropped = (float)dropped;
+                gather_routing(&run, log, accum, t->ref.R, t->ref.T, &d.choice, &d.keep, &d.probs);
+            }
+            d.grads = gpt2_assemble(&run, unit_grads_getter, 0);
+            free(log);
+        }
+        StepResult r = gpt2_update(&run, &t->opt, lr_at(&t->sched, s), s);
+        uninterrupted[s] = r.loss; norms[s] = r.norm;
+        if (dump) { d.norm = r.norm; }
+        if (s + 1 == RESUME_STEP) { save_checkpoint(&run, dir, RESUME_STEP, &dl, &rng, t->args.total_batch, 0); }
+    }
+    if (my_rank == 0) { write_step_dump(t, dir, &d, uninterrupted + RESUME_STEP, norms + RESUME_STEP, nsteps - RESUME_STEP); }
+    free(d.grads); free(d.choice); free(d.keep); free(d.probs);
+    int step = latest_checkpoint(dir);
+    check(step == RESUME_STEP, "checkpoint: newest complete checkpoint is step %d (expected %d)", step, RESUME_STEP);
+    char mp[PATH_LEN];
+    path_join(mp, dir, "model_%08d.bin", step);
+    GPT2Config c2;
+    float *p2 = read_model_file(mp, &c2);
+    check(!memcmp(&c2, &t->config, sizeof(c2)), "checkpoint: the model file keeps the shape (E %d k %d every %d)", c2.num_experts, c2.topk, c2.moe_every);
+    GPT2 resumed;
+    DataLoader dl3;
+    test_model(t, &resumed, &c2, p2, &dl3);
+    free(p2);
+    Rng rng3;
+    load_state(&resumed, dir, step, &dl3, &rng3, t->args.total_batch);
+    int same = 1;
+    for (int s = step; s < nsteps; s++) {
+        gpt2_forward_backward(&resumed, &dl3, accum);
+        float l = gpt2_update(&resumed, &t->opt, lr_at(&t->sched, s), s).loss;
+        if (memcmp(&l, &uninterrupted[s], sizeof(float)) != 0) { same = 0; }
+        if (my_rank == 0) { printf("  resume step %d: %.9f vs uninterrupted %.9f\n", s, l, uninterrupted[s]); }
+    }
+    check(same, "resume from step %d reproduces steps %d..%d bit for bit", step, step, nsteps - 1);
+    check(rng3.s == rng.s, "resume restores the generator state");
+}
+
+// --mutate experts: a copy of the checkpoint in dir whose state file stores experts 0 and 1 of every MoE
+// layer swapped (m, v and master), with a valid checksum: the resume check must fail on it.
+static void mutate_checkpoint_experts(TestRun *t, const char *dir, const char *out) {
+    const GPT2Config *c = &t->config;
+    if (c->num_experts < 2) { fail("--mutate experts needs a reference with 2 or more experts"); }
+    if (my_rank == 0) {
+        mkdir(out, 0755);
+        char src[PATH_LEN], dst[PATH_LEN];
+        path_join(src, dir, "model_%08d.bin", RESUME_STEP);
+        path_join(dst, out, "model_%08d.bin", RESUME_STEP);
+        FILE *in = fopen_check(src, "rb"), *o = fopen_check(dst, "wb");
+        char buf[1 << 16];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof(buf), in)) > 0) { fwrite_check(buf, 1, n, o, dst); }
+        fclose(in); fclose_check(o, dst);
+        path_join(src, dir, "state_%08d.bin", RESUME_STEP);
+        path_join(dst, out, "state_%08d.bin", RESUME_STEP);
+        in = fopen_check(src, "rb");
+        int h[256];
+        fread_check(h, sizeof(int), 256, in, src);
+        size_t P = num_parameters(c);
+        int nstates = h[SH_MASTER] ? 3 : 2;
+        float *st[3];
+        size_t bytes[3];
+        for (int i = 0; i < nstates; i++) {
+            st[i] = (float *)malloc_check(P * sizeof(float));
+            bytes[i] = P * sizeof(float);
+            fread_check(st[i], sizeof(float), P, in, src);
+            float *ptr[NUM_TENSORS];
+            split_tensors(c, st[i], ptr);
+            for (int id = T_EFCW; id <= T_EFCPROJB; id++) {
+                TensorSpec sp = tensor_spec(c, id);
+                size_t blk = sp.rows * sp.cols;
+                for (int l = 0; l < sp.layers; l++) {
+                    float *e0 = ptr[id] + (size_t)l * sp.nblk * blk;
+                    for (size_t q = 0; q < blk; q++) { float x = e0[q]; e0[q] = e0[blk + q]; e0[blk + q] = x; }
+                }
+            }
+        }
+        fclose(in);
+        char err[256];
+        const void *parts[3] = {st[0], st[1], nstates == 3 ? st[2] : NULL};
+        if (write_file_atomic(dst, h, parts, bytes, nstates, err, sizeof(err))) { fail("%s", err); }
+        for (int i = 0; i < nstates; i++) { free(st[i]); }
+        path_join(dst, out, "DONE_%08d", RESUME_STEP);
+        fclose_check(fopen_check(dst, "wb"), dst);
+        printf("  --mutate experts: %s holds the checkpoint with experts 0 and 1 swapped in the state\n", out);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Another layout (layout B) resumes layout A's checkpoint in dir (written by a --check-resume run):
+// the step after it must compute what layout A computed from the same checkpoint (dir/step5: loss,
+// routing where margins allow, every owned gradient element, norm; tolerances as against PyTorch: only
+// the summation order differs), and the steps after that the losses of layout A and of the reference.
+// mutation (the check must then fail): "experts" (the state's experts stored in another order),
+// "data-round" (the data position one accumulation round off).
+static void check_resume_from(TestRun *t, const char *dir, const char *mutation) {
+    char path[PATH_LEN], ckdir[PATH_LEN];   // layout A's results in dir/step5; the checkpoint in dir (or its mutated copy)
+    snprintf(ckdir, sizeof(ckdir), "%s", dir);
+    if (mutation && !strcmp(mutation, "experts")) {
+        snprintf(ckdir, sizeof(ckdir), "%s/mutated_experts", dir);
+        mutate_checkpoint_experts(t, dir, ckdir);
+    } else if (mutation && strcmp(mutation, "data-round")) {
+        fail_all(my_rank, "--mutate: expected experts or data-round, got '%s'", mutation);
+    }
+    int step = latest_checkpoint(ckdir);
+    if (step != RESUME_STEP) { fail_all(my_rank, "--resume-from %s: expected a checkpoint at step %d (a --check-resume run's), found %d", ckdir, RESUME_STEP, step); }
+    RefState a5;
+    RefMoE a5moe;
+    path_join(path, dir, "step%d", RESUME_STEP);
+    read_ref_moe(path, &a5moe);
+    path_join(path, dir, "step%d/state.bin", RESUME_STEP);
+    read_ref_state(path, &t->config, &a5);
+    if (a5.nsteps != t->ref.nsteps - RESUME_STEP) { fail_all(my_rank, "%s: %d steps, expected %d", path, a5.nsteps, t->ref.nsteps - RESUME_STEP); }
+    path_join(path, ckdir, "model_%08d.bin", step);
+    GPT2Config c2;
+    float *p2 = read_model_file(path, &c2);
+    check(!memcmp(&c2, &t->config, sizeof(c2)), "resume from layout A: the model file has the reference's shape");
+    GPT2 m;
+    DataLoader dl;
+    test_model(t, &m, &c2, p2, &dl);
+    free(p2);
+    Rng rng;
+    load_state(&m, ckdir, step, &dl, &rng, t->args.total_batch);
+    if (mutation && !strcmp(mutation, "data-round")) { dataloader_seek_rounds(&dl, (uint64_t)step * t->accum + 1); }
+    float losses[64];
+    double ep_rows;
+    losses[0] = check_step(t, &m, &dl, &a5, &a5moe, step, "layout A from the same checkpoint", &ep_rows).loss;
+    for (int s = step + 1; s < t->ref.nsteps; s++) {
+        gpt2_forward_backward(&m, &dl, t->accum);
+        losses[s - step] = gpt2_update(&m, &t->opt, lr_at(&t->sched, s), s).loss;
+    }
+    check_losses(losses, a5.losses, a5.nsteps, step, "against layout A's from the same checkpoint");
+    check_losses(losses, t->ref.losses + step, a5.nsteps, step, "against the reference's");
+}
+
+// ----------------------------------------------------------------------------
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
-    int world;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    TestRun t;
+    memset(&t, 0, sizeof(t));
+    MPI_Comm_size(MPI_COMM_WORLD, &t.world);
     MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
-    const char *ref_dir = NULL, *resume_dir = NULL;
+    const char *ref_dir = NULL, *resume_dir = NULL, *resume_from = NULL, *mutation = NULL;
     int check_mem = 0, check_comm_flag = 0, check_layer = 0, bad_rank = -1;
     char **rest = (char **)malloc_check(sizeof(char *) * (argc + 1));
     int nrest = 0;
@@ -530,6 +1018,8 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ref") && i + 1 < argc) { ref_dir = argv[++i]; }
         else if (!strcmp(argv[i], "--check-resume") && i + 1 < argc) { resume_dir = argv[++i]; }
+        else if (!strcmp(argv[i], "--resume-from") && i + 1 < argc) { resume_from = argv[++i]; }
+        else if (!strcmp(argv[i], "--mutate") && i + 1 < argc) { mutation = argv[++i]; }
         else if (!strcmp(argv[i], "--check-memory")) { check_mem = 1; }
         else if (!strcmp(argv[i], "--check-comm")) { check_comm_flag = 1; }
         else if (!strcmp(argv[i], "--check-comm-layer")) { check_layer = 1; }
@@ -537,16 +1027,15 @@ int main(int argc, char **argv) {
         else { rest[nrest++] = argv[i]; }
     }
     if (ref_dir == NULL) { fail_all(my_rank, "test_gpt needs --ref DIR (a reference state from dev/reference/gpt2_ref.py)"); }
+    if (mutation && !resume_from) { fail_all(my_rank, "--mutate needs --resume-from DIR"); }
     char path[1024];
     snprintf(path, sizeof(path), "%s/model.bin", ref_dir);
     GPT2Config ref_config;   // the reference's shape; the model tested is the same, or (--experts E with a
                              // dense reference) its upcycling, compared with the dense reference's numbers
     float *ref_params = read_model_file(path, &ref_config);
-    RefState ref;
     snprintf(path, sizeof(path), "%s/state.bin", ref_dir);
-    read_ref_state(path, &ref_config, &ref);
-    RefMoE rmoe;
-    read_ref_moe(ref_dir, &rmoe);
+    read_ref_state(path, &ref_config, &t.ref);
+    read_ref_moe(ref_dir, &t.rmoe);
 
     if (bad_rank >= 0) {
         // one rank meets a bad file while the others wait in a collective: all must exit, none hang
@@ -556,214 +1045,76 @@ int main(int argc, char **argv) {
         MPI_Finalize();
         return 1;
     }
-    Args args;
-    default_args(&args);
-    args.B = 1;
-    parse_args(nrest, rest, &args);
-    agree_on_args(&args, my_rank, world);
-    attention_path = attention_path_of(&args);
+    Args *args = &t.args;
+    default_args(args);
+    args->B = 1;
+    parse_args(nrest, rest, args);
+    agree_on_args(args, my_rank, t.world);
+    attention_path = attention_path_of(args);
     if (check_layer) {   // the comm layer alone, on the grid of --tp/--pp (any world size they divide)
-        if (world % (args.tp * args.pp)) { fail_all(my_rank, "world %d is not divisible by tp*pp", world); }
-        Grid g;
-        grid_init(&g, args.tp, 1, args.pp, 1);
-        check_comm_layer(&g);
-        int counts[2] = {n_passed, n_failed};
-        MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-        if (my_rank == 0) { printf("%d passed, %d failed\n", counts[0], counts[1]); }
-        grid_free(&g);
-        MPI_Finalize();
-        return counts[1] == 0 ? 0 : 1;
-    }
-    args.T = ref.T;
-    args.total_batch = ref.R * ref.T;
-    GPT2Config config = ref_config;
-    float *params = (float *)malloc_check(num_parameters(&ref_config) * sizeof(float));
-    memcpy(params, ref_params, num_parameters(&ref_config) * sizeof(float));
-    snprintf(path, sizeof(path), "%s/model.bin", ref_dir);
-    params = apply_moe_flags(&args, my_rank, &config, params, path, 0);
-    if (config.num_experts > 0 && ref_config.num_experts == 0) {
-        // E = 1, k = 1 (and z-coeff 0) is the dense model: its expert's gradients are the dense MLP's,
-        // its router's exactly zero
-        float *g = upcycle_dense(&ref_config, ref.grads, &config, 0, 1);
-        free(ref.grads);
-        ref.grads = g;
-    }
-    MoEOptions moe = moe_options(&args);   // a MoE reference: its own options
-    if (rmoe.present) { moe = (MoEOptions){rmoe.F1000, rmoe.policy ? DROP_POSITION : DROP_PROBS, rmoe.aux_coeff, rmoe.z_coeff}; }
-    validate_layout(&args, &config, world, my_rank);
-    Grid grid;
-    grid_init(&grid, args.tp, args.cp, args.pp, args.ep);
-    int accum = args.total_batch / (args.B * args.T * grid.dp);
-    if (my_rank == 0) {
-        printf("test_gpt: %s | world %d = tp %d x cp %d x pp %d x dp %d | zero %d%s | B %d T %d accum %d | ce chunk %d | %s\n", ref_dir, world,
-               grid.tp, grid.cp, grid.pp, grid.dp, args.zero, args.sp ? " | sp" : "", args.B, args.T, accum, args.ce_chunk, PRECISION_NAME);
-        if (config.num_experts > 0) {
-            printf("          MoE: E %d k %d every %d | ep %d edp %d | capacity factor %.3f, drop %s, aux %g, z %g%s\n", config.num_experts,
-                   config.topk, config.moe_every, grid.ep, grid.edp_group.size, moe.cap1000 / 1000.0, moe.policy == DROP_PROBS ? "probs" : "position",
-                   moe.aux_coeff, moe.z_coeff, ref_config.num_experts == 0 ? " | upcycled from the dense reference" : "");
+        if (t.world % (args->tp * args->pp)) { fail_all(my_rank, "world %d is not divisible by tp*pp", t.world); }
+        grid_init(&t.grid, args->tp, 1, args->pp, 1);
+        check_comm_layer(&t.grid);
+    } else {
+        args->T = t.ref.T;
+        args->total_batch = t.ref.R * t.ref.T;
+        t.config = ref_config;
+        t.params = (float *)malloc_check(num_parameters(&ref_config) * sizeof(float));
+        memcpy(t.params, ref_params, num_parameters(&ref_config) * sizeof(float));
+        snprintf(path, sizeof(path), "%s/model.bin", ref_dir);
+        t.params = apply_moe_flags(args, my_rank, &t.config, t.params, path, 0);
+        if (t.config.num_experts > 0 && ref_config.num_experts == 0) {
+            // E = 1, k = 1 (and z-coeff 0) is the dense model: its expert's gradients are the dense MLP's,
+            // its router's exactly zero
+            float *g = upcycle_dense(&ref_config, t.ref.grads, &t.config, 0, 1);
+            free(t.ref.grads);
+            t.ref.grads = g;
         }
-    }
-    GPT2 model;
-    gpt2_build(&model, &config, params, &grid, args.vpp, args.zero, args.sp, moe);
-    model.recompute = recompute_mode(args.recompute);
-    model.zero.prefetch = args.overlap;
-    gpt2_alloc_activations(&model, args.B, args.T / args.cp, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
-    DataLoader loader;
-    char data_path[1024];
-    snprintf(data_path, sizeof(data_path), "%s/data.bin", ref_dir);
-    dataloader_init(&loader, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
-    LRScheduler sched = {"cosine", ref.lr, ref.final_frac, ref.warmup, ref.nsteps};
-    OptConfig opt = {ref.beta1, ref.beta2, ref.eps, ref.weight_decay, ref.clip, args.seed};
-
-    // the bf16 model file (version 5) of the same weights loads as their round-to-nearest-even
-    snprintf(path, sizeof(path), "%s/model_bf16.bin", ref_dir);
-    if (access(path, R_OK) == 0) {
-        GPT2Config c16;
-        float *p16 = read_model_file(path, &c16);
-        size_t P = num_parameters(&ref_config), bad = 0;
-        for (size_t i = 0; i < P; i++) { if (p16[i] != bf16_to_float(float_to_bf16(ref_params[i]))) { bad++; } }
-        check(bad == 0 && !memcmp(&c16, &ref_config, sizeof(ref_config)), "model file version %d (bf16): %zu parameters load as bf16(fp32 file), %zu differ",
-              ref_config.num_experts ? 15 : 5, P, bad);
-        free(p16);
-    }
-
-    // step 0: loss, gradients, norm (MoE: the routing of every layer and micro-batch logged)
-    comm_reset_counters(&grid);
-    float *losses = (float *)malloc_check(sizeof(float) * ref.nsteps);
-    int nmoe = 0;
-    for (int l = 0; l < model.Ls; l++) { nmoe += is_moe_layer(&config, model.layer_id[l]); }
-    int *route_log = (int *)malloc_check(sizeof(int) * (2 * (size_t)model.BT * config.topk * nmoe * accum + 1));
-    model.route_log = route_log;
-    model.route_log_micro = accum;
-    gpt2_forward_backward(&model, &loader, accum);
-    losses[0] = gpt2_read_loss(&model, accum);
-    model.route_log = NULL;
-    check(fabs(losses[0] - ref.loss0) <= LOSS_TOL * fabs(ref.loss0), "loss of the first batch %.6f, reference %.6f", losses[0], ref.loss0);
-    double ep_rows = 0;
-    if (config.num_experts > 0) {
-        double aux, z, dropped;
-        gpt2_moe_stats(&model, accum, &aux, &z, &dropped);
-        if (rmoe.present) {
-            check(fabs(aux - rmoe.aux0) <= LOSS_TOL * fabs(rmoe.aux0) && fabs(z - rmoe.z0) <= LOSS_TOL * fabs(rmoe.z0),
-                  "MoE auxiliary losses of the first batch: aux %.6f z %.6f, reference %.6f %.6f", aux, z, rmoe.aux0, rmoe.z0);
-            // the same choices give the same loads, so the same dropped count; each token whose choice differs
-            // (only where its margin allows, checked above) moves at most k assignments, each changing the
-            // count by at most 2 (one expert's load down, another's up): the fraction, a mean over the MoE
-            // layers of dropped / (R T k), by at most 2 flips / (Lm R T). (tp ranks route the same tokens.)
-            double flips = (double)compare_routing(&model, &rmoe, route_log, accum);
-            MPI_Allreduce(MPI_IN_PLACE, &flips, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-            flips /= grid.tp;
-            double drop_tol = DROP_TOL + 2.0 * flips / ((double)rmoe.Lm * rmoe.R * rmoe.T);
-            check(fabs(dropped - rmoe.dropped0) <= drop_tol, "MoE dropped fraction %.6f, reference %.6f (%.0f tokens routed otherwise: tolerance %.1e)",
-                  dropped, rmoe.dropped0, flips, drop_tol);
-        }
-        // the rows this rank's dispatches moved to and from the other ep ranks, from its routing and the
-        // others' (each micro-batch and MoE layer: counts per expert, all-gathered over the ep group)
-        int E = config.num_experts, El = E / grid.ep, k = config.topk;
-        int *cnt = (int *)malloc_check(sizeof(int) * E), *all = (int *)malloc_check(sizeof(int) * E * grid.ep);
-        for (int q = 0; q < nmoe * accum; q++) {
-            const int *choice = route_log + (size_t)q * 2 * model.BT * k, *keep = choice + (size_t)model.BT * k;
-            for (int e = 0; e < E; e++) { cnt[e] = 0; }
-            for (size_t i = 0; i < (size_t)model.BT * k; i++) { if (keep[i]) { cnt[choice[i]]++; } }
-            MPI_Allgather(cnt, E, MPI_INT, all, E, MPI_INT, grid.ep_group.mpi);
-            for (int r = 0; r < grid.ep; r++) {
-                if (r == grid.ep_rank) { continue; }
-                for (int le = 0; le < El; le++) { ep_rows += all[grid.ep_rank * E + r * El + le] + all[r * E + grid.ep_rank * El + le]; }
+        t.moe = moe_options(args);   // a MoE reference: its own options
+        if (t.rmoe.present) { t.moe = (MoEOptions){t.rmoe.F1000, t.rmoe.policy ? DROP_POSITION : DROP_PROBS, t.rmoe.aux_coeff, t.rmoe.z_coeff}; }
+        validate_layout(args, &t.config, t.world, my_rank);
+        grid_init(&t.grid, args->tp, args->cp, args->pp, args->ep);
+        t.accum = args->total_batch / (args->B * args->T * t.grid.dp);
+        if (my_rank == 0) {
+            printf("test_gpt: %s | world %d = tp %d x cp %d x pp %d x dp %d | zero %d%s | B %d T %d accum %d | ce chunk %d | %s\n", ref_dir, t.world,
+                   t.grid.tp, t.grid.cp, t.grid.pp, t.grid.dp, args->zero, args->sp ? " | sp" : "", args->B, args->T, t.accum, args->ce_chunk, PRECISION_NAME);
+            if (t.config.num_experts > 0) {
+                printf("          MoE: E %d k %d every %d | ep %d edp %d | capacity factor %.3f, drop %s, aux %g, z %g%s\n", t.config.num_experts,
+                       t.config.topk, t.config.moe_every, t.grid.ep, t.grid.edp_group.size, t.moe.cap1000 / 1000.0, t.moe.policy == DROP_PROBS ? "probs" : "position",
+                       t.moe.aux_coeff, t.moe.z_coeff, ref_config.num_experts == 0 ? " | upcycled from the dense reference" : "");
             }
         }
-        free(cnt); free(all);
-    }
-    compare_grads(&model, ref.grads);
-    StepResult r0 = gpt2_update(&model, &opt, lr_at(&sched, 0), 0);
-    float norm = r0.norm;
-    // the same sums divided in another order (fp64, then rounded to float): within 2 float ulps
-    check(fabsf(r0.loss - losses[0]) <= ldexpf(fabsf(losses[0]), -22), "the step's loss (read with the norm, after the device all-reduce) %.9g = the loss read alone %.9g",
-          r0.loss, losses[0]);
-    check(fabs(norm - ref.norm0) <= NORM_RTOL * ref.norm0, "global grad norm %.6f, reference %.6f", norm, ref.norm0);
-    if (check_comm_flag) { check_comm(&model, accum, ep_rows); }
-    if (check_mem) {
-        check_memory(&model, accum);
-        // the memory plan (--plan, --memory-limit) of this rank, made without allocating, equals what the
-        // model allocated, category by category and in total (this build's sizes; test_gpt does not sample)
-        Args planned = args;
-        planned.sample_every = 0;
-        MemPlan plan = gpt2_plan(&planned, &config, model.moe, world, my_rank, plan_build(&planned));
-        int same = plan.peak_total == mem_peak_total;
-        for (int k = 0; k < MEM_NCAT; k++) { same &= plan.peak[k] == mem_peak[k]; }
-        check(same, "memory plan = measurement: planned peaks %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f), measured %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f)",
-              (double)plan.peak[0], (double)plan.peak[1], (double)plan.peak[2], (double)plan.peak[3], (double)plan.peak[4], (double)plan.peak[5],
-              (double)plan.peak[6], (double)plan.peak_total, (double)mem_peak[0], (double)mem_peak[1], (double)mem_peak[2], (double)mem_peak[3],
-              (double)mem_peak[4], (double)mem_peak[5], (double)mem_peak[6], (double)mem_peak_total);
-    }
-    if (args.memory_report) { mem_report(my_rank, world, "test"); }
-    if (args.comm_report) { comm_report(&grid, 1, "test step 0"); }
-
-    // steps 1 .. nsteps-1
-    for (int s = 1; s < ref.nsteps; s++) {
-        gpt2_forward_backward(&model, &loader, accum);
-        losses[s] = gpt2_update(&model, &opt, lr_at(&sched, s), s).loss;
-    }
-    double worst = 0;
-    int worst_step = 0;
-    for (int s = 0; s < ref.nsteps; s++) {
-        double e = fabs(losses[s] - ref.losses[s]) / fabs(ref.losses[s]);
-        if (e > worst || e != e) { worst = e != e ? INFINITY : e; worst_step = s; }
-    }
-    check(worst <= LOSS_TOL, "losses of %d AdamW steps: worst relative error %.2e at step %d (%.6f vs %.6f)", ref.nsteps, worst,
-          worst_step, losses[worst_step], ref.losses[worst_step]);
-
-    // resume: a fresh model from the step-5 checkpoint must repeat steps 5..9 bit for bit
-    if (resume_dir) {
-        if (my_rank == 0) { mkdir(resume_dir, 0755); }
-        MPI_Barrier(MPI_COMM_WORLD);
-        GPT2 run;
-        gpt2_build(&run, &config, params, &grid, args.vpp, args.zero, args.sp, moe);
-        run.recompute = model.recompute;
-        run.zero.prefetch = model.zero.prefetch;
-        gpt2_alloc_activations(&run, args.B, args.T / args.cp, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
-        DataLoader dl2;
-        dataloader_init(&dl2, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
-        Rng rng;
-        rng_init(&rng, 1);
-        float uninterrupted[64];
-        for (int s = 0; s < ref.nsteps; s++) {
-            gpt2_forward_backward(&run, &dl2, accum);
-            uninterrupted[s] = gpt2_update(&run, &opt, lr_at(&sched, s), s).loss;
-            if (s + 1 == 5) { save_checkpoint(&run, resume_dir, 5, &dl2, &rng, args.total_batch, 0); }
+        snprintf(t.data_path, sizeof(t.data_path), "%s/data.bin", ref_dir);
+        t.sched = (LRScheduler){"cosine", t.ref.lr, t.ref.final_frac, t.ref.warmup, t.ref.nsteps};
+        t.opt = (OptConfig){t.ref.beta1, t.ref.beta2, t.ref.eps, t.ref.weight_decay, t.ref.clip, args->seed};
+        if (resume_from) {
+            check_resume_from(&t, resume_from, mutation);
+        } else {
+            // the bf16 model file (version 5) of the same weights loads as their round-to-nearest-even
+            snprintf(path, sizeof(path), "%s/model_bf16.bin", ref_dir);
+            if (access(path, R_OK) == 0) {
+                GPT2Config c16;
+                float *p16 = read_model_file(path, &c16);
+                size_t P = num_parameters(&ref_config), bad = 0;
+                for (size_t i = 0; i < P; i++) { if (p16[i] != bf16_to_float(float_to_bf16(ref_params[i]))) { bad++; } }
+                check(bad == 0 && !memcmp(&c16, &ref_config, sizeof(ref_config)), "model file version %d (bf16): %zu parameters load as bf16(fp32 file), %zu differ",
+                      ref_config.num_experts ? 15 : 5, P, bad);
+                free(p16);
+            }
+            GPT2 model;
+            DataLoader loader;
+            test_model(&t, &model, &t.config, t.params, &loader);
+            float loss0;
+            check_first_step(&t, &model, &loader, check_mem, check_comm_flag, &loss0);
+            check_training(&t, &model, &loader, loss0);
+            if (resume_dir) { check_resume(&t, resume_dir); }
         }
-        int step = latest_checkpoint(resume_dir);
-        check(step == 5, "checkpoint: newest complete checkpoint is step %d (expected 5)", step);
-        char mp[1100];
-        snprintf(mp, sizeof(mp), "%s/model_%08d.bin", resume_dir, step);
-        GPT2Config c2;
-        float *p2 = read_model_file(mp, &c2);
-        GPT2 resumed;
-        check(!memcmp(&c2, &config, sizeof(config)), "checkpoint: the model file keeps the shape (E %d k %d every %d)", c2.num_experts, c2.topk, c2.moe_every);
-        gpt2_build(&resumed, &c2, p2, &grid, args.vpp, args.zero, args.sp, moe);
-        free(p2);
-        resumed.recompute = model.recompute;
-        resumed.zero.prefetch = model.zero.prefetch;
-        gpt2_alloc_activations(&resumed, args.B, args.T / args.cp, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), 0);
-        DataLoader dl3;
-        dataloader_init(&dl3, data_path, args.B, args.T, config.vocab_size, grid.dp, grid.dp_rank, 0, args.seed);
-        Rng rng3;
-        load_state(&resumed, resume_dir, step, &dl3, &rng3, args.total_batch);
-        int same = 1;
-        for (int s = step; s < ref.nsteps; s++) {
-            gpt2_forward_backward(&resumed, &dl3, accum);
-            float l = gpt2_update(&resumed, &opt, lr_at(&sched, s), s).loss;
-            if (memcmp(&l, &uninterrupted[s], sizeof(float)) != 0) { same = 0; }
-            if (my_rank == 0) { printf("  resume step %d: %.9f vs uninterrupted %.9f\n", s, l, uninterrupted[s]); }
-        }
-        check(same, "resume from step %d reproduces steps %d..%d bit for bit", step, step, ref.nsteps - 1);
-        check(rng3.s == rng.s, "resume restores the generator state");
     }
-
     int counts[2] = {n_passed, n_failed};
     MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (my_rank == 0) { printf("%d passed, %d failed\n", counts[0], counts[1]); }
     mem_free_all();
-    grid_free(&grid);
+    grid_free(&t.grid);
     MPI_Finalize();
     return counts[1] == 0 ? 0 : 1;
 }

@@ -509,7 +509,7 @@ typedef struct {
     int recomputing;             // the forward running now is a recomputation (its MoE numbers are not counted again)
     Activations scratch;         // one layer's worth of what is recomputed, shared by the layers and micro-batches
     MoEStats moe_stats;
-    int *route_log, route_log_micro;       // test_gpt: (choice, keep) of each (micro-batch < route_log_micro, MoE layer of the stage), when set
+    int *route_log, route_log_micro;       // test_gpt: (choice, keep, probs) of each (micro-batch < route_log_micro, MoE layer of the stage), when set
     int moe_index;                         // the MoE layer running: its index among the stage's MoE layers
     int micro;                   // the micro-batch running (for --trace)
     int *step_tokens;            // (2, accum, BT) page-locked: a step's inputs and targets, uploaded without a wait
@@ -894,9 +894,10 @@ static void moe_forward(GPT2 *m, MoEActs *ma, floatX *pe[NUM_TENSORS], const flo
     if (m->route_log && m->micro < m->route_log_micro && !m->recomputing) {   // test_gpt: this layer's routing
         int nmoe = 0;
         for (int l = 0; l < m->Ls; l++) { nmoe += is_moe_layer(&m->config, m->layer_id[l]); }
-        int *log = m->route_log + ((size_t)m->micro * nmoe + m->moe_index) * 2 * BT * k;
+        int *log = m->route_log + ((size_t)m->micro * nmoe + m->moe_index) * BT * (2 * k + E);
         copy_to_host(log, ma->choice, (size_t)BT * k * sizeof(int));
         copy_to_host(log + (size_t)BT * k, ma->keep, (size_t)BT * k * sizeof(int));
+        copy_to_host(log + (size_t)BT * 2 * k, ma->probs, (size_t)BT * E * sizeof(float));   // (bits of floats)
     }
     if (m->moe_count_stats && !m->recomputing) {   // aux and z of this micro-batch's sequences (on the device), the kept fraction
         moe_loss_sums(w->moe_sums, ma->f, w->pmean, w->zsum, B, E);

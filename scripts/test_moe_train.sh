@@ -44,10 +44,12 @@ $MPIRUN -np 4 "$BIN/train_gpt" -e "$MOE" -t 32 -b 2 -x 4 -v 2 -m 2 -s 2 -g 8 --c
 say $? "training, sampling and validation run under cp 2 x ep 2 (the experts' gradients summed over edp = dp/ep x cp = 2)"
 
 # 4. sparse upcycling: a dense checkpoint with --experts 4 --topk 4 (every expert a copy of the MLP,
-#    gates summing to 1) computes the dense model: the same first loss
+#    gates summing to 1) computes the dense model: the same first loss up to rounding (the gates sum to
+#    1 within a few ulps, the experts' GEMMs run on other row counts, which may change a BLAS kernel's
+#    summation order): within test_gpt.cu's LOSS tolerance, 1e-5 relative
 "$BIN/train_gpt" -e "$TINY" -t 32 -b 4 -x 2 -n 2 -v 0 -s 0 -o "$W/dense" >/dev/null 2>&1
 "$BIN/train_gpt" -e "$W/dense/model_00000002.bin" -t 32 -b 4 -x 1 -v 0 -s 0 -o "$W/dense_next" >/dev/null 2>&1
 "$BIN/train_gpt" -e "$W/dense/model_00000002.bin" -t 32 -b 4 -x 1 -v 0 -s 0 --experts 4 --topk 4 --z-coeff 0 -o "$W/upcycled" >"$W/upcycled.log" 2>&1
 a=$(awk -F'trl:' '/trl:/ { print $2; exit }' "$W/dense_next/main.log"); b=$(awk -F'trl:' '/trl:/ { print $2; exit }' "$W/upcycled/main.log")
-grep -q "upcycled to 4 experts" "$W/upcycled.log" && awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; exit !(d < 2e-6 && d > -2e-6) }'
-say $? "sparse upcycling (E 4, k 4): first loss $b equals the dense model's $a"
+grep -q "upcycled to 4 experts" "$W/upcycled.log" && awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * a) }'
+say $? "sparse upcycling (E 4, k 4): first loss $b equals the dense model's $a (1e-5 relative)"
