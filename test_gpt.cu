@@ -310,7 +310,7 @@ static void check_memory(GPT2 *m, int accum) {
     double Rs = 0, Rr = 0, E = c->num_experts, k = c->topk;
     if (nmoe > 0) {   // worst cases: a token goes to at most k experts (min(k, E/ep) of one rank), a sequence
                       // at most cap times to one expert
-        double cap = moe_capacity(c->topk, m->T * m->grid->cp, c->num_experts, m->moe.cap1000), El = E / m->grid->ep, kl = k < El ? k : El;
+        double cap = moe_capacity(c->topk, m->T * m->grid->cp, c->num_experts, m->moe.opt.cap1000), El = E / m->grid->ep, kl = k < El ? k : El;
         Rs = m->B * fmin(m->T * k, E * cap);
         Rr = m->grid->ep * m->B * fmin(m->T * kl, El * cap);
     }
@@ -442,7 +442,7 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
         // MoE, per layer and forward (again when recomputed): the sequences' other assignments for the
         // capacity, all-gathered (choices and probabilities, (B, T/cp, k) ints and floats; not when
         // dropless), and f, all-reduced ((B, E) floats)
-        int capped = m->moe_cap < m->T * N, fwd = m->recompute == RECOMPUTE_FULL ? 2 : 1;
+        int capped = m->moe.cap < m->T * N, fwd = m->recompute == RECOMPUTE_FULL ? 2 : 1;
         double moe = nmoe * fwd * ((capped ? 2.0 * (N - 1) * m->BT * c->topk * 4 : 0) + 2.0 * (N - 1) / N * m->B * c->num_experts * 4);
         expect += accum * moe;
         check(fabs(g->cp_group.bytes - expect) < 1, "comm: cp bytes/step %.0f = formula %.0f (%d micro-batches x %d layers x %d hops of (B, T/cp, 2C/tp) = %.0f B: ring attention; MoE routing %.0f B)",
@@ -616,11 +616,11 @@ static StepResult check_step(TestRun *t, GPT2 *m, DataLoader *dl, const RefState
     const GPT2Config *c = &m->config;
     int accum = t->accum;
     int *log = (int *)malloc_check(sizeof(int) * (route_entry(m) * stage_moe_layers(m) * accum + 1));
-    m->route_log = log;
-    m->route_log_micro = accum;
+    m->moe.route_log = log;
+    m->moe.route_log_micro = accum;
     gpt2_forward_backward(m, dl, accum);
     float loss = gpt2_read_loss(m, accum);
-    m->route_log = NULL;
+    m->moe.route_log = NULL;
     check(fabs(loss - ref->loss0) <= LOSS_TOL * fabs(ref->loss0), "step %d: loss %.6f, %s %.6f", step, loss, what, ref->loss0);
     *ep_rows = 0;
     if (c->num_experts > 0) {
@@ -657,7 +657,7 @@ static StepResult check_step(TestRun *t, GPT2 *m, DataLoader *dl, const RefState
 static void check_plan(TestRun *t, GPT2 *m) {
     Args planned = t->args;
     planned.sample_every = 0;
-    MemPlan plan = gpt2_plan(&planned, &t->config, m->moe, t->world, my_rank, plan_build(&planned));
+    MemPlan plan = gpt2_plan(&planned, &t->config, m->moe.opt, t->world, my_rank, plan_build(&planned));
     int same = plan.peak_total == mem_peak_total;
     for (int k = 0; k < MEM_NCAT; k++) { same &= plan.peak[k] == mem_peak[k]; }
     check(same, "memory plan = measurement: planned peaks %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f), measured %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f)",
@@ -708,7 +708,7 @@ static void check_training(TestRun *t, GPT2 *m, DataLoader *dl, float loss0) {
 #define RESUME_STEP 5
 
 // The full gradient of unit u (its tp slice) on every rank of its data-parallel group: the owned
-// shards, all-gathered (ZeRO 0: every rank owns it all). For gpt2_assemble.
+// shards, all-gathered (ZeRO 0: every rank owns it all). For checkpoint_gather.
 static void unit_grads_getter(Zero *z, int u, int which, float *host) {
     (void)which;
     const Unit *U = &z->units[u];
@@ -859,10 +859,10 @@ static void check_resume(TestRun *t, const char *dir) {
     for (int s = 0; s < nsteps; s++) {
         int dump = s == RESUME_STEP;
         int *log = dump ? (int *)malloc_check(sizeof(int) * (route_entry(&run) * stage_moe_layers(&run) * accum + 1)) : NULL;
-        run.route_log = log;
-        run.route_log_micro = accum;
+        run.moe.route_log = log;
+        run.moe.route_log_micro = accum;
         gpt2_forward_backward(&run, &dl, accum);
-        run.route_log = NULL;
+        run.moe.route_log = NULL;
         if (dump) {
             d.loss = gpt2_read_loss(&run, accum);
             if (t->config.num_experts > 0) {
@@ -871,7 +871,7 @@ static void check_resume(TestRun *t, const char *dir) {
                 d.aux = (float)aux; d.z = (float)z; d.dropped = (float)dropped;
                 gather_routing(&run, log, accum, t->ref.R, t->ref.T, &d.choice, &d.keep, &d.probs);
             }
-            d.grads = gpt2_assemble(&run, unit_grads_getter, 0);
+            d.grads = checkpoint_gather(&run.config, &run.zero, unit_grads_getter, 0);
             free(log);
         }
         StepResult r = gpt2_update(&run, &t->opt, lr_at(&t->sched, s), s);

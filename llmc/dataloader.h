@@ -19,6 +19,7 @@
 #include <glob.h>
 #include "utils.h"
 #include "mt19937.h"
+#include "rand.h"
 
 #define DATA_MAGIC 20240520
 
@@ -208,6 +209,32 @@ static void dataloader_next_batch(DataLoader *d) {
 static void dataloader_free(DataLoader *d) {
     if (!d->in_memory) { globfree(&d->files); }
     free(d->shard_order); free(d->shard_rounds); free(d->tokens); free(d->sample_order); free(d->inputs); free(d->targets);
+}
+
+// ----------------------------------------------------------------------------
+// the built-in corpus: a seeded Markov chain, so that ./train_gpt works with no data files
+
+// From each of S symbols, 4 successors with probabilities 1/2, 1/4, 1/8, 1/8. Returns the entropy
+// rate in nats per token: the lowest loss a model can reach on it.
+static double synthetic_corpus(uint16_t *tokens, size_t n, int vocab_size, uint64_t seed) {
+    int S = vocab_size < 256 ? vocab_size : 256;
+    static const double prob[4] = {0.5, 0.25, 0.125, 0.125};
+    int *succ = (int *)malloc_check(sizeof(int) * 4 * S);
+    Rng rng;
+    rng_init(&rng, 12345);                       // the chain itself is fixed
+    for (int i = 0; i < 4 * S; i++) { succ[i] = (int)(rng_u32(&rng) % S); }
+    rng_init(&rng, seed);
+    int cur = 0;
+    for (size_t i = 0; i < n; i++) {
+        tokens[i] = (uint16_t)cur;
+        float u = rng_f32(&rng);
+        int k = u < 0.5f ? 0 : (u < 0.75f ? 1 : (u < 0.875f ? 2 : 3));
+        cur = succ[4 * cur + k];
+    }
+    free(succ);
+    double h = 0.0;
+    for (int k = 0; k < 4; k++) { h -= prob[k] * log(prob[k]); }
+    return h;
 }
 
 #endif

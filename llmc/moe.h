@@ -1,4 +1,4 @@
-// Mixture of Experts and expert parallelism, in one place.
+// Mixture of Experts: the layer's semantics and its kernels (CPU loops and CUDA kernels side by side).
 //
 // THE LAYER. With --experts E --topk k, layer l is a MoE layer when l % every == every-1 (--moe-every,
 // default 1): its MLP becomes E expert MLPs of the dense MLP's shape (fc C->4C with bias, GELU, fcproj
@@ -28,25 +28,7 @@
 // main.log's trl stays the CE alone. E = 1, k = 1 is the dense model exactly when z_coeff = 0 (g = 1,
 // and aux = 1 has no gradient; the z-loss would still train the router and the layers below it).
 //
-// EXPERT PARALLELISM (--ep N): N consecutive dp ranks with the same (tp, cp, pp) form an ep group; ep
-// rank r holds the El = E/N experts [r El, (r+1) El). The dp/N x cp ranks holding the same experts form
-// the expert-data-parallel (edp) group, over which the expert gradients are summed (zero.h). One MoE
-// layer, one micro-batch, on every rank of the ep group:
-//   1. route its own N tokens (all tokens of the micro-batch, identically on every tp rank)
-//   2. count the kept rows per expert; all-gather the counts over the ep group (host ints); every
-//      rank checks the whole (ep, E) table, so a bad count stops every rank alike, never a hang
-//   3. permute: the kept rows of x, grouped by expert = by owner rank ("send layout")
-//   4. all-to-all(v): the rows to the ranks owning their experts; arriving grouped by source rank,
-//      they are regrouped by local expert (copies of contiguous segments)
-//   5. each local expert runs its MLP on its contiguous rows (the matmul launchers; with TP the
-//      experts are column/row-parallel like the dense MLP: partial outputs, fcproj's bias on tp rank 0)
-//   6. the outputs back: regrouped by source, all-to-all(v) in reverse, into the send layout
-//   7. combine with the gates, in the fixed order of each token's choices -> (N, C), summed over tp
-//      by the caller like any row-parallel output
-// The backward runs the same exchanges in reverse with the gradients. The gradient of the gates needs
-// the full expert outputs: each tp rank has a partial sum, so dgate (N, k floats) is all-reduced over tp.
-// Then the router's backward runs identically on every tp rank: its weight gradient is complete on each
-// (not partial: counted once, never summed over tp), and its input gradient is added on tp rank 0 only.
+// EXPERT PARALLELISM (--ep N): expert_parallel.h runs a MoE layer over the ep group with these kernels.
 #ifndef LLMC_MOE_H
 #define LLMC_MOE_H
 

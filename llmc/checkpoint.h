@@ -1,0 +1,397 @@
+// Checkpoints, layout-independent: a checkpoint written by any layout (tp, sp, pp, dp, ep, ZeRO stage)
+// resumes in any other of the same model and global batch, each rank cutting its part out of the
+// files as it does from a model file.
+//   DIR/model_STEP.bin  the model file (llm.c's format; MoE: ours), rank 0
+//   DIR/state_STEP.bin  rank 0: int32 header[256] (below), then the AdamW state of every parameter in
+//                       the model file's order: fp32 m, v and (CUDA bf16) the fp32 master weights
+//   DIR/DONE_STEP       written once both are complete
+// Each file is written under a temporary name, fsync'd and renamed, and carries the CRC-32 of its body
+// in header slot 255. Resume (-y) takes the newest DONE_. The data position is not stored as such: after
+// `step` steps every rank has read step x (accumulation) rounds, and dataloader_seek_rounds finds where
+// that leaves it in the resuming layout: exactly where an uninterrupted run of that layout would be (the
+// same sequences in the same order without shuffling; with --shuffle 1 the order of rounds depends on
+// B and dp, as llm.c's, so another layout continues from the same number of rounds in its own order).
+// The run directory (-o) is one run's alone (a lock), its main.log is trimmed on resume to what an
+// uninterrupted run would have written, and every file in it is written whole or not at all.
+#ifndef LLMC_CHECKPOINT_H
+#define LLMC_CHECKPOINT_H
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <dirent.h>
+#include <pthread.h>
+#include "utils.h"
+#include "guard.h"
+#include "comm.h"
+#include "zero.h"
+#include "dataloader.h"
+#include "rand.h"
+#include "model_file.h"
+
+#define STATE_MAGIC 20240527
+#define STATE_VERSION 2
+enum { SH_STEP = 2, SH_UPDATES, SH_SKIPS, SH_T, SH_BATCH, SH_EPOCH, SH_SHARD, SH_SHUFFLE, SH_MASTER, SH_PARAMS_LO, SH_PARAMS_HI,
+       SH_RNG_LO = 15, SH_RNG_HI, SH_NSHARDS, SH_SKIPS_IN_A_ROW,
+       SH_TP = 20, SH_PP, SH_DP, SH_EP, SH_ZERO, SH_CRC = 255 };
+
+// What a state file holds beside the optimizer state: the step counters, and what a resume must keep
+// (every rank passes the same).
+typedef struct {
+    int updates, skips, skips_in_a_row;   // AdamW updates applied; updates skipped (a non-finite loss or norm), in all, in a row
+    int T, total_batch;                   // the whole sequences' length and the tokens per step: a resume keeps them
+    int rounds;                           // data-loader rounds per step (the accumulation): the data position is step x rounds
+} TrainState;
+
+// Writes a file under a temporary name: header (1024 bytes; slot 255 set to the body's CRC), body
+// parts, fsync, rename: never a torn file. Returns 0, or 1 with the reason in err (no fail(): the
+// asynchronous writer runs this on its own thread).
+static int write_file_atomic(const char *path, int *header, const void **parts, const size_t *bytes, int nparts, char *err, size_t errlen) {
+    uint32_t crc = 0;
+    for (int i = 0; i < nparts; i++) { crc = crc32_update(crc, parts[i], bytes[i]); }
+    header[SH_CRC] = (int)(crc ? crc : 1);
+    char tmp[PATH_LEN + 8];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (f == NULL) { snprintf(err, errlen, "cannot open '%s' for writing", tmp); return 1; }
+    int ok = fwrite(header, sizeof(int), 256, f) == 256;
+    for (int i = 0; i < nparts && ok; i++) { ok = fwrite(parts[i], 1, bytes[i], f) == bytes[i]; }
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) { snprintf(err, errlen, "cannot write '%s' (disk full?)", tmp); return 1; }
+    if (rename(tmp, path) != 0) { snprintf(err, errlen, "cannot rename '%s' to '%s'", tmp, path); return 1; }
+    return 0;
+}
+
+// One full host array (file order) on rank 0 from every rank's units: get(z, u, which, host) gives
+// unit u's full contents on every rank of its data-parallel group (a collective over it). The tp-0
+// rank of each unit's group rank 0 assembles the unit (the dense units on dp rank 0 of each stage, the
+// experts on edp rank 0 of each ep rank); each element is assembled by exactly one rank, so a sum over
+// those ranks is the array. Other ranks get NULL.
+typedef void (*UnitGetter)(Zero *z, int u, int which, float *host);
+static void unit_params_getter(Zero *z, int u, int which, float *host) { (void)which; zero_get_unit_params(z, u, host); }
+
+static float *checkpoint_gather(const GPT2Config *c, Zero *z, UnitGetter get, int which) {
+    Grid *g = z->grid;
+    size_t P = num_parameters(c);
+    int assemble = g->tp_rank == 0 && g->cp_rank == 0 && g->dp_rank < g->ep, root = g->rank == 0;   // (edp rank 0 <=> dp rank < ep)
+    float *all = assemble ? (float *)calloc(P, sizeof(float)) : NULL, *full[NUM_TENSORS];
+    if (assemble && all == NULL) { fail("out of host memory assembling %zu parameters", P); }
+    if (assemble) { split_tensors(c, all, full); }
+    for (int u = 0; u < z->nunits; u++) {
+        const Unit *U = &z->units[u];
+        float *host = (float *)malloc_check(U->size * sizeof(float));
+        get(z, u, which, host);
+        if (U->dpg->rank == 0 && !U->norm_skip) {   // (the last stage's embedding copy: the first's counts)
+            float *slices = g->tp_rank == 0 ? (float *)malloc_check(U->size * sizeof(float) * g->tp) : NULL;
+            WATCHED("gather over tp (checkpoint)", "tp", MPI_Gather(host, (int)U->size, MPI_FLOAT, slices, (int)U->size, MPI_FLOAT, 0, g->tp_group.mpi));
+            if (g->tp_rank == 0) {
+                for (int r = 0; r < g->tp; r++) { unit_copy_full(c, U, full, slices + (size_t)r * U->size, g->tp, r, 0); }
+            }
+            free(slices);
+        }
+        free(host);
+    }
+    MPI_Comm assemblers;   // rank 0 first (key: world rank)
+    MPI_Comm_split(MPI_COMM_WORLD, assemble ? 0 : MPI_UNDEFINED, g->rank, &assemblers);
+    if (assemble) {
+        int n;
+        MPI_Comm_size(assemblers, &n);
+        if (n > 1) {
+            WATCHED("sum of the assembled parts (checkpoint)", "assemblers",
+                    MPI_Reduce(root ? MPI_IN_PLACE : all, all, (int)P, MPI_FLOAT, MPI_SUM, 0, assemblers));
+        }
+        MPI_Comm_free(&assemblers);
+    }
+    if (!root) { free(all); return NULL; }
+    return all;
+}
+
+// A checkpoint's files, assembled on rank 0 (the header and body of each), written by write_checkpoint:
+// at once, or (--async-checkpoint) on a thread of rank 0 while training goes on. DONE_STEP is written
+// by the main thread once the files are complete (checkpoint_done): at the next step boundary after.
+typedef struct {
+    char dir[PATH_LEN];
+    int step;
+    int model_header[256], state_header[256];
+    void *model_body;              // the parameters in floatX's file precision
+    size_t model_bytes, state_bytes;
+    float *states[3];              // m, v, master
+    int nstates;
+    pthread_t thread;
+    int running;                   // a write is in flight (or finished and not yet marked DONE)
+    volatile int finished;         // the writer is done (set by it)
+    char error[2 * PATH_LEN + 64]; // its failure, if any
+} Checkpoint;
+
+static Checkpoint ckpt_writer;   // rank 0's (one write in flight at most)
+
+// Every rank: the full parameters and AdamW state assembled on rank 0 into c (stage 3 and the
+// experts gather; each rank contributes its part). Checks that no value is non-finite.
+static void checkpoint_assemble(const GPT2Config *c, Zero *z, Checkpoint *ck, const char *dir, int step, const TrainState *s,
+                                const DataLoader *dl, const Rng *rng) {
+    Grid *g = z->grid;
+    float *all = checkpoint_gather(c, z, unit_params_getter, 0);
+    zero_release_params(z);
+    int nstates = z->master ? 3 : 2;
+    float *states[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < nstates; i++) { states[i] = checkpoint_gather(c, z, zero_get_unit_state, i); }
+    if (g->rank != 0) { return; }
+    check_finite(c, all, "the model");   // never a checkpoint of NaN (the update that would make one is skipped)
+    for (int i = 0; i < nstates; i++) { check_finite(c, states[i], "the optimizer state"); }
+    memset(ck, 0, sizeof(*ck));
+    snprintf(ck->dir, sizeof(ck->dir), "%s", dir);
+    ck->step = step;
+    size_t P = num_parameters(c);
+    model_header_write(ck->model_header, c, sizeof(floatX) == 2);
+    int *h;
+    if (sizeof(floatX) == 4) {
+        ck->model_body = all; ck->model_bytes = P * sizeof(float);
+    } else {
+        uint16_t *b = (uint16_t *)malloc_check(P * 2);
+        for (size_t i = 0; i < P; i++) { b[i] = float_to_bf16(all[i]); }
+        free(all);
+        ck->model_body = b; ck->model_bytes = P * 2;
+    }
+    h = ck->state_header;
+    h[0] = STATE_MAGIC; h[1] = STATE_VERSION; h[SH_STEP] = step; h[SH_UPDATES] = s->updates; h[SH_SKIPS] = s->skips;
+    h[SH_SKIPS_IN_A_ROW] = s->skips_in_a_row; h[SH_T] = s->T; h[SH_BATCH] = s->total_batch;
+    h[SH_EPOCH] = dl->epoch; h[SH_SHARD] = dl->shard_pos; h[SH_SHUFFLE] = dl->shuffle; h[SH_NSHARDS] = dl->nshards;   // (rank 0's, for the reader)
+    h[SH_MASTER] = nstates == 3;
+    h[SH_PARAMS_LO] = (int)(P & 0xFFFFFFFFu); h[SH_PARAMS_HI] = (int)((uint64_t)P >> 32);
+    h[SH_RNG_LO] = (int)(rng->s & 0xFFFFFFFFu); h[SH_RNG_HI] = (int)(rng->s >> 32);
+    h[SH_TP] = g->tp; h[SH_PP] = g->pp; h[SH_DP] = g->dp; h[SH_EP] = g->ep; h[SH_ZERO] = z->stage;   // (for the reader)
+    for (int i = 0; i < nstates; i++) { ck->states[i] = states[i]; }
+    ck->nstates = nstates;
+    ck->state_bytes = P * sizeof(float);
+}
+
+// Writes the model and state files of ck (rank 0; the thread's body with --async-checkpoint) and
+// frees its buffers. Test hook: TRAIN_GPT_SLOW_CHECKPOINT=SECONDS waits before the state file's rename.
+static void *checkpoint_write(void *arg) {
+    Checkpoint *ck = (Checkpoint *)arg;
+    char path[PATH_LEN];
+    path_join(path, ck->dir, "model_%08d.bin", ck->step);
+    const void *body = ck->model_body;
+    int bad = write_file_atomic(path, ck->model_header, &body, &ck->model_bytes, 1, ck->error, sizeof(ck->error));
+    const char *slow = getenv("TRAIN_GPT_SLOW_CHECKPOINT");
+    if (slow) { usleep((useconds_t)(atof(slow) * 1e6)); }
+    if (!bad) {
+        path_join(path, ck->dir, "state_%08d.bin", ck->step);
+        const void *parts[3] = {ck->states[0], ck->states[1], ck->states[2]};
+        size_t bytes[3] = {ck->state_bytes, ck->state_bytes, ck->state_bytes};
+        write_file_atomic(path, ck->state_header, parts, bytes, ck->nstates, ck->error, sizeof(ck->error));
+    }
+    free(ck->model_body);
+    for (int i = 0; i < ck->nstates; i++) { free(ck->states[i]); }
+    ck->finished = 1;
+    return NULL;
+}
+
+// Rank 0: marks a written checkpoint complete (DONE_STEP); a failed write stops the run.
+static void checkpoint_mark_done(Checkpoint *ck) {
+    if (ck->error[0]) { fail("checkpoint of step %d: %s", ck->step, ck->error); }
+    char path[PATH_LEN];
+    path_join(path, ck->dir, "DONE_%08d", ck->step);
+    FILE *d = fopen_check(path, "wb");
+    if (fsync(fileno(d)) != 0) { fail("cannot write '%s'", path); }
+    fclose_check(d, path);
+    printf("wrote checkpoint at step %d to %s\n", ck->step, ck->dir);
+}
+
+// Rank 0, at a step boundary: once the asynchronous write in flight is complete (wait: block until it
+// is), marks it DONE. Returns whether nothing is in flight any more.
+static int checkpoint_done(int wait) {
+    Checkpoint *ck = &ckpt_writer;
+    if (!ck->running) { return 1; }
+    if (!wait && !ck->finished) { return 0; }
+    pthread_join(ck->thread, NULL);
+    ck->running = 0;
+    checkpoint_mark_done(ck);
+    return 1;
+}
+
+// Every rank: a checkpoint of this step. The assembly is collective and synchronous; rank 0 then
+// writes the files, on a thread with async (a checkpoint still in flight is finished first).
+static void checkpoint_save(const GPT2Config *c, Zero *z, const char *dir, int step, const TrainState *s, const DataLoader *dl, const Rng *rng,
+                            int async) {
+    int rank0 = z->grid->rank == 0;
+    trace_begin();
+    Checkpoint *ck = &ckpt_writer;
+    if (rank0) { checkpoint_done(1); }
+    checkpoint_assemble(c, z, ck, dir, step, s, dl, rng);
+    if (rank0 && async) {
+        ck->running = 1;
+        if (pthread_create(&ck->thread, NULL, checkpoint_write, ck) != 0) { fail("cannot start the checkpoint writer thread"); }
+    } else if (rank0) {
+        checkpoint_write(ck);
+        checkpoint_mark_done(ck);
+    }
+    trace_end("checkpoint", "io", "\"step\":%d,\"async\":%d", step, async);
+}
+
+// The step of the newest complete checkpoint in dir, or -1 (same answer on every rank).
+static int latest_checkpoint(const char *dir) {
+    int best = -1;
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) {
+        DIR *d = opendir(dir);
+        if (d) {
+            struct dirent *e;
+            while ((e = readdir(d)) != NULL) {
+                int s;
+                char extra;
+                if (sscanf(e->d_name, "DONE_%d%c", &s, &extra) == 1 && s > best && s >= 0) { best = s; }
+            }
+            closedir(d);
+        }
+    }
+    WATCHED("broadcast (checkpoint)", "world", MPI_Bcast(&best, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    return best;
+}
+
+// Restores the optimizer state of this rank's part, the step counters, the data position and the
+// generator from DIR/state_STEP.bin (the parameters come from the model file). Every field is checked
+// before it is used.
+static void checkpoint_load(const GPT2Config *c, Zero *z, const char *dir, int step, TrainState *s, DataLoader *dl, Rng *rng) {
+    Grid *g = z->grid;
+    size_t Pm = num_parameters(c);
+    char path[PATH_LEN];
+    path_join(path, dir, "state_%08d.bin", step);
+    FILE *f = fopen_check(path, "rb");
+    int h[256];
+    if (fread(h, sizeof(int), 256, f) != 256) { fail("state file '%s' is truncated: expected a 1024-byte header", path); }
+    if (h[0] != STATE_MAGIC) { fail("state file '%s' has bad magic %d, expected %d", path, h[0], STATE_MAGIC); }
+    if (h[1] != STATE_VERSION) { fail("state file '%s' has version %d, expected %d (checkpoints of older versions cannot be resumed)", path, h[1], STATE_VERSION); }
+    uint64_t P = (uint32_t)h[SH_PARAMS_LO] | (uint64_t)(uint32_t)h[SH_PARAMS_HI] << 32;
+    int nstates = h[SH_MASTER] ? 3 : 2;
+    if (h[SH_STEP] != step || P != Pm || (h[SH_MASTER] != 0 && h[SH_MASTER] != 1)) {
+        fail("state file '%s' does not belong to this checkpoint (step %d, %llu parameters; expected step %d, %zu)", path,
+             h[SH_STEP], (unsigned long long)P, step, Pm);
+    }
+    if (h[SH_T] != s->T || h[SH_BATCH] != s->total_batch) {
+        fail("state file '%s' was written with -t %d -d %d; this run has -t %d -d %d: a checkpoint resumes with the same sequence "
+             "length and global batch (the layout may change)", path, h[SH_T], h[SH_BATCH], s->T, s->total_batch);
+    }
+    if (h[SH_UPDATES] < 0 || h[SH_SKIPS] < 0 || h[SH_UPDATES] + h[SH_SKIPS] != step || h[SH_SKIPS_IN_A_ROW] < 0 || h[SH_SKIPS_IN_A_ROW] > h[SH_SKIPS]) {
+        fail("state file '%s' has inconsistent step counters (step %d, %d updates, %d skipped, %d in a row)", path, step,
+             h[SH_UPDATES], h[SH_SKIPS], h[SH_SKIPS_IN_A_ROW]);
+    }
+    if (h[SH_NSHARDS] != dl->nshards || h[SH_SHUFFLE] != dl->shuffle) {
+        fail("state file '%s' was written reading %d data shards with --shuffle %d; this run reads %d with --shuffle %d", path,
+             h[SH_NSHARDS], h[SH_SHUFFLE], dl->nshards, dl->shuffle);
+    }
+    long size = file_size(f);
+    if ((uint64_t)size != 1024 + (uint64_t)nstates * P * sizeof(float)) {
+        fail("state file '%s' is %ld bytes, expected %llu", path, size, (unsigned long long)(1024 + (uint64_t)nstates * P * sizeof(float)));
+    }
+    check_file_crc(f, h, path);
+    // every rank reads the whole state and keeps its part, unit by unit
+    float *all = (float *)malloc_check(P * sizeof(float)), *full[NUM_TENSORS];
+    split_tensors(c, all, full);
+    for (int i = 0; i < nstates; i++) {
+        fread_check(all, sizeof(float), P, f, path);
+        check_finite(c, all, path);
+        if (i == 2 && z->master == NULL) { continue; }   // fp32 parameters: no master weights to restore
+        for (int u = 0; u < z->nunits; u++) {
+            float *host = (float *)malloc_check(z->units[u].size * sizeof(float));
+            unit_copy_full(c, &z->units[u], full, host, g->tp, g->tp_rank, 1);
+            zero_set_unit_state(z, u, i, host);
+            free(host);
+        }
+    }
+    free(all);
+    fclose(f);
+    s->updates = h[SH_UPDATES]; s->skips = h[SH_SKIPS]; s->skips_in_a_row = h[SH_SKIPS_IN_A_ROW];
+    rng->s = (uint32_t)h[SH_RNG_LO] | (uint64_t)(uint32_t)h[SH_RNG_HI] << 32;
+    if (rng->s == 0) { fail("state file '%s' holds the generator state 0, which no run can reach", path); }
+    dataloader_seek_rounds(dl, (uint64_t)step * s->rounds);
+}
+
+
+// mkdir -p
+static void make_dirs(const char *dir) {
+    char buf[PATH_LEN];
+    snprintf(buf, sizeof(buf), "%s", dir);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p == '/') { *p = '\0'; mkdir(buf, 0755); *p = '/'; }
+    }
+    mkdir(buf, 0755);
+}
+
+// Creates the output dir (and its parents) if needed and checks that a file can be written there.
+static void check_output_dir(const char *dir, int rank) {
+    if (rank == 0) { make_dirs(dir); }
+    WATCHED("barrier (output dir)", "world", MPI_Barrier(MPI_COMM_WORLD));
+    char path[PATH_LEN];
+    path_join(path, dir, ".write_test_%d", rank);
+    FILE *f = fopen(path, "wb");
+    int ok = f != NULL;
+    if (f) { fclose(f); remove(path); }
+    int all_ok = 0;
+    WATCHED("all-reduce (output dir)", "world", MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (!all_ok) { fail_all(rank, "-o '%s' is not a writable directory", dir); }
+}
+
+// -o DIR is this run's alone: rank 0 holds an flock() on DIR/.lock for the run's lifetime (the kernel
+// releases it when the process dies, so a resume after kill -9 is never refused), and a second run on
+// the same DIR stops, naming the holder.
+static void lock_output_dir(const char *dir, int rank) {
+    char msg[PATH_LEN + 512] = "";
+    if (rank == 0) {
+        char path[PATH_LEN];
+        path_join(path, dir, ".lock");
+        int fd = open(path, O_RDWR | O_CREAT, 0644);
+        if (fd < 0) { snprintf(msg, sizeof(msg), "cannot open '%s'", path); }
+        else if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            char holder[256] = "";
+            ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
+            holder[n > 0 ? n : 0] = '\0';
+            holder[strcspn(holder, "\n")] = '\0';
+            snprintf(msg, sizeof(msg), "-o '%s' is in use by another run (%s); wait for it, or use another directory", dir, holder[0] ? holder : "unknown");
+        } else {   // ours until this process ends: the descriptor stays open
+            char host[128] = "?", line[256];
+            gethostname(host, sizeof(host) - 1);
+            int len = snprintf(line, sizeof(line), "pid %d on %s since %ld\n", (int)getpid(), host, (long)time(NULL));
+            if (ftruncate(fd, 0) != 0 || pwrite(fd, line, len, 0) != len) { snprintf(msg, sizeof(msg), "cannot write '%s'", path); }
+        }
+    }
+    WATCHED("broadcast (lock)", "world", MPI_Bcast(msg, sizeof(msg), MPI_CHAR, 0, MPI_COMM_WORLD));
+    if (msg[0]) { fail_all(rank, "%s", msg); }
+}
+
+// main.log, rank 0. A resumed run first drops the lines of the steps at and after the resumed one (a
+// run killed after the checkpoint logged them), so the log equals an uninterrupted run's; every write
+// and flush is checked (a full disk stops the run, never a torn log).
+static FILE *open_log(const char *dir, int resume_step) {
+    char path[PATH_LEN], tmp[PATH_LEN + 8];
+    path_join(path, dir, "main.log");
+    if (resume_step > 0 && access(path, R_OK) == 0) {
+        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+        FILE *in = fopen_check(path, "r"), *out = fopen_check(tmp, "w");
+        char line[1024];
+        while (fgets(line, sizeof(line), in)) {
+            int s;
+            if (sscanf(line, "s:%d ", &s) == 1 && s >= resume_step) { continue; }
+            if (fputs(line, out) < 0) { fail("cannot write '%s' (disk full?)", tmp); }
+        }
+        fclose(in);
+        if (fflush(out) != 0 || fsync(fileno(out)) != 0) { fail("cannot write '%s' (disk full?)", tmp); }
+        fclose_check(out, tmp);
+        if (rename(tmp, path) != 0) { fail("cannot rename '%s' to '%s'", tmp, path); }
+    }
+    return fopen_check(path, resume_step > 0 ? "a" : "w");
+}
+
+// main.log lines: every write and flush checked (a full disk stops the run, never a torn log)
+static void log_printf(FILE *f, const char *fmt, ...) {
+    if (f == NULL) { return; }
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vfprintf(f, fmt, ap);
+    va_end(ap);
+    if (n < 0 || fflush(f) != 0) { fail("cannot write to main.log (disk full?): the run stops rather than leave a torn log"); }
+}
+
+#endif // LLMC_CHECKPOINT_H

@@ -1,0 +1,310 @@
+// Expert parallelism (--ep N): a MoE layer's MLP over the ep group, in one place. moe.h has the layer's
+// semantics (router, top-k, capacity per sequence, auxiliary losses) and its kernels; this file runs
+// them for one MoE layer and one micro-batch, every rank of the ep group at once:
+//   1. route: router probabilities, top-k, the capacity keep masks per whole sequence (with cp, the
+//      sequence's other parts' assignments all-gathered over cp), the auxiliary losses' statistics
+//   2. count the kept rows per expert; all-gather the counts over the ep group (host ints) and check the
+//      whole (ep, E) table on every rank, so a bad count stops every rank alike, never a hang
+//   3. permute: the kept rows of x, grouped by expert = by owner rank ("send layout")
+//   4. all-to-all(v): the rows to the ranks owning their experts; arriving grouped by source rank, they
+//      are regrouped by local expert (copies of contiguous segments)
+//   5. each local expert runs its MLP on its contiguous rows (with TP the experts are column/row-parallel
+//      like the dense MLP: partial outputs, fcproj's bias on tp rank 0)
+//   6. the outputs back: regrouped by source, all-to-all(v) in reverse, into the send layout
+//   7. combine with the gates, in the fixed order of each token's choices -> (BT, C), summed over tp by
+//      the caller like any row-parallel output
+// The backward runs the same exchanges in reverse with the gradients. The gradient of the gates needs
+// the full expert outputs: each tp rank has a partial sum, so dgate (BT, k floats) is all-reduced over
+// tp. Then the router's backward runs identically on every tp rank: its weight gradient is complete on
+// each (counted once, never summed over tp), and its input gradient is added on tp rank 0 only.
+// ep rank r holds the El = E/ep experts [r El, (r+1) El); the dp/ep x cp ranks holding the same experts
+// form the expert-data-parallel (edp) group, over which their gradients are summed (zero.h).
+#ifndef LLMC_EXPERT_PARALLEL_H
+#define LLMC_EXPERT_PARALLEL_H
+
+#include "backend.h"
+#include "alloc.h"
+#include "comm.h"
+#include "matmul.h"
+#include "moe.h"
+
+// One MoE layer of one micro-batch, stored for the backward.
+typedef struct {
+    float *probs;       // (BT, E) router probabilities
+    float *lse;         // (BT) router log-sum-exp (the z-loss)
+    int *choice;        // (BT, k) the top-k experts
+    float *gate;        // (BT, k)
+    int *keep, *row;    // (BT, k) kept after capacity; the row in the send layout (-1: dropped)
+    float *f;           // (B, E) top-k assignment fractions per sequence (the aux loss)
+    floatX *xe;         // (Rr, C) the rows this rank's experts received, grouped by local expert
+    floatX *h, *hg;     // (Rr, 4Cl) their fc output, after GELU
+    floatX *ys;         // (Rs, C) the expert outputs back, in the send layout
+    int *counts;        // host (ep, E): rows each rank of the ep group keeps for each expert
+} MoEActs;
+
+// The MoE layers' shared state: the groups, the shapes, the dispatch buffers (worst case: Rs rows sent,
+// Rr received) and the step's numbers. One per model; every MoE layer of the stage uses it in turn.
+typedef struct {
+    Group *tp, *cp, *ep;     // the gates' gradient (tp); the whole sequences (cp); the all-to-alls (ep)
+    int tp_rank;             // (fcproj's bias is added once, on tp rank 0)
+    int E, k, El, C, Cl;     // experts, top-k, experts per ep rank, channels, channels per tp rank
+    int B, T, BT;            // a micro-batch: sequences, the tokens of each this rank holds (cp: T/cp)
+    MoEOptions opt;          // capacity factor, drop policy, auxiliary loss coefficients
+    int cap;                 // assignments an expert keeps per whole sequence, now (sampling: dropless)
+    size_t rows_send, rows_recv;   // Rs, Rr: rows of the dispatch buffers
+    float aux_scale, z_scale;      // the auxiliary losses' seeds for this step (moe.h)
+    int count_stats;         // add the forward's numbers to the step's (training, not validation)
+    double kept, assigned;   // the step's assignments after capacity / made (sums over this rank's layers)
+    double *sums;            // device (2): the step's aux and z sums over this rank's MoE layers and micro-batches
+    int time_a2a;            // --comm-report: time the all-to-alls (the device synchronised around them)
+    double a2a_seconds;      // this step's time in them
+    // workspace, shared by the layers and micro-batches
+    floatX *msend;           // (Rs, C) rows in the send layout: x, then the gradients
+    floatX *mrecv;           // (Rr, C) rows as the all-to-all delivers them, grouped by source rank
+    floatX *mexp;            // (Rr, C) rows grouped by local expert: the outputs, the gradients
+    floatX *mdh;             // (Rr, 4Cl) the gradient of the experts' fc output
+    float *dgate;            // (BT, k)
+    float *dlogits;          // (BT, E)
+    float *cprob;            // (BT, k) the probability of each assignment (top-k's values)
+    int *choice_all;         // cp > 1: (cp, BT, k) the assignments of every part of the sequences (all-gathered)
+    float *cprob_all;        // cp > 1: (cp, BT, k) their probabilities
+    float *pmean, *zsum;     // (B, E), (B): aux and z statistics per sequence
+    int *counts, *offsets;   // (E) kept rows per expert; their first rows in the send layout
+    // test hook (test_gpt): when route_log is set, each forward of micro-batch micro < route_log_micro logs
+    // the routing of MoE layer `layer` (of the stage's nlayers) into entry micro * nlayers + layer:
+    // choice (BT, k) ints, keep (BT, k) ints, probs (BT, E) floats
+    int *route_log, route_log_micro, micro, layer, nlayers;
+} ExpertParallel;
+
+// Rows the dispatch buffers need at most with a capacity of cap per sequence: this rank sends each token
+// to at most k experts and at most cap tokens of a sequence to one expert; it receives from each of the
+// ep ranks at most min(k, El) rows per token and cap per local expert.
+static void moe_dispatch_rows(ExpertParallel *x, int cap) {
+    size_t B = x->B, T = x->T, k = x->k, E = x->E, El = x->El, kl = k < El ? k : El;
+    x->rows_send = B * (T * k < E * cap ? T * k : E * cap);
+    x->rows_recv = (size_t)x->ep->size * B * (T * kl < El * cap ? T * kl : El * cap);
+}
+
+// The workspace, for micro-batches of B sequences of T local tokens (the dispatch rows already set).
+static void moe_work_alloc(ExpertParallel *x) {
+    size_t BT = x->BT, C = x->C, Cl = x->Cl, E = x->E, k = x->k, Rs = x->rows_send, Rr = x->rows_recv, cp = x->cp->size;
+    size_t X = floatx_bytes(), F = sizeof(float), I = sizeof(int);
+    x->msend = (floatX *)mem_alloc(Rs * C * X, MEM_COMM);
+    x->mrecv = (floatX *)mem_alloc(Rr * C * X, MEM_COMM);
+    x->mexp = (floatX *)mem_alloc(Rr * C * X, MEM_WORKSPACE);
+    x->mdh = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_WORKSPACE);
+    x->dgate = (float *)mem_alloc(BT * k * F, MEM_WORKSPACE);
+    x->dlogits = (float *)mem_alloc(BT * E * F, MEM_WORKSPACE);
+    x->cprob = (float *)mem_alloc(BT * k * F, MEM_WORKSPACE);
+    if (cp > 1) {
+        x->choice_all = (int *)mem_alloc(cp * BT * k * I, MEM_WORKSPACE);
+        x->cprob_all = (float *)mem_alloc(cp * BT * k * F, MEM_WORKSPACE);
+    }
+    x->pmean = (float *)mem_alloc((size_t)x->B * E * F, MEM_WORKSPACE);
+    x->zsum = (float *)mem_alloc((size_t)x->B * F, MEM_WORKSPACE);
+    x->sums = (double *)mem_alloc(2 * sizeof(double), MEM_WORKSPACE);
+    x->counts = (int *)mem_alloc(E * I, MEM_WORKSPACE);
+    x->offsets = (int *)mem_alloc(E * I, MEM_WORKSPACE);
+}
+
+// One layer's stored tensors: the routing and the dispatched rows (routing), and the experts' fc and
+// GELU outputs (hidden).
+static void moe_acts_alloc(MoEActs *ma, const ExpertParallel *x, int routing, int hidden) {
+    size_t BT = x->BT, C = x->C, Cl = x->Cl, E = x->E, k = x->k, Rs = x->rows_send, Rr = x->rows_recv;
+    size_t X = floatx_bytes(), F = sizeof(float), I = sizeof(int);
+    if (routing) {
+        ma->probs = (float *)mem_alloc(BT * E * F, MEM_ACTIVATIONS);
+        ma->lse = (float *)mem_alloc(BT * F, MEM_ACTIVATIONS);
+        ma->choice = (int *)mem_alloc(BT * k * I, MEM_ACTIVATIONS);
+        ma->gate = (float *)mem_alloc(BT * k * F, MEM_ACTIVATIONS);
+        ma->keep = (int *)mem_alloc(BT * k * I, MEM_ACTIVATIONS);
+        ma->row = (int *)mem_alloc(BT * k * I, MEM_ACTIVATIONS);
+        ma->f = (float *)mem_alloc((size_t)x->B * E * F, MEM_ACTIVATIONS);
+        ma->xe = (floatX *)mem_alloc(Rr * C * X, MEM_ACTIVATIONS);
+        ma->ys = (floatX *)mem_alloc(Rs * C * X, MEM_ACTIVATIONS);
+        ma->counts = (int *)malloc_check((size_t)x->ep->size * E * I);
+    }
+    if (hidden) {
+        ma->h = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_ACTIVATIONS);
+        ma->hg = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_ACTIVATIONS);
+    }
+}
+
+// The step's numbers start at zero, with this step's auxiliary-loss seeds.
+static void moe_step_begin(ExpertParallel *x, float aux_scale, float z_scale) {
+    x->aux_scale = aux_scale;
+    x->z_scale = z_scale;
+    x->kept = x->assigned = 0.0;
+    if (x->sums) { zero_on_device(x->sums, 2 * sizeof(double)); }
+    x->count_stats = 1;
+}
+
+// Step 2's check of the (ep, E) table of kept rows (identical on every rank of the ep group, so every
+// rank decides alike): each rank's counts must fit the buffers (a bad count would overrun them).
+static void moe_check_counts(const ExpertParallel *x, const int *counts) {
+    int ep = x->ep->size, E = x->E, El = x->El;
+    for (int s = 0; s < ep; s++) {
+        size_t sent = 0;
+        for (int e = 0; e < E; e++) {
+            int n = counts[s * E + e];
+            if (n < 0 || n > x->B * x->cap) { fail("MoE dispatch: ep rank %d reports %d rows for expert %d (at most %d)", s, n, e, x->B * x->cap); }
+            sent += n;
+        }
+        if (sent > x->rows_send) { fail("MoE dispatch: ep rank %d sends %zu rows, its buffer holds %zu", s, sent, x->rows_send); }
+    }
+    for (int r = 0; r < ep; r++) {
+        size_t got = 0;
+        for (int s = 0; s < ep; s++) { for (int le = 0; le < El; le++) { got += counts[s * E + r * El + le]; } }
+        if (got > x->rows_recv) { fail("MoE dispatch: ep rank %d receives %zu rows, its buffer holds %zu", r, got, x->rows_recv); }
+    }
+}
+
+// Steps 4 and 6: all-to-all(v) over the ep group, in rows of C: to_experts = 1 sends the rows of the send
+// layout to the ranks owning their experts, where they arrive grouped by source rank; 0 sends them back.
+static void moe_all_to_all(ExpertParallel *x, const int *counts, const floatX *send, floatX *recv, int to_experts) {
+    Group *g = x->ep;
+    int ep = g->size, me = g->rank, E = x->E, El = x->El;
+    size_t C = x->C;
+    size_t *buf = (size_t *)malloc_check(sizeof(size_t) * 4 * ep), *to = buf, *to_off = buf + ep, *from = buf + 2 * ep, *from_off = buf + 3 * ep;
+    size_t a = 0, b = 0;
+    for (int r = 0; r < ep; r++) {
+        to[r] = from[r] = 0;
+        for (int le = 0; le < El; le++) { to[r] += counts[me * E + r * El + le]; from[r] += counts[r * E + me * El + le]; }
+        to[r] *= C; from[r] *= C;
+        to_off[r] = a; from_off[r] = b;
+        a += to[r]; b += from[r];
+    }
+    double t0 = 0.0;
+    if (x->time_a2a) { device_synchronize(); t0 = wall_seconds(); }
+    if (to_experts) { comm_all_to_allv(g, send, to, to_off, recv, from, from_off, DT_FLOATX); }
+    else { comm_all_to_allv(g, send, from, from_off, recv, to, to_off, DT_FLOATX); }
+    if (x->time_a2a) { device_synchronize(); x->a2a_seconds += wall_seconds() - t0; }
+    free(buf);
+}
+
+// The rows received from the ep ranks (grouped by source, then local expert) regrouped by local
+// expert (then source), so each expert's rows are contiguous (to_experts = 1), or back (0).
+static void moe_regroup(const ExpertParallel *x, const int *counts, const floatX *src, floatX *dst, int to_experts) {
+    int ep = x->ep->size, me = x->ep->rank, E = x->E, El = x->El;
+    size_t C = x->C, by_source = 0;
+    for (int s = 0; s < ep; s++) {
+        for (int le = 0; le < El; le++) {
+            size_t n = counts[s * E + me * El + le], by_expert = 0;
+            for (int l2 = 0; l2 < le; l2++) { for (int s2 = 0; s2 < ep; s2++) { by_expert += counts[s2 * E + me * El + l2]; } }
+            for (int s2 = 0; s2 < s; s2++) { by_expert += counts[s2 * E + me * El + le]; }
+            size_t from = to_experts ? by_source : by_expert, to = to_experts ? by_expert : by_source;
+            if (n) { copy_on_device(dst + to * C, src + from * C, n * C * sizeof(floatX)); }
+            by_source += n;
+        }
+    }
+}
+
+// Rows each local expert runs, and where its rows start (grouped by local expert).
+static size_t moe_expert_rows(const ExpertParallel *x, const int *counts, int le, size_t *start) {
+    int ep = x->ep->size, me = x->ep->rank, E = x->E, El = x->El;
+    size_t n = 0;
+    *start = 0;
+    for (int l2 = 0; l2 <= le; l2++) {
+        for (int s = 0; s < ep; s++) { size_t c = counts[s * E + me * El + l2]; if (l2 < le) { *start += c; } else { n += c; } }
+    }
+    return n;
+}
+
+// The layer's experts (local, tp-sliced; as the model stores them) and its router.
+typedef struct { const floatX *fcw, *fcb, *fcprojw, *fcprojb, *router; } ExpertWeights;
+typedef struct { floatX *fcw, *fcb, *fcprojw, *fcprojb, *router; } ExpertGrads;
+
+// x (BT, C): the ln2 output of all tokens (the same on every tp rank) -> out (BT, C), a partial sum over
+// tp. record: count the step's numbers and log the routing (not when the forward is a recomputation).
+static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const floatX *in, floatX *out, int record) {
+    int B = x->B, T = x->T, BT = x->BT, C = x->C, Cl = x->Cl, E = x->E, k = x->k, El = x->El;
+    // 1. route: probabilities, top-k, capacity per sequence, the statistics of the auxiliary losses
+    moe_router_forward(ma->probs, ma->lse, in, w.router, BT, C, E);
+    moe_topk(ma->choice, x->cprob, ma->gate, ma->probs, BT, E, k);
+    // capacity and f count per whole sequence: with cp its other parts are on the other cp ranks (a
+    // capacity needs their assignments: all-gathered; f is a sum: all-reduced; P and z stay partial sums)
+    Group *cpg = x->cp;
+    int cp = cpg->size, Tg = T * cp;
+    if (cp > 1 && x->cap < Tg) {
+        comm_all_gather(cpg, ma->choice, x->choice_all, (size_t)BT * k, DT_INT, NULL);
+        comm_all_gather(cpg, x->cprob, x->cprob_all, (size_t)BT * k, DT_FLOAT, NULL);
+        moe_capacity_keep(ma->keep, x->choice_all, x->cprob_all, cp, cpg->rank, B, T, k, x->cap, x->opt.policy);
+    } else {   // (dropless: every assignment kept, whatever the positions)
+        moe_capacity_keep(ma->keep, ma->choice, x->cprob, 1, 0, B, T, k, x->cap, x->opt.policy);
+    }
+    moe_sequence_stats(ma->f, x->pmean, x->zsum, ma->choice, ma->probs, ma->lse, B, T, E, k, Tg);
+    comm_all_reduce(cpg, ma->f, (size_t)B * E, DT_FLOAT, NULL);
+    // 2. the dispatch plan: rows per expert, exchanged over the ep group and checked; each row's place
+    int mine[MOE_MAX_EXPERTS], offsets[MOE_MAX_EXPERTS];
+    moe_count(x->counts, ma->choice, ma->keep, BT, E, k);
+    copy_to_host(mine, x->counts, E * sizeof(int));
+    comm_all_gather_host_ints(x->ep, mine, E, ma->counts);
+    moe_check_counts(x, ma->counts);
+    for (int e = 0, o = 0; e < E; e++) { offsets[e] = o; o += mine[e]; }
+    copy_to_device(x->offsets, offsets, E * sizeof(int));
+    moe_rows(ma->row, ma->choice, ma->keep, x->offsets, BT, E, k);
+    // 3-4. dispatch; 5. the local experts; 6. back; 7. combine
+    moe_permute(x->msend, in, ma->row, BT, k, C);
+    moe_all_to_all(x, ma->counts, x->msend, x->mrecv, 1);
+    moe_regroup(x, ma->counts, x->mrecv, ma->xe, 1);
+    for (int le = 0; le < El; le++) {
+        size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
+        if (n == 0) { continue; }
+        const floatX *b2 = x->tp_rank == 0 ? w.fcprojb + (size_t)le * C : NULL;   // added once over tp
+        matmul_forward_gelu(ma->hg + r0 * 4 * Cl, ma->h + r0 * 4 * Cl, ma->xe + r0 * C, w.fcw + (size_t)le * 4 * Cl * C,
+                            w.fcb + (size_t)le * 4 * Cl, (int)n, C, 4 * Cl);
+        matmul_forward(x->mexp + r0 * C, ma->hg + r0 * 4 * Cl, w.fcprojw + (size_t)le * C * 4 * Cl, b2, (int)n, 4 * Cl, C);
+    }
+    moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
+    moe_all_to_all(x, ma->counts, x->mrecv, ma->ys, 0);
+    moe_combine(out, ma->ys, ma->gate, ma->row, BT, k, C);
+    if (x->route_log && x->micro < x->route_log_micro && record) {   // test hook: this layer's routing
+        int *log = x->route_log + ((size_t)x->micro * x->nlayers + x->layer) * BT * (2 * k + E);
+        copy_to_host(log, ma->choice, (size_t)BT * k * sizeof(int));
+        copy_to_host(log + (size_t)BT * k, ma->keep, (size_t)BT * k * sizeof(int));
+        copy_to_host(log + (size_t)BT * 2 * k, ma->probs, (size_t)BT * E * sizeof(float));   // (bits of floats)
+    }
+    if (x->count_stats && record) {   // aux and z of this micro-batch's sequences (on the device), the kept fraction
+        moe_loss_sums(x->sums, ma->f, x->pmean, x->zsum, B, E);
+        for (int e = 0; e < E; e++) { x->kept += mine[e]; }
+        x->assigned += (double)BT * k;
+    }
+}
+
+// The backward of moe_forward. dy (BT, C): the gradient of out on every tp rank (all tokens) -> dx (BT, C),
+// the gradient of in, a partial sum over tp (written); g: the experts' gradients and the router's (+=).
+// recompute_mlp: the experts' fc and GELU outputs are not stored (--recompute mlp): computed again here.
+static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, ExpertGrads g, const floatX *in, const floatX *dy, floatX *dx,
+                         int recompute_mlp) {
+    int T = x->T, BT = x->BT, C = x->C, Cl = x->Cl, E = x->E, k = x->k, El = x->El;
+    // 7. combine: the gradient of each kept row (send layout), and of the gates (all-reduced over tp:
+    // the expert outputs are partial sums over tp)
+    moe_combine_backward(x->msend, x->dgate, dy, ma->ys, ma->gate, ma->row, BT, k, C);
+    comm_all_reduce(x->tp, x->dgate, (size_t)BT * k, DT_FLOAT, NULL);
+    // 6-4. to the experts, 5. their backward, 4-3. back
+    moe_all_to_all(x, ma->counts, x->msend, x->mrecv, 1);
+    moe_regroup(x, ma->counts, x->mrecv, x->mexp, 1);
+    for (int le = 0; le < El; le++) {
+        size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
+        if (n == 0) { continue; }
+        floatX *dye = x->mexp + r0 * C, *dh = x->mdh + r0 * 4 * Cl;
+        if (recompute_mlp) {   // the rows' fc and GELU outputs again, from their stored input
+            matmul_forward_gelu(ma->hg + r0 * 4 * Cl, ma->h + r0 * 4 * Cl, ma->xe + r0 * C, w.fcw + (size_t)le * 4 * Cl * C,
+                                w.fcb + (size_t)le * 4 * Cl, (int)n, C, 4 * Cl);
+        }
+        matmul_backward_dgelu(dh, g.fcprojw + (size_t)le * C * 4 * Cl, dye, ma->hg + r0 * 4 * Cl,
+                              w.fcprojw + (size_t)le * C * 4 * Cl, ma->h + r0 * 4 * Cl, (int)n, 4 * Cl, C);
+        bias_backward(g.fcprojb + (size_t)le * C, dye, (int)n, C);   // complete on every tp rank
+        matmul_backward(dye, g.fcw + (size_t)le * 4 * Cl * C, g.fcb + (size_t)le * 4 * Cl, dh, ma->xe + r0 * C,
+                        w.fcw + (size_t)le * 4 * Cl * C, (int)n, C, 4 * Cl);   // dye := the rows' dx
+    }
+    moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
+    moe_all_to_all(x, ma->counts, x->mrecv, x->msend, 0);
+    moe_unpermute(dx, x->msend, ma->row, BT, k, C);
+    // 1. the router: identical on every tp rank (complete gates' gradient); its input gradient added once
+    moe_router_backward(x->dlogits, x->dgate, ma->gate, ma->choice, ma->probs, ma->lse, ma->f, T, BT, E, k, x->aux_scale, x->z_scale);
+    moe_router_dweight(g.router, x->dlogits, in, BT, C, E);
+    if (x->tp_rank == 0) { moe_router_dinput(dx, x->dlogits, w.router, BT, C, E); }
+}
+
+#endif // LLMC_EXPERT_PARALLEL_H

@@ -1,0 +1,316 @@
+// The model's shape (GPT2Config), its tensors in llm.c's file order (shape, tensor-parallel split,
+// weight decay of each), the model file format, model descriptors, the initialisation and sparse
+// upcycling: everything that knows the file order. A rank's part of the model is cut out of the
+// file-order tensors unit by unit (unit_copy_full; the units are zero.h's, made in train_gpt.cu).
+#ifndef LLMC_MODEL_FILE_H
+#define LLMC_MODEL_FILE_H
+
+#include "utils.h"
+#include "rand.h"
+#include "guard.h"
+#include "tensor_parallel.h"
+#include "zero.h"
+#include "moe.h"
+
+// ----------------------------------------------------------------------------
+// the model's tensors, in llm.c's file order (then the MoE tensors)
+
+typedef struct {
+    int max_seq_len;        // maxT
+    int vocab_size;         // V
+    int padded_vocab_size;  // Vp >= V, rows V..Vp-1 of wte are padding
+    int num_layers;         // L
+    int num_heads;          // NH
+    int channels;           // C
+    int num_experts;        // E: 0 = dense
+    int topk;               // k
+    int moe_every;          // layer l is MoE when l % moe_every == moe_every - 1 (moe.h)
+} GPT2Config;
+
+enum { T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB,
+       T_LN2W, T_LN2B, T_FCW, T_FCB, T_FCPROJW, T_FCPROJB, T_LNFW, T_LNFB,
+       T_ROUTERW, T_EFCW, T_EFCB, T_EFCPROJW, T_EFCPROJB, NUM_TENSORS };
+__attribute__((unused)) static const char *tensor_names[NUM_TENSORS] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+                                                "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
+                                                "routerw", "efcw", "efcb", "efcprojw", "efcprojb"};
+
+static int is_moe_layer(const GPT2Config *c, int l) { return c->num_experts > 0 && l % c->moe_every == c->moe_every - 1; }
+
+static int num_moe_layers(const GPT2Config *c) {
+    int n = 0;
+    for (int l = 0; l < c->num_layers; l++) { n += is_moe_layer(c, l); }
+    return n;
+}
+
+// How tensor id is stored: `layers` stacked slices (-1: not per layer) of nblk blocks of (rows, cols),
+// cut by tensor parallelism as `split`. The dense MLP tensors hold only the dense layers, the MoE
+// tensors only the MoE layers, as nblk = E blocks (one per expert, cut over the ep ranks). Weight decay
+// on the 2-D matrices. full_grad: replicated over tp but with a complete gradient on every tp rank
+// (computed from all tokens even under SP): never summed over tp.
+typedef struct { int layers, nblk; size_t rows, cols; SplitKind split; int decay, experts, full_grad; } TensorSpec;
+
+static TensorSpec tensor_spec(const GPT2Config *c, int id) {
+    size_t C = c->channels;
+    int L = c->num_layers, Lm = num_moe_layers(c), Ld = L - Lm, E = c->num_experts;
+    switch (id) {
+        case T_WTE:      return (TensorSpec){-1, 1, (size_t)c->padded_vocab_size, C, SPLIT_ROWS, 1, 0, 0};  // vocab-parallel
+        case T_WPE:      return (TensorSpec){-1, 1, (size_t)c->max_seq_len, C, SPLIT_NONE, 1, 0, 0};
+        case T_QKVW:     return (TensorSpec){L, 3, C, C, SPLIT_ROWS, 1, 0, 0};       // column-parallel: heads of q, k, v
+        case T_QKVB:     return (TensorSpec){L, 3, C, 1, SPLIT_ROWS, 0, 0, 0};
+        case T_ATTPROJW: return (TensorSpec){L, 1, C, C, SPLIT_COLS, 1, 0, 0};       // row-parallel
+        case T_FCW:      return (TensorSpec){Ld, 1, 4 * C, C, SPLIT_ROWS, 1, 0, 0};  // column-parallel
+        case T_FCB:      return (TensorSpec){Ld, 1, 4 * C, 1, SPLIT_ROWS, 0, 0, 0};
+        case T_FCPROJW:  return (TensorSpec){Ld, 1, C, 4 * C, SPLIT_COLS, 1, 0, 0};  // row-parallel
+        case T_FCPROJB:  return (TensorSpec){Ld, 1, 1, C, SPLIT_NONE, 0, 0, 0};
+        case T_LNFW: case T_LNFB: return (TensorSpec){-1, 1, 1, C, SPLIT_NONE, 0, 0, 0};
+        case T_ROUTERW:  return (TensorSpec){Lm, 1, (size_t)E, C, SPLIT_NONE, 1, 0, 1};   // replicated everywhere
+        case T_EFCW:     return (TensorSpec){Lm, E, 4 * C, C, SPLIT_ROWS, 1, 1, 0};      // per expert, as fcw
+        case T_EFCB:     return (TensorSpec){Lm, E, 4 * C, 1, SPLIT_ROWS, 0, 1, 0};
+        case T_EFCPROJW: return (TensorSpec){Lm, E, C, 4 * C, SPLIT_COLS, 1, 1, 0};
+        case T_EFCPROJB: return (TensorSpec){Lm, E, 1, C, SPLIT_NONE, 0, 1, 1};          // added once, on tp rank 0
+        default:         return (TensorSpec){L, 1, 1, C, SPLIT_NONE, 0, 0, 0};           // ln1, ln2, attprojb
+    }
+}
+
+static size_t tensor_full_size(const GPT2Config *c, int id) {   // all layers
+    TensorSpec s = tensor_spec(c, id);
+    return (size_t)s.nblk * s.rows * s.cols * (s.layers < 0 ? 1 : (size_t)s.layers);
+}
+
+static size_t num_parameters(const GPT2Config *c) {
+    size_t n = 0;
+    for (int i = 0; i < NUM_TENSORS; i++) { n += tensor_full_size(c, i); }
+    return n;
+}
+
+// Which slice of a per-layer tensor belongs to layer l: the dense MLP tensors count only the dense
+// layers, the MoE tensors only the MoE layers.
+static int tensor_layer_slice(const GPT2Config *c, int id, int l) {
+    if (id == T_FCW || id == T_FCB || id == T_FCPROJW || id == T_FCPROJB || id >= T_ROUTERW) {
+        int moe = id >= T_ROUTERW, n = 0;
+        for (int i = 0; i < l; i++) { n += is_moe_layer(c, i) == moe; }
+        return n;
+    }
+    return l;
+}
+
+// Host, fp32: cut this tp rank's unit (its local experts) out of the full tensors (to_unit = 1), or
+// put it back.
+static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_TENSORS], float *unit,
+                           int tp, int tp_rank, int to_unit) {
+    for (int k = 0; k < U->ntensors; k++) {
+        const UnitTensor *t = &U->t[k];
+        TensorSpec s = tensor_spec(c, t->id);
+        size_t blk = s.rows * s.cols, per_layer = (size_t)s.nblk * blk;
+        float *f = full[t->id] + (t->layer >= 0 ? (size_t)tensor_layer_slice(c, t->id, t->layer) * per_layer : 0) + (size_t)t->blk0 * blk;
+        tp_slice_copy(f, unit + t->offset, t->nblk, s.rows, s.cols, s.split, tp, tp_rank, to_unit);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// model files (llm.c format): int32 header[256] then the tensors, fp32 (version 3) or bf16 (5).
+// MoE models (ours): version 13 (fp32) or 15 (bf16), header[8..10] = E, k, moe_every, and after
+// the 16 dense tensors (whose MLP tensors hold only the dense layers) routerw (Lm, E, C), efcw
+// (Lm, E, 4C, C), efcb (Lm, E, 4C), efcprojw (Lm, E, C, 4C), efcprojb (Lm, E, C) for the Lm MoE layers.
+// header[255]: the CRC-32 of the body (guard.h; 0 = none, as in llm.c's files, which ignore slots 8..255).
+
+#define MODEL_MAGIC 20240326
+
+// The shapes this program accepts, from a file or a descriptor: positive, C divisible by NH,
+// V <= Vp, token ids that fit the uint16 data shards, sizes whose element counts fit in memory, and
+// (MoE) 1 <= k <= E <= MOE_MAX_EXPERTS, 1 <= moe_every <= L.
+static int config_valid(const GPT2Config *c) {
+    int dense_ok = c->max_seq_len > 0 && c->vocab_size > 0 && c->num_layers > 0 && c->num_heads > 0 && c->channels > 0 &&
+                   c->padded_vocab_size >= c->vocab_size && c->channels % c->num_heads == 0 && c->vocab_size <= 65536 &&
+                   c->padded_vocab_size <= 1 << 20 && c->channels <= 16384 && c->max_seq_len <= 1 << 20 && c->num_layers <= 1024;
+    int moe_ok = c->num_experts == 0 ? c->topk == 0 && c->moe_every == 0
+                                     : c->num_experts > 0 && c->num_experts <= MOE_MAX_EXPERTS && c->topk >= 1 &&
+                                       c->topk <= c->num_experts && c->moe_every >= 1 && c->moe_every <= c->num_layers;
+    return dense_ok && moe_ok;
+}
+
+static float bf16_to_float(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
+static uint16_t float_to_bf16(float f) {   // round to nearest even
+    uint32_t u; memcpy(&u, &f, 4);
+    u += 0x7FFF + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+// Pointers to the tensors inside one array in file order.
+static void split_tensors(const GPT2Config *c, float *all, float *ptr[NUM_TENSORS]) {
+    for (int i = 0; i < NUM_TENSORS; i++) { ptr[i] = all; all += tensor_full_size(c, i); }
+}
+
+// Fails naming the tensor and the index of the first value of a file-order array that is not a finite
+// number (what: the file or the state it came from).
+static void check_finite(const GPT2Config *c, const float *all, const char *what) {
+    size_t P = num_parameters(c);
+    for (size_t i = 0; i < P; i++) {
+        if (isfinite(all[i])) { continue; }
+        size_t off = i;
+        int id = 0;
+        while (off >= tensor_full_size(c, id)) { off -= tensor_full_size(c, id); id++; }
+        fail("%s: %s[%zu] is %g, not a finite number", what, tensor_names[id], off, all[i]);
+    }
+}
+
+// Reads and checks a model file; returns all parameters as one host fp32 array in file order.
+// Opens a model file and checks its header and size; returns it positioned after the header, with the
+// config and the bytes per stored parameter (4 or 2).
+// The header of a model file of shape c, its parameters stored in bf16 or fp32 (slot 255, the CRC, is the
+// writer's).
+static void model_header_write(int h[256], const GPT2Config *c, int bf16) {
+    memset(h, 0, 256 * sizeof(int));
+    h[0] = MODEL_MAGIC; h[1] = (bf16 ? 5 : 3) + (c->num_experts > 0 ? 10 : 0);
+    h[2] = c->max_seq_len; h[3] = c->vocab_size; h[4] = c->num_layers; h[5] = c->num_heads; h[6] = c->channels;
+    h[7] = c->padded_vocab_size; h[8] = c->num_experts; h[9] = c->topk; h[10] = c->moe_every;
+}
+
+// The shape in a model file's header (path: for the errors); returns the bytes per stored parameter (4 or 2).
+static size_t model_header_read(const int h[256], GPT2Config *c, const char *path) {
+    if (h[0] != MODEL_MAGIC) { fail("model file '%s' has bad magic %d, expected %d", path, h[0], MODEL_MAGIC); }
+    int moe = h[1] == 13 || h[1] == 15;
+    if (h[1] != 3 && h[1] != 5 && !moe) {
+        fail("model file '%s' has version %d, expected 3 (fp32), 5 (bf16), 13 (MoE fp32) or 15 (MoE bf16)", path, h[1]);
+    }
+    memset(c, 0, sizeof(*c));
+    c->max_seq_len = h[2]; c->vocab_size = h[3]; c->num_layers = h[4]; c->num_heads = h[5]; c->channels = h[6];
+    c->padded_vocab_size = h[7];
+    if (moe) { c->num_experts = h[8]; c->topk = h[9]; c->moe_every = h[10]; }
+    if (moe && c->num_experts < 1) { fail("model file '%s' is a MoE file (version %d) with %d experts", path, h[1], h[8]); }
+    if (!config_valid(c)) {
+        fail("model file '%s' has inconsistent header values (maxT %d V %d L %d NH %d C %d Vp %d; E %d k %d every %d)", path,
+             h[2], h[3], h[4], h[5], h[6], h[7], c->num_experts, c->topk, c->moe_every);
+    }
+    return h[1] % 10 == 3 ? 4 : 2;
+}
+
+static FILE *open_model_file(const char *path, GPT2Config *c, int h[256], size_t *es_out) {
+    FILE *f = fopen_check(path, "rb");
+    if (fread(h, sizeof(int), 256, f) != 256) { fail("model file '%s' is truncated: expected a 1024-byte header", path); }
+    size_t es = model_header_read(h, c, path), P = num_parameters(c);
+    long size = file_size(f);
+    if ((size_t)size != 1024 + P * es) {
+        fail("model file '%s' is %ld bytes, expected %zu for its header (%zu parameters, version %d)", path, size, 1024 + P * es, P, h[1]);
+    }
+    *es_out = es;
+    return f;
+}
+
+static float *read_model_file(const char *path, GPT2Config *c) {
+    int h[256];
+    size_t es, P;
+    FILE *f = open_model_file(path, c, h, &es);
+    P = num_parameters(c);
+    check_file_crc(f, h, path);
+    float *params = (float *)malloc_check(P * sizeof(float));
+    if (es == 4) {
+        fread_check(params, 4, P, f, path);
+    } else {
+        uint16_t *tmp = (uint16_t *)malloc_check(P * 2);
+        fread_check(tmp, 2, P, f, path);
+        for (size_t i = 0; i < P; i++) { params[i] = bf16_to_float(tmp[i]); }
+        free(tmp);
+    }
+    fclose(f);
+    check_finite(c, params, path);
+    return params;
+}
+
+// "d12" (llm.c: depth L, C = 64 L, NH = L) or "L=4,C=64,NH=4,V=250,maxT=64[,Vp=256][,E=8,k=2[,every=2]]".
+// Returns 0 if the string is not a descriptor, -1 if it is a malformed one.
+static int parse_descriptor(const char *s, GPT2Config *c) {
+    memset(c, 0, sizeof(*c));
+    c->vocab_size = 50257; c->max_seq_len = 1024;
+    char *end;
+    if (s[0] == 'd' && s[1] >= '0' && s[1] <= '9') {
+        long d = strtol(s + 1, &end, 10);
+        if (*end != '\0' || d <= 0 || d > 128) { return -1; }
+        c->num_layers = (int)d; c->channels = 64 * (int)d; c->num_heads = (int)d;
+    } else if (strchr(s, '=') != NULL) {
+        char buf[256];
+        if (strlen(s) >= sizeof(buf)) { return -1; }
+        snprintf(buf, sizeof(buf), "%s", s);
+        static const char *keys[] = {"L", "C", "NH", "V", "Vp", "maxT", "E", "k", "every"};
+        int *fields[] = {&c->num_layers, &c->channels, &c->num_heads, &c->vocab_size, &c->padded_vocab_size, &c->max_seq_len,
+                         &c->num_experts, &c->topk, &c->moe_every};
+        int seen[9] = {0};
+        for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+            char *eq = strchr(tok, '=');
+            if (!eq) { return -1; }
+            *eq = '\0';
+            long v = strtol(eq + 1, &end, 10);
+            if (*end != '\0' || v <= 0 || v > (1 << 20)) { return -1; }
+            int key = -1;
+            for (int i = 0; i < 9; i++) { if (!strcmp(tok, keys[i])) { key = i; } }
+            if (key < 0 || seen[key]++) { return -1; }   // unknown or repeated
+            *fields[key] = (int)v;
+        }
+        if (c->num_layers == 0 || c->channels == 0 || c->num_heads == 0) { return -1; }
+        if (c->num_experts > 0) {
+            if (c->topk == 0) { c->topk = 1; }
+            if (c->moe_every == 0) { c->moe_every = 1; }
+        } else if (c->topk || c->moe_every) {
+            return -1;   // k or every without E
+        }
+    } else {
+        return 0;
+    }
+    if (c->padded_vocab_size == 0) { c->padded_vocab_size = (int)ceil_div(c->vocab_size, 128) * 128; }
+    return config_valid(c) ? 1 : -1;
+}
+
+// GPT-2 initialisation (as llm.c): N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), LayerNorm
+// weights 1, biases 0, padded vocab rows 0; the router N(0, 0.02), the experts as the dense MLP.
+// Same numbers on every rank, whatever the layout.
+static float *random_init(const GPT2Config *c, uint64_t seed) {
+    size_t P = num_parameters(c);
+    float *all = (float *)malloc_check(P * sizeof(float));
+    memset(all, 0, P * sizeof(float));
+    float *t[NUM_TENSORS];
+    split_tensors(c, all, t);
+    Rng rng;
+    rng_init(&rng, seed);
+    float proj_std = 0.02f / sqrtf(2.0f * c->num_layers);
+    for (int i = 0; i < NUM_TENSORS; i++) {
+        size_t n = tensor_full_size(c, i);
+        if (i == T_LN1W || i == T_LN2W || i == T_LNFW) { for (size_t j = 0; j < n; j++) { t[i][j] = 1.0f; } }
+        if (i == T_WTE) { n = (size_t)c->vocab_size * c->channels; }   // padding rows stay 0
+        if (i == T_WTE || i == T_WPE || i == T_QKVW || i == T_FCW || i == T_ROUTERW || i == T_EFCW) {
+            for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, 0.02f); }
+        }
+        if (i == T_ATTPROJW || i == T_FCPROJW || i == T_EFCPROJW) { for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, proj_std); } }
+    }
+    return all;
+}
+
+// Sparse upcycling: the MoE model `moe` from a dense model of the same shape, every expert of a MoE
+// layer a copy of that layer's dense MLP; the router N(0, 0.02) from seed (or zeros: router_zero).
+// (Also how test_gpt lays out a dense reference's gradients for an E = 1 model.)
+static float *upcycle_dense(const GPT2Config *dense, float *dense_all, const GPT2Config *moe, uint64_t seed, int router_zero) {
+    float *all = (float *)malloc_check(num_parameters(moe) * sizeof(float));
+    float *d[NUM_TENSORS], *t[NUM_TENSORS];
+    split_tensors(dense, dense_all, d);
+    split_tensors(moe, all, t);
+    for (int i = 0; i < NUM_TENSORS; i++) {
+        if (i == T_FCW || i == T_FCB || i == T_FCPROJW || i == T_FCPROJB || i >= T_ROUTERW) { continue; }
+        memcpy(t[i], d[i], tensor_full_size(moe, i) * sizeof(float));
+    }
+    static const int mlp[4] = {T_FCW, T_FCB, T_FCPROJW, T_FCPROJB}, experts[4] = {T_EFCW, T_EFCB, T_EFCPROJW, T_EFCPROJB};
+    for (int l = 0; l < moe->num_layers; l++) {
+        for (int i = 0; i < 4; i++) {
+            TensorSpec s = tensor_spec(dense, mlp[i]);
+            size_t n = s.rows * s.cols;
+            const float *src = d[mlp[i]] + (size_t)l * n;   // the dense model: every layer dense
+            float *dst = is_moe_layer(moe, l) ? t[experts[i]] + (size_t)tensor_layer_slice(moe, experts[i], l) * moe->num_experts * n
+                                              : t[mlp[i]] + (size_t)tensor_layer_slice(moe, mlp[i], l) * n;
+            for (int e = 0; e < (is_moe_layer(moe, l) ? moe->num_experts : 1); e++) { memcpy(dst + (size_t)e * n, src, n * sizeof(float)); }
+        }
+    }
+    Rng rng;
+    rng_init(&rng, seed);
+    for (size_t j = 0; j < tensor_full_size(moe, T_ROUTERW); j++) { t[T_ROUTERW][j] = router_zero ? 0.0f : rng_normal(&rng, 0, 0.02f); }
+    return all;
+}
+
+#endif // LLMC_MODEL_FILE_H
