@@ -377,19 +377,26 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
         m->ce.stats_all = (float *)mem_alloc((size_t)tp * m->ce.chunk * 3 * F, MEM_LOGITS);
     }
     // the pipeline's view of the slots: each one's input (resid[0]) and output (resid[Lc])
-    p->first = m->first; p->last = m->last;
-    p->split = !m->sp && tp > 1;
-    p->n = BTs * C;
-    p->resid = (floatX **)malloc_check(nslots * sizeof(floatX *));
-    p->chunk_len = (int *)malloc_check(V * sizeof(int));
-    for (int i = 0; i < nslots; i++) { p->resid[i] = m->acts[i].resid; }
-    for (int v = 0; v < V; v++) { p->chunk_len[v] = m->chunk_l0[v + 1] - m->chunk_l0[v]; }
-    p->grad = w->dresid;
-    // interleaved: a gradient can arrive while another chunk's backward (the head's) still uses dresid
-    p->grad_recv = V > 1 ? (floatX *)mem_alloc(BTs * C * X, MEM_COMM) : w->dresid;
-    p->grad_held = -1;
-    p->overlap = m->zero.prefetch && pp > 1;   // (--overlap: set before this call)
-    p->grad_send = p->overlap && (!m->first || V > 1) ? (floatX *)mem_alloc(BTs * C * X, MEM_COMM) : NULL;
+    floatX **resid = (floatX **)malloc_check(nslots * sizeof(floatX *));
+    int *chunk_len = (int *)malloc_check(V * sizeof(int));
+    for (int i = 0; i < nslots; i++) { resid[i] = m->acts[i].resid; }
+    for (int v = 0; v < V; v++) { chunk_len[v] = m->chunk_l0[v + 1] - m->chunk_l0[v]; }
+    pipeline_alloc(p, m->first, m->last, !m->sp && tp > 1, BTs * C, resid, chunk_len, w->dresid, m->zero.prefetch && pp > 1);
+}
+
+// The model's host memory (its device buffers are the allocator's: alloc.h frees them at the end of a
+// run, and a plan allocates none).
+static void gpt2_free(GPT2 *m) {
+    int Lmax = 0;
+    for (int v = 0; v < m->V; v++) { if (m->chunk_l0[v + 1] - m->chunk_l0[v] > Lmax) { Lmax = m->chunk_l0[v + 1] - m->chunk_l0[v]; } }
+    for (int i = 0; i <= m->pipe.nslots; i++) {   // the slots, then the scratch
+        Activations *a = i < m->pipe.nslots ? &m->acts[i] : &m->scratch;
+        for (int l = 0; a->moe && l <= (i < m->pipe.nslots ? Lmax : m->Ls); l++) { free(a->moe[l].counts); }
+        free(a->moe);
+    }
+    pipeline_free(&m->pipe);
+    zero_free(&m->zero);
+    free(m->units); free(m->u_layer); free(m->u_experts); free(m->layer_id); free(m->chunk_l0); free(m->acts);
 }
 
 // The tied embedding's gradient. wte is used twice: by the token embedding (first stage, the first op
@@ -808,8 +815,8 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
     for (int t = 1; t <= n; t++) {
         gpt2_forward_pipeline(m, gen, gen);
         float coin01 = rng_f32(rng);   // every rank draws, so the generators stay equal
-        int next = 0, chunk = (t - 1) / (Tg / (2 * cp)), owner = chunk < cp ? chunk : 2 * cp - 1 - chunk;   // position t-1's cp rank
-        int row_t = cp == 1 ? t - 1 : (chunk < cp ? 0 : m->T / 2) + (t - 1) % (Tg / (2 * cp));                // and its local row
+        int next = 0, owner, row_t;
+        seq_pos_owner(cp, m->T, t - 1, &owner, &row_t);   // position t-1's cp rank and its local row there
         floatX *p[NUM_TENSORS];
         if (m->last) { unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p); }   // (ZeRO 3: a dp, cp collective)
         if (m->last && m->grid->cp_rank == owner) {
@@ -887,8 +894,7 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
     }
     MemPlan p = mem_plan_end();
     p.slots = m.pipe.nslots;
-    free(m.units); free(m.u_layer); free(m.u_experts); free(m.layer_id); free(m.chunk_l0); free(m.acts);
-    free(m.pipe.steps.s); free(m.pipe.slot_of); free(m.pipe.busy); free(m.pipe.resid); free(m.pipe.chunk_len); free(m.zero.pending);
+    gpt2_free(&m);
     return p;
 }
 

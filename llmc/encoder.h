@@ -6,25 +6,7 @@
 #define LLMC_ENCODER_H
 
 #include "backend.h"
-
-// Where in the sequence the local position t is (0 <= t < T, the tokens of a sequence this rank
-// holds): with context parallelism two chunks of `half` tokens starting at sequence positions off0
-// and off1 (context_parallel.h); without, half = T and off0 = 0: t itself.
-typedef struct { int half, off0, off1; } SeqPos;
-#ifdef USE_CUDA
-__host__ __device__
-#endif
-static inline int seq_pos(SeqPos p, int t) { return t < p.half ? p.off0 + t : p.off1 + t - p.half; }
-
-// Cp rank r of cp holds T tokens of each sequence: its chunks r and 2cp-1-r of T/2 tokens each (cp 1: all).
-#ifdef USE_CUDA
-__host__ __device__
-#endif
-static inline SeqPos seq_pos_of_rank(int cp, int r, int T) {
-    if (cp == 1) { SeqPos p = {T, 0, 0}; return p; }
-    SeqPos p = {T / 2, r * T / 2, (2 * cp - 1 - r) * T / 2};
-    return p;
-}
+#include "context_parallel.h"   // the sequence layout: seq_pos
 
 // out (N, C) = wte[tok - v0] for tokens in [v0, v1), else 0.   wte_local (v1 - v0, C)
 static void embedding_forward_cpu(float *out, const int *tokens, const float *wte, int v0, int v1, int N, int C) {

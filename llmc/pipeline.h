@@ -39,6 +39,7 @@
 #define LLMC_PIPELINE_H
 
 #include <time.h>
+#include "alloc.h"
 #include "comm.h"
 
 typedef enum { SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED } PipeSchedule;
@@ -305,6 +306,30 @@ static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int V, int 
     slots_reset(p);
     p->peak = 0;
     return most;
+}
+
+// The exchanges' buffers, once the slots are planned: resid (nslots) each slot's residual stream and
+// chunk_len (V) each chunk's layers (both taken over: pipeline_free frees them), grad the model's
+// gradient buffer; the pipeline's own: interleaved, where a received gradient waits for its backward (a
+// gradient can arrive while another chunk's backward, the head's, still uses grad); with overlap (sends
+// that complete while the stage computes), the copy of the gradient being sent.
+static void pipeline_alloc(Pipeline *p, int first, int last, int split, size_t n, floatX **resid, int *chunk_len, floatX *grad, int overlap) {
+    p->first = first; p->last = last;
+    p->split = split;
+    p->n = n;
+    p->resid = resid;
+    p->chunk_len = chunk_len;
+    p->grad = grad;
+    p->grad_recv = p->V > 1 ? (floatX *)mem_alloc(n * floatx_bytes(), MEM_COMM) : grad;
+    p->grad_held = -1;
+    p->overlap = overlap;
+    p->grad_send = overlap && (!first || p->V > 1) ? (floatX *)mem_alloc(n * floatx_bytes(), MEM_COMM) : NULL;
+}
+
+// The pipeline's host memory (its device buffers are the allocator's: alloc.h).
+static void pipeline_free(Pipeline *p) {
+    free(p->steps.s); free(p->slot_of); free(p->busy); free(p->resid); free(p->chunk_len);
+    memset(p, 0, sizeof(*p));
 }
 
 // One exchange with the neighbours (the step's sends and receives, all started together). The next

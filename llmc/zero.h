@@ -156,6 +156,12 @@ static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int n
     z->stats = (StepStats *)mem_alloc(sizeof(StepStats), MEM_WORKSPACE);
 }
 
+// Zero's host memory (its device buffers are the allocator's: alloc.h).
+static void zero_free(Zero *z) {
+    free(z->pending);
+    z->pending = NULL;
+}
+
 // First element of this rank's shard of unit u (0 at stage 0, which has no shards).
 static size_t zero_shard_start(const Zero *z, int u) { return z->stage == 0 ? 0 : (size_t)z->units[u].dpg->rank * z->units[u].shard; }
 
