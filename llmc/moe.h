@@ -59,50 +59,69 @@ static int moe_capacity(int k, int T, int E, int cap1000) {
 
 // ----------------------------------------------------------------------------
 // CPU loops: the specification
+// Where a kernel computes what its loop does in the same order, the loop's body is one __host__ __device__
+// function of the thread's indices (token t, expert e, ...): the loop runs it for every index, the kernel
+// for its thread's.
+
+// Row t of probs (N, E) holds the token's logits and becomes their softmax; lse[t] = their logsumexp.
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline void moe_softmax_body(int t, float *probs, float *lse, int E) {
+    float *p = probs + (size_t)t * E, m = -INFINITY, s = 0.0f;
+    for (int e = 0; e < E; e++) { if (p[e] > m) { m = p[e]; } }
+    for (int e = 0; e < E; e++) { p[e] = expf(p[e] - m); s += p[e]; }
+    for (int e = 0; e < E; e++) { p[e] /= s; }
+    lse[t] = m + logf(s);
+}
 
 // x (N, C), wr (E, C) -> probs (N, E) = softmax(x wr^T), lse (N). Each logit is one dot product in
 // channel order, so a token's routing does not depend on the other tokens of the batch.
 static void moe_router_forward_cpu(float *probs, float *lse, const float *x, const float *wr, int N, int C, int E) {
     #pragma omp parallel for
     for (int t = 0; t < N; t++) {
-        float *p = probs + (size_t)t * E, m = -INFINITY, s = 0.0f;
+        float *p = probs + (size_t)t * E;
         for (int e = 0; e < E; e++) {
             float z = 0.0f;
             for (int c = 0; c < C; c++) { z += x[(size_t)t * C + c] * wr[(size_t)e * C + c]; }
             p[e] = z;
-            if (z > m) { m = z; }
         }
-        for (int e = 0; e < E; e++) { p[e] = expf(p[e] - m); s += p[e]; }
-        for (int e = 0; e < E; e++) { p[e] /= s; }
-        lse[t] = m + logf(s);
+        moe_softmax_body(t, probs, lse, E);
     }
 }
 
 // probs (N, E) -> choice (N, k): the k largest in order, ties to the lower index; cprob (N, k) their
 // probabilities; gate (N, k).
-static void moe_topk_cpu(int *choice, float *cprob, float *gate, const float *probs, int N, int E, int k) {
-    for (int t = 0; t < N; t++) {
-        const float *p = probs + (size_t)t * E;
-        int *ch = choice + (size_t)t * k;
-        float sum = 0.0f;
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int i = 0; i < j; i++) { taken |= ch[i] == e; }
-                if (!taken && (best < 0 || p[e] > p[best])) { best = e; }   // strict: the lower index wins ties
-            }
-            ch[j] = best;
-            cprob[(size_t)t * k + j] = p[best];
-            sum += p[best];
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline void moe_topk_body(int t, int *choice, float *cprob, float *gate, const float *probs, int E, int k) {
+    const float *p = probs + (size_t)t * E;
+    int *ch = choice + (size_t)t * k;
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) { taken |= ch[i] == e; }
+            if (!taken && (best < 0 || p[e] > p[best])) { best = e; }   // strict: the lower index wins ties
         }
-        for (int j = 0; j < k; j++) { gate[(size_t)t * k + j] = k == 1 ? p[ch[j]] : p[ch[j]] / sum; }
+        ch[j] = best;
+        cprob[(size_t)t * k + j] = p[best];
+        sum += p[best];
     }
+    for (int j = 0; j < k; j++) { gate[(size_t)t * k + j] = k == 1 ? p[ch[j]] : p[ch[j]] / sum; }
+}
+static void moe_topk_cpu(int *choice, float *cprob, float *gate, const float *probs, int N, int E, int k) {
+    for (int t = 0; t < N; t++) { moe_topk_body(t, choice, cprob, gate, probs, E, k); }
 }
 
 // Does assignment (t, j) come before (t2, j2) for their expert e? probs: higher p_e, then earlier t;
 // position: lower choice rank j, then earlier t.
-static int moe_before(DropPolicy policy, float p, int t, int j, float p2, int t2, int j2) {
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline int moe_before(DropPolicy policy, float p, int t, int j, float p2, int t2, int j2) {
     if (policy == DROP_PROBS) { return p > p2 || (p == p2 && t < t2); }
     return j < j2 || (j == j2 && t < t2);
 }
@@ -112,25 +131,32 @@ static int moe_before(DropPolicy policy, float p, int t, int j, float p2, int t2
 // choice, cprob (S, B, T, k): the assignments (expert, its p) of the S parts of every sequence, part s2
 // at positions seq_pos(seq_pos_of_rank(S, s2, T), t) (context parallelism: cp rank s2's tokens; S = 1:
 // the whole sequence); this rank's part is `me`.
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline void moe_capacity_keep_body(int b, int t, int j, int *keep, const int *choice, const float *cprob, int S,
+                                          int me, int B, int T, int k, int cap, DropPolicy policy) {
+    size_t a = (((size_t)me * B + b) * T + t) * k + j;
+    int e = choice[a], pos = seq_pos(seq_pos_of_rank(S, me, T), t), rank = 0;
+    for (int s2 = 0; s2 < S; s2++) {
+        SeqPos q = seq_pos_of_rank(S, s2, T);
+        for (int t2 = 0; t2 < T; t2++) {
+            for (int j2 = 0; j2 < k; j2++) {
+                size_t a2 = (((size_t)s2 * B + b) * T + t2) * k + j2;
+                if (choice[a2] != e) { continue; }
+                rank += moe_before(policy, cprob[a2], seq_pos(q, t2), j2, cprob[a], pos, j);
+            }
+        }
+    }
+    keep[((size_t)b * T + t) * k + j] = rank < cap;
+}
 static void moe_capacity_keep_cpu(int *keep, const int *choice, const float *cprob, int S, int me, int B, int T, int k,
                                   int cap, DropPolicy policy) {
     #pragma omp parallel for
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             for (int j = 0; j < k; j++) {
-                size_t a = (((size_t)me * B + b) * T + t) * k + j;
-                int e = choice[a], pos = seq_pos(seq_pos_of_rank(S, me, T), t), rank = 0;
-                for (int s2 = 0; s2 < S; s2++) {
-                    SeqPos q = seq_pos_of_rank(S, s2, T);
-                    for (int t2 = 0; t2 < T; t2++) {
-                        for (int j2 = 0; j2 < k; j2++) {
-                            size_t a2 = (((size_t)s2 * B + b) * T + t2) * k + j2;
-                            if (choice[a2] != e) { continue; }
-                            rank += moe_before(policy, cprob[a2], seq_pos(q, t2), j2, cprob[a], pos, j);
-                        }
-                    }
-                }
-                keep[((size_t)b * T + t) * k + j] = rank < cap;
+                moe_capacity_keep_body(b, t, j, keep, choice, cprob, S, me, B, T, k, cap, policy);
             }
         }
     }
@@ -249,25 +275,33 @@ static void moe_unpermute_cpu(float *dx, const float *dxs, const int *row, int N
 //   aux -> p:     dp_e += aux_scale f[b][e]
 //   softmax:      dlogit_e = p_e (dp_e - sum_i p_i dp_i)
 //   z:            dlogit_e += z_scale 2 lse p_e
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline void moe_router_backward_body(int t, float *dlogits, const float *dgate, const float *gate,
+                                            const int *choice, const float *probs, const float *lse, const float *f,
+                                            int T, int E, int k, float aux_scale, float z_scale) {
+    const float *p = probs + (size_t)t * E, *dg = dgate + (size_t)t * k, *g = gate + (size_t)t * k;
+    const int *ch = choice + (size_t)t * k;
+    float *dl = dlogits + (size_t)t * E;   // holds dp first, then the logits' gradient
+    for (int e = 0; e < E; e++) { dl[e] = aux_scale * f[(size_t)(t / T) * E + e]; }
+    if (k == 1) {
+        dl[ch[0]] += dg[0];
+    } else {
+        float S = 0.0f, dot = 0.0f;
+        for (int j = 0; j < k; j++) { S += p[ch[j]]; dot += dg[j] * g[j]; }
+        for (int j = 0; j < k; j++) { dl[ch[j]] += (dg[j] - dot) / S; }
+    }
+    float pdp = 0.0f;
+    for (int e = 0; e < E; e++) { pdp += p[e] * dl[e]; }
+    for (int e = 0; e < E; e++) { dl[e] = p[e] * (dl[e] - pdp) + z_scale * 2.0f * lse[t] * p[e]; }
+}
 static void moe_router_backward_cpu(float *dlogits, const float *dgate, const float *gate, const int *choice,
                                     const float *probs, const float *lse, const float *f, int T, int N, int E, int k,
                                     float aux_scale, float z_scale) {
     #pragma omp parallel for
     for (int t = 0; t < N; t++) {
-        const float *p = probs + (size_t)t * E, *dg = dgate + (size_t)t * k, *g = gate + (size_t)t * k;
-        const int *ch = choice + (size_t)t * k;
-        float dp[MOE_MAX_EXPERTS], *dl = dlogits + (size_t)t * E;
-        for (int e = 0; e < E; e++) { dp[e] = aux_scale * f[(size_t)(t / T) * E + e]; }
-        if (k == 1) {
-            dp[ch[0]] += dg[0];
-        } else {
-            float S = 0.0f, dot = 0.0f;
-            for (int j = 0; j < k; j++) { S += p[ch[j]]; dot += dg[j] * g[j]; }
-            for (int j = 0; j < k; j++) { dp[ch[j]] += (dg[j] - dot) / S; }
-        }
-        float pdp = 0.0f;
-        for (int e = 0; e < E; e++) { pdp += p[e] * dp[e]; }
-        for (int e = 0; e < E; e++) { dl[e] = p[e] * (dp[e] - pdp) + z_scale * 2.0f * lse[t] * p[e]; }
+        moe_router_backward_body(t, dlogits, dgate, gate, choice, probs, lse, f, T, E, k, aux_scale, z_scale);
     }
 }
 
@@ -311,57 +345,20 @@ __global__ void moe_router_forward_kernel(float *probs, float *lse, const floatX
         if (lane == 0) { p[e] = z; }
     }
     __syncwarp();
-    if (lane != 0) { return; }
-    float m = -INFINITY, s = 0.0f;
-    for (int e = 0; e < E; e++) { m = fmaxf(m, p[e]); }
-    for (int e = 0; e < E; e++) { p[e] = expf(p[e] - m); s += p[e]; }
-    for (int e = 0; e < E; e++) { p[e] /= s; }
-    lse[t] = m + logf(s);
+    if (lane == 0) { moe_softmax_body(t, probs, lse, E); }
 }
 
 __global__ void moe_topk_kernel(int *choice, float *cprob, float *gate, const float *probs, int N, int E, int k) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= N) { return; }
-    const float *p = probs + (size_t)t * E;
-    int *ch = choice + (size_t)t * k;
-    float sum = 0.0f;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int i = 0; i < j; i++) { taken |= ch[i] == e; }
-            if (!taken && (best < 0 || p[e] > p[best])) { best = e; }
-        }
-        ch[j] = best;
-        cprob[(size_t)t * k + j] = p[best];
-        sum += p[best];
-    }
-    for (int j = 0; j < k; j++) { gate[(size_t)t * k + j] = k == 1 ? p[ch[j]] : p[ch[j]] / sum; }
-}
-
-__device__ __forceinline__ int moe_before_dev(int policy, float p, int t, int j, float p2, int t2, int j2) {
-    if (policy == DROP_PROBS) { return p > p2 || (p == p2 && t < t2); }
-    return j < j2 || (j == j2 && t < t2);
+    if (t < N) { moe_topk_body(t, choice, cprob, gate, probs, E, k); }
 }
 
 // grid (B), block 256: each thread ranks the assignments of its tokens against the whole sequence (all S parts)
 __global__ void moe_capacity_keep_kernel(int *keep, const int *choice, const float *cprob, int S, int me, int B, int T,
-                                         int k, int cap, int policy) {
+                                         int k, int cap, DropPolicy policy) {
     int b = blockIdx.x;
     for (int i = threadIdx.x; i < T * k; i += blockDim.x) {
-        int t = i / k, j = i % k;
-        size_t a = (((size_t)me * B + b) * T + t) * k + j;
-        int e = choice[a], pos = seq_pos(seq_pos_of_rank(S, me, T), t), rank = 0;
-        for (int s2 = 0; s2 < S; s2++) {
-            SeqPos q = seq_pos_of_rank(S, s2, T);
-            const int *ch2 = choice + ((size_t)s2 * B + b) * T * k;
-            const float *cp2 = cprob + ((size_t)s2 * B + b) * T * k;
-            for (int i2 = 0; i2 < T * k; i2++) {
-                if (ch2[i2] != e) { continue; }
-                rank += moe_before_dev(policy, cp2[i2], seq_pos(q, i2 / k), i2 % k, cprob[a], pos, j);
-            }
-        }
-        keep[((size_t)b * T + t) * k + j] = rank < cap;
+        moe_capacity_keep_body(b, i / k, i % k, keep, choice, cprob, S, me, B, T, k, cap, policy);
     }
 }
 
@@ -475,21 +472,9 @@ __global__ void moe_router_backward_kernel(float *dlogits, const float *dgate, c
                                            const float *probs, const float *lse, const float *f, int T, int N, int E, int k,
                                            float aux_scale, float z_scale) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= N) { return; }
-    const float *p = probs + (size_t)t * E, *dg = dgate + (size_t)t * k, *g = gate + (size_t)t * k;
-    const int *ch = choice + (size_t)t * k;
-    float *dl = dlogits + (size_t)t * E;   // holds dp first, then the logits' gradient
-    for (int e = 0; e < E; e++) { dl[e] = aux_scale * f[(size_t)(t / T) * E + e]; }
-    if (k == 1) {
-        dl[ch[0]] += dg[0];
-    } else {
-        float S = 0.0f, dot = 0.0f;
-        for (int j = 0; j < k; j++) { S += p[ch[j]]; dot += dg[j] * g[j]; }
-        for (int j = 0; j < k; j++) { dl[ch[j]] += (dg[j] - dot) / S; }
+    if (t < N) {
+        moe_router_backward_body(t, dlogits, dgate, gate, choice, probs, lse, f, T, E, k, aux_scale, z_scale);
     }
-    float pdp = 0.0f;
-    for (int e = 0; e < E; e++) { pdp += p[e] * dl[e]; }
-    for (int e = 0; e < E; e++) { dl[e] = p[e] * (dl[e] - pdp) + z_scale * 2.0f * lse[t] * p[e]; }
 }
 
 // grid (E, ceil(C / 32)), block (32, 32): a 32-channel slice of row e, tokens strided over threadIdx.y
@@ -546,7 +531,7 @@ static void moe_capacity_keep(int *keep, const int *choice, const float *cprob, 
                               DropPolicy policy) {
 #ifdef USE_CUDA
     if (B <= 0) { return; }
-    moe_capacity_keep_kernel<<<B, 256, 0, main_stream>>>(keep, choice, cprob, S, me, B, T, k, cap, (int)policy);
+    moe_capacity_keep_kernel<<<B, 256, 0, main_stream>>>(keep, choice, cprob, S, me, B, T, k, cap, policy);
     cudaCheckLaunch();
 #else
     moe_capacity_keep_cpu(keep, choice, cprob, S, me, B, T, k, cap, policy);
