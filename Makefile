@@ -2,6 +2,7 @@
 # make BACKEND=cpu|cuda -> forces one;  PRECISION=FP32 -> fp32 CUDA build;  CUDA_ARCH=90 -> sm_90 (Hopper)
 # make BUILD_DIR=build/cuda BACKEND=cuda  -> puts the binaries elsewhere (CI builds both backends)
 # make NO_MPI=1         -> one process, no Open MPI and no NCCL needed (llmc/mpi_single.h): one GPU or the CPU
+# make COMM_HOST_CHUNK=1000 -> MPI calls of at most 1000 elements (the matrix tests the pieces of large counts)
 # make setup            -> scripts/setup.sh: installs what is missing (apt packages; PyPI ones into .venv)
 # make train            -> setup, build, tinyshakespeare in GPT-2 tokens, a small model trained (samples printed),
 #                          its loss curve (scripts/train_tinyshakespeare.sh; TS_TEXT=... for another text file)
@@ -52,13 +53,14 @@ TARGETS := $(BUILD_DIR)/train_gpt $(BUILD_DIR)/test_gpt
 
 # the build configuration, in a file that changes when it does: switching BACKEND, PRECISION, NO_MPI
 # or CUDA_ARCH rebuilds the binaries instead of keeping ones built for another configuration
-CONFIG := $(BACKEND) $(PRECISION) nompi=$(NO_MPI) sm_$(CUDA_ARCH)
+CHUNK_CFLAGS := $(if $(COMM_HOST_CHUNK),-DCOMM_HOST_CHUNK=$(COMM_HOST_CHUNK))
+CONFIG := $(BACKEND) $(PRECISION) nompi=$(NO_MPI) sm_$(CUDA_ARCH) chunk=$(COMM_HOST_CHUNK)
 STAMP := $(BUILD_DIR)/.build-config
 $(shell mkdir -p $(BUILD_DIR) && (echo '$(CONFIG)' | cmp -s - $(STAMP) || echo '$(CONFIG)' > $(STAMP)))
 
 ifeq ($(BACKEND),cpu)
   CXX := g++
-  CXXFLAGS := -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-function -Wno-missing-field-initializers -x c++ $(MPI_CFLAGS)
+  CXXFLAGS := -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-function -Wno-missing-field-initializers -x c++ $(MPI_CFLAGS) $(CHUNK_CFLAGS)
   # OpenBLAS built for OpenMP shares our thread pool; the pthread build's idle threads fight the
   # OpenMP threads for the cores (measured: ~2x slower on 2 cores). Use it when installed.
   OPENBLAS_OMP := /usr/lib/x86_64-linux-gnu/openblas-openmp
@@ -82,7 +84,7 @@ else ifeq ($(BACKEND),cuda)
   # fast math (approximate expf and division, flush to zero) in the bf16 build only: the fp32 build is the
   # GPU's precise twin of the CPU loops
   NVCCFLAGS := -O3 $(if $(filter FP32,$(PRECISION)),,--use_fast_math) -std=c++17 -arch=sm_$(CUDA_ARCH) -Xcompiler -fopenmp,-Wall,-Wno-unused-function \
-               $(MPI_CFLAGS) -I$(CUDA_HOME)/include $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32)
+               $(MPI_CFLAGS) $(CHUNK_CFLAGS) -I$(CUDA_HOME)/include $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32)
   LDLIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas $(NCCL_LIB) -lgomp $(MPI_LDFLAGS)
   COMPILE = $(NVCC) $(NVCCFLAGS) $< -o $@ $(LDLIBS)
 else

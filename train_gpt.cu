@@ -538,8 +538,8 @@ static float gpt2_read_loss(GPT2 *m, int batches) {
     double sum = 0.0;
     if (m->last) { copy_to_host(&sum, m->ws.loss_sum, sizeof(double)); }
     double loss = sum / ((double)m->BT * batches);
-    if (m->grid->pp > 1) { WATCHED("broadcast of the loss", "pp", MPI_Bcast(&loss, 1, MPI_DOUBLE, m->grid->pp - 1, m->grid->pp_group.mpi)); }
-    comm_sum_host(m->grid->grad_group, &loss, 1);
+    comm_host_bcast(&m->grid->pp_group, &loss, 1, DT_DOUBLE, m->grid->pp - 1, "broadcast of the loss");
+    comm_host_all_reduce(m->grid->grad_group, &loss, 1, DT_DOUBLE, HOST_SUM, "all-reduce of the loss");
     return (float)(loss / (m->grid->dp * m->grid->cp));
 }
 
@@ -725,7 +725,7 @@ static void gpt2_moe_stats(GPT2 *m, int accum, double *aux, double *z, double *d
         if (m->moe.sums) { copy_to_host(v, m->moe.sums, 2 * sizeof(double)); }
         v[2] = m->moe.kept; v[3] = m->moe.assigned;
     }
-    comm_sum_host(&m->grid->world, v, 4);
+    comm_host_all_reduce(&m->grid->world, v, 4, DT_DOUBLE, HOST_SUM, "all-reduce of the MoE numbers");
     double sequences = (double)m->B * accum * m->grid->dp;
     *aux = v[0] / sequences;
     *z = v[1] / (sequences * m->T * m->grid->cp);
@@ -833,8 +833,8 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
             next = V - 1;
             for (int v = 0; v < V; v++) { cdf += exp(probs[v] - maxv); if (coin < cdf) { next = v; break; } }
         }
-        if (cp > 1 && m->last) { WATCHED("broadcast of the sampled token", "cp", MPI_Bcast(&next, 1, MPI_INT, owner, m->grid->cp_group.mpi)); }
-        if (m->grid->pp > 1) { WATCHED("broadcast of the sampled token", "pp", MPI_Bcast(&next, 1, MPI_INT, m->grid->pp - 1, m->grid->pp_group.mpi)); }
+        if (m->last) { comm_host_bcast(&m->grid->cp_group, &next, 1, DT_INT, owner, "broadcast of the sampled token"); }
+        comm_host_bcast(&m->grid->pp_group, &next, 1, DT_INT, m->grid->pp - 1, "broadcast of the sampled token");
         gen[t] = next;
         if (m->grid->rank == 0) {
             const char *piece = tokenizer_decode(tok, next);
@@ -1037,7 +1037,7 @@ static void report_first_step(const Args *a, GPT2 *m, int accum) {
         mem_report(g->rank, g->world_size, "after the first step");
         if (g->pp > 1) {   // 1F1B: pp - stage, GPipe: all of them; interleaved: (micro-batch, chunk) pairs
             int *alive = (int *)malloc_check(sizeof(int) * g->world_size);
-            MPI_Gather(&m->pipe.nslots, 1, MPI_INT, alive, 1, MPI_INT, 0, MPI_COMM_WORLD);
+            comm_host_gather(&g->world, &m->pipe.nslots, 1, alive, DT_INT, 0, "gather of the activation slots");
             if (g->rank == 0) {
                 printf("pipeline (%s, %d micro-batches): %s of activations alive per stage:", a->pp_schedule, accum,
                        m->V > 1 ? "(micro-batch, model chunk) pairs" : "micro-batches");
@@ -1053,7 +1053,7 @@ static void report_first_step(const Args *a, GPT2 *m, int accum) {
 // over the timed steps, next to the ideal (pp-1)/(V*m+pp-1) (V = 1 but interleaved).
 static void report_bubble(const Args *a, Grid *g, double bubble_sum, int steps, int accum) {
     double mine = bubble_sum / steps, *all = (double *)malloc_check(sizeof(double) * g->world_size);
-    MPI_Gather(&mine, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    comm_host_gather(&g->world, &mine, 1, all, DT_DOUBLE, 0, "gather of the bubbles");
     if (g->rank == 0) {
         int V = a->vpp;
         printf("pipeline bubble (%s, %d micro-batches): measured time waiting on the neighbour stages / step time, ideal (pp-1)/(%sm+pp-1) = %.3f\n",
@@ -1115,8 +1115,8 @@ static void report_times(const Args *a, GPT2 *m, const StepTimes *t, int accum) 
     if (a->comm_report && g->pp > 1) { report_bubble(a, g, t->bubble, t->steps, accum); }
     if (m->moe.time_a2a) {
         double mean = t->a2a / t->steps, most = mean;
-        comm_sum_host(&g->world, &mean, 1);
-        MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        comm_host_all_reduce(&g->world, &mean, 1, DT_DOUBLE, HOST_SUM, "all-reduce of the all-to-all times");
+        comm_host_all_reduce(&g->world, &most, 1, DT_DOUBLE, HOST_MAX, "all-reduce of the all-to-all times");
         if (g->rank == 0) {
             printf("MoE all-to-all (ep %d, the device synchronised around each): %.1f%% of the step time on average over the ranks, %.1f%% at most\n",
                    g->ep, 100.0 * mean / g->world_size, 100.0 * most);
@@ -1138,9 +1138,9 @@ static void agree_on_inputs(const GPT2Config *c, const float *params, const Data
         mine[1] = h;
     }
     memcpy(ref, mine, sizeof(ref));
-    WATCHED("broadcast of the inputs' hashes", "world", MPI_Bcast(ref, 2 * 8, MPI_BYTE, 0, MPI_COMM_WORLD));
+    comm_host_bcast(comm_world(), ref, 2 * 8, DT_BYTE, 0, "broadcast of the inputs' hashes");
     int differ[2] = {mine[0] != ref[0] ? rank : world, mine[1] != ref[1] ? rank : world};
-    WATCHED("all-reduce (inputs agree)", "world", MPI_Allreduce(MPI_IN_PLACE, differ, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    comm_host_all_reduce(comm_world(), differ, 2, DT_INT, HOST_MIN, "all-reduce (inputs agree)");
     if (differ[0] < world || differ[1] < world) {
         fprintf(stderr, "error: rank %d: the %s on rank %d differs from rank 0's (every rank must read the same files)\n", rank,
                 differ[0] < world ? "model (-e or the checkpoint)" : "training data (-i: file names or sizes)", differ[0] < world ? differ[0] : differ[1]);
@@ -1267,7 +1267,7 @@ int main(int argc, char **argv) {
         }
         // a stop asked for by a signal, on any rank: all ranks agree here, write a checkpoint and exit 0
         int stop = stop_signal;
-        WATCHED("all-reduce (stop request)", "world", MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+        comm_host_all_reduce(&grid.world, &stop, 1, DT_INT, HOST_MAX, "all-reduce (stop request)");
         if (stop && step + 1 < max_steps) {
             if (args.output_dir && saved != step + 1) { save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng, args.total_batch, 0); }
             if (rank == 0) { checkpoint_done(1); }

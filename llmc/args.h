@@ -268,11 +268,10 @@ static uint64_t hash_string(const char *s) {
 // -h prints the usage. Then rank 0's flags are compared with every rank's, flag by flag.
 static void agree_on_args(Args *a, int rank, int world) {
     int bad = arg_error[0] != 0, any_bad = bad, all_bad = bad, help = a->help;
-    watch_enter("the first collective (the flags)", "world");   // (a rank that never gets here stops the others)
-    MPI_Allreduce(MPI_IN_PLACE, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Allreduce(MPI_IN_PLACE, &all_bad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(MPI_IN_PLACE, &help, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    watch_leave();
+    // the first collective (a rank that never gets here stops the others)
+    comm_host_all_reduce(comm_world(), &any_bad, 1, DT_INT, HOST_MAX, "the first collective (the flags)");
+    comm_host_all_reduce(comm_world(), &all_bad, 1, DT_INT, HOST_MIN, "the first collective (the flags)");
+    comm_host_all_reduce(comm_world(), &help, 1, DT_INT, HOST_MAX, "the first collective (the flags)");
     if (any_bad) {   // the same error everywhere: rank 0 says it; otherwise each rank says its own
         if (all_bad && rank == 0) { fprintf(stderr, "error: %s\n", arg_error); }
         else if (!all_bad && bad) { fprintf(stderr, "error: rank %d: %s\n", rank, arg_error); }
@@ -283,10 +282,10 @@ static void agree_on_args(Args *a, int rank, int world) {
     if (help) { if (rank == 0) { print_usage(); } MPI_Finalize(); exit(0); }
     uint64_t mine[MAX_FLAGS], ref[MAX_FLAGS];
     for (int k = 0; k < NUM_FLAGS; k++) { mine[k] = ref[k] = hash_string(a->given[k]); }
-    WATCHED("broadcast of the flags", "world", MPI_Bcast(ref, NUM_FLAGS * 8, MPI_BYTE, 0, MPI_COMM_WORLD));
+    comm_host_bcast(comm_world(), ref, NUM_FLAGS * 8, DT_BYTE, 0, "broadcast of the flags");
     int first = world * NUM_FLAGS;   // (flag * world + rank) of the first difference
     for (int k = 0; k < NUM_FLAGS && first == world * NUM_FLAGS; k++) { if (mine[k] != ref[k]) { first = k * world + rank; } }
-    WATCHED("all-reduce of the flags", "world", MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    comm_host_all_reduce(comm_world(), &first, 1, DT_INT, HOST_MIN, "all-reduce of the flags");
     if (first < world * NUM_FLAGS) {
         int k = first / world, r = first % world;
         if (r == rank) {

@@ -84,7 +84,7 @@ static float *checkpoint_gather(const GPT2Config *c, Zero *z, UnitGetter get, in
         get(z, u, which, host);
         if (U->dpg->rank == 0 && !U->norm_skip) {   // (the last stage's embedding copy: the first's counts)
             float *slices = g->tp_rank == 0 ? (float *)malloc_check(U->size * sizeof(float) * g->tp) : NULL;
-            WATCHED("gather over tp (checkpoint)", "tp", MPI_Gather(host, (int)U->size, MPI_FLOAT, slices, (int)U->size, MPI_FLOAT, 0, g->tp_group.mpi));
+            comm_host_gather(&g->tp_group, host, U->size, slices, DT_FLOAT, 0, "gather over tp (checkpoint)");
             if (g->tp_rank == 0) {
                 for (int r = 0; r < g->tp; r++) { unit_copy_full(c, U, full, slices + (size_t)r * U->size, g->tp, r, 0); }
             }
@@ -92,17 +92,10 @@ static float *checkpoint_gather(const GPT2Config *c, Zero *z, UnitGetter get, in
         }
         free(host);
     }
-    MPI_Comm assemblers;   // rank 0 first (key: world rank)
-    MPI_Comm_split(MPI_COMM_WORLD, assemble ? 0 : MPI_UNDEFINED, g->rank, &assemblers);
-    if (assemble) {
-        int n;
-        MPI_Comm_size(assemblers, &n);
-        if (n > 1) {
-            WATCHED("sum of the assembled parts (checkpoint)", "assemblers",
-                    MPI_Reduce(root ? MPI_IN_PLACE : all, all, (int)P, MPI_FLOAT, MPI_SUM, 0, assemblers));
-        }
-        MPI_Comm_free(&assemblers);
-    }
+    Group assemblers;   // rank 0 first (key: world rank)
+    comm_host_group(&assemblers, "assemblers", assemble, g->rank);
+    if (assemble) { comm_host_reduce_sum(&assemblers, all, P, DT_FLOAT, 0, "sum of the assembled parts (checkpoint)"); }
+    comm_host_group_free(&assemblers);
     if (!root) { free(all); return NULL; }
     return all;
 }
@@ -233,9 +226,7 @@ static void checkpoint_save(const GPT2Config *c, Zero *z, const char *dir, int s
 // The step of the newest complete checkpoint in dir, or -1 (same answer on every rank).
 static int latest_checkpoint(const char *dir) {
     int best = -1;
-    int rank;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 0) {
+    if (comm_world()->rank == 0) {
         DIR *d = opendir(dir);
         if (d) {
             struct dirent *e;
@@ -247,7 +238,7 @@ static int latest_checkpoint(const char *dir) {
             closedir(d);
         }
     }
-    WATCHED("broadcast (checkpoint)", "world", MPI_Bcast(&best, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    comm_host_bcast(comm_world(), &best, 1, DT_INT, 0, "broadcast (checkpoint)");
     return best;
 }
 
@@ -323,14 +314,15 @@ static void make_dirs(const char *dir) {
 // Creates the output dir (and its parents) if needed and checks that a file can be written there.
 static void check_output_dir(const char *dir, int rank) {
     if (rank == 0) { make_dirs(dir); }
-    WATCHED("barrier (output dir)", "world", MPI_Barrier(MPI_COMM_WORLD));
+    comm_host_barrier(comm_world(), "barrier (output dir)");
     char path[PATH_LEN];
     path_join(path, dir, ".write_test_%d", rank);
     FILE *f = fopen(path, "wb");
     int ok = f != NULL;
     if (f) { fclose(f); remove(path); }
     int all_ok = 0;
-    WATCHED("all-reduce (output dir)", "world", MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    all_ok = ok;
+    comm_host_all_reduce(comm_world(), &all_ok, 1, DT_INT, HOST_MIN, "all-reduce (output dir)");
     if (!all_ok) { fail_all(rank, "-o '%s' is not a writable directory", dir); }
 }
 
@@ -357,7 +349,7 @@ static void lock_output_dir(const char *dir, int rank) {
             if (ftruncate(fd, 0) != 0 || pwrite(fd, line, len, 0) != len) { snprintf(msg, sizeof(msg), "cannot write '%s'", path); }
         }
     }
-    WATCHED("broadcast (lock)", "world", MPI_Bcast(msg, sizeof(msg), MPI_CHAR, 0, MPI_COMM_WORLD));
+    comm_host_bcast(comm_world(), msg, sizeof(msg), DT_BYTE, 0, "broadcast (lock)");
     if (msg[0]) { fail_all(rank, "%s", msg); }
 }
 

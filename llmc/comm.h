@@ -23,14 +23,24 @@
 // for each result before using it (the events above).
 // Byte accounting: each collective adds to its group the bytes one rank sends with the ring
 // algorithm (all-reduce 2(p-1)/p*N, reduce-scatter and all-gather (p-1)/p*N, N = full size).
+// Host buffers (the loss, flags, a sampled token, metadata, the checkpoints' arrays) have their own calls,
+// comm_host_*: MPI on both backends, of any count (cut into pieces of at most COMM_HOST_CHUNK elements:
+// MPI counts are int, and Open MPI 4.1 has no large-count calls); so do the CPU build's MPI calls.
 #ifndef LLMC_COMM_H
 #define LLMC_COMM_H
 
+#include <limits.h>
 #include "backend.h"
 #include "trace.h"
 #include "guard.h"
 
-typedef enum { DT_FLOAT, DT_FLOATX, DT_DOUBLE, DT_INT } DType;   // DT_DOUBLE: the step's loss and norm sums; DT_INT: MoE choices
+typedef enum { DT_FLOAT, DT_FLOATX, DT_DOUBLE, DT_INT, DT_BYTE } DType;   // DT_DOUBLE: the step's loss and norm sums; DT_INT: MoE choices
+
+// The most elements one MPI call moves; larger counts go in pieces (a test build sets a small one).
+#ifndef COMM_HOST_CHUNK
+#define COMM_HOST_CHUNK ((size_t)1 << 30)
+#endif
+static size_t comm_piece(size_t n, size_t done) { return n - done < COMM_HOST_CHUNK ? n - done : COMM_HOST_CHUNK; }
 
 typedef struct {
     const char *name;
@@ -56,7 +66,12 @@ typedef struct {
     Group emb_group;   // the first and the last pipeline stage of one (tp, dp) position: the tied wte
 } Grid;
 
-static size_t comm_type_size(DType t) { return t == DT_FLOAT ? sizeof(float) : t == DT_DOUBLE ? sizeof(double) : t == DT_INT ? sizeof(int) : sizeof(floatX); }
+static size_t comm_type_size(DType t) {
+    return t == DT_FLOAT ? sizeof(float) : t == DT_DOUBLE ? sizeof(double) : t == DT_INT ? sizeof(int) : t == DT_BYTE ? 1 : sizeof(floatX);
+}
+
+// The MPI datatype of a host DType (DT_FLOATX only on the CPU build, where floatX is float).
+static MPI_Datatype mpi_type(DType t) { return t == DT_DOUBLE ? MPI_DOUBLE : t == DT_INT ? MPI_INT : t == DT_BYTE ? MPI_BYTE : MPI_FLOAT; }
 
 #ifdef USE_NCCL
 static ncclDataType_t nccl_type(DType t) {
@@ -253,8 +268,40 @@ static void comm_stream_end(Group *g, CommRequest *async) {
     cudaCheck(cudaEventDestroy(done));
 }
 #else
-// MPI datatype of a DType (the CPU build is fp32 throughout: floatX is float)
-static MPI_Datatype mpi_type(DType t) { return t == DT_DOUBLE ? MPI_DOUBLE : t == DT_INT ? MPI_INT : MPI_FLOAT; }
+// The CPU build's collectives of more than COMM_HOST_CHUNK elements, in pieces, blocking (an asynchronous
+// one runs blocking: the same result, only sooner).
+static void mpi_all_reduce(Group *g, void *buf, size_t n, DType t) {
+    size_t es = comm_type_size(t);
+    for (size_t o = 0, c; o < n; o += c) {
+        c = comm_piece(n, o);
+        MPI_Allreduce(MPI_IN_PLACE, (char *)buf + o * es, (int)c, mpi_type(t), MPI_SUM, g->mpi);
+    }
+}
+
+// send (size, n) -> recv (n): piece [o, o + c) of every rank's block gathered into one buffer, reduced.
+static void mpi_reduce_scatter(Group *g, const void *send, void *recv, size_t n, DType t) {
+    size_t es = comm_type_size(t), p = g->size;
+    char *tmp = (char *)malloc_check(p * COMM_HOST_CHUNK * es);
+    for (size_t o = 0, c; o < n; o += c) {
+        c = comm_piece(n, o);
+        for (size_t r = 0; r < p; r++) { memcpy(tmp + r * c * es, (const char *)send + (r * n + o) * es, c * es); }
+        MPI_Reduce_scatter_block(MPI_IN_PLACE, tmp, (int)c, mpi_type(t), MPI_SUM, g->mpi);
+        memcpy((char *)recv + o * es, tmp, c * es);
+    }
+    free(tmp);
+}
+
+// send (n) of every rank -> recv (size, n): piece [o, o + c) of each rank's block at a time.
+static void mpi_all_gather(Group *g, const void *send, void *recv, size_t n, DType t) {
+    size_t es = comm_type_size(t), p = g->size;
+    char *tmp = (char *)malloc_check(p * COMM_HOST_CHUNK * es);
+    for (size_t o = 0, c; o < n; o += c) {
+        c = comm_piece(n, o);
+        MPI_Allgather((const char *)send + o * es, (int)c, mpi_type(t), tmp, (int)c, mpi_type(t), g->mpi);
+        for (size_t r = 0; r < p; r++) { memcpy((char *)recv + (r * n + o) * es, tmp + r * c * es, c * es); }
+    }
+    free(tmp);
+}
 #endif
 
 // buf (n) summed over the group, in place. async: NULL = the result is there for the next op.
@@ -268,8 +315,8 @@ static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest 
     ncclCheck(ncclAllReduce(buf, buf, n, nccl_type(t), ncclSum, g->nccl, comm_stream_begin(g)));
     comm_stream_end(g, async);
 #else
-    if (async) { MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(t), MPI_SUM, g->mpi, &async->req); async->active = 1; }
-    else { MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(t), MPI_SUM, g->mpi); }
+    if (async && n <= COMM_HOST_CHUNK) { MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(t), MPI_SUM, g->mpi, &async->req); async->active = 1; }
+    else { mpi_all_reduce(g, buf, n, t); }
 #endif
     watch_leave();
     COMM_TRACE_END("all-reduce", g, 2.0 * (g->size - 1) / g->size * n * comm_type_size(t), async);
@@ -292,15 +339,17 @@ static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n
     int in_place = (const char *)recv == (const char *)send + g->rank * n * es;
     const void *sb = in_place ? MPI_IN_PLACE : send;
     void *rb = in_place ? (void *)send : recv;
-    if (async) {
+    if (async && n <= COMM_HOST_CHUNK) {
         MPI_Ireduce_scatter_block(sb, rb, (int)n, mpi_type(t), MPI_SUM, g->mpi, &async->req);
         async->active = 1;
         async->move_bytes = in_place ? n * es : 0;
         async->move_dst = recv;
         async->move_src = send;
-    } else {
+    } else if (n <= COMM_HOST_CHUNK) {
         MPI_Reduce_scatter_block(sb, rb, (int)n, mpi_type(t), MPI_SUM, g->mpi);
         if (in_place) { memmove(recv, send, n * es); }
+    } else {
+        mpi_reduce_scatter(g, send, recv, n, t);
     }
 #endif
     watch_leave();
@@ -322,12 +371,14 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
 #else
     int in_place = ((const char *)send == (const char *)recv + g->rank * n * es);
     const void *sb = in_place ? MPI_IN_PLACE : send;
-    if (async) {
+    if (async && n <= COMM_HOST_CHUNK) {
         MPI_Iallgather(sb, (int)n, mpi_type(t), recv, (int)n, mpi_type(t), g->mpi, &async->req);
         async->active = 1;
         async->move_bytes = 0;
-    } else {
+    } else if (n <= COMM_HOST_CHUNK) {
         MPI_Allgather(sb, (int)n, mpi_type(t), recv, (int)n, mpi_type(t), g->mpi);
+    } else {
+        mpi_all_gather(g, send, recv, n, t);
     }
 #endif
     watch_leave();
@@ -357,7 +408,11 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
     comm_stream_end(g, NULL);
 #else
     int *sc = (int *)malloc_check(sizeof(int) * 4 * g->size), *so = sc + g->size, *rc = sc + 2 * g->size, *ro = sc + 3 * g->size;
-    for (int j = 0; j < g->size; j++) {
+    for (int j = 0; j < g->size; j++) {   // (the dispatch rows' counts and offsets, in elements; MPI's are int)
+        if (send_offsets[j] + send_counts[j] > INT_MAX || recv_offsets[j] + recv_counts[j] > INT_MAX) {
+            fail("all-to-all over %s: %zu + %zu elements exceed MPI's int counts (the CPU build's limit)", g->name,
+                 send_offsets[j] > recv_offsets[j] ? send_offsets[j] : recv_offsets[j], send_counts[j] > recv_counts[j] ? send_counts[j] : recv_counts[j]);
+        }
         sc[j] = (int)send_counts[j]; so[j] = (int)send_offsets[j]; rc[j] = (int)recv_counts[j]; ro[j] = (int)recv_offsets[j];
     }
     MPI_Alltoallv(send, sc, so, mpi_type(t), recv, rc, ro, mpi_type(t), g->mpi);
@@ -374,7 +429,8 @@ static void comm_send(Group *g, const void *buf, size_t n, DType t, int peer) {
     ncclCheck(ncclSend(buf, n, nccl_type(t), peer, g->nccl, comm_stream_begin(g)));
     comm_stream_end(g, NULL);
 #else
-    MPI_Send(buf, (int)n, mpi_type(t), peer, 0, g->mpi);
+    size_t es = comm_type_size(t);
+    for (size_t o = 0, c; o < n; o += c) { c = comm_piece(n, o); MPI_Send((const char *)buf + o * es, (int)c, mpi_type(t), peer, 0, g->mpi); }
 #endif
 }
 
@@ -383,7 +439,8 @@ static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
     ncclCheck(ncclRecv(buf, n, nccl_type(t), peer, g->nccl, comm_stream_begin(g)));
     comm_stream_end(g, NULL);
 #else
-    MPI_Recv(buf, (int)n, mpi_type(t), peer, 0, g->mpi, MPI_STATUS_IGNORE);
+    size_t es = comm_type_size(t);
+    for (size_t o = 0, c; o < n; o += c) { c = comm_piece(n, o); MPI_Recv((char *)buf + o * es, (int)c, mpi_type(t), peer, 0, g->mpi, MPI_STATUS_IGNORE); }
 #endif
 }
 
@@ -427,13 +484,29 @@ static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest 
     else if (sends && nrecv == 0) { comm_mark(&sends[0], g); comm_stream_end(g, &sends[0]); }   // (one event for the group)
     else { comm_stream_end(g, NULL); }
 #else
-    MPI_Request recv_req[4], send_req[4];
+    size_t pieces = 0;   // a message of more than COMM_HOST_CHUNK elements goes in pieces (then it completes here)
+    for (int i = 0; i < nops; i++) { pieces += (ops[i].n + COMM_HOST_CHUNK - 1) / COMM_HOST_CHUNK; }
+    if (pieces > (size_t)nops) {   // (blocking: the caller's requests say there is nothing to wait for)
+        for (int i = 0, ns = 0, nr = 0; i < nops; i++) {
+            CommRequest *r = ops[i].send ? (sends ? &sends[ns++] : NULL) : (recvs ? &recvs[nr++] : NULL);
+            if (r) { r->active = 0; }
+        }
+        sends = recvs = NULL;
+    }
+    MPI_Request *recv_req = (MPI_Request *)malloc_check(sizeof(MPI_Request) * (pieces + 1)), *send_req = recv_req;
     int nr = 0, ns = 0;
     for (int i = 0; i < nops; i++) {   // the receives first: a send then finds its receive posted
-        if (!ops[i].send) { MPI_Irecv(ops[i].buf, (int)ops[i].n, mpi_type(t), ops[i].peer, ops[i].tag, g->mpi, &recv_req[nr++]); }
+        for (size_t o = 0, c; !ops[i].send && o < ops[i].n; o += c) {
+            c = comm_piece(ops[i].n, o);
+            MPI_Irecv((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, ops[i].tag, g->mpi, &recv_req[nr++]);
+        }
     }
+    send_req = recv_req + nr;
     for (int i = 0; i < nops; i++) {
-        if (ops[i].send) { MPI_Issend(ops[i].buf, (int)ops[i].n, mpi_type(t), ops[i].peer, ops[i].tag, g->mpi, &send_req[ns++]); }
+        for (size_t o = 0, c; ops[i].send && o < ops[i].n; o += c) {
+            c = comm_piece(ops[i].n, o);
+            MPI_Issend((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, ops[i].tag, g->mpi, &send_req[ns++]);
+        }
     }
     if (sends && recvs) {
         for (int i = 0; i < nr; i++) { comm_mark(&recvs[i], g); recvs[i].req = recv_req[i]; recvs[i].active = 1; recvs[i].move_bytes = 0; }
@@ -445,6 +518,7 @@ static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest 
     } else {
         MPI_Waitall(ns, send_req, MPI_STATUSES_IGNORE);
     }
+    free(recv_req);
 #endif
     watch_leave();
     trace_end("exchange", "comm", "\"group\":\"%s\",\"bytes\":%.0f,\"received\":%.0f", g->name, sent, received);
@@ -474,20 +548,99 @@ static void comm_wait(CommRequest *r) {
     trace_end("wait", "comm", NULL);
 }
 
-// Small host-side reductions (loss, norms, flags) always go through MPI, on both backends.
-static void comm_sum_host(Group *g, double *vals, int n) {
-    if (g->size == 1) { return; }
-    COMM_WATCH("host all-reduce", g);
-    MPI_Allreduce(MPI_IN_PLACE, vals, n, MPI_DOUBLE, MPI_SUM, g->mpi);
+// ----------------------------------------------------------------------------
+// collectives on host buffers: MPI on both backends, any count (in pieces of at most COMM_HOST_CHUNK
+// elements), watched (guard.h; `what` is named if one makes no progress), not counted in the bytes
+
+typedef enum { HOST_SUM, HOST_MAX, HOST_MIN } HostOp;
+static MPI_Op mpi_op(HostOp op) { return op == HOST_MAX ? MPI_MAX : op == HOST_MIN ? MPI_MIN : MPI_SUM; }
+
+// The world as a group, before there is a grid (the flags, the output dir, the checkpoints).
+static Group *comm_world(void) {
+    static Group w;
+    if (w.name == NULL) {
+        w.name = "world";
+        w.mpi = MPI_COMM_WORLD;
+        MPI_Comm_size(MPI_COMM_WORLD, &w.size);
+        MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
+    }
+    return &w;
+}
+
+// The world's ranks with member set, as a group for host collectives only (rank order: key); the others
+// get an empty group. comm_host_group_free after.
+static void comm_host_group(Group *g, const char *name, int member, int key) {
+    memset(g, 0, sizeof(*g));
+    g->name = name;
+    watch_enter("split of the world (a host group)", name);
+    MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, key, &g->mpi);
+    watch_leave();
+    if (member) { MPI_Comm_size(g->mpi, &g->size); MPI_Comm_rank(g->mpi, &g->rank); }
+}
+
+static void comm_host_group_free(Group *g) { if (g->size > 0) { MPI_Comm_free(&g->mpi); } }
+
+// buf (n) of group rank root to every rank.
+static void comm_host_bcast(Group *g, void *buf, size_t n, DType t, int root, const char *what) {
+    size_t es = comm_type_size(t);
+    watch_enter(what, g->name);
+    for (size_t o = 0, c; o < n && g->size > 1; o += c) { c = comm_piece(n, o); MPI_Bcast((char *)buf + o * es, (int)c, mpi_type(t), root, g->mpi); }
     watch_leave();
 }
 
-// Host ints of every rank, concatenated in rank order (the expert dispatch counts): all (size * n).
-// Metadata, through MPI on both backends; not counted in the group's bytes.
-static void comm_all_gather_host_ints(Group *g, const int *mine, int n, int *all) {
-    if (g->size == 1) { memcpy(all, mine, sizeof(int) * n); return; }
-    COMM_WATCH("host all-gather", g);
-    MPI_Allgather(mine, n, MPI_INT, all, n, MPI_INT, g->mpi);
+// buf (n) combined over the group by op, in place, on every rank.
+static void comm_host_all_reduce(Group *g, void *buf, size_t n, DType t, HostOp op, const char *what) {
+    size_t es = comm_type_size(t);
+    watch_enter(what, g->name);
+    for (size_t o = 0, c; o < n && g->size > 1; o += c) {
+        c = comm_piece(n, o);
+        MPI_Allreduce(MPI_IN_PLACE, (char *)buf + o * es, (int)c, mpi_type(t), mpi_op(op), g->mpi);
+    }
+    watch_leave();
+}
+
+// buf (n) summed over the group into group rank root's buf (the others' are left as they were).
+static void comm_host_reduce_sum(Group *g, void *buf, size_t n, DType t, int root, const char *what) {
+    size_t es = comm_type_size(t);
+    watch_enter(what, g->name);
+    for (size_t o = 0, c; o < n && g->size > 1; o += c) {
+        c = comm_piece(n, o);
+        char *b = (char *)buf + o * es;
+        MPI_Reduce(g->rank == root ? MPI_IN_PLACE : b, b, (int)c, mpi_type(t), MPI_SUM, root, g->mpi);
+    }
+    watch_leave();
+}
+
+// Every rank's send (n) in rank order into recv (size, n): on group rank root only (gather), or on every
+// rank (all-gather; recv NULL on the ranks a gather does not fill).
+static void comm_host_gather_to(Group *g, const void *send, size_t n, void *recv, DType t, int root, const char *what) {
+    size_t es = comm_type_size(t), p = g->size;
+    int all = root < 0, mine = all || g->rank == root;
+    if (p == 1) { memcpy(recv, send, n * es); return; }
+    watch_enter(what, g->name);
+    char *tmp = mine ? (char *)malloc_check(p * comm_piece(n, 0) * es + 1) : NULL;
+    for (size_t o = 0, c; o < n; o += c) {
+        c = comm_piece(n, o);
+        const char *sb = (const char *)send + o * es;
+        if (all) { MPI_Allgather(sb, (int)c, mpi_type(t), tmp, (int)c, mpi_type(t), g->mpi); }
+        else { MPI_Gather(sb, (int)c, mpi_type(t), tmp, (int)c, mpi_type(t), root, g->mpi); }
+        for (size_t r = 0; mine && r < p; r++) { memcpy((char *)recv + (r * n + o) * es, tmp + r * c * es, c * es); }
+    }
+    free(tmp);
+    watch_leave();
+}
+
+static void comm_host_gather(Group *g, const void *send, size_t n, void *recv, DType t, int root, const char *what) {
+    comm_host_gather_to(g, send, n, recv, t, root, what);
+}
+
+static void comm_host_all_gather(Group *g, const void *send, size_t n, void *recv, DType t, const char *what) {
+    comm_host_gather_to(g, send, n, recv, t, -1, what);
+}
+
+static void comm_host_barrier(Group *g, const char *what) {
+    watch_enter(what, g->name);
+    MPI_Barrier(g->mpi);
     watch_leave();
 }
 
@@ -505,7 +658,7 @@ static void comm_report(Grid *grid, int steps, const char *label) {
     double mine[2 * NGMAX];
     for (int i = 0; i < NG; i++) { mine[2 * i] = groups[i]->bytes / steps; mine[2 * i + 1] = (double)groups[i]->calls / steps; }
     double *all = (double *)malloc_check(sizeof(double) * 2 * NG * grid->world_size);
-    MPI_Gather(mine, 2 * NG, MPI_DOUBLE, all, 2 * NG, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    comm_host_gather(&grid->world, mine, 2 * NG, all, DT_DOUBLE, 0, "gather of the comm report");
     if (grid->rank == 0) {
         printf("comm report (%s): bytes sent per rank per step (ring formulas: all-reduce 2(p-1)/p*N, reduce-scatter/all-gather (p-1)/p*N)\n", label);
         for (int r = 0; r < grid->world_size; r++) {

@@ -313,7 +313,7 @@ static void cp_attention_forward(CPRing *r, floatX *out, float *lse, floatX *qkv
     attention_block_init(out, lse, (size_t)B * T * C, (size_t)B * NH * T);
     cp_kv_copy(r->kv[0], qkv, (size_t)B * T, C, 1);
     for (int s = 0; s < N; s++, cur = !cur) {
-        CommRequest hop[2];
+        CommRequest hop[2] = {};
         if (s < N - 1) { cp_hop(r, r->kv, 0, cur, n, hop); }   // the next rank's k, v arrive meanwhile
         cp_blocks(r, (i - s + N) % N, cur, 0, out, lse, NULL, NULL, qkv, B, T, C, NH);
         if (s < N - 1) { cp_hop_wait(hop); }
@@ -329,7 +329,7 @@ static void cp_attention_backward(CPRing *r, floatX *dqkv, const floatX *dout, f
     zero_on_device(r->dkv[0], n * sizeof(floatX));
     cp_kv_copy(r->kv[0], qkv, (size_t)B * T, C, 1);
     for (int s = 0; s < N; s++, cur = !cur) {
-        CommRequest hop[2];
+        CommRequest hop[2] = {};
         if (s < N - 1) { cp_hop(r, r->kv, 0, cur, n, hop); }
         cp_blocks(r, (i - s + N) % N, cur, 1, out, lse, dqkv, dout, qkv, B, T, C, NH);
         cp_hop(r, r->dkv, 1, cur, n, NULL);   // the dk, dv just added to (the last hop takes each home)

@@ -238,7 +238,7 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
     int mine[MOE_MAX_EXPERTS], offsets[MOE_MAX_EXPERTS];
     moe_count(x->counts, ma->choice, ma->keep, BT, E, k);
     copy_to_host(mine, x->counts, E * sizeof(int));
-    comm_all_gather_host_ints(x->ep, mine, E, ma->counts);
+    comm_host_all_gather(x->ep, mine, E, ma->counts, DT_INT, "all-gather of the MoE dispatch counts");
     moe_check_counts(x, ma->counts);
     for (int e = 0, o = 0; e < E; e++) { offsets[e] = o; o += mine[e]; }
     copy_to_device(x->offsets, offsets, E * sizeof(int));

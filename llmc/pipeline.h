@@ -421,7 +421,7 @@ static void pipeline_run(Pipeline *p, StageWork w) {
         if (p->time_waits) { device_synchronize(); }
         double t0 = wall_seconds();
         for (int i = 0; i < 2; i++) { comm_wait(&p->sending[i]); }
-        if (p->time_waits) { WATCHED("pipeline flush barrier", p->pp->name, MPI_Barrier(p->pp->mpi)); }
+        if (p->time_waits) { comm_host_barrier(p->pp, "pipeline flush barrier"); }
         p->wait_seconds += wall_seconds() - t0;
         trace_end("flush", "pipeline", NULL);
     }

@@ -240,7 +240,7 @@ static void check_memory_fits(const Args *a, const GPT2Config *c, Grid *g) {
     MemPlan mine = gpt2_plan(a, c, moe_options(a), g->world_size, g->rank, b);
     double need = (double)mine.peak_total + (a->memory_limit > 0 ? plan_reserve(b) : 0.0);
     int over = need > limit ? 1 : 0;
-    WATCHED("all-reduce (memory plan)", "world", MPI_Allreduce(MPI_IN_PLACE, &over, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    comm_host_all_reduce(&g->world, &over, 1, DT_INT, HOST_MAX, "all-reduce (memory plan)");
     if (!over) { return; }
     Args shown = *a;
     if (g->rank == 0) { plan_report(&shown, c, g->world_size, limit); }

@@ -269,8 +269,7 @@ static void zero_get_unit_state(Zero *z, int u, int which, float *host) {
     if (z->stage == 0) { copy_to_host(host, state + zero_owned_state(z, u, 0), U->size * sizeof(float)); return; }
     float *shard = (float *)malloc_check(U->shard * sizeof(float)), *padded = (float *)malloc_check(U->padded * sizeof(float));
     copy_to_host(shard, state + zero_owned_state(z, u, zero_shard_start(z, u)), U->shard * sizeof(float));
-    WATCHED("all-gather of optimizer state (checkpoint)", U->dpg->name,
-            MPI_Allgather(shard, (int)U->shard, MPI_FLOAT, padded, (int)U->shard, MPI_FLOAT, U->dpg->mpi));
+    comm_host_all_gather(U->dpg, shard, U->shard, padded, DT_FLOAT, "all-gather of optimizer state (checkpoint)");
     memcpy(host, padded, U->size * sizeof(float));
     free(shard); free(padded);
 }

@@ -18,8 +18,10 @@ TAG=""            # the second pass's kernel choice, in front of its test names
 PASS=main         # its work directory
 mkdir -p "$TMP/$PASS"
 
-# the single-process build without MPI (NO_MPI=1), tested below beside the MPI build
+# the single-process build without MPI (NO_MPI=1), tested below beside the MPI build; and a build whose
+# MPI calls move at most 1000 elements each (a large count goes in pieces: a 7B model's state would)
 make -s BACKEND=cpu NO_MPI=1 BUILD_DIR=build/cpu-nompi >/dev/null || { echo "NO_MPI=1 build failed"; exit 1; }
+make -s BACKEND=cpu COMM_HOST_CHUNK=1000 BUILD_DIR=build/cpu-chunk >/dev/null || { echo "COMM_HOST_CHUNK=1000 build failed"; exit 1; }
 
 # reference states (PyTorch, fp32 CPU), regenerated when missing: the tiny and d4 configs, and
 # shapes the others do not reach: 6 rows per step (dp 3 and 6), a vocab padded so much that tp 4
@@ -111,6 +113,14 @@ if [ -x build/cpu-nompi/test_gpt ]; then    # the NO_MPI=1 build: one process, n
     run_test nompi --ref $T -b 8 --check-memory --check-comm
     run_test nompi --ref $T -b 2 --zero 3 --check-resume "$TMP/resume_nompi"
 fi
+
+echo "== MPI calls in pieces of at most 1000 elements (build/cpu-chunk): collectives, point-to-point, checkpoints"
+BIN0=$BIN; BIN=build/cpu-chunk
+run_test 4 --ref $T -b 2 --zero 3 --check-memory --check-comm                      # all-gathers and reduce-scatters of units
+run_test 4 --ref $T -b 1 --pp 2 --zero 2 --check-resume "$TMP/chunk_pp"             # pipeline sends; checkpoint gathers and sums
+run_test 4 --ref $T -b 4 --tp 2 --sp --zero 1 --check-comm
+run_test 4 --ref refs/moe -b 2 --cp 2 --ep 2 --zero 3 --check-comm --check-resume "$TMP/chunk_moe"   # the ring's hops, all-to-alls
+BIN=$BIN0
 
 echo "== data parallel + ZeRO"
 for z in 0 1 2 3; do
