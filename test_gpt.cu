@@ -579,10 +579,8 @@ typedef struct {           // what every phase needs: the reference, the layout,
 // at the start of the reference's data.
 static void test_model(TestRun *t, GPT2 *m, const GPT2Config *c, float *params, DataLoader *dl) {
     const Args *a = &t->args;
-    gpt2_build(m, c, params, &t->grid, a->vpp, a->zero, a->sp, t->moe);
-    m->recompute = recompute_mode(a->recompute);
-    m->zero.prefetch = a->overlap;
-    gpt2_alloc_activations(m, a->B, a->T / a->cp, a->ce_chunk, t->accum, pipe_schedule(a->pp_schedule), 0);
+    ModelOptions o = model_options(a, t->moe, t->grid.dp);
+    gpt2_init(m, c, params, &t->grid, &o);
     dataloader_init(dl, t->data_path, a->B, a->T, c->vocab_size, t->grid.dp, t->grid.dp_rank, 0, a->seed);
 }
 
@@ -655,9 +653,7 @@ static StepResult check_step(TestRun *t, GPT2 *m, DataLoader *dl, const RefState
 // The memory plan (--plan, --memory-limit) of this rank, made without allocating, equals what the model
 // allocated, category by category and in total (this build's sizes; test_gpt does not sample).
 static void check_plan(TestRun *t, GPT2 *m) {
-    Args planned = t->args;
-    planned.sample_every = 0;
-    MemPlan plan = gpt2_plan(&planned, &t->config, m->moe.opt, t->world, my_rank, plan_build(&planned));
+    MemPlan plan = gpt2_plan(&t->args, &t->config, m->moe.opt, t->world, my_rank, plan_build(&t->args));
     int same = plan.peak_total == mem_peak_total;
     for (int k = 0; k < MEM_NCAT; k++) { same &= plan.peak[k] == mem_peak[k]; }
     check(same, "memory plan = measurement: planned peaks %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f), measured %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f)",
@@ -1049,6 +1045,7 @@ int main(int argc, char **argv) {
     default_args(args);
     args->B = 1;
     parse_args(nrest, rest, args);
+    args->sample_every = 0;   // (test_gpt does not sample: the MoE buffers are sized for the capacity)
     agree_on_args(args, my_rank, t.world);
     attention_path = attention_path_of(args);
     if (check_layer) {   // the comm layer alone, on the grid of --tp/--pp (any world size they divide)

@@ -384,6 +384,33 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     pipeline_alloc(p, m->first, m->last, !m->sp && tp > 1, BTs * C, resid, chunk_len, w->dresid, m->zero.prefetch && pp > 1);
 }
 
+// What a model is made with besides its weights and its grid: the layout's options and the step's shape.
+typedef struct {
+    int vpp, zero, sp;        // model chunks per stage, the ZeRO stage, sequence parallelism
+    MoEOptions moe;
+    Recompute recompute;
+    int overlap;              // ZeRO-3 prefetch, pipeline sends that complete while the stage computes
+    int B, T;                 // a micro-batch: sequences, and the tokens of each this rank holds (T/cp)
+    int ce_chunk, accum;      // tokens per cross-entropy chunk; micro-batches per step
+    PipeSchedule schedule;
+    int moe_dropless;         // the MoE buffers sized for dropless routing (the run samples)
+} ModelOptions;
+
+static ModelOptions model_options(const Args *a, MoEOptions moe, int dp) {
+    ModelOptions o = {a->vpp, a->zero, a->sp, moe, recompute_mode(a->recompute), a->overlap, a->B, a->T / a->cp, a->ce_chunk,
+                      a->total_batch / (a->B * a->T * dp), pipe_schedule(a->pp_schedule), a->sample_every > 0};
+    return o;
+}
+
+// The one set-up path: this rank's part of the model from the full weights (params, file order; NULL in a
+// plan: the sizes only), then its activations and buffers.
+static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *g, const ModelOptions *o) {
+    gpt2_build(m, c, params, g, o->vpp, o->zero, o->sp, o->moe);
+    m->recompute = o->recompute;
+    m->zero.prefetch = o->overlap;
+    gpt2_alloc_activations(m, o->B, o->T, o->ce_chunk, o->accum, o->schedule, o->moe_dropless);
+}
+
 // The model's host memory (its device buffers are the allocator's: alloc.h frees them at the end of a
 // run, and a plan allocates none).
 static void gpt2_free(GPT2 *m) {
@@ -874,7 +901,7 @@ static void load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *
 // the memory plan (plan.h): the model's own set-up with the allocator only counting (alloc.h), on a grid
 // without communicators (grid_plan): no weights, no device, one process
 
-// Rank `rank` of a world of `world` ranks: what gpt2_build and gpt2_alloc_activations allocate, then what
+// Rank `rank` of a world of `world` ranks: what gpt2_init allocates, then what
 // the run allocates later: gpt2_sample's logits row (the last stage, when sampling) and, on CUDA, the
 // cuBLAS workspaces of the first GEMM and of the first attention (the cuBLAS path's; flash has none; without cp).
 static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int world, int rank, PlanBuild b) {
@@ -882,11 +909,8 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
     Grid g;
     grid_plan(&g, world, rank, a->tp, a->cp, a->pp, a->ep);
     GPT2 m;
-    gpt2_build(&m, c, NULL, &g, a->vpp, a->zero, a->sp, moe);
-    m.recompute = recompute_mode(a->recompute);
-    m.zero.prefetch = a->overlap;
-    int accum = a->total_batch / (a->B * a->T * g.dp);
-    gpt2_alloc_activations(&m, a->B, a->T / a->cp, a->ce_chunk, accum, pipe_schedule(a->pp_schedule), a->sample_every > 0);
+    ModelOptions o = model_options(a, moe, g.dp);
+    gpt2_init(&m, c, NULL, &g, &o);
     if (a->sample_every > 0 && m.last) { mem_alloc((size_t)c->padded_vocab_size * floatx_bytes(), MEM_LOGITS); }
     if (b.cuda) {
         mem_alloc(CUBLASLT_WORKSPACE_BYTES, MEM_WORKSPACE);
@@ -1203,12 +1227,10 @@ int main(int argc, char **argv) {
     if (args.trace_dir) { check_output_dir(args.trace_dir, rank); }
     trace_open(args.trace_dir, rank);
     GPT2 model;
-    gpt2_build(&model, &config, params, &grid, args.vpp, args.zero, args.sp, moe_options(&args));
+    ModelOptions options = model_options(&args, moe_options(&args), grid.dp);
+    gpt2_init(&model, &config, params, &grid, &options);
     free(params);
-    model.recompute = recompute_mode(args.recompute);
-    model.zero.prefetch = args.overlap;
-    int accum = args.total_batch / (args.B * args.T * grid.dp);
-    gpt2_alloc_activations(&model, args.B, args.T / args.cp, args.ce_chunk, accum, pipe_schedule(args.pp_schedule), args.sample_every > 0);
+    int accum = options.accum;
     print_setup(&args, &model, accum);
 
     // schedule, optimizer, and the state of a resumed run

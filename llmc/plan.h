@@ -1,5 +1,5 @@
 // The memory plan (--plan N, --memory-limit): any rank's peak bytes per category for any world size and
-// flags, from the code that allocates: gpt2_build and gpt2_alloc_activations run with the allocator only
+// flags, from the code that allocates: gpt2_init runs with the allocator only
 // counting (alloc.h) on a grid without communicators (grid_plan): no weights, no device, one process.
 // The plan itself is gpt2_plan (train_gpt.cu: it runs the model's own set-up); this file has what is
 // built on it: the report per stage, what dominates a category, a cost model of a step's time, and the
