@@ -302,7 +302,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     // where some chunk has one); the recomputed ones in m->scratch, one layer (of each kind the stage
     // has) for all layers and slots
     int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE, Lmax = 0, Ldmax = 0;
-    int *moe_at = (int *)calloc(Ls + 1, sizeof(int));   // some chunk has a MoE layer at this position
+    int *moe_at = (int *)calloc_check(Ls + 1, sizeof(int));   // some chunk has a MoE layer at this position
     for (int v = 0; v < V; v++) {
         int l0 = m->chunk_l0[v], Lc = m->chunk_l0[v + 1] - l0, Ldc = 0;
         for (int l = 0; l < Lc; l++) { if (is_moe_layer(c, m->layer_id[l0 + l])) { moe_at[l] = 1; } else { Ldc++; } }
@@ -330,7 +330,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
         a->ln2_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
         a->fch = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
         a->fchg = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
-        a->moe = (MoEActs *)calloc(Lc + 1, sizeof(MoEActs));
+        a->moe = (MoEActs *)calloc_check(Lc + 1, sizeof(MoEActs));
         for (int l = 0; l < Lc; l++) {
             // the MoE layers' routing and expert rows: stored per layer, or (full) one set in the scratch;
             // the experts' fc and GELU outputs: stored, or (mlp, full) one set in the scratch
@@ -729,7 +729,7 @@ static void gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     moe_step_begin(&m->moe, (float)(m->moe.opt.aux_coeff * m->config.num_experts / (Tg * sequences)),
                    (float)(m->moe.opt.z_coeff / (Tg * sequences)));
     int ranks = m->grid->dp * m->grid->cp;   // the ranks that share a step's tokens (cp: each sequence too)
-    if (accum != m->pipe.steps.n_total / m->V) { fprintf(stderr, "error: %d micro-batches, the schedule was made for %d\n", accum, m->pipe.steps.n_total / m->V); exit(1); }
+    if (accum != m->pipe.steps.n_total / m->V) { fail("%d micro-batches, the schedule was made for %d: a bug", accum, m->pipe.steps.n_total / m->V); }
     if (m->step_tokens == NULL) { m->step_tokens = (int *)host_alloc_pinned(sizeof(int) * 2 * accum * m->BT); }   // once: accum is the schedule's
     device_synchronize();   // the previous step's uploads have read the buffer (the step ended with a wait: free here)
     TrainStep s = {m, accum, m->step_tokens, m->step_tokens + (size_t)accum * m->BT, 1.0f / ((float)m->BT * accum * ranks)};
@@ -1168,21 +1168,13 @@ static void agree_on_inputs(const GPT2Config *c, const float *params, const Data
     if (differ[0] < world || differ[1] < world) {
         fprintf(stderr, "error: rank %d: the %s on rank %d differs from rank 0's (every rank must read the same files)\n", rank,
                 differ[0] < world ? "model (-e or the checkpoint)" : "training data (-i: file names or sizes)", differ[0] < world ? differ[0] : differ[1]);
-        MPI_Finalize();
-        exit(1);
+        stop_all(1);
     }
 }
 
-// Test hook: TRAIN_GPT_INJECT_NAN=STEP:COUNT poisons one gradient element at steps STEP .. STEP+COUNT-1
-// (the update must then be skipped, and COUNT > --max-skips must stop the run).
+// Test hook (test_hooks.h): a NaN in one gradient element.
 static void inject_nan_for_test(GPT2 *m, int step) {
-    static int first = -2, count = 0;
-    if (first == -2) {
-        const char *e = getenv("TRAIN_GPT_INJECT_NAN");
-        first = -1;
-        if (e && sscanf(e, "%d:%d", &first, &count) != 2) { first = -1; }
-    }
-    if (first < 0 || step < first || step >= first + count || m->grid->rank != 0) { return; }
+    if (m->grid->rank != 0 || !test_hook_inject_nan(step)) { return; }
     Zero *z = &m->zero;
     float nan = NAN;
     upload_floats(z->stage < 2 ? z->grads : z->grads_shard, &nan, 1);

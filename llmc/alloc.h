@@ -47,7 +47,7 @@ static void *mem_alloc(size_t bytes, MemCategory cat) {
     }
     if (mem_nblocks == mem_capacity) {
         mem_capacity = mem_capacity ? 2 * mem_capacity : 256;
-        mem_blocks = (MemBlock *)realloc(mem_blocks, mem_capacity * sizeof(MemBlock));
+        mem_blocks = (MemBlock *)realloc_check(mem_blocks, mem_capacity * sizeof(MemBlock));
     }
     mem_blocks[mem_nblocks++] = (MemBlock){p, bytes, cat};
     mem_current[cat] += bytes;

@@ -276,10 +276,9 @@ static void agree_on_args(Args *a, int rank, int world) {
         if (all_bad && rank == 0) { fprintf(stderr, "error: %s\n", arg_error); }
         else if (!all_bad && bad) { fprintf(stderr, "error: rank %d: %s\n", rank, arg_error); }
         else if (!all_bad && rank == 0) { fprintf(stderr, "error: the flags were rejected on another rank (every rank must be given the same flags)\n"); }
-        MPI_Finalize();
-        exit(1);
+        stop_all(1);
     }
-    if (help) { if (rank == 0) { print_usage(); } MPI_Finalize(); exit(0); }
+    if (help) { if (rank == 0) { print_usage(); } stop_all(0); }
     uint64_t mine[MAX_FLAGS], ref[MAX_FLAGS];
     for (int k = 0; k < NUM_FLAGS; k++) { mine[k] = ref[k] = hash_string(a->given[k]); }
     comm_host_bcast(comm_world(), ref, NUM_FLAGS * 8, DT_BYTE, 0, "broadcast of the flags");
@@ -294,8 +293,7 @@ static void agree_on_args(Args *a, int rank, int world) {
         } else {
             fprintf(stderr, "error: rank %d: flag %s differs between the ranks (rank %d has another value than rank 0)\n", rank, FLAGS[k].name, r);
         }
-        MPI_Finalize();
-        exit(1);
+        stop_all(1);
     }
 }
 

@@ -28,6 +28,7 @@
 #include "dataloader.h"
 #include "rand.h"
 #include "model_file.h"
+#include "test_hooks.h"
 
 #define STATE_MAGIC 20240527
 #define STATE_VERSION 2
@@ -160,15 +161,15 @@ static void checkpoint_assemble(const GPT2Config *c, Zero *z, Checkpoint *ck, co
 }
 
 // Writes the model and state files of ck (rank 0; the thread's body with --async-checkpoint) and
-// frees its buffers. Test hook: TRAIN_GPT_SLOW_CHECKPOINT=SECONDS waits before the state file's rename.
+// frees its buffers. (test_hooks.h: a slow disk.)
 static void *checkpoint_write(void *arg) {
     Checkpoint *ck = (Checkpoint *)arg;
     char path[PATH_LEN];
     path_join(path, ck->dir, "model_%08d.bin", ck->step);
     const void *body = ck->model_body;
     int bad = write_file_atomic(path, ck->model_header, &body, &ck->model_bytes, 1, ck->error, sizeof(ck->error));
-    const char *slow = getenv("TRAIN_GPT_SLOW_CHECKPOINT");
-    if (slow) { usleep((useconds_t)(atof(slow) * 1e6)); }
+    double slow = test_hook_slow_checkpoint();
+    if (slow > 0) { usleep((useconds_t)(slow * 1e6)); }
     if (!bad) {
         path_join(path, ck->dir, "state_%08d.bin", ck->step);
         const void *parts[3] = {ck->states[0], ck->states[1], ck->states[2]};

@@ -97,8 +97,7 @@ static void add_step(StepList *l, int fwd, int bwd, int send_fwd, int send_bwd, 
     if (fwd < 0 && bwd < 0 && !send_fwd && !send_bwd && recv_fwd < 0 && recv_bwd < 0) { return; }
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 64;
-        l->s = (PipeStep *)realloc(l->s, l->cap * sizeof(PipeStep));
-        if (!l->s) { fprintf(stderr, "error: out of host memory for the pipeline schedule\n"); exit(1); }
+        l->s = (PipeStep *)realloc_check(l->s, l->cap * sizeof(PipeStep));
     }
     l->s[l->n++] = (PipeStep){fwd, bwd, send_fwd, send_bwd, recv_fwd, recv_bwd};
 }
@@ -195,7 +194,7 @@ static StepList pipeline_steps(PipeSchedule schedule, int pp, int V, int rank, i
 // cross from rank pp-1 to rank 0), and likewise for the gradients. Returns 0 if they do not.
 static int steps_match(const StepList *a, const StepList *next) {
     int pp = a->pp, V = a->V, sf = 0, rf = 0, sb = 0, rb = 0;
-    int *out = (int *)calloc(2 * (size_t)a->n_total + 2, sizeof(int)), *in = out + a->n_total + 1;
+    int *out = (int *)calloc_check(2 * (size_t)a->n_total + 2, sizeof(int)), *in = out + a->n_total + 1;
     for (int i = 0; i < a->n; i++) { if (a->s[i].send_fwd) { out[sf++] = a->s[i].fwd; } }
     for (int i = 0; i < next->n; i++) { if (next->s[i].recv_fwd >= 0) { in[rf++] = next->s[i].recv_fwd; } }
     int ok = sf == rf;
@@ -245,7 +244,7 @@ typedef struct {
 // The slot of forward (or backward) k's micro-batch in its chunk.
 static int pipe_slot(const Pipeline *p, int k, int forward) {
     int pp = p->pp->size, v = schedule_chunk(k, pp, p->V, forward), i = schedule_micro(k, pp, p->V), s = p->slot_of[v * p->m + i];
-    if (s < 0) { fprintf(stderr, "error: pipeline: micro-batch %d of chunk %d has no activation slot: a bug\n", i, v); exit(1); }
+    if (s < 0) { fail("pipeline: micro-batch %d of chunk %d has no activation slot: a bug", i, v); }
     return s;
 }
 
@@ -256,8 +255,7 @@ static void slot_take(Pipeline *p, int k) {
     int pp = p->pp->size, v = schedule_chunk(k, pp, p->V, 1), i = schedule_micro(k, pp, p->V), s = 0;
     while (s < p->nslots && p->busy[s]) { s++; }
     if (s == p->nslots || p->slot_of[v * p->m + i] >= 0) {
-        fprintf(stderr, "error: pipeline: no free activation slot for micro-batch %d of chunk %d (%d slots): a bug\n", i, v, p->nslots);
-        exit(1);
+        fail("pipeline: no free activation slot for micro-batch %d of chunk %d (%d slots): a bug", i, v, p->nslots);
     }
     p->busy[s] = 1;
     p->slot_of[v * p->m + i] = s;
@@ -285,9 +283,8 @@ static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int V, int 
     StepList prev = pipeline_steps(schedule, pp, V, (rank + pp - 1) % pp, m, 0);
     StepList next = pipeline_steps(schedule, pp, V, (rank + 1) % pp, m, 0);
     if (pp > 1 && (!steps_match(&p->steps, &next) || !steps_match(&prev, &p->steps))) {
-        fprintf(stderr, "error: the %s schedule's exchanges do not pair up (pp %d, V %d, m %d): a bug\n",
-                schedule == SCHEDULE_INTERLEAVED ? "interleaved" : "pipeline", pp, V, m);
-        exit(1);
+        fail("the %s schedule's exchanges do not pair up (pp %d, V %d, m %d): a bug", schedule == SCHEDULE_INTERLEAVED ? "interleaved" : "pipeline",
+             pp, V, m);
     }
     free(prev.s); free(next.s);
     int alive = 0, most = pp == 1 ? 1 : 0;   // (no pipeline: forward, backward, forward, ...)
@@ -301,8 +298,8 @@ static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int V, int 
     }
     p->m = m;
     p->nslots = most;
-    p->slot_of = (int *)malloc(V * (size_t)m * sizeof(int));
-    p->busy = (int *)malloc(most * sizeof(int));
+    p->slot_of = (int *)malloc_check(V * (size_t)m * sizeof(int));
+    p->busy = (int *)malloc_check(most * sizeof(int));
     slots_reset(p);
     p->peak = 0;
     return most;
@@ -400,7 +397,7 @@ static void pipeline_execute(Pipeline *p, const StepList *l, StageWork w) {
         if (s->bwd >= 0) {
             int v = schedule_chunk(s->bwd, pp, V, 0);
             if (!(p->last && v == V - 1) && p->grad_recv != p->grad) {   // its gradient waited in grad_recv
-                if (p->grad_held != s->bwd) { fprintf(stderr, "error: pipeline: backward %d ran without its gradient: a bug\n", s->bwd); exit(1); }
+                if (p->grad_held != s->bwd) { fail("pipeline: backward %d ran without its gradient: a bug", s->bwd); }
                 copy_on_device(p->grad, p->grad_recv, p->n * sizeof(floatX));
                 p->grad_held = -1;
             }

@@ -69,7 +69,7 @@ static inline int tokenizer_fail_(Tokenizer *t, FILE *file) {
 static inline int tokenizer_parse_header_(Tokenizer *t, FILE *file, const char *filename) {
     unsigned char raw[TOKENIZER_HEADER_INTS * 4];
     if (fread(raw, 1, sizeof(raw), file) != sizeof(raw)) {
-        fprintf(stderr, "Error: tokenizer %s is truncated: expected a %d-byte header\n",
+        fprintf(stderr, "warning: tokenizer %s is truncated: expected a %d-byte header\n",
                 filename, (int)sizeof(raw));
         return -2;
     }
@@ -77,22 +77,22 @@ static inline int tokenizer_parse_header_(Tokenizer *t, FILE *file, const char *
     int32_t version = tokenizer_le32_(raw + 4);
     int32_t vocab = tokenizer_le32_(raw + 8);
     if (magic != TOKENIZER_MAGIC) {
-        fprintf(stderr, "Error: tokenizer %s has bad magic %d, expected %d\n",
+        fprintf(stderr, "warning: tokenizer %s has bad magic %d, expected %d\n",
                 filename, (int)magic, TOKENIZER_MAGIC);
         return -2;
     }
     if (version != 1 && version != 2) {
-        fprintf(stderr, "Error: tokenizer %s has version %d, expected 1 or 2\n", filename, (int)version);
+        fprintf(stderr, "warning: tokenizer %s has version %d, expected 1 or 2\n", filename, (int)version);
         return -2;
     }
     if (vocab <= 0 || (uint32_t)vocab > TOKENIZER_MAX_VOCAB) {
-        fprintf(stderr, "Error: tokenizer %s has vocab size %d, expected 1..%u\n",
+        fprintf(stderr, "warning: tokenizer %s has vocab size %d, expected 1..%u\n",
                 filename, (int)vocab, TOKENIZER_MAX_VOCAB);
         return -2;
     }
     int32_t eot = (version == 1) ? tokenizer_default_eot_((uint32_t)vocab) : tokenizer_le32_(raw + 12);
     if (eot < 0 || eot >= vocab) {
-        fprintf(stderr, "Error: tokenizer %s has EOT id %d, expected 0..%d\n", filename, (int)eot, (int)vocab - 1);
+        fprintf(stderr, "warning: tokenizer %s has EOT id %d, expected 0..%d\n", filename, (int)eot, (int)vocab - 1);
         return -2;
     }
     t->vocab_size = (uint32_t)vocab;
@@ -104,28 +104,28 @@ static inline int tokenizer_parse_header_(Tokenizer *t, FILE *file, const char *
 static inline int tokenizer_read_table_(Tokenizer *t, FILE *file, const char *filename) {
     t->token_table = (char **)calloc(t->vocab_size, sizeof(char *));
     if (t->token_table == NULL) {
-        fprintf(stderr, "Error: tokenizer %s: out of memory for %u tokens\n", filename, t->vocab_size);
+        fprintf(stderr, "warning: tokenizer %s: out of memory for %u tokens\n", filename, t->vocab_size);
         return -2;
     }
     for (uint32_t i = 0; i < t->vocab_size; i++) {
         unsigned char length;
         if (fread(&length, 1, 1, file) != 1) {
-            fprintf(stderr, "Error: tokenizer %s is truncated: expected %u tokens, got %u\n",
+            fprintf(stderr, "warning: tokenizer %s is truncated: expected %u tokens, got %u\n",
                     filename, t->vocab_size, i);
             return -2;
         }
         if (length == 0) {
-            fprintf(stderr, "Error: tokenizer %s: token %u has length 0, expected 1..255\n", filename, i);
+            fprintf(stderr, "warning: tokenizer %s: token %u has length 0, expected 1..255\n", filename, i);
             return -2;
         }
         char *piece = (char *)malloc((size_t)length + 1);
         if (piece == NULL) {
-            fprintf(stderr, "Error: tokenizer %s: out of memory at token %u\n", filename, i);
+            fprintf(stderr, "warning: tokenizer %s: out of memory at token %u\n", filename, i);
             return -2;
         }
         t->token_table[i] = piece; // owned by the table from here on, even if the read fails
         if (fread(piece, 1, length, file) != length) {
-            fprintf(stderr, "Error: tokenizer %s is truncated inside token %u (expected %u bytes)\n",
+            fprintf(stderr, "warning: tokenizer %s is truncated inside token %u (expected %u bytes)\n",
                     filename, i, (unsigned)length);
             return -2;
         }
@@ -147,7 +147,7 @@ static inline int tokenizer_init(Tokenizer *t, const char *filename) {
     t->init_ok = 0;
     FILE *file = fopen(filename, "rb");
     if (file == NULL) {
-        fprintf(stderr, "WARNING: could not open tokenizer file %s; samples will be printed as token ids\n", filename);
+        fprintf(stderr, "warning: cannot open tokenizer file %s; samples are printed as token ids\n", filename);
         return -1;
     }
     if (tokenizer_parse_header_(t, file, filename) != 0) { return tokenizer_fail_(t, file); }

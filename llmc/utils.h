@@ -1,4 +1,13 @@
-// Small helpers: fatal errors that never hang the other ranks, checked file I/O.
+// Small helpers: fatal errors that never hang the other ranks, checked allocations and file I/O.
+// The error rule: every error is one line "error: ..." and a non-zero exit, by one of two calls:
+//   fail(...)          this rank alone found it (a bad file, a failed write, a bug): MPI_Abort takes every
+//                      rank down, so none waits forever in a collective;
+//   fail_all(rank,...) every rank reached the same decision (a flag, a layout, a shape: checked alike on
+//                      every rank, or agreed in a collective): rank 0 prints, every rank exits after
+//                      MPI_Finalize; stop_all(code) is its form for when each rank printed its own line.
+// Two threads may not call MPI (it is initialised single-threaded): the asynchronous checkpoint writer
+// records its error and the main thread fails with it at the next step boundary (checkpoint_mark_done);
+// the watchdog (guard.h) prints its line and _exit(1)s, which mpirun turns into the job's end.
 #ifndef LLMC_UTILS_H
 #define LLMC_UTILS_H
 
@@ -34,6 +43,11 @@ static void fail(const char *fmt, ...) {
 }
 
 // A fatal error that every rank detects identically (a bad flag): rank 0 prints, all exit.
+static void stop_all(int code) {
+    MPI_Finalize();
+    exit(code);
+}
+
 static void fail_all(int rank, const char *fmt, ...) {
     if (rank == 0) {
         va_list ap;
@@ -44,8 +58,7 @@ static void fail_all(int rank, const char *fmt, ...) {
         va_end(ap);
         fflush(stderr);
     }
-    MPI_Finalize();
-    exit(1);
+    stop_all(1);
 }
 
 static FILE *fopen_check(const char *path, const char *mode) {
@@ -77,6 +90,18 @@ static long file_size(FILE *f) {
 
 static void *malloc_check(size_t bytes) {
     void *p = malloc(bytes > 0 ? bytes : 1);
+    if (p == NULL) { fail("out of host memory allocating %zu bytes", bytes); }
+    return p;
+}
+
+static void *calloc_check(size_t n, size_t size) {
+    void *p = calloc(n > 0 ? n : 1, size > 0 ? size : 1);
+    if (p == NULL) { fail("out of host memory allocating %zu x %zu bytes", n, size); }
+    return p;
+}
+
+static void *realloc_check(void *old, size_t bytes) {
+    void *p = realloc(old, bytes > 0 ? bytes : 1);
     if (p == NULL) { fail("out of host memory allocating %zu bytes", bytes); }
     return p;
 }

@@ -147,7 +147,7 @@ static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int n
         z->grads_shard = (floatX *)mem_alloc(z->shard_size * X, MEM_GRADS);
         work_alloc(&z->gw, z->max_layer_padded, embed_padded, MEM_GRADS);
     }
-    z->pending = (CommRequest *)calloc(nunits, sizeof(CommRequest));
+    z->pending = (CommRequest *)calloc_check(nunits, sizeof(CommRequest));
     z->opt_size = stage == 0 ? z->full_size : z->shard_size;
     z->m = (float *)mem_alloc(z->opt_size * sizeof(float), MEM_OPTIMIZER);
     z->v = (float *)mem_alloc(z->opt_size * sizeof(float), MEM_OPTIMIZER);
