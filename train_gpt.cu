@@ -274,90 +274,59 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     }
 }
 
-// Allocates the activations for micro-batches of (B, T), `accum` of them per step, with the pipeline
-// schedule's number of (micro-batch, model chunk) pairs alive at once, and a CE chunk of `chunk` tokens
-// (0: all). MoE dispatch buffers are sized for the capacity factor, or dropless when the run samples
-// (moe_dropless).
-static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, PipeSchedule schedule, int moe_dropless) {
+// One activation slot (scratch 0), or the recompute scratch (1): the residual stream and, unless
+// recomputed, every layer's tensors, for any of the stage's chunks (the slots are shared: each holds the
+// largest chunk, Lc layers of which at most Ldc dense, a MoE layer's tensors at each position where some
+// chunk has one: moe_at); what is recomputed in the scratch, one layer (of each kind the stage has) for
+// all layers and slots.
+static void slot_alloc(GPT2 *m, Activations *a, int scratch, int Lc, int Ldc, int Ld, const int *moe_at) {
     const GPT2Config *c = &m->config;
-    int tp = m->grid->tp, pp = m->grid->pp, Ls = m->Ls, V = m->V;
-    size_t C = c->channels, Cl = m->Cl;
-    m->B = B; m->T = T; m->BT = B * T;
-    m->BTs = m->sp ? m->BT / tp : m->BT;
-    m->tok0 = m->sp ? m->grid->tp_rank * m->BTs : 0;
-    int cp = m->grid->cp;
-    m->seqpos = seq_pos_of_rank(cp, m->grid->cp_rank, T);
-    Pipeline *p = &m->pipe;
-    p->pp = &m->grid->pp_group; p->tp = &m->grid->tp_group;
-    int nslots = pipeline_plan(p, pp == 1 ? SCHEDULE_1F1B : schedule, pp, V, m->grid->pp_rank, accum);   // (without a pipeline GPipe is 1F1B)
-    size_t BT = m->BT, BTs = m->BTs, X = floatx_bytes(), F = sizeof(float), Ld = 0, Lm = 0;
-    for (int l = 0; l < Ls; l++) { if (is_moe_layer(c, m->layer_id[l])) { Lm++; } else { Ld++; } }
-    ExpertParallel *x = &m->moe;
-    x->B = B; x->T = T; x->BT = B * T;
-    x->cap = c->num_experts > 0 ? moe_capacity(c->topk, T * cp, c->num_experts, x->opt.cap1000) : 0;   // per whole sequence
-    if (Lm > 0) { moe_dispatch_rows(x, moe_dropless ? T : x->cap); }
-    for (int l = 0; l < Ls; l++) { x->nlayers += is_moe_layer(c, m->layer_id[l]); }
-    // per slot: the residual stream and, unless recomputed, every layer's tensors, for any of the stage's
-    // chunks (the slots are shared: each holds the largest chunk, a MoE layer's tensors at each position
-    // where some chunk has one); the recomputed ones in m->scratch, one layer (of each kind the stage
-    // has) for all layers and slots
-    int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE, Lmax = 0, Ldmax = 0;
-    int *moe_at = (int *)calloc_check(Ls + 1, sizeof(int));   // some chunk has a MoE layer at this position
-    for (int v = 0; v < V; v++) {
-        int l0 = m->chunk_l0[v], Lc = m->chunk_l0[v + 1] - l0, Ldc = 0;
-        for (int l = 0; l < Lc; l++) { if (is_moe_layer(c, m->layer_id[l0 + l])) { moe_at[l] = 1; } else { Ldc++; } }
-        if (Lc > Lmax) { Lmax = Lc; }
-        if (Ldc > Ldmax) { Ldmax = Ldc; }
+    size_t C = c->channels, Cl = m->Cl, BT = m->BT, BTs = m->BTs, X = floatx_bytes(), F = sizeof(float);
+    int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE;
+    memset(a, 0, sizeof(*a));
+    size_t n = scratch ? (full ? 1 : 0) : (full ? 0 : Lc);                 // layers of the per-layer tensors here
+    size_t nfc = scratch ? (mlp && Ld > 0 ? 1 : 0) : (mlp ? 0 : Ldc);      // ... of fc and GELU outputs
+    if (!scratch) { a->resid = (floatX *)mem_alloc((Lc + 1) * BTs * C * X, MEM_ACTIVATIONS); }
+    a->ln1 = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
+    a->ln1_mean = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
+    a->ln1_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
+    a->qkv = (floatX *)mem_alloc(n * BT * 3 * Cl * X, MEM_ACTIVATIONS);
+    a->atty = (floatX *)mem_alloc(n * BT * Cl * X, MEM_ACTIVATIONS);
+    a->lse = (float *)mem_alloc(n * BT * m->NHl * F, MEM_ACTIVATIONS);
+    a->mid = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
+    a->ln2 = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
+    a->ln2_mean = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
+    a->ln2_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
+    a->fch = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
+    a->fchg = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
+    a->moe = (MoEActs *)calloc_check(Lc + 1, sizeof(MoEActs));
+    for (int l = 0; l < Lc; l++) {
+        // the MoE layers' routing and expert rows: stored per layer, or (full) one set in the scratch;
+        // the experts' fc and GELU outputs: stored, or (mlp, full) one set in the scratch
+        if (!(scratch ? is_moe_layer(c, m->layer_id[l]) : moe_at[l]) || (scratch && !mlp)) { continue; }
+        int routing = scratch ? full : !full, hidden = scratch ? mlp : !mlp;
+        if (scratch && full && a->moe[0].probs) { continue; }   // one set
+        if (scratch && !full && a->moe[0].h) { continue; }
+        moe_acts_alloc(&a->moe[scratch ? 0 : l], &m->moe, routing, hidden);
     }
-    m->acts = (Activations *)malloc_check(nslots * sizeof(Activations));
-    memset(&m->scratch, 0, sizeof(m->scratch));
-    for (int i = 0; i <= nslots; i++) {
-        Activations *a = i < nslots ? &m->acts[i] : &m->scratch;
-        int scratch = i == nslots, Lc = scratch ? Ls : Lmax, Ldc = Ldmax;
-        memset(a, 0, sizeof(*a));
-        size_t n = scratch ? (full ? 1 : 0) : (full ? 0 : Lc);                 // layers of the per-layer tensors here
-        size_t nfc = scratch ? (mlp && Ld > 0 ? 1 : 0) : (mlp ? 0 : Ldc);      // ... of fc and GELU outputs
-        if (!scratch) { a->resid = (floatX *)mem_alloc((Lc + 1) * BTs * C * X, MEM_ACTIVATIONS); }
-        a->ln1 = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
-        a->ln1_mean = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
-        a->ln1_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
-        a->qkv = (floatX *)mem_alloc(n * BT * 3 * Cl * X, MEM_ACTIVATIONS);
-        a->atty = (floatX *)mem_alloc(n * BT * Cl * X, MEM_ACTIVATIONS);
-        a->lse = (float *)mem_alloc(n * BT * m->NHl * F, MEM_ACTIVATIONS);
-        a->mid = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
-        a->ln2 = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
-        a->ln2_mean = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
-        a->ln2_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
-        a->fch = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
-        a->fchg = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
-        a->moe = (MoEActs *)calloc_check(Lc + 1, sizeof(MoEActs));
-        for (int l = 0; l < Lc; l++) {
-            // the MoE layers' routing and expert rows: stored per layer, or (full) one set in the scratch;
-            // the experts' fc and GELU outputs: stored, or (mlp, full) one set in the scratch
-            if (!(scratch ? is_moe_layer(c, m->layer_id[l]) : moe_at[l]) || (scratch && !mlp)) { continue; }
-            int routing = scratch ? full : !full, hidden = scratch ? mlp : !mlp;
-            if (scratch && full && a->moe[0].probs) { continue; }   // one set
-            if (scratch && !full && a->moe[0].h) { continue; }
-            moe_acts_alloc(&a->moe[scratch ? 0 : l], x, routing, hidden);
-        }
-        if (!scratch && m->last) {   // (the last chunk's)
-            a->lnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
-            a->lnf_mean = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
-            a->lnf_rstd = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
-            a->dlnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
-        }
-        if (!scratch && m->first) { a->inputs = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS); }   // (chunk 0's)
-        if (!scratch && m->last) { a->targets = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS); }   // (the last chunk's)
+    if (!scratch && m->last) {   // (the last chunk's)
+        a->lnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
+        a->lnf_mean = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
+        a->lnf_rstd = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
+        a->dlnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
     }
-    free(moe_at);
-    if (mlp && !full) {   // mlp: the stored MoE layers compute their experts' hidden rows in the scratch's
-        for (int i = 0; i < nslots; i++) {
-            for (int l = 0; l < Lmax; l++) { m->acts[i].moe[l].h = m->scratch.moe[0].h; m->acts[i].moe[l].hg = m->scratch.moe[0].hg; }
-        }
-    }
+    if (!scratch && m->first) { a->inputs = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS); }   // (chunk 0's)
+    if (!scratch && m->last) { a->targets = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS); }   // (the last chunk's)
+}
+
+// The buffers shared by the layers and micro-batches: ring attention's, the workspace, the MoE layers'
+// (any), the fused head's one CE chunk of `chunk` tokens (0: all) on the last stage.
+static void workspace_alloc(GPT2 *m, int chunk, int any_moe) {
+    size_t C = m->config.channels, Cl = m->Cl, BT = m->BT, BTs = m->BTs, X = floatx_bytes(), F = sizeof(float);
+    int tp = m->grid->tp;
     Workspace *w = &m->ws;
     m->cpring.cp = &m->grid->cp_group;
-    for (int i = 0; i < 2 && cp > 1; i++) {   // ring attention: the keys and values held and arriving, their gradients
+    for (int i = 0; i < 2 && m->grid->cp > 1; i++) {   // ring attention: the keys and values held and arriving, their gradients
         m->cpring.kv[i] = (floatX *)mem_alloc(BT * 2 * Cl * X, MEM_COMM);
         m->cpring.dkv[i] = (floatX *)mem_alloc(BT * 2 * Cl * X, MEM_COMM);
     }
@@ -367,7 +336,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     w->dresid = (floatX *)mem_alloc(BTs * C * X, MEM_WORKSPACE);
     w->dwide = (floatX *)mem_alloc(BT * 4 * Cl * X, MEM_WORKSPACE);
     w->datty = (floatX *)mem_alloc(BT * Cl * X, MEM_WORKSPACE);
-    if (Lm > 0) { moe_work_alloc(x); }
+    if (any_moe) { moe_work_alloc(&m->moe); }
     if (m->last) {
         w->losses = (float *)mem_alloc(BT * F, MEM_LOGITS);
         w->loss_sum = (double *)mem_alloc(sizeof(double), MEM_LOGITS);
@@ -376,12 +345,53 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
         m->ce.stats = (float *)mem_alloc((size_t)m->ce.chunk * 3 * F, MEM_LOGITS);
         m->ce.stats_all = (float *)mem_alloc((size_t)tp * m->ce.chunk * 3 * F, MEM_LOGITS);
     }
+}
+
+// Allocates the activations for micro-batches of (B, T), `accum` of them per step, with the pipeline
+// schedule's number of (micro-batch, model chunk) pairs alive at once, and a CE chunk of `chunk` tokens
+// (0: all). MoE dispatch buffers are sized for the capacity factor, or dropless when the run samples
+// (moe_dropless).
+static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, PipeSchedule schedule, int moe_dropless) {
+    const GPT2Config *c = &m->config;
+    int tp = m->grid->tp, pp = m->grid->pp, cp = m->grid->cp, Ls = m->Ls, V = m->V;
+    m->B = B; m->T = T; m->BT = B * T;
+    m->BTs = m->sp ? m->BT / tp : m->BT;
+    m->tok0 = m->sp ? m->grid->tp_rank * m->BTs : 0;
+    m->seqpos = seq_pos_of_rank(cp, m->grid->cp_rank, T);
+    Pipeline *p = &m->pipe;
+    p->pp = &m->grid->pp_group; p->tp = &m->grid->tp_group;
+    int nslots = pipeline_plan(p, pp == 1 ? SCHEDULE_1F1B : schedule, pp, V, m->grid->pp_rank, accum);   // (without a pipeline GPipe is 1F1B)
+    int Ld = 0, Lm = 0;
+    for (int l = 0; l < Ls; l++) { if (is_moe_layer(c, m->layer_id[l])) { Lm++; } else { Ld++; } }
+    ExpertParallel *x = &m->moe;
+    x->B = B; x->T = T; x->BT = B * T;
+    x->cap = c->num_experts > 0 ? moe_capacity(c->topk, T * cp, c->num_experts, x->opt.cap1000) : 0;   // per whole sequence
+    if (Lm > 0) { moe_dispatch_rows(x, moe_dropless ? T : x->cap); }
+    x->nlayers = Lm;
+    int Lmax = 0, Ldmax = 0;
+    int *moe_at = (int *)calloc_check(Ls + 1, sizeof(int));   // some chunk has a MoE layer at this position
+    for (int v = 0; v < V; v++) {
+        int l0 = m->chunk_l0[v], Lc = m->chunk_l0[v + 1] - l0, Ldc = 0;
+        for (int l = 0; l < Lc; l++) { if (is_moe_layer(c, m->layer_id[l0 + l])) { moe_at[l] = 1; } else { Ldc++; } }
+        if (Lc > Lmax) { Lmax = Lc; }
+        if (Ldc > Ldmax) { Ldmax = Ldc; }
+    }
+    m->acts = (Activations *)malloc_check(nslots * sizeof(Activations));
+    for (int i = 0; i < nslots; i++) { slot_alloc(m, &m->acts[i], 0, Lmax, Ldmax, Ld, moe_at); }
+    slot_alloc(m, &m->scratch, 1, Ls, Ldmax, Ld, moe_at);
+    free(moe_at);
+    if (m->recompute == RECOMPUTE_MLP) {   // mlp: the stored MoE layers compute their experts' hidden rows in the scratch's
+        for (int i = 0; i < nslots; i++) {
+            for (int l = 0; l < Lmax; l++) { m->acts[i].moe[l].h = m->scratch.moe[0].h; m->acts[i].moe[l].hg = m->scratch.moe[0].hg; }
+        }
+    }
+    workspace_alloc(m, chunk, Lm > 0);
     // the pipeline's view of the slots: each one's input (resid[0]) and output (resid[Lc])
     floatX **resid = (floatX **)malloc_check(nslots * sizeof(floatX *));
     int *chunk_len = (int *)malloc_check(V * sizeof(int));
     for (int i = 0; i < nslots; i++) { resid[i] = m->acts[i].resid; }
     for (int v = 0; v < V; v++) { chunk_len[v] = m->chunk_l0[v + 1] - m->chunk_l0[v]; }
-    pipeline_alloc(p, m->first, m->last, !m->sp && tp > 1, BTs * C, resid, chunk_len, w->dresid, m->zero.prefetch && pp > 1);
+    pipeline_alloc(p, m->first, m->last, !m->sp && tp > 1, m->BTs * c->channels, resid, chunk_len, m->ws.dresid, m->zero.prefetch && pp > 1);
 }
 
 // What a model is made with besides its weights and its grid: the layout's options and the step's shape.
@@ -1180,138 +1190,170 @@ static void inject_nan_for_test(GPT2 *m, int step) {
     upload_floats(z->stage < 2 ? z->grads : z->grads_shard, &nan, 1);
 }
 
+// Everything one training run holds: the flags, the grid and model, the data, the schedule, the log.
+typedef struct {
+    Args args;
+    int rank, world;
+    GPT2Config config;
+    Grid grid;
+    GPT2 model;
+    int accum, max_steps, start_step, saved;   // saved: the step of the newest checkpoint this run wrote (-1: none)
+    DataLoader train_loader, val_loader;
+    int have_val;
+    Tokenizer tokenizer;
+    int eot;
+    LRScheduler sched;
+    OptConfig opt;
+    Rng sample_rng;
+    FILE *logf;                // main.log (rank 0 with -o)
+    StepTimes times;
+} Run;
+
+// The model, the grid, this rank's part of the model, the data, the output dir, and the state of a
+// resumed run. A fresh run's shape alone says whether it fits: it is checked before the weights are
+// made (a resumed one's shape is in its checkpoint).
+static void run_setup(Run *r) {
+    Args *a = &r->args;
+    int rank = r->rank, world = r->world;
+    if (a->resume && a->output_dir == NULL) { fail_all(rank, "-y needs an output dir (-o)"); }
+    if (!a->resume) { plan_config(a, rank, &r->config); setup_grid(a, &r->config, &r->grid, world, rank); }
+    int resume_step;
+    float *params = load_model(a, rank, &r->config, &resume_step);
+    if (a->resume) { setup_grid(a, &r->config, &r->grid, world, rank); }
+    r->have_val = setup_data(a, &r->config, &r->grid, &r->train_loader, &r->val_loader, &r->tokenizer);   // (checked before anything is written)
+    agree_on_inputs(&r->config, params, &r->train_loader, rank, world);
+    if (a->output_dir) { check_output_dir(a->output_dir, rank); lock_output_dir(a->output_dir, rank); }
+    if (a->trace_dir) { check_output_dir(a->trace_dir, rank); }
+    trace_open(a->trace_dir, rank);
+    ModelOptions options = model_options(a, moe_options(a), r->grid.dp);
+    gpt2_init(&r->model, &r->config, params, &r->grid, &options);
+    free(params);
+    r->accum = options.accum;
+    print_setup(a, &r->model, r->accum);
+    // the schedule, the optimizer, and the state of a resumed run
+    int steps_per_epoch = (int)(r->train_loader.rounds_per_epoch / r->accum);
+    r->max_steps = a->max_steps >= 0 ? a->max_steps : (steps_per_epoch > 0 ? steps_per_epoch : 1);
+    r->sched = (LRScheduler){a->scheduler, a->lr, a->final_frac, a->warmup, r->max_steps};
+    r->opt = (OptConfig){0.9f, 0.95f, 1e-8f, a->weight_decay, a->grad_clip, a->seed};
+    rng_init(&r->sample_rng, a->seed + 1);
+    r->start_step = resume_step >= 0 ? resume_step : 0;
+    if (resume_step >= 0) {
+        load_state(&r->model, a->output_dir, resume_step, &r->train_loader, &r->sample_rng, a->total_batch);
+        if (rank == 0) { printf("resumed from step %d of %s\n", resume_step, a->output_dir); }
+    }
+    r->logf = a->output_dir && rank == 0 ? open_log(a->output_dir, r->start_step) : NULL;
+    r->eot = r->tokenizer.init_ok ? r->tokenizer.eot_token : r->config.vocab_size - 1;
+    r->saved = -1;
+    r->model.moe.time_a2a = a->comm_report && r->config.num_experts > 0;
+    r->model.pipe.time_waits = a->comm_report || a->trace_dir != NULL;
+}
+
+static void run_validate(Run *r, int step) {
+    float vl = gpt2_validate(&r->model, &r->val_loader, r->args.val_batches);
+    if (r->rank == 0) { printf("val loss %.6f\n", vl); log_printf(r->logf, "s:%d tel:%.6f\n", step, vl); }
+}
+
+// One training step: validation and a sample when due, forward and backward, AdamW, the log, a checkpoint
+// when due.
+static void run_step(Run *r, int step) {
+    Args *a = &r->args;
+    GPT2 *m = &r->model;
+    if (r->have_val && a->val_every > 0 && step % a->val_every == 0) { run_validate(r, step); }
+    if (a->sample_every > 0 && step > 0 && step % a->sample_every == 0) { gpt2_sample(m, &r->tokenizer, &r->sample_rng, a->gen_tokens, r->eot); }
+    comm_reset_counters(&r->grid);
+    m->pipe.wait_seconds = m->moe.a2a_seconds = 0.0;
+    trace_begin();
+    double t0 = wall_seconds();
+    gpt2_forward_backward(m, &r->train_loader, r->accum);
+    inject_nan_for_test(m, step);
+    float lr = lr_at(&r->sched, step);
+    StepResult res = gpt2_update(m, &r->opt, lr, step);
+    device_synchronize();
+    double ms = (wall_seconds() - t0) * 1e3;
+    trace_end("step", "step", "\"step\":%d,\"pipeline_wait_ms\":%.3f", step, m->pipe.wait_seconds * 1e3);
+    if (step > r->start_step) { step_times_add(&r->times, m, ms); }
+    log_step(a, m, r->logf, step, r->max_steps, r->accum, res.loss, res.norm, lr, ms);
+    if (m->skips_in_a_row >= a->max_skips) {
+        fail_all(r->rank, "step %d: %d updates in a row skipped for a non-finite loss or gradient norm (--max-skips %d); the "
+                 "parameters are those before step %d, and no checkpoint holds a non-finite value", step + 1, m->skips_in_a_row,
+                 a->max_skips, step + 2 - m->skips_in_a_row);
+    }
+    if (step == r->start_step) { report_first_step(a, m, r->accum); }
+    if (a->checkpoint_every > 0 && (step + 1) % a->checkpoint_every == 0) {
+        save_checkpoint(m, a->output_dir, step + 1, &r->train_loader, &r->sample_rng, a->total_batch, a->async_checkpoint);
+        r->saved = step + 1;
+    } else if (r->rank == 0) {
+        checkpoint_done(0);   // an asynchronous write finished since: mark it DONE now
+    }
+}
+
+// A stop asked for by a signal, on any rank: every rank agrees here, writes a checkpoint, and the run ends
+// (exit 0). Returns whether it stops.
+static int run_stop_requested(Run *r, int step) {
+    int stop = stop_signal;
+    comm_host_all_reduce(&r->grid.world, &stop, 1, DT_INT, HOST_MAX, "all-reduce (stop request)");
+    if (!stop || step + 1 >= r->max_steps) { return 0; }
+    Args *a = &r->args;
+    if (a->output_dir && r->saved != step + 1) {
+        save_checkpoint(&r->model, a->output_dir, step + 1, &r->train_loader, &r->sample_rng, a->total_batch, 0);
+    }
+    if (r->rank == 0) {
+        checkpoint_done(1);
+        printf("stopped by %s after step %d: %s\n", signal_name(stop), step + 1,
+               a->output_dir ? "checkpoint written, resume with -y 1" : "no -o, so no checkpoint");
+    }
+    return 1;
+}
+
+// The end: validation and a sample (unless a signal stopped the run, or it had nothing to run), the reports,
+// everything closed.
+static void run_finish(Run *r, int stopped) {
+    Args *a = &r->args;
+    int ran = r->max_steps > r->start_step;
+    if (!stopped) {
+        if (a->memory_report && !ran) { mem_report(r->rank, r->world, "set up, no step run (-x 0)"); }
+        if (r->have_val && a->val_every > 0 && ran) { run_validate(r, r->max_steps); }
+        if (a->sample_every > 0 && ran) { gpt2_sample(&r->model, &r->tokenizer, &r->sample_rng, a->gen_tokens, r->eot); }
+    }
+    if (r->rank == 0) { checkpoint_done(1); }
+    if (a->memory_report && ran) { mem_report(r->rank, r->world, "at the end of the run"); }
+    report_times(a, &r->model, &r->times, r->accum);
+    if (r->logf) { fclose_check(r->logf, "main.log"); }
+    trace_close();
+    tokenizer_free(&r->tokenizer);
+    dataloader_free(&r->train_loader);
+    if (r->have_val) { dataloader_free(&r->val_loader); }
+    mem_free_all();
+    grid_free(&r->grid);
+}
+
 #ifndef TESTING
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
-    int world, rank;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    Args args;
-    default_args(&args);
-    parse_args(argc, argv, &args);
-    watchdog_start(args.timeout, rank);   // from here a stalled peer stops this rank
+    static Run run;
+    Run *r = &run;
+    MPI_Comm_size(MPI_COMM_WORLD, &r->world);
+    MPI_Comm_rank(MPI_COMM_WORLD, &r->rank);
+    default_args(&r->args);
+    parse_args(argc, argv, &r->args);
+    watchdog_start(r->args.timeout, r->rank);   // from here a stalled peer stops this rank
     signals_install();
-    agree_on_args(&args, rank, world);
-    attention_path = attention_path_of(&args);
-    if (args.plan) {   // the memory plan for --plan N ranks, on one process: no weights, no device, no data
-        GPT2Config config;
-        plan_config(&args, rank, &config);
-        validate_layout(&args, &config, args.plan, rank);
-        if (rank == 0) { plan_report(&args, &config, args.plan, args.memory_limit); }
+    agree_on_args(&r->args, r->rank, r->world);
+    attention_path = attention_path_of(&r->args);
+    if (r->args.plan) {   // the memory plan for --plan N ranks, on one process: no weights, no device, no data
+        plan_config(&r->args, r->rank, &r->config);
+        validate_layout(&r->args, &r->config, r->args.plan, r->rank);
+        if (r->rank == 0) { plan_report(&r->args, &r->config, r->args.plan, r->args.memory_limit); }
         MPI_Finalize();
         return 0;
     }
-    if (args.resume && args.output_dir == NULL) { fail_all(rank, "-y needs an output dir (-o)"); }
-
-    // the model, the grid, this rank's part of the model. A fresh run's shape alone says whether it fits:
-    // it is checked before the weights are made (a resumed one's shape is in its checkpoint).
-    GPT2Config config;
-    Grid grid;
-    if (!args.resume) { plan_config(&args, rank, &config); setup_grid(&args, &config, &grid, world, rank); }
-    int resume_step;
-    float *params = load_model(&args, rank, &config, &resume_step);
-    if (args.resume) { setup_grid(&args, &config, &grid, world, rank); }
-    DataLoader train_loader, val_loader;   // (checked before anything is written)
-    Tokenizer tokenizer;
-    int have_val = setup_data(&args, &config, &grid, &train_loader, &val_loader, &tokenizer);
-    agree_on_inputs(&config, params, &train_loader, rank, world);
-    if (args.output_dir) { check_output_dir(args.output_dir, rank); lock_output_dir(args.output_dir, rank); }
-    if (args.trace_dir) { check_output_dir(args.trace_dir, rank); }
-    trace_open(args.trace_dir, rank);
-    GPT2 model;
-    ModelOptions options = model_options(&args, moe_options(&args), grid.dp);
-    gpt2_init(&model, &config, params, &grid, &options);
-    free(params);
-    int accum = options.accum;
-    print_setup(&args, &model, accum);
-
-    // schedule, optimizer, and the state of a resumed run
-    int steps_per_epoch = (int)(train_loader.rounds_per_epoch / accum);
-    int max_steps = args.max_steps >= 0 ? args.max_steps : (steps_per_epoch > 0 ? steps_per_epoch : 1);
-    LRScheduler sched = {args.scheduler, args.lr, args.final_frac, args.warmup, max_steps};
-    OptConfig opt = {0.9f, 0.95f, 1e-8f, args.weight_decay, args.grad_clip, args.seed};
-    Rng sample_rng;
-    rng_init(&sample_rng, args.seed + 1);
-    int start_step = resume_step >= 0 ? resume_step : 0;
-    if (resume_step >= 0) {
-        load_state(&model, args.output_dir, resume_step, &train_loader, &sample_rng, args.total_batch);
-        if (rank == 0) { printf("resumed from step %d of %s\n", resume_step, args.output_dir); }
+    run_setup(r);
+    int step = r->start_step, stopped = 0;
+    for (; step < r->max_steps && !stopped; step++) {
+        run_step(r, step);
+        stopped = run_stop_requested(r, step);
     }
-    FILE *logf = args.output_dir && rank == 0 ? open_log(args.output_dir, start_step) : NULL;
-    int eot = tokenizer.init_ok ? tokenizer.eot_token : config.vocab_size - 1;
-
-    // the training loop
-    StepTimes times;
-    memset(&times, 0, sizeof(times));
-    model.moe.time_a2a = args.comm_report && config.num_experts > 0;
-    model.pipe.time_waits = args.comm_report || args.trace_dir != NULL;
-    int step = start_step, saved = -1;
-    for (; step < max_steps; step++) {
-        if (have_val && args.val_every > 0 && step % args.val_every == 0) {
-            float vl = gpt2_validate(&model, &val_loader, args.val_batches);
-            if (rank == 0) { printf("val loss %.6f\n", vl); log_printf(logf, "s:%d tel:%.6f\n", step, vl); }
-        }
-        if (args.sample_every > 0 && step > 0 && step % args.sample_every == 0) {
-            gpt2_sample(&model, &tokenizer, &sample_rng, args.gen_tokens, eot);
-        }
-        comm_reset_counters(&grid);
-        model.pipe.wait_seconds = model.moe.a2a_seconds = 0.0;
-        trace_begin();
-        double t0 = wall_seconds();
-        gpt2_forward_backward(&model, &train_loader, accum);
-        inject_nan_for_test(&model, step);
-        float lr = lr_at(&sched, step);
-        StepResult r = gpt2_update(&model, &opt, lr, step);
-        device_synchronize();
-        double ms = (wall_seconds() - t0) * 1e3;
-        trace_end("step", "step", "\"step\":%d,\"pipeline_wait_ms\":%.3f", step, model.pipe.wait_seconds * 1e3);
-        if (step > start_step) { step_times_add(&times, &model, ms); }
-        log_step(&args, &model, logf, step, max_steps, accum, r.loss, r.norm, lr, ms);
-        if (model.skips_in_a_row >= args.max_skips) {
-            fail_all(rank, "step %d: %d updates in a row skipped for a non-finite loss or gradient norm (--max-skips %d); the parameters "
-                     "are those before step %d, and no checkpoint holds a non-finite value", step + 1, model.skips_in_a_row, args.max_skips,
-                     step + 2 - model.skips_in_a_row);
-        }
-        if (step == start_step) { report_first_step(&args, &model, accum); }
-        if (args.checkpoint_every > 0 && (step + 1) % args.checkpoint_every == 0) {
-            save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng, args.total_batch, args.async_checkpoint);
-            saved = step + 1;
-        } else if (rank == 0) {
-            checkpoint_done(0);   // an asynchronous write finished since: mark it DONE now
-        }
-        // a stop asked for by a signal, on any rank: all ranks agree here, write a checkpoint and exit 0
-        int stop = stop_signal;
-        comm_host_all_reduce(&grid.world, &stop, 1, DT_INT, HOST_MAX, "all-reduce (stop request)");
-        if (stop && step + 1 < max_steps) {
-            if (args.output_dir && saved != step + 1) { save_checkpoint(&model, args.output_dir, step + 1, &train_loader, &sample_rng, args.total_batch, 0); }
-            if (rank == 0) { checkpoint_done(1); }
-            if (rank == 0) {
-                printf("stopped by %s after step %d: %s\n", signal_name(stop), step + 1,
-                       args.output_dir ? "checkpoint written, resume with -y 1" : "no -o, so no checkpoint");
-            }
-            step = max_steps + 1;   // (no final validation or sample)
-        }
-    }
-
-    // the end: validation, a sample, the timings
-    if (step == max_steps) {
-        if (args.memory_report && max_steps == start_step) { mem_report(rank, world, "set up, no step run (-x 0)"); }
-        if (have_val && args.val_every > 0 && max_steps > start_step) {
-            float vl = gpt2_validate(&model, &val_loader, args.val_batches);
-            if (rank == 0) { printf("val loss %.6f\n", vl); log_printf(logf, "s:%d tel:%.6f\n", max_steps, vl); }
-        }
-        if (args.sample_every > 0 && max_steps > start_step) { gpt2_sample(&model, &tokenizer, &sample_rng, args.gen_tokens, eot); }
-    }
-    if (rank == 0) { checkpoint_done(1); }
-    if (args.memory_report && max_steps > start_step) { mem_report(rank, world, "at the end of the run"); }
-    report_times(&args, &model, &times, accum);
-    if (logf) { fclose_check(logf, "main.log"); }
-    trace_close();
-    tokenizer_free(&tokenizer);
-    dataloader_free(&train_loader);
-    if (have_val) { dataloader_free(&val_loader); }
-    mem_free_all();
-    grid_free(&grid);
+    run_finish(r, stopped || step != r->max_steps);
     MPI_Finalize();
     return 0;
 }
