@@ -325,27 +325,27 @@ static void check_memory(GPT2 *m, int accum) {
     else if (m->recompute == RECOMPUTE_MLP) { scratch = (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? hidden : 0); }
     else { scratch = (Ls > 0 ? core : 0) + (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? route + hidden : 0); }
     // (micro-batch, chunk) pairs alive at once: 1F1B pp - stage, GPipe all m; interleaved (Megatron's count)
-    // 2(pp - stage - 1) + (V-1)pp warm-up forwards + 1, all m*V when m = pp: stage 0 holds pp + (pp-1)/V
+    // 2(pp - stage - 1) + (vpp-1)pp warm-up forwards + 1, all m*vpp when m = pp: stage 0 holds pp + (pp-1)/vpp
     // stages' worth. The step just run must have had that many alive at once (pipeline.h checks as it
     // runs that no slot is taken twice).
-    int V = m->V, pp = m->grid->pp, s = m->grid->pp_rank, alive;
+    int vpp = m->vpp, pp = m->grid->pp, s = m->grid->pp_rank, alive;
     if (pp == 1) { alive = 1; }
     else if (m->pipe.schedule == SCHEDULE_GPIPE) { alive = accum; }
     else if (m->pipe.schedule == SCHEDULE_1F1B) { alive = pp - s < accum ? pp - s : accum; }
-    else { alive = accum == pp ? accum * V : 2 * (pp - s - 1) + (V - 1) * pp + 1; if (alive > accum * V) { alive = accum * V; } }
-    check(m->pipe.nslots == alive, "memory: %d (micro-batch, chunk) activation slots, formula %d (%s, stage %d of %d, V %d, %d micro-batches)",
+    else { alive = accum == pp ? accum * vpp : 2 * (pp - s - 1) + (vpp - 1) * pp + 1; if (alive > accum * vpp) { alive = accum * vpp; } }
+    check(m->pipe.nslots == alive, "memory: %d (micro-batch, chunk) activation slots, formula %d (%s, stage %d of %d, vpp %d, %d micro-batches)",
           m->pipe.nslots, alive, m->pipe.schedule == SCHEDULE_GPIPE ? "GPipe: all" : m->pipe.schedule == SCHEDULE_1F1B ? "1F1B: pp - stage" :
-          "interleaved: 2(pp-s-1) + (V-1)pp + 1", s, pp, V, accum);
+          "interleaved: 2(pp-s-1) + (vpp-1)pp + 1", s, pp, vpp, accum);
     check(m->pipe.peak == m->pipe.nslots, "memory: the step run had %d pairs alive at once, the %d slots", m->pipe.peak, m->pipe.nslots);
     // a slot holds any chunk of the stage: the largest chunk's layers, a dense layer's fc at as many
     // positions as the most dense layers of a chunk, a MoE layer's tensors at each position where a chunk has one
     int Lmax = 0, Ldmax = 0, nmoe_pos = 0;
     for (int l = 0, any; l < Ls; l++) {
         any = 0;
-        for (int v = 0; v < V; v++) { int l0 = m->chunk_l0[v]; any |= l0 + l < m->chunk_l0[v + 1] && is_moe_layer(c, m->layer_id[l0 + l]); }
+        for (int v = 0; v < vpp; v++) { int l0 = m->chunk_l0[v]; any |= l0 + l < m->chunk_l0[v + 1] && is_moe_layer(c, m->layer_id[l0 + l]); }
         nmoe_pos += any;
     }
-    for (int v = 0; v < V; v++) {
+    for (int v = 0; v < vpp; v++) {
         int l0 = m->chunk_l0[v], Lc = m->chunk_l0[v + 1] - l0, Ldc = 0;
         for (int l = l0; l < l0 + Lc; l++) { Ldc += !is_moe_layer(c, m->layer_id[l]); }
         if (Lc > Lmax) { Lmax = Lc; }
@@ -362,7 +362,7 @@ static void check_memory(GPT2 *m, int accum) {
     // comm buffers: MoE's dispatch buffers, send and receive, at their worst case; with a pipeline and
     // --overlap, the copy of the input's gradient being sent (but on the first stage, without
     // interleaving); interleaved, where a received gradient waits for its backward
-    double grad_copy = m->pipe.overlap && (!m->first || V > 1) ? X * BTs * C : 0, grad_wait = V > 1 ? X * BTs * C : 0;
+    double grad_copy = m->pipe.overlap && (!m->first || vpp > 1) ? X * BTs * C : 0, grad_wait = vpp > 1 ? X * BTs * C : 0;
     // context parallelism: ring attention's keys and values (B, T/cp, 2C/tp), held and arriving, and their gradients
     double ring = m->grid->cp > 1 ? 4.0 * X * BT * 2 * Cl : 0;
     double comm_expect = X * (Rs + Rr) * C + grad_copy + grad_wait + ring;
@@ -427,13 +427,13 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
         check(fabs(g->emb_group.bytes - expect) < 1, "comm: emb bytes/step %.0f = formula %.0f (tied embedding gradient, all-reduced between the first and the last stage)",
               g->emb_group.bytes, expect);
     }
-    int V = m->V;
+    int vpp = m->vpp;
     if (g->pp > 1) {   // each micro-batch and model chunk: the output activation forward (but the last stage's last
                        // chunk), the input gradient back (but the first stage's chunk 0)
         double slice = (double)m->BTs * c->channels / (!m->sp && tp > 1 ? tp : 1);   // without SP: 1/tp each
-        double expect = accum * X * slice * ((V - last) + (V - first));
+        double expect = accum * X * slice * ((vpp - last) + (vpp - first));
         check(fabs(g->pp_group.bytes - expect) < 1, "comm: pp bytes/step %.0f = formula %.0f (%d micro-batches x %d chunk(s) x (B*T/tp_sp) x C, to %s)",
-              g->pp_group.bytes, expect, accum, V, first ? "the next stage" : (last ? "the previous stage" : "both neighbours"));
+              g->pp_group.bytes, expect, accum, vpp, first ? "the next stage" : (last ? "the previous stage" : "both neighbours"));
     }
     if (g->cp > 1) {   // ring attention, per layer and micro-batch: N-1 hops of k, v forward (again when recomputed),
                        // N-1 of k, v and N of dk, dv backward; each (B, T/cp, 2C/tp)
@@ -464,7 +464,7 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
         double act = m->sp ? (2 * ends + 10.0 * Ls) * ring * S : (2 * ends + 8.0 * Ls) * ring * S;
         if (m->recompute == RECOMPUTE_FULL) { act += 4.0 * Ls * ring * S; }   // each layer's forward collectives, again
         // pipeline without SP: each tp rank received 1/tp of the stage boundary tensors, then all-gathered
-        double pipe_ag = g->pp > 1 && !m->sp ? ((V - first) + (V - last)) * ring * S * m->BTs / m->BT : 0;
+        double pipe_ag = g->pp > 1 && !m->sp ? ((vpp - first) + (vpp - last)) * ring * S * m->BTs / m->BT : 0;
         // MoE: the gates' gradient (BT, k) fp32, all-reduced per MoE layer
         double gates = nmoe * 2.0 * ring * m->BT * c->topk * 4;
         double expect = accum * (act + ce + pipe_ag + gates) + rep_ar;

@@ -75,7 +75,7 @@ static void build_unit(const GPT2Config *c, int tp, int ep, int ep_rank, Group *
 // tied LM head: same layout, so the two copies' gradients sum shard by shard. Returns the number of
 // units; sets the index of each kind (-1: none; without a pipeline u_pos == u_embed, one unit [wpe,
 // wte]) and, per layer of the stage, its unit and its experts' unit (-1 for a dense layer).
-static int build_units(const GPT2Config *c, Grid *g, int V, Unit *units, int *u_embed, int *u_pos, int *u_layer, int *u_experts, int *u_final) {
+static int build_units(const GPT2Config *c, Grid *g, int vpp, Unit *units, int *u_embed, int *u_pos, int *u_layer, int *u_experts, int *u_final) {
     static const int embedding[] = {T_WPE, T_WTE}, token[] = {T_WTE}, position[] = {T_WPE};
     static const int layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_FCPROJB,
                                 T_QKVW, T_QKVB, T_ATTPROJW, T_FCW, T_FCB, T_FCPROJW};
@@ -90,9 +90,9 @@ static int build_units(const GPT2Config *c, Grid *g, int V, Unit *units, int *u_
         *u_embed = n; build_unit(c, tp, ep, er, dp, &units[n++], token, 1, -1);
         *u_pos = n; build_unit(c, tp, ep, er, dp, &units[n++], position, 1, -1);
     }
-    for (int v = 0; v < V; v++) {   // the stage's model chunks (one without interleaving), in order
+    for (int v = 0; v < vpp; v++) {   // the stage's model chunks (one without interleaving), in order
         int l0, l1;
-        chunk_layers(c->num_layers, pp, V, stage, v, &l0, &l1);
+        chunk_layers(c->num_layers, pp, vpp, stage, v, &l0, &l1);
         for (int l = l0; l < l1; l++, ll++) {
             u_layer[ll] = n;
             u_experts[ll] = -1;
@@ -181,9 +181,9 @@ typedef struct {
     SeqPos seqpos;               // where the local tokens are in the sequence (context_parallel.h)
     CPRing cpring;               // cp > 1: ring attention's buffers
     int Cl, NHl, Vl, v0;         // this tp rank's channels, heads, vocab rows [v0, v0 + Vl)
-    int first, last, Ls, V;      // pipeline: is this the first / last stage; its layers; its model chunks
+    int first, last, Ls, vpp;      // pipeline: is this the first / last stage; its layers; its model chunks
     int *layer_id;               // (Ls) the model layer of each of the stage's layers (chunk by chunk)
-    int *chunk_l0;               // (V+1) chunk v's layers are the stage's [chunk_l0[v], chunk_l0[v+1])
+    int *chunk_l0;               // (vpp+1) chunk v's layers are the stage's [chunk_l0[v], chunk_l0[v+1])
     int nunits, u_embed, u_pos, u_final;   // this stage's units (zero.h), -1 where it has none
     int *u_layer, *u_experts;    // (Ls) each layer's unit; its experts' unit (-1: a dense layer)
     Unit *units;
@@ -232,7 +232,7 @@ static LayerActs layer_acts(const GPT2 *m, const Activations *a, int l) {
 
 // Builds this rank's part of the model (its pipeline stage, its tp slice, its experts, its ZeRO shard)
 // from the full host tensors (file order). Every rank passes the same.
-static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *grid, int V, int zero_stage, int sp, MoEOptions moe) {
+static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *grid, int vpp, int zero_stage, int sp, MoEOptions moe) {
     memset(m, 0, sizeof(*m));
     m->config = *c;
     m->grid = grid;
@@ -247,21 +247,21 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     m->Vl = c->padded_vocab_size / tp; m->v0 = grid->tp_rank * m->Vl;
     m->first = grid->pp_rank == 0;
     m->last = grid->pp_rank == grid->pp - 1;
-    m->V = V;
-    m->chunk_l0 = (int *)malloc_check((V + 1) * sizeof(int));
+    m->vpp = vpp;
+    m->chunk_l0 = (int *)malloc_check((vpp + 1) * sizeof(int));
     m->layer_id = (int *)malloc_check((c->num_layers + 1) * sizeof(int));
     m->Ls = 0;
-    for (int v = 0; v < V; v++) {
+    for (int v = 0; v < vpp; v++) {
         int l0, l1;
-        chunk_layers(c->num_layers, grid->pp, V, grid->pp_rank, v, &l0, &l1);
+        chunk_layers(c->num_layers, grid->pp, vpp, grid->pp_rank, v, &l0, &l1);
         m->chunk_l0[v] = m->Ls;
         for (int l = l0; l < l1; l++) { m->layer_id[m->Ls++] = l; }
     }
-    m->chunk_l0[V] = m->Ls;
+    m->chunk_l0[vpp] = m->Ls;
     m->units = (Unit *)malloc_check((2 * m->Ls + 4) * sizeof(Unit));
     m->u_layer = (int *)malloc_check((m->Ls + 1) * sizeof(int));
     m->u_experts = (int *)malloc_check((m->Ls + 1) * sizeof(int));
-    m->nunits = build_units(c, grid, V, m->units, &m->u_embed, &m->u_pos, m->u_layer, m->u_experts, &m->u_final);
+    m->nunits = build_units(c, grid, vpp, m->units, &m->u_embed, &m->u_pos, m->u_layer, m->u_experts, &m->u_final);
     zero_init(&m->zero, grid, zero_stage, sp, m->units, m->nunits);
     if (all_params == NULL) { return; }   // (a plan: the sizes only)
     float *full[NUM_TENSORS];
@@ -353,14 +353,14 @@ static void workspace_alloc(GPT2 *m, int chunk, int any_moe) {
 // (moe_dropless).
 static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, PipeSchedule schedule, int moe_dropless) {
     const GPT2Config *c = &m->config;
-    int tp = m->grid->tp, pp = m->grid->pp, cp = m->grid->cp, Ls = m->Ls, V = m->V;
+    int tp = m->grid->tp, pp = m->grid->pp, cp = m->grid->cp, Ls = m->Ls, vpp = m->vpp;
     m->B = B; m->T = T; m->BT = B * T;
     m->BTs = m->sp ? m->BT / tp : m->BT;
     m->tok0 = m->sp ? m->grid->tp_rank * m->BTs : 0;
     m->seqpos = seq_pos_of_rank(cp, m->grid->cp_rank, T);
     Pipeline *p = &m->pipe;
     p->pp = &m->grid->pp_group; p->tp = &m->grid->tp_group;
-    int nslots = pipeline_plan(p, pp == 1 ? SCHEDULE_1F1B : schedule, pp, V, m->grid->pp_rank, accum);   // (without a pipeline GPipe is 1F1B)
+    int nslots = pipeline_plan(p, pp == 1 ? SCHEDULE_1F1B : schedule, pp, vpp, m->grid->pp_rank, accum);   // (without a pipeline GPipe is 1F1B)
     int Ld = 0, Lm = 0;
     for (int l = 0; l < Ls; l++) { if (is_moe_layer(c, m->layer_id[l])) { Lm++; } else { Ld++; } }
     ExpertParallel *x = &m->moe;
@@ -370,7 +370,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     x->nlayers = Lm;
     int Lmax = 0, Ldmax = 0;
     int *moe_at = (int *)calloc_check(Ls + 1, sizeof(int));   // some chunk has a MoE layer at this position
-    for (int v = 0; v < V; v++) {
+    for (int v = 0; v < vpp; v++) {
         int l0 = m->chunk_l0[v], Lc = m->chunk_l0[v + 1] - l0, Ldc = 0;
         for (int l = 0; l < Lc; l++) { if (is_moe_layer(c, m->layer_id[l0 + l])) { moe_at[l] = 1; } else { Ldc++; } }
         if (Lc > Lmax) { Lmax = Lc; }
@@ -388,9 +388,9 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     workspace_alloc(m, chunk, Lm > 0);
     // the pipeline's view of the slots: each one's input (resid[0]) and output (resid[Lc])
     floatX **resid = (floatX **)malloc_check(nslots * sizeof(floatX *));
-    int *chunk_len = (int *)malloc_check(V * sizeof(int));
+    int *chunk_len = (int *)malloc_check(vpp * sizeof(int));
     for (int i = 0; i < nslots; i++) { resid[i] = m->acts[i].resid; }
-    for (int v = 0; v < V; v++) { chunk_len[v] = m->chunk_l0[v + 1] - m->chunk_l0[v]; }
+    for (int v = 0; v < vpp; v++) { chunk_len[v] = m->chunk_l0[v + 1] - m->chunk_l0[v]; }
     pipeline_alloc(p, m->first, m->last, !m->sp && tp > 1, m->BTs * c->channels, resid, chunk_len, m->ws.dresid, m->zero.prefetch && pp > 1);
 }
 
@@ -425,7 +425,7 @@ static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *g, cons
 // run, and a plan allocates none).
 static void gpt2_free(GPT2 *m) {
     int Lmax = 0;
-    for (int v = 0; v < m->V; v++) { if (m->chunk_l0[v + 1] - m->chunk_l0[v] > Lmax) { Lmax = m->chunk_l0[v + 1] - m->chunk_l0[v]; } }
+    for (int v = 0; v < m->vpp; v++) { if (m->chunk_l0[v + 1] - m->chunk_l0[v] > Lmax) { Lmax = m->chunk_l0[v + 1] - m->chunk_l0[v]; } }
     for (int i = 0; i <= m->pipe.nslots; i++) {   // the slots, then the scratch
         Activations *a = i < m->pipe.nslots ? &m->acts[i] : &m->scratch;
         for (int l = 0; a->moe && l <= (i < m->pipe.nslots ? Lmax : m->Ls); l++) { free(a->moe[l].counts); }
@@ -467,7 +467,7 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *x;
     int v = layer_chunk(m, l), u = m->u_layer[l];   // what runs next: the chunk's next layer, or the final LayerNorm
-    int next = l + 1 < m->chunk_l0[v + 1] ? m->u_layer[l + 1] : (m->last && v == m->V - 1 ? m->u_final : -1);
+    int next = l + 1 < m->chunk_l0[v + 1] ? m->u_layer[l + 1] : (m->last && v == m->vpp - 1 ? m->u_final : -1);
     unit_view(&m->units[u], zero_unit_params(&m->zero, u), p);
     if (!m->recomputing) { zero_prefetch_params(&m->zero, ue >= 0 ? ue : next, u); }   // ZeRO-3: the next unit, while this one computes
     // attention block: ln1 -> all tokens -> qkv (column-parallel, local heads) -> attention
@@ -527,7 +527,7 @@ static void gpt2_forward(GPT2 *m, int v, Activations *a) {
         layer_forward(m, layer_acts(m, a, l), l);
         trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "forward", "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
     }
-    if (m->last && v == m->V - 1) {
+    if (m->last && v == m->vpp - 1) {
         unit_view(&m->units[m->u_final], zero_unit_params(&m->zero, m->u_final), p);
         layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW], p[T_LNFB], BTs, C);
     }
@@ -564,7 +564,7 @@ static void gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int la
 
 // The loss sum starts at 0 (a step's or an evaluation's first batch).
 static void gpt2_clear_loss(GPT2 *m) {
-    if (m->last) { zero_on_device(m->ws.loss_sum, sizeof(double)); }
+    if (m->last) { memset_zero_device(m->ws.loss_sum, sizeof(double)); }
 }
 
 // The mean loss of `batches` batches of this rank's B*T tokens whose sums gpt2_head accumulated on the
@@ -639,11 +639,11 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *g[NUM_TENSORS];
 
-    if (m->last && v == m->V - 1) {
+    if (m->last && v == m->vpp - 1) {
         unit_view(&m->units[m->u_final], zero_unit_params(z, m->u_final), p);
         if (l1 > l0) { zero_prefetch_params(z, m->u_layer[l1 - 1], m->u_final); }
         unit_view(&m->units[m->u_final], zero_begin_unit_backward(z, m->u_final), g);
-        zero_on_device(w->dresid, (size_t)BTs * C * sizeof(floatX));
+        memset_zero_device(w->dresid, (size_t)BTs * C * sizeof(floatX));
         layernorm_backward(w->dresid, g[T_LNFW], g[T_LNFB], a->dlnf, a->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW],
                            a->lnf_mean, a->lnf_rstd, BTs, C);
         zero_end_unit_backward(z, m->u_final, last_micro);
@@ -698,7 +698,7 @@ static Activations *chunk_acts(GPT2 *m, int v, int i) { return &m->acts[m->pipe.
 // The copies are queued (copy_to_device_async): the host arrays must hold until the device has run them.
 static void gpt2_upload_batch(GPT2 *m, int i, const int *inputs, const int *targets) {
     if (inputs && m->first) { copy_to_device_async(chunk_acts(m, 0, i)->inputs, inputs, sizeof(int) * m->BT); }
-    if (targets && m->last) { copy_to_device_async(chunk_acts(m, m->V - 1, i)->targets, targets, sizeof(int) * m->BT); }
+    if (targets && m->last) { copy_to_device_async(chunk_acts(m, m->vpp - 1, i)->targets, targets, sizeof(int) * m->BT); }
 }
 
 // What the schedule runs for one training step on this stage.
@@ -716,9 +716,9 @@ static void train_forward(void *ctx, int v, int i) {
     GPT2 *m = s->m;
     Activations *a = chunk_acts(m, v, i);
     m->micro = i;
-    gpt2_upload_batch(m, i, v == 0 ? s->inputs + (size_t)i * m->BT : NULL, v == m->V - 1 ? s->targets + (size_t)i * m->BT : NULL);
+    gpt2_upload_batch(m, i, v == 0 ? s->inputs + (size_t)i * m->BT : NULL, v == m->vpp - 1 ? s->targets + (size_t)i * m->BT : NULL);
     gpt2_forward(m, v, a);
-    if (m->last && v == m->V - 1) { gpt2_head(m, a, s->dloss, 1, i == s->accum - 1); }
+    if (m->last && v == m->vpp - 1) { gpt2_head(m, a, s->dloss, 1, i == s->accum - 1); }
 }
 
 static void train_backward(void *ctx, int v, int i) {
@@ -739,7 +739,7 @@ static void gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     moe_step_begin(&m->moe, (float)(m->moe.opt.aux_coeff * m->config.num_experts / (Tg * sequences)),
                    (float)(m->moe.opt.z_coeff / (Tg * sequences)));
     int ranks = m->grid->dp * m->grid->cp;   // the ranks that share a step's tokens (cp: each sequence too)
-    if (accum != m->pipe.steps.n_total / m->V) { fail("%d micro-batches, the schedule was made for %d: a bug", accum, m->pipe.steps.n_total / m->V); }
+    if (accum != m->pipe.steps.n_total / m->vpp) { fail("%d micro-batches, the schedule was made for %d: a bug", accum, m->pipe.steps.n_total / m->vpp); }
     if (m->step_tokens == NULL) { m->step_tokens = (int *)host_alloc_pinned(sizeof(int) * 2 * accum * m->BT); }   // once: accum is the schedule's
     device_synchronize();   // the previous step's uploads have read the buffer (the step ended with a wait: free here)
     TrainStep s = {m, accum, m->step_tokens, m->step_tokens + (size_t)accum * m->BT, 1.0f / ((float)m->BT * accum * ranks)};
@@ -785,7 +785,7 @@ static StepResult gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
     int nparts = zero_grad_norm_parts(z);
     step_stats_gather(z->stats, z->norm_parts, nparts, m->last && g->tp_rank == 0 ? m->ws.loss_sum : NULL);
     comm_all_reduce(&g->world, z->stats, 2, DT_DOUBLE, NULL);   // loss_sum, norm_sq
-    double tokens = (double)m->BT * (m->pipe.steps.n_total / m->V) * g->dp * g->cp;   // the global batch's
+    double tokens = (double)m->BT * (m->pipe.steps.n_total / m->vpp) * g->dp * g->cp;   // the global batch's
     step_stats_clip(z->stats, tokens, o->grad_clip);
     zero_optimizer_step(z, lr, o->beta1, o->beta2, o->eps, o->weight_decay, &z->stats->scale, m->updates + 1, o->seed + 7919u * step);
     StepStats st;
@@ -805,7 +805,7 @@ typedef struct { GPT2 *m; const int *inputs, *targets; } ForwardOnly;   // this 
 
 static void forward_only(void *ctx, int v, int i) {
     ForwardOnly *f = (ForwardOnly *)ctx;
-    gpt2_upload_batch(f->m, i, v == 0 ? f->inputs : NULL, v == f->m->V - 1 ? f->targets : NULL);
+    gpt2_upload_batch(f->m, i, v == 0 ? f->inputs : NULL, v == f->m->vpp - 1 ? f->targets : NULL);
     gpt2_forward(f->m, v, chunk_acts(f->m, v, i));
 }
 
@@ -829,7 +829,7 @@ static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
     for (int i = 0; i < n; i++) {
         dataloader_next_batch(dl);
         gpt2_forward_pipeline(m, dl->inputs, dl->targets);
-        if (m->last) { gpt2_head(m, chunk_acts(m, m->V - 1, 0), 0.0f, 0, 0); }
+        if (m->last) { gpt2_head(m, chunk_acts(m, m->vpp - 1, 0), 0.0f, 0, 0); }
     }
     return gpt2_read_loss(m, n);
 }
@@ -857,7 +857,7 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
         floatX *p[NUM_TENSORS];
         if (m->last) { unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p); }   // (ZeRO 3: a dp, cp collective)
         if (m->last && m->grid->cp_rank == owner) {
-            floatX *h = tp_all_tokens(&m->grid->tp_group, m->sp, chunk_acts(m, m->V - 1, 0)->lnf, m->ws.xfull, m->BTs, C);
+            floatX *h = tp_all_tokens(&m->grid->tp_group, m->sp, chunk_acts(m, m->vpp - 1, 0)->lnf, m->ws.xfull, m->BTs, C);
             // this rank's vocabulary slice of the logits of position t-1, then all slices (Vp)
             matmul_forward(row + m->v0, h + (size_t)row_t * C, p[T_WTE], NULL, 1, C, m->Vl);
             comm_all_gather(&m->grid->tp_group, row + m->v0, row, m->Vl, DT_FLOATX, NULL);
@@ -1074,7 +1074,7 @@ static void report_first_step(const Args *a, GPT2 *m, int accum) {
             comm_host_gather(&g->world, &m->pipe.nslots, 1, alive, DT_INT, 0, "gather of the activation slots");
             if (g->rank == 0) {
                 printf("pipeline (%s, %d micro-batches): %s of activations alive per stage:", a->pp_schedule, accum,
-                       m->V > 1 ? "(micro-batch, model chunk) pairs" : "micro-batches");
+                       m->vpp > 1 ? "(micro-batch, model chunk) pairs" : "micro-batches");
                 for (int s = 0; s < g->pp; s++) { printf(" %d", alive[s * g->tp * g->cp]); }
                 printf("\n");
             }
@@ -1084,14 +1084,14 @@ static void report_first_step(const Args *a, GPT2 *m, int accum) {
 }
 
 // The pipeline bubble of each stage: time waiting on the neighbour stages / step time, averaged
-// over the timed steps, next to the ideal (pp-1)/(V*m+pp-1) (V = 1 but interleaved).
+// over the timed steps, next to the ideal (pp-1)/(V*m+pp-1) (vpp = 1 but interleaved).
 static void report_bubble(const Args *a, Grid *g, double bubble_sum, int steps, int accum) {
     double mine = bubble_sum / steps, *all = (double *)malloc_check(sizeof(double) * g->world_size);
     comm_host_gather(&g->world, &mine, 1, all, DT_DOUBLE, 0, "gather of the bubbles");
     if (g->rank == 0) {
-        int V = a->vpp;
+        int vpp = a->vpp;
         printf("pipeline bubble (%s, %d micro-batches): measured time waiting on the neighbour stages / step time, ideal (pp-1)/(%sm+pp-1) = %.3f\n",
-               a->pp_schedule, accum, V > 1 ? "V*" : "", (double)(g->pp - 1) / (V * accum + g->pp - 1));
+               a->pp_schedule, accum, vpp > 1 ? "V*" : "", (double)(g->pp - 1) / (vpp * accum + g->pp - 1));
         for (int s = 0; s < g->pp; s++) { printf("  stage %d: %.3f\n", s, all[s * g->tp]); }   // (tp 0, dp 0) rank of each stage
     }
     free(all);

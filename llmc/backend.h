@@ -260,7 +260,7 @@ static void copy_on_device(void *dst, const void *src, size_t bytes) {
 #endif
 }
 
-static void zero_on_device(void *dst, size_t bytes) {
+static void memset_zero_device(void *dst, size_t bytes) {
 #ifdef USE_CUDA
     cudaCheck(cudaMemsetAsync(dst, 0, bytes, main_stream));
 #else

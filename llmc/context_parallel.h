@@ -325,8 +325,8 @@ static void cp_attention_backward(CPRing *r, floatX *dqkv, const floatX *dout, f
                                   int B, int T, int C, int NH) {
     int N = r->cp->size, i = r->cp->rank, cur = 0;
     size_t n = (size_t)B * T * 2 * C;
-    zero_on_device(dqkv, (size_t)B * T * 3 * C * sizeof(floatX));
-    zero_on_device(r->dkv[0], n * sizeof(floatX));
+    memset_zero_device(dqkv, (size_t)B * T * 3 * C * sizeof(floatX));
+    memset_zero_device(r->dkv[0], n * sizeof(floatX));
     cp_kv_copy(r->kv[0], qkv, (size_t)B * T, C, 1);
     for (int s = 0; s < N; s++, cur = !cur) {
         CommRequest hop[2] = {};

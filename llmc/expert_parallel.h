@@ -135,7 +135,7 @@ static void moe_step_begin(ExpertParallel *x, float aux_scale, float z_scale) {
     x->aux_scale = aux_scale;
     x->z_scale = z_scale;
     x->kept = x->assigned = 0.0;
-    if (x->sums) { zero_on_device(x->sums, 2 * sizeof(double)); }
+    if (x->sums) { memset_zero_device(x->sums, 2 * sizeof(double)); }
     x->count_stats = 1;
 }
 

@@ -15,12 +15,12 @@
 //   stage 0  F0 F1 F2 F3 .. .. .. B0 F4 B1 F5 B2 ..          (pp = 4, 1F1B: 3 warm-up forwards)
 //   stage 3  .. .. .. F0 B0 F1 B1 F2 B2 F3 B3 ..             (no warm-up: forward, backward, ...)
 //
-//   Interleaved 1F1B (Megatron's virtual pipeline, --vpp V): the layers are cut into pp*V chunks and
-//         rank r holds V of them, chunks r, r+pp, r+2pp, ... (its "model chunks" v = 0..V-1). A micro-
-//         batch goes around the ranks V times: rank pp-1's chunk v feeds rank 0's chunk v+1. Micro-
+//   Interleaved 1F1B (Megatron's virtual pipeline, --vpp): the layers are cut into pp*vpp chunks and
+//         rank r holds vpp of them, chunks r, r+pp, r+2pp, ... (its "model chunks" v = 0..vpp-1). A micro-
+//         batch goes around the ranks vpp times: rank pp-1's chunk v feeds rank 0's chunk v+1. Micro-
 //         batches go in groups of pp through chunk 0, then the same group through chunk 1, ... (so m
-//         must be a multiple of pp), the backward through the chunks in reverse. Each rank's work is V
-//         times finer, and the bubble V times smaller: (pp-1)/(V*m+pp-1) of the step; the price is V
+//         must be a multiple of pp), the backward through the chunks in reverse. Each rank's work is vpp
+//         times finer, and the bubble vpp times smaller: (pp-1)/(vpp*m+pp-1) of the step; the price is vpp
 //         times the boundary traffic and more micro-batches of activations alive on the first ranks.
 //
 // A schedule is a list of steps per rank (pipeline_steps): run a forward and/or a backward, then one
@@ -57,16 +57,16 @@ static void stage_layers(int L, int pp, int stage, int *l0, int *l1) {
     *l1 = *l0 + base + (stage < extra ? 1 : 0);
 }
 
-// The layers of rank `rank`'s model chunk v (of V per rank): the virtual stage v*pp + rank of pp*V.
-static void chunk_layers(int L, int pp, int V, int rank, int v, int *l0, int *l1) { stage_layers(L, pp * V, v * pp + rank, l0, l1); }
+// The layers of rank `rank`'s model chunk v (of vpp per rank): the virtual stage v*pp + rank of pp*vpp.
+static void chunk_layers(int L, int pp, int vpp, int rank, int v, int *l0, int *l1) { stage_layers(L, pp * vpp, v * pp + rank, l0, l1); }
 
-// The k-th forward (or backward) of a rank, k = 0 .. m*V-1: its model chunk and its micro-batch.
+// The k-th forward (or backward) of a rank, k = 0 .. m*vpp-1: its model chunk and its micro-batch.
 // Groups of pp micro-batches pass chunk 0, then chunk 1, ...; the backward takes the chunks in reverse.
-static int schedule_chunk(int k, int pp, int V, int forward) {
-    int c = (k % (pp * V) + pp * V) % (pp * V) / pp;   // (k < 0: counted back from the previous group)
-    return forward ? c : V - 1 - c;
+static int schedule_chunk(int k, int pp, int vpp, int forward) {
+    int c = (k % (pp * vpp) + pp * vpp) % (pp * vpp) / pp;   // (k < 0: counted back from the previous group)
+    return forward ? c : vpp - 1 - c;
 }
-static int schedule_micro(int k, int pp, int V) { return k / (pp * V) * pp + k % pp; }
+static int schedule_micro(int k, int pp, int vpp) { return k / (pp * vpp) * pp + k % pp; }
 
 // One step of a rank's schedule: forward k (-1: none), backward k (-1: none), then the exchange: send
 // that forward's output to the next stage, send that backward's input gradient to the previous one,
@@ -77,17 +77,17 @@ typedef struct { int fwd, bwd, send_fwd, send_bwd, recv_fwd, recv_bwd; } PipeSte
 typedef struct {
     PipeStep *s;
     int n, cap;
-    int pp, V, rank;
-    int n_total;   // forwards (= backwards) of the rank: m*V
+    int pp, vpp, rank;
+    int n_total;   // forwards (= backwards) of the rank: m*vpp
 } StepList;
 
 // Adds a step, leaving out what does not apply: chunk 0 of rank 0 receives no input (the embedding
 // makes it) and sends no gradient; the last chunk of rank pp-1 sends no output (the head takes it)
 // and receives no gradient. A step left with nothing to do is dropped.
 static void add_step(StepList *l, int fwd, int bwd, int send_fwd, int send_bwd, int recv_fwd, int recv_bwd) {
-    int pp = l->pp, V = l->V, r = l->rank;
-    #define FIRST_CHUNK(k, fw) (r == 0 && schedule_chunk(k, pp, V, fw) == 0)
-    #define LAST_CHUNK(k, fw) (r == pp - 1 && schedule_chunk(k, pp, V, fw) == V - 1)
+    int pp = l->pp, vpp = l->vpp, r = l->rank;
+    #define FIRST_CHUNK(k, fw) (r == 0 && schedule_chunk(k, pp, vpp, fw) == 0)
+    #define LAST_CHUNK(k, fw) (r == pp - 1 && schedule_chunk(k, pp, vpp, fw) == vpp - 1)
     if (send_fwd && LAST_CHUNK(fwd, 1)) { send_fwd = 0; }
     if (send_bwd && FIRST_CHUNK(bwd, 0)) { send_bwd = 0; }
     if (recv_fwd >= 0 && FIRST_CHUNK(recv_fwd, 1)) { recv_fwd = -1; }
@@ -102,7 +102,7 @@ static void add_step(StepList *l, int fwd, int bwd, int send_fwd, int send_bwd, 
     l->s[l->n++] = (PipeStep){fwd, bwd, send_fwd, send_bwd, recv_fwd, recv_bwd};
 }
 
-// 1F1B and GPipe (V = 1): the exchanges go one way at a time, with one neighbour each.
+// 1F1B and GPipe (vpp = 1): the exchanges go one way at a time, with one neighbour each.
 static void steps_1f1b(StepList *l, int m, int gpipe) {
     int pp = l->pp, s = l->rank;
     int warm = gpipe ? m : (pp - s - 1 < m ? pp - s - 1 : m), steady = m - warm;
@@ -123,26 +123,26 @@ static void steps_1f1b(StepList *l, int m, int gpipe) {
 }
 
 // The first forward >= k whose input comes from another rank (not chunk 0 of rank 0), and the first
-// backward >= k whose output's gradient does (not the last chunk of rank pp-1); m*V if none.
+// backward >= k whose output's gradient does (not the last chunk of rank pp-1); m*vpp if none.
 static int next_input(const StepList *l, int k) {
-    while (k < l->n_total && l->rank == 0 && schedule_chunk(k, l->pp, l->V, 1) == 0) { k++; }
+    while (k < l->n_total && l->rank == 0 && schedule_chunk(k, l->pp, l->vpp, 1) == 0) { k++; }
     return k;
 }
 static int next_gradient(const StepList *l, int k) {
-    while (k < l->n_total && l->rank == l->pp - 1 && schedule_chunk(k, l->pp, l->V, 0) == l->V - 1) { k++; }
+    while (k < l->n_total && l->rank == l->pp - 1 && schedule_chunk(k, l->pp, l->vpp, 0) == l->vpp - 1) { k++; }
     return k;
 }
 
 // Interleaved 1F1B (Megatron's schedule): warm-up forwards, then steps of one forward and one
 // backward with a single exchange in both directions, then the cool-down backwards. Rank r's warm-up
-// is 2(pp-r-1) + (V-1)pp forwards (all of them when m == pp). What a rank receives in an exchange is
+// is 2(pp-r-1) + (vpp-1)pp forwards (all of them when m == pp). What a rank receives in an exchange is
 // what its neighbour sends in the matching one: each rank's k-th output goes to the next rank's k-th
 // input that comes from a peer, in order (send and receive sequences are the same, in the same order,
 // because every rank runs the chunks in the same order); the receives below follow the senders.
 static void steps_interleaved(StepList *l, int m) {
-    int pp = l->pp, V = l->V, r = l->rank, total = m * V;
+    int pp = l->pp, vpp = l->vpp, r = l->rank, total = m * vpp;
     int all_warm = m == pp;
-    int warm = all_warm ? total : 2 * (pp - r - 1) + (V - 1) * pp;
+    int warm = all_warm ? total : 2 * (pp - r - 1) + (vpp - 1) * pp;
     if (warm > total) { warm = total; }
     int rest = total - warm;
     // the inputs and the gradients this rank receives, in order: forwards / backwards not fed by itself
@@ -152,7 +152,7 @@ static void steps_interleaved(StepList *l, int m) {
     add_step(l, -1, -1, 0, 0, r != 0 ? NEXT_IN() : -1, -1);   // forward 0's input (rank 0: the embedding makes it)
     for (int k = 0; k < warm; k++) {
         // the previous rank sends the output of its forward k; rank 0 gets rank pp-1's (the next chunk's input)
-        int recv = k + 1 < total && !(r == 0 && schedule_chunk(k + 1, pp, V, 1) == 0);
+        int recv = k + 1 < total && !(r == 0 && schedule_chunk(k + 1, pp, vpp, 1) == 0);
         int grad = k == warm - 1 && !all_warm && r != pp - 1;   // the last warm-up step: the first gradient too
         add_step(l, k, -1, 1, 0, recv ? NEXT_IN() : -1, grad ? NEXT_GRAD() : -1);
     }
@@ -160,13 +160,13 @@ static void steps_interleaved(StepList *l, int m) {
         int kf = warm + j, kb = j;
         // rank 0 is pp-1 forwards ahead of rank pp-1, which sends nothing after its last chunk; likewise
         // rank pp-1 is ahead of rank 0 in the backward, which sends nothing from its chunk 0
-        int recv = j < rest - 1 && !(r == 0 && schedule_chunk(kf - (pp - 1), pp, V, 1) == V - 1);
-        int grad = !(r == pp - 1 && schedule_chunk(kb - (pp - 1), pp, V, 0) == 0);
+        int recv = j < rest - 1 && !(r == 0 && schedule_chunk(kf - (pp - 1), pp, vpp, 1) == vpp - 1);
+        int grad = !(r == pp - 1 && schedule_chunk(kb - (pp - 1), pp, vpp, 0) == 0);
         add_step(l, kf, kb, 1, 1, recv ? NEXT_IN() : -1, grad ? NEXT_GRAD() : -1);
     }
     if (all_warm && r != pp - 1) { add_step(l, -1, -1, 0, 0, -1, NEXT_GRAD()); }
     for (int k = rest; k < total; k++) {
-        int grad = k + 1 < total && !(r == pp - 1 && schedule_chunk(k + 1, pp, V, 0) == V - 1);
+        int grad = k + 1 < total && !(r == pp - 1 && schedule_chunk(k + 1, pp, vpp, 0) == vpp - 1);
         add_step(l, -1, k, 0, 1, -1, grad ? NEXT_GRAD() : -1);
     }
     #undef NEXT_IN
@@ -174,10 +174,10 @@ static void steps_interleaved(StepList *l, int m) {
 }
 
 // Rank `rank`'s schedule for m micro-batches (forward_only: one micro-batch through every chunk).
-static StepList pipeline_steps(PipeSchedule schedule, int pp, int V, int rank, int m, int forward_only) {
-    StepList l = {NULL, 0, 0, pp, V, rank, m * V};
-    if (forward_only) {   // micro-batch 0 around the ranks V times: forward k = v*pp is chunk v
-        for (int v = 0; v < V; v++) {
+static StepList pipeline_steps(PipeSchedule schedule, int pp, int vpp, int rank, int m, int forward_only) {
+    StepList l = {NULL, 0, 0, pp, vpp, rank, m * vpp};
+    if (forward_only) {   // micro-batch 0 around the ranks vpp times: forward k = v*pp is chunk v
+        for (int v = 0; v < vpp; v++) {
             add_step(&l, -1, -1, 0, 0, v * pp, -1);
             add_step(&l, v * pp, -1, 1, 0, -1, -1);
         }
@@ -193,23 +193,23 @@ static StepList pipeline_steps(PipeSchedule schedule, int pp, int V, int rank, i
 // are the next rank's inputs from a peer, in order (the same micro-batch; the next chunk when they
 // cross from rank pp-1 to rank 0), and likewise for the gradients. Returns 0 if they do not.
 static int steps_match(const StepList *a, const StepList *next) {
-    int pp = a->pp, V = a->V, sf = 0, rf = 0, sb = 0, rb = 0;
+    int pp = a->pp, vpp = a->vpp, sf = 0, rf = 0, sb = 0, rb = 0;
     int *out = (int *)calloc_check(2 * (size_t)a->n_total + 2, sizeof(int)), *in = out + a->n_total + 1;
     for (int i = 0; i < a->n; i++) { if (a->s[i].send_fwd) { out[sf++] = a->s[i].fwd; } }
     for (int i = 0; i < next->n; i++) { if (next->s[i].recv_fwd >= 0) { in[rf++] = next->s[i].recv_fwd; } }
     int ok = sf == rf;
     for (int i = 0; ok && i < sf; i++) {
         int wrap = a->rank == pp - 1;
-        ok = schedule_micro(out[i], pp, V) == schedule_micro(in[i], pp, V) &&
-             schedule_chunk(out[i], pp, V, 1) + wrap == schedule_chunk(in[i], pp, V, 1);
+        ok = schedule_micro(out[i], pp, vpp) == schedule_micro(in[i], pp, vpp) &&
+             schedule_chunk(out[i], pp, vpp, 1) + wrap == schedule_chunk(in[i], pp, vpp, 1);
     }
     for (int i = 0; i < next->n; i++) { if (next->s[i].send_bwd) { out[sb++] = next->s[i].bwd; } }
     for (int i = 0; i < a->n; i++) { if (a->s[i].recv_bwd >= 0) { in[rb++] = a->s[i].recv_bwd; } }
     ok = ok && sb == rb;
     for (int i = 0; ok && i < sb; i++) {
         int wrap = next->rank == 0;
-        ok = schedule_micro(out[i], pp, V) == schedule_micro(in[i], pp, V) &&
-             schedule_chunk(out[i], pp, V, 0) - wrap == schedule_chunk(in[i], pp, V, 0);
+        ok = schedule_micro(out[i], pp, vpp) == schedule_micro(in[i], pp, vpp) &&
+             schedule_chunk(out[i], pp, vpp, 0) - wrap == schedule_chunk(in[i], pp, vpp, 0);
     }
     free(out);
     return ok;
@@ -217,20 +217,20 @@ static int steps_match(const StepList *a, const StepList *next) {
 
 typedef struct {
     Group *pp, *tp;
-    int first, last;       // this rank holds the first / the last stage (its chunk 0 / chunk V-1)
+    int first, last;       // this rank holds the first / the last stage (its chunk 0 / chunk vpp-1)
     int split;             // no SP and tp > 1: send 1/tp of each tensor, all-gather on arrival
     size_t n;              // elements of one boundary tensor (B*T/tp_sp * C)
     PipeSchedule schedule;
-    int V;                 // model chunks per rank (interleaved; 1 otherwise)
+    int vpp;                 // model chunks per rank (interleaved; 1 otherwise)
     StepList steps;        // this rank's schedule for a training step
     int m;                 // micro-batches per step (the plan's)
     int nslots;            // activation slots: as many (micro-batch, chunk) pairs as are alive at once
-    int *slot_of;          // (V, m) the slot of micro-batch i in chunk v while it is alive, -1 otherwise
+    int *slot_of;          // (vpp, m) the slot of micro-batch i in chunk v while it is alive, -1 otherwise
     int *busy;             // (nslots) 1 while a slot is taken
     int alive, peak;       // slots taken now, and the most at once since the plan
     floatX **resid;        // (nslots) each slot's residual stream: the chunk's input (received, or made by the embedding),
                            // each layer's output, the last one the chunk's output (sent, or taken by the head)
-    int *chunk_len;        // (V) layers of each chunk: its output is resid + chunk_len * n
+    int *chunk_len;        // (vpp) layers of each chunk: its output is resid + chunk_len * n
     floatX *grad;          // the gradient of the output (received), then of the input (sent): ws.dresid
     floatX *grad_recv;     // interleaved: where a received gradient waits for its backward (1F1B: grad)
     int grad_held;         // the backward whose gradient is in grad_recv (-1: none)
@@ -243,7 +243,7 @@ typedef struct {
 
 // The slot of forward (or backward) k's micro-batch in its chunk.
 static int pipe_slot(const Pipeline *p, int k, int forward) {
-    int pp = p->pp->size, v = schedule_chunk(k, pp, p->V, forward), i = schedule_micro(k, pp, p->V), s = p->slot_of[v * p->m + i];
+    int pp = p->pp->size, v = schedule_chunk(k, pp, p->vpp, forward), i = schedule_micro(k, pp, p->vpp), s = p->slot_of[v * p->m + i];
     if (s < 0) { fail("pipeline: micro-batch %d of chunk %d has no activation slot: a bug", i, v); }
     return s;
 }
@@ -252,7 +252,7 @@ static int pipe_slot(const Pipeline *p, int k, int forward) {
 // free slot when its input arrives (or its forward starts, on chunk 0 of the first stage) and gives it
 // back after its backward. The plan runs the schedule's list through the same rules to size the pool.
 static void slot_take(Pipeline *p, int k) {
-    int pp = p->pp->size, v = schedule_chunk(k, pp, p->V, 1), i = schedule_micro(k, pp, p->V), s = 0;
+    int pp = p->pp->size, v = schedule_chunk(k, pp, p->vpp, 1), i = schedule_micro(k, pp, p->vpp), s = 0;
     while (s < p->nslots && p->busy[s]) { s++; }
     if (s == p->nslots || p->slot_of[v * p->m + i] >= 0) {
         fail("pipeline: no free activation slot for micro-batch %d of chunk %d (%d slots): a bug", i, v, p->nslots);
@@ -262,13 +262,13 @@ static void slot_take(Pipeline *p, int k) {
     if (++p->alive > p->peak) { p->peak = p->alive; }
 }
 static void slot_give(Pipeline *p, int k) {
-    int pp = p->pp->size, v = schedule_chunk(k, pp, p->V, 0), i = schedule_micro(k, pp, p->V);
+    int pp = p->pp->size, v = schedule_chunk(k, pp, p->vpp, 0), i = schedule_micro(k, pp, p->vpp);
     p->busy[pipe_slot(p, k, 0)] = 0;
     p->slot_of[v * p->m + i] = -1;
     p->alive--;
 }
 static void slots_reset(Pipeline *p) {
-    for (int i = 0; i < p->V * p->m; i++) { p->slot_of[i] = -1; }
+    for (int i = 0; i < p->vpp * p->m; i++) { p->slot_of[i] = -1; }
     for (int s = 0; s < p->nslots; s++) { p->busy[s] = 0; }
     p->alive = 0;
 }
@@ -276,21 +276,21 @@ static void slots_reset(Pipeline *p) {
 // The schedule of rank `rank` for m micro-batches, checked against its neighbours', and the number of
 // activation slots it needs: the most (micro-batch, chunk) pairs alive at once, each alive from its
 // input's arrival (or its forward, on chunk 0 of the first stage) to the end of its backward.
-static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int V, int rank, int m) {
+static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int vpp, int rank, int m) {
     p->schedule = schedule;
-    p->V = V;
-    p->steps = pipeline_steps(schedule, pp, V, rank, m, 0);
-    StepList prev = pipeline_steps(schedule, pp, V, (rank + pp - 1) % pp, m, 0);
-    StepList next = pipeline_steps(schedule, pp, V, (rank + 1) % pp, m, 0);
+    p->vpp = vpp;
+    p->steps = pipeline_steps(schedule, pp, vpp, rank, m, 0);
+    StepList prev = pipeline_steps(schedule, pp, vpp, (rank + pp - 1) % pp, m, 0);
+    StepList next = pipeline_steps(schedule, pp, vpp, (rank + 1) % pp, m, 0);
     if (pp > 1 && (!steps_match(&p->steps, &next) || !steps_match(&prev, &p->steps))) {
-        fail("the %s schedule's exchanges do not pair up (pp %d, V %d, m %d): a bug", schedule == SCHEDULE_INTERLEAVED ? "interleaved" : "pipeline",
-             pp, V, m);
+        fail("the %s schedule's exchanges do not pair up (pp %d, vpp %d, m %d): a bug", schedule == SCHEDULE_INTERLEAVED ? "interleaved" : "pipeline",
+             pp, vpp, m);
     }
     free(prev.s); free(next.s);
     int alive = 0, most = pp == 1 ? 1 : 0;   // (no pipeline: forward, backward, forward, ...)
     for (int i = 0; i < p->steps.n; i++) {
         const PipeStep *s = &p->steps.s[i];
-        if (s->fwd >= 0 && rank == 0 && schedule_chunk(s->fwd, pp, V, 1) == 0) { alive++; }
+        if (s->fwd >= 0 && rank == 0 && schedule_chunk(s->fwd, pp, vpp, 1) == 0) { alive++; }
         if (alive > most) { most = alive; }
         if (s->bwd >= 0) { alive--; }
         if (s->recv_fwd >= 0) { alive++; }
@@ -298,7 +298,7 @@ static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int V, int 
     }
     p->m = m;
     p->nslots = most;
-    p->slot_of = (int *)malloc_check(V * (size_t)m * sizeof(int));
+    p->slot_of = (int *)malloc_check(vpp * (size_t)m * sizeof(int));
     p->busy = (int *)malloc_check(most * sizeof(int));
     slots_reset(p);
     p->peak = 0;
@@ -306,7 +306,7 @@ static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int V, int 
 }
 
 // The exchanges' buffers, once the slots are planned: resid (nslots) each slot's residual stream and
-// chunk_len (V) each chunk's layers (both taken over: pipeline_free frees them), grad the model's
+// chunk_len (vpp) each chunk's layers (both taken over: pipeline_free frees them), grad the model's
 // gradient buffer; the pipeline's own: interleaved, where a received gradient waits for its backward (a
 // gradient can arrive while another chunk's backward, the head's, still uses grad); with overlap (sends
 // that complete while the stage computes), the copy of the gradient being sent.
@@ -317,10 +317,10 @@ static void pipeline_alloc(Pipeline *p, int first, int last, int split, size_t n
     p->resid = resid;
     p->chunk_len = chunk_len;
     p->grad = grad;
-    p->grad_recv = p->V > 1 ? (floatX *)mem_alloc(n * floatx_bytes(), MEM_COMM) : grad;
+    p->grad_recv = p->vpp > 1 ? (floatX *)mem_alloc(n * floatx_bytes(), MEM_COMM) : grad;
     p->grad_held = -1;
     p->overlap = overlap;
-    p->grad_send = overlap && (!first || p->V > 1) ? (floatX *)mem_alloc(n * floatx_bytes(), MEM_COMM) : NULL;
+    p->grad_send = overlap && (!first || p->vpp > 1) ? (floatX *)mem_alloc(n * floatx_bytes(), MEM_COMM) : NULL;
 }
 
 // The pipeline's host memory (its device buffers are the allocator's: alloc.h).
@@ -343,7 +343,7 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st) {
     int n = 0;
     floatX *got[2] = {NULL, NULL};
     if (st->send_fwd) {
-        floatX *out = p->resid[pipe_slot(p, st->fwd, 1)] + (size_t)p->chunk_len[schedule_chunk(st->fwd, pp, p->V, 1)] * p->n;
+        floatX *out = p->resid[pipe_slot(p, st->fwd, 1)] + (size_t)p->chunk_len[schedule_chunk(st->fwd, pp, p->vpp, 1)] * p->n;
         ops[n++] = (P2POp){1, out + off, k, next, 0};
     }
     if (st->send_bwd) {
@@ -386,22 +386,22 @@ typedef struct {
 } StageWork;
 
 static void pipeline_execute(Pipeline *p, const StepList *l, StageWork w) {
-    int pp = p->pp->size, V = p->V;
+    int pp = p->pp->size, vpp = p->vpp;
     for (int i = 0; i < l->n; i++) {
         const PipeStep *s = &l->s[i];
         if (s->fwd >= 0) {
-            int v = schedule_chunk(s->fwd, pp, V, 1);
+            int v = schedule_chunk(s->fwd, pp, vpp, 1);
             if (p->first && v == 0) { slot_take(p, s->fwd); }   // (the others took theirs when the input arrived)
-            w.forward(w.ctx, v, schedule_micro(s->fwd, pp, V));
+            w.forward(w.ctx, v, schedule_micro(s->fwd, pp, vpp));
         }
         if (s->bwd >= 0) {
-            int v = schedule_chunk(s->bwd, pp, V, 0);
-            if (!(p->last && v == V - 1) && p->grad_recv != p->grad) {   // its gradient waited in grad_recv
+            int v = schedule_chunk(s->bwd, pp, vpp, 0);
+            if (!(p->last && v == vpp - 1) && p->grad_recv != p->grad) {   // its gradient waited in grad_recv
                 if (p->grad_held != s->bwd) { fail("pipeline: backward %d ran without its gradient: a bug", s->bwd); }
                 copy_on_device(p->grad, p->grad_recv, p->n * sizeof(floatX));
                 p->grad_held = -1;
             }
-            w.backward(w.ctx, v, schedule_micro(s->bwd, pp, V));
+            w.backward(w.ctx, v, schedule_micro(s->bwd, pp, vpp));
             slot_give(p, s->bwd);
         }
         pipe_exchange(p, s);
@@ -426,7 +426,7 @@ static void pipeline_run(Pipeline *p, StageWork w) {
 
 // One micro-batch forward through every stage (validation, sampling).
 static void pipeline_forward_only(Pipeline *p, StageWork w) {
-    StepList l = pipeline_steps(p->schedule, p->pp->size, p->V, p->pp->rank, 1, 1);
+    StepList l = pipeline_steps(p->schedule, p->pp->size, p->vpp, p->pp->rank, 1, 1);
     slots_reset(p);   // (no backward gives them back: they stay, for the caller to read the output, until the next run)
     pipeline_execute(p, &l, w);
     for (int i = 0; i < 2; i++) { comm_wait(&p->sending[i]); }

@@ -285,8 +285,8 @@ static void zero_set_unit_state(Zero *z, int u, int which, const float *host) {
 // gradients
 
 static void zero_clear_grads(Zero *z) {
-    if (z->grads) { zero_on_device(z->grads, z->full_size * sizeof(floatX)); }
-    if (z->grads_shard) { zero_on_device(z->grads_shard, z->shard_size * sizeof(floatX)); }
+    if (z->grads) { memset_zero_device(z->grads, z->full_size * sizeof(floatX)); }
+    if (z->grads_shard) { memset_zero_device(z->grads_shard, z->shard_size * sizeof(floatX)); }
 }
 
 // Stages 2-3: waits for the reduce-scatter of the unit in gradient buffer i and adds the rank's
@@ -309,7 +309,7 @@ static floatX *zero_begin_unit_backward(Zero *z, int u) {
     int i = work_pick(&z->gw, U->embedding);
     zero_finish_work(z, i);   // the buffer's previous unit must be reduced first
     work_set(&z->gw, i, u);
-    zero_on_device(z->gw.buf[i], U->padded * sizeof(floatX));
+    memset_zero_device(z->gw.buf[i], U->padded * sizeof(floatX));
     return z->gw.buf[i];
 }
 

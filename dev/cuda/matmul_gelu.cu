@@ -86,7 +86,7 @@ static int run_backward(const char *name, int N, int IC, int OC, int skew, int e
     fails += compare_device("matmul_backward_dgelu dpre", d_dpre, dpre, nin, TOL_X_GELU);
     fails += compare_device("matmul_backward_dgelu dweight", d_dw, dw, nw, TOL_X);
     // the NULL-skip paths: dpre only (dweight untouched), then dweight only (accumulated once more)
-    zero_on_device(d_dpre, nin * sizeof(floatX));
+    memset_zero_device(d_dpre, nin * sizeof(floatX));
     matmul_backward_dgelu_cuda(d_dpre, NULL, d_dout, d_inp, d_w, d_pre, N, IC, OC);
     fails += compare_device("dgelu dpre only: dpre", d_dpre, dpre, nin, TOL_X_GELU);
     fails += compare_device("dgelu dpre only: dweight", d_dw, dw, nw, TOL_X);
