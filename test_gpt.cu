@@ -270,10 +270,10 @@ static void compare_grads(GPT2 *m, float *ref_all) {
 // stage's, tp-sliced, its experts') parameters, Psh its share under ZeRO: each unit divided by its
 // data-parallel group (dp, or cp x dp with context parallelism; edp for the experts); padding is at
 // most p-1 elements per unit.
-static void check_memory(GPT2 *m, int accum) {
+static void check_memory_model(GPT2 *m) {
     const GPT2Config *c = &m->config;
     Zero *z = &m->zero;
-    int dp = m->grid->grad_group->size, Ls = m->Ls;
+    int dp = m->grid->grad_group->size;
     double P = 0, Psh = 0, experts = 0;
     for (int u = 0; u < m->nunits; u++) {
         P += m->units[u].size;
@@ -295,14 +295,21 @@ static void check_memory(GPT2 *m, int accum) {
           "memory: parameters %.0f B, formula %s = %.0f B", (double)mem_current[MEM_PARAMS],
           z->stage < 3 ? "4P" : "4P/dp + gathered (2 layers + embedding)", params_expect);
     // MoE: each MoE layer of the stage holds E/ep experts, each 1/tp of an MLP (fcproj's bias whole)
-    double BT = m->BT, BTs = m->BTs, C = c->channels, Cl = m->Cl;
-    int nmoe = 0;
-    for (int l = 0; l < Ls; l++) { nmoe += is_moe_layer(c, m->layer_id[l]); }
+    double C = c->channels, Cl = m->Cl;
+    int nmoe = stage_moe_layers(m);
     if (nmoe > 0) {
         double El = (double)c->num_experts / m->grid->ep, per_expert = 4 * Cl * C + 4 * Cl + C * 4 * Cl + C;
         check(experts == nmoe * El * per_expert, "memory: expert parameters per rank %.0f = %d MoE layers x E/ep = %.0f experts x %.0f (1/tp of an MLP)",
               experts, nmoe, El, per_expert);
     }
+}
+
+// The activations (per micro-batch alive, and the recompute scratch), the comm buffers and the logits
+// against their formulas; Rs, Rr the MoE dispatch rows (worst case).
+static void check_memory_activations(GPT2 *m, int accum) {
+    const GPT2Config *c = &m->config;
+    int Ls = m->Ls, nmoe = stage_moe_layers(m);
+    double X = sizeof(floatX), BT = m->BT, BTs = m->BTs, C = c->channels, Cl = m->Cl;
     // activations, per micro-batch alive (1F1B: pp - stage of them, GPipe: all): the LayerNorm/residual
     // parts on BTs tokens (BT/tp with SP), the rest on BT tokens; lnf and its gradient on the last stage;
     // a dense layer's MLP stores fc and GELU (BT, 4Cl); a MoE layer its routing and, for the Rr rows its
@@ -374,24 +381,22 @@ static void check_memory(GPT2 *m, int accum) {
           (double)mem_peak[MEM_LOGITS], m->ce.chunk, m->Vl, (int)X, logits_expect);
 }
 
-// Comm report vs the ring formulas, for one step with gradient accumulation `accum`. ep_rows: the rows
-// this rank's MoE dispatches sent to other ep ranks plus those it received from them (each moves
-// forward and back, in the forward and again in the backward), from the routing (test main).
-static void check_comm(GPT2 *m, int accum, double ep_rows) {
+// Comm report vs the ring formulas, for one step with gradient accumulation `accum`: the data-parallel
+// groups (ZeRO's reductions and gathers; the tied embedding's group).
+static void check_comm_dp(GPT2 *m, int accum) {
     const GPT2Config *c = &m->config;
     Zero *z = &m->zero;
     Grid *g = m->grid;
-    int dp = g->grad_group->size, tp = g->tp, L = c->num_layers, Ls = m->Ls, first = m->first, last = m->last, nmoe = 0;
-    double X = sizeof(floatX), full = 0, rep = 0, ring_all = 0;
+    int dp = g->grad_group->size, L = c->num_layers;
+    double X = sizeof(floatX), full = 0, ring_all = 0;
     double full_g[2] = {0, 0};   // padded elements of the units reduced over dp, over edp
     for (int u = 0; u < m->nunits; u++) {
         const Unit *U = &m->units[u];
         int ge = U->dpg == &g->edp_group;
         full_g[ge] += U->padded;
-        full += U->padded; rep += U->nrep;
+        full += U->padded;
         ring_all += (U->dpg->size - 1.0) / U->dpg->size * U->padded;
     }
-    for (int l = 0; l < Ls; l++) { nmoe += is_moe_layer(c, m->layer_id[l]); }
     Group *groups[2] = {g->grad_group, &g->edp_group};
     for (int i = 0; i < 2 && z->stage < 3; i++) {   // dp: every unit but the experts; edp: the experts
         int p = groups[i]->size;
@@ -427,7 +432,16 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
         check(fabs(g->emb_group.bytes - expect) < 1, "comm: emb bytes/step %.0f = formula %.0f (tied embedding gradient, all-reduced between the first and the last stage)",
               g->emb_group.bytes, expect);
     }
-    int vpp = m->vpp;
+}
+
+// The pipeline, context-parallel, expert-parallel and tensor-parallel groups' bytes against their formulas.
+static void check_comm_model(GPT2 *m, int accum, double ep_rows) {
+    const GPT2Config *c = &m->config;
+    Zero *z = &m->zero;
+    Grid *g = m->grid;
+    int tp = g->tp, Ls = m->Ls, first = m->first, last = m->last, nmoe = stage_moe_layers(m), vpp = m->vpp;
+    double X = sizeof(floatX), rep = 0;   // rep: the elements replicated over tp whose gradients are partial sums under SP
+    for (int u = 0; u < m->nunits; u++) { rep += m->units[u].nrep; }
     if (g->pp > 1) {   // each micro-batch and model chunk: the output activation forward (but the last stage's last
                        // chunk), the input gradient back (but the first stage's chunk 0)
         double slice = (double)m->BTs * c->channels / (!m->sp && tp > 1 ? tp : 1);   // without SP: 1/tp each
@@ -668,8 +682,10 @@ static void check_first_step(TestRun *t, GPT2 *m, DataLoader *dl, int check_mem,
     comm_reset_counters(&t->grid);
     double ep_rows;
     *loss0 = check_step(t, m, dl, &t->ref, &t->rmoe, 0, "reference", &ep_rows).loss;
-    if (check_comm_flag) { check_comm(m, t->accum, ep_rows); }
-    if (check_mem) { check_memory(m, t->accum); check_plan(t, m); }
+    // ep_rows: the rows this rank's MoE dispatches sent to other ep ranks plus those it received from them
+    // (each moves forward and back, in the forward and again in the backward), from the routing
+    if (check_comm_flag) { check_comm_dp(m, t->accum); check_comm_model(m, t->accum, ep_rows); }
+    if (check_mem) { check_memory_model(m); check_memory_activations(m, t->accum); check_plan(t, m); }
     if (t->args.memory_report) { mem_report(my_rank, t->world, "test"); }
     if (t->args.comm_report) { comm_report(&t->grid, 1, "test step 0"); }
 }
@@ -1000,44 +1016,122 @@ static void check_resume_from(TestRun *t, const char *dir, const char *mutation)
 
 // ----------------------------------------------------------------------------
 
+// test_gpt's own flags (the rest are train_gpt's, left in rest).
+typedef struct {
+    const char *ref_dir, *resume_dir, *resume_from, *mutation;
+    int check_mem, check_comm, check_layer, bad_rank;
+} TestFlags;
+
+static int parse_test_flags(int argc, char **argv, TestFlags *f, char **rest) {
+    memset(f, 0, sizeof(*f));
+    f->bad_rank = -1;
+    int nrest = 0;
+    rest[nrest++] = argv[0];
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--ref") && i + 1 < argc) { f->ref_dir = argv[++i]; }
+        else if (!strcmp(argv[i], "--check-resume") && i + 1 < argc) { f->resume_dir = argv[++i]; }
+        else if (!strcmp(argv[i], "--resume-from") && i + 1 < argc) { f->resume_from = argv[++i]; }
+        else if (!strcmp(argv[i], "--mutate") && i + 1 < argc) { f->mutation = argv[++i]; }
+        else if (!strcmp(argv[i], "--check-memory")) { f->check_mem = 1; }
+        else if (!strcmp(argv[i], "--check-comm")) { f->check_comm = 1; }
+        else if (!strcmp(argv[i], "--check-comm-layer")) { f->check_layer = 1; }
+        else if (!strcmp(argv[i], "--bad-file-on-rank") && i + 1 < argc) { f->bad_rank = atoi(argv[++i]); }
+        else { rest[nrest++] = argv[i]; }
+    }
+    if (f->ref_dir == NULL) { fail_all(my_rank, "test_gpt needs --ref DIR (a reference state from dev/reference/gpt2_ref.py)"); }
+    if (f->mutation && !f->resume_from) { fail_all(my_rank, "--mutate needs --resume-from DIR"); }
+    return nrest;
+}
+
+// The model tested (the reference's, or its upcycling with --experts E), its options (a MoE reference's
+// own), the grid, the reference's batch, schedule and optimizer.
+static void test_setup(TestRun *t, const char *ref_dir, const GPT2Config *ref_config, const float *ref_params) {
+    Args *args = &t->args;
+    char path[1024];
+    args->T = t->ref.T;
+    args->total_batch = t->ref.R * t->ref.T;
+    t->config = *ref_config;
+    t->params = (float *)malloc_check(num_parameters(ref_config) * sizeof(float));
+    memcpy(t->params, ref_params, num_parameters(ref_config) * sizeof(float));
+    snprintf(path, sizeof(path), "%s/model.bin", ref_dir);
+    t->params = apply_moe_flags(args, my_rank, &t->config, t->params, path, 0);
+    if (t->config.num_experts > 0 && ref_config->num_experts == 0) {
+        // E = 1, k = 1 (and z-coeff 0) is the dense model: its expert's gradients are the dense MLP's,
+        // its router's exactly zero
+        float *g = upcycle_dense(ref_config, t->ref.grads, &t->config, 0, 1);
+        free(t->ref.grads);
+        t->ref.grads = g;
+    }
+    t->moe = moe_options(args);   // a MoE reference: its own options
+    if (t->rmoe.present) { t->moe = (MoEOptions){t->rmoe.F1000, t->rmoe.policy ? DROP_POSITION : DROP_PROBS, t->rmoe.aux_coeff, t->rmoe.z_coeff}; }
+    validate_layout(args, &t->config, t->world, my_rank);
+    grid_init(&t->grid, args->tp, args->cp, args->pp, args->ep);
+    t->accum = args->total_batch / (args->B * args->T * t->grid.dp);
+    if (my_rank == 0) {
+        printf("test_gpt: %s | world %d = tp %d x cp %d x pp %d x dp %d | zero %d%s | B %d T %d accum %d | ce chunk %d | %s\n", ref_dir,
+               t->world, t->grid.tp, t->grid.cp, t->grid.pp, t->grid.dp, args->zero, args->sp ? " | sp" : "", args->B, args->T, t->accum,
+               args->ce_chunk, PRECISION_NAME);
+        if (t->config.num_experts > 0) {
+            printf("          MoE: E %d k %d every %d | ep %d edp %d | capacity factor %.3f, drop %s, aux %g, z %g%s\n", t->config.num_experts,
+                   t->config.topk, t->config.moe_every, t->grid.ep, t->grid.edp_group.size, t->moe.cap1000 / 1000.0,
+                   t->moe.policy == DROP_PROBS ? "probs" : "position", t->moe.aux_coeff, t->moe.z_coeff,
+                   ref_config->num_experts == 0 ? " | upcycled from the dense reference" : "");
+        }
+    }
+    snprintf(t->data_path, sizeof(t->data_path), "%s/data.bin", ref_dir);
+    t->sched = (LRScheduler){"cosine", t->ref.lr, t->ref.final_frac, t->ref.warmup, t->ref.nsteps};
+    t->opt = (OptConfig){t->ref.beta1, t->ref.beta2, t->ref.eps, t->ref.weight_decay, t->ref.clip, args->seed};
+}
+
+// The bf16 model file (version 5) of the reference's weights, if there is one, loads as their
+// round-to-nearest-even.
+static void check_bf16_model_file(const char *ref_dir, const GPT2Config *ref_config, const float *ref_params) {
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/model_bf16.bin", ref_dir);
+    if (access(path, R_OK) != 0) { return; }
+    GPT2Config c16;
+    float *p16 = read_model_file(path, &c16);
+    size_t P = num_parameters(ref_config), bad = 0;
+    for (size_t i = 0; i < P; i++) { if (p16[i] != bf16_to_float(float_to_bf16(ref_params[i]))) { bad++; } }
+    check(bad == 0 && !memcmp(&c16, ref_config, sizeof(*ref_config)), "model file version %d (bf16): %zu parameters load as bf16(fp32 file), %zu differ",
+          ref_config->num_experts ? 15 : 5, P, bad);
+    free(p16);
+}
+
+// The checks of one layout against the reference: the model files, the first step, training, resume.
+static void check_model(TestRun *t, const TestFlags *f, const GPT2Config *ref_config, const float *ref_params) {
+    check_bf16_model_file(f->ref_dir, ref_config, ref_params);
+    GPT2 model;
+    DataLoader loader;
+    test_model(t, &model, &t->config, t->params, &loader);
+    float loss0;
+    check_first_step(t, &model, &loader, f->check_mem, f->check_comm, &loss0);
+    check_training(t, &model, &loader, loss0);
+    if (f->resume_dir) { check_resume(t, f->resume_dir); }
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     TestRun t;
     memset(&t, 0, sizeof(t));
     MPI_Comm_size(MPI_COMM_WORLD, &t.world);
     MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
-    const char *ref_dir = NULL, *resume_dir = NULL, *resume_from = NULL, *mutation = NULL;
-    int check_mem = 0, check_comm_flag = 0, check_layer = 0, bad_rank = -1;
+    TestFlags f;
     char **rest = (char **)malloc_check(sizeof(char *) * (argc + 1));
-    int nrest = 0;
-    rest[nrest++] = argv[0];
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--ref") && i + 1 < argc) { ref_dir = argv[++i]; }
-        else if (!strcmp(argv[i], "--check-resume") && i + 1 < argc) { resume_dir = argv[++i]; }
-        else if (!strcmp(argv[i], "--resume-from") && i + 1 < argc) { resume_from = argv[++i]; }
-        else if (!strcmp(argv[i], "--mutate") && i + 1 < argc) { mutation = argv[++i]; }
-        else if (!strcmp(argv[i], "--check-memory")) { check_mem = 1; }
-        else if (!strcmp(argv[i], "--check-comm")) { check_comm_flag = 1; }
-        else if (!strcmp(argv[i], "--check-comm-layer")) { check_layer = 1; }
-        else if (!strcmp(argv[i], "--bad-file-on-rank") && i + 1 < argc) { bad_rank = atoi(argv[++i]); }
-        else { rest[nrest++] = argv[i]; }
-    }
-    if (ref_dir == NULL) { fail_all(my_rank, "test_gpt needs --ref DIR (a reference state from dev/reference/gpt2_ref.py)"); }
-    if (mutation && !resume_from) { fail_all(my_rank, "--mutate needs --resume-from DIR"); }
+    int nrest = parse_test_flags(argc, argv, &f, rest);
     char path[1024];
-    snprintf(path, sizeof(path), "%s/model.bin", ref_dir);
+    snprintf(path, sizeof(path), "%s/model.bin", f.ref_dir);
     GPT2Config ref_config;   // the reference's shape; the model tested is the same, or (--experts E with a
                              // dense reference) its upcycling, compared with the dense reference's numbers
     float *ref_params = read_model_file(path, &ref_config);
-    snprintf(path, sizeof(path), "%s/state.bin", ref_dir);
+    snprintf(path, sizeof(path), "%s/state.bin", f.ref_dir);
     read_ref_state(path, &ref_config, &t.ref);
-    read_ref_moe(ref_dir, &t.rmoe);
-
-    if (bad_rank >= 0) {
+    read_ref_moe(f.ref_dir, &t.rmoe);
+    if (f.bad_rank >= 0) {
         // one rank meets a bad file while the others wait in a collective: all must exit, none hang
-        if (my_rank == bad_rank) { GPT2Config c; read_model_file("/nonexistent/model.bin", &c); }
+        if (my_rank == f.bad_rank) { GPT2Config c; read_model_file("/nonexistent/model.bin", &c); }
         MPI_Barrier(MPI_COMM_WORLD);
-        if (my_rank == 0) { printf("--bad-file-on-rank %d: no rank failed?\n", bad_rank); }
+        if (my_rank == 0) { printf("--bad-file-on-rank %d: no rank failed?\n", f.bad_rank); }
         MPI_Finalize();
         return 1;
     }
@@ -1048,64 +1142,14 @@ int main(int argc, char **argv) {
     args->sample_every = 0;   // (test_gpt does not sample: the MoE buffers are sized for the capacity)
     agree_on_args(args, my_rank, t.world);
     attention_path = attention_path_of(args);
-    if (check_layer) {   // the comm layer alone, on the grid of --tp/--pp (any world size they divide)
+    if (f.check_layer) {   // the comm layer alone, on the grid of --tp/--pp (any world size they divide)
         if (t.world % (args->tp * args->pp)) { fail_all(my_rank, "world %d is not divisible by tp*pp", t.world); }
         grid_init(&t.grid, args->tp, 1, args->pp, 1);
         check_comm_layer(&t.grid);
     } else {
-        args->T = t.ref.T;
-        args->total_batch = t.ref.R * t.ref.T;
-        t.config = ref_config;
-        t.params = (float *)malloc_check(num_parameters(&ref_config) * sizeof(float));
-        memcpy(t.params, ref_params, num_parameters(&ref_config) * sizeof(float));
-        snprintf(path, sizeof(path), "%s/model.bin", ref_dir);
-        t.params = apply_moe_flags(args, my_rank, &t.config, t.params, path, 0);
-        if (t.config.num_experts > 0 && ref_config.num_experts == 0) {
-            // E = 1, k = 1 (and z-coeff 0) is the dense model: its expert's gradients are the dense MLP's,
-            // its router's exactly zero
-            float *g = upcycle_dense(&ref_config, t.ref.grads, &t.config, 0, 1);
-            free(t.ref.grads);
-            t.ref.grads = g;
-        }
-        t.moe = moe_options(args);   // a MoE reference: its own options
-        if (t.rmoe.present) { t.moe = (MoEOptions){t.rmoe.F1000, t.rmoe.policy ? DROP_POSITION : DROP_PROBS, t.rmoe.aux_coeff, t.rmoe.z_coeff}; }
-        validate_layout(args, &t.config, t.world, my_rank);
-        grid_init(&t.grid, args->tp, args->cp, args->pp, args->ep);
-        t.accum = args->total_batch / (args->B * args->T * t.grid.dp);
-        if (my_rank == 0) {
-            printf("test_gpt: %s | world %d = tp %d x cp %d x pp %d x dp %d | zero %d%s | B %d T %d accum %d | ce chunk %d | %s\n", ref_dir, t.world,
-                   t.grid.tp, t.grid.cp, t.grid.pp, t.grid.dp, args->zero, args->sp ? " | sp" : "", args->B, args->T, t.accum, args->ce_chunk, PRECISION_NAME);
-            if (t.config.num_experts > 0) {
-                printf("          MoE: E %d k %d every %d | ep %d edp %d | capacity factor %.3f, drop %s, aux %g, z %g%s\n", t.config.num_experts,
-                       t.config.topk, t.config.moe_every, t.grid.ep, t.grid.edp_group.size, t.moe.cap1000 / 1000.0, t.moe.policy == DROP_PROBS ? "probs" : "position",
-                       t.moe.aux_coeff, t.moe.z_coeff, ref_config.num_experts == 0 ? " | upcycled from the dense reference" : "");
-            }
-        }
-        snprintf(t.data_path, sizeof(t.data_path), "%s/data.bin", ref_dir);
-        t.sched = (LRScheduler){"cosine", t.ref.lr, t.ref.final_frac, t.ref.warmup, t.ref.nsteps};
-        t.opt = (OptConfig){t.ref.beta1, t.ref.beta2, t.ref.eps, t.ref.weight_decay, t.ref.clip, args->seed};
-        if (resume_from) {
-            check_resume_from(&t, resume_from, mutation);
-        } else {
-            // the bf16 model file (version 5) of the same weights loads as their round-to-nearest-even
-            snprintf(path, sizeof(path), "%s/model_bf16.bin", ref_dir);
-            if (access(path, R_OK) == 0) {
-                GPT2Config c16;
-                float *p16 = read_model_file(path, &c16);
-                size_t P = num_parameters(&ref_config), bad = 0;
-                for (size_t i = 0; i < P; i++) { if (p16[i] != bf16_to_float(float_to_bf16(ref_params[i]))) { bad++; } }
-                check(bad == 0 && !memcmp(&c16, &ref_config, sizeof(ref_config)), "model file version %d (bf16): %zu parameters load as bf16(fp32 file), %zu differ",
-                      ref_config.num_experts ? 15 : 5, P, bad);
-                free(p16);
-            }
-            GPT2 model;
-            DataLoader loader;
-            test_model(&t, &model, &t.config, t.params, &loader);
-            float loss0;
-            check_first_step(&t, &model, &loader, check_mem, check_comm_flag, &loss0);
-            check_training(&t, &model, &loader, loss0);
-            if (resume_dir) { check_resume(&t, resume_dir); }
-        }
+        test_setup(&t, f.ref_dir, &ref_config, ref_params);
+        if (f.resume_from) { check_resume_from(&t, f.resume_from, f.mutation); }
+        else { check_model(&t, &f, &ref_config, ref_params); }
     }
     int counts[2] = {n_passed, n_failed};
     MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
