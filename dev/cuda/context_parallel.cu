@@ -25,85 +25,150 @@ static float *rounded(size_t n, float lo, float hi) {   // random values that fl
     return r;
 }
 
-int main(int argc, char **argv) {
-    harness_init(&argc, &argv, "context_parallel");
-    const int B = 2, T = 512, C = 768, NH = 12, c = T / 2;
-    const size_t nqkv = (size_t)B * T * 3 * C, nkv = (size_t)B * T * 2 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
-    int fails = 0;
-    rng_seed(7);
-    float *qkv = rounded(nqkv, -1.0f, 1.0f), *dout = rounded(nout, -1.0f, 1.0f);
-    float *kv = (float *)malloc_check(nkv * sizeof(float));   // the k and v parts of qkv
-    for (size_t r = 0; r < (size_t)B * T; r++) { memcpy(kv + r * 2 * C, qkv + r * 3 * C + C, 2 * C * sizeof(float)); }
-    floatX *d_qkv = to_device(qkv, nqkv), *d_kv = to_device(kv, nkv), *d_dout = to_device(dout, nout);
+// the shapes, and the three blocks of a rank's two chunks
+static const int B = 2, T = 512, C = 768, NH = 12, c = T / 2;
+static const size_t nqkv = (size_t)B * T * 3 * C, nkv = (size_t)B * T * 2 * C, nout = (size_t)B * T * C,
+                    nlse = (size_t)B * NH * T;
+static const int blocks[3][3] = {{0, 0, 1}, {c, 0, 0}, {c, c, 1}};   // (q0, k0, causal)
 
-    // forward: the three blocks, merged, on both sides
-    float *out = (float *)malloc_check(nout * sizeof(float)), *lse = (float *)malloc_check(nlse * sizeof(float));
-    floatX *d_out;
+// the CPU loops' buffers and the kernels' (d_); out1, lse1, dqkv1: the one-device attention's
+typedef struct {
+    float *qkv, *kv, *dout, *out, *lse, *out1, *lse1, *out_x, *dqkv, *dkv, *dqkv1, *kappa_q, *kappa_kv;
+    floatX *d_qkv, *d_kv, *d_dout, *d_out, *d_dqkv, *d_dkv;
     float *d_lse;
-    cudaCheck(cudaMalloc(&d_out, nout * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&d_lse, nlse * sizeof(float)));
-    for (size_t i = 0; i < nout; i++) { out[i] = 0.0f; }
-    for (size_t i = 0; i < nlse; i++) { lse[i] = -INFINITY; }
-    attention_block_init(d_out, d_lse, nout, nlse);
-    const int blocks[3][3] = {{0, 0, 1}, {c, 0, 0}, {c, c, 1}};   // (q0, k0, causal)
-    for (int k = 0; k < 3; k++) {
-        attention_block_forward_cpu(out, lse, qkv, kv, B, T, C, NH, blocks[k][0], blocks[k][1], c, blocks[k][2]);
-        attention_block_forward(d_out, d_lse, d_qkv, d_kv, B, T, C, NH, blocks[k][0], blocks[k][1], c, blocks[k][2]);
-    }
-    fails += compare_device("block forward out (3 blocks merged)", d_out, out, nout, TOL_X);
-    fails += compare_device_f32("block forward lse", d_lse, lse, nlse, TOL_FP32);
-    // the decomposition = one causal attention over the 2c tokens (CPU loops, both fp32)
-    float *out1 = (float *)malloc_check(nout * sizeof(float)), *lse1 = (float *)malloc_check(nlse * sizeof(float));
-    attention_forward_cpu(out1, lse1, qkv, B, T, C, NH);
-    fails += compare("blocks = causal attention: out", out, out1, nout, TOL_FP32);
-    fails += compare("blocks = causal attention: lse", lse, lse1, nlse, TOL_FP32);
+} CPBuffers;
 
-    // backward: the same blocks against the final out and lse. The kernels get the CPU forward's out,
-    // rounded to floatX as it is stored, and its lse, so both sides see the same inputs. The blocks add
-    // into dq (chunk 1's rows: two blocks) and dk, dv (chunk 0's keys: two blocks) in floatX, so a partial
-    // sum that a later block adds to is rounded once more: kappa = u |partial| for each such partial.
-    float *out_x = copy_floats(out, nout);
-    for (size_t i = 0; i < nout; i++) { out_x[i] = floatX_to_float(float_to_floatX(out_x[i])); }
-    upload_floats(d_out, out_x, nout);
-    copy_to_device(d_lse, lse, nlse * sizeof(float));
-    float *dqkv = (float *)calloc(nqkv, sizeof(float)), *dkv = (float *)calloc(nkv, sizeof(float));
-    float *part_q[2], *part_kv[2];   // the partials after blocks 0 and 1
-    floatX *d_dqkv, *d_dkv;
-    cudaCheck(cudaMalloc(&d_dqkv, nqkv * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&d_dkv, nkv * sizeof(floatX)));
-    cudaCheck(cudaMemset(d_dqkv, 0, nqkv * sizeof(floatX)));
-    cudaCheck(cudaMemset(d_dkv, 0, nkv * sizeof(floatX)));
-    for (int k = 0; k < 3; k++) {
-        attention_block_backward_cpu(dqkv, dkv, dout, qkv, out_x, lse, kv, B, T, C, NH, blocks[k][0], blocks[k][1], c, blocks[k][2]);
-        attention_block_backward(d_dqkv, d_dkv, d_dout, d_qkv, d_out, d_lse, d_kv, B, T, C, NH, blocks[k][0], blocks[k][1], c, blocks[k][2]);
-        if (k < 2) { part_q[k] = copy_floats(dqkv, nqkv); part_kv[k] = copy_floats(dkv, nkv); }
+// the inputs qkv and dout (rounded to floatX), and kv, on both sides
+static void make_inputs(CPBuffers *p) {
+    p->qkv = rounded(nqkv, -1.0f, 1.0f);
+    p->dout = rounded(nout, -1.0f, 1.0f);
+    p->kv = (float *)malloc_check(nkv * sizeof(float));   // the k and v parts of qkv
+    for (size_t r = 0; r < (size_t)B * T; r++) {
+        memcpy(p->kv + r * 2 * C, p->qkv + r * 3 * C + C, 2 * C * sizeof(float));
     }
-    float *kappa_q = (float *)calloc(nqkv, sizeof(float)), *kappa_kv = (float *)calloc(nkv, sizeof(float));
+    p->d_qkv = to_device(p->qkv, nqkv); p->d_kv = to_device(p->kv, nkv); p->d_dout = to_device(p->dout, nout);
+}
+
+// forward: the three blocks, merged, on both sides
+static int check_forward(CPBuffers *p) {
+    int fails = 0;
+    p->out = (float *)malloc_check(nout * sizeof(float));
+    p->lse = (float *)malloc_check(nlse * sizeof(float));
+    cudaCheck(cudaMalloc(&p->d_out, nout * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&p->d_lse, nlse * sizeof(float)));
+    for (size_t i = 0; i < nout; i++) { p->out[i] = 0.0f; }
+    for (size_t i = 0; i < nlse; i++) { p->lse[i] = -INFINITY; }
+    attention_block_init(p->d_out, p->d_lse, nout, nlse);
+    for (int k = 0; k < 3; k++) {
+        attention_block_forward_cpu(p->out, p->lse, p->qkv, p->kv, B, T, C, NH, blocks[k][0], blocks[k][1], c,
+                                    blocks[k][2]);
+        attention_block_forward(p->d_out, p->d_lse, p->d_qkv, p->d_kv, B, T, C, NH, blocks[k][0], blocks[k][1], c,
+                                blocks[k][2]);
+    }
+    fails += compare_device("block forward out (3 blocks merged)", p->d_out, p->out, nout, TOL_X);
+    fails += compare_device_f32("block forward lse", p->d_lse, p->lse, nlse, TOL_FP32);
+    return fails;
+}
+
+// the decomposition = one causal attention over the 2c tokens (CPU loops, both fp32)
+static int check_forward_decomposition(CPBuffers *p) {
+    int fails = 0;
+    p->out1 = (float *)malloc_check(nout * sizeof(float));
+    p->lse1 = (float *)malloc_check(nlse * sizeof(float));
+    attention_forward_cpu(p->out1, p->lse1, p->qkv, B, T, C, NH);
+    fails += compare("blocks = causal attention: out", p->out, p->out1, nout, TOL_FP32);
+    fails += compare("blocks = causal attention: lse", p->lse, p->lse1, nlse, TOL_FP32);
+    return fails;
+}
+
+// backward: the same blocks against the final out and lse. The kernels get the CPU forward's out,
+// rounded to floatX as it is stored, and its lse, so both sides see the same inputs. The blocks add
+// into dq (chunk 1's rows: two blocks) and dk, dv (chunk 0's keys: two blocks) in floatX, so a partial
+// sum that a later block adds to is rounded once more: kappa = u |partial| for each such partial.
+static int check_backward(CPBuffers *p) {
+    int fails = 0;
+    p->out_x = copy_floats(p->out, nout);
+    for (size_t i = 0; i < nout; i++) { p->out_x[i] = floatX_to_float(float_to_floatX(p->out_x[i])); }
+    upload_floats(p->d_out, p->out_x, nout);
+    copy_to_device(p->d_lse, p->lse, nlse * sizeof(float));
+    p->dqkv = (float *)calloc(nqkv, sizeof(float));
+    p->dkv = (float *)calloc(nkv, sizeof(float));
+    float *part_q[2], *part_kv[2];   // the partials after blocks 0 and 1
+    cudaCheck(cudaMalloc(&p->d_dqkv, nqkv * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&p->d_dkv, nkv * sizeof(floatX)));
+    cudaCheck(cudaMemset(p->d_dqkv, 0, nqkv * sizeof(floatX)));
+    cudaCheck(cudaMemset(p->d_dkv, 0, nkv * sizeof(floatX)));
+    for (int k = 0; k < 3; k++) {
+        attention_block_backward_cpu(p->dqkv, p->dkv, p->dout, p->qkv, p->out_x, p->lse, p->kv, B, T, C, NH,
+                                     blocks[k][0], blocks[k][1], c, blocks[k][2]);
+        attention_block_backward(p->d_dqkv, p->d_dkv, p->d_dout, p->d_qkv, p->d_out, p->d_lse, p->d_kv, B, T, C, NH,
+                                 blocks[k][0], blocks[k][1], c, blocks[k][2]);
+        if (k < 2) { part_q[k] = copy_floats(p->dqkv, nqkv); part_kv[k] = copy_floats(p->dkv, nkv); }
+    }
+    p->kappa_q = (float *)calloc(nqkv, sizeof(float));
+    p->kappa_kv = (float *)calloc(nkv, sizeof(float));
     for (int k = 0; k < 2; k++) {
-        for (size_t i = 0; i < nqkv; i++) { if (part_q[k][i] != dqkv[i]) { kappa_q[i] += ATT_U * fabsf(part_q[k][i]); } }
-        for (size_t i = 0; i < nkv; i++) { if (part_kv[k][i] != dkv[i]) { kappa_kv[i] += ATT_U * fabsf(part_kv[k][i]); } }
+        for (size_t i = 0; i < nqkv; i++) {
+            if (part_q[k][i] != p->dqkv[i]) { p->kappa_q[i] += ATT_U * fabsf(part_q[k][i]); }
+        }
+        for (size_t i = 0; i < nkv; i++) {
+            if (part_kv[k][i] != p->dkv[i]) { p->kappa_kv[i] += ATT_U * fabsf(part_kv[k][i]); }
+        }
         free(part_q[k]); free(part_kv[k]);
     }
-    fails += compare_device_bounded("block backward dq (in dqkv)", d_dqkv, dqkv, kappa_q, nqkv, TOL_X);
-    fails += compare_device_bounded("block backward dk, dv", d_dkv, dkv, kappa_kv, nkv, TOL_X);
-    // the decomposition's gradients = the one-device backward's (CPU loops, fp32 out)
-    memset(dqkv, 0, nqkv * sizeof(float));
-    memset(dkv, 0, nkv * sizeof(float));
-    for (int k = 0; k < 3; k++) {
-        attention_block_backward_cpu(dqkv, dkv, dout, qkv, out, lse, kv, B, T, C, NH, blocks[k][0], blocks[k][1], c, blocks[k][2]);
-    }
-    float *dqkv1 = (float *)malloc_check(nqkv * sizeof(float));
-    attention_backward_cpu(dqkv1, dout, qkv, out1, lse1, B, T, C, NH);
-    for (size_t r = 0; r < (size_t)B * T; r++) { memcpy(dqkv + r * 3 * C + C, dkv + r * 2 * C, 2 * C * sizeof(float)); }
-    fails += compare("blocks = causal attention: dqkv", dqkv, dqkv1, nqkv, TOL_FP32);
+    fails += compare_device_bounded("block backward dq (in dqkv)", p->d_dqkv, p->dqkv, p->kappa_q, nqkv, TOL_X);
+    fails += compare_device_bounded("block backward dk, dv", p->d_dkv, p->dkv, p->kappa_kv, nkv, TOL_X);
+    return fails;
+}
 
-    report_time("block forward (c x c, full)", time_ms(5, [&] { attention_block_forward(d_out, d_lse, d_qkv, d_kv, B, T, C, NH, c, 0, c, 0); }),
+// the decomposition's gradients = the one-device backward's (CPU loops, fp32 out)
+static int check_backward_decomposition(CPBuffers *p) {
+    memset(p->dqkv, 0, nqkv * sizeof(float));
+    memset(p->dkv, 0, nkv * sizeof(float));
+    for (int k = 0; k < 3; k++) {
+        attention_block_backward_cpu(p->dqkv, p->dkv, p->dout, p->qkv, p->out, p->lse, p->kv, B, T, C, NH,
+                                     blocks[k][0], blocks[k][1], c, blocks[k][2]);
+    }
+    p->dqkv1 = (float *)malloc_check(nqkv * sizeof(float));
+    attention_backward_cpu(p->dqkv1, p->dout, p->qkv, p->out1, p->lse1, B, T, C, NH);
+    for (size_t r = 0; r < (size_t)B * T; r++) {
+        memcpy(p->dqkv + r * 3 * C + C, p->dkv + r * 2 * C, 2 * C * sizeof(float));
+    }
+    return compare("blocks = causal attention: dqkv", p->dqkv, p->dqkv1, nqkv, TOL_FP32);
+}
+
+// one full c x c block, forward and backward, timed
+static void time_blocks(const CPBuffers *p) {
+    report_time("block forward (c x c, full)", time_ms(5, [&] {
+                    attention_block_forward(p->d_out, p->d_lse, p->d_qkv, p->d_kv, B, T, C, NH, c, 0, c, 0); }),
                 0, 4.0 * B * NH * c * c * (C / NH));
     report_time("block backward (c x c, full)", time_ms(5, [&] {
-                    attention_block_backward(d_dqkv, d_dkv, d_dout, d_qkv, d_out, d_lse, d_kv, B, T, C, NH, c, 0, c, 0); }),
+                    attention_block_backward(p->d_dqkv, p->d_dkv, p->d_dout, p->d_qkv, p->d_out, p->d_lse, p->d_kv,
+                                             B, T, C, NH, c, 0, c, 0); }),
                 0, 10.0 * B * NH * c * c * (C / NH));
-    cudaCheck(cudaFree(d_qkv)); cudaCheck(cudaFree(d_kv)); cudaCheck(cudaFree(d_dout)); cudaCheck(cudaFree(d_out));
-    cudaCheck(cudaFree(d_lse)); cudaCheck(cudaFree(d_dqkv)); cudaCheck(cudaFree(d_dkv));
-    free(qkv); free(kv); free(dout); free(out); free(lse); free(out1); free(lse1); free(dqkv); free(dkv); free(dqkv1); free(out_x); free(kappa_q); free(kappa_kv);
+}
+
+// every buffer, device and host
+static void free_buffers(CPBuffers *p) {
+    cudaCheck(cudaFree(p->d_qkv)); cudaCheck(cudaFree(p->d_kv)); cudaCheck(cudaFree(p->d_dout));
+    cudaCheck(cudaFree(p->d_out)); cudaCheck(cudaFree(p->d_lse)); cudaCheck(cudaFree(p->d_dqkv));
+    cudaCheck(cudaFree(p->d_dkv));
+    free(p->qkv); free(p->kv); free(p->dout); free(p->out); free(p->lse); free(p->out1); free(p->lse1); free(p->dqkv);
+    free(p->dkv); free(p->dqkv1); free(p->out_x); free(p->kappa_q); free(p->kappa_kv);
+}
+
+int main(int argc, char **argv) {
+    harness_init(&argc, &argv, "context_parallel");
+    int fails = 0;
+    rng_seed(7);
+    CPBuffers p;
+    memset(&p, 0, sizeof(p));
+    make_inputs(&p);
+    fails += check_forward(&p);
+    fails += check_forward_decomposition(&p);
+    fails += check_backward(&p);
+    fails += check_backward_decomposition(&p);
+    time_blocks(&p);
+    free_buffers(&p);
     return harness_finish(fails);
 }
