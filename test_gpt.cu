@@ -52,14 +52,17 @@ Prints one line per check and closes with "N passed, N failed" (rank 0, summed o
 // to a margin of 3.9e-4): decisions compare above 5e-3.
 #if defined(USE_CUDA) && !defined(ENABLE_FP32)
 static const float GRAD_ATOL = 1e-2f, GRAD_RTOL = 5e-2f;   // |g - ref| <= ATOL + RTOL |ref|, per element
-static const float LOSS_TOL = 5e-2f;                        // |loss - ref| <= LOSS_TOL |ref|, per step (also MoE aux, z)
+// |loss - ref| <= LOSS_TOL |ref|, per step (also MoE aux, z)
+static const float LOSS_TOL = 5e-2f;
 static const float NORM_RTOL = 5e-2f;
 static const float ROUTE_MARGIN = 5e-3f;
 #else
 static const float GRAD_ATOL = 1e-5f, GRAD_RTOL = 1e-4f;   // |g - ref| <= ATOL + RTOL |ref|, per element
-static const float LOSS_TOL = 1e-5f;                        // |loss - ref| <= LOSS_TOL |ref|, per step (also MoE aux, z)
+// |loss - ref| <= LOSS_TOL |ref|, per step (also MoE aux, z)
+static const float LOSS_TOL = 1e-5f;
 static const float NORM_RTOL = 1e-5f;
-static const float ROUTE_MARGIN = 1e-5f;   // MoE: a decision is compared with the reference's when its margin exceeds this
+// MoE: a decision is compared with the reference's when its margin exceeds this
+static const float ROUTE_MARGIN = 1e-5f;
 #endif
 static const double DROP_TOL = 1e-6;       // MoE: dropped fraction
 
@@ -125,8 +128,21 @@ static void read_ref_moe(const char *dir, RefMoE *r) {
     fread_check(fh, sizeof(float), 256, f, path);
     if (h[0] != 20241130 || h[1] != 1) { fail("reference '%s' has bad magic/version", path); }
     r->present = 1;
-    r->E = h[2]; r->k = h[3]; r->every = h[4]; r->F1000 = h[5]; r->policy = h[6]; r->Lm = h[7]; r->R = h[8]; r->T = h[9]; r->nsteps = h[10];
-    r->aux_coeff = fh[0]; r->z_coeff = fh[1]; r->aux0 = fh[2]; r->z0 = fh[3]; r->dropped0 = fh[4]; r->min_margin = fh[5];
+    r->E = h[2];
+    r->k = h[3];
+    r->every = h[4];
+    r->F1000 = h[5];
+    r->policy = h[6];
+    r->Lm = h[7];
+    r->R = h[8];
+    r->T = h[9];
+    r->nsteps = h[10];
+    r->aux_coeff = fh[0];
+    r->z_coeff = fh[1];
+    r->aux0 = fh[2];
+    r->z0 = fh[3];
+    r->dropped0 = fh[4];
+    r->min_margin = fh[5];
     size_t n = (size_t)r->Lm * r->R * r->T * r->k;
     r->choice = (int *)malloc_check(n * sizeof(int));
     r->keep = (int *)malloc_check(n * sizeof(int));
@@ -168,7 +184,8 @@ static long compare_routing(GPT2 *m, const RefMoE *r, const int *log, int accum)
     int *first = (int *)malloc_check(sizeof(int) * ((size_t)r->Lm * R + 1));
     for (size_t q = 0; q < (size_t)r->Lm * R; q++) { first[q] = Tg; }
     for (int pass = 0; pass < 2; pass++) {
-        long tok_compared = 0, tok_differ = 0, tok_downstream = 0, seq_compared = 0, seq_skipped = 0, seq_differ = 0, flips = 0;
+        long tok_compared = 0, tok_differ = 0, tok_downstream = 0, seq_compared = 0, seq_skipped = 0, seq_differ = 0,
+            flips = 0;
         float flip_margin = 0.0f;
         for (int i = 0; i < accum; i++) {
             int j = 0;
@@ -184,17 +201,22 @@ static long compare_routing(GPT2 *m, const RefMoE *r, const int *log, int accum)
                         int *f = &first[(size_t)gm * R + g];
                         for (int t = 0; t < T; t++) {
                             int pos = seq_pos(m->seqpos, t);
-                            if (memcmp(choice + mine + (size_t)t * k, r->choice + ref + (size_t)pos * k, k * sizeof(int)) ||
-                                memcmp(keep + mine + (size_t)t * k, r->keep + ref + (size_t)pos * k, k * sizeof(int))) { *f = pos < *f ? pos : *f; }
+                            if (memcmp(choice + mine + (size_t)t * k, r->choice + ref + (size_t)pos * k,
+                                       k * sizeof(int)) ||
+                                memcmp(keep + mine + (size_t)t * k, r->keep + ref + (size_t)pos * k,
+                                       k * sizeof(int))) { *f = pos < *f ? pos : *f; }
                         }
                         continue;
                     }
-                    for (int q = 0; q < gm; q++) { upstream = first[(size_t)q * R + g] < upstream ? first[(size_t)q * R + g] : upstream; }
+                    for (int q = 0; q < gm; q++) {
+                        upstream = first[(size_t)q * R + g] < upstream ? first[(size_t)q * R + g] : upstream;
+                    }
                     int clear = upstream == Tg;
                     for (int t = 0; t < T; t++) {
                         int pos = seq_pos(m->seqpos, t);
                         float margin = r->topk_margin[((size_t)gm * R + g) * Tg + pos];
-                        int same = !memcmp(choice + mine + (size_t)t * k, r->choice + ref + (size_t)pos * k, k * sizeof(int));
+                        int same = !memcmp(choice + mine + (size_t)t * k, r->choice + ref + (size_t)pos * k,
+                                           k * sizeof(int));
                         flips += !same;
                         if (pos >= upstream) { tok_downstream++; continue; }
                         if (margin > ROUTE_MARGIN) { tok_compared++; tok_differ += !same; } else { clear = 0; }
@@ -206,7 +228,8 @@ static long compare_routing(GPT2 *m, const RefMoE *r, const int *log, int accum)
                     for (int t = 0; t < T; t++) {
                         size_t q = (size_t)seq_pos(m->seqpos, t) * k;
                         if (memcmp(choice + mine + (size_t)t * k, r->choice + ref + q, k * sizeof(int)) ||
-                            memcmp(keep + mine + (size_t)t * k, r->keep + ref + q, k * sizeof(int))) { seq_differ++; break; }
+                            memcmp(keep + mine + (size_t)t * k, r->keep + ref + q,
+                                   k * sizeof(int))) { seq_differ++; break; }
                     }
                 }
                 j++;
@@ -216,10 +239,13 @@ static long compare_routing(GPT2 *m, const RefMoE *r, const int *log, int accum)
         free(first);
         if (nmoe == 0) { return 0; }   // no MoE layer on this stage
         check(tok_differ == 0 && seq_differ == 0 && tok_compared > 0,
-              "routing: %ld tokens with a top-k margin > %.0e compared, %ld differ from the reference's choices (%ld after a token "
+              "routing: %ld tokens with a top-k margin > %.0e compared, %ld differ from the reference's choices (%ld "
+              "after a token "
               "routed otherwise upstream not compared); %ld (layer, sequence) pairs with every margin clear compared, %ld differ in "
-              "choices or capacity keep masks (%ld not compared); largest margin of a compared choice that differs %.1e",
-              tok_compared, ROUTE_MARGIN, tok_differ, tok_downstream, seq_compared, seq_differ, seq_skipped, flip_margin);
+              "choices or capacity keep masks (%ld not compared); largest margin of a compared choice that differs "
+              "%.1e",
+              tok_compared, ROUTE_MARGIN, tok_differ, tok_downstream, seq_compared, seq_differ, seq_skipped,
+                  flip_margin);
         return flips;
     }
     return 0;
@@ -282,10 +308,12 @@ static void check_memory_model(GPT2 *m) {
     }
     double pad = 4.0 * (m->nunits) * dp;    // bytes of padding at most, per buffer
     double X = sizeof(floatX), opt_expect = (z->master ? 12.0 : 8.0) * (z->stage == 0 ? P : Psh);
-    check(fabs((double)mem_current[MEM_OPTIMIZER] - opt_expect) <= 3 * pad, "memory: optimizer state %.0f B, formula %s = %.0f B (P_local %.0f, dp %d)",
+    check(fabs((double)mem_current[MEM_OPTIMIZER] - opt_expect) <= 3 * pad,
+          "memory: optimizer state %.0f B, formula %s = %.0f B (P_local %.0f, dp %d)",
           (double)mem_current[MEM_OPTIMIZER], z->stage == 0 ? "8P" : "8P/dp (experts: /edp)", opt_expect, P, dp);
     double max_layer = 0, embed = m->u_embed >= 0 ? m->units[m->u_embed].padded : 0;
-    for (int u = 0; u < m->nunits; u++) { if (u != m->u_embed && m->units[u].padded > max_layer) { max_layer = m->units[u].padded; } }
+    for (int u = 0; u < m->nunits; u++) { if (u != m->u_embed
+                                              && m->units[u].padded > max_layer) { max_layer = m->units[u].padded; } }
     double grads_expect = z->stage < 2 ? X * P : X * Psh + X * (2.0 * max_layer + embed);
     check(fabs((double)mem_current[MEM_GRADS] - grads_expect) <= 3 * pad,
           "memory: gradients %.0f B, formula %s = %.0f B", (double)mem_current[MEM_GRADS],
@@ -299,7 +327,8 @@ static void check_memory_model(GPT2 *m) {
     int nmoe = stage_moe_layers(m);
     if (nmoe > 0) {
         double El = (double)c->num_experts / m->grid->ep, per_expert = 4 * Cl * C + 4 * Cl + C * 4 * Cl + C;
-        check(experts == nmoe * El * per_expert, "memory: expert parameters per rank %.0f = %d MoE layers x E/ep = %.0f experts x %.0f (1/tp of an MLP)",
+        check(experts == nmoe * El * per_expert,
+              "memory: expert parameters per rank %.0f = %d MoE layers x E/ep = %.0f experts x %.0f (1/tp of an MLP)",
               experts, nmoe, El, per_expert);
     }
 }
@@ -317,7 +346,8 @@ static void check_memory_activations(GPT2 *m, int accum) {
     double Rs = 0, Rr = 0, E = c->num_experts, k = c->topk;
     if (nmoe > 0) {   // worst cases: a token goes to at most k experts (min(k, E/ep) of one rank), a sequence
                       // at most cap times to one expert
-        double cap = moe_capacity(c->topk, m->T * m->grid->cp, c->num_experts, m->moe.opt.cap1000), El = E / m->grid->ep, kl = k < El ? k : El;
+        double cap = moe_capacity(c->topk, m->T * m->grid->cp, c->num_experts, m->moe.opt.cap1000),
+            El = E / m->grid->ep, kl = k < El ? k : El;
         Rs = m->B * fmin(m->T * k, E * cap);
         Rr = m->grid->ep * m->B * fmin(m->T * kl, El * cap);
     }
@@ -340,16 +370,23 @@ static void check_memory_activations(GPT2 *m, int accum) {
     else if (m->pipe.schedule == SCHEDULE_GPIPE) { alive = accum; }
     else if (m->pipe.schedule == SCHEDULE_1F1B) { alive = pp - s < accum ? pp - s : accum; }
     else { alive = accum == pp ? accum * vpp : 2 * (pp - s - 1) + (vpp - 1) * pp + 1; if (alive > accum * vpp) { alive = accum * vpp; } }
-    check(m->pipe.nslots == alive, "memory: %d (micro-batch, chunk) activation slots, formula %d (%s, stage %d of %d, vpp %d, %d micro-batches)",
-          m->pipe.nslots, alive, m->pipe.schedule == SCHEDULE_GPIPE ? "GPipe: all" : m->pipe.schedule == SCHEDULE_1F1B ? "1F1B: pp - stage" :
+    check(m->pipe.nslots == alive,
+          "memory: %d (micro-batch, chunk) activation slots, formula %d (%s, stage %d of %d, vpp %d, %d micro-batches)",
+          m->pipe.nslots, alive,
+              m->pipe.schedule == SCHEDULE_GPIPE ? "GPipe: all" : m->pipe.schedule == SCHEDULE_1F1B
+                  ? "1F1B: pp - stage" :
           "interleaved: 2(pp-s-1) + (vpp-1)pp + 1", s, pp, vpp, accum);
-    check(m->pipe.peak == m->pipe.nslots, "memory: the step run had %d pairs alive at once, the %d slots", m->pipe.peak, m->pipe.nslots);
+    check(m->pipe.peak == m->pipe.nslots, "memory: the step run had %d pairs alive at once, the %d slots",
+          m->pipe.peak, m->pipe.nslots);
     // a slot holds any chunk of the stage: the largest chunk's layers, a dense layer's fc at as many
     // positions as the most dense layers of a chunk, a MoE layer's tensors at each position where a chunk has one
     int Lmax = 0, Ldmax = 0, nmoe_pos = 0;
     for (int l = 0, any; l < Ls; l++) {
         any = 0;
-        for (int v = 0; v < vpp; v++) { int l0 = m->chunk_l0[v]; any |= l0 + l < m->chunk_l0[v + 1] && is_moe_layer(c, m->layer_id[l0 + l]); }
+        for (int v = 0; v < vpp; v++) {
+            int l0 = m->chunk_l0[v];
+            any |= l0 + l < m->chunk_l0[v + 1] && is_moe_layer(c, m->layer_id[l0 + l]);
+        }
         nmoe_pos += any;
     }
     for (int v = 0; v < vpp; v++) {
@@ -359,25 +396,33 @@ static void check_memory_activations(GPT2 *m, int accum) {
         if (Ldc > Ldmax) { Ldmax = Ldc; }
     }
     // the residual stream, lnf (last stage), tokens (first stage) and targets (last stage)
-    double stage = X * (Lmax + 1) * BTs * C + (m->last ? X * 2 * BTs * C + 4.0 * 2 * BTs : 0) + 4.0 * BT * (m->first + m->last);
+    double stage = X * (Lmax + 1) * BTs * C + (m->last ? X * 2 * BTs * C + 4.0 * 2 * BTs
+                                               : 0) + 4.0 * BT * (m->first + m->last);
     double per_micro = stage + (m->recompute == RECOMPUTE_FULL ? 0 : Lmax * core) +
-                       (m->recompute == RECOMPUTE_NONE ? Ldmax * dense_fc + nmoe_pos * hidden : 0) + (m->recompute != RECOMPUTE_FULL ? nmoe_pos * route : 0);
+                       (m->recompute == RECOMPUTE_NONE ? Ldmax * dense_fc + nmoe_pos * hidden
+                        : 0) + (m->recompute != RECOMPUTE_FULL ? nmoe_pos * route : 0);
     double act_expect = scratch + per_micro * m->pipe.nslots;
     static const char *modes[3] = {"none", "mlp", "full"};
-    check(fabs((double)mem_current[MEM_ACTIVATIONS] - act_expect) < 1, "memory: activations %.0f B, formula %.0f B (%d slots x %.0f + recompute scratch %.0f; BTs %d, recompute %s)",
-          (double)mem_current[MEM_ACTIVATIONS], act_expect, m->pipe.nslots, per_micro, scratch, m->BTs, modes[m->recompute]);
+    check(fabs((double)mem_current[MEM_ACTIVATIONS] - act_expect) < 1,
+          "memory: activations %.0f B, formula %.0f B (%d slots x %.0f + recompute scratch %.0f; BTs %d, recompute %s)",
+          (double)mem_current[MEM_ACTIVATIONS], act_expect, m->pipe.nslots, per_micro, scratch, m->BTs,
+              modes[m->recompute]);
     // comm buffers: MoE's dispatch buffers, send and receive, at their worst case; with a pipeline and
     // --overlap, the copy of the input's gradient being sent (but on the first stage, without
     // interleaving); interleaved, where a received gradient waits for its backward
-    double grad_copy = m->pipe.overlap && (!m->first || vpp > 1) ? X * BTs * C : 0, grad_wait = vpp > 1 ? X * BTs * C : 0;
+    double grad_copy = m->pipe.overlap && (!m->first || vpp > 1) ? X * BTs * C : 0,
+        grad_wait = vpp > 1 ? X * BTs * C : 0;
     // context parallelism: ring attention's keys and values (B, T/cp, 2C/tp), held and arriving, and their gradients
     double ring = m->grid->cp > 1 ? 4.0 * X * BT * 2 * Cl : 0;
     double comm_expect = X * (Rs + Rr) * C + grad_copy + grad_wait + ring;
-    check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1, "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B + cp ring 4 x (B, T/cp, 2C/tp) %.0f B",
+    check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1,
+          "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B + cp ring 4 x (B, T/cp, 2C/tp) %.0f B",
           (double)mem_current[MEM_COMM], Rs, Rr, (int)X, grad_copy, grad_wait, ring);
     // logits (last stage): one chunk of chunk x Vp/tp, never B*T x Vp (plus per-token stats and losses)
-    double logits_expect = m->last ? X * m->ce.chunk * m->Vl + 4.0 * (3.0 * m->ce.chunk * (1 + m->grid->tp) + BT) + 8.0 : 0;
-    check(fabs((double)mem_peak[MEM_LOGITS] - logits_expect) < 1, "memory: logits peak %.0f B = chunk %d x Vp/tp %d x %d B + stats/losses/their sum (%.0f B)",
+    double logits_expect = m->last
+            ? X * m->ce.chunk * m->Vl + 4.0 * (3.0 * m->ce.chunk * (1 + m->grid->tp) + BT) + 8.0 : 0;
+    check(fabs((double)mem_peak[MEM_LOGITS] - logits_expect) < 1,
+          "memory: logits peak %.0f B = chunk %d x Vp/tp %d x %d B + stats/losses/their sum (%.0f B)",
           (double)mem_peak[MEM_LOGITS], m->ce.chunk, m->Vl, (int)X, logits_expect);
 }
 
@@ -402,8 +447,10 @@ static void check_comm_dp(GPT2 *m, int accum) {
         int p = groups[i]->size;
         if (p == 1 || full_g[i] == 0) { continue; }
         double ring = 2.0 * (p - 1) / p * X * full_g[i];   // one all-reduce of those gradients
-        double expect = z->stage < 2 ? ring : (p - 1.0) / p * X * full_g[i] * (accum + 1);   // 2: RS per micro-batch + AG
-        check(fabs(groups[i]->bytes - expect) < 1, "comm: zero %d %s bytes/step %.0f = formula %.0f (all-reduce 2(p-1)/p*4P = %.0f)",
+        // 2: RS per micro-batch + AG
+        double expect = z->stage < 2 ? ring : (p - 1.0) / p * X * full_g[i] * (accum + 1);
+        check(fabs(groups[i]->bytes - expect) < 1,
+              "comm: zero %d %s bytes/step %.0f = formula %.0f (all-reduce 2(p-1)/p*4P = %.0f)",
               z->stage, groups[i]->name, groups[i]->bytes, expect, ring);
     }
     if (z->stage == 3 && dp > 1) {
@@ -416,20 +463,25 @@ static void check_comm_dp(GPT2 *m, int accum) {
             double E = m->units[0].padded, F = m->units[m->nunits - 1].padded, Llast = m->units[L].padded;
             double layers = full - E - F, L01 = m->units[1].padded + m->units[2].padded;
             double expect3 = (dp - 1.0) / dp * X * (E + accum * (2.0 * layers + F - Llast) - (accum - 1) * L01 + accum * full);
-            check(fabs(g->grad_group->bytes - expect3) < 1, "comm: zero 3 %s bytes/step %.0f = formula %.0f = %.3f x the all-reduce %.0f per micro-batch (gather fwd + gather bwd + reduce-scatter, less the resident units; %ld gathers)",
-                  g->grad_group->name, g->grad_group->bytes, expect3, g->grad_group->bytes / accum / ring, ring, z->gathers);
+            check(fabs(g->grad_group->bytes - expect3) < 1,
+                  "comm: zero 3 %s bytes/step %.0f = formula %.0f = %.3f x the all-reduce %.0f per micro-batch (gather fwd + gather bwd + reduce-scatter, less the resident units; %ld gathers)",
+                  g->grad_group->name, g->grad_group->bytes, expect3, g->grad_group->bytes / accum / ring, ring,
+                      z->gathers);
         } else {
             // with a pipeline, or the units of MoE layers, the interleaving of the uses decides which units stay
             // resident: the bytes must be those of the gathers made plus one reduce-scatter per unit and micro-batch
-            double bytes = g->grad_group->bytes + g->edp_group.bytes, expect3 = X * (z->gathered_ring + accum * ring_all);
-            check(fabs(bytes - expect3) < 1 && z->gathers >= m->nunits, "comm: zero 3 dp+edp bytes/step %.0f = formula %.0f (%ld unit gathers + %d reduce-scatters of every unit)",
+            double bytes = g->grad_group->bytes + g->edp_group.bytes,
+                expect3 = X * (z->gathered_ring + accum * ring_all);
+            check(fabs(bytes - expect3) < 1 && z->gathers >= m->nunits,
+                  "comm: zero 3 dp+edp bytes/step %.0f = formula %.0f (%ld unit gathers + %d reduce-scatters of every unit)",
                   bytes, expect3, z->gathers, accum);
         }
     }
     if (g->pp > 1 && m->u_embed >= 0) {   // the tied embedding: its owned gradient summed over the 2 end stages
         const Unit *U = &m->units[m->u_embed];
         double expect = X * (z->stage == 0 ? U->padded : U->shard);   // all-reduce over 2 ranks: 2(p-1)/p*N = N
-        check(fabs(g->emb_group.bytes - expect) < 1, "comm: emb bytes/step %.0f = formula %.0f (tied embedding gradient, all-reduced between the first and the last stage)",
+        check(fabs(g->emb_group.bytes - expect) < 1,
+              "comm: emb bytes/step %.0f = formula %.0f (tied embedding gradient, all-reduced between the first and the last stage)",
               g->emb_group.bytes, expect);
     }
 }
@@ -440,14 +492,17 @@ static void check_comm_model(GPT2 *m, int accum, double ep_rows) {
     Zero *z = &m->zero;
     Grid *g = m->grid;
     int tp = g->tp, Ls = m->Ls, first = m->first, last = m->last, nmoe = stage_moe_layers(m), vpp = m->vpp;
-    double X = sizeof(floatX), rep = 0;   // rep: the elements replicated over tp whose gradients are partial sums under SP
+    // rep: the elements replicated over tp whose gradients are partial sums under SP
+    double X = sizeof(floatX), rep = 0;
     for (int u = 0; u < m->nunits; u++) { rep += m->units[u].nrep; }
     if (g->pp > 1) {   // each micro-batch and model chunk: the output activation forward (but the last stage's last
                        // chunk), the input gradient back (but the first stage's chunk 0)
         double slice = (double)m->BTs * c->channels / (!m->sp && tp > 1 ? tp : 1);   // without SP: 1/tp each
         double expect = accum * X * slice * ((vpp - last) + (vpp - first));
-        check(fabs(g->pp_group.bytes - expect) < 1, "comm: pp bytes/step %.0f = formula %.0f (%d micro-batches x %d chunk(s) x (B*T/tp_sp) x C, to %s)",
-              g->pp_group.bytes, expect, accum, vpp, first ? "the next stage" : (last ? "the previous stage" : "both neighbours"));
+        check(fabs(g->pp_group.bytes - expect) < 1,
+              "comm: pp bytes/step %.0f = formula %.0f (%d micro-batches x %d chunk(s) x (B*T/tp_sp) x C, to %s)",
+              g->pp_group.bytes, expect, accum, vpp,
+                  first ? "the next stage" : (last ? "the previous stage" : "both neighbours"));
     }
     if (g->cp > 1) {   // ring attention, per layer and micro-batch: N-1 hops of k, v forward (again when recomputed),
                        // N-1 of k, v and N of dk, dv backward; each (B, T/cp, 2C/tp)
@@ -457,21 +512,29 @@ static void check_comm_model(GPT2 *m, int accum, double ep_rows) {
         // capacity, all-gathered (choices and probabilities, (B, T/cp, k) ints and floats; not when
         // dropless), and f, all-reduced ((B, E) floats)
         int capped = m->moe.cap < m->T * N, fwd = m->recompute == RECOMPUTE_FULL ? 2 : 1;
-        double moe = nmoe * fwd * ((capped ? 2.0 * (N - 1) * m->BT * c->topk * 4 : 0) + 2.0 * (N - 1) / N * m->B * c->num_experts * 4);
+        double moe = nmoe * fwd * ((capped ? 2.0 * (N - 1) * m->BT * c->topk * 4
+                                    : 0) + 2.0 * (N - 1) / N * m->B * c->num_experts * 4);
         expect += accum * moe;
-        check(fabs(g->cp_group.bytes - expect) < 1, "comm: cp bytes/step %.0f = formula %.0f (%d micro-batches x %d layers x %d hops of (B, T/cp, 2C/tp) = %.0f B: ring attention; MoE routing %.0f B)",
+        check(fabs(g->cp_group.bytes - expect) < 1,
+              "comm: cp bytes/step %.0f = formula %.0f (%d micro-batches x %d layers x %d hops of (B, T/cp, 2C/tp) = "
+              "%.0f B: ring attention; MoE routing %.0f B)",
               g->cp_group.bytes, expect, accum, Ls, hops, kv, accum * moe);
     }
     int runs = m->recompute == RECOMPUTE_FULL ? 3 : 2;   // forward, backward (and the recomputed forward)
     if (g->ep > 1 && nmoe > 0) {   // rows x C x X each way, forward (dispatch, return) and backward (the same)
         double expect = runs * ep_rows * c->channels * X;
-        check(fabs(g->ep_group.bytes - expect) < 1, "comm: ep bytes/step %.0f = formula %.0f (%d x %.0f rows to / from the other ep ranks x C x %d B: all-to-all dispatch and return, forward, backward%s)",
+        check(fabs(g->ep_group.bytes - expect) < 1,
+              "comm: ep bytes/step %.0f = formula %.0f (%d x %.0f rows to / from the other ep ranks x C x %d B: "
+              "all-to-all dispatch and return, forward, backward%s)",
               g->ep_group.bytes, expect, runs, ep_rows, (int)X, runs == 3 ? ", recomputed forward" : "");
     }
     if (tp > 1) {
         double S = X * m->BT * c->channels, ring = (tp - 1.0) / tp;
         double ce = 0;
-        for (int c0 = 0; last && c0 < m->BT; c0 += m->ce.chunk) { int n = m->BT - c0 < m->ce.chunk ? m->BT - c0 : m->ce.chunk; ce += (tp - 1.0) * 3 * n * 4; }
+        for (int c0 = 0; last && c0 < m->BT; c0 += m->ce.chunk) {
+            int n = m->BT - c0 < m->ce.chunk ? m->BT - c0 : m->ce.chunk;
+            ce += (tp - 1.0) * 3 * n * 4;
+        }
         double rep_ar = m->sp ? 2.0 * ring * X * rep * (z->stage >= 2 ? accum : 1) : 0;
         // per micro-batch: 4 per layer of this stage, plus the embedding (first stage) and the head (last stage)
         double ends = first + last;
@@ -483,8 +546,10 @@ static void check_comm_model(GPT2 *m, int accum, double ep_rows) {
         double gates = nmoe * 2.0 * ring * m->BT * c->topk * 4;
         double expect = accum * (act + ce + pipe_ag + gates) + rep_ar;
         check(fabs(g->tp_group.bytes - expect) < 1 + 1e-9 * expect,
-              "comm: tp bytes/step %.0f = formula %.0f (%s: %s; CE stats %.0f; MoE gate gradients %.0f)", g->tp_group.bytes, expect,
-              m->sp ? "SP" : "no SP", m->sp ? "(ends+4L) RS + (ends+6L) AG of (p-1)/p*BT*C, of which 2L AG re-gather in backward"
+              "comm: tp bytes/step %.0f = formula %.0f (%s: %s; CE stats %.0f; MoE gate gradients %.0f)",
+                  g->tp_group.bytes, expect,
+              m->sp ? "SP" : "no SP",
+                  m->sp ? "(ends+4L) RS + (ends+6L) AG of (p-1)/p*BT*C, of which 2L AG re-gather in backward"
                                             : "(ends+4L) AR of 2(p-1)/p*BT*C", ce, accum * gates);
     }
 }
@@ -545,7 +610,14 @@ static void check_comm_layer(Grid *grid) {
         // all-to-all(v): rank r sends (j + 1) elements valued 1000 r + j to rank j
         size_t sc[64], so[64], rc[64], ro[64], s_off = 0, r_off = 0;
         if (p <= 64) {
-            for (int j = 0; j < p; j++) { sc[j] = j + 1; so[j] = s_off; s_off += sc[j]; rc[j] = r + 1; ro[j] = r_off; r_off += rc[j]; }
+            for (int j = 0; j < p; j++) {
+                sc[j] = j + 1;
+                so[j] = s_off;
+                s_off += sc[j];
+                rc[j] = r + 1;
+                ro[j] = r_off;
+                r_off += rc[j];
+            }
             for (int j = 0; j < p; j++) { for (size_t i = 0; i < sc[j]; i++) { h[so[j] + i] = 1000.0f * r + j; } }
             upload_floats(dbuf, h, s_off);
             comm_all_to_allv(g, dbuf, sc, so, dbuf + cap, rc, ro, DT_FLOATX);
@@ -612,7 +684,9 @@ static double ep_rows_moved(GPT2 *m, const int *log, int accum) {
         MPI_Allgather(cnt, E, MPI_INT, all, E, MPI_INT, g->ep_group.mpi);
         for (int r = 0; r < g->ep; r++) {
             if (r == g->ep_rank) { continue; }
-            for (int le = 0; le < El; le++) { rows += all[g->ep_rank * E + r * El + le] + all[r * E + g->ep_rank * El + le]; }
+            for (int le = 0; le < El; le++) {
+                rows += all[g->ep_rank * E + r * El + le] + all[r * E + g->ep_rank * El + le];
+            }
         }
     }
     free(cnt); free(all);
@@ -633,14 +707,17 @@ static StepResult check_step(TestRun *t, GPT2 *m, DataLoader *dl, const RefState
     gpt2_forward_backward(m, dl, accum);
     float loss = gpt2_read_loss(m, accum);
     m->moe.route_log = NULL;
-    check(fabs(loss - ref->loss0) <= LOSS_TOL * fabs(ref->loss0), "step %d: loss %.6f, %s %.6f", step, loss, what, ref->loss0);
+    check(fabs(loss - ref->loss0) <= LOSS_TOL * fabs(ref->loss0), "step %d: loss %.6f, %s %.6f", step, loss, what,
+          ref->loss0);
     *ep_rows = 0;
     if (c->num_experts > 0) {
         double aux, z, dropped;
         gpt2_moe_stats(m, accum, &aux, &z, &dropped);
         if (rmoe->present) {
-            check(fabs(aux - rmoe->aux0) <= LOSS_TOL * fabs(rmoe->aux0) && fabs(z - rmoe->z0) <= LOSS_TOL * fabs(rmoe->z0),
-                  "step %d: MoE auxiliary losses aux %.6f z %.6f, %s %.6f %.6f", step, aux, z, what, rmoe->aux0, rmoe->z0);
+            check(fabs(aux - rmoe->aux0) <= LOSS_TOL * fabs(rmoe->aux0)
+                  && fabs(z - rmoe->z0) <= LOSS_TOL * fabs(rmoe->z0),
+                  "step %d: MoE auxiliary losses aux %.6f z %.6f, %s %.6f %.6f", step, aux, z, what, rmoe->aux0,
+                      rmoe->z0);
             // the same choices give the same loads, so the same dropped count; each token whose choice differs
             // (only where its margin allows, checked above) moves at most k assignments, each changing the
             // count by at most 2 (one expert's load down, another's up): the fraction, a mean over the MoE
@@ -649,7 +726,8 @@ static StepResult check_step(TestRun *t, GPT2 *m, DataLoader *dl, const RefState
             MPI_Allreduce(MPI_IN_PLACE, &flips, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
             flips /= t->grid.tp;
             double drop_tol = DROP_TOL + 2.0 * flips / ((double)rmoe->Lm * rmoe->R * rmoe->T);
-            check(fabs(dropped - rmoe->dropped0) <= drop_tol, "step %d: MoE dropped fraction %.6f, %s %.6f (%.0f tokens routed otherwise: tolerance %.1e)",
+            check(fabs(dropped - rmoe->dropped0) <= drop_tol,
+                  "step %d: MoE dropped fraction %.6f, %s %.6f (%.0f tokens routed otherwise: tolerance %.1e)",
                   step, dropped, what, rmoe->dropped0, flips, drop_tol);
         }
         *ep_rows = ep_rows_moved(m, log, accum);
@@ -658,9 +736,11 @@ static StepResult check_step(TestRun *t, GPT2 *m, DataLoader *dl, const RefState
     compare_grads(m, ref->grads);
     StepResult r = gpt2_update(m, &t->opt, lr_at(&t->sched, step), step);
     // the same sums divided in another order (fp64, then rounded to float): within 2 float ulps
-    check(fabsf(r.loss - loss) <= ldexpf(fabsf(loss), -22), "step %d: the loss read with the norm (after the device all-reduce) %.9g = the loss read alone %.9g",
+    check(fabsf(r.loss - loss) <= ldexpf(fabsf(loss), -22),
+          "step %d: the loss read with the norm (after the device all-reduce) %.9g = the loss read alone %.9g",
           step, r.loss, loss);
-    check(fabs(r.norm - ref->norm0) <= NORM_RTOL * ref->norm0, "step %d: global grad norm %.6f, %s %.6f", step, r.norm, what, ref->norm0);
+    check(fabs(r.norm - ref->norm0) <= NORM_RTOL * ref->norm0, "step %d: global grad norm %.6f, %s %.6f", step, r.norm,
+          what, ref->norm0);
     return r;
 }
 
@@ -671,8 +751,10 @@ static void check_plan(TestRun *t, GPT2 *m) {
     int same = plan.peak_total == mem_peak_total;
     for (int k = 0; k < MEM_NCAT; k++) { same &= plan.peak[k] == mem_peak[k]; }
     check(same, "memory plan = measurement: planned peaks %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f), measured %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f)",
-          (double)plan.peak[0], (double)plan.peak[1], (double)plan.peak[2], (double)plan.peak[3], (double)plan.peak[4], (double)plan.peak[5],
-          (double)plan.peak[6], (double)plan.peak_total, (double)mem_peak[0], (double)mem_peak[1], (double)mem_peak[2], (double)mem_peak[3],
+          (double)plan.peak[0], (double)plan.peak[1], (double)plan.peak[2], (double)plan.peak[3], (double)plan.peak[4],
+              (double)plan.peak[5],
+          (double)plan.peak[6], (double)plan.peak_total, (double)mem_peak[0], (double)mem_peak[1], (double)mem_peak[2],
+              (double)mem_peak[3],
           (double)mem_peak[4], (double)mem_peak[5], (double)mem_peak[6], (double)mem_peak_total);
 }
 
@@ -698,7 +780,8 @@ static void check_losses(const float *got, const float *want, int n, int s0, con
         double e = fabs(got[i] - want[i]) / fabs(want[i]);
         if (e > worst || e != e) { worst = e != e ? INFINITY : e; at = i; }
     }
-    check(worst <= LOSS_TOL, "losses of steps %d..%d %s: worst relative error %.2e at step %d (%.6f vs %.6f)", s0, s0 + n - 1, what, worst,
+    check(worst <= LOSS_TOL, "losses of steps %d..%d %s: worst relative error %.2e at step %d (%.6f vs %.6f)", s0,
+          s0 + n - 1, what, worst,
           s0 + at, got[at], want[at]);
 }
 
@@ -737,7 +820,8 @@ static void unit_grads_getter(Zero *z, int u, int which, float *host) {
 // The logged routing of a step on rank 0 as the reference's arrays: choice, keep (Lm, R, Tg, k) and
 // probs (Lm, R, Tg, E) of every MoE layer, global row and sequence position (each written by the one
 // rank that holds it: tp rank 0 of its stage, dp rank and cp part; summed over the world).
-static void gather_routing(GPT2 *m, const int *log, int accum, int R, int Tg, int **choice_out, int **keep_out, float **probs_out) {
+static void gather_routing(GPT2 *m, const int *log, int accum, int R, int Tg, int **choice_out, int **keep_out,
+                           float **probs_out) {
     const GPT2Config *c = &m->config;
     int k = c->topk, E = c->num_experts, Lm = num_moe_layers(c), B = m->B, T = m->T, dp = m->grid->dp;
     size_t nk = (size_t)Lm * R * Tg * k, ne = (size_t)Lm * R * Tg * E;
@@ -773,15 +857,18 @@ static void gather_routing(GPT2 *m, const int *log, int accum, int R, int Tg, in
 // consecutive probabilities among its first min(k, E-1) + 1 in descending order; per (sequence, expert),
 // probs policy with more candidates than the capacity, the gap between the last kept assignment's p_e
 // and the first dropped one's (infinite where there is no decision).
-static float routing_margins(const RefMoE *r, const int *choice, const float *probs, int cap, float *topk_margin, float *cap_margin) {
+static float routing_margins(const RefMoE *r, const int *choice, const float *probs, int cap, float *topk_margin,
+                             float *cap_margin) {
     int E = r->E, k = r->k, T = r->T, J = k < E - 1 ? k : E - 1;
-    float least = INFINITY, *sp = (float *)malloc_check(sizeof(float) * E), *cp = (float *)malloc_check(sizeof(float) * T * k);
+    float least = INFINITY, *sp = (float *)malloc_check(sizeof(float) * E),
+        *cp = (float *)malloc_check(sizeof(float) * T * k);
     int *ct = (int *)malloc_check(sizeof(int) * T * k);
     for (size_t q = 0; q < (size_t)r->Lm * r->R; q++) {
         for (int t = 0; t < T; t++) {
             const float *p = probs + (q * T + t) * E;
             for (int e = 0; e < E; e++) { sp[e] = p[e]; }
-            for (int i = 1; i < E; i++) { for (int j = i; j > 0 && sp[j] > sp[j - 1]; j--) { float x = sp[j]; sp[j] = sp[j - 1]; sp[j - 1] = x; } }
+            for (int i = 1; i < E; i++) { for (int j = i; j > 0
+                                               && sp[j] > sp[j - 1]; j--) { float x = sp[j]; sp[j] = sp[j - 1]; sp[j - 1] = x; } }
             float mg = INFINITY;
             for (int j = 0; j < J; j++) { mg = fminf(mg, sp[j] - sp[j + 1]); }
             topk_margin[q * T + t] = mg;
@@ -794,7 +881,11 @@ static float routing_margins(const RefMoE *r, const int *choice, const float *pr
                     if (choice[(q * T + t) * k + j] != e) { continue; }
                     float pe = probs[(q * T + t) * E + e];
                     int i = n++;
-                    while (i > 0 && (cp[i - 1] < pe || (cp[i - 1] == pe && ct[i - 1] > t))) { cp[i] = cp[i - 1]; ct[i] = ct[i - 1]; i--; }
+                    while (i > 0 && (cp[i - 1] < pe || (cp[i - 1] == pe && ct[i - 1] > t))) {
+                        cp[i] = cp[i - 1];
+                        ct[i] = ct[i - 1];
+                        i--;
+                    }
                     cp[i] = pe; ct[i] = t;
                 }
             }
@@ -817,13 +908,15 @@ typedef struct {
     float *probs;
 } StepDump;
 
-static void write_step_dump(TestRun *t, const char *dir, const StepDump *d, const float *losses, const float *norms, int n) {
+static void write_step_dump(TestRun *t, const char *dir, const StepDump *d, const float *losses, const float *norms,
+                            int n) {
     char path[PATH_LEN];
     path_join(path, dir, "step%d", RESUME_STEP);
     mkdir(path, 0755);
     const RefState *ref = &t->ref;
     int h[256] = {20241129, 1, ref->T, ref->R, n, ref->warmup};
-    float fh[256] = {ref->lr, ref->beta1, ref->beta2, ref->eps, ref->weight_decay, ref->clip, ref->final_frac, d->loss, d->norm};
+    float fh[256] = {ref->lr, ref->beta1, ref->beta2, ref->eps, ref->weight_decay, ref->clip, ref->final_frac, d->loss,
+                     d->norm};
     path_join(path, dir, "step%d/state.bin", RESUME_STEP);
     FILE *f = fopen_check(path, "wb");
     fwrite_check(h, sizeof(int), 256, f, path);
@@ -833,11 +926,14 @@ static void write_step_dump(TestRun *t, const char *dir, const StepDump *d, cons
     fwrite_check(norms, sizeof(float), n, f, path);
     fclose_check(f, path);
     if (t->config.num_experts == 0) { return; }
-    RefMoE r = {1, t->config.num_experts, t->config.topk, t->config.moe_every, t->moe.cap1000, t->moe.policy == DROP_POSITION,
+    RefMoE r = {1, t->config.num_experts, t->config.topk, t->config.moe_every, t->moe.cap1000,
+                t->moe.policy == DROP_POSITION,
                 num_moe_layers(&t->config), ref->R, ref->T, n};
     size_t nt = (size_t)r.Lm * r.R * r.T;
-    float *topk_margin = (float *)malloc_check(sizeof(float) * nt), *cap_margin = (float *)malloc_check(sizeof(float) * r.Lm * r.R * r.E);
-    float least = routing_margins(&r, d->choice, d->probs, moe_capacity(r.k, r.T, r.E, r.F1000), topk_margin, cap_margin);
+    float *topk_margin = (float *)malloc_check(sizeof(float) * nt),
+        *cap_margin = (float *)malloc_check(sizeof(float) * r.Lm * r.R * r.E);
+    float least = routing_margins(&r, d->choice, d->probs, moe_capacity(r.k, r.T, r.E, r.F1000), topk_margin,
+                                  cap_margin);
     int mh[256] = {20241130, 1, r.E, r.k, r.every, r.F1000, r.policy, r.Lm, r.R, r.T, n};
     float mfh[256] = {t->moe.aux_coeff, t->moe.z_coeff, d->aux, d->z, d->dropped, least};
     path_join(path, dir, "step%d/moe.bin", RESUME_STEP);
@@ -849,7 +945,8 @@ static void write_step_dump(TestRun *t, const char *dir, const StepDump *d, cons
     fwrite_check(topk_margin, sizeof(float), nt, f, path);
     fwrite_check(cap_margin, sizeof(float), (size_t)r.Lm * r.R * r.E, f, path);
     fclose_check(f, path);
-    printf("  layout A's step %d written to %s/step%d (smallest routing margin %.2e)\n", RESUME_STEP, dir, RESUME_STEP, least);
+    printf("  layout A's step %d written to %s/step%d (smallest routing margin %.2e)\n", RESUME_STEP, dir, RESUME_STEP,
+           least);
     free(topk_margin); free(cap_margin);
 }
 
@@ -858,7 +955,9 @@ static void write_step_dump(TestRun *t, const char *dir, const StepDump *d, cons
 // (layout A) computes at the step after the checkpoint (write_step_dump), for check_resume_from.
 static void check_resume(TestRun *t, const char *dir) {
     int nsteps = t->ref.nsteps, accum = t->accum;
-    if (nsteps <= RESUME_STEP || nsteps > 64) { fail("--check-resume needs a reference of %d to 64 steps", RESUME_STEP + 1); }
+    if (nsteps <= RESUME_STEP || nsteps > 64) {
+        fail("--check-resume needs a reference of %d to 64 steps", RESUME_STEP + 1);
+    }
     if (my_rank == 0) { mkdir(dir, 0755); }
     MPI_Barrier(MPI_COMM_WORLD);
     GPT2 run;
@@ -870,7 +969,8 @@ static void check_resume(TestRun *t, const char *dir) {
     StepDump d = {};
     for (int s = 0; s < nsteps; s++) {
         int dump = s == RESUME_STEP;
-        int *log = dump ? (int *)malloc_check(sizeof(int) * (route_entry(&run) * stage_moe_layers(&run) * accum + 1)) : NULL;
+        int *log = dump ? (int *)malloc_check(sizeof(int) * (route_entry(&run) * stage_moe_layers(&run) * accum + 1))
+                : NULL;
         run.moe.route_log = log;
         run.moe.route_log_micro = accum;
         gpt2_forward_backward(&run, &dl, accum);
@@ -891,7 +991,9 @@ static void check_resume(TestRun *t, const char *dir) {
         if (dump) { d.norm = r.norm; }
         if (s + 1 == RESUME_STEP) { save_checkpoint(&run, dir, RESUME_STEP, &dl, &rng, t->args.total_batch, 0); }
     }
-    if (my_rank == 0) { write_step_dump(t, dir, &d, uninterrupted + RESUME_STEP, norms + RESUME_STEP, nsteps - RESUME_STEP); }
+    if (my_rank == 0) {
+        write_step_dump(t, dir, &d, uninterrupted + RESUME_STEP, norms + RESUME_STEP, nsteps - RESUME_STEP);
+    }
     free(d.grads); free(d.choice); free(d.keep); free(d.probs);
     int step = latest_checkpoint(dir);
     check(step == RESUME_STEP, "checkpoint: newest complete checkpoint is step %d (expected %d)", step, RESUME_STEP);
@@ -899,7 +1001,8 @@ static void check_resume(TestRun *t, const char *dir) {
     path_join(mp, dir, "model_%08d.bin", step);
     GPT2Config c2;
     float *p2 = read_model_file(mp, &c2);
-    check(!memcmp(&c2, &t->config, sizeof(c2)), "checkpoint: the model file keeps the shape (E %d k %d every %d)", c2.num_experts, c2.topk, c2.moe_every);
+    check(!memcmp(&c2, &t->config, sizeof(c2)), "checkpoint: the model file keeps the shape (E %d k %d every %d)",
+          c2.num_experts, c2.topk, c2.moe_every);
     GPT2 resumed;
     DataLoader dl3;
     test_model(t, &resumed, &c2, p2, &dl3);
@@ -975,7 +1078,8 @@ static void mutate_checkpoint_experts(TestRun *t, const char *dir, const char *o
 // mutation (the check must then fail): "experts" (the state's experts stored in another order),
 // "data-round" (the data position one accumulation round off).
 static void check_resume_from(TestRun *t, const char *dir, const char *mutation) {
-    char path[PATH_LEN], ckdir[PATH_LEN];   // layout A's results in dir/step5; the checkpoint in dir (or its mutated copy)
+    // layout A's results in dir/step5; the checkpoint in dir (or its mutated copy)
+    char path[PATH_LEN], ckdir[PATH_LEN];
     snprintf(ckdir, sizeof(ckdir), "%s", dir);
     if (mutation && !strcmp(mutation, "experts")) {
         snprintf(ckdir, sizeof(ckdir), "%s/mutated_experts", dir);
@@ -984,14 +1088,19 @@ static void check_resume_from(TestRun *t, const char *dir, const char *mutation)
         fail_all(my_rank, "--mutate: expected experts or data-round, got '%s'", mutation);
     }
     int step = latest_checkpoint(ckdir);
-    if (step != RESUME_STEP) { fail_all(my_rank, "--resume-from %s: expected a checkpoint at step %d (a --check-resume run's), found %d", ckdir, RESUME_STEP, step); }
+    if (step != RESUME_STEP) {
+        fail_all(my_rank, "--resume-from %s: expected a checkpoint at step %d (a --check-resume run's), found %d",
+                 ckdir, RESUME_STEP, step);
+    }
     RefState a5;
     RefMoE a5moe;
     path_join(path, dir, "step%d", RESUME_STEP);
     read_ref_moe(path, &a5moe);
     path_join(path, dir, "step%d/state.bin", RESUME_STEP);
     read_ref_state(path, &t->config, &a5);
-    if (a5.nsteps != t->ref.nsteps - RESUME_STEP) { fail_all(my_rank, "%s: %d steps, expected %d", path, a5.nsteps, t->ref.nsteps - RESUME_STEP); }
+    if (a5.nsteps != t->ref.nsteps - RESUME_STEP) {
+        fail_all(my_rank, "%s: %d steps, expected %d", path, a5.nsteps, t->ref.nsteps - RESUME_STEP);
+    }
     path_join(path, ckdir, "model_%08d.bin", step);
     GPT2Config c2;
     float *p2 = read_model_file(path, &c2);
@@ -1038,7 +1147,9 @@ static int parse_test_flags(int argc, char **argv, TestFlags *f, char **rest) {
         else if (!strcmp(argv[i], "--bad-file-on-rank") && i + 1 < argc) { f->bad_rank = atoi(argv[++i]); }
         else { rest[nrest++] = argv[i]; }
     }
-    if (f->ref_dir == NULL) { fail_all(my_rank, "test_gpt needs --ref DIR (a reference state from dev/reference/gpt2_ref.py)"); }
+    if (f->ref_dir == NULL) {
+        fail_all(my_rank, "test_gpt needs --ref DIR (a reference state from dev/reference/gpt2_ref.py)");
+    }
     if (f->mutation && !f->resume_from) { fail_all(my_rank, "--mutate needs --resume-from DIR"); }
     return nrest;
 }
@@ -1069,10 +1180,12 @@ static void test_setup(TestRun *t, const char *ref_dir, const GPT2Config *ref_co
     t->accum = args->total_batch / (args->B * args->T * t->grid.dp);
     if (my_rank == 0) {
         printf("test_gpt: %s | world %d = tp %d x cp %d x pp %d x dp %d | zero %d%s | B %d T %d accum %d | ce chunk %d | %s\n", ref_dir,
-               t->world, t->grid.tp, t->grid.cp, t->grid.pp, t->grid.dp, args->zero, args->sp ? " | sp" : "", args->B, args->T, t->accum,
+               t->world, t->grid.tp, t->grid.cp, t->grid.pp, t->grid.dp, args->zero, args->sp ? " | sp" : "", args->B,
+                   args->T, t->accum,
                args->ce_chunk, PRECISION_NAME);
         if (t->config.num_experts > 0) {
-            printf("          MoE: E %d k %d every %d | ep %d edp %d | capacity factor %.3f, drop %s, aux %g, z %g%s\n", t->config.num_experts,
+            printf("          MoE: E %d k %d every %d | ep %d edp %d | capacity factor %.3f, drop %s, aux %g, z "
+                   "%g%s\n", t->config.num_experts,
                    t->config.topk, t->config.moe_every, t->grid.ep, t->grid.edp_group.size, t->moe.cap1000 / 1000.0,
                    t->moe.policy == DROP_PROBS ? "probs" : "position", t->moe.aux_coeff, t->moe.z_coeff,
                    ref_config->num_experts == 0 ? " | upcycled from the dense reference" : "");
@@ -1093,7 +1206,8 @@ static void check_bf16_model_file(const char *ref_dir, const GPT2Config *ref_con
     float *p16 = read_model_file(path, &c16);
     size_t P = num_parameters(ref_config), bad = 0;
     for (size_t i = 0; i < P; i++) { if (p16[i] != bf16_to_float(float_to_bf16(ref_params[i]))) { bad++; } }
-    check(bad == 0 && !memcmp(&c16, ref_config, sizeof(*ref_config)), "model file version %d (bf16): %zu parameters load as bf16(fp32 file), %zu differ",
+    check(bad == 0 && !memcmp(&c16, ref_config, sizeof(*ref_config)),
+          "model file version %d (bf16): %zu parameters load as bf16(fp32 file), %zu differ",
           ref_config->num_experts ? 15 : 5, P, bad);
     free(p16);
 }

@@ -48,7 +48,8 @@ chunked cross-entropy), llmc/comm.h (the process grid and the collectives).
 // One unit of zero.h: the embedding (wpe, wte), a layer, the experts of a MoE layer held by this ep
 // rank, or the final LayerNorm, reduced over data-parallel group dpg. Inside a unit the tensors whose
 // gradients are partial over tp under SP come first (one block to all-reduce under SP).
-static void build_unit(const GPT2Config *c, int tp, int ep, int ep_rank, Group *dpg, Unit *U, const int *ids, int n, int layer) {
+static void build_unit(const GPT2Config *c, int tp, int ep, int ep_rank, Group *dpg, Unit *U, const int *ids, int n,
+                       int layer) {
     memset(U, 0, sizeof(Unit));
     U->dpg = dpg;
     for (int k = 0; k < n; k++) {
@@ -75,7 +76,8 @@ static void build_unit(const GPT2Config *c, int tp, int ep, int ep_rank, Group *
 // tied LM head: same layout, so the two copies' gradients sum shard by shard. Returns the number of
 // units; sets the index of each kind (-1: none; without a pipeline u_pos == u_embed, one unit [wpe,
 // wte]) and, per layer of the stage, its unit and its experts' unit (-1 for a dense layer).
-static int build_units(const GPT2Config *c, Grid *g, int vpp, Unit *units, int *u_embed, int *u_pos, int *u_layer, int *u_experts, int *u_final) {
+static int build_units(const GPT2Config *c, Grid *g, int vpp, Unit *units, int *u_embed, int *u_pos, int *u_layer,
+                       int *u_experts, int *u_final) {
     static const int embedding[] = {T_WPE, T_WTE}, token[] = {T_WTE}, position[] = {T_WPE};
     static const int layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_FCPROJB,
                                 T_QKVW, T_QKVB, T_ATTPROJW, T_FCW, T_FCB, T_FCPROJW};
@@ -105,7 +107,11 @@ static int build_units(const GPT2Config *c, Grid *g, int vpp, Unit *units, int *
     if (stage == pp - 1) {
         *u_final = n;
         build_unit(c, tp, ep, er, dp, &units[n++], final_ln, 2, -1);
-        if (pp > 1) { *u_embed = n; build_unit(c, tp, ep, er, dp, &units[n++], token, 1, -1); units[n - 1].norm_skip = 1; }
+        if (pp > 1) {
+            *u_embed = n;
+            build_unit(c, tp, ep, er, dp, &units[n++], token, 1, -1);
+            units[n - 1].norm_skip = 1;
+        }
     }
     if (pp > 1 && *u_embed >= 0) { units[*u_embed].tied = 1; }
     return n;
@@ -193,13 +199,15 @@ typedef struct {
     Workspace ws;
     CEBuffers ce;
     size_t num_parameters;
-    ExpertParallel moe;          // the MoE layers: options, shapes, dispatch buffers, the step's numbers (expert_parallel.h)
+    // the MoE layers: options, shapes, dispatch buffers, the step's numbers (expert_parallel.h)
+    ExpertParallel moe;
     Recompute recompute;         // what the backward recomputes instead of storing (see layer_acts)
     int recomputing;             // the forward running now is a recomputation (its MoE numbers are not counted again)
     Activations scratch;         // one layer's worth of what is recomputed, shared by the layers and micro-batches
     int micro;                   // the micro-batch running (for --trace)
     int *step_tokens;            // (2, accum, BT) page-locked: a step's inputs and targets, uploaded without a wait
-    int updates, skips, skips_in_a_row;   // AdamW updates applied; skipped (a non-finite loss or norm): in all, in a row
+    // AdamW updates applied; skipped (a non-finite loss or norm): in all, in a row
+    int updates, skips, skips_in_a_row;
 } GPT2;
 
 // The model chunk holding the stage's layer l.
@@ -213,7 +221,8 @@ static int layer_chunk(const GPT2 *m, int l) {
 // backward recomputes lives in m->scratch (one layer): under mlp the fc and GELU outputs, under full
 // everything but the layer's input and output (the residual stream, always stored).
 static LayerActs layer_acts(const GPT2 *m, const Activations *a, int l) {
-    int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE, l0 = m->chunk_l0[layer_chunk(m, l)];
+    int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE,
+        l0 = m->chunk_l0[layer_chunk(m, l)];
     const Activations *h = full ? &m->scratch : a;   // where the per-layer tensors are
     size_t C = m->config.channels, Cl = m->Cl, lc = l - l0, li = full ? 0 : lc, s = li * m->BTs, f = li * m->BT;
     size_t dense = 0;   // dense layers of the chunk before l (the fc outputs are stored for those only)
@@ -222,7 +231,10 @@ static LayerActs layer_acts(const GPT2 *m, const Activations *a, int l) {
     LayerActs x;
     x.res = a->resid + lc * m->BTs * C; x.out = a->resid + (lc + 1) * m->BTs * C;
     x.ln1 = h->ln1 + s * C; x.mid = h->mid + s * C; x.ln2 = h->ln2 + s * C;
-    x.ln1_mean = h->ln1_mean + s; x.ln1_rstd = h->ln1_rstd + s; x.ln2_mean = h->ln2_mean + s; x.ln2_rstd = h->ln2_rstd + s;
+    x.ln1_mean = h->ln1_mean + s;
+    x.ln1_rstd = h->ln1_rstd + s;
+    x.ln2_mean = h->ln2_mean + s;
+    x.ln2_rstd = h->ln2_rstd + s;
     x.qkv = h->qkv + f * 3 * Cl; x.atty = h->atty + f * Cl;
     x.fch = fc->fch + dense * m->BT * 4 * Cl; x.fchg = fc->fchg + dense * m->BT * 4 * Cl;
     x.lse = h->lse + f * m->NHl;
@@ -232,7 +244,8 @@ static LayerActs layer_acts(const GPT2 *m, const Activations *a, int l) {
 
 // Builds this rank's part of the model (its pipeline stage, its tp slice, its experts, its ZeRO shard)
 // from the full host tensors (file order). Every rank passes the same.
-static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *grid, int vpp, int zero_stage, int sp, MoEOptions moe) {
+static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *grid, int vpp, int zero_stage, int sp,
+                       MoEOptions moe) {
     memset(m, 0, sizeof(*m));
     m->config = *c;
     m->grid = grid;
@@ -316,7 +329,10 @@ static void slot_alloc(GPT2 *m, Activations *a, int scratch, int Lc, int Ldc, in
         a->dlnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
     }
     if (!scratch && m->first) { a->inputs = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS); }   // (chunk 0's)
-    if (!scratch && m->last) { a->targets = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS); }   // (the last chunk's)
+    // (the last chunk's)
+    if (!scratch && m->last) {
+        a->targets = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
+    }
 }
 
 // The buffers shared by the layers and micro-batches: ring attention's, the workspace, the MoE layers'
@@ -326,7 +342,8 @@ static void workspace_alloc(GPT2 *m, int chunk, int any_moe) {
     int tp = m->grid->tp;
     Workspace *w = &m->ws;
     m->cpring.cp = &m->grid->cp_group;
-    for (int i = 0; i < 2 && m->grid->cp > 1; i++) {   // ring attention: the keys and values held and arriving, their gradients
+    // ring attention: the keys and values held and arriving, their gradients
+    for (int i = 0; i < 2 && m->grid->cp > 1; i++) {
         m->cpring.kv[i] = (floatX *)mem_alloc(BT * 2 * Cl * X, MEM_COMM);
         m->cpring.dkv[i] = (floatX *)mem_alloc(BT * 2 * Cl * X, MEM_COMM);
     }
@@ -351,7 +368,8 @@ static void workspace_alloc(GPT2 *m, int chunk, int any_moe) {
 // schedule's number of (micro-batch, model chunk) pairs alive at once, and a CE chunk of `chunk` tokens
 // (0: all). MoE dispatch buffers are sized for the capacity factor, or dropless when the run samples
 // (moe_dropless).
-static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, PipeSchedule schedule, int moe_dropless) {
+static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, PipeSchedule schedule,
+                                   int moe_dropless) {
     const GPT2Config *c = &m->config;
     int tp = m->grid->tp, pp = m->grid->pp, cp = m->grid->cp, Ls = m->Ls, vpp = m->vpp;
     m->B = B; m->T = T; m->BT = B * T;
@@ -360,12 +378,14 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     m->seqpos = seq_pos_of_rank(cp, m->grid->cp_rank, T);
     Pipeline *p = &m->pipe;
     p->pp = &m->grid->pp_group; p->tp = &m->grid->tp_group;
-    int nslots = pipeline_plan(p, pp == 1 ? SCHEDULE_1F1B : schedule, pp, vpp, m->grid->pp_rank, accum);   // (without a pipeline GPipe is 1F1B)
+    // (without a pipeline GPipe is 1F1B)
+    int nslots = pipeline_plan(p, pp == 1 ? SCHEDULE_1F1B : schedule, pp, vpp, m->grid->pp_rank, accum);
     int Ld = 0, Lm = 0;
     for (int l = 0; l < Ls; l++) { if (is_moe_layer(c, m->layer_id[l])) { Lm++; } else { Ld++; } }
     ExpertParallel *x = &m->moe;
     x->B = B; x->T = T; x->BT = B * T;
-    x->cap = c->num_experts > 0 ? moe_capacity(c->topk, T * cp, c->num_experts, x->opt.cap1000) : 0;   // per whole sequence
+    // per whole sequence
+    x->cap = c->num_experts > 0 ? moe_capacity(c->topk, T * cp, c->num_experts, x->opt.cap1000) : 0;
     if (Lm > 0) { moe_dispatch_rows(x, moe_dropless ? T : x->cap); }
     x->nlayers = Lm;
     int Lmax = 0, Ldmax = 0;
@@ -380,9 +400,13 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     for (int i = 0; i < nslots; i++) { slot_alloc(m, &m->acts[i], 0, Lmax, Ldmax, Ld, moe_at); }
     slot_alloc(m, &m->scratch, 1, Ls, Ldmax, Ld, moe_at);
     free(moe_at);
-    if (m->recompute == RECOMPUTE_MLP) {   // mlp: the stored MoE layers compute their experts' hidden rows in the scratch's
+    // mlp: the stored MoE layers compute their experts' hidden rows in the scratch's
+    if (m->recompute == RECOMPUTE_MLP) {
         for (int i = 0; i < nslots; i++) {
-            for (int l = 0; l < Lmax; l++) { m->acts[i].moe[l].h = m->scratch.moe[0].h; m->acts[i].moe[l].hg = m->scratch.moe[0].hg; }
+            for (int l = 0; l < Lmax; l++) {
+                m->acts[i].moe[l].h = m->scratch.moe[0].h;
+                m->acts[i].moe[l].hg = m->scratch.moe[0].hg;
+            }
         }
     }
     workspace_alloc(m, chunk, Lm > 0);
@@ -391,7 +415,8 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     int *chunk_len = (int *)malloc_check(vpp * sizeof(int));
     for (int i = 0; i < nslots; i++) { resid[i] = m->acts[i].resid; }
     for (int v = 0; v < vpp; v++) { chunk_len[v] = m->chunk_l0[v + 1] - m->chunk_l0[v]; }
-    pipeline_alloc(p, m->first, m->last, !m->sp && tp > 1, m->BTs * c->channels, resid, chunk_len, m->ws.dresid, m->zero.prefetch && pp > 1);
+    pipeline_alloc(p, m->first, m->last, !m->sp && tp > 1, m->BTs * c->channels, resid, chunk_len, m->ws.dresid,
+                   m->zero.prefetch && pp > 1);
 }
 
 // What a model is made with besides its weights and its grid: the layout's options and the step's shape.
@@ -407,7 +432,8 @@ typedef struct {
 } ModelOptions;
 
 static ModelOptions model_options(const Args *a, MoEOptions moe, int dp) {
-    ModelOptions o = {a->vpp, a->zero, a->sp, moe, recompute_mode(a->recompute), a->overlap, a->B, a->T / a->cp, a->ce_chunk,
+    ModelOptions o = {a->vpp, a->zero, a->sp, moe, recompute_mode(a->recompute), a->overlap, a->B, a->T / a->cp,
+                      a->ce_chunk,
                       a->total_batch / (a->B * a->T * dp), pipe_schedule(a->pp_schedule), a->sample_every > 0};
     return o;
 }
@@ -469,7 +495,10 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
     int v = layer_chunk(m, l), u = m->u_layer[l];   // what runs next: the chunk's next layer, or the final LayerNorm
     int next = l + 1 < m->chunk_l0[v + 1] ? m->u_layer[l + 1] : (m->last && v == m->vpp - 1 ? m->u_final : -1);
     unit_view(&m->units[u], zero_unit_params(&m->zero, u), p);
-    if (!m->recomputing) { zero_prefetch_params(&m->zero, ue >= 0 ? ue : next, u); }   // ZeRO-3: the next unit, while this one computes
+    // ZeRO-3: the next unit, while this one computes
+    if (!m->recomputing) {
+        zero_prefetch_params(&m->zero, ue >= 0 ? ue : next, u);
+    }
     // attention block: ln1 -> all tokens -> qkv (column-parallel, local heads) -> attention
     //                  -> attproj (row-parallel) -> sum partials
     layernorm_forward(y.ln1, y.ln1_mean, y.ln1_rstd, y.res, p[T_LN1W], p[T_LN1B], BTs, C);
@@ -481,7 +510,8 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
     x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
     // MLP block: (+ bias + residual, fused with) ln2 -> all tokens -> fc (column-parallel, fused
     // with gelu) -> fcproj (row-parallel) -> sum partials; a MoE layer: the experts instead
-    residual_layernorm_forward(y.mid, y.ln2, y.ln2_mean, y.ln2_rstd, y.res, x, p[T_ATTPROJB], p[T_LN2W], p[T_LN2B], BTs, C);
+    residual_layernorm_forward(y.mid, y.ln2, y.ln2_mean, y.ln2_rstd, y.res, x, p[T_ATTPROJB], p[T_LN2W], p[T_LN2B],
+                               BTs, C);
     x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);
     if (ue >= 0) {
         floatX *pe[NUM_TENSORS];
@@ -491,7 +521,10 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
         m->moe.micro = m->micro;
         ExpertWeights ew = {pe[T_EFCW], pe[T_EFCB], pe[T_EFCPROJW], pe[T_EFCPROJB], p[T_ROUTERW]};
         moe_forward(&m->moe, y.moe, ew, x, w->pfull, !m->recomputing);
-        if (!m->recomputing) { zero_prefetch_params(&m->zero, next, ue); }   // (over the layer's own unit: done with it)
+        // (over the layer's own unit: done with it)
+        if (!m->recomputing) {
+            zero_prefetch_params(&m->zero, next, ue);
+        }
     } else {
         matmul_forward_gelu(y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl);
         matmul_forward(w->pfull, y.fchg, p[T_FCPROJW], NULL, BT, 4 * Cl, C);
@@ -525,11 +558,13 @@ static void gpt2_forward(GPT2 *m, int v, Activations *a) {
     for (int l = l0; l < l1; l++) {
         trace_begin();
         layer_forward(m, layer_acts(m, a, l), l);
-        trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "forward", "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
+        trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "forward", "\"layer\":%d,\"micro\":%d", m->layer_id[l],
+                  m->micro);
     }
     if (m->last && v == m->vpp - 1) {
         unit_view(&m->units[m->u_final], zero_unit_params(&m->zero, m->u_final), p);
-        layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW], p[T_LNFB], BTs, C);
+        layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW],
+                          p[T_LNFB], BTs, C);
     }
 }
 
@@ -552,7 +587,8 @@ static void gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int la
         dwte = g[T_WTE];
         dh = w->pfull;
     }
-    fused_classifier(w->losses, dh, dwte, h, p[T_WTE], a->targets, &m->ce, tp, m->v0, c->vocab_size, m->Vl, BT, C, dloss);
+    fused_classifier(w->losses, dh, dwte, h, p[T_WTE], a->targets, &m->ce, tp, m->v0, c->vocab_size, m->Vl, BT, C,
+                     dloss);
     if (backward) {
         floatX *dlnf = tp_sum_partials(tp, m->sp, dh, w->tokbuf, m->BTs, C);
         copy_on_device(a->dlnf, dlnf, (size_t)m->BTs * C * sizeof(floatX));
@@ -659,7 +695,8 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
         }
         trace_begin();
         layer_backward(m, y, l, last_micro);
-        trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "backward", "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
+        trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "backward", "\"layer\":%d,\"micro\":%d",
+                  m->layer_id[l], m->micro);
     }
     if (m->first && v == 0) {
         trace_begin();
@@ -698,7 +735,9 @@ static Activations *chunk_acts(GPT2 *m, int v, int i) { return &m->acts[m->pipe.
 // The copies are queued (copy_to_device_async): the host arrays must hold until the device has run them.
 static void gpt2_upload_batch(GPT2 *m, int i, const int *inputs, const int *targets) {
     if (inputs && m->first) { copy_to_device_async(chunk_acts(m, 0, i)->inputs, inputs, sizeof(int) * m->BT); }
-    if (targets && m->last) { copy_to_device_async(chunk_acts(m, m->vpp - 1, i)->targets, targets, sizeof(int) * m->BT); }
+    if (targets && m->last) {
+        copy_to_device_async(chunk_acts(m, m->vpp - 1, i)->targets, targets, sizeof(int) * m->BT);
+    }
 }
 
 // What the schedule runs for one training step on this stage.
@@ -716,7 +755,8 @@ static void train_forward(void *ctx, int v, int i) {
     GPT2 *m = s->m;
     Activations *a = chunk_acts(m, v, i);
     m->micro = i;
-    gpt2_upload_batch(m, i, v == 0 ? s->inputs + (size_t)i * m->BT : NULL, v == m->vpp - 1 ? s->targets + (size_t)i * m->BT : NULL);
+    gpt2_upload_batch(m, i, v == 0 ? s->inputs + (size_t)i * m->BT : NULL,
+                      v == m->vpp - 1 ? s->targets + (size_t)i * m->BT : NULL);
     gpt2_forward(m, v, a);
     if (m->last && v == m->vpp - 1) { gpt2_head(m, a, s->dloss, 1, i == s->accum - 1); }
 }
@@ -739,10 +779,16 @@ static void gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     moe_step_begin(&m->moe, (float)(m->moe.opt.aux_coeff * m->config.num_experts / (Tg * sequences)),
                    (float)(m->moe.opt.z_coeff / (Tg * sequences)));
     int ranks = m->grid->dp * m->grid->cp;   // the ranks that share a step's tokens (cp: each sequence too)
-    if (accum != m->pipe.steps.n_total / m->vpp) { fail("%d micro-batches, the schedule was made for %d: a bug", accum, m->pipe.steps.n_total / m->vpp); }
-    if (m->step_tokens == NULL) { m->step_tokens = (int *)host_alloc_pinned(sizeof(int) * 2 * accum * m->BT); }   // once: accum is the schedule's
+    if (accum != m->pipe.steps.n_total / m->vpp) {
+        fail("%d micro-batches, the schedule was made for %d: a bug", accum, m->pipe.steps.n_total / m->vpp);
+    }
+    // once: accum is the schedule's
+    if (m->step_tokens == NULL) {
+        m->step_tokens = (int *)host_alloc_pinned(sizeof(int) * 2 * accum * m->BT);
+    }
     device_synchronize();   // the previous step's uploads have read the buffer (the step ended with a wait: free here)
-    TrainStep s = {m, accum, m->step_tokens, m->step_tokens + (size_t)accum * m->BT, 1.0f / ((float)m->BT * accum * ranks)};
+    TrainStep s = {m, accum, m->step_tokens, m->step_tokens + (size_t)accum * m->BT,
+                   1.0f / ((float)m->BT * accum * ranks)};
     for (int i = 0; i < accum; i++) {
         dataloader_next_batch(dl);
         local_tokens(m, s.inputs + (size_t)i * m->BT, dl->inputs);
@@ -769,7 +815,8 @@ static void gpt2_moe_stats(GPT2 *m, int accum, double *aux, double *z, double *d
     *dropped = v[3] > 0 ? 1.0 - v[2] / v[3] : 0.0;
 }
 
-typedef struct { float loss, norm; } StepResult;   // the step's mean loss (global batch), its gradient norm before clipping
+// the step's mean loss (global batch), its gradient norm before clipping
+typedef struct { float loss, norm; } StepResult;
 
 // Clips by the global gradient norm and runs AdamW (step is 0-based), all on the device: the norm's
 // partial sums and this rank's loss sum (the last stage's tp rank 0: the other tp ranks hold copies)
@@ -787,7 +834,8 @@ static StepResult gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
     comm_all_reduce(&g->world, z->stats, 2, DT_DOUBLE, NULL);   // loss_sum, norm_sq
     double tokens = (double)m->BT * (m->pipe.steps.n_total / m->vpp) * g->dp * g->cp;   // the global batch's
     step_stats_clip(z->stats, tokens, o->grad_clip);
-    zero_optimizer_step(z, lr, o->beta1, o->beta2, o->eps, o->weight_decay, &z->stats->scale, m->updates + 1, o->seed + 7919u * step);
+    zero_optimizer_step(z, lr, o->beta1, o->beta2, o->eps, o->weight_decay, &z->stats->scale, m->updates + 1,
+                        o->seed + 7919u * step);
     StepStats st;
     copy_to_host(&st, z->stats, sizeof(st));
     if (st.scale == 0.0f) {
@@ -834,10 +882,10 @@ static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
     return gpt2_read_loss(m, n);
 }
 
-// Generates gen_tokens tokens after an EOT (sampled at temperature 1). Every rank runs it with the
-// same generator (the forward needs the tp, cp, pp and, at ZeRO 3, dp collectives); the last stage's
-// cp rank holding the position draws the token and sends it to the others; rank 0 prints. MoE layers run dropless: with a capacity, the
-// padding after the current token would take capacity from it.
+// Generates gen_tokens tokens after an EOT (sampled at temperature 1). Every rank runs it with the same generator (the
+// forward needs the tp, cp, pp and, at ZeRO 3, dp collectives); the last stage's cp rank holding the position draws the
+// token and sends it to the others; rank 0 prints. MoE layers run dropless: with a capacity, the padding after the
+// current token would take capacity from it.
 static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int eot) {
     const GPT2Config *c = &m->config;
     int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size, cap = m->moe.cap;
@@ -845,7 +893,8 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
     m->moe.cap = Tg;   // (dropless)
     int *gen = (int *)malloc_check(sizeof(int) * m->B * Tg);
     for (int i = 0; i < m->B * Tg; i++) { gen[i] = eot; }
-    floatX *row = m->last ? (floatX *)mem_alloc((size_t)Vp * floatx_bytes(), MEM_LOGITS) : NULL;   // (as planned: gpt2_plan)
+    // (as planned: gpt2_plan)
+    floatX *row = m->last ? (floatX *)mem_alloc((size_t)Vp * floatx_bytes(), MEM_LOGITS) : NULL;
     float *probs = (float *)malloc_check(sizeof(float) * Vp);
     if (m->grid->rank == 0) { printf("generating:\n---\n"); }
     int n = gen_tokens < Tg - 1 ? gen_tokens : Tg - 1;
@@ -855,9 +904,13 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
         int next = 0, owner, row_t;
         seq_pos_owner(cp, m->T, t - 1, &owner, &row_t);   // position t-1's cp rank and its local row there
         floatX *p[NUM_TENSORS];
-        if (m->last) { unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p); }   // (ZeRO 3: a dp, cp collective)
+        // (ZeRO 3: a dp, cp collective)
+        if (m->last) {
+            unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p);
+        }
         if (m->last && m->grid->cp_rank == owner) {
-            floatX *h = tp_all_tokens(&m->grid->tp_group, m->sp, chunk_acts(m, m->vpp - 1, 0)->lnf, m->ws.xfull, m->BTs, C);
+            floatX *h = tp_all_tokens(&m->grid->tp_group, m->sp, chunk_acts(m, m->vpp - 1, 0)->lnf, m->ws.xfull,
+                                      m->BTs, C);
             // this rank's vocabulary slice of the logits of position t-1, then all slices (Vp)
             matmul_forward(row + m->v0, h + (size_t)row_t * C, p[T_WTE], NULL, 1, C, m->Vl);
             comm_all_gather(&m->grid->tp_group, row + m->v0, row, m->Vl, DT_FLOATX, NULL);
@@ -892,7 +945,8 @@ static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int e
 
 static TrainState gpt2_train_state(const GPT2 *m, int total_batch) {
     Grid *g = m->grid;
-    TrainState s = {m->updates, m->skips, m->skips_in_a_row, m->T * g->cp, total_batch, total_batch / (m->B * m->T * g->cp * g->dp)};
+    TrainState s = {m->updates, m->skips, m->skips_in_a_row, m->T * g->cp, total_batch,
+                    total_batch / (m->B * m->T * g->cp * g->dp)};
     return s;
 }
 
@@ -924,7 +978,10 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
     if (a->sample_every > 0 && m.last) { mem_alloc((size_t)c->padded_vocab_size * floatx_bytes(), MEM_LOGITS); }
     if (b.cuda) {
         mem_alloc(CUBLASLT_WORKSPACE_BYTES, MEM_WORKSPACE);
-        if (a->cp == 1 && m.Ls > 0) { mem_alloc(attention_workspace_bytes(attention_path_of(a), m.T, m.NHl, c->channels / c->num_heads, b.floatx), MEM_WORKSPACE); }
+        if (a->cp == 1 && m.Ls > 0) {
+            mem_alloc(attention_workspace_bytes(attention_path_of(a), m.T, m.NHl, c->channels / c->num_heads,
+                                                b.floatx), MEM_WORKSPACE);
+        }
     }
     MemPlan p = mem_plan_end();
     p.slots = m.pipe.nslots;
@@ -954,13 +1011,18 @@ static float *apply_moe_flags(const Args *a, int rank, GPT2Config *c, float *par
     }
     if (a->experts < 0) { fail_all(rank, "--topk and --moe-every need --experts E (or a MoE model)"); }
     GPT2Config moe = *c;
-    moe.num_experts = a->experts; moe.topk = a->topk > 0 ? a->topk : 1; moe.moe_every = a->moe_every > 0 ? a->moe_every : 1;
+    moe.num_experts = a->experts;
+    moe.topk = a->topk > 0 ? a->topk : 1;
+    moe.moe_every = a->moe_every > 0 ? a->moe_every : 1;
     if (!config_valid(&moe)) {
         fail_all(rank, "--experts %d --topk %d --moe-every %d: need 1 <= k <= E <= %d and 1 <= every <= L = %d",
                  moe.num_experts, moe.topk, moe.moe_every, MOE_MAX_EXPERTS, c->num_layers);
     }
     float *out = params ? upcycle_dense(c, params, &moe, a->seed, 0) : NULL;
-    if (params && rank == 0) { printf("%s: dense model upcycled to %d experts (each a copy of its layer's MLP), top-%d, every %d layers\n", what, moe.num_experts, moe.topk, moe.moe_every); }
+    if (params && rank == 0) {
+        printf("%s: dense model upcycled to %d experts (each a copy of its layer's MLP), top-%d, every %d layers\n",
+               what, moe.num_experts, moe.topk, moe.moe_every);
+    }
     free(params);
     *c = moe;
     return out;
@@ -980,7 +1042,9 @@ static void setup_grid(Args *a, const GPT2Config *c, Grid *g, int world, int ran
 static void plan_config(Args *a, int rank, GPT2Config *config) {
     int desc = parse_descriptor(a->model, config);
     if (desc < 0) {
-        fail_all(rank, "-e '%s' is a malformed model descriptor (expected dN or L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..], "
+        fail_all(rank,
+                 "-e '%s' is a malformed model descriptor (expected dN or "
+                 "L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..], "
                  "each key once, 1 <= k <= E)", a->model);
     }
     if (desc == 0) {
@@ -998,13 +1062,17 @@ static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step
     if (a->resume) {
         *resume_step = latest_checkpoint(a->output_dir);
         if (*resume_step < 0 && a->resume == 1) {
-            fail_all(rank, "-y 1: nothing to resume in '%s' (no DONE_* marker); use -y 2 to start fresh when there is none", a->output_dir);
+            fail_all(rank,
+                     "-y 1: nothing to resume in '%s' (no DONE_* marker); use -y 2 to start fresh when there is none",
+                     a->output_dir);
         }
         if (*resume_step < 0 && rank == 0) { printf("-y 2: no checkpoint in %s, starting fresh\n", a->output_dir); }
     }
     int desc = parse_descriptor(a->model, config);
     if (desc < 0) {
-        fail_all(rank, "-e '%s' is a malformed model descriptor (expected dN or L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..], "
+        fail_all(rank,
+                 "-e '%s' is a malformed model descriptor (expected dN or "
+                 "L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..], "
                  "each key once, 1 <= k <= E)", a->model);
     }
     if (*resume_step >= 0) {
@@ -1021,21 +1089,26 @@ static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step
 
 // The train and validation loaders: the -i / -j shards (and tokenizer.bin beside the train shards,
 // for decoding samples), or the built-in corpus. Returns whether there is validation data.
-static int setup_data(const Args *a, const GPT2Config *config, Grid *grid, DataLoader *train, DataLoader *val, Tokenizer *tok) {
+static int setup_data(const Args *a, const GPT2Config *config, Grid *grid, DataLoader *train, DataLoader *val,
+                      Tokenizer *tok) {
     memset(tok, 0, sizeof(*tok));
     if (a->train_pattern) {
-        dataloader_init(train, a->train_pattern, a->B, a->T, config->vocab_size, grid->dp, grid->dp_rank, a->shuffle, a->seed);
+        dataloader_init(train, a->train_pattern, a->B, a->T, config->vocab_size, grid->dp, grid->dp_rank, a->shuffle,
+                        a->seed);
         if (a->val_pattern) {
             dataloader_init(val, a->val_pattern, a->B, a->T, config->vocab_size, grid->dp, grid->dp_rank, 0, a->seed);
         }
         char tok_path[PATH_LEN];
-        if (snprintf(tok_path, sizeof(tok_path), "%s", train->files.gl_pathv[0]) >= (int)sizeof(tok_path)) { tok_path[0] = '\0'; }
+        if (snprintf(tok_path, sizeof(tok_path), "%s", train->files.gl_pathv[0]) >= (int)sizeof(tok_path)) {
+            tok_path[0] = '\0';
+        }
         char *slash = strrchr(tok_path, '/');
         snprintf(slash ? slash + 1 : tok_path, sizeof(tok_path) - (slash ? slash + 1 - tok_path : 0), "tokenizer.bin");
         if (access(tok_path, R_OK) == 0) { tokenizer_init(tok, tok_path); }
         if (tok->init_ok && (int)tok->vocab_size != config->vocab_size) {   // its table would print other tokens
             if (grid->rank == 0) {
-                printf("warning: %s has %u tokens, the model %d: samples are printed as token ids\n", tok_path, tok->vocab_size, config->vocab_size);
+                printf("warning: %s has %u tokens, the model %d: samples are printed as token ids\n", tok_path,
+                       tok->vocab_size, config->vocab_size);
             }
             tokenizer_free(tok);
             memset(tok, 0, sizeof(*tok));
@@ -1047,11 +1120,13 @@ static int setup_data(const Args *a, const GPT2Config *config, Grid *grid, DataL
     uint16_t *corpus = (uint16_t *)malloc_check((n_train + n_val) * sizeof(uint16_t));
     double h = synthetic_corpus(corpus, n_train + n_val, config->vocab_size, a->seed);
     if (grid->rank == 0) {
-        printf("data: no -i, built-in synthetic corpus (Markov chain, %zu train + %zu val tokens), entropy rate %.4f nats/token = the loss floor\n",
+        printf("data: no -i, built-in synthetic corpus (Markov chain, %zu train + %zu val tokens), entropy rate %.4f "
+               "nats/token = the loss floor\n",
                n_train, n_val, h);
     }
     dataloader_init_memory(train, corpus, n_train, a->B, a->T, config->vocab_size, grid->dp, grid->dp_rank, a->seed);
-    dataloader_init_memory(val, corpus + n_train, n_val, a->B, a->T, config->vocab_size, grid->dp, grid->dp_rank, a->seed);
+    dataloader_init_memory(val, corpus + n_train, n_val, a->B, a->T, config->vocab_size, grid->dp, grid->dp_rank,
+                           a->seed);
     free(corpus);
     return 1;
 }
@@ -1064,7 +1139,8 @@ static void report_first_step(const Args *a, GPT2 *m, int accum) {
         comm_report(g, 1, "first step");
         if (g->rank == 0 && a->zero >= 2 && accum > 1) {
             printf("note: zero %d reduce-scatters the gradients after every micro-batch (%d per step) so that no full\n"
-                   "      gradient outlives its unit's backward: dp traffic grows with accumulation, unlike stages 0-1\n", a->zero, accum);
+                   "      gradient outlives its unit's backward: dp traffic grows with accumulation, unlike stages "
+                   "0-1\n", a->zero, accum);
         }
     }
     if (a->memory_report) {
@@ -1090,9 +1166,13 @@ static void report_bubble(const Args *a, Grid *g, double bubble_sum, int steps, 
     comm_host_gather(&g->world, &mine, 1, all, DT_DOUBLE, 0, "gather of the bubbles");
     if (g->rank == 0) {
         int vpp = a->vpp;
-        printf("pipeline bubble (%s, %d micro-batches): measured time waiting on the neighbour stages / step time, ideal (pp-1)/(%sm+pp-1) = %.3f\n",
+        printf("pipeline bubble (%s, %d micro-batches): measured time waiting on the neighbour stages / step time, "
+               "ideal (pp-1)/(%sm+pp-1) = %.3f\n",
                a->pp_schedule, accum, vpp > 1 ? "V*" : "", (double)(g->pp - 1) / (vpp * accum + g->pp - 1));
-        for (int s = 0; s < g->pp; s++) { printf("  stage %d: %.3f\n", s, all[s * g->tp]); }   // (tp 0, dp 0) rank of each stage
+        // (tp 0, dp 0) rank of each stage
+        for (int s = 0; s < g->pp; s++) {
+            printf("  stage %d: %.3f\n", s, all[s * g->tp]);
+        }
     }
     free(all);
 }
@@ -1104,23 +1184,27 @@ static void print_setup(const Args *a, const GPT2 *m, int accum) {
     printf("model: L %d C %d NH %d V %d (padded %d) maxT %d, %zu parameters, %s\n", c->num_layers, c->channels,
            c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len, m->num_parameters, PRECISION_NAME);
     if (c->num_experts > 0) {
-        printf("moe: %d of %d layers (every %d), %d experts, top-%d, capacity factor %.3f (%d per expert and sequence%s), drop %s, "
+        printf("moe: %d of %d layers (every %d), %d experts, top-%d, capacity factor %.3f (%d per expert and "
+               "sequence%s), drop %s, "
                "aux %g, z %g; ep %d (%d experts per rank), edp %d\n", num_moe_layers(c), c->num_layers, c->moe_every,
                c->num_experts, c->topk, a->cap1000 / 1000.0, m->moe.cap, a->cap1000 == 0 ? ", dropless" : "",
                a->drop_policy, a->aux_coeff, a->z_coeff, m->grid->ep, m->moe.El, m->grid->edp_group.size);
     }
     printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, cp %d, pp %d (%s), ce chunk %d, recompute %s\n",
-           a->B, a->T, m->grid->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "", a->cp, a->pp, a->pp_schedule, a->ce_chunk, a->recompute);
+           a->B, a->T, m->grid->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "", a->cp, a->pp,
+               a->pp_schedule, a->ce_chunk, a->recompute);
 }
 
 // One step's line on the screen and in main.log: the CE loss (trl), and for MoE models aux, z and the
 // dropped fraction; a skipped update says so.
-static void log_step(const Args *a, GPT2 *m, FILE *logf, int step, int max_steps, int accum, float loss, float norm, float lr, double ms) {
+static void log_step(const Args *a, GPT2 *m, FILE *logf, int step, int max_steps, int accum, float loss, float norm,
+                     float lr, double ms) {
     int moe = m->config.num_experts > 0, skipped = m->skips_in_a_row > 0;
     double aux = 0, z = 0, dropped = 0;
     if (moe) { gpt2_moe_stats(m, accum, &aux, &z, &dropped); }
     if (m->grid->rank != 0) { return; }
-    printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, max_steps, loss, norm, lr, ms,
+    printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, max_steps, loss, norm, lr,
+           ms,
            a->total_batch / (ms / 1e3));
     if (moe) { printf(" | aux %.4f z %.4f dropped %.4f", aux, z, dropped); }
     if (skipped) { printf(" | non-finite: update skipped (%d in a row)", m->skips_in_a_row); }
@@ -1145,14 +1229,18 @@ static void step_times_add(StepTimes *t, const GPT2 *m, double ms) {
 static void report_times(const Args *a, GPT2 *m, const StepTimes *t, int accum) {
     Grid *g = m->grid;
     if (t->steps == 0) { return; }
-    if (g->rank == 0) { printf("average step: %.1f ms, %.0f tok/s\n", t->total_ms / t->steps, a->total_batch / (t->total_ms / t->steps / 1e3)); }
+    if (g->rank == 0) {
+        printf("average step: %.1f ms, %.0f tok/s\n", t->total_ms / t->steps,
+               a->total_batch / (t->total_ms / t->steps / 1e3));
+    }
     if (a->comm_report && g->pp > 1) { report_bubble(a, g, t->bubble, t->steps, accum); }
     if (m->moe.time_a2a) {
         double mean = t->a2a / t->steps, most = mean;
         comm_host_all_reduce(&g->world, &mean, 1, DT_DOUBLE, HOST_SUM, "all-reduce of the all-to-all times");
         comm_host_all_reduce(&g->world, &most, 1, DT_DOUBLE, HOST_MAX, "all-reduce of the all-to-all times");
         if (g->rank == 0) {
-            printf("MoE all-to-all (ep %d, the device synchronised around each): %.1f%% of the step time on average over the ranks, %.1f%% at most\n",
+            printf("MoE all-to-all (ep %d, the device synchronised around each): %.1f%% of the step time on average "
+                   "over the ranks, %.1f%% at most\n",
                    g->ep, 100.0 * mean / g->world_size, 100.0 * most);
         }
     }
@@ -1176,8 +1264,10 @@ static void agree_on_inputs(const GPT2Config *c, const float *params, const Data
     int differ[2] = {mine[0] != ref[0] ? rank : world, mine[1] != ref[1] ? rank : world};
     comm_host_all_reduce(comm_world(), differ, 2, DT_INT, HOST_MIN, "all-reduce (inputs agree)");
     if (differ[0] < world || differ[1] < world) {
-        fprintf(stderr, "error: rank %d: the %s on rank %d differs from rank 0's (every rank must read the same files)\n", rank,
-                differ[0] < world ? "model (-e or the checkpoint)" : "training data (-i: file names or sizes)", differ[0] < world ? differ[0] : differ[1]);
+        fprintf(stderr,
+                "error: rank %d: the %s on rank %d differs from rank 0's (every rank must read the same files)\n", rank,
+                differ[0] < world ? "model (-e or the checkpoint)" : "training data (-i: file names or sizes)",
+                    differ[0] < world ? differ[0] : differ[1]);
         stop_all(1);
     }
 }
@@ -1220,7 +1310,8 @@ static void run_setup(Run *r) {
     int resume_step;
     float *params = load_model(a, rank, &r->config, &resume_step);
     if (a->resume) { setup_grid(a, &r->config, &r->grid, world, rank); }
-    r->have_val = setup_data(a, &r->config, &r->grid, &r->train_loader, &r->val_loader, &r->tokenizer);   // (checked before anything is written)
+    // (checked before anything is written)
+    r->have_val = setup_data(a, &r->config, &r->grid, &r->train_loader, &r->val_loader, &r->tokenizer);
     agree_on_inputs(&r->config, params, &r->train_loader, rank, world);
     if (a->output_dir) { check_output_dir(a->output_dir, rank); lock_output_dir(a->output_dir, rank); }
     if (a->trace_dir) { check_output_dir(a->trace_dir, rank); }
@@ -1259,7 +1350,9 @@ static void run_step(Run *r, int step) {
     Args *a = &r->args;
     GPT2 *m = &r->model;
     if (r->have_val && a->val_every > 0 && step % a->val_every == 0) { run_validate(r, step); }
-    if (a->sample_every > 0 && step > 0 && step % a->sample_every == 0) { gpt2_sample(m, &r->tokenizer, &r->sample_rng, a->gen_tokens, r->eot); }
+    if (a->sample_every > 0 && step > 0 && step % a->sample_every == 0) {
+        gpt2_sample(m, &r->tokenizer, &r->sample_rng, a->gen_tokens, r->eot);
+    }
     comm_reset_counters(&r->grid);
     m->pipe.wait_seconds = m->moe.a2a_seconds = 0.0;
     trace_begin();
@@ -1274,13 +1367,16 @@ static void run_step(Run *r, int step) {
     if (step > r->start_step) { step_times_add(&r->times, m, ms); }
     log_step(a, m, r->logf, step, r->max_steps, r->accum, res.loss, res.norm, lr, ms);
     if (m->skips_in_a_row >= a->max_skips) {
-        fail_all(r->rank, "step %d: %d updates in a row skipped for a non-finite loss or gradient norm (--max-skips %d); the "
-                 "parameters are those before step %d, and no checkpoint holds a non-finite value", step + 1, m->skips_in_a_row,
+        fail_all(r->rank,
+                 "step %d: %d updates in a row skipped for a non-finite loss or gradient norm (--max-skips %d); the "
+                 "parameters are those before step %d, and no checkpoint holds a non-finite value", step + 1,
+                     m->skips_in_a_row,
                  a->max_skips, step + 2 - m->skips_in_a_row);
     }
     if (step == r->start_step) { report_first_step(a, m, r->accum); }
     if (a->checkpoint_every > 0 && (step + 1) % a->checkpoint_every == 0) {
-        save_checkpoint(m, a->output_dir, step + 1, &r->train_loader, &r->sample_rng, a->total_batch, a->async_checkpoint);
+        save_checkpoint(m, a->output_dir, step + 1, &r->train_loader, &r->sample_rng, a->total_batch,
+                        a->async_checkpoint);
         r->saved = step + 1;
     } else if (r->rank == 0) {
         checkpoint_done(0);   // an asynchronous write finished since: mark it DONE now
@@ -1313,7 +1409,9 @@ static void run_finish(Run *r, int stopped) {
     if (!stopped) {
         if (a->memory_report && !ran) { mem_report(r->rank, r->world, "set up, no step run (-x 0)"); }
         if (r->have_val && a->val_every > 0 && ran) { run_validate(r, r->max_steps); }
-        if (a->sample_every > 0 && ran) { gpt2_sample(&r->model, &r->tokenizer, &r->sample_rng, a->gen_tokens, r->eot); }
+        if (a->sample_every > 0 && ran) {
+            gpt2_sample(&r->model, &r->tokenizer, &r->sample_rng, a->gen_tokens, r->eot);
+        }
     }
     if (r->rank == 0) { checkpoint_done(1); }
     if (a->memory_report && ran) { mem_report(r->rank, r->world, "at the end of the run"); }

@@ -45,7 +45,8 @@ typedef struct {
 #ifdef USE_CUDA
 // The segment of block `block` (the blocks are dealt out segment by segment): k, and the block's
 // index b within it and the segment's block count nb
-__host__ __device__ inline int adamw_block_segment(const AdamWSegments *sg, unsigned int block, unsigned int *b, unsigned int *nb) {
+__host__ __device__ inline int adamw_block_segment(const AdamWSegments *sg, unsigned int block, unsigned int *b,
+                                                   unsigned int *nb) {
     int k = 0;
     while (k + 1 < sg->n && block >= sg->blk0[k + 1]) { k++; }
     *b = block - sg->blk0[k];
@@ -59,7 +60,8 @@ __host__ __device__ inline int adamw_block_segment(const AdamWSegments *sg, unsi
 // stochastically too).
 #define ADAMW_THREADS 256
 __global__ void adamw_kernel(floatX *params, float *master, const floatX *grads, float *m, float *v, AdamWSegments sg,
-                             float lr, float beta1, float beta2, float b1c, float b2c, float eps, const float *grad_scale) {
+                             float lr, float beta1, float beta2, float b1c, float b2c, float eps,
+                             const float *grad_scale) {
     float scale = *grad_scale;
     if (scale == 0.0f) { return; }
     unsigned int b, nb;
@@ -81,28 +83,34 @@ __global__ void adamw_kernel(floatX *params, float *master, const floatX *grads,
 // blk0 for the segments: each gets the blocks a launch of its own would (elementwise_grid)
 static unsigned int adamw_deal_blocks(AdamWSegments *sg) {
     sg->blk0[0] = 0;
-    for (int k = 0; k < sg->n; k++) { sg->blk0[k + 1] = sg->blk0[k] + (sg->s[k].len > 0 ? elementwise_grid(sg->s[k].len, ADAMW_THREADS) : 0); }
+    for (int k = 0; k < sg->n; k++) {
+        sg->blk0[k + 1] = sg->blk0[k] + (sg->s[k].len > 0 ? elementwise_grid(sg->s[k].len, ADAMW_THREADS) : 0);
+    }
     return sg->blk0[sg->n];
 }
 
-static void adamw_update_segments_cuda(floatX *params, float *master, const floatX *grads, float *m, float *v, AdamWSegments sg,
-                                       float lr, float beta1, float beta2, float eps, const float *grad_scale, int t) {
+static void adamw_update_segments_cuda(floatX *params, float *master, const floatX *grads, float *m, float *v,
+                                       AdamWSegments sg, float lr, float beta1, float beta2, float eps,
+                                       const float *grad_scale, int t) {
     unsigned int blocks = adamw_deal_blocks(&sg);
     if (blocks == 0) { return; }
     float b1c = 1.0f - powf(beta1, (float)t), b2c = 1.0f - powf(beta2, (float)t);   // as the CPU loop
-    adamw_kernel<<<blocks, ADAMW_THREADS, 0, main_stream>>>(params, master, grads, m, v, sg, lr, beta1, beta2, b1c, b2c, eps, grad_scale);
+    adamw_kernel<<<blocks, ADAMW_THREADS, 0, main_stream>>>(params, master, grads, m, v, sg, lr, beta1, beta2, b1c,
+                                                            b2c, eps, grad_scale);
     cudaCheckLaunch();
 }
 #endif
 
-static void adamw_update_segments(floatX *params, float *master, const floatX *grads, float *m, float *v, const AdamWSegments *sg,
-                                  float lr, float beta1, float beta2, float eps, const float *grad_scale, int t) {
+static void adamw_update_segments(floatX *params, float *master, const floatX *grads, float *m, float *v,
+                                  const AdamWSegments *sg, float lr, float beta1, float beta2, float eps,
+                                  const float *grad_scale, int t) {
 #ifdef USE_CUDA
     adamw_update_segments_cuda(params, master, grads, m, v, *sg, lr, beta1, beta2, eps, grad_scale, t);
 #else
     for (int k = 0; k < sg->n; k++) {
         const AdamWSegment *s = &sg->s[k];
-        adamw_update_cpu(params + s->start, master ? master + s->start : NULL, grads + s->start, m + s->start, v + s->start, s->len,
+        adamw_update_cpu(params + s->start, master ? master + s->start : NULL, grads + s->start, m + s->start,
+                         v + s->start, s->len,
                          lr, beta1, beta2, eps, s->weight_decay, grad_scale, t, s->seed);
     }
 #endif

@@ -38,7 +38,9 @@ static void *mem_alloc(size_t bytes, MemCategory cat) {
     } else {
 #ifdef USE_CUDA
     cudaError_t err = cudaMalloc(&p, bytes);
-    if (err != cudaSuccess) { fail("out of device memory allocating %zu bytes for %s", bytes, mem_category_names[cat]); }
+    if (err != cudaSuccess) {
+        fail("out of device memory allocating %zu bytes for %s", bytes, mem_category_names[cat]);
+    }
     cudaCheck(cudaMemset(p, 0, bytes));
 #else
     p = calloc(1, bytes);
@@ -78,11 +80,16 @@ static void mem_free(void *p) {
 
 // A plan: the allocator's books are set aside, the planning code allocates into empty ones, and its peaks
 // come back; then the books are as they were.
-typedef struct { size_t peak[MEM_NCAT], peak_total; int slots; } MemPlan;   // slots: the model's (micro-batch, chunk) activation slots
+// slots: the model's (micro-batch, chunk) activation slots
+typedef struct { size_t peak[MEM_NCAT], peak_total; int slots; } MemPlan;
 static size_t mem_saved[2 * MEM_NCAT + 2];
 static int mem_saved_nblocks;
 static void mem_plan_begin(size_t floatx) {
-    for (int c = 0; c < MEM_NCAT; c++) { mem_saved[c] = mem_current[c]; mem_saved[MEM_NCAT + c] = mem_peak[c]; mem_current[c] = mem_peak[c] = 0; }
+    for (int c = 0; c < MEM_NCAT; c++) {
+        mem_saved[c] = mem_current[c];
+        mem_saved[MEM_NCAT + c] = mem_peak[c];
+        mem_current[c] = mem_peak[c] = 0;
+    }
     mem_saved[2 * MEM_NCAT] = mem_current_total; mem_saved[2 * MEM_NCAT + 1] = mem_peak_total;
     mem_current_total = mem_peak_total = 0;
     mem_saved_nblocks = mem_nblocks;
@@ -92,7 +99,11 @@ static void mem_plan_begin(size_t floatx) {
 static MemPlan mem_plan_end(void) {
     MemPlan plan;
     plan.slots = 0;
-    for (int c = 0; c < MEM_NCAT; c++) { plan.peak[c] = mem_peak[c]; mem_current[c] = mem_saved[c]; mem_peak[c] = mem_saved[MEM_NCAT + c]; }
+    for (int c = 0; c < MEM_NCAT; c++) {
+        plan.peak[c] = mem_peak[c];
+        mem_current[c] = mem_saved[c];
+        mem_peak[c] = mem_saved[MEM_NCAT + c];
+    }
     plan.peak_total = mem_peak_total;
     mem_current_total = mem_saved[2 * MEM_NCAT]; mem_peak_total = mem_saved[2 * MEM_NCAT + 1];
     mem_nblocks = mem_saved_nblocks;   // (the plan's books)
@@ -129,7 +140,8 @@ static void mem_report(int rank, int world_size, const char *label) {
         // machine-readable lines, one per rank and category, for tests: "mem rank cat current peak"
         for (int r = 0; r < world_size; r++) {
             for (int c = 0; c <= MEM_NCAT; c++) {
-                printf("mem %d %s %.0f %.0f\n", r, c < MEM_NCAT ? mem_category_names[c] : "total", all[r * n + 2 * c], all[r * n + 2 * c + 1]);
+                printf("mem %d %s %.0f %.0f\n", r, c < MEM_NCAT ? mem_category_names[c] : "total", all[r * n + 2 * c],
+                       all[r * n + 2 * c + 1]);
             }
         }
         fflush(stdout);

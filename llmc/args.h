@@ -40,10 +40,22 @@ static void default_args(Args *a) {
     memset(a, 0, sizeof(*a));
     a->model = "d4"; a->B = 4; a->T = 64; a->total_batch = -1; a->max_steps = -1; a->lr = 3e-4f; a->warmup = 0;
     a->final_frac = 1.0f; a->weight_decay = 0.0f; a->val_every = 20; a->val_batches = 20; a->sample_every = 20;
-    a->gen_tokens = 64; a->checkpoint_every = 0; a->resume = 0; a->zero = 0; a->tp = 1; a->cp = 1; a->pp = 1; a->vpp = 1; a->dp = -1;
+    a->gen_tokens = 64;
+    a->checkpoint_every = 0;
+    a->resume = 0;
+    a->zero = 0;
+    a->tp = 1;
+    a->cp = 1;
+    a->pp = 1;
+    a->vpp = 1;
+    a->dp = -1;
     a->ep = 1; a->sp = 0; a->ce_chunk = 256; a->shuffle = -1; a->grad_clip = 1.0f; a->scheduler = "cosine";
     a->pp_schedule = "1f1b";
-    a->experts = a->topk = a->moe_every = -1; a->cap1000 = 1250; a->drop_policy = "probs"; a->aux_coeff = 0.01f; a->z_coeff = 0.001f;
+    a->experts = a->topk = a->moe_every = -1;
+    a->cap1000 = 1250;
+    a->drop_policy = "probs";
+    a->aux_coeff = 0.01f;
+    a->z_coeff = 0.001f;
     a->timeout = 600.0f; a->max_skips = 5; a->recompute = "none"; a->overlap = 1; a->attention = "cublas";
     a->seed = 1337;
 }
@@ -63,7 +75,10 @@ static int parse_int_arg(const char *flag, const char *v, long lo, long hi) {
     char *end;
     errno = 0;
     long x = strtol(v, &end, 10);
-    if (*v == '\0' || *end != '\0' || errno != 0) { arg_fail("%s expects an integer, got '%s'", flag, v); return (int)lo; }
+    if (*v == '\0' || *end != '\0' || errno != 0) {
+        arg_fail("%s expects an integer, got '%s'", flag, v);
+        return (int)lo;
+    }
     if (x < lo || x > hi) { arg_fail("%s must be in [%ld, %ld], got %ld", flag, lo, hi, x); return (int)lo; }
     return (int)x;
 }
@@ -72,7 +87,10 @@ static float parse_float_arg(const char *flag, const char *v, double lo, double 
     char *end;
     errno = 0;
     double x = strtod(v, &end);
-    if (*v == '\0' || *end != '\0' || errno != 0 || x != x) { arg_fail("%s expects a number, got '%s'", flag, v); return (float)lo; }
+    if (*v == '\0' || *end != '\0' || errno != 0 || x != x) {
+        arg_fail("%s expects a number, got '%s'", flag, v);
+        return (float)lo;
+    }
     if (x < lo || x > hi) { arg_fail("%s must be in [%g, %g], got %g", flag, lo, hi, x); return (float)lo; }
     return (float)x;
 }
@@ -94,7 +112,9 @@ static double parse_size_arg(const char *flag, const char *v) {
 static int parse_capacity_factor(const char *v) {
     double F = parse_float_arg("--capacity-factor", v, 0.0, 1e6);
     double F1000 = round(1000.0 * F);
-    if (fabs(1000.0 * F - F1000) > 1e-6 * (1.0 + F1000)) { arg_fail("--capacity-factor %s has more than 3 decimals", v); }
+    if (fabs(1000.0 * F - F1000) > 1e-6 * (1.0 + F1000)) {
+        arg_fail("--capacity-factor %s has more than 3 decimals", v);
+    }
     return (int)F1000;
 }
 
@@ -114,14 +134,19 @@ typedef struct {
 
 #define ARG(f) offsetof(Args, f)
 static const Flag FLAGS[] = {
-    {"-i", 0, F_STRING, ARG(train_pattern), 0, 0, 0, "GLOB", "train data shards (llm.c format; default: the built-in corpus)"},
-    {"-j", 0, F_STRING, ARG(val_pattern), 0, 0, 0, "GLOB", "validation data shards (default: none, or the built-in corpus)"},
+    {"-i", 0, F_STRING, ARG(train_pattern), 0, 0, 0, "GLOB",
+        "train data shards (llm.c format; default: the built-in corpus)"},
+    {"-j", 0, F_STRING, ARG(val_pattern), 0, 0, 0, "GLOB",
+        "validation data shards (default: none, or the built-in corpus)"},
     {"-o", 0, F_DIR, ARG(output_dir), 0, 0, 0, "DIR", "output dir: main.log and checkpoints (default: none)"},
-    {"-e", 0, F_STRING, ARG(model), 0, 0, 0, "MODEL", "llm.c model file, dN (L=N, C=64N, NH=N), or L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..] (d4)"},
+    {"-e", 0, F_STRING, ARG(model), 0, 0, 0, "MODEL",
+        "llm.c model file, dN (L=N, C=64N, NH=N), or L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..] (d4)"},
     {"-b", 0, F_INT, ARG(B), 1, 1 << 20, 0, "B", "micro-batch size per rank (4)"},
     {"-t", 0, F_INT, ARG(T), 1, 1 << 20, 0, "T", "sequence length (64)"},
-    {"-d", 0, F_INT, ARG(total_batch), -1, 1 << 30, 0, "TOKENS", "tokens per step; B*T*dp must divide it, the rest is accumulation (B*T*dp)"},
-    {"-x", 0, F_INT, ARG(max_steps), -1, 1 << 30, 0, "N", "steps (-1: one epoch; 0: set up, print the reports, exit) (-1)"},
+    {"-d", 0, F_INT, ARG(total_batch), -1, 1 << 30, 0, "TOKENS",
+        "tokens per step; B*T*dp must divide it, the rest is accumulation (B*T*dp)"},
+    {"-x", 0, F_INT, ARG(max_steps), -1, 1 << 30, 0, "N",
+        "steps (-1: one epoch; 0: set up, print the reports, exit) (-1)"},
     {"-l", 0, F_FLOAT, ARG(lr), 0.0, 10.0, 0, "LR", "learning rate (3e-4)"},
     {"-u", 0, F_INT, ARG(warmup), 0, 1 << 30, 0, "N", "warm-up steps (0)"},
     {"-q", 0, F_FLOAT, ARG(final_frac), 0.0, 1.0, 0, "F", "final learning rate fraction (1.0)"},
@@ -132,39 +157,59 @@ static const Flag FLAGS[] = {
     {"-s", 0, F_INT, ARG(sample_every), 0, 1 << 30, 0, "N", "sample every N steps, 0 off (20)"},
     {"-g", 0, F_INT, ARG(gen_tokens), 1, 1 << 20, 0, "N", "tokens to generate (64)"},
     {"-n", 0, F_INT, ARG(checkpoint_every), 0, 1 << 30, 0, "N", "checkpoint every N steps, 0 off; needs -o (0)"},
-    {"-y", 0, F_INT, ARG(resume), 0, 2, 0, "0|1|2", "resume: 1 from the newest checkpoint in -o (error if none), 2 if there is one (0)"},
+    {"-y", 0, F_INT, ARG(resume), 0, 2, 0, "0|1|2",
+        "resume: 1 from the newest checkpoint in -o (error if none), 2 if there is one (0)"},
     {"--zero", "-z", F_INT, ARG(zero), 0, 3, 0, "0-3", "ZeRO stage over the dp group (0)"},
     {"--tp", "--tensor-model-parallel-size", F_INT, ARG(tp), 1, 1 << 16, 0, "N", "tensor parallel (1)"},
-    {"--cp", "--context-parallel-size", F_INT, ARG(cp), 1, 1 << 16, 0, "N", "context parallel: each sequence over N ranks, ring attention; T a multiple of 2N (1)"},
+    {"--cp", "--context-parallel-size", F_INT, ARG(cp), 1, 1 << 16, 0, "N",
+        "context parallel: each sequence over N ranks, ring attention; T a multiple of 2N (1)"},
     {"--pp", 0, F_INT, ARG(pp), 1, 1 << 16, 0, "N", "pipeline stages (1)"},
-    {"--vpp", "--virtual-pipeline-model-parallel-size", F_INT, ARG(vpp), 1, 1024, 0, "V", "model chunks per stage; V > 1 is the interleaved schedule (1)"},
+    {"--vpp", "--virtual-pipeline-model-parallel-size", F_INT, ARG(vpp), 1, 1024, 0, "V",
+        "model chunks per stage; V > 1 is the interleaved schedule (1)"},
     {"--dp", 0, F_INT, ARG(dp), 1, 1 << 16, 0, "N", "data parallel; checked against world / (tp cp pp) (that)"},
     {"--ep", "--expert-model-parallel-size", F_INT, ARG(ep), 1, 1 << 16, 0, "N", "expert parallel, within dp (1)"},
-    {"--ce-chunk", 0, F_INT, ARG(ce_chunk), 0, 1 << 30, 0, "N", "tokens per cross-entropy chunk, 0 = the full logits (256)"},
-    {"--seed", 0, F_UINT, ARG(seed), 0, 2147483647, 0, "N", "init seed, and the built-in corpus's and the shuffle's (1337)"},
-    {"--shuffle", 0, F_INT, ARG(shuffle), 0, 1, 0, "0|1", "shuffle shards and samples in llm.c's order (on for several shards)"},
+    {"--ce-chunk", 0, F_INT, ARG(ce_chunk), 0, 1 << 30, 0, "N",
+        "tokens per cross-entropy chunk, 0 = the full logits (256)"},
+    {"--seed", 0, F_UINT, ARG(seed), 0, 2147483647, 0, "N",
+        "init seed, and the built-in corpus's and the shuffle's (1337)"},
+    {"--shuffle", 0, F_INT, ARG(shuffle), 0, 1, 0, "0|1",
+        "shuffle shards and samples in llm.c's order (on for several shards)"},
     {"--grad-clip", 0, F_FLOAT, ARG(grad_clip), 0.0, 1e9, 0, "F", "clip the global gradient norm, 0 off (1.0)"},
-    {"--pp-schedule", 0, F_CHOICE, ARG(pp_schedule), 0, 0, "1f1b|gpipe|interleaved", "SCHED", "pipeline schedule (1f1b)"},
-    {"--experts", "--num-experts", F_INT, ARG(experts), 1, MOE_MAX_EXPERTS, 0, "E", "MoE experts per MoE layer; a dense model file is upcycled (each expert its layer's MLP)"},
+    {"--pp-schedule", 0, F_CHOICE, ARG(pp_schedule), 0, 0, "1f1b|gpipe|interleaved", "SCHED",
+        "pipeline schedule (1f1b)"},
+    {"--experts", "--num-experts", F_INT, ARG(experts), 1, MOE_MAX_EXPERTS, 0, "E",
+        "MoE experts per MoE layer; a dense model file is upcycled (each expert its layer's MLP)"},
     {"--topk", "--moe-router-topk", F_INT, ARG(topk), 1, MOE_MAX_EXPERTS, 0, "K", "experts per token (1)"},
     {"--moe-every", 0, F_INT, ARG(moe_every), 1, 1024, 0, "N", "every Nth layer is MoE (1)"},
-    {"--capacity-factor", 0, F_CAPACITY, ARG(cap1000), 0, 0, 0, "F", "expert capacity factor, at most 3 decimals; 0 = dropless (1.25)"},
-    {"--drop-policy", 0, F_CHOICE, ARG(drop_policy), 0, 0, "probs|position", "POLICY", "which assignments over capacity are dropped (probs)"},
+    {"--capacity-factor", 0, F_CAPACITY, ARG(cap1000), 0, 0, 0, "F",
+        "expert capacity factor, at most 3 decimals; 0 = dropless (1.25)"},
+    {"--drop-policy", 0, F_CHOICE, ARG(drop_policy), 0, 0, "probs|position", "POLICY",
+        "which assignments over capacity are dropped (probs)"},
     {"--aux-coeff", 0, F_FLOAT, ARG(aux_coeff), 0.0, 1e6, 0, "A", "load-balancing loss coefficient (0.01)"},
     {"--z-coeff", 0, F_FLOAT, ARG(z_coeff), 0.0, 1e6, 0, "Z", "router z-loss coefficient (0.001)"},
     {"--trace", 0, F_DIR, ARG(trace_dir), 0, 0, 0, "DIR", "a Chrome trace per rank (dev/trace.py merges them)"},
-    {"--timeout", 0, F_FLOAT, ARG(timeout), 0.0, 1e7, 0, "S", "stop when a collective makes no progress for S seconds, 0 off (600)"},
-    {"--max-skips", 0, F_INT, ARG(max_skips), 1, 1 << 30, 0, "N", "stop after N updates in a row skipped for a non-finite loss or norm (5)"},
-    {"--recompute", 0, F_CHOICE, ARG(recompute), 0, 0, "none|mlp|full", "WHAT", "recompute the MLP's fc/GELU outputs, or whole layers, in the backward (none)"},
-    {"--overlap", 0, F_INT, ARG(overlap), 0, 1, 0, "0|1", "ZeRO-3: gather the next layer while one computes; pipeline: post receives early (1)"},
-    {"--attention", 0, F_CHOICE, ARG(attention), 0, 0, "cublas|flash", "PATH", "CUDA attention: cuBLAS through an (NH, T, T) workspace, or the flash kernels (cublas)"},
-    {"--plan", 0, F_INT, ARG(plan), 1, 1 << 20, 0, "N", "print every rank's planned peak memory for a world of N ranks, and exit"},
-    {"--plan-precision", 0, F_CHOICE, ARG(plan_precision), 0, 0, "bf16|fp32", "P", "plan the CUDA build's sizes (from any build)"},
-    {"--memory-limit", 0, F_SIZE, ARG(memory_limit), 0, 0, 0, "SIZE", "bytes per rank, e.g. 80G: a run over it stops before allocating, with advice"},
+    {"--timeout", 0, F_FLOAT, ARG(timeout), 0.0, 1e7, 0, "S",
+        "stop when a collective makes no progress for S seconds, 0 off (600)"},
+    {"--max-skips", 0, F_INT, ARG(max_skips), 1, 1 << 30, 0, "N",
+        "stop after N updates in a row skipped for a non-finite loss or norm (5)"},
+    {"--recompute", 0, F_CHOICE, ARG(recompute), 0, 0, "none|mlp|full", "WHAT",
+        "recompute the MLP's fc/GELU outputs, or whole layers, in the backward (none)"},
+    {"--overlap", 0, F_INT, ARG(overlap), 0, 1, 0, "0|1",
+        "ZeRO-3: gather the next layer while one computes; pipeline: post receives early (1)"},
+    {"--attention", 0, F_CHOICE, ARG(attention), 0, 0, "cublas|flash", "PATH",
+        "CUDA attention: cuBLAS through an (NH, T, T) workspace, or the flash kernels (cublas)"},
+    {"--plan", 0, F_INT, ARG(plan), 1, 1 << 20, 0, "N",
+        "print every rank's planned peak memory for a world of N ranks, and exit"},
+    {"--plan-precision", 0, F_CHOICE, ARG(plan_precision), 0, 0, "bf16|fp32", "P",
+        "plan the CUDA build's sizes (from any build)"},
+    {"--memory-limit", 0, F_SIZE, ARG(memory_limit), 0, 0, 0, "SIZE",
+        "bytes per rank, e.g. 80G: a run over it stops before allocating, with advice"},
     {"--sp", 0, F_SWITCH, ARG(sp), 0, 0, 0, 0, "sequence parallel (with --tp)"},
-    {"--memory-report", 0, F_SWITCH, ARG(memory_report), 0, 0, 0, 0, "bytes per rank and category, after the first step"},
+    {"--memory-report", 0, F_SWITCH, ARG(memory_report), 0, 0, 0, 0,
+        "bytes per rank and category, after the first step"},
     {"--comm-report", 0, F_SWITCH, ARG(comm_report), 0, 0, 0, 0, "bytes per step and group; the pipeline bubble"},
-    {"--async-checkpoint", 0, F_SWITCH, ARG(async_checkpoint), 0, 0, 0, 0, "rank 0 writes the checkpoint files on a thread while training goes on"}};
+    {"--async-checkpoint", 0, F_SWITCH, ARG(async_checkpoint), 0, 0, 0, 0,
+        "rank 0 writes the checkpoint files on a thread while training goes on"}};
 #undef ARG
 #define NUM_FLAGS ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
 static_assert(sizeof(FLAGS) / sizeof(FLAGS[0]) <= MAX_FLAGS, "MAX_FLAGS: Args.given holds one value per flag");
@@ -174,7 +219,8 @@ static void print_usage(void) {
     for (int k = 0; k < NUM_FLAGS; k++) {
         const Flag *f = &FLAGS[k];
         char name[96];
-        snprintf(name, sizeof(name), "%s%s%s%s%s", f->name, f->alias ? ", " : "", f->alias ? f->alias : "", f->value ? " " : "", f->value ? f->value : "");
+        snprintf(name, sizeof(name), "%s%s%s%s%s", f->name, f->alias ? ", " : "", f->alias ? f->alias : "",
+                 f->value ? " " : "", f->value ? f->value : "");
         printf("  %-30s %s\n", name, f->help);
     }
 }
@@ -246,12 +292,18 @@ static void parse_args(int argc, char **argv, Args *a) {
     }
     // --vpp V > 1 is the interleaved schedule; --pp-schedule interleaved needs it
     int vpp_given = a->vpp > 1, interleaved = !strcmp(a->pp_schedule, "interleaved"), schedule_given = 0;
-    for (int k = 0; k < NUM_FLAGS; k++) { if (!strcmp(FLAGS[k].name, "--pp-schedule")) { schedule_given = a->given[k] != NULL; } }
-    if (vpp_given && schedule_given && !interleaved) { arg_fail("--vpp %d is the interleaved schedule, not --pp-schedule %s", a->vpp, a->pp_schedule); }
-    if (interleaved && !vpp_given) { arg_fail("--pp-schedule interleaved needs --vpp V >= 2 (model chunks per stage)"); }
+    for (int k = 0; k < NUM_FLAGS; k++) { if (!strcmp(FLAGS[k].name,
+                                                      "--pp-schedule")) { schedule_given = a->given[k] != NULL; } }
+    if (vpp_given && schedule_given && !interleaved) {
+        arg_fail("--vpp %d is the interleaved schedule, not --pp-schedule %s", a->vpp, a->pp_schedule);
+    }
+    if (interleaved && !vpp_given) {
+        arg_fail("--pp-schedule interleaved needs --vpp V >= 2 (model chunks per stage)");
+    }
     if (vpp_given) { a->pp_schedule = "interleaved"; }
     if (a->output_dir && strlen(a->output_dir) > PATH_LEN - 64) {
-        arg_fail("-o is %zu bytes long, at most %d (the file names inside must fit)", strlen(a->output_dir), PATH_LEN - 64);
+        arg_fail("-o is %zu bytes long, at most %d (the file names inside must fit)", strlen(a->output_dir),
+                 PATH_LEN - 64);
     }
 }
 
@@ -275,7 +327,10 @@ static void agree_on_args(Args *a, int rank, int world) {
     if (any_bad) {   // the same error everywhere: rank 0 says it; otherwise each rank says its own
         if (all_bad && rank == 0) { fprintf(stderr, "error: %s\n", arg_error); }
         else if (!all_bad && bad) { fprintf(stderr, "error: rank %d: %s\n", rank, arg_error); }
-        else if (!all_bad && rank == 0) { fprintf(stderr, "error: the flags were rejected on another rank (every rank must be given the same flags)\n"); }
+        else if (!all_bad && rank == 0) {
+            fprintf(stderr,
+                    "error: the flags were rejected on another rank (every rank must be given the same flags)\n");
+        }
         stop_all(1);
     }
     if (help) { if (rank == 0) { print_usage(); } stop_all(0); }
@@ -283,22 +338,29 @@ static void agree_on_args(Args *a, int rank, int world) {
     for (int k = 0; k < NUM_FLAGS; k++) { mine[k] = ref[k] = hash_string(a->given[k]); }
     comm_host_bcast(comm_world(), ref, NUM_FLAGS * 8, DT_BYTE, 0, "broadcast of the flags");
     int first = world * NUM_FLAGS;   // (flag * world + rank) of the first difference
-    for (int k = 0; k < NUM_FLAGS && first == world * NUM_FLAGS; k++) { if (mine[k] != ref[k]) { first = k * world + rank; } }
+    for (int k = 0; k < NUM_FLAGS
+         && first == world * NUM_FLAGS; k++) { if (mine[k] != ref[k]) { first = k * world + rank; } }
     comm_host_all_reduce(comm_world(), &first, 1, DT_INT, HOST_MIN, "all-reduce of the flags");
     if (first < world * NUM_FLAGS) {
         int k = first / world, r = first % world;
         if (r == rank) {
-            fprintf(stderr, "error: rank %d: flag %s is %s%s%s here, not as on rank 0 (every rank must be given the same flags)\n", rank,
-                    FLAGS[k].name, a->given[k] ? "'" : "", a->given[k] ? a->given[k] : "not given", a->given[k] ? "'" : "");
+            fprintf(stderr,
+                    "error: rank %d: flag %s is %s%s%s here, not as on rank 0 (every rank must be given the same "
+                    "flags)\n", rank,
+                    FLAGS[k].name, a->given[k] ? "'" : "", a->given[k] ? a->given[k] : "not given",
+                        a->given[k] ? "'" : "");
         } else {
-            fprintf(stderr, "error: rank %d: flag %s differs between the ranks (rank %d has another value than rank 0)\n", rank, FLAGS[k].name, r);
+            fprintf(stderr,
+                    "error: rank %d: flag %s differs between the ranks (rank %d has another value than rank 0)\n",
+                    rank, FLAGS[k].name, r);
         }
         stop_all(1);
     }
 }
 
 static MoEOptions moe_options(const Args *a) {
-    MoEOptions o = {a->cap1000, strcmp(a->drop_policy, "position") ? DROP_PROBS : DROP_POSITION, a->aux_coeff, a->z_coeff};
+    MoEOptions o = {a->cap1000, strcmp(a->drop_policy, "position") ? DROP_PROBS : DROP_POSITION, a->aux_coeff,
+                    a->z_coeff};
     return o;
 }
 
@@ -307,32 +369,47 @@ static MoEOptions moe_options(const Args *a) {
 #define LAYOUT_FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return 1; } while (0)
 static int layout_error(Args *a, const GPT2Config *c, int world, char *err, size_t errlen) {
     if (world % (a->tp * a->cp * a->pp) != 0) {
-        LAYOUT_FAIL("world size %d is not divisible by tp*cp*pp = %d*%d*%d (world = tp*cp*pp*dp)", world, a->tp, a->cp, a->pp);
+        LAYOUT_FAIL("world size %d is not divisible by tp*cp*pp = %d*%d*%d (world = tp*cp*pp*dp)", world, a->tp, a->cp,
+                    a->pp);
     }
     int dp = world / (a->tp * a->cp * a->pp);
     if (a->dp != -1 && a->dp != dp) {
-        LAYOUT_FAIL("--dp %d does not match world size %d = tp %d * cp %d * pp %d * dp %d", a->dp, world, a->tp, a->cp, a->pp, dp);
+        LAYOUT_FAIL("--dp %d does not match world size %d = tp %d * cp %d * pp %d * dp %d", a->dp, world, a->tp, a->cp,
+                    a->pp, dp);
     }
     if (a->cp > 1 && a->T % (2 * a->cp)) {   // the sequence in 2cp chunks
-        LAYOUT_FAIL("--cp %d: T = %d is not a multiple of 2*cp = %d (each rank holds 2 chunks of T/(2cp))", a->cp, a->T, 2 * a->cp);
+        LAYOUT_FAIL("--cp %d: T = %d is not a multiple of 2*cp = %d (each rank holds 2 chunks of T/(2cp))", a->cp,
+                    a->T, 2 * a->cp);
     }
     a->dp = dp;
     if (a->pp > c->num_layers) { LAYOUT_FAIL("--pp %d is larger than the number of layers %d", a->pp, c->num_layers); }
     if (dp % a->ep != 0) { LAYOUT_FAIL("--ep %d does not divide dp %d (world = tp*pp*dp, ep within dp)", a->ep, dp); }
-    if (a->ep > 1 && c->num_experts == 0) { LAYOUT_FAIL("--ep %d: expert parallelism needs MoE layers (--experts E or a MoE model)", a->ep); }
-    if (c->num_experts % a->ep) { LAYOUT_FAIL("--ep %d does not divide the number of experts %d", a->ep, c->num_experts); }
+    if (a->ep > 1 && c->num_experts == 0) {
+        LAYOUT_FAIL("--ep %d: expert parallelism needs MoE layers (--experts E or a MoE model)", a->ep);
+    }
+    if (c->num_experts % a->ep) {
+        LAYOUT_FAIL("--ep %d does not divide the number of experts %d", a->ep, c->num_experts);
+    }
     if (c->num_heads % a->tp) { LAYOUT_FAIL("--tp %d does not divide the number of heads %d", a->tp, c->num_heads); }
     if ((4 * c->channels) % a->tp) { LAYOUT_FAIL("--tp %d does not divide 4C = %d", a->tp, 4 * c->channels); }
-    if (c->padded_vocab_size % a->tp) { LAYOUT_FAIL("--tp %d does not divide the padded vocab size %d", a->tp, c->padded_vocab_size); }
-    if (a->sp && (a->T / a->cp) % a->tp) { LAYOUT_FAIL("--sp: --tp %d does not divide T/cp = %d", a->tp, a->T / a->cp); }
-    if (a->T > c->max_seq_len) { LAYOUT_FAIL("-t %d is larger than the model's maximum sequence length %d", a->T, c->max_seq_len); }
+    if (c->padded_vocab_size % a->tp) {
+        LAYOUT_FAIL("--tp %d does not divide the padded vocab size %d", a->tp, c->padded_vocab_size);
+    }
+    if (a->sp && (a->T / a->cp) % a->tp) {
+        LAYOUT_FAIL("--sp: --tp %d does not divide T/cp = %d", a->tp, a->T / a->cp);
+    }
+    if (a->T > c->max_seq_len) {
+        LAYOUT_FAIL("-t %d is larger than the model's maximum sequence length %d", a->T, c->max_seq_len);
+    }
     long tokens_per_micro = (long)a->B * a->T * dp;
     if (tokens_per_micro > (1L << 30)) {
-        LAYOUT_FAIL("B*T*dp = %d*%d*%d = %ld tokens per micro-batch is too large (at most 2^30)", a->B, a->T, dp, tokens_per_micro);
+        LAYOUT_FAIL("B*T*dp = %d*%d*%d = %ld tokens per micro-batch is too large (at most 2^30)", a->B, a->T, dp,
+                    tokens_per_micro);
     }
     if (a->total_batch == -1) { a->total_batch = (int)tokens_per_micro; }
     if (a->total_batch <= 0 || a->total_batch % tokens_per_micro != 0) {
-        LAYOUT_FAIL("-d %d is not a multiple of B*T*dp = %d*%d*%d = %ld", a->total_batch, a->B, a->T, dp, tokens_per_micro);
+        LAYOUT_FAIL("-d %d is not a multiple of B*T*dp = %d*%d*%d = %ld", a->total_batch, a->B, a->T, dp,
+                    tokens_per_micro);
     }
     if (a->vpp > 1) {   // interleaved: micro-batches go through the chunks in groups of pp
         int accum = (int)(a->total_batch / tokens_per_micro);
@@ -341,10 +418,17 @@ static int layout_error(Args *a, const GPT2Config *c, int world, char *err, size
             LAYOUT_FAIL("--vpp %d: the interleaved schedule needs the micro-batches per step (-d / (B*T*dp) = %d) to be a multiple of --pp %d",
                      a->vpp, accum, a->pp);
         }
-        if (a->pp * a->vpp > c->num_layers) { LAYOUT_FAIL("--pp %d x --vpp %d = %d model chunks, more than the %d layers", a->pp, a->vpp, a->pp * a->vpp, c->num_layers); }
+        if (a->pp * a->vpp > c->num_layers) {
+            LAYOUT_FAIL("--pp %d x --vpp %d = %d model chunks, more than the %d layers", a->pp, a->vpp, a->pp * a->vpp,
+                        c->num_layers);
+        }
     }
-    if ((a->checkpoint_every > 0 || a->resume) && a->output_dir == NULL) { LAYOUT_FAIL("-n and -y need an output dir (-o)"); }
-    if (a->val_pattern && !a->train_pattern) { LAYOUT_FAIL("-j needs -i (without -i both come from the built-in corpus)"); }
+    if ((a->checkpoint_every > 0 || a->resume) && a->output_dir == NULL) {
+        LAYOUT_FAIL("-n and -y need an output dir (-o)");
+    }
+    if (a->val_pattern && !a->train_pattern) {
+        LAYOUT_FAIL("-j needs -i (without -i both come from the built-in corpus)");
+    }
 #ifdef USE_CUDA
     int hs = c->channels / c->num_heads;
     if (hs != 16 && hs != 32 && hs != 64 && hs != 128) {
@@ -364,7 +448,8 @@ static void validate_layout(Args *a, const GPT2Config *c, int world, int rank) {
 static int attention_path_of(const Args *a) { return !strcmp(a->attention, "flash") ? ATT_FLASH : ATT_CUBLAS; }
 
 static PipeSchedule pipe_schedule(const char *name) {
-    return !strcmp(name, "gpipe") ? SCHEDULE_GPIPE : !strcmp(name, "interleaved") ? SCHEDULE_INTERLEAVED : SCHEDULE_1F1B;
+    return !strcmp(name, "gpipe") ? SCHEDULE_GPIPE : !strcmp(name, "interleaved") ? SCHEDULE_INTERLEAVED
+            : SCHEDULE_1F1B;
 }
 
 #endif // LLMC_ARGS_H

@@ -27,7 +27,8 @@ static size_t attention_cublas_workspace_bytes(int T, int NH, size_t floatx) {
 }
 // ... what path `path` allocates: nothing for flash (where it applies)
 static size_t attention_workspace_bytes(int path, int T, int NH, int hs, size_t floatx) {
-    return path == ATT_FLASH && attention_flash_applies(hs, floatx) ? 0 : attention_cublas_workspace_bytes(T, NH, floatx);
+    return path == ATT_FLASH && attention_flash_applies(hs, floatx) ? 0
+            : attention_cublas_workspace_bytes(T, NH, floatx);
 }
 
 // qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T)
@@ -126,7 +127,12 @@ __device__ __forceinline__ void att_store4(floatX *p, float4 v) {
     p[0] = (floatX)v.x; p[1] = (floatX)v.y; p[2] = (floatX)v.z; p[3] = (floatX)v.w;
 }
 __device__ __forceinline__ float att_dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
-__device__ __forceinline__ void att_axpy4(float4 &y, float a, float4 x) { y.x += a * x.x; y.y += a * x.y; y.z += a * x.z; y.w += a * x.w; }
+__device__ __forceinline__ void att_axpy4(float4 &y, float a, float4 x) {
+    y.x += a * x.x;
+    y.y += a * x.y;
+    y.z += a * x.z;
+    y.w += a * x.w;
+}
 // The keys and values of positions k0 .. k0 + ATT_TILE - 1 (zeros past T) into shared memory.
 template <int H4>
 __device__ __forceinline__ void att_load_kv_tile(float4 (*ks)[H4], float4 (*vs)[H4], const floatX *base, int k0, int T,
@@ -150,8 +156,8 @@ template <int TPQ> __device__ __forceinline__ float att_group_sum(float v) {
 // Forward. grid (ceil_div(T, QT), NH, B), block ATT_THREADS = QT queries x TPQ threads.
 // qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T). Online softmax over key tiles of ATT_TILE.
 template <int HS>
-__global__ void __launch_bounds__(ATT_THREADS) attention_forward_kernel(floatX *out, float *lse, const floatX *qkv,
-                                                                       int T, int C, int NH) {
+__global__ void __launch_bounds__(ATT_THREADS)
+attention_forward_kernel(floatX *out, float *lse, const floatX *qkv, int T, int C, int NH) {
     constexpr int TPQ = HS / 16, QT = ATT_THREADS / TPQ, H4 = HS / 4;
     __shared__ float4 ks[ATT_TILE][H4], vs[ATT_TILE][H4];
     int h = blockIdx.y, b = blockIdx.z;
@@ -213,9 +219,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_forward_kernel(floatX *
 // (queries in ascending order: deterministic), with D = dout.out recomputed per query tile.
 //   p = exp(q.k scale - lse);  dv += p dout;  ds = p (dout.v - D) scale;  dk += ds q
 template <int HS>
-__global__ void __launch_bounds__(ATT_THREADS) attention_backward_dkdv_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv,
-                                                                             const floatX *out, const float *lse,
-                                                                             int T, int C, int NH) {
+__global__ void __launch_bounds__(ATT_THREADS)
+attention_backward_dkdv_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
+                               const float *lse, int T, int C, int NH) {
     constexpr int TPQ = HS / 16, KB = ATT_THREADS / TPQ, H4 = HS / 4;
     __shared__ float4 qs[ATT_TILE][H4], dos[ATT_TILE][H4];
     __shared__ float lse_s[ATT_TILE], D_s[ATT_TILE];
@@ -254,7 +260,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_backward_dkdv_kernel(fl
             int t = q0 + r;
             float acc = 0.0f;
             if (t < T) {
-                for (int d = lane; d < HS; d += 32) { acc += (float)dout_b[(size_t)t * C + d] * (float)out_b[(size_t)t * C + d]; }
+                for (int d = lane; d < HS; d += 32) {
+                    acc += (float)dout_b[(size_t)t * C + d] * (float)out_b[(size_t)t * C + d];
+                }
             }
             acc = warp_reduce_sum(acc);
             if (lane == 0) { D_s[r] = acc; lse_s[r] = t < T ? lse_b[t] : 0.0f; }
@@ -294,9 +302,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_backward_dkdv_kernel(fl
 // Backward 2/2: dq. grid (ceil_div(T, QT), NH, B), block = QT queries x TPQ threads; key tiles in
 // ascending order.   ds = p (dout.v - D) scale;  dq += ds k
 template <int HS>
-__global__ void __launch_bounds__(ATT_THREADS) attention_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv,
-                                                                           const floatX *out, const float *lse,
-                                                                           int T, int C, int NH) {
+__global__ void __launch_bounds__(ATT_THREADS)
+attention_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out, const float *lse,
+                             int T, int C, int NH) {
     constexpr int TPQ = HS / 16, QT = ATT_THREADS / TPQ, H4 = HS / 4;
     __shared__ float4 ks[ATT_TILE][H4], vs[ATT_TILE][H4];
     int h = blockIdx.y, b = blockIdx.z;
@@ -407,7 +415,8 @@ static void att_cublas_setup(int T, int NH) {
         cublasCheck(cublasCreate(&att_cublas_handle));
         cublasCheck(cublasSetStream(att_cublas_handle, main_stream));   // resets the workspace: set it after
         // split-K partial sums of the k = T GEMMs in fp32, never in floatX
-        cublasCheck(cublasSetMathMode(att_cublas_handle, (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+        cublasCheck(cublasSetMathMode(att_cublas_handle,
+                                      (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
         // cuBLAS's GEMM workspace: the cuBLASLt one (same stream, so never used concurrently)
         if (cublaslt_workspace == NULL) { cublaslt_workspace = mem_alloc(cublaslt_workspace_size, MEM_WORKSPACE); }
         cublasCheck(cublasSetWorkspace(att_cublas_handle, cublaslt_workspace, cublaslt_workspace_size));
@@ -456,8 +465,8 @@ static void att_gemm_scores(float *S, const floatX *kv, const floatX *qdy, int l
 // block 32 * ATT_ROWS_PER_BLOCK; warp w of block x owns query t = x * ATT_ROWS_PER_BLOCK + w of head
 // blockIdx.y. S, P: (NH, T, T) of one batch index; lse: (NH, T) of that batch index.
 // lse = max + log(sum_{t2 <= t} exp(s scale - max)), P = exp(s scale - max) / sum, 0 for t2 > t.
-__global__ void __launch_bounds__(32 * ATT_ROWS_PER_BLOCK) attention_softmax_forward_kernel(floatX *P, float *lse, const float *S,
-                                                                                           int T, float scale) {
+__global__ void __launch_bounds__(32 * ATT_ROWS_PER_BLOCK)
+attention_softmax_forward_kernel(floatX *P, float *lse, const float *S, int T, float scale) {
     int lane = threadIdx.x % 32, h = blockIdx.y;
     int t = blockIdx.x * ATT_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (t >= T) { return; }                       // the whole warp: its shuffles stay full
@@ -483,10 +492,9 @@ __global__ void __launch_bounds__(32 * ATT_ROWS_PER_BLOCK) attention_softmax_for
 // P, dS (floatX) from S, dP (fp32), lse, and D = dout . out per row, same grid/block/rows as above.
 // dout, out: (T, C) of this batch index (head h at column h*hs). 0 above the diagonal.
 //   p = exp(s scale - lse);  ds = p (dp - D) scale
-__global__ void __launch_bounds__(32 * ATT_ROWS_PER_BLOCK) attention_softmax_backward_kernel(floatX *P, floatX *dS, const float *S,
-                                                                                            const float *dP, const float *lse,
-                                                                                            const floatX *dout, const floatX *out,
-                                                                                            int T, int C, int hs, float scale) {
+__global__ void __launch_bounds__(32 * ATT_ROWS_PER_BLOCK)
+attention_softmax_backward_kernel(floatX *P, floatX *dS, const float *S, const float *dP, const float *lse,
+                                  const floatX *dout, const floatX *out, int T, int C, int hs, float scale) {
     int lane = threadIdx.x % 32, h = blockIdx.y;
     int t = blockIdx.x * ATT_ROWS_PER_BLOCK + threadIdx.x / 32;
     if (t >= T) { return; }
@@ -519,7 +527,8 @@ static void attention_forward_cublas(floatX *out, float *lse, const floatX *qkv,
     for (int b = 0; b < B; b++) {
         const floatX *q = qkv + (size_t)b * T * C3, *k = q + C, *v = q + 2 * C;
         att_gemm_scores(att_ws_S, k, q, 3 * C, T, C, NH);
-        attention_softmax_forward_kernel<<<grid, 32 * ATT_ROWS_PER_BLOCK, 0, main_stream>>>(att_ws_P, lse + (size_t)b * NH * T,
+        attention_softmax_forward_kernel<<<grid, 32 * ATT_ROWS_PER_BLOCK, 0, main_stream>>>(att_ws_P,
+                lse + (size_t)b * NH * T,
                                                                                          att_ws_S, T, scale);
         cudaCheckLaunch();
         att_gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, v, ATT_CUDA_X, 3 * C, hs, att_ws_P, ATT_CUDA_X, T, TT,
@@ -568,7 +577,11 @@ static void attention_forward_cuda(floatX *out, float *lse, const floatX *qkv, i
     int hs = attention_head_size(C, NH), path = attention_path_for(hs);
 #if !defined(ENABLE_FP32)
     if (path == ATT_FLASH) {
-        if (hs == 64) { flash_forward_launch<64>(out, lse, qkv, B, T, C, NH); } else { flash_forward_launch<128>(out, lse, qkv, B, T, C, NH); }
+        if (hs == 64) {
+            flash_forward_launch<64>(out, lse, qkv, B, T, C, NH);
+        } else {
+            flash_forward_launch<128>(out, lse, qkv, B, T, C, NH);
+        }
         return;
     }
 #endif

@@ -39,15 +39,18 @@ enum { SH_STEP = 2, SH_UPDATES, SH_SKIPS, SH_T, SH_BATCH, SH_EPOCH, SH_SHARD, SH
 // What a state file holds beside the optimizer state: the step counters, and what a resume must keep
 // (every rank passes the same).
 typedef struct {
-    int updates, skips, skips_in_a_row;   // AdamW updates applied; updates skipped (a non-finite loss or norm), in all, in a row
+    // AdamW updates applied; updates skipped (a non-finite loss or norm), in all, in a row
+    int updates, skips, skips_in_a_row;
     int T, total_batch;                   // the whole sequences' length and the tokens per step: a resume keeps them
-    int rounds;                           // data-loader rounds per step (the accumulation): the data position is step x rounds
+    // data-loader rounds per step (the accumulation): the data position is step x rounds
+    int rounds;
 } TrainState;
 
 // Writes a file under a temporary name: header (1024 bytes; slot 255 set to the body's CRC), body
 // parts, fsync, rename: never a torn file. Returns 0, or 1 with the reason in err (no fail(): the
 // asynchronous writer runs this on its own thread).
-static int write_file_atomic(const char *path, int *header, const void **parts, const size_t *bytes, int nparts, char *err, size_t errlen) {
+static int write_file_atomic(const char *path, int *header, const void **parts, const size_t *bytes, int nparts,
+                             char *err, size_t errlen) {
     uint32_t crc = 0;
     for (int i = 0; i < nparts; i++) { crc = crc32_update(crc, parts[i], bytes[i]); }
     header[SH_CRC] = (int)(crc ? crc : 1);
@@ -70,12 +73,16 @@ static int write_file_atomic(const char *path, int *header, const void **parts, 
 // experts on edp rank 0 of each ep rank); each element is assembled by exactly one rank, so a sum over
 // those ranks is the array. Other ranks get NULL.
 typedef void (*UnitGetter)(Zero *z, int u, int which, float *host);
-static void unit_params_getter(Zero *z, int u, int which, float *host) { (void)which; zero_get_unit_params(z, u, host); }
+static void unit_params_getter(Zero *z, int u, int which, float *host) {
+    (void)which;
+    zero_get_unit_params(z, u, host);
+}
 
 static float *checkpoint_gather(const GPT2Config *c, Zero *z, UnitGetter get, int which) {
     Grid *g = z->grid;
     size_t P = num_parameters(c);
-    int assemble = g->tp_rank == 0 && g->cp_rank == 0 && g->dp_rank < g->ep, root = g->rank == 0;   // (edp rank 0 <=> dp rank < ep)
+    // (edp rank 0 <=> dp rank < ep)
+    int assemble = g->tp_rank == 0 && g->cp_rank == 0 && g->dp_rank < g->ep, root = g->rank == 0;
     float *all = assemble ? (float *)calloc(P, sizeof(float)) : NULL, *full[NUM_TENSORS];
     if (assemble && all == NULL) { fail("out of host memory assembling %zu parameters", P); }
     if (assemble) { split_tensors(c, all, full); }
@@ -87,7 +94,9 @@ static float *checkpoint_gather(const GPT2Config *c, Zero *z, UnitGetter get, in
             float *slices = g->tp_rank == 0 ? (float *)malloc_check(U->size * sizeof(float) * g->tp) : NULL;
             comm_host_gather(&g->tp_group, host, U->size, slices, DT_FLOAT, 0, "gather over tp (checkpoint)");
             if (g->tp_rank == 0) {
-                for (int r = 0; r < g->tp; r++) { unit_copy_full(c, U, full, slices + (size_t)r * U->size, g->tp, r, 0); }
+                for (int r = 0; r < g->tp; r++) {
+                    unit_copy_full(c, U, full, slices + (size_t)r * U->size, g->tp, r, 0);
+                }
             }
             free(slices);
         }
@@ -122,8 +131,8 @@ static Checkpoint ckpt_writer;   // rank 0's (one write in flight at most)
 
 // Every rank: the full parameters and AdamW state assembled on rank 0 into c (stage 3 and the
 // experts gather; each rank contributes its part). Checks that no value is non-finite.
-static void checkpoint_assemble(const GPT2Config *c, Zero *z, Checkpoint *ck, const char *dir, int step, const TrainState *s,
-                                const DataLoader *dl, const Rng *rng) {
+static void checkpoint_assemble(const GPT2Config *c, Zero *z, Checkpoint *ck, const char *dir, int step,
+                                const TrainState *s, const DataLoader *dl, const Rng *rng) {
     Grid *g = z->grid;
     float *all = checkpoint_gather(c, z, unit_params_getter, 0);
     zero_release_params(z);
@@ -150,7 +159,11 @@ static void checkpoint_assemble(const GPT2Config *c, Zero *z, Checkpoint *ck, co
     h = ck->state_header;
     h[0] = STATE_MAGIC; h[1] = STATE_VERSION; h[SH_STEP] = step; h[SH_UPDATES] = s->updates; h[SH_SKIPS] = s->skips;
     h[SH_SKIPS_IN_A_ROW] = s->skips_in_a_row; h[SH_T] = s->T; h[SH_BATCH] = s->total_batch;
-    h[SH_EPOCH] = dl->epoch; h[SH_SHARD] = dl->shard_pos; h[SH_SHUFFLE] = dl->shuffle; h[SH_NSHARDS] = dl->nshards;   // (rank 0's, for the reader)
+    // (rank 0's, for the reader)
+    h[SH_EPOCH] = dl->epoch;
+    h[SH_SHARD] = dl->shard_pos;
+    h[SH_SHUFFLE] = dl->shuffle;
+    h[SH_NSHARDS] = dl->nshards;
     h[SH_MASTER] = nstates == 3;
     h[SH_PARAMS_LO] = (int)(P & 0xFFFFFFFFu); h[SH_PARAMS_HI] = (int)((uint64_t)P >> 32);
     h[SH_RNG_LO] = (int)(rng->s & 0xFFFFFFFFu); h[SH_RNG_HI] = (int)(rng->s >> 32);
@@ -207,8 +220,8 @@ static int checkpoint_done(int wait) {
 
 // Every rank: a checkpoint of this step. The assembly is collective and synchronous; rank 0 then
 // writes the files, on a thread with async (a checkpoint still in flight is finished first).
-static void checkpoint_save(const GPT2Config *c, Zero *z, const char *dir, int step, const TrainState *s, const DataLoader *dl, const Rng *rng,
-                            int async) {
+static void checkpoint_save(const GPT2Config *c, Zero *z, const char *dir, int step, const TrainState *s,
+                            const DataLoader *dl, const Rng *rng, int async) {
     int rank0 = z->grid->rank == 0;
     trace_begin();
     Checkpoint *ck = &ckpt_writer;
@@ -216,7 +229,9 @@ static void checkpoint_save(const GPT2Config *c, Zero *z, const char *dir, int s
     checkpoint_assemble(c, z, ck, dir, step, s, dl, rng);
     if (rank0 && async) {
         ck->running = 1;
-        if (pthread_create(&ck->thread, NULL, checkpoint_write, ck) != 0) { fail("cannot start the checkpoint writer thread"); }
+        if (pthread_create(&ck->thread, NULL, checkpoint_write, ck) != 0) {
+            fail("cannot start the checkpoint writer thread");
+        }
     } else if (rank0) {
         checkpoint_write(ck);
         checkpoint_mark_done(ck);
@@ -246,37 +261,49 @@ static int latest_checkpoint(const char *dir) {
 // Restores the optimizer state of this rank's part, the step counters, the data position and the
 // generator from DIR/state_STEP.bin (the parameters come from the model file). Every field is checked
 // before it is used.
-static void checkpoint_load(const GPT2Config *c, Zero *z, const char *dir, int step, TrainState *s, DataLoader *dl, Rng *rng) {
+static void checkpoint_load(const GPT2Config *c, Zero *z, const char *dir, int step, TrainState *s, DataLoader *dl,
+                            Rng *rng) {
     Grid *g = z->grid;
     size_t Pm = num_parameters(c);
     char path[PATH_LEN];
     path_join(path, dir, "state_%08d.bin", step);
     FILE *f = fopen_check(path, "rb");
     int h[256];
-    if (fread(h, sizeof(int), 256, f) != 256) { fail("state file '%s' is truncated: expected a 1024-byte header", path); }
+    if (fread(h, sizeof(int), 256, f) != 256) {
+        fail("state file '%s' is truncated: expected a 1024-byte header", path);
+    }
     if (h[0] != STATE_MAGIC) { fail("state file '%s' has bad magic %d, expected %d", path, h[0], STATE_MAGIC); }
-    if (h[1] != STATE_VERSION) { fail("state file '%s' has version %d, expected %d (checkpoints of older versions cannot be resumed)", path, h[1], STATE_VERSION); }
+    if (h[1] != STATE_VERSION) {
+        fail("state file '%s' has version %d, expected %d (checkpoints of older versions cannot be resumed)", path,
+             h[1], STATE_VERSION);
+    }
     uint64_t P = (uint32_t)h[SH_PARAMS_LO] | (uint64_t)(uint32_t)h[SH_PARAMS_HI] << 32;
     int nstates = h[SH_MASTER] ? 3 : 2;
     if (h[SH_STEP] != step || P != Pm || (h[SH_MASTER] != 0 && h[SH_MASTER] != 1)) {
-        fail("state file '%s' does not belong to this checkpoint (step %d, %llu parameters; expected step %d, %zu)", path,
+        fail("state file '%s' does not belong to this checkpoint (step %d, %llu parameters; expected step %d, %zu)",
+             path,
              h[SH_STEP], (unsigned long long)P, step, Pm);
     }
     if (h[SH_T] != s->T || h[SH_BATCH] != s->total_batch) {
-        fail("state file '%s' was written with -t %d -d %d; this run has -t %d -d %d: a checkpoint resumes with the same sequence "
+        fail("state file '%s' was written with -t %d -d %d; this run has -t %d -d %d: a checkpoint resumes with the "
+             "same sequence "
              "length and global batch (the layout may change)", path, h[SH_T], h[SH_BATCH], s->T, s->total_batch);
     }
-    if (h[SH_UPDATES] < 0 || h[SH_SKIPS] < 0 || h[SH_UPDATES] + h[SH_SKIPS] != step || h[SH_SKIPS_IN_A_ROW] < 0 || h[SH_SKIPS_IN_A_ROW] > h[SH_SKIPS]) {
-        fail("state file '%s' has inconsistent step counters (step %d, %d updates, %d skipped, %d in a row)", path, step,
+    if (h[SH_UPDATES] < 0 || h[SH_SKIPS] < 0 || h[SH_UPDATES] + h[SH_SKIPS] != step || h[SH_SKIPS_IN_A_ROW] < 0
+        || h[SH_SKIPS_IN_A_ROW] > h[SH_SKIPS]) {
+        fail("state file '%s' has inconsistent step counters (step %d, %d updates, %d skipped, %d in a row)", path,
+             step,
              h[SH_UPDATES], h[SH_SKIPS], h[SH_SKIPS_IN_A_ROW]);
     }
     if (h[SH_NSHARDS] != dl->nshards || h[SH_SHUFFLE] != dl->shuffle) {
-        fail("state file '%s' was written reading %d data shards with --shuffle %d; this run reads %d with --shuffle %d", path,
+        fail("state file '%s' was written reading %d data shards with --shuffle %d; this run reads %d with --shuffle "
+             "%d", path,
              h[SH_NSHARDS], h[SH_SHUFFLE], dl->nshards, dl->shuffle);
     }
     long size = file_size(f);
     if ((uint64_t)size != 1024 + (uint64_t)nstates * P * sizeof(float)) {
-        fail("state file '%s' is %ld bytes, expected %llu", path, size, (unsigned long long)(1024 + (uint64_t)nstates * P * sizeof(float)));
+        fail("state file '%s' is %ld bytes, expected %llu", path, size,
+             (unsigned long long)(1024 + (uint64_t)nstates * P * sizeof(float)));
     }
     check_file_crc(f, h, path);
     // every rank reads the whole state and keeps its part, unit by unit
@@ -342,12 +369,15 @@ static void lock_output_dir(const char *dir, int rank) {
             ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
             holder[n > 0 ? n : 0] = '\0';
             holder[strcspn(holder, "\n")] = '\0';
-            snprintf(msg, sizeof(msg), "-o '%s' is in use by another run (%s); wait for it, or use another directory", dir, holder[0] ? holder : "unknown");
+            snprintf(msg, sizeof(msg), "-o '%s' is in use by another run (%s); wait for it, or use another directory",
+                     dir, holder[0] ? holder : "unknown");
         } else {   // ours until this process ends: the descriptor stays open
             char host[128] = "?", line[256];
             gethostname(host, sizeof(host) - 1);
             int len = snprintf(line, sizeof(line), "pid %d on %s since %ld\n", (int)getpid(), host, (long)time(NULL));
-            if (ftruncate(fd, 0) != 0 || pwrite(fd, line, len, 0) != len) { snprintf(msg, sizeof(msg), "cannot write '%s'", path); }
+            if (ftruncate(fd, 0) != 0 || pwrite(fd, line, len, 0) != len) {
+                snprintf(msg, sizeof(msg), "cannot write '%s'", path);
+            }
         }
     }
     comm_host_bcast(comm_world(), msg, sizeof(msg), DT_BYTE, 0, "broadcast (lock)");
@@ -384,7 +414,9 @@ static void log_printf(FILE *f, const char *fmt, ...) {
     va_start(ap, fmt);
     int n = vfprintf(f, fmt, ap);
     va_end(ap);
-    if (n < 0 || fflush(f) != 0) { fail("cannot write to main.log (disk full?): the run stops rather than leave a torn log"); }
+    if (n < 0 || fflush(f) != 0) {
+        fail("cannot write to main.log (disk full?): the run stops rather than leave a torn log");
+    }
 }
 
 #endif // LLMC_CHECKPOINT_H

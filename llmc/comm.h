@@ -34,7 +34,8 @@
 #include "trace.h"
 #include "guard.h"
 
-typedef enum { DT_FLOAT, DT_FLOATX, DT_DOUBLE, DT_INT, DT_BYTE } DType;   // DT_DOUBLE: the step's loss and norm sums; DT_INT: MoE choices
+// DT_DOUBLE: the step's loss and norm sums; DT_INT: MoE choices
+typedef enum { DT_FLOAT, DT_FLOATX, DT_DOUBLE, DT_INT, DT_BYTE } DType;
 
 // The most elements one MPI call moves; larger counts go in pieces (a test build sets a small one).
 #ifndef COMM_HOST_CHUNK
@@ -67,11 +68,14 @@ typedef struct {
 } Grid;
 
 static size_t comm_type_size(DType t) {
-    return t == DT_FLOAT ? sizeof(float) : t == DT_DOUBLE ? sizeof(double) : t == DT_INT ? sizeof(int) : t == DT_BYTE ? 1 : sizeof(floatX);
+    return t == DT_FLOAT ? sizeof(float) : t == DT_DOUBLE ? sizeof(double) : t == DT_INT ? sizeof(int) : t == DT_BYTE
+            ? 1 : sizeof(floatX);
 }
 
 // The MPI datatype of a host DType (DT_FLOATX only on the CPU build, where floatX is float).
-static MPI_Datatype mpi_type(DType t) { return t == DT_DOUBLE ? MPI_DOUBLE : t == DT_INT ? MPI_INT : t == DT_BYTE ? MPI_BYTE : MPI_FLOAT; }
+static MPI_Datatype mpi_type(DType t) {
+    return t == DT_DOUBLE ? MPI_DOUBLE : t == DT_INT ? MPI_INT : t == DT_BYTE ? MPI_BYTE : MPI_FLOAT;
+}
 
 #ifdef USE_NCCL
 static ncclDataType_t nccl_type(DType t) {
@@ -137,7 +141,8 @@ static void grid_init(Grid *grid, int tp, int cp, int pp, int ep) {
     if (cp > 1) { group_init(&grid->dpcp_group, "dpcp", grid->pp_rank * tp + t, r); }        // same (tp, pp)
     grid->grad_group = cp > 1 ? &grid->dpcp_group : &grid->dp_group;
     group_init(&grid->ep_group, "ep", (grid->dp_rank / ep) * tcp + grid->pp_rank * tc + c * tp + t, r);
-    group_init(&grid->edp_group, "edp", (grid->ep_rank * pp + grid->pp_rank) * tp + t, r);   // same (tp, pp, ep rank): cp too
+    // same (tp, pp, ep rank): cp too
+    group_init(&grid->edp_group, "edp", (grid->ep_rank * pp + grid->pp_rank) * tp + t, r);
     int ends = grid->pp_rank == 0 || grid->pp_rank == pp - 1;   // middle stages: a group of their own
     group_init(&grid->emb_group, "emb", ends ? grid->dp_rank * tc + c * tp + t : grid->world_size + r, r);
 }
@@ -148,7 +153,10 @@ static void grid_plan(Grid *grid, int world, int r, int tp, int cp, int pp, int 
     memset(grid, 0, sizeof(*grid));
     grid->world_size = world; grid->rank = r;
     grid->tp = tp; grid->cp = cp; grid->pp = pp; grid->dp = world / (tp * cp * pp); grid->ep = ep;
-    grid->tp_rank = r % tp; grid->cp_rank = (r / tp) % cp; grid->pp_rank = (r / (tp * cp)) % pp; grid->dp_rank = r / (tp * cp * pp);
+    grid->tp_rank = r % tp;
+    grid->cp_rank = (r / tp) % cp;
+    grid->pp_rank = (r / (tp * cp)) % pp;
+    grid->dp_rank = r / (tp * cp * pp);
     grid->ep_rank = grid->dp_rank % ep;
     int dp = grid->dp, ends = pp > 1 && (grid->pp_rank == 0 || grid->pp_rank == pp - 1);
     grid->world = (Group){"world", world, r};
@@ -184,11 +192,13 @@ static void grid_print(Grid *g) {
     int *all = (int *)malloc_check(sizeof(int) * (NG + 5) * world);
     MPI_Gather(mine, NG + 5, MPI_INT, all, NG + 5, MPI_INT, 0, MPI_COMM_WORLD);
     if (g->rank == 0) {
-        printf("process grid: world %d = tp %d x cp %d x pp %d x dp %d (ep %d within dp, edp %d = dp/ep x cp), tp fastest\n", world, g->tp, g->cp,
+        printf("process grid: world %d = tp %d x cp %d x pp %d x dp %d (ep %d within dp, edp %d = dp/ep x cp), tp "
+               "fastest\n", world, g->tp, g->cp,
                g->pp, g->dp, g->ep, g->dp / g->ep * g->cp);
         for (int r = 0; r < world; r++) {
             int *a = all + (NG + 5) * r;
-            printf("  rank %d: tp_rank %d cp_rank %d pp_rank %d dp_rank %d ep_rank %d\n", r, a[0], a[1], a[2], a[3], a[4]);
+            printf("  rank %d: tp_rank %d cp_rank %d pp_rank %d dp_rank %d ep_rank %d\n", r, a[0], a[1], a[2], a[3],
+                   a[4]);
         }
         for (int k = 0; k < ng; k++) {
             printf("  %s groups:", groups[k]->name);
@@ -315,7 +325,10 @@ static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest 
     ncclCheck(ncclAllReduce(buf, buf, n, nccl_type(t), ncclSum, g->nccl, comm_stream_begin(g)));
     comm_stream_end(g, async);
 #else
-    if (async && n <= COMM_HOST_CHUNK) { MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(t), MPI_SUM, g->mpi, &async->req); async->active = 1; }
+    if (async && n <= COMM_HOST_CHUNK) {
+        MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(t), MPI_SUM, g->mpi, &async->req);
+        async->active = 1;
+    }
     else { mpi_all_reduce(g, buf, n, t); }
 #endif
     watch_leave();
@@ -391,7 +404,11 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
 static void comm_all_to_allv(Group *g, const void *send, const size_t *send_counts, const size_t *send_offsets,
                              void *recv, const size_t *recv_counts, const size_t *recv_offsets, DType t) {
     size_t es = comm_type_size(t);
-    if (g->size == 1) { copy_on_device((char *)recv + recv_offsets[0] * es, (const char *)send + send_offsets[0] * es, send_counts[0] * es); return; }
+    if (g->size == 1) {
+        copy_on_device((char *)recv + recv_offsets[0] * es, (const char *)send + send_offsets[0] * es,
+                       send_counts[0] * es);
+        return;
+    }
     double sent = 0;
     for (int j = 0; j < g->size; j++) { if (j != g->rank) { sent += send_counts[j] * es; } }
     comm_count(g, sent);
@@ -401,19 +418,28 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
     cudaStream_t s = comm_stream_begin(g);
     ncclCheck(ncclGroupStart());
     for (int j = 0; j < g->size; j++) {
-        if (send_counts[j]) { ncclCheck(ncclSend((const char *)send + send_offsets[j] * es, send_counts[j], nccl_type(t), j, g->nccl, s)); }
-        if (recv_counts[j]) { ncclCheck(ncclRecv((char *)recv + recv_offsets[j] * es, recv_counts[j], nccl_type(t), j, g->nccl, s)); }
+        if (send_counts[j]) {
+            ncclCheck(ncclSend((const char *)send + send_offsets[j] * es, send_counts[j], nccl_type(t), j, g->nccl, s));
+        }
+        if (recv_counts[j]) {
+            ncclCheck(ncclRecv((char *)recv + recv_offsets[j] * es, recv_counts[j], nccl_type(t), j, g->nccl, s));
+        }
     }
     ncclCheck(ncclGroupEnd());
     comm_stream_end(g, NULL);
 #else
-    int *sc = (int *)malloc_check(sizeof(int) * 4 * g->size), *so = sc + g->size, *rc = sc + 2 * g->size, *ro = sc + 3 * g->size;
+    int *sc = (int *)malloc_check(sizeof(int) * 4 * g->size), *so = sc + g->size, *rc = sc + 2 * g->size,
+        *ro = sc + 3 * g->size;
     for (int j = 0; j < g->size; j++) {   // (the dispatch rows' counts and offsets, in elements; MPI's are int)
         if (send_offsets[j] + send_counts[j] > INT_MAX || recv_offsets[j] + recv_counts[j] > INT_MAX) {
             fail("all-to-all over %s: %zu + %zu elements exceed MPI's int counts (the CPU build's limit)", g->name,
-                 send_offsets[j] > recv_offsets[j] ? send_offsets[j] : recv_offsets[j], send_counts[j] > recv_counts[j] ? send_counts[j] : recv_counts[j]);
+                 send_offsets[j] > recv_offsets[j] ? send_offsets[j] : recv_offsets[j],
+                     send_counts[j] > recv_counts[j] ? send_counts[j] : recv_counts[j]);
         }
-        sc[j] = (int)send_counts[j]; so[j] = (int)send_offsets[j]; rc[j] = (int)recv_counts[j]; ro[j] = (int)recv_offsets[j];
+        sc[j] = (int)send_counts[j];
+        so[j] = (int)send_offsets[j];
+        rc[j] = (int)recv_counts[j];
+        ro[j] = (int)recv_offsets[j];
     }
     MPI_Alltoallv(send, sc, so, mpi_type(t), recv, rc, ro, mpi_type(t), g->mpi);
     free(sc);
@@ -430,7 +456,10 @@ static void comm_send(Group *g, const void *buf, size_t n, DType t, int peer) {
     comm_stream_end(g, NULL);
 #else
     size_t es = comm_type_size(t);
-    for (size_t o = 0, c; o < n; o += c) { c = comm_piece(n, o); MPI_Send((const char *)buf + o * es, (int)c, mpi_type(t), peer, 0, g->mpi); }
+    for (size_t o = 0, c; o < n; o += c) {
+        c = comm_piece(n, o);
+        MPI_Send((const char *)buf + o * es, (int)c, mpi_type(t), peer, 0, g->mpi);
+    }
 #endif
 }
 
@@ -440,7 +469,10 @@ static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
     comm_stream_end(g, NULL);
 #else
     size_t es = comm_type_size(t);
-    for (size_t o = 0, c; o < n; o += c) { c = comm_piece(n, o); MPI_Recv((char *)buf + o * es, (int)c, mpi_type(t), peer, 0, g->mpi, MPI_STATUS_IGNORE); }
+    for (size_t o = 0, c; o < n; o += c) {
+        c = comm_piece(n, o);
+        MPI_Recv((char *)buf + o * es, (int)c, mpi_type(t), peer, 0, g->mpi, MPI_STATUS_IGNORE);
+    }
 #endif
 }
 
@@ -481,7 +513,11 @@ static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest 
             comm_stream_end(g, r);
         }
     }
-    else if (sends && nrecv == 0) { comm_mark(&sends[0], g); comm_stream_end(g, &sends[0]); }   // (one event for the group)
+    // (one event for the group)
+    else if (sends && nrecv == 0) {
+        comm_mark(&sends[0], g);
+        comm_stream_end(g, &sends[0]);
+    }
     else { comm_stream_end(g, NULL); }
 #else
     size_t pieces = 0;   // a message of more than COMM_HOST_CHUNK elements goes in pieces (then it completes here)
@@ -498,23 +534,35 @@ static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest 
     for (int i = 0; i < nops; i++) {   // the receives first: a send then finds its receive posted
         for (size_t o = 0, c; !ops[i].send && o < ops[i].n; o += c) {
             c = comm_piece(ops[i].n, o);
-            MPI_Irecv((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, ops[i].tag, g->mpi, &recv_req[nr++]);
+            MPI_Irecv((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, ops[i].tag, g->mpi,
+                      &recv_req[nr++]);
         }
     }
     send_req = recv_req + nr;
     for (int i = 0; i < nops; i++) {
         for (size_t o = 0, c; ops[i].send && o < ops[i].n; o += c) {
             c = comm_piece(ops[i].n, o);
-            MPI_Issend((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, ops[i].tag, g->mpi, &send_req[ns++]);
+            MPI_Issend((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, ops[i].tag, g->mpi,
+                       &send_req[ns++]);
         }
     }
     if (sends && recvs) {
-        for (int i = 0; i < nr; i++) { comm_mark(&recvs[i], g); recvs[i].req = recv_req[i]; recvs[i].active = 1; recvs[i].move_bytes = 0; }
+        for (int i = 0; i < nr; i++) {
+            comm_mark(&recvs[i], g);
+            recvs[i].req = recv_req[i];
+            recvs[i].active = 1;
+            recvs[i].move_bytes = 0;
+        }
     } else {
         MPI_Waitall(nr, recv_req, MPI_STATUSES_IGNORE);
     }
     if (sends) {
-        for (int i = 0; i < ns; i++) { comm_mark(&sends[i], g); sends[i].req = send_req[i]; sends[i].active = 1; sends[i].move_bytes = 0; }
+        for (int i = 0; i < ns; i++) {
+            comm_mark(&sends[i], g);
+            sends[i].req = send_req[i];
+            sends[i].active = 1;
+            sends[i].move_bytes = 0;
+        }
     } else {
         MPI_Waitall(ns, send_req, MPI_STATUSES_IGNORE);
     }
@@ -584,7 +632,10 @@ static void comm_host_group_free(Group *g) { if (g->size > 0) { MPI_Comm_free(&g
 static void comm_host_bcast(Group *g, void *buf, size_t n, DType t, int root, const char *what) {
     size_t es = comm_type_size(t);
     watch_enter(what, g->name);
-    for (size_t o = 0, c; o < n && g->size > 1; o += c) { c = comm_piece(n, o); MPI_Bcast((char *)buf + o * es, (int)c, mpi_type(t), root, g->mpi); }
+    for (size_t o = 0, c; o < n && g->size > 1; o += c) {
+        c = comm_piece(n, o);
+        MPI_Bcast((char *)buf + o * es, (int)c, mpi_type(t), root, g->mpi);
+    }
     watch_leave();
 }
 
@@ -656,14 +707,21 @@ static void comm_report(Grid *grid, int steps, const char *label) {
     Group *groups[NGMAX];
     int NG = grid_groups(grid, groups, 0);
     double mine[2 * NGMAX];
-    for (int i = 0; i < NG; i++) { mine[2 * i] = groups[i]->bytes / steps; mine[2 * i + 1] = (double)groups[i]->calls / steps; }
+    for (int i = 0; i < NG; i++) {
+        mine[2 * i] = groups[i]->bytes / steps;
+        mine[2 * i + 1] = (double)groups[i]->calls / steps;
+    }
     double *all = (double *)malloc_check(sizeof(double) * 2 * NG * grid->world_size);
     comm_host_gather(&grid->world, mine, 2 * NG, all, DT_DOUBLE, 0, "gather of the comm report");
     if (grid->rank == 0) {
-        printf("comm report (%s): bytes sent per rank per step (ring formulas: all-reduce 2(p-1)/p*N, reduce-scatter/all-gather (p-1)/p*N)\n", label);
+        printf("comm report (%s): bytes sent per rank per step (ring formulas: all-reduce 2(p-1)/p*N, "
+               "reduce-scatter/all-gather (p-1)/p*N)\n", label);
         for (int r = 0; r < grid->world_size; r++) {
             printf("  rank %d:", r);
-            for (int i = 0; i < NG; i++) { printf("  %s %.0f B (%.0f calls)", groups[i]->name, all[2 * NG * r + 2 * i], all[2 * NG * r + 2 * i + 1]); }
+            for (int i = 0; i < NG; i++) {
+                printf("  %s %.0f B (%.0f calls)", groups[i]->name, all[2 * NG * r + 2 * i],
+                       all[2 * NG * r + 2 * i + 1]);
+            }
             printf("\n");
         }
         for (int r = 0; r < grid->world_size; r++) {

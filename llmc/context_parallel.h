@@ -64,8 +64,8 @@ static void seq_pos_owner(int N, int T, int pos, int *rank, int *row) {
 
 // Adds the key block to the attention of the query block: out (B, T, C) and lse (B, NH, T) at the
 // query rows hold the attention over the blocks added so far (lse -inf, out 0: none).
-static void attention_block_forward_cpu(float *out, float *lse, const float *qkv, const float *kv, int B, int T, int C, int NH,
-                                        int q0, int k0, int n, int causal) {
+static void attention_block_forward_cpu(float *out, float *lse, const float *qkv, const float *kv, int B, int T, int C,
+                                        int NH, int q0, int k0, int n, int causal) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel
@@ -110,8 +110,9 @@ static void attention_block_forward_cpu(float *out, float *lse, const float *qkv
 // The block's part of the backward, with out and lse the final ones (over every block):
 //   p = exp(q.k scale - lse), ds = p (dout.v - dout.out) scale;  dq += ds k, dk += ds q, dv += p dout
 // dq into the q part of dqkv (B, T, 3C), dk and dv into dkv (B, T, 2C) = [dk | dv], both added to.
-static void attention_block_backward_cpu(float *dqkv, float *dkv, const float *dout, const float *qkv, const float *out,
-                                         const float *lse, const float *kv, int B, int T, int C, int NH, int q0, int k0, int n, int causal) {
+static void attention_block_backward_cpu(float *dqkv, float *dkv, const float *dout, const float *qkv,
+                                         const float *out, const float *lse, const float *kv, int B, int T, int C,
+                                         int NH, int q0, int k0, int n, int causal) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for collapse(2)
@@ -139,8 +140,8 @@ static void attention_block_backward_cpu(float *dqkv, float *dkv, const float *d
 // One warp per (query row, head, batch index): lane i of the warp holds dims i, i+32, ... of the
 // head; each key's score is a warp sum; online softmax over the block's keys, then the lse merge.
 // grid (n, NH, B), block 32.
-__global__ void attention_block_forward_kernel(floatX *out, float *lse, const floatX *qkv, const floatX *kv, int T, int C, int NH,
-                                               int q0, int k0, int n, int causal) {
+__global__ void attention_block_forward_kernel(floatX *out, float *lse, const floatX *qkv, const floatX *kv, int T,
+                                               int C, int NH, int q0, int k0, int n, int causal) {
     int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, hs = C / NH;
     float scale = rsqrtf((float)hs);
     const floatX *q = qkv + ((size_t)b * T + q0 + t) * 3 * C + h * hs;
@@ -166,8 +167,9 @@ __global__ void attention_block_forward_kernel(floatX *out, float *lse, const fl
 }
 
 // dq of one query row (warp per (row, head, batch)): grid (n, NH, B), block 32.
-__global__ void attention_block_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
-                                                   const float *lse, const floatX *kv, int T, int C, int NH, int q0, int k0, int n, int causal) {
+__global__ void attention_block_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv,
+                                                   const floatX *out, const float *lse, const floatX *kv, int T, int C,
+                                                   int NH, int q0, int k0, int n, int causal) {
     int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, hs = C / NH;
     float scale = rsqrtf((float)hs);
     size_t row = (size_t)b * T + q0 + t;
@@ -189,8 +191,9 @@ __global__ void attention_block_backward_dq_kernel(floatX *dqkv, const floatX *d
 
 // dk, dv of one key row (warp per (row, head, batch)), over the block's queries in ascending order
 // (deterministic): grid (n, NH, B), block 32.
-__global__ void attention_block_backward_dkdv_kernel(floatX *dkv, const floatX *dout, const floatX *qkv, const floatX *out,
-                                                     const float *lse, const floatX *kv, int T, int C, int NH, int q0, int k0, int n, int causal) {
+__global__ void attention_block_backward_dkdv_kernel(floatX *dkv, const floatX *dout, const floatX *qkv,
+                                                     const floatX *out, const float *lse, const floatX *kv, int T,
+                                                     int C, int NH, int q0, int k0, int n, int causal) {
     int j = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, hs = C / NH;
     float scale = rsqrtf((float)hs);
     const floatX *k = kv + ((size_t)b * T + k0 + j) * 2 * C + h * hs, *v = k + C;
@@ -199,13 +202,20 @@ __global__ void attention_block_backward_dkdv_kernel(floatX *dkv, const floatX *
         size_t row = (size_t)b * T + q0 + t;
         const floatX *q = qkv + row * 3 * C + h * hs, *dy = dout + row * C + h * hs, *y = out + row * C + h * hs;
         float s = 0.0f, dp = 0.0f, D = 0.0f;
-        for (int i = lane; i < hs; i += 32) { s += (float)q[i] * (float)k[i]; dp += (float)dy[i] * (float)v[i]; D += (float)dy[i] * (float)y[i]; }
+        for (int i = lane; i < hs; i += 32) {
+            s += (float)q[i] * (float)k[i];
+            dp += (float)dy[i] * (float)v[i];
+            D += (float)dy[i] * (float)y[i];
+        }
         s = warp_reduce_sum(s); dp = warp_reduce_sum(dp); D = warp_reduce_sum(D);
         float p = expf(s * scale - lse[((size_t)b * NH + h) * T + q0 + t]), ds = p * (dp - D) * scale;
         for (int r = 0, i = lane; i < hs; r++, i += 32) { dk[r] += ds * (float)q[i]; dv[r] += p * (float)dy[i]; }
     }
     floatX *d = dkv + ((size_t)b * T + k0 + j) * 2 * C + h * hs;
-    for (int r = 0, i = lane; i < hs; r++, i += 32) { d[i] = (floatX)((float)d[i] + dk[r]); d[C + i] = (floatX)((float)d[C + i] + dv[r]); }
+    for (int r = 0, i = lane; i < hs; r++, i += 32) {
+        d[i] = (floatX)((float)d[i] + dk[r]);
+        d[C + i] = (floatX)((float)d[C + i] + dv[r]);
+    }
 }
 
 // kv (N, 2C) = the k and v parts of qkv (N, 3C), or (unpack) dqkv's k and v parts = dkv
@@ -224,22 +234,26 @@ __global__ void attention_block_init_kernel(floatX *out, float *lse, size_t nout
 }
 #endif
 
-static void attention_block_forward(floatX *out, float *lse, const floatX *qkv, const floatX *kv, int B, int T, int C, int NH,
-                                    int q0, int k0, int n, int causal) {
+static void attention_block_forward(floatX *out, float *lse, const floatX *qkv, const floatX *kv, int B, int T, int C,
+                                    int NH, int q0, int k0, int n, int causal) {
 #ifdef USE_CUDA
-    attention_block_forward_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(out, lse, qkv, kv, T, C, NH, q0, k0, n, causal);
+    attention_block_forward_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(out, lse, qkv, kv, T, C, NH, q0, k0, n,
+            causal);
     cudaCheckLaunch();
 #else
     attention_block_forward_cpu(out, lse, qkv, kv, B, T, C, NH, q0, k0, n, causal);
 #endif
 }
 
-static void attention_block_backward(floatX *dqkv, floatX *dkv, const floatX *dout, const floatX *qkv, const floatX *out,
-                                     const float *lse, const floatX *kv, int B, int T, int C, int NH, int q0, int k0, int n, int causal) {
+static void attention_block_backward(floatX *dqkv, floatX *dkv, const floatX *dout, const floatX *qkv,
+                                     const floatX *out, const float *lse, const floatX *kv, int B, int T, int C,
+                                     int NH, int q0, int k0, int n, int causal) {
 #ifdef USE_CUDA
-    attention_block_backward_dq_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(dqkv, dout, qkv, out, lse, kv, T, C, NH, q0, k0, n, causal);
+    attention_block_backward_dq_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(dqkv, dout, qkv, out, lse, kv, T, C, NH,
+            q0, k0, n, causal);
     cudaCheckLaunch();
-    attention_block_backward_dkdv_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(dkv, dout, qkv, out, lse, kv, T, C, NH, q0, k0, n, causal);
+    attention_block_backward_dkdv_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(dkv, dout, qkv, out, lse, kv, T, C,
+            NH, q0, k0, n, causal);
     cudaCheckLaunch();
 #else
     attention_block_backward_cpu(dqkv, dkv, dout, qkv, out, lse, kv, B, T, C, NH, q0, k0, n, causal);
@@ -281,14 +295,17 @@ typedef struct {
 } CPRing;
 
 // Adds the attention of each local query chunk over each of rank j's key chunks that is not in its future.
-static void cp_blocks(CPRing *r, int j, int cur, int backward, floatX *out, float *lse, floatX *dqkv, const floatX *dout,
-                      floatX *qkv, int B, int T, int C, int NH) {
+static void cp_blocks(CPRing *r, int j, int cur, int backward, floatX *out, float *lse, floatX *dqkv,
+                      const floatX *dout, floatX *qkv, int B, int T, int C, int NH) {
     int N = r->cp->size, i = r->cp->rank, c = T / 2;
     for (int qa = 0; qa < 2; qa++) {
         for (int kb = 0; kb < 2; kb++) {
             int qc = cp_chunk(i, N, qa), kc = cp_chunk(j, N, kb);
             if (kc > qc) { continue; }   // the future
-            if (backward) { attention_block_backward(dqkv, r->dkv[cur], dout, qkv, out, lse, r->kv[cur], B, T, C, NH, qa * c, kb * c, c, kc == qc); }
+            if (backward) {
+                attention_block_backward(dqkv, r->dkv[cur], dout, qkv, out, lse, r->kv[cur], B, T, C, NH, qa * c,
+                                         kb * c, c, kc == qc);
+            }
             else { attention_block_forward(out, lse, qkv, r->kv[cur], B, T, C, NH, qa * c, kb * c, c, kc == qc); }
         }
     }

@@ -48,14 +48,17 @@ typedef struct {
 static size_t data_shard_ntok(const char *path) {
     FILE *f = fopen_check(path, "rb");
     int header[256];
-    if (fread(header, sizeof(int), 256, f) != 256) { fail("data shard '%s' is truncated: expected a 1024-byte header", path); }
+    if (fread(header, sizeof(int), 256, f) != 256) {
+        fail("data shard '%s' is truncated: expected a 1024-byte header", path);
+    }
     if (header[0] != DATA_MAGIC) { fail("data shard '%s' has bad magic %d, expected %d", path, header[0], DATA_MAGIC); }
     if (header[1] != 1) { fail("data shard '%s' has version %d, expected 1", path, header[1]); }
     long expected = 1024 + 2L * (long)(unsigned)header[2];
     long size = file_size(f);
     fclose(f);
     if (size != expected) {
-        fail("data shard '%s' is %ld bytes, expected %ld for %d tokens (truncated or corrupt)", path, size, expected, header[2]);
+        fail("data shard '%s' is %ld bytes, expected %ld for %d tokens (truncated or corrupt)", path, size, expected,
+             header[2]);
     }
     return (size_t)(unsigned)header[2];
 }
@@ -78,7 +81,8 @@ static void dataloader_load_shard(DataLoader *d, int file) {
     fclose(f);
     for (size_t i = 0; i < d->ntok; i++) {
         if (d->tokens[i] >= d->vocab_size) {
-            fail("data shard '%s': token %d at position %zu is not below the model's vocab size %d", path, d->tokens[i], i, d->vocab_size);
+            fail("data shard '%s': token %d at position %zu is not below the model's vocab size %d", path,
+                 d->tokens[i], i, d->vocab_size);
         }
     }
     d->loaded_shard = file;
@@ -105,7 +109,8 @@ static void dataloader_start_epoch(DataLoader *d) {
 // shard before it from the seed, then enters the shard.
 static void dataloader_seek(DataLoader *d, int epoch, int shard_pos, int round) {
     if (epoch < 0 || shard_pos < 0 || shard_pos >= d->nshards || round < 0) {
-        fail("data position epoch %d shard %d round %d is out of range (%d shards)", epoch, shard_pos, round, d->nshards);
+        fail("data position epoch %d shard %d round %d is out of range (%d shards)", epoch, shard_pos, round,
+             d->nshards);
     }
     mt19937_seed(&d->rng, dataloader_shuffle_seed(d));
     for (int i = 0; i < d->nshards; i++) { d->shard_order[i] = i; }
@@ -117,7 +122,8 @@ static void dataloader_seek(DataLoader *d, int epoch, int shard_pos, int round) 
     d->epoch = epoch; d->shard_pos = shard_pos; d->round = round;
     dataloader_enter_shard(d);
     if ((size_t)round > d->nrounds) {
-        fail("data position round %d is past the %zu rounds of shard %d (a checkpoint of other data?)", round, d->nrounds, shard_pos);
+        fail("data position round %d is past the %zu rounds of shard %d (a checkpoint of other data?)", round,
+             d->nrounds, shard_pos);
     }
 }
 
@@ -130,11 +136,16 @@ static void dataloader_reset(DataLoader *d) { dataloader_seek(d, 0, 0, 0); }
 static void dataloader_seek_rounds(DataLoader *d, uint64_t n) {
     uint64_t per_epoch = d->rounds_per_epoch;
     if (per_epoch == 0) { fail("the data has no complete batch"); }
-    if (n / per_epoch > 1000000) { fail("data position: %llu rounds is over a million epochs of this data", (unsigned long long)n); }
+    if (n / per_epoch > 1000000) {
+        fail("data position: %llu rounds is over a million epochs of this data", (unsigned long long)n);
+    }
     int epoch = (int)(n / per_epoch), pos = 0;
     uint64_t rem = n % per_epoch;
     dataloader_seek(d, epoch, 0, 0);   // this epoch's shard order
-    while (rem >= (uint64_t)d->shard_rounds[d->shard_order[pos]]) { rem -= d->shard_rounds[d->shard_order[pos]]; pos++; }
+    while (rem >= (uint64_t)d->shard_rounds[d->shard_order[pos]]) {
+        rem -= d->shard_rounds[d->shard_order[pos]];
+        pos++;
+    }
     dataloader_seek(d, epoch, pos, (int)rem);
 }
 
@@ -178,12 +189,17 @@ static void dataloader_init_memory(DataLoader *d, const uint16_t *tokens, size_t
     d->B = B; d->T = T; d->vocab_size = vocab_size; d->dp = dp; d->dp_rank = dp_rank; d->seed = seed;
     d->in_memory = 1;
     d->nshards = 1;
-    if (ntok < (size_t)dp * B * T + 1) { fail("built-in corpus has %zu tokens, fewer than dp*B*T+1 = %zu", ntok, (size_t)dp * B * T + 1); }
+    if (ntok < (size_t)dp * B * T + 1) {
+        fail("built-in corpus has %zu tokens, fewer than dp*B*T+1 = %zu", ntok, (size_t)dp * B * T + 1);
+    }
     dataloader_alloc(d);
     d->tokens = (uint16_t *)malloc_check(ntok * sizeof(uint16_t));
     memcpy(d->tokens, tokens, ntok * sizeof(uint16_t));
     for (size_t i = 0; i < ntok; i++) {
-        if (d->tokens[i] >= vocab_size) { fail("built-in corpus: token %d at position %zu is not below the vocab size %d", d->tokens[i], i, vocab_size); }
+        if (d->tokens[i] >= vocab_size) {
+            fail("built-in corpus: token %d at position %zu is not below the vocab size %d", d->tokens[i], i,
+                 vocab_size);
+        }
     }
     d->ntok = ntok;
     d->loaded_shard = 0;
@@ -208,7 +224,12 @@ static void dataloader_next_batch(DataLoader *d) {
 
 static void dataloader_free(DataLoader *d) {
     if (!d->in_memory) { globfree(&d->files); }
-    free(d->shard_order); free(d->shard_rounds); free(d->tokens); free(d->sample_order); free(d->inputs); free(d->targets);
+    free(d->shard_order);
+    free(d->shard_rounds);
+    free(d->tokens);
+    free(d->sample_order);
+    free(d->inputs);
+    free(d->targets);
 }
 
 // ----------------------------------------------------------------------------

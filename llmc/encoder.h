@@ -55,7 +55,8 @@ static void position_backward_cpu(float *dwpe, const float *dout, SeqPos sp, int
 
 #ifdef USE_CUDA
 // out (N, C) = wte[tok - v0] or 0; one thread per element.
-__global__ void embedding_forward_kernel(floatX *out, const int *tokens, const floatX *wte, int v0, int v1, int N, int C) {
+__global__ void embedding_forward_kernel(floatX *out, const int *tokens, const floatX *wte, int v0, int v1, int N,
+                                         int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * C) { return; }
     int n = (int)(i / C), c = (int)(i % C);
@@ -68,7 +69,8 @@ __global__ void embedding_forward_kernel(floatX *out, const int *tokens, const f
 // position holding its id; it then walks all positions in ascending order (a warp ballot per 32
 // tokens finds the matches) and sums their rows in fp32, so every wte row is written by exactly
 // one block and summed in token order. grid (N, ceil_div(C, 256)), block 256.
-__global__ void embedding_backward_kernel(floatX *dwte, const floatX *dout, const int *tokens, int v0, int v1, int N, int C) {
+__global__ void embedding_backward_kernel(floatX *dwte, const floatX *dout, const int *tokens, int v0, int v1, int N,
+                                          int C) {
     int n = blockIdx.x;
     int tok = tokens[n];
     if (tok < v0 || tok >= v1) { return; }
@@ -81,7 +83,10 @@ __global__ void embedding_backward_kernel(floatX *dwte, const floatX *dout, cons
         while (match != 0) {
             int k = base + __ffs(match) - 1;    // ascending positions
             match &= match - 1;
-            if (k < n) { return; }              // not the first occurrence: another block owns this row (uniform in the block)
+            // not the first occurrence: another block owns this row (uniform in the block)
+            if (k < n) {
+                return;
+            }
             if (c < C) { sum += (float)dout[(size_t)k * C + c]; }
         }
     }
@@ -116,7 +121,8 @@ __global__ void position_backward_kernel(floatX *dwpe, const floatX *dout, SeqPo
 static void embedding_forward_cuda(floatX *out, const int *tokens, const floatX *wte, int v0, int v1, int N, int C) {
     size_t total = (size_t)N * C;
     if (total == 0) { return; }
-    embedding_forward_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(out, tokens, wte, v0, v1, N, C);
+    embedding_forward_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(out, tokens, wte, v0, v1, N,
+            C);
     cudaCheckLaunch();
 }
 

@@ -147,15 +147,21 @@ static void moe_check_counts(const ExpertParallel *x, const int *counts) {
         size_t sent = 0;
         for (int e = 0; e < E; e++) {
             int n = counts[s * E + e];
-            if (n < 0 || n > x->B * x->cap) { fail("MoE dispatch: ep rank %d reports %d rows for expert %d (at most %d)", s, n, e, x->B * x->cap); }
+            if (n < 0 || n > x->B * x->cap) {
+                fail("MoE dispatch: ep rank %d reports %d rows for expert %d (at most %d)", s, n, e, x->B * x->cap);
+            }
             sent += n;
         }
-        if (sent > x->rows_send) { fail("MoE dispatch: ep rank %d sends %zu rows, its buffer holds %zu", s, sent, x->rows_send); }
+        if (sent > x->rows_send) {
+            fail("MoE dispatch: ep rank %d sends %zu rows, its buffer holds %zu", s, sent, x->rows_send);
+        }
     }
     for (int r = 0; r < ep; r++) {
         size_t got = 0;
         for (int s = 0; s < ep; s++) { for (int le = 0; le < El; le++) { got += counts[s * E + r * El + le]; } }
-        if (got > x->rows_recv) { fail("MoE dispatch: ep rank %d receives %zu rows, its buffer holds %zu", r, got, x->rows_recv); }
+        if (got > x->rows_recv) {
+            fail("MoE dispatch: ep rank %d receives %zu rows, its buffer holds %zu", r, got, x->rows_recv);
+        }
     }
 }
 
@@ -165,11 +171,15 @@ static void moe_all_to_all(ExpertParallel *x, const int *counts, const floatX *s
     Group *g = x->ep;
     int ep = g->size, me = g->rank, E = x->E, El = x->El;
     size_t C = x->C;
-    size_t *buf = (size_t *)malloc_check(sizeof(size_t) * 4 * ep), *to = buf, *to_off = buf + ep, *from = buf + 2 * ep, *from_off = buf + 3 * ep;
+    size_t *buf = (size_t *)malloc_check(sizeof(size_t) * 4 * ep), *to = buf, *to_off = buf + ep, *from = buf + 2 * ep,
+        *from_off = buf + 3 * ep;
     size_t a = 0, b = 0;
     for (int r = 0; r < ep; r++) {
         to[r] = from[r] = 0;
-        for (int le = 0; le < El; le++) { to[r] += counts[me * E + r * El + le]; from[r] += counts[r * E + me * El + le]; }
+        for (int le = 0; le < El; le++) {
+            to[r] += counts[me * E + r * El + le];
+            from[r] += counts[r * E + me * El + le];
+        }
         to[r] *= C; from[r] *= C;
         to_off[r] = a; from_off[r] = b;
         a += to[r]; b += from[r];
@@ -253,7 +263,8 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
         const floatX *b2 = x->tp_rank == 0 ? w.fcprojb + (size_t)le * C : NULL;   // added once over tp
         matmul_forward_gelu(ma->hg + r0 * 4 * Cl, ma->h + r0 * 4 * Cl, ma->xe + r0 * C, w.fcw + (size_t)le * 4 * Cl * C,
                             w.fcb + (size_t)le * 4 * Cl, (int)n, C, 4 * Cl);
-        matmul_forward(x->mexp + r0 * C, ma->hg + r0 * 4 * Cl, w.fcprojw + (size_t)le * C * 4 * Cl, b2, (int)n, 4 * Cl, C);
+        matmul_forward(x->mexp + r0 * C, ma->hg + r0 * 4 * Cl, w.fcprojw + (size_t)le * C * 4 * Cl, b2, (int)n, 4 * Cl,
+                       C);
     }
     moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
     moe_all_to_all(x, ma->counts, x->mrecv, ma->ys, 0);
@@ -274,8 +285,8 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
 // The backward of moe_forward. dy (BT, C): the gradient of out on every tp rank (all tokens) -> dx (BT, C),
 // the gradient of in, a partial sum over tp (written); g: the experts' gradients and the router's (+=).
 // recompute_mlp: the experts' fc and GELU outputs are not stored (--recompute mlp): computed again here.
-static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, ExpertGrads g, const floatX *in, const floatX *dy, floatX *dx,
-                         int recompute_mlp) {
+static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, ExpertGrads g, const floatX *in,
+                         const floatX *dy, floatX *dx, int recompute_mlp) {
     int T = x->T, BT = x->BT, C = x->C, Cl = x->Cl, E = x->E, k = x->k, El = x->El;
     // 7. combine: the gradient of each kept row (send layout), and of the gates (all-reduced over tp:
     // the expert outputs are partial sums over tp)
@@ -289,7 +300,8 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
         if (n == 0) { continue; }
         floatX *dye = x->mexp + r0 * C, *dh = x->mdh + r0 * 4 * Cl;
         if (recompute_mlp) {   // the rows' fc and GELU outputs again, from their stored input
-            matmul_forward_gelu(ma->hg + r0 * 4 * Cl, ma->h + r0 * 4 * Cl, ma->xe + r0 * C, w.fcw + (size_t)le * 4 * Cl * C,
+            matmul_forward_gelu(ma->hg + r0 * 4 * Cl, ma->h + r0 * 4 * Cl, ma->xe + r0 * C,
+                                w.fcw + (size_t)le * 4 * Cl * C,
                                 w.fcb + (size_t)le * 4 * Cl, (int)n, C, 4 * Cl);
         }
         matmul_backward_dgelu(dh, g.fcprojw + (size_t)le * C * 4 * Cl, dye, ma->hg + r0 * 4 * Cl,
@@ -302,7 +314,8 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
     moe_all_to_all(x, ma->counts, x->mrecv, x->msend, 0);
     moe_unpermute(dx, x->msend, ma->row, BT, k, C);
     // 1. the router: identical on every tp rank (complete gates' gradient); its input gradient added once
-    moe_router_backward(x->dlogits, x->dgate, ma->gate, ma->choice, ma->probs, ma->lse, ma->f, T, BT, E, k, x->aux_scale, x->z_scale);
+    moe_router_backward(x->dlogits, x->dgate, ma->gate, ma->choice, ma->probs, ma->lse, ma->f, T, BT, E, k,
+                        x->aux_scale, x->z_scale);
     moe_router_dweight(g.router, x->dlogits, in, BT, C, E);
     if (x->tp_rank == 0) { moe_router_dinput(dx, x->dlogits, w.router, BT, C, E); }
 }

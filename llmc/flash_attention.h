@@ -40,7 +40,8 @@ static FaHostOps fa_host_ops;
 // A[g][2t+8..], A[g+8][2t+8..]}, b = {B[2t..][g], B[2t+8..][g]}, c = {C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]}
 __host__ __device__ inline void fa_mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
 #ifdef __CUDA_ARCH__
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
@@ -107,7 +108,8 @@ __host__ __device__ inline void fa_a_rows(uint32_t a[][4], const floatX *tile, i
 
 // s[j] (16 x 8: the warp's rows against rows 8j .. 8j + 7 of tile X) = A X^T over the HS columns
 template <int HS>
-__host__ __device__ inline void fa_scores(float s[FA_TILE / 8][4], const uint32_t a[][4], const floatX *X, int g, int t) {
+__host__ __device__ inline void fa_scores(float s[FA_TILE / 8][4], const uint32_t a[][4], const floatX *X, int g,
+                                          int t) {
     for (int j = 0; j < FA_TILE / 8; j++) { s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f; }
     for (int kk = 0; kk < HS / 16; kk++) {
         for (int j = 0; j < FA_TILE / 8; j++) {
@@ -120,7 +122,8 @@ __host__ __device__ inline void fa_scores(float s[FA_TILE / 8][4], const uint32_
 
 // acc[n] (16 x 8: dims 8n .. 8n + 7) += P (16 x 64, accumulator layout, rounded to bf16) times tile X (64 x HS)
 template <int HS>
-__host__ __device__ inline void fa_accumulate(float acc[HS / 8][4], float p[FA_TILE / 8][4], const floatX *X, int g, int t) {
+__host__ __device__ inline void fa_accumulate(float acc[HS / 8][4], float p[FA_TILE / 8][4], const floatX *X, int g,
+                                              int t) {
     for (int kk = 0; kk < FA_TILE / 16; kk++) {
         uint32_t a[4] = {fa_pack(p[2 * kk][0], p[2 * kk][1]), fa_pack(p[2 * kk][2], p[2 * kk][3]),
                          fa_pack(p[2 * kk + 1][0], p[2 * kk + 1][1]), fa_pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
@@ -134,12 +137,14 @@ __host__ __device__ inline void fa_accumulate(float acc[HS / 8][4], float p[FA_T
 
 // D = dY.Y and lse of query rows q0 .. q0 + 63 (two threads per row) -> Ds, Ls (0 past T)
 template <int HS>
-__host__ __device__ inline void fa_row_stats(float *Ds, float *Ls, const floatX *dy, const floatX *y, const float *lse, int q0, int T,
-                                             int C, int tid) {
+__host__ __device__ inline void fa_row_stats(float *Ds, float *Ls, const floatX *dy, const floatX *y, const float *lse,
+                                             int q0, int T, int C, int tid) {
     int i = tid / 2, half = tid % 2, q = q0 + i;
     float d = 0.0f;
     if (q < T) {
-        for (int c = half * HS / 2; c < (half + 1) * HS / 2; c++) { d += (float)dy[(size_t)q * C + c] * (float)y[(size_t)q * C + c]; }
+        for (int c = half * HS / 2; c < (half + 1) * HS / 2; c++) {
+            d += (float)dy[(size_t)q * C + c] * (float)y[(size_t)q * C + c];
+        }
     }
     d += fa_shfl_xor(d, 1);
     if (half == 0) { Ds[i] = d; Ls[i] = q < T ? lse[q] : 0.0f; }
@@ -147,7 +152,8 @@ __host__ __device__ inline void fa_row_stats(float *Ds, float *Ls, const floatX 
 
 // a warp's accumulators (16 x HS) -> rows row0 + g, row0 + g + 8 of dst (ld), rows >= T skipped
 template <int HS>
-__host__ __device__ inline void fa_store_rows(floatX *dst, float acc[HS / 8][4], int row0, int T, size_t ld, int g, int t) {
+__host__ __device__ inline void fa_store_rows(floatX *dst, float acc[HS / 8][4], int row0, int T, size_t ld, int g,
+                                              int t) {
     for (int i = 0; i < 2; i++) {
         int r = row0 + g + 8 * i;
         if (r >= T) { continue; }
@@ -160,7 +166,9 @@ __host__ __device__ inline void fa_store_rows(floatX *dst, float acc[HS / 8][4],
 
 // shared memory: forward Q, K, V (64, HS + 8); backward Q, dY, K, V and D, lse (64)
 template <int HS> static size_t fa_forward_smem(void) { return 3 * FA_TILE * (HS + 8) * sizeof(floatX); }
-template <int HS> static size_t fa_backward_smem(void) { return 4 * FA_TILE * (HS + 8) * sizeof(floatX) + 2 * FA_TILE * sizeof(float); }
+template <int HS> static size_t fa_backward_smem(void) {
+    return 4 * FA_TILE * (HS + 8) * sizeof(floatX) + 2 * FA_TILE * sizeof(float);
+}
 
 // qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T): block (qt, h, b), the longest rows first (qt = nq - 1 - bx)
 template <int HS>
@@ -208,7 +216,12 @@ __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, 
             sum[i] += fa_shfl_xor(sum[i], 2);
             l[i] = l[i] * alpha[i] + sum[i];
         }
-        for (int n = 0; n < HS / 8; n++) { o[n][0] *= alpha[0]; o[n][1] *= alpha[0]; o[n][2] *= alpha[1]; o[n][3] *= alpha[1]; }
+        for (int n = 0; n < HS / 8; n++) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
         fa_accumulate<HS>(o, s, Vs, g, t);   // O_w += P V
     }
     for (int i = 0; i < 2; i++) {
@@ -221,15 +234,17 @@ __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, 
 
 // dK, dV (in dqkv) of keys k0 .. k0 + 63: block (kt, h, b), the longest loops (first keys) first
 template <int HS>
-__host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, int h, int b, int tid, floatX *dqkv, const floatX *dout,
-                                                  const floatX *qkv, const floatX *out, const float *lse, int T, int C, int NH) {
+__host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, int h, int b, int tid, floatX *dqkv,
+                                                  const floatX *dout, const floatX *qkv, const floatX *out,
+                                                  const float *lse, int T, int C, int NH) {
     constexpr int LDX = HS + 8;
     floatX *Qs = (floatX *)smem, *dYs = Qs + FA_TILE * LDX, *Ks = dYs + FA_TILE * LDX, *Vs = Ks + FA_TILE * LDX;
     float *Ds = (float *)(Vs + FA_TILE * LDX), *Ls = Ds + FA_TILE;
     int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, k0 = kt * FA_TILE;
     int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};   // this lane's two keys
     size_t C3 = 3 * (size_t)C;
-    const floatX *base = qkv + (size_t)b * T * C3 + h * HS, *dy = dout + (size_t)b * T * C + h * HS, *y = out + (size_t)b * T * C + h * HS;
+    const floatX *base = qkv + (size_t)b * T * C3 + h * HS, *dy = dout + (size_t)b * T * C + h * HS,
+        *y = out + (size_t)b * T * C + h * HS;
     const float *lse_bh = lse + ((size_t)b * NH + h) * T;
     float scale = 1.0f / sqrtf((float)HS);
     fa_load_tile<HS>(Ks, base + C, k0, T, C3, tid);
@@ -269,15 +284,17 @@ __host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, i
 
 // dQ (in dqkv) of queries q0 .. q0 + 63: block (qt, h, b), the longest rows first (qt = nq - 1 - bx)
 template <int HS>
-__host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int h, int b, int nq, int tid, floatX *dqkv, const floatX *dout,
-                                                const floatX *qkv, const floatX *out, const float *lse, int T, int C, int NH) {
+__host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int h, int b, int nq, int tid,
+                                                floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
+                                                const float *lse, int T, int C, int NH) {
     constexpr int LDX = HS + 8;
     floatX *Qs = (floatX *)smem, *dYs = Qs + FA_TILE * LDX, *Ks = dYs + FA_TILE * LDX, *Vs = Ks + FA_TILE * LDX;
     float *Ds = (float *)(Vs + FA_TILE * LDX), *Ls = Ds + FA_TILE;
     int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, q0 = (nq - 1 - bx) * FA_TILE;
     int qr[2] = {warp * 16 + g, warp * 16 + g + 8};   // this lane's two query rows, in the tile
     size_t C3 = 3 * (size_t)C;
-    const floatX *base = qkv + (size_t)b * T * C3 + h * HS, *dy = dout + (size_t)b * T * C + h * HS, *y = out + (size_t)b * T * C + h * HS;
+    const floatX *base = qkv + (size_t)b * T * C3 + h * HS, *dy = dout + (size_t)b * T * C + h * HS,
+        *y = out + (size_t)b * T * C + h * HS;
     float scale = 1.0f / sqrtf((float)HS);
     fa_load_tile<HS>(Qs, base, q0, T, C3, tid);
     fa_load_tile<HS>(dYs, dy, q0, T, C, tid);
@@ -307,40 +324,49 @@ __host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int
 }
 
 template <int HS>
-__global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(floatX *out, float *lse, const floatX *qkv, int T, int C, int NH) {
+__global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(floatX *out, float *lse, const floatX *qkv, int T,
+                                                                   int C, int NH) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    flash_forward_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, threadIdx.x, out, lse, qkv, T, C, NH);
+    flash_forward_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, threadIdx.x, out, lse, qkv, T, C,
+                           NH);
 }
 template <int HS>
-__global__ void __launch_bounds__(FA_THREADS) flash_backward_dkdv_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv,
-                                                                        const floatX *out, const float *lse, int T, int C, int NH) {
+__global__ void __launch_bounds__(FA_THREADS)
+flash_backward_dkdv_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out, const float *lse,
+                           int T, int C, int NH) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    flash_backward_dkdv_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, dqkv, dout, qkv, out, lse, T, C, NH);
+    flash_backward_dkdv_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, dqkv, dout, qkv, out, lse,
+                                 T, C, NH);
 }
 template <int HS>
-__global__ void __launch_bounds__(FA_THREADS) flash_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv,
-                                                                      const floatX *out, const float *lse, int T, int C, int NH) {
+__global__ void __launch_bounds__(FA_THREADS)
+flash_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out, const float *lse,
+                         int T, int C, int NH) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    flash_backward_dq_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, threadIdx.x, dqkv, dout, qkv, out, lse, T, C, NH);
+    flash_backward_dq_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, threadIdx.x, dqkv, dout, qkv,
+                               out, lse, T, C, NH);
 }
 
 template <int HS>
 static void flash_forward_launch(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
     size_t smem = fa_forward_smem<HS>();
     cudaCheck(cudaFuncSetAttribute(flash_forward_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    flash_forward_kernel<HS><<<dim3(ceil_div(T, FA_TILE), NH, B), FA_THREADS, smem, main_stream>>>(out, lse, qkv, T, C, NH);
+    flash_forward_kernel<HS><<<dim3(ceil_div(T, FA_TILE), NH, B), FA_THREADS, smem, main_stream>>>(out, lse, qkv, T, C,
+            NH);
     cudaCheckLaunch();
 }
 
 template <int HS>
-static void flash_backward_launch(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out, const float *lse,
-                                  int B, int T, int C, int NH) {
+static void flash_backward_launch(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
+                                  const float *lse, int B, int T, int C, int NH) {
     size_t smem = fa_backward_smem<HS>();
     dim3 grid(ceil_div(T, FA_TILE), NH, B);
-    cudaCheck(cudaFuncSetAttribute(flash_backward_dkdv_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaCheck(cudaFuncSetAttribute(flash_backward_dkdv_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem));
     flash_backward_dkdv_kernel<HS><<<grid, FA_THREADS, smem, main_stream>>>(dqkv, dout, qkv, out, lse, T, C, NH);
     cudaCheckLaunch();
-    cudaCheck(cudaFuncSetAttribute(flash_backward_dq_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaCheck(cudaFuncSetAttribute(flash_backward_dq_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem));
     flash_backward_dq_kernel<HS><<<grid, FA_THREADS, smem, main_stream>>>(dqkv, dout, qkv, out, lse, T, C, NH);
     cudaCheckLaunch();
 }

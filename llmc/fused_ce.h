@@ -91,7 +91,8 @@ __host__ __device__ inline void ce_thread_stats(float *m_out, float *s_out, cons
 
 // thread t's columns of row z (all Vl, padding included) become (exp(z - M) inv_S - onehot[tcol]) dloss
 template <int W>
-__host__ __device__ inline void ce_thread_dlogits(floatX *z, int valid, int Vl, int tcol, float M, float inv_S, float dloss, int t) {
+__host__ __device__ inline void ce_thread_dlogits(floatX *z, int valid, int Vl, int tcol, float M, float inv_S,
+                                                  float dloss, int t) {
     for (int j0 = W * t; j0 < Vl; j0 += W * CE_THREADS) {
         CEVec<W> v = *(CEVec<W> *)(z + j0);
         for (int k = 0; k < W; k++) {
@@ -138,12 +139,15 @@ __global__ void ce_loss_dlogits_kernel(floatX *logits, float *losses, const floa
         zt += st[2];
     }
     if (threadIdx.x == 0) { losses[i] = logf(S) + M - zt; }
-    if (write_dlogits) { ce_thread_dlogits<W>(logits + (size_t)i * Vl, valid, Vl, targets[i] - v0, M, 1.0f / S, dloss, threadIdx.x); }
+    if (write_dlogits) {
+        ce_thread_dlogits<W>(logits + (size_t)i * Vl, valid, Vl, targets[i] - v0, M, 1.0f / S, dloss, threadIdx.x);
+    }
 }
 
 // tp = 1: stats, loss and dlogits of a row in one kernel (the row read once from memory, once from L2)
 template <int W>
-__global__ void ce_fused_kernel(floatX *logits, float *losses, const int *targets, int V, int Vl, float dloss, int write_dlogits) {
+__global__ void ce_fused_kernel(floatX *logits, float *losses, const int *targets, int V, int Vl, float dloss,
+                                int write_dlogits) {
     int i = blockIdx.x, valid = V < Vl ? V : Vl, t = targets[i];
     floatX *z = logits + (size_t)i * Vl;
     float zt = t >= 0 && t < valid ? (float)z[t] : 0.0f;   // read before the reductions' barriers: before any write
@@ -156,7 +160,9 @@ __global__ void ce_fused_kernel(floatX *logits, float *losses, const int *target
 
 static void ce_stats_cuda(float *stats, const floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
     if (n <= 0) { return; }
-    if (ce_vector_width(logits, Vl) > 1) { ce_stats_kernel<CE_VEC><<<n, CE_THREADS, 0, main_stream>>>(stats, logits, targets, v0, V, Vl); }
+    if (ce_vector_width(logits, Vl) > 1) {
+        ce_stats_kernel<CE_VEC><<<n, CE_THREADS, 0, main_stream>>>(stats, logits, targets, v0, V, Vl);
+    }
     else { ce_stats_kernel<1><<<n, CE_THREADS, 0, main_stream>>>(stats, logits, targets, v0, V, Vl); }
     cudaCheckLaunch();
 }
@@ -165,17 +171,25 @@ static void ce_loss_dlogits_cuda(floatX *logits, float *losses, const float *sta
                                  int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
     if (n <= 0) { return; }
     if (ce_vector_width(logits, Vl) > 1) {
-        ce_loss_dlogits_kernel<CE_VEC><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, stats_all, targets, v0, V, n, Vl, tp, dloss, write_dlogits);
+        ce_loss_dlogits_kernel<CE_VEC><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, stats_all, targets, v0, V, n,
+                Vl, tp, dloss, write_dlogits);
     } else {
-        ce_loss_dlogits_kernel<1><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, stats_all, targets, v0, V, n, Vl, tp, dloss, write_dlogits);
+        ce_loss_dlogits_kernel<1><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, stats_all, targets, v0, V, n, Vl,
+                                                                     tp, dloss, write_dlogits);
     }
     cudaCheckLaunch();
 }
 
-static void ce_fused_cuda(floatX *logits, float *losses, const int *targets, int V, int n, int Vl, float dloss, int write_dlogits) {
+static void ce_fused_cuda(floatX *logits, float *losses, const int *targets, int V, int n, int Vl, float dloss,
+                          int write_dlogits) {
     if (n <= 0) { return; }
-    if (ce_vector_width(logits, Vl) > 1) { ce_fused_kernel<CE_VEC><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, targets, V, Vl, dloss, write_dlogits); }
-    else { ce_fused_kernel<1><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, targets, V, Vl, dloss, write_dlogits); }
+    if (ce_vector_width(logits, Vl) > 1) {
+        ce_fused_kernel<CE_VEC><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, targets, V, Vl, dloss,
+                                                                   write_dlogits);
+    }
+    else {
+        ce_fused_kernel<1><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, targets, V, Vl, dloss, write_dlogits);
+    }
     cudaCheckLaunch();
 }
 #endif
@@ -267,7 +281,8 @@ static void fused_classifier(float *losses, floatX *dh, floatX *dwte_local, cons
             ce_stats(buf->stats, buf->logits, targets + c0, v0, V, n, Vl);
             // one collective per chunk: every rank's (max, sum-exp, target logit) for the n tokens
             comm_all_gather(tp_group, buf->stats, buf->stats_all, 3 * (size_t)n, DT_FLOAT, NULL);
-            ce_loss_dlogits(buf->logits, losses + c0, buf->stats_all, targets + c0, v0, V, n, Vl, tp, dloss, dh != NULL);
+            ce_loss_dlogits(buf->logits, losses + c0, buf->stats_all, targets + c0, v0, V, n, Vl, tp, dloss,
+                            dh != NULL);
         }
         if (dh != NULL) {
             matmul_backward(dh + (size_t)c0 * C, dwte_local, NULL, buf->logits, hc, wte_local, n, C, Vl);

@@ -101,7 +101,10 @@ static inline void step_stats_clip_body(StepStats *st, double tokens, float clip
     st->loss = loss;
     st->norm = norm;
     if (!isfinite(loss) || !isfinite(norm)) { st->scale = 0.0f; }
-    else { st->scale = clip > 0.0f && norm > clip ? (float)((double)clip / norm) : 1.0f; }   // (fp64: exact under fast math)
+    // (fp64: exact under fast math)
+    else {
+        st->scale = clip > 0.0f && norm > clip ? (float)((double)clip / norm) : 1.0f;
+    }
 }
 
 #ifdef USE_CUDA
@@ -109,7 +112,9 @@ static inline void step_stats_clip_body(StepStats *st, double tokens, float clip
 __global__ void step_stats_gather_kernel(StepStats *st, const float *parts, int n, const double *loss_sum) {
     step_stats_gather_body(st, parts, n, loss_sum);
 }
-__global__ void step_stats_clip_kernel(StepStats *st, double tokens, float clip) { step_stats_clip_body(st, tokens, clip); }
+__global__ void step_stats_clip_kernel(StepStats *st, double tokens, float clip) {
+    step_stats_clip_body(st, tokens, clip);
+}
 #endif
 
 static void step_stats_gather(StepStats *st, const float *parts, int n, const double *loss_sum) {

@@ -53,7 +53,8 @@ static void check_file_crc(FILE *f, const int *header, const char *path) {
     long here = ftell(f);
     uint32_t crc = file_body_crc(f);
     if (crc != (uint32_t)header[255]) {
-        fail("file '%s' is corrupt: the CRC-32 of its body is %08x, its header says %08x", path, crc, (uint32_t)header[255]);
+        fail("file '%s' is corrupt: the CRC-32 of its body is %08x, its header says %08x", path, crc,
+             (uint32_t)header[255]);
     }
     fseek(f, here, SEEK_SET);
 }
@@ -92,8 +93,10 @@ static void *watchdog_thread(void *arg) {
         double since = watch_since;
         if (since > 0.0 && monotonic_seconds() - since > watch_timeout) {
             char msg[512];
-            int n = snprintf(msg, sizeof(msg), "error: rank %d: no progress for %.0f s in %s on group %s (a stalled or dead rank, or a "
-                             "deadlock; --timeout %.0f); stopping\n", watch_rank, monotonic_seconds() - since, watch_op, watch_group, watch_timeout);
+            int n = snprintf(msg, sizeof(msg),
+                             "error: rank %d: no progress for %.0f s in %s on group %s (a stalled or dead rank, or a "
+                             "deadlock; --timeout %.0f); stopping\n", watch_rank, monotonic_seconds() - since,
+                                 watch_op, watch_group, watch_timeout);
             if (write(2, msg, n > 0 ? (size_t)n : 0) < 0) { /* nothing more to do */ }
             if (watch_abort) { watch_abort(); }
             _exit(1);

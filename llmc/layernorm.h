@@ -99,8 +99,9 @@ __global__ void layernorm_forward_kernel(floatX *out, float *mean, float *rstd, 
 }
 
 // One warp per row n: dinp (N, C) += the input gradient (the two row reductions of the CPU loop).
-__global__ void layernorm_backward_dinp_kernel(floatX *dinp, const floatX *dout, const floatX *inp, const floatX *weight,
-                                               const float *mean, const float *rstd, int N, int C) {
+__global__ void layernorm_backward_dinp_kernel(floatX *dinp, const floatX *dout, const floatX *inp,
+                                               const floatX *weight, const float *mean, const float *rstd, int N,
+                                               int C) {
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (n >= N) { return; }
@@ -128,7 +129,8 @@ static void layernorm_forward_cuda(floatX *out, float *mean, float *rstd, const 
                                    const floatX *weight, const floatX *bias, int N, int C) {
     if (N <= 0) { return; }
     const int block = 256, rows_per_block = block / 32;
-    layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+    layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(out, mean, rstd, inp, weight,
+            bias, N, C);
     cudaCheckLaunch();
 }
 
@@ -136,9 +138,11 @@ static void layernorm_backward_cuda(floatX *dinp, floatX *dweight, floatX *dbias
                                     const floatX *weight, const float *mean, const float *rstd, int N, int C) {
     if (N <= 0) { return; }
     const int block = 256, rows_per_block = block / 32;
-    layernorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    layernorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(dinp, dout, inp, weight,
+            mean, rstd, N, C);
     cudaCheckLaunch();
-    column_sums_accumulate(dbias, dweight, dout, inp, mean, rstd, N, C);   // dbias += sum dy, dweight += sum xhat dy (residual.h)
+    // dbias += sum dy, dweight += sum xhat dy (residual.h)
+    column_sums_accumulate(dbias, dweight, dout, inp, mean, rstd, N, C);
 }
 
 // ---- residual add + LayerNorm, one kernel ----
@@ -213,9 +217,9 @@ __global__ void residual_layernorm_forward_kernel(floatX *res_out, floatX *ln_ou
 }
 
 template <int V>
-static int residual_layernorm_forward_launch(floatX *res_out, floatX *ln_out, float *mean, float *rstd, const floatX *res,
-                                             const floatX *x, const floatX *bias, const floatX *weight,
-                                             const floatX *lnbias, int N, int C) {
+static int residual_layernorm_forward_launch(floatX *res_out, floatX *ln_out, float *mean, float *rstd,
+                                             const floatX *res, const floatX *x, const floatX *bias,
+                                             const floatX *weight, const floatX *lnbias, int N, int C) {
     const int npacks = C / V;
     const int block = npacks >= 1024 ? 1024 : ceil_div(npacks, 32) * 32;
     const int per_thread = ceil_div(npacks, block);
@@ -233,16 +237,22 @@ static int residual_layernorm_forward_launch(floatX *res_out, floatX *ln_out, fl
 // res_out = res + x + bias, then ln_out = layernorm(res_out): one kernel (16-byte loads when C and
 // every pointer allow, else element by element). Rows too long for its registers (C > 4096 * V):
 // the two separate kernels. ln_out must not alias res, x or res_out.
-static void residual_layernorm_forward_cuda(floatX *res_out, floatX *ln_out, float *mean, float *rstd, const floatX *res,
-                                            const floatX *x, const floatX *bias, const floatX *weight, const floatX *lnbias,
-                                            int N, int C) {
+static void residual_layernorm_forward_cuda(floatX *res_out, floatX *ln_out, float *mean, float *rstd,
+                                            const floatX *res, const floatX *x, const floatX *bias,
+                                            const floatX *weight, const floatX *lnbias, int N, int C) {
     if (N <= 0 || C <= 0) { return; }
     const int VEC = 16 / (int)sizeof(floatX);
     uintptr_t addr = (uintptr_t)res_out | (uintptr_t)ln_out | (uintptr_t)res | (uintptr_t)x | (uintptr_t)bias |
                      (uintptr_t)weight | (uintptr_t)lnbias;   // bias NULL: 0, no constraint
     int vec_ok = C % VEC == 0 && addr % 16 == 0;
-    if (vec_ok && residual_layernorm_forward_launch<VEC>(res_out, ln_out, mean, rstd, res, x, bias, weight, lnbias, N, C)) { return; }
-    if (!vec_ok && residual_layernorm_forward_launch<1>(res_out, ln_out, mean, rstd, res, x, bias, weight, lnbias, N, C)) { return; }
+    if (vec_ok && residual_layernorm_forward_launch<VEC>(res_out, ln_out, mean, rstd, res, x, bias, weight, lnbias, N,
+                                                         C)) {
+        return;
+    }
+    if (!vec_ok && residual_layernorm_forward_launch<1>(res_out, ln_out, mean, rstd, res, x, bias, weight, lnbias, N,
+                                                        C)) {
+        return;
+    }
     residual_bias_forward_cuda(res_out, res, x, bias, N, C);
     layernorm_forward_cuda(ln_out, mean, rstd, res_out, weight, lnbias, N, C);
 }

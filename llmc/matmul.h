@@ -9,7 +9,8 @@
 #include "residual.h"
 
 // inp (N, IC), weight (OC, IC), bias (OC) or NULL -> out (N, OC)
-static void matmul_forward_cpu(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
+static void matmul_forward_cpu(float *out, const float *inp, const float *weight, const float *bias, int N, int IC,
+                               int OC) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f, out, OC);
     if (bias != NULL) {
         #pragma omp parallel for
@@ -47,8 +48,8 @@ static void matmul_backward_cpu(float *dinp, float *dweight, float *dbias, const
 
 // fc forward: out_pre (N, OC) = inp @ weight^T + bias (bias may be NULL), out_gelu (N, OC) = gelu(out_pre).
 // out_gelu and out_pre must be different buffers.
-static void matmul_forward_gelu_cpu(float *out_gelu, float *out_pre, const float *inp, const float *weight, const float *bias,
-                                    int N, int IC, int OC) {
+static void matmul_forward_gelu_cpu(float *out_gelu, float *out_pre, const float *inp, const float *weight,
+                                    const float *bias, int N, int IC, int OC) {
     matmul_forward_cpu(out_pre, inp, weight, bias, N, IC, OC);
     gelu_forward_cpu(out_gelu, out_pre, (size_t)N * OC);
 }
@@ -57,8 +58,8 @@ static void matmul_forward_gelu_cpu(float *out_gelu, float *out_pre, const float
 // dpre (N, IC) = (dout @ weight) * gelu'(pre)   (written; NULL to skip)
 // dweight (OC, IC) += dout^T @ inp              (NULL to skip)
 // dpre must not alias dout, inp, weight or pre.
-static void matmul_backward_dgelu_cpu(float *dpre, float *dweight, const float *dout, const float *inp, const float *weight,
-                                      const float *pre, int N, int IC, int OC) {
+static void matmul_backward_dgelu_cpu(float *dpre, float *dweight, const float *dout, const float *inp,
+                                      const float *weight, const float *pre, int N, int IC, int OC) {
     matmul_backward_cpu(dpre, dweight, NULL, dout, inp, weight, N, IC, OC);
     if (dpre != NULL) { gelu_backward_cpu(dpre, pre, dpre, (size_t)N * IC); }
 }
@@ -122,7 +123,8 @@ static int matmul_cublaslt_epilogue(floatX *d, const floatX *a, const floatX *b,
     }
     if (aux != NULL) {
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                                   sizeof(aux_ld)));
     }
     cublasLtMatrixLayout_t la, lb, ld;
     cublasCheck(cublasLtMatrixLayoutCreate(&la, CUBLAS_FLOATX, transa ? k : m, transa ? m : k, lda));
@@ -152,18 +154,24 @@ static int matmul_cublaslt_epilogue(floatX *d, const floatX *a, const floatX *b,
     size_t ws = cublaslt_workspace_size;
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     uint32_t al_a = matmul_alignment(a), al_b = matmul_alignment(b), al_d = matmul_alignment(d);
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                                     sizeof(al_a)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                                     sizeof(al_b)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
+                                                     sizeof(al_d)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
+                                                     sizeof(al_d)));
     // split-K partial sums in fp32 only: the INPLACE and OUTPUT_TYPE schemes would add them in floatX
     uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof(reduction)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                                                     sizeof(reduction)));
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
     // a configuration cuBLASLt does not support (e.g. an epilogue for this type) may come back as an
     // error status instead of zero results: both mean "no algorithm", and the caller falls back
-    if (cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found) != CUBLAS_STATUS_SUCCESS) {
+    if (cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic,
+                                       &found) != CUBLAS_STATUS_SUCCESS) {
         found = 0;
     }
     if (found > 0) {
@@ -210,7 +218,8 @@ __global__ void add_bias_kernel(floatX *out, const floatX *bias, int N, int OC) 
 
 // Row-major (N, OC) = (N, IC) @ (OC, IC)^T is, seen column-major, out^T (OC, N) = W (OC, IC) . inp^T:
 // A = weight read transposed (lda IC), B = inp (ldb IC), m = OC, n = N, k = IC.
-static void matmul_forward_cuda(floatX *out, const floatX *inp, const floatX *weight, const floatX *bias, int N, int IC, int OC) {
+static void matmul_forward_cuda(floatX *out, const floatX *inp, const floatX *weight, const floatX *bias, int N,
+                                int IC, int OC) {
     if (N <= 0 || OC <= 0) { return; }
     if (matmul_cublaslt(out, weight, inp, bias, OC, N, IC, 1, 0, IC, IC, 0.0f)) { return; }
     matmul_cublaslt_check(out, weight, inp, OC, N, IC, 1, 0, IC, IC, 0.0f);   // no epilogue, then the bias
@@ -256,7 +265,8 @@ static int matmul_forward_gelu_cuda(floatX *out_gelu, floatX *out_pre, const flo
     if (N <= 0 || OC <= 0) { return 0; }
     if (matmul_gelu_aux_ok(out_pre, OC)) {
         cublasLtEpilogue_t epilogue = bias != NULL ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-        if (matmul_cublaslt_epilogue(out_gelu, weight, inp, bias, out_pre, OC, epilogue, OC, N, IC, 1, 0, IC, IC, 0.0f)) {
+        if (matmul_cublaslt_epilogue(out_gelu, weight, inp, bias, out_pre, OC, epilogue, OC, N, IC, 1, 0, IC, IC,
+                                     0.0f)) {
             return 1;
         }
     }
@@ -274,7 +284,8 @@ static int matmul_backward_dgelu_cuda(floatX *dpre, floatX *dweight, const float
     int fused = 0;
     if (dpre != NULL && IC > 0) {
         if (matmul_gelu_aux_ok(pre, IC)) {
-            fused = matmul_cublaslt_epilogue(dpre, weight, dout, NULL, pre, IC, CUBLASLT_EPILOGUE_DGELU, IC, N, OC, 0, 0, IC, OC, 0.0f);
+            fused = matmul_cublaslt_epilogue(dpre, weight, dout, NULL, pre, IC, CUBLASLT_EPILOGUE_DGELU, IC, N, OC, 0,
+                                             0, IC, OC, 0.0f);
         }
         if (!fused) {
             matmul_cublaslt_check(dpre, weight, dout, IC, N, OC, 0, 0, IC, OC, 0.0f);
@@ -286,7 +297,8 @@ static int matmul_backward_dgelu_cuda(floatX *dpre, floatX *dweight, const float
 }
 #endif
 
-static void matmul_forward(floatX *out, const floatX *inp, const floatX *weight, const floatX *bias, int N, int IC, int OC) {
+static void matmul_forward(floatX *out, const floatX *inp, const floatX *weight, const floatX *bias, int N, int IC,
+                           int OC) {
 #ifdef USE_CUDA
     matmul_forward_cuda(out, inp, weight, bias, N, IC, OC);
 #else
@@ -303,8 +315,8 @@ static void matmul_backward(floatX *dinp, floatX *dweight, floatX *dbias, const 
 #endif
 }
 
-static void matmul_forward_gelu(floatX *out_gelu, floatX *out_pre, const floatX *inp, const floatX *weight, const floatX *bias,
-                                int N, int IC, int OC) {
+static void matmul_forward_gelu(floatX *out_gelu, floatX *out_pre, const floatX *inp, const floatX *weight,
+                                const floatX *bias, int N, int IC, int OC) {
 #ifdef USE_CUDA
     matmul_forward_gelu_cuda(out_gelu, out_pre, inp, weight, bias, N, IC, OC);
 #else
@@ -312,8 +324,8 @@ static void matmul_forward_gelu(floatX *out_gelu, floatX *out_pre, const floatX 
 #endif
 }
 
-static void matmul_backward_dgelu(floatX *dpre, floatX *dweight, const floatX *dout, const floatX *inp, const floatX *weight,
-                                  const floatX *pre, int N, int IC, int OC) {
+static void matmul_backward_dgelu(floatX *dpre, floatX *dweight, const floatX *dout, const floatX *inp,
+                                  const floatX *weight, const floatX *pre, int N, int IC, int OC) {
 #ifdef USE_CUDA
     matmul_backward_dgelu_cuda(dpre, dweight, dout, inp, weight, pre, N, IC, OC);
 #else

@@ -30,11 +30,14 @@ typedef struct {
 enum { T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB,
        T_LN2W, T_LN2B, T_FCW, T_FCB, T_FCPROJW, T_FCPROJB, T_LNFW, T_LNFB,
        T_ROUTERW, T_EFCW, T_EFCB, T_EFCPROJW, T_EFCPROJB, NUM_TENSORS };
-__attribute__((unused)) static const char *tensor_names[NUM_TENSORS] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+__attribute__((unused)) static const char *tensor_names[NUM_TENSORS] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb",
+        "attprojw", "attprojb",
                                                 "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
                                                 "routerw", "efcw", "efcb", "efcprojw", "efcprojb"};
 
-static int is_moe_layer(const GPT2Config *c, int l) { return c->num_experts > 0 && l % c->moe_every == c->moe_every - 1; }
+static int is_moe_layer(const GPT2Config *c, int l) {
+    return c->num_experts > 0 && l % c->moe_every == c->moe_every - 1;
+}
 
 static int num_moe_layers(const GPT2Config *c) {
     int n = 0;
@@ -53,9 +56,11 @@ static TensorSpec tensor_spec(const GPT2Config *c, int id) {
     size_t C = c->channels;
     int L = c->num_layers, Lm = num_moe_layers(c), Ld = L - Lm, E = c->num_experts;
     switch (id) {
-        case T_WTE:      return (TensorSpec){-1, 1, (size_t)c->padded_vocab_size, C, SPLIT_ROWS, 1, 0, 0};  // vocab-parallel
+        // vocab-parallel
+        case T_WTE:      return (TensorSpec){-1, 1, (size_t)c->padded_vocab_size, C, SPLIT_ROWS, 1, 0, 0};
         case T_WPE:      return (TensorSpec){-1, 1, (size_t)c->max_seq_len, C, SPLIT_NONE, 1, 0, 0};
-        case T_QKVW:     return (TensorSpec){L, 3, C, C, SPLIT_ROWS, 1, 0, 0};       // column-parallel: heads of q, k, v
+        // column-parallel: heads of q, k, v
+        case T_QKVW:     return (TensorSpec){L, 3, C, C, SPLIT_ROWS, 1, 0, 0};
         case T_QKVB:     return (TensorSpec){L, 3, C, 1, SPLIT_ROWS, 0, 0, 0};
         case T_ATTPROJW: return (TensorSpec){L, 1, C, C, SPLIT_COLS, 1, 0, 0};       // row-parallel
         case T_FCW:      return (TensorSpec){Ld, 1, 4 * C, C, SPLIT_ROWS, 1, 0, 0};  // column-parallel
@@ -102,7 +107,8 @@ static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_T
         const UnitTensor *t = &U->t[k];
         TensorSpec s = tensor_spec(c, t->id);
         size_t blk = s.rows * s.cols, per_layer = (size_t)s.nblk * blk;
-        float *f = full[t->id] + (t->layer >= 0 ? (size_t)tensor_layer_slice(c, t->id, t->layer) * per_layer : 0) + (size_t)t->blk0 * blk;
+        float *f = full[t->id] + (t->layer >= 0 ? (size_t)tensor_layer_slice(c, t->id, t->layer) * per_layer
+                                  : 0) + (size_t)t->blk0 * blk;
         tp_slice_copy(f, unit + t->offset, t->nblk, s.rows, s.cols, s.split, tp, tp_rank, to_unit);
     }
 }
@@ -120,9 +126,11 @@ static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_T
 // V <= Vp, token ids that fit the uint16 data shards, sizes whose element counts fit in memory, and
 // (MoE) 1 <= k <= E <= MOE_MAX_EXPERTS, 1 <= moe_every <= L.
 static int config_valid(const GPT2Config *c) {
-    int dense_ok = c->max_seq_len > 0 && c->vocab_size > 0 && c->num_layers > 0 && c->num_heads > 0 && c->channels > 0 &&
+    int dense_ok = c->max_seq_len > 0 && c->vocab_size > 0 && c->num_layers > 0 && c->num_heads > 0
+            && c->channels > 0 &&
                    c->padded_vocab_size >= c->vocab_size && c->channels % c->num_heads == 0 && c->vocab_size <= 65536 &&
-                   c->padded_vocab_size <= 1 << 20 && c->channels <= 16384 && c->max_seq_len <= 1 << 20 && c->num_layers <= 1024;
+                   c->padded_vocab_size <= 1 << 20 && c->channels <= 16384 && c->max_seq_len <= 1 << 20
+                           && c->num_layers <= 1024;
     int moe_ok = c->num_experts == 0 ? c->topk == 0 && c->moe_every == 0
                                      : c->num_experts > 0 && c->num_experts <= MOE_MAX_EXPERTS && c->topk >= 1 &&
                                        c->topk <= c->num_experts && c->moe_every >= 1 && c->moe_every <= c->num_layers;
@@ -177,9 +185,12 @@ static size_t model_header_read(const int h[256], GPT2Config *c, const char *pat
     c->max_seq_len = h[2]; c->vocab_size = h[3]; c->num_layers = h[4]; c->num_heads = h[5]; c->channels = h[6];
     c->padded_vocab_size = h[7];
     if (moe) { c->num_experts = h[8]; c->topk = h[9]; c->moe_every = h[10]; }
-    if (moe && c->num_experts < 1) { fail("model file '%s' is a MoE file (version %d) with %d experts", path, h[1], h[8]); }
+    if (moe && c->num_experts < 1) {
+        fail("model file '%s' is a MoE file (version %d) with %d experts", path, h[1], h[8]);
+    }
     if (!config_valid(c)) {
-        fail("model file '%s' has inconsistent header values (maxT %d V %d L %d NH %d C %d Vp %d; E %d k %d every %d)", path,
+        fail("model file '%s' has inconsistent header values (maxT %d V %d L %d NH %d C %d Vp %d; E %d k %d every %d)",
+             path,
              h[2], h[3], h[4], h[5], h[6], h[7], c->num_experts, c->topk, c->moe_every);
     }
     return h[1] % 10 == 3 ? 4 : 2;
@@ -187,11 +198,14 @@ static size_t model_header_read(const int h[256], GPT2Config *c, const char *pat
 
 static FILE *open_model_file(const char *path, GPT2Config *c, int h[256], size_t *es_out) {
     FILE *f = fopen_check(path, "rb");
-    if (fread(h, sizeof(int), 256, f) != 256) { fail("model file '%s' is truncated: expected a 1024-byte header", path); }
+    if (fread(h, sizeof(int), 256, f) != 256) {
+        fail("model file '%s' is truncated: expected a 1024-byte header", path);
+    }
     size_t es = model_header_read(h, c, path), P = num_parameters(c);
     long size = file_size(f);
     if ((size_t)size != 1024 + P * es) {
-        fail("model file '%s' is %ld bytes, expected %zu for its header (%zu parameters, version %d)", path, size, 1024 + P * es, P, h[1]);
+        fail("model file '%s' is %ld bytes, expected %zu for its header (%zu parameters, version %d)", path, size,
+             1024 + P * es, P, h[1]);
     }
     *es_out = es;
     return f;
@@ -232,7 +246,8 @@ static int parse_descriptor(const char *s, GPT2Config *c) {
         if (strlen(s) >= sizeof(buf)) { return -1; }
         snprintf(buf, sizeof(buf), "%s", s);
         static const char *keys[] = {"L", "C", "NH", "V", "Vp", "maxT", "E", "k", "every"};
-        int *fields[] = {&c->num_layers, &c->channels, &c->num_heads, &c->vocab_size, &c->padded_vocab_size, &c->max_seq_len,
+        int *fields[] = {&c->num_layers, &c->channels, &c->num_heads, &c->vocab_size, &c->padded_vocab_size,
+                         &c->max_seq_len,
                          &c->num_experts, &c->topk, &c->moe_every};
         int seen[9] = {0};
         for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
@@ -279,7 +294,8 @@ static float *random_init(const GPT2Config *c, uint64_t seed) {
         if (i == T_WTE || i == T_WPE || i == T_QKVW || i == T_FCW || i == T_ROUTERW || i == T_EFCW) {
             for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, 0.02f); }
         }
-        if (i == T_ATTPROJW || i == T_FCPROJW || i == T_EFCPROJW) { for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, proj_std); } }
+        if (i == T_ATTPROJW || i == T_FCPROJW
+            || i == T_EFCPROJW) { for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, proj_std); } }
     }
     return all;
 }
@@ -287,7 +303,8 @@ static float *random_init(const GPT2Config *c, uint64_t seed) {
 // Sparse upcycling: the MoE model `moe` from a dense model of the same shape, every expert of a MoE
 // layer a copy of that layer's dense MLP; the router N(0, 0.02) from seed (or zeros: router_zero).
 // (Also how test_gpt lays out a dense reference's gradients for an E = 1 model.)
-static float *upcycle_dense(const GPT2Config *dense, float *dense_all, const GPT2Config *moe, uint64_t seed, int router_zero) {
+static float *upcycle_dense(const GPT2Config *dense, float *dense_all, const GPT2Config *moe, uint64_t seed,
+                            int router_zero) {
     float *all = (float *)malloc_check(num_parameters(moe) * sizeof(float));
     float *d[NUM_TENSORS], *t[NUM_TENSORS];
     split_tensors(dense, dense_all, d);
@@ -296,20 +313,26 @@ static float *upcycle_dense(const GPT2Config *dense, float *dense_all, const GPT
         if (i == T_FCW || i == T_FCB || i == T_FCPROJW || i == T_FCPROJB || i >= T_ROUTERW) { continue; }
         memcpy(t[i], d[i], tensor_full_size(moe, i) * sizeof(float));
     }
-    static const int mlp[4] = {T_FCW, T_FCB, T_FCPROJW, T_FCPROJB}, experts[4] = {T_EFCW, T_EFCB, T_EFCPROJW, T_EFCPROJB};
+    static const int mlp[4] = {T_FCW, T_FCB, T_FCPROJW, T_FCPROJB},
+        experts[4] = {T_EFCW, T_EFCB, T_EFCPROJW, T_EFCPROJB};
     for (int l = 0; l < moe->num_layers; l++) {
         for (int i = 0; i < 4; i++) {
             TensorSpec s = tensor_spec(dense, mlp[i]);
             size_t n = s.rows * s.cols;
             const float *src = d[mlp[i]] + (size_t)l * n;   // the dense model: every layer dense
-            float *dst = is_moe_layer(moe, l) ? t[experts[i]] + (size_t)tensor_layer_slice(moe, experts[i], l) * moe->num_experts * n
+            float *dst = is_moe_layer(moe, l)
+                    ? t[experts[i]] + (size_t)tensor_layer_slice(moe, experts[i], l) * moe->num_experts * n
                                               : t[mlp[i]] + (size_t)tensor_layer_slice(moe, mlp[i], l) * n;
-            for (int e = 0; e < (is_moe_layer(moe, l) ? moe->num_experts : 1); e++) { memcpy(dst + (size_t)e * n, src, n * sizeof(float)); }
+            for (int e = 0; e < (is_moe_layer(moe, l) ? moe->num_experts : 1); e++) {
+                memcpy(dst + (size_t)e * n, src, n * sizeof(float));
+            }
         }
     }
     Rng rng;
     rng_init(&rng, seed);
-    for (size_t j = 0; j < tensor_full_size(moe, T_ROUTERW); j++) { t[T_ROUTERW][j] = router_zero ? 0.0f : rng_normal(&rng, 0, 0.02f); }
+    for (size_t j = 0; j < tensor_full_size(moe, T_ROUTERW); j++) {
+        t[T_ROUTERW][j] = router_zero ? 0.0f : rng_normal(&rng, 0, 0.02f);
+    }
     return all;
 }
 

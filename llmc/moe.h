@@ -10,7 +10,8 @@
 //             probabilities renormalised to sum 1
 //   capacity  counted PER SEQUENCE of T tokens, so that the drops never depend on the layout (B, dp,
 //             cp, pp, ep, accumulation; with cp each rank ranks its assignments against the whole
-//             sequence's, all-gathered over cp, at their positions in it): each expert keeps at most cap = min(T, ceil(k T F1000 / (1000 E)))
+//             sequence's, all-gathered over cp, at their positions in it): each expert keeps at most cap = min(T,
+//             ceil(k T F1000 / (1000 E)))
 //             assignments of each sequence (integers; F1000 = round(1000 F), F = --capacity-factor,
 //             at most 3 decimals, 0 = dropless). Which ones (--drop-policy):
 //               probs     the cap with the highest p_e (the full softmax, not the gate), ties to the
@@ -188,7 +189,8 @@ static void moe_sequence_stats_cpu(float *f, float *pmean, float *zsum, const in
 #ifdef USE_CUDA
 __host__ __device__
 #endif
-static inline void moe_loss_sums_body(double *sums, const float *f, const float *pmean, const float *zsum, int B, int E) {
+static inline void moe_loss_sums_body(double *sums, const float *f, const float *pmean, const float *zsum, int B,
+                                      int E) {
     for (int b = 0; b < B; b++) {
         double aux = 0.0;
         for (int e = 0; e < E; e++) { aux += (double)f[(size_t)b * E + e] * pmean[(size_t)b * E + e]; }
@@ -334,7 +336,8 @@ static void moe_router_dinput_cpu(float *dx, const float *dlogits, const float *
 
 #ifdef USE_CUDA
 // one warp per token: each logit a warp-reduced dot product, then the softmax in lane 0's registers
-__global__ void moe_router_forward_kernel(float *probs, float *lse, const floatX *x, const floatX *wr, int N, int C, int E) {
+__global__ void moe_router_forward_kernel(float *probs, float *lse, const floatX *x, const floatX *wr, int N, int C,
+                                          int E) {
     int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (t >= N) { return; }
     float *p = probs + (size_t)t * E;
@@ -362,7 +365,8 @@ __global__ void moe_capacity_keep_kernel(int *keep, const int *choice, const flo
     }
 }
 
-__global__ void moe_loss_sums_kernel(double *sums, const float *f, const float *pmean, const float *zsum, int B, int E) {
+__global__ void moe_loss_sums_kernel(double *sums, const float *f, const float *pmean, const float *zsum, int B,
+                                     int E) {
     moe_loss_sums_body(sums, f, pmean, zsum, B, E);
 }
 
@@ -388,7 +392,8 @@ __global__ void moe_sequence_stats_kernel(float *f, float *pmean, float *zsum, c
 
 // grid (E), block 1024: the assignments to expert e counted and numbered in (token, choice) order with a
 // block-wide running count (a count per 1024-wide tile, added in tile order). offsets == NULL: count only.
-__global__ void moe_rows_kernel(int *counts, int *row, const int *choice, const int *keep, const int *offsets, int N, int k) {
+__global__ void moe_rows_kernel(int *counts, int *row, const int *choice, const int *keep, const int *offsets, int N,
+                                int k) {
     __shared__ int warp_sums[32];
     __shared__ int base;
     int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
@@ -440,8 +445,8 @@ __global__ void moe_combine_kernel(floatX *out, const floatX *ys, const float *g
 }
 
 // one block per (token, choice)
-__global__ void moe_combine_backward_kernel(floatX *dys, float *dgate, const floatX *dout, const floatX *ys, const float *gate,
-                                            const int *row, int k, int C) {
+__global__ void moe_combine_backward_kernel(floatX *dys, float *dgate, const floatX *dout, const floatX *ys,
+                                            const float *gate, const int *row, int k, int C) {
     int t = blockIdx.x / k, r = row[blockIdx.x];
     float dg = 0.0f;
     if (r >= 0) {
@@ -469,8 +474,8 @@ __global__ void moe_unpermute_kernel(floatX *dx, const floatX *dxs, const int *r
 }
 
 __global__ void moe_router_backward_kernel(float *dlogits, const float *dgate, const float *gate, const int *choice,
-                                           const float *probs, const float *lse, const float *f, int T, int N, int E, int k,
-                                           float aux_scale, float z_scale) {
+                                           const float *probs, const float *lse, const float *f, int T, int N, int E,
+                                           int k, float aux_scale, float z_scale) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t < N) {
         moe_router_backward_body(t, dlogits, dgate, gate, choice, probs, lse, f, T, E, k, aux_scale, z_scale);
@@ -527,8 +532,8 @@ static void moe_topk(int *choice, float *cprob, float *gate, const float *probs,
 #endif
 }
 
-static void moe_capacity_keep(int *keep, const int *choice, const float *cprob, int S, int me, int B, int T, int k, int cap,
-                              DropPolicy policy) {
+static void moe_capacity_keep(int *keep, const int *choice, const float *cprob, int S, int me, int B, int T, int k,
+                              int cap, DropPolicy policy) {
 #ifdef USE_CUDA
     if (B <= 0) { return; }
     moe_capacity_keep_kernel<<<B, 256, 0, main_stream>>>(keep, choice, cprob, S, me, B, T, k, cap, policy);
@@ -538,8 +543,8 @@ static void moe_capacity_keep(int *keep, const int *choice, const float *cprob, 
 #endif
 }
 
-static void moe_sequence_stats(float *f, float *pmean, float *zsum, const int *choice, const float *probs, const float *lse,
-                               int B, int T, int E, int k, int Tg) {
+static void moe_sequence_stats(float *f, float *pmean, float *zsum, const int *choice, const float *probs,
+                               const float *lse, int B, int T, int E, int k, int Tg) {
 #ifdef USE_CUDA
     if (B <= 0) { return; }
     moe_sequence_stats_kernel<<<B, 32, 0, main_stream>>>(f, pmean, zsum, choice, probs, lse, T, E, k, Tg);
@@ -622,11 +627,13 @@ static void moe_unpermute(floatX *dx, const floatX *dxs, const int *row, int N, 
 #endif
 }
 
-static void moe_router_backward(float *dlogits, const float *dgate, const float *gate, const int *choice, const float *probs,
-                                const float *lse, const float *f, int T, int N, int E, int k, float aux_scale, float z_scale) {
+static void moe_router_backward(float *dlogits, const float *dgate, const float *gate, const int *choice,
+                                const float *probs, const float *lse, const float *f, int T, int N, int E, int k,
+                                float aux_scale, float z_scale) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_router_backward_kernel<<<ceil_div(N, 128), 128, 0, main_stream>>>(dlogits, dgate, gate, choice, probs, lse, f, T, N, E, k,
+    moe_router_backward_kernel<<<ceil_div(N, 128), 128, 0, main_stream>>>(dlogits, dgate, gate, choice, probs, lse, f,
+            T, N, E, k,
                                                                           aux_scale, z_scale);
     cudaCheckLaunch();
 #else

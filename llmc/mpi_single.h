@@ -36,7 +36,9 @@ static int MPI_Init(int *argc, char ***argv) {
     const char *n = getenv("OMPI_COMM_WORLD_SIZE");   // launched by mpirun with several ranks?
     if (n == NULL) { n = getenv("PMI_SIZE"); }
     if (n != NULL && atoi(n) > 1) {
-        fprintf(stderr, "error: this binary was built with NO_MPI=1 (one process) but launched as %s ranks: rebuild without NO_MPI\n", n);
+        fprintf(stderr,
+                "error: this binary was built with NO_MPI=1 (one process) but launched as %s ranks: rebuild without "
+                "NO_MPI\n", n);
         exit(1);
     }
     mpi_single_initialized = 1;
@@ -47,13 +49,26 @@ static int MPI_Finalize(void) { mpi_single_initialized = 0; return 0; }
 static int MPI_Abort(MPI_Comm c, int code) { (void)c; exit(code); }
 static int MPI_Comm_size(MPI_Comm c, int *size) { (void)c; *size = 1; return 0; }
 static int MPI_Comm_rank(MPI_Comm c, int *rank) { (void)c; *rank = 0; return 0; }
-static int MPI_Comm_split(MPI_Comm c, int color, int key, MPI_Comm *out) { (void)c; (void)color; (void)key; *out = 0; return 0; }
+static int MPI_Comm_split(MPI_Comm c, int color, int key, MPI_Comm *out) {
+    (void)c;
+    (void)color;
+    (void)key;
+    *out = 0;
+    return 0;
+}
 static int MPI_Comm_split_type(MPI_Comm c, int type, int key, MPI_Info info, MPI_Comm *out) {
     (void)c; (void)type; (void)key; (void)info; *out = 0; return 0;
 }
 static int MPI_Comm_free(MPI_Comm *c) { (void)c; return 0; }
 static int MPI_Barrier(MPI_Comm c) { (void)c; return 0; }
-static int MPI_Bcast(void *buf, int n, MPI_Datatype t, int root, MPI_Comm c) { (void)buf; (void)n; (void)t; (void)root; (void)c; return 0; }
+static int MPI_Bcast(void *buf, int n, MPI_Datatype t, int root, MPI_Comm c) {
+    (void)buf;
+    (void)n;
+    (void)t;
+    (void)root;
+    (void)c;
+    return 0;
+}
 // one rank: the result is the input
 static int mpi_single_copy(const void *send, void *recv, int n, MPI_Datatype t) {
     if (send != MPI_IN_PLACE && send != recv) { memmove(recv, send, (size_t)n * t); }
@@ -68,7 +83,8 @@ static int MPI_Reduce_scatter_block(const void *send, void *recv, int n, MPI_Dat
 static int MPI_Allgather(const void *send, int n, MPI_Datatype t, void *recv, int rn, MPI_Datatype rt, MPI_Comm c) {
     (void)rn; (void)rt; (void)c; return mpi_single_copy(send, recv, n, t);
 }
-static int MPI_Gather(const void *send, int n, MPI_Datatype t, void *recv, int rn, MPI_Datatype rt, int root, MPI_Comm c) {
+static int MPI_Gather(const void *send, int n, MPI_Datatype t, void *recv, int rn, MPI_Datatype rt, int root,
+                      MPI_Comm c) {
     (void)rn; (void)rt; (void)root; (void)c; return mpi_single_copy(send, recv, n, t);
 }
 static int MPI_Reduce(const void *send, void *recv, int n, MPI_Datatype t, MPI_Op op, int root, MPI_Comm c) {
@@ -77,10 +93,12 @@ static int MPI_Reduce(const void *send, void *recv, int n, MPI_Datatype t, MPI_O
 static int MPI_Iallreduce(const void *send, void *recv, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c, MPI_Request *r) {
     *r = 0; return MPI_Allreduce(send, recv, n, t, op, c);
 }
-static int MPI_Ireduce_scatter_block(const void *send, void *recv, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c, MPI_Request *r) {
+static int MPI_Ireduce_scatter_block(const void *send, void *recv, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c,
+                                     MPI_Request *r) {
     *r = 0; return MPI_Reduce_scatter_block(send, recv, n, t, op, c);
 }
-static int MPI_Iallgather(const void *send, int n, MPI_Datatype t, void *recv, int rn, MPI_Datatype rt, MPI_Comm c, MPI_Request *r) {
+static int MPI_Iallgather(const void *send, int n, MPI_Datatype t, void *recv, int rn, MPI_Datatype rt, MPI_Comm c,
+                          MPI_Request *r) {
     *r = 0; return MPI_Allgather(send, n, t, recv, rn, rt, c);
 }
 static int MPI_Wait(MPI_Request *r, MPI_Status *s) { (void)r; (void)s; return 0; }

@@ -58,7 +58,9 @@ static void stage_layers(int L, int pp, int stage, int *l0, int *l1) {
 }
 
 // The layers of rank `rank`'s model chunk v (of vpp per rank): the virtual stage v*pp + rank of pp*vpp.
-static void chunk_layers(int L, int pp, int vpp, int rank, int v, int *l0, int *l1) { stage_layers(L, pp * vpp, v * pp + rank, l0, l1); }
+static void chunk_layers(int L, int pp, int vpp, int rank, int v, int *l0, int *l1) {
+    stage_layers(L, pp * vpp, v * pp + rank, l0, l1);
+}
 
 // The k-th forward (or backward) of a rank, k = 0 .. m*vpp-1: its model chunk and its micro-batch.
 // Groups of pp micro-batches pass chunk 0, then chunk 1, ...; the backward takes the chunks in reverse.
@@ -228,7 +230,8 @@ typedef struct {
     int *slot_of;          // (vpp, m) the slot of micro-batch i in chunk v while it is alive, -1 otherwise
     int *busy;             // (nslots) 1 while a slot is taken
     int alive, peak;       // slots taken now, and the most at once since the plan
-    floatX **resid;        // (nslots) each slot's residual stream: the chunk's input (received, or made by the embedding),
+    // (nslots) each slot's residual stream: the chunk's input (received, or made by the embedding),
+    floatX **resid;
                            // each layer's output, the last one the chunk's output (sent, or taken by the head)
     int *chunk_len;        // (vpp) layers of each chunk: its output is resid + chunk_len * n
     floatX *grad;          // the gradient of the output (received), then of the input (sent): ws.dresid
@@ -243,7 +246,8 @@ typedef struct {
 
 // The slot of forward (or backward) k's micro-batch in its chunk.
 static int pipe_slot(const Pipeline *p, int k, int forward) {
-    int pp = p->pp->size, v = schedule_chunk(k, pp, p->vpp, forward), i = schedule_micro(k, pp, p->vpp), s = p->slot_of[v * p->m + i];
+    int pp = p->pp->size, v = schedule_chunk(k, pp, p->vpp, forward), i = schedule_micro(k, pp, p->vpp),
+        s = p->slot_of[v * p->m + i];
     if (s < 0) { fail("pipeline: micro-batch %d of chunk %d has no activation slot: a bug", i, v); }
     return s;
 }
@@ -283,7 +287,8 @@ static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int vpp, in
     StepList prev = pipeline_steps(schedule, pp, vpp, (rank + pp - 1) % pp, m, 0);
     StepList next = pipeline_steps(schedule, pp, vpp, (rank + 1) % pp, m, 0);
     if (pp > 1 && (!steps_match(&p->steps, &next) || !steps_match(&prev, &p->steps))) {
-        fail("the %s schedule's exchanges do not pair up (pp %d, vpp %d, m %d): a bug", schedule == SCHEDULE_INTERLEAVED ? "interleaved" : "pipeline",
+        fail("the %s schedule's exchanges do not pair up (pp %d, vpp %d, m %d): a bug",
+             schedule == SCHEDULE_INTERLEAVED ? "interleaved" : "pipeline",
              pp, vpp, m);
     }
     free(prev.s); free(next.s);
@@ -310,7 +315,8 @@ static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int vpp, in
 // gradient buffer; the pipeline's own: interleaved, where a received gradient waits for its backward (a
 // gradient can arrive while another chunk's backward, the head's, still uses grad); with overlap (sends
 // that complete while the stage computes), the copy of the gradient being sent.
-static void pipeline_alloc(Pipeline *p, int first, int last, int split, size_t n, floatX **resid, int *chunk_len, floatX *grad, int overlap) {
+static void pipeline_alloc(Pipeline *p, int first, int last, int split, size_t n, floatX **resid, int *chunk_len,
+                           floatX *grad, int overlap) {
     p->first = first; p->last = last;
     p->split = split;
     p->n = n;
@@ -335,7 +341,8 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st) {
     int pp = p->pp->size, next = (p->pp->rank + 1) % pp, prev = (p->pp->rank + pp - 1) % pp;
     if (pp == 1 || (!st->send_fwd && !st->send_bwd && st->recv_fwd < 0 && st->recv_bwd < 0)) { return; }
     trace_begin();
-    size_t k = p->split ? p->n / p->tp->size : p->n, off = p->split ? (size_t)p->tp->rank * k : 0;   // this rank's slice
+    // this rank's slice
+    size_t k = p->split ? p->n / p->tp->size : p->n, off = p->split ? (size_t)p->tp->rank * k : 0;
     if (p->time_waits) { device_synchronize(); }   // the compute before is not waiting
     double t0 = wall_seconds();
     for (int i = 0; i < 2; i++) { comm_wait(&p->sending[i]); }   // the previous exchange's sends
@@ -343,7 +350,8 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st) {
     int n = 0;
     floatX *got[2] = {NULL, NULL};
     if (st->send_fwd) {
-        floatX *out = p->resid[pipe_slot(p, st->fwd, 1)] + (size_t)p->chunk_len[schedule_chunk(st->fwd, pp, p->vpp, 1)] * p->n;
+        floatX *out = p->resid[pipe_slot(p, st->fwd, 1)] + (size_t)p->chunk_len[schedule_chunk(st->fwd, pp, p->vpp,
+                1)] * p->n;
         ops[n++] = (P2POp){1, out + off, k, next, 0};
     }
     if (st->send_bwd) {

@@ -19,11 +19,14 @@ typedef struct { size_t floatx; int cuda; const char *name; } PlanBuild;   // th
 
 static PlanBuild plan_build(const Args *a) {
 #ifdef USE_CUDA
-    PlanBuild b = {sizeof(floatX), 1, sizeof(floatX) == 2 ? "CUDA build, bf16 (AdamW state and master weights fp32)" : "CUDA build, fp32"};
+    PlanBuild b = {sizeof(floatX), 1,
+                   sizeof(floatX) == 2 ? "CUDA build, bf16 (AdamW state and master weights fp32)" : "CUDA build, fp32"};
 #else
     PlanBuild b = {sizeof(floatX), 0, "CPU build, fp32"};
 #endif
-    if (a->plan_precision && !strcmp(a->plan_precision, "bf16")) { b = (PlanBuild){2, 1, "CUDA build, bf16 (AdamW state and master weights fp32)"}; }
+    if (a->plan_precision
+        && !strcmp(a->plan_precision,
+                   "bf16")) { b = (PlanBuild){2, 1, "CUDA build, bf16 (AdamW state and master weights fp32)"}; }
     if (a->plan_precision && !strcmp(a->plan_precision, "fp32")) { b = (PlanBuild){4, 1, "CUDA build, fp32"}; }
     return b;
 }
@@ -46,22 +49,35 @@ static int plan_stages(const Args *a, const GPT2Config *c, int world, PlanBuild 
 static double gib(double bytes) { return bytes / 1073741824.0; }
 
 // What dominates a category of the plan, in words (for the advice).
-static void plan_explain(const Args *a, const GPT2Config *c, int world, int stage, int cat, PlanBuild b, int slots, char *out, size_t n) {
+static void plan_explain(const Args *a, const GPT2Config *c, int world, int stage, int cat, PlanBuild b, int slots,
+                         char *out, size_t n) {
     int dp = world / (a->tp * a->cp * a->pp), accum = a->total_batch / (a->B * a->T * dp), L0, L1;
     stage_layers(c->num_layers, a->pp, stage, &L0, &L1);
     double X = (double)b.floatx, BT = (double)a->B * a->T / a->cp, P = (double)num_parameters(c) / a->pp / a->tp;
     switch (cat) {
-    case MEM_PARAMS: snprintf(out, n, "parameters: about P/(pp tp) = %.0fM x %.0f B%s", P / 1e6, X, a->zero == 3 ? " / dp (ZeRO 3)" : ", a full copy on every dp rank"); break;
-    case MEM_GRADS: snprintf(out, n, "gradients: about P/(pp tp) = %.0fM x %.0f B%s", P / 1e6, X, a->zero >= 2 ? " / dp (ZeRO 2-3)" : ", a full copy on every dp rank"); break;
-    case MEM_OPTIMIZER: snprintf(out, n, "AdamW m, v%s: %d B per parameter%s", b.floatx == 2 ? " and fp32 master weights" : "", b.floatx == 2 ? 12 : 8,
-                                 a->zero >= 1 ? " / dp (ZeRO 1-3)" : " for every parameter of the stage (ZeRO 0)"); break;
-    case MEM_ACTIVATIONS: snprintf(out, n, "activations: %d micro-batch(es)%s of B %d x T/cp %.0f tokens in flight on stage %d (%s, %d micro-batches), %d layers each%s%s",
-                                   slots, a->vpp > 1 ? " x model chunks" : "", a->B, BT / a->B, stage, a->pp_schedule, accum, L1 - L0,
-                                   a->tp > 1 && !a->sp ? ", the LayerNorm/residual part replicated over tp (no --sp)" : "", strcmp(a->recompute, "none") ? "" : ", nothing recomputed"); break;
-    case MEM_LOGITS: snprintf(out, n, "logits: %s x Vp/tp = %d x %d x %.0f B", a->ce_chunk == 0 ? "all B*T/cp tokens (--ce-chunk 0)" : "one CE chunk",
-                              a->ce_chunk == 0 || a->ce_chunk > BT ? (int)BT : a->ce_chunk, c->padded_vocab_size / a->tp, X); break;
-    case MEM_COMM: snprintf(out, n, "comm buffers: MoE dispatch rows, the cp ring's k, v, or pipeline gradient copies"); break;
-    default: snprintf(out, n, "workspace: %s", b.cuda && a->cp == 1 ? "cuBLAS attention scores (NH/tp, T, T) in fp32 and floatX, and the layers' scratch"
+    case MEM_PARAMS: snprintf(out, n, "parameters: about P/(pp tp) = %.0fM x %.0f B%s", P / 1e6, X,
+                              a->zero == 3 ? " / dp (ZeRO 3)" : ", a full copy on every dp rank"); break;
+    case MEM_GRADS: snprintf(out, n, "gradients: about P/(pp tp) = %.0fM x %.0f B%s", P / 1e6, X,
+                             a->zero >= 2 ? " / dp (ZeRO 2-3)" : ", a full copy on every dp rank"); break;
+    case MEM_OPTIMIZER: snprintf(out, n, "AdamW m, v%s: %d B per parameter%s",
+                                 b.floatx == 2 ? " and fp32 master weights" : "", b.floatx == 2 ? 12 : 8,
+                                 a->zero >= 1 ? " / dp (ZeRO 1-3)"
+                                         : " for every parameter of the stage (ZeRO 0)"); break;
+    case MEM_ACTIVATIONS: snprintf(out, n,
+                                   "activations: %d micro-batch(es)%s of B %d x T/cp %.0f tokens in flight on stage %d (%s, %d micro-batches), %d layers each%s%s",
+                                   slots, a->vpp > 1 ? " x model chunks" : "", a->B, BT / a->B, stage, a->pp_schedule,
+                                       accum, L1 - L0,
+                                   a->tp > 1 && !a->sp ? ", the LayerNorm/residual part replicated over tp (no --sp)"
+                                           : "", strcmp(a->recompute, "none") ? "" : ", nothing recomputed"); break;
+    case MEM_LOGITS: snprintf(out, n, "logits: %s x Vp/tp = %d x %d x %.0f B",
+                              a->ce_chunk == 0 ? "all B*T/cp tokens (--ce-chunk 0)" : "one CE chunk",
+                              a->ce_chunk == 0 || a->ce_chunk > BT ? (int)BT : a->ce_chunk,
+                                  c->padded_vocab_size / a->tp, X); break;
+    case MEM_COMM: snprintf(out, n,
+                            "comm buffers: MoE dispatch rows, the cp ring's k, v, or pipeline gradient copies"); break;
+    default: snprintf(out, n, "workspace: %s",
+                      b.cuda && a->cp == 1
+                      ? "cuBLAS attention scores (NH/tp, T, T) in fp32 and floatX, and the layers' scratch"
                                                                     : "one layer's scratch (B*T, 4C/tp)"); break;
     }
 }
@@ -78,16 +94,20 @@ static void plan_explain(const Args *a, const GPT2Config *c, int world, int stag
 static double plan_seconds(const Args *a, const GPT2Config *c, int world, PlanBuild b) {
     int dp = world / (a->tp * a->cp * a->pp), accum = a->total_batch / (a->B * a->T * dp);
     double L = c->num_layers, C = c->channels, T = a->T, tokens = (double)a->total_batch, X = (double)b.floatx;
-    double P = (double)num_parameters(c), recompute = !strcmp(a->recompute, "full") ? 4.0 / 3 : !strcmp(a->recompute, "mlp") ? 1.1 : 1.0;
-    double flash = !strcmp(a->attention, "flash") && attention_flash_applies(c->channels / c->num_heads, b.floatx) ? PLAN_FLASH_SLOWER : 1.0;
-    double flops = (6.0 * P + 6.0 * L * C * T * flash) * tokens * recompute;   // weights, plus causal attention (12 L C T / 2 per token)
+    double P = (double)num_parameters(c),
+        recompute = !strcmp(a->recompute, "full") ? 4.0 / 3 : !strcmp(a->recompute, "mlp") ? 1.1 : 1.0;
+    double flash = !strcmp(a->attention, "flash") && attention_flash_applies(c->channels / c->num_heads, b.floatx)
+            ? PLAN_FLASH_SLOWER : 1.0;
+    // weights, plus causal attention (12 L C T / 2 per token)
+    double flops = (6.0 * P + 6.0 * L * C * T * flash) * tokens * recompute;
     double compute = flops / (world * PLAN_FLOPS);
     double bubble = a->pp > 1 ? (a->pp - 1.0) / (a->vpp * accum + a->pp - 1.0) : 0.0;
     double BTl = (double)a->B * a->T / a->cp, Pl = P / (a->tp * a->pp);
     double tp_bytes = a->tp > 1 ? accum * (L / a->pp) * 8.0 * (a->tp - 1.0) / a->tp * BTl * C * X : 0;
     double cp_bytes = a->cp > 1 ? accum * (L / a->pp) * (3.0 * a->cp - 2) * BTl * 2 * C / a->tp * X : 0;
     double pp_bytes = a->pp > 1 ? accum * 2.0 * a->vpp * BTl * C / a->tp * X : 0;
-    double dp_bytes = dp > 1 ? (a->zero >= 2 ? (accum + 1.0) : 2.0) * (dp - 1.0) / dp * Pl * X * (a->zero == 3 ? 2.0 : 1.0) : 0;
+    double dp_bytes = dp > 1
+            ? (a->zero >= 2 ? (accum + 1.0) : 2.0) * (dp - 1.0) / dp * Pl * X * (a->zero == 3 ? 2.0 : 1.0) : 0;
     double comm = (tp_bytes + cp_bytes) / PLAN_NODE_BW + (pp_bytes + dp_bytes) / PLAN_NET_BW;
     double fixed = accum * (L / a->pp) * PLAN_LAYER_COST;
     return (compute + fixed) / (1.0 - bubble) + comm;
@@ -96,7 +116,8 @@ static double plan_seconds(const Args *a, const GPT2Config *c, int world, PlanBu
 typedef struct { char what[96]; Args args; double peak; double seconds; int fits; } Lever;
 
 // One lever's layout, if it runs: its worst stage's peak and its time.
-static int try_lever(Lever *lv, const Args *base, const GPT2Config *c, int world, PlanBuild b, double limit, const char *what) {
+static int try_lever(Lever *lv, const Args *base, const GPT2Config *c, int world, PlanBuild b, double limit,
+                     const char *what) {
     char err[512];
     lv->args.dp = -1;   // (world and -d fixed: dp follows)
     if (layout_error(&lv->args, c, world, err, sizeof(err))) { return 0; }
@@ -118,7 +139,8 @@ static int lever_order(const void *x, const void *y) {
 }
 
 // The single levers that apply to layout a (world and -d fixed), planned; without one that fits, pairs.
-static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild b, double limit, Lever *out, int pairs_of) {
+static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild b, double limit, Lever *out,
+                       int pairs_of) {
     int n = 0;
     #define LEVER(cond, what, change) do { if (cond) { Lever lv; lv.args = *a; { Args *x = &lv.args; change; } if (try_lever(&lv, a, c, world, b, limit, what)) { out[n++] = lv; } } } while (0)
     char w[96];
@@ -129,12 +151,19 @@ static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild 
     LEVER(!strcmp(a->pp_schedule, "gpipe"), "--pp-schedule 1f1b", x->pp_schedule = "1f1b");
     snprintf(w, sizeof(w), "--cp %d", 2 * a->cp); LEVER(1, w, x->cp = 2 * a->cp);
     LEVER(a->ce_chunk == 0, "--ce-chunk 256", x->ce_chunk = 256);
-    if (a->ce_chunk > 64) { snprintf(w, sizeof(w), "--ce-chunk %d", a->ce_chunk / 2); LEVER(1, w, x->ce_chunk = a->ce_chunk / 2); }
-    LEVER(b.cuda && a->cp == 1 && strcmp(a->attention, "flash") && attention_flash_applies(c->channels / c->num_heads, b.floatx),
+    if (a->ce_chunk > 64) {
+        snprintf(w, sizeof(w), "--ce-chunk %d", a->ce_chunk / 2);
+        LEVER(1, w, x->ce_chunk = a->ce_chunk / 2);
+    }
+    LEVER(b.cuda && a->cp == 1 && strcmp(a->attention, "flash")
+          && attention_flash_applies(c->channels / c->num_heads, b.floatx),
           "--attention flash", x->attention = "flash");
     LEVER(!strcmp(a->recompute, "none"), "--recompute mlp", x->recompute = "mlp");
     LEVER(strcmp(a->recompute, "full"), "--recompute full", x->recompute = "full");
-    if (a->B % 2 == 0) { snprintf(w, sizeof(w), "-b %d (twice the accumulation)", a->B / 2); LEVER(1, w, x->B = a->B / 2); }
+    if (a->B % 2 == 0) {
+        snprintf(w, sizeof(w), "-b %d (twice the accumulation)", a->B / 2);
+        LEVER(1, w, x->B = a->B / 2);
+    }
     if (c->num_experts > 0) { snprintf(w, sizeof(w), "--ep %d", 2 * a->ep); LEVER(1, w, x->ep = 2 * a->ep); }
     #undef LEVER
     if (pairs_of) {   // no single lever fits: each pair of them (the second applied on top of the first)
@@ -163,9 +192,11 @@ static int plan_report(const Args *a, const GPT2Config *c, int world, double lim
     MemPlan *plans = (MemPlan *)malloc_check(sizeof(MemPlan) * a->pp);
     int worst = plan_stages(a, c, world, b, plans), accum = a->total_batch / (a->B * a->T * a->dp);
     double reserve = plan_reserve(b);
-    printf("memory plan: L %d C %d NH %d Vp %d%s, world %d = tp %d x cp %d x pp %d x dp %d, B %d T %d x %d micro-batches, zero %d%s, "
+    printf("memory plan: L %d C %d NH %d Vp %d%s, world %d = tp %d x cp %d x pp %d x dp %d, B %d T %d x %d "
+           "micro-batches, zero %d%s, "
            "%s%s, recompute %s, ce chunk %d; %s\n", c->num_layers, c->channels, c->num_heads, c->padded_vocab_size,
-           c->num_experts ? " (MoE)" : "", world, a->tp, a->cp, a->pp, a->dp, a->B, a->T, accum, a->zero, a->sp ? ", sp" : "",
+           c->num_experts ? " (MoE)" : "", world, a->tp, a->cp, a->pp, a->dp, a->B, a->T, accum, a->zero,
+               a->sp ? ", sp" : "",
            a->pp_schedule, a->vpp > 1 ? " (vpp)" : "", a->recompute, a->ce_chunk, b.name);
     printf("%-5s", "stage");
     for (int k = 0; k < MEM_NCAT; k++) { printf(" | %11s", mem_category_names[k]); }
@@ -194,7 +225,8 @@ static int plan_report(const Args *a, const GPT2Config *c, int world, double lim
         double need = (double)plans[worst].peak_total + reserve;
         fits = need <= limit;
         printf("limit %.2f GiB per rank%s: stage %d needs %.2f GiB: %s\n", gib(limit),
-               reserve > 0 ? " (1.00 GiB of it assumed for the CUDA context and NCCL)" : "", worst, gib(need), fits ? "fits" : "does NOT fit");
+               reserve > 0 ? " (1.00 GiB of it assumed for the CUDA context and NCCL)" : "", worst, gib(need),
+                   fits ? "fits" : "does NOT fit");
     }
     if (!fits) {
         int big = 0;
@@ -211,10 +243,12 @@ static int plan_report(const Args *a, const GPT2Config *c, int world, double lim
         qsort(levers, n, sizeof(Lever), lever_order);
         printf("levers (%s; world %d and -d %d fixed, so tp, cp or pp x2 halves dp; time per step from %.0f TFLOP/s per rank, %.0f GB/s "
                "inside a node (tp, cp), %.0f GB/s across (pp, dp), %.0f us per layer and micro-batch, the bubble, flash attention %.0fx slower), "
-               "fits first, then fastest:\n", any ? "one at a time" : "no single lever fits: pairs", world, a->total_batch, PLAN_FLOPS / 1e12,
+               "fits first, then fastest:\n", any ? "one at a time" : "no single lever fits: pairs", world,
+                   a->total_batch, PLAN_FLOPS / 1e12,
                PLAN_NODE_BW / 1e9, PLAN_NET_BW / 1e9, PLAN_LAYER_COST * 1e6, PLAN_FLASH_SLOWER);
         for (int i = 0; i < n && i < 12; i++) {
-            printf("  %-8s %9.3f GiB  %10.2f ms/step  %s\n", levers[i].fits ? "fits" : "too big", gib(levers[i].peak), levers[i].seconds * 1e3, levers[i].what);
+            printf("  %-8s %9.3f GiB  %10.2f ms/step  %s\n", levers[i].fits ? "fits" : "too big", gib(levers[i].peak),
+                   levers[i].seconds * 1e3, levers[i].what);
         }
         for (int i = 0; i < n; i++) {   // machine-readable, for tests: "lever rank fits peak_bytes seconds what"
             printf("lever %d %d %.0f %.6f %s\n", i, levers[i].fits, levers[i].peak, levers[i].seconds, levers[i].what);
@@ -244,7 +278,9 @@ static void check_memory_fits(const Args *a, const GPT2Config *c, Grid *g) {
     if (!over) { return; }
     Args shown = *a;
     if (g->rank == 0) { plan_report(&shown, c, g->world_size, limit); }
-    fail_all(g->rank, "the planned peak of a rank exceeds %s %.2f GiB: see the plan and the levers above (or --plan %d to explore)",
+    fail_all(g->rank,
+             "the planned peak of a rank exceeds %s %.2f GiB: see the plan and the levers above (or --plan %d to "
+             "explore)",
              a->memory_limit > 0 ? "--memory-limit" : "the free device memory", gib(limit), g->world_size);
 }
 

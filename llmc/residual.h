@@ -34,7 +34,8 @@ static void accumulate_cpu(float *dst, const float *src, size_t n) {
 
 #ifdef USE_CUDA
 // out (N, C) = res + x + bias; out may alias res or x (each element read before written)
-__global__ void residual_bias_forward_kernel(floatX *out, const floatX *res, const floatX *x, const floatX *bias, int N, int C) {
+__global__ void residual_bias_forward_kernel(floatX *out, const floatX *res, const floatX *x, const floatX *bias,
+                                             int N, int C) {
     size_t total = (size_t)N * C;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         float b = bias != NULL ? (float)bias[i % C] : 0.0f;
@@ -49,7 +50,8 @@ __global__ void accumulate_kernel(floatX *dst, const floatX *src, size_t n) {
     }
 }
 
-static void residual_bias_forward_cuda(floatX *out, const floatX *res, const floatX *x, const floatX *bias, int N, int C) {
+static void residual_bias_forward_cuda(floatX *out, const floatX *res, const floatX *x, const floatX *bias, int N,
+                                       int C) {
     size_t total = (size_t)N * C;
     if (total == 0) { return; }
     residual_bias_forward_kernel<<<elementwise_grid(total, 256), 256, 0, main_stream>>>(out, res, x, bias, N, C);
@@ -68,7 +70,8 @@ static void residual_bias_forward_cuda(floatX *out, const floatX *res, const flo
 // dev/cuda/column_sums_replay.cu.
 #define COLSUM_THREADS 256
 __host__ __device__ inline void column_partials(float *part, const floatX *dout, const floatX *inp, const float *mean,
-                                                const float *rstd, int N, int C, int rows, int R, int cx, int r, int t) {
+                                                const float *rstd, int N, int C, int rows, int R, int cx, int r,
+                                                int t) {
     int c = cx * COLSUM_THREADS + t, n1 = (r + 1) * rows < N ? (r + 1) * rows : N;
     if (c >= C) { return; }
     float s = 0.0f, sx = 0.0f;
@@ -90,8 +93,8 @@ __host__ __device__ inline void column_finish(floatX *dbias, floatX *dweight, co
     dbias[c] = (floatX)((float)dbias[c] + s);
     if (dweight != NULL) { dweight[c] = (floatX)((float)dweight[c] + sx); }
 }
-__global__ void column_partials_kernel(float *part, const floatX *dout, const floatX *inp, const float *mean, const float *rstd,
-                                       int N, int C, int rows) {
+__global__ void column_partials_kernel(float *part, const floatX *dout, const floatX *inp, const float *mean,
+                                       const float *rstd, int N, int C, int rows) {
     column_partials(part, dout, inp, mean, rstd, N, C, rows, gridDim.y, blockIdx.x, blockIdx.y, threadIdx.x);
 }
 __global__ void column_finish_kernel(floatX *dbias, floatX *dweight, const float *part, int C, int R) {
@@ -104,13 +107,14 @@ static int column_slice_rows(int N, int C, int sums, size_t workspace_bytes) {
     return rows;
 }
 // dbias (C) += column sums of dout (N, C); with inp, mean, rstd (LayerNorm): dweight (C) += sums of xhat dout
-static void column_sums_accumulate(floatX *dbias, floatX *dweight, const floatX *dout, const floatX *inp, const float *mean,
-                                   const float *rstd, int N, int C) {
+static void column_sums_accumulate(floatX *dbias, floatX *dweight, const floatX *dout, const floatX *inp,
+                                   const float *mean, const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) { return; }
     if (cublaslt_workspace == NULL) { cublaslt_workspace = mem_alloc(cublaslt_workspace_size, MEM_WORKSPACE); }
     int rows = column_slice_rows(N, C, inp != NULL ? 2 : 1, cublaslt_workspace_size), R = ceil_div(N, rows);
     float *part = (float *)cublaslt_workspace;
-    column_partials_kernel<<<dim3(ceil_div(C, COLSUM_THREADS), R), COLSUM_THREADS, 0, main_stream>>>(part, dout, inp, mean, rstd, N, C, rows);
+    column_partials_kernel<<<dim3(ceil_div(C, COLSUM_THREADS), R), COLSUM_THREADS, 0, main_stream>>>(part, dout, inp,
+            mean, rstd, N, C, rows);
     cudaCheckLaunch();
     column_finish_kernel<<<ceil_div(C, COLSUM_THREADS), COLSUM_THREADS, 0, main_stream>>>(dbias, dweight, part, C, R);
     cudaCheckLaunch();

@@ -29,10 +29,13 @@ static double trace_now_us(void) {
 static void trace_open(const char *dir, int rank) {
     if (dir == NULL) { return; }
     char path[4096];
-    if (snprintf(path, sizeof(path), "%s/trace_%d.json", dir, rank) >= (int)sizeof(path)) { fail("--trace '%s': the path is too long", dir); }
+    if (snprintf(path, sizeof(path), "%s/trace_%d.json", dir, rank) >= (int)sizeof(path)) {
+        fail("--trace '%s': the path is too long", dir);
+    }
     trace_file = fopen_check(path, "w");
     trace_rank = rank;
-    fprintf(trace_file, "{\"traceEvents\":[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d\"}}", rank, rank);
+    fprintf(trace_file,
+            "{\"traceEvents\":[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d\"}}", rank, rank);
     device_synchronize();
     MPI_Barrier(MPI_COMM_WORLD);
     struct timespec t;
@@ -64,7 +67,8 @@ static void trace_end(const char *name, const char *cat, const char *args_fmt, .
     trace_depth--;
     if (trace_depth < 0 || trace_depth >= TRACE_MAX_DEPTH) { trace_depth = trace_depth < 0 ? 0 : trace_depth; return; }
     double start = trace_start_us[trace_depth];
-    fprintf(trace_file, ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f", name, cat,
+    fprintf(trace_file,
+            ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f", name, cat,
             trace_rank, start, end - start);
     if (args_fmt != NULL) {
         va_list ap;

@@ -116,7 +116,9 @@ static void path_join(char *out, const char *dir, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(name, sizeof(name), fmt, ap);
     va_end(ap);
-    if (snprintf(out, PATH_LEN, "%s/%s", dir, name) >= PATH_LEN) { fail("the path '%s/%s' is too long (at most %d bytes)", dir, name, PATH_LEN - 1); }
+    if (snprintf(out, PATH_LEN, "%s/%s", dir, name) >= PATH_LEN) {
+        fail("the path '%s/%s' is too long (at most %d bytes)", dir, name, PATH_LEN - 1);
+    }
 }
 
 #endif

@@ -163,7 +163,9 @@ static void zero_free(Zero *z) {
 }
 
 // First element of this rank's shard of unit u (0 at stage 0, which has no shards).
-static size_t zero_shard_start(const Zero *z, int u) { return z->stage == 0 ? 0 : (size_t)z->units[u].dpg->rank * z->units[u].shard; }
+static size_t zero_shard_start(const Zero *z, int u) {
+    return z->stage == 0 ? 0 : (size_t)z->units[u].dpg->rank * z->units[u].shard;
+}
 
 // The element range [start, start + len) of unit u that this rank updates (within the unit).
 static void zero_owned_range(const Zero *z, int u, size_t *start, size_t *len) {
@@ -267,7 +269,8 @@ static void zero_get_unit_state(Zero *z, int u, int which, float *host) {
     const Unit *U = &z->units[u];
     float *state = zero_state_array(z, which);
     if (z->stage == 0) { copy_to_host(host, state + zero_owned_state(z, u, 0), U->size * sizeof(float)); return; }
-    float *shard = (float *)malloc_check(U->shard * sizeof(float)), *padded = (float *)malloc_check(U->padded * sizeof(float));
+    float *shard = (float *)malloc_check(U->shard * sizeof(float)),
+        *padded = (float *)malloc_check(U->padded * sizeof(float));
     copy_to_host(shard, state + zero_owned_state(z, u, zero_shard_start(z, u)), U->shard * sizeof(float));
     comm_host_all_gather(U->dpg, shard, U->shard, padded, DT_FLOAT, "all-gather of optimizer state (checkpoint)");
     memcpy(host, padded, U->size * sizeof(float));
@@ -278,7 +281,9 @@ static void zero_get_unit_state(Zero *z, int u, int which, float *host) {
 static void zero_set_unit_state(Zero *z, int u, int which, const float *host) {
     size_t start, len;
     zero_owned_range(z, u, &start, &len);
-    if (len > 0) { copy_to_device(zero_state_array(z, which) + zero_owned_state(z, u, start), host + start, len * sizeof(float)); }
+    if (len > 0) {
+        copy_to_device(zero_state_array(z, which) + zero_owned_state(z, u, start), host + start, len * sizeof(float));
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -415,7 +420,8 @@ static void zero_optimizer_step(Zero *z, float lr, float beta1, float beta2, flo
         }
         if (sg.n > 0) {
             size_t o = zero_owned_state(z, u, start);
-            adamw_update_segments(zero_owned_param(z, u, start), z->master ? z->master + o : NULL, zero_owned_grad(z, u, start),
+            adamw_update_segments(zero_owned_param(z, u, start), z->master ? z->master + o : NULL,
+                                  zero_owned_grad(z, u, start),
                                   z->m + o, z->v + o, &sg, lr, beta1, beta2, eps, grad_scale, t);
         }
         if (z->stage == 1 || z->stage == 2) {
