@@ -980,6 +980,20 @@ static void write_step_dump(TestRun *t, const char *dir, const StepDump *d, cons
     free(topk_margin); free(cap_margin);
 }
 
+// A model of the run's layout resumed from the checkpoint of `step` in dir: its model file (which must have
+// the tested shape) and its state file.
+static void test_model_resumed(TestRun *t, GPT2 *m, DataLoader *dl, Rng *rng, const char *dir, int step) {
+    char path[PATH_LEN];
+    path_join(path, dir, "model_%08d.bin", step);
+    GPT2Config c;
+    float *params = read_model_file(path, &c);
+    check(!memcmp(&c, &t->config, sizeof(c)), "checkpoint: the model file keeps the shape (E %d k %d every %d)",
+          c.num_experts, c.topk, c.moe_every);
+    test_model(t, m, &c, params, dl);
+    free(params);
+    load_state(m, dir, step, dl, rng, t->args.total_batch);
+}
+
 // Same layout: a fresh model trains to step RESUME_STEP, checkpoints into dir, and goes on; a model
 // resumed from that checkpoint must repeat the steps after it bit for bit. Also writes what this layout
 // (layout A) computes at the step after the checkpoint (write_step_dump), for check_resume_from.
@@ -1027,18 +1041,10 @@ static void check_resume(TestRun *t, const char *dir) {
     free(d.grads); free(d.choice); free(d.keep); free(d.probs);
     int step = latest_checkpoint(dir);
     check(step == RESUME_STEP, "checkpoint: newest complete checkpoint is step %d (expected %d)", step, RESUME_STEP);
-    char mp[PATH_LEN];
-    path_join(mp, dir, "model_%08d.bin", step);
-    GPT2Config c2;
-    float *p2 = read_model_file(mp, &c2);
-    check(!memcmp(&c2, &t->config, sizeof(c2)), "checkpoint: the model file keeps the shape (E %d k %d every %d)",
-          c2.num_experts, c2.topk, c2.moe_every);
     GPT2 resumed;
     DataLoader dl3;
-    test_model(t, &resumed, &c2, p2, &dl3);
-    free(p2);
     Rng rng3;
-    load_state(&resumed, dir, step, &dl3, &rng3, t->args.total_batch);
+    test_model_resumed(t, &resumed, &dl3, &rng3, dir, step);
     int same = 1;
     for (int s = step; s < nsteps; s++) {
         gpt2_forward_backward(&resumed, &dl3, accum);
@@ -1131,16 +1137,10 @@ static void check_resume_from(TestRun *t, const char *dir, const char *mutation)
     if (a5.nsteps != t->ref.nsteps - RESUME_STEP) {
         fail_all(my_rank, "%s: %d steps, expected %d", path, a5.nsteps, t->ref.nsteps - RESUME_STEP);
     }
-    path_join(path, ckdir, "model_%08d.bin", step);
-    GPT2Config c2;
-    float *p2 = read_model_file(path, &c2);
-    check(!memcmp(&c2, &t->config, sizeof(c2)), "resume from layout A: the model file has the reference's shape");
     GPT2 m;
     DataLoader dl;
-    test_model(t, &m, &c2, p2, &dl);
-    free(p2);
     Rng rng;
-    load_state(&m, ckdir, step, &dl, &rng, t->args.total_batch);
+    test_model_resumed(t, &m, &dl, &rng, ckdir, step);
     if (mutation && !strcmp(mutation, "data-round")) { dataloader_seek_rounds(&dl, (uint64_t)step * t->accum + 1); }
     float losses[64];
     double ep_rows;

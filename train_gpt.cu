@@ -1034,9 +1034,8 @@ static void setup_grid(Args *a, const GPT2Config *c, Grid *g, int world, int ran
     check_memory_fits(a, c, g);
 }
 
-// The model's shape without its weights (a plan, or the memory check before the weights are made):
-// the descriptor, or the file's header; the same errors as load_model.
-static void plan_config(Args *a, int rank, GPT2Config *config) {
+// -e as a descriptor: 1 (config set), or 0 (not a descriptor: a model file); a malformed one stops every rank.
+static int model_descriptor(const Args *a, int rank, GPT2Config *config) {
     int desc = parse_descriptor(a->model, config);
     if (desc < 0) {
         fail_all(rank,
@@ -1044,6 +1043,13 @@ static void plan_config(Args *a, int rank, GPT2Config *config) {
                  "L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..], "
                  "each key once, 1 <= k <= E)", a->model);
     }
+    return desc;
+}
+
+// The model's shape without its weights (a plan, or the memory check before the weights are made):
+// the descriptor, or the file's header; the same errors as load_model.
+static void plan_config(Args *a, int rank, GPT2Config *config) {
+    int desc = model_descriptor(a, rank, config);
     if (desc == 0) {
         int h[256];
         size_t es;
@@ -1065,13 +1071,7 @@ static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step
         }
         if (*resume_step < 0 && rank == 0) { printf("-y 2: no checkpoint in %s, starting fresh\n", a->output_dir); }
     }
-    int desc = parse_descriptor(a->model, config);
-    if (desc < 0) {
-        fail_all(rank,
-                 "-e '%s' is a malformed model descriptor (expected dN or "
-                 "L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..], "
-                 "each key once, 1 <= k <= E)", a->model);
-    }
+    int desc = model_descriptor(a, rank, config);
     if (*resume_step >= 0) {
         char path[PATH_LEN];
         path_join(path, a->output_dir, "model_%08d.bin", *resume_step);

@@ -527,9 +527,8 @@ static void attention_forward_cublas(floatX *out, float *lse, const floatX *qkv,
     for (int b = 0; b < B; b++) {
         const floatX *q = qkv + (size_t)b * T * C3, *k = q + C, *v = q + 2 * C;
         att_gemm_scores(att_ws_S, k, q, 3 * C, T, C, NH);
-        attention_softmax_forward_kernel<<<grid, 32 * ATT_ROWS_PER_BLOCK, 0, main_stream>>>(att_ws_P,
-                lse + (size_t)b * NH * T,
-                                                                                         att_ws_S, T, scale);
+        attention_softmax_forward_kernel<<<grid, 32 * ATT_ROWS_PER_BLOCK, 0, main_stream>>>(
+            att_ws_P, lse + (size_t)b * NH * T, att_ws_S, T, scale);
         cudaCheckLaunch();
         att_gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, v, ATT_CUDA_X, 3 * C, hs, att_ws_P, ATT_CUDA_X, T, TT,
                  out + (size_t)b * T * C, ATT_CUDA_X, C, hs, NH);

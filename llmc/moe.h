@@ -633,8 +633,7 @@ static void moe_router_backward(float *dlogits, const float *dgate, const float 
 #ifdef USE_CUDA
     if (N <= 0) { return; }
     moe_router_backward_kernel<<<ceil_div(N, 128), 128, 0, main_stream>>>(dlogits, dgate, gate, choice, probs, lse, f,
-            T, N, E, k,
-                                                                          aux_scale, z_scale);
+                                                                          T, N, E, k, aux_scale, z_scale);
     cudaCheckLaunch();
 #else
     moe_router_backward_cpu(dlogits, dgate, gate, choice, probs, lse, f, T, N, E, k, aux_scale, z_scale);

@@ -26,14 +26,18 @@
 
 // A fatal error seen by one rank only (a bad file, a failed write): print one line and take
 // every rank down with MPI_Abort, so the others never wait forever in a collective.
-static void fail(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
+static void print_error(const char *fmt, va_list ap) {
     fprintf(stderr, "error: ");
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
-    va_end(ap);
     fflush(stderr);
+}
+
+static void fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    print_error(fmt, ap);
+    va_end(ap);
     int initialized = 0, size = 1;
     MPI_Initialized(&initialized);
     if (initialized) { MPI_Comm_size(MPI_COMM_WORLD, &size); }
@@ -52,11 +56,8 @@ static void fail_all(int rank, const char *fmt, ...) {
     if (rank == 0) {
         va_list ap;
         va_start(ap, fmt);
-        fprintf(stderr, "error: ");
-        vfprintf(stderr, fmt, ap);
-        fprintf(stderr, "\n");
+        print_error(fmt, ap);
         va_end(ap);
-        fflush(stderr);
     }
     stop_all(1);
 }
