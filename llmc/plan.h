@@ -185,19 +185,9 @@ static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild 
     return n;
 }
 
-// Prints the plan of every stage and, with a limit, whether each fits; over the limit, what dominates
-// and the levers. Returns 1 if every rank fits (or there is no limit).
-static int plan_report(const Args *a, const GPT2Config *c, int world, double limit) {
-    PlanBuild b = plan_build(a);
-    MemPlan *plans = (MemPlan *)malloc_check(sizeof(MemPlan) * a->pp);
-    int worst = plan_stages(a, c, world, b, plans), accum = a->total_batch / (a->B * a->T * a->dp);
-    double reserve = plan_reserve(b);
-    printf("memory plan: L %d C %d NH %d Vp %d%s, world %d = tp %d x cp %d x pp %d x dp %d, B %d T %d x %d "
-           "micro-batches, zero %d%s, "
-           "%s%s, recompute %s, ce chunk %d; %s\n", c->num_layers, c->channels, c->num_heads, c->padded_vocab_size,
-           c->num_experts ? " (MoE)" : "", world, a->tp, a->cp, a->pp, a->dp, a->B, a->T, accum, a->zero,
-               a->sp ? ", sp" : "",
-           a->pp_schedule, a->vpp > 1 ? " (vpp)" : "", a->recompute, a->ce_chunk, b.name);
+// The plan's table: a row per stage (and one for a stage's last tp, cp, dp position where it differs), then
+// the machine-readable lines "plan STAGE CATEGORY PEAK" that tests read.
+static void plan_print_stages(const Args *a, const GPT2Config *c, int world, PlanBuild b, const MemPlan *plans) {
     printf("%-5s", "stage");
     for (int k = 0; k < MEM_NCAT; k++) { printf(" | %11s", mem_category_names[k]); }
     printf(" | %10s  (peak MiB per rank)\n", "peak total");
@@ -220,6 +210,54 @@ static int plan_report(const Args *a, const GPT2Config *c, int world, double lim
         for (int k = 0; k < MEM_NCAT; k++) { printf("plan %d %s %zu\n", s, mem_category_names[k], plans[s].peak[k]); }
         printf("plan %d total %zu\n", s, plans[s].peak_total);
     }
+}
+
+// Over the limit: the largest category of the worst stage, what dominates it, and the levers (single ones,
+// or pairs when none fits) ranked by fit and time, with the machine-readable "lever ..." lines.
+static void plan_print_advice(const Args *a, const GPT2Config *c, int world, PlanBuild b, double limit, const MemPlan *plans,
+                              int worst) {
+    int big = 0;
+    for (int k = 1; k < MEM_NCAT; k++) { if (plans[worst].peak[k] > plans[worst].peak[big]) { big = k; } }
+    char why[256];
+    plan_explain(a, c, world, worst, big, b, plans[worst].slots, why, sizeof(why));
+    printf("largest on stage %d: %s = %.2f GiB\n", worst, mem_category_names[big], gib(plans[worst].peak[big]));
+    printf("  %s\n", why);
+    Lever *levers = (Lever *)malloc_check(sizeof(Lever) * 256);
+    Args base = *a;
+    int n = plan_levers(&base, c, world, b, limit, levers, 0), any = 0;
+    for (int i = 0; i < n; i++) { any |= levers[i].fits; }
+    if (!any) { n = plan_levers(&base, c, world, b, limit, levers, 1); }
+    qsort(levers, n, sizeof(Lever), lever_order);
+    printf("levers (%s; world %d and -d %d fixed, so tp, cp or pp x2 halves dp; time per step from %.0f TFLOP/s per rank, %.0f GB/s "
+           "inside a node (tp, cp), %.0f GB/s across (pp, dp), %.0f us per layer and micro-batch, the bubble, flash attention %.0fx slower), "
+           "fits first, then fastest:\n", any ? "one at a time" : "no single lever fits: pairs", world,
+               a->total_batch, PLAN_FLOPS / 1e12,
+           PLAN_NODE_BW / 1e9, PLAN_NET_BW / 1e9, PLAN_LAYER_COST * 1e6, PLAN_FLASH_SLOWER);
+    for (int i = 0; i < n && i < 12; i++) {
+        printf("  %-8s %9.3f GiB  %10.2f ms/step  %s\n", levers[i].fits ? "fits" : "too big", gib(levers[i].peak),
+               levers[i].seconds * 1e3, levers[i].what);
+    }
+    for (int i = 0; i < n; i++) {   // machine-readable, for tests: "lever rank fits peak_bytes seconds what"
+        printf("lever %d %d %.0f %.6f %s\n", i, levers[i].fits, levers[i].peak, levers[i].seconds, levers[i].what);
+    }
+    if (n == 0) { printf("  (no lever applies to this layout)\n"); }
+    printf("  (this layout: %.2f ms/step)\n", plan_seconds(a, c, world, b) * 1e3);
+    free(levers);
+}
+
+// Prints the plan of every stage and, with a limit, whether each fits; over the limit, what dominates
+// and the levers. Returns 1 if every rank fits (or there is no limit).
+static int plan_report(const Args *a, const GPT2Config *c, int world, double limit) {
+    PlanBuild b = plan_build(a);
+    MemPlan *plans = (MemPlan *)malloc_check(sizeof(MemPlan) * a->pp);
+    int worst = plan_stages(a, c, world, b, plans), accum = a->total_batch / (a->B * a->T * a->dp);
+    double reserve = plan_reserve(b);
+    printf("memory plan: L %d C %d NH %d Vp %d%s, world %d = tp %d x cp %d x pp %d x dp %d, B %d T %d x %d "
+           "micro-batches, zero %d%s, %s%s, recompute %s, ce chunk %d; %s\n",
+           c->num_layers, c->channels, c->num_heads, c->padded_vocab_size, c->num_experts ? " (MoE)" : "", world, a->tp,
+           a->cp, a->pp, a->dp, a->B, a->T, accum, a->zero, a->sp ? ", sp" : "", a->pp_schedule,
+           a->vpp > 1 ? " (vpp)" : "", a->recompute, a->ce_chunk, b.name);
+    plan_print_stages(a, c, world, b, plans);
     int fits = 1;
     if (limit > 0) {
         double need = (double)plans[worst].peak_total + reserve;
@@ -228,35 +266,7 @@ static int plan_report(const Args *a, const GPT2Config *c, int world, double lim
                reserve > 0 ? " (1.00 GiB of it assumed for the CUDA context and NCCL)" : "", worst, gib(need),
                    fits ? "fits" : "does NOT fit");
     }
-    if (!fits) {
-        int big = 0;
-        for (int k = 1; k < MEM_NCAT; k++) { if (plans[worst].peak[k] > plans[worst].peak[big]) { big = k; } }
-        char why[256];
-        plan_explain(a, c, world, worst, big, b, plans[worst].slots, why, sizeof(why));
-        printf("largest on stage %d: %s = %.2f GiB\n", worst, mem_category_names[big], gib(plans[worst].peak[big]));
-        printf("  %s\n", why);
-        Lever *levers = (Lever *)malloc_check(sizeof(Lever) * 256);
-        Args base = *a;
-        int n = plan_levers(&base, c, world, b, limit, levers, 0), any = 0;
-        for (int i = 0; i < n; i++) { any |= levers[i].fits; }
-        if (!any) { n = plan_levers(&base, c, world, b, limit, levers, 1); }
-        qsort(levers, n, sizeof(Lever), lever_order);
-        printf("levers (%s; world %d and -d %d fixed, so tp, cp or pp x2 halves dp; time per step from %.0f TFLOP/s per rank, %.0f GB/s "
-               "inside a node (tp, cp), %.0f GB/s across (pp, dp), %.0f us per layer and micro-batch, the bubble, flash attention %.0fx slower), "
-               "fits first, then fastest:\n", any ? "one at a time" : "no single lever fits: pairs", world,
-                   a->total_batch, PLAN_FLOPS / 1e12,
-               PLAN_NODE_BW / 1e9, PLAN_NET_BW / 1e9, PLAN_LAYER_COST * 1e6, PLAN_FLASH_SLOWER);
-        for (int i = 0; i < n && i < 12; i++) {
-            printf("  %-8s %9.3f GiB  %10.2f ms/step  %s\n", levers[i].fits ? "fits" : "too big", gib(levers[i].peak),
-                   levers[i].seconds * 1e3, levers[i].what);
-        }
-        for (int i = 0; i < n; i++) {   // machine-readable, for tests: "lever rank fits peak_bytes seconds what"
-            printf("lever %d %d %.0f %.6f %s\n", i, levers[i].fits, levers[i].peak, levers[i].seconds, levers[i].what);
-        }
-        if (n == 0) { printf("  (no lever applies to this layout)\n"); }
-        printf("  (this layout: %.2f ms/step)\n", plan_seconds(a, c, world, b) * 1e3);
-        free(levers);
-    }
+    if (!fits) { plan_print_advice(a, c, world, b, limit, plans, worst); }
     fflush(stdout);
     free(plans);
     return fits;
