@@ -373,10 +373,10 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     m->BTs = m->sp ? m->BT / tp : m->BT;
     m->tok0 = m->sp ? m->grid->tp_rank * m->BTs : 0;
     m->seqpos = seq_pos_of_rank(cp, m->grid->cp_rank, T);
-    Pipeline *p = &m->pipe;
-    p->pp = &m->grid->pp_group; p->tp = &m->grid->tp_group;
+    Pipeline *pipe = &m->pipe;
+    pipe->pp = &m->grid->pp_group; pipe->tp = &m->grid->tp_group;
     // (without a pipeline GPipe is 1F1B)
-    int nslots = pipeline_plan(p, pp == 1 ? SCHEDULE_1F1B : schedule, pp, vpp, m->grid->pp_rank, accum);
+    int nslots = pipeline_plan(pipe, pp == 1 ? SCHEDULE_1F1B : schedule, pp, vpp, m->grid->pp_rank, accum);
     int Ld = 0, Lm = 0;
     for (int l = 0; l < Ls; l++) { if (is_moe_layer(c, m->layer_id[l])) { Lm++; } else { Ld++; } }
     ExpertParallel *x = &m->moe;
@@ -412,7 +412,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     int *chunk_len = (int *)malloc_check(vpp * sizeof(int));
     for (int i = 0; i < nslots; i++) { resid[i] = m->acts[i].resid; }
     for (int v = 0; v < vpp; v++) { chunk_len[v] = m->chunk_l0[v + 1] - m->chunk_l0[v]; }
-    pipeline_alloc(p, m->first, m->last, !m->sp && tp > 1, m->BTs * c->channels, resid, chunk_len, m->ws.dresid,
+    pipeline_alloc(pipe, m->first, m->last, !m->sp && tp > 1, m->BTs * c->channels, resid, chunk_len, m->ws.dresid,
                    m->zero.prefetch && pp > 1);
 }
 
@@ -724,7 +724,7 @@ static void local_tokens(const GPT2 *m, int *local, const int *batch) {
 }
 
 // Micro-batch i's activations in model chunk v.
-static Activations *chunk_acts(GPT2 *m, int v, int i) { return &m->acts[m->pipe.slot_of[v * m->pipe.m + i]]; }
+static Activations *chunk_acts(GPT2 *m, int v, int i) { return &m->acts[m->pipe.slot_of[v * m->pipe.micro + i]]; }
 
 // Micro-batch i's tokens go to chunk 0 (the embedding), its targets to the last chunk (the loss), each
 // when that chunk's forward starts (a slot of the last chunk may still hold an earlier micro-batch

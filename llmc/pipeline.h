@@ -225,7 +225,7 @@ typedef struct {
     PipeSchedule schedule;
     int vpp;                 // model chunks per rank (interleaved; 1 otherwise)
     StepList steps;        // this rank's schedule for a training step
-    int m;                 // micro-batches per step (the plan's)
+    int micro;             // micro-batches per step (the plan's)
     int nslots;            // activation slots: as many (micro-batch, chunk) pairs as are alive at once
     int *slot_of;          // (vpp, m) the slot of micro-batch i in chunk v while it is alive, -1 otherwise
     int *busy;             // (nslots) 1 while a slot is taken
@@ -247,7 +247,7 @@ typedef struct {
 // The slot of forward (or backward) k's micro-batch in its chunk.
 static int pipe_slot(const Pipeline *p, int k, int forward) {
     int pp = p->pp->size, v = schedule_chunk(k, pp, p->vpp, forward), i = schedule_micro(k, pp, p->vpp),
-        s = p->slot_of[v * p->m + i];
+        s = p->slot_of[v * p->micro + i];
     if (s < 0) { fail("pipeline: micro-batch %d of chunk %d has no activation slot: a bug", i, v); }
     return s;
 }
@@ -258,21 +258,21 @@ static int pipe_slot(const Pipeline *p, int k, int forward) {
 static void slot_take(Pipeline *p, int k) {
     int pp = p->pp->size, v = schedule_chunk(k, pp, p->vpp, 1), i = schedule_micro(k, pp, p->vpp), s = 0;
     while (s < p->nslots && p->busy[s]) { s++; }
-    if (s == p->nslots || p->slot_of[v * p->m + i] >= 0) {
+    if (s == p->nslots || p->slot_of[v * p->micro + i] >= 0) {
         fail("pipeline: no free activation slot for micro-batch %d of chunk %d (%d slots): a bug", i, v, p->nslots);
     }
     p->busy[s] = 1;
-    p->slot_of[v * p->m + i] = s;
+    p->slot_of[v * p->micro + i] = s;
     if (++p->alive > p->peak) { p->peak = p->alive; }
 }
 static void slot_give(Pipeline *p, int k) {
     int pp = p->pp->size, v = schedule_chunk(k, pp, p->vpp, 0), i = schedule_micro(k, pp, p->vpp);
     p->busy[pipe_slot(p, k, 0)] = 0;
-    p->slot_of[v * p->m + i] = -1;
+    p->slot_of[v * p->micro + i] = -1;
     p->alive--;
 }
 static void slots_reset(Pipeline *p) {
-    for (int i = 0; i < p->vpp * p->m; i++) { p->slot_of[i] = -1; }
+    for (int i = 0; i < p->vpp * p->micro; i++) { p->slot_of[i] = -1; }
     for (int s = 0; s < p->nslots; s++) { p->busy[s] = 0; }
     p->alive = 0;
 }
@@ -301,7 +301,7 @@ static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int vpp, in
         if (s->recv_fwd >= 0) { alive++; }
         if (alive > most) { most = alive; }
     }
-    p->m = m;
+    p->micro = m;
     p->nslots = most;
     p->slot_of = (int *)malloc_check(vpp * (size_t)m * sizeof(int));
     p->busy = (int *)malloc_check(most * sizeof(int));
