@@ -1033,7 +1033,7 @@ static void check_resume(TestRun *t, const char *dir) {
         StepResult r = gpt2_update(&run, &t->opt, lr_at(&t->sched, s), s);
         uninterrupted[s] = r.loss; norms[s] = r.norm;
         if (dump) { d.norm = r.norm; }
-        if (s + 1 == RESUME_STEP) { save_checkpoint(&run, dir, RESUME_STEP, &dl, &rng, t->args.total_batch, 0); }
+        if (s + 1 == RESUME_STEP) { save_checkpoint(&run, dir, RESUME_STEP, &dl, &rng, t->args.total_batch, 0, t->ref.nsteps); }
     }
     if (my_rank == 0) {
         write_step_dump(t, dir, &d, uninterrupted + RESUME_STEP, norms + RESUME_STEP, nsteps - RESUME_STEP);

@@ -203,6 +203,7 @@ typedef struct {
     Activations scratch;         // one layer's worth of what is recomputed, shared by the layers and micro-batches
     int micro;                   // the micro-batch running (for --trace)
     int *step_tokens;            // (2, accum, BT) page-locked: a step's inputs and targets, uploaded without a wait
+    int *fwd_tokens;             // (2, BT) a forward-only pass's inputs and targets (validation, sampling)
     // AdamW updates applied; skipped (a non-finite loss or norm): in all, in a row
     int updates, skips, skips_in_a_row;
 } GPT2;
@@ -407,6 +408,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
         }
     }
     workspace_alloc(m, chunk, Lm > 0);
+    m->fwd_tokens = (int *)malloc_check(sizeof(int) * 2 * m->BT);
     // the pipeline's view of the slots: each one's input (resid[0]) and output (resid[Lc])
     floatX **resid = (floatX **)malloc_check(nslots * sizeof(floatX *));
     int *chunk_len = (int *)malloc_check(vpp * sizeof(int));
@@ -431,7 +433,7 @@ typedef struct {
 static ModelOptions model_options(const Args *a, MoEOptions moe, int dp) {
     ModelOptions o = {a->vpp, a->zero, a->sp, moe, recompute_mode(a->recompute), a->overlap, a->B, a->T / a->cp,
                       a->ce_chunk,
-                      a->total_batch / (a->B * a->T * dp), pipe_schedule(a->pp_schedule), a->sample_every > 0};
+                      a->total_batch / (a->B * a->T * dp), pipe_schedule(a->pp_schedule), args_samples(a)};
     return o;
 }
 
@@ -457,6 +459,7 @@ static void gpt2_free(GPT2 *m) {
     pipeline_free(&m->pipe);
     zero_free(&m->zero);
     free(m->units); free(m->u_layer); free(m->u_experts); free(m->layer_id); free(m->chunk_l0); free(m->acts);
+    free(m->fwd_tokens);
 }
 
 // The tied embedding's gradient. wte is used twice: by the token embedding (first stage, the first op
@@ -857,12 +860,11 @@ static void forward_only(void *ctx, int v, int i) {
 // Forward only, through every stage: tokens (B, T*cp) in; the last stage's lnf of this rank's tokens
 // out (in the last chunk's acts of micro-batch 0).
 static void gpt2_forward_pipeline(GPT2 *m, const int *inputs, const int *targets) {
-    int *in = (int *)malloc_check(sizeof(int) * 2 * m->BT), *tg = in + m->BT;
+    int *in = m->fwd_tokens, *tg = in + m->BT;
     local_tokens(m, in, inputs);
     local_tokens(m, tg, targets);
     ForwardOnly f = {m, in, tg};
     pipeline_forward_only(&m->pipe, (StageWork){&f, forward_only, NULL});
-    free(in);
 }
 
 // Mean loss over up to max_batches batches of the loader (from its start), over all dp ranks.
@@ -879,83 +881,144 @@ static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
     return gpt2_read_loss(m, n);
 }
 
-// Generates gen_tokens tokens after an EOT (sampled at temperature 1). Every rank runs it with the same generator (the
-// forward needs the tp, cp, pp and, at ZeRO 3, dp collectives); the last stage's cp rank holding the position draws the
-// token and sends it to the others; rank 0 prints. MoE layers run dropless: with a capacity, the padding after the
-// current token would take capacity from it.
-static void gpt2_sample(GPT2 *m, Tokenizer *tok, Rng *rng, int gen_tokens, int eot) {
-    const GPT2Config *c = &m->config;
-    int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size, cap = m->moe.cap;
-    int Tg = m->T * m->grid->cp, cp = m->grid->cp;   // the whole sequence (cp: over the cp ranks)
+// ----------------------------------------------------------------------------
+// sampling
+
+// What sampling needs, allocated once (a call allocates nothing: on CUDA an allocation waits for the device).
+typedef struct {
+    int *window;          // (B, T*cp) the tokens a forward sees: the text's last T*cp tokens, then EOT
+    int *text;            // the prompt and the tokens generated (cap of them)
+    int cap;
+    floatX *row;          // (Vp) the logits of one position (the last stage)
+    float *logits;        // (Vp) on the host
+    int *order;           // (V) top-k: the tokens by logit
+    float temperature;    // 0: the most likely token
+    int top_k;            // 0: every token
+} Sampler;
+
+static void sampler_init(Sampler *s, const GPT2 *m, int cap, float temperature, int top_k) {
+    int Vp = m->config.padded_vocab_size;
+    s->window = (int *)malloc_check(sizeof(int) * m->B * m->T * m->grid->cp);
+    s->text = (int *)malloc_check(sizeof(int) * cap);
+    s->cap = cap;
+    s->row = m->last ? (floatX *)mem_alloc((size_t)Vp * floatx_bytes(), MEM_LOGITS) : NULL;   // (as planned: gpt2_plan)
+    s->logits = (float *)malloc_check(sizeof(float) * Vp);
+    s->order = (int *)malloc_check(sizeof(int) * Vp);
+    s->temperature = temperature;
+    s->top_k = top_k;
+}
+
+static const float *sort_logits;   // (sort_desc's key: qsort has no context)
+static int sort_desc(const void *x, const void *y) {
+    int a = *(const int *)x, b = *(const int *)y;
+    float la = sort_logits[a], lb = sort_logits[b];
+    return la > lb ? -1 : la < lb ? 1 : a - b;   // ties: the lower token first
+}
+
+// The next token from logits (V) and a coin in [0, 1): temperature 0, the most likely (the lower token on a
+// tie); else p_v = exp((logit_v - max) / temperature) over the top_k most likely (all: 0), renormalised,
+// and the first token whose cumulative p exceeds the coin.
+static int sample_token(Sampler *s, const float *logits, int V, float coin01) {
+    int n = V;
+    for (int v = 0; v < V; v++) { s->order[v] = v; }
+    if (s->temperature == 0.0f || (s->top_k > 0 && s->top_k < V)) {
+        sort_logits = logits;
+        qsort(s->order, V, sizeof(int), sort_desc);
+        if (s->temperature == 0.0f) { return s->order[0]; }
+        n = s->top_k;
+    }
+    float maxv = -INFINITY;
+    for (int i = 0; i < n; i++) { if (logits[s->order[i]] > maxv) { maxv = logits[s->order[i]]; } }
+    double sum = 0.0, cdf = 0.0;
+    for (int i = 0; i < n; i++) { sum += exp((logits[s->order[i]] - maxv) / s->temperature); }
+    double coin = coin01 * sum;
+    for (int i = 0; i < n; i++) {
+        cdf += exp((logits[s->order[i]] - maxv) / s->temperature);
+        if (coin < cdf) { return s->order[i]; }
+    }
+    return s->order[n - 1];
+}
+
+// The logits of sequence position pos of the window (row 0), on the last stage's cp rank that holds it, into
+// s->logits; returns that rank (cp). The forward has run.
+static int position_logits(GPT2 *m, Sampler *s, int pos) {
+    int C = m->config.channels, owner, row_t;
+    seq_pos_owner(m->grid->cp, m->T, pos, &owner, &row_t);   // position pos's cp rank and its local row there
+    floatX *p[NUM_TENSORS];
+    if (m->last) { unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p); }   // (ZeRO 3: a collective)
+    if (m->last && m->grid->cp_rank == owner) {
+        floatX *h = tp_all_tokens(&m->grid->tp_group, m->sp, chunk_acts(m, m->vpp - 1, 0)->lnf, m->ws.xfull, m->BTs, C);
+        // this rank's vocabulary slice of the logits of position pos, then all slices (Vp)
+        matmul_forward(s->row + m->v0, h + (size_t)row_t * C, p[T_WTE], NULL, 1, C, m->Vl);
+        comm_all_gather(&m->grid->tp_group, s->row + m->v0, s->row, m->Vl, DT_FLOATX, NULL);
+        download_floats(s->logits, s->row, m->config.padded_vocab_size);
+    }
+    return owner;
+}
+
+// Generates n tokens after the prompt (an EOT without one), each from a forward over the window of the
+// text's last T*cp tokens (it slides once the text is longer). Every rank runs it with the same generator
+// (the forward needs the tp, cp, pp and, at ZeRO 3, dp collectives); the last stage's cp rank holding the
+// position draws the token and sends it to the others. Rank 0 prints the text (decoded by tok, or as ids
+// after ids_note) and a line "sample ids: ..." of the tokens generated. MoE layers run dropless: with a
+// capacity, the padding after the current token would take capacity from it.
+static void gpt2_sample(GPT2 *m, Sampler *s, Tokenizer *tok, Rng *rng, const int *prompt, int nprompt, int n, int eot,
+                        const char *ids_note) {
+    int Tg = m->T * m->grid->cp, cap = m->moe.cap, len = 0, rank0 = m->grid->rank == 0;
     m->moe.cap = Tg;   // (dropless)
-    int *gen = (int *)malloc_check(sizeof(int) * m->B * Tg);
-    for (int i = 0; i < m->B * Tg; i++) { gen[i] = eot; }
-    // (as planned: gpt2_plan)
-    floatX *row = m->last ? (floatX *)mem_alloc((size_t)Vp * floatx_bytes(), MEM_LOGITS) : NULL;
-    float *probs = (float *)malloc_check(sizeof(float) * Vp);
-    if (m->grid->rank == 0) { printf("generating:\n---\n"); }
-    int n = gen_tokens < Tg - 1 ? gen_tokens : Tg - 1;
-    for (int t = 1; t <= n; t++) {
-        gpt2_forward_pipeline(m, gen, gen);
+    if (nprompt == 0) { s->text[len++] = eot; }
+    for (int i = 0; i < nprompt; i++) { s->text[len++] = prompt[i]; }
+    if (rank0) {
+        printf("generating:%s\n---\n", tok->init_ok ? "" : ids_note);
+        for (int i = 0; i < nprompt && tok->init_ok; i++) { safe_printf(tokenizer_decode(tok, prompt[i])); }
+    }
+    for (int t = 0; t < n && len < s->cap; t++) {
+        int w0 = len > Tg ? len - Tg : 0;   // the window: the text's last Tg tokens, then EOT
+        for (int i = 0; i < m->B * Tg; i++) { s->window[i] = i < len - w0 ? s->text[w0 + i] : eot; }
+        gpt2_forward_pipeline(m, s->window, s->window);
         float coin01 = rng_f32(rng);   // every rank draws, so the generators stay equal
-        int next = 0, owner, row_t;
-        seq_pos_owner(cp, m->T, t - 1, &owner, &row_t);   // position t-1's cp rank and its local row there
-        floatX *p[NUM_TENSORS];
-        // (ZeRO 3: a dp, cp collective)
-        if (m->last) {
-            unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p);
-        }
-        if (m->last && m->grid->cp_rank == owner) {
-            floatX *h = tp_all_tokens(&m->grid->tp_group, m->sp, chunk_acts(m, m->vpp - 1, 0)->lnf, m->ws.xfull,
-                                      m->BTs, C);
-            // this rank's vocabulary slice of the logits of position t-1, then all slices (Vp)
-            matmul_forward(row + m->v0, h + (size_t)row_t * C, p[T_WTE], NULL, 1, C, m->Vl);
-            comm_all_gather(&m->grid->tp_group, row + m->v0, row, m->Vl, DT_FLOATX, NULL);
-            download_floats(probs, row, Vp);
-            float maxv = -INFINITY;
-            for (int v = 0; v < V; v++) { if (probs[v] > maxv) { maxv = probs[v]; } }
-            double sum = 0.0;
-            for (int v = 0; v < V; v++) { sum += exp(probs[v] - maxv); }
-            double coin = coin01 * sum, cdf = 0.0;
-            next = V - 1;
-            for (int v = 0; v < V; v++) { cdf += exp(probs[v] - maxv); if (coin < cdf) { next = v; break; } }
-        }
+        int owner = position_logits(m, s, len - 1 - w0), next = 0;
+        if (m->last && m->grid->cp_rank == owner) { next = sample_token(s, s->logits, m->config.vocab_size, coin01); }
         if (m->last) { comm_host_bcast(&m->grid->cp_group, &next, 1, DT_INT, owner, "broadcast of the sampled token"); }
         comm_host_bcast(&m->grid->pp_group, &next, 1, DT_INT, m->grid->pp - 1, "broadcast of the sampled token");
-        gen[t] = next;
-        if (m->grid->rank == 0) {
-            const char *piece = tokenizer_decode(tok, next);
-            if (piece) { safe_printf(piece); } else { printf("%d ", next); }
+        s->text[len++] = next;
+        if (rank0 && tok->init_ok) {
+            safe_printf(tokenizer_decode(tok, next));
             fflush(stdout);
         }
     }
-    if (m->grid->rank == 0) { printf("\n---\n"); }
+    if (rank0) {   // the text (above, decoded), then the ids generated; or only the ids
+        if (tok->init_ok) { printf("\n---\n"); }
+        printf("sample ids:");
+        for (int i = len - n; i < len; i++) { printf(" %d", s->text[i]); }
+        printf(tok->init_ok ? "\n" : "\n---\n");
+    }
     m->moe.cap = cap;
-    mem_free(row);
-    free(probs);
-    free(gen);
 }
 
 // ----------------------------------------------------------------------------
 // checkpoints (checkpoint.h): the step counters and the data position beside the units' parameters and
 // AdamW state
 
-static TrainState gpt2_train_state(const GPT2 *m, int total_batch) {
+static TrainState gpt2_train_state(const GPT2 *m, int total_batch, int max_steps) {
     Grid *g = m->grid;
     TrainState s = {m->updates, m->skips, m->skips_in_a_row, m->T * g->cp, total_batch,
-                    total_batch / (m->B * m->T * g->cp * g->dp)};
+                    total_batch / (m->B * m->T * g->cp * g->dp), max_steps};
     return s;
 }
 
-static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch, int async) {
-    TrainState s = gpt2_train_state(m, total_batch);
+static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch, int async,
+                            int max_steps) {
+    TrainState s = gpt2_train_state(m, total_batch, max_steps);
     checkpoint_save(&m->config, &m->zero, dir, step, &s, dl, rng, async);
 }
 
-static void load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch) {
-    TrainState s = gpt2_train_state(m, total_batch);
+// Returns the -x of the run that wrote the checkpoint (0: not recorded).
+static int load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch) {
+    TrainState s = gpt2_train_state(m, total_batch, 0);
     checkpoint_load(&m->config, &m->zero, dir, step, &s, dl, rng);
     m->updates = s.updates; m->skips = s.skips; m->skips_in_a_row = s.skips_in_a_row;
+    return s.max_steps;
 }
 
 // ----------------------------------------------------------------------------
@@ -972,7 +1035,7 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
     GPT2 m;
     ModelOptions o = model_options(a, moe, g.dp);
     gpt2_init(&m, c, NULL, &g, &o);
-    if (a->sample_every > 0 && m.last) { mem_alloc((size_t)c->padded_vocab_size * floatx_bytes(), MEM_LOGITS); }
+    if (args_samples(a) && m.last) { mem_alloc((size_t)c->padded_vocab_size * floatx_bytes(), MEM_LOGITS); }
     if (b.cuda) {
         mem_alloc(CUBLASLT_WORKSPACE_BYTES, MEM_WORKSPACE);
         if (a->cp == 1 && m.Ls > 0) {
@@ -1166,15 +1229,36 @@ static void print_setup(const Args *a, const GPT2 *m, int accum) {
 
 // One step's line on the screen and in main.log: the CE loss (trl), and for MoE models aux, z and the
 // dropped fraction; a skipped update says so.
+typedef struct { double elapsed, eta, ms; } StepClock;   // seconds since the first step, seconds left, this step's ms
+
+static void print_duration(const char *label, double seconds) {
+    long s = (long)(seconds + 0.5);
+    printf(" | %s %ld:%02ld:%02ld", label, s / 3600, s / 60 % 60, s % 60);
+}
+
+// The model FLOPs of one step (6 per parameter and token, and causal attention's 6 L C T per token), over
+// the world's peak: the CUDA build's bf16 tensor-core rate (790 TFLOP/s a GPU, an H200's dense bf16 as measured
+// reachable; the data sheet says 989).
+#define PEAK_FLOPS_PER_GPU 790e12
+static double step_mfu(const Args *a, const GPT2 *m, double ms) {
+    const GPT2Config *c = &m->config;
+    double flops = (6.0 * m->num_parameters + 6.0 * c->num_layers * c->channels * a->T) * a->total_batch;
+    return flops / (ms / 1e3) / (m->grid->world_size * PEAK_FLOPS_PER_GPU);
+}
+
 static void log_step(const Args *a, GPT2 *m, FILE *logf, int step, int max_steps, int accum, float loss, float norm,
-                     float lr, double ms) {
+                     float lr, StepClock clock) {
     int moe = m->config.num_experts > 0, skipped = m->skips_in_a_row > 0;
-    double aux = 0, z = 0, dropped = 0;
+    double aux = 0, z = 0, dropped = 0, ms = clock.ms;
     if (moe) { gpt2_moe_stats(m, accum, &aux, &z, &dropped); }
     if (m->grid->rank != 0) { return; }
     printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, max_steps, loss, norm, lr,
-           ms,
-           a->total_batch / (ms / 1e3));
+           ms, a->total_batch / (ms / 1e3));
+#ifdef USE_CUDA
+    printf(" | MFU %.1f%%", 100.0 * step_mfu(a, m, ms));
+#endif
+    print_duration("elapsed", clock.elapsed);
+    print_duration("eta", clock.eta);
     if (moe) { printf(" | aux %.4f z %.4f dropped %.4f", aux, z, dropped); }
     if (skipped) { printf(" | non-finite: update skipped (%d in a row)", m->skips_in_a_row); }
     printf("\n");
@@ -1266,7 +1350,38 @@ typedef struct {
     Rng sample_rng;
     FILE *logf;                // main.log (rank 0 with -o)
     StepTimes times;
+    double t_start;            // when the first step started (wall seconds)
+    int resumed;               // from a checkpoint
+    int sampling;              // args_samples: every -s steps, and at the end
+    Sampler sampler;
+    int *prompt, nprompt;      // --prompt-ids or --prompt, as tokens
+    const char *ids_note;      // what the printed ids are, when there is no tokenizer
+    long allocations;          // the device allocations made up to the end of the first step
 } Run;
+
+// The prompt's tokens: --prompt-ids (0 <= id < V), or --prompt's bytes (a byte model: V 257).
+static void run_prompt(Run *r) {
+    const Args *a = &r->args;
+    int V = r->config.vocab_size;
+    r->nprompt = 0;
+    r->prompt = (int *)malloc_check(sizeof(int) * (strlen(a->prompt_ids ? a->prompt_ids : a->prompt ? a->prompt : "") + 1));
+    if (a->prompt) {
+        if (V != 257) {
+            fail_all(r->rank, "--prompt TEXT needs a byte model (V 257), this one has V %d: give --prompt-ids, or encode the "
+                     "text with dev/sample.py", V);
+        }
+        for (const char *c = a->prompt; *c; c++) { r->prompt[r->nprompt++] = (unsigned char)*c; }
+    }
+    for (const char *c = a->prompt_ids; c && *c;) {
+        char *end;
+        long id = strtol(c, &end, 10);
+        if (end == c || (*end != ',' && *end != '\0') || id < 0 || id >= V) {
+            fail_all(r->rank, "--prompt-ids '%s': expected token ids 0..%d separated by commas", a->prompt_ids, V - 1);
+        }
+        r->prompt[r->nprompt++] = (int)id;
+        c = *end ? end + 1 : end;
+    }
+}
 
 // The model, the grid, this rank's part of the model, the data, the output dir, and the state of a
 // resumed run. A fresh run's shape alone says whether it fits: it is checked before the weights are
@@ -1279,6 +1394,7 @@ static void run_setup(Run *r) {
     int resume_step;
     float *params = load_model(a, rank, &r->config, &resume_step);
     if (a->resume) { setup_grid(a, &r->config, &r->grid, world, rank); }
+    run_prompt(r);
     // (checked before anything is written)
     r->have_val = setup_data(a, &r->config, &r->grid, &r->train_loader, &r->val_loader, &r->tokenizer);
     agree_on_inputs(&r->config, params, &r->train_loader, rank, world);
@@ -1297,20 +1413,40 @@ static void run_setup(Run *r) {
     r->opt = (OptConfig){0.9f, 0.95f, 1e-8f, a->weight_decay, a->grad_clip, a->seed};
     rng_init(&r->sample_rng, a->seed + 1);
     r->start_step = resume_step >= 0 ? resume_step : 0;
+    r->resumed = resume_step >= 0;
     if (resume_step >= 0) {
-        load_state(&r->model, a->output_dir, resume_step, &r->train_loader, &r->sample_rng, a->total_batch);
+        int was = load_state(&r->model, a->output_dir, resume_step, &r->train_loader, &r->sample_rng, a->total_batch);
         if (rank == 0) { printf("resumed from step %d of %s\n", resume_step, a->output_dir); }
+        if (rank == 0 && was > 0 && was != r->max_steps && resume_step < r->max_steps) {
+            printf("note: the checkpoint's run had -x %d, this one -x %d: the learning-rate schedule is stretched to %d steps\n",
+                   was, r->max_steps, r->max_steps);
+        }
     }
     r->logf = a->output_dir && rank == 0 ? open_log(a->output_dir, r->start_step) : NULL;
     r->eot = r->tokenizer.init_ok ? r->tokenizer.eot_token : r->config.vocab_size - 1;
+    r->ids_note = a->train_pattern ? " token ids (no tokenizer.bin with the model's vocabulary beside -i's shards)"
+                                   : " token ids (the built-in corpus is a Markov chain over token ids, not text)";
+    r->sampling = args_samples(a);
+    if (r->sampling) { sampler_init(&r->sampler, &r->model, r->nprompt + a->gen_tokens + 1, a->temperature, a->top_k); }
+    ckpt_keep_newest = a->keep_newest;
+    ckpt_keep_every = a->keep_every;
     r->saved = -1;
     r->model.moe.time_a2a = a->comm_report && r->config.num_experts > 0;
     r->model.pipe.time_waits = a->comm_report || a->trace_dir != NULL;
 }
 
+// The validation loss over -m batches of the val set (-1: all of them) with the model of `step`.
 static void run_validate(Run *r, int step) {
     float vl = gpt2_validate(&r->model, &r->val_loader, r->args.val_batches);
-    if (r->rank == 0) { printf("val loss %.6f\n", vl); log_printf(r->logf, "s:%d tel:%.6f\n", step, vl); }
+    if (r->rank == 0) {
+        printf("val loss %.6f | perplexity %.3f | step %d\n", vl, exp(vl), step);
+        log_printf(r->logf, "s:%d tel:%.6f\n", step, vl);
+    }
+}
+
+static void run_sample(Run *r) {
+    gpt2_sample(&r->model, &r->sampler, &r->tokenizer, &r->sample_rng, r->prompt, r->nprompt, r->args.gen_tokens, r->eot,
+                r->ids_note);
 }
 
 // One training step: validation and a sample when due, forward and backward, AdamW, the log, a checkpoint
@@ -1319,13 +1455,12 @@ static void run_step(Run *r, int step) {
     Args *a = &r->args;
     GPT2 *m = &r->model;
     if (r->have_val && a->val_every > 0 && step % a->val_every == 0) { run_validate(r, step); }
-    if (a->sample_every > 0 && step > 0 && step % a->sample_every == 0) {
-        gpt2_sample(m, &r->tokenizer, &r->sample_rng, a->gen_tokens, r->eot);
-    }
+    if (a->sample_every > 0 && step > 0 && step % a->sample_every == 0) { run_sample(r); }
     comm_reset_counters(&r->grid);
     m->pipe.wait_seconds = m->moe.a2a_seconds = 0.0;
     trace_begin();
     double t0 = wall_seconds();
+    if (step == r->start_step) { r->t_start = t0; }
     gpt2_forward_backward(m, &r->train_loader, r->accum);
     inject_nan_for_test(m, step);
     float lr = lr_at(&r->sched, step);
@@ -1334,7 +1469,9 @@ static void run_step(Run *r, int step) {
     double ms = (wall_seconds() - t0) * 1e3;
     trace_end("step", "step", "\"step\":%d,\"pipeline_wait_ms\":%.3f", step, m->pipe.wait_seconds * 1e3);
     if (step > r->start_step) { step_times_add(&r->times, m, ms); }
-    log_step(a, m, r->logf, step, r->max_steps, r->accum, res.loss, res.norm, lr, ms);
+    double per_step = r->times.steps > 0 ? r->times.total_ms / r->times.steps : ms;
+    StepClock clock = {wall_seconds() - r->t_start, per_step * (r->max_steps - step - 1) / 1e3, ms};
+    log_step(a, m, r->logf, step, r->max_steps, r->accum, res.loss, res.norm, lr, clock);
     if (m->skips_in_a_row >= a->max_skips) {
         fail_all(r->rank,
                  "step %d: %d updates in a row skipped for a non-finite loss or gradient norm (--max-skips %d); the "
@@ -1342,10 +1479,10 @@ static void run_step(Run *r, int step) {
                      m->skips_in_a_row,
                  a->max_skips, step + 2 - m->skips_in_a_row);
     }
-    if (step == r->start_step) { report_first_step(a, m, r->accum); }
+    if (step == r->start_step) { report_first_step(a, m, r->accum); r->allocations = mem_allocations; }
     if (a->checkpoint_every > 0 && (step + 1) % a->checkpoint_every == 0) {
         save_checkpoint(m, a->output_dir, step + 1, &r->train_loader, &r->sample_rng, a->total_batch,
-                        a->async_checkpoint);
+                        a->async_checkpoint, r->max_steps);
         r->saved = step + 1;
     } else if (r->rank == 0) {
         checkpoint_done(0);   // an asynchronous write finished since: mark it DONE now
@@ -1360,7 +1497,8 @@ static int run_stop_requested(Run *r, int step) {
     if (!stop || step + 1 >= r->max_steps) { return 0; }
     Args *a = &r->args;
     if (a->output_dir && r->saved != step + 1) {
-        save_checkpoint(&r->model, a->output_dir, step + 1, &r->train_loader, &r->sample_rng, a->total_batch, 0);
+        save_checkpoint(&r->model, a->output_dir, step + 1, &r->train_loader, &r->sample_rng, a->total_batch, 0,
+                        r->max_steps);
     }
     if (r->rank == 0) {
         checkpoint_done(1);
@@ -1370,20 +1508,28 @@ static int run_stop_requested(Run *r, int step) {
     return 1;
 }
 
-// The end: validation and a sample (unless a signal stopped the run, or it had nothing to run), the reports,
-// everything closed.
+// The end (unless a signal stopped the run): the last step's model and state with -o (unless a checkpoint
+// of that step is there: the one resumed from, or one just written), validation, a sample; then the
+// reports, everything closed. With -x 0 (or resumed at -x) no step runs, and the end's work is all there is.
 static void run_finish(Run *r, int stopped) {
     Args *a = &r->args;
     int ran = r->max_steps > r->start_step;
     if (!stopped) {
         if (a->memory_report && !ran) { mem_report(r->rank, r->world, "set up, no step run (-x 0)"); }
-        if (r->have_val && a->val_every > 0 && ran) { run_validate(r, r->max_steps); }
-        if (a->sample_every > 0 && ran) {
-            gpt2_sample(&r->model, &r->tokenizer, &r->sample_rng, a->gen_tokens, r->eot);
+        if (a->output_dir && r->saved != r->max_steps && !(r->resumed && !ran)) {
+            save_checkpoint(&r->model, a->output_dir, r->max_steps, &r->train_loader, &r->sample_rng, a->total_batch, 0,
+                            r->max_steps);
         }
+        if (r->have_val && a->val_every > 0) { run_validate(r, r->max_steps); }
+        if (r->sampling) { run_sample(r); }
     }
     if (r->rank == 0) { checkpoint_done(1); }
-    if (a->memory_report && ran) { mem_report(r->rank, r->world, "at the end of the run"); }
+    if (a->memory_report && ran) {
+        mem_report(r->rank, r->world, "at the end of the run");
+        double after = (double)(mem_allocations - r->allocations);
+        comm_host_all_reduce(&r->grid.world, &after, 1, DT_DOUBLE, HOST_MAX, "all-reduce (allocations)");
+        if (r->rank == 0) { printf("device allocations after the first step: %.0f (none expected)\n", after); }
+    }
     report_times(a, &r->model, &r->times, r->accum);
     if (r->logf) { fclose_check(r->logf, "main.log"); }
     trace_close();

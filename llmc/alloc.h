@@ -18,6 +18,7 @@ static MemBlock *mem_blocks = NULL;
 static int mem_nblocks = 0, mem_capacity = 0;
 static size_t mem_current[MEM_NCAT], mem_peak[MEM_NCAT];
 static size_t mem_current_total = 0, mem_peak_total = 0;
+static long mem_allocations = 0;   // device allocations made (not planned): a run makes none after its first step
 
 // Planning (--plan, --memory-limit, test_gpt's plan = measurement): the allocator only keeps the books.
 // mem_alloc hands out distinct fake addresses; nothing is allocated, and the code that plans writes
@@ -36,6 +37,7 @@ static void *mem_alloc(size_t bytes, MemCategory cat) {
         mem_plan_next += 256;
         p = (void *)mem_plan_next;
     } else {
+    mem_allocations++;
 #ifdef USE_CUDA
     cudaError_t err = cudaMalloc(&p, bytes);
     if (err != cudaSuccess) {
@@ -126,14 +128,14 @@ static void mem_report(int rank, int world_size, const char *label) {
     double *all = (double *)malloc_check(sizeof(double) * n * world_size);
     MPI_Gather(mine, n, MPI_DOUBLE, all, n, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     if (rank == 0) {
-        printf("memory report (%s), MiB current/peak per rank:\n", label);
-        printf("%-5s", "rank");
-        for (int c = 0; c < MEM_NCAT; c++) { printf(" | %21s", mem_category_names[c]); }
-        printf(" | %21s\n", "total");
+        printf("memory report (%s): MiB per rank, current / peak\n", label);
+        printf("%4s", "rank");
+        for (int c = 0; c <= MEM_NCAT; c++) { printf(" | %-19s", c < MEM_NCAT ? mem_category_names[c] : "total"); }
+        printf("\n");
         for (int r = 0; r < world_size; r++) {
-            printf("%-5d", r);
+            printf("%4d", r);
             for (int c = 0; c <= MEM_NCAT; c++) {
-                printf(" | %9.3f/%9.3f", all[r * n + 2 * c] / 1048576.0, all[r * n + 2 * c + 1] / 1048576.0);
+                printf(" | %8.2f / %8.2f", all[r * n + 2 * c] / 1048576.0, all[r * n + 2 * c + 1] / 1048576.0);
             }
             printf("\n");
         }

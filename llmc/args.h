@@ -33,6 +33,10 @@ typedef struct {
     double memory_limit;         // --memory-limit: bytes per rank (0: none; CUDA: the free device memory)
     const char *scheduler, *pp_schedule, *drop_policy, *trace_dir;
     unsigned int seed;
+    int keep_newest, keep_every;   // -nk, -nm: checkpoint retention (0: keep them all)
+    const char *prompt_ids, *prompt;   // --prompt-ids 1,2,3; --prompt TEXT (byte models)
+    float temperature;                  // --sample-temperature (0: the most likely token)
+    int top_k;                          // --sample-top-k (0: not given, every token)
     const char *given[MAX_FLAGS];   // the value of each flag given (FLAGS order), NULL if not: compared across ranks
 } Args;
 
@@ -58,6 +62,7 @@ static void default_args(Args *a) {
     a->z_coeff = 0.001f;
     a->timeout = 600.0f; a->max_skips = 5; a->recompute = "none"; a->overlap = 1; a->attention = "cublas";
     a->seed = 1337;
+    a->temperature = 1.0f;
 }
 
 // Flag errors are recorded, not fatal at once: every rank first takes part in agree_on_args (the first
@@ -153,10 +158,12 @@ static const Flag FLAGS[] = {
     {"-c", 0, F_FLOAT, ARG(weight_decay), 0.0, 10.0, 0, "WD", "weight decay, 2-D matrices only (0)"},
     {"-k", 0, F_CHOICE, ARG(scheduler), 0, 0, "cosine|linear|constant|wsd", "SCHED", "learning rate schedule (cosine)"},
     {"-v", 0, F_INT, ARG(val_every), 0, 1 << 30, 0, "N", "validate every N steps, 0 off (20)"},
-    {"-m", 0, F_INT, ARG(val_batches), 1, 1 << 30, 0, "N", "validation batches (20)"},
+    {"-m", 0, F_INT, ARG(val_batches), -1, 1 << 30, 0, "N", "validation batches, -1 the whole val set (20)"},
     {"-s", 0, F_INT, ARG(sample_every), 0, 1 << 30, 0, "N", "sample every N steps, 0 off (20)"},
-    {"-g", 0, F_INT, ARG(gen_tokens), 1, 1 << 20, 0, "N", "tokens to generate (64)"},
+    {"-g", 0, F_INT, ARG(gen_tokens), 1, 1 << 20, 0, "N", "tokens to generate; past -t the window slides (64)"},
     {"-n", 0, F_INT, ARG(checkpoint_every), 0, 1 << 30, 0, "N", "checkpoint every N steps, 0 off; needs -o (0)"},
+    {"-nk", 0, F_INT, ARG(keep_newest), 0, 1 << 30, 0, "N", "keep the newest N checkpoints, 0 all (0)"},
+    {"-nm", 0, F_INT, ARG(keep_every), 0, 1 << 30, 0, "M", "also keep every checkpoint whose step is a multiple of M (0)"},
     {"-y", 0, F_INT, ARG(resume), 0, 2, 0, "0|1|2",
         "resume: 1 from the newest checkpoint in -o (error if none), 2 if there is one (0)"},
     {"--zero", "-z", F_INT, ARG(zero), 0, 3, 0, "0-3", "ZeRO stage over the dp group (0)"},
@@ -204,6 +211,11 @@ static const Flag FLAGS[] = {
         "plan the CUDA build's sizes (from any build)"},
     {"--memory-limit", 0, F_SIZE, ARG(memory_limit), 0, 0, 0, "SIZE",
         "bytes per rank, e.g. 80G: a run over it stops before allocating, with advice"},
+    {"--prompt-ids", 0, F_STRING, ARG(prompt_ids), 0, 0, 0, "IDS",
+        "sample after these token ids (1,2,3): at the end of the run, and with -s (dev/sample.py encodes text)"},
+    {"--prompt", 0, F_STRING, ARG(prompt), 0, 0, 0, "TEXT", "sample after this text (byte models, V 257)"},
+    {"--sample-temperature", 0, F_FLOAT, ARG(temperature), 0.0, 100.0, 0, "F", "sampling temperature, 0 the most likely (1.0)"},
+    {"--sample-top-k", 0, F_INT, ARG(top_k), 1, 1 << 20, 0, "K", "sample from the K most likely tokens (all)"},
     {"--sp", 0, F_SWITCH, ARG(sp), 0, 0, 0, 0, "sequence parallel (with --tp)"},
     {"--memory-report", 0, F_SWITCH, ARG(memory_report), 0, 0, 0, 0,
         "bytes per rank and category, after the first step"},
@@ -301,6 +313,8 @@ static void parse_args(int argc, char **argv, Args *a) {
         arg_fail("--pp-schedule interleaved needs --vpp V >= 2 (model chunks per stage)");
     }
     if (vpp_given) { a->pp_schedule = "interleaved"; }
+    if (a->val_batches == 0) { arg_fail("-m must be -1 (the whole val set) or at least 1, got 0"); }
+    if (a->prompt_ids && a->prompt) { arg_fail("--prompt-ids and --prompt: give one of them"); }
     if (a->output_dir && strlen(a->output_dir) > PATH_LEN - 64) {
         arg_fail("-o is %zu bytes long, at most %d (the file names inside must fit)", strlen(a->output_dir),
                  PATH_LEN - 64);
@@ -444,6 +458,10 @@ static void validate_layout(Args *a, const GPT2Config *c, int world, int rank) {
     char err[512];
     if (layout_error(a, c, world, err, sizeof(err))) { fail_all(rank, "%s", err); }
 }
+
+// Whether the run samples (every -s steps, or after a prompt at the end): the logits row is allocated, and
+// the MoE buffers are sized for dropless routing.
+static int args_samples(const Args *a) { return a->sample_every > 0 || a->prompt_ids != NULL || a->prompt != NULL; }
 
 static int attention_path_of(const Args *a) { return !strcmp(a->attention, "flash") ? ATT_FLASH : ATT_CUBLAS; }
 

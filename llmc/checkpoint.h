@@ -34,7 +34,7 @@
 #define STATE_VERSION 2
 enum { SH_STEP = 2, SH_UPDATES, SH_SKIPS, SH_T, SH_BATCH, SH_EPOCH, SH_SHARD, SH_SHUFFLE, SH_MASTER, SH_PARAMS_LO, SH_PARAMS_HI,
        SH_RNG_LO = 15, SH_RNG_HI, SH_NSHARDS, SH_SKIPS_IN_A_ROW,
-       SH_TP = 20, SH_PP, SH_DP, SH_EP, SH_ZERO, SH_CRC = 255 };
+       SH_TP = 20, SH_PP, SH_DP, SH_EP, SH_ZERO, SH_MAX_STEPS, SH_CRC = 255 };
 
 // What a state file holds beside the optimizer state: the step counters, and what a resume must keep
 // (every rank passes the same).
@@ -44,6 +44,7 @@ typedef struct {
     int T, total_batch;                   // the whole sequences' length and the tokens per step: a resume keeps them
     // data-loader rounds per step (the accumulation): the data position is step x rounds
     int rounds;
+    int max_steps;                        // the run's -x (the learning-rate schedule's length; 0 in older files)
 } TrainState;
 
 // Writes a file under a temporary name: header (1024 bytes; slot 255 set to the body's CRC), body
@@ -168,6 +169,7 @@ static void checkpoint_assemble(const GPT2Config *c, Zero *z, Checkpoint *ck, co
     h[SH_PARAMS_LO] = (int)(P & 0xFFFFFFFFu); h[SH_PARAMS_HI] = (int)((uint64_t)P >> 32);
     h[SH_RNG_LO] = (int)(rng->s & 0xFFFFFFFFu); h[SH_RNG_HI] = (int)(rng->s >> 32);
     h[SH_TP] = g->tp; h[SH_PP] = g->pp; h[SH_DP] = g->dp; h[SH_EP] = g->ep; h[SH_ZERO] = z->stage;   // (for the reader)
+    h[SH_MAX_STEPS] = s->max_steps;
     for (int i = 0; i < nstates; i++) { ck->states[i] = states[i]; }
     ck->nstates = nstates;
     ck->state_bytes = P * sizeof(float);
@@ -196,6 +198,45 @@ static void *checkpoint_write(void *arg) {
 }
 
 // Rank 0: marks a written checkpoint complete (DONE_STEP); a failed write stops the run.
+// Retention (-nk N, -nm M; 0: keep): which checkpoints stay once a new one is DONE.
+static int ckpt_keep_newest = 0, ckpt_keep_every = 0;
+
+static int int_order(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+// The steps of the complete checkpoints in dir (DONE markers), ascending; returns how many (at most max).
+static int checkpoint_steps(const char *dir, int *steps, int max) {
+    int n = 0;
+    DIR *d = opendir(dir);
+    if (d == NULL) { return 0; }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && n < max) {
+        int s;
+        char extra;
+        if (sscanf(e->d_name, "DONE_%d%c", &s, &extra) == 1 && s >= 0) { steps[n++] = s; }
+    }
+    closedir(d);
+    qsort(steps, n, sizeof(int), int_order);
+    return n;
+}
+
+// Rank 0, once a checkpoint is DONE: deletes the complete checkpoints that neither are among the newest
+// ckpt_keep_newest nor have a step that is a multiple of ckpt_keep_every. The DONE marker goes first, so
+// a checkpoint half deleted is never taken for a complete one; the newest (just marked) always stays.
+static void checkpoint_retain(const char *dir) {
+    if (ckpt_keep_newest <= 0) { return; }
+    static int steps[65536];
+    int n = checkpoint_steps(dir, steps, 65536);
+    for (int i = 0; i < n - ckpt_keep_newest; i++) {
+        if (ckpt_keep_every > 0 && steps[i] % ckpt_keep_every == 0) { continue; }
+        static const char *names[3] = {"DONE_%08d", "state_%08d.bin", "model_%08d.bin"};
+        for (int k = 0; k < 3; k++) {
+            char path[PATH_LEN];
+            path_join(path, dir, names[k], steps[i]);
+            if (remove(path) != 0 && errno != ENOENT) { fail("cannot delete '%s' (-nk %d)", path, ckpt_keep_newest); }
+        }
+    }
+}
+
 static void checkpoint_mark_done(Checkpoint *ck) {
     if (ck->error[0]) { fail("checkpoint of step %d: %s", ck->step, ck->error); }
     char path[PATH_LEN];
@@ -204,6 +245,7 @@ static void checkpoint_mark_done(Checkpoint *ck) {
     if (fsync(fileno(d)) != 0) { fail("cannot write '%s'", path); }
     fclose_check(d, path);
     printf("wrote checkpoint at step %d to %s\n", ck->step, ck->dir);
+    checkpoint_retain(ck->dir);
 }
 
 // Rank 0, at a step boundary: once the asynchronous write in flight is complete (wait: block until it
@@ -323,6 +365,7 @@ static void checkpoint_load(const GPT2Config *c, Zero *z, const char *dir, int s
     free(all);
     fclose(f);
     s->updates = h[SH_UPDATES]; s->skips = h[SH_SKIPS]; s->skips_in_a_row = h[SH_SKIPS_IN_A_ROW];
+    s->max_steps = h[SH_MAX_STEPS];
     rng->s = (uint32_t)h[SH_RNG_LO] | (uint64_t)(uint32_t)h[SH_RNG_HI] << 32;
     if (rng->s == 0) { fail("state file '%s' holds the generator state 0, which no run can reach", path); }
     dataloader_seek_rounds(dl, (uint64_t)step * s->rounds);

@@ -711,6 +711,42 @@ static void comm_reset_counters(Grid *grid) {
     for (int i = 0; i < n; i++) { groups[i]->bytes = 0; groups[i]->calls = 0; }
 }
 
+// A size for people: B, KiB, MiB or GiB.
+static const char *human_bytes(double b, char *out, size_t n) {
+    static const char *units[4] = {"B", "KiB", "MiB", "GiB"};
+    int u = 0;
+    while (b >= 1024.0 && u < 3) { b /= 1024.0; u++; }
+    snprintf(out, n, u ? "%.2f %s" : "%.0f %s", b, units[u]);
+    return out;
+}
+
+// The comm report's table: a row per rank, a column per group that carried anything (bytes sent per step,
+// calls in parentheses). all: (world, NG, 2) bytes and calls.
+static void comm_report_table(Grid *grid, Group **groups, int NG, const double *all, const char *label) {
+    int used[16] = {0}, any = 0;
+    for (int i = 0; i < NG; i++) {
+        for (int r = 0; r < grid->world_size; r++) { used[i] |= all[2 * NG * r + 2 * i + 1] > 0; }
+        any |= used[i];
+    }
+    printf("comm report (%s): bytes sent per rank per step, calls in parentheses (ring formulas: all-reduce "
+           "2(p-1)/p N, reduce-scatter and all-gather (p-1)/p N)\n", label);
+    if (!any) { printf("  (no communication: every group has one rank)\n"); return; }
+    printf("%4s", "rank");
+    for (int i = 0; i < NG; i++) { if (used[i]) { printf(" | %-20s", groups[i]->name); } }
+    printf("\n");
+    for (int r = 0; r < grid->world_size; r++) {
+        printf("%4d", r);
+        for (int i = 0; i < NG; i++) {
+            if (!used[i]) { continue; }
+            char b[32], cell[48];
+            snprintf(cell, sizeof(cell), "%s (%.0f)", human_bytes(all[2 * NG * r + 2 * i], b, sizeof(b)),
+                     all[2 * NG * r + 2 * i + 1]);
+            printf(" | %-20s", cell);
+        }
+        printf("\n");
+    }
+}
+
 // Prints, per rank, the bytes this rank sent in each group since the last reset.
 static void comm_report(Grid *grid, int steps, const char *label) {
     enum { NGMAX = 8 };
@@ -724,16 +760,7 @@ static void comm_report(Grid *grid, int steps, const char *label) {
     double *all = (double *)malloc_check(sizeof(double) * 2 * NG * grid->world_size);
     comm_host_gather(&grid->world, mine, 2 * NG, all, DT_DOUBLE, 0, "gather of the comm report");
     if (grid->rank == 0) {
-        printf("comm report (%s): bytes sent per rank per step (ring formulas: all-reduce 2(p-1)/p*N, "
-               "reduce-scatter/all-gather (p-1)/p*N)\n", label);
-        for (int r = 0; r < grid->world_size; r++) {
-            printf("  rank %d:", r);
-            for (int i = 0; i < NG; i++) {
-                printf("  %s %.0f B (%.0f calls)", groups[i]->name, all[2 * NG * r + 2 * i],
-                       all[2 * NG * r + 2 * i + 1]);
-            }
-            printf("\n");
-        }
+        comm_report_table(grid, groups, NG, all, label);
         for (int r = 0; r < grid->world_size; r++) {
             for (int i = 0; i < NG; i++) { printf("comm %d %s %.0f\n", r, groups[i]->name, all[2 * NG * r + 2 * i]); }
         }

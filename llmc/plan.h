@@ -113,7 +113,10 @@ static double plan_seconds(const Args *a, const GPT2Config *c, int world, PlanBu
     return (compute + fixed) / (1.0 - bubble) + comm;
 }
 
-typedef struct { char what[96]; Args args; double peak; double seconds; int fits; } Lever;
+// A change of the layout: what (the flags), its kind (one flag: a pair changes two different ones), its
+// layout, worst stage's peak, time per step, and whether it fits.
+typedef struct { char what[96]; int kind; Args args; double peak; double seconds; int fits; } Lever;
+enum { LV_ZERO, LV_SP, LV_TP, LV_PP, LV_SCHEDULE, LV_CP, LV_CE, LV_ATTENTION, LV_RECOMPUTE, LV_BATCH, LV_EP };
 
 // One lever's layout, if it runs: its worst stage's peak and its time.
 static int try_lever(Lever *lv, const Args *base, const GPT2Config *c, int world, PlanBuild b, double limit,
@@ -142,37 +145,45 @@ static int lever_order(const void *x, const void *y) {
 static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild b, double limit, Lever *out,
                        int pairs_of) {
     int n = 0;
-    #define LEVER(cond, what, change) do { if (cond) { Lever lv; lv.args = *a; { Args *x = &lv.args; change; } if (try_lever(&lv, a, c, world, b, limit, what)) { out[n++] = lv; } } } while (0)
+    #define LEVER(cond, k, what, change) do { \
+        if (cond) { \
+            Lever lv; lv.args = *a; lv.kind = k; \
+            { Args *x = &lv.args; change; } \
+            if (try_lever(&lv, a, c, world, b, limit, what)) { out[n++] = lv; } \
+        } } while (0)
     char w[96];
-    if (a->zero < 3) { snprintf(w, sizeof(w), "--zero %d", a->zero + 1); LEVER(1, w, x->zero = a->zero + 1); }
-    LEVER(a->tp > 1 && !a->sp, "--sp", x->sp = 1);
-    snprintf(w, sizeof(w), "--tp %d --sp", 2 * a->tp); LEVER(1, w, { x->tp = 2 * a->tp; x->sp = 1; });
-    snprintf(w, sizeof(w), "--pp %d", 2 * a->pp); LEVER(1, w, x->pp = 2 * a->pp);
-    LEVER(!strcmp(a->pp_schedule, "gpipe"), "--pp-schedule 1f1b", x->pp_schedule = "1f1b");
-    snprintf(w, sizeof(w), "--cp %d", 2 * a->cp); LEVER(1, w, x->cp = 2 * a->cp);
-    LEVER(a->ce_chunk == 0, "--ce-chunk 256", x->ce_chunk = 256);
+    if (a->zero < 3 && a->dp > 1) {   // (ZeRO shards over dp: nothing to shard at dp 1)
+        snprintf(w, sizeof(w), "--zero %d", a->zero + 1);
+        LEVER(1, LV_ZERO, w, x->zero = a->zero + 1);
+    }
+    LEVER(a->tp > 1 && !a->sp, LV_SP, "--sp", x->sp = 1);
+    snprintf(w, sizeof(w), "--tp %d --sp", 2 * a->tp); LEVER(1, LV_TP, w, { x->tp = 2 * a->tp; x->sp = 1; });
+    snprintf(w, sizeof(w), "--pp %d", 2 * a->pp); LEVER(1, LV_PP, w, x->pp = 2 * a->pp);
+    LEVER(a->pp > 1 && !strcmp(a->pp_schedule, "gpipe"), LV_SCHEDULE, "--pp-schedule 1f1b", x->pp_schedule = "1f1b");
+    snprintf(w, sizeof(w), "--cp %d", 2 * a->cp); LEVER(1, LV_CP, w, x->cp = 2 * a->cp);
+    LEVER(a->ce_chunk == 0, LV_CE, "--ce-chunk 256", x->ce_chunk = 256);
     if (a->ce_chunk > 64) {
         snprintf(w, sizeof(w), "--ce-chunk %d", a->ce_chunk / 2);
-        LEVER(1, w, x->ce_chunk = a->ce_chunk / 2);
+        LEVER(1, LV_CE, w, x->ce_chunk = a->ce_chunk / 2);
     }
     LEVER(b.cuda && a->cp == 1 && strcmp(a->attention, "flash")
           && attention_flash_applies(c->channels / c->num_heads, b.floatx),
-          "--attention flash", x->attention = "flash");
-    LEVER(!strcmp(a->recompute, "none"), "--recompute mlp", x->recompute = "mlp");
-    LEVER(strcmp(a->recompute, "full"), "--recompute full", x->recompute = "full");
+          LV_ATTENTION, "--attention flash", x->attention = "flash");
+    LEVER(!strcmp(a->recompute, "none"), LV_RECOMPUTE, "--recompute mlp", x->recompute = "mlp");
+    LEVER(strcmp(a->recompute, "full"), LV_RECOMPUTE, "--recompute full", x->recompute = "full");
     if (a->B % 2 == 0) {
         snprintf(w, sizeof(w), "-b %d (twice the accumulation)", a->B / 2);
-        LEVER(1, w, x->B = a->B / 2);
+        LEVER(1, LV_BATCH, w, x->B = a->B / 2);
     }
-    if (c->num_experts > 0) { snprintf(w, sizeof(w), "--ep %d", 2 * a->ep); LEVER(1, w, x->ep = 2 * a->ep); }
+    if (c->num_experts > 0) { snprintf(w, sizeof(w), "--ep %d", 2 * a->ep); LEVER(1, LV_EP, w, x->ep = 2 * a->ep); }
     #undef LEVER
-    if (pairs_of) {   // no single lever fits: each pair of them (the second applied on top of the first)
+    if (pairs_of) {   // no single lever fits: each pair of two kinds (the second applied on top of the first), once
         int singles = n;
         for (int i = 0; i < singles; i++) {
             Lever more[16];
             int k = plan_levers(&out[i].args, c, world, b, limit, more, 0);
             for (int j = 0; j < k && n < 256; j++) {
-                if (!strcmp(more[j].what, out[i].what)) { continue; }
+                if (more[j].kind <= out[i].kind) { continue; }   // (the same flag twice, or this pair the other way round)
                 char both[96];
                 snprintf(both, sizeof(both), "%.40s + %.40s", out[i].what, more[j].what);
                 memcpy(more[j].what, both, sizeof(both));
@@ -228,11 +239,12 @@ static void plan_print_advice(const Args *a, const GPT2Config *c, int world, Pla
     for (int i = 0; i < n; i++) { any |= levers[i].fits; }
     if (!any) { n = plan_levers(&base, c, world, b, limit, levers, 1); }
     qsort(levers, n, sizeof(Lever), lever_order);
-    printf("levers (%s; world %d and -d %d fixed, so tp, cp or pp x2 halves dp; time per step from %.0f TFLOP/s per rank, %.0f GB/s "
-           "inside a node (tp, cp), %.0f GB/s across (pp, dp), %.0f us per layer and micro-batch, the bubble, flash attention %.0fx slower), "
-           "fits first, then fastest:\n", any ? "one at a time" : "no single lever fits: pairs", world,
-               a->total_batch, PLAN_FLOPS / 1e12,
-           PLAN_NODE_BW / 1e9, PLAN_NET_BW / 1e9, PLAN_LAYER_COST * 1e6, PLAN_FLASH_SLOWER);
+    printf("levers (%s; world %d and -d %d fixed, so tp, cp or pp x2 halves dp), fits first, then fastest; the time "
+           "per step is a model of GPU ranks (%.0f TFLOP/s each, %.0f GB/s inside a node for tp and cp, %.0f GB/s across "
+           "for pp and dp, %.0f us per layer and micro-batch, the bubble, flash attention %.0fx slower): it ranks the "
+           "levers, it is not this machine's step%s:\n", any ? "one at a time" : "no single lever fits: pairs of two",
+           world, a->total_batch, PLAN_FLOPS / 1e12, PLAN_NODE_BW / 1e9, PLAN_NET_BW / 1e9, PLAN_LAYER_COST * 1e6,
+           PLAN_FLASH_SLOWER, b.cuda ? "" : " (a CPU rank runs far slower)");
     for (int i = 0; i < n && i < 12; i++) {
         printf("  %-8s %9.3f GiB  %10.2f ms/step  %s\n", levers[i].fits ? "fits" : "too big", gib(levers[i].peak),
                levers[i].seconds * 1e3, levers[i].what);

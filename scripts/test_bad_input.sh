@@ -125,6 +125,15 @@ expect long_out         1 "bytes long, at most 4032"           -e "$TINY" -o "$W
 expect zero_alias_twice 1 "flag --zero is given twice (or under its alias)" -e "$TINY" -z 1 --zero 2
 expect tp_alias_twice   1 "flag --tp is given twice (or under its alias)"   -e "$TINY" --tp 1 --tensor-model-parallel-size 2
 expect desc_key_twice   1 "malformed model descriptor"        -e "L=2,L=3,C=64,NH=4"
+# sampling and retention
+expect top_k_zero       1 "--sample-top-k must be in [1,"      -e "$TINY" --sample-top-k 0
+expect temperature_neg  1 "--sample-temperature must be in [0," -e "$TINY" --sample-temperature -1
+expect prompt_id_range  1 "--prompt-ids '3,999': expected token ids 0..249" -e "$TINY" --prompt-ids 3,999
+expect prompt_id_syntax 1 "--prompt-ids '3;4': expected token ids" -e "$TINY" --prompt-ids "3;4"
+expect prompt_text      1 "--prompt TEXT needs a byte model (V 257), this one has V 250" -e "$TINY" --prompt "First Citizen:"
+expect prompt_both      1 "--prompt-ids and --prompt: give one of them" -e "$TINY" --prompt-ids 3 --prompt x
+expect keep_negative    1 "-nk must be in [0,"                 -e "$TINY" -nk -1
+expect val_zero         1 "-m must be -1 (the whole val set) or at least 1, got 0" -e "$TINY" -m 0
 # Mixture of Experts
 MOE="$TINY,E=4,k=2"
 expect moe_ep_experts   3 "--ep 3 does not divide the number of experts 4" -e "$MOE" --ep 3

@@ -1,0 +1,61 @@
+"""
+Sample text from a model trained here: the prompt is encoded with the same tokenizer the data script used
+(GPT-2's BPE through tiktoken, offline, for a V 50257 model; bytes for a V 257 one), train_gpt generates
+after those token ids (-x 0: no training step, only the end of a run's work: the sample), and the ids it
+prints are decoded back to text.
+
+    .venv/bin/python dev/sample.py "First Citizen:" -e out/tinyshakespeare/model_00000300.bin
+    .venv/bin/python dev/sample.py "ROMEO:" -e MODEL -g 200 -t 256 --sample-temperature 0.8 --sample-top-k 40
+    .venv/bin/python dev/sample.py "ROMEO:" -e MODEL --np 2 --tp 2      (any layout: mpirun -np 2 ...)
+
+Other flags go to train_gpt as they are. Prints the prompt and the text generated after it.
+"""
+import argparse
+import os
+import struct
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "data"))
+from tinyshakespeare import make_tokenizer  # noqa: E402  (the data script's tokenizers)
+
+
+def model_vocab(path):
+    """V from an llm.c model file's header (int32 [3])"""
+    with open(path, "rb") as f:
+        h = struct.unpack("<8i", f.read(32))
+    if h[0] != 20240326:
+        sys.exit(f"error: {path} is not a model file (magic {h[0]}, expected 20240326)")
+    return h[3]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("prompt", help="the text to continue")
+    ap.add_argument("-e", required=True, help="the model file (train_gpt's -e)")
+    ap.add_argument("-g", type=int, default=64, help="tokens to generate (64)")
+    ap.add_argument("--bin", default=os.path.join(HERE, "..", "train_gpt"), help="the train_gpt binary")
+    ap.add_argument("--np", type=int, default=1, help="ranks (mpirun -np N; 1: no mpirun)")
+    a, rest = ap.parse_known_args()
+    V = model_vocab(a.e)
+    tok = make_tokenizer("gpt2" if V == 50257 else "byte")
+    if V not in (50257, 257):
+        sys.exit(f"error: {a.e} has a vocabulary of {V}: dev/sample.py knows GPT-2's (50257) and bytes (257)")
+    ids = tok.encode(a.prompt)
+    cmd = [a.bin, "-e", a.e, "-x", "0", "-v", "0", "-s", "0", "-g", str(a.g),
+           "--prompt-ids", ",".join(str(i) for i in ids)] + rest
+    if a.np > 1:
+        cmd = ["mpirun", "-np", str(a.np), "--oversubscribe", "-x", "OMP_NUM_THREADS=1"] + cmd
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [l for l in out.stdout.splitlines() if l.startswith("sample ids:")]
+    if out.returncode != 0 or not lines:
+        sys.stderr.write(out.stdout[-2000:] + out.stderr[-2000:])
+        sys.exit(f"error: train_gpt exited {out.returncode} without a sample: {' '.join(cmd[:8])} ...")
+    gen = [int(x) for x in lines[-1].split(":", 1)[1].split()]
+    text = b"".join(tok.token_bytes(i) for i in ids + gen).decode("utf-8", errors="replace")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
