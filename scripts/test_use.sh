@@ -83,3 +83,15 @@ if [ -f "$TS" ]; then
     [ $rc = 0 ] && head -n 1 "$W/sample_py.log" | grep -q "^First Citizen:." && ! grep -qE '^[0-9 ]+$' "$W/sample_py.log"
     say $? "dev/sample.py continues 'First Citizen:' as text (V $V): $(head -c 70 "$W/sample_py.log" | tr '\n' ' ')..."
 fi
+
+# 6. the README's flag table has a row for every flag train_gpt -h lists (aliases too); its file table names every llmc/ header
+missing=""
+sed -n '/^## Flags/,/^## [^F]/p' README.md >"$W/readme_flags.md"
+for f in $("$BIN/train_gpt" -h 2>&1 | sed -n 's/^  \(-[^ ,]*\)\(, \(-[^ ,]*\)\)\{0,1\} .*/\1 \3/p'); do
+    grep -qE "^\|.*\`${f}[\` ]" "$W/readme_flags.md" || missing="$missing $f"
+done
+for h in llmc/*.h; do
+    n=$(basename "$h" .h); grep -qE "(\`llmc/$n\.h\`|[{,]$n[,}]|\`$n\.h\`)" README.md || missing="$missing $h"
+done
+[ -z "$missing" ] && [ "$("$BIN/train_gpt" -h 2>&1 | grep -c '^  -')" -gt 50 ]
+say $? "the README's flag table has every flag of train_gpt -h, its file table every llmc/ header${missing:+ (missing:$missing)}"

@@ -1,9 +1,10 @@
 """
-Tokenize a local tinyshakespeare text file into llm.c-style shards.
+Tokenize a local text file (tinyshakespeare, or any UTF-8 text of yours) into llm.c-style shards.
 
 Writes into --out the files llm.c's dev/data/tinyshakespeare.py and train_gpt2.py write:
-  tiny_shakespeare_val.bin    the first --val-tokens (32,768) tokens
+  tiny_shakespeare_val.bin    the first --val-tokens tokens (32,768, or a tenth of a smaller text)
   tiny_shakespeare_train.bin  the remaining tokens
+  (NAME_val.bin and NAME_train.bin for another text: --name, by default the file's name without .txt)
   gpt2_tokenizer.bin          token id -> bytes table (GPT-2 tokenizer only: llm.c's name)
   tokenizer.bin               the same table, under the name train_gpt looks for next to -i
 The text is cut into documents at blank lines ("\n\n" stays with the document before it), and
@@ -197,13 +198,17 @@ def write_tokenizer(path, tok):
 # -----------------------------------------------------------------------------
 
 def main():
-    parser = argparse.ArgumentParser(description="tokenize tinyshakespeare into llm.c shards")
+    parser = argparse.ArgumentParser(description="tokenize a UTF-8 text file (tinyshakespeare, or yours) into llm.c shards")
     parser.add_argument("--input", required=True, help="path to the input text file")
     parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--name", help="the shards' prefix: NAME_train.bin, NAME_val.bin (default: the input "
+                        "file's name without .txt; tinyshakespeare.txt gives llm.c's tiny_shakespeare)")
     parser.add_argument("--tokenizer", choices=["auto", "gpt2", "byte"], default="auto")
-    parser.add_argument("--val-tokens", type=int, default=32768,
-                        help="number of leading tokens that go to the val shard")
+    parser.add_argument("--val-tokens", type=int, default=None,
+                        help="number of leading tokens that go to the val shard (32,768, or a tenth of a smaller text)")
     args = parser.parse_args()
+    stem = os.path.splitext(os.path.basename(args.input))[0]
+    name = args.name or ("tiny_shakespeare" if stem == "tinyshakespeare" else stem)
 
     with open(args.input, "r", encoding="utf-8") as f:
         text = f.read()
@@ -212,13 +217,15 @@ def main():
     print(f"tokenizer: {tok.name} ({tok.source}), vocab size {tok.vocab_size}, eot {tok.eot}")
 
     tokens = tokenize_documents(text, tok)
+    if args.val_tokens is None:
+        args.val_tokens = min(32768, len(tokens) // 10)
     if args.val_tokens < 0 or args.val_tokens >= len(tokens):
         sys.exit(f"--val-tokens {args.val_tokens} must be in [0, {len(tokens)})")
     val, train = tokens[:args.val_tokens], tokens[args.val_tokens:]
 
     os.makedirs(args.out, exist_ok=True)
-    val_path = os.path.join(args.out, "tiny_shakespeare_val.bin")
-    train_path = os.path.join(args.out, "tiny_shakespeare_train.bin")
+    val_path = os.path.join(args.out, f"{name}_val.bin")
+    train_path = os.path.join(args.out, f"{name}_train.bin")
     tok_path = os.path.join(args.out, "tokenizer.bin")
     llmc_tok_path = os.path.join(args.out, "gpt2_tokenizer.bin")
     write_shard(val_path, val)
