@@ -206,6 +206,7 @@ typedef struct {
     int *fwd_tokens;             // (2, BT) a forward-only pass's inputs and targets (validation, sampling)
     // AdamW updates applied; skipped (a non-finite loss or norm): in all, in a row
     int updates, skips, skips_in_a_row;
+    float loss_limit, norm_limit;   // an update above either is skipped (guard.h: a divergence)
 } GPT2;
 
 // The model chunk holding the stage's layer l.
@@ -444,6 +445,8 @@ static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *g, cons
     m->recompute = o->recompute;
     m->zero.prefetch = o->overlap;
     gpt2_alloc_activations(m, o->B, o->T, o->ce_chunk, o->accum, o->schedule, o->moe_dropless);
+    m->loss_limit = 2.0f * logf((float)c->vocab_size);   // the fixed bound; the run adds -sl / -sg's
+    m->norm_limit = INFINITY;
 }
 
 // The model's host memory (its device buffers are the allocator's: alloc.h frees them at the end of a
@@ -816,7 +819,7 @@ static void gpt2_moe_stats(GPT2 *m, int accum, double *aux, double *z, double *d
 }
 
 // the step's mean loss (global batch), its gradient norm before clipping
-typedef struct { float loss, norm; } StepResult;
+typedef struct { float loss, norm; int why; } StepResult;   // why: SKIP_NONE, or why the update was skipped
 
 // Clips by the global gradient norm and runs AdamW (step is 0-based), all on the device: the norm's
 // partial sums and this rank's loss sum (the last stage's tp rank 0: the other tp ranks hold copies)
@@ -833,7 +836,7 @@ static StepResult gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
     step_stats_gather(z->stats, z->norm_parts, nparts, m->last && g->tp_rank == 0 ? m->ws.loss_sum : NULL);
     comm_all_reduce(&g->world, z->stats, 2, DT_DOUBLE, NULL);   // loss_sum, norm_sq
     double tokens = (double)m->BT * (m->pipe.steps.n_total / m->vpp) * g->dp * g->cp;   // the global batch's
-    step_stats_clip(z->stats, tokens, o->grad_clip);
+    step_stats_clip(z->stats, tokens, o->grad_clip, m->loss_limit, m->norm_limit);
     zero_optimizer_step(z, lr, o->beta1, o->beta2, o->eps, o->weight_decay, &z->stats->scale, m->updates + 1,
                         o->seed + 7919u * step);
     StepStats st;
@@ -846,7 +849,7 @@ static StepResult gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
         m->skips_in_a_row = 0;
     }
     trace_end("norm + AdamW", "optimizer", "\"step\":%d", step);
-    return (StepResult){st.loss, st.norm};
+    return (StepResult){st.loss, st.norm, (int)st.why};
 }
 
 typedef struct { GPT2 *m; const int *inputs, *targets; } ForwardOnly;   // this rank's tokens and targets
@@ -1000,22 +1003,22 @@ static void gpt2_sample(GPT2 *m, Sampler *s, Tokenizer *tok, Rng *rng, const int
 // checkpoints (checkpoint.h): the step counters and the data position beside the units' parameters and
 // AdamW state
 
-static TrainState gpt2_train_state(const GPT2 *m, int total_batch, int max_steps) {
+static TrainState gpt2_train_state(const GPT2 *m, int total_batch, int max_steps, const DataLoader *dl) {
     Grid *g = m->grid;
     TrainState s = {m->updates, m->skips, m->skips_in_a_row, m->T * g->cp, total_batch,
-                    total_batch / (m->B * m->T * g->cp * g->dp), max_steps};
+                    total_batch / (m->B * m->T * g->cp * g->dp), max_steps, dl->fingerprint};
     return s;
 }
 
 static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch, int async,
                             int max_steps) {
-    TrainState s = gpt2_train_state(m, total_batch, max_steps);
+    TrainState s = gpt2_train_state(m, total_batch, max_steps, dl);
     checkpoint_save(&m->config, &m->zero, dir, step, &s, dl, rng, async);
 }
 
 // Returns the -x of the run that wrote the checkpoint (0: not recorded).
 static int load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch) {
-    TrainState s = gpt2_train_state(m, total_batch, 0);
+    TrainState s = gpt2_train_state(m, total_batch, 0, dl);
     checkpoint_load(&m->config, &m->zero, dir, step, &s, dl, rng);
     m->updates = s.updates; m->skips = s.skips; m->skips_in_a_row = s.skips_in_a_row;
     return s.max_steps;
@@ -1121,6 +1124,20 @@ static void plan_config(Args *a, int rank, GPT2Config *config) {
     apply_moe_flags(a, rank, config, NULL, desc == 1 ? "the descriptor" : a->model, 0);
 }
 
+// A resume continues its checkpoint's model: an -e given with it (the default d4 is not) must be of that shape.
+static void check_resume_model(Args *a, int rank, const GPT2Config *ckpt, const char *path) {
+    if (!flag_given(a, "-e")) { return; }
+    GPT2Config want;
+    plan_config(a, rank, &want);
+    if (memcmp(&want, ckpt, sizeof(want)) != 0) {
+        fail_all(rank, "-e '%s' (L %d C %d NH %d V %d maxT %d, E %d) is not the model of the checkpoint '%s' (L %d C %d NH "
+                 "%d V %d maxT %d, E %d): a resume continues its checkpoint's model; drop -e, or use another -o",
+                 a->model, want.num_layers, want.channels, want.num_heads, want.vocab_size, want.max_seq_len,
+                 want.num_experts, path, ckpt->num_layers, ckpt->channels, ckpt->num_heads, ckpt->vocab_size,
+                 ckpt->max_seq_len, ckpt->num_experts);
+    }
+}
+
 // The model's weights (host fp32, file order) and shape: from the newest checkpoint in -o when
 // resuming (*resume_step >= 0), else from a model file, else a descriptor with random init.
 static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step) {
@@ -1129,7 +1146,7 @@ static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step
         *resume_step = latest_checkpoint(a->output_dir);
         if (*resume_step < 0 && a->resume == 1) {
             fail_all(rank,
-                     "-y 1: nothing to resume in '%s' (no DONE_* marker); use -y 2 to start fresh when there is none",
+                     "-y 1: nothing to resume in '%s' (no intact checkpoint with a DONE_ marker); use -y 2 to start fresh when there is none",
                      a->output_dir);
         }
         if (*resume_step < 0 && rank == 0) { printf("-y 2: no checkpoint in %s, starting fresh\n", a->output_dir); }
@@ -1138,7 +1155,9 @@ static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step
     if (*resume_step >= 0) {
         char path[PATH_LEN];
         path_join(path, a->output_dir, "model_%08d.bin", *resume_step);
-        return apply_moe_flags(a, rank, config, read_model_file(path, config), "the checkpoint", 1);
+        float *params = apply_moe_flags(a, rank, config, read_model_file(path, config), "the checkpoint", 1);
+        check_resume_model(a, rank, config, path);
+        return params;
     }
     if (desc == 1) {
         apply_moe_flags(a, rank, config, NULL, "the descriptor", 0);
@@ -1246,25 +1265,29 @@ static double step_mfu(const Args *a, const GPT2 *m, double ms) {
     return flops / (ms / 1e3) / (m->grid->world_size * PEAK_FLOPS_PER_GPU);
 }
 
-static void log_step(const Args *a, GPT2 *m, FILE *logf, int step, int max_steps, int accum, float loss, float norm,
-                     float lr, StepClock clock) {
-    int moe = m->config.num_experts > 0, skipped = m->skips_in_a_row > 0;
+static void log_step(const Args *a, GPT2 *m, int logf, int step, int max_steps, int accum, StepResult res, float lr,
+                     StepClock clock) {
+    int moe = m->config.num_experts > 0;
     double aux = 0, z = 0, dropped = 0, ms = clock.ms;
     if (moe) { gpt2_moe_stats(m, accum, &aux, &z, &dropped); }
     if (m->grid->rank != 0) { return; }
-    printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, max_steps, loss, norm, lr,
-           ms, a->total_batch / (ms / 1e3));
+    printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, max_steps, res.loss,
+           res.norm, lr, ms, a->total_batch / (ms / 1e3));
 #ifdef USE_CUDA
     printf(" | MFU %.1f%%", 100.0 * step_mfu(a, m, ms));
 #endif
     print_duration("elapsed", clock.elapsed);
     print_duration("eta", clock.eta);
     if (moe) { printf(" | aux %.4f z %.4f dropped %.4f", aux, z, dropped); }
-    if (skipped) { printf(" | non-finite: update skipped (%d in a row)", m->skips_in_a_row); }
+    char why[96] = "";
+    if (res.why == SKIP_NOT_FINITE) { snprintf(why, sizeof(why), "non-finite"); }
+    if (res.why == SKIP_LOSS) { snprintf(why, sizeof(why), "loss above its limit %.6g", m->loss_limit); }
+    if (res.why == SKIP_NORM) { snprintf(why, sizeof(why), "norm above its limit %.6g", m->norm_limit); }
+    if (why[0]) { printf(" | %s: update skipped (%d in a row)", why, m->skips_in_a_row); }
     printf("\n");
-    log_printf(logf, "s:%d trl:%.6f\n", step, loss);
+    log_printf(logf, "s:%d trl:%.6f\n", step, res.loss);
     if (moe) { log_printf(logf, "s:%d aux:%.6f\ns:%d z:%.6f\ns:%d drop:%.6f\n", step, aux, step, z, step, dropped); }
-    if (skipped) { log_printf(logf, "s:%d skip:loss %g norm %g\n", step, loss, norm); }
+    if (why[0]) { log_printf(logf, "s:%d skip:loss %g norm %g (%s)\n", step, res.loss, res.norm, why); }
     fflush(stdout);
 }
 
@@ -1300,18 +1323,10 @@ static void report_times(const Args *a, GPT2 *m, const StepTimes *t, int accum) 
 }
 
 // Every rank must hold the same model and read the same data: a hash of the model's shape and
-// weights, and of the data files (names, sizes, first tokens), compared with rank 0's.
+// weights, and the data's fingerprint (file names, token counts, first tokens), compared with rank 0's.
 static void agree_on_inputs(const GPT2Config *c, const float *params, const DataLoader *train, int rank, int world) {
-    uint64_t mine[2] = {0, 0}, ref[2];
+    uint64_t mine[2] = {0, train->fingerprint}, ref[2];
     mine[0] = crc32_update(crc32_update(0, c, sizeof(*c)), params, num_parameters(c) * sizeof(float));
-    if (train && !train->in_memory) {
-        uint32_t h = 0;
-        for (int i = 0; i < train->nshards; i++) {
-            h = crc32_update(h, train->files.gl_pathv[i], strlen(train->files.gl_pathv[i]));
-            h = crc32_update(h, &train->shard_rounds[i], sizeof(int));
-        }
-        mine[1] = h;
-    }
     memcpy(ref, mine, sizeof(ref));
     comm_host_bcast(comm_world(), ref, 2 * 8, DT_BYTE, 0, "broadcast of the inputs' hashes");
     int differ[2] = {mine[0] != ref[0] ? rank : world, mine[1] != ref[1] ? rank : world};
@@ -1319,8 +1334,8 @@ static void agree_on_inputs(const GPT2Config *c, const float *params, const Data
     if (differ[0] < world || differ[1] < world) {
         fprintf(stderr,
                 "error: rank %d: the %s on rank %d differs from rank 0's (every rank must read the same files)\n", rank,
-                differ[0] < world ? "model (-e or the checkpoint)" : "training data (-i: file names or sizes)",
-                    differ[0] < world ? differ[0] : differ[1]);
+                differ[0] < world ? "model (-e or the checkpoint)" : "training data (-i: file names, token counts or "
+                "first tokens)", differ[0] < world ? differ[0] : differ[1]);
         stop_all(1);
     }
 }
@@ -1348,7 +1363,7 @@ typedef struct {
     LRScheduler sched;
     OptConfig opt;
     Rng sample_rng;
-    FILE *logf;                // main.log (rank 0 with -o)
+    int logf;                  // main.log (rank 0 with -o; -1: none)
     StepTimes times;
     double t_start;            // when the first step started (wall seconds)
     int resumed;               // from a checkpoint
@@ -1357,6 +1372,7 @@ typedef struct {
     int *prompt, nprompt;      // --prompt-ids or --prompt, as tokens
     const char *ids_note;      // what the printed ids are, when there is no tokenizer
     long allocations;          // the device allocations made up to the end of the first step
+    Outlier losses, norms;     // the last applied updates' (-sl, -sg: guard.h)
 } Run;
 
 // The prompt's tokens: --prompt-ids (0 <= id < V), or --prompt's bytes (a byte model: V 257).
@@ -1398,7 +1414,11 @@ static void run_setup(Run *r) {
     // (checked before anything is written)
     r->have_val = setup_data(a, &r->config, &r->grid, &r->train_loader, &r->val_loader, &r->tokenizer);
     agree_on_inputs(&r->config, params, &r->train_loader, rank, world);
-    if (a->output_dir) { check_output_dir(a->output_dir, rank); lock_output_dir(a->output_dir, rank); }
+    if (a->output_dir) {
+        check_output_dir(a->output_dir, rank);
+        lock_output_dir(a->output_dir, rank);
+        if (rank == 0) { clean_output_dir(a->output_dir); }
+    }
     if (a->trace_dir) { check_output_dir(a->trace_dir, rank); }
     trace_open(a->trace_dir, rank);
     ModelOptions options = model_options(a, moe_options(a), r->grid.dp);
@@ -1414,6 +1434,10 @@ static void run_setup(Run *r) {
     rng_init(&r->sample_rng, a->seed + 1);
     r->start_step = resume_step >= 0 ? resume_step : 0;
     r->resumed = resume_step >= 0;
+    if (resume_step > r->max_steps) {
+        fail_all(rank, "-x %d: the checkpoint in '%s' is of step %d, past it: nothing to run (give -x %d or more, or "
+                 "another -o)", r->max_steps, a->output_dir, resume_step, resume_step);
+    }
     if (resume_step >= 0) {
         int was = load_state(&r->model, a->output_dir, resume_step, &r->train_loader, &r->sample_rng, a->total_batch);
         if (rank == 0) { printf("resumed from step %d of %s\n", resume_step, a->output_dir); }
@@ -1422,7 +1446,7 @@ static void run_setup(Run *r) {
                    was, r->max_steps, r->max_steps);
         }
     }
-    r->logf = a->output_dir && rank == 0 ? open_log(a->output_dir, r->start_step) : NULL;
+    r->logf = a->output_dir && rank == 0 ? open_log(a->output_dir, r->start_step) : -1;
     r->eot = r->tokenizer.init_ok ? r->tokenizer.eot_token : r->config.vocab_size - 1;
     r->ids_note = a->train_pattern ? " token ids (no tokenizer.bin with the model's vocabulary beside -i's shards)"
                                    : " token ids (the built-in corpus is a Markov chain over token ids, not text)";
@@ -1464,20 +1488,23 @@ static void run_step(Run *r, int step) {
     gpt2_forward_backward(m, &r->train_loader, r->accum);
     inject_nan_for_test(m, step);
     float lr = lr_at(&r->sched, step);
+    float fixed = 2.0f * logf((float)r->config.vocab_size), sl = outlier_limit(&r->losses, a->skip_loss_z);
+    m->loss_limit = sl < fixed ? sl : fixed;
+    m->norm_limit = outlier_limit(&r->norms, a->skip_norm_z);
     StepResult res = gpt2_update(m, &r->opt, lr, step);
+    if (res.why == SKIP_NONE) { outlier_add(&r->losses, res.loss); outlier_add(&r->norms, res.norm); }
     device_synchronize();
     double ms = (wall_seconds() - t0) * 1e3;
     trace_end("step", "step", "\"step\":%d,\"pipeline_wait_ms\":%.3f", step, m->pipe.wait_seconds * 1e3);
     if (step > r->start_step) { step_times_add(&r->times, m, ms); }
     double per_step = r->times.steps > 0 ? r->times.total_ms / r->times.steps : ms;
     StepClock clock = {wall_seconds() - r->t_start, per_step * (r->max_steps - step - 1) / 1e3, ms};
-    log_step(a, m, r->logf, step, r->max_steps, r->accum, res.loss, res.norm, lr, clock);
+    log_step(a, m, r->logf, step, r->max_steps, r->accum, res, lr, clock);
     if (m->skips_in_a_row >= a->max_skips) {
         fail_all(r->rank,
-                 "step %d: %d updates in a row skipped for a non-finite loss or gradient norm (--max-skips %d); the "
-                 "parameters are those before step %d, and no checkpoint holds a non-finite value", step + 1,
-                     m->skips_in_a_row,
-                 a->max_skips, step + 2 - m->skips_in_a_row);
+                 "step %d: %d updates in a row skipped for a non-finite or diverging loss or gradient norm (--max-skips "
+                 "%d); the parameters are those before step %d, and no checkpoint holds a non-finite value", step + 1,
+                 m->skips_in_a_row, a->max_skips, step + 2 - m->skips_in_a_row);
     }
     if (step == r->start_step) { report_first_step(a, m, r->accum); r->allocations = mem_allocations; }
     if (a->checkpoint_every > 0 && (step + 1) % a->checkpoint_every == 0) {
@@ -1485,7 +1512,7 @@ static void run_step(Run *r, int step) {
                         a->async_checkpoint, r->max_steps);
         r->saved = step + 1;
     } else if (r->rank == 0) {
-        checkpoint_done(0);   // an asynchronous write finished since: mark it DONE now
+        checkpoint_done_if_finished();   // an asynchronous write finished since: mark it DONE now
     }
 }
 
@@ -1500,8 +1527,8 @@ static int run_stop_requested(Run *r, int step) {
         save_checkpoint(&r->model, a->output_dir, step + 1, &r->train_loader, &r->sample_rng, a->total_batch, 0,
                         r->max_steps);
     }
+    checkpoint_wait();
     if (r->rank == 0) {
-        checkpoint_done(1);
         printf("stopped by %s after step %d: %s\n", signal_name(stop), step + 1,
                a->output_dir ? "checkpoint written, resume with -y 1" : "no -o, so no checkpoint");
     }
@@ -1523,7 +1550,7 @@ static void run_finish(Run *r, int stopped) {
         if (r->have_val && a->val_every > 0) { run_validate(r, r->max_steps); }
         if (r->sampling) { run_sample(r); }
     }
-    if (r->rank == 0) { checkpoint_done(1); }
+    checkpoint_wait();
     if (a->memory_report && ran) {
         mem_report(r->rank, r->world, "at the end of the run");
         double after = (double)(mem_allocations - r->allocations);
@@ -1531,7 +1558,7 @@ static void run_finish(Run *r, int stopped) {
         if (r->rank == 0) { printf("device allocations after the first step: %.0f (none expected)\n", after); }
     }
     report_times(a, &r->model, &r->times, r->accum);
-    if (r->logf) { fclose_check(r->logf, "main.log"); }
+    log_close(r->logf);
     trace_close();
     tokenizer_free(&r->tokenizer);
     dataloader_free(&r->train_loader);
@@ -1542,14 +1569,16 @@ static void run_finish(Run *r, int stopped) {
 
 #ifndef TESTING
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
+    watchdog_start(argc, argv);   // before MPI_Init: from here a stalled peer stops this rank
+    test_hook_stall("init", -1);
+    WATCHED("MPI_Init", "world", MPI_Init(&argc, &argv));
     static Run run;
     Run *r = &run;
     MPI_Comm_size(MPI_COMM_WORLD, &r->world);
     MPI_Comm_rank(MPI_COMM_WORLD, &r->rank);
+    watchdog_rank(r->rank);
     default_args(&r->args);
     parse_args(argc, argv, &r->args);
-    watchdog_start(r->args.timeout, r->rank);   // from here a stalled peer stops this rank
     signals_install();
     agree_on_args(&r->args, r->rank, r->world);
     attention_path = attention_path_of(&r->args);
@@ -1557,7 +1586,7 @@ int main(int argc, char **argv) {
         plan_config(&r->args, r->rank, &r->config);
         validate_layout(&r->args, &r->config, r->args.plan, r->rank);
         if (r->rank == 0) { plan_report(&r->args, &r->config, r->args.plan, r->args.memory_limit); }
-        MPI_Finalize();
+        mpi_finalize_watched();
         return 0;
     }
     run_setup(r);
@@ -1567,7 +1596,8 @@ int main(int argc, char **argv) {
         stopped = run_stop_requested(r, step);
     }
     run_finish(r, stopped || step != r->max_steps);
-    MPI_Finalize();
+    test_hook_stall("end", r->rank);
+    mpi_finalize_watched();   // (a peer stalled here: exit 1 after --timeout, the run's files complete)
     return 0;
 }
 #endif

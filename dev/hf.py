@@ -49,7 +49,8 @@ def fail(msg):
 
 # ----------------------------------------------------------------------------
 # our model files: int32 header[256] (magic, version 3 fp32 / 5 bf16 / 13, 15 MoE, maxT, V, L, NH, C, Vp;
-# [255] the CRC-32 of the body, 0 = none), then the tensors in file order
+# [255] the CRC-32, 0 = none; [254] what it covers: 1 the header (slot 255 as 0) and the body, 0 the body),
+# then the tensors in file order
 
 def file_shapes(maxT, V, L, NH, C, Vp):
     """(name, shape) of the 16 tensors of a dense model, in file order"""
@@ -82,9 +83,9 @@ def read_model(path):
     es = 4 if h[1] == 3 else 2
     if len(body) != n * es:
         fail(f"model file '{path}' has {len(body)} bytes after its header, expected {n * es} for {cfg}")
-    crc = zlib.crc32(body) or 1
+    crc = zlib.crc32(body, zlib.crc32(raw[:1020] + b"\0" * 4) if h[254] == 1 else 0) or 1
     if h[255] != 0 and (h[255] & 0xFFFFFFFF) != crc:
-        fail(f"file '{path}' is corrupt: the CRC-32 of its body is {crc:08x}, its header says {h[255] & 0xFFFFFFFF:08x}")
+        fail(f"file '{path}' is corrupt: its CRC-32 is {crc:08x}, its header says {h[255] & 0xFFFFFFFF:08x}")
     if es == 4:
         flat = np.frombuffer(body, dtype="<f4")
     else:
@@ -109,12 +110,13 @@ def write_model(path, cfg, tensors, bf16):
     h = [0] * HEADER_INTS
     h[0], h[1] = MODEL_MAGIC, 5 if bf16 else 3
     h[2:8] = [cfg["maxT"], cfg["V"], cfg["L"], cfg["NH"], cfg["C"], cfg["Vp"]]
+    h[254] = 1   # the CRC covers the header (slot 255 as 0) and the body
     parts = []
     for name, shape in file_shapes(**cfg):
         t = np.asarray(tensors[name], dtype=np.float32)
         assert t.shape == shape, (name, t.shape, shape)
         parts.append(to_bf16_bits(t).astype("<u2").tobytes() if bf16 else t.astype("<f4").tobytes())
-    crc = 0
+    crc = zlib.crc32(struct.pack(f"<{HEADER_INTS}i", *h))
     for p in parts:
         crc = zlib.crc32(p, crc)
     crc = crc or 1

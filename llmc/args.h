@@ -17,6 +17,7 @@
 #include "model_file.h"
 
 #define MAX_FLAGS 64
+#define MAX_ACCUM 65536   // micro-batches per step (-d over B*T*dp) at most
 
 typedef struct {
     const char *train_pattern, *val_pattern, *output_dir, *model;
@@ -25,6 +26,7 @@ typedef struct {
     int experts, topk, moe_every, cap1000;   // MoE; the first three -1 when not given
     float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff, timeout;
     int max_skips, help;
+    float skip_loss_z, skip_norm_z;     // -sl, -sg: skip an update this many standard deviations above (0 off)
     const char *recompute;
     const char *attention;       // the CUDA build's attention path: cublas or flash
     int async_checkpoint, overlap;
@@ -60,7 +62,7 @@ static void default_args(Args *a) {
     a->drop_policy = "probs";
     a->aux_coeff = 0.01f;
     a->z_coeff = 0.001f;
-    a->timeout = 600.0f; a->max_skips = 5; a->recompute = "none"; a->overlap = 1; a->attention = "cublas";
+    a->timeout = (float)DEFAULT_TIMEOUT; a->max_skips = 5; a->recompute = "none"; a->overlap = 1; a->attention = "cublas";
     a->seed = 1337;
     a->temperature = 1.0f;
 }
@@ -197,8 +199,12 @@ static const Flag FLAGS[] = {
     {"--trace", 0, F_DIR, ARG(trace_dir), 0, 0, 0, "DIR", "a Chrome trace per rank (dev/trace.py merges them)"},
     {"--timeout", 0, F_FLOAT, ARG(timeout), 0.0, 1e7, 0, "S",
         "stop when a collective makes no progress for S seconds, 0 off (600)"},
+    {"-sl", 0, F_FLOAT, ARG(skip_loss_z), 0.0, 1e9, 0, "Z",
+        "skip an update whose loss is Z standard deviations above the last 128 (0 off; always: above 2 ln V) (0)"},
+    {"-sg", 0, F_FLOAT, ARG(skip_norm_z), 0.0, 1e9, 0, "Z",
+        "skip an update whose gradient norm is Z standard deviations above the last 128, 0 off (0)"},
     {"--max-skips", 0, F_INT, ARG(max_skips), 1, 1 << 30, 0, "N",
-        "stop after N updates in a row skipped for a non-finite loss or norm (5)"},
+        "stop after N updates in a row skipped (a non-finite or diverging loss or norm) (5)"},
     {"--recompute", 0, F_CHOICE, ARG(recompute), 0, 0, "none|mlp|full", "WHAT",
         "recompute the MLP's fc/GELU outputs, or whole layers, in the backward (none)"},
     {"--overlap", 0, F_INT, ARG(overlap), 0, 1, 0, "0|1",
@@ -282,6 +288,12 @@ static void parse_flag(const Flag *f, const char *v, Args *a) {
     }
 }
 
+// Whether the flag `name` (its name, not an alias) was given.
+static int flag_given(const Args *a, const char *name) {
+    for (int k = 0; k < NUM_FLAGS; k++) { if (!strcmp(FLAGS[k].name, name)) { return a->given[k] != NULL; } }
+    return 0;
+}
+
 // Parses argv into a, recording the first bad flag in arg_error (every rank does the same).
 static void parse_args(int argc, char **argv, Args *a) {
     for (int i = 1; i < argc; i++) {
@@ -303,9 +315,8 @@ static void parse_args(int argc, char **argv, Args *a) {
         parse_flag(flag, argv[i], a);
     }
     // --vpp V > 1 is the interleaved schedule; --pp-schedule interleaved needs it
-    int vpp_given = a->vpp > 1, interleaved = !strcmp(a->pp_schedule, "interleaved"), schedule_given = 0;
-    for (int k = 0; k < NUM_FLAGS; k++) { if (!strcmp(FLAGS[k].name,
-                                                      "--pp-schedule")) { schedule_given = a->given[k] != NULL; } }
+    int vpp_given = a->vpp > 1, interleaved = !strcmp(a->pp_schedule, "interleaved");
+    int schedule_given = flag_given(a, "--pp-schedule");
     if (vpp_given && schedule_given && !interleaved) {
         arg_fail("--vpp %d is the interleaved schedule, not --pp-schedule %s", a->vpp, a->pp_schedule);
     }
@@ -313,6 +324,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         arg_fail("--pp-schedule interleaved needs --vpp V >= 2 (model chunks per stage)");
     }
     if (vpp_given) { a->pp_schedule = "interleaved"; }
+    if (a->model[0] == '\0') { arg_fail("-e '': expected a model file, dN, or L=..,C=..,NH=..,V=..,maxT=.."); }
     if (a->val_batches == 0) { arg_fail("-m must be -1 (the whole val set) or at least 1, got 0"); }
     if (a->prompt_ids && a->prompt) { arg_fail("--prompt-ids and --prompt: give one of them"); }
     if (a->output_dir && strlen(a->output_dir) > PATH_LEN - 64) {
@@ -333,11 +345,16 @@ static uint64_t hash_string(const char *s) {
 // that differs per rank would hang or silently diverge). Bad flags stop every rank, each with one line;
 // -h prints the usage. Then rank 0's flags are compared with every rank's, flag by flag.
 static void agree_on_args(Args *a, int rank, int world) {
-    int bad = arg_error[0] != 0, any_bad = bad, all_bad = bad, help = a->help;
+    int bad = arg_error[0] != 0, any_bad = bad, all_bad = bad, help = a->help, all_help = a->help;
     // the first collective (a rank that never gets here stops the others)
     comm_host_all_reduce(comm_world(), &any_bad, 1, DT_INT, HOST_MAX, "the first collective (the flags)");
     comm_host_all_reduce(comm_world(), &all_bad, 1, DT_INT, HOST_MIN, "the first collective (the flags)");
     comm_host_all_reduce(comm_world(), &help, 1, DT_INT, HOST_MAX, "the first collective (the flags)");
+    comm_host_all_reduce(comm_world(), &all_help, 1, DT_INT, HOST_MIN, "the first collective (the flags)");
+    if (help && !all_help) {
+        if (a->help) { fprintf(stderr, "error: rank %d: -h is given here, not on every rank (every rank must be given the same flags)\n", rank); }
+        stop_all(1);
+    }
     if (any_bad) {   // the same error everywhere: rank 0 says it; otherwise each rank says its own
         if (all_bad && rank == 0) { fprintf(stderr, "error: %s\n", arg_error); }
         else if (!all_bad && bad) { fprintf(stderr, "error: rank %d: %s\n", rank, arg_error); }
@@ -424,6 +441,10 @@ static int layout_error(Args *a, const GPT2Config *c, int world, char *err, size
     if (a->total_batch <= 0 || a->total_batch % tokens_per_micro != 0) {
         LAYOUT_FAIL("-d %d is not a multiple of B*T*dp = %d*%d*%d = %ld", a->total_batch, a->B, a->T, dp,
                     tokens_per_micro);
+    }
+    if (a->total_batch / tokens_per_micro > MAX_ACCUM) {   // (the schedule keeps a few ints per micro-batch)
+        LAYOUT_FAIL("-d %d is %ld micro-batches of B*T*dp = %ld tokens per step, more than %d: raise -b or lower -d",
+                    a->total_batch, a->total_batch / tokens_per_micro, tokens_per_micro, MAX_ACCUM);
     }
     if (a->vpp > 1) {   // interleaved: micro-batches go through the chunks in groups of pp
         int accum = (int)(a->total_batch / tokens_per_micro);

@@ -5,8 +5,10 @@
 //   DIR/state_STEP.bin  rank 0: int32 header[256] (below), then the AdamW state of every parameter in
 //                       the model file's order: fp32 m, v and (CUDA bf16) the fp32 master weights
 //   DIR/DONE_STEP       written once both are complete
-// Each file is written under a temporary name, fsync'd and renamed, and carries the CRC-32 of its body
-// in header slot 255. Resume (-y) takes the newest DONE_. The data position is not stored as such: after
+// Each file is written under a temporary name (created exclusively, never through a link), fsync'd and
+// renamed, and carries the CRC-32 of its header and body in header slot 255; the state file also records
+// its model file's CRC and the data's fingerprint. Resume (-y) takes the newest intact checkpoint with a
+// DONE_ marker (an unusable newer one is named and passed over). The data position is not stored as such: after
 // `step` steps every rank has read step x (accumulation) rounds, and dataloader_seek_rounds finds where
 // that leaves it in the resuming layout: exactly where an uninterrupted run of that layout would be (the
 // same sequences in the same order without shuffling; with --shuffle 1 the order of rounds depends on
@@ -31,10 +33,10 @@
 #include "test_hooks.h"
 
 #define STATE_MAGIC 20240527
-#define STATE_VERSION 2
+#define STATE_VERSION 3   // 3: the CRC covers the header; the model file's CRC and the data's fingerprint
 enum { SH_STEP = 2, SH_UPDATES, SH_SKIPS, SH_T, SH_BATCH, SH_EPOCH, SH_SHARD, SH_SHUFFLE, SH_MASTER, SH_PARAMS_LO, SH_PARAMS_HI,
        SH_RNG_LO = 15, SH_RNG_HI, SH_NSHARDS, SH_SKIPS_IN_A_ROW,
-       SH_TP = 20, SH_PP, SH_DP, SH_EP, SH_ZERO, SH_MAX_STEPS, SH_CRC = 255 };
+       SH_TP = 20, SH_PP, SH_DP, SH_EP, SH_ZERO, SH_MAX_STEPS, SH_MODEL_CRC, SH_DATA_FP, SH_CRC = 255 };
 
 // What a state file holds beside the optimizer state: the step counters, and what a resume must keep
 // (every rank passes the same).
@@ -44,28 +46,95 @@ typedef struct {
     int T, total_batch;                   // the whole sequences' length and the tokens per step: a resume keeps them
     // data-loader rounds per step (the accumulation): the data position is step x rounds
     int rounds;
-    int max_steps;                        // the run's -x (the learning-rate schedule's length; 0 in older files)
+    int max_steps;                        // the run's -x (the learning-rate schedule's length)
+    uint32_t data_fp;                     // dataloader_fingerprint of the training data: a resume keeps it
 } TrainState;
 
-// Writes a file under a temporary name: header (1024 bytes; slot 255 set to the body's CRC), body
-// parts, fsync, rename: never a torn file. Returns 0, or 1 with the reason in err (no fail(): the
-// asynchronous writer runs this on its own thread).
+// Why an open with O_NOFOLLOW failed (errno)
+static const char *open_error(void) { return errno == ELOOP ? "it is a symbolic link" : strerror(errno); }
+
+// Creates path for writing, never through a link planted there: whatever has that name (a killed run's
+// temporary file, a symbolic link) is removed first, then the file is created exclusively, refusing links.
+// Returns the descriptor, or -1 (errno set).
+static int create_file(const char *path) {
+    if (unlink(path) != 0 && errno != ENOENT) { return -1; }
+    return open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);
+}
+
+// Writes n bytes in pieces (each one counts as progress: io_progress); 0, or -1 (errno set).
+static int write_all(int fd, const void *data, size_t n) {
+    const char *p = (const char *)data;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n < (16u << 20) ? n : (16u << 20));
+        if (w < 0 && errno == EINTR) { continue; }
+        if (w <= 0) { if (w == 0) { errno = ENOSPC; } return -1; }
+        p += w; n -= (size_t)w;
+        io_progress++;
+    }
+    return 0;
+}
+
+// Writes a file under a temporary name: header (1024 bytes; slot 255 set to the CRC of the header and the
+// body parts), body parts, fsync, rename: never a torn file, and no temporary file left on a failure.
+// Returns 0, or 1 with the reason in err (no fail(): the writer thread runs this).
 static int write_file_atomic(const char *path, int *header, const void **parts, const size_t *bytes, int nparts,
                              char *err, size_t errlen) {
-    uint32_t crc = 0;
+    header[CRC_SCOPE_SLOT] = CRC_SCOPE_HEADER_AND_BODY;
+    uint32_t crc = crc_begin(header);
     for (int i = 0; i < nparts; i++) { crc = crc32_update(crc, parts[i], bytes[i]); }
-    header[SH_CRC] = (int)(crc ? crc : 1);
+    header[SH_CRC] = (int)crc_end(crc);
     char tmp[PATH_LEN + 8];
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (f == NULL) { snprintf(err, errlen, "cannot open '%s' for writing", tmp); return 1; }
-    int ok = fwrite(header, sizeof(int), 256, f) == 256;
-    for (int i = 0; i < nparts && ok; i++) { ok = fwrite(parts[i], 1, bytes[i], f) == bytes[i]; }
-    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) { snprintf(err, errlen, "cannot write '%s' (disk full?)", tmp); return 1; }
-    if (rename(tmp, path) != 0) { snprintf(err, errlen, "cannot rename '%s' to '%s'", tmp, path); return 1; }
+    int fd = create_file(tmp);
+    if (fd < 0) { snprintf(err, errlen, "cannot create '%s': %s", tmp, strerror(errno)); return 1; }
+    int ok = write_all(fd, header, 256 * sizeof(int)) == 0;
+    for (int i = 0; i < nparts && ok; i++) { ok = write_all(fd, parts[i], bytes[i]) == 0; }
+    ok = ok && fsync(fd) == 0;
+    int e = errno;
+    ok = close(fd) == 0 && ok;
+    if (!ok) { snprintf(err, errlen, "cannot write '%s': %s", tmp, strerror(e)); unlink(tmp); return 1; }
+    if (rename(tmp, path) != 0) {
+        snprintf(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+        unlink(tmp);
+        return 1;
+    }
     return 0;
+}
+
+// fsyncs a directory, so that the renames and creations in it last through a crash.
+static void sync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) { if (fsync(fd) != 0) { /* best effort: the files themselves are fsync'd */ } close(fd); }
+}
+
+// ----------------------------------------------------------------------------
+// Rank 0's long file work (a checkpoint write, the check of a checkpoint before a resume) runs on a
+// thread of rank 0, while every rank waits here with it: rank 0 broadcasts twice a second whether the
+// work is done, so a slow read or write that progresses (io_progress moves) keeps every watchdog quiet;
+// a stalled rank 0 (no broadcast) trips the others' watchdog; work that makes no progress for --timeout
+// (a hung disk) stops every rank, named.
+
+// finished: rank 0's worker sets it (NULL: no work in flight; the other ranks pass NULL).
+static void rank0_wait_done(const volatile int *finished, const char *what) {
+    int rank = comm_world()->rank;
+    long seen = -1;
+    double since = monotonic_seconds(), beat = watch_timeout > 0 && watch_timeout < 2.0 ? watch_timeout / 4 : 0.5;
+    for (;;) {
+        int state = 0;   // 0 working, 1 done, 2 stuck
+        if (rank == 0) {
+            double t0 = monotonic_seconds();
+            while (finished && !*finished && monotonic_seconds() - t0 < beat) { usleep(5000); }
+            if (finished == NULL || *finished) { state = 1; }
+            else if (io_progress != seen) { seen = io_progress; since = monotonic_seconds(); }
+            else if (watch_timeout > 0 && monotonic_seconds() - since > watch_timeout) { state = 2; }
+        }
+        comm_host_bcast(comm_world(), &state, 1, DT_INT, 0, what);
+        if (state == 2) {
+            fail_all(rank, "%s: no progress for %.0f s (a hung disk?; --timeout %.0f)", what,
+                     monotonic_seconds() - since, watch_timeout);
+        }
+        if (state == 1) { break; }
+    }
 }
 
 // One full host array (file order) on rank 0 from every rank's units: get(z, u, which, host) gives
@@ -113,7 +182,7 @@ static float *checkpoint_gather(const GPT2Config *c, Zero *z, UnitGetter get, in
 
 // A checkpoint's files, assembled on rank 0 (the header and body of each), written by write_checkpoint:
 // at once, or (--async-checkpoint) on a thread of rank 0 while training goes on. DONE_STEP is written
-// by the main thread once the files are complete (checkpoint_done): at the next step boundary after.
+// by the main thread once the files are complete (checkpoint_wait, checkpoint_done_if_finished).
 typedef struct {
     char dir[PATH_LEN];
     int step;
@@ -170,26 +239,36 @@ static void checkpoint_assemble(const GPT2Config *c, Zero *z, Checkpoint *ck, co
     h[SH_RNG_LO] = (int)(rng->s & 0xFFFFFFFFu); h[SH_RNG_HI] = (int)(rng->s >> 32);
     h[SH_TP] = g->tp; h[SH_PP] = g->pp; h[SH_DP] = g->dp; h[SH_EP] = g->ep; h[SH_ZERO] = z->stage;   // (for the reader)
     h[SH_MAX_STEPS] = s->max_steps;
+    h[SH_DATA_FP] = (int)s->data_fp;
     for (int i = 0; i < nstates; i++) { ck->states[i] = states[i]; }
     ck->nstates = nstates;
     ck->state_bytes = P * sizeof(float);
 }
 
-// Writes the model and state files of ck (rank 0; the thread's body with --async-checkpoint) and
-// frees its buffers. (test_hooks.h: a slow disk.)
+// The test hooks of a slow (progressing) and of a hung disk (test_hooks.h), between the two files.
+static void checkpoint_test_delay(void) {
+    for (int hung = 0; hung < 2; hung++) {
+        double seconds = test_hook_slow_checkpoint(hung);
+        for (double t = 0; t < seconds; t += 0.1) { usleep(100 * 1000); if (!hung) { io_progress++; } }
+    }
+}
+
+// Writes the model and state files of ck (on rank 0's writer thread) and frees its buffers. The state
+// records the model file's CRC; a failed state write removes the model file (no orphan).
 static void *checkpoint_write(void *arg) {
     Checkpoint *ck = (Checkpoint *)arg;
-    char path[PATH_LEN];
-    path_join(path, ck->dir, "model_%08d.bin", ck->step);
+    char path[PATH_LEN], model[PATH_LEN];
+    path_join(model, ck->dir, "model_%08d.bin", ck->step);
     const void *body = ck->model_body;
-    int bad = write_file_atomic(path, ck->model_header, &body, &ck->model_bytes, 1, ck->error, sizeof(ck->error));
-    double slow = test_hook_slow_checkpoint();
-    if (slow > 0) { usleep((useconds_t)(slow * 1e6)); }
+    int bad = write_file_atomic(model, ck->model_header, &body, &ck->model_bytes, 1, ck->error, sizeof(ck->error));
+    checkpoint_test_delay();
     if (!bad) {
+        ck->state_header[SH_MODEL_CRC] = ck->model_header[SH_CRC];
         path_join(path, ck->dir, "state_%08d.bin", ck->step);
         const void *parts[3] = {ck->states[0], ck->states[1], ck->states[2]};
         size_t bytes[3] = {ck->state_bytes, ck->state_bytes, ck->state_bytes};
-        write_file_atomic(path, ck->state_header, parts, bytes, ck->nstates, ck->error, sizeof(ck->error));
+        bad = write_file_atomic(path, ck->state_header, parts, bytes, ck->nstates, ck->error, sizeof(ck->error));
+        if (bad) { unlink(model); }
     }
     free(ck->model_body);
     for (int i = 0; i < ck->nstates; i++) { free(ck->states[i]); }
@@ -241,63 +320,135 @@ static void checkpoint_mark_done(Checkpoint *ck) {
     if (ck->error[0]) { fail("checkpoint of step %d: %s", ck->step, ck->error); }
     char path[PATH_LEN];
     path_join(path, ck->dir, "DONE_%08d", ck->step);
-    FILE *d = fopen_check(path, "wb");
-    if (fsync(fileno(d)) != 0) { fail("cannot write '%s'", path); }
-    fclose_check(d, path);
+    int fd = create_file(path);
+    if (fd < 0 || fsync(fd) != 0 || close(fd) != 0) { fail("cannot write '%s': %s", path, strerror(errno)); }
+    sync_dir(ck->dir);
     printf("wrote checkpoint at step %d to %s\n", ck->step, ck->dir);
     checkpoint_retain(ck->dir);
 }
 
-// Rank 0, at a step boundary: once the asynchronous write in flight is complete (wait: block until it
-// is), marks it DONE. Returns whether nothing is in flight any more.
-static int checkpoint_done(int wait) {
+// Rank 0, at a step boundary: if the asynchronous write in flight is complete, marks it DONE.
+static void checkpoint_done_if_finished(void) {
     Checkpoint *ck = &ckpt_writer;
-    if (!ck->running) { return 1; }
-    if (!wait && !ck->finished) { return 0; }
+    if (!ck->running || !ck->finished) { return; }
     pthread_join(ck->thread, NULL);
     ck->running = 0;
     checkpoint_mark_done(ck);
-    return 1;
 }
 
-// Every rank: a checkpoint of this step. The assembly is collective and synchronous; rank 0 then
-// writes the files, on a thread with async (a checkpoint still in flight is finished first).
+// Every rank, at the same points (before a checkpoint's assembly, after a synchronous one, at a stop, at the
+// end): waits with rank 0 until its write in flight, if any, is complete (rank0_wait_done), then rank 0
+// marks it DONE.
+static void checkpoint_wait(void) {
+    Checkpoint *ck = &ckpt_writer;
+    int running = comm_world()->rank == 0 && ck->running;
+    char what[64] = "the checkpoint write";
+    if (running) { snprintf(what, sizeof(what), "the checkpoint write of step %d", ck->step); }
+    rank0_wait_done(running ? &ck->finished : NULL, what);
+    if (running) { pthread_join(ck->thread, NULL); ck->running = 0; checkpoint_mark_done(ck); }
+}
+
+// Every rank: a checkpoint of this step. The assembly is collective and synchronous; rank 0's writer
+// thread then writes the files, and every rank waits for it (rank0_wait_done) now, or with async at the
+// next checkpoint, a stop or the end, while training goes on.
 static void checkpoint_save(const GPT2Config *c, Zero *z, const char *dir, int step, const TrainState *s,
                             const DataLoader *dl, const Rng *rng, int async) {
-    int rank0 = z->grid->rank == 0;
     trace_begin();
     Checkpoint *ck = &ckpt_writer;
-    if (rank0) { checkpoint_done(1); }
+    checkpoint_wait();   // the previous write first
     checkpoint_assemble(c, z, ck, dir, step, s, dl, rng);
-    if (rank0 && async) {
+    if (z->grid->rank == 0) {
         ck->running = 1;
+        ck->finished = 0;
         if (pthread_create(&ck->thread, NULL, checkpoint_write, ck) != 0) {
             fail("cannot start the checkpoint writer thread");
         }
-    } else if (rank0) {
-        checkpoint_write(ck);
-        checkpoint_mark_done(ck);
     }
+    if (!async) { checkpoint_wait(); }
     trace_end("checkpoint", "io", "\"step\":%d,\"async\":%d", step, async);
 }
 
-// The step of the newest complete checkpoint in dir, or -1 (same answer on every rank).
-static int latest_checkpoint(const char *dir) {
-    int best = -1;
-    if (comm_world()->rank == 0) {
-        DIR *d = opendir(dir);
-        if (d) {
-            struct dirent *e;
-            while ((e = readdir(d)) != NULL) {
-                int s;
-                char extra;
-                if (sscanf(e->d_name, "DONE_%d%c", &s, &extra) == 1 && s > best && s >= 0) { best = s; }
-            }
-            closedir(d);
-        }
+// Whether the checkpoint of `step` in dir can be resumed: both files there, each with a CRC of its header
+// and body that matches, and the state recording this model file's CRC; else why not. (A state file of
+// another version passes here: checkpoint_load refuses it by name.)
+static int checkpoint_intact(const char *dir, int step, char *why, size_t n) {
+    char path[2][PATH_LEN];
+    int h[2][256];
+    path_join(path[0], dir, "model_%08d.bin", step);
+    path_join(path[1], dir, "state_%08d.bin", step);
+    for (int i = 1; i >= 0; i--) {
+        FILE *f = fopen(path[i], "rb");
+        if (f == NULL) { snprintf(why, n, "'%s' is missing", path[i]); return 0; }
+        int ok = fread(h[i], sizeof(int), 256, f) == 256;
+        if (ok && i == 1 && (h[1][0] != STATE_MAGIC || h[1][1] != STATE_VERSION)) { fclose(f); return 1; }
+        ok = ok && h[i][SH_CRC] != 0 && h[i][CRC_SCOPE_SLOT] == CRC_SCOPE_HEADER_AND_BODY
+             && file_crc(f, h[i]) == (uint32_t)h[i][SH_CRC];
+        fclose(f);
+        if (!ok) { snprintf(why, n, "'%s' is corrupt (no CRC-32, or not the one of its header and body)", path[i]); return 0; }
     }
+    if (h[1][SH_MODEL_CRC] != h[0][SH_CRC]) { snprintf(why, n, "'%s' belongs to another model file", path[1]); return 0; }
+    return 1;
+}
+
+// Rank 0's thread: the newest intact checkpoint of the DONE ones in dir (-1: none), the others named.
+typedef struct { const char *dir; int step; volatile int finished; pthread_t thread; } CheckpointSearch;
+static void *checkpoint_search(void *arg) {
+    CheckpointSearch *c = (CheckpointSearch *)arg;
+    static int steps[65536];
+    int n = checkpoint_steps(c->dir, steps, 65536);
+    c->step = -1;
+    for (int i = n - 1; i >= 0 && c->step < 0; i--) {
+        char why[2 * PATH_LEN];
+        if (checkpoint_intact(c->dir, steps[i], why, sizeof(why))) { c->step = steps[i]; continue; }
+        printf("note: the checkpoint of step %d cannot be resumed: %s; %s\n", steps[i], why,
+               i > 0 ? "trying the one before" : "there is none before");
+    }
+    c->finished = 1;
+    return NULL;
+}
+
+// The step of the newest intact complete checkpoint in dir, or -1 (same answer on every rank): rank 0
+// checks the files (CRCs: a long read, waited for with rank0_wait_done) and broadcasts its choice.
+static int latest_checkpoint(const char *dir) {
+    static CheckpointSearch c;
+    int rank0 = comm_world()->rank == 0;
+    c.dir = dir; c.step = -1; c.finished = 0;
+    if (rank0 && pthread_create(&c.thread, NULL, checkpoint_search, &c) != 0) {
+        fail("cannot start a thread to check the checkpoints in '%s'", dir);
+    }
+    rank0_wait_done(rank0 ? &c.finished : NULL, "the check of the checkpoints before a resume");
+    if (rank0) { pthread_join(c.thread, NULL); }
+    int best = c.step;
     comm_host_bcast(comm_world(), &best, 1, DT_INT, 0, "broadcast (checkpoint)");
     return best;
+}
+
+// The state file names its model file by CRC: the model file of the checkpoint must carry that CRC (one
+// with none, or another, is not the model this state belongs to).
+static void checkpoint_model_matches(const char *dir, int step, int model_crc, const char *state_path) {
+    char path[PATH_LEN];
+    path_join(path, dir, "model_%08d.bin", step);
+    FILE *f = fopen_check(path, "rb");
+    int h[256];
+    fread_check(h, sizeof(int), 256, f, path);
+    fclose(f);
+    if (h[SH_CRC] == 0 || h[SH_CRC] != model_crc) {
+        fail("model file '%s' is not the one '%s' was written with (its CRC-32 %08x, the state's %08x)", path,
+             state_path, (uint32_t)h[SH_CRC], (uint32_t)model_crc);
+    }
+}
+
+// Fails naming the tensor and the index of the first negative value of a file-order array (AdamW's v).
+static void check_nonnegative(const GPT2Config *c, const float *all, const char *what) {
+    size_t P = num_parameters(c);
+    for (size_t i = 0; i < P; i++) {
+        if (all[i] >= 0.0f) { continue; }
+        size_t off = i;
+        int id = 0;
+        while (off >= tensor_full_size(c, id)) { off -= tensor_full_size(c, id); id++; }
+        fail("%s: the optimizer's second moment (v) of %s[%zu] is %g: a mean of squares is never negative", what,
+             tensor_names[id], off, all[i]);
+    }
 }
 
 // Restores the optimizer state of this rank's part, the step counters, the data position and the
@@ -316,8 +467,18 @@ static void checkpoint_load(const GPT2Config *c, Zero *z, const char *dir, int s
     }
     if (h[0] != STATE_MAGIC) { fail("state file '%s' has bad magic %d, expected %d", path, h[0], STATE_MAGIC); }
     if (h[1] != STATE_VERSION) {
-        fail("state file '%s' has version %d, expected %d (checkpoints of older versions cannot be resumed)", path,
-             h[1], STATE_VERSION);
+        fail("state file '%s' has version %d, expected %d: a checkpoint of an older version of train_gpt cannot be "
+             "resumed (its model file loads with -e)", path, h[1], STATE_VERSION);
+    }
+    if (h[SH_CRC] == 0 || h[CRC_SCOPE_SLOT] != CRC_SCOPE_HEADER_AND_BODY) {
+        fail("state file '%s' is corrupt: it has no CRC-32 of its header and body (slots %d, 255)", path, CRC_SCOPE_SLOT);
+    }
+    check_file_crc(f, h, path);
+    checkpoint_model_matches(dir, step, h[SH_MODEL_CRC], path);
+    if ((uint32_t)h[SH_DATA_FP] != s->data_fp) {
+        fail("-i: the training data differs from the data of the run that wrote '%s' (file names, token counts or "
+             "first tokens): a resume continues the same data; to train its model on other data, start a new run "
+             "with -e %s/model_%08d.bin", path, dir, step);
     }
     uint64_t P = (uint32_t)h[SH_PARAMS_LO] | (uint64_t)(uint32_t)h[SH_PARAMS_HI] << 32;
     int nstates = h[SH_MASTER] ? 3 : 2;
@@ -347,13 +508,13 @@ static void checkpoint_load(const GPT2Config *c, Zero *z, const char *dir, int s
         fail("state file '%s' is %ld bytes, expected %llu", path, size,
              (unsigned long long)(1024 + (uint64_t)nstates * P * sizeof(float)));
     }
-    check_file_crc(f, h, path);
     // every rank reads the whole state and keeps its part, unit by unit
     float *all = (float *)malloc_check(P * sizeof(float)), *full[NUM_TENSORS];
     split_tensors(c, all, full);
     for (int i = 0; i < nstates; i++) {
         fread_check(all, sizeof(float), P, f, path);
         check_finite(c, all, path);
+        if (i == 1) { check_nonnegative(c, all, path); }   // AdamW's v: a mean of squares
         if (i == 2 && z->master == NULL) { continue; }   // fp32 parameters: no master weights to restore
         for (int u = 0; u < z->nunits; u++) {
             float *host = (float *)malloc_check(z->units[u].size * sizeof(float));
@@ -388,25 +549,22 @@ static void check_output_dir(const char *dir, int rank) {
     comm_host_barrier(comm_world(), "barrier (output dir)");
     char path[PATH_LEN];
     path_join(path, dir, ".write_test_%d", rank);
-    FILE *f = fopen(path, "wb");
-    int ok = f != NULL;
-    if (f) { fclose(f); remove(path); }
-    int all_ok = 0;
-    all_ok = ok;
+    int fd = create_file(path), all_ok = fd >= 0;
+    if (fd >= 0) { close(fd); unlink(path); }
     comm_host_all_reduce(comm_world(), &all_ok, 1, DT_INT, HOST_MIN, "all-reduce (output dir)");
     if (!all_ok) { fail_all(rank, "-o '%s' is not a writable directory", dir); }
 }
 
 // -o DIR is this run's alone: rank 0 holds an flock() on DIR/.lock for the run's lifetime (the kernel
 // releases it when the process dies, so a resume after kill -9 is never refused), and a second run on
-// the same DIR stops, naming the holder.
+// the same DIR stops, naming the holder. A .lock that is a symbolic link is refused (never followed).
 static void lock_output_dir(const char *dir, int rank) {
     char msg[PATH_LEN + 512] = "";
     if (rank == 0) {
         char path[PATH_LEN];
         path_join(path, dir, ".lock");
-        int fd = open(path, O_RDWR | O_CREAT, 0644);
-        if (fd < 0) { snprintf(msg, sizeof(msg), "cannot open '%s'", path); }
+        int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW, 0644);
+        if (fd < 0) { snprintf(msg, sizeof(msg), "cannot open '%s': %s", path, open_error()); }
         else if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
             char holder[256] = "";
             ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
@@ -427,39 +585,82 @@ static void lock_output_dir(const char *dir, int rank) {
     if (msg[0]) { fail_all(rank, "%s", msg); }
 }
 
-// main.log, rank 0. A resumed run first drops the lines of the steps at and after the resumed one (a
-// run killed after the checkpoint logged them), so the log equals an uninterrupted run's; every write
-// and flush is checked (a full disk stops the run, never a torn log).
-static FILE *open_log(const char *dir, int resume_step) {
-    char path[PATH_LEN], tmp[PATH_LEN + 8];
-    path_join(path, dir, "main.log");
-    if (resume_step > 0 && access(path, R_OK) == 0) {
-        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-        FILE *in = fopen_check(path, "r"), *out = fopen_check(tmp, "w");
-        char line[1024];
-        while (fgets(line, sizeof(line), in)) {
-            int s;
-            if (sscanf(line, "s:%d ", &s) == 1 && s >= resume_step) { continue; }
-            if (fputs(line, out) < 0) { fail("cannot write '%s' (disk full?)", tmp); }
+// Rank 0, holding the lock: removes what an interrupted run left in -o (it could keep a full disk full):
+// temporary files, and model and state files of a step without a DONE marker (never complete).
+static void clean_output_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d == NULL) { return; }
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int step, len = (int)strlen(e->d_name), debris = len > 4 && !strcmp(e->d_name + len - 4, ".tmp");
+        int ours = !strncmp(e->d_name, "model_", 6) || !strncmp(e->d_name, "state_", 6);
+        char extra, path[PATH_LEN], name[64];
+        if (!debris && ours && sscanf(e->d_name + 6, "%d.bin%c", &step, &extra) == 1 && step >= 0) {
+            snprintf(name, sizeof(name), "%.6s%08d.bin", e->d_name, step);   // exactly a checkpoint's name
+            path_join(path, dir, "DONE_%08d", step);
+            debris = !strcmp(e->d_name, name) && access(path, F_OK) != 0;
         }
-        fclose(in);
-        if (fflush(out) != 0 || fsync(fileno(out)) != 0) { fail("cannot write '%s' (disk full?)", tmp); }
-        fclose_check(out, tmp);
-        if (rename(tmp, path) != 0) { fail("cannot rename '%s' to '%s'", tmp, path); }
+        if (!debris) { continue; }
+        path_join(path, dir, "%s", e->d_name);
+        if (unlink(path) == 0) { removed++; }
     }
-    return fopen_check(path, resume_step > 0 ? "a" : "w");
+    closedir(d);
+    if (removed) { printf("removed %d unfinished checkpoint file(s) from %s (a run stopped while writing)\n", removed, dir); }
 }
 
-// main.log lines: every write and flush checked (a full disk stops the run, never a torn log)
-static void log_printf(FILE *f, const char *fmt, ...) {
-    if (f == NULL) { return; }
+// ----------------------------------------------------------------------------
+// main.log, rank 0: one descriptor, every line one write. A resumed run first drops the lines of the steps at
+// and after the resumed one (a run killed after the checkpoint logged them) and a last line without its
+// newline (cut by a kill), so the log equals an uninterrupted run's; a write that fails (a full disk) is
+// cut back to the last whole line and stops the run: never a torn log. Links are never followed.
+
+static void log_keep_lines(const char *path, int resume_step) {
+    char tmp[PATH_LEN + 8];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    int in = open(path, O_RDONLY | O_NOFOLLOW);
+    if (in < 0) { if (errno == ENOENT) { return; } fail("cannot open '%s': %s", path, open_error()); }
+    FILE *r = fdopen(in, "r");
+    int out = create_file(tmp);
+    if (r == NULL || out < 0) { fail("cannot create '%s': %s", tmp, strerror(errno)); }
+    char line[4096];
+    while (fgets(line, sizeof(line), r)) {
+        int s, n = (int)strlen(line);
+        if (n == 0 || line[n - 1] != '\n') { continue; }                    // cut short
+        if (sscanf(line, "s:%d ", &s) == 1 && s >= resume_step) { continue; }   // redone by this run
+        if (write_all(out, line, n) != 0) { fail("cannot write '%s' (disk full?)", tmp); }
+    }
+    fclose(r);
+    if (fsync(out) != 0 || close(out) != 0) { fail("cannot write '%s' (disk full?)", tmp); }
+    if (rename(tmp, path) != 0) { fail("cannot rename '%s' to '%s'", tmp, path); }
+}
+
+static int open_log(const char *dir, int resume_step) {
+    char path[PATH_LEN];
+    path_join(path, dir, "main.log");
+    if (resume_step > 0) { log_keep_lines(path, resume_step); }
+    int fd = resume_step > 0 ? open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW, 0644) : create_file(path);
+    if (fd < 0) { fail("cannot open '%s': %s", path, open_error()); }
+    return fd;
+}
+
+static void log_printf(int fd, const char *fmt, ...) {
+    if (fd < 0) { return; }
+    char line[1024];
     va_list ap;
     va_start(ap, fmt);
-    int n = vfprintf(f, fmt, ap);
+    int n = vsnprintf(line, sizeof(line), fmt, ap);
     va_end(ap);
-    if (n < 0 || fflush(f) != 0) {
-        fail("cannot write to main.log (disk full?): the run stops rather than leave a torn log");
+    off_t before = lseek(fd, 0, SEEK_END);
+    if (n < 0 || n >= (int)sizeof(line) || write_all(fd, line, (size_t)n) != 0) {
+        int e = errno;
+        if (before >= 0 && ftruncate(fd, before) != 0) { /* the error below stops the run either way */ }
+        fail("cannot write to main.log (disk full? %s): the run stops rather than leave a torn log", strerror(e));
     }
+}
+
+static void log_close(int fd) {
+    if (fd >= 0 && (fsync(fd) != 0 || close(fd) != 0)) { fail("cannot close main.log (%s)", strerror(errno)); }
 }
 
 #endif // LLMC_CHECKPOINT_H

@@ -18,6 +18,7 @@
 
 #include <glob.h>
 #include "utils.h"
+#include "guard.h"
 #include "mt19937.h"
 #include "rand.h"
 
@@ -42,6 +43,7 @@ typedef struct {
     Mt19937 rng;                    // the shuffle generator, in step with the position
     int *inputs, *targets;          // host (B*T)
     int in_memory;                  // one shard given as an array (the built-in synthetic corpus)
+    uint32_t fingerprint;           // what the data is (dataloader_fingerprint)
 } DataLoader;
 
 // Reads a shard header; checks magic, version, and that the file holds exactly ntok tokens.
@@ -157,6 +159,29 @@ static void dataloader_alloc(DataLoader *d) {
     d->loaded_shard = -1;
 }
 
+// What the data is, to compare the ranks' and a resume's with its checkpoint's: the CRC-32 of every shard's
+// file name (without its directory: the data may move), token count and first 4096 tokens, in glob order;
+// of the built-in corpus, its first 4096 tokens. Independent of the layout.
+#define FINGERPRINT_TOKENS 4096
+static uint32_t dataloader_fingerprint(const DataLoader *d) {
+    uint16_t first[FINGERPRINT_TOKENS];
+    if (d->in_memory) {
+        return crc_end(crc32_update(0, d->tokens, 2 * (d->ntok < FINGERPRINT_TOKENS ? d->ntok : FINGERPRINT_TOKENS)));
+    }
+    uint32_t crc = 0;
+    for (int i = 0; i < d->nshards; i++) {
+        const char *path = d->files.gl_pathv[i], *name = strrchr(path, '/');
+        name = name ? name + 1 : path;
+        FILE *f = fopen_check(path, "rb");
+        int header[256];
+        fread_check(header, sizeof(int), 256, f, path);
+        size_t n = fread(first, 2, FINGERPRINT_TOKENS, f);
+        fclose(f);
+        crc = crc32_update(crc32_update(crc32_update(crc, name, strlen(name)), &header[2], sizeof(int)), first, 2 * n);
+    }
+    return crc_end(crc);
+}
+
 static void dataloader_init(DataLoader *d, const char *pattern, int B, int T, int vocab_size, int dp, int dp_rank,
                             int shuffle, uint64_t seed) {
     memset(d, 0, sizeof(*d));
@@ -179,6 +204,7 @@ static void dataloader_init(DataLoader *d, const char *pattern, int B, int T, in
         d->shard_rounds[i] = (int)rounds;
         d->rounds_per_epoch += rounds;
     }
+    d->fingerprint = dataloader_fingerprint(d);
     dataloader_reset(d);
 }
 
@@ -205,6 +231,7 @@ static void dataloader_init_memory(DataLoader *d, const uint16_t *tokens, size_t
     d->loaded_shard = 0;
     d->shard_rounds[0] = (int)((ntok - 1) / ((size_t)dp * B * T));
     d->rounds_per_epoch = (size_t)d->shard_rounds[0];
+    d->fingerprint = dataloader_fingerprint(d);
     dataloader_reset(d);
 }
 

@@ -72,12 +72,14 @@ static void sum_of_squares(float *out, const floatX *x, size_t n) {
 // ----------------------------------------------------------------------------
 // The end of a step without the host: the loss and the squared gradient norm summed on the device, one
 // all-reduce of the two over every rank (the caller's), then the factor AdamW scales the gradients by:
-// clip / norm above the clip, 1 below, 0 when the loss or the norm is not finite (AdamW then skips the
-// update: adamw.h). The host reads the struct once, when the step is over.
+// clip / norm above the clip, 1 below, 0 when the loss or the norm is not finite or above its limit (a
+// divergence: the limits come from earlier steps, guard.h) (AdamW then skips the update: adamw.h). The
+// host reads the struct once, when the step is over.
+enum { SKIP_NONE, SKIP_NOT_FINITE, SKIP_LOSS, SKIP_NORM };
 typedef struct {
     double loss_sum, norm_sq;   // this rank's part, then (after the all-reduce) every rank's
     float loss, norm, scale;    // loss_sum / tokens, sqrt(norm_sq); the gradient scale (0: skip)
-    float pad;
+    float why;                  // why the update is skipped (SKIP_*)
 } StepStats;
 
 // The CPU loops, run by one GPU thread as they are.
@@ -96,11 +98,13 @@ static inline void step_stats_gather_body(StepStats *st, const float *parts, int
 #ifdef USE_CUDA
 __host__ __device__
 #endif
-static inline void step_stats_clip_body(StepStats *st, double tokens, float clip) {
+static inline void step_stats_clip_body(StepStats *st, double tokens, float clip, float loss_limit, float norm_limit) {
     float loss = (float)(st->loss_sum / tokens), norm = (float)sqrt(st->norm_sq);
     st->loss = loss;
     st->norm = norm;
-    if (!isfinite(loss) || !isfinite(norm)) { st->scale = 0.0f; }
+    st->why = !isfinite(loss) || !isfinite(norm) ? SKIP_NOT_FINITE : loss > loss_limit ? SKIP_LOSS
+              : norm > norm_limit ? SKIP_NORM : SKIP_NONE;
+    if (st->why != SKIP_NONE) { st->scale = 0.0f; }
     // (fp64: exact under fast math)
     else {
         st->scale = clip > 0.0f && norm > clip ? (float)((double)clip / norm) : 1.0f;
@@ -112,8 +116,8 @@ static inline void step_stats_clip_body(StepStats *st, double tokens, float clip
 __global__ void step_stats_gather_kernel(StepStats *st, const float *parts, int n, const double *loss_sum) {
     step_stats_gather_body(st, parts, n, loss_sum);
 }
-__global__ void step_stats_clip_kernel(StepStats *st, double tokens, float clip) {
-    step_stats_clip_body(st, tokens, clip);
+__global__ void step_stats_clip_kernel(StepStats *st, double tokens, float clip, float loss_limit, float norm_limit) {
+    step_stats_clip_body(st, tokens, clip, loss_limit, norm_limit);
 }
 #endif
 
@@ -126,12 +130,12 @@ static void step_stats_gather(StepStats *st, const float *parts, int n, const do
 #endif
 }
 
-static void step_stats_clip(StepStats *st, double tokens, float clip) {
+static void step_stats_clip(StepStats *st, double tokens, float clip, float loss_limit, float norm_limit) {
 #ifdef USE_CUDA
-    step_stats_clip_kernel<<<1, 1, 0, main_stream>>>(st, tokens, clip);
+    step_stats_clip_kernel<<<1, 1, 0, main_stream>>>(st, tokens, clip, loss_limit, norm_limit);
     cudaCheckLaunch();
 #else
-    step_stats_clip_body(st, tokens, clip);
+    step_stats_clip_body(st, tokens, clip, loss_limit, norm_limit);
 #endif
 }
 

@@ -1,13 +1,13 @@
 // What keeps a run from failing silently or hanging, in one place:
-//   crc32       zlib's CRC-32 (IEEE 802.3), of every byte after a file's 1024-byte header, kept in
-//               header slot 255 of model and state files (0 = none: llm.c's files) and checked on load
-//   watchdog    a thread that stops the rank when one communication op (a collective, a pipeline
-//               exchange, a device synchronisation waiting on NCCL) makes no progress for --timeout
-//               seconds: a stalled or dead peer. It only prints and _exits (MPI is not thread-multiple;
-//               on CUDA it first aborts the NCCL communicators, NCCL's way out of a hung collective);
-//               mpirun then takes the other ranks down.
-//   signals     SIGUSR1 (mpirun forwards it to the ranks), SIGTERM and SIGINT ask for a stop: the ranks
-//               agree at the next step boundary, write a checkpoint and exit 0. A second signal exits at once.
+//   crc32       zlib's CRC-32 (IEEE 802.3) of a model or state file's header and body, kept in header slot
+//               255 (0 = none: llm.c's files; slot 254 says what it covers) and checked on load
+//   watchdog    a thread, started before MPI_Init, that stops the rank when one wait on other ranks (MPI_Init,
+//               a collective, a pipeline exchange, a device synchronisation waiting on NCCL, a checkpoint
+//               write's progress, MPI_Finalize) makes no progress for --timeout seconds: a stalled or dead
+//               peer. It only prints and _exits (MPI is not thread-multiple; on CUDA it first aborts the
+//               NCCL communicators, NCCL's way out of a hung collective); mpirun then takes the other ranks down.
+//   signals     SIGUSR1 (mpirun forwards it to the ranks), SIGTERM, SIGINT and SIGHUP ask for a stop: the
+//               ranks agree at the next step boundary, write a checkpoint and exit 0. A second signal exits at once.
 #ifndef LLMC_GUARD_H
 #define LLMC_GUARD_H
 
@@ -37,54 +37,58 @@ static uint32_t crc32_update(uint32_t crc, const void *data, size_t n) {
     return ~crc;
 }
 
-// The CRC of a file's bytes after its 1024-byte header (0 is kept for "none": a CRC of 0 becomes 1).
-static uint32_t file_body_crc(FILE *f) {
+// Header slot 254 says what the CRC in slot 255 covers: 1, the header (slot 255 read as 0) and the body;
+// 0 (files of older versions of this program), the body alone. Slot 255 = 0: no CRC (llm.c's files).
+#define CRC_SCOPE_SLOT 254
+#define CRC_SCOPE_HEADER_AND_BODY 1
+
+// The CRC a file with this header and body must carry (0 is kept for "none": a CRC of 0 becomes 1):
+// start with crc_begin(header), add the body's bytes with crc32_update, end with crc_end.
+static uint32_t crc_begin(const int *header) {
+    int h[256];
+    memcpy(h, header, sizeof(h));
+    h[255] = 0;
+    return h[CRC_SCOPE_SLOT] == CRC_SCOPE_HEADER_AND_BODY ? crc32_update(0, h, sizeof(h)) : 0;
+}
+static uint32_t crc_end(uint32_t crc) { return crc ? crc : 1; }
+
+// Pieces of file I/O done (bumped by whatever reads or writes a checkpoint, on any thread): how rank 0 shows
+// the others that a long read or write progresses (checkpoint.h's rank0_wait).
+static volatile long io_progress = 0;
+
+// The CRC of an open file (its header given) as crc_begin / crc_end define it.
+static uint32_t file_crc(FILE *f, const int *header) {
     unsigned char buf[1 << 16];
-    uint32_t crc = 0;
+    uint32_t crc = crc_begin(header);
     size_t n;
     fseek(f, 1024, SEEK_SET);
-    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) { crc = crc32_update(crc, buf, n); }
-    return crc ? crc : 1;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) { crc = crc32_update(crc, buf, n); io_progress++; }
+    return crc_end(crc);
 }
 
-// Checks header slot 255 of an open file against its body; fails naming the file.
+// Checks header slot 255 of an open file against its header and body; fails naming the file.
 static void check_file_crc(FILE *f, const int *header, const char *path) {
     if (header[255] == 0) { return; }
+    if (header[CRC_SCOPE_SLOT] != 0 && header[CRC_SCOPE_SLOT] != CRC_SCOPE_HEADER_AND_BODY) {
+        fail("file '%s' is corrupt: header slot %d is %d, expected 0 or %d (what its CRC covers)", path, CRC_SCOPE_SLOT,
+             header[CRC_SCOPE_SLOT], CRC_SCOPE_HEADER_AND_BODY);
+    }
     long here = ftell(f);
-    uint32_t crc = file_body_crc(f);
+    uint32_t crc = file_crc(f, header);
     if (crc != (uint32_t)header[255]) {
-        fail("file '%s' is corrupt: the CRC-32 of its body is %08x, its header says %08x", path, crc,
-             (uint32_t)header[255]);
+        fail("file '%s' is corrupt: the CRC-32 of its %s is %08x, its header says %08x", path,
+             header[CRC_SCOPE_SLOT] ? "header and body" : "body", crc, (uint32_t)header[255]);
     }
     fseek(f, here, SEEK_SET);
 }
 
 // ----------------------------------------------------------------------------
-// the watchdog
+// the watchdog (the watched op itself, watch_enter / watch_leave, is in utils.h)
 
-static volatile double watch_since = 0.0;     // when the current op began; 0: none
-static const char *volatile watch_op = "";
-static const char *volatile watch_group = "";
+#define DEFAULT_TIMEOUT 600.0                 // --timeout's default (args.h)
 static double watch_timeout = 0.0;            // seconds; 0: off
-static int watch_rank = 0;
+static int watch_rank = -1;                   // -1: not known yet (before MPI_Init, without a launcher's rank)
 static void (*watch_abort)(void) = NULL;      // called before exiting (CUDA: abort the NCCL communicators)
-
-static double monotonic_seconds(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
-// Marks the start and the end of a communication op (ops do not nest: an inner one is the same wait).
-static int watch_depth = 0;
-static void watch_enter(const char *op, const char *group) {
-    if (watch_depth++ == 0) { watch_op = op; watch_group = group; watch_since = monotonic_seconds(); }
-}
-static void watch_leave(void) {
-    if (--watch_depth == 0) { watch_since = 0.0; }
-}
-// a blocking statement watched as one op
-#define WATCHED(op, group, stmt) do { watch_enter(op, group); stmt; watch_leave(); } while (0)
 
 static void *watchdog_thread(void *arg) {
     (void)arg;
@@ -92,11 +96,12 @@ static void *watchdog_thread(void *arg) {
         usleep(200 * 1000);
         double since = watch_since;
         if (since > 0.0 && monotonic_seconds() - since > watch_timeout) {
-            char msg[512];
+            char msg[512], who[32] = "?";
+            if (watch_rank >= 0) { snprintf(who, sizeof(who), "%d", watch_rank); }
             int n = snprintf(msg, sizeof(msg),
-                             "error: rank %d: no progress for %.0f s in %s on group %s (a stalled or dead rank, or a "
-                             "deadlock; --timeout %.0f); stopping\n", watch_rank, monotonic_seconds() - since,
-                                 watch_op, watch_group, watch_timeout);
+                             "error: rank %s: no progress for %.0f s in %s on group %s (a stalled or dead rank, or a "
+                             "deadlock; --timeout %.0f); stopping\n", who, monotonic_seconds() - since, watch_op,
+                             watch_group, watch_timeout);
             if (write(2, msg, n > 0 ? (size_t)n : 0) < 0) { /* nothing more to do */ }
             if (watch_abort) { watch_abort(); }
             _exit(1);
@@ -105,13 +110,52 @@ static void *watchdog_thread(void *arg) {
     return NULL;
 }
 
-static void watchdog_start(double timeout_seconds, int rank) {
-    watch_timeout = timeout_seconds;
-    watch_rank = rank;
-    if (timeout_seconds <= 0.0) { return; }
+// Starts the watchdog before MPI_Init, so that a rank stalled before it, or an init that never completes,
+// cannot hang the others: --timeout is read from argv as parse_args will read it (a bad value: the
+// default here, and parse_args' error later); the rank is the launcher's until MPI says (watchdog_rank).
+static void watchdog_start(int argc, char **argv) {
+    watch_timeout = DEFAULT_TIMEOUT;
+    for (int i = 1; i + 1 < argc; i++) {
+        char *end;
+        double t = strtod(argv[i + 1], &end);
+        if (!strcmp(argv[i], "--timeout") && *end == '\0' && end != argv[i + 1] && t >= 0.0) { watch_timeout = t; }
+    }
+    const char *r = getenv("OMPI_COMM_WORLD_RANK");
+    if (r == NULL) { r = getenv("PMIX_RANK"); }
+    watch_rank = r ? atoi(r) : -1;
+    if (watch_timeout <= 0.0) { return; }
     pthread_t t;
     if (pthread_create(&t, NULL, watchdog_thread, NULL) != 0) { fail("cannot start the watchdog thread"); }
     pthread_detach(t);
+}
+
+static void watchdog_rank(int rank) { watch_rank = rank; }
+
+// ----------------------------------------------------------------------------
+// divergence: an update is skipped (like a non-finite one, global_norm.h, and counted against --max-skips)
+// when its loss is above the fixed bound 2 ln V (a uniform guess costs ln V: no healthy run gets near twice
+// that), or (llm.c's -sl z, -sg z; 0 off) when its loss or gradient norm is more than z standard
+// deviations above the mean of the last OUTLIER_WINDOW applied updates'. The limits for a step come from the
+// steps before it, so the device decides before AdamW without waiting on the host. The window starts
+// empty, and again after a resume (it is not in the checkpoint): until it is full only the fixed bound holds.
+
+#define OUTLIER_WINDOW 128
+typedef struct { double v[OUTLIER_WINDOW]; int n, next; } Outlier;
+
+static void outlier_add(Outlier *o, double x) {
+    o->v[o->next] = x;
+    o->next = (o->next + 1) % OUTLIER_WINDOW;
+    if (o->n < OUTLIER_WINDOW) { o->n++; }
+}
+
+// mean + z * std of the window (+inf while it is not full, or z = 0)
+static float outlier_limit(const Outlier *o, float z) {
+    if (z <= 0.0f || o->n < OUTLIER_WINDOW) { return INFINITY; }
+    double sum = 0.0, sq = 0.0;
+    for (int i = 0; i < OUTLIER_WINDOW; i++) { sum += o->v[i]; }
+    double mean = sum / OUTLIER_WINDOW;
+    for (int i = 0; i < OUTLIER_WINDOW; i++) { sq += (o->v[i] - mean) * (o->v[i] - mean); }
+    return (float)(mean + z * sqrt(sq / OUTLIER_WINDOW));
 }
 
 // ----------------------------------------------------------------------------
@@ -132,10 +176,12 @@ static void signals_install(void) {
     sigaction(SIGUSR1, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
 }
 
 static const char *signal_name(int sig) {
-    return sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a signal";
+    return sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP"
+                                                                                                : "a signal";
 }
 
 #endif

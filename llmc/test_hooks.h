@@ -1,6 +1,10 @@
 // The test hooks: every place where a test reaches into the program, listed here with its meaning.
-//   TRAIN_GPT_SLOW_CHECKPOINT=SECONDS   the checkpoint writer waits that long between the model file and the
-//                                       state file (a slow disk: kills during a write, asynchronous writes)
+//   TRAIN_GPT_SLOW_CHECKPOINT=SECONDS   the checkpoint writer takes that long more between the model file and
+//                                       the state file, progressing (a slow disk: kills during a write,
+//                                       asynchronous writes, a write longer than --timeout that must not stop the run)
+//   TRAIN_GPT_HUNG_CHECKPOINT=SECONDS   the same wait without progress (a hung disk: the run must stop)
+//   TRAIN_GPT_STALL=WHERE:RANK          that rank sleeps for good at WHERE: init (before MPI_Init), end (before
+//                                       MPI_Finalize): the others must not wait forever
 //   TRAIN_GPT_INJECT_NAN=STEP:COUNT     rank 0 makes one gradient element NaN at steps STEP .. STEP+COUNT-1: the
 //                                       update must be skipped, and COUNT > --max-skips must stop the run
 //   ExpertParallel.route_log            test_gpt reads the routing of each MoE layer (expert_parallel.h)
@@ -8,12 +12,24 @@
 #ifndef LLMC_TEST_HOOKS_H
 #define LLMC_TEST_HOOKS_H
 
+#include <unistd.h>
 #include "utils.h"
 
-// Seconds the checkpoint writer waits before the state file (0: none).
-static double test_hook_slow_checkpoint(void) {
-    const char *slow = getenv("TRAIN_GPT_SLOW_CHECKPOINT");
+// Seconds the checkpoint writer waits before the state file, progressing (hung = 0) or not (0: none).
+static double test_hook_slow_checkpoint(int hung) {
+    const char *slow = getenv(hung ? "TRAIN_GPT_HUNG_CHECKPOINT" : "TRAIN_GPT_SLOW_CHECKPOINT");
     return slow ? atof(slow) : 0.0;
+}
+
+// Rank `rank` (-1: the launcher's, before MPI_Init) stalls for good at `where`, if told to.
+static void test_hook_stall(const char *where, int rank) {
+    const char *e = getenv("TRAIN_GPT_STALL"), *r = getenv("OMPI_COMM_WORLD_RANK");
+    if (rank < 0) { rank = r ? atoi(r) : 0; }
+    char w[16];
+    int at;
+    if (e && sscanf(e, "%15[a-z]:%d", w, &at) == 2 && !strcmp(w, where) && at == rank) {
+        for (;;) { pause(); }
+    }
 }
 
 // Whether rank 0 poisons a gradient element at this step.

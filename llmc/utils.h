@@ -8,6 +8,8 @@
 // Two threads may not call MPI (it is initialised single-threaded): the asynchronous checkpoint writer
 // records its error and the main thread fails with it at the next step boundary (checkpoint_mark_done);
 // the watchdog (guard.h) prints its line and _exit(1)s, which mpirun turns into the job's end.
+// Every wait on another rank is watched (watch_enter / watch_leave below, the watchdog in guard.h), MPI_Init
+// and MPI_Finalize included: no rank waits forever on a stalled one.
 #ifndef LLMC_UTILS_H
 #define LLMC_UTILS_H
 
@@ -18,12 +20,42 @@
 #include <stdint.h>
 #include <math.h>
 #include <errno.h>
+#include <time.h>
 #ifdef NO_MPI
 #include "mpi_single.h"
 #else
 #include <mpi.h>
 #endif
 
+// ----------------------------------------------------------------------------
+// the watched op: what this rank is waiting for and since when (the watchdog thread of guard.h reads it)
+
+static volatile double watch_since = 0.0;     // when the current op began; 0: none
+static const char *volatile watch_op = "";
+static const char *volatile watch_group = "";
+
+static double monotonic_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+// Marks the start and the end of a wait on other ranks (ops do not nest: an inner one is the same wait).
+static int watch_depth = 0;
+static void watch_enter(const char *op, const char *group) {
+    if (watch_depth++ == 0) { watch_op = op; watch_group = group; watch_since = monotonic_seconds(); }
+}
+static void watch_leave(void) {
+    if (--watch_depth == 0) { watch_since = 0.0; }
+}
+// a blocking statement watched as one op
+#define WATCHED(op, group, stmt) do { watch_enter(op, group); stmt; watch_leave(); } while (0)
+
+// MPI_Finalize waits for every rank: watched, so a rank that stalls after its work cannot hang the others
+// (they exit 1 after --timeout, their work done).
+static void mpi_finalize_watched(void) { WATCHED("MPI_Finalize", "world", MPI_Finalize()); }
+
+// ----------------------------------------------------------------------------
 // A fatal error seen by one rank only (a bad file, a failed write): print one line and take
 // every rank down with MPI_Abort, so the others never wait forever in a collective.
 static void print_error(const char *fmt, va_list ap) {
@@ -42,13 +74,13 @@ static void fail(const char *fmt, ...) {
     MPI_Initialized(&initialized);
     if (initialized) { MPI_Comm_size(MPI_COMM_WORLD, &size); }
     if (initialized && size > 1) { MPI_Abort(MPI_COMM_WORLD, 1); }
-    if (initialized) { MPI_Finalize(); }
+    if (initialized) { mpi_finalize_watched(); }
     exit(1);
 }
 
 // A fatal error that every rank detects identically (a bad flag): rank 0 prints, all exit.
 static void stop_all(int code) {
-    MPI_Finalize();
+    mpi_finalize_watched();
     exit(code);
 }
 

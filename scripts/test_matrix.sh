@@ -353,7 +353,8 @@ else
     echo "(nvcc not found: the CUDA replays are not run)"
 fi
 echo "== reliability: layout-independent checkpoints, faults, fuzzed files"
-run_script test_faults           # NaN skips, checksums, kill -9 + resume, a stalled rank, SIGUSR1/SIGTERM, the lock, a full disk, MPMD flags
+run_script test_faults           # NaN skips, checksums, kill -9 + resume, a stalled rank, SIGUSR1/SIGTERM, the lock, MPMD flags
+run_script test_reliability      # slow/hung writes, stalls at init/end, header CRCs, fallback, torn logs, links, debris, inputs, divergence
 run_script test_fuzz             # 500 mutated model, state, data and tokenizer files: no crash, no hang
 echo "== bad input"
 run_script test_bad_input

@@ -4,6 +4,9 @@
 #include "../../llmc/global_norm.h"
 #include "common.h"
 
+// bitwise equal, or both NaN (a NaN's payload is not kept alike by CUDA and x86)
+static int same_or_both_nan(double a, double b) { return (isnan(a) && isnan(b)) || !memcmp(&a, &b, sizeof(a)); }
+
 int main(int argc, char **argv) {
     harness_init(&argc, &argv, "global_norm");
     rng_seed(9);
@@ -32,8 +35,9 @@ int main(int argc, char **argv) {
     cudaCheck(cudaFree(d_out));
 
     // the end of a step (step_stats_gather, the all-reduce, step_stats_clip): one GPU thread runs the CPU
-    // loops, so the struct must be bitwise the CPU's: a clipped step, an unclipped one, no clipping, a
-    // non-finite norm part and a non-finite loss (scale 0: skip)
+    // loops, so the struct must be the CPU's field by field (bitwise, or both NaN: CUDA need not keep a NaN's
+    // payload): a clipped step, an unclipped one, no clipping, a non-finite norm part and a non-finite loss, a
+    // loss and a norm above their limits (scale 0: skip)
     printf("-- step stats: loss, norm, clip scale\n");
     {
         const int np = 300;
@@ -43,10 +47,15 @@ int main(int argc, char **argv) {
         StepStats *d_st;
         cudaCheck(cudaMalloc(&d_loss, sizeof(double)));
         cudaCheck(cudaMalloc(&d_st, sizeof(StepStats)));
-        struct { const char *what; float clip; float part0; double loss; float want_scale; } cases[5] = {
-            {"clipped", 1.0f, 10.0f, loss_sum, -1.0f}, {"not clipped", 1e3f, 10.0f, loss_sum, -1.0f}, {"no clip", 0.0f, 10.0f, loss_sum, 1.0f},
-            {"NaN norm: skip", 1.0f, NAN, loss_sum, 0.0f}, {"inf loss: skip", 1.0f, 10.0f, INFINITY, 0.0f}};
-        for (int c = 0; c < 5; c++) {
+        struct { const char *what; float clip; float part0; double loss; float want_scale, loss_limit, norm_limit; } cases[7] = {
+            {"clipped", 1.0f, 10.0f, loss_sum, -1.0f, INFINITY, INFINITY},
+            {"not clipped", 1e3f, 10.0f, loss_sum, -1.0f, INFINITY, INFINITY},
+            {"no clip", 0.0f, 10.0f, loss_sum, 1.0f, INFINITY, INFINITY},
+            {"NaN norm: skip", 1.0f, NAN, loss_sum, 0.0f, INFINITY, INFINITY},
+            {"inf loss: skip", 1.0f, 10.0f, INFINITY, 0.0f, INFINITY, INFINITY},
+            {"loss over its limit: skip", 1.0f, 10.0f, loss_sum, 0.0f, 5.0f, INFINITY},
+            {"norm over its limit: skip", 1.0f, 10.0f, loss_sum, 0.0f, INFINITY, 1.0f}};
+        for (int c = 0; c < 7; c++) {
             parts[0] = cases[c].part0;
             copy_to_device(d_parts, parts, sizeof(float) * np);
             copy_to_device(d_loss, &cases[c].loss, sizeof(double));
@@ -54,11 +63,13 @@ int main(int argc, char **argv) {
             memset(&cpu, 0, sizeof(cpu));
             cudaCheck(cudaMemset(d_st, 0, sizeof(StepStats)));
             step_stats_gather_body(&cpu, parts, np, &cases[c].loss);
-            step_stats_clip_body(&cpu, 4096.0, cases[c].clip);
+            step_stats_clip_body(&cpu, 4096.0, cases[c].clip, cases[c].loss_limit, cases[c].norm_limit);
             step_stats_gather(d_st, d_parts, np, d_loss);
-            step_stats_clip(d_st, 4096.0, cases[c].clip);
+            step_stats_clip(d_st, 4096.0, cases[c].clip, cases[c].loss_limit, cases[c].norm_limit);
             copy_to_host(&gpu, d_st, sizeof(gpu));
-            int same = !memcmp(&cpu, &gpu, sizeof(cpu));
+            int same = same_or_both_nan(cpu.loss_sum, gpu.loss_sum) && same_or_both_nan(cpu.norm_sq, gpu.norm_sq)
+                       && same_or_both_nan(cpu.loss, gpu.loss) && same_or_both_nan(cpu.norm, gpu.norm)
+                       && same_or_both_nan(cpu.scale, gpu.scale) && same_or_both_nan(cpu.why, gpu.why);
             int scale_ok = cases[c].want_scale < 0 ? (cpu.scale > 0 && cpu.scale < 1) == (cases[c].clip < cpu.norm) : cpu.scale == cases[c].want_scale;
             printf("  %-28s loss %.6g norm %.6g scale %.6g (CPU %.6g): %s\n", cases[c].what, gpu.loss, gpu.norm, gpu.scale, cpu.scale,
                    same && scale_ok ? "ok" : "FAIL");

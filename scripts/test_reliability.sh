@@ -1,0 +1,278 @@
+#!/usr/bin/env bash
+# Reliability, second round: no hang the watchdog misses (a hung or stalled checkpoint write, a rank stalled
+# before MPI_Init or after its last step), no healthy run killed (a write longer than --timeout that
+# progresses), every checkpoint byte checked (header and body; the state names its model file; an
+# unusable newest checkpoint is passed over), no torn main.log, no link followed, no debris, the inputs
+# really compared, the optimizer state validated, divergence to finite losses caught, the final
+# validation line never lost. Slow writes and stalls through the test hooks (llmc/test_hooks.h).
+# Usage: bash scripts/test_reliability.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
+. "$(dirname "$0")/test_lib.sh"
+TINY="L=2,C=64,NH=4,V=256,maxT=64"
+BASE=(-t 32 -s 0 -c 0.1)                        # without -e, -v, -l: the checks that set them
+COMMON=(-e "$TINY" "${BASE[@]}" -v 0 -l 3e-3)
+TG="$BIN/train_gpt"
+NOMPI=build/cpu-nompi/train_gpt                 # under RLIMIT_FSIZE (Open MPI's start-up writes files of its own)
+logged() { cat "$1/main.log" 2>/dev/null | grep -c trl; }   # training lines in DIR/main.log (0 before it exists)
+trl() { grep -v "^s:[0-9]* skip" "$1/main.log"; }
+elapsed() { echo $(( $(date +%s) - $1 )); }
+rank_pid() {   # PATTERN RANK: the pid of that MPI rank among the processes matching PATTERN
+    for p in $(pgrep -f "$1"); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo "$p"; return; }
+    done
+}
+PY=python3
+
+# ---------------------------------------------------------------- R1: hangs and false kills
+# 2. a checkpoint write longer than --timeout that progresses (a slow disk) is not a stall: sync and async
+for mode in sync async; do
+    extra=(); [ $mode = async ] && extra=(--async-checkpoint)
+    t0=$(date +%s)
+    $MPIRUN -np 2 -x TRAIN_GPT_SLOW_CHECKPOINT=5 "$TG" "${COMMON[@]}" -b 2 -x 6 -n 3 --timeout 2 "${extra[@]}" -o "$W/slow_$mode" \
+        >"$W/slow_$mode.log" 2>&1
+    rc=$?
+    [ $rc = 0 ] && [ -f "$W/slow_$mode/DONE_00000003" ] && [ -f "$W/slow_$mode/DONE_00000006" ]
+    say $? "a $mode checkpoint write of 5 s more (progressing) under --timeout 2: exit $rc in $(elapsed $t0) s, both checkpoints DONE"
+done
+# 1. a write that makes no progress (a hung disk), sync and async: every rank stops, naming it
+for mode in sync async; do
+    extra=(); [ $mode = async ] && extra=(--async-checkpoint)
+    t0=$(date +%s)
+    timeout 60 $MPIRUN -np 2 -x TRAIN_GPT_HUNG_CHECKPOINT=60 "$TG" "${COMMON[@]}" -b 2 -x 6 -n 3 --timeout 2 "${extra[@]}" -o "$W/hung_$mode" \
+        >"$W/hung_$mode.log" 2>&1
+    rc=$?; t=$(elapsed $t0)
+    [ $rc != 0 ] && [ $rc != 124 ] && [ $t -le 20 ] && grep -q "^error: the checkpoint write of step 3: no progress for" "$W/hung_$mode.log"
+    say $? "a hung $mode checkpoint write: the job ends in $t s (--timeout 2): $(grep -m1 '^error' "$W/hung_$mode.log" | cut -c1-80)"
+done
+# 1. rank 0 stalled (SIGSTOP) while its asynchronous write is in flight: the others stop within --timeout
+$MPIRUN -np 2 -x TRAIN_GPT_SLOW_CHECKPOINT=20 "$TG" "${COMMON[@]}" -b 2 -x 100000 -n 3 --async-checkpoint --timeout 2 -o "$W/stall0" \
+    >"$W/stall0.log" 2>&1 &
+mp=$!
+for i in $(seq 1 200); do [ -f "$W/stall0/model_00000003.bin" ] && break; sleep 0.05; done
+r0=$(rank_pid "train_gpt.*-o $W/stall0\$" 0)
+t0=$(date +%s); kill -STOP "$r0"
+for i in $(seq 1 300); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
+t=$(elapsed $t0); alive=0; kill -0 $mp 2>/dev/null && alive=1
+kill -9 $mp "$r0" 2>/dev/null; pkill -9 -f "train_gpt.*-o $W/stall0\$"; wait $mp 2>/dev/null
+[ $alive = 0 ] && grep -q "error: rank 1: no progress for [0-9]* s in .*" "$W/stall0.log"
+say $? "rank 0 stopped (SIGSTOP) during an asynchronous checkpoint write: the job ends in $t s: $(grep -m1 'no progress' "$W/stall0.log" | cut -c1-70)..."
+# 3. a rank stalled before MPI_Init, or after its last step: the others do not wait forever
+for where in init end; do
+    t0=$(date +%s)
+    timeout 60 $MPIRUN -np 2 -x TRAIN_GPT_STALL=$where:1 "$TG" "${COMMON[@]}" -b 2 -x 3 --timeout 2 -o "$W/stall_$where" >"$W/stall_$where.log" 2>&1
+    rc=$?; t=$(elapsed $t0)
+    op=$([ $where = init ] && echo MPI_Init || echo MPI_Finalize)
+    [ $rc != 0 ] && [ $rc != 124 ] && grep -q "^error: rank 0: no progress for [0-9]* s in $op" "$W/stall_$where.log" \
+        && { [ $where = init ] || [ -f "$W/stall_$where/DONE_00000003" ]; }
+    say $? "rank 1 stalled at $where: exit $rc in $t s, rank 0 names $op$([ $where = end ] && echo ", the run's files complete")"
+done
+# 12. signals to mpirun (TERM, INT, HUP: it forwards SIGTERM): a checkpoint, the ranks exit 0; mpirun's own
+#     status is Open MPI's (1 after a signal); SIGHUP to a rank is a stop request like the others
+for sig in TERM INT HUP; do
+    d="$W/sig_$sig"
+    $MPIRUN -np 2 "$TG" "${COMMON[@]}" -b 2 -x 100000 -o "$d" >"$d.log" 2>&1 &
+    mp=$!
+    for i in $(seq 1 200); do [ "$(logged "$d")" -ge 3 ] && break; sleep 0.05; done
+    kill -$sig $mp; wait $mp; rc=$?
+    step=$(grep -o "stopped by SIGTERM after step [0-9]*" "$d.log" | awk '{ print $NF }')
+    [ -n "$step" ] && [ -f "$d/DONE_$(printf %08d "$step")" ] && ! grep -q "exited on signal" "$d.log"
+    say $? "SIG$sig to mpirun: the ranks write a checkpoint at step ${step:-?} and exit 0 (mpirun's status: $rc, Open MPI's choice)"
+done
+"$TG" "${COMMON[@]}" -x 100000 -o "$W/hup" >"$W/hup.log" 2>&1 &
+pid=$!
+for i in $(seq 1 200); do [ "$(logged "$W/hup")" -ge 3 ] && break; sleep 0.05; done
+kill -HUP $pid; wait $pid; rc=$?
+[ $rc = 0 ] && grep -q "stopped by SIGHUP" "$W/hup.log"
+say $? "SIGHUP to a rank: a stop request (checkpoint, exit $rc)"
+
+# ---------------------------------------------------------------- R2: files
+"$TG" "${COMMON[@]}" -x 6 -n 3 -o "$W/ref" >/dev/null 2>&1   # the reference: checkpoints at 3 and 6
+"$TG" "${COMMON[@]}" -x 9 -n 3 -o "$W/ref9" >/dev/null 2>&1  # and its uninterrupted continuation to 9
+copy_ref() { rm -rf "$1"; cp -r "$W/ref" "$1"; rm -f "$1/.lock"; }
+poke() {   # FILE OFFSET XOR: flip bits of one byte
+    $PY -c "import sys; p, o, x = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]); b = bytearray(open(p, 'rb').read()); b[o] ^= x; open(p, 'wb').write(b)" "$@"
+}
+set_int() {   # FILE SLOT VALUE: one int32 of the header
+    $PY -c "import sys, struct; p, s, v = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]); b = bytearray(open(p, 'rb').read()); b[4*s:4*s+4] = struct.pack('<i', v); open(p, 'wb').write(b)" "$@"
+}
+# 4. the header is covered: one header field changed in the newest model file (V) or state file (the step
+#    counters); the newest checkpoint is passed over, named, and the run resumes from the one before and ends
+#    where the uninterrupted run ends
+for f in model state; do
+    d="$W/hdr_$f"; copy_ref "$d"
+    if [ $f = model ]; then set_int "$d/model_00000006.bin" 3 250; else set_int "$d/state_00000006.bin" 3 5; fi
+    "$TG" "${COMMON[@]}" -x 9 -n 3 -y 1 -o "$d" >"$d.log" 2>&1
+    rc=$?
+    [ $rc = 0 ] && grep -q "note: the checkpoint of step 6 cannot be resumed: '.*${f}_00000006.bin' is corrupt" "$d.log" \
+        && grep -q "resumed from step 3" "$d.log" && cmp -s "$d/model_00000009.bin" "$W/ref9/model_00000009.bin"
+    say $? "a changed header field in the $f file of step 6: passed over with a note, resumed from step 3, the same model at step 9"
+done
+# a zeroed CRC slot plus a body flip must not pass as an llm.c file without a CRC: model file, state file
+for f in model state; do
+    d="$W/zcrc_$f"; copy_ref "$d"; rm -f "$d"/*00000003* "$d/DONE_00000003"
+    set_int "$d/${f}_00000006.bin" 255 0; poke "$d/${f}_00000006.bin" 3000 1
+    "$TG" "${COMMON[@]}" -x 9 -y 1 -o "$d" >"$d.log" 2>&1
+    rc=$?
+    [ $rc = 1 ] && grep -q "cannot be resumed: '.*${f}_00000006.bin' is corrupt" "$d.log" && grep -q "^error: -y 1: nothing to resume" "$d.log"
+    say $? "the $f file's CRC slot zeroed and a body bit flipped: refused ($(grep -m1 '^error' "$d.log" | cut -c1-50)...)"
+done
+# random mutations of the only checkpoint (fixed seed): every one refused, none resumed silently
+d="$W/mut"; accepted=0; n=0
+for k in $(seq 1 24); do
+    copy_ref "$d"; rm -f "$d"/*00000003* "$d/DONE_00000003"
+    f=$([ $((k % 2)) = 0 ] && echo model || echo state)
+    size=$(stat -c %s "$d/${f}_00000006.bin")
+    off=$(( (k * 7919 * 104729) % size )); [ $((k % 3)) = 0 ] && off=$(( (k * 131) % 1024 ))   # a third in the header
+    poke "$d/${f}_00000006.bin" $off $(( 1 << (k % 8) ))
+    "$TG" "${COMMON[@]}" -x 9 -y 1 -o "$d" >"$d.log" 2>&1 && grep -q "resumed from step 6" "$d.log" && accepted=$((accepted + 1))
+    n=$((n + 1))
+done
+[ $accepted = 0 ]
+say $? "$n single-bit mutations of the only checkpoint (header and body, model and state files): $accepted resumed silently"
+# an llm.c model file without a CRC still loads with -e; a state file of an older version is refused by name
+cp "$W/ref/model_00000006.bin" "$W/nocrc.bin"; set_int "$W/nocrc.bin" 255 0; set_int "$W/nocrc.bin" 254 0
+"$TG" -e "$W/nocrc.bin" -t 32 -v 0 -s 0 -x 1 >"$W/nocrc.log" 2>&1
+say $? "an llm.c model file without a CRC (slots 254, 255 zero) loads with -e"
+d="$W/oldver"; copy_ref "$d"; rm -f "$d"/*00000003* "$d/DONE_00000003"; set_int "$d/state_00000006.bin" 1 2
+"$TG" "${COMMON[@]}" -x 9 -y 1 -o "$d" >"$d.log" 2>&1
+[ $? = 1 ] && grep -q "^error: state file '.*' has version 2, expected 3: a checkpoint of an older version" "$d.log"
+say $? "a state file of an older version: $(grep -m1 '^error' "$d.log" | cut -c1-90)..."
+# 6. main.log: a write cut by a full disk (RLIMIT_FSIZE, SIGXFSZ ignored) leaves only whole lines; a fragment
+#    left by a kill is dropped on resume, never glued to the next line
+d="$W/flog"; rm -rf "$d"; mkdir -p "$d"
+( trap '' XFSZ; ulimit -f 1; exec "$NOMPI" "${COMMON[@]}" -x 200 -o "$d" ) 2>&1 | cat >"$d.log"   # (a pipe: not limited)
+rc=${PIPESTATUS[0]}
+[ $rc = 1 ] && grep -q "^error: cannot write to main.log" "$d.log" && [ "$(tail -c 1 "$d/main.log" | od -An -c | tr -d ' ')" = '\n' ] \
+    && ! grep -qvE '^s:[0-9]+ trl:[0-9.]+$' "$d/main.log"
+say $? "main.log on a full disk: the run stops (exit $rc), $(wc -l <"$d/main.log") whole lines kept, no torn one"
+d="$W/frag"; copy_ref "$d"; printf 's:3' >>"$d/main.log"
+"$TG" "${COMMON[@]}" -x 9 -n 3 -y 1 -o "$d" >/dev/null 2>&1
+diff <(trl "$W/ref9") <(trl "$d") >/dev/null
+say $? "a fragment 's:3' at the end of main.log: dropped on resume, the log equals the uninterrupted run's"
+# 7. links planted in -o are never followed: .lock refused; main.log, temporary files and DONE replaced
+echo "precious" >"$W/victim"
+d="$W/links"; rm -rf "$d"; mkdir -p "$d"; ln -s "$W/victim" "$d/.lock"
+"$TG" "${COMMON[@]}" -x 2 -o "$d" >"$d.log" 2>&1
+rc=$?
+[ $rc = 1 ] && grep -q "^error: cannot open '.*/.lock': it is a symbolic link" "$d.log" && [ "$(cat "$W/victim")" = precious ]
+say $? "a .lock that is a symbolic link: refused (exit $rc), its target untouched"
+rm -f "$d/.lock"
+for n in main.log model_00000002.bin.tmp state_00000002.bin.tmp DONE_00000002 .write_test_0; do ln -sf "$W/victim" "$d/$n"; done
+"$TG" "${COMMON[@]}" -x 2 -o "$d" >"$d.log" 2>&1
+rc=$?
+[ $rc = 0 ] && [ "$(cat "$W/victim")" = precious ] && [ -f "$d/DONE_00000002" ] && [ ! -L "$d/main.log" ]
+say $? "links named main.log, the temporary files, DONE_ and the write test: replaced, never followed (exit $rc; target untouched)"
+"$TG" "${COMMON[@]}" -x 2 -o "$d" >/dev/null 2>&1; ln -sf "$W/victim" "$d/main.log"
+"$TG" "${COMMON[@]}" -x 4 -y 1 -o "$d" >"$d.log" 2>&1
+[ $? = 1 ] && grep -q "main.log': it is a symbolic link" "$d.log" && [ "$(cat "$W/victim")" = precious ]
+say $? "a resume whose main.log is a symbolic link: refused, its target untouched"
+# 8. debris: a checkpoint write failing on a full disk leaves no temporary file and no model file without
+#    its state; what an interrupted run left is removed at the next start; a missing model file or a
+#    corrupt DONE_ falls back to the checkpoint before
+d="$W/fdisk"; rm -rf "$d"; mkdir -p "$d"
+( trap '' XFSZ; ulimit -f 300; exec "$NOMPI" "${COMMON[@]}" -x 4 -n 2 -o "$d" ) 2>&1 | cat >"$d.log"
+rc=${PIPESTATUS[0]}
+[ $rc = 1 ] && grep -q "^error: checkpoint of step 2: cannot write '.*model_00000002.bin.tmp'" "$d.log" && [ -z "$(ls "$d" | grep -v '^main.log$')" ]
+say $? "a checkpoint write on a full disk: the run stops (exit $rc) and leaves only main.log: $(ls "$d" | tr '\n' ' ')"
+d="$W/debris"; copy_ref "$d"; touch "$d/model_00000009.bin.tmp" "$d/state_00000004.bin" "$d/main.log.tmp"; cp "$d/model_00000006.bin" "$d/model_00000008.bin"
+"$TG" "${COMMON[@]}" -x 9 -n 3 -y 1 -o "$d" >"$d.log" 2>&1
+[ $? = 0 ] && grep -q "removed 4 unfinished checkpoint file(s)" "$d.log" && ! ls "$d" | grep -qE 'tmp|_00000004|_00000008'
+say $? "what an interrupted run left (temporary files, a model and a state file without DONE_): removed at the next start"
+d="$W/nomodel"; copy_ref "$d"; rm "$d/model_00000006.bin"
+"$TG" "${COMMON[@]}" -x 9 -n 3 -y 1 -o "$d" >"$d.log" 2>&1
+[ $? = 0 ] && grep -q "note: the checkpoint of step 6 cannot be resumed: '.*model_00000006.bin' is missing" "$d.log" \
+    && cmp -s "$d/model_00000009.bin" "$W/ref9/model_00000009.bin"
+say $? "DONE_00000006 without its model file: the checkpoint of step 3 resumes instead, the same model at step 9"
+# 10. the inputs really compared: ranks reading files of the same names and sizes but other tokens;
+#     a resume with another -e shape, other -i data, or an -x before the checkpoint
+$PY - "$W" <<'PYEOF'
+import os, struct, sys
+w = sys.argv[1]
+for sub, seed in (("dA", 1), ("dB", 2)):
+    os.makedirs(os.path.join(w, sub), exist_ok=True)
+    toks = [(i * 7 + seed * (i % 5 == 0)) % 256 for i in range(20000)]
+    hdr = [0] * 256; hdr[0], hdr[1], hdr[2] = 20240520, 1, len(toks)
+    open(os.path.join(w, sub, "data.bin"), "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % len(toks), *toks))
+PYEOF
+timeout 60 mpirun --oversubscribe --bind-to none -np 1 --wdir "$W/dA" "$(readlink -f "$TG")" "${COMMON[@]}" -i data.bin -x 2 : \
+    -np 1 --wdir "$W/dB" "$(readlink -f "$TG")" "${COMMON[@]}" -i data.bin -x 2 >"$W/data2.log" 2>&1
+rc=$?
+[ $rc != 0 ] && [ $rc != 124 ] && grep -q "^error: rank 1: the training data (-i: file names, token counts or first tokens) on rank 1 differs" "$W/data2.log"
+say $? "two ranks reading data.bin of the same size but other tokens: $(grep -m1 '^error' "$W/data2.log" | cut -c1-80)..."
+d="$W/inputs"; rm -rf "$d"; "$TG" "${COMMON[@]}" -i "$W/dA/data.bin" -x 3 -o "$d" >/dev/null 2>&1
+"$TG" "${COMMON[@]}" -i "$W/dB/data.bin" -x 6 -y 1 -o "$d" >"$W/inputs_i.log" 2>&1
+[ $? = 1 ] && grep -q "^error: -i: the training data differs from the data of the run that wrote" "$W/inputs_i.log"
+say $? "a resume reading other data: $(grep -m1 '^error' "$W/inputs_i.log" | cut -c1-80)..."
+"$TG" -e "L=4,C=64,NH=4,V=256,maxT=64" "${BASE[@]}" -v 0 -l 3e-3 -i "$W/dA/data.bin" -x 6 -y 1 -o "$d" >"$W/inputs_e.log" 2>&1
+[ $? = 1 ] && grep -q "^error: -e 'L=4,C=64,NH=4,V=256,maxT=64' (L 4 .*) is not the model of the checkpoint" "$W/inputs_e.log"
+say $? "a resume given -e of another shape: $(grep -m1 '^error' "$W/inputs_e.log" | cut -c1-80)..."
+"$TG" "${COMMON[@]}" -i "$W/dA/data.bin" -x 2 -y 1 -o "$d" >"$W/inputs_x.log" 2>&1
+[ $? = 1 ] && grep -q "^error: -x 2: the checkpoint in '.*' is of step 3, past it: nothing to run" "$W/inputs_x.log"
+say $? "a resume with -x below the checkpoint's step: $(grep -m1 '^error' "$W/inputs_x.log" | cut -c1-80)..."
+# 11. the optimizer state validated: a negative AdamW v (finite, with a valid CRC) is refused, naming it
+d="$W/negv"; copy_ref "$d"; rm -f "$d"/*00000003* "$d/DONE_00000003"
+$PY - "$d/state_00000006.bin" <<'PYEOF'
+import struct, sys, zlib
+p = sys.argv[1]; b = bytearray(open(p, "rb").read())
+h = list(struct.unpack("<256i", b[:1024])); P = (h[11] & 0xFFFFFFFF) | (h[12] << 32)   # SH_PARAMS_LO, _HI
+struct.pack_into("<f", b, 1024 + 4 * P + 4 * 10, -1.0)   # v of parameter 10
+h[255] = 0; crc = zlib.crc32(bytes(b[1024:]), zlib.crc32(struct.pack("<256i", *h))) or 1
+b[1020:1024] = struct.pack("<I", crc); open(p, "wb").write(b)
+PYEOF
+"$TG" "${COMMON[@]}" -x 9 -y 1 -o "$d" >"$d.log" 2>&1
+[ $? = 1 ] && grep -q "^error: .*state_00000006.bin: the optimizer's second moment (v) of wte\[10\] is -1" "$d.log"
+say $? "a negative v in the state (valid CRC): $(grep -m1 '^error' "$d.log" | cut -c1-90)..."
+# 12. smaller: -d bounded; -e '' named; -h on one MPMD rank only
+"$TG" "${COMMON[@]}" -x 1 -d 1073741824 -b 1 >"$W/bigd.log" 2>&1
+[ $? = 1 ] && grep -q "^error: -d 1073741824 is .* micro-batches .* more than 65536" "$W/bigd.log"
+say $? "-d 1073741824: $(grep -m1 '^error' "$W/bigd.log" | cut -c1-80)..."
+"$TG" -e '' -x 1 >"$W/emptye.log" 2>&1
+[ $? = 1 ] && grep -q "^error: -e '': expected a model file" "$W/emptye.log"
+say $? "-e '': $(grep -m1 '^error' "$W/emptye.log")"
+timeout 60 mpirun --oversubscribe --bind-to none -np 1 "$TG" -h : -np 1 "$TG" -x 1 -v 0 -s 0 >"$W/mpmdh.log" 2>&1
+rc=$?
+[ $rc != 0 ] && [ $rc != 124 ] && grep -q "^error: rank 0: -h is given here, not on every rank" "$W/mpmdh.log"
+say $? "-h on one rank of an MPMD launch: exit $rc, $(grep -m1 '^error' "$W/mpmdh.log" | cut -c1-70)..."
+
+# ---------------------------------------------------------------- R3: the final validation, divergence
+# 5. the final val line: a run killed after its last checkpoint but before the end's validation line resumes
+#    at -x and writes it; a kill of rank 1 during the last checkpoint's write resumes and writes it too
+VAL=(-e "$TINY" "${BASE[@]}" -l 3e-3 -v 3)
+"$TG" "${VAL[@]}" -x 6 -n 3 -o "$W/val_ref" >/dev/null 2>&1
+d="$W/val_lost"; rm -rf "$d"; cp -r "$W/val_ref" "$d"; rm -f "$d/.lock"; grep -v "^s:6 tel" "$W/val_ref/main.log" >"$d/main.log"
+"$TG" "${VAL[@]}" -x 6 -n 3 -y 1 -o "$d" >/dev/null 2>&1
+grep -q "^s:6 tel" "$W/val_ref/main.log" && cmp -s "$W/val_ref/main.log" "$d/main.log"
+say $? "the final 's:6 tel:' line lost after the last checkpoint: the resume at step 6 writes it (main.log identical)"
+$MPIRUN -np 2 "$TG" "${VAL[@]}" -b 2 -x 6 -n 3 -o "$W/val2_ref" >/dev/null 2>&1
+d="$W/val_kill"; rm -rf "$d"
+$MPIRUN -np 2 -x TRAIN_GPT_SLOW_CHECKPOINT=3 "$TG" "${VAL[@]}" -b 2 -x 6 -n 3 -o "$d" >/dev/null 2>&1 &
+mp=$!
+for i in $(seq 1 400); do [ -f "$d/model_00000006.bin" ] && break; sleep 0.05; done
+kill -9 "$(rank_pid "train_gpt.*-o $d\$" 1)" 2>/dev/null; wait $mp 2>/dev/null
+$MPIRUN -np 2 "$TG" "${VAL[@]}" -b 2 -x 6 -n 3 -y 1 -o "$d" >/dev/null 2>&1
+cmp -s "$W/val2_ref/main.log" "$d/main.log" && [ -f "$d/DONE_00000006" ]
+say $? "rank 1 killed -9 during the last checkpoint's write (validation on): resumed, main.log identical"
+# 9. divergence to finite losses: -l 10 (the fixed bound 2 ln V), a model whose (tied) embedding is x1e12: skipped,
+#    said, then stopped after --max-skips; -sg's window catches norms above it; a healthy run never trips the bound
+"$TG" -e "$TINY" "${BASE[@]}" -v 0 -x 30 -l 10 -o "$W/div" >"$W/div.log" 2>&1
+rc=$?
+[ $rc = 1 ] && grep -q "loss above its limit 11.09[0-9]*: update skipped (1 in a row)" "$W/div.log" \
+    && grep -q "^error: step [0-9]*: 5 updates in a row skipped for a non-finite or diverging loss" "$W/div.log" \
+    && grep -q "skip:loss .* (loss above its limit" "$W/div/main.log"
+say $? "-l 10: the loss leaves 2 ln V = 11.09, every update after is skipped, said, and the run stops (exit $rc)"
+$PY - "$W/ref/model_00000006.bin" "$W/huge.bin" <<'PYEOF'
+import struct, sys
+b = bytearray(open(sys.argv[1], "rb").read()); h = list(struct.unpack("<256i", b[:1024])); h[254] = h[255] = 0
+import array; a = array.array("f", bytes(b[1024:])); n = h[7] * h[6]   # wte: Vp x C, first in the file
+a = array.array("f", [x * 1e12 for x in a[:n]] + list(a[n:]))
+open(sys.argv[2], "wb").write(struct.pack("<256i", *h) + a.tobytes())
+PYEOF
+"$TG" -e "$W/huge.bin" -t 32 -v 0 -s 0 -x 10 >"$W/huge.log" 2>&1
+[ $? = 1 ] && grep -q "^step    1/10 .*loss above its limit" "$W/huge.log" && grep -q "^error: step 5: 5 updates in a row skipped" "$W/huge.log"
+say $? "a model whose finite embedding is x 1e12 (loss $(grep -m1 '^step    1' "$W/huge.log" | awk '{ print $5 }')): no update applied, stopped at step 5"
+"$TG" "${COMMON[@]}" -x 160 -sg 0.000001 --max-skips 1000 -o "$W/sg" >"$W/sg.log" 2>&1
+first=$(grep -m1 "norm above its limit" "$W/sg.log" | awk '{ print $2 }' | cut -d/ -f1)
+[ -n "$first" ] && [ "$first" -gt 128 ] && ! grep -q "loss above" "$W/sg.log"
+say $? "-sg: nothing skipped before the window of 128 applied updates is full; after it a norm above mean + z std is skipped (first at step ${first:-none})"
+"$TG" "${COMMON[@]}" -x 300 -o "$W/healthy" >"$W/healthy.log" 2>&1
+[ $? = 0 ] && ! grep -q "skip" "$W/healthy/main.log"
+say $? "a healthy 300-step run: the fixed bound never fires (no update skipped; the loss starts near ln V and falls)"
