@@ -1167,16 +1167,18 @@ static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step
 }
 
 // The train and validation loaders: the -i / -j shards (and tokenizer.bin beside the train shards,
-// for decoding samples), or the built-in corpus. Returns whether there is validation data.
+// for decoding samples), or the built-in corpus; -x 0 with -j alone evaluates on -j (its shards stand in
+// for the train data, never read). Returns whether there is validation data.
 static int setup_data(const Args *a, const GPT2Config *config, Grid *grid, DataLoader *train, DataLoader *val,
                       Tokenizer *tok) {
     int V = config->vocab_size;
     memset(tok, 0, sizeof(*tok));
-    if (a->train_pattern == NULL) {
+    if (a->train_pattern == NULL && a->val_pattern == NULL) {
         dataloader_init_builtin(train, val, a->B, a->T, V, grid->dp, grid->dp_rank, a->seed, grid->rank == 0);
         return 1;
     }
-    dataloader_init(train, a->train_pattern, a->B, a->T, V, grid->dp, grid->dp_rank, a->shuffle, a->seed);
+    const char *train_pattern = a->train_pattern ? a->train_pattern : a->val_pattern;
+    dataloader_init(train, train_pattern, a->B, a->T, V, grid->dp, grid->dp_rank, a->shuffle, a->seed);
     if (a->val_pattern) { dataloader_init(val, a->val_pattern, a->B, a->T, V, grid->dp, grid->dp_rank, 0, a->seed); }
     tokenizer_init_beside(tok, train->files.gl_pathv[0], V, grid->rank == 0);
     return a->val_pattern != NULL;
@@ -1448,7 +1450,7 @@ static void run_setup(Run *r) {
     }
     r->logf = a->output_dir && rank == 0 ? open_log(a->output_dir, r->start_step) : -1;
     r->eot = r->tokenizer.init_ok ? r->tokenizer.eot_token : r->config.vocab_size - 1;
-    r->ids_note = a->train_pattern ? " token ids (no tokenizer.bin with the model's vocabulary beside -i's shards)"
+    r->ids_note = a->train_pattern || a->val_pattern ? " token ids (no tokenizer.bin with the model's vocabulary beside the shards)"
                                    : " token ids (the built-in corpus is a Markov chain over token ids, not text)";
     r->sampling = args_samples(a);
     if (r->sampling) { sampler_init(&r->sampler, &r->model, r->nprompt + a->gen_tokens + 1, a->temperature, a->top_k); }

@@ -461,8 +461,8 @@ static int layout_error(Args *a, const GPT2Config *c, int world, char *err, size
     if ((a->checkpoint_every > 0 || a->resume) && a->output_dir == NULL) {
         LAYOUT_FAIL("-n and -y need an output dir (-o)");
     }
-    if (a->val_pattern && !a->train_pattern) {
-        LAYOUT_FAIL("-j needs -i (without -i both come from the built-in corpus)");
+    if (a->val_pattern && !a->train_pattern && a->max_steps != 0) {
+        LAYOUT_FAIL("-j needs -i to train (without -i both come from the built-in corpus; -x 0 evaluates on -j alone)");
     }
 #ifdef USE_CUDA
     int hs = c->channels / c->num_heads;

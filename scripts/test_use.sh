@@ -82,6 +82,12 @@ if [ -f "$TS" ]; then
     rc=$?
     [ $rc = 0 ] && head -n 1 "$W/sample_py.log" | grep -q "^First Citizen:." && ! grep -qE '^[0-9 ]+$' "$W/sample_py.log"
     say $? "dev/sample.py continues 'First Citizen:' as text (V $V): $(head -c 70 "$W/sample_py.log" | tr '\n' ' ')..."
+    # a model evaluated on a val set alone (-x 0 -j, no -i): the loss with -i given as well
+    a=$("$BIN/train_gpt" -e "$W/tsm/model_00000010.bin" -t 64 -x 0 -j "$W/ts/tiny_shakespeare_val.bin" -m 4 -s 0 2>&1 | awk '/^val loss/ { print $3 }')
+    b=$("$BIN/train_gpt" -e "$W/tsm/model_00000010.bin" -t 64 -x 0 -i "$W/ts/tiny_shakespeare_train.bin" -j "$W/ts/tiny_shakespeare_val.bin" -m 4 -s 0 2>&1 \
+        | awk '/^val loss/ { print $3 }')
+    [ -n "$a" ] && [ "$a" = "$b" ]
+    say $? "-x 0 -j VAL without -i evaluates a model on VAL: val loss $a (= $b with -i too)"
 fi
 
 # 6. the README's flag table has a row for every flag train_gpt -h lists (aliases too); its file table names every llmc/ header
