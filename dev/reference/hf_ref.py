@@ -10,6 +10,9 @@ The Hugging Face side of scripts/test_hf.sh (transformers, offline, fp32 on the 
     hf_ref.py loss DIR SHARD -b B -t T
         transformers' mean loss over the batch train_gpt's first val batch is: row b is the shard's tokens
         b*T .. b*T+T (T+1 tokens, labels = inputs: HF shifts them itself); prints "hf loss %.7f"
+    hf_ref.py greedy DIR IDS N
+        N tokens after the comma-separated IDS, each the most likely (as train_gpt --sample-temperature 0);
+        prints "greedy IDS..." and "margin K": the first step whose top two logits are within 1e-4 (N: none)
     hf_ref.py tok DIR TEXT
         the ids AutoTokenizer.from_pretrained(DIR) gives TEXT
     hf_ref.py same DIR1 DIR2
@@ -78,6 +81,24 @@ def cmd_loss(a):
     print(f"hf loss {loss.item():.7f}")
 
 
+def cmd_greedy(a):
+    from transformers import GPT2LMHeadModel
+    model = GPT2LMHeadModel.from_pretrained(a.dir, torch_dtype=torch.float32).eval()
+    ids = torch.tensor([[int(x) for x in a.ids.split(",")]])
+    out, tie = [], a.n
+    with torch.no_grad():
+        for k in range(a.n):
+            logits = model(ids[:, -model.config.n_positions:]).logits[0, -1]
+            top = torch.topk(logits, 2).values
+            if tie == a.n and (top[0] - top[1]).item() < 1e-4:
+                tie = k
+            nxt = int(torch.argmax(logits))
+            out.append(nxt)
+            ids = torch.cat([ids, torch.tensor([[nxt]])], 1)
+    print("greedy " + " ".join(map(str, out)))
+    print(f"margin {tie}")
+
+
 def cmd_tok(a):
     from transformers import AutoTokenizer
     print(" ".join(str(i) for i in AutoTokenizer.from_pretrained(a.dir)(a.text)["input_ids"]))
@@ -117,6 +138,10 @@ def main():
     lo.add_argument("shard")
     lo.add_argument("-b", type=int, required=True)
     lo.add_argument("-t", type=int, required=True)
+    g = sub.add_parser("greedy")
+    g.add_argument("dir")
+    g.add_argument("ids")
+    g.add_argument("n", type=int)
     t = sub.add_parser("tok")
     t.add_argument("dir")
     t.add_argument("text")
@@ -124,7 +149,8 @@ def main():
     m.add_argument("dir1")
     m.add_argument("dir2")
     a = ap.parse_args()
-    {"rand": cmd_rand, "shard": cmd_shard, "loss": cmd_loss, "tok": cmd_tok, "same": cmd_same}[a.cmd](a)
+    {"rand": cmd_rand, "shard": cmd_shard, "loss": cmd_loss, "greedy": cmd_greedy, "tok": cmd_tok,
+     "same": cmd_same}[a.cmd](a)
 
 
 if __name__ == "__main__":
