@@ -810,14 +810,14 @@ static void check_attention_block_case(Rng *rng, int B, int c, int C, int NH, in
     float *qkv = att_random(n3, rng, 1.5f), *dout = att_random(ny, rng, 1.0f);
     float *d0 = att_random(n3 + n2, rng, 1.0f), *dkv0 = d0 + n3;   // the gradients added to
     float *kv = (float *)malloc_check(n2 * sizeof(float));
-    cp_kv_copy(kv, qkv, (size_t)B * T, C, 1);
+    for (size_t r = 0; r < (size_t)B * T; r++) { memcpy(kv + r * 2 * C, qkv + r * 3 * C + C, 2 * C * sizeof(float)); }
     // before (y1, lse1); the loops' (y, lse, d, dkv); BLAS's (y2, lse2, d2, dkv2)
     float *y1 = (float *)malloc_check((3 * (ny + nl) + 2 * (n3 + n2)) * sizeof(float)), *lse1 = y1 + ny;
     float *y = lse1 + nl, *lse = y + ny, *y2 = lse + nl, *lse2 = y2 + ny;
     float *d = lse2 + nl, *dkv = d + n3, *d2 = dkv + n2, *dkv2 = d2 + n3;
     float *tol = (float *)calloc_check(ny + nl + n3 + n2, sizeof(float)), *tl = tol + ny, *td = tl + nl, *tkv = td + n3;
     att_panel_rows = qt; att_key_tile = kt;
-    attention_block_init(y1, lse1, ny, nl);
+    for (size_t i = 0; i < ny + nl; i++) { y1[i] = i < ny ? 0.0f : -INFINITY; }   // no block yet: out 0, lse -inf
     attention_block_forward_cpu(y1, lse1, qkv, kv, B, T, C, NH, q0, (1 - kb) * c, c, 0);
     memcpy(y, y1, (ny + nl) * sizeof(float)); memcpy(y2, y1, (ny + nl) * sizeof(float));   // y, lse follow
     attention_block_forward_cpu(y, lse, qkv, kv, B, T, C, NH, q0, k0, c, causal);
