@@ -116,7 +116,7 @@ static void attention_backward_cpu(float *dqkv, const float *dout, const float *
 // S = scale Q K^T and the products with P (forward) or P and dS (backward) are sgemm calls on
 // (panel, tile) blocks; the softmax is online (running max m and sum l per row, the accumulator
 // rescaled by exp(m_old - m_new) when m grows); the backward recomputes P from the lse. Memory per
-// thread: two (panel, tile) score blocks and a (panel, hs) accumulator, O(T) in all, never (T, T).
+// thread: two (panel, tile) score blocks and a (panel, hs) accumulator, whatever T (never (T, T)).
 // Threads: an OpenMP loop over (batch, head[, panel]) holds them and every sgemm inside it runs on the
 // calling thread (the OpenMP OpenBLAS does not nest): many small independent GEMMs, no fork per call,
 // no barrier. Where there are fewer (batch, head) pairs than threads the backward's loop runs on one
@@ -145,6 +145,13 @@ static inline int att_visible(int i, int diag, int nk) {
 typedef struct { const float *q, *k, *v, *dout; int ldq, ldkv, ldo, hs; float scale; } AttHead;
 // ... and the gradients added to: dq at dq + r * lddq, dk and dv at dk, dv + r * lddkv
 typedef struct { float *dq, *dk, *dv; int lddq, lddkv; } AttGrad;
+
+// Row-major c (m, n; ldc) = alpha op(a) op(b) + beta c, op(x) = x^T where tx: OpenBLAS's sgemm
+static void att_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
+                     int ldb, float beta, float *c, int ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
+                b, ldb, beta, c, ldc);
+}
 
 // exp(x) in a form the compiler vectorises (expf is a library call per element): 2^n exp(r) with
 // n = round(x / ln 2) (by the 1.5 * 2^23 trick: no floorf, which blocks vectorisation), r = x - n ln 2 in
@@ -201,10 +208,9 @@ static void att_panel_forward(float *o, float *m, float *l, float *s, AttHead a,
     for (int k0 = 0; k0 < kend; k0 += att_key_tile) {
         int nkt = kend - k0 < att_key_tile ? kend - k0 : att_key_tile;
         const float *k = a.k + (size_t)k0 * a.ldkv, *v = a.v + (size_t)k0 * a.ldkv;
-        // s (nq, nkt) = scale q k^T;  o (nq, hs) += p v
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nkt, a.hs, a.scale, a.q, a.ldq, k, a.ldkv, 0.0f, s, nkt);
+        att_gemm(0, 1, nq, nkt, a.hs, a.scale, a.q, a.ldq, k, a.ldkv, 0.0f, s, nkt);   // s (nq, nkt) = scale q k^T
         att_online_softmax(s, m, l, o, nq, nkt, a.hs, diag - k0);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, a.hs, nkt, 1.0f, s, nkt, v, a.ldkv, 1.0f, o, a.hs);
+        att_gemm(0, 0, nq, a.hs, nkt, 1.0f, s, nkt, v, a.ldkv, 1.0f, o, a.hs);          // o (nq, hs) += p v
     }
 }
 
@@ -236,13 +242,12 @@ static void att_panel_backward(AttGrad g, float *s, float *dp, AttHead a, const 
         int nkt = kend - k0 < att_key_tile ? kend - k0 : att_key_tile;
         const float *k = a.k + (size_t)k0 * a.ldkv, *v = a.v + (size_t)k0 * a.ldkv;
         float *dk = g.dk + (size_t)k0 * g.lddkv, *dv = g.dv + (size_t)k0 * g.lddkv;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nkt, hs, a.scale, a.q, a.ldq, k, a.ldkv, 0.0f, s, nkt);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nkt, hs, 1.0f, a.dout, a.ldo, v, a.ldkv, 0.0f, dp, nkt);
+        att_gemm(0, 1, nq, nkt, hs, a.scale, a.q, a.ldq, k, a.ldkv, 0.0f, s, nkt);     // s (nq, nkt) = scale q k^T
+        att_gemm(0, 1, nq, nkt, hs, 1.0f, a.dout, a.ldo, v, a.ldkv, 0.0f, dp, nkt);     // dp (nq, nkt) = dout v^T
         att_softmax_backward(s, dp, lse, D, nq, nkt, diag - k0, a.scale);
-        // dv (nkt, hs) += p^T dout;  dk (nkt, hs) += ds^T q;  dq (nq, hs) += ds k
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nkt, hs, nq, 1.0f, s, nkt, a.dout, a.ldo, 1.0f, dv, g.lddkv);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nkt, hs, nq, 1.0f, dp, nkt, a.q, a.ldq, 1.0f, dk, g.lddkv);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nkt, 1.0f, dp, nkt, k, a.ldkv, 1.0f, g.dq, g.lddq);
+        att_gemm(1, 0, nkt, hs, nq, 1.0f, s, nkt, a.dout, a.ldo, 1.0f, dv, g.lddkv);  // dv (nkt, hs) += p^T dout
+        att_gemm(1, 0, nkt, hs, nq, 1.0f, dp, nkt, a.q, a.ldq, 1.0f, dk, g.lddkv);     // dk (nkt, hs) += ds^T q
+        att_gemm(0, 0, nq, hs, nkt, 1.0f, dp, nkt, k, a.ldkv, 1.0f, g.dq, g.lddq);     // dq (nq, hs) += ds k
     }
 }
 
@@ -268,9 +273,8 @@ static void attention_forward_blas(float *out, float *lse, const float *qkv, int
         #pragma omp for schedule(dynamic, 1)
         for (int r = 0; r < B * NH * np; r++) {
             int b = r / (NH * np), h = r / np % NH, t0 = (np - 1 - r % np) * QT, nq = T - t0 < QT ? T - t0 : QT;
-            const float *base = qkv + ((size_t)b * T + t0) * 3 * C + h * hs;
-            AttHead a = {base, qkv + (size_t)b * T * 3 * C + C + h * hs, qkv + (size_t)b * T * 3 * C + 2 * C + h * hs,
-                         NULL, 3 * C, 3 * C, 0, hs, scale};
+            const float *q = qkv + (size_t)b * T * 3 * C + h * hs;   // this head's q at row 0; k, v at + C, 2C
+            AttHead a = {q + (size_t)t0 * 3 * C, q + C, q + 2 * C, NULL, 3 * C, 3 * C, 0, hs, scale};
             for (int i = 0; i < nq; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
             for (int i = 0; i < nq * hs; i++) { o[i] = 0.0f; }
             att_panel_forward(o, m, l, s, a, nq, T, t0);

@@ -188,10 +188,11 @@ static void attention_block_backward_blas(float *dqkv, float *dkv, const float *
                 for (int t0 = 0; t0 < n; t0 += QT) {
                     int nq = n - t0 < QT ? n - t0 : QT;
                     size_t row = (size_t)b * T + q0 + t0;
-                    att_row_dots(D, dout + row * C + h * hs, C, out + row * C + h * hs, C, nq, hs);
-                    AttHead a = {qkv + row * 3 * C + h * hs, k, k + C, dout + row * C + h * hs, 3 * C, 2 * C, C, hs, scale};
+                    const float *dy = dout + row * C + h * hs, *l = lse + ((size_t)b * NH + h) * T + q0 + t0;
+                    att_row_dots(D, dy, C, out + row * C + h * hs, C, nq, hs);
+                    AttHead a = {qkv + row * 3 * C + h * hs, k, k + C, dy, 3 * C, 2 * C, C, hs, scale};
                     AttGrad g = {dqkv + row * 3 * C + h * hs, dk, dk + C, 3 * C, 2 * C};
-                    att_panel_backward(g, s, dp, a, lse + ((size_t)b * NH + h) * T + q0 + t0, D, nq, n, causal ? t0 : n);
+                    att_panel_backward(g, s, dp, a, l, D, nq, n, causal ? t0 : n);
                 }
             }
         }
