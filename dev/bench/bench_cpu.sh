@@ -8,7 +8,9 @@
 #   4. peak memory per rank for T = 1024, 4096, 16384 (V=50304) at tp 1/2/4, with and without chunked CE
 # usage: bash dev/bench/bench_cpu.sh [threads] [tables, e.g. 1 or 1234]   (from the repo root after make)
 # env: ROUNDS=N runs table 1 N times, ours and PyTorch alternating, and keeps each side's best; STEPS (20)
-#      timed steps per run; OPENBLAS_CORETYPE reaches both sides (OpenBLAS 0.3.21 runs its Prescott kernels
+#      timed steps per run; CPUTIME=1 times table 1 (and the sgemm rate) in process CPU seconds instead of wall
+#      seconds: with 1 thread on a machine others load, what an unloaded run would take (with more threads it
+#      also counts the threads' spin-waits); OPENBLAS_CORETYPE reaches both sides (OpenBLAS 0.3.21 runs its Prescott kernels
 #      on CPUs it does not know, e.g. family 6 model 207, where SkylakeX is ~4x faster; table 1 says what ran)
 set -u
 cd "$(dirname "$0")/../.."
@@ -34,15 +36,34 @@ A, B, C = (ctypes.c_float * (M * K))(), (ctypes.c_float * (N * K))(), (ctypes.c_
 ctypes.memset(A, 0x3e, M * K * 4); ctypes.memset(B, 0x3d, N * K * 4)   # 0.19, 0.046: no denormals
 run = lambda: lib.cblas_sgemm(101, 111, 112, M, N, K, ctypes.c_float(1.0), A, K, B, K, ctypes.c_float(0.0), C, N)
 run()
-reps, t0 = 0, time.perf_counter()
-while time.perf_counter() - t0 < 1.0:
+clock = time.process_time if sys.argv[5] == "1" else time.perf_counter
+reps, t0 = 0, clock()
+while clock() - t0 < 1.0:
     run(); reps += 1
-print("%.0f %s" % (2.0 * M * N * K * reps / (time.perf_counter() - t0) / 1e9, lib.openblas_get_corename().decode()))'
-sgemm_rate() { OMP_NUM_THREADS=$TH $PY -c "$SGEMM_PY" "$BLAS_LIB" "$@"; }
+print("%.0f %s" % (2.0 * M * N * K * reps / (clock() - t0) / 1e9, lib.openblas_get_corename().decode()))'
+sgemm_rate() { OMP_NUM_THREADS=$TH $PY -c "$SGEMM_PY" "$BLAS_LIB" "$@" "${CPUTIME:-0}"; }
+# tok/s of train_gpt at B T: its average step (wall), or with CPUTIME=1 the CPU seconds of a run of STEPS + 1
+# steps less those of a run of 1 (start-up and the untimed first step cancel)
+cpu_seconds() { /usr/bin/time -f "%U %S" "$@" 2>&1 >/dev/null | tail -n 1 | awk '{ print $1 + $2 }'; }
+ours_tok() {
+    local run=(env OMP_NUM_THREADS=$TH ./train_gpt -e "$MODEL" -b $1 -t $2 -s 0 -v 0)
+    if [ "${CPUTIME:-0}" = 1 ]; then
+        awk -v a="$(cpu_seconds "${run[@]}" -x 1)" -v b="$(cpu_seconds "${run[@]}" -x $((STEPS + 1)))" -v n=$(($1 * $2 * STEPS)) \
+            'BEGIN { printf "%.0f", n / (b - a) }'
+    else "${run[@]}" -x $((STEPS + 1)) | awk '/average step/ { print $(NF-1) }'; fi
+}
+# ... of PyTorch (dev/bench/torch_gpt2.py, its OpenBLAS on the same threads) into t, its line into torch_line:
+# wall, or from its CPU ms per step
+torch_tok() {
+    torch_line=$(OPENBLAS_NUM_THREADS=$TH $PY dev/bench/torch_gpt2.py --threads "$TH" --steps "$STEPS" --B $1 --T $2)
+    if [ "${CPUTIME:-0}" = 1 ]; then t=$(awk -v n=$(($1 * $2)) '{ printf "%.0f", n / ($10 / 1000) }' <<<"$torch_line")
+    else t=$(awk '{ print $4 }' <<<"$torch_line"); fi
+}
 
 SHAPES=("4 64" "16 64" "4 256" "1 1024")
 if [[ $TABLES == *1* ]]; then
-echo "== 1. throughput: L4 C128 NH4 V50257 (Vp 50304), $TH threads, $STEPS steps after warm-up, best of $ROUNDS round(s)"
+echo "== 1. throughput: L4 C128 NH4 V50257 (Vp 50304), $TH threads, $STEPS steps after warm-up, best of $ROUNDS round(s)$(
+      [ "${CPUTIME:-0}" = 1 ] && echo ", in CPU time")"
 read -r sq core < <(sgemm_rate 2048 2048 2048)
 read -r head _ < <(sgemm_rate 1024 50304 128)
 echo "OpenBLAS sgemm, $core kernels${OPENBLAS_CORETYPE:+ (OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE)}: $sq GFLOP/s at 2048^3," \
@@ -53,9 +74,8 @@ declare -A ours torch
 for r in $(seq 1 "$ROUNDS"); do
     for bt in "${SHAPES[@]}"; do
         set -- $bt
-        o=$(OMP_NUM_THREADS=$TH ./train_gpt -e "$MODEL" -b $1 -t $2 -x $((STEPS + 1)) -s 0 -v 0 | awk '/average step/ { print $(NF-1) }')
-        torch_line=$($PY dev/bench/torch_gpt2.py --threads "$TH" --steps "$STEPS" --B $1 --T $2)
-        t=$(awk '{ print $4 }' <<<"$torch_line")
+        o=$(ours_tok $1 $2)
+        torch_tok $1 $2
         awk -v a="$o" -v b="${ours[$bt]:-0}" 'BEGIN { exit !(a > b) }' && ours[$bt]=$o
         awk -v a="$t" -v b="${torch[$bt]:-0}" 'BEGIN { exit !(a > b) }' && torch[$bt]=$t
     done
