@@ -670,6 +670,210 @@ static void check_comm_layer(Grid *grid) {
 }
 
 // ----------------------------------------------------------------------------
+// --check-attention: the CPU build's attention through BLAS (attention.h's panels, context_parallel.h's
+// ring blocks) against the plain loops, their specification, where the model references do not reach:
+// T = 1, T not a multiple of a tile, several key tiles, diagonal tiles cut anywhere (tiny tiles), head
+// sizes 32, 48 and 64, a single (batch, head) (with 2+ threads: the backward's all-threads-per-sgemm path),
+// the ring's blocks at chunk offsets, causal and not, merged into an earlier block's result.
+// The tolerance per element is derived, no constant fitted to a run: both compute the same sums in other
+// orders and blockings, the softmax against another running max. u = 2^-24; any order of summing n
+// products is off by at most g(n) = n u times the sum of their absolute values (any BLAS kernel, threads).
+//  - a score s = scale q.k is off by ds <= g(hs) scale sum|q k| + 2u |s|; E = the max of ds over a row
+//  - out = sum_j p_j v_j / l, p_j = exp(s_j - m): each term relatively off by R = 2E (s_j's and the max's
+//    errors) + (3n + 24) u (the sums l and out, the exps, the division) + (2n + 4) u smax + 4u |lse|
+//    (the exps' arguments, up to n rescalings by exp(m_old - m_new)), on sum_j p_j |v_j| + w1 |y1| (a ring
+//    block merges into an earlier result y1 of weight w1 = exp(lse1 - lse));  lse: 2E + (n + 8 + 4|lse|) u
+//  - backward (the same out and lse in both): p relatively off by ep = ds + 2u (|s| + |lse|) + 4u, dp = dy.v
+//    and D = dy.y by g(hs) sum|dy v|, g(hs) sum|dy y|, so ds = p (dp - D) scale by
+//    Eds = |ds| (ep + 3u) + p scale g(hs) (sum|dy v| + sum|dy y|); then dq_i by sum_j Eds |k_j| +
+//    g(n+1) (sum_j |ds k_j| + |dq_i before|) (a ring block adds to what is there), dk, dv likewise.
+// Each computation is within that (first-order) bound of the exact value: the two within twice of it.
+static const double ATT_U = 1.0 / 16777216.0;
+
+// scale x.y over n in double, and the same over |terms| into *abs
+static double att_dot(const float *x, const float *y, int n, double scale, double *abs) {
+    double s = 0.0, a = 0.0;
+    for (int c = 0; c < n; c++) { s += (double)x[c] * y[c]; a += fabs((double)x[c] * y[c]); }
+    *abs = a * scale;
+    return s * scale;
+}
+
+// Forward tolerances of one head's n query rows (row i sees keys j <= i + diag; inputs a) into to (rows at
+// ldo) and tl, from the plain loops' lse and the earlier result they merged into (y1 at ldo, lse1; NULL: none)
+static void att_tol_forward(float *to, float *tl, int ldo, AttHead a, const float *lse, const float *y1,
+                            const float *lse1, int n, int diag) {
+    double u = ATT_U, sa;
+    for (int i = 0; i < n; i++) {
+        const float *q = a.q + (size_t)i * a.ldq;
+        int nv = att_visible(i, diag, n);
+        double E = 0.0, smax = 0.0, L = lse[i], w1 = lse1 ? exp((double)lse1[i] - L) : 0.0;
+        for (int j = 0; j < nv; j++) {
+            double s = att_dot(q, a.k + (size_t)j * a.ldkv, a.hs, a.scale, &sa);
+            E = fmax(E, a.hs * u * sa + 2 * u * fabs(s));
+            smax = fmax(smax, fabs(s));
+        }
+        double R = 2 * E + (3.0 * nv + 24 + (2.0 * nv + 4) * smax + 4 * fabs(L)) * u;
+        for (int c = 0; c < a.hs; c++) { to[(size_t)i * ldo + c] = y1 ? (float)(2 * R * w1 * fabs(y1[(size_t)i * ldo + c])) : 0.0f; }
+        for (int j = 0; j < nv; j++) {
+            double p = exp(att_dot(q, a.k + (size_t)j * a.ldkv, a.hs, a.scale, &sa) - L);
+            for (int c = 0; c < a.hs; c++) { to[(size_t)i * ldo + c] += (float)(2 * R * p * fabs(a.v[(size_t)j * a.ldkv + c])); }
+        }
+        tl[i] = (float)(2 * (2 * E + (nv + 8 + 4 * fabs(L)) * u));
+    }
+}
+
+// Backward tolerances of the same rows into t (dq, dk, dv at t's lds; zeros on entry), from the plain loops'
+// out (rows at ldy) and lse; g0: the gradients added to (dq, dk, dv NULL: zeros)
+static void att_tol_backward(AttGrad t, AttHead a, const float *y, int ldy, const float *lse, AttGrad g0, int n,
+                             int diag) {
+    double u = ATT_U, ghs = a.hs * u, gn = (n + 1) * u, sa, dpa, Da;
+    for (int i = 0; i < n; i++) {
+        const float *q = a.q + (size_t)i * a.ldq, *dy = a.dout + (size_t)i * a.ldo;
+        double L = lse[i], D = att_dot(dy, y + (size_t)i * ldy, a.hs, 1.0, &Da);
+        for (int j = 0; j < att_visible(i, diag, n); j++) {
+            const float *k = a.k + (size_t)j * a.ldkv, *v = a.v + (size_t)j * a.ldkv;
+            double s = att_dot(q, k, a.hs, a.scale, &sa), dp = att_dot(dy, v, a.hs, 1.0, &dpa);
+            double p = exp(s - L), ds = p * (dp - D) * a.scale, ep = ghs * sa + 2 * u * (fabs(s) + fabs(L)) + 4 * u;
+            double Eds = fabs(ds) * (ep + 3 * u) + p * a.scale * ghs * (dpa + Da);
+            for (int c = 0; c < a.hs; c++) {
+                t.dq[(size_t)i * t.lddq + c] += (float)(2 * (Eds * fabs(k[c]) + gn * fabs(ds * k[c])));
+                t.dk[(size_t)j * t.lddkv + c] += (float)(2 * (Eds * fabs(q[c]) + gn * fabs(ds * q[c])));
+                t.dv[(size_t)j * t.lddkv + c] += (float)(2 * p * (ep + gn) * fabs(dy[c]));
+            }
+        }
+    }
+    for (int r = 0; r < n && g0.dq; r++) {   // what was there before
+        for (int c = 0; c < a.hs; c++) {
+            t.dq[(size_t)r * t.lddq + c] += (float)(2 * gn * fabs(g0.dq[(size_t)r * g0.lddq + c]));
+            t.dk[(size_t)r * t.lddkv + c] += (float)(2 * gn * fabs(g0.dk[(size_t)r * g0.lddkv + c]));
+            t.dv[(size_t)r * t.lddkv + c] += (float)(2 * gn * fabs(g0.dv[(size_t)r * g0.lddkv + c]));
+        }
+    }
+}
+
+// 1 if |got - want| <= tol for each of n elements; the worst |got - want| / tol and largest |got - want|
+// into *worst, *diff
+static int att_within(const float *got, const float *want, const float *tol, size_t n, double *worst, double *diff) {
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        double d = got[i] == want[i] ? 0.0 : fabs((double)got[i] - want[i]);   // (-inf = -inf: a row no block reached)
+        ok &= d <= tol[i];   // (false for NaN)
+        if (d > *diff) { *diff = d; }
+        if (d > 0 && d / tol[i] > *worst) { *worst = d / tol[i]; }
+    }
+    return ok;
+}
+
+static float *att_random(size_t n, Rng *r, float std) {
+    float *x = (float *)malloc_check(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) { x[i] = rng_normal(r, 0.0f, std); }
+    return x;
+}
+
+// One-device attention, B T C NH, tiles qt x kt: attention_forward_blas / attention_backward_blas against
+// attention_forward_cpu / attention_backward_cpu (both backwards from the plain forward's out and lse)
+static void check_attention_case(Rng *rng, int B, int T, int C, int NH, int qt, int kt) {
+    int hs = C / NH;
+    size_t n3 = (size_t)B * T * 3 * C, ny = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *qkv = att_random(n3, rng, 1.5f), *dout = att_random(ny, rng, 1.0f);
+    float *y = (float *)calloc_check(2 * (ny + nl + n3), sizeof(float)), *lse = y + ny, *d = lse + nl;  // the loops'
+    float *y2 = d + n3, *lse2 = y2 + ny, *d2 = lse2 + nl;                                             // BLAS's
+    float *tol = (float *)calloc_check(ny + nl + n3, sizeof(float)), *tl = tol + ny, *td = tl + nl;
+    att_panel_rows = qt; att_key_tile = kt;
+    attention_forward_cpu(y, lse, qkv, B, T, C, NH);
+    attention_forward_blas(y2, lse2, qkv, B, T, C, NH);
+    attention_backward_cpu(d, dout, qkv, y, lse, B, T, C, NH);
+    attention_backward_blas(d2, dout, qkv, y, lse, B, T, C, NH);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            size_t r3 = (size_t)b * T * 3 * C + h * hs, r1 = (size_t)b * T * C + h * hs, rl = ((size_t)b * NH + h) * T;
+            AttHead a = {qkv + r3, qkv + r3 + C, qkv + r3 + 2 * C, dout + r1, 3 * C, 3 * C, C, hs, 1.0f / sqrtf((float)hs)};
+            att_tol_forward(tol + r1, tl + rl, C, a, lse + rl, NULL, NULL, T, 0);
+            AttGrad t = {td + r3, td + r3 + C, td + r3 + 2 * C, 3 * C, 3 * C}, none = {NULL, NULL, NULL, 0, 0};
+            att_tol_backward(t, a, y + r1, C, lse + rl, none, T, 0);
+        }
+    }
+    double worst = 0.0, diff = 0.0;
+    int ok = att_within(y2, y, tol, ny, &worst, &diff) & att_within(lse2, lse, tl, nl, &worst, &diff)
+             & att_within(d2, d, td, n3, &worst, &diff);
+    check(ok, "attention through BLAS = the loops: B %d T %d C %d NH %d (hs %d), tiles %d x %d: out, lse, dqkv within "
+          "the derived bounds (worst %.3f of a bound; largest difference %.1e)", B, T, C, NH, hs, qt, kt, worst, diff);
+    free(qkv); free(dout); free(y); free(tol);
+}
+
+// One ring block (context_parallel.h), local T = 2c: query chunk qa's rows over key chunk kb's keys, causal
+// when qa == kb. The forward merges into what an earlier block (key chunk 1 - kb, by the loops) left; the
+// backward adds to random dq, dk, dv, with the out and lse of the plain causal attention over the T rows.
+static void check_attention_block_case(Rng *rng, int B, int c, int C, int NH, int qa, int kb, int qt, int kt) {
+    int T = 2 * c, hs = C / NH, causal = qa == kb, q0 = qa * c, k0 = kb * c;
+    size_t n3 = (size_t)B * T * 3 * C, n2 = (size_t)B * T * 2 * C, ny = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *qkv = att_random(n3, rng, 1.5f), *dout = att_random(ny, rng, 1.0f);
+    float *d0 = att_random(n3 + n2, rng, 1.0f), *dkv0 = d0 + n3;   // the gradients added to
+    float *kv = (float *)malloc_check(n2 * sizeof(float));
+    for (size_t r = 0; r < (size_t)B * T; r++) { memcpy(kv + r * 2 * C, qkv + r * 3 * C + C, 2 * C * sizeof(float)); }
+    // before (y1, lse1); the loops' (y, lse, d, dkv); BLAS's (y2, lse2, d2, dkv2)
+    float *y1 = (float *)malloc_check((3 * (ny + nl) + 2 * (n3 + n2)) * sizeof(float)), *lse1 = y1 + ny;
+    float *y = lse1 + nl, *lse = y + ny, *y2 = lse + nl, *lse2 = y2 + ny;
+    float *d = lse2 + nl, *dkv = d + n3, *d2 = dkv + n2, *dkv2 = d2 + n3;
+    float *tol = (float *)calloc_check(ny + nl + n3 + n2, sizeof(float)), *tl = tol + ny, *td = tl + nl, *tkv = td + n3;
+    att_panel_rows = qt; att_key_tile = kt;
+    for (size_t i = 0; i < ny + nl; i++) { y1[i] = i < ny ? 0.0f : -INFINITY; }   // no block yet: out 0, lse -inf
+    attention_block_forward_cpu(y1, lse1, qkv, kv, B, T, C, NH, q0, (1 - kb) * c, c, 0);
+    memcpy(y, y1, (ny + nl) * sizeof(float)); memcpy(y2, y1, (ny + nl) * sizeof(float));   // y, lse follow
+    attention_block_forward_cpu(y, lse, qkv, kv, B, T, C, NH, q0, k0, c, causal);
+    attention_block_forward_blas(y2, lse2, qkv, kv, B, T, C, NH, q0, k0, c, causal);
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            size_t r3 = ((size_t)b * T + q0) * 3 * C + h * hs, r2 = ((size_t)b * T + k0) * 2 * C + h * hs;
+            size_t r1 = ((size_t)b * T + q0) * C + h * hs, rl = ((size_t)b * NH + h) * T + q0;
+            AttHead a = {qkv + r3, kv + r2, kv + r2 + C, dout + r1, 3 * C, 2 * C, C, hs, scale};
+            att_tol_forward(tol + r1, tl + rl, C, a, lse + rl, y1 + r1, lse1 + rl, c, causal ? 0 : c);
+        }
+    }
+    attention_forward_cpu(y1, lse1, qkv, B, T, C, NH);   // the backward's out and lse
+    memcpy(d, d0, (n3 + n2) * sizeof(float)); memcpy(d2, d0, (n3 + n2) * sizeof(float));    // d, dkv follow
+    attention_block_backward_cpu(d, dkv, dout, qkv, y1, lse1, kv, B, T, C, NH, q0, k0, c, causal);
+    attention_block_backward_blas(d2, dkv2, dout, qkv, y1, lse1, kv, B, T, C, NH, q0, k0, c, causal);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            size_t r3 = ((size_t)b * T + q0) * 3 * C + h * hs, r2 = ((size_t)b * T + k0) * 2 * C + h * hs;
+            size_t r1 = ((size_t)b * T + q0) * C + h * hs, rl = ((size_t)b * NH + h) * T + q0;
+            AttHead a = {qkv + r3, kv + r2, kv + r2 + C, dout + r1, 3 * C, 2 * C, C, hs, scale};
+            AttGrad t = {td + r3, tkv + r2, tkv + r2 + C, 3 * C, 2 * C}, g0 = {d0 + r3, dkv0 + r2, dkv0 + r2 + C, 3 * C, 2 * C};
+            att_tol_backward(t, a, y1 + r1, C, lse1 + rl, g0, c, causal ? 0 : c);
+        }
+    }
+    double worst = 0.0, diff = 0.0;
+    int ok = att_within(y2, y, tol, ny, &worst, &diff) & att_within(lse2, lse, tl, nl, &worst, &diff)
+             & att_within(d2, d, td, n3, &worst, &diff) & att_within(dkv2, dkv, tkv, n2, &worst, &diff);
+    check(ok, "ring block through BLAS = the loops: B %d c %d C %d NH %d, query chunk %d x key chunk %d (%s), tiles %d x %d:"
+          " out, lse, dq, dk, dv within the derived bounds (worst %.3f of a bound; largest difference %.1e)", B, c, C, NH,
+          qa, kb, causal ? "causal" : "full", qt, kt, worst, diff);
+    free(qkv); free(dout); free(d0); free(kv); free(y1); free(tol);
+}
+
+static void check_attention(void) {
+    Rng rng;
+    rng_init(&rng, 24);
+    int tiles[3][2] = {{att_panel_rows, att_key_tile}, {16, 8}, {5, 7}};   // the default, then small and ragged
+    for (int k = 0; k < 3; k++) {
+        int qt = tiles[k][0], kt = tiles[k][1];
+        check_attention_case(&rng, 1, 1, 64, 2, qt, kt);      // T = 1
+        check_attention_case(&rng, 2, 37, 96, 2, qt, kt);     // head size 48, T not a multiple of a tile
+        check_attention_case(&rng, 1, 70, 64, 1, qt, kt);     // one (batch, head), head size 64
+        check_attention_case(&rng, 1, 300, 128, 4, qt, kt);   // head size 32, more than one key tile at the default
+        for (int qa = 0; qa < 2; qa++) {
+            for (int kb = 0; kb < 2; kb++) {
+                check_attention_block_case(&rng, 2, 19, 96, 2, qa, kb, qt, kt);   // chunks of 19, head size 48
+            }
+        }
+        check_attention_block_case(&rng, 1, 1, 64, 2, 1, 1, qt, kt);   // chunks of one token (cp 8 at T 16)
+    }
+    att_panel_rows = tiles[0][0]; att_key_tile = tiles[0][1];
+}
+
+// ----------------------------------------------------------------------------
 // the phases of a test run
 
 typedef struct {           // what every phase needs: the reference, the layout, the model's options
@@ -1158,7 +1362,7 @@ static void check_resume_from(TestRun *t, const char *dir, const char *mutation)
 // test_gpt's own flags (the rest are train_gpt's, left in rest).
 typedef struct {
     const char *ref_dir, *resume_dir, *resume_from, *mutation;
-    int check_mem, check_comm, check_layer, bad_rank;
+    int check_mem, check_comm, check_layer, check_attention, bad_rank;
 } TestFlags;
 
 static int parse_test_flags(int argc, char **argv, TestFlags *f, char **rest) {
@@ -1174,6 +1378,7 @@ static int parse_test_flags(int argc, char **argv, TestFlags *f, char **rest) {
         else if (!strcmp(argv[i], "--check-memory")) { f->check_mem = 1; }
         else if (!strcmp(argv[i], "--check-comm")) { f->check_comm = 1; }
         else if (!strcmp(argv[i], "--check-comm-layer")) { f->check_layer = 1; }
+        else if (!strcmp(argv[i], "--check-attention")) { f->check_attention = 1; }
         else if (!strcmp(argv[i], "--bad-file-on-rank") && i + 1 < argc) { f->bad_rank = atoi(argv[++i]); }
         else { rest[nrest++] = argv[i]; }
     }
@@ -1290,6 +1495,9 @@ int main(int argc, char **argv) {
         if (t.world % (args->tp * args->pp)) { fail_all(my_rank, "world %d is not divisible by tp*pp", t.world); }
         grid_init(&t.grid, args->tp, 1, args->pp, 1);
         check_comm_layer(&t.grid);
+    } else if (f.check_attention) {   // the CPU attention through BLAS against its loops, on every rank
+        grid_init(&t.grid, 1, 1, 1, 1);
+        check_attention();
     } else {
         test_setup(&t, f.ref_dir, &ref_config, ref_params);
         if (f.resume_from) { check_resume_from(&t, f.resume_from, f.mutation); }

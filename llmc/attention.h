@@ -110,6 +110,217 @@ static void attention_backward_cpu(float *dqkv, const float *dout, const float *
     }
 }
 
+// ---- the CPU build's attention: the loops above, through BLAS ---------------------------------------
+// The same math the FlashAttention way (the formulation of the CUDA flash kernels and of the ring's
+// blocks): per (batch, head), a panel of query rows walks the key tiles it can see; the scores
+// S = scale Q K^T and the products with P (forward) or P and dS (backward) are sgemm calls on
+// (panel, tile) blocks; the softmax is online (running max m and sum l per row, the accumulator
+// rescaled by exp(m_old - m_new) when m grows); the backward recomputes P from the lse. Memory per
+// thread: two (panel, tile) score blocks and a (panel, hs) accumulator, whatever T (never (T, T)).
+// Threads: an OpenMP loop over (batch, head[, panel]) holds them and every sgemm inside it runs on the
+// calling thread (the OpenMP OpenBLAS does not nest): many small independent GEMMs, no fork per call,
+// no barrier. Where there are fewer (batch, head) pairs than threads the backward's loop runs on one
+// thread (an inactive region) and each sgemm takes all of them.
+// The tiles are variables so that test_gpt --check-attention can shrink them to reach every edge.
+static int att_panel_rows = 64;    // query rows per panel
+static int att_key_tile = 256;     // keys per tile
+
+static int att_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+// How many of a tile's nk keys query row i sees: causal, its first i + diag + 1 (diag: the row's
+// position minus the tile's first key's); a caller without a mask passes diag >= nk.
+static inline int att_visible(int i, int diag, int nk) {
+    int n = i + diag + 1;
+    return n < 0 ? 0 : (n > nk ? nk : n);
+}
+
+// One head's slices: row r of Q at q + r * ldq (hs floats), of K and V at k, v + r * ldkv; of the
+// output gradient at dout + r * ldo (backward only).
+typedef struct { const float *q, *k, *v, *dout; int ldq, ldkv, ldo, hs; float scale; } AttHead;
+// ... and the gradients added to: dq at dq + r * lddq, dk and dv at dk, dv + r * lddkv
+typedef struct { float *dq, *dk, *dv; int lddq, lddkv; } AttGrad;
+
+// Row-major c (m, n; ldc) = alpha op(a) op(b) + beta c, op(x) = x^T where tx: OpenBLAS's sgemm
+static void att_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
+                     int ldb, float beta, float *c, int ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
+                b, ldb, beta, c, ldc);
+}
+
+// exp(x) in a form the compiler vectorises (expf is a library call per element): 2^n exp(r) with
+// n = round(x / ln 2) (by the 1.5 * 2^23 trick: no floorf, which blocks vectorisation), r = x - n ln 2 in
+// two parts (Cody-Waite), exp(r) by Cephes' degree-7 polynomial. Within 1.43 u (u = 2^-24) of exp over
+// [-87, 1] (checked exhaustively against double exp; expf: 1.0 u); x below -87 gives exp(-87) ~ 1.6e-38
+// (every call here adds it to a sum of at least 1, the row's largest term); exp(0) = 1.
+static inline float att_exp(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float t = x * 1.44269504088896341f + 12582912.0f, n = t - 12582912.0f;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t ti, e;
+    memcpy(&ti, &t, 4);
+    e = (ti - 0x4B400000 + 127) << 23;   // 2^n: n + 127 in the exponent bits
+    float s;
+    memcpy(&s, &e, 4);
+    return p * s;
+}
+
+// Forward, one score tile, row by row: s (nq, nk) scaled scores, row i seeing att_visible(i, diag, nk)
+// keys; m, l (nq) the running max and sum of exp; o (nq, hs) the unnormalised output so far.
+// s becomes p = exp(s - m_new) (0 where hidden); o and l shrink by exp(m_old - m_new) where m grew.
+static void att_online_softmax(float *s, float *m, float *l, float *o, int nq, int nk, int hs, int diag) {
+    for (int i = 0; i < nq; i++) {
+        float *si = s + (size_t)i * nk, mx = m[i], sum = 0.0f;
+        int nv = att_visible(i, diag, nk);
+        #pragma omp simd reduction(max : mx)
+        for (int j = 0; j < nv; j++) { mx = si[j] > mx ? si[j] : mx; }
+        #pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < nv; j++) { si[j] = att_exp(si[j] - mx); sum += si[j]; }
+        for (int j = nv; j < nk; j++) { si[j] = 0.0f; }
+        if (mx != m[i]) {
+            float corr = expf(m[i] - mx);   // 0 before the first key (m = -inf)
+            l[i] *= corr;
+            for (int d = 0; d < hs; d++) { o[(size_t)i * hs + d] *= corr; }
+        }
+        l[i] += sum;
+        m[i] = mx;
+    }
+}
+
+// Forward of a panel of nq query rows (from a.q) over keys 0 .. nk-1 (from a.k, a.v), row i seeing the
+// keys j <= i + diag: o (nq, hs), m, l (nq) carried on (o = 0, m = -inf, l = 0 before the first keys).
+// s: a scratch tile of nq x att_key_tile.
+static void att_panel_forward(float *o, float *m, float *l, float *s, AttHead a, int nq, int nk, int diag) {
+    int kend = att_visible(nq - 1, diag, nk);   // the keys the panel's last row sees
+    for (int k0 = 0; k0 < kend; k0 += att_key_tile) {
+        int nkt = kend - k0 < att_key_tile ? kend - k0 : att_key_tile;
+        const float *k = a.k + (size_t)k0 * a.ldkv, *v = a.v + (size_t)k0 * a.ldkv;
+        att_gemm(0, 1, nq, nkt, a.hs, a.scale, a.q, a.ldq, k, a.ldkv, 0.0f, s, nkt);   // s (nq, nkt) = scale q k^T
+        att_online_softmax(s, m, l, o, nq, nkt, a.hs, diag - k0);
+        att_gemm(0, 0, nq, a.hs, nkt, 1.0f, s, nkt, v, a.ldkv, 1.0f, o, a.hs);          // o (nq, hs) += p v
+    }
+}
+
+// Backward, one tile: s (nq, nk) scaled scores, dp (nq, nk) = dout v^T; lse, D = dout . out (nq).
+// s becomes p = exp(s - lse), dp becomes ds = p (dp - D) scale (both 0 where hidden).
+static void att_softmax_backward(float *s, float *dp, const float *lse, const float *D, int nq, int nk, int diag,
+                                 float scale) {
+    for (int i = 0; i < nq; i++) {
+        float *si = s + (size_t)i * nk, *dpi = dp + (size_t)i * nk;
+        int nv = att_visible(i, diag, nk);
+        float L = lse[i], Di = D[i];
+        #pragma omp simd
+        for (int j = 0; j < nv; j++) {
+            float p = att_exp(si[j] - L);
+            si[j] = p;
+            dpi[j] = p * (dpi[j] - Di) * scale;
+        }
+        for (int j = nv; j < nk; j++) { si[j] = 0.0f; dpi[j] = 0.0f; }
+    }
+}
+
+// Backward of a panel of nq query rows over keys 0 .. nk-1 (visible as in att_panel_forward), with the
+// final lse and D (nq): g.dq (nq rows) += dS K;  g.dk, g.dv (nk rows) += dS^T Q, P^T dout.
+// s, dp: scratch tiles of nq x att_key_tile.
+static void att_panel_backward(AttGrad g, float *s, float *dp, AttHead a, const float *lse, const float *D, int nq,
+                               int nk, int diag) {
+    int kend = att_visible(nq - 1, diag, nk), hs = a.hs;
+    for (int k0 = 0; k0 < kend; k0 += att_key_tile) {
+        int nkt = kend - k0 < att_key_tile ? kend - k0 : att_key_tile;
+        const float *k = a.k + (size_t)k0 * a.ldkv, *v = a.v + (size_t)k0 * a.ldkv;
+        float *dk = g.dk + (size_t)k0 * g.lddkv, *dv = g.dv + (size_t)k0 * g.lddkv;
+        att_gemm(0, 1, nq, nkt, hs, a.scale, a.q, a.ldq, k, a.ldkv, 0.0f, s, nkt);     // s (nq, nkt) = scale q k^T
+        att_gemm(0, 1, nq, nkt, hs, 1.0f, a.dout, a.ldo, v, a.ldkv, 0.0f, dp, nkt);     // dp (nq, nkt) = dout v^T
+        att_softmax_backward(s, dp, lse, D, nq, nkt, diag - k0, a.scale);
+        att_gemm(1, 0, nkt, hs, nq, 1.0f, s, nkt, a.dout, a.ldo, 1.0f, dv, g.lddkv);  // dv (nkt, hs) += p^T dout
+        att_gemm(1, 0, nkt, hs, nq, 1.0f, dp, nkt, a.q, a.ldq, 1.0f, dk, g.lddkv);     // dk (nkt, hs) += ds^T q
+        att_gemm(0, 0, nq, hs, nkt, 1.0f, dp, nkt, k, a.ldkv, 1.0f, g.dq, g.lddq);     // dq (nq, hs) += ds k
+    }
+}
+
+// D (nq) = dout . out per row, for rows at dout + r * ldo and out + r * ldy (hs each)
+static void att_row_dots(float *D, const float *dout, int ldo, const float *out, int ldy, int nq, int hs) {
+    for (int i = 0; i < nq; i++) {
+        float d = 0.0f;
+        for (int c = 0; c < hs; c++) { d += dout[(size_t)i * ldo + c] * out[(size_t)i * ldy + c]; }
+        D[i] = d;
+    }
+}
+
+// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T): attention_forward_cpu through BLAS. One task per
+// (batch, head, panel), the longest panels (the last rows) first.
+static void attention_forward_blas(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH, QT = att_panel_rows, np = (T + QT - 1) / QT;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel
+    {
+        float *s = (float *)malloc_check(sizeof(float) * QT * att_key_tile);
+        float *o = (float *)malloc_check(sizeof(float) * QT * hs), *m = (float *)malloc_check(sizeof(float) * 2 * QT);
+        float *l = m + QT;
+        #pragma omp for schedule(dynamic, 1)
+        for (int r = 0; r < B * NH * np; r++) {
+            int b = r / (NH * np), h = r / np % NH, t0 = (np - 1 - r % np) * QT, nq = T - t0 < QT ? T - t0 : QT;
+            const float *q = qkv + (size_t)b * T * 3 * C + h * hs;   // this head's q at row 0; k, v at + C, 2C
+            AttHead a = {q + (size_t)t0 * 3 * C, q + C, q + 2 * C, NULL, 3 * C, 3 * C, 0, hs, scale};
+            for (int i = 0; i < nq; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
+            for (int i = 0; i < nq * hs; i++) { o[i] = 0.0f; }
+            att_panel_forward(o, m, l, s, a, nq, T, t0);
+            for (int i = 0; i < nq; i++) {
+                float *y = out + ((size_t)b * T + t0 + i) * C + h * hs, inv = 1.0f / l[i];
+                for (int c = 0; c < hs; c++) { y[c] = o[(size_t)i * hs + c] * inv; }
+                lse[((size_t)b * NH + h) * T + t0 + i] = m[i] + logf(l[i]);
+            }
+        }
+        free(s); free(o); free(m);
+    }
+}
+
+// dout (B, T, C) -> dqkv (B, T, 3C) (written): attention_backward_cpu through BLAS. One task per
+// (batch, head): it owns that head's dq, dk, dv.
+static void attention_backward_blas(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                    const float *lse, int B, int T, int C, int NH) {
+    int hs = C / NH, QT = att_panel_rows;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel if (B * NH >= att_threads())
+    {
+        float *s = (float *)malloc_check(sizeof(float) * 2 * QT * att_key_tile), *dp = s + QT * att_key_tile;
+        float *D = (float *)malloc_check(sizeof(float) * QT);
+        #pragma omp for collapse(2)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const float *q = qkv + (size_t)b * T * 3 * C + h * hs;
+                float *dq = dqkv + (size_t)b * T * 3 * C + h * hs;
+                for (int t = 0; t < T; t++) {   // this head's dq, dk, dv
+                    float *d = dq + (size_t)t * 3 * C;
+                    for (int c = 0; c < hs; c++) { d[c] = 0.0f; d[C + c] = 0.0f; d[2 * C + c] = 0.0f; }
+                }
+                for (int t0 = 0; t0 < T; t0 += QT) {
+                    int nq = T - t0 < QT ? T - t0 : QT;
+                    const float *dy = dout + ((size_t)b * T + t0) * C + h * hs;
+                    att_row_dots(D, dy, C, out + ((size_t)b * T + t0) * C + h * hs, C, nq, hs);
+                    AttHead a = {q + (size_t)t0 * 3 * C, q + C, q + 2 * C, dy, 3 * C, 3 * C, C, hs, scale};
+                    AttGrad g = {dq + (size_t)t0 * 3 * C, dq + C, dq + 2 * C, 3 * C, 3 * C};
+                    att_panel_backward(g, s, dp, a, lse + ((size_t)b * NH + h) * T + t0, D, nq, T, t0);
+                }
+            }
+        }
+        free(s); free(D);
+    }
+}
+
 #ifdef USE_CUDA
 // Tiled causal attention in fp32 CUDA-core math (no tensor cores), never materialising (T, T).
 // Work split: a "group" of TPQ = HS/16 consecutive threads owns one query (or one key) row; each
@@ -618,7 +829,7 @@ static void attention_forward(floatX *out, float *lse, const floatX *qkv, int B,
 #ifdef USE_CUDA
     attention_forward_cuda(out, lse, qkv, B, T, C, NH);
 #else
-    attention_forward_cpu(out, lse, qkv, B, T, C, NH);
+    attention_forward_blas(out, lse, qkv, B, T, C, NH);
 #endif
 }
 
@@ -627,7 +838,7 @@ static void attention_backward(floatX *dqkv, const floatX *dout, const floatX *q
 #ifdef USE_CUDA
     attention_backward_cuda(dqkv, dout, qkv, out, lse, B, T, C, NH);
 #else
-    attention_backward_cpu(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    attention_backward_blas(dqkv, dout, qkv, out, lse, B, T, C, NH);
 #endif
 }
 

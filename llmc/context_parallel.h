@@ -20,6 +20,7 @@
 
 #include "backend.h"
 #include "comm.h"
+#include "attention.h"
 
 // The sequence layout, the one definition (the encoder's positions, the ring's causal blocks, the MoE
 // capacity's whole sequences, the tokens each rank reads, sampling): the sequence chunk of local rows
@@ -136,6 +137,69 @@ static void attention_block_backward_cpu(float *dqkv, float *dkv, const float *d
     }
 }
 
+// The two blocks above through BLAS (attention.h's panels: what the CPU build runs), so that the ring
+// computes what the one-device attention_forward_blas / attention_backward_blas compute, block by block.
+// Threads as there: forward one task per (batch, head, panel), backward one per (batch, head).
+// Row i of a panel starting at block row t0 sees block keys j <= t0 + i (causal), all n otherwise.
+static void attention_block_forward_blas(float *out, float *lse, const float *qkv, const float *kv, int B, int T,
+                                         int C, int NH, int q0, int k0, int n, int causal) {
+    int hs = C / NH, QT = att_panel_rows, np = (n + QT - 1) / QT;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel
+    {
+        float *s = (float *)malloc_check(sizeof(float) * QT * att_key_tile);
+        float *o = (float *)malloc_check(sizeof(float) * QT * hs), *m = (float *)malloc_check(sizeof(float) * 2 * QT);
+        float *l = m + QT;
+        #pragma omp for schedule(dynamic, 1)
+        for (int r = 0; r < B * NH * np; r++) {
+            int b = r / (NH * np), h = r / np % NH, t0 = (np - 1 - r % np) * QT, nq = n - t0 < QT ? n - t0 : QT;
+            const float *k = kv + ((size_t)b * T + k0) * 2 * C + h * hs;
+            AttHead a = {qkv + ((size_t)b * T + q0 + t0) * 3 * C + h * hs, k, k + C, NULL, 3 * C, 2 * C, 0, hs, scale};
+            for (int i = 0; i < nq; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
+            for (int i = 0; i < nq * hs; i++) { o[i] = 0.0f; }
+            att_panel_forward(o, m, l, s, a, nq, n, causal ? t0 : n);
+            for (int i = 0; i < nq; i++) {   // merge (out1, lse1) with this block's (o / l, lse2)
+                float *lp = lse + ((size_t)b * NH + h) * T + q0 + t0 + i, lse2 = m[i] + logf(l[i]);
+                float mx = *lp > lse2 ? *lp : lse2, l12 = mx + logf(expf(*lp - mx) + expf(lse2 - mx));
+                float w1 = expf(*lp - l12), w2 = expf(lse2 - l12) / l[i];
+                float *y = out + ((size_t)b * T + q0 + t0 + i) * C + h * hs;
+                for (int c = 0; c < hs; c++) { y[c] = y[c] * w1 + o[(size_t)i * hs + c] * w2; }
+                *lp = l12;
+            }
+        }
+        free(s); free(o); free(m);
+    }
+}
+
+static void attention_block_backward_blas(float *dqkv, float *dkv, const float *dout, const float *qkv,
+                                          const float *out, const float *lse, const float *kv, int B, int T, int C,
+                                          int NH, int q0, int k0, int n, int causal) {
+    int hs = C / NH, QT = att_panel_rows;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel if (B * NH >= att_threads())
+    {
+        float *s = (float *)malloc_check(sizeof(float) * 2 * QT * att_key_tile), *dp = s + QT * att_key_tile;
+        float *D = (float *)malloc_check(sizeof(float) * QT);
+        #pragma omp for collapse(2)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {   // this (b, h) owns its slices of dq, dk, dv
+                const float *k = kv + ((size_t)b * T + k0) * 2 * C + h * hs;
+                float *dk = dkv + ((size_t)b * T + k0) * 2 * C + h * hs;
+                for (int t0 = 0; t0 < n; t0 += QT) {
+                    int nq = n - t0 < QT ? n - t0 : QT;
+                    size_t row = (size_t)b * T + q0 + t0;
+                    const float *dy = dout + row * C + h * hs, *l = lse + ((size_t)b * NH + h) * T + q0 + t0;
+                    att_row_dots(D, dy, C, out + row * C + h * hs, C, nq, hs);
+                    AttHead a = {qkv + row * 3 * C + h * hs, k, k + C, dy, 3 * C, 2 * C, C, hs, scale};
+                    AttGrad g = {dqkv + row * 3 * C + h * hs, dk, dk + C, 3 * C, 2 * C};
+                    att_panel_backward(g, s, dp, a, l, D, nq, n, causal ? t0 : n);
+                }
+            }
+        }
+        free(s); free(D);
+    }
+}
+
 #ifdef USE_CUDA
 // One warp per (query row, head, batch index): lane i of the warp holds dims i, i+32, ... of the
 // head; each key's score is a warp sum; online softmax over the block's keys, then the lse merge.
@@ -241,7 +305,7 @@ static void attention_block_forward(floatX *out, float *lse, const floatX *qkv, 
             causal);
     cudaCheckLaunch();
 #else
-    attention_block_forward_cpu(out, lse, qkv, kv, B, T, C, NH, q0, k0, n, causal);
+    attention_block_forward_blas(out, lse, qkv, kv, B, T, C, NH, q0, k0, n, causal);
 #endif
 }
 
@@ -256,7 +320,7 @@ static void attention_block_backward(floatX *dqkv, floatX *dkv, const floatX *do
             NH, q0, k0, n, causal);
     cudaCheckLaunch();
 #else
-    attention_block_backward_cpu(dqkv, dkv, dout, qkv, out, lse, kv, B, T, C, NH, q0, k0, n, causal);
+    attention_block_backward_blas(dqkv, dkv, dout, qkv, out, lse, kv, B, T, C, NH, q0, k0, n, causal);
 #endif
 }
 

@@ -2,7 +2,8 @@
 """
 The PyTorch side of the CPU benchmark: the same GPT-2 (tied head, padded vocab, GELU-tanh), written
 the idiomatic fast way (torch.nn.functional ops, torch.optim.AdamW, grad clipping), timed on the
-same threads as train_gpt. Prints one line: "torch tok/s X ms/step Y blas Z".
+same threads as train_gpt. Prints one line: "torch VERSION tok/s X ms/step Y blas Z cpu-ms/step W" (W: the
+process's CPU time per step, all threads: on a loaded machine a 1-thread run's W is its unloaded ms/step).
 usage: /usr/bin/python3 dev/bench/torch_gpt2.py --L 4 --C 128 --NH 4 --V 50257 --Vp 50304 --maxT 1024 --B 4 --T 64 --steps 20 --threads 2
 """
 import argparse, math, time
@@ -52,9 +53,9 @@ def forward(idx, tgt):
 
 opt = torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
 data = torch.randint(0, a.V, (a.steps + a.warmup, a.B, a.T + 1))
-times = []
+times, cpu = [], []
 for s in range(a.steps + a.warmup):
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     loss = forward(data[s, :, :-1], data[s, :, 1:])
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -62,7 +63,8 @@ for s in range(a.steps + a.warmup):
     opt.step()
     if s >= a.warmup:
         times.append(time.perf_counter() - t0)
-ms = 1000 * sum(times) / len(times)
+        cpu.append(time.process_time() - c0)
+ms, cpu_ms = 1000 * sum(times) / len(times), 1000 * sum(cpu) / len(cpu)
 blas = "unknown"
 try:   # Debian's torch calls whatever libblas.so.3 the system alternative points to
     import subprocess
@@ -70,4 +72,4 @@ try:   # Debian's torch calls whatever libblas.so.3 the system alternative point
     blas = [l.split()[1] for l in alt.splitlines() if l.startswith("Value:")][0]
 except Exception:
     pass
-print("torch %s tok/s %.0f ms/step %.1f blas %s" % (torch.__version__, a.B * a.T / (ms / 1000), ms, blas))
+print("torch %s tok/s %.0f ms/step %.1f blas %s cpu-ms/step %.1f" % (torch.__version__, a.B * a.T / (ms / 1000), ms, blas, cpu_ms))
