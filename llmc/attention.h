@@ -153,31 +153,6 @@ static void att_gemm(int ta, int tb, int m, int n, int k, float alpha, const flo
                 b, ldb, beta, c, ldc);
 }
 
-// exp(x) in a form the compiler vectorises (expf is a library call per element): 2^n exp(r) with
-// n = round(x / ln 2) (by the 1.5 * 2^23 trick: no floorf, which blocks vectorisation), r = x - n ln 2 in
-// two parts (Cody-Waite), exp(r) by Cephes' degree-7 polynomial. Within 1.43 u (u = 2^-24) of exp over
-// [-87, 1] (checked exhaustively against double exp; expf: 1.0 u); x below -87 gives exp(-87) ~ 1.6e-38
-// (every call here adds it to a sum of at least 1, the row's largest term); exp(0) = 1.
-static inline float att_exp(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    float t = x * 1.44269504088896341f + 12582912.0f, n = t - 12582912.0f;
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t ti, e;
-    memcpy(&ti, &t, 4);
-    e = (ti - 0x4B400000 + 127) << 23;   // 2^n: n + 127 in the exponent bits
-    float s;
-    memcpy(&s, &e, 4);
-    return p * s;
-}
-
 // Forward, one score tile, row by row: s (nq, nk) scaled scores, row i seeing att_visible(i, diag, nk)
 // keys; m, l (nq) the running max and sum of exp; o (nq, hs) the unnormalised output so far.
 // s becomes p = exp(s - m_new) (0 where hidden); o and l shrink by exp(m_old - m_new) where m grew.
@@ -188,7 +163,7 @@ static void att_online_softmax(float *s, float *m, float *l, float *o, int nq, i
         #pragma omp simd reduction(max : mx)
         for (int j = 0; j < nv; j++) { mx = si[j] > mx ? si[j] : mx; }
         #pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < nv; j++) { si[j] = att_exp(si[j] - mx); sum += si[j]; }
+        for (int j = 0; j < nv; j++) { si[j] = exp_poly(si[j] - mx); sum += si[j]; }
         for (int j = nv; j < nk; j++) { si[j] = 0.0f; }
         if (mx != m[i]) {
             float corr = expf(m[i] - mx);   // 0 before the first key (m = -inf)
@@ -224,7 +199,7 @@ static void att_softmax_backward(float *s, float *dp, const float *lse, const fl
         float L = lse[i], Di = D[i];
         #pragma omp simd
         for (int j = 0; j < nv; j++) {
-            float p = att_exp(si[j] - L);
+            float p = exp_poly(si[j] - L);
             si[j] = p;
             dpi[j] = p * (dpi[j] - Di) * scale;
         }

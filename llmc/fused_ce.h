@@ -26,8 +26,10 @@ static void ce_stats_cpu(float *stats, const float *logits, const int *targets, 
         float m = -INFINITY, s = 0.0f, zt = 0.0f;
         int t = targets[i] - v0;
         if (t >= 0 && t < valid) { zt = z[t]; }
-        for (int j = 0; j < valid; j++) { if (z[j] > m) { m = z[j]; } }
-        for (int j = 0; j < valid; j++) { s += expf(z[j] - m); }
+        #pragma omp simd reduction(max : m)
+        for (int j = 0; j < valid; j++) { m = z[j] > m ? z[j] : m; }
+        #pragma omp simd reduction(+ : s)
+        for (int j = 0; j < valid; j++) { s += exp_poly(z[j] - m); }
         stats[3 * i + 0] = m;
         stats[3 * i + 1] = s;
         stats[3 * i + 2] = zt;
@@ -51,12 +53,13 @@ static void ce_loss_dlogits_cpu(float *logits, float *losses, const float *stats
         }
         losses[i] = logf(S) + M - zt;
         if (!write_dlogits) { continue; }
-        float *z = logits + (size_t)i * Vl;
+        float *z = logits + (size_t)i * Vl, inv_S = 1.0f / S;
         int t = targets[i] - v0;
-        for (int j = 0; j < Vl; j++) {
-            float p = j < valid ? expf(z[j] - M) / S : 0.0f;
-            z[j] = (p - (j == t ? 1.0f : 0.0f)) * dloss;
-        }
+        float pt = t >= 0 && t < valid ? exp_poly(z[t] - M) * inv_S : 0.0f;
+        #pragma omp simd
+        for (int j = 0; j < valid; j++) { z[j] = exp_poly(z[j] - M) * inv_S * dloss; }
+        for (int j = valid < 0 ? 0 : valid; j < Vl; j++) { z[j] = 0.0f; }
+        if (t >= 0 && t < valid) { z[t] = (pt - 1.0f) * dloss; }
     }
 }
 
