@@ -73,8 +73,8 @@ static void build_unit(const GPT2Config *c, int tp, int ep, int ep_rank, Group *
 // tied LM head: same layout, so the two copies' gradients sum shard by shard. Returns the number of
 // units; sets the index of each kind (-1: none; without a pipeline u_pos == u_embed, one unit [wpe,
 // wte]) and, per layer of the stage, its unit and its experts' unit (-1 for a dense layer).
-static int build_units(const GPT2Config *c, Grid *g, int vpp, Unit *units, int *u_embed, int *u_pos, int *u_layer,
-                       int *u_experts, int *u_final) {
+static int build_units(const GPT2Config *c, Grid *g, int vpp, const int *first, Unit *units, int *u_embed,
+                       int *u_pos, int *u_layer, int *u_experts, int *u_final) {
     static const int embedding[] = {T_WPE, T_WTE}, token[] = {T_WTE}, position[] = {T_WPE};
     static const int layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_FCPROJB,
                                 T_QKVW, T_QKVB, T_ATTPROJW, T_FCW, T_FCB, T_FCPROJW};
@@ -91,7 +91,7 @@ static int build_units(const GPT2Config *c, Grid *g, int vpp, Unit *units, int *
     }
     for (int v = 0; v < vpp; v++) {   // the stage's model chunks (one without interleaving), in order
         int l0, l1;
-        chunk_layers(c->num_layers, pp, vpp, stage, v, &l0, &l1);
+        chunk_layers(first, pp, stage, v, &l0, &l1);
         for (int l = l0; l < l1; l++, ll++) {
             u_layer[ll] = n;
             u_experts[ll] = -1;
@@ -243,8 +243,8 @@ static LayerActs layer_acts(const GPT2 *m, const Activations *a, int l) {
 
 // Builds this rank's part of the model (its pipeline stage, its tp slice, its experts, its ZeRO shard)
 // from the full host tensors (file order). Every rank passes the same.
-static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *grid, int vpp, int zero_stage, int sp,
-                       MoEOptions moe) {
+static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *grid, int vpp, const int *first,
+                       int zero_stage, int sp, MoEOptions moe) {
     memset(m, 0, sizeof(*m));
     m->config = *c;
     m->grid = grid;
@@ -265,7 +265,7 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     m->Ls = 0;
     for (int v = 0; v < vpp; v++) {
         int l0, l1;
-        chunk_layers(c->num_layers, grid->pp, vpp, grid->pp_rank, v, &l0, &l1);
+        chunk_layers(first, grid->pp, grid->pp_rank, v, &l0, &l1);
         m->chunk_l0[v] = m->Ls;
         for (int l = l0; l < l1; l++) { m->layer_id[m->Ls++] = l; }
     }
@@ -273,7 +273,8 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     m->units = (Unit *)malloc_check((2 * m->Ls + 4) * sizeof(Unit));
     m->u_layer = (int *)malloc_check((m->Ls + 1) * sizeof(int));
     m->u_experts = (int *)malloc_check((m->Ls + 1) * sizeof(int));
-    m->nunits = build_units(c, grid, vpp, m->units, &m->u_embed, &m->u_pos, m->u_layer, m->u_experts, &m->u_final);
+    m->nunits = build_units(c, grid, vpp, first, m->units, &m->u_embed, &m->u_pos, m->u_layer, m->u_experts,
+                            &m->u_final);
     zero_init(&m->zero, grid, zero_stage, sp, m->units, m->nunits);
     if (all_params == NULL) { return; }   // (a plan: the sizes only)
     float *full[NUM_TENSORS];
@@ -422,6 +423,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
 // What a model is made with besides its weights and its grid: the layout's options and the step's shape.
 typedef struct {
     int vpp, zero, sp;        // model chunks per stage, the ZeRO stage, sequence parallelism
+    const char *pp_layers;    // the layers of each (virtual) stage: NULL even, "auto", or "5,7" (layer_split)
     MoEOptions moe;
     Recompute recompute;
     int overlap;              // ZeRO-3 prefetch, pipeline sends that complete while the stage computes
@@ -432,7 +434,7 @@ typedef struct {
 } ModelOptions;
 
 static ModelOptions model_options(const Args *a, MoEOptions moe, int dp) {
-    ModelOptions o = {a->vpp, a->zero, a->sp, moe, recompute_mode(a->recompute), a->overlap, a->B, a->T / a->cp,
+    ModelOptions o = {a->vpp, a->zero, a->sp, a->pp_layers, moe, recompute_mode(a->recompute), a->overlap, a->B, a->T / a->cp,
                       a->ce_chunk,
                       a->total_batch / (a->B * a->T * dp), pipe_schedule(a->pp_schedule), args_samples(a)};
     return o;
@@ -441,7 +443,10 @@ static ModelOptions model_options(const Args *a, MoEOptions moe, int dp) {
 // The one set-up path: this rank's part of the model from the full weights (params, file order; NULL in a
 // plan: the sizes only), then its activations and buffers.
 static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *g, const ModelOptions *o) {
-    gpt2_build(m, c, params, g, o->vpp, o->zero, o->sp, o->moe);
+    int first[PIPE_MAX_LAYERS + 1];
+    char err[256];
+    if (layer_split(first, o->pp_layers, c, o->T * g->cp, g->pp, o->vpp, err, sizeof(err))) { fail("%s", err); }
+    gpt2_build(m, c, params, g, o->vpp, first, o->zero, o->sp, o->moe);
     m->recompute = o->recompute;
     m->zero.prefetch = o->overlap;
     gpt2_alloc_activations(m, o->B, o->T, o->ce_chunk, o->accum, o->schedule, o->moe_dropless);
@@ -1230,6 +1235,27 @@ static void report_bubble(const Args *a, Grid *g, double bubble_sum, int steps, 
     free(all);
 }
 
+// The layers of each (virtual) stage and what each costs under --pp-layers auto's model, in units of a
+// dense layer (the last stage's includes the LM head).
+static void print_layer_split(const Args *a, const GPT2Config *c) {
+    int first[PIPE_MAX_LAYERS + 1], n = a->pp * a->vpp;
+    char err[256];
+    if (layer_split(first, a->pp_layers, c, a->T, a->pp, a->vpp, err, sizeof(err))) { fail("%s", err); }
+    GPT2Config dense = *c;
+    dense.num_experts = 0;
+    double unit = layer_flops_per_token(&dense, 0, a->T);
+    printf("pipeline stages%s (%s): layers", a->vpp > 1 ? " (virtual, v*pp + rank)" : "",
+           a->pp_layers ? a->pp_layers : "even");
+    for (int s = 0; s < n; s++) { printf("%s%d", s ? "," : " ", first[s + 1] - first[s]); }
+    printf("; cost in dense layers");
+    for (int s = 0; s < n; s++) {
+        double w = s == n - 1 ? head_flops_per_token(c) : 0.0;
+        for (int l = first[s]; l < first[s + 1]; l++) { w += layer_flops_per_token(c, l, a->T); }
+        printf("%s%.2f", s ? "," : " ", w / unit);
+    }
+    printf(" (6 FLOPs per parameter and token, 6 C T attention; the head 6 C Vp)\n");
+}
+
 // The start-up lines: the model, the MoE layers, the batch and the layout.
 static void print_setup(const Args *a, const GPT2 *m, int accum) {
     const GPT2Config *c = &m->config;
@@ -1246,6 +1272,7 @@ static void print_setup(const Args *a, const GPT2 *m, int accum) {
     printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, cp %d, pp %d (%s), ce chunk %d, recompute %s\n",
            a->B, a->T, m->grid->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "", a->cp, a->pp,
                a->pp_schedule, a->ce_chunk, a->recompute);
+    if (a->pp > 1) { print_layer_split(a, c); }
 }
 
 // One step's line on the screen and in main.log: the CE loss (trl), and for MoE models aux, z and the

@@ -34,6 +34,7 @@ typedef struct {
     const char *plan_precision;  // --plan-precision bf16|fp32: plan the CUDA build's sizes (NULL: this build's)
     double memory_limit;         // --memory-limit: bytes per rank (0: none; CUDA: the free device memory)
     const char *scheduler, *pp_schedule, *drop_policy, *trace_dir;
+    const char *pp_layers;   // --pp-layers: NULL (even), "auto" or "5,7"
     unsigned int seed;
     int keep_newest, keep_every;   // -nk, -nm: checkpoint retention (0: keep them all)
     const char *prompt_ids, *prompt;   // --prompt-ids 1,2,3; --prompt TEXT (byte models)
@@ -184,6 +185,9 @@ static const Flag FLAGS[] = {
     {"--shuffle", 0, F_INT, ARG(shuffle), 0, 1, 0, "0|1",
         "shuffle shards and samples in llm.c's order (on for several shards)"},
     {"--grad-clip", 0, F_FLOAT, ARG(grad_clip), 0.0, 1e9, 0, "F", "clip the global gradient norm, 0 off (1.0)"},
+    {"--pp-layers", 0, F_STRING, ARG(pp_layers), 0, 0, 0, "N,N|auto",
+        "layers of each pipeline stage (with --vpp: of each model chunk, in virtual-stage order), or auto: the "
+        "split whose costliest stage costs least, the LM head counted (default: even)"},
     {"--pp-schedule", 0, F_CHOICE, ARG(pp_schedule), 0, 0, "1f1b|gpipe|interleaved", "SCHED",
         "pipeline schedule (1f1b)"},
     {"--experts", "--num-experts", F_INT, ARG(experts), 1, MOE_MAX_EXPERTS, 0, "E",
@@ -395,6 +399,25 @@ static MoEOptions moe_options(const Args *a) {
     return o;
 }
 
+// The first layer of each of the pp x vpp (virtual) stages and L at the end (pipeline.h), as --pp-layers
+// says: NULL an even split, "auto" the balanced one under layer_flops_per_token at sequence length T
+// (the embedding counted as nothing, the head as head_flops_per_token), else the counts given.
+// Returns 1 with the reason in err.
+static int layer_split(int *first, const char *spec, const GPT2Config *c, int T, int pp, int vpp, char *err,
+                       size_t errlen) {
+    int L = c->num_layers, n = pp * vpp;
+    if (n > L) {
+        snprintf(err, errlen, "--pp %d x --vpp %d = %d stages, more than the %d layers", pp, vpp, n, L);
+        return 1;
+    }
+    if (spec == NULL) { pipe_split_even(first, L, n); return 0; }
+    if (strcmp(spec, "auto")) { return pipe_split_parse(first, spec, L, n, err, errlen); }
+    double cost[PIPE_MAX_LAYERS];
+    for (int l = 0; l < L; l++) { cost[l] = layer_flops_per_token(c, l, T); }
+    pipe_split_balanced(first, cost, 0.0, head_flops_per_token(c), L, n);
+    return 0;
+}
+
 // The checks that need the world size and the model shape (and the defaults that follow from them: dp,
 // -d). Returns 1 with the reason in err if the layout cannot run (the memory plan tries layouts with it).
 #define LAYOUT_FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return 1; } while (0)
@@ -458,6 +481,9 @@ static int layout_error(Args *a, const GPT2Config *c, int world, char *err, size
                         c->num_layers);
         }
     }
+    int first[PIPE_MAX_LAYERS + 1];
+    if (a->pp_layers && a->pp == 1) { LAYOUT_FAIL("--pp-layers '%s' needs a pipeline (--pp >= 2)", a->pp_layers); }
+    if (layer_split(first, a->pp_layers, c, a->T, a->pp, a->vpp, err, errlen)) { return 1; }
     if ((a->checkpoint_every > 0 || a->resume) && a->output_dir == NULL) {
         LAYOUT_FAIL("-n and -y need an output dir (-o)");
     }

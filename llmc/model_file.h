@@ -88,6 +88,17 @@ static size_t num_parameters(const GPT2Config *c) {
     return n;
 }
 
+// Training FLOPs per token (6 per parameter a token passes through, and causal attention's 6 C T) of
+// layer l at sequence length T, and of the LM head (6 C Vp): the cost model of --pp-layers auto. A MoE
+// layer counts its router and k experts, the experts a token is sent to.
+static double layer_flops_per_token(const GPT2Config *c, int l, int T) {
+    double C = c->channels, mlp = 8.0 * C * C + 5.0 * C;   // fc (4C x C + 4C) and fcproj (C x 4C + C)
+    double attention = 4.0 * C * C + 4.0 * C + 4.0 * C;   // qkv, attproj (weights and biases), ln1, ln2
+    double params = attention + (is_moe_layer(c, l) ? c->topk * mlp + C * c->num_experts : mlp);
+    return 6.0 * params + 6.0 * C * T;
+}
+static double head_flops_per_token(const GPT2Config *c) { return 6.0 * c->channels * c->padded_vocab_size; }
+
 // Which slice of a per-layer tensor belongs to layer l: the dense MLP tensors count only the dense
 // layers, the MoE tensors only the MoE layers.
 static int tensor_layer_slice(const GPT2Config *c, int id, int l) {

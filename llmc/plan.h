@@ -51,8 +51,11 @@ static double gib(double bytes) { return bytes / 1073741824.0; }
 // What dominates a category of the plan, in words (for the advice).
 static void plan_explain(const Args *a, const GPT2Config *c, int world, int stage, int cat, PlanBuild b, int slots,
                          char *out, size_t n) {
-    int dp = world / (a->tp * a->cp * a->pp), accum = a->total_batch / (a->B * a->T * dp), L0, L1;
-    stage_layers(c->num_layers, a->pp, stage, &L0, &L1);
+    int dp = world / (a->tp * a->cp * a->pp), accum = a->total_batch / (a->B * a->T * dp), layers = 0;
+    int first[PIPE_MAX_LAYERS + 1];
+    char err[256];
+    if (layer_split(first, a->pp_layers, c, a->T, a->pp, a->vpp, err, sizeof(err))) { fail("%s", err); }
+    for (int v = 0; v < a->vpp; v++) { layers += first[v * a->pp + stage + 1] - first[v * a->pp + stage]; }
     double X = (double)b.floatx, BT = (double)a->B * a->T / a->cp, P = (double)num_parameters(c) / a->pp / a->tp;
     switch (cat) {
     case MEM_PARAMS: snprintf(out, n, "parameters: about P/(pp tp) = %.0fM x %.0f B%s", P / 1e6, X,
@@ -66,7 +69,7 @@ static void plan_explain(const Args *a, const GPT2Config *c, int world, int stag
     case MEM_ACTIVATIONS: snprintf(out, n,
                                    "activations: %d micro-batch(es)%s of B %d x T/cp %.0f tokens in flight on stage %d (%s, %d micro-batches), %d layers each%s%s",
                                    slots, a->vpp > 1 ? " x model chunks" : "", a->B, BT / a->B, stage, a->pp_schedule,
-                                       accum, L1 - L0,
+                                       accum, layers,
                                    a->tp > 1 && !a->sp ? ", the LayerNorm/residual part replicated over tp (no --sp)"
                                            : "", strcmp(a->recompute, "none") ? "" : ", nothing recomputed"); break;
     case MEM_LOGITS: snprintf(out, n, "logits: %s x Vp/tp = %d x %d x %.0f B",

@@ -104,6 +104,11 @@ expect vpp_no_pipeline  1 "needs a pipeline (--pp >= 2)"      -e "$TINY" --vpp 2
 expect vpp_layers       2 "--pp 2 x --vpp 2 = 4 model chunks, more than the 2 layers" -e "$TINY" --pp 2 --vpp 2 -t 32 -d 256
 expect vpp_missing      1 "--pp-schedule interleaved needs --vpp" -e "$TINY" --pp-schedule interleaved
 expect vpp_schedule     1 "--vpp 2 is the interleaved schedule, not --pp-schedule gpipe" -e "$TINY" --vpp 2 --pp-schedule gpipe
+expect pp_layers_sum    2 "--pp-layers '2,1': the counts sum to 3, the model has 2 layers" -e "$TINY" --pp 2 --pp-layers 2,1
+expect pp_layers_zero   2 "--pp-layers '0,2': expected 2 layer counts (pp x vpp), each >= 1" -e "$TINY" --pp 2 --pp-layers 0,2
+expect pp_layers_count  2 "--pp-layers '1,1,0': expected 2 layer counts" -e "$TINY" --pp 2 --pp-layers 1,1,0
+expect pp_layers_text   2 "--pp-layers 'even': expected 2 layer counts" -e "$TINY" --pp 2 --pp-layers even
+expect pp_layers_no_pp  1 "--pp-layers '1,1' needs a pipeline (--pp >= 2)" -e "$TINY" --pp-layers 1,1
 expect dp_mismatch      2 "--dp 4 does not match"             -e "$TINY" --dp 4
 expect plan_precision   1 "--plan-precision expects bf16 or fp32" -e "$TINY" --plan 2 --plan-precision fp8
 expect memory_limit     1 "--memory-limit expects a size such as 80G" -e "$TINY" --memory-limit 80Q

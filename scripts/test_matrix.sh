@@ -213,6 +213,15 @@ run_test 4 --ref refs/moe_l8 -b 2 --pp 2 --vpp 2 --ep 2 --zero 1 --check-memory 
 run_test 4 --ref refs/moe_l8 -b 1 --pp 4 --vpp 2 --check-memory --check-comm
 run_test 2 --ref $L8 -b 1 --pp 2 --vpp 2 --check-resume "$TMP/resume_vpp"
 
+echo "== uneven stages (--pp-layers): the layers of each (virtual) stage as given, or auto (the LM head counted)"
+run_test 2 --ref $L8 -b 1 --pp 2 --pp-layers 1,7 --check-memory --check-comm
+run_test 8 --ref $L8 -b 1 --pp 2 --pp-layers 5,3 --tp 2 --sp --zero 3 --check-memory --check-comm   # tp 2 x pp 2 x dp 2
+run_test 4 --ref $L8 -b 1 --pp 4 --pp-layers 3,2,2,1 --recompute full --check-memory --check-comm
+run_test 2 --ref $L8 -b 1 --pp 2 --vpp 2 --pp-layers 1,3,2,2 --check-memory --check-comm     # chunks of 1, 2 / 3, 2
+run_test 4 --ref refs/moe_l8 -b 2 --pp 2 --ep 2 --pp-layers 5,3 --zero 1 --check-memory --check-comm
+run_test 2 --ref $D -b 2 --pp 2 --pp-layers auto --check-memory --check-comm                  # V 50257: auto is 3,1
+run_test 2 --ref $L8 -b 1 --pp 2 --pp-layers 6,2 --zero 0 --check-resume "$TMP/resume_split"
+
 echo "== other shapes: dp 3 and 6, padding-only vocab ranks, tp 3, one layer"
 for z in 0 1 2 3; do run_test 3 --ref refs/rows6 -b 1 --zero $z --check-memory --check-comm; done   # accumulation 2
 run_test 6 --ref refs/rows6 -b 1 --zero 3 --check-comm
@@ -332,6 +341,7 @@ resume_layouts() {
     resume_pair moepos_cp2__tp2spep2z3 refs/moe_pos "2 -b 8 --cp 2" "4 -b 4 --tp 2 --sp --ep 2 --zero 3"
     resume_pair tp2spz3__pp2z1 $T "4 -b 4 --tp 2 --sp --zero 3" "4 -b 2 --pp 2 --zero 1"
     resume_pair l8_pp2vpp2z2__cp2tp2sp refs/l8 "4 -b 2 --pp 2 --vpp 2 --zero 2" "4 -b 8 --cp 2 --tp 2 --sp"
+    resume_pair l8_pp2split17z1__pp2split62 refs/l8 "4 -b 1 --pp 2 --pp-layers 1,7 --zero 1" "2 -b 2 --pp 2 --pp-layers 6,2"
     # the check can fail: layout B on a broken resume (the state's experts in another order; the data one round off)
     expect_fail 4 --ref $MO -b 2 --ep 4 --zero 1 --resume-from "$TMP/$PASS/xresume_moe_ep2z3__ep4z1" --mutate experts
     expect_fail 4 --ref $T -b 2 --pp 2 --zero 1 --resume-from "$TMP/$PASS/xresume_tp2spz3__pp2z1" --mutate data-round

@@ -28,6 +28,7 @@ D="L=4,C=64,NH=4,V=256,maxT=64"
 plan_case single     1 1 -e "$D" -b 4 -t 32
 plan_case dp2_zero3  2 1 -e "$D" -b 4 -t 32 --zero 3
 plan_case tp2sp_pp2  4 2 -e "$D" -b 2 -t 32 -d 256 --tp 2 --sp --pp 2 --zero 1
+plan_case pp2_layers13 2 1 -e "$D" -b 2 -t 32 -d 256 --pp 2 --pp-layers 1,3
 plan_case pp4_gpipe  4 1 -e "$D" -b 1 -t 32 -d 256 --pp 4 --pp-schedule gpipe
 plan_case vpp2_cp2   4 2 -e "$D" -b 1 -t 32 -d 128 --pp 2 --vpp 2 --cp 2 --zero 2
 plan_case moe_ep2    4 1 -e "$D,E=4,k=2" -b 2 -t 32 --ep 2 --zero 1 --recompute mlp
@@ -76,3 +77,19 @@ $MPIRUN -np 2 "$BIN/train_gpt" -e "L=2,C=64,NH=4,V=16384,maxT=512" -b 4 -t 512 -
 rc=$?
 [ $rc -ne 0 ] && grep -q "^error: the planned peak of a rank exceeds --memory-limit" "$W/stop.log" && grep -q "^lever 0 1 " "$W/stop.log" && ! grep -q "^step" "$W/stop.log"
 say $? "a run over --memory-limit 60M stops before its first step (exit $rc) with the plan and the levers"
+
+# 4. --pp-layers auto: the split whose costliest stage costs least (layer = 6 (12 C^2 + 13 C) + 6 C T per token,
+#    the head 6 C Vp, the embedding nothing; by hand below, in dense layers at T 64)
+auto_case() {   # WANT NP MODEL FLAGS...
+    local want=$1 np=$2 model=$3; shift 3
+    $MPIRUN -np $np "$BIN/train_gpt" -e "$model" -t 64 -b 1 -x 0 -v 0 -s 0 --pp-layers auto "$@" >"$W/auto.log" 2>&1
+    local got
+    got=$(sed -n 's/^pipeline stages.*(auto): layers \([0-9,]*\);.*/\1/p' "$W/auto.log")
+    [ "$got" = "$want" ]
+    say $? "--pp-layers auto, $model $*: layers ${got:-none} (expected $want)"
+}
+auto_case 3,1 2 "L=4,C=64,NH=4,V=50257,maxT=64" --pp 2              # the head is 60.5 layers: all but one layer to stage 0
+auto_case 2,2,2,2 4 "L=8,C=64,NH=4,V=256,maxT=64" --pp 4            # head 0.3: even
+auto_case 2,2,2,2 2 "L=8,C=64,NH=4,V=256,maxT=64" --pp 2 --vpp 2 -d 128   # even over the virtual stages
+auto_case 8,4 2 "L=12,C=64,NH=4,V=4096,maxT=64" --pp 2              # GPT-2 124M's head/layer ratio (4.85): 8 | 4 + 4.85
+auto_case 3,4,4,1 4 "L=12,C=64,NH=4,V=4096,maxT=64" --pp 4          # 1 + 4.85 bounds it; the earliest cuts of 4 | 4 | 4
