@@ -95,6 +95,41 @@ static MatmulChoice *matmul_choice_find(const MatmulKey *key) {
     return NULL;
 }
 
+// cuBLASLt's heuristic's first algorithm for desc and the layouts, limited to the pointers' alignments and to
+// split-K sums in fp32. Returns 1 with it in *algo, 0 if there is none.
+static int matmul_heuristic(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                            cublasLtMatrixLayout_t ld, const void *a, const void *b, const void *d,
+                            cublasLtMatmulAlgo_t *algo) {
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = cublaslt_workspace_size;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    uint32_t al_a = matmul_alignment(a), al_b = matmul_alignment(b), al_d = matmul_alignment(d);
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                                     sizeof(al_a)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                                     sizeof(al_b)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
+                                                     sizeof(al_d)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
+                                                     sizeof(al_d)));
+    // split-K partial sums in fp32 only: the INPLACE and OUTPUT_TYPE schemes would add them in floatX
+    uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                                                     sizeof(reduction)));
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    // a configuration cuBLASLt does not support (e.g. an epilogue for this type) may come back as an
+    // error status instead of zero results: both mean "no algorithm", and the caller falls back
+    if (cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic,
+                                       &found) != CUBLAS_STATUS_SUCCESS) {
+        found = 0;
+    }
+    if (found > 0) { *algo = heuristic.algo; }
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    return found > 0;
+}
+
 // D (m, n) = epilogue(alpha op(A) op(B) + beta D), column-major (cuBLAS) view, fp32 accumulation.
 // A is (m, k) after op, stored with leading dimension lda; likewise B (k, n); D (m, n) ld = m.
 // epilogue, with its extra operands:
@@ -149,48 +184,24 @@ static int matmul_cublaslt_epilogue(floatX *d, const floatX *a, const floatX *b,
         cublasCheck(cublasLtMatmulDescDestroy(desc));
         return choice->found;
     }
-    cublasLtMatmulPreference_t pref;
-    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = cublaslt_workspace_size;
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    uint32_t al_a = matmul_alignment(a), al_b = matmul_alignment(b), al_d = matmul_alignment(d);
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
-                                                     sizeof(al_a)));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
-                                                     sizeof(al_b)));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
-                                                     sizeof(al_d)));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
-                                                     sizeof(al_d)));
-    // split-K partial sums in fp32 only: the INPLACE and OUTPUT_TYPE schemes would add them in floatX
-    uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
-                                                     sizeof(reduction)));
-    cublasLtMatmulHeuristicResult_t heuristic;
-    int found = 0;
-    // a configuration cuBLASLt does not support (e.g. an epilogue for this type) may come back as an
-    // error status instead of zero results: both mean "no algorithm", and the caller falls back
-    if (cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic,
-                                       &found) != CUBLAS_STATUS_SUCCESS) {
-        found = 0;
-    }
-    if (found > 0) {
+    cublasLtMatmulAlgo_t algo;
+    int found = matmul_heuristic(desc, la, lb, ld, a, b, d, &algo);
+    if (found) {
         float alpha = 1.0f;
-        cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
-                                   &heuristic.algo, cublaslt_workspace, cublaslt_workspace_size, main_stream));
+        cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &algo,
+                                   cublaslt_workspace, cublaslt_workspace_size, main_stream));
     }
     if (matmul_nchoices < MATMUL_CHOICES) {   // (a full table: later problems are asked each time)
         MatmulChoice *c = &matmul_choices[matmul_nchoices++];
         c->key = key;
-        c->found = found > 0;
-        if (found > 0) { c->algo = heuristic.algo; }
+        c->found = found;
+        if (found) { c->algo = algo; }
     }
-    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     cublasCheck(cublasLtMatrixLayoutDestroy(la));
     cublasCheck(cublasLtMatrixLayoutDestroy(lb));
     cublasCheck(cublasLtMatrixLayoutDestroy(ld));
     cublasCheck(cublasLtMatmulDescDestroy(desc));
-    return found > 0;
+    return found;
 }
 
 // The plain call: bias (m) or NULL, added through the BIAS epilogue. 0 if there is no algorithm.

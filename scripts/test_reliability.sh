@@ -65,20 +65,23 @@ for where in init end; do
         && { [ $where = init ] || [ -f "$W/stall_$where/DONE_00000003" ]; }
     say $? "rank 1 stalled at $where: exit $rc in $t s, rank 0 names $op$([ $where = end ] && echo ", the run's files complete")"
 done
-# 12. signals to mpirun (TERM, INT: it forwards SIGTERM): a checkpoint, the ranks exit 0; mpirun's own
-#     status is Open MPI's (1 after a signal). What mpirun does with SIGHUP differs between machines (CI
-#     saw it end the job without the ranks' stop line), so SIGHUP is checked on a rank, where it is ours
-for sig in TERM INT; do
+# 12. signals to mpirun (TERM, INT, HUP: it forwards SIGTERM): a checkpoint of the step the ranks stop at;
+#     mpirun's own status is Open MPI's (1 after a signal); SIGHUP to a rank is a stop request like the others
+for sig in TERM INT HUP; do
     d="$W/sig_$sig"
     $MPIRUN -np 2 "$TG" "${COMMON[@]}" -b 2 -x 100000 -o "$d" >"$d.log" 2>&1 &
     mp=$!
     for i in $(seq 1 200); do [ "$(logged "$d")" -ge 3 ] && break; sleep 0.05; done
     kill -$sig $mp; wait $mp; rc=$?
-    # which signal the ranks see is the launcher's choice (Open MPI forwards SIGTERM, or the signal itself)
-    how=$(grep -o -m1 "stopped by SIG[A-Z]* after step [0-9]*" "$d.log")
-    step=${how##* }
-    [ -n "$step" ] && [ -f "$d/DONE_$(printf %08d "$step")" ] && ! grep -q "exited on signal" "$d.log"
-    say $? "SIG$sig to mpirun: the ranks write a checkpoint at step ${step:-?} and exit 0 (${how:-no stop line: $(tail -3 "$d.log" | tr '\n' ' ' | cut -c1-300)}; mpirun's status: $rc, Open MPI's choice)"
+    # which signal the ranks see is the launcher's (Open MPI forwards SIGTERM), and whether their last lines reach
+    # the log is too (mpirun may stop forwarding their output first): the proof is on disk, the checkpoint of
+    # the step after the last one in main.log (s:N is step N + 1's loss), whole, and nothing torn beside it
+    last=$(sed -n 's/^s:\([0-9]*\) trl.*/\1/p' "$d/main.log" | tail -n 1)
+    step=$((${last:--1} + 1)); n=$(printf %08d "$step")
+    [ -n "$last" ] && [ -f "$d/DONE_$n" ] && [ -f "$d/model_$n.bin" ] && [ -f "$d/state_$n.bin" ] \
+        && [ -z "$(ls "$d" | grep -v -e '^DONE_' -e '^model_' -e '^state_' -e '^main.log$')" ] \
+        && ! grep -q "exited on signal" "$d.log"
+    say $? "SIG$sig to mpirun: the ranks write the checkpoint of step $step, the last in main.log ($(grep -o -m1 "stopped by SIG[A-Z]*" "$d.log" || echo "their stop line not forwarded by mpirun"); mpirun's status: $rc, Open MPI's choice)"
 done
 "$TG" "${COMMON[@]}" -x 100000 -o "$W/hup" >"$W/hup.log" 2>&1 &
 pid=$!
