@@ -33,6 +33,7 @@
 #include "backend.h"
 #include "trace.h"
 #include "guard.h"
+#include "test_hooks.h"
 
 // DT_DOUBLE: the step's loss and norm sums; DT_INT: MoE choices
 typedef enum { DT_FLOAT, DT_FLOATX, DT_DOUBLE, DT_INT, DT_BYTE } DType;
@@ -478,15 +479,19 @@ static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
 
 // One batch of point-to-point transfers within a group, started together (a pipeline exchange: a stage
 // may send to and receive from both neighbours in one step; started one by one, two stages each
-// waiting on its send to the other would wait forever). tag tells the kinds apart between the same
-// two ranks (0: activations, 1: gradients; with two stages the next one is also the previous one).
+// waiting on its send to the other would wait forever). Messages between two ranks carry no tag: they
+// match in the order they are posted, sends on one side to receives on the other, in both builds (NCCL
+// matches a pair's sends and receives by order; MPI does too with one tag, by its non-overtaking rule).
+// So a schedule that sends two kinds to one peer (with two stages the next one is also the previous
+// one: activations and gradients) in another order than the peer receives them swaps them on the CPU
+// as it would on GPUs, and test_gpt sees it (TRAIN_GPT_REVERSE_SENDS proves the matrix does).
 // The receives are complete on return. The sends too, unless `sends` (one per send) is given: then they
 // complete while the caller computes, and comm_wait(&sends[i]) comes before their buffers change. With
 // `recvs` too (one per receive) nothing is complete on return: comm_wait(&recvs[i]) comes before the
 // received buffer is read (CUDA: every request waits for the whole group).
 // CPU: MPI_Irecv / MPI_Issend (a synchronous send completes only once received, as NCCL's do, so
 // that the CPU runs catch an exchange that would deadlock on GPUs); CUDA: one NCCL group.
-typedef struct { int send; void *buf; size_t n; int peer; int tag; } P2POp;
+typedef struct { int send; void *buf; size_t n; int peer; } P2POp;
 
 #ifdef USE_NCCL
 // comm_p2p's NCCL path: one NCCL group; an event per request, each recorded after the whole group.
@@ -531,15 +536,17 @@ static void comm_p2p_launch(Group *g, const P2POp *ops, int nops, DType t, CommR
     for (int i = 0; i < nops; i++) {   // the receives first: a send then finds its receive posted
         for (size_t o = 0, c; !ops[i].send && o < ops[i].n; o += c) {
             c = comm_piece(ops[i].n, o);
-            MPI_Irecv((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, ops[i].tag, g->mpi,
+            MPI_Irecv((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, 0, g->mpi,
                       &recv_req[nr++]);
         }
     }
     send_req = recv_req + nr;
-    for (int i = 0; i < nops; i++) {
+    int reverse = test_hook_reverse_sends();
+    for (int k = 0; k < nops; k++) {
+        int i = reverse ? nops - 1 - k : k;
         for (size_t o = 0, c; ops[i].send && o < ops[i].n; o += c) {
             c = comm_piece(ops[i].n, o);
-            MPI_Issend((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, ops[i].tag, g->mpi,
+            MPI_Issend((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, 0, g->mpi,
                        &send_req[ns++]);
         }
     }

@@ -376,11 +376,11 @@ static void cp_blocks(CPRing *r, int j, int cur, int backward, floatX *out, floa
 }
 
 // One hop around the ring: this rank's buffer [cur] to the next rank, the previous rank's into [!cur]
-// (buf: r->kv, tag 0, or r->dkv, tag 1). With `hop` the hop is started and cp_hop_wait completes it;
-// without, it is complete on return.
-static void cp_hop(CPRing *r, floatX **buf, int tag, int cur, size_t n, CommRequest hop[2]) {
+// (buf: r->kv or r->dkv; with both in flight, every rank starts them in the same order, which is what
+// matches them). With `hop` the hop is started and cp_hop_wait completes it; without, it is complete on return.
+static void cp_hop(CPRing *r, floatX **buf, int cur, size_t n, CommRequest hop[2]) {
     int N = r->cp->size, next = (r->cp->rank + 1) % N, prev = (r->cp->rank + N - 1) % N;
-    P2POp ops[2] = {{1, buf[cur], n, next, tag}, {0, buf[!cur], n, prev, tag}};
+    P2POp ops[2] = {{1, buf[cur], n, next}, {0, buf[!cur], n, prev}};
     comm_p2p(r->cp, ops, 2, DT_FLOATX, hop ? &hop[0] : NULL, hop ? &hop[1] : NULL);
 }
 
@@ -395,7 +395,7 @@ static void cp_attention_forward(CPRing *r, floatX *out, float *lse, floatX *qkv
     cp_kv_copy(r->kv[0], qkv, (size_t)B * T, C, 1);
     for (int s = 0; s < N; s++, cur = !cur) {
         CommRequest hop[2] = {};
-        if (s < N - 1) { cp_hop(r, r->kv, 0, cur, n, hop); }   // the next rank's k, v arrive meanwhile
+        if (s < N - 1) { cp_hop(r, r->kv, cur, n, hop); }   // the next rank's k, v arrive meanwhile
         cp_blocks(r, (i - s + N) % N, cur, 0, out, lse, NULL, NULL, qkv, B, T, C, NH);
         if (s < N - 1) { cp_hop_wait(hop); }
     }
@@ -411,9 +411,9 @@ static void cp_attention_backward(CPRing *r, floatX *dqkv, const floatX *dout, f
     cp_kv_copy(r->kv[0], qkv, (size_t)B * T, C, 1);
     for (int s = 0; s < N; s++, cur = !cur) {
         CommRequest hop[2] = {};
-        if (s < N - 1) { cp_hop(r, r->kv, 0, cur, n, hop); }
+        if (s < N - 1) { cp_hop(r, r->kv, cur, n, hop); }
         cp_blocks(r, (i - s + N) % N, cur, 1, out, lse, dqkv, dout, qkv, B, T, C, NH);
-        cp_hop(r, r->dkv, 1, cur, n, NULL);   // the dk, dv just added to (the last hop takes each home)
+        cp_hop(r, r->dkv, cur, n, NULL);   // the dk, dv just added to (the last hop takes each home)
         if (s < N - 1) { cp_hop_wait(hop); }
     }
     cp_kv_copy(r->dkv[cur], dqkv, (size_t)B * T, C, 0);

@@ -408,7 +408,7 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st) {
     if (st->send_fwd) {
         floatX *out = p->resid[pipe_slot(p, st->fwd, 1)] + (size_t)p->chunk_len[schedule_chunk(st->fwd, pp, p->vpp,
                 1)] * p->n;
-        ops[n++] = (P2POp){1, out + off, k, next, 0};
+        ops[n++] = (P2POp){1, out + off, k, next};
     }
     if (st->send_bwd) {
         floatX *g = p->grad;
@@ -416,14 +416,18 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st) {
             copy_on_device(p->grad_send + off, g + off, k * sizeof(floatX));
             g = p->grad_send;
         }
-        ops[n++] = (P2POp){1, g + off, k, prev, 1};
+        ops[n++] = (P2POp){1, g + off, k, prev};
     }
     if (st->recv_fwd >= 0) {
         slot_take(p, st->recv_fwd);
         got[0] = p->resid[pipe_slot(p, st->recv_fwd, 1)];
-        ops[n++] = (P2POp){0, got[0] + off, k, prev, 0};
+        ops[n++] = (P2POp){0, got[0] + off, k, prev};
     }
-    if (st->recv_bwd >= 0) { got[1] = p->grad_recv; p->grad_held = st->recv_bwd; ops[n++] = (P2POp){0, got[1] + off, k, next, 1}; }
+    if (st->recv_bwd >= 0) {
+        got[1] = p->grad_recv;
+        p->grad_held = st->recv_bwd;
+        ops[n++] = (P2POp){0, got[1] + off, k, next};
+    }
     comm_p2p(p->pp, ops, n, DT_FLOATX, p->overlap ? p->sending : NULL, NULL);
     for (int i = 0; i < 2; i++) {
         if (p->split && got[i]) { comm_all_gather(p->tp, got[i] + off, got[i], k, DT_FLOATX, NULL); }

@@ -7,6 +7,8 @@
 //                                       MPI_Finalize): the others must not wait forever
 //   TRAIN_GPT_INJECT_NAN=STEP:COUNT     rank 0 makes one gradient element NaN at steps STEP .. STEP+COUNT-1: the
 //                                       update must be skipped, and COUNT > --max-skips must stop the run
+//   TRAIN_GPT_REVERSE_SENDS=1           the CPU build starts each exchange's point-to-point sends in reverse
+//                                       order (comm_p2p): a schedule's order made wrong, which the matrix must catch
 //   ExpertParallel.route_log            test_gpt reads the routing of each MoE layer (expert_parallel.h)
 // Nothing else in the program reads the environment for a test.
 #ifndef LLMC_TEST_HOOKS_H
@@ -41,6 +43,13 @@ static int test_hook_inject_nan(int step) {
         if (e && sscanf(e, "%d:%d", &first, &count) != 2) { first = -1; }
     }
     return first >= 0 && step >= first && step < first + count;
+}
+
+// Whether the point-to-point sends of an exchange start in reverse order (a wrong order made on purpose).
+static int test_hook_reverse_sends(void) {
+    static int reverse = -1;
+    if (reverse < 0) { reverse = getenv("TRAIN_GPT_REVERSE_SENDS") != NULL; }
+    return reverse;
 }
 
 #endif // LLMC_TEST_HOOKS_H

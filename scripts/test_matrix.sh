@@ -77,8 +77,8 @@ run_test() {
     fi
 }
 
-# expect_fail NP ARGS... : a test_gpt run of a broken resume (--mutate) must fail some check: one check
-# passed if it does, one failed if every check passed
+# expect_fail NP ARGS... : a test_gpt run of something broken on purpose (a --mutate resume, a test hook) must
+# fail some check: one check passed if it does, one failed if every check passed
 expect_fail() {
     local np=$1; shift
     local log="$TMP/log"
@@ -212,6 +212,10 @@ run_test 8 --ref $L8 -b 1 --pp 2 --vpp 2 --tp 2 --sp --zero 3 --check-memory --c
 run_test 4 --ref refs/moe_l8 -b 2 --pp 2 --vpp 2 --ep 2 --zero 1 --check-memory --check-comm
 run_test 4 --ref refs/moe_l8 -b 1 --pp 4 --vpp 2 --check-memory --check-comm
 run_test 2 --ref $L8 -b 1 --pp 2 --vpp 2 --check-resume "$TMP/resume_vpp"
+# point-to-point messages match in the order they are posted, as NCCL matches them (no tags): with the
+# sends of an exchange started in reverse order, pp 2 x vpp 2 (activations and gradients to one peer in one
+# exchange) must fail, as it would on GPUs (with a tag per kind MPI matched them anyway)
+TRAIN_GPT_REVERSE_SENDS=1 expect_fail 2 --ref $L8 -b 1 --pp 2 --vpp 2
 
 echo "== uneven stages (--pp-layers): the layers of each (virtual) stage as given, or auto (the LM head counted)"
 run_test 2 --ref $L8 -b 1 --pp 2 --pp-layers 1,7 --check-memory --check-comm
