@@ -175,10 +175,33 @@ static void att_online_softmax(float *s, float *m, float *l, float *o, int nq, i
     }
 }
 
+// One thread's forward panel: the unnormalised output o (att_panel_rows, hs), the running max m and sum l
+// (att_panel_rows), and a scratch score tile s (att_panel_rows, att_key_tile).
+typedef struct { float *o, *m, *l, *s; } AttPanel;
+static AttPanel att_panel_alloc(int hs) {
+    int QT = att_panel_rows;
+    AttPanel w = {(float *)malloc_check(sizeof(float) * QT * hs), (float *)malloc_check(sizeof(float) * 2 * QT), NULL,
+                  (float *)malloc_check(sizeof(float) * QT * att_key_tile)};
+    w.l = w.m + QT;
+    return w;
+}
+static void att_panel_free(AttPanel *w) { free(w->o); free(w->m); free(w->s); }
+
+// Task r of B * NH * np (np panels of QT rows over n query rows): its batch, head, first row and rows,
+// the longest panels (the last rows) first.
+static void att_panel_task(int r, int NH, int np, int QT, int n, int *b, int *h, int *t0, int *nq) {
+    *b = r / (NH * np);
+    *h = r / np % NH;
+    *t0 = (np - 1 - r % np) * QT;
+    *nq = n - *t0 < QT ? n - *t0 : QT;
+}
+
 // Forward of a panel of nq query rows (from a.q) over keys 0 .. nk-1 (from a.k, a.v), row i seeing the
-// keys j <= i + diag: o (nq, hs), m, l (nq) carried on (o = 0, m = -inf, l = 0 before the first keys).
-// s: a scratch tile of nq x att_key_tile.
-static void att_panel_forward(float *o, float *m, float *l, float *s, AttHead a, int nq, int nk, int diag) {
+// keys j <= i + diag: w->o (nq, hs), w->m, w->l (nq) from scratch.
+static void att_panel_forward(AttPanel *w, AttHead a, int nq, int nk, int diag) {
+    float *o = w->o, *m = w->m, *l = w->l, *s = w->s;
+    for (int i = 0; i < nq; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
+    for (int i = 0; i < nq * a.hs; i++) { o[i] = 0.0f; }
     int kend = att_visible(nq - 1, diag, nk);   // the keys the panel's last row sees
     for (int k0 = 0; k0 < kend; k0 += att_key_tile) {
         int nkt = kend - k0 < att_key_tile ? kend - k0 : att_key_tile;
@@ -242,24 +265,21 @@ static void attention_forward_blas(float *out, float *lse, const float *qkv, int
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel
     {
-        float *s = (float *)malloc_check(sizeof(float) * QT * att_key_tile);
-        float *o = (float *)malloc_check(sizeof(float) * QT * hs), *m = (float *)malloc_check(sizeof(float) * 2 * QT);
-        float *l = m + QT;
+        AttPanel w = att_panel_alloc(hs);
         #pragma omp for schedule(dynamic, 1)
         for (int r = 0; r < B * NH * np; r++) {
-            int b = r / (NH * np), h = r / np % NH, t0 = (np - 1 - r % np) * QT, nq = T - t0 < QT ? T - t0 : QT;
+            int b, h, t0, nq;
+            att_panel_task(r, NH, np, QT, T, &b, &h, &t0, &nq);
             const float *q = qkv + (size_t)b * T * 3 * C + h * hs;   // this head's q at row 0; k, v at + C, 2C
             AttHead a = {q + (size_t)t0 * 3 * C, q + C, q + 2 * C, NULL, 3 * C, 3 * C, 0, hs, scale};
-            for (int i = 0; i < nq; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
-            for (int i = 0; i < nq * hs; i++) { o[i] = 0.0f; }
-            att_panel_forward(o, m, l, s, a, nq, T, t0);
+            att_panel_forward(&w, a, nq, T, t0);
             for (int i = 0; i < nq; i++) {
-                float *y = out + ((size_t)b * T + t0 + i) * C + h * hs, inv = 1.0f / l[i];
-                for (int c = 0; c < hs; c++) { y[c] = o[(size_t)i * hs + c] * inv; }
-                lse[((size_t)b * NH + h) * T + t0 + i] = m[i] + logf(l[i]);
+                float *y = out + ((size_t)b * T + t0 + i) * C + h * hs, inv = 1.0f / w.l[i];
+                for (int c = 0; c < hs; c++) { y[c] = w.o[(size_t)i * hs + c] * inv; }
+                lse[((size_t)b * NH + h) * T + t0 + i] = w.m[i] + logf(w.l[i]);
             }
         }
-        free(s); free(o); free(m);
+        att_panel_free(&w);
     }
 }
 

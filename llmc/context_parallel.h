@@ -147,27 +147,24 @@ static void attention_block_forward_blas(float *out, float *lse, const float *qk
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel
     {
-        float *s = (float *)malloc_check(sizeof(float) * QT * att_key_tile);
-        float *o = (float *)malloc_check(sizeof(float) * QT * hs), *m = (float *)malloc_check(sizeof(float) * 2 * QT);
-        float *l = m + QT;
+        AttPanel w = att_panel_alloc(hs);
         #pragma omp for schedule(dynamic, 1)
         for (int r = 0; r < B * NH * np; r++) {
-            int b = r / (NH * np), h = r / np % NH, t0 = (np - 1 - r % np) * QT, nq = n - t0 < QT ? n - t0 : QT;
+            int b, h, t0, nq;
+            att_panel_task(r, NH, np, QT, n, &b, &h, &t0, &nq);
             const float *k = kv + ((size_t)b * T + k0) * 2 * C + h * hs;
             AttHead a = {qkv + ((size_t)b * T + q0 + t0) * 3 * C + h * hs, k, k + C, NULL, 3 * C, 2 * C, 0, hs, scale};
-            for (int i = 0; i < nq; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
-            for (int i = 0; i < nq * hs; i++) { o[i] = 0.0f; }
-            att_panel_forward(o, m, l, s, a, nq, n, causal ? t0 : n);
+            att_panel_forward(&w, a, nq, n, causal ? t0 : n);
             for (int i = 0; i < nq; i++) {   // merge (out1, lse1) with this block's (o / l, lse2)
-                float *lp = lse + ((size_t)b * NH + h) * T + q0 + t0 + i, lse2 = m[i] + logf(l[i]);
+                float *lp = lse + ((size_t)b * NH + h) * T + q0 + t0 + i, lse2 = w.m[i] + logf(w.l[i]);
                 float mx = *lp > lse2 ? *lp : lse2, l12 = mx + logf(expf(*lp - mx) + expf(lse2 - mx));
-                float w1 = expf(*lp - l12), w2 = expf(lse2 - l12) / l[i];
+                float w1 = expf(*lp - l12), w2 = expf(lse2 - l12) / w.l[i];
                 float *y = out + ((size_t)b * T + q0 + t0 + i) * C + h * hs;
-                for (int c = 0; c < hs; c++) { y[c] = y[c] * w1 + o[(size_t)i * hs + c] * w2; }
+                for (int c = 0; c < hs; c++) { y[c] = y[c] * w1 + w.o[(size_t)i * hs + c] * w2; }
                 *lp = l12;
             }
         }
-        free(s); free(o); free(m);
+        att_panel_free(&w);
     }
 }
 
