@@ -114,6 +114,9 @@ typedef struct {
     float aux_coeff, z_coeff, aux0, z0, dropped0, min_margin;
     int *choice, *keep;                 // (Lm, R, T, k)
     float *topk_margin, *cap_margin;    // (Lm, R, T), (Lm, R, E)
+    float bias_rate;                    // (version 2) loss-free balancing's rate
+    int *loads;                         // (version 2, PyTorch's) (nsteps, Lm, E) assignments per expert before drops
+    float *bias;                        // (version 2, PyTorch's) (Lm, E) the routing bias after the last step
 } RefMoE;
 
 static void read_ref_moe(const char *dir, RefMoE *r) {
@@ -126,7 +129,7 @@ static void read_ref_moe(const char *dir, RefMoE *r) {
     float fh[256];
     fread_check(h, sizeof(int), 256, f, path);
     fread_check(fh, sizeof(float), 256, f, path);
-    if (h[0] != 20241130 || h[1] != 1) { fail("reference '%s' has bad magic/version", path); }
+    if (h[0] != 20241130 || (h[1] != 1 && h[1] != 2)) { fail("reference '%s' has bad magic/version", path); }
     r->present = 1;
     r->E = h[2];
     r->k = h[3];
@@ -152,6 +155,19 @@ static void read_ref_moe(const char *dir, RefMoE *r) {
     fread_check(r->keep, sizeof(int), n, f, path);
     fread_check(r->topk_margin, sizeof(float), (size_t)r->Lm * r->R * r->T, f, path);
     fread_check(r->cap_margin, sizeof(float), (size_t)r->Lm * r->R * r->E, f, path);
+    if (h[1] == 2) {
+        r->bias_rate = fh[6];
+        if (h[11]) {   // the loads of every step and the final bias (a dump of layout A has none)
+            size_t nl = (size_t)r->Lm * r->E;
+            float *skip = (float *)malloc_check(3 * r->nsteps * sizeof(float));   // aux, z, dropped per step
+            fread_check(skip, sizeof(float), 3 * (size_t)r->nsteps, f, path);
+            free(skip);
+            r->loads = (int *)malloc_check(r->nsteps * nl * sizeof(int));
+            r->bias = (float *)malloc_check(nl * sizeof(float));
+            fread_check(r->loads, sizeof(int), r->nsteps * nl, f, path);
+            fread_check(r->bias, sizeof(float), nl, f, path);
+        }
+    }
     fclose(f);
 }
 
@@ -318,7 +334,9 @@ static void check_memory_model(GPT2 *m) {
     check(fabs((double)mem_current[MEM_GRADS] - grads_expect) <= 3 * pad,
           "memory: gradients %.0f B, formula %s = %.0f B", (double)mem_current[MEM_GRADS],
           z->stage < 2 ? "4P" : "4P/dp + transient(2 layers + embedding)", grads_expect);
-    double params_expect = z->stage < 3 ? X * P : X * Psh + X * (2.0 * max_layer + embed);
+    // (+ the routing bias of the stage's MoE layers, fp32: model state, not a parameter)
+    double params_expect = (z->stage < 3 ? X * P : X * Psh + X * (2.0 * max_layer + embed))
+            + 4.0 * m->moe.nlayers * c->num_experts;
     check(fabs((double)mem_current[MEM_PARAMS] - params_expect) <= 3 * pad,
           "memory: parameters %.0f B, formula %s = %.0f B", (double)mem_current[MEM_PARAMS],
           z->stage < 3 ? "4P" : "4P/dp + gathered (2 layers + embedding)", params_expect);
@@ -456,13 +474,15 @@ static void check_comm_dp(GPT2 *m, int accum) {
         full += U->padded;
         ring_all += (U->dpg->size - 1.0) / U->dpg->size * U->padded;
     }
+    // loss-free balancing: the step's loads (nlayers, E) ints all-reduced over the gradients' group
+    double balance = m->moe.opt.bias_rate > 0 ? 2.0 * (dp - 1) / dp * 4.0 * m->moe.nlayers * c->num_experts : 0;
     Group *groups[2] = {g->grad_group, &g->edp_group};
     for (int i = 0; i < 2 && z->stage < 3; i++) {   // dp: every unit but the experts; edp: the experts
         int p = groups[i]->size;
         if (p == 1 || full_g[i] == 0) { continue; }
         double ring = 2.0 * (p - 1) / p * X * full_g[i];   // one all-reduce of those gradients
         // 2: RS per micro-batch + AG
-        double expect = z->stage < 2 ? ring : (p - 1.0) / p * X * full_g[i] * (accum + 1);
+        double expect = (z->stage < 2 ? ring : (p - 1.0) / p * X * full_g[i] * (accum + 1)) + (i == 0 ? balance : 0);
         check(fabs(groups[i]->bytes - expect) < 1,
               "comm: zero %d %s bytes/step %.0f = formula %.0f (all-reduce 2(p-1)/p*4P = %.0f)",
               z->stage, groups[i]->name, groups[i]->bytes, expect, ring);
@@ -476,7 +496,8 @@ static void check_comm_dp(GPT2 *m, int accum) {
             // LayerNorm once per micro-batch; every unit reduce-scattered once per micro-batch
             double E = m->units[0].padded, F = m->units[m->nunits - 1].padded, Llast = m->units[L].padded;
             double layers = full - E - F, L01 = m->units[1].padded + m->units[2].padded;
-            double expect3 = (dp - 1.0) / dp * X * (E + accum * (2.0 * layers + F - Llast) - (accum - 1) * L01 + accum * full);
+            double expect3 = (dp - 1.0) / dp * X * (E + accum * (2.0 * layers + F - Llast) - (accum - 1) * L01 + accum * full)
+                    + balance;
             check(fabs(g->grad_group->bytes - expect3) < 1,
                   "comm: zero 3 %s bytes/step %.0f = formula %.0f = %.3f x the all-reduce %.0f per micro-batch (gather fwd + gather bwd + reduce-scatter, less the resident units; %ld gathers)",
                   g->grad_group->name, g->grad_group->bytes, expect3, g->grad_group->bytes / accum / ring, ring,
@@ -485,7 +506,7 @@ static void check_comm_dp(GPT2 *m, int accum) {
             // with a pipeline, or the units of MoE layers, the interleaving of the uses decides which units stay
             // resident: the bytes must be those of the gathers made plus one reduce-scatter per unit and micro-batch
             double bytes = g->grad_group->bytes + g->edp_group.bytes,
-                expect3 = X * (z->gathered_ring + accum * ring_all);
+                expect3 = X * (z->gathered_ring + accum * ring_all) + balance;
             check(fabs(bytes - expect3) < 1 && z->gathers >= m->nunits,
                   "comm: zero 3 dp+edp bytes/step %.0f = formula %.0f (%ld unit gathers + %d reduce-scatters of every unit)",
                   bytes, expect3, z->gathers, accum);
@@ -1019,15 +1040,57 @@ static void check_losses(const float *got, const float *want, int n, int s0, con
           s0 + at, got[at], want[at]);
 }
 
-// Steps 1 .. nsteps-1 (AdamW, the reference's schedule): each step's loss against the reference's.
+// A MoE reference with the loads of its steps (gpt2_ref.py, moe.bin version 2): the load of the step just run
+// (the top-k assignments to each expert of each MoE layer before drops, over the global batch: main.log's load
+// line) equals the reference's, count for count. They are integers that follow from the choices, and every
+// choice of every step is the reference's: its data seed gives each decision of every step a margin of at
+// least min_margin between the (biased) scores, far above their rounding differences (the 10-step losses
+// rely on the same).
+static void check_moe_load(GPT2 *m, const RefMoE *r, int step) {
+    if (r->loads == NULL) { return; }
+    size_t n = (size_t)r->Lm * r->E;
+    double *load = (double *)malloc_check(n * sizeof(double)), *kept = (double *)malloc_check(r->Lm * sizeof(double));
+    gpt2_moe_load(m, load, kept);
+    if (my_rank == 0) {
+        long differ = 0;
+        for (size_t i = 0; i < n; i++) { differ += load[i] != r->loads[step * n + i]; }
+        check(differ == 0, "step %d: MoE load (assignments per MoE layer and expert before drops, %zu counts) = the "
+              "reference's: %ld differ", step, n, differ);
+    }
+    free(load); free(kept);
+}
+
+// After the last step: the routing bias of loss-free balancing equals the reference's bit for bit (each step
+// moves it by +-rate or 0 by the sign of integer loads, the same on both sides: the same fp32 operations).
+static void check_moe_bias(GPT2 *m, const RefMoE *r) {
+    if (r->bias == NULL) { return; }
+    float *b = gpt2_router_bias(m);
+    if (my_rank == 0) {
+        size_t n = (size_t)r->Lm * r->E, differ = 0;
+        float worst = 0.0f;
+        for (size_t i = 0; i < n; i++) {
+            differ += memcmp(&b[i], &r->bias[i], sizeof(float)) != 0;
+            worst = fmaxf(worst, fabsf(b[i] - r->bias[i]));
+        }
+        check(differ == 0, "MoE routing bias after %d steps (rate %g) = the reference's bit for bit: %zu of %zu differ "
+              "(worst %.3g)", r->nsteps, r->bias_rate, differ, n, worst);
+    }
+    free(b);
+}
+
+// Steps 1 .. nsteps-1 (AdamW, the reference's schedule): each step's loss against the reference's (and a MoE
+// reference's loads and final routing bias).
 static void check_training(TestRun *t, GPT2 *m, DataLoader *dl, float loss0) {
     float *losses = (float *)malloc_check(sizeof(float) * t->ref.nsteps);
     losses[0] = loss0;
+    check_moe_load(m, &t->rmoe, 0);
     for (int s = 1; s < t->ref.nsteps; s++) {
         gpt2_forward_backward(m, dl, t->accum);
         losses[s] = gpt2_update(m, &t->opt, lr_at(&t->sched, s), s).loss;
+        check_moe_load(m, &t->rmoe, s);
     }
     check_losses(losses, t->ref.losses, t->ref.nsteps, 0, "(AdamW) against the reference's");
+    check_moe_bias(m, &t->rmoe);
     free(losses);
 }
 
@@ -1088,19 +1151,20 @@ static void gather_routing(GPT2 *m, const int *log, int accum, int R, int Tg, in
 }
 
 // The decision margins of a routing, as gpt2_ref.py defines them: per token the smallest gap between
-// consecutive probabilities among its first min(k, E-1) + 1 in descending order; per (sequence, expert),
+// consecutive keys p_e + b_e (bias (Lm, E): the routing bias of the step, or NULL) among its first
+// min(k, E-1) + 1 in descending order; per (sequence, expert),
 // probs policy with more candidates than the capacity, the gap between the last kept assignment's p_e
 // and the first dropped one's (infinite where there is no decision).
-static float routing_margins(const RefMoE *r, const int *choice, const float *probs, int cap, float *topk_margin,
-                             float *cap_margin) {
+static float routing_margins(const RefMoE *r, const int *choice, const float *probs, const float *bias, int cap,
+                             float *topk_margin, float *cap_margin) {
     int E = r->E, k = r->k, T = r->T, J = k < E - 1 ? k : E - 1;
     float least = INFINITY, *sp = (float *)malloc_check(sizeof(float) * E),
         *cp = (float *)malloc_check(sizeof(float) * T * k);
     int *ct = (int *)malloc_check(sizeof(int) * T * k);
     for (size_t q = 0; q < (size_t)r->Lm * r->R; q++) {
         for (int t = 0; t < T; t++) {
-            const float *p = probs + (q * T + t) * E;
-            for (int e = 0; e < E; e++) { sp[e] = p[e]; }
+            const float *p = probs + (q * T + t) * E, *b = bias ? bias + (q / r->R) * E : NULL;
+            for (int e = 0; e < E; e++) { sp[e] = b ? p[e] + b[e] : p[e]; }
             for (int i = 1; i < E; i++) { for (int j = i; j > 0
                                                && sp[j] > sp[j - 1]; j--) { float x = sp[j]; sp[j] = sp[j - 1]; sp[j - 1] = x; } }
             float mg = INFINITY;
@@ -1140,6 +1204,7 @@ typedef struct {
     float *grads, loss, norm, aux, z, dropped;
     int *choice, *keep;
     float *probs;
+    float *bias;   // (Lm, E) the routing bias the step routed with
 } StepDump;
 
 static void write_step_dump(TestRun *t, const char *dir, const StepDump *d, const float *losses, const float *norms,
@@ -1166,10 +1231,10 @@ static void write_step_dump(TestRun *t, const char *dir, const StepDump *d, cons
     size_t nt = (size_t)r.Lm * r.R * r.T;
     float *topk_margin = (float *)malloc_check(sizeof(float) * nt),
         *cap_margin = (float *)malloc_check(sizeof(float) * r.Lm * r.R * r.E);
-    float least = routing_margins(&r, d->choice, d->probs, moe_capacity(r.k, r.T, r.E, r.F1000), topk_margin,
+    float least = routing_margins(&r, d->choice, d->probs, d->bias, moe_capacity(r.k, r.T, r.E, r.F1000), topk_margin,
                                   cap_margin);
-    int mh[256] = {20241130, 1, r.E, r.k, r.every, r.F1000, r.policy, r.Lm, r.R, r.T, n};
-    float mfh[256] = {t->moe.aux_coeff, t->moe.z_coeff, d->aux, d->z, d->dropped, least};
+    int mh[256] = {20241130, 2, r.E, r.k, r.every, r.F1000, r.policy, r.Lm, r.R, r.T, n, 0};   // (no loads)
+    float mfh[256] = {t->moe.aux_coeff, t->moe.z_coeff, d->aux, d->z, d->dropped, least, t->moe.bias_rate};
     path_join(path, dir, "step%d/moe.bin", RESUME_STEP);
     f = fopen_check(path, "wb");
     fwrite_check(mh, sizeof(int), 256, f, path);
@@ -1230,6 +1295,7 @@ static void check_resume(TestRun *t, const char *dir) {
                 gpt2_moe_stats(&run, accum, &aux, &z, &dropped);
                 d.aux = (float)aux; d.z = (float)z; d.dropped = (float)dropped;
                 gather_routing(&run, log, accum, t->ref.R, t->ref.T, &d.choice, &d.keep, &d.probs);
+                d.bias = gpt2_router_bias(&run);
             }
             d.grads = checkpoint_gather(&run.config, &run.zero, unit_grads_getter, 0);
             free(log);
@@ -1242,7 +1308,7 @@ static void check_resume(TestRun *t, const char *dir) {
     if (my_rank == 0) {
         write_step_dump(t, dir, &d, uninterrupted + RESUME_STEP, norms + RESUME_STEP, nsteps - RESUME_STEP);
     }
-    free(d.grads); free(d.choice); free(d.keep); free(d.probs);
+    free(d.grads); free(d.choice); free(d.keep); free(d.probs); free(d.bias);
     int step = latest_checkpoint(dir);
     check(step == RESUME_STEP, "checkpoint: newest complete checkpoint is step %d (expected %d)", step, RESUME_STEP);
     GPT2 resumed;
@@ -1397,10 +1463,10 @@ static void test_setup(TestRun *t, const char *ref_dir, const GPT2Config *ref_co
     args->T = t->ref.T;
     args->total_batch = t->ref.R * t->ref.T;
     t->config = *ref_config;
-    t->params = (float *)malloc_check(num_parameters(ref_config) * sizeof(float));
-    memcpy(t->params, ref_params, num_parameters(ref_config) * sizeof(float));
+    t->params = (float *)malloc_check(model_floats(ref_config) * sizeof(float));
+    memcpy(t->params, ref_params, model_floats(ref_config) * sizeof(float));
     snprintf(path, sizeof(path), "%s/model.bin", ref_dir);
-    t->params = apply_moe_flags(args, my_rank, &t->config, t->params, path, 0);
+    t->params = apply_moe_flags(args, my_rank, &t->config, t->params, path, 0, 1);
     if (t->config.num_experts > 0 && ref_config->num_experts == 0) {
         // E = 1, k = 1 (and z-coeff 0) is the dense model: its expert's gradients are the dense MLP's,
         // its router's exactly zero
@@ -1408,8 +1474,11 @@ static void test_setup(TestRun *t, const char *ref_dir, const GPT2Config *ref_co
         free(t->ref.grads);
         t->ref.grads = g;
     }
-    t->moe = moe_options(args);   // a MoE reference: its own options
-    if (t->rmoe.present) { t->moe = (MoEOptions){t->rmoe.F1000, t->rmoe.policy ? DROP_POSITION : DROP_PROBS, t->rmoe.aux_coeff, t->rmoe.z_coeff}; }
+    t->moe = moe_options(args, &t->config);   // a MoE reference: its own options
+    if (t->rmoe.present) {
+        t->moe = (MoEOptions){t->rmoe.F1000, t->rmoe.policy ? DROP_POSITION : DROP_PROBS, t->rmoe.aux_coeff,
+                              t->rmoe.z_coeff, t->rmoe.bias_rate};
+    }
     validate_layout(args, &t->config, t->world, my_rank);
     grid_init(&t->grid, args->tp, args->cp, args->pp, args->ep);
     t->accum = args->total_batch / (args->B * args->T * t->grid.dp);
@@ -1419,10 +1488,11 @@ static void test_setup(TestRun *t, const char *ref_dir, const GPT2Config *ref_co
                    args->T, t->accum,
                args->ce_chunk, PRECISION_NAME);
         if (t->config.num_experts > 0) {
-            printf("          MoE: E %d k %d every %d | ep %d edp %d | capacity factor %.3f, drop %s, aux %g, z "
-                   "%g%s\n", t->config.num_experts,
-                   t->config.topk, t->config.moe_every, t->grid.ep, t->grid.edp_group.size, t->moe.cap1000 / 1000.0,
-                   t->moe.policy == DROP_PROBS ? "probs" : "position", t->moe.aux_coeff, t->moe.z_coeff,
+            printf("          MoE: E %d k %d every %d, %s scores | ep %d edp %d | capacity factor %.3f, drop %s, aux "
+                   "%g, z %g, bias rate %g%s\n", t->config.num_experts, t->config.topk, t->config.moe_every,
+                   t->config.router_score == ROUTER_SIGMOID ? "sigmoid" : "softmax", t->grid.ep,
+                   t->grid.edp_group.size, t->moe.cap1000 / 1000.0, t->moe.policy == DROP_PROBS ? "probs" : "position",
+                   t->moe.aux_coeff, t->moe.z_coeff, t->moe.bias_rate,
                    ref_config->num_experts == 0 ? " | upcycled from the dense reference" : "");
         }
     }

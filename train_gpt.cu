@@ -276,7 +276,17 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     m->nunits = build_units(c, grid, vpp, first, m->units, &m->u_embed, &m->u_pos, m->u_layer, m->u_experts,
                             &m->u_final);
     zero_init(&m->zero, grid, zero_stage, sp, m->units, m->nunits);
+    // the stage's MoE layers' routing bias (model state beside the parameters: moe.h), fp32 on every rank
+    x->sigmoid = c->router_score == ROUTER_SIGMOID;
+    for (int l = 0; l < m->Ls; l++) { x->nlayers += is_moe_layer(c, m->layer_id[l]); }
+    if (x->nlayers > 0) { x->bias = (float *)mem_alloc((size_t)x->nlayers * x->E * sizeof(float), MEM_PARAMS); }
     if (all_params == NULL) { return; }   // (a plan: the sizes only)
+    for (int l = 0, j = 0; l < m->Ls; l++) {
+        if (!is_moe_layer(c, m->layer_id[l])) { continue; }
+        int gm = tensor_layer_slice(c, T_ROUTERW, m->layer_id[l]);   // among the model's MoE layers
+        copy_to_device(x->bias + (size_t)j++ * x->E, all_params + num_parameters(c) + (size_t)gm * x->E,
+                       x->E * sizeof(float));
+    }
     float *full[NUM_TENSORS];
     split_tensors(c, all_params, full);
     for (int u = 0; u < m->nunits; u++) {
@@ -387,7 +397,6 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     // per whole sequence
     x->cap = c->num_experts > 0 ? moe_capacity(c->topk, T * cp, c->num_experts, x->opt.cap1000) : 0;
     if (Lm > 0) { moe_dispatch_rows(x, moe_dropless ? T : x->cap); }
-    x->nlayers = Lm;
     int Lmax = 0, Ldmax = 0;
     int *moe_at = (int *)calloc_check(Ls + 1, sizeof(int));   // some chunk has a MoE layer at this position
     for (int v = 0; v < vpp; v++) {
@@ -468,6 +477,7 @@ static void gpt2_free(GPT2 *m) {
     zero_free(&m->zero);
     free(m->units); free(m->u_layer); free(m->u_experts); free(m->layer_id); free(m->chunk_l0); free(m->acts);
     free(m->fwd_tokens);
+    free(m->moe.kept_layer);
 }
 
 // The tied embedding's gradient. wte is used twice: by the token embedding (first stage, the first op
@@ -823,6 +833,49 @@ static void gpt2_moe_stats(GPT2 *m, int accum, double *aux, double *z, double *d
     *dropped = v[3] > 0 ? 1.0 - v[2] / v[3] : 0.0;
 }
 
+// The MoE layers' load in the last step, on rank 0 (every rank takes part): load (Lm, E) the top-k
+// assignments to each expert before drops, kept (Lm) the assignments kept, each summed over the global
+// batch (tp ranks hold copies: tp rank 0 counts). Integers, exact in doubles.
+static void gpt2_moe_load(GPT2 *m, double *load, double *kept) {
+    const GPT2Config *c = &m->config;
+    ExpertParallel *x = &m->moe;
+    int Lm = num_moe_layers(c), E = c->num_experts;
+    size_t n = (size_t)Lm * (E + 1);
+    double *v = (double *)calloc_check(n, sizeof(double));
+    if (m->grid->tp_rank == 0 && x->nlayers > 0 && x->load) {
+        int *mine = (int *)malloc_check((size_t)x->nlayers * E * sizeof(int));
+        copy_to_host(mine, x->load, (size_t)x->nlayers * E * sizeof(int));
+        for (int l = 0, j = 0; l < m->Ls; l++) {
+            if (!is_moe_layer(c, m->layer_id[l])) { continue; }
+            int gm = tensor_layer_slice(c, T_ROUTERW, m->layer_id[l]);
+            for (int e = 0; e < E; e++) { v[(size_t)gm * E + e] = mine[(size_t)j * E + e]; }
+            v[(size_t)Lm * E + gm] = x->kept_layer[j++];
+        }
+        free(mine);
+    }
+    comm_host_reduce_sum(&m->grid->world, v, n, DT_DOUBLE, 0, "reduce of the MoE load");
+    memcpy(load, v, (size_t)Lm * E * sizeof(double));
+    memcpy(kept, v + (size_t)Lm * E, Lm * sizeof(double));
+    free(v);
+}
+
+// One MoE layer's load (E) in numbers: the most and the least loaded expert over the mean, the dropped fraction,
+// the experts with no assignment.
+typedef struct { double max_mean, min_mean, dropped; int dead; } MoELoad;
+static MoELoad moe_load_summary(const double *load, double kept, int E) {
+    double total = 0, mx = 0, mn = INFINITY;
+    int dead = 0;
+    for (int e = 0; e < E; e++) {
+        total += load[e];
+        if (load[e] > mx) { mx = load[e]; }
+        if (load[e] < mn) { mn = load[e]; }
+        dead += load[e] == 0;
+    }
+    double mean = total / E;
+    MoELoad r = {mean > 0 ? mx / mean : 0, mean > 0 ? mn / mean : 0, total > 0 ? 1.0 - kept / total : 0, dead};
+    return r;
+}
+
 // the step's mean loss (global batch), its gradient norm before clipping
 typedef struct { float loss, norm; int why; } StepResult;   // why: SKIP_NONE, or why the update was skipped
 
@@ -844,6 +897,7 @@ static StepResult gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
     step_stats_clip(z->stats, tokens, o->grad_clip, m->loss_limit, m->norm_limit);
     zero_optimizer_step(z, lr, o->beta1, o->beta2, o->eps, o->weight_decay, &z->stats->scale, m->updates + 1,
                         o->seed + 7919u * step);
+    moe_balance_bias(&m->moe, g->grad_group, &z->stats->scale);   // loss-free balancing (--moe-bias-rate)
     StepStats st;
     copy_to_host(&st, z->stats, sizeof(st));
     if (st.scale == 0.0f) {
@@ -1015,10 +1069,32 @@ static TrainState gpt2_train_state(const GPT2 *m, int total_batch, int max_steps
     return s;
 }
 
+// The MoE layers' routing bias (Lm, E) of the whole model on rank 0 (NULL elsewhere, and without MoE layers):
+// each stage's first rank (tp, cp, dp rank 0) gives its layers' (every rank of a stage holds the same).
+static float *gpt2_router_bias(GPT2 *m) {
+    const GPT2Config *c = &m->config;
+    Grid *g = m->grid;
+    size_t n = num_router_bias(c), E = c->num_experts;
+    if (n == 0) { return NULL; }
+    float *all = (float *)calloc_check(n, sizeof(float));
+    if (g->tp_rank == 0 && g->cp_rank == 0 && g->dp_rank == 0) {
+        for (int l = 0, j = 0; l < m->Ls; l++) {
+            if (!is_moe_layer(c, m->layer_id[l])) { continue; }
+            int gm = tensor_layer_slice(c, T_ROUTERW, m->layer_id[l]);
+            copy_to_host(all + (size_t)gm * E, m->moe.bias + (size_t)j++ * E, E * sizeof(float));
+        }
+    }
+    comm_host_reduce_sum(&g->world, all, n, DT_FLOAT, 0, "gather of the routing bias (checkpoint)");
+    if (g->rank != 0) { free(all); return NULL; }
+    return all;
+}
+
 static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch, int async,
                             int max_steps) {
     TrainState s = gpt2_train_state(m, total_batch, max_steps, dl);
-    checkpoint_save(&m->config, &m->zero, dir, step, &s, dl, rng, async);
+    float *bias = gpt2_router_bias(m);
+    checkpoint_save(&m->config, &m->zero, dir, step, &s, dl, rng, async, bias);
+    free(bias);
 }
 
 // Returns the -x of the run that wrote the checkpoint (0: not recorded).
@@ -1064,7 +1140,7 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
 // (file, checkpoint, descriptor with E=) must agree with every flag given; a dense descriptor or file
 // becomes a MoE model of that shape (a file: upcycled, each expert a copy of its layer's MLP), except
 // when resuming (a checkpoint keeps its shape). Returns the weights (params, or a new array).
-static float *apply_moe_flags(const Args *a, int rank, GPT2Config *c, float *params, const char *what, int resuming) {
+static float *apply_moe_shape(const Args *a, int rank, GPT2Config *c, float *params, const char *what, int resuming) {
     if (a->experts < 0 && a->topk < 0 && a->moe_every < 0) { return params; }
     if (c->num_experts > 0 || resuming) {
         int given[3] = {a->experts, a->topk, a->moe_every}, has[3] = {c->num_experts, c->topk, c->moe_every};
@@ -1094,6 +1170,38 @@ static float *apply_moe_flags(const Args *a, int rank, GPT2Config *c, float *par
     free(params);
     *c = moe;
     return out;
+}
+
+// The MoE flags against the model: the shape (apply_moe_shape), then the router's scores: a MoE model file or
+// checkpoint keeps its own (--router-score must agree), a descriptor or an upcycled dense file takes the flag's;
+// then what the final model refuses. file: the model comes from a file (or a checkpoint: resuming).
+static float *apply_moe_flags(const Args *a, int rank, GPT2Config *c, float *params, const char *what, int resuming,
+                              int file) {
+    int keeps_score = (file || resuming) && c->num_experts > 0;
+    params = apply_moe_shape(a, rank, c, params, what, resuming);
+    if (a->router_score) {
+        int want = strcmp(a->router_score, "sigmoid") ? ROUTER_SOFTMAX : ROUTER_SIGMOID;
+        if (c->num_experts == 0) {
+            fail_all(rank, "--router-score %s needs MoE layers (--experts E or a MoE model)", a->router_score);
+        }
+        if (keeps_score && want != c->router_score) {
+            fail_all(rank, "--router-score %s, but %s has %s router scores (a MoE model keeps its own)", a->router_score,
+                     what, c->router_score == ROUTER_SIGMOID ? "sigmoid" : "softmax");
+        }
+        c->router_score = want;
+    }
+    if (a->moe_bias_rate > 0.0f && c->num_experts == 0) {
+        fail_all(rank, "--moe-bias-rate %g needs MoE layers (--experts E or a MoE model)", a->moe_bias_rate);
+    }
+    if (c->router_score == ROUTER_SIGMOID && c->topk == 1) {
+        fail_all(rank, "sigmoid router scores with top-1 (%s): the one gate would be the constant 1 and the router "
+                 "would get no gradient; use --topk 2 or more, or softmax scores", what);
+    }
+    if (c->router_score == ROUTER_SIGMOID && a->z_coeff > 0.0f) {
+        fail_all(rank, "--z-coeff %g with sigmoid router scores: the z-loss is a softmax router's regulariser "
+                 "(leave it out: 0 with sigmoid)", a->z_coeff);
+    }
+    return params;
 }
 
 // The layout checked against the model, the grid, and the memory plan (before any allocation: the plan,
@@ -1126,7 +1234,7 @@ static void plan_config(Args *a, int rank, GPT2Config *config) {
         size_t es;
         fclose(open_model_file(a->model, config, h, &es));
     }
-    apply_moe_flags(a, rank, config, NULL, desc == 1 ? "the descriptor" : a->model, 0);
+    apply_moe_flags(a, rank, config, NULL, desc == 1 ? "the descriptor" : a->model, 0, desc != 1);
 }
 
 // A resume continues its checkpoint's model: an -e given with it (the default d4 is not) must be of that shape.
@@ -1160,15 +1268,15 @@ static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step
     if (*resume_step >= 0) {
         char path[PATH_LEN];
         path_join(path, a->output_dir, "model_%08d.bin", *resume_step);
-        float *params = apply_moe_flags(a, rank, config, read_model_file(path, config), "the checkpoint", 1);
+        float *params = apply_moe_flags(a, rank, config, read_model_file(path, config), "the checkpoint", 1, 1);
         check_resume_model(a, rank, config, path);
         return params;
     }
     if (desc == 1) {
-        apply_moe_flags(a, rank, config, NULL, "the descriptor", 0);
+        apply_moe_flags(a, rank, config, NULL, "the descriptor", 0, 0);
         return random_init(config, a->seed);
     }
-    return apply_moe_flags(a, rank, config, read_model_file(a->model, config), a->model, 0);
+    return apply_moe_flags(a, rank, config, read_model_file(a->model, config), a->model, 0, 1);
 }
 
 // The train and validation loaders: the -i / -j shards (and tokenizer.bin beside the train shards,
@@ -1263,11 +1371,12 @@ static void print_setup(const Args *a, const GPT2 *m, int accum) {
     printf("model: L %d C %d NH %d V %d (padded %d) maxT %d, %zu parameters, %s\n", c->num_layers, c->channels,
            c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len, m->num_parameters, PRECISION_NAME);
     if (c->num_experts > 0) {
-        printf("moe: %d of %d layers (every %d), %d experts, top-%d, capacity factor %.3f (%d per expert and "
-               "sequence%s), drop %s, "
-               "aux %g, z %g; ep %d (%d experts per rank), edp %d\n", num_moe_layers(c), c->num_layers, c->moe_every,
-               c->num_experts, c->topk, a->cap1000 / 1000.0, m->moe.cap, a->cap1000 == 0 ? ", dropless" : "",
-               a->drop_policy, a->aux_coeff, a->z_coeff, m->grid->ep, m->moe.El, m->grid->edp_group.size);
+        printf("moe: %d of %d layers (every %d), %d experts, top-%d of %s scores, capacity factor %.3f (%d per "
+               "expert and sequence%s), drop %s, aux %g, z %g, bias rate %g; ep %d (%d experts per rank), edp %d\n",
+               num_moe_layers(c), c->num_layers, c->moe_every, c->num_experts, c->topk,
+               c->router_score == ROUTER_SIGMOID ? "sigmoid" : "softmax", a->cap1000 / 1000.0, m->moe.cap,
+               a->cap1000 == 0 ? ", dropless" : "", a->drop_policy, m->moe.opt.aux_coeff, m->moe.opt.z_coeff,
+               m->moe.opt.bias_rate, m->grid->ep, m->moe.El, m->grid->edp_group.size);
     }
     printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, cp %d, pp %d (%s), ce chunk %d, recompute %s\n",
            a->B, a->T, m->grid->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "", a->cp, a->pp,
@@ -1296,10 +1405,19 @@ static double step_mfu(const Args *a, const GPT2 *m, double ms) {
 
 static void log_step(const Args *a, GPT2 *m, int logf, int step, int max_steps, int accum, StepResult res, float lr,
                      StepClock clock) {
-    int moe = m->config.num_experts > 0;
-    double aux = 0, z = 0, dropped = 0, ms = clock.ms;
-    if (moe) { gpt2_moe_stats(m, accum, &aux, &z, &dropped); }
-    if (m->grid->rank != 0) { return; }
+    int moe = m->config.num_experts > 0, E = m->config.num_experts, Lm = num_moe_layers(&m->config);
+    double aux = 0, z = 0, dropped = 0, ms = clock.ms, *load = NULL, *kept = NULL, worst = 0;
+    if (moe) {
+        gpt2_moe_stats(m, accum, &aux, &z, &dropped);
+        load = (double *)malloc_check((size_t)Lm * E * sizeof(double));
+        kept = (double *)malloc_check(Lm * sizeof(double));
+        gpt2_moe_load(m, load, kept);
+        for (int l = 0; l < Lm; l++) {
+            MoELoad r = moe_load_summary(load + (size_t)l * E, kept[l], E);
+            if (r.max_mean > worst) { worst = r.max_mean; }
+        }
+    }
+    if (m->grid->rank != 0) { free(load); free(kept); return; }
     printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, max_steps, res.loss,
            res.norm, lr, ms, a->total_batch / (ms / 1e3));
 #ifdef USE_CUDA
@@ -1307,7 +1425,7 @@ static void log_step(const Args *a, GPT2 *m, int logf, int step, int max_steps, 
 #endif
     print_duration("elapsed", clock.elapsed);
     print_duration("eta", clock.eta);
-    if (moe) { printf(" | aux %.4f z %.4f dropped %.4f", aux, z, dropped); }
+    if (moe) { printf(" | aux %.4f z %.4f dropped %.4f load max/mean %.2f", aux, z, dropped, worst); }
     char why[96] = "";
     if (res.why == SKIP_NOT_FINITE) { snprintf(why, sizeof(why), "non-finite"); }
     if (res.why == SKIP_LOSS) { snprintf(why, sizeof(why), "loss above its limit %.6g", m->loss_limit); }
@@ -1316,6 +1434,18 @@ static void log_step(const Args *a, GPT2 *m, int logf, int step, int max_steps, 
     printf("\n");
     log_printf(logf, "s:%d trl:%.6f\n", step, res.loss);
     if (moe) { log_printf(logf, "s:%d aux:%.6f\ns:%d z:%.6f\ns:%d drop:%.6f\n", step, aux, step, z, step, dropped); }
+    // per MoE layer (numbered among the MoE layers): max/mean and min/mean of the assignments per expert before
+    // drops, the fraction dropped, the experts with none, then the E counts
+    for (int l = 0; moe && l < Lm; l++) {
+        const double *ld = load + (size_t)l * E;
+        MoELoad r = moe_load_summary(ld, kept[l], E);
+        char counts[3200];
+        int n = 0;
+        for (int e = 0; e < E; e++) { n += snprintf(counts + n, sizeof(counts) - n, "%s%.0f", e ? "," : "", ld[e]); }
+        log_printf(logf, "s:%d moe%d:max/mean %.4f min/mean %.4f drop %.6f dead %d load %s\n", step, l, r.max_mean,
+                   r.min_mean, r.dropped, r.dead, counts);
+    }
+    free(load); free(kept);
     if (why[0]) { log_printf(logf, "s:%d skip:loss %g norm %g (%s)\n", step, res.loss, res.norm, why); }
     fflush(stdout);
 }
@@ -1355,7 +1485,7 @@ static void report_times(const Args *a, GPT2 *m, const StepTimes *t, int accum) 
 // weights, and the data's fingerprint (file names, token counts, first tokens), compared with rank 0's.
 static void agree_on_inputs(const GPT2Config *c, const float *params, const DataLoader *train, int rank, int world) {
     uint64_t mine[2] = {0, train->fingerprint}, ref[2];
-    mine[0] = crc32_update(crc32_update(0, c, sizeof(*c)), params, num_parameters(c) * sizeof(float));
+    mine[0] = crc32_update(crc32_update(0, c, sizeof(*c)), params, model_floats(c) * sizeof(float));   // (the routing bias too)
     memcpy(ref, mine, sizeof(ref));
     comm_host_bcast(comm_world(), ref, 2 * 8, DT_BYTE, 0, "broadcast of the inputs' hashes");
     int differ[2] = {mine[0] != ref[0] ? rank : world, mine[1] != ref[1] ? rank : world};
@@ -1450,7 +1580,7 @@ static void run_setup(Run *r) {
     }
     if (a->trace_dir) { check_output_dir(a->trace_dir, rank); }
     trace_open(a->trace_dir, rank);
-    ModelOptions options = model_options(a, moe_options(a), r->grid.dp);
+    ModelOptions options = model_options(a, moe_options(a, &r->config), r->grid.dp);
     gpt2_init(&r->model, &r->config, params, &r->grid, &options);
     free(params);
     r->accum = options.accum;

@@ -24,7 +24,9 @@ typedef struct {
     int B, T, total_batch, max_steps, warmup, val_every, val_batches, sample_every, gen_tokens;
     int checkpoint_every, resume, zero, tp, cp, pp, vpp, dp, ep, sp, ce_chunk, memory_report, comm_report, shuffle;
     int experts, topk, moe_every, cap1000;   // MoE; the first three -1 when not given
-    float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff, timeout;
+    float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff, timeout;   // z_coeff -1: not given
+    const char *router_score;    // --router-score softmax|sigmoid (NULL: the model's; softmax for a new one)
+    float moe_bias_rate;         // --moe-bias-rate: loss-free balancing's step (0: off)
     int max_skips, help;
     float skip_loss_z, skip_norm_z;     // -sl, -sg: skip an update this many standard deviations above (0 off)
     const char *recompute;
@@ -62,7 +64,7 @@ static void default_args(Args *a) {
     a->cap1000 = 1250;
     a->drop_policy = "probs";
     a->aux_coeff = 0.01f;
-    a->z_coeff = 0.001f;
+    a->z_coeff = -1.0f;   // (0.001, or 0 with sigmoid scores: moe_options)
     a->timeout = (float)DEFAULT_TIMEOUT; a->max_skips = 5; a->recompute = "none"; a->overlap = 1; a->attention = "cublas";
     a->seed = 1337;
     a->temperature = 1.0f;
@@ -199,7 +201,14 @@ static const Flag FLAGS[] = {
     {"--drop-policy", 0, F_CHOICE, ARG(drop_policy), 0, 0, "probs|position", "POLICY",
         "which assignments over capacity are dropped (probs)"},
     {"--aux-coeff", 0, F_FLOAT, ARG(aux_coeff), 0.0, 1e6, 0, "A", "load-balancing loss coefficient (0.01)"},
-    {"--z-coeff", 0, F_FLOAT, ARG(z_coeff), 0.0, 1e6, 0, "Z", "router z-loss coefficient (0.001)"},
+    {"--z-coeff", 0, F_FLOAT, ARG(z_coeff), 0.0, 1e6, 0, "Z",
+        "router z-loss coefficient (0.001; with sigmoid scores 0, the only value allowed)"},
+    {"--router-score", 0, F_CHOICE, ARG(router_score), 0, 0, "softmax|sigmoid", "S",
+        "router scores of a new MoE model: softmax over the experts, or a sigmoid each (DeepSeek-V3; needs "
+        "--topk >= 2); a MoE model file keeps its own (softmax)"},
+    {"--moe-bias-rate", 0, F_FLOAT, ARG(moe_bias_rate), 0.0, 1.0, 0, "U",
+        "loss-free load balancing: each step an overloaded expert's routing bias -U, an underloaded one's +U "
+        "(DeepSeek-V3; try 0.001), 0 off (0)"},
     {"--trace", 0, F_DIR, ARG(trace_dir), 0, 0, 0, "DIR", "a Chrome trace per rank (dev/trace.py merges them)"},
     {"--timeout", 0, F_FLOAT, ARG(timeout), 0.0, 1e7, 0, "S",
         "stop when a collective makes no progress for S seconds, 0 off (600)"},
@@ -393,9 +402,11 @@ static void agree_on_args(Args *a, int rank, int world) {
     }
 }
 
-static MoEOptions moe_options(const Args *a) {
-    MoEOptions o = {a->cap1000, strcmp(a->drop_policy, "position") ? DROP_PROBS : DROP_POSITION, a->aux_coeff,
-                    a->z_coeff};
+// The MoE training options for model c (the z-loss's default depends on its router's scores).
+static MoEOptions moe_options(const Args *a, const GPT2Config *c) {
+    float z = a->z_coeff >= 0.0f ? a->z_coeff : c->router_score == ROUTER_SIGMOID ? 0.0f : 0.001f;
+    MoEOptions o = {a->cap1000, strcmp(a->drop_policy, "position") ? DROP_PROBS : DROP_POSITION, a->aux_coeff, z,
+                    a->moe_bias_rate};
     return o;
 }
 

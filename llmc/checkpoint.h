@@ -201,8 +201,9 @@ static Checkpoint ckpt_writer;   // rank 0's (one write in flight at most)
 
 // Every rank: the full parameters and AdamW state assembled on rank 0 into c (stage 3 and the
 // experts gather; each rank contributes its part). Checks that no value is non-finite.
+// router_bias: the MoE layers' routing bias (Lm, E) on rank 0 (NULL elsewhere, or without MoE).
 static void checkpoint_assemble(const GPT2Config *c, Zero *z, Checkpoint *ck, const char *dir, int step,
-                                const TrainState *s, const DataLoader *dl, const Rng *rng) {
+                                const TrainState *s, const DataLoader *dl, const Rng *rng, const float *router_bias) {
     Grid *g = z->grid;
     float *all = checkpoint_gather(c, z, unit_params_getter, 0);
     zero_release_params(z);
@@ -216,16 +217,21 @@ static void checkpoint_assemble(const GPT2Config *c, Zero *z, Checkpoint *ck, co
     snprintf(ck->dir, sizeof(ck->dir), "%s", dir);
     ck->step = step;
     size_t P = num_parameters(c);
-    model_header_write(ck->model_header, c, sizeof(floatX) == 2);
+    int with_bias = model_file_has_bias(c, router_bias);
+    model_header_write(ck->model_header, c, sizeof(floatX) == 2, with_bias);
     int *h;
-    if (sizeof(floatX) == 4) {
-        ck->model_body = all; ck->model_bytes = P * sizeof(float);
+    // the body: the parameters in floatX's precision, then (version 23/25) the routing bias in fp32
+    size_t es = sizeof(floatX), nb = with_bias ? num_router_bias(c) : 0;
+    char *body = (char *)malloc_check(P * es + nb * sizeof(float));
+    if (es == 4) {
+        memcpy(body, all, P * sizeof(float));
     } else {
-        uint16_t *b = (uint16_t *)malloc_check(P * 2);
+        uint16_t *b = (uint16_t *)body;
         for (size_t i = 0; i < P; i++) { b[i] = float_to_bf16(all[i]); }
-        free(all);
-        ck->model_body = b; ck->model_bytes = P * 2;
     }
+    if (nb) { memcpy(body + P * es, router_bias, nb * sizeof(float)); }
+    free(all);
+    ck->model_body = body; ck->model_bytes = P * es + nb * sizeof(float);
     h = ck->state_header;
     h[0] = STATE_MAGIC; h[1] = STATE_VERSION; h[SH_STEP] = step; h[SH_UPDATES] = s->updates; h[SH_SKIPS] = s->skips;
     h[SH_SKIPS_IN_A_ROW] = s->skips_in_a_row; h[SH_T] = s->T; h[SH_BATCH] = s->total_batch;
@@ -352,11 +358,11 @@ static void checkpoint_wait(void) {
 // thread then writes the files, and every rank waits for it (rank0_wait_done) now, or with async at the
 // next checkpoint, a stop or the end, while training goes on.
 static void checkpoint_save(const GPT2Config *c, Zero *z, const char *dir, int step, const TrainState *s,
-                            const DataLoader *dl, const Rng *rng, int async) {
+                            const DataLoader *dl, const Rng *rng, int async, const float *router_bias) {
     trace_begin();
     Checkpoint *ck = &ckpt_writer;
     checkpoint_wait();   // the previous write first
-    checkpoint_assemble(c, z, ck, dir, step, s, dl, rng);
+    checkpoint_assemble(c, z, ck, dir, step, s, dl, rng, router_bias);
     if (z->grid->rank == 0) {
         ck->running = 1;
         ck->finished = 0;
@@ -623,7 +629,7 @@ static void log_keep_lines(const char *path, int resume_step) {
     FILE *r = fdopen(in, "r");
     int out = create_file(tmp);
     if (r == NULL || out < 0) { fail("cannot create '%s': %s", tmp, strerror(errno)); }
-    char line[4096];
+    char line[8192];
     while (fgets(line, sizeof(line), r)) {
         int s, n = (int)strlen(line);
         if (n == 0 || line[n - 1] != '\n') { continue; }                    // cut short
@@ -646,7 +652,7 @@ static int open_log(const char *dir, int resume_step) {
 
 static void log_printf(int fd, const char *fmt, ...) {
     if (fd < 0) { return; }
-    char line[1024];
+    char line[4096];   // (a MoE layer's load line: E <= 256 counts)
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(line, sizeof(line), fmt, ap);

@@ -49,7 +49,14 @@ typedef struct {
     int tp_rank;             // (fcproj's bias is added once, on tp rank 0)
     int E, k, El, C, Cl;     // experts, top-k, experts per ep rank, channels, channels per tp rank
     int B, T, BT;            // a micro-batch: sequences, the tokens of each this rank holds (cp: T/cp)
-    MoEOptions opt;          // capacity factor, drop policy, auxiliary loss coefficients
+    MoEOptions opt;          // capacity factor, drop policy, auxiliary loss coefficients, bias rate
+    int sigmoid;             // the router's scores: sigmoids (else softmax)
+    int nlayers, layer;      // the stage's MoE layers; the one running now (numbered in the stage's order)
+    float *bias;             // device (nlayers, E): their routing bias (loss-free balancing; model state)
+    int *load;               // device (nlayers, E): the step's top-k assignments per expert, before drops (this
+                             // rank's tokens; the same on every tp rank)
+    int *load_all;           // device (nlayers, E), --moe-bias-rate: load summed over the dp x cp ranks
+    double *kept_layer;      // host (nlayers): the step's kept assignments per MoE layer (this rank's tokens)
     int cap;                 // assignments an expert keeps per whole sequence, now (sampling: dropless)
     size_t rows_send, rows_recv;   // Rs, Rr: rows of the dispatch buffers
     float aux_scale, z_scale;      // the auxiliary losses' seeds for this step (moe.h)
@@ -73,7 +80,7 @@ typedef struct {
     // test hook (test_gpt): when route_log is set, each forward of micro-batch micro < route_log_micro logs
     // the routing of MoE layer `layer` (of the stage's nlayers) into entry micro * nlayers + layer:
     // choice (BT, k) ints, keep (BT, k) ints, probs (BT, E) floats
-    int *route_log, route_log_micro, micro, layer, nlayers;
+    int *route_log, route_log_micro, micro;
 } ExpertParallel;
 
 // Rows the dispatch buffers need at most with a capacity of cap per sequence: this rank sends each token
@@ -101,6 +108,9 @@ static void moe_work_alloc(ExpertParallel *x) {
         x->cprob_all = (float *)mem_alloc(cp * BT * k * F, MEM_WORKSPACE);
     }
     x->pmean = (float *)mem_alloc((size_t)x->B * E * F, MEM_WORKSPACE);
+    x->load = (int *)mem_alloc((size_t)x->nlayers * E * I, MEM_WORKSPACE);
+    if (x->opt.bias_rate > 0.0f) { x->load_all = (int *)mem_alloc((size_t)x->nlayers * E * I, MEM_WORKSPACE); }
+    x->kept_layer = (double *)calloc_check(x->nlayers + 1, sizeof(double));
     x->zsum = (float *)mem_alloc((size_t)x->B * F, MEM_WORKSPACE);
     x->sums = (double *)mem_alloc(2 * sizeof(double), MEM_WORKSPACE);
     x->counts = (int *)mem_alloc(E * I, MEM_WORKSPACE);
@@ -136,7 +146,20 @@ static void moe_step_begin(ExpertParallel *x, float aux_scale, float z_scale) {
     x->z_scale = z_scale;
     x->kept = x->assigned = 0.0;
     if (x->sums) { memset_zero_device(x->sums, 2 * sizeof(double)); }
+    if (x->load) { memset_zero_device(x->load, (size_t)x->nlayers * x->E * sizeof(int)); }
+    for (int l = 0; x->kept_layer && l < x->nlayers; l++) { x->kept_layer[l] = 0.0; }
     x->count_stats = 1;
+}
+
+// Loss-free balancing, after the step's optimizer update (moe.h): the loads summed over the ranks that share
+// the step's tokens (dp x cp: group), then each layer's bias moved, on the device, unless the update was
+// skipped (scale: the step's clip scale, 0 then). Every rank of the group ends with the same bias.
+static void moe_balance_bias(ExpertParallel *x, Group *group, const float *scale) {
+    if (x->opt.bias_rate <= 0.0f || x->nlayers == 0) { return; }
+    size_t n = (size_t)x->nlayers * x->E;
+    copy_on_device(x->load_all, x->load, n * sizeof(int));
+    comm_all_reduce(group, x->load_all, n, DT_INT, NULL);
+    moe_bias_update(x->bias, x->load_all, x->nlayers, x->E, x->opt.bias_rate, scale);
 }
 
 // Step 2's check of the (ep, E) table of kept rows (identical on every rank of the ep group, so every
@@ -229,8 +252,9 @@ typedef struct { floatX *fcw, *fcb, *fcprojw, *fcprojb, *router; } ExpertGrads;
 static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const floatX *in, floatX *out, int record) {
     int B = x->B, T = x->T, BT = x->BT, C = x->C, Cl = x->Cl, E = x->E, k = x->k, El = x->El;
     // 1. route: probabilities, top-k, capacity per sequence, the statistics of the auxiliary losses
-    moe_router_forward(ma->probs, ma->lse, in, w.router, BT, C, E);
-    moe_topk(ma->choice, x->cprob, ma->gate, ma->probs, BT, E, k);
+    moe_router_forward(ma->probs, ma->lse, in, w.router, BT, C, E, x->sigmoid);
+    moe_topk(ma->choice, x->cprob, ma->gate, ma->probs, x->bias + (size_t)x->layer * E, BT, E, k);
+    if (x->count_stats && record) { moe_load_count(x->load + (size_t)x->layer * E, ma->choice, BT, k); }
     // capacity and f count per whole sequence: with cp its other parts are on the other cp ranks (a
     // capacity needs their assignments: all-gathered; f is a sum: all-reduced; P and z stay partial sums)
     Group *cpg = x->cp;
@@ -242,7 +266,7 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
     } else {   // (dropless: every assignment kept, whatever the positions)
         moe_capacity_keep(ma->keep, ma->choice, x->cprob, 1, 0, B, T, k, x->cap, x->opt.policy);
     }
-    moe_sequence_stats(ma->f, x->pmean, x->zsum, ma->choice, ma->probs, ma->lse, B, T, E, k, Tg);
+    moe_sequence_stats(ma->f, x->pmean, x->zsum, ma->choice, ma->probs, ma->lse, B, T, E, k, Tg, x->sigmoid);
     comm_all_reduce(cpg, ma->f, (size_t)B * E, DT_FLOAT, NULL);
     // 2. the dispatch plan: rows per expert, exchanged over the ep group and checked; each row's place
     int mine[MOE_MAX_EXPERTS], offsets[MOE_MAX_EXPERTS];
@@ -277,7 +301,7 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
     }
     if (x->count_stats && record) {   // aux and z of this micro-batch's sequences (on the device), the kept fraction
         moe_loss_sums(x->sums, ma->f, x->pmean, x->zsum, B, E);
-        for (int e = 0; e < E; e++) { x->kept += mine[e]; }
+        for (int e = 0; e < E; e++) { x->kept += mine[e]; x->kept_layer[x->layer] += mine[e]; }
         x->assigned += (double)BT * k;
     }
 }
@@ -315,7 +339,7 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
     moe_unpermute(dx, x->msend, ma->row, BT, k, C);
     // 1. the router: identical on every tp rank (complete gates' gradient); its input gradient added once
     moe_router_backward(x->dlogits, x->dgate, ma->gate, ma->choice, ma->probs, ma->lse, ma->f, T, BT, E, k,
-                        x->aux_scale, x->z_scale);
+                        x->aux_scale, x->z_scale, x->sigmoid);
     moe_router_dweight(g.router, x->dlogits, in, BT, C, E);
     if (x->tp_rank == 0) { moe_router_dinput(dx, x->dlogits, w.router, BT, C, E); }
 }

@@ -25,6 +25,7 @@ typedef struct {
     int num_experts;        // E: 0 = dense
     int topk;               // k
     int moe_every;          // layer l is MoE when l % moe_every == moe_every - 1 (moe.h)
+    int router_score;       // MoE: the router's scores, ROUTER_SOFTMAX or ROUTER_SIGMOID (moe.h)
 } GPT2Config;
 
 enum { T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB,
@@ -88,6 +89,11 @@ static size_t num_parameters(const GPT2Config *c) {
     return n;
 }
 
+// The routing bias of loss-free balancing (moe.h), (Lm, E) fp32: model state, not a parameter (no
+// gradient, not in AdamW). A model's host array holds the parameters in file order, then this bias.
+static size_t num_router_bias(const GPT2Config *c) { return (size_t)num_moe_layers(c) * c->num_experts; }
+static size_t model_floats(const GPT2Config *c) { return num_parameters(c) + num_router_bias(c); }
+
 // Training FLOPs per token (6 per parameter a token passes through, and causal attention's 6 C T) of
 // layer l at sequence length T, and of the LM head (6 C Vp): the cost model of --pp-layers auto. A MoE
 // layer counts its router and k experts, the experts a token is sent to.
@@ -129,6 +135,10 @@ static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_T
 // MoE models (ours): version 13 (fp32) or 15 (bf16), header[8..10] = E, k, moe_every, and after
 // the 16 dense tensors (whose MLP tensors hold only the dense layers) routerw (Lm, E, C), efcw
 // (Lm, E, 4C, C), efcb (Lm, E, 4C), efcprojw (Lm, E, C, 4C), efcprojb (Lm, E, C) for the Lm MoE layers.
+// MoE version 23 (fp32) or 25 (bf16): the same, header[11] = the router's scores (0 softmax, 1 sigmoid),
+// and after the tensors the routing bias (Lm, E) in fp32 in both (its steps of --moe-bias-rate would
+// round away in bf16). Written when the scores are sigmoid or the bias is not all zero, else 13/15, so
+// files of models that use neither stay readable by older readers; 13/15 load with a zero bias.
 // header[255]: the CRC-32 of the body (guard.h; 0 = none, as in llm.c's files, which ignore slots 8..255).
 
 #define MODEL_MAGIC 20240326
@@ -178,24 +188,40 @@ static void check_finite(const GPT2Config *c, const float *all, const char *what
 // config and the bytes per stored parameter (4 or 2).
 // The header of a model file of shape c, its parameters stored in bf16 or fp32 (slot 255, the CRC, is the
 // writer's).
-static void model_header_write(int h[256], const GPT2Config *c, int bf16) {
+// bias: the routing bias (Lm, E) or NULL (zero).
+static int model_file_has_bias(const GPT2Config *c, const float *bias) {
+    if (c->num_experts == 0) { return 0; }
+    int nonzero = 0;
+    for (size_t i = 0; bias && i < num_router_bias(c); i++) { nonzero |= bias[i] != 0.0f; }
+    return c->router_score != ROUTER_SOFTMAX || nonzero;
+}
+static void model_header_write(int h[256], const GPT2Config *c, int bf16, int with_bias) {
     memset(h, 0, 256 * sizeof(int));
-    h[0] = MODEL_MAGIC; h[1] = (bf16 ? 5 : 3) + (c->num_experts > 0 ? 10 : 0);
+    h[0] = MODEL_MAGIC; h[1] = (bf16 ? 5 : 3) + (c->num_experts > 0 ? (with_bias ? 20 : 10) : 0);
     h[2] = c->max_seq_len; h[3] = c->vocab_size; h[4] = c->num_layers; h[5] = c->num_heads; h[6] = c->channels;
     h[7] = c->padded_vocab_size; h[8] = c->num_experts; h[9] = c->topk; h[10] = c->moe_every;
+    h[11] = with_bias ? c->router_score : 0;
 }
 
 // The shape in a model file's header (path: for the errors); returns the bytes per stored parameter (4 or 2).
 static size_t model_header_read(const int h[256], GPT2Config *c, const char *path) {
     if (h[0] != MODEL_MAGIC) { fail("model file '%s' has bad magic %d, expected %d", path, h[0], MODEL_MAGIC); }
-    int moe = h[1] == 13 || h[1] == 15;
+    int moe = h[1] == 13 || h[1] == 15 || h[1] == 23 || h[1] == 25;
     if (h[1] != 3 && h[1] != 5 && !moe) {
-        fail("model file '%s' has version %d, expected 3 (fp32), 5 (bf16), 13 (MoE fp32) or 15 (MoE bf16)", path, h[1]);
+        fail("model file '%s' has version %d, expected 3 (fp32), 5 (bf16), 13 or 23 (MoE fp32), 15 or 25 (MoE bf16)",
+             path, h[1]);
     }
     memset(c, 0, sizeof(*c));
     c->max_seq_len = h[2]; c->vocab_size = h[3]; c->num_layers = h[4]; c->num_heads = h[5]; c->channels = h[6];
     c->padded_vocab_size = h[7];
     if (moe) { c->num_experts = h[8]; c->topk = h[9]; c->moe_every = h[10]; }
+    if (h[1] > 20) {
+        if (h[11] != ROUTER_SOFTMAX && h[11] != ROUTER_SIGMOID) {
+            fail("model file '%s' has router scores %d in header slot 11, expected 0 (softmax) or 1 (sigmoid)", path,
+                 h[11]);
+        }
+        c->router_score = h[11];
+    }
     if (moe && c->num_experts < 1) {
         fail("model file '%s' is a MoE file (version %d) with %d experts", path, h[1], h[8]);
     }
@@ -207,16 +233,22 @@ static size_t model_header_read(const int h[256], GPT2Config *c, const char *pat
     return h[1] % 10 == 3 ? 4 : 2;
 }
 
+// Bytes of a model file's body after its header: the parameters (es bytes each), then (version 23/25)
+// the routing bias in fp32.
+static size_t model_body_bytes(const GPT2Config *c, const int h[256], size_t es) {
+    return num_parameters(c) * es + (h[1] > 20 ? num_router_bias(c) * sizeof(float) : 0);
+}
+
 static FILE *open_model_file(const char *path, GPT2Config *c, int h[256], size_t *es_out) {
     FILE *f = fopen_check(path, "rb");
     if (fread(h, sizeof(int), 256, f) != 256) {
         fail("model file '%s' is truncated: expected a 1024-byte header", path);
     }
-    size_t es = model_header_read(h, c, path), P = num_parameters(c);
+    size_t es = model_header_read(h, c, path), P = num_parameters(c), body = model_body_bytes(c, h, es);
     long size = file_size(f);
-    if ((size_t)size != 1024 + P * es) {
-        fail("model file '%s' is %ld bytes, expected %zu for its header (%zu parameters, version %d)", path, size,
-             1024 + P * es, P, h[1]);
+    if ((size_t)size != 1024 + body) {
+        fail("model file '%s' is %ld bytes, expected %zu for its header (%zu parameters%s, version %d)", path, size,
+             1024 + body, P, h[1] > 20 ? " and the routing bias" : "", h[1]);
     }
     *es_out = es;
     return f;
@@ -228,7 +260,7 @@ static float *read_model_file(const char *path, GPT2Config *c) {
     FILE *f = open_model_file(path, c, h, &es);
     P = num_parameters(c);
     check_file_crc(f, h, path);
-    float *params = (float *)malloc_check(P * sizeof(float));
+    float *params = (float *)calloc_check(model_floats(c), sizeof(float));   // (13/15: a zero routing bias)
     if (es == 4) {
         fread_check(params, 4, P, f, path);
     } else {
@@ -237,8 +269,15 @@ static float *read_model_file(const char *path, GPT2Config *c) {
         for (size_t i = 0; i < P; i++) { params[i] = bf16_to_float(tmp[i]); }
         free(tmp);
     }
+    if (h[1] > 20) { fread_check(params + P, sizeof(float), num_router_bias(c), f, path); }
     fclose(f);
     check_finite(c, params, path);
+    for (size_t i = 0; i < num_router_bias(c); i++) {
+        if (!isfinite(params[P + i])) {
+            fail("%s: the routing bias [%zu] (MoE layer %zu, expert %zu) is %g, not a finite number", path, i,
+                 i / c->num_experts, i % c->num_experts, params[P + i]);
+        }
+    }
     return params;
 }
 
@@ -290,9 +329,7 @@ static int parse_descriptor(const char *s, GPT2Config *c) {
 // weights 1, biases 0, padded vocab rows 0; the router N(0, 0.02), the experts as the dense MLP.
 // Same numbers on every rank, whatever the layout.
 static float *random_init(const GPT2Config *c, uint64_t seed) {
-    size_t P = num_parameters(c);
-    float *all = (float *)malloc_check(P * sizeof(float));
-    memset(all, 0, P * sizeof(float));
+    float *all = (float *)calloc_check(model_floats(c), sizeof(float));   // (the routing bias: zero)
     float *t[NUM_TENSORS];
     split_tensors(c, all, t);
     Rng rng;
@@ -316,7 +353,7 @@ static float *random_init(const GPT2Config *c, uint64_t seed) {
 // (Also how test_gpt lays out a dense reference's gradients for an E = 1 model.)
 static float *upcycle_dense(const GPT2Config *dense, float *dense_all, const GPT2Config *moe, uint64_t seed,
                             int router_zero) {
-    float *all = (float *)malloc_check(num_parameters(moe) * sizeof(float));
+    float *all = (float *)calloc_check(model_floats(moe), sizeof(float));   // (the routing bias: zero)
     float *d[NUM_TENSORS], *t[NUM_TENSORS];
     split_tensors(dense, dense_all, d);
     split_tensors(moe, all, t);

@@ -3,11 +3,15 @@
 // THE LAYER. With --experts E --topk k, layer l is a MoE layer when l % every == every-1 (--moe-every,
 // default 1): its MLP becomes E expert MLPs of the dense MLP's shape (fc C->4C with bias, GELU, fcproj
 // 4C->C with bias) behind a router. For the tokens x (N, C) of the ln2 output:
-//   router    logits = x W_r^T in fp32, W_r (E, C), no bias, the same on every rank;
-//             p = softmax(logits) over all E, lse = logsumexp(logits)
-//   top-k     the k largest p of each token, ties to the LOWER expert index, in order of p;
-//             gates: k = 1: g = p_e (Switch: the router learns from the main loss); k > 1: the k
-//             probabilities renormalised to sum 1
+//   router    logits = x W_r^T in fp32, W_r (E, C), no bias, the same on every rank; lse = logsumexp(logits);
+//             the scores p (--router-score): softmax(logits) over all E (default), or sigmoid(logit_e)
+//             each (DeepSeek-V3; the model file records which)
+//   top-k     the k largest p_e + b_e of each token, ties to the LOWER expert index, in that order; b (E)
+//             the layer's routing bias (loss-free balancing, below; zero unless trained with it) moves
+//             the choice only: gates, the drop order and the aux loss use the unbiased p.
+//             gates: k = 1 (softmax only): g = p_e (Switch: the router learns from the main loss); else
+//             the k scores renormalised to sum 1 (sigmoid with k = 1 would give a constant gate 1 and
+//             no router gradient: refused)
 //   capacity  counted PER SEQUENCE of T tokens, so that the drops never depend on the layout (B, dp,
 //             cp, pp, ep, accumulation; with cp each rank ranks its assignments against the whole
 //             sequence's, all-gathered over cp, at their positions in it): each expert keeps at most cap = min(T,
@@ -22,13 +26,22 @@
 //   output    out[t] = sum over its kept assignments j (in order) of g_j * expert_{e_j}(x[t])
 // AUXILIARY LOSSES, also per sequence. Load balancing (Switch): per sequence and MoE layer
 //   aux = E sum_i f_i P_i, f_i = (top-k assignments to i, before drops) / (k T) (no gradient),
-//   P_i = the sequence's mean of p_i (with cp: f summed over the cp ranks, P left as each rank's partial sum:
-//   aux is linear in P). Router z-loss per token: lse^2. The optimised loss is
+//   P_i = the sequence's mean of p_i, with sigmoid scores of p_i / sum_e p_e (DeepSeek-V3's normalised
+//   scores) (with cp: f summed over the cp ranks, P left as each rank's partial sum: aux is linear in P).
+//   Router z-loss per token: lse^2 (a softmax router's regulariser: with sigmoid scores its coefficient must
+//   be 0, the default there; main.log's z reports lse^2 still). The optimised loss is
 //   CE + aux_coeff * (mean over the global batch's sequences of the sum over MoE layers of aux)
 //      + z_coeff * (mean over its tokens of the sum over MoE layers of lse^2);
 // main.log's trl stays the CE alone. E = 1, k = 1 is the dense model exactly when z_coeff = 0 (g = 1,
 // and aux = 1 has no gradient; the z-loss would still train the router and the layers below it).
 //
+// LOSS-FREE BALANCING (DeepSeek-V3's auxiliary-loss-free strategy, --moe-bias-rate u, 0 = off): after each
+// step that updates the parameters, per MoE layer, load_e = the top-k assignments to e before drops over the
+// whole global batch (every dp and cp rank, every micro-batch, each token once; integers) and
+//   b_e <- b_e - u sign(E load_e - sum_i load_i)     (sign(0) = 0)
+// so an overloaded expert is chosen less and an underloaded one more. b is fp32, the same on every rank, no
+// gradient, no weight decay, outside the gradient norm; it is model state (the model file keeps it).
+// The update runs on the device after the optimizer step (a skipped step leaves b as it is): no host wait.
 // EXPERT PARALLELISM (--ep N): expert_parallel.h runs a MoE layer over the ep group with these kernels.
 #ifndef LLMC_MOE_H
 #define LLMC_MOE_H
@@ -43,12 +56,14 @@
 #define MOE_MAX_EXPERTS 256
 
 typedef enum { DROP_PROBS, DROP_POSITION } DropPolicy;
+typedef enum { ROUTER_SOFTMAX = 0, ROUTER_SIGMOID = 1 } RouterScore;   // (the model file's numbers)
 
-// The training options of the MoE layers (the shape, E, k and every, is in the model).
+// The training options of the MoE layers (the shape, E, k, every and the scores, is in the model).
 typedef struct {
     int cap1000;          // capacity factor x 1000; 0 = dropless
     DropPolicy policy;
     float aux_coeff, z_coeff;
+    float bias_rate;      // loss-free balancing: the routing bias's step u (0: off)
 } MoEOptions;
 
 // Assignments one expert keeps from one sequence of T tokens (0 < cap <= T).
@@ -64,21 +79,23 @@ static int moe_capacity(int k, int T, int E, int cap1000) {
 // function of the thread's indices (token t, expert e, ...): the loop runs it for every index, the kernel
 // for its thread's.
 
-// Row t of probs (N, E) holds the token's logits and becomes their softmax; lse[t] = their logsumexp.
+// Row t of probs (N, E) holds the token's logits and becomes their scores: softmax, or (sigmoid) each
+// logit's sigmoid; lse[t] = their logsumexp.
 #ifdef USE_CUDA
 __host__ __device__
 #endif
-static inline void moe_softmax_body(int t, float *probs, float *lse, int E) {
+static inline void moe_scores_body(int t, float *probs, float *lse, int E, int sigmoid) {
     float *p = probs + (size_t)t * E, m = -INFINITY, s = 0.0f;
     for (int e = 0; e < E; e++) { if (p[e] > m) { m = p[e]; } }
-    for (int e = 0; e < E; e++) { p[e] = expf(p[e] - m); s += p[e]; }
-    for (int e = 0; e < E; e++) { p[e] /= s; }
+    for (int e = 0; e < E; e++) { s += expf(p[e] - m); }
+    for (int e = 0; e < E; e++) { p[e] = sigmoid ? 1.0f / (1.0f + expf(-p[e])) : expf(p[e] - m) / s; }
     lse[t] = m + logf(s);
 }
 
-// x (N, C), wr (E, C) -> probs (N, E) = softmax(x wr^T), lse (N). Each logit is one dot product in
+// x (N, C), wr (E, C) -> probs (N, E) = the scores of x wr^T, lse (N). Each logit is one dot product in
 // channel order, so a token's routing does not depend on the other tokens of the batch.
-static void moe_router_forward_cpu(float *probs, float *lse, const float *x, const float *wr, int N, int C, int E) {
+static void moe_router_forward_cpu(float *probs, float *lse, const float *x, const float *wr, int N, int C, int E,
+                                   int sigmoid) {
     #pragma omp parallel for
     for (int t = 0; t < N; t++) {
         float *p = probs + (size_t)t * E;
@@ -87,25 +104,28 @@ static void moe_router_forward_cpu(float *probs, float *lse, const float *x, con
             for (int c = 0; c < C; c++) { z += x[(size_t)t * C + c] * wr[(size_t)e * C + c]; }
             p[e] = z;
         }
-        moe_softmax_body(t, probs, lse, E);
+        moe_scores_body(t, probs, lse, E, sigmoid);
     }
 }
 
-// probs (N, E) -> choice (N, k): the k largest in order, ties to the lower index; cprob (N, k) their
-// probabilities; gate (N, k).
+// probs (N, E), bias (E) -> choice (N, k): the k largest p_e + b_e in order, ties to the lower index;
+// cprob (N, k) their scores p_e (unbiased); gate (N, k).
 #ifdef USE_CUDA
 __host__ __device__
 #endif
-static inline void moe_topk_body(int t, int *choice, float *cprob, float *gate, const float *probs, int E, int k) {
+static inline void moe_topk_body(int t, int *choice, float *cprob, float *gate, const float *probs, const float *bias,
+                                 int E, int k) {
     const float *p = probs + (size_t)t * E;
     int *ch = choice + (size_t)t * k;
     float sum = 0.0f;
     for (int j = 0; j < k; j++) {
         int best = -1;
+        float key_best = 0.0f;
         for (int e = 0; e < E; e++) {
             int taken = 0;
             for (int i = 0; i < j; i++) { taken |= ch[i] == e; }
-            if (!taken && (best < 0 || p[e] > p[best])) { best = e; }   // strict: the lower index wins ties
+            float key = p[e] + bias[e];
+            if (!taken && (best < 0 || key > key_best)) { best = e; key_best = key; }   // strict: the lower index wins ties
         }
         ch[j] = best;
         cprob[(size_t)t * k + j] = p[best];
@@ -113,8 +133,9 @@ static inline void moe_topk_body(int t, int *choice, float *cprob, float *gate, 
     }
     for (int j = 0; j < k; j++) { gate[(size_t)t * k + j] = k == 1 ? p[ch[j]] : p[ch[j]] / sum; }
 }
-static void moe_topk_cpu(int *choice, float *cprob, float *gate, const float *probs, int N, int E, int k) {
-    for (int t = 0; t < N; t++) { moe_topk_body(t, choice, cprob, gate, probs, E, k); }
+static void moe_topk_cpu(int *choice, float *cprob, float *gate, const float *probs, const float *bias, int N, int E,
+                         int k) {
+    for (int t = 0; t < N; t++) { moe_topk_body(t, choice, cprob, gate, probs, bias, E, k); }
 }
 
 // Does assignment (t, j) come before (t2, j2) for their expert e? probs: higher p_e, then earlier t;
@@ -163,18 +184,32 @@ static void moe_capacity_keep_cpu(int *keep, const int *choice, const float *cpr
     }
 }
 
+// The sum of a token's scores that the aux loss divides them by: 1 for softmax (p sums to 1 already), the
+// sum of the E sigmoids otherwise (DeepSeek-V3's normalised scores).
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline float moe_score_norm(const float *p, int E, int sigmoid) {
+    float n = 0.0f;
+    if (!sigmoid) { return 1.0f; }
+    for (int e = 0; e < E; e++) { n += p[e]; }
+    return n;
+}
+
 // Per sequence b of T tokens here, of Tg in all (context parallelism: the sequence's other tokens are on
 // the other cp ranks, whose sums the caller adds): f (B, E) = top-k assignments to e (before drops) / (k Tg);
-// pmean (B, E) = sum of p_e / Tg; zsum (B) = sum over the tokens of lse^2.
+// pmean (B, E) = sum of p_e / (norm of the token's scores) / Tg; zsum (B) = sum over the tokens of lse^2.
 static void moe_sequence_stats_cpu(float *f, float *pmean, float *zsum, const int *choice, const float *probs,
-                                   const float *lse, int B, int T, int E, int k, int Tg) {
+                                   const float *lse, int B, int T, int E, int k, int Tg, int sigmoid) {
     for (int b = 0; b < B; b++) {
         float *fb = f + (size_t)b * E, *pb = pmean + (size_t)b * E;
         float z = 0.0f;
         for (int e = 0; e < E; e++) { fb[e] = 0.0f; pb[e] = 0.0f; }
         for (int t = b * T; t < (b + 1) * T; t++) {
+            const float *p = probs + (size_t)t * E;
+            float norm = moe_score_norm(p, E, sigmoid);
             for (int j = 0; j < k; j++) { fb[choice[(size_t)t * k + j]] += 1.0f; }
-            for (int e = 0; e < E; e++) { pb[e] += probs[(size_t)t * E + e]; }
+            for (int e = 0; e < E; e++) { pb[e] += p[e] / norm; }
             z += lse[t] * lse[t];
         }
         for (int e = 0; e < E; e++) { fb[e] /= (float)(k * Tg); pb[e] /= (float)Tg; }
@@ -203,6 +238,29 @@ static inline void moe_loss_sums_body(double *sums, const float *f, const float 
 static void moe_count_cpu(int *counts, const int *choice, const int *keep, int N, int E, int k) {
     for (int e = 0; e < E; e++) { counts[e] = 0; }
     for (size_t i = 0; i < (size_t)N * k; i++) { if (keep[i]) { counts[choice[i]]++; } }
+}
+
+// load (E) += the top-k assignments (before drops) of N tokens to each expert (loss-free balancing, the log).
+static void moe_load_count_cpu(int *load, const int *choice, int N, int k) {
+    for (size_t i = 0; i < (size_t)N * k; i++) { load[choice[i]]++; }
+}
+
+// Loss-free balancing's update of one MoE layer's bias (E) from its load (E) over the global batch, unless the
+// step's update was skipped (*scale == 0: gpt2_update's clip scale).
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline void moe_bias_update_body(int e, float *bias, const int *load, int E, float rate, const float *scale) {
+    if (*scale == 0.0f) { return; }
+    long long total = 0;
+    for (int i = 0; i < E; i++) { total += load[i]; }
+    long long d = (long long)E * load[e] - total;
+    bias[e] -= rate * (float)((d > 0) - (d < 0));
+}
+static void moe_bias_update_cpu(float *bias, const int *load, int nlayers, int E, float rate, const float *scale) {
+    for (int l = 0; l < nlayers; l++) {
+        for (int e = 0; e < E; e++) { moe_bias_update_body(e, bias + (size_t)l * E, load + (size_t)l * E, E, rate, scale); }
+    }
 }
 
 // row (N, k): where each kept assignment goes in the send layout (experts in order, offsets (E) their
@@ -273,20 +331,26 @@ static void moe_unpermute_cpu(float *dx, const float *dxs, const int *row, int N
 // The router's backward to its logits, dlogits (N, E), from: dgate (N, k) (the gates' gradient, summed
 // over tp), and the two auxiliary losses, aux_scale = aux_coeff E / (T * sequences in the global batch)
 // times f (B, E) per token of sequence b, z_scale = z_coeff / (tokens in the global batch):
+//   aux -> p:     softmax: dp_e = aux_scale f[b][e]; sigmoid (P of p' = p / S_all, S_all = sum_i p_i):
+//                 a_e = aux_scale f[b][e], dp_e = (a_e - sum_i a_i p_i / S_all) / S_all
 //   gates -> p:   k = 1: dp_e += dg;  k > 1: g_j = p_j / S, dp_{e_j} += (dg_j - sum_i dg_i g_i) / S
-//   aux -> p:     dp_e += aux_scale f[b][e]
-//   softmax:      dlogit_e = p_e (dp_e - sum_i p_i dp_i)
-//   z:            dlogit_e += z_scale 2 lse p_e
+//   softmax:      dlogit_e = p_e (dp_e - sum_i p_i dp_i), then z: dlogit_e += z_scale 2 lse p_e
+//   sigmoid:      dlogit_e = p_e (1 - p_e) dp_e (z_scale is 0)
 #ifdef USE_CUDA
 __host__ __device__
 #endif
 static inline void moe_router_backward_body(int t, float *dlogits, const float *dgate, const float *gate,
                                             const int *choice, const float *probs, const float *lse, const float *f,
-                                            int T, int E, int k, float aux_scale, float z_scale) {
+                                            int T, int E, int k, float aux_scale, float z_scale, int sigmoid) {
     const float *p = probs + (size_t)t * E, *dg = dgate + (size_t)t * k, *g = gate + (size_t)t * k;
     const int *ch = choice + (size_t)t * k;
     float *dl = dlogits + (size_t)t * E;   // holds dp first, then the logits' gradient
     for (int e = 0; e < E; e++) { dl[e] = aux_scale * f[(size_t)(t / T) * E + e]; }
+    if (sigmoid) {
+        float S_all = moe_score_norm(p, E, 1), dot = 0.0f;
+        for (int e = 0; e < E; e++) { dot += dl[e] * p[e]; }
+        for (int e = 0; e < E; e++) { dl[e] = (dl[e] - dot / S_all) / S_all; }
+    }
     if (k == 1) {
         dl[ch[0]] += dg[0];
     } else {
@@ -294,16 +358,20 @@ static inline void moe_router_backward_body(int t, float *dlogits, const float *
         for (int j = 0; j < k; j++) { S += p[ch[j]]; dot += dg[j] * g[j]; }
         for (int j = 0; j < k; j++) { dl[ch[j]] += (dg[j] - dot) / S; }
     }
+    if (sigmoid) {
+        for (int e = 0; e < E; e++) { dl[e] = p[e] * (1.0f - p[e]) * dl[e]; }
+        return;
+    }
     float pdp = 0.0f;
     for (int e = 0; e < E; e++) { pdp += p[e] * dl[e]; }
     for (int e = 0; e < E; e++) { dl[e] = p[e] * (dl[e] - pdp) + z_scale * 2.0f * lse[t] * p[e]; }
 }
 static void moe_router_backward_cpu(float *dlogits, const float *dgate, const float *gate, const int *choice,
                                     const float *probs, const float *lse, const float *f, int T, int N, int E, int k,
-                                    float aux_scale, float z_scale) {
+                                    float aux_scale, float z_scale, int sigmoid) {
     #pragma omp parallel for
     for (int t = 0; t < N; t++) {
-        moe_router_backward_body(t, dlogits, dgate, gate, choice, probs, lse, f, T, E, k, aux_scale, z_scale);
+        moe_router_backward_body(t, dlogits, dgate, gate, choice, probs, lse, f, T, E, k, aux_scale, z_scale, sigmoid);
     }
 }
 
@@ -337,7 +405,7 @@ static void moe_router_dinput_cpu(float *dx, const float *dlogits, const float *
 #ifdef USE_CUDA
 // one warp per token: each logit a warp-reduced dot product, then the softmax in lane 0's registers
 __global__ void moe_router_forward_kernel(float *probs, float *lse, const floatX *x, const floatX *wr, int N, int C,
-                                          int E) {
+                                          int E, int sigmoid) {
     int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (t >= N) { return; }
     float *p = probs + (size_t)t * E;
@@ -348,12 +416,26 @@ __global__ void moe_router_forward_kernel(float *probs, float *lse, const floatX
         if (lane == 0) { p[e] = z; }
     }
     __syncwarp();
-    if (lane == 0) { moe_softmax_body(t, probs, lse, E); }
+    if (lane == 0) { moe_scores_body(t, probs, lse, E, sigmoid); }
 }
 
-__global__ void moe_topk_kernel(int *choice, float *cprob, float *gate, const float *probs, int N, int E, int k) {
+__global__ void moe_topk_kernel(int *choice, float *cprob, float *gate, const float *probs, const float *bias, int N,
+                                int E, int k) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t < N) { moe_topk_body(t, choice, cprob, gate, probs, E, k); }
+    if (t < N) { moe_topk_body(t, choice, cprob, gate, probs, bias, E, k); }
+}
+
+// one thread per assignment: the counts are integers, so the order of the atomic adds does not matter
+__global__ void moe_load_count_kernel(int *load, const int *choice, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        atomicAdd(load + choice[i], 1);
+    }
+}
+
+// grid (nlayers), one thread per expert
+__global__ void moe_bias_update_kernel(float *bias, const int *load, int E, float rate, const float *scale) {
+    size_t l = blockIdx.x;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) { moe_bias_update_body(e, bias + l * E, load + l * E, E, rate, scale); }
 }
 
 // grid (B), block 256: each thread ranks the assignments of its tokens against the whole sequence (all S parts)
@@ -372,13 +454,14 @@ __global__ void moe_loss_sums_kernel(double *sums, const float *f, const float *
 
 // grid (B), one thread per expert
 __global__ void moe_sequence_stats_kernel(float *f, float *pmean, float *zsum, const int *choice, const float *probs,
-                                          const float *lse, int T, int E, int k, int Tg) {
+                                          const float *lse, int T, int E, int k, int Tg, int sigmoid) {
     int b = blockIdx.x;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         float n = 0.0f, ps = 0.0f;
         for (int t = b * T; t < (b + 1) * T; t++) {
+            const float *p = probs + (size_t)t * E;
             for (int j = 0; j < k; j++) { n += choice[(size_t)t * k + j] == e ? 1.0f : 0.0f; }
-            ps += probs[(size_t)t * E + e];
+            ps += p[e] / moe_score_norm(p, E, sigmoid);
         }
         f[(size_t)b * E + e] = n / (float)(k * Tg);
         pmean[(size_t)b * E + e] = ps / (float)Tg;
@@ -475,10 +558,10 @@ __global__ void moe_unpermute_kernel(floatX *dx, const floatX *dxs, const int *r
 
 __global__ void moe_router_backward_kernel(float *dlogits, const float *dgate, const float *gate, const int *choice,
                                            const float *probs, const float *lse, const float *f, int T, int N, int E,
-                                           int k, float aux_scale, float z_scale) {
+                                           int k, float aux_scale, float z_scale, int sigmoid) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t < N) {
-        moe_router_backward_body(t, dlogits, dgate, gate, choice, probs, lse, f, T, E, k, aux_scale, z_scale);
+        moe_router_backward_body(t, dlogits, dgate, gate, choice, probs, lse, f, T, E, k, aux_scale, z_scale, sigmoid);
     }
 }
 
@@ -512,23 +595,47 @@ __global__ void moe_router_dinput_kernel(floatX *dx, const float *dlogits, const
 // ----------------------------------------------------------------------------
 // launchers: one signature for both backends
 
-static void moe_router_forward(float *probs, float *lse, const floatX *x, const floatX *wr, int N, int C, int E) {
+static void moe_router_forward(float *probs, float *lse, const floatX *x, const floatX *wr, int N, int C, int E,
+                               int sigmoid) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_router_forward_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(probs, lse, x, wr, N, C, E);
+    moe_router_forward_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(probs, lse, x, wr, N, C, E, sigmoid);
     cudaCheckLaunch();
 #else
-    moe_router_forward_cpu(probs, lse, x, wr, N, C, E);
+    moe_router_forward_cpu(probs, lse, x, wr, N, C, E, sigmoid);
 #endif
 }
 
-static void moe_topk(int *choice, float *cprob, float *gate, const float *probs, int N, int E, int k) {
+static void moe_topk(int *choice, float *cprob, float *gate, const float *probs, const float *bias, int N, int E,
+                     int k) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_topk_kernel<<<ceil_div(N, 256), 256, 0, main_stream>>>(choice, cprob, gate, probs, N, E, k);
+    moe_topk_kernel<<<ceil_div(N, 256), 256, 0, main_stream>>>(choice, cprob, gate, probs, bias, N, E, k);
     cudaCheckLaunch();
 #else
-    moe_topk_cpu(choice, cprob, gate, probs, N, E, k);
+    moe_topk_cpu(choice, cprob, gate, probs, bias, N, E, k);
+#endif
+}
+
+// load (E, device) += the top-k assignments of N tokens to each expert
+static void moe_load_count(int *load, const int *choice, int N, int k) {
+#ifdef USE_CUDA
+    if (N <= 0) { return; }
+    moe_load_count_kernel<<<elementwise_grid((size_t)N * k, 256), 256, 0, main_stream>>>(load, choice, (size_t)N * k);
+    cudaCheckLaunch();
+#else
+    moe_load_count_cpu(load, choice, N, k);
+#endif
+}
+
+// bias (nlayers, E) from load (nlayers, E), on the device; scale: the step's clip scale (device)
+static void moe_bias_update(float *bias, const int *load, int nlayers, int E, float rate, const float *scale) {
+#ifdef USE_CUDA
+    if (nlayers <= 0) { return; }
+    moe_bias_update_kernel<<<nlayers, 256, 0, main_stream>>>(bias, load, E, rate, scale);
+    cudaCheckLaunch();
+#else
+    moe_bias_update_cpu(bias, load, nlayers, E, rate, scale);
 #endif
 }
 
@@ -544,13 +651,13 @@ static void moe_capacity_keep(int *keep, const int *choice, const float *cprob, 
 }
 
 static void moe_sequence_stats(float *f, float *pmean, float *zsum, const int *choice, const float *probs,
-                               const float *lse, int B, int T, int E, int k, int Tg) {
+                               const float *lse, int B, int T, int E, int k, int Tg, int sigmoid) {
 #ifdef USE_CUDA
     if (B <= 0) { return; }
-    moe_sequence_stats_kernel<<<B, 32, 0, main_stream>>>(f, pmean, zsum, choice, probs, lse, T, E, k, Tg);
+    moe_sequence_stats_kernel<<<B, 32, 0, main_stream>>>(f, pmean, zsum, choice, probs, lse, T, E, k, Tg, sigmoid);
     cudaCheckLaunch();
 #else
-    moe_sequence_stats_cpu(f, pmean, zsum, choice, probs, lse, B, T, E, k, Tg);
+    moe_sequence_stats_cpu(f, pmean, zsum, choice, probs, lse, B, T, E, k, Tg, sigmoid);
 #endif
 }
 
@@ -629,14 +736,14 @@ static void moe_unpermute(floatX *dx, const floatX *dxs, const int *row, int N, 
 
 static void moe_router_backward(float *dlogits, const float *dgate, const float *gate, const int *choice,
                                 const float *probs, const float *lse, const float *f, int T, int N, int E, int k,
-                                float aux_scale, float z_scale) {
+                                float aux_scale, float z_scale, int sigmoid) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
     moe_router_backward_kernel<<<ceil_div(N, 128), 128, 0, main_stream>>>(dlogits, dgate, gate, choice, probs, lse, f,
-                                                                          T, N, E, k, aux_scale, z_scale);
+                                                                          T, N, E, k, aux_scale, z_scale, sigmoid);
     cudaCheckLaunch();
 #else
-    moe_router_backward_cpu(dlogits, dgate, gate, choice, probs, lse, f, T, N, E, k, aux_scale, z_scale);
+    moe_router_backward_cpu(dlogits, dgate, gate, choice, probs, lse, f, T, N, E, k, aux_scale, z_scale, sigmoid);
 #endif
 }
 

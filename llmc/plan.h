@@ -41,7 +41,7 @@ static double plan_reserve(PlanBuild b) { return b.cuda ? 1024.0 * 1048576.0 : 0
 // returns the stage with the largest peak total.
 static int plan_stages(const Args *a, const GPT2Config *c, int world, PlanBuild b, MemPlan *plans) {
     int worst = 0;
-    for (int s = 0; s < a->pp; s++) { plans[s] = gpt2_plan(a, c, moe_options(a), world, s * a->tp * a->cp, b); }
+    for (int s = 0; s < a->pp; s++) { plans[s] = gpt2_plan(a, c, moe_options(a, c), world, s * a->tp * a->cp, b); }
     for (int s = 1; s < a->pp; s++) { if (plans[s].peak_total > plans[worst].peak_total) { worst = s; } }
     return worst;
 }
@@ -211,7 +211,7 @@ static void plan_print_stages(const Args *a, const GPT2Config *c, int world, Pla
         printf(" | %10.1f\n", plans[s].peak_total / 1048576.0);
         // the stage's last (tp, cp, dp) position: the same, or a row of its own
         int last = s * a->tp * a->cp + (a->tp - 1) + a->tp * (a->cp - 1) + a->tp * a->cp * a->pp * (a->dp - 1);
-        MemPlan other = gpt2_plan(a, c, moe_options(a), world, last, b);
+        MemPlan other = gpt2_plan(a, c, moe_options(a, c), world, last, b);
         int same = other.peak_total == plans[s].peak_total;
         for (int k = 0; k < MEM_NCAT; k++) { same &= other.peak[k] == plans[s].peak[k]; }
         if (!same) {
@@ -296,7 +296,7 @@ static void check_memory_fits(const Args *a, const GPT2Config *c, Grid *g) {
     PlanBuild b = plan_build(a);
     double limit = a->memory_limit > 0 ? a->memory_limit : device_free_bytes();
     if (limit <= 0) { return; }
-    MemPlan mine = gpt2_plan(a, c, moe_options(a), g->world_size, g->rank, b);
+    MemPlan mine = gpt2_plan(a, c, moe_options(a, c), g->world_size, g->rank, b);
     double need = (double)mine.peak_total + (a->memory_limit > 0 ? plan_reserve(b) : 0.0);
     int over = need > limit ? 1 : 0;
     comm_host_all_reduce(&g->world, &over, 1, DT_INT, HOST_MAX, "all-reduce (memory plan)");

@@ -32,6 +32,12 @@ Mixture of Experts (--E E --k K, as llmc/moe.h defines it): layer l is MoE when
   dense layers. Init: routerw, efcw, efcb, efcprojb N(0,.02), efcprojw N(0,.02/sqrt(2L)).
   Near-ties flip with rounding: the data seed is advanced until every routing decision of
   every step has a margin of at least --min_margin (default 1e-6; moe.bin records it).
+  --score sigmoid: p_e = sigmoid(logit_e) each (DeepSeek-V3), gates = the k selected p
+  renormalised (k >= 2), aux's P_i = the mean of p_i / sum_e p_e; the z-loss needs z_coeff 0.
+  --bias_rate u (loss-free balancing, DeepSeek-V3): per MoE layer a bias b (E), zero at first,
+  chooses the top k of p + b (gates, drops and aux use p; margins are of p + b); after each
+  step b -= u * sign(E * load - sum(load)), load = the step's top-k assignments per expert
+  before drops (fp32, no gradient).
 Training: step s uses R rows of T tokens: row i inputs = tok[s*D+i*T : +T], targets
   shifted by one (D = R*T).  Global-norm clip, then llm.c AdamW (hand written), weight
   decay only on wte, wpe, qkvw, attprojw, fcw, fcprojw; llm.c cosine lr with warmup.
@@ -39,8 +45,10 @@ Training: step s uses R rows of T tokens: row i inputs = tok[s*D+i*T : +T], targ
 Files in DIR (all little-endian):
   model.bin      int32 hdr[256] = {20240326, 3, maxT, V, L, NH, C, Vp, 0...}, then the 16
                  INITIAL tensors as fp32 (wte with all Vp rows). MoE: version 13 and
-                 hdr[8..10] = E, k, every, then the 21 tensors
-  model_bf16.bin same with hdr[1] = 5 (MoE: 15) and tensors as bf16 (round-to-nearest-even)
+                 hdr[8..10] = E, k, every, then the 21 tensors; with sigmoid scores version 23,
+                 hdr[11] = 1, and after the tensors the routing bias (Lm, E) fp32 (zero)
+  model_bf16.bin same with hdr[1] = 5 (MoE: 15, 25) and tensors as bf16 (round-to-nearest-even;
+                 the routing bias stays fp32)
   data.bin       int32 hdr[256] = {20240520, 1, ntok, 0...}, then ntok uint16 tokens,
                  ntok = (nsteps+1)*D + 1, seeded random first-order Markov chain
   state.bin      int32 hdr[256] = {20241129, 1, T, R, nsteps, warmup, 0...}
@@ -49,14 +57,17 @@ Files in DIR (all little-endian):
                  16 fp32 gradient tensors of step 0 (raw, before clipping; llm.c order)
                  fp32 step_losses[nsteps], fp32 step_norms[nsteps] (pre-clip norms)
                  16 fp32 parameter tensors after the last step (MoE: 21 tensors, both times)
-  moe.bin        (MoE only) int32 hdr[256] = {20241130, 1, E, k, every, F1000, policy (0 probs,
-                 1 position), Lm, R, T, nsteps, 0...}; fp32 fhdr[256] = {aux_coeff, z_coeff,
-                 aux0, z0, dropped0, min_margin, 0...}; step 0: int32 choice[Lm][R][T][k] (the
+  moe.bin        (MoE only) int32 hdr[256] = {20241130, 2, E, k, every, F1000, policy (0 probs,
+                 1 position), Lm, R, T, nsteps, 1 (loads and bias below), 0...}; fp32 fhdr[256] =
+                 {aux_coeff, z_coeff, aux0, z0, dropped0, min_margin, bias_rate, 0...};
+                 step 0: int32 choice[Lm][R][T][k] (the
                  experts in order of p), int32 keep[Lm][R][T][k], fp32 topk_margin[Lm][R][T]
                  (smallest gap between consecutive sorted p among the first min(k,E-1)+1),
                  fp32 cap_margin[Lm][R][E] (probs policy, more candidates than cap: p of the
                  last kept minus p of the first dropped; else inf); then fp32 aux[nsteps],
-                 z[nsteps], dropped[nsteps] (fraction of assignments dropped)
+                 z[nsteps], dropped[nsteps] (fraction of assignments dropped); int32
+                 load[nsteps][Lm][E] (each step's top-k assignments per expert, before drops);
+                 fp32 bias[Lm][E] (the routing bias after the last step)
   README.txt     human-readable summary
 """
 import argparse, math, os, sys, time
@@ -71,7 +82,8 @@ CONFIGS = {
     "tiny": dict(L=4, C=64, NH=4, V=250, Vp=256, maxT=64, T=32, R=8, lr=3e-3, clip=0.6),
     "d4": dict(L=4, C=256, NH=4, V=50257, Vp=50304, maxT=1024, T=64, R=4, lr=1e-3, clip=1.0),
 }
-MOE_DEFAULTS = dict(E=0, k=1, every=1, F=1.25, policy="probs", aux_coeff=0.01, z_coeff=0.001)
+MOE_DEFAULTS = dict(E=0, k=1, every=1, F=1.25, policy="probs", aux_coeff=0.01, z_coeff=0.001, score="softmax",
+                    bias_rate=0.0)
 
 def is_moe_layer(cfg, l):
     return cfg["E"] > 0 and l % cfg["every"] == cfg["every"] - 1
@@ -85,6 +97,9 @@ def layer_slots(cfg):
         else:
             slots.append(("dense", nd)); nd += 1
     return slots
+
+def layer_slots_moe(cfg):
+    return [i for kind, i in layer_slots(cfg) if kind == "moe"]
 
 def names(cfg):
     return NAMES + (MOE_NAMES if cfg["E"] > 0 else [])
@@ -198,11 +213,13 @@ def moe_mlp(x, p, i, cfg, log):
     B, T, C = x.shape
     E, k = cfg["E"], cfg["k"]
     logits = x @ p["routerw"][i].t()                          # (B, T, E)
-    probs = torch.softmax(logits, dim=-1)
+    sigmoid = cfg["score"] == "sigmoid"
+    probs = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
     lse = torch.logsumexp(logits, dim=-1)
-    choice, topk_margin = route(probs.detach(), k)            # (B, T, k)
+    bias = cfg["bias"][i] if "bias" in cfg else torch.zeros(E)
+    choice, topk_margin = route(probs.detach() + bias, k)     # (B, T, k), chosen by p + b
     sel = probs.gather(-1, choice)
-    gates = sel if k == 1 else sel / sel.sum(dim=-1, keepdim=True)
+    gates = sel if (k == 1 and not sigmoid) else sel / sel.sum(dim=-1, keepdim=True)
     keep, cap_margin = keep_assignments(choice, probs.detach(), capacity(cfg, T), cfg["policy"])
     out = torch.zeros_like(x)
     for e in range(E):
@@ -212,10 +229,12 @@ def moe_mlp(x, p, i, cfg, log):
         h = gelu_tanh(x[b_idx, t_idx] @ p["efcw"][i, e].t() + p["efcb"][i, e])
         y = h @ p["efcprojw"][i, e].t() + p["efcprojb"][i, e]
         out = out.index_put((b_idx, t_idx), gates[b_idx, t_idx, j_idx].unsqueeze(-1) * y, accumulate=True)
-    f = torch.nn.functional.one_hot(choice, E).sum(dim=(1, 2)).to(x.dtype) / (k * T)   # (B, E), no gradient
-    aux = E * (f * probs.mean(dim=1)).sum(dim=-1)              # (B)
+    counts = torch.nn.functional.one_hot(choice, E).sum(dim=(1, 2))                 # (B, E)
+    f = counts.to(x.dtype) / (k * T)                                                # no gradient
+    P = (probs / probs.sum(dim=-1, keepdim=True) if sigmoid else probs).mean(dim=1)
+    aux = E * (f * P).sum(dim=-1)                              # (B)
     log.append(dict(choice=choice, keep=keep, topk_margin=topk_margin, cap_margin=cap_margin,
-                    dropped=float((~keep).sum()) / keep.numel()))
+                    dropped=float((~keep).sum()) / keep.numel(), load=counts.sum(dim=0)))
     return out, aux, lse ** 2
 
 def forward(p, idx, targets, cfg, log=None):
@@ -299,7 +318,7 @@ def train(params, tokens, cfg, a):
     margin; the step-0 gradients and routing log"""
     m = {k: torch.zeros_like(v) for k, v in params.items()}
     vv = {k: torch.zeros_like(v) for k, v in params.items()}
-    hist = dict(losses=[], norms=[], aux=[], z=[], dropped=[], margin=float("inf"))
+    hist = dict(losses=[], norms=[], aux=[], z=[], dropped=[], loads=[], margin=float("inf"))
     grads0, log0 = None, None
     for s in range(a.nsteps):
         for p in params.values():
@@ -326,11 +345,16 @@ def train(params, tokens, cfg, a):
                 mhat = m[k] / (1.0 - a.b1 ** t)
                 vhat = vv[k] / (1.0 - a.b2 ** t)
                 p -= lr * (mhat / (torch.sqrt(vhat) + a.eps) + wd * p)
+            if cfg["E"] and cfg["bias_rate"] > 0:   # loss-free balancing, in fp32 like the parameters
+                for i, r in enumerate(log):
+                    d = cfg["E"] * r["load"] - r["load"].sum()
+                    cfg["bias"][i] -= cfg["bias_rate"] * torch.sign(d).to(torch.float32)
         hist["losses"].append(float(ce))
         hist["norms"].append(norm)
         hist["aux"].append(float(aux))
         hist["z"].append(float(z))
         hist["dropped"].append(sum(r["dropped"] for r in log) / len(log) if log else 0.0)
+        hist["loads"].append([r["load"].tolist() for r in log])
         hist["margin"] = min(hist["margin"], min_margin(log, cfg))
         moe = f"  aux {float(aux):.6f}  z {float(z):.6f}  dropped {hist['dropped'][-1]:.4f}" if cfg["E"] else ""
         print(f"step {s:3d}  loss {float(ce):.6f}  norm {norm:.6f}  lr {lr:.3e}"
@@ -354,12 +378,16 @@ def f32(t):
 def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
     os.makedirs(out, exist_ok=True)
     moe = cfg["E"] > 0
+    sigmoid = moe and cfg["score"] == "sigmoid"
     mh = [cfg["maxT"], cfg["V"], cfg["L"], cfg["NH"], cfg["C"], cfg["Vp"]] + ([cfg["E"], cfg["k"], cfg["every"]] if moe else [])
+    mh += [1] if sigmoid else []
     for fname, version, conv in (("model.bin", 3, f32), ("model_bf16.bin", 5, to_bf16)):
         with open(os.path.join(out, fname), "wb") as f:
-            f.write(header(20240326, version + (10 if moe else 0), *mh))
+            f.write(header(20240326, version + ((20 if sigmoid else 10) if moe else 0), *mh))
             for k in names(cfg):
                 f.write(conv(init[k]))
+            if sigmoid:   # the initial routing bias: zero, fp32
+                f.write(np.zeros(len(layer_slots_moe(cfg)) * cfg["E"], dtype="<f4").tobytes())
     with open(os.path.join(out, "data.bin"), "wb") as f:
         f.write(header(20240520, 1, len(tokens)))
         f.write(tokens.astype("<u2").tobytes())
@@ -377,20 +405,23 @@ def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
     if moe:
         Lm = len(log0)
         with open(os.path.join(out, "moe.bin"), "wb") as f:
-            f.write(header(20241130, 1, cfg["E"], cfg["k"], cfg["every"], cfg["F1000"],
-                           0 if cfg["policy"] == "probs" else 1, Lm, cfg["R"], cfg["T"], a.nsteps))
+            f.write(header(20241130, 2, cfg["E"], cfg["k"], cfg["every"], cfg["F1000"],
+                           0 if cfg["policy"] == "probs" else 1, Lm, cfg["R"], cfg["T"], a.nsteps, 1))
             f.write(header(cfg["aux_coeff"], cfg["z_coeff"], hist["aux"][0], hist["z"][0],
-                           hist["dropped"][0], hist["margin"], dtype=np.float32))
+                           hist["dropped"][0], hist["margin"], cfg["bias_rate"], dtype=np.float32))
             for key, dt in (("choice", "<i4"), ("keep", "<i4"), ("topk_margin", "<f4"), ("cap_margin", "<f4")):
                 for r in log0:
                     f.write(r[key].numpy().astype(dt).tobytes())
             for key in ("aux", "z", "dropped"):
                 f.write(np.array(hist[key], dtype="<f4").tobytes())
+            f.write(np.array(hist["loads"], dtype="<i4").tobytes())
+            f.write(cfg["bias"].numpy().astype("<f4").tobytes())
     with open(os.path.join(out, "README.txt"), "w") as f:
         f.write(f"gpt2_ref.py reference state, config {a.config}, seed {a.seed}, data seed {a.data_seed}\n")
         f.write(" ".join(f"{k}={cfg[k]}" for k in ("L", "C", "NH", "V", "Vp", "maxT", "T", "R")))
         if moe:
-            f.write(" " + " ".join(f"{k}={cfg[k]}" for k in ("E", "k", "every", "F1000", "policy", "aux_coeff", "z_coeff", "skew")))
+            f.write(" " + " ".join(f"{k}={cfg[k]}" for k in ("E", "k", "every", "F1000", "policy", "aux_coeff", "z_coeff", "skew",
+                                                             "score", "bias_rate")))
             f.write(f"\nsmallest routing margin over all steps: {hist['margin']:.3e}")
         f.write(f"\nntok={len(tokens)} nsteps={a.nsteps} warmup={a.warmup} lr={a.lr} b1={a.b1} "
                 f"b2={a.b2} eps={a.eps} wd={a.weight_decay} clip={a.clip} "
@@ -470,6 +501,8 @@ def main():
     ap.add_argument("--aux_coeff", type=float, default=0.01)
     ap.add_argument("--z_coeff", type=float, default=0.001)
     ap.add_argument("--skew", action="store_true", help="route every token to expert 0 (capacity saturates)")
+    ap.add_argument("--score", choices=("softmax", "sigmoid"), default="softmax", help="router scores")
+    ap.add_argument("--bias_rate", type=float, default=0.0, help="loss-free balancing's bias step (0: off)")
     ap.add_argument("--min_margin", type=float, default=1e-6,
                     help="MoE: advance the data seed until every routing margin is at least this")
     a = ap.parse_args()
@@ -480,8 +513,10 @@ def main():
         if getattr(a, k) is not None:
             cfg[k] = getattr(a, k)
     cfg.update(E=a.E, k=a.k, every=a.every, F1000=int(round(1000 * a.F)), policy=a.policy,
-               aux_coeff=a.aux_coeff, z_coeff=a.z_coeff, skew=a.skew)
+               aux_coeff=a.aux_coeff, z_coeff=a.z_coeff, skew=a.skew, score=a.score, bias_rate=a.bias_rate)
     assert a.E == 0 or (1 <= a.k <= a.E and a.every >= 1 and a.F >= 0)
+    assert a.score == "softmax" or (a.k >= 2 and a.z_coeff == 0), "sigmoid scores need k >= 2 and z_coeff 0"
+    assert a.bias_rate >= 0
     a.lr = cfg["lr"] if a.lr is None else a.lr
     a.clip = cfg["clip"] if a.clip is None else a.clip
     assert cfg["C"] % cfg["NH"] == 0 and cfg["Vp"] >= cfg["V"] <= 65536 and cfg["T"] <= cfg["maxT"]
@@ -499,6 +534,7 @@ def main():
     for a.data_seed in range(a.seed, a.seed + 50):
         tokens = markov_tokens(cfg["V"], (a.nsteps + 1) * D + 1, a.data_seed)
         params = {k: v.clone().requires_grad_(True) for k, v in init.items()}
+        cfg["bias"] = torch.zeros(len(layer_slots_moe(cfg)), max(cfg["E"], 1))   # the routing bias, per MoE layer
         hist, grads0, log0 = train(params, tokens, cfg, a)
         if cfg["E"] == 0 or hist["margin"] >= a.min_margin:
             break
