@@ -37,6 +37,13 @@ write("moe_ok.bin", header(20240326, 13, [maxT, V, L, NH, C, Vp, E, k, 1]) + mbo
 write("moe_k.bin", header(20240326, 13, [maxT, V, L, NH, C, Vp, E, 5, 1]) + mbody)
 write("moe_noexperts.bin", header(20240326, 13, [maxT, V, L, NH, C, Vp, 0, 0, 0]) + body)
 write("moe_size.bin", header(20240326, 13, [maxT, V, L, NH, C, Vp, E, k, 1]) + body)
+# version 23: the router's scores in slot 11 (1 sigmoid), the routing bias (L, E) fp32 after the tensors
+zb = struct.pack("<%df" % (L * E), *([0.0] * (L * E)))
+write("moe_sig.bin", header(20240326, 23, [maxT, V, L, NH, C, Vp, E, k, 1, 1]) + mbody + zb)
+write("moe_score.bin", header(20240326, 23, [maxT, V, L, NH, C, Vp, E, k, 1, 2]) + mbody + zb)
+nb = [0.0] * (L * E); nb[5] = float("nan")
+write("moe_bias_nan.bin", header(20240326, 23, [maxT, V, L, NH, C, Vp, E, k, 1, 1]) + mbody + struct.pack("<%df" % (L * E), *nb))
+write("moe_bias_short.bin", header(20240326, 23, [maxT, V, L, NH, C, Vp, E, k, 1, 1]) + mbody)
 toks = [i % 200 for i in range(4097)]
 write("data_ok.bin", header(20240520, 1, [len(toks)]) + struct.pack("<%dH" % len(toks), *toks))
 write("data_magic.bin", header(1234, 1, [len(toks)]) + struct.pack("<%dH" % len(toks), *toks))
@@ -157,6 +164,18 @@ expect moe_flag_vs_file 1 "--experts 8, but"                  -e "$W/moe_ok.bin"
 expect moe_header_k     1 "inconsistent header"               -e "$W/moe_k.bin"
 expect moe_no_experts   1 "MoE file (version 13) with 0 experts" -e "$W/moe_noexperts.bin"
 expect moe_file_size    1 "bytes, expected"                   -e "$W/moe_size.bin"
+# router scores and loss-free balancing (moe.h)
+expect moe_score_k1     1 "sigmoid router scores with top-1"  -e "$TINY,E=4" --router-score sigmoid
+expect moe_score_z      1 "--z-coeff 0.001 with sigmoid router scores" -e "$MOE" --router-score sigmoid --z-coeff 0.001
+expect moe_score_file   1 "--router-score sigmoid, but"       -e "$W/moe_ok.bin" --router-score sigmoid
+expect moe_score_file2  1 "--router-score softmax, but"       -e "$W/moe_sig.bin" --router-score softmax
+expect moe_score_dense  1 "--router-score sigmoid needs MoE layers" -e "$TINY" --router-score sigmoid
+expect moe_score_bad    1 "--router-score expects softmax or sigmoid" -e "$MOE" --router-score tanh
+expect moe_score_slot   1 "router scores 2 in header slot 11" -e "$W/moe_score.bin"
+expect moe_bias_dense   1 "--moe-bias-rate 0.001 needs MoE layers" -e "$TINY" --moe-bias-rate 0.001
+expect moe_bias_negative 1 "--moe-bias-rate must be in"       -e "$MOE" --moe-bias-rate -0.1
+expect moe_bias_nan     1 "the routing bias [5]"              -e "$W/moe_bias_nan.bin"
+expect moe_bias_short   1 "bytes, expected"                   -e "$W/moe_bias_short.bin"
 $BIN/train_gpt -e "$MOE" -t 32 -b 4 -x 2 -n 2 -s 0 -v 0 -o "$W/ckpt_moe" >/dev/null 2>&1
 expect moe_resume_E     1 "a checkpoint resumes with its own shape" -e "$MOE" -t 32 -b 4 -x 4 -y 1 --experts 8 -o "$W/ckpt_moe"
 expect moe_resume_k     1 "--topk 1, but the checkpoint has k = 2" -e "$MOE" -t 32 -b 4 -x 4 -y 1 --topk 1 -o "$W/ckpt_moe"

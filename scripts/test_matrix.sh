@@ -52,6 +52,10 @@ reference moe_skew --config tiny --E 4 --k 1 --skew
 reference moe_kE --config tiny --E 4 --k 4
 reference moe_pos2 --config tiny --E 8 --k 2 --F 1.25 --policy position --every 2
 reference moe_l8 --config tiny --L 8 --E 4 --k 2 --every 2
+# loss-free balancing (routing bias, rate 0.01: it moves the routing within the 10 steps); sigmoid scores
+# (E 8 top-2, F 1.0, every 2nd layer, z 0) with balancing
+reference moe_bias --config tiny --E 4 --k 2 --bias_rate 0.01
+reference moe_sig --config tiny --E 8 --k 2 --F 1.0 --every 2 --score sigmoid --z_coeff 0 --bias_rate 0.005
 
 # run_test NP ARGS... : one test_gpt run on NP ranks (NP = nompi: the NO_MPI=1 build, no mpirun);
 # adds its "N passed, N failed" to the totals
@@ -275,6 +279,17 @@ moe_tests() {
     run_test 4 --ref refs/moe_k1 -b 2 --ep 4 --zero 2 --check-memory --check-comm       # Switch top-1
     run_test 4 --ref refs/moe_skew -b 2 --ep 4 --check-memory --check-comm     # capacity saturates; experts 1-3 get no token
     run_test 2 --ref refs/moe_kE -b 4 --ep 2 --check-memory --check-comm       # k = E
+    # loss-free balancing and sigmoid scores: every step's load per layer and expert = PyTorch's, and the
+    # routing bias after 10 steps bit for bit, in every kind of layout
+    run_test 1 --ref refs/moe_bias -b 8 --check-memory --check-comm
+    run_test 4 --ref refs/moe_bias -b 2 --ep 2 --zero 3 --check-memory --check-comm
+    run_test 4 --ref refs/moe_bias -b 4 --cp 2 --pp 2 --check-memory --check-comm
+    run_test 8 --ref refs/moe_bias -b 1 --tp 2 --sp --ep 2 --zero 1 --check-comm     # accumulation 2
+    [ -x build/cpu-nompi/test_gpt ] && run_test nompi --ref refs/moe_sig -b 4 --check-memory --check-comm
+    run_test 2 --ref refs/moe_sig -b 4 --ep 2 --check-memory --check-comm
+    run_test 4 --ref refs/moe_sig -b 2 --tp 2 --sp --ep 2 --zero 1 --check-memory --check-comm
+    run_test 4 --ref refs/moe_sig -b 1 --pp 2 --vpp 2 --zero 2 --check-memory --check-comm
+    run_test 4 --ref refs/moe_sig -b 2 --cp 2 --ep 2 --zero 3 --recompute full --check-memory --check-comm
     run_test 1 --ref $T -b 8 --experts 1 --topk 1 --z-coeff 0 --check-memory --check-comm   # E 1, k 1: the dense model
     run_test 2 --ref $T -b 8 --experts 1 --z-coeff 0 --tp 2 --sp --check-comm
     run_test 4 --ref $T -b 2 --experts 1 --z-coeff 0 --pp 2 --zero 2 --check-comm
@@ -343,6 +358,8 @@ resume_layouts() {
     resume_pair moe_ep2tp2sp__single $MO "4 -b 4 --ep 2 --tp 2 --sp" "1 -b 8"
     resume_pair moel8_pp2ep2__ep2z1 refs/moe_l8 "4 -b 2 --pp 2 --ep 2" "2 -b 4 --ep 2 --zero 1"
     resume_pair moepos_cp2__tp2spep2z3 refs/moe_pos "2 -b 8 --cp 2" "4 -b 4 --tp 2 --sp --ep 2 --zero 3"
+    resume_pair moesig_cp2ep2z2__tp2sppp2 refs/moe_sig "4 -b 2 --cp 2 --ep 2 --zero 2" "4 -b 2 --tp 2 --sp --pp 2"
+    resume_pair moebias_ep2__single refs/moe_bias "2 -b 4 --ep 2" "1 -b 8"
     resume_pair tp2spz3__pp2z1 $T "4 -b 4 --tp 2 --sp --zero 3" "4 -b 2 --pp 2 --zero 1"
     resume_pair l8_pp2vpp2z2__cp2tp2sp refs/l8 "4 -b 2 --pp 2 --vpp 2 --zero 2" "4 -b 8 --cp 2 --tp 2 --sp"
     resume_pair l8_pp2split17z1__pp2split62 refs/l8 "4 -b 1 --pp 2 --pp-layers 1,7 --zero 1" "2 -b 2 --pp 2 --pp-layers 6,2"

@@ -2,7 +2,8 @@
 # Mixture of Experts end to end (train_gpt itself, not test_gpt): main.log's aux, z and drop lines, the
 # loss falls; checkpoint + resume under ep 2 x zero 3 repeats the uninterrupted run exactly; sampling
 # (dropless) and validation under ep 2 x tp 2 + sp and under pp 2 x ep 2; sparse upcycling of a dense
-# checkpoint with k = E is the dense model at the first step; the MoE model file (version 13).
+# checkpoint with k = E is the dense model at the first step; the MoE model file (version 13); sigmoid
+# scores with loss-free balancing: the load lines, resume, the model file (version 23) with its bias.
 # Usage: bash scripts/test_moe_train.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
 . "$(dirname "$0")/test_lib.sh"
 TINY="L=2,C=64,NH=4,V=256,maxT=64"
@@ -16,7 +17,7 @@ for key in trl aux z drop; do n=$((n + $(grep -cE "^s:[0-9]+ $key:[0-9]+\.[0-9]{
 [ "$n" = 120 ]; say $? "main.log has 30 lines each of trl, aux, z and drop (got $n of 120)"
 first=$(awk -F'trl:' '/trl:/ { print $2; exit }' "$W/a/main.log"); last=$(awk -F'trl:' '/trl:/ { x = $2 } END { print x }' "$W/a/main.log")
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }'; say $? "the MoE model's loss falls: $first -> $last"
-grep -q "^moe: 2 of 2 layers (every 1), 4 experts, top-2, capacity factor 1.250 (20 per expert and sequence)" "$W/a.log"
+grep -q "^moe: 2 of 2 layers (every 1), 4 experts, top-2 of softmax scores, capacity factor 1.250 (20 per expert and sequence)" "$W/a.log"
 say $? "the start-up line states the MoE layers and the capacity (ceil(2*32*1.25/4) = 20)"
 
 # 2. resume through main() under ep 2 x zero 3 (4 ranks): 10 steps straight vs 6 + checkpoint + resume
@@ -53,3 +54,28 @@ say $? "training, sampling and validation run under cp 2 x ep 2 (the experts' gr
 a=$(awk -F'trl:' '/trl:/ { print $2; exit }' "$W/dense_next/main.log"); b=$(awk -F'trl:' '/trl:/ { print $2; exit }' "$W/upcycled/main.log")
 grep -q "upcycled to 4 experts" "$W/upcycled.log" && awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * a) }'
 say $? "sparse upcycling (E 4, k 4): first loss $b equals the dense model's $a (1e-5 relative)"
+
+# 5. sigmoid scores + loss-free balancing through main() under cp 2 x ep 2 (4 ranks): a load line per MoE layer
+#    and step whose counts sum to the step's assignments (128 tokens x k 2); 10 steps straight = 6 + checkpoint
+#    + resume, every main.log line (the loads decide the bias, the bias the routing); the checkpoint is a
+#    version-23 file with sigmoid scores and a bias moved by the rate; it loads as a model (-e) and trains
+common=(-e "$MOE" -t 32 -b 2 -v 0 -s 0 -l 3e-3 --cp 2 --ep 2 --router-score sigmoid --moe-bias-rate 0.01)
+$MPIRUN -np 4 "$BIN/train_gpt" "${common[@]}" -x 10 -o "$W/sig_full" >"$W/sig_full.log" 2>&1
+say $? "sigmoid scores + --moe-bias-rate train under cp 2 x ep 2"
+n=$(awk '/^s:[0-9]+ moe[01]:max\/mean [0-9.]+ min\/mean [0-9.]+ drop [0-9.]+ dead [0-9]+ load [0-9,]+$/ { split($NF, c, ","); t = 0; for (i in c) t += c[i]; if (t == 256 && length(c) == 4) n++ } END { print n + 0 }' "$W/sig_full/main.log")
+[ "$n" = 20 ]; say $? "main.log has a load line per MoE layer and step, 4 counts summing to 256 (got $n of 20)"
+$MPIRUN -np 4 "$BIN/train_gpt" "${common[@]}" -x 6 -n 3 -o "$W/sig_ckpt" >/dev/null 2>&1
+$MPIRUN -np 4 "$BIN/train_gpt" "${common[@]}" -x 10 -y 1 -o "$W/sig_ckpt" >/dev/null 2>&1
+cmp -s "$W/sig_full/main.log" "$W/sig_ckpt/main.log"
+say $? "sigmoid + balancing: the resumed main.log (losses, loads) equals the uninterrupted one"
+hdr=$(python3 -c "
+import struct, sys
+b = open(sys.argv[1], 'rb').read(); h = struct.unpack('<12i', b[:48])
+bias = struct.unpack('<8f', b[-32:])
+print(h[1], h[11], sum(1 for x in bias if x != 0.0), all(abs(round(x / 0.01) * 0.01 - x) < 1e-6 for x in bias))" "$W/sig_ckpt/model_00000006.bin")
+set -- $hdr
+[ "$1" = 23 ] && [ "$2" = 1 ] && [ "$3" -gt 0 ] && [ "$4" = True ]
+say $? "the checkpoint is version 23, sigmoid scores, its bias moved in steps of the rate (got: $hdr)"
+"$BIN/train_gpt" -e "$W/sig_ckpt/model_00000010.bin" -t 32 -b 4 -x 2 -v 2 -m 2 -s 2 -g 8 >"$W/sig_load.log" 2>&1
+[ $? = 0 ] && grep -q "top-2 of sigmoid scores" "$W/sig_load.log" && grep -q "generating:" "$W/sig_load.log"
+say $? "the version-23 file loads as a model (sigmoid scores kept), trains, validates and samples"
