@@ -81,7 +81,7 @@ done
 
 # 3b. the MoE kernels (router, top-k, capacity, dispatch/combine, aux and z losses) and recompute on one GPU,
 #     against the PyTorch MoE references (carry refs/moe*: the MoE reference needs its flags, see test_matrix.sh)
-for cfg in moe moe_pos moe_dl moe_k1; do
+for cfg in moe moe_pos moe_dl moe_k1 moe_sig; do
     if [ -f refs/$cfg/state.bin ]; then
         step test_gpt_fp32_$cfg 120 "./build/cuda-fp32/test_gpt --ref refs/$cfg -b 2 --check-memory"
         step test_gpt_bf16_$cfg 120 "./build/cuda/test_gpt --ref refs/$cfg -b 2 --check-memory"

@@ -1,6 +1,7 @@
 // The MoE kernels (llmc/moe.h) against their CPU loops: router, top-k, capacity, per-sequence
 // statistics, dispatch rows, permute, combine and their backwards, the router's weight and input
-// gradients; determinism; timing. Shape: 16 sequences of 1024 tokens, C 768, E 8, top-2, F 1.25.
+// gradients, the load count and the routing bias update (loss-free balancing); softmax and sigmoid scores;
+// determinism; timing. Shape: 16 sequences of 1024 tokens, C 768, E 8, top-2, F 1.25.
 // The integer decisions (choices, keep masks, rows) must be identical: each kernel gets the CPU's
 // inputs (the probabilities included), so there is no near-tie to flip.
 #include "../../llmc/moe.h"
@@ -17,10 +18,22 @@ static int compare_ints(const char *what, const int *d, const int *ref, size_t n
     return bad ? 1 : 0;
 }
 
+// a device buffer bitwise equal to the CPU loop's result (integer-decided updates: the same fp32 operations)
+static int compare_bitwise_host(const char *what, const void *d, const void *ref, size_t bytes) {
+    unsigned char *h = (unsigned char *)malloc_check(bytes);
+    copy_to_host(h, d, bytes);
+    int same = memcmp(h, ref, bytes) == 0;
+    printf("  %-28s %s\n", what, same ? "bitwise equal to the CPU's: ok" : "differs from the CPU's: FAIL");
+    free(h);
+    return same ? 0 : 1;
+}
+
 // one case: its shape, the CPU loops' buffers and the kernels' (d_); each check below fills in its part
 typedef struct {
     int B, T, C, E, k, cap1000, cap, N, R;   // R: the kept assignments (rows), from check_rows
     DropPolicy policy;
+    int sigmoid;                              // the router's scores
+    float *bias, *d_bias;                     // (E) the routing bias (zero, or random with `biased`)
     size_t NC, NE, Nk;
     float *x, *wr, *probs, *lse, *gate, *cprob, *f, *pmean, *zsum;
     float *xs, *ys, *out, *dout, *dys, *dgate, *dx, *dlogits, *dwr;
@@ -31,13 +44,16 @@ typedef struct {
 } MoECase;
 
 // the shape, the header line, the input x and the router weights wr on both sides
-static void moe_case_setup(MoECase *m, int B, int T, int C, int E, int k, int cap1000, DropPolicy policy) {
+static void moe_case_setup(MoECase *m, int B, int T, int C, int E, int k, int cap1000, DropPolicy policy, int sigmoid,
+                           int biased) {
     memset(m, 0, sizeof(*m));
-    m->B = B; m->T = T; m->C = C; m->E = E; m->k = k; m->cap1000 = cap1000; m->policy = policy;
+    m->B = B; m->T = T; m->C = C; m->E = E; m->k = k; m->cap1000 = cap1000; m->policy = policy; m->sigmoid = sigmoid;
     int N = B * T, cap = moe_capacity(k, T, E, cap1000);
     m->N = N; m->cap = cap;
-    printf("-- B=%d T=%d C=%d E=%d k=%d cap=%d (F %.3f, %s)\n", B, T, C, E, k, cap, cap1000 / 1000.0,
-           policy == DROP_PROBS ? "probs" : "position");
+    printf("-- B=%d T=%d C=%d E=%d k=%d cap=%d (F %.3f, %s), %s scores%s\n", B, T, C, E, k, cap, cap1000 / 1000.0,
+           policy == DROP_PROBS ? "probs" : "position", sigmoid ? "sigmoid" : "softmax", biased ? ", routing bias" : "");
+    m->bias = biased ? make_random(E, -0.05f, 0.05f) : (float *)calloc_check(E, sizeof(float));
+    m->d_bias = to_device_f32(m->bias, E);
     m->NC = (size_t)N * C; m->NE = (size_t)N * E; m->Nk = (size_t)N * k;
     m->x = make_random(m->NC, -1.0f, 1.0f);
     m->wr = make_random((size_t)E * C, -0.1f, 0.1f);
@@ -53,8 +69,8 @@ static int check_router_forward(MoECase *m) {
     m->probs = (float *)malloc_check(NE * sizeof(float));
     m->lse = (float *)malloc_check(N * sizeof(float));
     cudaCheck(cudaMalloc(&m->d_probs, NE * sizeof(float))); cudaCheck(cudaMalloc(&m->d_lse, N * sizeof(float)));
-    moe_router_forward_cpu(m->probs, m->lse, m->x, m->wr, N, C, E);
-    moe_router_forward(m->d_probs, m->d_lse, m->d_x, m->d_wr, N, C, E);
+    moe_router_forward_cpu(m->probs, m->lse, m->x, m->wr, N, C, E, m->sigmoid);
+    moe_router_forward(m->d_probs, m->d_lse, m->d_x, m->d_wr, N, C, E, m->sigmoid);
     fails += compare_device_f32("router probs", m->d_probs, m->probs, NE, TOL_FP32);
     fails += compare_device_f32("router lse", m->d_lse, m->lse, N, TOL_FP32);
     return fails;
@@ -77,9 +93,30 @@ static int check_topk(MoECase *m) {
     cudaCheck(cudaMalloc(&m->d_choice, Nk * sizeof(int))); cudaCheck(cudaMalloc(&m->d_keep, Nk * sizeof(int)));
     cudaCheck(cudaMalloc(&m->d_row, Nk * sizeof(int))); cudaCheck(cudaMalloc(&m->d_gate, Nk * sizeof(float)));
     cudaCheck(cudaMalloc(&m->d_counts, E * sizeof(int))); cudaCheck(cudaMalloc(&m->d_offsets, E * sizeof(int)));
-    moe_topk_cpu(m->choice, m->cprob, m->gate, m->probs, N, E, k);
-    moe_topk(m->d_choice, m->d_cprob, m->d_gate, m->d_probs, N, E, k);
+    moe_topk_cpu(m->choice, m->cprob, m->gate, m->probs, m->bias, N, E, k);
+    moe_topk(m->d_choice, m->d_cprob, m->d_gate, m->d_probs, m->d_bias, N, E, k);
     fails += compare_ints("top-k choices", m->d_choice, m->choice, Nk);
+    // the load (assignments per expert before drops, integers) and the bias update from it, twice (the
+    // second time from the doubled load), and a skipped step (scale 0) that leaves the bias as it is
+    int *load = (int *)calloc_check(E, sizeof(int)), *d_load;
+    float *bias = (float *)malloc_check(E * sizeof(float)), *d_bias2, scale[2] = {1.0f, 0.0f}, *d_scale;
+    cudaCheck(cudaMalloc(&d_load, E * sizeof(int)));
+    cudaCheck(cudaMemset(d_load, 0, E * sizeof(int)));
+    memcpy(bias, m->bias, E * sizeof(float));
+    d_bias2 = to_device_f32(bias, E);
+    d_scale = to_device_f32(scale, 2);
+    for (int i = 0; i < 2; i++) {
+        moe_load_count_cpu(load, m->choice, N, k);
+        moe_load_count(d_load, m->d_choice, N, k);
+        moe_bias_update_cpu(bias, load, 1, E, 0.001f, &scale[0]);
+        moe_bias_update(d_bias2, d_load, 1, E, 0.001f, d_scale);
+    }
+    moe_bias_update_cpu(bias, load, 1, E, 0.001f, &scale[1]);
+    moe_bias_update(d_bias2, d_load, 1, E, 0.001f, d_scale + 1);
+    fails += compare_ints("load per expert", d_load, load, E);
+    fails += compare_bitwise_host("routing bias update", d_bias2, bias, E * sizeof(float));
+    cudaCheck(cudaFree(d_load)); cudaCheck(cudaFree(d_bias2)); cudaCheck(cudaFree(d_scale));
+    free(load); free(bias);
     fails += compare_device_f32("top-k probabilities", m->d_cprob, m->cprob, Nk, TOL_FP32);
     fails += compare_device_f32("gates", m->d_gate, m->gate, Nk, TOL_FP32);
     copy_to_device(m->d_gate, m->gate, Nk * sizeof(float));
@@ -120,8 +157,8 @@ static int check_sequence_stats(MoECase *m) {
     cudaCheck(cudaMalloc(&m->d_f, (size_t)B * E * sizeof(float)));
     cudaCheck(cudaMalloc(&m->d_pmean, (size_t)B * E * sizeof(float)));
     cudaCheck(cudaMalloc(&m->d_zsum, B * sizeof(float)));
-    moe_sequence_stats_cpu(m->f, m->pmean, m->zsum, m->choice, m->probs, m->lse, B, T, E, k, T);
-    moe_sequence_stats(m->d_f, m->d_pmean, m->d_zsum, m->d_choice, m->d_probs, m->d_lse, B, T, E, k, T);
+    moe_sequence_stats_cpu(m->f, m->pmean, m->zsum, m->choice, m->probs, m->lse, B, T, E, k, T, m->sigmoid);
+    moe_sequence_stats(m->d_f, m->d_pmean, m->d_zsum, m->d_choice, m->d_probs, m->d_lse, B, T, E, k, T, m->sigmoid);
     fails += compare_device_f32("aux f (assignments)", m->d_f, m->f, (size_t)B * E, TOL_FP32);
     fails += compare_device_f32("aux P (mean probs)", m->d_pmean, m->pmean, (size_t)B * E, TOL_FP32);
     fails += compare_device_f32("z (sum lse^2)", m->d_zsum, m->zsum, B, TOL_FP32);
@@ -210,11 +247,11 @@ static int check_router_backward(MoECase *m) {
     m->dlogits = (float *)malloc_check(NE * sizeof(float));
     cudaCheck(cudaMalloc(&m->d_dlogits, NE * sizeof(float)));
     copy_to_device(m->d_dgate, m->dgate, m->Nk * sizeof(float));
-    float aux_scale = 0.01f * E / (T * (float)B), z_scale = 0.001f / N;
+    float aux_scale = 0.01f * E / (T * (float)B), z_scale = m->sigmoid ? 0.0f : 0.001f / N;
     moe_router_backward_cpu(m->dlogits, m->dgate, m->gate, m->choice, m->probs, m->lse, m->f, T, N, E, k, aux_scale,
-                            z_scale);
+                            z_scale, m->sigmoid);
     moe_router_backward(m->d_dlogits, m->d_dgate, m->d_gate, m->d_choice, m->d_probs, m->d_lse, m->d_f, T, N, E, k,
-                        aux_scale, z_scale);
+                        aux_scale, z_scale, m->sigmoid);
     fails += compare_device_f32("router backward dlogits", m->d_dlogits, m->dlogits, NE, TOL_FP32);
     copy_to_device(m->d_dlogits, m->dlogits, NE * sizeof(float));
     m->dwr = make_random((size_t)E * C, -0.1f, 0.1f);
@@ -238,9 +275,9 @@ static void time_kernels(const MoECase *m) {
     const DropPolicy policy = m->policy;
     const size_t NC = m->NC, NE = m->NE;
     report_time("router forward", time_ms(10, [&] {
-                    moe_router_forward(m->d_probs, m->d_lse, m->d_x, m->d_wr, N, C, E); }),
+                    moe_router_forward(m->d_probs, m->d_lse, m->d_x, m->d_wr, N, C, E, m->sigmoid); }),
                 (double)NC * sizeof(floatX), 2.0 * NC * E);
-    report_time("top-k", time_ms(10, [&] { moe_topk(m->d_choice, m->d_cprob, m->d_gate, m->d_probs, N, E, k); }),
+    report_time("top-k", time_ms(10, [&] { moe_topk(m->d_choice, m->d_cprob, m->d_gate, m->d_probs, m->d_bias, N, E, k); }),
                 (double)NE * 4, 0);
     report_time("capacity keep", time_ms(10, [&] {
                     moe_capacity_keep(m->d_keep, m->d_choice, m->d_cprob, 1, 0, B, T, k, cap, policy); }), 0, 0);
@@ -262,18 +299,19 @@ static void time_kernels(const MoECase *m) {
 static void moe_case_free(MoECase *m) {
     void *dev[] = {m->d_x, m->d_wr, m->d_probs, m->d_lse, m->d_choice, m->d_keep, m->d_row, m->d_gate, m->d_cprob,
                    m->d_counts, m->d_offsets, m->d_f, m->d_pmean, m->d_zsum, m->d_xs, m->d_ys, m->d_out, m->d_dout,
-                   m->d_dys, m->d_dgate, m->d_dx, m->d_dx2, m->d_dlogits, m->d_dwr, m->d_dwr2};
+                   m->d_dys, m->d_dgate, m->d_dx, m->d_dx2, m->d_dlogits, m->d_dwr, m->d_dwr2, m->d_bias};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) { cudaCheck(cudaFree(dev[i])); }
     void *host[] = {m->x, m->wr, m->probs, m->lse, m->choice, m->keep, m->row, m->gate, m->cprob, m->f, m->pmean,
-                    m->zsum, m->xs, m->ys, m->out, m->dout, m->dys, m->dgate, m->dx, m->dlogits, m->dwr};
+                    m->zsum, m->xs, m->ys, m->out, m->dout, m->dys, m->dgate, m->dx, m->dlogits, m->dwr, m->bias};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) { free(host[i]); }
 }
 
 // one case: every check in order (each on the CPU's results of the one before), then the times if asked
-static int run_case(int B, int T, int C, int E, int k, int cap1000, DropPolicy policy, int timed) {
+static int run_case(int B, int T, int C, int E, int k, int cap1000, DropPolicy policy, int timed, int sigmoid,
+                    int biased) {
     MoECase m;
     int fails = 0;
-    moe_case_setup(&m, B, T, C, E, k, cap1000, policy);
+    moe_case_setup(&m, B, T, C, E, k, cap1000, policy, sigmoid, biased);
     fails += check_router_forward(&m);
     fails += check_topk(&m);
     fails += check_capacity_keep(&m);
@@ -291,9 +329,10 @@ int main(int argc, char **argv) {
     harness_init(&argc, &argv, "moe");
     rng_seed(9);
     int fails = 0;
-    fails += run_case(16, 1024, 768, 8, 2, 1250, DROP_PROBS, 1);   // GPT-2 124M width, 8 experts, top-2
-    fails += run_case(4, 37, 64, 4, 1, 1000, DROP_POSITION, 0);    // odd T, Switch top-1
-    fails += run_case(2, 64, 96, 8, 8, 0, DROP_PROBS, 0);          // k = E, dropless
-    fails += run_case(3, 50, 128, 6, 3, 500, DROP_PROBS, 0);       // heavy drops
+    fails += run_case(16, 1024, 768, 8, 2, 1250, DROP_PROBS, 1, 0, 0);   // GPT-2 124M width, 8 experts, top-2
+    fails += run_case(4, 37, 64, 4, 1, 1000, DROP_POSITION, 0, 0, 1);    // odd T, Switch top-1, a routing bias
+    fails += run_case(2, 64, 96, 8, 8, 0, DROP_PROBS, 0, 0, 0);          // k = E, dropless
+    fails += run_case(3, 50, 128, 6, 3, 500, DROP_PROBS, 0, 0, 0);       // heavy drops
+    fails += run_case(4, 256, 128, 64, 8, 1000, DROP_PROBS, 0, 1, 1);    // fine-grained: E 64 top-8, sigmoid, bias
     return harness_finish(fails);
 }
