@@ -11,6 +11,12 @@ twice the later line wins.
 Train loss is a thin line (smoothed with --smooth N, a running mean over N steps), validation loss
 a thicker line with dots, in the run's colour. --tokens-per-step puts tokens on the x axis (one
 value for every run, or one per run, comma-separated).
+
+--moe-load draws a MoE run's load instead: one heat map per MoE layer, expert x step, each cell the
+expert's assignments (before drops) over the mean, from main.log's "s:STEP moeL:... load c0,c1,..."
+lines (one log).
+
+  .venv/bin/python dev/plot.py --moe-load out/moe/main.log -o load.png
 """
 
 import argparse
@@ -19,6 +25,7 @@ import re
 import sys
 
 LINE = re.compile(r"^s:(\d+) (trl|tel):([-+0-9.eE]+|nan|inf)\s*$")
+LOAD = re.compile(r"^s:(\d+) moe(\d+):.* load ([0-9,]+)\s*$")
 
 
 def read_log(path):
@@ -32,6 +39,43 @@ def read_log(path):
             step, kind, value = int(m.group(1)), m.group(2), float(m.group(3))
             (train if kind == "trl" else val)[step] = value
     return train, val
+
+
+def read_moe_load(path):
+    """Returns {layer: {step: [assignments per expert]}} of one main.log (the later line of a step wins)."""
+    loads = {}
+    with open(path) as f:
+        for line in f:
+            m = LOAD.match(line)
+            if m:
+                loads.setdefault(int(m.group(2)), {})[int(m.group(1))] = [int(x) for x in m.group(3).split(",")]
+    return loads
+
+
+def plot_moe_load(a, plt):
+    """One heat map per MoE layer: expert (rows) x step (columns), load / mean load."""
+    loads = read_moe_load(a.logs[0])
+    if not loads:
+        sys.exit(f"{a.logs[0]} has no MoE load lines (s:STEP moeL:... load ...)")
+    layers = sorted(loads)
+    fig, axes = plt.subplots(len(layers), 1, figsize=(8, 1.2 + 1.1 * len(layers)), dpi=100, squeeze=False,
+                             layout="constrained")
+    for ax, layer in zip(axes[:, 0], layers):
+        steps = sorted(loads[layer])
+        grid = [[loads[layer][s][e] * len(loads[layer][s]) / max(sum(loads[layer][s]), 1) for s in steps]
+                for e in range(len(loads[layer][steps[0]]))]
+        im = ax.imshow(grid, aspect="auto", cmap="coolwarm", vmin=0.0, vmax=2.0, interpolation="nearest",
+                       extent=(steps[0] - 0.5, steps[-1] + 0.5, len(grid) - 0.5, -0.5))
+        ax.set_ylabel(f"MoE layer {layer}\nexpert")
+        worst = max(max(row[i] for row in grid) for i in range(len(steps)))
+        print(f"MoE layer {layer}: {len(steps)} steps, {len(grid)} experts; max/mean at the last step "
+              f"{max(row[-1] for row in grid):.2f}, over all steps {worst:.2f}")
+    axes[-1, 0].set_xlabel("step")
+    fig.colorbar(im, ax=axes[:, 0].tolist(), label="assignments / mean")
+    if a.title:
+        axes[0, 0].set_title(a.title)
+    fig.savefig(a.out)
+    print(f"wrote {a.out}")
 
 
 def running_mean(ys, n):
@@ -61,7 +105,16 @@ def main():
     p.add_argument("--smooth", type=int, default=1, help="running mean of the train loss over N steps")
     p.add_argument("--title", default=None)
     p.add_argument("--ymax", type=float, default=None, help="upper y limit (the first steps can dwarf the rest)")
+    p.add_argument("--moe-load", action="store_true", help="draw the MoE layers' load per expert and step (one log)")
     a = p.parse_args()
+    if a.moe_load:
+        if len(a.logs) != 1:
+            sys.exit("--moe-load draws one log")
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        plot_moe_load(a, plt)
+        return
 
     labels = a.label if a.label else [default_label(x) for x in a.logs]
     if len(labels) != len(a.logs):
