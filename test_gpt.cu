@@ -341,12 +341,13 @@ static void check_memory_model(GPT2 *m) {
           "memory: parameters %.0f B, formula %s = %.0f B", (double)mem_current[MEM_PARAMS],
           z->stage < 3 ? "4P" : "4P/dp + gathered (2 layers + embedding)", params_expect);
     // MoE: each MoE layer of the stage holds E/ep experts, each 1/tp of an MLP (fcproj's bias whole)
-    double C = c->channels, Cl = m->Cl;
+    double C = c->channels;
     int nmoe = stage_moe_layers(m);
     if (nmoe > 0) {
-        double El = (double)c->num_experts / m->grid->ep, per_expert = 4 * Cl * C + 4 * Cl + C * 4 * Cl + C;
+        double El = (double)c->num_experts / m->grid->ep, Hl = m->moe.Hl;
+        double per_expert = Hl * C + Hl + C * Hl + C;   // (width H: Hl = H/tp of it here)
         check(experts == nmoe * El * per_expert,
-              "memory: expert parameters per rank %.0f = %d MoE layers x E/ep = %.0f experts x %.0f (1/tp of an MLP)",
+              "memory: expert parameters per rank %.0f = %d MoE layers x E/ep = %.0f experts x %.0f (1/tp of an MLP of width H)",
               experts, nmoe, El, per_expert);
     }
 }
@@ -373,14 +374,15 @@ static void check_memory_activations(GPT2 *m, int accum) {
     // activations, per micro-batch alive (1F1B: pp - stage of them, GPipe: all): the LayerNorm/residual
     // parts on BTs tokens (BT/tp with SP), the rest on BT tokens; lnf and its gradient on the last stage;
     // a dense layer's MLP stores fc and GELU (BT, 4Cl); a MoE layer its routing and, for the Rr rows its
-    // experts may receive, their input, fc and GELU, and for the Rs rows it may send, their outputs
+    // experts may receive, their input, fc and GELU (Rr, H/tp), and for the Rs rows it may send, their outputs;
+    // with shared experts their fc and GELU (BT, S*H/tp)
     double Rs, Rr, E = c->num_experts, k = c->topk;
     dispatch_rows_bound(m, &Rs, &Rr);
     // per layer: the LayerNorm/residual tensors, qkv and attention output, the attention lse; a dense
     // layer's fc and GELU outputs; a MoE layer's routing and expert rows, and its experts' fc and GELU
     double core = X * 3.0 * BTs * C + 4.0 * 4.0 * BTs + X * BT * 4.0 * Cl + 4.0 * BT * m->NHl;
     double dense_fc = X * BT * 8.0 * Cl, route = 4.0 * (BT * E + BT + 4 * BT * k + m->B * E) + X * (Rr * C + Rs * C);
-    double hidden = X * 2 * Rr * 4 * Cl, Ld = Ls - nmoe;
+    double hidden = X * 2 * (Rr * m->moe.Hl + BT * m->moe.SHl), Ld = Ls - nmoe;
     // --recompute: what is recomputed is not stored per micro-batch; one layer of it lives in a scratch
     double scratch;
     if (m->recompute == RECOMPUTE_NONE) { scratch = 0; }

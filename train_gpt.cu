@@ -79,6 +79,8 @@ static int build_units(const GPT2Config *c, Grid *g, int vpp, const int *first, 
     static const int layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_FCPROJB,
                                 T_QKVW, T_QKVB, T_ATTPROJW, T_FCW, T_FCB, T_FCPROJW};
     static const int moe_layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_ROUTERW, T_QKVW, T_QKVB, T_ATTPROJW};
+    static const int moe_shared_layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_ROUTERW, T_QKVW, T_QKVB,
+                                           T_ATTPROJW, T_SFCW, T_SFCB, T_SFCPROJW, T_SFCPROJB};   // (+ shared experts)
     static const int experts[] = {T_EFCPROJB, T_EFCW, T_EFCB, T_EFCPROJW};
     static const int final_ln[] = {T_LNFW, T_LNFB};
     int tp = g->tp, pp = g->pp, stage = g->pp_rank, ep = g->ep, er = g->ep_rank, n = 0, ll = 0;
@@ -96,7 +98,8 @@ static int build_units(const GPT2Config *c, Grid *g, int vpp, const int *first, 
             u_layer[ll] = n;
             u_experts[ll] = -1;
             if (!is_moe_layer(c, l)) { build_unit(c, tp, ep, er, dp, &units[n++], layer, 12, l); continue; }
-            build_unit(c, tp, ep, er, dp, &units[n++], moe_layer, 9, l);
+            if (c->shared_experts > 0) { build_unit(c, tp, ep, er, dp, &units[n++], moe_shared_layer, 13, l); }
+            else { build_unit(c, tp, ep, er, dp, &units[n++], moe_layer, 9, l); }
             u_experts[ll] = n;
             build_unit(c, tp, ep, er, &g->edp_group, &units[n++], experts, 4, l);
         }
@@ -255,6 +258,7 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     ExpertParallel *x = &m->moe;
     x->tp = &grid->tp_group; x->cp = &grid->cp_group; x->ep = &grid->ep_group; x->tp_rank = grid->tp_rank;
     x->E = c->num_experts; x->k = c->topk; x->El = c->num_experts / grid->ep; x->C = c->channels; x->Cl = m->Cl;
+    x->Hl = c->expert_hidden / tp; x->SHl = c->shared_experts * c->expert_hidden / tp;
     x->opt = moe;
     m->Vl = c->padded_vocab_size / tp; m->v0 = grid->tp_rank * m->Vl;
     m->first = grid->pp_rank == 0;
@@ -415,6 +419,8 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
             for (int l = 0; l < Lmax; l++) {
                 m->acts[i].moe[l].h = m->scratch.moe[0].h;
                 m->acts[i].moe[l].hg = m->scratch.moe[0].hg;
+                m->acts[i].moe[l].sh = m->scratch.moe[0].sh;
+                m->acts[i].moe[l].shg = m->scratch.moe[0].shg;
             }
         }
     }
@@ -509,7 +515,7 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
     int Cl = m->Cl, NHl = m->NHl, sp = m->sp, ue = m->u_experts[l];
     Group *tp = &m->grid->tp_group;
     Workspace *w = &m->ws;
-    floatX *p[NUM_TENSORS], *x;
+    floatX *p[NUM_TENSORS] = {}, *x;   // (a tensor the unit lacks stays NULL)
     int v = layer_chunk(m, l), u = m->u_layer[l];   // what runs next: the chunk's next layer, or the final LayerNorm
     int next = l + 1 < m->chunk_l0[v + 1] ? m->u_layer[l + 1] : (m->last && v == m->vpp - 1 ? m->u_final : -1);
     unit_view(&m->units[u], zero_unit_params(&m->zero, u), p);
@@ -537,7 +543,8 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
         m->moe.layer = 0;
         for (int i = 0; i < l; i++) { m->moe.layer += m->u_experts[i] >= 0; }
         m->moe.micro = m->micro;
-        ExpertWeights ew = {pe[T_EFCW], pe[T_EFCB], pe[T_EFCPROJW], pe[T_EFCPROJB], p[T_ROUTERW]};
+        ExpertWeights ew = {pe[T_EFCW], pe[T_EFCB], pe[T_EFCPROJW], pe[T_EFCPROJB], p[T_ROUTERW], p[T_SFCW], p[T_SFCB],
+                            p[T_SFCPROJW], p[T_SFCPROJB]};
         moe_forward(&m->moe, y.moe, ew, x, w->pfull, !m->recomputing);
         // (over the layer's own unit: done with it)
         if (!m->recomputing) {
@@ -642,7 +649,7 @@ static void layer_backward(GPT2 *m, LayerActs y, int l, int last_micro) {
     Group *tp = &m->grid->tp_group;
     Zero *z = &m->zero;
     Workspace *w = &m->ws;
-    floatX *p[NUM_TENSORS], *g[NUM_TENSORS], *dy, *x;
+    floatX *p[NUM_TENSORS] = {}, *g[NUM_TENSORS] = {}, *dy, *x;   // (a tensor the unit lacks stays NULL)
     int prev = l > m->chunk_l0[layer_chunk(m, l)] ? m->u_layer[l - 1] : -1;   // the chunk's layer below
     unit_view(&m->units[u], zero_unit_params(z, u), p);
     if (ue < 0) { zero_prefetch_params(z, prev, u); }   // ZeRO-3: the layer below, while this one computes
@@ -654,8 +661,10 @@ static void layer_backward(GPT2 *m, LayerActs y, int l, int last_micro) {
         unit_view(&m->units[ue], zero_unit_params(z, ue), pe);
         unit_view(&m->units[ue], zero_begin_unit_backward(z, ue), ge);
         dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
-        ExpertWeights ew = {pe[T_EFCW], pe[T_EFCB], pe[T_EFCPROJW], pe[T_EFCPROJB], p[T_ROUTERW]};
-        ExpertGrads eg = {ge[T_EFCW], ge[T_EFCB], ge[T_EFCPROJW], ge[T_EFCPROJB], g[T_ROUTERW]};
+        ExpertWeights ew = {pe[T_EFCW], pe[T_EFCB], pe[T_EFCPROJW], pe[T_EFCPROJB], p[T_ROUTERW], p[T_SFCW], p[T_SFCB],
+                            p[T_SFCPROJW], p[T_SFCPROJB]};
+        ExpertGrads eg = {ge[T_EFCW], ge[T_EFCB], ge[T_EFCPROJW], ge[T_EFCPROJB], g[T_ROUTERW], g[T_SFCW], g[T_SFCB],
+                          g[T_SFCPROJW], g[T_SFCPROJB]};
         moe_backward(&m->moe, y.moe, ew, eg, x, dy, w->pfull, m->recompute == RECOMPUTE_MLP);
         zero_end_unit_backward(z, ue, last_micro);
         zero_prefetch_params(z, prev, u);   // (over the experts: done with them)
@@ -1141,11 +1150,15 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
 // becomes a MoE model of that shape (a file: upcycled, each expert a copy of its layer's MLP), except
 // when resuming (a checkpoint keeps its shape). Returns the weights (params, or a new array).
 static float *apply_moe_shape(const Args *a, int rank, GPT2Config *c, float *params, const char *what, int resuming) {
-    if (a->experts < 0 && a->topk < 0 && a->moe_every < 0) { return params; }
+    if (a->experts < 0 && a->topk < 0 && a->moe_every < 0 && a->expert_hidden < 0 && a->shared_experts < 0) {
+        return params;
+    }
     if (c->num_experts > 0 || resuming) {
-        int given[3] = {a->experts, a->topk, a->moe_every}, has[3] = {c->num_experts, c->topk, c->moe_every};
-        static const char *flag[3] = {"--experts", "--topk", "--moe-every"}, *name[3] = {"E", "k", "every"};
-        for (int i = 0; i < 3; i++) {
+        int given[5] = {a->experts, a->topk, a->moe_every, a->expert_hidden, a->shared_experts},
+            has[5] = {c->num_experts, c->topk, c->moe_every, c->expert_hidden, c->shared_experts};
+        static const char *flag[5] = {"--experts", "--topk", "--moe-every", "--expert-hidden", "--shared-experts"},
+            *name[5] = {"E", "k", "every", "H", "S"};
+        for (int i = 0; i < 5; i++) {
             if (given[i] >= 0 && given[i] != has[i]) {
                 fail_all(rank, "%s %d, but %s has %s = %d%s", flag[i], given[i], what, name[i], has[i],
                          resuming ? " (a checkpoint resumes with its own shape)" : "");
@@ -1153,14 +1166,24 @@ static float *apply_moe_shape(const Args *a, int rank, GPT2Config *c, float *par
         }
         return params;
     }
-    if (a->experts < 0) { fail_all(rank, "--topk and --moe-every need --experts E (or a MoE model)"); }
+    if (a->experts < 0) {
+        fail_all(rank, "--topk, --moe-every, --expert-hidden and --shared-experts need --experts E (or a MoE model)");
+    }
     GPT2Config moe = *c;
     moe.num_experts = a->experts;
     moe.topk = a->topk > 0 ? a->topk : 1;
     moe.moe_every = a->moe_every > 0 ? a->moe_every : 1;
+    moe.expert_hidden = a->expert_hidden > 0 ? a->expert_hidden : 4 * c->channels;
+    moe.shared_experts = a->shared_experts > 0 ? a->shared_experts : 0;
     if (!config_valid(&moe)) {
         fail_all(rank, "--experts %d --topk %d --moe-every %d: need 1 <= k <= E <= %d and 1 <= every <= L = %d",
                  moe.num_experts, moe.topk, moe.moe_every, MOE_MAX_EXPERTS, c->num_layers);
+    }
+    if (params && (moe.expert_hidden != 4 * c->channels || moe.shared_experts > 0)) {
+        // (upcycling copies the dense MLP into each expert: only experts of its width, and no shared ones)
+        fail_all(rank, "%s is dense: upcycling makes each expert a copy of its layer's MLP, so --expert-hidden must be "
+                 "4C = %d and --shared-experts 0 (got %d, %d); train such a model from a descriptor", what,
+                 4 * c->channels, moe.expert_hidden, moe.shared_experts);
     }
     float *out = params ? upcycle_dense(c, params, &moe, a->seed, 0) : NULL;
     if (params && rank == 0) {
@@ -1371,9 +1394,10 @@ static void print_setup(const Args *a, const GPT2 *m, int accum) {
     printf("model: L %d C %d NH %d V %d (padded %d) maxT %d, %zu parameters, %s\n", c->num_layers, c->channels,
            c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len, m->num_parameters, PRECISION_NAME);
     if (c->num_experts > 0) {
-        printf("moe: %d of %d layers (every %d), %d experts, top-%d of %s scores, capacity factor %.3f (%d per "
-               "expert and sequence%s), drop %s, aux %g, z %g, bias rate %g; ep %d (%d experts per rank), edp %d\n",
-               num_moe_layers(c), c->num_layers, c->moe_every, c->num_experts, c->topk,
+        printf("moe: %d of %d layers (every %d), %d experts of width %d + %d shared, top-%d of %s scores, capacity "
+               "factor %.3f (%d per expert and sequence%s), drop %s, aux %g, z %g, bias rate %g; ep %d (%d experts per "
+               "rank), edp %d\n", num_moe_layers(c), c->num_layers, c->moe_every, c->num_experts, c->expert_hidden,
+               c->shared_experts, c->topk,
                c->router_score == ROUTER_SIGMOID ? "sigmoid" : "softmax", a->cap1000 / 1000.0, m->moe.cap,
                a->cap1000 == 0 ? ", dropless" : "", a->drop_policy, m->moe.opt.aux_coeff, m->moe.opt.z_coeff,
                m->moe.opt.bias_rate, m->grid->ep, m->moe.El, m->grid->edp_group.size);

@@ -34,7 +34,7 @@ static void adamw_update_cpu(float *params, float *master, const float *grads, f
 // m and v indexed alike): segment k is elements [start, start + len) with its own weight decay and
 // rounding seed, its element i rounded with random_bits(seed, i) as a launch of its own would be.
 // Gaps between segments are left alone. On CUDA one launch for all of them (a multi-tensor update).
-#define ADAMW_MAX_SEGMENTS 12
+#define ADAMW_MAX_SEGMENTS 16
 typedef struct { size_t start, len; float weight_decay; unsigned int seed; } AdamWSegment;
 typedef struct {
     int n;

@@ -24,6 +24,7 @@ typedef struct {
     int B, T, total_batch, max_steps, warmup, val_every, val_batches, sample_every, gen_tokens;
     int checkpoint_every, resume, zero, tp, cp, pp, vpp, dp, ep, sp, ce_chunk, memory_report, comm_report, shuffle;
     int experts, topk, moe_every, cap1000;   // MoE; the first three -1 when not given
+    int expert_hidden, shared_experts;        // MoE: H, S (-1 when not given)
     float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff, timeout;   // z_coeff -1: not given
     const char *router_score;    // --router-score softmax|sigmoid (NULL: the model's; softmax for a new one)
     float moe_bias_rate;         // --moe-bias-rate: loss-free balancing's step (0: off)
@@ -61,6 +62,7 @@ static void default_args(Args *a) {
     a->ep = 1; a->sp = 0; a->ce_chunk = 256; a->shuffle = -1; a->grad_clip = 1.0f; a->scheduler = "cosine";
     a->pp_schedule = "1f1b";
     a->experts = a->topk = a->moe_every = -1;
+    a->expert_hidden = a->shared_experts = -1;
     a->cap1000 = 1250;
     a->drop_policy = "probs";
     a->aux_coeff = 0.01f;
@@ -196,6 +198,10 @@ static const Flag FLAGS[] = {
         "MoE experts per MoE layer; a dense model file is upcycled (each expert its layer's MLP)"},
     {"--topk", "--moe-router-topk", F_INT, ARG(topk), 1, MOE_MAX_EXPERTS, 0, "K", "experts per token (1)"},
     {"--moe-every", 0, F_INT, ARG(moe_every), 1, 1024, 0, "N", "every Nth layer is MoE (1)"},
+    {"--expert-hidden", "--moe-ffn-hidden-size", F_INT, ARG(expert_hidden), 1, 65536, 0, "H",
+        "hidden width of each expert, routed and shared (fine-grained experts: H < 4C) (4C)"},
+    {"--shared-experts", 0, F_INT, ARG(shared_experts), 0, MOE_MAX_SHARED, 0, "S",
+        "always-on experts per MoE layer beside the routed ones, one MLP of width S*H, tensor-parallel (0)"},
     {"--capacity-factor", 0, F_CAPACITY, ARG(cap1000), 0, 0, 0, "F",
         "expert capacity factor, at most 3 decimals; 0 = dropless (1.25)"},
     {"--drop-policy", 0, F_CHOICE, ARG(drop_policy), 0, 0, "probs|position", "POLICY",
@@ -457,6 +463,9 @@ static int layout_error(Args *a, const GPT2Config *c, int world, char *err, size
     }
     if (c->num_heads % a->tp) { LAYOUT_FAIL("--tp %d does not divide the number of heads %d", a->tp, c->num_heads); }
     if ((4 * c->channels) % a->tp) { LAYOUT_FAIL("--tp %d does not divide 4C = %d", a->tp, 4 * c->channels); }
+    if (c->num_experts > 0 && c->expert_hidden % a->tp) {
+        LAYOUT_FAIL("--tp %d does not divide the experts' hidden width H = %d", a->tp, c->expert_hidden);
+    }
     if (c->padded_vocab_size % a->tp) {
         LAYOUT_FAIL("--tp %d does not divide the padded vocab size %d", a->tp, c->padded_vocab_size);
     }

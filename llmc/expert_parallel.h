@@ -13,6 +13,8 @@
 //   6. the outputs back: regrouped by source, all-to-all(v) in reverse, into the send layout
 //   7. combine with the gates, in the fixed order of each token's choices -> (BT, C), summed over tp by
 //      the caller like any row-parallel output
+//   8. the shared experts (--shared-experts S): one MLP of width S*H on every token, tensor-parallel like the
+//      dense MLP (its fcproj bias, like the experts', added on tp rank 0), added to the routed output
 // The backward runs the same exchanges in reverse with the gradients. The gradient of the gates needs
 // the full expert outputs: each tp rank has a partial sum, so dgate (BT, k floats) is all-reduced over
 // tp. Then the router's backward runs identically on every tp rank: its weight gradient is complete on
@@ -37,7 +39,8 @@ typedef struct {
     int *keep, *row;    // (BT, k) kept after capacity; the row in the send layout (-1: dropped)
     float *f;           // (B, E) top-k assignment fractions per sequence (the aux loss)
     floatX *xe;         // (Rr, C) the rows this rank's experts received, grouped by local expert
-    floatX *h, *hg;     // (Rr, 4Cl) their fc output, after GELU
+    floatX *h, *hg;     // (Rr, Hl) their fc output, after GELU (H: an expert's hidden width, Hl = H/tp)
+    floatX *sh, *shg;   // (BT, SHl) the shared experts' fc output, after GELU (SHl = S*H/tp; S = 0: none)
     floatX *ys;         // (Rs, C) the expert outputs back, in the send layout
     int *counts;        // host (ep, E): rows each rank of the ep group keeps for each expert
 } MoEActs;
@@ -48,6 +51,7 @@ typedef struct {
     Group *tp, *cp, *ep;     // the gates' gradient (tp); the whole sequences (cp); the all-to-alls (ep)
     int tp_rank;             // (fcproj's bias is added once, on tp rank 0)
     int E, k, El, C, Cl;     // experts, top-k, experts per ep rank, channels, channels per tp rank
+    int Hl, SHl;             // an expert's hidden width per tp rank (H/tp); the shared experts' (S*H/tp, 0: none)
     int B, T, BT;            // a micro-batch: sequences, the tokens of each this rank holds (cp: T/cp)
     MoEOptions opt;          // capacity factor, drop policy, auxiliary loss coefficients, bias rate
     int sigmoid;             // the router's scores: sigmoids (else softmax)
@@ -69,7 +73,9 @@ typedef struct {
     floatX *msend;           // (Rs, C) rows in the send layout: x, then the gradients
     floatX *mrecv;           // (Rr, C) rows as the all-to-all delivers them, grouped by source rank
     floatX *mexp;            // (Rr, C) rows grouped by local expert: the outputs, the gradients
-    floatX *mdh;             // (Rr, 4Cl) the gradient of the experts' fc output
+    floatX *mdh;             // (Rr, Hl) the gradient of the experts' fc output
+    floatX *sdh;             // (BT, SHl) the gradient of the shared experts' fc output
+    floatX *sout;            // (BT, C) the shared experts' output (partial over tp), then their input's gradient
     float *dgate;            // (BT, k)
     float *dlogits;          // (BT, E)
     float *cprob;            // (BT, k) the probability of each assignment (top-k's values)
@@ -94,12 +100,17 @@ static void moe_dispatch_rows(ExpertParallel *x, int cap) {
 
 // The workspace, for micro-batches of B sequences of T local tokens (the dispatch rows already set).
 static void moe_work_alloc(ExpertParallel *x) {
-    size_t BT = x->BT, C = x->C, Cl = x->Cl, E = x->E, k = x->k, Rs = x->rows_send, Rr = x->rows_recv, cp = x->cp->size;
+    size_t BT = x->BT, C = x->C, Hl = x->Hl, SHl = x->SHl, E = x->E, k = x->k, Rs = x->rows_send, Rr = x->rows_recv,
+        cp = x->cp->size;
     size_t X = floatx_bytes(), F = sizeof(float), I = sizeof(int);
     x->msend = (floatX *)mem_alloc(Rs * C * X, MEM_COMM);
     x->mrecv = (floatX *)mem_alloc(Rr * C * X, MEM_COMM);
     x->mexp = (floatX *)mem_alloc(Rr * C * X, MEM_WORKSPACE);
-    x->mdh = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_WORKSPACE);
+    x->mdh = (floatX *)mem_alloc(Rr * Hl * X, MEM_WORKSPACE);
+    if (SHl > 0) {
+        x->sdh = (floatX *)mem_alloc(BT * SHl * X, MEM_WORKSPACE);
+        x->sout = (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE);
+    }
     x->dgate = (float *)mem_alloc(BT * k * F, MEM_WORKSPACE);
     x->dlogits = (float *)mem_alloc(BT * E * F, MEM_WORKSPACE);
     x->cprob = (float *)mem_alloc(BT * k * F, MEM_WORKSPACE);
@@ -118,9 +129,9 @@ static void moe_work_alloc(ExpertParallel *x) {
 }
 
 // One layer's stored tensors: the routing and the dispatched rows (routing), and the experts' fc and
-// GELU outputs (hidden).
+// GELU outputs, the shared experts' too (hidden).
 static void moe_acts_alloc(MoEActs *ma, const ExpertParallel *x, int routing, int hidden) {
-    size_t BT = x->BT, C = x->C, Cl = x->Cl, E = x->E, k = x->k, Rs = x->rows_send, Rr = x->rows_recv;
+    size_t BT = x->BT, C = x->C, Hl = x->Hl, SHl = x->SHl, E = x->E, k = x->k, Rs = x->rows_send, Rr = x->rows_recv;
     size_t X = floatx_bytes(), F = sizeof(float), I = sizeof(int);
     if (routing) {
         ma->probs = (float *)mem_alloc(BT * E * F, MEM_ACTIVATIONS);
@@ -135,8 +146,12 @@ static void moe_acts_alloc(MoEActs *ma, const ExpertParallel *x, int routing, in
         ma->counts = (int *)malloc_check((size_t)x->ep->size * E * I);
     }
     if (hidden) {
-        ma->h = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_ACTIVATIONS);
-        ma->hg = (floatX *)mem_alloc(Rr * 4 * Cl * X, MEM_ACTIVATIONS);
+        ma->h = (floatX *)mem_alloc(Rr * Hl * X, MEM_ACTIVATIONS);
+        ma->hg = (floatX *)mem_alloc(Rr * Hl * X, MEM_ACTIVATIONS);
+        if (SHl > 0) {
+            ma->sh = (floatX *)mem_alloc(BT * SHl * X, MEM_ACTIVATIONS);
+            ma->shg = (floatX *)mem_alloc(BT * SHl * X, MEM_ACTIVATIONS);
+        }
     }
 }
 
@@ -243,14 +258,17 @@ static size_t moe_expert_rows(const ExpertParallel *x, const int *counts, int le
     return n;
 }
 
-// The layer's experts (local, tp-sliced; as the model stores them) and its router.
-typedef struct { const floatX *fcw, *fcb, *fcprojw, *fcprojb, *router; } ExpertWeights;
-typedef struct { floatX *fcw, *fcb, *fcprojw, *fcprojb, *router; } ExpertGrads;
+// The layer's experts (local, tp-sliced; as the model stores them), its router and its shared experts
+// (tp-sliced; NULL without).
+typedef struct {
+    const floatX *fcw, *fcb, *fcprojw, *fcprojb, *router, *sfcw, *sfcb, *sfcprojw, *sfcprojb;
+} ExpertWeights;
+typedef struct { floatX *fcw, *fcb, *fcprojw, *fcprojb, *router, *sfcw, *sfcb, *sfcprojw, *sfcprojb; } ExpertGrads;
 
 // x (BT, C): the ln2 output of all tokens (the same on every tp rank) -> out (BT, C), a partial sum over
 // tp. record: count the step's numbers and log the routing (not when the forward is a recomputation).
 static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const floatX *in, floatX *out, int record) {
-    int B = x->B, T = x->T, BT = x->BT, C = x->C, Cl = x->Cl, E = x->E, k = x->k, El = x->El;
+    int B = x->B, T = x->T, BT = x->BT, C = x->C, Hl = x->Hl, E = x->E, k = x->k, El = x->El;
     // 1. route: probabilities, top-k, capacity per sequence, the statistics of the auxiliary losses
     moe_router_forward(ma->probs, ma->lse, in, w.router, BT, C, E, x->sigmoid);
     moe_topk(ma->choice, x->cprob, ma->gate, ma->probs, x->bias + (size_t)x->layer * E, BT, E, k);
@@ -285,14 +303,19 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
         size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
         if (n == 0) { continue; }
         const floatX *b2 = x->tp_rank == 0 ? w.fcprojb + (size_t)le * C : NULL;   // added once over tp
-        matmul_forward_gelu(ma->hg + r0 * 4 * Cl, ma->h + r0 * 4 * Cl, ma->xe + r0 * C, w.fcw + (size_t)le * 4 * Cl * C,
-                            w.fcb + (size_t)le * 4 * Cl, (int)n, C, 4 * Cl);
-        matmul_forward(x->mexp + r0 * C, ma->hg + r0 * 4 * Cl, w.fcprojw + (size_t)le * C * 4 * Cl, b2, (int)n, 4 * Cl,
-                       C);
+        matmul_forward_gelu(ma->hg + r0 * Hl, ma->h + r0 * Hl, ma->xe + r0 * C, w.fcw + (size_t)le * Hl * C,
+                            w.fcb + (size_t)le * Hl, (int)n, C, Hl);
+        matmul_forward(x->mexp + r0 * C, ma->hg + r0 * Hl, w.fcprojw + (size_t)le * C * Hl, b2, (int)n, Hl, C);
     }
     moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
     moe_all_to_all(x, ma->counts, x->mrecv, ma->ys, 0);
     moe_combine(out, ma->ys, ma->gate, ma->row, BT, k, C);
+    // 8. the shared experts, on every token
+    if (x->SHl > 0) {
+        matmul_forward_gelu(ma->shg, ma->sh, in, w.sfcw, w.sfcb, BT, C, x->SHl);
+        matmul_forward(x->sout, ma->shg, w.sfcprojw, x->tp_rank == 0 ? w.sfcprojb : NULL, BT, x->SHl, C);
+        accumulate(out, x->sout, (size_t)BT * C);
+    }
     if (x->route_log && x->micro < x->route_log_micro && record) {   // test hook: this layer's routing
         int *log = x->route_log + ((size_t)x->micro * x->nlayers + x->layer) * BT * (2 * k + E);
         copy_to_host(log, ma->choice, (size_t)BT * k * sizeof(int));
@@ -306,12 +329,21 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
     }
 }
 
-// The backward of moe_forward. dy (BT, C): the gradient of out on every tp rank (all tokens) -> dx (BT, C),
-// the gradient of in, a partial sum over tp (written); g: the experts' gradients and the router's (+=).
-// recompute_mlp: the experts' fc and GELU outputs are not stored (--recompute mlp): computed again here.
+// The backward of moe_forward. dy (BT, C): the gradient of out on every tp rank (all tokens; its buffer may be
+// dx's) -> dx (BT, C), the gradient of in, a partial sum over tp (written); g: the experts' gradients and the router's (+=).
+// recompute_mlp: the experts' (and shared experts') fc and GELU outputs are not stored (--recompute mlp):
+// computed again here.
 static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, ExpertGrads g, const floatX *in,
                          const floatX *dy, floatX *dx, int recompute_mlp) {
-    int T = x->T, BT = x->BT, C = x->C, Cl = x->Cl, E = x->E, k = x->k, El = x->El;
+    int T = x->T, BT = x->BT, C = x->C, Hl = x->Hl, E = x->E, k = x->k, El = x->El;
+    // 8. the shared experts first (dy may share its buffer with dx: read it before dx is written); their
+    // input's gradient waits in sout
+    if (x->SHl > 0) {
+        if (recompute_mlp) { matmul_forward_gelu(ma->shg, ma->sh, in, w.sfcw, w.sfcb, BT, C, x->SHl); }
+        bias_backward(g.sfcprojb, dy, BT, C);   // complete on every tp rank (as the experts' fcproj bias)
+        matmul_backward_dgelu(x->sdh, g.sfcprojw, dy, ma->shg, w.sfcprojw, ma->sh, BT, x->SHl, C);
+        matmul_backward(x->sout, g.sfcw, g.sfcb, x->sdh, in, w.sfcw, BT, C, x->SHl);
+    }
     // 7. combine: the gradient of each kept row (send layout), and of the gates (all-reduced over tp:
     // the expert outputs are partial sums over tp)
     moe_combine_backward(x->msend, x->dgate, dy, ma->ys, ma->gate, ma->row, BT, k, C);
@@ -322,21 +354,21 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
     for (int le = 0; le < El; le++) {
         size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
         if (n == 0) { continue; }
-        floatX *dye = x->mexp + r0 * C, *dh = x->mdh + r0 * 4 * Cl;
+        floatX *dye = x->mexp + r0 * C, *dh = x->mdh + r0 * Hl;
         if (recompute_mlp) {   // the rows' fc and GELU outputs again, from their stored input
-            matmul_forward_gelu(ma->hg + r0 * 4 * Cl, ma->h + r0 * 4 * Cl, ma->xe + r0 * C,
-                                w.fcw + (size_t)le * 4 * Cl * C,
-                                w.fcb + (size_t)le * 4 * Cl, (int)n, C, 4 * Cl);
+            matmul_forward_gelu(ma->hg + r0 * Hl, ma->h + r0 * Hl, ma->xe + r0 * C, w.fcw + (size_t)le * Hl * C,
+                                w.fcb + (size_t)le * Hl, (int)n, C, Hl);
         }
-        matmul_backward_dgelu(dh, g.fcprojw + (size_t)le * C * 4 * Cl, dye, ma->hg + r0 * 4 * Cl,
-                              w.fcprojw + (size_t)le * C * 4 * Cl, ma->h + r0 * 4 * Cl, (int)n, 4 * Cl, C);
+        matmul_backward_dgelu(dh, g.fcprojw + (size_t)le * C * Hl, dye, ma->hg + r0 * Hl,
+                              w.fcprojw + (size_t)le * C * Hl, ma->h + r0 * Hl, (int)n, Hl, C);
         bias_backward(g.fcprojb + (size_t)le * C, dye, (int)n, C);   // complete on every tp rank
-        matmul_backward(dye, g.fcw + (size_t)le * 4 * Cl * C, g.fcb + (size_t)le * 4 * Cl, dh, ma->xe + r0 * C,
-                        w.fcw + (size_t)le * 4 * Cl * C, (int)n, C, 4 * Cl);   // dye := the rows' dx
+        matmul_backward(dye, g.fcw + (size_t)le * Hl * C, g.fcb + (size_t)le * Hl, dh, ma->xe + r0 * C,
+                        w.fcw + (size_t)le * Hl * C, (int)n, C, Hl);   // dye := the rows' dx
     }
     moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
     moe_all_to_all(x, ma->counts, x->mrecv, x->msend, 0);
     moe_unpermute(dx, x->msend, ma->row, BT, k, C);
+    if (x->SHl > 0) { accumulate(dx, x->sout, (size_t)BT * C); }   // (8.'s input gradient)
     // 1. the router: identical on every tp rank (complete gates' gradient); its input gradient added once
     moe_router_backward(x->dlogits, x->dgate, ma->gate, ma->choice, ma->probs, ma->lse, ma->f, T, BT, E, k,
                         x->aux_scale, x->z_scale, x->sigmoid);

@@ -26,15 +26,19 @@ typedef struct {
     int topk;               // k
     int moe_every;          // layer l is MoE when l % moe_every == moe_every - 1 (moe.h)
     int router_score;       // MoE: the router's scores, ROUTER_SOFTMAX or ROUTER_SIGMOID (moe.h)
+    int expert_hidden;      // MoE: H, the hidden width of an expert (routed and shared; 4C unless fine-grained)
+    int shared_experts;     // MoE: S always-on experts per MoE layer, run as one MLP of width S*H
 } GPT2Config;
 
 enum { T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB,
        T_LN2W, T_LN2B, T_FCW, T_FCB, T_FCPROJW, T_FCPROJB, T_LNFW, T_LNFB,
-       T_ROUTERW, T_EFCW, T_EFCB, T_EFCPROJW, T_EFCPROJB, NUM_TENSORS };
+       T_ROUTERW, T_EFCW, T_EFCB, T_EFCPROJW, T_EFCPROJB,
+       T_SFCW, T_SFCB, T_SFCPROJW, T_SFCPROJB, NUM_TENSORS };
 __attribute__((unused)) static const char *tensor_names[NUM_TENSORS] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb",
         "attprojw", "attprojb",
                                                 "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
-                                                "routerw", "efcw", "efcb", "efcprojw", "efcprojb"};
+                                                "routerw", "efcw", "efcb", "efcprojw", "efcprojb",
+                                                "sfcw", "sfcb", "sfcprojw", "sfcprojb"};
 
 static int is_moe_layer(const GPT2Config *c, int l) {
     return c->num_experts > 0 && l % c->moe_every == c->moe_every - 1;
@@ -48,7 +52,8 @@ static int num_moe_layers(const GPT2Config *c) {
 
 // How tensor id is stored: `layers` stacked slices (-1: not per layer) of nblk blocks of (rows, cols),
 // cut by tensor parallelism as `split`. The dense MLP tensors hold only the dense layers, the MoE
-// tensors only the MoE layers, as nblk = E blocks (one per expert, cut over the ep ranks). Weight decay
+// tensors only the MoE layers, as nblk = E blocks (one per expert, cut over the ep ranks) of width H;
+// the shared experts' (S > 0) one MLP of width S*H per MoE layer, cut over tp like the dense MLP. Weight decay
 // on the 2-D matrices. full_grad: replicated over tp but with a complete gradient on every tp rank
 // (computed from all tokens even under SP): never summed over tp.
 typedef struct { int layers, nblk; size_t rows, cols; SplitKind split; int decay, experts, full_grad; } TensorSpec;
@@ -56,6 +61,8 @@ typedef struct { int layers, nblk; size_t rows, cols; SplitKind split; int decay
 static TensorSpec tensor_spec(const GPT2Config *c, int id) {
     size_t C = c->channels;
     int L = c->num_layers, Lm = num_moe_layers(c), Ld = L - Lm, E = c->num_experts;
+    size_t H = c->expert_hidden, SH = (size_t)c->shared_experts * H;
+    int Lsh = c->shared_experts > 0 ? Lm : 0;   // (no shared experts: their tensors hold no layer)
     switch (id) {
         // vocab-parallel
         case T_WTE:      return (TensorSpec){-1, 1, (size_t)c->padded_vocab_size, C, SPLIT_ROWS, 1, 0, 0};
@@ -70,10 +77,14 @@ static TensorSpec tensor_spec(const GPT2Config *c, int id) {
         case T_FCPROJB:  return (TensorSpec){Ld, 1, 1, C, SPLIT_NONE, 0, 0, 0};
         case T_LNFW: case T_LNFB: return (TensorSpec){-1, 1, 1, C, SPLIT_NONE, 0, 0, 0};
         case T_ROUTERW:  return (TensorSpec){Lm, 1, (size_t)E, C, SPLIT_NONE, 1, 0, 1};   // replicated everywhere
-        case T_EFCW:     return (TensorSpec){Lm, E, 4 * C, C, SPLIT_ROWS, 1, 1, 0};      // per expert, as fcw
-        case T_EFCB:     return (TensorSpec){Lm, E, 4 * C, 1, SPLIT_ROWS, 0, 1, 0};
-        case T_EFCPROJW: return (TensorSpec){Lm, E, C, 4 * C, SPLIT_COLS, 1, 1, 0};
+        case T_EFCW:     return (TensorSpec){Lm, E, H, C, SPLIT_ROWS, 1, 1, 0};          // per expert, as fcw
+        case T_EFCB:     return (TensorSpec){Lm, E, H, 1, SPLIT_ROWS, 0, 1, 0};
+        case T_EFCPROJW: return (TensorSpec){Lm, E, C, H, SPLIT_COLS, 1, 1, 0};
         case T_EFCPROJB: return (TensorSpec){Lm, E, 1, C, SPLIT_NONE, 0, 1, 1};          // added once, on tp rank 0
+        case T_SFCW:     return (TensorSpec){Lsh, 1, SH, C, SPLIT_ROWS, 1, 0, 0};        // shared: as the dense MLP
+        case T_SFCB:     return (TensorSpec){Lsh, 1, SH, 1, SPLIT_ROWS, 0, 0, 0};
+        case T_SFCPROJW: return (TensorSpec){Lsh, 1, C, SH, SPLIT_COLS, 1, 0, 0};
+        case T_SFCPROJB: return (TensorSpec){Lsh, 1, 1, C, SPLIT_NONE, 0, 0, 1};         // as efcprojb: tp rank 0
         default:         return (TensorSpec){L, 1, 1, C, SPLIT_NONE, 0, 0, 0};           // ln1, ln2, attprojb
     }
 }
@@ -100,7 +111,9 @@ static size_t model_floats(const GPT2Config *c) { return num_parameters(c) + num
 static double layer_flops_per_token(const GPT2Config *c, int l, int T) {
     double C = c->channels, mlp = 8.0 * C * C + 5.0 * C;   // fc (4C x C + 4C) and fcproj (C x 4C + C)
     double attention = 4.0 * C * C + 4.0 * C + 4.0 * C;   // qkv, attproj (weights and biases), ln1, ln2
-    double params = attention + (is_moe_layer(c, l) ? c->topk * mlp + C * c->num_experts : mlp);
+    double H = c->expert_hidden, SH = (double)c->shared_experts * H;
+    double expert = 2.0 * C * H + H + C, shared = SH > 0 ? 2.0 * C * SH + SH + C : 0.0;   // width H, S*H
+    double params = attention + (is_moe_layer(c, l) ? c->topk * expert + shared + C * c->num_experts : mlp);
     return 6.0 * params + 6.0 * C * T;
 }
 static double head_flops_per_token(const GPT2Config *c) { return 6.0 * c->channels * c->padded_vocab_size; }
@@ -108,7 +121,7 @@ static double head_flops_per_token(const GPT2Config *c) { return 6.0 * c->channe
 // Which slice of a per-layer tensor belongs to layer l: the dense MLP tensors count only the dense
 // layers, the MoE tensors only the MoE layers.
 static int tensor_layer_slice(const GPT2Config *c, int id, int l) {
-    if (id == T_FCW || id == T_FCB || id == T_FCPROJW || id == T_FCPROJB || id >= T_ROUTERW) {
+    if (id == T_FCW || id == T_FCB || id == T_FCPROJW || id == T_FCPROJB || id >= T_ROUTERW) {   // (MoE, shared too)
         int moe = id >= T_ROUTERW, n = 0;
         for (int i = 0; i < l; i++) { n += is_moe_layer(c, i) == moe; }
         return n;
@@ -145,16 +158,19 @@ static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_T
 
 // The shapes this program accepts, from a file or a descriptor: positive, C divisible by NH,
 // V <= Vp, token ids that fit the uint16 data shards, sizes whose element counts fit in memory, and
-// (MoE) 1 <= k <= E <= MOE_MAX_EXPERTS, 1 <= moe_every <= L.
+// (MoE) 1 <= k <= E <= MOE_MAX_EXPERTS, 1 <= moe_every <= L, 1 <= H <= 65536, 0 <= S <= MOE_MAX_SHARED.
 static int config_valid(const GPT2Config *c) {
     int dense_ok = c->max_seq_len > 0 && c->vocab_size > 0 && c->num_layers > 0 && c->num_heads > 0
             && c->channels > 0 &&
                    c->padded_vocab_size >= c->vocab_size && c->channels % c->num_heads == 0 && c->vocab_size <= 65536 &&
                    c->padded_vocab_size <= 1 << 20 && c->channels <= 16384 && c->max_seq_len <= 1 << 20
                            && c->num_layers <= 1024;
-    int moe_ok = c->num_experts == 0 ? c->topk == 0 && c->moe_every == 0
+    int moe_ok = c->num_experts == 0 ? c->topk == 0 && c->moe_every == 0 && c->expert_hidden == 0 &&
+                                           c->shared_experts == 0
                                      : c->num_experts > 0 && c->num_experts <= MOE_MAX_EXPERTS && c->topk >= 1 &&
-                                       c->topk <= c->num_experts && c->moe_every >= 1 && c->moe_every <= c->num_layers;
+                                       c->topk <= c->num_experts && c->moe_every >= 1 && c->moe_every <= c->num_layers
+                                       && c->expert_hidden >= 1 && c->expert_hidden <= 65536 &&
+                                       c->shared_experts >= 0 && c->shared_experts <= MOE_MAX_SHARED;
     return dense_ok && moe_ok;
 }
 
@@ -189,18 +205,19 @@ static void check_finite(const GPT2Config *c, const float *all, const char *what
 // The header of a model file of shape c, its parameters stored in bf16 or fp32 (slot 255, the CRC, is the
 // writer's).
 // bias: the routing bias (Lm, E) or NULL (zero).
+// Whether a MoE model needs versions 23/25: sigmoid scores, shared or fine-grained experts, or a bias not all zero.
 static int model_file_has_bias(const GPT2Config *c, const float *bias) {
     if (c->num_experts == 0) { return 0; }
     int nonzero = 0;
     for (size_t i = 0; bias && i < num_router_bias(c); i++) { nonzero |= bias[i] != 0.0f; }
-    return c->router_score != ROUTER_SOFTMAX || nonzero;
+    return c->router_score != ROUTER_SOFTMAX || c->shared_experts > 0 || c->expert_hidden != 4 * c->channels || nonzero;
 }
 static void model_header_write(int h[256], const GPT2Config *c, int bf16, int with_bias) {
     memset(h, 0, 256 * sizeof(int));
     h[0] = MODEL_MAGIC; h[1] = (bf16 ? 5 : 3) + (c->num_experts > 0 ? (with_bias ? 20 : 10) : 0);
     h[2] = c->max_seq_len; h[3] = c->vocab_size; h[4] = c->num_layers; h[5] = c->num_heads; h[6] = c->channels;
     h[7] = c->padded_vocab_size; h[8] = c->num_experts; h[9] = c->topk; h[10] = c->moe_every;
-    h[11] = with_bias ? c->router_score : 0;
+    if (with_bias) { h[11] = c->router_score; h[12] = c->shared_experts; h[13] = c->expert_hidden; }
 }
 
 // The shape in a model file's header (path: for the errors); returns the bytes per stored parameter (4 or 2).
@@ -214,21 +231,21 @@ static size_t model_header_read(const int h[256], GPT2Config *c, const char *pat
     memset(c, 0, sizeof(*c));
     c->max_seq_len = h[2]; c->vocab_size = h[3]; c->num_layers = h[4]; c->num_heads = h[5]; c->channels = h[6];
     c->padded_vocab_size = h[7];
-    if (moe) { c->num_experts = h[8]; c->topk = h[9]; c->moe_every = h[10]; }
+    if (moe) { c->num_experts = h[8]; c->topk = h[9]; c->moe_every = h[10]; c->expert_hidden = 4 * h[6]; }
     if (h[1] > 20) {
         if (h[11] != ROUTER_SOFTMAX && h[11] != ROUTER_SIGMOID) {
             fail("model file '%s' has router scores %d in header slot 11, expected 0 (softmax) or 1 (sigmoid)", path,
                  h[11]);
         }
-        c->router_score = h[11];
+        c->router_score = h[11]; c->shared_experts = h[12]; c->expert_hidden = h[13];
     }
     if (moe && c->num_experts < 1) {
         fail("model file '%s' is a MoE file (version %d) with %d experts", path, h[1], h[8]);
     }
     if (!config_valid(c)) {
-        fail("model file '%s' has inconsistent header values (maxT %d V %d L %d NH %d C %d Vp %d; E %d k %d every %d)",
-             path,
-             h[2], h[3], h[4], h[5], h[6], h[7], c->num_experts, c->topk, c->moe_every);
+        fail("model file '%s' has inconsistent header values (maxT %d V %d L %d NH %d C %d Vp %d; E %d k %d every %d "
+             "S %d H %d)", path, h[2], h[3], h[4], h[5], h[6], h[7], c->num_experts, c->topk, c->moe_every,
+             c->shared_experts, c->expert_hidden);
     }
     return h[1] % 10 == 3 ? 4 : 2;
 }
@@ -281,7 +298,8 @@ static float *read_model_file(const char *path, GPT2Config *c) {
     return params;
 }
 
-// "d12" (llm.c: depth L, C = 64 L, NH = L) or "L=4,C=64,NH=4,V=250,maxT=64[,Vp=256][,E=8,k=2[,every=2]]".
+// "d12" (llm.c: depth L, C = 64 L, NH = L) or "L=4,C=64,NH=4,V=250,maxT=64[,Vp=256][,E=8,k=2[,every=2][,H=64][,S=1]]"
+// (H: an expert's hidden width, default 4C; S: shared experts, default 0).
 // Returns 0 if the string is not a descriptor, -1 if it is a malformed one.
 static int parse_descriptor(const char *s, GPT2Config *c) {
     memset(c, 0, sizeof(*c));
@@ -295,11 +313,11 @@ static int parse_descriptor(const char *s, GPT2Config *c) {
         char buf[256];
         if (strlen(s) >= sizeof(buf)) { return -1; }
         snprintf(buf, sizeof(buf), "%s", s);
-        static const char *keys[] = {"L", "C", "NH", "V", "Vp", "maxT", "E", "k", "every"};
+        static const char *keys[] = {"L", "C", "NH", "V", "Vp", "maxT", "E", "k", "every", "H", "S"};
         int *fields[] = {&c->num_layers, &c->channels, &c->num_heads, &c->vocab_size, &c->padded_vocab_size,
                          &c->max_seq_len,
-                         &c->num_experts, &c->topk, &c->moe_every};
-        int seen[9] = {0};
+                         &c->num_experts, &c->topk, &c->moe_every, &c->expert_hidden, &c->shared_experts};
+        int seen[11] = {0};
         for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
             char *eq = strchr(tok, '=');
             if (!eq) { return -1; }
@@ -307,7 +325,7 @@ static int parse_descriptor(const char *s, GPT2Config *c) {
             long v = strtol(eq + 1, &end, 10);
             if (*end != '\0' || v <= 0 || v > (1 << 20)) { return -1; }
             int key = -1;
-            for (int i = 0; i < 9; i++) { if (!strcmp(tok, keys[i])) { key = i; } }
+            for (int i = 0; i < 11; i++) { if (!strcmp(tok, keys[i])) { key = i; } }
             if (key < 0 || seen[key]++) { return -1; }   // unknown or repeated
             *fields[key] = (int)v;
         }
@@ -315,8 +333,9 @@ static int parse_descriptor(const char *s, GPT2Config *c) {
         if (c->num_experts > 0) {
             if (c->topk == 0) { c->topk = 1; }
             if (c->moe_every == 0) { c->moe_every = 1; }
-        } else if (c->topk || c->moe_every) {
-            return -1;   // k or every without E
+            if (c->expert_hidden == 0) { c->expert_hidden = 4 * c->channels; }
+        } else if (c->topk || c->moe_every || c->expert_hidden || c->shared_experts) {
+            return -1;   // k, every, H or S without E
         }
     } else {
         return 0;
@@ -339,11 +358,11 @@ static float *random_init(const GPT2Config *c, uint64_t seed) {
         size_t n = tensor_full_size(c, i);
         if (i == T_LN1W || i == T_LN2W || i == T_LNFW) { for (size_t j = 0; j < n; j++) { t[i][j] = 1.0f; } }
         if (i == T_WTE) { n = (size_t)c->vocab_size * c->channels; }   // padding rows stay 0
-        if (i == T_WTE || i == T_WPE || i == T_QKVW || i == T_FCW || i == T_ROUTERW || i == T_EFCW) {
+        if (i == T_WTE || i == T_WPE || i == T_QKVW || i == T_FCW || i == T_ROUTERW || i == T_EFCW || i == T_SFCW) {
             for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, 0.02f); }
         }
-        if (i == T_ATTPROJW || i == T_FCPROJW
-            || i == T_EFCPROJW) { for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, proj_std); } }
+        if (i == T_ATTPROJW || i == T_FCPROJW || i == T_EFCPROJW
+            || i == T_SFCPROJW) { for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, proj_std); } }
     }
     return all;
 }

@@ -54,6 +54,7 @@
 #include "encoder.h"
 
 #define MOE_MAX_EXPERTS 256
+#define MOE_MAX_SHARED 64
 
 typedef enum { DROP_PROBS, DROP_POSITION } DropPolicy;
 typedef enum { ROUTER_SOFTMAX = 0, ROUTER_SIGMOID = 1 } RouterScore;   // (the model file's numbers)

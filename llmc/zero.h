@@ -31,7 +31,7 @@
 #include "global_norm.h"
 #include "residual.h"
 
-#define MAX_UNIT_TENSORS 12
+#define MAX_UNIT_TENSORS 16
 
 typedef struct {
     int id, layer;        // which model tensor (the caller's numbering), which layer (-1: none)

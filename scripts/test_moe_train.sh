@@ -17,7 +17,7 @@ for key in trl aux z drop; do n=$((n + $(grep -cE "^s:[0-9]+ $key:[0-9]+\.[0-9]{
 [ "$n" = 120 ]; say $? "main.log has 30 lines each of trl, aux, z and drop (got $n of 120)"
 first=$(awk -F'trl:' '/trl:/ { print $2; exit }' "$W/a/main.log"); last=$(awk -F'trl:' '/trl:/ { x = $2 } END { print x }' "$W/a/main.log")
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }'; say $? "the MoE model's loss falls: $first -> $last"
-grep -q "^moe: 2 of 2 layers (every 1), 4 experts, top-2 of softmax scores, capacity factor 1.250 (20 per expert and sequence)" "$W/a.log"
+grep -q "^moe: 2 of 2 layers (every 1), 4 experts of width 256 + 0 shared, top-2 of softmax scores, capacity factor 1.250 (20 per expert and sequence)" "$W/a.log"
 say $? "the start-up line states the MoE layers and the capacity (ceil(2*32*1.25/4) = 20)"
 
 # 2. resume through main() under ep 2 x zero 3 (4 ranks): 10 steps straight vs 6 + checkpoint + resume

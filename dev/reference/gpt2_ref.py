@@ -34,6 +34,10 @@ Mixture of Experts (--E E --k K, as llmc/moe.h defines it): layer l is MoE when
   every step has a margin of at least --min_margin (default 1e-6; moe.bin records it).
   --score sigmoid: p_e = sigmoid(logit_e) each (DeepSeek-V3), gates = the k selected p
   renormalised (k >= 2), aux's P_i = the mean of p_i / sum_e p_e; the z-loss needs z_coeff 0.
+  --H H: an expert's hidden width (fine-grained experts; default 4C), efcw (Lm,E,H,C) etc.
+  --S S: shared experts, one always-on MLP of width S*H per MoE layer (with biases) added to
+  the routed output: sfcw (Lm,S*H,C) sfcb (Lm,S*H) sfcprojw (Lm,C,S*H) sfcprojb (Lm,C) after
+  efcprojb (0 layers when S = 0), init as the dense MLP's.
   --bias_rate u (loss-free balancing, DeepSeek-V3): per MoE layer a bias b (E), zero at first,
   chooses the top k of p + b (gates, drops and aux use p; margins are of p + b); after each
   step b -= u * sign(E * load - sum(load)), load = the step's top-k assignments per expert
@@ -45,8 +49,9 @@ Training: step s uses R rows of T tokens: row i inputs = tok[s*D+i*T : +T], targ
 Files in DIR (all little-endian):
   model.bin      int32 hdr[256] = {20240326, 3, maxT, V, L, NH, C, Vp, 0...}, then the 16
                  INITIAL tensors as fp32 (wte with all Vp rows). MoE: version 13 and
-                 hdr[8..10] = E, k, every, then the 21 tensors; with sigmoid scores version 23,
-                 hdr[11] = 1, and after the tensors the routing bias (Lm, E) fp32 (zero)
+                 hdr[8..10] = E, k, every, then the 25 tensors; with sigmoid scores, shared or
+                 fine-grained experts version 23, hdr[11] = scores (1 sigmoid), [12] S, [13] H,
+                 and after the tensors the routing bias (Lm, E) fp32 (zero)
   model_bf16.bin same with hdr[1] = 5 (MoE: 15, 25) and tensors as bf16 (round-to-nearest-even;
                  the routing bias stays fp32)
   data.bin       int32 hdr[256] = {20240520, 1, ntok, 0...}, then ntok uint16 tokens,
@@ -76,8 +81,8 @@ import torch
 
 NAMES = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
          "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"]
-MOE_NAMES = ["routerw", "efcw", "efcb", "efcprojw", "efcprojb"]
-DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw", "routerw", "efcw", "efcprojw"}
+MOE_NAMES = ["routerw", "efcw", "efcb", "efcprojw", "efcprojb", "sfcw", "sfcb", "sfcprojw", "sfcprojb"]
+DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw", "routerw", "efcw", "efcprojw", "sfcw", "sfcprojw"}
 CONFIGS = {
     "tiny": dict(L=4, C=64, NH=4, V=250, Vp=256, maxT=64, T=32, R=8, lr=3e-3, clip=0.6),
     "d4": dict(L=4, C=256, NH=4, V=50257, Vp=50304, maxT=1024, T=64, R=4, lr=1e-3, clip=1.0),
@@ -111,7 +116,10 @@ def param_shapes(cfg):
     shapes = [(Vp, C), (maxT, C), (L, C), (L, C), (L, 3 * C, C), (L, 3 * C), (L, C, C), (L, C),
               (L, C), (L, C), (Ld, 4 * C, C), (Ld, 4 * C), (Ld, C, 4 * C), (Ld, C), (C,), (C,)]
     if E > 0:
-        shapes += [(Lm, E, C), (Lm, E, 4 * C, C), (Lm, E, 4 * C), (Lm, E, C, 4 * C), (Lm, E, C)]
+        H, SH = cfg["H"], cfg["S"] * cfg["H"]
+        Ls = Lm if cfg["S"] > 0 else 0   # the shared experts: one MLP of width S*H per MoE layer
+        shapes += [(Lm, E, C), (Lm, E, H, C), (Lm, E, H), (Lm, E, C, H), (Lm, E, C),
+                   (Ls, SH, C), (Ls, SH), (Ls, C, SH), (Ls, C)]
     return shapes
 
 def init_params(cfg, seed):
@@ -122,7 +130,7 @@ def init_params(cfg, seed):
         r = torch.randn(shape, generator=g, dtype=torch.float32)
         if name in ("ln1w", "ln2w", "lnfw"):
             t = 1.0 + 0.05 * r                      # LN weights 1 + N(0, 0.05)
-        elif name in ("attprojw", "fcprojw", "efcprojw"):
+        elif name in ("attprojw", "fcprojw", "efcprojw", "sfcprojw"):
             t = proj_std * r
         elif name == "wpe":
             t = 0.01 * r
@@ -229,6 +237,8 @@ def moe_mlp(x, p, i, cfg, log):
         h = gelu_tanh(x[b_idx, t_idx] @ p["efcw"][i, e].t() + p["efcb"][i, e])
         y = h @ p["efcprojw"][i, e].t() + p["efcprojb"][i, e]
         out = out.index_put((b_idx, t_idx), gates[b_idx, t_idx, j_idx].unsqueeze(-1) * y, accumulate=True)
+    if cfg["S"] > 0:   # the shared experts: every token, one MLP of width S*H
+        out = out + gelu_tanh(x @ p["sfcw"][i].t() + p["sfcb"][i]) @ p["sfcprojw"][i].t() + p["sfcprojb"][i]
     counts = torch.nn.functional.one_hot(choice, E).sum(dim=(1, 2))                 # (B, E)
     f = counts.to(x.dtype) / (k * T)                                                # no gradient
     P = (probs / probs.sum(dim=-1, keepdim=True) if sigmoid else probs).mean(dim=1)
@@ -378,15 +388,16 @@ def f32(t):
 def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
     os.makedirs(out, exist_ok=True)
     moe = cfg["E"] > 0
-    sigmoid = moe and cfg["score"] == "sigmoid"
+    # versions 23/25: sigmoid scores, shared or fine-grained experts (header [11] scores, [12] S, [13] H)
+    v2 = moe and (cfg["score"] == "sigmoid" or cfg["S"] > 0 or cfg["H"] != 4 * cfg["C"])
     mh = [cfg["maxT"], cfg["V"], cfg["L"], cfg["NH"], cfg["C"], cfg["Vp"]] + ([cfg["E"], cfg["k"], cfg["every"]] if moe else [])
-    mh += [1] if sigmoid else []
+    mh += [int(cfg["score"] == "sigmoid"), cfg["S"], cfg["H"]] if v2 else []
     for fname, version, conv in (("model.bin", 3, f32), ("model_bf16.bin", 5, to_bf16)):
         with open(os.path.join(out, fname), "wb") as f:
-            f.write(header(20240326, version + ((20 if sigmoid else 10) if moe else 0), *mh))
+            f.write(header(20240326, version + ((20 if v2 else 10) if moe else 0), *mh))
             for k in names(cfg):
                 f.write(conv(init[k]))
-            if sigmoid:   # the initial routing bias: zero, fp32
+            if v2:   # the initial routing bias: zero, fp32
                 f.write(np.zeros(len(layer_slots_moe(cfg)) * cfg["E"], dtype="<f4").tobytes())
     with open(os.path.join(out, "data.bin"), "wb") as f:
         f.write(header(20240520, 1, len(tokens)))
@@ -421,7 +432,7 @@ def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
         f.write(" ".join(f"{k}={cfg[k]}" for k in ("L", "C", "NH", "V", "Vp", "maxT", "T", "R")))
         if moe:
             f.write(" " + " ".join(f"{k}={cfg[k]}" for k in ("E", "k", "every", "F1000", "policy", "aux_coeff", "z_coeff", "skew",
-                                                             "score", "bias_rate")))
+                                                             "score", "bias_rate", "S", "H")))
             f.write(f"\nsmallest routing margin over all steps: {hist['margin']:.3e}")
         f.write(f"\nntok={len(tokens)} nsteps={a.nsteps} warmup={a.warmup} lr={a.lr} b1={a.b1} "
                 f"b2={a.b2} eps={a.eps} wd={a.weight_decay} clip={a.clip} "
@@ -503,6 +514,8 @@ def main():
     ap.add_argument("--skew", action="store_true", help="route every token to expert 0 (capacity saturates)")
     ap.add_argument("--score", choices=("softmax", "sigmoid"), default="softmax", help="router scores")
     ap.add_argument("--bias_rate", type=float, default=0.0, help="loss-free balancing's bias step (0: off)")
+    ap.add_argument("--H", type=int, default=None, help="an expert's hidden width (4C)")
+    ap.add_argument("--S", type=int, default=0, help="shared experts (one MLP of width S*H per MoE layer)")
     ap.add_argument("--min_margin", type=float, default=1e-6,
                     help="MoE: advance the data seed until every routing margin is at least this")
     a = ap.parse_args()
@@ -513,7 +526,8 @@ def main():
         if getattr(a, k) is not None:
             cfg[k] = getattr(a, k)
     cfg.update(E=a.E, k=a.k, every=a.every, F1000=int(round(1000 * a.F)), policy=a.policy,
-               aux_coeff=a.aux_coeff, z_coeff=a.z_coeff, skew=a.skew, score=a.score, bias_rate=a.bias_rate)
+               aux_coeff=a.aux_coeff, z_coeff=a.z_coeff, skew=a.skew, score=a.score, bias_rate=a.bias_rate,
+               H=a.H if a.H else 4 * cfg["C"], S=a.S)
     assert a.E == 0 or (1 <= a.k <= a.E and a.every >= 1 and a.F >= 0)
     assert a.score == "softmax" or (a.k >= 2 and a.z_coeff == 0), "sigmoid scores need k >= 2 and z_coeff 0"
     assert a.bias_rate >= 0
