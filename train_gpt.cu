@@ -1242,7 +1242,7 @@ static int model_descriptor(const Args *a, int rank, GPT2Config *config) {
     if (desc < 0) {
         fail_all(rank,
                  "-e '%s' is a malformed model descriptor (expected dN or "
-                 "L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..], "
+                 "L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..,H=..,S=..], "
                  "each key once, 1 <= k <= E)", a->model);
     }
     return desc;

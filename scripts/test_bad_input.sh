@@ -37,13 +37,13 @@ write("moe_ok.bin", header(20240326, 13, [maxT, V, L, NH, C, Vp, E, k, 1]) + mbo
 write("moe_k.bin", header(20240326, 13, [maxT, V, L, NH, C, Vp, E, 5, 1]) + mbody)
 write("moe_noexperts.bin", header(20240326, 13, [maxT, V, L, NH, C, Vp, 0, 0, 0]) + body)
 write("moe_size.bin", header(20240326, 13, [maxT, V, L, NH, C, Vp, E, k, 1]) + body)
-# version 23: the router's scores in slot 11 (1 sigmoid), the routing bias (L, E) fp32 after the tensors
+# version 23: the router's scores in slot 11 (1 sigmoid), S in 12, H in 13, the routing bias (L, E) fp32 after the tensors
 zb = struct.pack("<%df" % (L * E), *([0.0] * (L * E)))
-write("moe_sig.bin", header(20240326, 23, [maxT, V, L, NH, C, Vp, E, k, 1, 1]) + mbody + zb)
-write("moe_score.bin", header(20240326, 23, [maxT, V, L, NH, C, Vp, E, k, 1, 2]) + mbody + zb)
+write("moe_sig.bin", header(20240326, 23, [maxT, V, L, NH, C, Vp, E, k, 1, 1, 0, 4 * C]) + mbody + zb)
+write("moe_score.bin", header(20240326, 23, [maxT, V, L, NH, C, Vp, E, k, 1, 2, 0, 4 * C]) + mbody + zb)
 nb = [0.0] * (L * E); nb[5] = float("nan")
-write("moe_bias_nan.bin", header(20240326, 23, [maxT, V, L, NH, C, Vp, E, k, 1, 1]) + mbody + struct.pack("<%df" % (L * E), *nb))
-write("moe_bias_short.bin", header(20240326, 23, [maxT, V, L, NH, C, Vp, E, k, 1, 1]) + mbody)
+write("moe_bias_nan.bin", header(20240326, 23, [maxT, V, L, NH, C, Vp, E, k, 1, 1, 0, 4 * C]) + mbody + struct.pack("<%df" % (L * E), *nb))
+write("moe_bias_short.bin", header(20240326, 23, [maxT, V, L, NH, C, Vp, E, k, 1, 1, 0, 4 * C]) + mbody)
 toks = [i % 200 for i in range(4097)]
 write("data_ok.bin", header(20240520, 1, [len(toks)]) + struct.pack("<%dH" % len(toks), *toks))
 write("data_magic.bin", header(1234, 1, [len(toks)]) + struct.pack("<%dH" % len(toks), *toks))
@@ -154,7 +154,7 @@ expect moe_ep_dense     2 "expert parallelism needs MoE layers" -e "$TINY" --ep 
 expect moe_k_large      1 "need 1 <= k <= E"                  -e "$TINY" --experts 2 --topk 3
 expect moe_k_zero       1 "--topk must be in"                 -e "$TINY" --experts 2 --topk 0
 expect moe_k_desc       1 "malformed model descriptor"        -e "$TINY,E=2,k=3"
-expect moe_k_alone      1 "--topk and --moe-every need --experts" -e "$TINY" --topk 2
+expect moe_k_alone      1 "--topk, --moe-every, --expert-hidden and --shared-experts need --experts" -e "$TINY" --topk 2
 expect moe_negative_F   1 "--capacity-factor must be in"      -e "$MOE" --capacity-factor -1
 expect moe_F_decimals   1 "has more than 3 decimals"          -e "$MOE" --capacity-factor 1.2345
 expect moe_policy       1 "--drop-policy expects probs or position" -e "$MOE" --drop-policy random
@@ -176,6 +176,14 @@ expect moe_bias_dense   1 "--moe-bias-rate 0.001 needs MoE layers" -e "$TINY" --
 expect moe_bias_negative 1 "--moe-bias-rate must be in"       -e "$MOE" --moe-bias-rate -0.1
 expect moe_bias_nan     1 "the routing bias [5]"              -e "$W/moe_bias_nan.bin"
 expect moe_bias_short   1 "bytes, expected"                   -e "$W/moe_bias_short.bin"
+# fine-grained and shared experts
+expect moe_H_tp         2 "--tp 2 does not divide the experts' hidden width H = 33" -e "$MOE,H=33" --tp 2
+expect moe_S_range      1 "--shared-experts must be in"       -e "$TINY" --experts 4 --shared-experts 65
+expect moe_H_upcycle    1 "upcycling makes each expert a copy" -e "$W/model_ok.bin" --experts 4 --expert-hidden 64
+expect moe_S_upcycle    1 "upcycling makes each expert a copy" -e "$W/model_ok.bin" --experts 4 --shared-experts 1
+expect moe_H_desc       1 "malformed model descriptor"        -e "$TINY,H=64"
+expect moe_S_vs_file    1 "--shared-experts 1, but"           -e "$W/moe_ok.bin" --shared-experts 1
+expect moe_H_alone      1 "need --experts E"                  -e "$TINY" --expert-hidden 64
 $BIN/train_gpt -e "$MOE" -t 32 -b 4 -x 2 -n 2 -s 0 -v 0 -o "$W/ckpt_moe" >/dev/null 2>&1
 expect moe_resume_E     1 "a checkpoint resumes with its own shape" -e "$MOE" -t 32 -b 4 -x 4 -y 1 --experts 8 -o "$W/ckpt_moe"
 expect moe_resume_k     1 "--topk 1, but the checkpoint has k = 2" -e "$MOE" -t 32 -b 4 -x 4 -y 1 --topk 1 -o "$W/ckpt_moe"

@@ -56,6 +56,8 @@ reference moe_l8 --config tiny --L 8 --E 4 --k 2 --every 2
 # (E 8 top-2, F 1.0, every 2nd layer, z 0) with balancing
 reference moe_bias --config tiny --E 4 --k 2 --bias_rate 0.01
 reference moe_sig --config tiny --E 8 --k 2 --F 1.0 --every 2 --score sigmoid --z_coeff 0 --bias_rate 0.005
+# fine-grained (H = C, a quarter of the dense MLP's 4C) and 2 shared experts, E 8 top-2, every 2nd layer
+reference moe_fg --config tiny --E 8 --k 2 --H 64 --S 2 --every 2
 
 # run_test NP ARGS... : one test_gpt run on NP ranks (NP = nompi: the NO_MPI=1 build, no mpirun);
 # adds its "N passed, N failed" to the totals
@@ -290,6 +292,13 @@ moe_tests() {
     run_test 4 --ref refs/moe_sig -b 2 --tp 2 --sp --ep 2 --zero 1 --check-memory --check-comm
     run_test 4 --ref refs/moe_sig -b 1 --pp 2 --vpp 2 --zero 2 --check-memory --check-comm
     run_test 4 --ref refs/moe_sig -b 2 --cp 2 --ep 2 --zero 3 --recompute full --check-memory --check-comm
+    # fine-grained and shared experts: the shared MLP tensor-parallel like the dense one, in the MoE layer's unit
+    run_test 1 --ref refs/moe_fg -b 8 --check-memory --check-comm
+    run_test 4 --ref refs/moe_fg -b 2 --tp 2 --sp --ep 2 --zero 1 --check-memory --check-comm
+    run_test 4 --ref refs/moe_fg -b 2 --tp 2 --sp --recompute mlp --zero 3 --check-memory --check-comm
+    run_test 4 --ref refs/moe_fg -b 2 --tp 4 --zero 2 --check-memory --check-comm
+    run_test 4 --ref refs/moe_fg -b 1 --pp 2 --ep 2 --zero 2 --recompute full --check-memory --check-comm
+    run_test 8 --ref refs/moe_fg -b 1 --tp 2 --pp 2 --ep 2 --sp --check-comm
     run_test 1 --ref $T -b 8 --experts 1 --topk 1 --z-coeff 0 --check-memory --check-comm   # E 1, k 1: the dense model
     run_test 2 --ref $T -b 8 --experts 1 --z-coeff 0 --tp 2 --sp --check-comm
     run_test 4 --ref $T -b 2 --experts 1 --z-coeff 0 --pp 2 --zero 2 --check-comm
@@ -360,6 +369,7 @@ resume_layouts() {
     resume_pair moepos_cp2__tp2spep2z3 refs/moe_pos "2 -b 8 --cp 2" "4 -b 4 --tp 2 --sp --ep 2 --zero 3"
     resume_pair moesig_cp2ep2z2__tp2sppp2 refs/moe_sig "4 -b 2 --cp 2 --ep 2 --zero 2" "4 -b 2 --tp 2 --sp --pp 2"
     resume_pair moebias_ep2__single refs/moe_bias "2 -b 4 --ep 2" "1 -b 8"
+    resume_pair moefg_tp2spep2z3__pp2cp2 refs/moe_fg "4 -b 2 --tp 2 --sp --ep 2 --zero 3" "4 -b 4 --pp 2 --cp 2"
     resume_pair tp2spz3__pp2z1 $T "4 -b 4 --tp 2 --sp --zero 3" "4 -b 2 --pp 2 --zero 1"
     resume_pair l8_pp2vpp2z2__cp2tp2sp refs/l8 "4 -b 2 --pp 2 --vpp 2 --zero 2" "4 -b 8 --cp 2 --tp 2 --sp"
     resume_pair l8_pp2split17z1__pp2split62 refs/l8 "4 -b 1 --pp 2 --pp-layers 1,7 --zero 1" "2 -b 2 --pp 2 --pp-layers 6,2"
