@@ -79,3 +79,17 @@ say $? "the checkpoint is version 23, sigmoid scores, its bias moved in steps of
 "$BIN/train_gpt" -e "$W/sig_ckpt/model_00000010.bin" -t 32 -b 4 -x 2 -v 2 -m 2 -s 2 -g 8 >"$W/sig_load.log" 2>&1
 [ $? = 0 ] && grep -q "top-2 of sigmoid scores" "$W/sig_load.log" && grep -q "generating:" "$W/sig_load.log"
 say $? "the version-23 file loads as a model (sigmoid scores kept), trains, validates and samples"
+
+# 6. fine-grained (H = C) and shared experts (S = 1) through main() under tp 2 + sp x ep 2: 6 steps straight =
+#    3 + checkpoint + resume; the checkpoint is version 23 with S 1 and H 64 in its header
+FG="$TINY,E=8,k=2,H=64,S=1"
+common=(-e "$FG" -t 32 -b 2 -v 0 -s 0 -l 3e-3 --tp 2 --sp --ep 2)
+$MPIRUN -np 4 "$BIN/train_gpt" "${common[@]}" -x 6 -o "$W/fg_full" >"$W/fg_full.log" 2>&1
+[ $? = 0 ] && grep -q "8 experts of width 64 + 1 shared, top-2" "$W/fg_full.log"
+say $? "fine-grained + shared experts train under tp 2 + sp x ep 2 (the start-up line states width and shared)"
+$MPIRUN -np 4 "$BIN/train_gpt" "${common[@]}" -x 3 -n 3 -o "$W/fg_ckpt" >/dev/null 2>&1
+$MPIRUN -np 4 "$BIN/train_gpt" "${common[@]}" -x 6 -y 1 -o "$W/fg_ckpt" >/dev/null 2>&1
+cmp -s "$W/fg_full/main.log" "$W/fg_ckpt/main.log"
+say $? "fine-grained + shared: the resumed main.log equals the uninterrupted one"
+hdr=$(python3 -c "import struct,sys; h=struct.unpack('<14i', open(sys.argv[1],'rb').read(56)); print(h[1], h[11], h[12], h[13])" "$W/fg_ckpt/model_00000003.bin")
+[ "$hdr" = "23 0 1 64" ]; say $? "the checkpoint is version 23: softmax scores, S 1, H 64 (got $hdr)"

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Fine-grained and shared experts on the CPU build (timings, not tests: ratios measured side by side in one run):
+#   1. tokens/s of a fine-grained MoE model (L4 C128 NH4 V257, E 64 top-8 of width H = C/2, 1 shared expert:
+#      an active MLP width of 9H = 4.5C) against the dense model of the same shape (MLP 4C), one rank, B8 T128;
+#      the ratio, and the ratio normalised by the FLOPs per token
+#   2. the share of the step time in the expert all-to-alls at ep 2 and ep 4 (one thread per rank)
+# Usage: bash dev/bench/bench_moe_fine.sh [THREADS (default 2)]
+set -eu
+cd "$(dirname "$0")/../.."
+THREADS=${1:-2}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MPIRUN="mpirun --oversubscribe --bind-to none"
+SHAPE="L=4,C=128,NH=4,V=257,maxT=128"
+FINE="$SHAPE,E=64,k=8,H=64,S=1"
+avg() { awk '/^average step/ { print $(NF-1) }' "$1"; }
+
+echo "== 1. throughput, one rank, $THREADS threads, B8 T128, 20 steps (the first is not timed), dense first, then MoE, twice"
+for round in 1 2; do
+    for model in dense fine; do
+        e=$SHAPE; [ $model = fine ] && e=$FINE
+        OMP_NUM_THREADS=$THREADS ./train_gpt -e "$e" -b 8 -t 128 -x 20 -v 0 -s 0 >"$W/$model$round.log" 2>&1
+    done
+done
+python3 - "$(avg "$W/dense1.log")" "$(avg "$W/fine1.log")" "$(avg "$W/dense2.log")" "$(avg "$W/fine2.log")" <<'EOF'
+import sys
+d1, m1, d2, m2 = map(float, sys.argv[1:])
+L, C, V, T, E, k, H, S = 4, 128, 257, 128, 64, 8, 64, 1
+# FLOPs per token: 6 x the weights a token meets (attention 4C^2, each MLP it visits with its biases, the router
+# E C, the tied head V C) + the attention scores 6 L T C
+mlp = lambda width: 2 * C * width + width + C
+f_dense = 6 * (L * (4 * C * C + mlp(4 * C)) + V * C) + 6 * L * T * C
+f_fine = 6 * (L * (4 * C * C + k * mlp(H) + mlp(S * H) + E * C) + V * C) + 6 * L * T * C
+for r, (d, m) in enumerate(((d1, m1), (d2, m2)), 1):
+    print(f"round {r}: dense {d:.0f} tok/s, E{E} top-{k} H{H} + {S} shared {m:.0f} tok/s: ratio {m / d:.2f}; FLOPs per "
+          f"token {f_dense:.4g} vs {f_fine:.4g} ({f_fine / f_dense:.3f}x): tok/s per FLOP {m / d * f_fine / f_dense:.2f}")
+EOF
+
+echo "== 2. the all-to-all's share of the step, one thread per rank, B8 T128 per rank, 10 steps"
+for ep in 2 4; do
+    OMP_NUM_THREADS=1 $MPIRUN -np $ep ./train_gpt -e "$FINE" -b 8 -t 128 -x 10 -v 0 -s 0 --ep $ep --comm-report >"$W/ep$ep.log" 2>&1
+    echo "ep $ep: $(grep '^MoE all-to-all' "$W/ep$ep.log") ($(avg "$W/ep$ep.log") tok/s over $ep ranks)"
+done
