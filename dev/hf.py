@@ -48,7 +48,7 @@ def fail(msg):
 
 
 # ----------------------------------------------------------------------------
-# our model files: int32 header[256] (magic, version 3 fp32 / 5 bf16 / 13, 15 MoE, maxT, V, L, NH, C, Vp;
+# our model files: int32 header[256] (magic, version 3 fp32 / 5 bf16 / 13, 15, 23, 25 MoE, maxT, V, L, NH, C, Vp;
 # [255] the CRC-32, 0 = none; [254] what it covers: 1 the header (slot 255 as 0) and the body, 0 the body),
 # then the tensors in file order
 
@@ -70,7 +70,7 @@ def read_model(path):
         body = f.read()
     if h[0] != MODEL_MAGIC:
         fail(f"model file '{path}' has bad magic {h[0]}, expected {MODEL_MAGIC}")
-    if h[1] in (13, 15):
+    if h[1] in (13, 15, 23, 25):
         fail(f"model file '{path}' is a MoE model ({h[8]} experts): Hugging Face's GPT-2 has no experts, "
              "so it cannot be exported")
     if h[1] not in (3, 5):

@@ -101,8 +101,11 @@ static double plan_seconds(const Args *a, const GPT2Config *c, int world, PlanBu
         recompute = !strcmp(a->recompute, "full") ? 4.0 / 3 : !strcmp(a->recompute, "mlp") ? 1.1 : 1.0;
     double flash = !strcmp(a->attention, "flash") && attention_flash_applies(c->channels / c->num_heads, b.floatx)
             ? PLAN_FLASH_SLOWER : 1.0;
-    // weights, plus causal attention (12 L C T / 2 per token)
-    double flops = (6.0 * P + 6.0 * L * C * T * flash) * tokens * recompute;
+    // per token: each layer's weights a token meets (a MoE layer: its router, k experts and the shared ones: the
+    // cost model of --pp-layers auto) and causal attention (6 C T), and the LM head
+    double per_token = head_flops_per_token(c);
+    for (int l = 0; l < c->num_layers; l++) { per_token += layer_flops_per_token(c, l, a->T) + 6.0 * C * T * (flash - 1); }
+    double flops = per_token * tokens * recompute;
     double compute = flops / (world * PLAN_FLOPS);
     double bubble = a->pp > 1 ? (a->pp - 1.0) / (a->vpp * accum + a->pp - 1.0) : 0.0;
     double BTl = (double)a->B * a->T / a->cp, Pl = P / (a->tp * a->pp);
