@@ -86,7 +86,7 @@ static void plan_explain(const Args *a, const GPT2Config *c, int world, int stag
 }
 
 // Seconds per step of a layout, from stated assumptions: FLOP rate per rank, the link bandwidth of each
-// group (tp, cp, ep inside a node; pp, dp across nodes), the pipeline bubble, and a fixed cost per layer
+// group (tp, cp, ep inside a node; pp, dp across nodes), the slowest pipeline stage, the bubble, and a fixed cost per layer
 // and micro-batch (launches, latencies: smaller micro-batches are slower). A ranking, not a forecast.
 #define PLAN_FLOPS 200e12     // achieved per rank (about 20% of an H200's dense bf16 peak: what the GPU check measured)
 #define PLAN_NODE_BW 300e9    // bytes/s per rank inside a node (NVLink)
@@ -94,6 +94,24 @@ static void plan_explain(const Args *a, const GPT2Config *c, int world, int stag
 #define PLAN_LAYER_COST 50e-6 // seconds per layer and micro-batch, forward and backward
 #define PLAN_FLASH_SLOWER 3.0 // --attention flash: its attention FLOPs at a third of the rate (the flash kernels took 3.5x
                               // the cuBLAS path's time at T 4096 on an H200)
+// The costliest pipeline stage over the mean stage, under --pp-layers auto's cost model (a stage's layers,
+// the LM head on the last): the pipeline runs at the pace of its slowest stage (1 without a pipeline).
+static double plan_stage_imbalance(const Args *a, const GPT2Config *c) {
+    int first[PIPE_MAX_LAYERS + 1], n = a->pp * a->vpp;
+    char err[256];
+    if (a->pp == 1 || layer_split(first, a->pp_layers, c, a->T, a->pp, a->vpp, err, sizeof(err))) { return 1.0; }
+    double *stage = (double *)calloc_check(a->pp, sizeof(double)), total = 0.0, most = 0.0;
+    for (int s = 0; s < n; s++) {   // virtual stage s runs on rank s % pp
+        double w = s == n - 1 ? head_flops_per_token(c) : 0.0;
+        for (int l = first[s]; l < first[s + 1]; l++) { w += layer_flops_per_token(c, l, a->T); }
+        stage[s % a->pp] += w;
+        total += w;
+    }
+    for (int r = 0; r < a->pp; r++) { if (stage[r] > most) { most = stage[r]; } }
+    free(stage);
+    return most / (total / a->pp);
+}
+
 static double plan_seconds(const Args *a, const GPT2Config *c, int world, PlanBuild b) {
     int dp = world / (a->tp * a->cp * a->pp), accum = a->total_batch / (a->B * a->T * dp);
     double L = c->num_layers, C = c->channels, T = a->T, tokens = (double)a->total_batch, X = (double)b.floatx;
@@ -106,7 +124,7 @@ static double plan_seconds(const Args *a, const GPT2Config *c, int world, PlanBu
     double per_token = head_flops_per_token(c);
     for (int l = 0; l < c->num_layers; l++) { per_token += layer_flops_per_token(c, l, a->T) + 6.0 * C * T * (flash - 1); }
     double flops = per_token * tokens * recompute;
-    double compute = flops / (world * PLAN_FLOPS);
+    double compute = flops / (world * PLAN_FLOPS) * plan_stage_imbalance(a, c);   // (the slowest stage's pace)
     double bubble = a->pp > 1 ? (a->pp - 1.0) / (a->vpp * accum + a->pp - 1.0) : 0.0;
     double BTl = (double)a->B * a->T / a->cp, Pl = P / (a->tp * a->pp);
     double tp_bytes = a->tp > 1 ? accum * (L / a->pp) * 8.0 * (a->tp - 1.0) / a->tp * BTl * C * X : 0;
@@ -122,7 +140,7 @@ static double plan_seconds(const Args *a, const GPT2Config *c, int world, PlanBu
 // A change of the layout: what (the flags), its kind (one flag: a pair changes two different ones), its
 // layout, worst stage's peak, time per step, and whether it fits.
 typedef struct { char what[96]; int kind; Args args; double peak; double seconds; int fits; } Lever;
-enum { LV_ZERO, LV_SP, LV_TP, LV_PP, LV_SCHEDULE, LV_CP, LV_CE, LV_ATTENTION, LV_RECOMPUTE, LV_BATCH, LV_EP };
+enum { LV_ZERO, LV_SP, LV_TP, LV_PP, LV_SCHEDULE, LV_SPLIT, LV_CP, LV_CE, LV_ATTENTION, LV_RECOMPUTE, LV_BATCH, LV_EP };
 
 // One lever's layout, if it runs: its worst stage's peak and its time.
 static int try_lever(Lever *lv, const Args *base, const GPT2Config *c, int world, PlanBuild b, double limit,
@@ -164,8 +182,14 @@ static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild 
     }
     LEVER(a->tp > 1 && !a->sp, LV_SP, "--sp", x->sp = 1);
     snprintf(w, sizeof(w), "--tp %d --sp", 2 * a->tp); LEVER(1, LV_TP, w, { x->tp = 2 * a->tp; x->sp = 1; });
-    snprintf(w, sizeof(w), "--pp %d", 2 * a->pp); LEVER(1, LV_PP, w, x->pp = 2 * a->pp);
+    // (a split given as counts is for this pp: twice the stages start even)
+    int counts = a->pp_layers && strcmp(a->pp_layers, "auto");
+    snprintf(w, sizeof(w), "--pp %d%s", 2 * a->pp, counts ? " (even stages)" : "");
+    LEVER(1, LV_PP, w, { x->pp = 2 * a->pp; if (counts) { x->pp_layers = NULL; } });
     LEVER(a->pp > 1 && !strcmp(a->pp_schedule, "gpipe"), LV_SCHEDULE, "--pp-schedule 1f1b", x->pp_schedule = "1f1b");
+    // stages cut by cost: less on the costliest stage (the head's), and the first stage's activations move too
+    LEVER(a->pp > 1 && !(a->pp_layers && !strcmp(a->pp_layers, "auto")), LV_SPLIT, "--pp-layers auto",
+          x->pp_layers = "auto");
     snprintf(w, sizeof(w), "--cp %d", 2 * a->cp); LEVER(1, LV_CP, w, x->cp = 2 * a->cp);
     LEVER(a->ce_chunk == 0, LV_CE, "--ce-chunk 256", x->ce_chunk = 256);
     if (a->ce_chunk > 64) {

@@ -93,3 +93,22 @@ auto_case 2,2,2,2 4 "L=8,C=64,NH=4,V=256,maxT=64" --pp 4            # head 0.3: 
 auto_case 2,2,2,2 2 "L=8,C=64,NH=4,V=256,maxT=64" --pp 2 --vpp 2 -d 128   # even over the virtual stages
 auto_case 8,4 2 "L=12,C=64,NH=4,V=4096,maxT=64" --pp 2              # GPT-2 124M's head/layer ratio (4.85): 8 | 4 + 4.85
 auto_case 3,4,4,1 4 "L=12,C=64,NH=4,V=4096,maxT=64" --pp 4          # 1 + 4.85 bounds it; the earliest cuts of 4 | 4 | 4
+
+# 5. the advisor offers --pp-layers auto where the stages are unbalanced: its time model runs a pipeline at its
+#    costliest stage's pace, so on a head-heavy model (V 50257, pp 4) the auto split is ranked faster than the
+#    even split it replaces; on an even model (head 0.3 layers) auto changes nothing and predicts the same time
+split_case() {   # NAME FASTER(1|0) LIMIT MODEL: LIMIT under the layout's peak, with a single lever that fits
+    local name=$1 faster=$2 limit=$3 model=$4; shift 4
+    "$BIN/train_gpt" --plan 8 -e "$model" -t 256 -b 4 -d 8192 --pp 4 --memory-limit $limit "$@" >"$W/$name.plan" 2>&1
+    local base auto
+    base=$(sed -n 's/^  (this layout: \([0-9.]*\) ms\/step)$/\1/p' "$W/$name.plan")
+    auto=$(awk '$1 == "lever" && $6 == "--pp-layers" && $7 == "auto" && NF == 7 { printf "%.4f", $5 * 1e3 }' "$W/$name.plan")
+    if [ "$faster" = 1 ]; then
+        [ -n "$auto" ] && [ -n "$base" ] && awk -v a="$auto" -v b="$base" 'BEGIN { exit !(a < b - 0.005) }'
+    else
+        [ -n "$auto" ] && [ -n "$base" ] && awk -v a="$auto" -v b="$base" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.01) }'
+    fi
+    say $? "$name: the advisor's --pp-layers auto lever predicts ${auto:-none} ms/step against this layout's ${base:-?} (faster: $faster)"
+}
+split_case split_headheavy 1 290M "L=8,C=256,NH=4,V=50257,maxT=256"
+split_case split_even 0 150M "L=8,C=256,NH=4,V=256,maxT=256"
