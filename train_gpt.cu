@@ -1475,14 +1475,47 @@ static void log_step(const Args *a, GPT2 *m, int logf, int step, int max_steps, 
 }
 
 // The timed steps (all but the first of the run): their time, and the shares of it spent waiting on
-// the pipeline neighbours (the bubble) and in the MoE all-to-alls.
-typedef struct { double total_ms, bubble, a2a; int steps; } StepTimes;
+// the pipeline neighbours (the bubble) and in the MoE all-to-alls; each group's exposed communication (CPU).
+typedef struct { double total_ms, bubble, a2a, exposed[9]; int steps; } StepTimes;
 
 static void step_times_add(StepTimes *t, const GPT2 *m, double ms) {
     t->total_ms += ms;
     t->steps++;
     t->bubble += m->pipe.wait_seconds / (ms / 1e3);
     t->a2a += m->moe.a2a_seconds / (ms / 1e3);
+    Group *groups[9];
+    int n = grid_groups(m->grid, groups, 1);
+    for (int i = 0; i < n; i++) { t->exposed[i] += groups[i]->exposed; }
+}
+
+// --comm-report, CPU build: each group's exposed communication per step (the time a rank spends inside the
+// group's MPI calls and waiting for its asynchronous ones: computing, it would not be waiting), a row per rank,
+// and the lines "exposed RANK GROUP MS" for tools. (CUDA: the calls only enqueue; not measured this way.)
+static void report_exposed(Grid *g, const StepTimes *t) {
+#ifndef USE_NCCL
+    Group *groups[9];
+    int NG = grid_groups(g, groups, 1);   // (the world: the step's loss and norm)
+    double mine[9], *all = (double *)malloc_check(sizeof(double) * 9 * g->world_size);
+    for (int i = 0; i < NG; i++) { mine[i] = 1e3 * t->exposed[i] / t->steps; }
+    comm_host_gather(&g->world, mine, NG, all, DT_DOUBLE, 0, "gather of the exposed communication");
+    if (g->rank == 0) {
+        printf("exposed communication (ms per step, mean over %d timed steps; the time inside each group's MPI calls "
+               "and waits), step %.1f ms:\n%4s", t->steps, t->total_ms / t->steps, "rank");
+        for (int i = 0; i < NG; i++) { printf(" | %8s", groups[i]->name); }
+        printf("\n");
+        for (int r = 0; r < g->world_size; r++) {
+            printf("%4d", r);
+            for (int i = 0; i < NG; i++) { printf(" | %8.2f", all[r * NG + i]); }
+            printf("\n");
+        }
+        for (int r = 0; r < g->world_size; r++) {
+            for (int i = 0; i < NG; i++) { printf("exposed %d %s %.4f\n", r, groups[i]->name, all[r * NG + i]); }
+        }
+    }
+    free(all);
+#else
+    (void)g; (void)t;
+#endif
 }
 
 static void report_times(const Args *a, GPT2 *m, const StepTimes *t, int accum) {
@@ -1493,6 +1526,7 @@ static void report_times(const Args *a, GPT2 *m, const StepTimes *t, int accum) 
                a->total_batch / (t->total_ms / t->steps / 1e3));
     }
     if (a->comm_report && g->pp > 1) { report_bubble(a, g, t->bubble, t->steps, accum); }
+    if (a->comm_report) { report_exposed(g, t); }
     if (m->moe.time_a2a) {
         double mean = t->a2a / t->steps, most = mean;
         comm_host_all_reduce(&g->world, &mean, 1, DT_DOUBLE, HOST_SUM, "all-reduce of the all-to-all times");

@@ -55,6 +55,8 @@ typedef struct {
 #endif
     double bytes;   // ring bytes sent by this rank since comm_reset_counters
     long calls;
+    double exposed; // CPU build: seconds this rank spent inside the group's MPI calls and in the waits for its
+                    // asynchronous ones since comm_reset_counters (the exposed communication: no compute runs then)
 } Group;
 
 typedef struct {
@@ -250,15 +252,26 @@ typedef struct {
 #endif
     int active;
     const char *group;   // (for the watchdog's message)
+    Group *g;            // (its wait is exposed time of this group)
 } CommRequest;
 
 static void comm_count(Group *g, double bytes) { g->bytes += bytes; g->calls++; }
-static void comm_mark(CommRequest *async, Group *g) { if (async) { async->group = g->name; } }
+static void comm_mark(CommRequest *async, Group *g) { if (async) { async->group = g->name; async->g = g; } }
 
 // --trace: each collective is a span (trace.h) named by its operation, with its group and bytes
 #define COMM_TRACE_END(op, g, bytes, async) trace_end(op, "comm", "\"group\":\"%s\",\"bytes\":%.0f,\"async\":%d", (g)->name, (double)(bytes), (async) != NULL)
-// --timeout: each blocking op is watched (guard.h) from its start to its end
-#define COMM_WATCH(op, g) watch_enter(op, (g)->name)
+// --timeout: each blocking op is watched (guard.h) from its start to its end; on the CPU build the time between
+// is the group's exposed communication (the MPI call blocks the rank; CUDA's calls only enqueue: not counted)
+static double comm_t0;
+#define COMM_WATCH(op, g) do { watch_enter(op, (g)->name); comm_t0 = monotonic_seconds(); } while (0)
+static void comm_leave(Group *g) {
+#ifndef USE_NCCL
+    if (g) { g->exposed += monotonic_seconds() - comm_t0; }
+#else
+    (void)g;
+#endif
+    watch_leave();
+}
 
 #ifdef USE_NCCL
 // A call on group g starts on g->stream once the compute stream has produced its input. A blocking
@@ -332,7 +345,7 @@ static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest 
     }
     else { mpi_all_reduce(g, buf, n, t); }
 #endif
-    watch_leave();
+    comm_leave(g);
     COMM_TRACE_END("all-reduce", g, 2.0 * (g->size - 1) / g->size * n * comm_type_size(t), async);
 }
 
@@ -366,7 +379,7 @@ static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n
         mpi_reduce_scatter(g, send, recv, n, t);
     }
 #endif
-    watch_leave();
+    comm_leave(g);
     COMM_TRACE_END("reduce-scatter", g, (g->size - 1.0) * n * es, async);
 }
 
@@ -395,7 +408,7 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
         mpi_all_gather(g, send, recv, n, t);
     }
 #endif
-    watch_leave();
+    comm_leave(g);
     COMM_TRACE_END("all-gather", g, (g->size - 1.0) * n * es, async);
 }
 
@@ -445,7 +458,7 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
     MPI_Alltoallv(send, sc, so, mpi_type(t), recv, rc, ro, mpi_type(t), g->mpi);
     free(sc);
 #endif
-    watch_leave();
+    comm_leave(g);
     COMM_TRACE_END("all-to-all", g, sent, (CommRequest *)NULL);
 }
 
@@ -585,7 +598,7 @@ static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest 
     trace_begin();
     COMM_WATCH("point-to-point exchange", g);
     comm_p2p_launch(g, ops, nops, t, sends, recvs, nrecv);
-    watch_leave();
+    comm_leave(g);
     trace_end("exchange", "comm", "\"group\":\"%s\",\"bytes\":%.0f,\"received\":%.0f", g->name, sent, received);
 }
 
@@ -593,7 +606,7 @@ static void comm_barrier(Group *g) {
     device_synchronize();
     COMM_WATCH("barrier", g);
     MPI_Barrier(g->mpi);
-    watch_leave();
+    comm_leave(g);
 }
 
 // Makes the compute stream wait for an asynchronous collective (CPU: waits for it).
@@ -601,6 +614,7 @@ static void comm_wait(CommRequest *r) {
     if (!r->active) { return; }
     trace_begin();
     watch_enter("wait for an asynchronous collective", r->group ? r->group : "?");
+    comm_t0 = monotonic_seconds();
 #ifdef USE_NCCL
     cudaCheck(cudaStreamWaitEvent(main_stream, r->done, 0));
     cudaCheck(cudaEventDestroy(r->done));
@@ -609,7 +623,7 @@ static void comm_wait(CommRequest *r) {
     if (r->move_bytes) { memmove(r->move_dst, r->move_src, r->move_bytes); }
 #endif
     r->active = 0;
-    watch_leave();
+    comm_leave(r->g);
     trace_end("wait", "comm", NULL);
 }
 
@@ -715,7 +729,7 @@ static void comm_host_barrier(Group *g, const char *what) {
 static void comm_reset_counters(Grid *grid) {
     Group *groups[9];
     int n = grid_groups(grid, groups, 1);
-    for (int i = 0; i < n; i++) { groups[i]->bytes = 0; groups[i]->calls = 0; }
+    for (int i = 0; i < n; i++) { groups[i]->bytes = 0; groups[i]->calls = 0; groups[i]->exposed = 0; }
 }
 
 // A size for people: B, KiB, MiB or GiB.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # --trace: every rank writes a valid Chrome trace with the spans it promises (the forward and backward of
 # each layer and micro-batch, the head, collectives with their group and bytes, the pipeline exchanges,
-# the optimizer, checkpoints), and the bubble measured from the trace is the one --comm-report prints.
+# the optimizer, checkpoints), and the bubble measured from the trace is the one --comm-report prints;
+# --comm-report's exposed communication per group.
 # Usage: bash scripts/test_trace.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
 . "$(dirname "$0")/test_lib.sh"
 
@@ -28,7 +29,8 @@ for r in range(4):
 heads = [m for n, l, m in names(1, "forward+backward")]
 say(sorted(heads) == sorted([0, 1, 2, 3] * 3), "the last stage traces the head of every micro-batch")
 comm = [e for e in ev[0] if e["cat"] == "comm"]
-say(any(e["args"]["group"] == "dp" and e["args"]["bytes"] > 0 for e in comm) and any(e["args"]["group"] == "pp" for e in comm),
+arg = lambda e, k: e.get("args", {}).get(k)   # (a wait span has no args)
+say(any(arg(e, "group") == "dp" and arg(e, "bytes") > 0 for e in comm) and any(arg(e, "group") == "pp" for e in comm),
     f"collectives with their group and bytes ({len(comm)} on rank 0: dp, pp, ...)")
 say(all(sum(1 for e in ev[r] if e["cat"] == "optimizer") == 3 and sum(1 for e in ev[r] if e["cat"] == "io") == 1 for r in range(4)),
     "an optimizer span per step and the checkpoint on every rank")
@@ -39,7 +41,21 @@ def bubble(r):
     return sum(fr) / len(fr)
 tr = [bubble(0), bubble(1)]   # the report prints the (tp 0, dp 0) rank of each stage: ranks 0 and 1
 say(len(rep) == 2 and all(abs(a - b) < 0.01 for a, b in zip(rep, tr)), f"bubble from the trace {tr[0]:.3f} {tr[1]:.3f} = --comm-report's {rep}")
+# the exposed communication (CPU: time inside each group's MPI calls and waits, per step): a line per rank and
+# group; zero exactly where a group moved nothing (one rank), positive where it moved bytes; never more in all
+# than the step itself
+exp = {(int(r), g): float(v) for r, g, v in re.findall(r"^exposed (\d+) (\w+) ([0-9.]+)$", log, re.M)}
+moved = {(int(r), g): float(b) for r, g, b in re.findall(r"^comm (\d+) (\w+) ([0-9.]+)$", log, re.M)}
+step = float(re.search(r"^exposed communication .* step ([0-9.]+) ms:$", log, re.M).group(1))
+groups = sorted({g for _, g in exp})
+want = ["cp", "dp", "edp", "emb", "ep", "pp", "tp", "world"]   # (no cp: no dpcp group)
+say(groups == want and len(exp) == 4 * len(want), f"an exposed-communication line per rank and group ({len(exp)} of 32: {groups})")
+say(all((exp[k] > 0) == (b > 0) for k, b in moved.items()),
+    "exposed time > 0 exactly in the groups that moved bytes (" + ", ".join(f"{g} {exp[(0, g)]:.2f}" for g in groups) + " ms on rank 0)")
+say(all(sum(v for (r2, _), v in exp.items() if r2 == r) <= step for r in range(4)),
+    f"each rank's exposed time in all groups is at most its step ({step} ms)")
 EOF
+say $? "the trace checks above ran to their end (an exception would skip the rest)"
 PY=python3; [ -x .venv/bin/python ] && PY=.venv/bin/python
 if $PY -c "import matplotlib" 2>/dev/null; then
     $PY dev/trace.py "$W/tr" --png "$W/tr.png" --merge "$W/merged.json" >/dev/null 2>&1 && [ -s "$W/tr.png" ] && python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$W/merged.json"
