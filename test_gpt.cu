@@ -364,6 +364,7 @@ static void dispatch_rows_bound(GPT2 *m, double *Rs, double *Rr) {
     double kl = k < El ? k : El;
     *Rs = m->B * fmin(m->T * k, E * cap);
     *Rr = m->grid->ep * m->B * fmin(m->T * kl, El * cap);
+    if (m->moe.padded) { *Rs = *Rr = E * m->B * cap; }   // padded: E slots of B cap rows each way
 }
 
 // The activations (per micro-batch alive, and the recompute scratch) against their formula.
@@ -927,6 +928,9 @@ static void test_model(TestRun *t, GPT2 *m, const GPT2Config *c, float *params, 
 static double ep_rows_moved(GPT2 *m, const int *log, int accum) {
     Grid *g = m->grid;
     int E = m->config.num_experts, El = E / g->ep, k = m->config.topk, nmoe = stage_moe_layers(m);
+    // padded (a capacity): every slot of P = B cap rows goes, whatever the routing: El slots to and from each
+    // other ep rank, per MoE layer and micro-batch
+    if (m->moe.padded) { return (double)nmoe * accum * 2.0 * (g->ep - 1) * El * m->B * m->moe.cap; }
     int *cnt = (int *)malloc_check(sizeof(int) * E), *all = (int *)malloc_check(sizeof(int) * E * g->ep);
     double rows = 0;
     for (int q = 0; q < nmoe * accum; q++) {

@@ -400,6 +400,8 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     x->B = B; x->T = T; x->BT = B * T;
     // per whole sequence
     x->cap = c->num_experts > 0 ? moe_capacity(c->topk, T * cp, c->num_experts, x->opt.cap1000) : 0;
+    // (a capacity: the padded dispatch; sampling runs dropless, counted; a test hook counts always)
+    x->padded = x->opt.cap1000 > 0 && !test_hook_counted_dispatch();
     if (Lm > 0) { moe_dispatch_rows(x, moe_dropless ? T : x->cap); }
     int Lmax = 0, Ldmax = 0;
     int *moe_at = (int *)calloc_check(Ls + 1, sizeof(int));   // some chunk has a MoE layer at this position
@@ -483,7 +485,6 @@ static void gpt2_free(GPT2 *m) {
     zero_free(&m->zero);
     free(m->units); free(m->u_layer); free(m->u_experts); free(m->layer_id); free(m->chunk_l0); free(m->acts);
     free(m->fwd_tokens);
-    free(m->moe.kept_layer);
 }
 
 // The tied embedding's gradient. wte is used twice: by the token embedding (first stage, the first op
@@ -833,7 +834,10 @@ static void gpt2_moe_stats(GPT2 *m, int accum, double *aux, double *z, double *d
     double v[4] = {0.0, 0.0, 0.0, 0.0};
     if (m->grid->tp_rank == 0) {
         if (m->moe.sums) { copy_to_host(v, m->moe.sums, 2 * sizeof(double)); }
-        v[2] = m->moe.kept; v[3] = m->moe.assigned;
+        int kept[PIPE_MAX_LAYERS];
+        if (m->moe.kept) { copy_to_host(kept, m->moe.kept, m->moe.nlayers * sizeof(int)); }
+        for (int l = 0; m->moe.kept && l < m->moe.nlayers; l++) { v[2] += kept[l]; }
+        v[3] = m->moe.assigned;
     }
     comm_host_all_reduce(&m->grid->world, v, 4, DT_DOUBLE, HOST_SUM, "all-reduce of the MoE numbers");
     double sequences = (double)m->B * accum * m->grid->dp;
@@ -852,13 +856,14 @@ static void gpt2_moe_load(GPT2 *m, double *load, double *kept) {
     size_t n = (size_t)Lm * (E + 1);
     double *v = (double *)calloc_check(n, sizeof(double));
     if (m->grid->tp_rank == 0 && x->nlayers > 0 && x->load) {
-        int *mine = (int *)malloc_check((size_t)x->nlayers * E * sizeof(int));
+        int *mine = (int *)malloc_check((size_t)x->nlayers * (E + 1) * sizeof(int)), *kept = mine + (size_t)x->nlayers * E;
         copy_to_host(mine, x->load, (size_t)x->nlayers * E * sizeof(int));
+        copy_to_host(kept, x->kept, (size_t)x->nlayers * sizeof(int));
         for (int l = 0, j = 0; l < m->Ls; l++) {
             if (!is_moe_layer(c, m->layer_id[l])) { continue; }
             int gm = tensor_layer_slice(c, T_ROUTERW, m->layer_id[l]);
             for (int e = 0; e < E; e++) { v[(size_t)gm * E + e] = mine[(size_t)j * E + e]; }
-            v[(size_t)Lm * E + gm] = x->kept_layer[j++];
+            v[(size_t)Lm * E + gm] = kept[j++];
         }
         free(mine);
     }
@@ -1035,8 +1040,9 @@ static int position_logits(GPT2 *m, Sampler *s, int pos) {
 // capacity, the padding after the current token would take capacity from it.
 static void gpt2_sample(GPT2 *m, Sampler *s, Tokenizer *tok, Rng *rng, const int *prompt, int nprompt, int n, int eot,
                         const char *ids_note) {
-    int Tg = m->T * m->grid->cp, cap = m->moe.cap, len = 0, rank0 = m->grid->rank == 0;
-    m->moe.cap = Tg;   // (dropless)
+    int Tg = m->T * m->grid->cp, cap = m->moe.cap, padded = m->moe.padded, len = 0, rank0 = m->grid->rank == 0;
+    m->moe.cap = Tg;   // (dropless: the counted dispatch)
+    m->moe.padded = 0;
     if (nprompt == 0) { s->text[len++] = eot; }
     for (int i = 0; i < nprompt; i++) { s->text[len++] = prompt[i]; }
     if (rank0) {
@@ -1065,6 +1071,7 @@ static void gpt2_sample(GPT2 *m, Sampler *s, Tokenizer *tok, Rng *rng, const int
         printf(tok->init_ok ? "\n" : "\n---\n");
     }
     m->moe.cap = cap;
+    m->moe.padded = padded;
 }
 
 // ----------------------------------------------------------------------------

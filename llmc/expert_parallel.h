@@ -3,8 +3,14 @@
 // them for one MoE layer and one micro-batch, every rank of the ep group at once:
 //   1. route: router probabilities, top-k, the capacity keep masks per whole sequence (with cp, the
 //      sequence's other parts' assignments all-gathered over cp), the auxiliary losses' statistics
-//   2. count the kept rows per expert; all-gather the counts over the ep group (host ints) and check the
-//      whole (ep, E) table on every rank, so a bad count stops every rank alike, never a hang
+//   2. the dispatch plan, one of two:
+//      padded (a capacity: --capacity-factor > 0): every (source rank, expert) slot holds P = B cap rows, the
+//        kept ones first, the rest zero (GShard's layout): the sizes are known in advance, so nothing is
+//        counted on the host and the step has no host wait here;
+//      counted (dropless, and sampling): count the kept rows per expert; all-gather the counts over the ep
+//        group (host ints: a host wait) and check the whole (ep, E) table on every rank, so a bad count stops
+//        every rank alike, never a hang.
+//      Either way the rest reads one (ep, E) table of rows per (source rank, expert): P everywhere when padded.
 //   3. permute: the kept rows of x, grouped by expert = by owner rank ("send layout")
 //   4. all-to-all(v): the rows to the ranks owning their experts; arriving grouped by source rank, they
 //      are regrouped by local expert (copies of contiguous segments)
@@ -60,12 +66,14 @@ typedef struct {
     int *load;               // device (nlayers, E): the step's top-k assignments per expert, before drops (this
                              // rank's tokens; the same on every tp rank)
     int *load_all;           // device (nlayers, E), --moe-bias-rate: load summed over the dp x cp ranks
-    double *kept_layer;      // host (nlayers): the step's kept assignments per MoE layer (this rank's tokens)
+
     int cap;                 // assignments an expert keeps per whole sequence, now (sampling: dropless)
+    int padded;              // the padded dispatch (a capacity), now (sampling: counted); P = B cap rows a slot
     size_t rows_send, rows_recv;   // Rs, Rr: rows of the dispatch buffers
     float aux_scale, z_scale;      // the auxiliary losses' seeds for this step (moe.h)
     int count_stats;         // add the forward's numbers to the step's (training, not validation)
-    double kept, assigned;   // the step's assignments after capacity / made (sums over this rank's layers)
+    double assigned;         // the step's assignments made (a sum over this rank's layers)
+    int *kept;               // device (nlayers): the step's assignments kept per MoE layer (this rank's tokens)
     double *sums;            // device (2): the step's aux and z sums over this rank's MoE layers and micro-batches
     int time_a2a;            // --comm-report: time the all-to-alls (the device synchronised around them)
     double a2a_seconds;      // this step's time in them
@@ -83,19 +91,24 @@ typedef struct {
     float *cprob_all;        // cp > 1: (cp, BT, k) their probabilities
     float *pmean, *zsum;     // (B, E), (B): aux and z statistics per sequence
     int *counts, *offsets;   // (E) kept rows per expert; their first rows in the send layout
+    int *pad_offsets;        // (E) the padded send layout's first rows: e P
     // test hook (test_gpt): when route_log is set, each forward of micro-batch micro < route_log_micro logs
     // the routing of MoE layer `layer` (of the stage's nlayers) into entry micro * nlayers + layer:
     // choice (BT, k) ints, keep (BT, k) ints, probs (BT, E) floats
     int *route_log, route_log_micro, micro;
 } ExpertParallel;
 
-// Rows the dispatch buffers need at most with a capacity of cap per sequence: this rank sends each token
-// to at most k experts and at most cap tokens of a sequence to one expert; it receives from each of the
-// ep ranks at most min(k, El) rows per token and cap per local expert.
-static void moe_dispatch_rows(ExpertParallel *x, int cap) {
-    size_t B = x->B, T = x->T, k = x->k, E = x->E, El = x->El, kl = k < El ? k : El;
+// Rows the dispatch buffers need at most: counted with a capacity of cap per sequence (count_cap), this rank
+// sends each token to at most k experts and at most cap tokens of a sequence to one expert, and receives from
+// each of the ep ranks at most min(k, El) rows per token and cap per local expert; padded (x->padded, at the
+// capacity x->cap), E slots of P = B cap rows each way.
+static void moe_dispatch_rows(ExpertParallel *x, int count_cap) {
+    size_t B = x->B, T = x->T, k = x->k, E = x->E, El = x->El, kl = k < El ? k : El, cap = count_cap;
     x->rows_send = B * (T * k < E * cap ? T * k : E * cap);
     x->rows_recv = (size_t)x->ep->size * B * (T * kl < El * cap ? T * kl : El * cap);
+    size_t padded = E * B * (size_t)x->cap;
+    if (x->padded && padded > x->rows_send) { x->rows_send = padded; }
+    if (x->padded && padded > x->rows_recv) { x->rows_recv = padded; }
 }
 
 // The workspace, for micro-batches of B sequences of T local tokens (the dispatch rows already set).
@@ -121,7 +134,13 @@ static void moe_work_alloc(ExpertParallel *x) {
     x->pmean = (float *)mem_alloc((size_t)x->B * E * F, MEM_WORKSPACE);
     x->load = (int *)mem_alloc((size_t)x->nlayers * E * I, MEM_WORKSPACE);
     if (x->opt.bias_rate > 0.0f) { x->load_all = (int *)mem_alloc((size_t)x->nlayers * E * I, MEM_WORKSPACE); }
-    x->kept_layer = (double *)calloc_check(x->nlayers + 1, sizeof(double));
+    x->kept = (int *)mem_alloc((size_t)x->nlayers * I, MEM_WORKSPACE);
+    if (x->padded) {   // the padded layout's first rows, e P: fixed, uploaded once (not when planning)
+        x->pad_offsets = (int *)mem_alloc(E * I, MEM_WORKSPACE);
+        int off[MOE_MAX_EXPERTS];
+        for (size_t e = 0; e < E; e++) { off[e] = (int)(e * x->B * x->cap); }
+        if (!mem_planning) { copy_to_device(x->pad_offsets, off, E * I); }
+    }
     x->zsum = (float *)mem_alloc((size_t)x->B * F, MEM_WORKSPACE);
     x->sums = (double *)mem_alloc(2 * sizeof(double), MEM_WORKSPACE);
     x->counts = (int *)mem_alloc(E * I, MEM_WORKSPACE);
@@ -159,10 +178,10 @@ static void moe_acts_alloc(MoEActs *ma, const ExpertParallel *x, int routing, in
 static void moe_step_begin(ExpertParallel *x, float aux_scale, float z_scale) {
     x->aux_scale = aux_scale;
     x->z_scale = z_scale;
-    x->kept = x->assigned = 0.0;
+    x->assigned = 0.0;
     if (x->sums) { memset_zero_device(x->sums, 2 * sizeof(double)); }
     if (x->load) { memset_zero_device(x->load, (size_t)x->nlayers * x->E * sizeof(int)); }
-    for (int l = 0; x->kept_layer && l < x->nlayers; l++) { x->kept_layer[l] = 0.0; }
+    if (x->kept) { memset_zero_device(x->kept, (size_t)x->nlayers * sizeof(int)); }
     x->count_stats = 1;
 }
 
@@ -286,15 +305,23 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
     }
     moe_sequence_stats(ma->f, x->pmean, x->zsum, ma->choice, ma->probs, ma->lse, B, T, E, k, Tg, x->sigmoid);
     comm_all_reduce(cpg, ma->f, (size_t)B * E, DT_FLOAT, NULL);
-    // 2. the dispatch plan: rows per expert, exchanged over the ep group and checked; each row's place
-    int mine[MOE_MAX_EXPERTS], offsets[MOE_MAX_EXPERTS];
+    // 2. the dispatch plan: each kept row's place in the send layout, and the (ep, E) table of rows
     moe_count(x->counts, ma->choice, ma->keep, BT, E, k);
-    copy_to_host(mine, x->counts, E * sizeof(int));
-    comm_host_all_gather(x->ep, mine, E, ma->counts, DT_INT, "all-gather of the MoE dispatch counts");
-    moe_check_counts(x, ma->counts);
-    for (int e = 0, o = 0; e < E; e++) { offsets[e] = o; o += mine[e]; }
-    copy_to_device(x->offsets, offsets, E * sizeof(int));
-    moe_rows(ma->row, ma->choice, ma->keep, x->offsets, BT, E, k);
+    if (x->count_stats && record) { moe_kept_add(x->kept + x->layer, x->counts, E); }
+    size_t P = (size_t)x->B * x->cap;
+    if (x->padded) {   // P rows per slot, the kept ones first: known on the host without asking the device
+        for (int i = 0; i < x->ep->size * E; i++) { ma->counts[i] = (int)P; }
+        moe_rows(ma->row, ma->choice, ma->keep, x->pad_offsets, BT, E, k, (int)P);
+        memset_zero_device(x->msend, (size_t)E * P * C * sizeof(floatX));   // (the padding rows: zero)
+    } else {           // counted, exchanged over the ep group and checked
+        int mine[MOE_MAX_EXPERTS], offsets[MOE_MAX_EXPERTS];
+        copy_to_host(mine, x->counts, E * sizeof(int));
+        comm_host_all_gather(x->ep, mine, E, ma->counts, DT_INT, "all-gather of the MoE dispatch counts");
+        moe_check_counts(x, ma->counts);
+        for (int e = 0, o = 0; e < E; e++) { offsets[e] = o; o += mine[e]; }
+        copy_to_device(x->offsets, offsets, E * sizeof(int));
+        moe_rows(ma->row, ma->choice, ma->keep, x->offsets, BT, E, k, BT * k);
+    }
     // 3-4. dispatch; 5. the local experts; 6. back; 7. combine
     moe_permute(x->msend, in, ma->row, BT, k, C);
     moe_all_to_all(x, ma->counts, x->msend, x->mrecv, 1);
@@ -322,9 +349,8 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
         copy_to_host(log + (size_t)BT * k, ma->keep, (size_t)BT * k * sizeof(int));
         copy_to_host(log + (size_t)BT * 2 * k, ma->probs, (size_t)BT * E * sizeof(float));   // (bits of floats)
     }
-    if (x->count_stats && record) {   // aux and z of this micro-batch's sequences (on the device), the kept fraction
+    if (x->count_stats && record) {   // aux and z of this micro-batch's sequences (on the device), the assignments
         moe_loss_sums(x->sums, ma->f, x->pmean, x->zsum, B, E);
-        for (int e = 0; e < E; e++) { x->kept += mine[e]; x->kept_layer[x->layer] += mine[e]; }
         x->assigned += (double)BT * k;
     }
 }
@@ -344,8 +370,9 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
         matmul_backward_dgelu(x->sdh, g.sfcprojw, dy, ma->shg, w.sfcprojw, ma->sh, BT, x->SHl, C);
         matmul_backward(x->sout, g.sfcw, g.sfcb, x->sdh, in, w.sfcw, BT, C, x->SHl);
     }
-    // 7. combine: the gradient of each kept row (send layout), and of the gates (all-reduced over tp:
-    // the expert outputs are partial sums over tp)
+    // 7. combine: the gradient of each kept row (send layout; padded: the padding rows' zero), and of the gates
+    // (all-reduced over tp: the expert outputs are partial sums over tp)
+    if (x->padded) { memset_zero_device(x->msend, (size_t)E * x->B * x->cap * C * sizeof(floatX)); }
     moe_combine_backward(x->msend, x->dgate, dy, ma->ys, ma->gate, ma->row, BT, k, C);
     comm_all_reduce(x->tp, x->dgate, (size_t)BT * k, DT_FLOAT, NULL);
     // 6-4. to the experts, 5. their backward, 4-3. back

@@ -265,11 +265,24 @@ static void moe_bias_update_cpu(float *bias, const int *load, int nlayers, int E
 }
 
 // row (N, k): where each kept assignment goes in the send layout (experts in order, offsets (E) their
-// first rows; within an expert, tokens in order); -1 if dropped.
-static void moe_rows_cpu(int *row, const int *choice, const int *keep, const int *offsets, int N, int E, int k) {
+// first rows; within an expert, tokens in order); -1 if dropped. An expert's rows past `limit` (a padded
+// slot's P: the capacity makes that impossible) are dropped rather than written into the next slot.
+static void moe_rows_cpu(int *row, const int *choice, const int *keep, const int *offsets, int N, int E, int k,
+                         int limit) {
     int next[MOE_MAX_EXPERTS];
-    for (int e = 0; e < E; e++) { next[e] = offsets[e]; }
-    for (size_t i = 0; i < (size_t)N * k; i++) { row[i] = keep[i] ? next[choice[i]]++ : -1; }
+    for (int e = 0; e < E; e++) { next[e] = 0; }
+    for (size_t i = 0; i < (size_t)N * k; i++) {
+        int e = choice[i];
+        row[i] = keep[i] && next[e] < limit ? offsets[e] + next[e]++ : -1;
+    }
+}
+
+// kept (1) += the kept rows of all experts, counts (E).
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline void moe_kept_add_cpu(int *kept, const int *counts, int E) {
+    for (int e = 0; e < E; e++) { *kept += counts[e]; }
 }
 
 // xs (rows, C): xs[row[t][j]] = x[t] for every kept assignment.
@@ -477,7 +490,7 @@ __global__ void moe_sequence_stats_kernel(float *f, float *pmean, float *zsum, c
 // grid (E), block 1024: the assignments to expert e counted and numbered in (token, choice) order with a
 // block-wide running count (a count per 1024-wide tile, added in tile order). offsets == NULL: count only.
 __global__ void moe_rows_kernel(int *counts, int *row, const int *choice, const int *keep, const int *offsets, int N,
-                                int k) {
+                                int k, int limit) {
     __shared__ int warp_sums[32];
     __shared__ int base;
     int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
@@ -494,7 +507,10 @@ __global__ void moe_rows_kernel(int *counts, int *row, const int *choice, const 
         __syncthreads();
         int warp_base = 0, total = 0;
         for (int w = 0; w < nwarps; w++) { if (w < warp) { warp_base += warp_sums[w]; } total += warp_sums[w]; }
-        if (row != NULL && i < n && keep[i] && choice[i] == e) { row[i] = base + warp_base + before; }
+        if (row != NULL && i < n && keep[i] && choice[i] == e) {
+            int idx = base + warp_base + before - (offsets ? offsets[e] : 0);
+            row[i] = idx < limit ? base + warp_base + before : -1;
+        }
         __syncthreads();
         if (threadIdx.x == 0) { base += total; }
         __syncthreads();
@@ -674,23 +690,36 @@ static void moe_loss_sums(double *sums, const float *f, const float *pmean, cons
 // counts (E, device): kept assignments per expert
 static void moe_count(int *counts, const int *choice, const int *keep, int N, int E, int k) {
 #ifdef USE_CUDA
-    moe_rows_kernel<<<E, 1024, 0, main_stream>>>(counts, NULL, choice, keep, NULL, N, k);
+    moe_rows_kernel<<<E, 1024, 0, main_stream>>>(counts, NULL, choice, keep, NULL, N, k, N * k);
     cudaCheckLaunch();
 #else
     moe_count_cpu(counts, choice, keep, N, E, k);
 #endif
 }
 
-// row (N, k) from offsets (E, device)
-static void moe_rows(int *row, const int *choice, const int *keep, const int *offsets, int N, int E, int k) {
+// row (N, k) from offsets (E, device); at most limit rows an expert
+static void moe_rows(int *row, const int *choice, const int *keep, const int *offsets, int N, int E, int k, int limit) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_rows_kernel<<<E, 1024, 0, main_stream>>>(NULL, row, choice, keep, offsets, N, k);
+    moe_rows_kernel<<<E, 1024, 0, main_stream>>>(NULL, row, choice, keep, offsets, N, k, limit);
     cudaCheckLaunch();
     moe_dropped_rows_kernel<<<elementwise_grid((size_t)N * k, 256), 256, 0, main_stream>>>(row, keep, (size_t)N * k);
     cudaCheckLaunch();
 #else
-    moe_rows_cpu(row, choice, keep, offsets, N, E, k);
+    moe_rows_cpu(row, choice, keep, offsets, N, E, k, limit);
+#endif
+}
+
+// kept (1, device) += the sum of counts (E, device): one thread, E additions
+#ifdef USE_CUDA
+__global__ void moe_kept_add_kernel(int *kept, const int *counts, int E) { moe_kept_add_cpu(kept, counts, E); }
+#endif
+static void moe_kept_add(int *kept, const int *counts, int E) {
+#ifdef USE_CUDA
+    moe_kept_add_kernel<<<1, 1, 0, main_stream>>>(kept, counts, E);
+    cudaCheckLaunch();
+#else
+    moe_kept_add_cpu(kept, counts, E);
 #endif
 }
 

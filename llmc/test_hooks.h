@@ -9,6 +9,9 @@
 //                                       update must be skipped, and COUNT > --max-skips must stop the run
 //   TRAIN_GPT_REVERSE_SENDS=1           the CPU build starts each exchange's point-to-point sends in reverse
 //                                       order (comm_p2p): a schedule's order made wrong, which the matrix must catch
+//   TRAIN_GPT_COUNTED_DISPATCH=1        MoE layers with a capacity dispatch as dropless ones do (counts exchanged
+//                                       over ep) instead of padded: both dispatches must compute the same; the
+//                                       bench compares their bytes and time
 //   ExpertParallel.route_log            test_gpt reads the routing of each MoE layer (expert_parallel.h)
 // Nothing else in the program reads the environment for a test.
 #ifndef LLMC_TEST_HOOKS_H
@@ -50,6 +53,13 @@ static int test_hook_reverse_sends(void) {
     static int reverse = -1;
     if (reverse < 0) { reverse = getenv("TRAIN_GPT_REVERSE_SENDS") != NULL; }
     return reverse;
+}
+
+// Whether MoE layers with a capacity use the counted dispatch (expert_parallel.h) instead of the padded one.
+static int test_hook_counted_dispatch(void) {
+    static int counted = -1;
+    if (counted < 0) { counted = getenv("TRAIN_GPT_COUNTED_DISPATCH") != NULL; }
+    return counted;
 }
 
 #endif // LLMC_TEST_HOOKS_H

@@ -292,6 +292,9 @@ moe_tests() {
     run_test 4 --ref refs/moe_sig -b 2 --tp 2 --sp --ep 2 --zero 1 --check-memory --check-comm
     run_test 4 --ref refs/moe_sig -b 1 --pp 2 --vpp 2 --zero 2 --check-memory --check-comm
     run_test 4 --ref refs/moe_sig -b 2 --cp 2 --ep 2 --zero 3 --recompute full --check-memory --check-comm
+    # a capacity dispatches padded (no host wait); the counted dispatch (dropless's) with a capacity computes the same
+    TRAIN_GPT_COUNTED_DISPATCH=1 run_test 4 --ref $MO -b 2 --ep 2 --zero 3 --check-memory --check-comm
+    TRAIN_GPT_COUNTED_DISPATCH=1 run_test 4 --ref refs/moe_fg -b 2 --tp 2 --sp --ep 2 --zero 1 --check-memory --check-comm
     # fine-grained and shared experts: the shared MLP tensor-parallel like the dense one, in the MoE layer's unit
     run_test 1 --ref refs/moe_fg -b 8 --check-memory --check-comm
     run_test 4 --ref refs/moe_fg -b 2 --tp 2 --sp --ep 2 --zero 1 --check-memory --check-comm

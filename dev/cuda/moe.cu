@@ -198,8 +198,8 @@ static int check_rows(MoECase *m) {
     printf("  kept %d of %zu assignments (%.1f%% dropped)\n", R, m->Nk, 100.0 * (1.0 - (double)R / m->Nk));
     m->R = R;
     copy_to_device(m->d_offsets, offsets, E * sizeof(int));
-    moe_rows_cpu(m->row, m->choice, m->keep, offsets, N, E, k);
-    moe_rows(m->d_row, m->d_choice, m->d_keep, m->d_offsets, N, E, k);
+    moe_rows_cpu(m->row, m->choice, m->keep, offsets, N, E, k, N * k);
+    moe_rows(m->d_row, m->d_choice, m->d_keep, m->d_offsets, N, E, k, N * k);
     fails += compare_ints("rows in the send layout", m->d_row, m->row, m->Nk);
     return fails;
 }
@@ -281,7 +281,7 @@ static void time_kernels(const MoECase *m) {
                 (double)NE * 4, 0);
     report_time("capacity keep", time_ms(10, [&] {
                     moe_capacity_keep(m->d_keep, m->d_choice, m->d_cprob, 1, 0, B, T, k, cap, policy); }), 0, 0);
-    report_time("rows", time_ms(10, [&] { moe_rows(m->d_row, m->d_choice, m->d_keep, m->d_offsets, N, E, k); }), 0, 0);
+    report_time("rows", time_ms(10, [&] { moe_rows(m->d_row, m->d_choice, m->d_keep, m->d_offsets, N, E, k, N * k); }), 0, 0);
     report_time("permute", time_ms(10, [&] { moe_permute(m->d_xs, m->d_x, m->d_row, N, k, C); }),
                 2.0 * R * C * sizeof(floatX), 0);
     report_time("combine", time_ms(10, [&] { moe_combine(m->d_out, m->d_ys, m->d_gate, m->d_row, N, k, C); }),
