@@ -3,7 +3,8 @@
 #   1. tokens/s of a fine-grained MoE model (L4 C128 NH4 V257, E 64 top-8 of width H = C/2, 1 shared expert:
 #      an active MLP width of 9H = 4.5C) against the dense model of the same shape (MLP 4C), one rank, B8 T128;
 #      the ratio, and the ratio normalised by the FLOPs per token
-#   2. the share of the step time in the expert all-to-alls at ep 2 and ep 4 (one thread per rank)
+#   2. the expert all-to-alls at ep 2 and ep 4 (one thread per rank), padded (a capacity's dispatch) and counted
+#      (the counts exchanged first): ep bytes per step and their share of the step time
 # Usage: bash dev/bench/bench_moe_fine.sh [THREADS (default 2)]
 set -eu
 cd "$(dirname "$0")/../.."
@@ -37,8 +38,14 @@ for r, (d, m) in enumerate(((d1, m1), (d2, m2)), 1):
           f"token {f_dense:.4g} vs {f_fine:.4g} ({f_fine / f_dense:.3f}x): tok/s per FLOP {m / d * f_fine / f_dense:.2f}")
 EOF
 
-echo "== 2. the all-to-all's share of the step, one thread per rank, B8 T128 per rank, 10 steps"
+echo "== 2. the all-to-alls, one thread per rank, B8 T128 per rank, 10 steps: padded (a capacity's dispatch) and counted"
+echo "   (TRAIN_GPT_COUNTED_DISPATCH=1: the counts exchanged first); ep bytes per step of rank 0, the all-to-all share"
 for ep in 2 4; do
-    OMP_NUM_THREADS=1 $MPIRUN -np $ep ./train_gpt -e "$FINE" -b 8 -t 128 -x 10 -v 0 -s 0 --ep $ep --comm-report >"$W/ep$ep.log" 2>&1
-    echo "ep $ep: $(grep '^MoE all-to-all' "$W/ep$ep.log") ($(avg "$W/ep$ep.log") tok/s over $ep ranks)"
+    for mode in padded counted; do
+        env=(); [ $mode = counted ] && env=(env TRAIN_GPT_COUNTED_DISPATCH=1)
+        OMP_NUM_THREADS=1 "${env[@]}" $MPIRUN -np $ep ./train_gpt -e "$FINE" -b 8 -t 128 -x 10 -v 0 -s 0 --ep $ep --comm-report \
+            >"$W/ep$ep$mode.log" 2>&1
+        bytes=$(awk '$1 == "comm" && $2 == 0 && $3 == "ep" { printf "%.2f MiB", $4 / 1048576 }' "$W/ep$ep$mode.log")
+        echo "ep $ep $mode: $bytes; $(grep '^MoE all-to-all' "$W/ep$ep$mode.log" | sed 's/^MoE all-to-all ([^)]*): //') ($(avg "$W/ep$ep$mode.log") tok/s over $ep ranks)"
+    done
 done
