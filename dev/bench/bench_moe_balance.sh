@@ -7,6 +7,7 @@
 # (the mean over the layers, and the worst layer), the dropped fraction there, and the final validation loss.
 # A benchmark, not a test: its numbers go to dev/notes/moe.md.
 # Usage: bash dev/bench/bench_moe_balance.sh [STEPS (default 300)] [RATE (default 0.01)] [THREADS (default 2)]
+#        (WAYS="bias only,both" runs just those)
 set -eu
 cd "$(dirname "$0")/../.."
 STEPS=${1:-300}
@@ -31,6 +32,7 @@ echo "E 8 top-2 F 1.25, L4 C128, $STEPS steps of 8x64 tokens, skewed router init
 printf "%-10s %-26s %-12s %-10s %s\n" way "max/mean (mean, worst)" dropped "val loss" "(each seed: max/mean mean, val)"
 for w in "${ways[@]}"; do
     name=${w%%:*}; flags=${w#*:}
+    [ -n "${WAYS:-}" ] && [[ ",$WAYS," != *",$name,"* ]] && continue   # WAYS="bias only,both": just those
     out=""
     for seed in 1337 1338; do
         d="$W/run_${name// /_}_$seed"
