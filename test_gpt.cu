@@ -1488,6 +1488,7 @@ static void test_setup(TestRun *t, const char *ref_dir, const GPT2Config *ref_co
                               t->rmoe.z_coeff, t->rmoe.bias_rate};
     }
     validate_layout(args, &t->config, t->world, my_rank);
+    comm_one_stream = args->comm_streams == 1;   // (--comm-streams: before the groups make their streams)
     grid_init(&t->grid, args->tp, args->cp, args->pp, args->ep);
     t->accum = args->total_batch / (args->B * args->T * t->grid.dp);
     if (my_rank == 0) {
@@ -1538,6 +1539,7 @@ static void check_model(TestRun *t, const TestFlags *f, const GPT2Config *ref_co
 }
 
 int main(int argc, char **argv) {
+    backend_env_before_init();    // (CUDA: before any context exists)
     MPI_Init(&argc, &argv);
     TestRun t;
     memset(&t, 0, sizeof(t));

@@ -1238,6 +1238,7 @@ static float *apply_moe_flags(const Args *a, int rank, GPT2Config *c, float *par
 // and the advice if it does not fit).
 static void setup_grid(Args *a, const GPT2Config *c, Grid *g, int world, int rank) {
     validate_layout(a, c, world, rank);
+    comm_one_stream = a->comm_streams == 1;   // (--comm-streams: before the groups make their streams)
     grid_init(g, a->tp, a->cp, a->pp, a->ep);
     grid_print(g);
     check_memory_fits(a, c, g);
@@ -1793,6 +1794,7 @@ static void run_finish(Run *r, int stopped) {
 
 #ifndef TESTING
 int main(int argc, char **argv) {
+    backend_env_before_init();    // (CUDA: before any context exists)
     watchdog_start(argc, argv);   // before MPI_Init: from here a stalled peer stops this rank
     test_hook_stall("init", -1);
     WATCHED("MPI_Init", "world", MPI_Init(&argc, &argv));

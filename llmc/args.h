@@ -16,7 +16,7 @@
 #include "moe.h"
 #include "model_file.h"
 
-#define MAX_FLAGS 64
+#define MAX_FLAGS 80
 #define MAX_ACCUM 65536   // micro-batches per step (-d over B*T*dp) at most
 
 typedef struct {
@@ -33,6 +33,7 @@ typedef struct {
     const char *recompute;
     const char *attention;       // the CUDA build's attention path: cublas or flash
     int async_checkpoint, overlap;
+    int comm_streams;            // --comm-streams 1: every group's NCCL calls on one stream (CUDA)
     int plan;                    // --plan N: print the memory plan for N ranks and exit
     const char *plan_precision;  // --plan-precision bf16|fp32: plan the CUDA build's sizes (NULL: this build's)
     double memory_limit;         // --memory-limit: bytes per rank (0: none; CUDA: the free device memory)
@@ -216,6 +217,9 @@ static const Flag FLAGS[] = {
         "loss-free load balancing: each step an overloaded expert's routing bias -U, an underloaded one's +U "
         "(DeepSeek-V3; try 0.001), 0 off (0)"},
     {"--trace", 0, F_DIR, ARG(trace_dir), 0, 0, 0, "DIR", "a Chrome trace per rank (dev/trace.py merges them)"},
+    {"--comm-streams", 0, F_INT, ARG(comm_streams), 0, 1, 0, "0|1",
+        "CUDA: 1 runs every group's NCCL calls on one stream, in program order (a fallback: no overlap between "
+        "groups, no order between communicators to get wrong); 0 a stream per group (0; the CPU build: no effect)"},
     {"--timeout", 0, F_FLOAT, ARG(timeout), 0.0, 1e7, 0, "S",
         "stop when a collective makes no progress for S seconds, 0 off (600)"},
     {"-sl", 0, F_FLOAT, ARG(skip_loss_z), 0.0, 1e9, 0, "Z",

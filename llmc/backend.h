@@ -205,6 +205,18 @@ static unsigned int elementwise_grid(size_t n, int block) {
 // ----------------------------------------------------------------------------
 // device init, copies, synchronisation (no-ops or memcpy on the CPU)
 
+// Before anything can create a CUDA context (MPI_Init included), what the multi-stream design needs, unless the
+// user set it: a hardware queue per stream (CUDA_DEVICE_MAX_CONNECTIONS: the compute stream and up to 9
+// communicators' streams would otherwise share 8, ordering unrelated work), and NCCL (>= 2.26) ordering the
+// kernels of different communicators as the host issued them (NCCL_LAUNCH_ORDER_IMPLICIT: every rank issues
+// them in the same order, so concurrent communicators cannot deadlock). Older NCCLs ignore the variable.
+static void backend_env_before_init(void) {
+#ifdef USE_CUDA
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 0);
+#endif
+}
+
 static void backend_init(int local_rank) {
 #ifdef USE_CUDA
     int ndev = 0;

@@ -96,6 +96,15 @@ static int nccl_ncomms = 0;
 static void nccl_abort_all(void) { for (int i = 0; i < nccl_ncomms; i++) { ncclCommAbort(nccl_comms[i]); } }
 #endif
 
+// --comm-streams 1 (CUDA): every group's NCCL calls on one stream, in program order: no two communicators' kernels
+// ever run at once, so no order between them can go wrong (NCCL documents concurrent communicators as able to hang),
+// at the price of the overlap between groups: a fallback. 0: a stream per group. (The CPU build's MPI calls run in
+// program order on the rank's one thread either way.)
+static int comm_one_stream = 0;
+#ifdef USE_NCCL
+static cudaStream_t comm_shared_stream = NULL;
+#endif
+
 static void group_init(Group *g, const char *name, int color, int key) {
     g->name = name;
     g->bytes = 0;
@@ -111,7 +120,9 @@ static void group_init(Group *g, const char *name, int color, int key) {
         if (g->rank == 0) { ncclCheck(ncclGetUniqueId(&id)); }
         MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g->mpi);
         ncclCheck(ncclCommInitRank(&g->nccl, g->size, id, g->rank));
-        cudaCheck(cudaStreamCreate(&g->stream));
+        if (comm_one_stream && comm_shared_stream == NULL) { cudaCheck(cudaStreamCreate(&comm_shared_stream)); }
+        if (comm_one_stream) { g->stream = comm_shared_stream; }
+        else { cudaCheck(cudaStreamCreate(&g->stream)); }
         cudaCheck(cudaEventCreateWithFlags(&g->ready, cudaEventDisableTiming));
         if (nccl_ncomms < 16) { nccl_comms[nccl_ncomms++] = g->nccl; }
         watch_abort = nccl_abort_all;
@@ -227,12 +238,15 @@ static void grid_free(Grid *g) {
 #ifdef USE_NCCL
         if (groups[i]->nccl) {
             ncclCommDestroy(groups[i]->nccl);
-            cudaCheck(cudaStreamDestroy(groups[i]->stream));
+            if (groups[i]->stream != comm_shared_stream) { cudaCheck(cudaStreamDestroy(groups[i]->stream)); }
             cudaCheck(cudaEventDestroy(groups[i]->ready));
         }
 #endif
         MPI_Comm_free(&groups[i]->mpi);
     }
+#ifdef USE_NCCL
+    if (comm_shared_stream) { cudaCheck(cudaStreamDestroy(comm_shared_stream)); comm_shared_stream = NULL; }
+#endif
 }
 
 // ----------------------------------------------------------------------------

@@ -84,6 +84,7 @@ expect unknown_flag     1 "unknown flag '--bogus'"            -e "$TINY" --bogus
 expect missing_value    1 "missing its value"                 -e "$TINY" -b
 expect not_a_number     1 "-b expects an integer"             -e "$TINY" -b four
 expect out_of_range     1 "--zero must be in"                 -e "$TINY" --zero 4
+expect comm_streams     1 "--comm-streams must be in [0, 1]"  -e "$TINY" --comm-streams 2
 expect bad_float        1 "-l expects a number"               -e "$TINY" -l 1e-3x
 expect bad_scheduler    1 "-k expects"                        -e "$TINY" -k triangle
 expect bad_descriptor   1 "malformed model descriptor"        -e "L=2,C=64,NH=5,V=250"

@@ -155,6 +155,7 @@ for z in 1 3; do
     run_test 4 --ref $T -b 4 --tp 2 --sp --zero $z --check-memory --check-comm
 done
 run_test 4 --ref $T -b 1 --tp 2 --sp --zero 2 --check-comm               # accumulation 4
+run_test 4 --ref $T -b 1 --tp 2 --sp --zero 3 --comm-streams 1 --check-comm   # (CUDA: one comm stream; CPU: accepted, the same)
 run_test 4 --ref $T -b 2 --tp 2 --sp --zero 3 --check-resume "$TMP/resume_tp"
 run_test 8 --ref $T -b 2 --tp 2 --sp --zero 3 --check-memory --check-comm  # tp 2 x dp 4
 run_test 8 --ref $T -b 4 --tp 4 --sp --zero 1 --check-comm                 # tp 4 x dp 2
