@@ -877,6 +877,44 @@ static void check_attention_block_case(Rng *rng, int B, int c, int C, int NH, in
     free(qkv); free(dout); free(d0); free(kv); free(y1); free(tol);
 }
 
+// --check-schedules: every pipeline schedule's point-to-point messages pair up between every two neighbours,
+// in posting order and kind (steps_match: what the untagged messages of comm.h need), for 1F1B and GPipe at
+// pp 2-8 and interleaved at pp 2-8 x vpp 2-4, with m from 1 (or pp) to 4 pp micro-batches; and the check
+// fails on a schedule made wrong (two steps of rank 0 that send swapped, with pp 2 where both kinds go
+// both ways).
+static void check_schedules(void) {
+    static const PipeSchedule kinds[3] = {SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED};
+    long pairs = 0, bad = 0, configs = 0;
+    for (int s = 0; s < 3; s++) {
+        for (int pp = 2; pp <= 8; pp++) {
+            for (int vpp = kinds[s] == SCHEDULE_INTERLEAVED ? 2 : 1; vpp <= (kinds[s] == SCHEDULE_INTERLEAVED ? 4 : 1); vpp++) {
+                for (int m = kinds[s] == SCHEDULE_INTERLEAVED ? pp : 1; m <= 4 * pp; m += kinds[s] == SCHEDULE_INTERLEAVED ? pp : 1) {
+                    configs++;
+                    for (int r = 0; r < pp; r++) {
+                        StepList a = pipeline_steps(kinds[s], pp, vpp, r, m, 0);
+                        StepList b = pipeline_steps(kinds[s], pp, vpp, (r + 1) % pp, m, 0);
+                        pairs += 2;
+                        bad += !steps_match(&a, &b) + !steps_match(&b, &a);
+                        free(a.s); free(b.s);
+                    }
+                }
+            }
+        }
+    }
+    check(bad == 0, "pipeline schedules: the messages of %ld neighbour pairs (both ways) in %ld schedules pair up in "
+          "posting order and kind: %ld do not", pairs, configs, bad);
+    StepList a = pipeline_steps(SCHEDULE_INTERLEAVED, 2, 2, 0, 4, 0), b = pipeline_steps(SCHEDULE_INTERLEAVED, 2, 2, 1, 4, 0);
+    int i = 0, j;
+    while (i < a.n && !a.s[i].send_fwd && !a.s[i].send_bwd) { i++; }
+    for (j = i + 1; j < a.n && !(a.s[j].send_bwd && !a.s[i].send_bwd) && !(a.s[j].send_fwd && !a.s[i].send_fwd); j++) {}
+    int found = j < a.n;
+    if (found) { PipeStep x = a.s[i]; a.s[i] = a.s[j]; a.s[j] = x; }
+    check(found && !steps_match(&a, &b),
+          "pipeline schedules: rank 0's steps %d and %d (sends of another kind) swapped at pp 2 x vpp 2: the check "
+          "fails on its sends", i, j);
+    free(a.s); free(b.s);
+}
+
 static void check_attention(void) {
     Rng rng;
     rng_init(&rng, 24);
@@ -1436,7 +1474,7 @@ static void check_resume_from(TestRun *t, const char *dir, const char *mutation)
 // test_gpt's own flags (the rest are train_gpt's, left in rest).
 typedef struct {
     const char *ref_dir, *resume_dir, *resume_from, *mutation;
-    int check_mem, check_comm, check_layer, check_attention, bad_rank;
+    int check_mem, check_comm, check_layer, check_attention, check_schedules, bad_rank;
 } TestFlags;
 
 static int parse_test_flags(int argc, char **argv, TestFlags *f, char **rest) {
@@ -1453,6 +1491,7 @@ static int parse_test_flags(int argc, char **argv, TestFlags *f, char **rest) {
         else if (!strcmp(argv[i], "--check-comm")) { f->check_comm = 1; }
         else if (!strcmp(argv[i], "--check-comm-layer")) { f->check_layer = 1; }
         else if (!strcmp(argv[i], "--check-attention")) { f->check_attention = 1; }
+        else if (!strcmp(argv[i], "--check-schedules")) { f->check_schedules = 1; }
         else if (!strcmp(argv[i], "--bad-file-on-rank") && i + 1 < argc) { f->bad_rank = atoi(argv[++i]); }
         else { rest[nrest++] = argv[i]; }
     }
@@ -1578,6 +1617,9 @@ int main(int argc, char **argv) {
     } else if (f.check_attention) {   // the CPU attention through BLAS against its loops, on every rank
         grid_init(&t.grid, 1, 1, 1, 1);
         check_attention();
+    } else if (f.check_schedules) {   // the pipeline schedules' message order (host logic, any rank)
+        grid_init(&t.grid, 1, 1, 1, 1);
+        if (my_rank == 0) { check_schedules(); }
     } else {
         test_setup(&t, f.ref_dir, &ref_config, ref_params);
         if (f.resume_from) { check_resume_from(&t, f.resume_from, f.mutation); }

@@ -247,29 +247,44 @@ static StepList pipeline_steps(PipeSchedule schedule, int pp, int vpp, int rank,
     return l;
 }
 
-// A step list's sends and receives must pair up with the neighbours': this rank's outputs, in order,
-// are the next rank's inputs from a peer, in order (the same micro-batch; the next chunk when they
-// cross from rank pp-1 to rank 0), and likewise for the gradients. Returns 0 if they do not.
-static int steps_match(const StepList *a, const StepList *next) {
-    int pp = a->pp, vpp = a->vpp, sf = 0, rf = 0, sb = 0, rb = 0;
-    int *out = (int *)calloc_check(2 * (size_t)a->n_total + 2, sizeof(int)), *in = out + a->n_total + 1;
-    for (int i = 0; i < a->n; i++) { if (a->s[i].send_fwd) { out[sf++] = a->s[i].fwd; } }
-    for (int i = 0; i < next->n; i++) { if (next->s[i].recv_fwd >= 0) { in[rf++] = next->s[i].recv_fwd; } }
-    int ok = sf == rf;
-    for (int i = 0; ok && i < sf; i++) {
-        int wrap = a->rank == pp - 1;
-        ok = schedule_micro(out[i], pp, vpp) == schedule_micro(in[i], pp, vpp) &&
-             schedule_chunk(out[i], pp, vpp, 1) + wrap == schedule_chunk(in[i], pp, vpp, 1);
+// One message of an exchange: sent (1) or received (0), an activation (grad 0: forward k's output) or a
+// gradient (grad 1: backward k's input gradient), and the peer. A step's messages in the order pipe_exchange
+// posts them (comm_p2p then posts its receives first, then its sends, each kind of post in this order).
+typedef struct { int send, grad, k, peer; } PipeMsg;
+static int pipe_step_messages(const PipeStep *st, int pp, int rank, PipeMsg out[4]) {
+    int next = (rank + 1) % pp, prev = (rank + pp - 1) % pp, n = 0;
+    if (st->send_fwd) { out[n++] = (PipeMsg){1, 0, st->fwd, next}; }
+    if (st->send_bwd) { out[n++] = (PipeMsg){1, 1, st->bwd, prev}; }
+    if (st->recv_fwd >= 0) { out[n++] = (PipeMsg){0, 0, st->recv_fwd, prev}; }
+    if (st->recv_bwd >= 0) { out[n++] = (PipeMsg){0, 1, st->recv_bwd, next}; }
+    return n;
+}
+
+// Messages between two ranks carry no tag: the i-th message rank a posts to rank b is the i-th that b posts
+// to receive from a, whatever its kind (comm.h). So a's sends to b, in posting order over the whole step, must
+// be b's receives from a, in order: the same kind, the same micro-batch, and the chunk that follows (an
+// activation crossing from rank pp-1 to rank 0 enters the next chunk; a gradient crossing back, the one
+// before). With pp 2 both kinds go each way, so this also fixes the order between them. Returns 0 if not.
+static int steps_match(const StepList *a, const StepList *b) {
+    int pp = a->pp, vpp = a->vpp, ns = 0, nr = 0, ok = 1;
+    PipeMsg *sent = (PipeMsg *)malloc_check(sizeof(PipeMsg) * (4 * (size_t)(a->n + b->n) + 1)), *got = sent + 4 * a->n;
+    PipeMsg msg[4];
+    for (int i = 0; i < a->n; i++) {
+        int n = pipe_step_messages(&a->s[i], pp, a->rank, msg);
+        for (int j = 0; j < n; j++) { if (msg[j].send && msg[j].peer == b->rank) { sent[ns++] = msg[j]; } }
     }
-    for (int i = 0; i < next->n; i++) { if (next->s[i].send_bwd) { out[sb++] = next->s[i].bwd; } }
-    for (int i = 0; i < a->n; i++) { if (a->s[i].recv_bwd >= 0) { in[rb++] = a->s[i].recv_bwd; } }
-    ok = ok && sb == rb;
-    for (int i = 0; ok && i < sb; i++) {
-        int wrap = next->rank == 0;
-        ok = schedule_micro(out[i], pp, vpp) == schedule_micro(in[i], pp, vpp) &&
-             schedule_chunk(out[i], pp, vpp, 0) - wrap == schedule_chunk(in[i], pp, vpp, 0);
+    for (int i = 0; i < b->n; i++) {
+        int n = pipe_step_messages(&b->s[i], pp, b->rank, msg);
+        for (int j = 0; j < n; j++) { if (!msg[j].send && msg[j].peer == a->rank) { got[nr++] = msg[j]; } }
     }
-    free(out);
+    ok = ns == nr;
+    for (int i = 0; ok && i < ns; i++) {
+        const PipeMsg *x = &sent[i], *y = &got[i];
+        int fwd = !x->grad, wrap = fwd ? a->rank == pp - 1 : a->rank == 0;
+        ok = x->grad == y->grad && schedule_micro(x->k, pp, vpp) == schedule_micro(y->k, pp, vpp) &&
+             schedule_chunk(x->k, pp, vpp, fwd) + (fwd ? wrap : -wrap) == schedule_chunk(y->k, pp, vpp, fwd);
+    }
+    free(sent);
     return ok;
 }
 
@@ -342,7 +357,8 @@ static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int vpp, in
     p->steps = pipeline_steps(schedule, pp, vpp, rank, m, 0);
     StepList prev = pipeline_steps(schedule, pp, vpp, (rank + pp - 1) % pp, m, 0);
     StepList next = pipeline_steps(schedule, pp, vpp, (rank + 1) % pp, m, 0);
-    if (pp > 1 && (!steps_match(&p->steps, &next) || !steps_match(&prev, &p->steps))) {
+    if (pp > 1 && (!steps_match(&p->steps, &next) || !steps_match(&next, &p->steps) || !steps_match(&prev, &p->steps) ||
+                   !steps_match(&p->steps, &prev))) {
         fail("the %s schedule's exchanges do not pair up (pp %d, vpp %d, m %d): a bug",
              schedule == SCHEDULE_INTERLEAVED ? "interleaved" : "pipeline",
              pp, vpp, m);
@@ -394,7 +410,7 @@ static void pipeline_free(Pipeline *p) {
 // One exchange with the neighbours (the step's sends and receives, all started together). The next
 // stage of chunk v is the next rank's chunk v, but after rank pp-1: rank 0's chunk v+1 (interleaved).
 static void pipe_exchange(Pipeline *p, const PipeStep *st) {
-    int pp = p->pp->size, next = (p->pp->rank + 1) % pp, prev = (p->pp->rank + pp - 1) % pp;
+    int pp = p->pp->size;
     if (pp == 1 || (!st->send_fwd && !st->send_bwd && st->recv_fwd < 0 && st->recv_bwd < 0)) { return; }
     trace_begin();
     // this rank's slice
@@ -402,31 +418,28 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st) {
     if (p->time_waits) { device_synchronize(); }   // the compute before is not waiting
     double t0 = wall_seconds();
     for (int i = 0; i < 2; i++) { comm_wait(&p->sending[i]); }   // the previous exchange's sends
+    PipeMsg msg[4];
     P2POp ops[4];
-    int n = 0;
+    int n = pipe_step_messages(st, pp, p->pp->rank, msg);   // (the order steps_match checked at set-up)
     floatX *got[2] = {NULL, NULL};
-    if (st->send_fwd) {
-        floatX *out = p->resid[pipe_slot(p, st->fwd, 1)] + (size_t)p->chunk_len[schedule_chunk(st->fwd, pp, p->vpp,
-                1)] * p->n;
-        ops[n++] = (P2POp){1, out + off, k, next};
-    }
-    if (st->send_bwd) {
-        floatX *g = p->grad;
-        if (p->grad_send) {   // the next backward writes grad while this is in flight
-            copy_on_device(p->grad_send + off, g + off, k * sizeof(floatX));
-            g = p->grad_send;
+    for (int j = 0; j < n; j++) {
+        floatX *buf;
+        if (msg[j].send && !msg[j].grad) {          // forward k's output
+            buf = p->resid[pipe_slot(p, st->fwd, 1)] + (size_t)p->chunk_len[schedule_chunk(st->fwd, pp, p->vpp, 1)] * p->n;
+        } else if (msg[j].send) {                   // the gradient of backward k's input
+            buf = p->grad;
+            if (p->grad_send) {   // the next backward writes grad while this is in flight
+                copy_on_device(p->grad_send + off, buf + off, k * sizeof(floatX));
+                buf = p->grad_send;
+            }
+        } else if (!msg[j].grad) {                  // forward k's input, into a slot of its own
+            slot_take(p, st->recv_fwd);
+            buf = got[0] = p->resid[pipe_slot(p, st->recv_fwd, 1)];
+        } else {                                    // backward k's output gradient
+            buf = got[1] = p->grad_recv;
+            p->grad_held = st->recv_bwd;
         }
-        ops[n++] = (P2POp){1, g + off, k, prev};
-    }
-    if (st->recv_fwd >= 0) {
-        slot_take(p, st->recv_fwd);
-        got[0] = p->resid[pipe_slot(p, st->recv_fwd, 1)];
-        ops[n++] = (P2POp){0, got[0] + off, k, prev};
-    }
-    if (st->recv_bwd >= 0) {
-        got[1] = p->grad_recv;
-        p->grad_held = st->recv_bwd;
-        ops[n++] = (P2POp){0, got[1] + off, k, next};
+        ops[j] = (P2POp){msg[j].send, buf + off, k, msg[j].peer};
     }
     comm_p2p(p->pp, ops, n, DT_FLOATX, p->overlap ? p->sending : NULL, NULL);
     for (int i = 0; i < 2; i++) {

@@ -114,6 +114,7 @@ run_test 1 --ref $T -b 8 --ce-chunk 7                      # ragged last chunk
 run_test 1 --ref $T -b 4 --check-resume "$TMP/resume1"
 run_test 1 --ref $D -b 4 --check-memory
 run_test 1 --ref $T --check-attention                      # the CPU attention through BLAS = its plain loops (T 1, ragged tiles, ring blocks)
+run_test 1 --ref $T --check-schedules                      # every schedule's messages pair up with its neighbours' in posting order
 
 if [ -x build/cpu-nompi/test_gpt ]; then    # the NO_MPI=1 build: one process, no MPI at all
     echo "== single process without MPI (NO_MPI=1)"
