@@ -7,7 +7,7 @@
 # (the mean over the layers, and the worst layer), the dropped fraction there, and the final validation loss.
 # A benchmark, not a test: its numbers go to dev/notes/moe.md.
 # Usage: bash dev/bench/bench_moe_balance.sh [STEPS (default 300)] [RATE (default 0.01)] [THREADS (default 2)]
-#        (WAYS="bias only,both" runs just those)
+#        (WAYS="bias only,both" runs just those; SCORE=sigmoid: sigmoid router scores, z-loss 0)
 set -eu
 cd "$(dirname "$0")/../.."
 STEPS=${1:-300}
@@ -24,11 +24,12 @@ Vp=$(( (V + 127) / 128 * 128 ))
 
 for seed in 1337 1338; do   # the skewed initial model (the reference writes it, then trains 2 steps: cheap)
     /usr/bin/python3 dev/reference/gpt2_ref.py --config tiny --L 4 --C 128 --NH 4 --V $V --Vp $Vp --maxT 64 --T 64 \
-        --R 1 --nsteps 2 --warmup 1 --E 8 --k 2 --skew --min_margin 0 --seed $seed --out "$W/init$seed" >/dev/null
+        --R 1 --nsteps 2 --warmup 1 --E 8 --k 2 --skew --min_margin 0 --seed $seed --score ${SCORE:-softmax} \
+        $([ "${SCORE:-softmax}" = sigmoid ] && echo --z_coeff 0) --out "$W/init$seed" >/dev/null
 done
 ways=("neither:--aux-coeff 0" "aux only:--aux-coeff 0.01" "bias only:--aux-coeff 0 --moe-bias-rate $RATE"
       "both:--aux-coeff 0.01 --moe-bias-rate $RATE")
-echo "E 8 top-2 F 1.25, L4 C128, $STEPS steps of 8x64 tokens, skewed router init; bias rate $RATE; $THREADS threads"
+echo "E 8 top-2 F 1.25, ${SCORE:-softmax} scores, L4 C128, $STEPS steps of 8x64 tokens, skewed router init; bias rate $RATE; $THREADS threads"
 printf "%-10s %-26s %-12s %-10s %s\n" way "max/mean (mean, worst)" dropped "val loss" "(each seed: max/mean mean, val)"
 for w in "${ways[@]}"; do
     name=${w%%:*}; flags=${w#*:}
