@@ -66,7 +66,6 @@ typedef struct {
     int *load;               // device (nlayers, E): the step's top-k assignments per expert, before drops (this
                              // rank's tokens; the same on every tp rank)
     int *load_all;           // device (nlayers, E), --moe-bias-rate: load summed over the dp x cp ranks
-
     int cap;                 // assignments an expert keeps per whole sequence, now (sampling: dropless)
     int padded;              // the padded dispatch (a capacity), now (sampling: counted); P = B cap rows a slot
     size_t rows_send, rows_recv;   // Rs, Rr: rows of the dispatch buffers
