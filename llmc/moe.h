@@ -281,7 +281,7 @@ static void moe_rows_cpu(int *row, const int *choice, const int *keep, const int
 #ifdef USE_CUDA
 __host__ __device__
 #endif
-static inline void moe_kept_add_cpu(int *kept, const int *counts, int E) {
+static inline void moe_kept_add_body(int *kept, const int *counts, int E) {
     for (int e = 0; e < E; e++) { *kept += counts[e]; }
 }
 
@@ -712,14 +712,14 @@ static void moe_rows(int *row, const int *choice, const int *keep, const int *of
 
 // kept (1, device) += the sum of counts (E, device): one thread, E additions
 #ifdef USE_CUDA
-__global__ void moe_kept_add_kernel(int *kept, const int *counts, int E) { moe_kept_add_cpu(kept, counts, E); }
+__global__ void moe_kept_add_kernel(int *kept, const int *counts, int E) { moe_kept_add_body(kept, counts, E); }
 #endif
 static void moe_kept_add(int *kept, const int *counts, int E) {
 #ifdef USE_CUDA
     moe_kept_add_kernel<<<1, 1, 0, main_stream>>>(kept, counts, E);
     cudaCheckLaunch();
 #else
-    moe_kept_add_cpu(kept, counts, E);
+    moe_kept_add_body(kept, counts, E);
 #endif
 }
 
