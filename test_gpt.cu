@@ -46,12 +46,13 @@ Prints one line per check and closes with "N passed, N failed" (rank 0, summed o
 //    is compared; others may flip. The references' data seeds give every decision of their 10 steps a
 //    margin >= 1e-6 (gpt2_ref.py --min_margin, 25x), so losses and gradients compare without exclusions.
 //  - DROP: the dropped fraction is a ratio of counts: equal when the masks are (1e-6: the printing).
-// bf16 (GPU; u = 2^-8 = 3.9e-3 per stored activation, fp32 accumulation): a gradient passes ~10 bf16
-// roundings per layer, ~10 sqrt(L) u ~ 5e-2 relative; ATOL 1e-2 covers cancelling sums of O(0.1) terms.
+// bf16 (GPU; u = 2^-8 = 3.9e-3 per stored activation, fp32 accumulation): the gradients compare per
+// block (BF16_BLOCK_RTOL below, with its derivation); a loss or norm passes ~10 bf16 roundings per layer,
+// ~10 sqrt(L) u ~ 5e-2 relative at most.
 // Router inputs are bf16: p differs by ~p(1 - p) sqrt(C) u 0.02 ~ 1.5e-4 (an H200 flipped decisions up
 // to a margin of 3.9e-4): decisions compare above 5e-3.
 #if defined(USE_CUDA) && !defined(ENABLE_FP32)
-static const float GRAD_ATOL = 1e-2f, GRAD_RTOL = 5e-2f;   // |g - ref| <= ATOL + RTOL |ref|, per element
+#define BF16_GRADS 1   // compare_grads: the per-block bf16 tolerances
 // |loss - ref| <= LOSS_TOL |ref|, per step (also MoE aux, z)
 static const float LOSS_TOL = 5e-2f;
 static const float NORM_RTOL = 5e-2f;
@@ -65,6 +66,21 @@ static const float NORM_RTOL = 1e-5f;
 static const float ROUTE_MARGIN = 1e-5f;
 #endif
 static const double DROP_TOL = 1e-6;       // MoE: dropped fraction
+// bf16 gradients, per block (a layer's slice of a tensor, cut into q, k, v for qkv, one per expert: the
+// pieces of one scale). An element's error is the sum of the effects of the bf16 roundings on its path
+// (each stored activation and its gradient: ~7 per layer each way, so ~14 L + 2 for the first layer's
+// tensors), each uniform in +-u/2 relative, rms u/(2 sqrt 3) = 1.1e-3, independent: sqrt(14 L + 2) 1.1e-3
+// = 8.2e-3 at L 4, the norm-wise relative error of a block; 5e-2 leaves 6x for the amplification by
+// cancelling sums (a residual branch small against the stream it joins; LayerNorm's backward subtracting
+// means). A wrong block (zeroed, scaled, another's) is off by O(1) of its norm. The error's rms over the
+// elements a rank owns of a block <= BF16_BLOCK_RTOL x the block's rms (the whole block's, from the full
+// reference: a ZeRO shard's sliver of a block is held to the block's scale). Elements: |g - ref| <= |ref|
+// + the block's rms (no element off by more than the gradient's typical size: garbage, not rounding). A
+// block whose reference rms is below 2^-16 of its layer's (all blocks) is an exact zero computed in fp32
+// (the key bias: the loss does not depend on it) and takes the layer's rms. The PyTorch emulation of a
+// bf16 step (dev/reference/bf16_grads.py, every activation and gradient rounded) must pass:
+// test_gpt --check-tolerance.
+static const double BF16_BLOCK_RTOL = 5e-2;
 
 static int n_passed = 0, n_failed = 0;
 static int my_rank = 0;
@@ -268,17 +284,116 @@ static long compare_routing(GPT2 *m, const RefMoE *r, const int *log, int accum)
 }
 
 
+// The gradient's blocks (BF16_BLOCK_RTOL): tensor id's layer slices of nblk (rows, cols) blocks, numbered
+// in file order. For the full reference: each block's tensor and rms, and per element (full layout, as
+// floats so that unit_copy_full can cut them) its block's number.
+typedef struct { int nblocks; int *tensor; float *rms; float *number; } GradBlocks;
+typedef struct { double err2, worst_elem; long n, bad_elems; } BlockError;   // over the elements a rank checks
+
+static double rms_of(const float *x, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) { s += (double)x[i] * x[i]; }
+    return n ? sqrt(s / n) : 0;
+}
+
+static void grad_blocks_init(const GPT2Config *c, const float *ref_all, GradBlocks *gb) {
+    gb->nblocks = 0;
+    for (int id = 0; id < NUM_TENSORS; id++) {
+        TensorSpec s = tensor_spec(c, id);
+        gb->nblocks += (s.layers < 0 ? 1 : s.layers) * s.nblk;
+    }
+    gb->tensor = (int *)malloc_check(gb->nblocks * sizeof(int));
+    gb->rms = (float *)malloc_check(gb->nblocks * sizeof(float));
+    gb->number = (float *)malloc_check(num_parameters(c) * sizeof(float));
+    size_t off = 0;
+    int b = 0;
+    for (int id = 0; id < NUM_TENSORS; id++) {
+        TensorSpec s = tensor_spec(c, id);
+        size_t bs = s.rows * s.cols;
+        for (int l = 0; l < (s.layers < 0 ? 1 : s.layers); l++, off += s.nblk * bs) {
+            double layer_rms = rms_of(ref_all + off, s.nblk * bs);
+            for (int k = 0; k < s.nblk; k++, b++) {
+                double r = rms_of(ref_all + off + k * bs, bs);
+                gb->tensor[b] = id;
+                gb->rms[b] = (float)(r < ldexp(layer_rms, -16) ? layer_rms : r);   // an exact zero: the layer's
+                for (size_t i = 0; i < bs; i++) { gb->number[off + k * bs + i] = (float)b; }
+            }
+        }
+    }
+}
+
+static void grad_blocks_free(GradBlocks *gb) { free(gb->tensor); free(gb->rms); free(gb->number); }
+
+// (elem: the element bound's multiple of the block rms: 1, more with routing flips, see compare_grads)
+static void block_error_add(BlockError *e, float g, float r, float rms, double elem) {
+    double d = fabs((double)g - r);
+    e->err2 += d * d;
+    e->n++;
+    if (!(d <= fabs(r) + elem * rms)) { e->bad_elems++; }
+    double ratio = d != d ? INFINITY : d / (fabs(r) + rms);
+    if (ratio > e->worst_elem) { e->worst_elem = ratio; }
+}
+
+// A block's error rms over its rms (the error of an exact-zero block against a zero rms: 0 or infinite).
+static double block_ratio(const GradBlocks *gb, const BlockError *e, int b) {
+    if (e[b].n == 0) { return 0; }
+    return gb->rms[b] > 0 ? sqrt(e[b].err2 / e[b].n) / gb->rms[b] : (e[b].err2 > 0 ? INFINITY : 0);
+}
+
+// Per tensor: the blocks whose error rms exceeds BF16_BLOCK_RTOL x their rms, and the elements over their
+// bound. Returns the number of tensors that fail; checks them when `report`.
+static int block_errors_report(const GradBlocks *gb, const BlockError *e, double rtol, int report) {
+    int failed = 0;
+    for (int id = 0; id < NUM_TENSORS; id++) {
+        long blocks = 0, bad_blocks = 0, elems = 0, bad_elems = 0;
+        double worst = 0, worst_elem = 0;
+        for (int b = 0; b < gb->nblocks; b++) {
+            if (gb->tensor[b] != id || e[b].n == 0) { continue; }
+            double ratio = block_ratio(gb, e, b);
+            blocks++;
+            bad_blocks += !(ratio <= rtol);
+            elems += e[b].n;
+            bad_elems += e[b].bad_elems;
+            if (!(ratio <= worst)) { worst = ratio; }
+            if (!(e[b].worst_elem <= worst_elem)) { worst_elem = e[b].worst_elem; }
+        }
+        if (blocks == 0) { continue; }
+        int ok = bad_blocks == 0 && bad_elems == 0;
+        failed += !ok;
+        if (report) {
+            check(ok, "grad %-8s: %ld blocks, %ld with an error rms > %.1e x the block's rms (worst %.4f); %ld elements, %ld "
+                  "with |g-ref| > |ref| + block rms (worst %.3f of it)",
+                  tensor_names[id], blocks, bad_blocks, rtol, worst, elems, bad_elems, worst_elem);
+        }
+    }
+    return failed;
+}
+
 // Compares the owned, reduced gradient of every unit against the same range cut from the full
 // reference gradients, per element: |g - ref| <= GRAD_ATOL + GRAD_RTOL |ref|, reported per tensor.
+// bf16 builds: per block (BF16_BLOCK_RTOL). There a MoE token may route otherwise (its margin below
+// ROUTE_MARGIN): F such tokens over the Lm R T (layer, token) pairs change an expert's gradient by F's
+// share of its ~k R T / E tokens' terms and every block upstream by less: a relative rms of ~sqrt(2 F /
+// (Lm R T)) spread evenly; the block bound gets twice that on top, the element bound the same factor.
 // (Parameters after the AdamW steps are not compared element-wise: an element whose gradient is
 // rounding noise, e.g. the key biases, whose exact gradient is 0, moves by +-lr whatever the noise;
 // the step losses are the check of the optimizer.)
-static void compare_grads(GPT2 *m, float *ref_all) {
+static void compare_grads(GPT2 *m, float *ref_all, double flipped_share) {
     const GPT2Config *c = &m->config;
     float *ref[NUM_TENSORS];
     split_tensors(c, ref_all, ref);
+#ifndef BF16_GRADS
+    (void)flipped_share;
     double worst[NUM_TENSORS] = {0};
     long bad[NUM_TENSORS] = {0}, checked[NUM_TENSORS] = {0};
+#else
+    GradBlocks gb;
+    grad_blocks_init(c, ref_all, &gb);
+    BlockError *berr = (BlockError *)calloc_check(gb.nblocks, sizeof(BlockError));
+    double rtol = BF16_BLOCK_RTOL + 2.0 * sqrt(2.0 * flipped_share);
+    float *numbers[NUM_TENSORS];
+    split_tensors(c, gb.number, numbers);
+#endif
     for (int u = 0; u < m->nunits; u++) {
         const Unit *U = &m->units[u];
         float *ref_unit = (float *)malloc_check(U->size * sizeof(float));
@@ -286,26 +401,113 @@ static void compare_grads(GPT2 *m, float *ref_all) {
         float *mine = (float *)malloc_check(U->size * sizeof(float));
         size_t start, len;
         zero_get_owned_grads(&m->zero, u, mine, &start, &len);
+#ifdef BF16_GRADS
+        float *number_unit = (float *)malloc_check(U->size * sizeof(float));
+        unit_copy_full(c, U, numbers, number_unit, m->grid->tp, m->grid->tp_rank, 1);
+#endif
         for (int k = 0; k < U->ntensors; k++) {
             const UnitTensor *t = &U->t[k];
             size_t a = t->offset > start ? t->offset : start;
             size_t b = t->offset + t->size < start + len ? t->offset + t->size : start + len;
             for (size_t i = a; i < b; i++) {
                 float g = mine[i - start], r = ref_unit[i];
+#ifdef BF16_GRADS
+                int nb = (int)number_unit[i];
+                block_error_add(&berr[nb], g, r, gb.rms[nb], rtol / BF16_BLOCK_RTOL);
+#else
                 double err = fabs((double)g - r), lim = GRAD_ATOL + GRAD_RTOL * fabs(r);
                 if (!(err <= lim)) { bad[t->id]++; }
                 if (err - lim > worst[t->id] || err != err) { worst[t->id] = err != err ? INFINITY : err - lim; }
                 checked[t->id]++;
+#endif
             }
         }
         free(ref_unit);
         free(mine);
+#ifdef BF16_GRADS
+        free(number_unit);
+#endif
     }
+#ifdef BF16_GRADS
+    block_errors_report(&gb, berr, rtol, 1);
+    free(berr);
+    grad_blocks_free(&gb);
+#else
     for (int i = 0; i < NUM_TENSORS; i++) {
         if (checked[i] == 0) { continue; }
         check(bad[i] == 0, "grad %-8s: %ld owned elements, %ld outside |g-ref| <= %.0e + %.0e|ref| (worst excess %.3e)",
               tensor_names[i], checked[i], bad[i], GRAD_ATOL, GRAD_RTOL, worst[i]);
     }
+#endif
+}
+
+// --check-tolerance [--bf16-grads FILE]: the bf16 gradient tolerances (BF16_BLOCK_RTOL) applied to the full
+// reference gradients, in any build. They pass the reference rounded to bf16 and a bf16 step emulated in
+// PyTorch (FILE, from dev/reference/bf16_grads.py); they fail it with the q and k rows of qkvw zeroed (an
+// attention backward that loses dq and dk: the per-element 1e-2 + 5e-2|ref| they replace passed that) in
+// exactly those blocks, and with the whole qkv gradient zero.
+static BlockError *block_errors(const GradBlocks *gb, const float *g, const float *ref, size_t n) {
+    BlockError *e = (BlockError *)calloc_check(gb->nblocks, sizeof(BlockError));
+    for (size_t i = 0; i < n; i++) {
+        int b = (int)gb->number[i];
+        block_error_add(&e[b], g[i], ref[i], gb->rms[b], 1.0);
+    }
+    return e;
+}
+
+static long old_tolerance_misses(const float *g, const float *ref, size_t n) {   // 1e-2 + 5e-2|ref|
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) { bad += !(fabs((double)g[i] - ref[i]) <= 1e-2 + 5e-2 * fabs(ref[i])); }
+    return bad;
+}
+
+static void check_zeroed_qkv(const GPT2Config *c, const GradBlocks *gb, const float *ref, float *g, int rows_zeroed) {
+    size_t P = num_parameters(c), C = c->channels;
+    float *t[NUM_TENSORS];
+    memcpy(g, ref, P * sizeof(float));
+    split_tensors(c, g, t);
+    for (int l = 0; l < c->num_layers; l++) { memset(t[T_QKVW] + l * 3 * C * C, 0, rows_zeroed * C * C * sizeof(float)); }
+    const float *ref_qkv = ref + (t[T_QKVW] - g);
+    BlockError *e = block_errors(gb, g, ref, P);
+    int flagged_zeroed = 0, flagged_other = 0, qkv_blocks = 0;
+    for (int b = 0; b < gb->nblocks; b++) {
+        int zeroed = gb->tensor[b] == T_QKVW && qkv_blocks++ % 3 < rows_zeroed;
+        int flagged = !(block_ratio(gb, e, b) <= BF16_BLOCK_RTOL);
+        if (zeroed) { flagged_zeroed += flagged; } else { flagged_other += flagged; }
+    }
+    check(flagged_zeroed == rows_zeroed * c->num_layers && flagged_other == 0,
+          "bf16 tolerances, qkvw's first %d C rows zeroed in each layer: %d of the %d blocks zeroed fail, %d others "
+          "(the per-element 1e-2 + 5e-2|ref| flags %ld of %zu elements)",
+          rows_zeroed, flagged_zeroed, rows_zeroed * c->num_layers, flagged_other,
+          old_tolerance_misses(t[T_QKVW], ref_qkv, tensor_full_size(c, T_QKVW)), tensor_full_size(c, T_QKVW));
+    free(e);
+}
+
+static void check_tolerance(const GPT2Config *c, const float *ref, const char *emulated_path) {
+    size_t P = num_parameters(c);
+    GradBlocks gb;
+    grad_blocks_init(c, ref, &gb);
+    float *g = (float *)malloc_check(P * sizeof(float));
+    for (size_t i = 0; i < P; i++) { g[i] = bf16_to_float(float_to_bf16(ref[i])); }
+    BlockError *e = block_errors(&gb, g, ref, P);
+    check(block_errors_report(&gb, e, BF16_BLOCK_RTOL, 0) == 0, "bf16 tolerances: the reference gradients rounded to bf16 pass (%d blocks)",
+          gb.nblocks);
+    free(e);
+    if (emulated_path) {
+        FILE *f = fopen_check(emulated_path, "rb");
+        if (fread(g, sizeof(float), P, f) != P || fgetc(f) != EOF) {
+            fail_all(my_rank, "--bf16-grads %s: expected %zu fp32 gradients (dev/reference/bf16_grads.py)", emulated_path, P);
+        }
+        fclose(f);
+        if (my_rank == 0) { printf("bf16 tolerances on a bf16 step emulated in PyTorch (%s):\n", emulated_path); }
+        e = block_errors(&gb, g, ref, P);
+        block_errors_report(&gb, e, BF16_BLOCK_RTOL, 1);
+        free(e);
+    }
+    check_zeroed_qkv(c, &gb, ref, g, 2);   // q and k: a lost dq, dk
+    check_zeroed_qkv(c, &gb, ref, g, 3);   // the whole qkv gradient
+    free(g);
+    grad_blocks_free(&gb);
 }
 
 // Memory report vs the formulas (X bytes per floatX). P is the number of this rank's (its pipeline
@@ -1004,6 +1206,7 @@ static StepResult check_step(TestRun *t, GPT2 *m, DataLoader *dl, const RefState
     check(fabs(loss - ref->loss0) <= LOSS_TOL * fabs(ref->loss0), "step %d: loss %.6f, %s %.6f", step, loss, what,
           ref->loss0);
     *ep_rows = 0;
+    double flipped_share = 0;   // MoE: the share of (layer, token) pairs routed otherwise than the reference
     if (c->num_experts > 0) {
         double aux, z, dropped;
         gpt2_moe_stats(m, accum, &aux, &z, &dropped);
@@ -1019,7 +1222,8 @@ static StepResult check_step(TestRun *t, GPT2 *m, DataLoader *dl, const RefState
             double flips = (double)compare_routing(m, rmoe, log, accum);
             MPI_Allreduce(MPI_IN_PLACE, &flips, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
             flips /= t->grid.tp;
-            double drop_tol = DROP_TOL + 2.0 * flips / ((double)rmoe->Lm * rmoe->R * rmoe->T);
+            flipped_share = flips / ((double)rmoe->Lm * rmoe->R * rmoe->T);
+            double drop_tol = DROP_TOL + 2.0 * flipped_share;
             check(fabs(dropped - rmoe->dropped0) <= drop_tol,
                   "step %d: MoE dropped fraction %.6f, %s %.6f (%.0f tokens routed otherwise: tolerance %.1e)",
                   step, dropped, what, rmoe->dropped0, flips, drop_tol);
@@ -1027,7 +1231,7 @@ static StepResult check_step(TestRun *t, GPT2 *m, DataLoader *dl, const RefState
         *ep_rows = ep_rows_moved(m, log, accum);
     }
     free(log);
-    compare_grads(m, ref->grads);
+    compare_grads(m, ref->grads, flipped_share);
     StepResult r = gpt2_update(m, &t->opt, lr_at(&t->sched, step), step);
     // the same sums divided in another order (fp64, then rounded to float): within 2 float ulps
     check(fabsf(r.loss - loss) <= ldexpf(fabsf(loss), -22),
@@ -1474,7 +1678,8 @@ static void check_resume_from(TestRun *t, const char *dir, const char *mutation)
 // test_gpt's own flags (the rest are train_gpt's, left in rest).
 typedef struct {
     const char *ref_dir, *resume_dir, *resume_from, *mutation;
-    int check_mem, check_comm, check_layer, check_attention, check_schedules, bad_rank;
+    const char *bf16_grads;
+    int check_mem, check_comm, check_layer, check_attention, check_schedules, check_tolerance, bad_rank;
 } TestFlags;
 
 static int parse_test_flags(int argc, char **argv, TestFlags *f, char **rest) {
@@ -1492,6 +1697,8 @@ static int parse_test_flags(int argc, char **argv, TestFlags *f, char **rest) {
         else if (!strcmp(argv[i], "--check-comm-layer")) { f->check_layer = 1; }
         else if (!strcmp(argv[i], "--check-attention")) { f->check_attention = 1; }
         else if (!strcmp(argv[i], "--check-schedules")) { f->check_schedules = 1; }
+        else if (!strcmp(argv[i], "--check-tolerance")) { f->check_tolerance = 1; }
+        else if (!strcmp(argv[i], "--bf16-grads") && i + 1 < argc) { f->bf16_grads = argv[++i]; }
         else if (!strcmp(argv[i], "--bad-file-on-rank") && i + 1 < argc) { f->bad_rank = atoi(argv[++i]); }
         else { rest[nrest++] = argv[i]; }
     }
@@ -1617,6 +1824,9 @@ int main(int argc, char **argv) {
     } else if (f.check_attention) {   // the CPU attention through BLAS against its loops, on every rank
         grid_init(&t.grid, 1, 1, 1, 1);
         check_attention();
+    } else if (f.check_tolerance) {   // the bf16 gradient tolerances on the reference (host code, any rank)
+        grid_init(&t.grid, 1, 1, 1, 1);
+        check_tolerance(&ref_config, t.ref.grads, f.bf16_grads);
     } else if (f.check_schedules) {   // the pipeline schedules' message order (host logic, any rank)
         grid_init(&t.grid, 1, 1, 1, 1);
         if (my_rank == 0) { check_schedules(); }

@@ -467,6 +467,13 @@ static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *g, cons
     m->recompute = o->recompute;
     m->zero.prefetch = o->overlap;
     gpt2_alloc_activations(m, o->B, o->T, o->ce_chunk, o->accum, o->schedule, o->moe_dropless);
+    if (!mem_planning) {   // what the steps use beside the model (a plan counts them itself: gpt2_plan)
+#ifdef USE_CUDA
+        matmul_setup();
+#endif
+        if (g->cp == 1 && m->Ls > 0) { attention_setup(o->T, m->Cl, m->NHl); }
+        m->step_tokens = (int *)host_alloc_pinned(sizeof(int) * 2 * o->accum * m->BT);
+    }
     m->loss_limit = 2.0f * logf((float)c->vocab_size);   // the fixed bound; the run adds -sl / -sg's
     m->norm_limit = INFINITY;
 }
@@ -810,10 +817,6 @@ static void gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     if (accum != m->pipe.steps.n_total / m->vpp) {
         fail("%d micro-batches, the schedule was made for %d: a bug", accum, m->pipe.steps.n_total / m->vpp);
     }
-    // once: accum is the schedule's
-    if (m->step_tokens == NULL) {
-        m->step_tokens = (int *)host_alloc_pinned(sizeof(int) * 2 * accum * m->BT);
-    }
     device_synchronize();   // the previous step's uploads have read the buffer (the step ended with a wait: free here)
     TrainStep s = {m, accum, m->step_tokens, m->step_tokens + (size_t)accum * m->BT,
                    1.0f / ((float)m->BT * accum * ranks)};
@@ -1125,9 +1128,9 @@ static int load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *r
 // the memory plan (plan.h): the model's own set-up with the allocator only counting (alloc.h), on a grid
 // without communicators (grid_plan): no weights, no device, one process
 
-// Rank `rank` of a world of `world` ranks: what gpt2_init allocates, then what
-// the run allocates later: gpt2_sample's logits row (the last stage, when sampling) and, on CUDA, the
-// cuBLAS workspaces of the first GEMM and of the first attention (the cuBLAS path's; flash has none; without cp).
+// Rank `rank` of a world of `world` ranks: what gpt2_init allocates for the model, then what set-up allocates
+// beside it: the sampler's logits row (the last stage, when sampling) and, on CUDA, the cuBLASLt workspace and
+// the attention's (the cuBLAS path's; flash has none; without cp), which gpt2_init allocates only in a run.
 static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int world, int rank, PlanBuild b) {
     mem_plan_begin(b.floatx);
     Grid g;
@@ -1682,6 +1685,7 @@ static void run_setup(Run *r) {
     r->saved = -1;
     r->model.moe.time_a2a = a->comm_report && r->config.num_experts > 0;
     r->model.pipe.time_waits = a->comm_report || a->trace_dir != NULL;
+    mem_setup_done();   // from here no buffer is allocated or freed (alloc.h)
 }
 
 // The validation loss over -m batches of the val set (-1: all of them) with the model of `step`.
@@ -1705,6 +1709,7 @@ static void run_step(Run *r, int step) {
     GPT2 *m = &r->model;
     if (r->have_val && a->val_every > 0 && step % a->val_every == 0) { run_validate(r, step); }
     if (a->sample_every > 0 && step > 0 && step % a->sample_every == 0) { run_sample(r); }
+    if (test_hook_alloc_at_step(step)) { mem_alloc(256, MEM_WORKSPACE); }
     comm_reset_counters(&r->grid);
     m->pipe.wait_seconds = m->moe.a2a_seconds = 0.0;
     trace_begin();

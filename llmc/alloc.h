@@ -37,13 +37,14 @@ static void *mem_alloc(size_t bytes, MemCategory cat) {
         mem_plan_next += 256;
         p = (void *)mem_plan_next;
     } else {
+    if (device_setup_done) { fail_after_setup("a device allocation", bytes, mem_category_names[cat]); }
     mem_allocations++;
 #ifdef USE_CUDA
     cudaError_t err = cudaMalloc(&p, bytes);
     if (err != cudaSuccess) {
         fail("out of device memory allocating %zu bytes for %s", bytes, mem_category_names[cat]);
     }
-    cudaCheck(cudaMemset(p, 0, bytes));
+    cudaCheck(cudaMemsetAsync(p, 0, bytes, main_stream));   // (ordered before any use: mem_setup_done waits)
 #else
     p = calloc(1, bytes);
     if (p == NULL) { fail("out of memory allocating %zu bytes for %s", bytes, mem_category_names[cat]); }
@@ -67,6 +68,7 @@ static void mem_free(void *p) {
         if (mem_blocks[i].ptr == p) {
             mem_current[mem_blocks[i].cat] -= mem_blocks[i].bytes;
             mem_current_total -= mem_blocks[i].bytes;
+            if (device_setup_done && !mem_planning) { fail_after_setup("a device free", mem_blocks[i].bytes, "mem_free"); }
             mem_blocks[i] = mem_blocks[--mem_nblocks];
             if (mem_planning) { return; }
 #ifdef USE_CUDA
@@ -114,7 +116,14 @@ static MemPlan mem_plan_end(void) {
     return plan;
 }
 
-static void mem_free_all(void) {
+// The end of set-up: the zeroing memsets done; from here a device allocation or free is a bug (fails).
+static void mem_setup_done(void) {
+    device_synchronize();
+    device_setup_done = 1;
+}
+
+static void mem_free_all(void) {   // (the end of a run: set-up's buffers go)
+    device_setup_done = 0;
     while (mem_nblocks > 0) { mem_free(mem_blocks[mem_nblocks - 1].ptr); }
 }
 

@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "alloc.h"
+#include "matmul.h"            // (matmul_setup: the cuBLASLt workspace the attention GEMMs share)
 #include "flash_attention.h"
 
 // The CUDA build's attention paths (--attention): cuBLAS, the default (tensor-core GEMMs through an
@@ -624,14 +625,14 @@ static void att_cublas_setup(int T, int NH) {
         cublasCheck(cublasSetMathMode(att_cublas_handle,
                                       (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
         // cuBLAS's GEMM workspace: the cuBLASLt one (same stream, so never used concurrently)
-        if (cublaslt_workspace == NULL) { cublaslt_workspace = mem_alloc(cublaslt_workspace_size, MEM_WORKSPACE); }
+        matmul_setup();
         cublasCheck(cublasSetWorkspace(att_cublas_handle, cublaslt_workspace, cublaslt_workspace_size));
     }
     size_t n = (size_t)NH * T * T;
     size_t f32 = att_round256(n * sizeof(float)), fx = att_round256(n * sizeof(floatX));
     size_t need = attention_cublas_workspace_bytes(T, NH, sizeof(floatX));   // = 2 f32 + 2 fx
-    if (need > att_ws_bytes) {
-        if (att_ws != NULL) { mem_free(att_ws); }   // cudaFree waits for the work still using it
+    if (need > att_ws_bytes) {   // (set-up: attention_setup; a longer T later fails in the allocator)
+        if (att_ws != NULL) { mem_free(att_ws); }
         att_ws = mem_alloc(need, MEM_WORKSPACE);
         att_ws_bytes = need;
     }
@@ -819,6 +820,16 @@ static void attention_backward_cuda(floatX *dqkv, const floatX *dout, const floa
     }
 }
 #endif
+
+// Set-up: the workspace of the longest sequence T the attention will see (the cuBLAS path's (NH, T, T)
+// panels; flash and the CPU need none).
+static void attention_setup(int T, int C, int NH) {
+#ifdef USE_CUDA
+    if (attention_path_for(attention_head_size(C, NH)) == ATT_CUBLAS) { att_cublas_setup(T, NH); }
+#else
+    (void)T; (void)C; (void)NH;
+#endif
+}
 
 static void attention_forward(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
 #ifdef USE_CUDA

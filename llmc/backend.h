@@ -226,7 +226,9 @@ static void backend_init(int local_rank) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, local_rank % ndev));
     device_sm_count = prop.multiProcessorCount;
-    cudaCheck(cudaStreamCreate(&main_stream));
+    // non-blocking: no implicit wait on the legacy stream (nothing here uses it: every copy, memset and
+    // kernel names its stream)
+    cudaCheck(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking));
     cublasCheck(cublasLtCreate(&cublaslt_handle));
 #else
     (void)local_rank;
@@ -270,8 +272,16 @@ static void copy_to_device_async(void *dst, const void *src, size_t bytes) {
 #endif
 }
 
+// Set-up is over (mem_setup_done, alloc.h): from the first step on nothing is allocated or freed (on CUDA a
+// device or page-locked allocation, and a free, waits for the whole device).
+static int device_setup_done = 0;
+static void fail_after_setup(const char *what, size_t bytes, const char *of) {
+    fail("%s of %zu bytes (%s) after set-up: every buffer is allocated before the first step (a bug)", what, bytes, of);
+}
+
 // Host memory the device copies from without staging (page-locked on CUDA)
 static void *host_alloc_pinned(size_t bytes) {
+    if (device_setup_done) { fail_after_setup("a page-locked host allocation", bytes, "host_alloc_pinned"); }
 #ifdef USE_CUDA
     void *p = NULL;
     cudaCheck(cudaMallocHost(&p, bytes > 0 ? bytes : 1));

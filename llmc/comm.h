@@ -120,9 +120,11 @@ static void group_init(Group *g, const char *name, int color, int key) {
         if (g->rank == 0) { ncclCheck(ncclGetUniqueId(&id)); }
         MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g->mpi);
         ncclCheck(ncclCommInitRank(&g->nccl, g->size, id, g->rank));
-        if (comm_one_stream && comm_shared_stream == NULL) { cudaCheck(cudaStreamCreate(&comm_shared_stream)); }
+        if (comm_one_stream && comm_shared_stream == NULL) {
+            cudaCheck(cudaStreamCreateWithFlags(&comm_shared_stream, cudaStreamNonBlocking));
+        }
         if (comm_one_stream) { g->stream = comm_shared_stream; }
-        else { cudaCheck(cudaStreamCreate(&g->stream)); }
+        else { cudaCheck(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking)); }
         cudaCheck(cudaEventCreateWithFlags(&g->ready, cudaEventDisableTiming));
         if (nccl_ncomms < 16) { nccl_comms[nccl_ncomms++] = g->nccl; }
         watch_abort = nccl_abort_all;

@@ -71,6 +71,11 @@ static void matmul_backward_dgelu_cpu(float *dpre, float *dweight, const float *
 #define CUBLAS_FLOATX CUDA_R_16BF
 #endif
 
+// cuBLASLt's workspace (the attention's cuBLAS GEMMs share it: one stream), allocated at set-up.
+static void matmul_setup(void) {
+    if (cublaslt_workspace == NULL) { cublaslt_workspace = mem_alloc(cublaslt_workspace_size, MEM_WORKSPACE); }
+}
+
 // Largest power of two (<= 256) dividing the address: tells cuBLASLt how aligned a buffer is,
 // so it never picks a kernel that assumes more (shards and chunks start at arbitrary offsets).
 static uint32_t matmul_alignment(const void *p) {
@@ -145,7 +150,7 @@ static int matmul_heuristic(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la
 static int matmul_cublaslt_epilogue(floatX *d, const floatX *a, const floatX *b, const floatX *bias, const floatX *aux,
                                     int64_t aux_ld, cublasLtEpilogue_t epilogue, int m, int n, int k,
                                     int transa, int transb, int lda, int ldb, float beta) {
-    if (cublaslt_workspace == NULL) { cublaslt_workspace = mem_alloc(cublaslt_workspace_size, MEM_WORKSPACE); }
+    matmul_setup();
     cublasLtMatmulDesc_t desc;
     cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;

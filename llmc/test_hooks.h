@@ -12,6 +12,8 @@
 //   TRAIN_GPT_COUNTED_DISPATCH=1        MoE layers with a capacity dispatch as dropless ones do (counts exchanged
 //                                       over ep) instead of padded: both dispatches must compute the same; the
 //                                       bench compares their bytes and time
+//   TRAIN_GPT_ALLOC_AT_STEP=STEP        the run allocates a device buffer at that step: the allocator must stop
+//                                       it (nothing is allocated after set-up, alloc.h)
 //   ExpertParallel.route_log            test_gpt reads the routing of each MoE layer (expert_parallel.h)
 // Nothing else in the program reads the environment for a test.
 #ifndef LLMC_TEST_HOOKS_H
@@ -60,6 +62,12 @@ static int test_hook_counted_dispatch(void) {
     static int counted = -1;
     if (counted < 0) { counted = getenv("TRAIN_GPT_COUNTED_DISPATCH") != NULL; }
     return counted;
+}
+
+// Whether the run allocates a device buffer at this step (which must fail: alloc.h).
+static int test_hook_alloc_at_step(int step) {
+    const char *e = getenv("TRAIN_GPT_ALLOC_AT_STEP");
+    return e && atoi(e) == step;
 }
 
 #endif // LLMC_TEST_HOOKS_H

@@ -115,6 +115,9 @@ run_test 1 --ref $T -b 4 --check-resume "$TMP/resume1"
 run_test 1 --ref $D -b 4 --check-memory
 run_test 1 --ref $T --check-attention                      # the CPU attention through BLAS = its plain loops (T 1, ragged tiles, ring blocks)
 run_test 1 --ref $T --check-schedules                      # every schedule's messages pair up with its neighbours' in posting order
+# the bf16 gradient tolerances (GPU builds) on the d4 reference: a bf16 step emulated in PyTorch passes, a lost dq, dk fails
+$PY dev/reference/bf16_grads.py --ref $D --out "$TMP/d4_bf16.bin" >/dev/null
+run_test 1 --ref $D --check-tolerance --bf16-grads "$TMP/d4_bf16.bin"
 
 if [ -x build/cpu-nompi/test_gpt ]; then    # the NO_MPI=1 build: one process, no MPI at all
     echo "== single process without MPI (NO_MPI=1)"

@@ -3,7 +3,7 @@
 # checkpoints; -x 0 runs the end's work only (validation over the whole val set equal to the training
 # run's last, a sample); a resume at the last step still validates and samples; sampling slides past -t,
 # is seeded, greedy at temperature 0 (= top-k 1); dev/sample.py prints text from a tinyshakespeare model;
-# nothing is allocated on the device after the first step.
+# nothing is allocated on the device after set-up (an allocation made on purpose stops the run).
 # Usage: bash scripts/test_use.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
 . "$(dirname "$0")/test_lib.sh"
 TINY="L=2,C=64,NH=4,V=256,maxT=64"
@@ -67,6 +67,10 @@ $MPIRUN -np 4 "$BIN/train_gpt" -e "$TINY" -t 32 -b 2 -x 4 -v 2 -m 2 -s 2 -g 8 -n
     >"$W/alloc.log" 2>&1
 grep -q "^device allocations after the first step: 0 " "$W/alloc.log"
 say $? "no device allocation after the first step (validation, samples, checkpoints under tp 2 x pp 2): $(grep -m1 '^device allocations' "$W/alloc.log")"
+# the allocator stops one (every buffer is allocated at set-up: on CUDA an allocation waits for the whole device)
+TRAIN_GPT_ALLOC_AT_STEP=2 run -x 4 -v 0 -s 0 >"$W/alloc_bad.log" 2>&1
+[ $? != 0 ] && grep -q "a device allocation of 256 bytes (workspace) after set-up" "$W/alloc_bad.log"
+say $? "a device allocation after set-up stops the run: $(grep -m1 -o 'a device allocation.*' "$W/alloc_bad.log")"
 
 # 5. dev/sample.py: text in, text out, from a model trained on tinyshakespeare (GPT-2 tokens with the .venv's
 #    tiktoken, else bytes)

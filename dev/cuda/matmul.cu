@@ -52,7 +52,7 @@ int main(int argc, char **argv) {
     harness_init(&argc, &argv, "matmul");
     rng_seed(5);
     int fails = 0;
-    const int N = 4 * 1024, C = 768;
+    const int N = 16 * 1024, C = 768;   // GPT-2 124M's step: B16 x T1024 rows
     fails += run_case("qkv", N, C, 3 * C, 1, 0, 1);
     fails += run_case("fc", N, C, 4 * C, 1, 0, 1);
     fails += run_case("fcproj", N, 4 * C, C, 1, 0, 1);
