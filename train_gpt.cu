@@ -471,7 +471,7 @@ static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *g, cons
 #ifdef USE_CUDA
         matmul_setup();
 #endif
-        if (g->cp == 1 && m->Ls > 0) { attention_setup(o->T, m->Cl, m->NHl); }
+        if (g->cp == 1 && m->Ls > 0) { attention_setup(o->B, o->T, m->Cl, m->NHl); }
         m->step_tokens = (int *)host_alloc_pinned(sizeof(int) * 2 * o->accum * m->BT);
     }
     m->loss_limit = 2.0f * logf((float)c->vocab_size);   // the fixed bound; the run adds -sl / -sg's
@@ -1142,7 +1142,7 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
     if (b.cuda) {
         mem_alloc(CUBLASLT_WORKSPACE_BYTES, MEM_WORKSPACE);
         if (a->cp == 1 && m.Ls > 0) {
-            mem_alloc(attention_workspace_bytes(attention_path_of(a), m.T, m.NHl, c->channels / c->num_heads,
+            mem_alloc(attention_workspace_bytes(attention_path_of(a), m.B, m.T, m.NHl, c->channels / c->num_heads,
                                                 b.floatx), MEM_WORKSPACE);
         }
     }

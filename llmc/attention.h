@@ -26,9 +26,9 @@ static size_t attention_cublas_workspace_bytes(int T, int NH, size_t floatx) {
     size_t n = (size_t)NH * T * T;
     return 2 * ((n * 4 + 255) / 256 * 256) + 2 * ((n * floatx + 255) / 256 * 256);
 }
-// ... what path `path` allocates: nothing for flash (where it applies)
-static size_t attention_workspace_bytes(int path, int T, int NH, int hs, size_t floatx) {
-    return path == ATT_FLASH && attention_flash_applies(hs, floatx) ? 0
+// ... what path `path` allocates: flash (where it applies) its backward's D (B, NH, T)
+static size_t attention_workspace_bytes(int path, int B, int T, int NH, int hs, size_t floatx) {
+    return path == ATT_FLASH && attention_flash_applies(hs, floatx) ? flash_workspace_bytes(B, T, NH)
             : attention_cublas_workspace_bytes(T, NH, floatx);
 }
 
@@ -821,13 +821,17 @@ static void attention_backward_cuda(floatX *dqkv, const floatX *dout, const floa
 }
 #endif
 
-// Set-up: the workspace of the longest sequence T the attention will see (the cuBLAS path's (NH, T, T)
-// panels; flash and the CPU need none).
-static void attention_setup(int T, int C, int NH) {
+// Set-up: the workspace of the largest batch B x T the attention will see (the cuBLAS path's (NH, T, T)
+// panels, flash's D (B, NH, T); the CPU needs none).
+static void attention_setup(int B, int T, int C, int NH) {
 #ifdef USE_CUDA
-    if (attention_path_for(attention_head_size(C, NH)) == ATT_CUBLAS) { att_cublas_setup(T, NH); }
+    int path = attention_path_for(attention_head_size(C, NH));
+    if (path == ATT_CUBLAS) { att_cublas_setup(T, NH); }
+#if !defined(ENABLE_FP32)
+    if (path == ATT_FLASH) { flash_setup(B, T, NH); }
+#endif
 #else
-    (void)T; (void)C; (void)NH;
+    (void)B; (void)T; (void)C; (void)NH;
 #endif
 }
 

@@ -5,10 +5,13 @@
 //            the tiles above it skipped):  S = Q K^T, causal mask, online softmax (running max m and sum l
 //            per row, O rescaled by exp(m_old - m_new)), O += P V;  out = O / l, lse = m + log l
 //   backward (D = dY.Y per query row, p = exp(s scale - lse), ds = p (dp - D) scale, as the CPU loop):
+//            D kernel:     D of every query row, once, into a (B, NH, T) fp32 buffer both kernels read
 //            dK/dV kernel: block = 64 keys, the query tiles from the diagonal down; each warp accumulates
 //                          dV += P^T dY and dK += dS^T Q for its 16 keys
 //            dQ kernel:    block = 64 queries, the key tiles up to the diagonal: dQ += dS K
 //            Every output element is summed by one thread in a fixed order: deterministic, no atomics.
+// The causal and length masks apply on the edge tiles only (the diagonal tile, and tiles reaching past T);
+// exponentials are exp2 with log2(e) folded into the softmax scale (scores and lse kept in base 2 inside).
 // The products are mma.sync m16n8k16 (bf16 operands, fp32 accumulation) on register fragments, so S, P
 // and O never leave the registers: a lane holds rows g = lane/4 and g + 8 of its warp's 16, columns
 // 2t, 2t + 1 (t = lane % 4) of each 8-wide tile (PTX ISA, "Matrix Fragments for mma.m16n8k16"); a row's
@@ -20,6 +23,9 @@
 #ifndef LLMC_FLASH_ATTENTION_H
 #define LLMC_FLASH_ATTENTION_H
 
+// The backward's workspace: D (B, NH, T) fp32 (in every build: a memory plan counts what the GPU allocates)
+static size_t flash_workspace_bytes(int B, int T, int NH) { return ((size_t)B * NH * T * sizeof(float) + 255) / 256 * 256; }
+
 #if defined(USE_CUDA) && !defined(ENABLE_FP32)
 #include <stdint.h>
 #include <string.h>
@@ -27,6 +33,7 @@
 #define FA_TILE 64                 // query rows per block = keys per tile
 #define FA_WARPS 4                 // 16 rows each
 #define FA_THREADS (32 * FA_WARPS)
+#define FA_LOG2E 1.4426950408889634f   // exp(x) = exp2(x log2 e)
 
 // The CPU replay's warp operations (set by dev/cuda/flash_replay.cu; never used by the trainer).
 typedef struct {
@@ -135,19 +142,31 @@ __host__ __device__ inline void fa_accumulate(float acc[HS / 8][4], float p[FA_T
     }
 }
 
-// D = dY.Y and lse of query rows q0 .. q0 + 63 (two threads per row) -> Ds, Ls (0 past T)
+// D[q] = dY.Y of query row q of head h (dy, y at the head's columns, ld C) -> D (B, NH, T): one thread per row
 template <int HS>
-__host__ __device__ inline void fa_row_stats(float *Ds, float *Ls, const floatX *dy, const floatX *y, const float *lse,
-                                             int q0, int T, int C, int tid) {
-    int i = tid / 2, half = tid % 2, q = q0 + i;
+__host__ __device__ inline void flash_row_dot_body(float *D, const floatX *dout, const floatX *out, int b, int h, int q,
+                                                   int T, int C, int NH) {
+    if (q >= T) { return; }
+    const floatX *dy = dout + ((size_t)b * T + q) * C + h * HS, *y = out + ((size_t)b * T + q) * C + h * HS;
     float d = 0.0f;
-    if (q < T) {
-        for (int c = half * HS / 2; c < (half + 1) * HS / 2; c++) {
-            d += (float)dy[(size_t)q * C + c] * (float)y[(size_t)q * C + c];
-        }
+    for (int c = 0; c < HS; c += 8) {   // 16-byte loads
+        int4 u = *(const int4 *)(dy + c), v = *(const int4 *)(y + c);
+        floatX a[8], e[8];
+        memcpy(a, &u, 16);   // (memcpy: no aliasing through another type; registers on the GPU)
+        memcpy(e, &v, 16);
+        for (int k = 0; k < 8; k++) { d += (float)a[k] * (float)e[k]; }
     }
-    d += fa_shfl_xor(d, 1);
-    if (half == 0) { Ds[i] = d; Ls[i] = q < T ? lse[q] : 0.0f; }
+    D[((size_t)b * NH + h) * T + q] = d;
+}
+
+// D and lse (in base 2: lse log2 e) of query rows q0 .. q0 + 63 -> Ds, Ls (0 past T)
+__host__ __device__ inline void fa_row_stats(float *Ds, float *Ls, const float *D, const float *lse, int q0, int T,
+                                             int tid) {
+    if (tid < FA_TILE) {
+        int q = q0 + tid;
+        Ds[tid] = q < T ? D[q] : 0.0f;
+        Ls[tid] = q < T ? lse[q] * FA_LOG2E : 0.0f;
+    }
 }
 
 // a warp's accumulators (16 x HS) -> rows row0 + g, row0 + g + 8 of dst (ld), rows >= T skipped
@@ -180,24 +199,26 @@ __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, 
     int q0 = (nq - 1 - bx) * FA_TILE, qrow[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};   // this lane's two rows
     size_t C3 = 3 * (size_t)C;
     const floatX *base = qkv + (size_t)b * T * C3 + h * HS;
-    float scale = 1.0f / sqrtf((float)HS), m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    // scores in base 2 (s scale log2 e): p = exp2(s2 - m2); m and lse in the same units until the end
+    float scale2 = FA_LOG2E / sqrtf((float)HS), m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     float o[HS / 8][4], s[FA_TILE / 8][4];
     for (int n = 0; n < HS / 8; n++) { o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f; }
     fa_load_tile<HS>(Qs, base, q0, T, C3, tid);
     fa_sync();
     uint32_t qa[HS / 16][4];
     fa_a_rows<HS>(qa, Qs, warp * 16, g, t);
-    int last = ((q0 + FA_TILE < T ? q0 + FA_TILE : T) - 1) / FA_TILE;   // the diagonal tile
+    // the diagonal tile, the last: the only one with keys past a row (the causal mask) or past T (q0 < T)
+    int last = q0 / FA_TILE;
     for (int kt = 0; kt <= last; kt++) {
         int k0 = kt * FA_TILE;
         fa_next_kv<HS>(Ks, Vs, base, k0, T, C, tid);
         fa_scores<HS>(s, qa, Ks, g, t);   // S (16, 64) = Q_w K^T
-        // online softmax: mask, the rows' new max (over the 4 lanes of a row), P = exp(s - m_new), l, O rescaled
+        // online softmax: mask, the rows' new max (over the 4 lanes of a row), P = exp2(s2 - m_new), l, O rescaled
         float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f}, alpha[2];
         for (int j = 0; j < FA_TILE / 8; j++) {
             for (int e = 0; e < 4; e++) {
                 int key = k0 + j * 8 + 2 * t + (e & 1), i = e / 2;
-                s[j][e] = key <= qrow[i] && key < T ? s[j][e] * scale : -INFINITY;
+                s[j][e] = kt < last || (key <= qrow[i] && key < T) ? s[j][e] * scale2 : -INFINITY;
                 mx[i] = fmaxf(mx[i], s[j][e]);
             }
         }
@@ -205,11 +226,11 @@ __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, 
             mx[i] = fmaxf(mx[i], fa_shfl_xor(mx[i], 1));
             mx[i] = fmaxf(mx[i], fa_shfl_xor(mx[i], 2));
             float m_new = fmaxf(m[i], mx[i]);   // finite: key k0 <= every row of the block
-            alpha[i] = expf(m[i] - m_new);
+            alpha[i] = exp2f(m[i] - m_new);
             m[i] = m_new;
         }
         for (int j = 0; j < FA_TILE / 8; j++) {
-            for (int e = 0; e < 4; e++) { s[j][e] = expf(s[j][e] - m[e / 2]); sum[e / 2] += s[j][e]; }
+            for (int e = 0; e < 4; e++) { s[j][e] = exp2f(s[j][e] - m[e / 2]); sum[e / 2] += s[j][e]; }
         }
         for (int i = 0; i < 2; i++) {
             sum[i] += fa_shfl_xor(sum[i], 1);
@@ -227,7 +248,7 @@ __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, 
     for (int i = 0; i < 2; i++) {
         float inv = 1.0f / l[i];
         for (int n = 0; n < HS / 8; n++) { o[n][2 * i] *= inv; o[n][2 * i + 1] *= inv; }
-        if (t == 0 && qrow[i] < T) { lse[((size_t)b * NH + h) * T + qrow[i]] = m[i] + logf(l[i]); }
+        if (t == 0 && qrow[i] < T) { lse[((size_t)b * NH + h) * T + qrow[i]] = m[i] / FA_LOG2E + logf(l[i]); }
     }
     fa_store_rows<HS>(out + (size_t)b * T * C + h * HS, o, q0 + warp * 16, T, C, g, t);
 }
@@ -235,7 +256,7 @@ __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, 
 // dK, dV (in dqkv) of keys k0 .. k0 + 63: block (kt, h, b), the longest loops (first keys) first
 template <int HS>
 __host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, int h, int b, int tid, floatX *dqkv,
-                                                  const floatX *dout, const floatX *qkv, const floatX *out,
+                                                  const floatX *dout, const floatX *qkv, const float *D,
                                                   const float *lse, int T, int C, int NH) {
     constexpr int LDX = HS + 8;
     floatX *Qs = (floatX *)smem, *dYs = Qs + FA_TILE * LDX, *Ks = dYs + FA_TILE * LDX, *Vs = Ks + FA_TILE * LDX;
@@ -243,10 +264,9 @@ __host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, i
     int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, k0 = kt * FA_TILE;
     int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};   // this lane's two keys
     size_t C3 = 3 * (size_t)C;
-    const floatX *base = qkv + (size_t)b * T * C3 + h * HS, *dy = dout + (size_t)b * T * C + h * HS,
-        *y = out + (size_t)b * T * C + h * HS;
-    const float *lse_bh = lse + ((size_t)b * NH + h) * T;
-    float scale = 1.0f / sqrtf((float)HS);
+    const floatX *base = qkv + (size_t)b * T * C3 + h * HS, *dy = dout + (size_t)b * T * C + h * HS;
+    const float *lse_bh = lse + ((size_t)b * NH + h) * T, *D_bh = D + ((size_t)b * NH + h) * T;
+    float scale = 1.0f / sqrtf((float)HS), scale2 = scale * FA_LOG2E;
     fa_load_tile<HS>(Ks, base + C, k0, T, C3, tid);
     fa_load_tile<HS>(Vs, base + 2 * C, k0, T, C3, tid);
     float dk[HS / 8][4], dv[HS / 8][4], s[FA_TILE / 8][4], dp[FA_TILE / 8][4];
@@ -256,7 +276,7 @@ __host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, i
         fa_sync();   // every warp is done with the previous Q, dY, D, lse
         fa_load_tile<HS>(Qs, base, q0, T, C3, tid);
         fa_load_tile<HS>(dYs, dy, q0, T, C, tid);
-        fa_row_stats<HS>(Ds, Ls, dy, y, lse_bh, q0, T, C, tid);
+        fa_row_stats(Ds, Ls, D_bh, lse_bh, q0, T, tid);
         fa_sync();
         {   // the warp's K and V rows as A fragments, read again each tile (held across the loop, they would
             // spill at head size 128 next to the dK, dV accumulators)
@@ -266,10 +286,11 @@ __host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, i
             fa_scores<HS>(s, ka, Qs, g, t);    // S^T (16 keys, 64 queries) = K_w Q^T
             fa_scores<HS>(dp, va, dYs, g, t);  // dP^T = V_w dY^T
         }
+        int edge = qt == kt || q0 + FA_TILE > T || k0 + FA_TILE > T;   // else every key <= every query < T
         for (int j = 0; j < FA_TILE / 8; j++) {
             for (int e = 0; e < 4; e++) {   // row = this lane's key e / 2, column = query q0 + c
                 int c = j * 8 + 2 * t + (e & 1), q = q0 + c, kk = key[e / 2];
-                float p = kk <= q && q < T && kk < T ? expf(s[j][e] * scale - Ls[c]) : 0.0f;
+                float p = !edge || (kk <= q && q < T && kk < T) ? exp2f(s[j][e] * scale2 - Ls[c]) : 0.0f;
                 s[j][e] = p;
                 dp[j][e] = p * (dp[j][e] - Ds[c]) * scale;
             }
@@ -285,7 +306,7 @@ __host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, i
 // dQ (in dqkv) of queries q0 .. q0 + 63: block (qt, h, b), the longest rows first (qt = nq - 1 - bx)
 template <int HS>
 __host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int h, int b, int nq, int tid,
-                                                floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
+                                                floatX *dqkv, const floatX *dout, const floatX *qkv, const float *D,
                                                 const float *lse, int T, int C, int NH) {
     constexpr int LDX = HS + 8;
     floatX *Qs = (floatX *)smem, *dYs = Qs + FA_TILE * LDX, *Ks = dYs + FA_TILE * LDX, *Vs = Ks + FA_TILE * LDX;
@@ -293,28 +314,27 @@ __host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int
     int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, q0 = (nq - 1 - bx) * FA_TILE;
     int qr[2] = {warp * 16 + g, warp * 16 + g + 8};   // this lane's two query rows, in the tile
     size_t C3 = 3 * (size_t)C;
-    const floatX *base = qkv + (size_t)b * T * C3 + h * HS, *dy = dout + (size_t)b * T * C + h * HS,
-        *y = out + (size_t)b * T * C + h * HS;
-    float scale = 1.0f / sqrtf((float)HS);
+    const floatX *base = qkv + (size_t)b * T * C3 + h * HS, *dy = dout + (size_t)b * T * C + h * HS;
+    float scale = 1.0f / sqrtf((float)HS), scale2 = scale * FA_LOG2E;
     fa_load_tile<HS>(Qs, base, q0, T, C3, tid);
     fa_load_tile<HS>(dYs, dy, q0, T, C, tid);
-    fa_row_stats<HS>(Ds, Ls, dy, y, lse + ((size_t)b * NH + h) * T, q0, T, C, tid);
+    fa_row_stats(Ds, Ls, D + ((size_t)b * NH + h) * T, lse + ((size_t)b * NH + h) * T, q0, T, tid);
     fa_sync();
     uint32_t qa[HS / 16][4], dya[HS / 16][4];
     fa_a_rows<HS>(qa, Qs, warp * 16, g, t);
     fa_a_rows<HS>(dya, dYs, warp * 16, g, t);
     float dq[HS / 8][4], s[FA_TILE / 8][4], dp[FA_TILE / 8][4];
     for (int n = 0; n < HS / 8; n++) { dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f; }
-    int last = ((q0 + FA_TILE < T ? q0 + FA_TILE : T) - 1) / FA_TILE;
+    int last = q0 / FA_TILE;   // the diagonal tile
     for (int kt = 0; kt <= last; kt++) {
-        int k0 = kt * FA_TILE;
+        int k0 = kt * FA_TILE, edge = kt == last || q0 + FA_TILE > T;   // else every key <= every query < T
         fa_next_kv<HS>(Ks, Vs, base, k0, T, C, tid);
         fa_scores<HS>(s, qa, Ks, g, t);     // S (16 queries, 64 keys) = Q_w K^T
         fa_scores<HS>(dp, dya, Vs, g, t);   // dP = dY_w V^T
         for (int j = 0; j < FA_TILE / 8; j++) {
             for (int e = 0; e < 4; e++) {
                 int key = k0 + j * 8 + 2 * t + (e & 1), r = qr[e / 2], q = q0 + r;
-                float p = key <= q && q < T && key < T ? expf(s[j][e] * scale - Ls[r]) : 0.0f;
+                float p = !edge || (key <= q && q < T && key < T) ? exp2f(s[j][e] * scale2 - Ls[r]) : 0.0f;
                 dp[j][e] = p * (dp[j][e] - Ds[r]) * scale;
             }
         }
@@ -332,19 +352,23 @@ __global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(floatX *out, 
 }
 template <int HS>
 __global__ void __launch_bounds__(FA_THREADS)
-flash_backward_dkdv_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out, const float *lse,
+flash_backward_dkdv_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv, const float *D, const float *lse,
                            int T, int C, int NH) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    flash_backward_dkdv_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, dqkv, dout, qkv, out, lse,
+    flash_backward_dkdv_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, dqkv, dout, qkv, D, lse,
                                  T, C, NH);
 }
 template <int HS>
 __global__ void __launch_bounds__(FA_THREADS)
-flash_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out, const float *lse,
+flash_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv, const float *D, const float *lse,
                          int T, int C, int NH) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
     flash_backward_dq_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, threadIdx.x, dqkv, dout, qkv,
-                               out, lse, T, C, NH);
+                               D, lse, T, C, NH);
+}
+template <int HS>
+__global__ void flash_row_dot_kernel(float *D, const floatX *dout, const floatX *out, int T, int C, int NH) {
+    flash_row_dot_body<HS>(D, dout, out, blockIdx.z, blockIdx.y, blockIdx.x * blockDim.x + threadIdx.x, T, C, NH);
 }
 
 template <int HS>
@@ -356,18 +380,33 @@ static void flash_forward_launch(floatX *out, float *lse, const floatX *qkv, int
     cudaCheckLaunch();
 }
 
+// the backward's D (B, NH, T) fp32: set up by flash_setup (attention.h), before the first step
+static float *fa_D = NULL;
+static size_t fa_D_bytes = 0;
+static void flash_setup(int B, int T, int NH) {
+    size_t need = flash_workspace_bytes(B, T, NH);
+    if (need > fa_D_bytes) {
+        if (fa_D != NULL) { mem_free(fa_D); }
+        fa_D = (float *)mem_alloc(need, MEM_WORKSPACE);
+        fa_D_bytes = need;
+    }
+}
+
 template <int HS>
 static void flash_backward_launch(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
                                   const float *lse, int B, int T, int C, int NH) {
     size_t smem = fa_backward_smem<HS>();
     dim3 grid(ceil_div(T, FA_TILE), NH, B);
+    flash_setup(B, T, NH);   // (set up before: a no-op)
+    flash_row_dot_kernel<HS><<<dim3(ceil_div(T, 128), NH, B), 128, 0, main_stream>>>(fa_D, dout, out, T, C, NH);
+    cudaCheckLaunch();
     cudaCheck(cudaFuncSetAttribute(flash_backward_dkdv_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)smem));
-    flash_backward_dkdv_kernel<HS><<<grid, FA_THREADS, smem, main_stream>>>(dqkv, dout, qkv, out, lse, T, C, NH);
+    flash_backward_dkdv_kernel<HS><<<grid, FA_THREADS, smem, main_stream>>>(dqkv, dout, qkv, fa_D, lse, T, C, NH);
     cudaCheckLaunch();
     cudaCheck(cudaFuncSetAttribute(flash_backward_dq_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)smem));
-    flash_backward_dq_kernel<HS><<<grid, FA_THREADS, smem, main_stream>>>(dqkv, dout, qkv, out, lse, T, C, NH);
+    flash_backward_dq_kernel<HS><<<grid, FA_THREADS, smem, main_stream>>>(dqkv, dout, qkv, fa_D, lse, T, C, NH);
     cudaCheckLaunch();
 }
 #endif

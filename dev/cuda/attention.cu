@@ -123,8 +123,8 @@ static int run_case(int B, int T, int C, int NH, int timed) {
         attention_path = path;
         char what[64];
         printf("  [%s]\n", path_name(path));
-        cudaCheck(cudaMemset(d_out, 0xff, nout * sizeof(floatX)));   // NaN garbage: every element must be written
-        cudaCheck(cudaMemset(d_lse, 0xff, nlse * sizeof(float)));
+        cudaCheck(cudaMemsetAsync(d_out, 0xff, nout * sizeof(floatX), main_stream));   // NaN garbage: every element must be written
+        cudaCheck(cudaMemsetAsync(d_lse, 0xff, nlse * sizeof(float), main_stream));
         attention_forward_cuda(d_out, d_lse, d_qkv, B, T, C, NH);
         snprintf(what, sizeof(what), "%s forward out", path_name(path));
         fails += compare_device_bounded(what, d_out, out, path ? kappa_out : NULL, nout, TOL_X);
@@ -133,7 +133,7 @@ static int run_case(int B, int T, int C, int NH, int timed) {
 
         upload_floats(d_out, out_x, nout);
         copy_to_device(d_lse, lse, nlse * sizeof(float));
-        cudaCheck(cudaMemset(d_dqkv, 0xff, nqkv * sizeof(floatX)));   // every element must be written
+        cudaCheck(cudaMemsetAsync(d_dqkv, 0xff, nqkv * sizeof(floatX), main_stream));   // every element must be written
         attention_backward_cuda(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
         attention_backward_cuda(d_dqkv2, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
         snprintf(what, sizeof(what), "%s backward dqkv", path_name(path));

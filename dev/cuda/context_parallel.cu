@@ -96,8 +96,8 @@ static int check_backward(CPBuffers *p) {
     float *part_q[2], *part_kv[2];   // the partials after blocks 0 and 1
     cudaCheck(cudaMalloc(&p->d_dqkv, nqkv * sizeof(floatX)));
     cudaCheck(cudaMalloc(&p->d_dkv, nkv * sizeof(floatX)));
-    cudaCheck(cudaMemset(p->d_dqkv, 0, nqkv * sizeof(floatX)));
-    cudaCheck(cudaMemset(p->d_dkv, 0, nkv * sizeof(floatX)));
+    cudaCheck(cudaMemsetAsync(p->d_dqkv, 0, nqkv * sizeof(floatX), main_stream));
+    cudaCheck(cudaMemsetAsync(p->d_dkv, 0, nkv * sizeof(floatX), main_stream));
     for (int k = 0; k < 3; k++) {
         attention_block_backward_cpu(p->dqkv, p->dkv, p->dout, p->qkv, p->out_x, p->lse, p->kv, B, T, C, NH,
                                      blocks[k][0], blocks[k][1], c, blocks[k][2]);

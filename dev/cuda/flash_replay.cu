@@ -120,15 +120,24 @@ static void run_case(int B, int T, int NH) {
     }
     compare("forward out", g_out, out, nout, B, T, C, NH);
     compare("forward lse", g_lse, lse, nlse, B, T, C, NH);
-    // the backward from the CPU forward's out (as stored) and lse, as the harness does
+    // the backward from the CPU forward's out (as stored) and lse, as the harness does: D of every row
+    // first (its own kernel), then the dK/dV and dQ blocks
+    float *g_D = (float *)malloc(nlse * sizeof(float));
+    for (size_t i = 0; i < nlse; i++) { g_D[i] = NAN; }   // every row's D must be written
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int q = 0; q < T; q++) { flash_row_dot_body<HS>(g_D, x_dout, x_outc, b, h, q, T, C, NH); }
+        }
+    }
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             for (int bx = 0; bx < nq; bx++) {
-                run_block([&](int tid) { flash_backward_dkdv_body<HS>(smem, bx, h, b, tid, g_dqkv, x_dout, x_qkv, x_outc, lse, T, C, NH); });
-                run_block([&](int tid) { flash_backward_dq_body<HS>(smem, bx, h, b, nq, tid, g_dqkv, x_dout, x_qkv, x_outc, lse, T, C, NH); });
+                run_block([&](int tid) { flash_backward_dkdv_body<HS>(smem, bx, h, b, tid, g_dqkv, x_dout, x_qkv, g_D, lse, T, C, NH); });
+                run_block([&](int tid) { flash_backward_dq_body<HS>(smem, bx, h, b, nq, tid, g_dqkv, x_dout, x_qkv, g_D, lse, T, C, NH); });
             }
         }
     }
+    free(g_D);
     compare("backward dqkv", g_dqkv, dqkv, nqkv, B, T, C, NH);
     free(qkv); free(dout); free(out); free(lse); free(dqkv); free(x_qkv); free(x_dout); free(x_outc); free(g_out); free(g_dqkv);
     free(g_lse); free(smem);
@@ -142,5 +151,6 @@ int main(void) {
     run_case<64>(1, 130, 2);    // hs 64: two full tiles and a partial one (the causal edge inside a tile, rows past T)
     run_case<128>(2, 64, 1);    // hs 128: one tile, two batch indices
     run_case<64>(1, 7, 1);      // fewer tokens than one warp's rows
+    run_case<64>(1, 192, 1);    // three whole tiles: the tiles off the diagonal unmasked, none past T
     return fails != 0;
 }

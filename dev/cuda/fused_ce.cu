@@ -64,7 +64,7 @@ static int run(const char *name, int n, int V, int Vp, int tp, int skew, int tim
         fails += ce_check_losses("losses (loss only)", got, losses, n);
         free(got);
         // loss and dlogits
-        cudaCheck(cudaMemset(d_losses, 0, n * sizeof(float)));
+        cudaCheck(cudaMemsetAsync(d_losses, 0, n * sizeof(float), main_stream));
         float *d_stats_all = to_device_f32(stats_all, (size_t)tp * n * 3);
         if (tp == 1) { ce_fused_cuda(d_z, d_losses, d_targets, V, n, Vl, dloss, 1); }
         else { ce_loss_dlogits_cuda(d_z, d_losses, d_stats_all, d_targets, v0, V, n, Vl, tp, dloss, 1); }

@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
             copy_to_device(d_loss, &cases[c].loss, sizeof(double));
             StepStats cpu, gpu;
             memset(&cpu, 0, sizeof(cpu));
-            cudaCheck(cudaMemset(d_st, 0, sizeof(StepStats)));
+            cudaCheck(cudaMemsetAsync(d_st, 0, sizeof(StepStats), main_stream));
             step_stats_gather_body(&cpu, parts, np, &cases[c].loss);
             step_stats_clip_body(&cpu, 4096.0, cases[c].clip, cases[c].loss_limit, cases[c].norm_limit);
             step_stats_gather(d_st, d_parts, np, d_loss);

@@ -28,8 +28,8 @@ static int run_case(int N, int C, int timed) {
     float *dw = make_random(C, -1.0f, 1.0f), *db = make_random(C, -1.0f, 1.0f);
     floatX *d_dout = to_device(dout, NC), *d_dinp = to_device(dinp, NC), *d_dw = to_device(dw, C), *d_db = to_device(db, C);
     floatX *d_dinp2 = to_device(dinp, NC), *d_dw2 = to_device(dw, C), *d_db2 = to_device(db, C);
-    cudaCheck(cudaMemcpy(d_mean, mean, N * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(d_rstd, rstd, N * sizeof(float), cudaMemcpyHostToDevice));
+    copy_to_device(d_mean, mean, N * sizeof(float));
+    copy_to_device(d_rstd, rstd, N * sizeof(float));
     layernorm_backward_cpu(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
     layernorm_backward_cuda(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
     layernorm_backward_cuda(d_dinp2, d_dw2, d_db2, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);

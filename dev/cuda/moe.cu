@@ -101,7 +101,7 @@ static int check_topk(MoECase *m) {
     int *load = (int *)calloc_check(E, sizeof(int)), *d_load;
     float *bias = (float *)malloc_check(E * sizeof(float)), *d_bias2, scale[2] = {1.0f, 0.0f}, *d_scale;
     cudaCheck(cudaMalloc(&d_load, E * sizeof(int)));
-    cudaCheck(cudaMemset(d_load, 0, E * sizeof(int)));
+    cudaCheck(cudaMemsetAsync(d_load, 0, E * sizeof(int), main_stream));
     memcpy(bias, m->bias, E * sizeof(float));
     d_bias2 = to_device_f32(bias, E);
     d_scale = to_device_f32(scale, 2);
@@ -170,7 +170,7 @@ static int check_loss_sums(MoECase *m) {
     const int B = m->B, E = m->E;
     double sums[2] = {0.0, 0.0}, got[2], *d_sums;
     cudaCheck(cudaMalloc(&d_sums, sizeof(sums)));
-    cudaCheck(cudaMemset(d_sums, 0, sizeof(sums)));
+    cudaCheck(cudaMemsetAsync(d_sums, 0, sizeof(sums), main_stream));
     copy_to_device(m->d_f, m->f, (size_t)B * E * sizeof(float));
     copy_to_device(m->d_pmean, m->pmean, (size_t)B * E * sizeof(float));
     copy_to_device(m->d_zsum, m->zsum, B * sizeof(float));

@@ -129,10 +129,12 @@ def step_kernels(L, C, NH, V, B, T, ce_chunk, attention):
     mem("bias_backward (attproj)", L, BT * C * X, "bias_bwd")
     gemm("matmul attproj backward", BT, C, C, L, backward=True)
     if attention == "flash":
-        # two kernels (dK dV over query tiles; dQ over key tiles), each reading q, k, v, dY, Y and lse; dqkv written
+        # D = dY.Y once per query row (its own kernel: dY, Y read, D (B, NH, T) fp32 written); then two kernels
+        # (dK dV over query tiles; dQ over key tiles), each reading q, k, v, dY, D and lse; dqkv written
         # the dK/dV kernel recomputes S = QK^T and dP = dY V^T and forms dV, dK (4 products); the dQ kernel
         # recomputes S and dP and forms dQ (3): 7 products of the forward's 2 (QK^T, PV) = 7/2 of its FLOPs
-        rows.append(("flash attention backward (dK dV; dQ)", 2 * L, L * 7 / 2 * attn_causal, L * (2 * 5 * BT * C * X + 3 * BT * C * X), "attn_flash_bwd"))
+        mem("flash D = dY.Y per row", L, 2 * BT * C * X + B * NH * T * 4, "layernorm_bwd")
+        rows.append(("flash attention backward (dK dV; dQ)", 2 * L, L * 7 / 2 * attn_causal, L * (2 * (4 * BT * C * X + 2 * B * NH * T * 4) + 3 * BT * C * X), "attn_flash_bwd"))
     else:
         rows.append(("attention S, dP = QK^T, dY V^T (cuBLAS)", 2 * L, L * 4 * S * hs, L * (2 * S * 4 + 4 * BT * C * X), "attn_cublas_bwd"))
         rows.append(("attention softmax backward -> P, dS", L, 0, L * (2 * S * 4 + 2 * S * X), "attn_cublas_bwd"))
