@@ -16,10 +16,13 @@
 // and O never leave the registers: a lane holds rows g = lane/4 and g + 8 of its warp's 16, columns
 // 2t, 2t + 1 (t = lane % 4) of each 8-wide tile (PTX ISA, "Matrix Fragments for mma.m16n8k16"); a row's
 // max and sum are finished over the 4 lanes that share it. An S tile in accumulator layout is already
-// the A operand of the next product (P V, dS K, ...), two 8-wide tiles per 16-wide k step.
+// the A operand of the next product (P V, dS K, ...), two 8-wide tiles per 16-wide k step. Operands come
+// from shared memory by ldmatrix (four 8 x 8 matrices per instruction; .trans for the B operand of P V,
+// dS K, ... whose k runs down the tile's rows); tile rows are HS + 8 elements apart, so the 8 rows of a
+// matrix fall in 8 distinct groups of 4 banks.
 // The kernel bodies are __host__ __device__ functions of the thread's indices: on the GPU the warp
-// operations (fa_mma, fa_shfl_xor, fa_sync) are the hardware's; dev/cuda/flash_replay.cu runs the same
-// bodies on CPU threads with those three emulated from the PTX layouts, against the CPU loops.
+// operations (fa_mma, fa_shfl_xor, fa_sync, fa_ldmatrix_x4) are the hardware's; dev/cuda/flash_replay.cu runs
+// the same bodies on CPU threads with those four emulated from the PTX layouts, against the CPU loops.
 #ifndef LLMC_FLASH_ATTENTION_H
 #define LLMC_FLASH_ATTENTION_H
 
@@ -40,6 +43,7 @@ typedef struct {
     void (*mma)(float c[4], const uint32_t a[4], const uint32_t b[2]);
     float (*shfl_xor)(float v, int mask);
     void (*sync)(void);
+    void (*ldmatrix)(uint32_t r[4], const void *row, int trans);
 } FaHostOps;
 static FaHostOps fa_host_ops;
 
@@ -70,6 +74,24 @@ __host__ __device__ inline void fa_sync(void) {
 #endif
 }
 
+// r[j] (j < 4) = 8 x 8 bf16 matrix j, from shared memory: lane l gives the address of row l % 8 of matrix l / 8
+// (16 contiguous bytes, 16-byte aligned); lane (g, t) = (l / 4, l % 4) receives row g, columns 2t, 2t + 1 of each
+// matrix, or with trans column g, rows 2t, 2t + 1 (PTX ISA, "ldmatrix": the fragment of an mma operand).
+__host__ __device__ inline void fa_ldmatrix_x4(uint32_t r[4], const floatX *row, int trans) {
+#ifdef __CUDA_ARCH__
+    unsigned addr = (unsigned)__cvta_generic_to_shared(row);
+    if (trans) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+    }
+#else
+    fa_host_ops.ldmatrix(r, row, trans);
+#endif
+}
+
 // two bf16 as one 32-bit register, the first in the low half
 __host__ __device__ inline uint32_t fa_bits2(floatX lo, floatX hi) {
     uint16_t a, b;
@@ -78,7 +100,6 @@ __host__ __device__ inline uint32_t fa_bits2(floatX lo, floatX hi) {
     return (uint32_t)a | ((uint32_t)b << 16);
 }
 __host__ __device__ inline uint32_t fa_pack(float lo, float hi) { return fa_bits2((floatX)lo, (floatX)hi); }
-__host__ __device__ inline uint32_t fa_ld2(const floatX *p) { return fa_bits2(p[0], p[1]); }
 
 // rows r0 .. r0 + 63 of a (T, ld) bf16 matrix (HS columns from src) -> dst (64, HS + 8); zeros past T
 template <int HS>
@@ -101,43 +122,50 @@ __host__ __device__ inline void fa_next_kv(floatX *Ks, floatX *Vs, const floatX 
     fa_sync();
 }
 
+// The row this lane addresses in an ldmatrix x4 of a (64, HS + 8) tile whose four 8 x 8 matrices start at row
+// r0 + 8 * (m & 1) and column c0 + 8 * (m >> 1), m = lane / 8: the A fragment of the 16 x 16 block at (r0, c0);
+// as the B fragments of X^T (B[k][n] = X[n][k]) the same matrices are the 16 x 8 blocks of n at r0 and r0 + 8
+// (registers 0, 2 and 1, 3); with trans, the B fragments of X (16 x 8 blocks of k at c0 and c0 + 8).
+template <int HS>
+__host__ __device__ inline const floatX *fa_ldm_row(const floatX *tile, int r0, int c0, int lane) {
+    int m = lane / 8;
+    return tile + (r0 + lane % 8 + 8 * (m & 1)) * (HS + 8) + c0 + 8 * (m >> 1);
+}
+
 // the A fragments (16 rows from row0 of a (64, HS + 8) tile) for the HS / 16 k steps over its columns
 template <int HS>
-__host__ __device__ inline void fa_a_rows(uint32_t a[][4], const floatX *tile, int row0, int g, int t) {
-    for (int kk = 0; kk < HS / 16; kk++) {
-        const floatX *p = tile + (row0 + g) * (HS + 8) + kk * 16 + 2 * t;
-        a[kk][0] = fa_ld2(p);
-        a[kk][1] = fa_ld2(p + 8 * (HS + 8));
-        a[kk][2] = fa_ld2(p + 8);
-        a[kk][3] = fa_ld2(p + 8 * (HS + 8) + 8);
-    }
+__host__ __device__ inline void fa_a_rows(uint32_t a[][4], const floatX *tile, int row0, int lane) {
+    for (int kk = 0; kk < HS / 16; kk++) { fa_ldmatrix_x4(a[kk], fa_ldm_row<HS>(tile, row0, kk * 16, lane), 0); }
 }
 
 // s[j] (16 x 8: the warp's rows against rows 8j .. 8j + 7 of tile X) = A X^T over the HS columns
 template <int HS>
-__host__ __device__ inline void fa_scores(float s[FA_TILE / 8][4], const uint32_t a[][4], const floatX *X, int g,
-                                          int t) {
+__host__ __device__ inline void fa_scores(float s[FA_TILE / 8][4], const uint32_t a[][4], const floatX *X, int lane) {
     for (int j = 0; j < FA_TILE / 8; j++) { s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f; }
     for (int kk = 0; kk < HS / 16; kk++) {
-        for (int j = 0; j < FA_TILE / 8; j++) {
-            const floatX *p = X + (j * 8 + g) * (HS + 8) + kk * 16 + 2 * t;   // B = X^T: row g of X, 2 columns
-            uint32_t b[2] = {fa_ld2(p), fa_ld2(p + 8)};
-            fa_mma(s[j], a[kk], b);
+        for (int j = 0; j < FA_TILE / 8; j += 2) {   // B = X^T for rows 8j .. 8j + 15 of X: two n blocks
+            uint32_t r[4];
+            fa_ldmatrix_x4(r, fa_ldm_row<HS>(X, j * 8, kk * 16, lane), 0);
+            uint32_t b0[2] = {r[0], r[2]}, b1[2] = {r[1], r[3]};
+            fa_mma(s[j], a[kk], b0);
+            fa_mma(s[j + 1], a[kk], b1);
         }
     }
 }
 
 // acc[n] (16 x 8: dims 8n .. 8n + 7) += P (16 x 64, accumulator layout, rounded to bf16) times tile X (64 x HS)
 template <int HS>
-__host__ __device__ inline void fa_accumulate(float acc[HS / 8][4], float p[FA_TILE / 8][4], const floatX *X, int g,
-                                              int t) {
+__host__ __device__ inline void fa_accumulate(float acc[HS / 8][4], float p[FA_TILE / 8][4], const floatX *X,
+                                              int lane) {
     for (int kk = 0; kk < FA_TILE / 16; kk++) {
         uint32_t a[4] = {fa_pack(p[2 * kk][0], p[2 * kk][1]), fa_pack(p[2 * kk][2], p[2 * kk][3]),
                          fa_pack(p[2 * kk + 1][0], p[2 * kk + 1][1]), fa_pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-        for (int n = 0; n < HS / 8; n++) {
-            const floatX *x = X + (kk * 16 + 2 * t) * (HS + 8) + n * 8 + g;   // B = X: column g, rows 2t, 2t + 1 (+ 8)
-            uint32_t b[2] = {fa_bits2(x[0], x[HS + 8]), fa_bits2(x[8 * (HS + 8)], x[9 * (HS + 8)])};
-            fa_mma(acc[n], a, b);
+        for (int n = 0; n < HS / 8; n += 2) {   // B = X (rows 16kk .., columns 8n ..): transposed loads, two n blocks
+            uint32_t r[4];
+            fa_ldmatrix_x4(r, fa_ldm_row<HS>(X, kk * 16, n * 8, lane), 1);
+            uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+            fa_mma(acc[n], a, b0);
+            fa_mma(acc[n + 1], a, b1);
         }
     }
 }
@@ -206,13 +234,13 @@ __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, 
     fa_load_tile<HS>(Qs, base, q0, T, C3, tid);
     fa_sync();
     uint32_t qa[HS / 16][4];
-    fa_a_rows<HS>(qa, Qs, warp * 16, g, t);
+    fa_a_rows<HS>(qa, Qs, warp * 16, lane);
     // the diagonal tile, the last: the only one with keys past a row (the causal mask) or past T (q0 < T)
     int last = q0 / FA_TILE;
     for (int kt = 0; kt <= last; kt++) {
         int k0 = kt * FA_TILE;
         fa_next_kv<HS>(Ks, Vs, base, k0, T, C, tid);
-        fa_scores<HS>(s, qa, Ks, g, t);   // S (16, 64) = Q_w K^T
+        fa_scores<HS>(s, qa, Ks, lane);   // S (16, 64) = Q_w K^T
         // online softmax: mask, the rows' new max (over the 4 lanes of a row), P = exp2(s2 - m_new), l, O rescaled
         float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f}, alpha[2];
         for (int j = 0; j < FA_TILE / 8; j++) {
@@ -243,7 +271,7 @@ __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, 
             o[n][2] *= alpha[1];
             o[n][3] *= alpha[1];
         }
-        fa_accumulate<HS>(o, s, Vs, g, t);   // O_w += P V
+        fa_accumulate<HS>(o, s, Vs, lane);   // O_w += P V
     }
     for (int i = 0; i < 2; i++) {
         float inv = 1.0f / l[i];
@@ -281,10 +309,10 @@ __host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, i
         {   // the warp's K and V rows as A fragments, read again each tile (held across the loop, they would
             // spill at head size 128 next to the dK, dV accumulators)
             uint32_t ka[HS / 16][4], va[HS / 16][4];
-            fa_a_rows<HS>(ka, Ks, warp * 16, g, t);
-            fa_a_rows<HS>(va, Vs, warp * 16, g, t);
-            fa_scores<HS>(s, ka, Qs, g, t);    // S^T (16 keys, 64 queries) = K_w Q^T
-            fa_scores<HS>(dp, va, dYs, g, t);  // dP^T = V_w dY^T
+            fa_a_rows<HS>(ka, Ks, warp * 16, lane);
+            fa_a_rows<HS>(va, Vs, warp * 16, lane);
+            fa_scores<HS>(s, ka, Qs, lane);    // S^T (16 keys, 64 queries) = K_w Q^T
+            fa_scores<HS>(dp, va, dYs, lane);  // dP^T = V_w dY^T
         }
         int edge = qt == kt || q0 + FA_TILE > T || k0 + FA_TILE > T;   // else every key <= every query < T
         for (int j = 0; j < FA_TILE / 8; j++) {
@@ -295,8 +323,8 @@ __host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, i
                 dp[j][e] = p * (dp[j][e] - Ds[c]) * scale;
             }
         }
-        fa_accumulate<HS>(dv, s, dYs, g, t);   // dV_w += P^T dY
-        fa_accumulate<HS>(dk, dp, Qs, g, t);   // dK_w += dS^T Q
+        fa_accumulate<HS>(dv, s, dYs, lane);   // dV_w += P^T dY
+        fa_accumulate<HS>(dk, dp, Qs, lane);   // dK_w += dS^T Q
     }
     floatX *dst = dqkv + (size_t)b * T * C3 + h * HS;
     fa_store_rows<HS>(dst + C, dk, k0 + warp * 16, T, C3, g, t);
@@ -321,16 +349,16 @@ __host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int
     fa_row_stats(Ds, Ls, D + ((size_t)b * NH + h) * T, lse + ((size_t)b * NH + h) * T, q0, T, tid);
     fa_sync();
     uint32_t qa[HS / 16][4], dya[HS / 16][4];
-    fa_a_rows<HS>(qa, Qs, warp * 16, g, t);
-    fa_a_rows<HS>(dya, dYs, warp * 16, g, t);
+    fa_a_rows<HS>(qa, Qs, warp * 16, lane);
+    fa_a_rows<HS>(dya, dYs, warp * 16, lane);
     float dq[HS / 8][4], s[FA_TILE / 8][4], dp[FA_TILE / 8][4];
     for (int n = 0; n < HS / 8; n++) { dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f; }
     int last = q0 / FA_TILE;   // the diagonal tile
     for (int kt = 0; kt <= last; kt++) {
         int k0 = kt * FA_TILE, edge = kt == last || q0 + FA_TILE > T;   // else every key <= every query < T
         fa_next_kv<HS>(Ks, Vs, base, k0, T, C, tid);
-        fa_scores<HS>(s, qa, Ks, g, t);     // S (16 queries, 64 keys) = Q_w K^T
-        fa_scores<HS>(dp, dya, Vs, g, t);   // dP = dY_w V^T
+        fa_scores<HS>(s, qa, Ks, lane);     // S (16 queries, 64 keys) = Q_w K^T
+        fa_scores<HS>(dp, dya, Vs, lane);   // dP = dY_w V^T
         for (int j = 0; j < FA_TILE / 8; j++) {
             for (int e = 0; e < 4; e++) {
                 int key = k0 + j * 8 + 2 * t + (e & 1), r = qr[e / 2], q = q0 + r;
@@ -338,7 +366,7 @@ __host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int
                 dp[j][e] = p * (dp[j][e] - Ds[r]) * scale;
             }
         }
-        fa_accumulate<HS>(dq, dp, Ks, g, t);   // dQ_w += dS K
+        fa_accumulate<HS>(dq, dp, Ks, lane);   // dQ_w += dS K
     }
     fa_store_rows<HS>(dqkv + (size_t)b * T * C3 + h * HS, dq, q0 + warp * 16, T, C3, g, t);
 }

@@ -1,6 +1,8 @@
 // The flash attention kernels (llmc/flash_attention.h) replayed on the CPU, thread by thread: each block's
-// 128 threads are CPU threads running the kernels' own bodies, and the three warp operations are emulated
+// 128 threads are CPU threads running the kernels' own bodies, and the four warp operations are emulated
 // from the PTX ISA's description: fa_sync a barrier of the block; fa_shfl_xor an exchange through memory;
+// fa_ldmatrix_x4 gathers the warp's 32 row addresses and hands lane (g, t) row g, columns 2t, 2t + 1 of each
+// of the four 8 x 8 matrices (with trans: column g, rows 2t, 2t + 1);
 // fa_mma rebuilds the warp's A (16 x 16) and B (16 x 8) from every lane's registers ("Matrix Fragments for
 // mma.m16n8k16": a_i at row g (+8 for a2, a3, a6, a7), column 2t + (i & 1) (+8 for a4..a7); b_i at row
 // 2t + (i & 1) (+8 for b2, b3), column g; c_i at row g (+8 for c2, c3), column 2t + (i & 1)) and computes this
@@ -29,6 +31,19 @@ static float emu_shfl_xor(float v, int mask) {
 static float bf16_bits(uint32_t h) { uint32_t u = h << 16; float f; memcpy(&f, &u, 4); return f; }   // bf16 -> fp32, exact
 static float bf16_lo(uint32_t r) { return bf16_bits(r & 0xffffu); }
 static float bf16_hi(uint32_t r) { return bf16_bits(r >> 16); }
+static const floatX *emu_rows[FA_THREADS];
+static int emu_ldmatrix_mutation = 0;   // (--mutate-ldmatrix: the transposed load's rows and columns swapped back)
+static void emu_ldmatrix(uint32_t r[4], const void *row, int trans) {
+    emu_rows[emu_tid] = (const floatX *)row;
+    emu_sync();
+    int w = emu_tid & ~31, lane = emu_tid & 31, g = lane / 4, t = lane % 4;
+    if (emu_ldmatrix_mutation) { trans = !trans; }
+    for (int j = 0; j < 4; j++) {
+        const floatX *const *m = emu_rows + w + 8 * j;   // matrix j's rows 0..7
+        r[j] = trans ? fa_bits2(m[2 * t][g], m[2 * t + 1][g]) : fa_bits2(m[g][2 * t], m[g][2 * t + 1]);
+    }
+    emu_sync();
+}
 static void emu_mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     memcpy(emu_a[emu_tid], a, sizeof(emu_a[0]));
     memcpy(emu_b[emu_tid], b, sizeof(emu_b[0]));
@@ -143,11 +158,14 @@ static void run_case(int B, int T, int NH) {
     free(g_lse); free(smem);
 }
 
-int main(void) {
+// --mutate-ldmatrix: an ldmatrix emulated with .trans inverted must fail every case (the replay's own check)
+int main(int argc, char **argv) {
+    emu_ldmatrix_mutation = argc > 1 && !strcmp(argv[1], "--mutate-ldmatrix");
     pthread_barrier_init(&emu_barrier, NULL, FA_THREADS);
     fa_host_ops.mma = emu_mma;
     fa_host_ops.shfl_xor = emu_shfl_xor;
     fa_host_ops.sync = emu_sync;
+    fa_host_ops.ldmatrix = emu_ldmatrix;
     run_case<64>(1, 130, 2);    // hs 64: two full tiles and a partial one (the causal edge inside a tile, rows past T)
     run_case<128>(2, 64, 1);    // hs 128: one tile, two batch indices
     run_case<64>(1, 7, 1);      // fewer tokens than one warp's rows
