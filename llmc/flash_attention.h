@@ -44,6 +44,9 @@ typedef struct {
     float (*shfl_xor)(float v, int mask);
     void (*sync)(void);
     void (*ldmatrix)(uint32_t r[4], const void *row, int trans);
+    void (*cp_async)(void *dst, const void *src, int bytes);   // bytes 16, or 0: zeros
+    void (*cp_commit)(void);
+    void (*cp_wait)(int pending);
 } FaHostOps;
 static FaHostOps fa_host_ops;
 
@@ -92,6 +95,33 @@ __host__ __device__ inline void fa_ldmatrix_x4(uint32_t r[4], const floatX *row,
 #endif
 }
 
+// Asynchronous copies global -> shared (PTX "cp.async"): 16 bytes, or zeros when src_bytes is 0; commit closes
+// this thread's group of copies issued since the last commit; wait(N) returns once all but this thread's
+// newest N groups have landed (then a barrier makes every thread's copies visible to the block).
+__host__ __device__ inline void fa_cp_async16(floatX *dst, const floatX *src, int src_bytes) {
+#ifdef __CUDA_ARCH__
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(d), "l"(src), "r"(src_bytes));
+#else
+    fa_host_ops.cp_async(dst, src, src_bytes);
+#endif
+}
+__host__ __device__ inline void fa_cp_commit(void) {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.commit_group;");
+#else
+    fa_host_ops.cp_commit();
+#endif
+}
+template <int N>
+__host__ __device__ inline void fa_cp_wait(void) {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.wait_group %0;" :: "n"(N));
+#else
+    fa_host_ops.cp_wait(N);
+#endif
+}
+
 // two bf16 as one 32-bit register, the first in the low half
 __host__ __device__ inline uint32_t fa_bits2(floatX lo, floatX hi) {
     uint16_t a, b;
@@ -113,13 +143,38 @@ __host__ __device__ inline void fa_load_tile(floatX *dst, const floatX *src, int
     }
 }
 
-// the next K, V tiles (keys k0 .. k0 + 63 of the head at base) into Ks, Vs, once every warp is done with the last
+// ... the same copies issued asynchronously (fa_cp_async16), not waited for
 template <int HS>
-__host__ __device__ inline void fa_next_kv(floatX *Ks, floatX *Vs, const floatX *base, int k0, int T, int C, int tid) {
-    fa_sync();
-    fa_load_tile<HS>(Ks, base + C, k0, T, 3 * (size_t)C, tid);
-    fa_load_tile<HS>(Vs, base + 2 * C, k0, T, 3 * (size_t)C, tid);
-    fa_sync();
+__host__ __device__ inline void fa_load_tile_async(floatX *dst, const floatX *src, int r0, int T, size_t ld, int tid) {
+    constexpr int CHUNKS = HS / 8;
+    for (int i = tid; i < FA_TILE * CHUNKS; i += FA_THREADS) {
+        int r = i / CHUNKS, c = (i % CHUNKS) * 8, in = r0 + r < T;
+        fa_cp_async16(dst + r * (HS + 8) + c, src + (size_t)(in ? r0 + r : 0) * ld + c, in ? 16 : 0);
+    }
+}
+
+// Double-buffered K, V tiles (keys 64 kt .. 64 kt + 63 of the head at base in buffer kt % 2): kv points at
+// K0, V0, K1, V1. fa_kv_first issues tile 0; fa_kv_next(kt, last) issues tile kt + 1 (when kt < last) into the
+// other buffer, waits for tile kt and returns it, the copies overlapping the compute on tile kt - 1 ... kt.
+// The caller's fa_sync after its compute frees the buffer the next call refills.
+template <int HS>
+__host__ __device__ inline void fa_kv_first(floatX *kv, const floatX *base, int T, int C, int tid) {
+    fa_load_tile_async<HS>(kv, base + C, 0, T, 3 * (size_t)C, tid);
+    fa_load_tile_async<HS>(kv + FA_TILE * (HS + 8), base + 2 * C, 0, T, 3 * (size_t)C, tid);
+    fa_cp_commit();
+}
+template <int HS>
+__host__ __device__ inline floatX *fa_kv_next(floatX *kv, const floatX *base, int kt, int last, int T, int C, int tid) {
+    constexpr int TILE = FA_TILE * (HS + 8);
+    if (kt < last) {
+        floatX *next = kv + ((kt + 1) % 2) * 2 * TILE;
+        fa_load_tile_async<HS>(next, base + C, (kt + 1) * FA_TILE, T, 3 * (size_t)C, tid);
+        fa_load_tile_async<HS>(next + TILE, base + 2 * C, (kt + 1) * FA_TILE, T, 3 * (size_t)C, tid);
+    }
+    fa_cp_commit();   // (an empty group past the last tile: the wait below counts groups)
+    fa_cp_wait<1>();  // tile kt's copies (all but the newest group) have landed
+    fa_sync();        // ... every thread's
+    return kv + (kt % 2) * 2 * TILE;
 }
 
 // The row this lane addresses in an ldmatrix x4 of a (64, HS + 8) tile whose four 8 x 8 matrices start at row
@@ -211,10 +266,14 @@ __host__ __device__ inline void fa_store_rows(floatX *dst, float acc[HS / 8][4],
     }
 }
 
-// shared memory: forward Q, K, V (64, HS + 8); backward Q, dY, K, V and D, lse (64)
-template <int HS> static size_t fa_forward_smem(void) { return 3 * FA_TILE * (HS + 8) * sizeof(floatX); }
-template <int HS> static size_t fa_backward_smem(void) {
+// shared memory, tiles of (64, HS + 8): forward Q and two K, V; dK/dV Q, dY, K, V and D, lse (64); dQ Q, dY and
+// two K, V and D, lse
+template <int HS> static size_t fa_forward_smem(void) { return 5 * FA_TILE * (HS + 8) * sizeof(floatX); }
+template <int HS> static size_t fa_dkdv_smem(void) {
     return 4 * FA_TILE * (HS + 8) * sizeof(floatX) + 2 * FA_TILE * sizeof(float);
+}
+template <int HS> static size_t fa_dq_smem(void) {
+    return 6 * FA_TILE * (HS + 8) * sizeof(floatX) + 2 * FA_TILE * sizeof(float);
 }
 
 // qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T): block (qt, h, b), the longest rows first (qt = nq - 1 - bx)
@@ -222,7 +281,7 @@ template <int HS>
 __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, int b, int nq, int tid,
                                             floatX *out, float *lse, const floatX *qkv, int T, int C, int NH) {
     constexpr int LDX = HS + 8;
-    floatX *Qs = (floatX *)smem, *Ks = Qs + FA_TILE * LDX, *Vs = Ks + FA_TILE * LDX;
+    floatX *Qs = (floatX *)smem, *kv = Qs + FA_TILE * LDX;   // then K0, V0, K1, V1
     int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     int q0 = (nq - 1 - bx) * FA_TILE, qrow[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};   // this lane's two rows
     size_t C3 = 3 * (size_t)C;
@@ -231,6 +290,7 @@ __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, 
     float scale2 = FA_LOG2E / sqrtf((float)HS), m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     float o[HS / 8][4], s[FA_TILE / 8][4];
     for (int n = 0; n < HS / 8; n++) { o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f; }
+    fa_kv_first<HS>(kv, base, T, C, tid);
     fa_load_tile<HS>(Qs, base, q0, T, C3, tid);
     fa_sync();
     uint32_t qa[HS / 16][4];
@@ -239,7 +299,7 @@ __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, 
     int last = q0 / FA_TILE;
     for (int kt = 0; kt <= last; kt++) {
         int k0 = kt * FA_TILE;
-        fa_next_kv<HS>(Ks, Vs, base, k0, T, C, tid);
+        floatX *Ks = fa_kv_next<HS>(kv, base, kt, last, T, C, tid), *Vs = Ks + FA_TILE * LDX;
         fa_scores<HS>(s, qa, Ks, lane);   // S (16, 64) = Q_w K^T
         // online softmax: mask, the rows' new max (over the 4 lanes of a row), P = exp2(s2 - m_new), l, O rescaled
         float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f}, alpha[2];
@@ -272,6 +332,7 @@ __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, 
             o[n][3] *= alpha[1];
         }
         fa_accumulate<HS>(o, s, Vs, lane);   // O_w += P V
+        fa_sync();   // every warp is done with this K, V buffer: the next call refills it
     }
     for (int i = 0; i < 2; i++) {
         float inv = 1.0f / l[i];
@@ -337,13 +398,14 @@ __host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int
                                                 floatX *dqkv, const floatX *dout, const floatX *qkv, const float *D,
                                                 const float *lse, int T, int C, int NH) {
     constexpr int LDX = HS + 8;
-    floatX *Qs = (floatX *)smem, *dYs = Qs + FA_TILE * LDX, *Ks = dYs + FA_TILE * LDX, *Vs = Ks + FA_TILE * LDX;
-    float *Ds = (float *)(Vs + FA_TILE * LDX), *Ls = Ds + FA_TILE;
+    floatX *Qs = (floatX *)smem, *dYs = Qs + FA_TILE * LDX, *kv = dYs + FA_TILE * LDX;   // then K0, V0, K1, V1
+    float *Ds = (float *)(kv + 4 * FA_TILE * LDX), *Ls = Ds + FA_TILE;
     int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, q0 = (nq - 1 - bx) * FA_TILE;
     int qr[2] = {warp * 16 + g, warp * 16 + g + 8};   // this lane's two query rows, in the tile
     size_t C3 = 3 * (size_t)C;
     const floatX *base = qkv + (size_t)b * T * C3 + h * HS, *dy = dout + (size_t)b * T * C + h * HS;
     float scale = 1.0f / sqrtf((float)HS), scale2 = scale * FA_LOG2E;
+    fa_kv_first<HS>(kv, base, T, C, tid);
     fa_load_tile<HS>(Qs, base, q0, T, C3, tid);
     fa_load_tile<HS>(dYs, dy, q0, T, C, tid);
     fa_row_stats(Ds, Ls, D + ((size_t)b * NH + h) * T, lse + ((size_t)b * NH + h) * T, q0, T, tid);
@@ -356,7 +418,7 @@ __host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int
     int last = q0 / FA_TILE;   // the diagonal tile
     for (int kt = 0; kt <= last; kt++) {
         int k0 = kt * FA_TILE, edge = kt == last || q0 + FA_TILE > T;   // else every key <= every query < T
-        fa_next_kv<HS>(Ks, Vs, base, k0, T, C, tid);
+        floatX *Ks = fa_kv_next<HS>(kv, base, kt, last, T, C, tid), *Vs = Ks + FA_TILE * LDX;
         fa_scores<HS>(s, qa, Ks, lane);     // S (16 queries, 64 keys) = Q_w K^T
         fa_scores<HS>(dp, dya, Vs, lane);   // dP = dY_w V^T
         for (int j = 0; j < FA_TILE / 8; j++) {
@@ -367,6 +429,7 @@ __host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int
             }
         }
         fa_accumulate<HS>(dq, dp, Ks, lane);   // dQ_w += dS K
+        fa_sync();   // every warp is done with this K, V buffer
     }
     fa_store_rows<HS>(dqkv + (size_t)b * T * C3 + h * HS, dq, q0 + warp * 16, T, C3, g, t);
 }
@@ -423,7 +486,7 @@ static void flash_setup(int B, int T, int NH) {
 template <int HS>
 static void flash_backward_launch(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
                                   const float *lse, int B, int T, int C, int NH) {
-    size_t smem = fa_backward_smem<HS>();
+    size_t smem = fa_dkdv_smem<HS>(), smem_dq = fa_dq_smem<HS>();
     dim3 grid(ceil_div(T, FA_TILE), NH, B);
     flash_setup(B, T, NH);   // (set up before: a no-op)
     flash_row_dot_kernel<HS><<<dim3(ceil_div(T, 128), NH, B), 128, 0, main_stream>>>(fa_D, dout, out, T, C, NH);
@@ -433,8 +496,8 @@ static void flash_backward_launch(floatX *dqkv, const floatX *dout, const floatX
     flash_backward_dkdv_kernel<HS><<<grid, FA_THREADS, smem, main_stream>>>(dqkv, dout, qkv, fa_D, lse, T, C, NH);
     cudaCheckLaunch();
     cudaCheck(cudaFuncSetAttribute(flash_backward_dq_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)smem));
-    flash_backward_dq_kernel<HS><<<grid, FA_THREADS, smem, main_stream>>>(dqkv, dout, qkv, fa_D, lse, T, C, NH);
+                                   (int)smem_dq));
+    flash_backward_dq_kernel<HS><<<grid, FA_THREADS, smem_dq, main_stream>>>(dqkv, dout, qkv, fa_D, lse, T, C, NH);
     cudaCheckLaunch();
 }
 #endif

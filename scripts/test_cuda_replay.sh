@@ -9,7 +9,10 @@ cd "$(dirname "$0")/.."
 export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
 make -s -C dev/cuda replay 2>&1 || echo "FAIL make -C dev/cuda replay"
 make -s -C dev/cuda flash-replay 2>&1 || echo "FAIL make -C dev/cuda flash-replay"
-# the replay's emulation must be able to fail: an ldmatrix with .trans inverted fails every flash case
-n=$(./dev/cuda/bin/flash_replay --mutate-ldmatrix 2>&1 | grep -c '^FAIL')
-[ "$n" -ge 12 ] && echo "ok   flash replay with a wrong ldmatrix (.trans inverted) fails: $n of 12 comparisons" \
-    || echo "FAIL flash replay with a wrong ldmatrix (.trans inverted) fails only $n of 12 comparisons"
+# the replay's emulation must be able to fail: an ldmatrix with .trans inverted, a cp.async wait that retires one
+# group too few (its tile read before it landed)
+for m in ldmatrix cp-wait; do
+    n=$(./dev/cuda/bin/flash_replay --mutate-$m 2>&1 | grep -c '^FAIL flash replay B')
+    [ "$n" -ge 1 ] && echo "ok   flash replay --mutate-$m fails: $n of 12 comparisons" \
+        || echo "FAIL flash replay --mutate-$m: the mutation was not caught"
+done
