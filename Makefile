@@ -3,6 +3,8 @@
 # make BUILD_DIR=build/cuda BACKEND=cuda  -> puts the binaries elsewhere (CI builds both backends)
 # make NO_MPI=1         -> one process, no Open MPI and no NCCL needed (llmc/mpi_single.h): one GPU or the CPU
 # make COMM_HOST_CHUNK=1000 -> MPI calls of at most 1000 elements (the matrix tests the pieces of large counts)
+# make USE_CUDNN=1      -> CUDA build with --attention cudnn (cuDNN's fused attention; llm.c's names): cuDNN from
+#                          CUDA_HOME, the frontend's headers from CUDNN_FRONTEND_PATH (default: .venv's, make setup)
 # make setup            -> scripts/setup.sh: installs what is missing (apt packages; PyPI ones into .venv)
 # make train            -> setup, build, tinyshakespeare in GPT-2 tokens, a small model trained (samples printed),
 #                          its loss curve (scripts/train_tinyshakespeare.sh; TS_TEXT=... for another text file)
@@ -54,7 +56,7 @@ TARGETS := $(BUILD_DIR)/train_gpt $(BUILD_DIR)/test_gpt
 # the build configuration, in a file that changes when it does: switching BACKEND, PRECISION, NO_MPI
 # or CUDA_ARCH rebuilds the binaries instead of keeping ones built for another configuration
 CHUNK_CFLAGS := $(if $(COMM_HOST_CHUNK),-DCOMM_HOST_CHUNK=$(COMM_HOST_CHUNK))
-CONFIG := $(BACKEND) $(PRECISION) nompi=$(NO_MPI) sm_$(CUDA_ARCH) chunk=$(COMM_HOST_CHUNK)
+CONFIG := $(BACKEND) $(PRECISION) nompi=$(NO_MPI) sm_$(CUDA_ARCH) chunk=$(COMM_HOST_CHUNK) cudnn=$(USE_CUDNN)
 STAMP := $(BUILD_DIR)/.build-config
 $(shell mkdir -p $(BUILD_DIR) && (echo '$(CONFIG)' | cmp -s - $(STAMP) || echo '$(CONFIG)' > $(STAMP)))
 
@@ -86,6 +88,18 @@ else ifeq ($(BACKEND),cuda)
   NVCCFLAGS := -O3 $(if $(filter FP32,$(PRECISION)),,--use_fast_math) -std=c++17 -arch=sm_$(CUDA_ARCH) -Xcompiler -fopenmp,-Wall,-Wno-unused-function \
                $(MPI_CFLAGS) $(CHUNK_CFLAGS) -I$(CUDA_HOME)/include $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32)
   LDLIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas $(NCCL_LIB) -lgomp $(MPI_LDFLAGS)
+  ifeq ($(USE_CUDNN),1)
+    CUDNN_FRONTEND_PATH ?= $(firstword $(patsubst %/cudnn_frontend.h,%,$(wildcard .venv/lib/python3*/site-packages/include/cudnn_frontend.h)))
+    ifeq ($(wildcard $(CUDNN_FRONTEND_PATH)/cudnn_frontend.h)$(SKIP_CHECKS),)
+      $(error USE_CUDNN=1: cudnn_frontend.h not found (CUDNN_FRONTEND_PATH='$(CUDNN_FRONTEND_PATH)'): make setup installs it into .venv)
+    endif
+    ifeq ($(wildcard $(CUDA_HOME)/include/cudnn.h /usr/include/cudnn.h /usr/include/x86_64-linux-gnu/cudnn.h)$(SKIP_CHECKS),)
+      $(error USE_CUDNN=1: cudnn.h not found (cuDNN: in CUDA_HOME/include or /usr/include))
+    endif
+    # (-isystem: the frontend's own headers warn; nvrtc: its runtime-compiled engines)
+    NVCCFLAGS += -DUSE_CUDNN -isystem $(CUDNN_FRONTEND_PATH)
+    LDLIBS += -lcudnn -lnvrtc
+  endif
   COMPILE = $(NVCC) $(NVCCFLAGS) $< -o $@ $(LDLIBS)
 else
   $(error BACKEND must be cpu or cuda, got '$(BACKEND)')
@@ -131,6 +145,8 @@ test:
 	    $(MAKE) --no-print-directory BACKEND=cuda BUILD_DIR=build/cuda -j$(JOBS) && \
 	    $(MAKE) --no-print-directory BACKEND=cuda BUILD_DIR=build/cuda-fp32 PRECISION=FP32 -j$(JOBS) && \
 	    $(MAKE) --no-print-directory BACKEND=cuda BUILD_DIR=build/cuda-nompi NO_MPI=1 -j$(JOBS) && \
+	    if [ -f $(CUDA_HOME)/include/cudnn.h ]; then $(MAKE) --no-print-directory BACKEND=cuda BUILD_DIR=build/cuda-cudnn USE_CUDNN=1 -j$(JOBS); \
+	    else echo "== no cudnn.h in $(CUDA_HOME)/include: the USE_CUDNN=1 build skipped"; fi && \
 	    if [ -f dev/cuda/Makefile ]; then PATH="$(CUDA_HOME)/bin:$$PATH" $(MAKE) --no-print-directory -C dev/cuda -j$(JOBS); fi; \
 	else echo "== nvcc not found: CUDA build skipped"; fi
 	@echo "== CPU build, and the single-process build without MPI that the matrix also runs"

@@ -31,7 +31,7 @@ typedef struct {
     int max_skips, help;
     float skip_loss_z, skip_norm_z;     // -sl, -sg: skip an update this many standard deviations above (0 off)
     const char *recompute;
-    const char *attention;       // the CUDA build's attention path: cublas or flash
+    const char *attention;       // the CUDA build's attention path: cublas, flash or cudnn
     int async_checkpoint, overlap;
     int comm_streams;            // --comm-streams 1: every group's NCCL calls on one stream (CUDA)
     int plan;                    // --plan N: print the memory plan for N ranks and exit
@@ -232,8 +232,8 @@ static const Flag FLAGS[] = {
         "recompute the MLP's fc/GELU outputs, or whole layers, in the backward (none)"},
     {"--overlap", 0, F_INT, ARG(overlap), 0, 1, 0, "0|1",
         "ZeRO-3: gather the next layer while one computes; pipeline: post receives early (1)"},
-    {"--attention", 0, F_CHOICE, ARG(attention), 0, 0, "cublas|flash", "PATH",
-        "CUDA attention: cuBLAS through an (NH, T, T) workspace, or the flash kernels (cublas)"},
+    {"--attention", 0, F_CHOICE, ARG(attention), 0, 0, "cublas|flash|cudnn", "PATH",
+        "CUDA attention: cuBLAS through an (NH, T, T) workspace, the flash kernels, or cuDNN's (make USE_CUDNN=1) (cublas)"},
     {"--plan", 0, F_INT, ARG(plan), 1, 1 << 20, 0, "N",
         "print every rank's planned peak memory for a world of N ranks, and exit"},
     {"--plan-precision", 0, F_CHOICE, ARG(plan_precision), 0, 0, "bf16|fp32", "P",
@@ -519,6 +519,9 @@ static int layout_error(Args *a, const GPT2Config *c, int world, char *err, size
     if (hs != 16 && hs != 32 && hs != 64 && hs != 128) {
         LAYOUT_FAIL("head size C/NH = %d: the CUDA attention supports 16, 32, 64, 128", hs);
     }
+#ifndef USE_CUDNN
+    if (!strcmp(a->attention, "cudnn")) { LAYOUT_FAIL("--attention cudnn: this build has no cuDNN (make USE_CUDNN=1)"); }
+#endif
 #endif
     return 0;
 }
@@ -534,7 +537,9 @@ static void validate_layout(Args *a, const GPT2Config *c, int world, int rank) {
 // the MoE buffers are sized for dropless routing.
 static int args_samples(const Args *a) { return a->sample_every > 0 || a->prompt_ids != NULL || a->prompt != NULL; }
 
-static int attention_path_of(const Args *a) { return !strcmp(a->attention, "flash") ? ATT_FLASH : ATT_CUBLAS; }
+static int attention_path_of(const Args *a) {
+    return !strcmp(a->attention, "flash") ? ATT_FLASH : !strcmp(a->attention, "cudnn") ? ATT_CUDNN : ATT_CUBLAS;
+}
 
 static PipeSchedule pipe_schedule(const char *name) {
     return !strcmp(name, "gpipe") ? SCHEDULE_GPIPE : !strcmp(name, "interleaved") ? SCHEDULE_INTERLEAVED

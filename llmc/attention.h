@@ -9,6 +9,7 @@
 #include "alloc.h"
 #include "matmul.h"            // (matmul_setup: the cuBLASLt workspace the attention GEMMs share)
 #include "flash_attention.h"
+#include "cudnn_attention.h"       // (--attention cudnn: a build with USE_CUDNN=1)
 
 // The CUDA build's attention paths (--attention): cuBLAS, the default (tensor-core GEMMs through an
 // (NH, T, T) workspace), flash (flash_attention.h: tensor cores, no (T, T) anywhere; bf16 builds, head
@@ -17,8 +18,10 @@
 #define ATT_TILED 0
 #define ATT_CUBLAS 1
 #define ATT_FLASH 2
+#define ATT_CUDNN 3
 static int attention_path = ATT_CUBLAS;
 static int attention_flash_applies(int hs, size_t floatx) { return floatx == 2 && (hs == 64 || hs == 128); }
+static int attention_cudnn_applies(int hs, size_t floatx) { return floatx == 2 && hs % 8 == 0 && hs <= 128; }
 
 // The cuBLAS path's workspace for one batch index (att_cublas_setup below): S and dP in fp32, P and dS
 // in floatX, (NH, T, T) each, every region 256-byte aligned.
@@ -26,10 +29,11 @@ static size_t attention_cublas_workspace_bytes(int T, int NH, size_t floatx) {
     size_t n = (size_t)NH * T * T;
     return 2 * ((n * 4 + 255) / 256 * 256) + 2 * ((n * floatx + 255) / 256 * 256);
 }
-// ... what path `path` allocates: flash (where it applies) its backward's D (B, NH, T)
+// ... what path `path` allocates: flash (where it applies) its backward's D (B, NH, T), cuDNN its workspace
 static size_t attention_workspace_bytes(int path, int B, int T, int NH, int hs, size_t floatx) {
-    return path == ATT_FLASH && attention_flash_applies(hs, floatx) ? flash_workspace_bytes(B, T, NH)
-            : attention_cublas_workspace_bytes(T, NH, floatx);
+    if (path == ATT_FLASH && attention_flash_applies(hs, floatx)) { return flash_workspace_bytes(B, T, NH); }
+    if (path == ATT_CUDNN && attention_cudnn_applies(hs, floatx)) { return cudnn_workspace_bytes(B, T, NH * hs, NH); }
+    return attention_cublas_workspace_bytes(T, NH, floatx);
 }
 
 // qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T)
@@ -773,9 +777,11 @@ static void attention_backward_cublas(floatX *dqkv, const floatX *dout, const fl
 }
 // ---- end of the cuBLAS path -------------------------------------------------------------------
 
-// the path a call takes: attention_path, flash only where it applies
+// the path a call takes: attention_path, flash and cuDNN only where they apply
 static int attention_path_for(int hs) {
-    return attention_path == ATT_FLASH && !attention_flash_applies(hs, sizeof(floatX)) ? ATT_CUBLAS : attention_path;
+    if (attention_path == ATT_FLASH && !attention_flash_applies(hs, sizeof(floatX))) { return ATT_CUBLAS; }
+    if (attention_path == ATT_CUDNN && !attention_cudnn_applies(hs, sizeof(floatX))) { return ATT_CUBLAS; }
+    return attention_path;
 }
 
 static void attention_forward_cuda(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
@@ -790,6 +796,9 @@ static void attention_forward_cuda(floatX *out, float *lse, const floatX *qkv, i
         }
         return;
     }
+#endif
+#if defined(USE_CUDNN) && !defined(ENABLE_FP32)
+    if (path == ATT_CUDNN) { attention_forward_cudnn(out, lse, qkv, B, T, C, NH); return; }
 #endif
     if (path == ATT_CUBLAS) { attention_forward_cublas(out, lse, qkv, B, T, C, NH); return; }
     switch (hs) {
@@ -811,6 +820,9 @@ static void attention_backward_cuda(floatX *dqkv, const floatX *dout, const floa
         return;
     }
 #endif
+#if defined(USE_CUDNN) && !defined(ENABLE_FP32)
+    if (path == ATT_CUDNN) { attention_backward_cudnn(dqkv, dout, qkv, out, lse, B, T, C, NH); return; }
+#endif
     if (path == ATT_CUBLAS) { attention_backward_cublas(dqkv, dout, qkv, out, lse, B, T, C, NH); return; }
     switch (hs) {
         case 16: attention_backward_launch<16>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
@@ -829,6 +841,9 @@ static void attention_setup(int B, int T, int C, int NH) {
     if (path == ATT_CUBLAS) { att_cublas_setup(T, NH); }
 #if !defined(ENABLE_FP32)
     if (path == ATT_FLASH) { flash_setup(B, T, NH); }
+#endif
+#if defined(USE_CUDNN) && !defined(ENABLE_FP32)
+    if (path == ATT_CUDNN) { cudnn_attention_setup(B, T, C, NH); }
 #endif
 #else
     (void)B; (void)T; (void)C; (void)NH;

@@ -108,6 +108,16 @@ fi
 # 4b. the same with the flash attention kernels (no (NH, T, T) workspace)
 step throughput_124m_flash 120 "./build/cuda/train_gpt -e d12 -b 16 -t 1024 -x 20 -v 0 -s 0 --ce-chunk 2048 --attention flash --memory-report"
 
+# 4c. cuDNN's fused attention (make USE_CUDNN=1: needs the frontend's headers, .venv/lib/python3*/site-packages/include
+#     from make setup on a machine with PyPI: carry it), checked against the d4 reference, then the same step
+if ls .venv/lib/python3*/site-packages/include/cudnn_frontend.h >/dev/null 2>&1 && [ -f /usr/local/cuda/include/cudnn.h ]; then
+    step build_cuda_cudnn 300 "make BACKEND=cuda BUILD_DIR=build/cuda-cudnn USE_CUDNN=1 CUDA_ARCH=$CUDA_ARCH $MPI_FLAG -j2"
+    [ -f refs/d4/state.bin ] && step test_gpt_bf16_d4_cudnn 120 "./build/cuda-cudnn/test_gpt --ref refs/d4 -b 4 --check-memory --attention cudnn"
+    step throughput_124m_cudnn 120 "./build/cuda-cudnn/train_gpt -e d12 -b 16 -t 1024 -x 20 -v 0 -s 0 --ce-chunk 2048 --attention cudnn --memory-report"
+else
+    SUMMARY+=("skip  cudnn: no cudnn_frontend.h in .venv (carry .venv/lib/python3*/site-packages/include) or no cudnn.h")
+fi
+
 # 5. the same shape with MoE every 2nd layer (E 8, top-2, F 1.25): tokens/s beside the dense run
 step throughput_124m_moe 180 "./build/cuda/train_gpt -e d12 --experts 8 --topk 2 --moe-every 2 -b 16 -t 1024 -x 20 -v 0 -s 0 --ce-chunk 2048 --memory-report"
 

@@ -11,6 +11,8 @@
 #     transformers==4.49.0 safetensors       dev/hf.py (Hugging Face export/import) and its test; 4.49 is the
 #                                            newest transformers that runs on Debian's torch 1.13 (4.50 needs
 #                                            torch.distributed.tensor, 5.x torch >= 2.4)
+#     nvidia-cudnn-frontend==1.32.0          cuDNN's header-only C++ frontend for `make USE_CUDNN=1` (its headers
+#                                            only: installed without its dependencies, ~3 MB)
 # Why a venv: Debian 12's python is "externally managed" (PEP 668), so pip refuses to install into it
 # without --break-system-packages, and with it, today's matplotlib would pull numpy 2 over Debian's
 # numpy 1.24, which Debian's torch 1.13 is built against. .venv keeps the PyPI packages apart (delete
@@ -100,5 +102,13 @@ if [ -n "$missing" ]; then
         echo "  without matplotlib, dev/plot.py cannot draw; without transformers and safetensors, dev/hf.py cannot run"
     fi
     rm -f "$CONSTRAINTS"
+fi
+# cuDNN's frontend: headers only (its Python dependencies are not needed: --no-deps)
+if ! ls "$VENV"/lib/python3*/site-packages/include/cudnn_frontend.h >/dev/null 2>&1; then
+    echo "setup: pip install --no-deps nvidia-cudnn-frontend==1.32.0 (into $VENV)"
+    if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps nvidia-cudnn-frontend==1.32.0 >"$LOG" 2>&1; then
+        echo "setup: pip failed (no network?); without cuDNN's frontend the USE_CUDNN=1 build cannot compile:"
+        tail -n 3 "$LOG" | sed 's/^/  /'
+    fi
 fi
 exit $status

@@ -5,7 +5,7 @@
 # 6 N + 6 L C T per token, N the parameters with the padded vocabulary) against 790 TFLOP/s (an H200's dense bf16
 # as measured reachable) and 989 (its data sheet).
 #   PyTorch: bf16 autocast, F.scaled_dot_product_attention, torch.compile, fused AdamW (dev/bench/torch_gpt2.py)
-#   ours:    --attention cublas, then flash; --ce-chunk 2048
+#   ours:    --attention cublas, then flash, then cudnn (when build/cuda-cudnn exists); --ce-chunk 2048
 # usage: bash dev/bench/bench_gpu.sh [BIN_DIR (build/cuda)] [STEPS (30)]    (from the repo root, after the CUDA build)
 # env: DEVICE=cpu L= C= NH= B= T= runs the plumbing on the CPU build with a small model (no timing worth reading);
 #      PY (python3: the GPU machine's PyTorch with CUDA)
@@ -55,6 +55,9 @@ ours() {   # NAME ARGS...: one run; its mean step ("average step: X ms": the ste
 if [ "$DEVICE" = cuda ]; then
     ours "train_gpt --attention cublas" --attention cublas
     ours "train_gpt --attention flash" --attention flash
+    if [ -x build/cuda-cudnn/train_gpt ]; then   # (make USE_CUDNN=1 BUILD_DIR=build/cuda-cudnn)
+        B0=$BIN; BIN=build/cuda-cudnn; ours "train_gpt --attention cudnn" --attention cudnn; BIN=$B0
+    fi
     TORCH_FLAGS="--device cuda --bf16 --sdpa --compile"
 else
     ours "train_gpt (CPU build)"
