@@ -472,6 +472,9 @@ static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *g, cons
         matmul_setup();
 #endif
         if (g->cp == 1 && m->Ls > 0) { attention_setup(o->B, o->T, m->Cl, m->NHl); }
+#if defined(USE_CUDA) && !defined(ENABLE_FP32)
+        if (g->cp > 1 && m->Ls > 0 && cp_flash(m->Cl, m->NHl)) { flash_setup(o->B, o->T, m->NHl); }   // the ring's D
+#endif
         m->step_tokens = (int *)host_alloc_pinned(sizeof(int) * 2 * o->accum * m->BT);
     }
     m->loss_limit = 2.0f * logf((float)c->vocab_size);   // the fixed bound; the run adds -sl / -sg's
@@ -1145,6 +1148,9 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
             mem_alloc(attention_workspace_bytes(attention_path_of(a), m.B, m.T, m.NHl, c->channels / c->num_heads,
                                                 b.floatx), MEM_WORKSPACE);
         }
+        if (a->cp > 1 && m.Ls > 0 && attention_flash_applies(c->channels / c->num_heads, b.floatx)) {
+            mem_alloc(flash_workspace_bytes(m.B, m.T, m.NHl), MEM_WORKSPACE);   // the ring's flash blocks: D
+        }
     }
     MemPlan p = mem_plan_end();
     p.slots = m.pipe.nslots;
@@ -1685,6 +1691,16 @@ static void run_setup(Run *r) {
     r->saved = -1;
     r->model.moe.time_a2a = a->comm_report && r->config.num_experts > 0;
     r->model.pipe.time_waits = a->comm_report || a->trace_dir != NULL;
+    // each GEMM's cuBLASLt algorithm: a one-rank run times the candidates once and keeps them in -o (matmul.h)
+    static char choices[1100];
+    matmul_tune = !a->deterministic && r->world == 1;
+    if (matmul_tune && a->output_dir) {
+        path_join(choices, a->output_dir, "gemm_choices.txt");
+        matmul_choices_path = choices;
+    }
+#ifdef USE_CUDA
+    if (matmul_tune) { matmul_choices_load(); }
+#endif
     mem_setup_done();   // from here no buffer is allocated or freed (alloc.h)
 }
 
@@ -1736,7 +1752,13 @@ static void run_step(Run *r, int step) {
                  "%d); the parameters are those before step %d, and no checkpoint holds a non-finite value", step + 1,
                  m->skips_in_a_row, a->max_skips, step + 2 - m->skips_in_a_row);
     }
-    if (step == r->start_step) { report_first_step(a, m, r->accum); r->allocations = mem_allocations; }
+    if (step == r->start_step) {
+        report_first_step(a, m, r->accum);
+        r->allocations = mem_allocations;
+#ifdef USE_CUDA
+        if (matmul_tune) { matmul_choices_save(); }   // (every problem of a step has made its choice)
+#endif
+    }
     if (a->checkpoint_every > 0 && (step + 1) % a->checkpoint_every == 0) {
         save_checkpoint(m, a->output_dir, step + 1, &r->train_loader, &r->sample_rng, a->total_batch,
                         a->async_checkpoint, r->max_steps);

@@ -32,6 +32,7 @@ typedef struct {
     float skip_loss_z, skip_norm_z;     // -sl, -sg: skip an update this many standard deviations above (0 off)
     const char *recompute;
     const char *attention;       // the CUDA build's attention path: cublas, flash or cudnn
+    int deterministic;           // --deterministic: every GEMM with the cuBLASLt heuristic's first algorithm
     int async_checkpoint, overlap;
     int comm_streams;            // --comm-streams 1: every group's NCCL calls on one stream (CUDA)
     int plan;                    // --plan N: print the memory plan for N ranks and exit
@@ -234,6 +235,8 @@ static const Flag FLAGS[] = {
         "ZeRO-3: gather the next layer while one computes; pipeline: post receives early (1)"},
     {"--attention", 0, F_CHOICE, ARG(attention), 0, 0, "cublas|flash|cudnn", "PATH",
         "CUDA attention: cuBLAS through an (NH, T, T) workspace, the flash kernels, or cuDNN's (make USE_CUDNN=1) (cublas)"},
+    {"--deterministic", 0, F_SWITCH, ARG(deterministic), 0, 0, 0, 0,
+        "CUDA: each GEMM with cuBLASLt's first-ranked algorithm, untimed (else a one-rank run times the candidates once, kept in -o)"},
     {"--plan", 0, F_INT, ARG(plan), 1, 1 << 20, 0, "N",
         "print every rank's planned peak memory for a world of N ranks, and exit"},
     {"--plan-precision", 0, F_CHOICE, ARG(plan_precision), 0, 0, "bf16|fp32", "P",

@@ -15,6 +15,9 @@
 // so it travels while they compute (the blocks only read what is sent; what arrives goes to the other
 // buffer); dk, dv are sent once the blocks have added to them.
 // Rank i's local rows: [0, c) are sequence positions i*c .., [c, 2c) positions (2N-1-i)*c .. .
+// A block is flash attention over offset rows, causal or whole, merged: in the bf16 CUDA build at head size 64
+// or 128 it runs through flash_attention.h's kernels (FaArgs: the rows, the merge, the adds; D once per
+// backward); elsewhere through the blocks below (CUDA: a warp per query row; CPU: attention.h's BLAS panels).
 #ifndef LLMC_CONTEXT_PARALLEL_H
 #define LLMC_CONTEXT_PARALLEL_H
 
@@ -295,8 +298,37 @@ __global__ void attention_block_init_kernel(floatX *out, float *lse, size_t nout
 }
 #endif
 
+#if defined(USE_CUDA) && !defined(ENABLE_FP32)
+// A ring block through the flash kernels (bf16, head size 64 or 128): queries rows [q0, q0 + n) of qkv, keys and
+// values rows [k0, k0 + n) of kv, merged into out and lse (row q0 + i of (B, NH, T)); the backward adds into dqkv's
+// q part and dkv, with D (flash_row_dot of the final out, once per backward) in fa_D.
+static FaArgs cp_flash_args(floatX *out, float *lse, const floatX *qkv, const floatX *kv, int T, int C, int NH, int q0,
+                            int k0, int n, int causal) {
+    FaArgs a;
+    memset(&a, 0, sizeof(a));
+    a.q = qkv + (size_t)q0 * 3 * C; a.k = kv + (size_t)k0 * 2 * C; a.v = a.k + C;
+    a.q_ld = 3 * (size_t)C; a.q_bs = (size_t)T * 3 * C; a.kv_ld = 2 * (size_t)C; a.kv_bs = (size_t)T * 2 * C;
+    a.nq = a.nk = n; a.causal = causal; a.NH = NH;
+    a.out = out + (size_t)q0 * C; a.out_ld = C; a.out_bs = (size_t)T * C;
+    a.lse = lse; a.lse_T = T; a.lse_off = q0; a.merge = 1;
+    return a;
+}
+#endif
+// whether the ring's blocks run through the flash kernels (bf16 CUDA build, head size 64 or 128; else the
+// warp-per-row kernels below, or the CPU's BLAS panels)
+static int cp_flash(int C, int NH) {
+    return attention_flash_applies(C / NH, sizeof(floatX));
+}
+
 static void attention_block_forward(floatX *out, float *lse, const floatX *qkv, const floatX *kv, int B, int T, int C,
                                     int NH, int q0, int k0, int n, int causal) {
+#if defined(USE_CUDA) && !defined(ENABLE_FP32)
+    if (cp_flash(C, NH)) {
+        FaArgs a = cp_flash_args(out, lse, qkv, kv, T, C, NH, q0, k0, n, causal);
+        if (C / NH == 64) { flash_forward_args<64>(a, B); } else { flash_forward_args<128>(a, B); }
+        return;
+    }
+#endif
 #ifdef USE_CUDA
     attention_block_forward_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(out, lse, qkv, kv, T, C, NH, q0, k0, n,
             causal);
@@ -309,6 +341,18 @@ static void attention_block_forward(floatX *out, float *lse, const floatX *qkv, 
 static void attention_block_backward(floatX *dqkv, floatX *dkv, const floatX *dout, const floatX *qkv,
                                      const floatX *out, const float *lse, const floatX *kv, int B, int T, int C,
                                      int NH, int q0, int k0, int n, int causal) {
+#if defined(USE_CUDA) && !defined(ENABLE_FP32)
+    if (cp_flash(C, NH)) {
+        FaArgs a = cp_flash_args((floatX *)out, (float *)lse, qkv, kv, T, C, NH, q0, k0, n, causal);
+        a.merge = 0;
+        a.dout = dout + (size_t)q0 * C; a.D = fa_D;
+        a.dq = dqkv + (size_t)q0 * 3 * C; a.dq_ld = 3 * (size_t)C; a.dq_bs = (size_t)T * 3 * C;
+        a.dk = dkv + (size_t)k0 * 2 * C; a.dv = a.dk + C; a.dkv_ld = 2 * (size_t)C; a.dkv_bs = (size_t)T * 2 * C;
+        a.add = 1;
+        if (C / NH == 64) { flash_backward_args<64>(a, B); } else { flash_backward_args<128>(a, B); }
+        return;
+    }
+#endif
 #ifdef USE_CUDA
     attention_block_backward_dq_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(dqkv, dout, qkv, out, lse, kv, T, C, NH,
             q0, k0, n, causal);
@@ -406,6 +450,11 @@ static void cp_attention_backward(CPRing *r, floatX *dqkv, const floatX *dout, f
     memset_zero_device(dqkv, (size_t)B * T * 3 * C * sizeof(floatX));
     memset_zero_device(r->dkv[0], n * sizeof(floatX));
     cp_kv_copy(r->kv[0], qkv, (size_t)B * T, C, 1);
+#if defined(USE_CUDA) && !defined(ENABLE_FP32)
+    if (cp_flash(C, NH)) {   // D = dY.Y of every local query row, once (the flash blocks read it)
+        if (C / NH == 64) { flash_row_dot<64>(dout, out, B, T, C, NH); } else { flash_row_dot<128>(dout, out, B, T, C, NH); }
+    }
+#endif
     for (int s = 0; s < N; s++, cur = !cur) {
         CommRequest hop[2] = {};
         if (s < N - 1) { cp_hop(r, r->kv, cur, n, hop); }

@@ -153,23 +153,24 @@ __host__ __device__ inline void fa_load_tile_async(floatX *dst, const floatX *sr
     }
 }
 
-// Double-buffered K, V tiles (keys 64 kt .. 64 kt + 63 of the head at base in buffer kt % 2): kv points at
+// Double-buffered K, V tiles (keys 64 kt .. 64 kt + 63 of rows k, v (ld, nk rows) in buffer kt % 2): kv points at
 // K0, V0, K1, V1. fa_kv_first issues tile 0; fa_kv_next(kt, last) issues tile kt + 1 (when kt < last) into the
 // other buffer, waits for tile kt and returns it, the copies overlapping the compute on tile kt - 1 ... kt.
 // The caller's fa_sync after its compute frees the buffer the next call refills.
 template <int HS>
-__host__ __device__ inline void fa_kv_first(floatX *kv, const floatX *base, int T, int C, int tid) {
-    fa_load_tile_async<HS>(kv, base + C, 0, T, 3 * (size_t)C, tid);
-    fa_load_tile_async<HS>(kv + FA_TILE * (HS + 8), base + 2 * C, 0, T, 3 * (size_t)C, tid);
+__host__ __device__ inline void fa_kv_first(floatX *kv, const floatX *k, const floatX *v, size_t ld, int nk, int tid) {
+    fa_load_tile_async<HS>(kv, k, 0, nk, ld, tid);
+    fa_load_tile_async<HS>(kv + FA_TILE * (HS + 8), v, 0, nk, ld, tid);
     fa_cp_commit();
 }
 template <int HS>
-__host__ __device__ inline floatX *fa_kv_next(floatX *kv, const floatX *base, int kt, int last, int T, int C, int tid) {
+__host__ __device__ inline floatX *fa_kv_next(floatX *kv, const floatX *k, const floatX *v, size_t ld, int nk, int kt,
+                                              int last, int tid) {
     constexpr int TILE = FA_TILE * (HS + 8);
     if (kt < last) {
         floatX *next = kv + ((kt + 1) % 2) * 2 * TILE;
-        fa_load_tile_async<HS>(next, base + C, (kt + 1) * FA_TILE, T, 3 * (size_t)C, tid);
-        fa_load_tile_async<HS>(next + TILE, base + 2 * C, (kt + 1) * FA_TILE, T, 3 * (size_t)C, tid);
+        fa_load_tile_async<HS>(next, k, (kt + 1) * FA_TILE, nk, ld, tid);
+        fa_load_tile_async<HS>(next + TILE, v, (kt + 1) * FA_TILE, nk, ld, tid);
     }
     fa_cp_commit();   // (an empty group past the last tile: the wait below counts groups)
     fa_cp_wait<1>();  // tile kt's copies (all but the newest group) have landed
@@ -252,16 +253,18 @@ __host__ __device__ inline void fa_row_stats(float *Ds, float *Ls, const float *
     }
 }
 
-// a warp's accumulators (16 x HS) -> rows row0 + g, row0 + g + 8 of dst (ld), rows >= T skipped
+// a warp's accumulators (16 x HS) -> rows row0 + g, row0 + g + 8 of dst (ld), rows >= n skipped; add: added to
+// what dst holds (each element is one thread's)
 template <int HS>
-__host__ __device__ inline void fa_store_rows(floatX *dst, float acc[HS / 8][4], int row0, int T, size_t ld, int g,
-                                              int t) {
+__host__ __device__ inline void fa_store_rows(floatX *dst, float acc[HS / 8][4], int row0, int n, size_t ld, int g,
+                                              int t, int add) {
     for (int i = 0; i < 2; i++) {
         int r = row0 + g + 8 * i;
-        if (r >= T) { continue; }
-        for (int n = 0; n < HS / 8; n++) {
-            dst[(size_t)r * ld + n * 8 + 2 * t] = (floatX)acc[n][2 * i];
-            dst[(size_t)r * ld + n * 8 + 2 * t + 1] = (floatX)acc[n][2 * i + 1];
+        if (r >= n) { continue; }
+        for (int c = 0; c < HS / 8; c++) {
+            floatX *x = dst + (size_t)r * ld + c * 8 + 2 * t;
+            x[0] = (floatX)(acc[c][2 * i] + (add ? (float)x[0] : 0.0f));
+            x[1] = (floatX)(acc[c][2 * i + 1] + (add ? (float)x[1] : 0.0f));
         }
     }
 }
@@ -276,49 +279,93 @@ template <int HS> static size_t fa_dq_smem(void) {
     return 6 * FA_TILE * (HS + 8) * sizeof(floatX) + 2 * FA_TILE * sizeof(float);
 }
 
-// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T): block (qt, h, b), the longest rows first (qt = nq - 1 - bx)
+// One attention problem of the flash bodies, per (batch b, head h): queries rows [0, nq) of q, keys and values
+// rows [0, nk) of k, v (head h at column h HS; rows ld apart, batches bs apart); causal: key j is visible to query
+// i iff j <= i (the same positions: the one-device attention, a ring block of one chunk), else every key is (a
+// ring block of an earlier chunk). Results: out rows (ld out_ld), lse and D at row lse_off + i of (B, NH, lse_T);
+// merge: (out, lse) hold the attention over other keys, merged with this (the ring's log-sum-exp merge); dq, dk,
+// dv rows, added to what they hold when add.
+typedef struct {
+    const floatX *q, *k, *v;
+    size_t q_ld, q_bs, kv_ld, kv_bs;
+    int nq, nk, causal, NH;
+    floatX *out; size_t out_ld, out_bs;   // forward out; the backward's dout and the D kernel's out share the layout
+    float *lse; int lse_T, lse_off, merge;
+    const floatX *dout; const float *D;
+    floatX *dq, *dk, *dv; size_t dq_ld, dq_bs, dkv_ld, dkv_bs; int add;
+} FaArgs;
+
+// The one-device attention: qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T); the backward's dqkv, dout, D.
+static FaArgs fa_args_full(const floatX *qkv, floatX *out, float *lse, int B, int T, int C, int NH) {
+    (void)B;
+    FaArgs a;
+    memset(&a, 0, sizeof(a));
+    size_t C3 = 3 * (size_t)C;
+    a.q = qkv; a.k = qkv + C; a.v = qkv + 2 * C;
+    a.q_ld = a.kv_ld = C3; a.q_bs = a.kv_bs = (size_t)T * C3;
+    a.nq = a.nk = T; a.causal = 1; a.NH = NH;
+    a.out = out; a.out_ld = C; a.out_bs = (size_t)T * C;
+    a.lse = lse; a.lse_T = T;
+    return a;
+}
+
+// the last key tile of query tile q0's block (causal: the diagonal, the only tile with keys past a query), and
+// whether a (query tile, key tile) pair needs the mask: the diagonal, or rows past nq or nk
+__host__ __device__ inline int fa_last_key_tile(const FaArgs &a, int q0) {
+    return a.causal ? q0 / FA_TILE : (a.nk - 1) / FA_TILE;
+}
+__host__ __device__ inline int fa_edge(const FaArgs &a, int q0, int k0) {
+    return (a.causal && q0 == k0) || q0 + FA_TILE > a.nq || k0 + FA_TILE > a.nk;
+}
+__host__ __device__ inline int fa_visible(const FaArgs &a, int q, int key) {
+    return (!a.causal || key <= q) && q < a.nq && key < a.nk;
+}
+
+// -> out, lse of query rows q0 .. q0 + 63: block (qt, h, b), the longest rows first (qt = nqt - 1 - bx)
 template <int HS>
-__host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, int b, int nq, int tid,
-                                            floatX *out, float *lse, const floatX *qkv, int T, int C, int NH) {
+__host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, int b, int nqt, int tid,
+                                            const FaArgs &a) {
     constexpr int LDX = HS + 8;
     floatX *Qs = (floatX *)smem, *kv = Qs + FA_TILE * LDX;   // then K0, V0, K1, V1
     int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    int q0 = (nq - 1 - bx) * FA_TILE, qrow[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};   // this lane's two rows
-    size_t C3 = 3 * (size_t)C;
-    const floatX *base = qkv + (size_t)b * T * C3 + h * HS;
+    int q0 = (nqt - 1 - bx) * FA_TILE, qrow[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};   // this lane's two rows
+    const floatX *q = a.q + (size_t)b * a.q_bs + h * HS, *k = a.k + (size_t)b * a.kv_bs + h * HS,
+        *v = a.v + (size_t)b * a.kv_bs + h * HS;
     // scores in base 2 (s scale log2 e): p = exp2(s2 - m2); m and lse in the same units until the end
     float scale2 = FA_LOG2E / sqrtf((float)HS), m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     float o[HS / 8][4], s[FA_TILE / 8][4];
     for (int n = 0; n < HS / 8; n++) { o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f; }
-    fa_kv_first<HS>(kv, base, T, C, tid);
-    fa_load_tile<HS>(Qs, base, q0, T, C3, tid);
+    fa_kv_first<HS>(kv, k, v, a.kv_ld, a.nk, tid);
+    fa_load_tile<HS>(Qs, q, q0, a.nq, a.q_ld, tid);
     fa_sync();
     uint32_t qa[HS / 16][4];
     fa_a_rows<HS>(qa, Qs, warp * 16, lane);
-    // the diagonal tile, the last: the only one with keys past a row (the causal mask) or past T (q0 < T)
-    int last = q0 / FA_TILE;
+    int last = fa_last_key_tile(a, q0);
     for (int kt = 0; kt <= last; kt++) {
-        int k0 = kt * FA_TILE;
-        floatX *Ks = fa_kv_next<HS>(kv, base, kt, last, T, C, tid), *Vs = Ks + FA_TILE * LDX;
+        int k0 = kt * FA_TILE, edge = fa_edge(a, q0, k0);
+        floatX *Ks = fa_kv_next<HS>(kv, k, v, a.kv_ld, a.nk, kt, last, tid), *Vs = Ks + FA_TILE * LDX;
         fa_scores<HS>(s, qa, Ks, lane);   // S (16, 64) = Q_w K^T
         // online softmax: mask, the rows' new max (over the 4 lanes of a row), P = exp2(s2 - m_new), l, O rescaled
         float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f}, alpha[2];
         for (int j = 0; j < FA_TILE / 8; j++) {
             for (int e = 0; e < 4; e++) {
                 int key = k0 + j * 8 + 2 * t + (e & 1), i = e / 2;
-                s[j][e] = kt < last || (key <= qrow[i] && key < T) ? s[j][e] * scale2 : -INFINITY;
+                s[j][e] = !edge || fa_visible(a, qrow[i], key) ? s[j][e] * scale2 : -INFINITY;
                 mx[i] = fmaxf(mx[i], s[j][e]);
             }
         }
+        float mref[2];   // the max the exponents subtract: -inf only for a row past nq (every key masked, its
+                         // results unused), which subtracts 0 instead (exp2(-inf) = 0, not NaN)
         for (int i = 0; i < 2; i++) {
             mx[i] = fmaxf(mx[i], fa_shfl_xor(mx[i], 1));
             mx[i] = fmaxf(mx[i], fa_shfl_xor(mx[i], 2));
-            float m_new = fmaxf(m[i], mx[i]);   // finite: key k0 <= every row of the block
-            alpha[i] = exp2f(m[i] - m_new);
+            float m_new = fmaxf(m[i], mx[i]);
+            mref[i] = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[i] = exp2f(m[i] - mref[i]);
             m[i] = m_new;
         }
         for (int j = 0; j < FA_TILE / 8; j++) {
-            for (int e = 0; e < 4; e++) { s[j][e] = exp2f(s[j][e] - m[e / 2]); sum[e / 2] += s[j][e]; }
+            for (int e = 0; e < 4; e++) { s[j][e] = exp2f(s[j][e] - mref[e / 2]); sum[e / 2] += s[j][e]; }
         }
         for (int i = 0; i < 2; i++) {
             sum[i] += fa_shfl_xor(sum[i], 1);
@@ -334,38 +381,55 @@ __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, 
         fa_accumulate<HS>(o, s, Vs, lane);   // O_w += P V
         fa_sync();   // every warp is done with this K, V buffer: the next call refills it
     }
+    // this block's lse; with merge, the weights of what out holds (w_old) and of this block (w_new)
+    float *lse_bh = a.lse + ((size_t)b * a.NH + h) * a.lse_T + a.lse_off, lse_new[2], w_old[2], w_new[2];
     for (int i = 0; i < 2; i++) {
-        float inv = 1.0f / l[i];
-        for (int n = 0; n < HS / 8; n++) { o[n][2 * i] *= inv; o[n][2 * i + 1] *= inv; }
-        if (t == 0 && qrow[i] < T) { lse[((size_t)b * NH + h) * T + qrow[i]] = m[i] / FA_LOG2E + logf(l[i]); }
+        lse_new[i] = m[i] / FA_LOG2E + logf(l[i]);
+        w_old[i] = 0.0f;
+        w_new[i] = 1.0f / l[i];
+        if (a.merge && qrow[i] < a.nq) {
+            float l1 = lse_bh[qrow[i]], mx = fmaxf(l1, lse_new[i]);
+            float l12 = mx + logf(expf(l1 - mx) + expf(lse_new[i] - mx));
+            w_old[i] = expf(l1 - l12);
+            w_new[i] = expf(lse_new[i] - l12) / l[i];
+            lse_new[i] = l12;
+        }
     }
-    fa_store_rows<HS>(out + (size_t)b * T * C + h * HS, o, q0 + warp * 16, T, C, g, t);
+    fa_sync();   // every lane has read the lse it merges with: now it is overwritten
+    floatX *out = a.out + (size_t)b * a.out_bs + h * HS;
+    for (int i = 0; i < 2; i++) {
+        int r = qrow[i];
+        if (r >= a.nq) { continue; }
+        if (t == 0) { lse_bh[r] = lse_new[i]; }
+        for (int n = 0; n < HS / 8; n++) {
+            floatX *y = out + (size_t)r * a.out_ld + n * 8 + 2 * t;
+            y[0] = (floatX)(o[n][2 * i] * w_new[i] + (a.merge ? (float)y[0] * w_old[i] : 0.0f));
+            y[1] = (floatX)(o[n][2 * i + 1] * w_new[i] + (a.merge ? (float)y[1] * w_old[i] : 0.0f));
+        }
+    }
 }
 
-// dK, dV (in dqkv) of keys k0 .. k0 + 63: block (kt, h, b), the longest loops (first keys) first
+// dK, dV of keys k0 .. k0 + 63: block (kt, h, b), the longest loops (first keys) first
 template <int HS>
-__host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, int h, int b, int tid, floatX *dqkv,
-                                                  const floatX *dout, const floatX *qkv, const float *D,
-                                                  const float *lse, int T, int C, int NH) {
+__host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, int h, int b, int tid, const FaArgs &a) {
     constexpr int LDX = HS + 8;
     floatX *Qs = (floatX *)smem, *dYs = Qs + FA_TILE * LDX, *Ks = dYs + FA_TILE * LDX, *Vs = Ks + FA_TILE * LDX;
     float *Ds = (float *)(Vs + FA_TILE * LDX), *Ls = Ds + FA_TILE;
     int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, k0 = kt * FA_TILE;
     int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};   // this lane's two keys
-    size_t C3 = 3 * (size_t)C;
-    const floatX *base = qkv + (size_t)b * T * C3 + h * HS, *dy = dout + (size_t)b * T * C + h * HS;
-    const float *lse_bh = lse + ((size_t)b * NH + h) * T, *D_bh = D + ((size_t)b * NH + h) * T;
+    const floatX *q = a.q + (size_t)b * a.q_bs + h * HS, *dy = a.dout + (size_t)b * a.out_bs + h * HS;
+    size_t stats = ((size_t)b * a.NH + h) * a.lse_T + a.lse_off;
     float scale = 1.0f / sqrtf((float)HS), scale2 = scale * FA_LOG2E;
-    fa_load_tile<HS>(Ks, base + C, k0, T, C3, tid);
-    fa_load_tile<HS>(Vs, base + 2 * C, k0, T, C3, tid);
+    fa_load_tile<HS>(Ks, a.k + (size_t)b * a.kv_bs + h * HS, k0, a.nk, a.kv_ld, tid);
+    fa_load_tile<HS>(Vs, a.v + (size_t)b * a.kv_bs + h * HS, k0, a.nk, a.kv_ld, tid);
     float dk[HS / 8][4], dv[HS / 8][4], s[FA_TILE / 8][4], dp[FA_TILE / 8][4];
     for (int n = 0; n < HS / 8; n++) { for (int e = 0; e < 4; e++) { dk[n][e] = 0.0f; dv[n][e] = 0.0f; } }
-    for (int qt = kt; qt * FA_TILE < T; qt++) {
+    for (int qt = a.causal ? kt : 0; qt * FA_TILE < a.nq; qt++) {
         int q0 = qt * FA_TILE;
         fa_sync();   // every warp is done with the previous Q, dY, D, lse
-        fa_load_tile<HS>(Qs, base, q0, T, C3, tid);
-        fa_load_tile<HS>(dYs, dy, q0, T, C, tid);
-        fa_row_stats(Ds, Ls, D_bh, lse_bh, q0, T, tid);
+        fa_load_tile<HS>(Qs, q, q0, a.nq, a.q_ld, tid);
+        fa_load_tile<HS>(dYs, dy, q0, a.nq, a.out_ld, tid);
+        fa_row_stats(Ds, Ls, a.D + stats, a.lse + stats, q0, a.nq, tid);
         fa_sync();
         {   // the warp's K and V rows as A fragments, read again each tile (held across the loop, they would
             // spill at head size 128 next to the dK, dV accumulators)
@@ -375,11 +439,11 @@ __host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, i
             fa_scores<HS>(s, ka, Qs, lane);    // S^T (16 keys, 64 queries) = K_w Q^T
             fa_scores<HS>(dp, va, dYs, lane);  // dP^T = V_w dY^T
         }
-        int edge = qt == kt || q0 + FA_TILE > T || k0 + FA_TILE > T;   // else every key <= every query < T
+        int edge = fa_edge(a, q0, k0);
         for (int j = 0; j < FA_TILE / 8; j++) {
             for (int e = 0; e < 4; e++) {   // row = this lane's key e / 2, column = query q0 + c
-                int c = j * 8 + 2 * t + (e & 1), q = q0 + c, kk = key[e / 2];
-                float p = !edge || (kk <= q && q < T && kk < T) ? exp2f(s[j][e] * scale2 - Ls[c]) : 0.0f;
+                int c = j * 8 + 2 * t + (e & 1);
+                float p = !edge || fa_visible(a, q0 + c, key[e / 2]) ? exp2f(s[j][e] * scale2 - Ls[c]) : 0.0f;
                 s[j][e] = p;
                 dp[j][e] = p * (dp[j][e] - Ds[c]) * scale;
             }
@@ -387,88 +451,69 @@ __host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, i
         fa_accumulate<HS>(dv, s, dYs, lane);   // dV_w += P^T dY
         fa_accumulate<HS>(dk, dp, Qs, lane);   // dK_w += dS^T Q
     }
-    floatX *dst = dqkv + (size_t)b * T * C3 + h * HS;
-    fa_store_rows<HS>(dst + C, dk, k0 + warp * 16, T, C3, g, t);
-    fa_store_rows<HS>(dst + 2 * C, dv, k0 + warp * 16, T, C3, g, t);
+    fa_store_rows<HS>(a.dk + (size_t)b * a.dkv_bs + h * HS, dk, k0 + warp * 16, a.nk, a.dkv_ld, g, t, a.add);
+    fa_store_rows<HS>(a.dv + (size_t)b * a.dkv_bs + h * HS, dv, k0 + warp * 16, a.nk, a.dkv_ld, g, t, a.add);
 }
 
-// dQ (in dqkv) of queries q0 .. q0 + 63: block (qt, h, b), the longest rows first (qt = nq - 1 - bx)
+// dQ of queries q0 .. q0 + 63: block (qt, h, b), the longest rows first (qt = nqt - 1 - bx)
 template <int HS>
-__host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int h, int b, int nq, int tid,
-                                                floatX *dqkv, const floatX *dout, const floatX *qkv, const float *D,
-                                                const float *lse, int T, int C, int NH) {
+__host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int h, int b, int nqt, int tid,
+                                                const FaArgs &a) {
     constexpr int LDX = HS + 8;
     floatX *Qs = (floatX *)smem, *dYs = Qs + FA_TILE * LDX, *kv = dYs + FA_TILE * LDX;   // then K0, V0, K1, V1
     float *Ds = (float *)(kv + 4 * FA_TILE * LDX), *Ls = Ds + FA_TILE;
-    int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, q0 = (nq - 1 - bx) * FA_TILE;
+    int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, q0 = (nqt - 1 - bx) * FA_TILE;
     int qr[2] = {warp * 16 + g, warp * 16 + g + 8};   // this lane's two query rows, in the tile
-    size_t C3 = 3 * (size_t)C;
-    const floatX *base = qkv + (size_t)b * T * C3 + h * HS, *dy = dout + (size_t)b * T * C + h * HS;
+    const floatX *k = a.k + (size_t)b * a.kv_bs + h * HS, *v = a.v + (size_t)b * a.kv_bs + h * HS;
+    size_t stats = ((size_t)b * a.NH + h) * a.lse_T + a.lse_off;
     float scale = 1.0f / sqrtf((float)HS), scale2 = scale * FA_LOG2E;
-    fa_kv_first<HS>(kv, base, T, C, tid);
-    fa_load_tile<HS>(Qs, base, q0, T, C3, tid);
-    fa_load_tile<HS>(dYs, dy, q0, T, C, tid);
-    fa_row_stats(Ds, Ls, D + ((size_t)b * NH + h) * T, lse + ((size_t)b * NH + h) * T, q0, T, tid);
+    fa_kv_first<HS>(kv, k, v, a.kv_ld, a.nk, tid);
+    fa_load_tile<HS>(Qs, a.q + (size_t)b * a.q_bs + h * HS, q0, a.nq, a.q_ld, tid);
+    fa_load_tile<HS>(dYs, a.dout + (size_t)b * a.out_bs + h * HS, q0, a.nq, a.out_ld, tid);
+    fa_row_stats(Ds, Ls, a.D + stats, a.lse + stats, q0, a.nq, tid);
     fa_sync();
     uint32_t qa[HS / 16][4], dya[HS / 16][4];
     fa_a_rows<HS>(qa, Qs, warp * 16, lane);
     fa_a_rows<HS>(dya, dYs, warp * 16, lane);
     float dq[HS / 8][4], s[FA_TILE / 8][4], dp[FA_TILE / 8][4];
     for (int n = 0; n < HS / 8; n++) { dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f; }
-    int last = q0 / FA_TILE;   // the diagonal tile
+    int last = fa_last_key_tile(a, q0);
     for (int kt = 0; kt <= last; kt++) {
-        int k0 = kt * FA_TILE, edge = kt == last || q0 + FA_TILE > T;   // else every key <= every query < T
-        floatX *Ks = fa_kv_next<HS>(kv, base, kt, last, T, C, tid), *Vs = Ks + FA_TILE * LDX;
+        int k0 = kt * FA_TILE, edge = fa_edge(a, q0, k0);
+        floatX *Ks = fa_kv_next<HS>(kv, k, v, a.kv_ld, a.nk, kt, last, tid), *Vs = Ks + FA_TILE * LDX;
         fa_scores<HS>(s, qa, Ks, lane);     // S (16 queries, 64 keys) = Q_w K^T
         fa_scores<HS>(dp, dya, Vs, lane);   // dP = dY_w V^T
         for (int j = 0; j < FA_TILE / 8; j++) {
             for (int e = 0; e < 4; e++) {
-                int key = k0 + j * 8 + 2 * t + (e & 1), r = qr[e / 2], q = q0 + r;
-                float p = !edge || (key <= q && q < T && key < T) ? exp2f(s[j][e] * scale2 - Ls[r]) : 0.0f;
+                int key = k0 + j * 8 + 2 * t + (e & 1), r = qr[e / 2];
+                float p = !edge || fa_visible(a, q0 + r, key) ? exp2f(s[j][e] * scale2 - Ls[r]) : 0.0f;
                 dp[j][e] = p * (dp[j][e] - Ds[r]) * scale;
             }
         }
         fa_accumulate<HS>(dq, dp, Ks, lane);   // dQ_w += dS K
         fa_sync();   // every warp is done with this K, V buffer
     }
-    fa_store_rows<HS>(dqkv + (size_t)b * T * C3 + h * HS, dq, q0 + warp * 16, T, C3, g, t);
+    fa_store_rows<HS>(a.dq + (size_t)b * a.dq_bs + h * HS, dq, q0 + warp * 16, a.nq, a.dq_ld, g, t, a.add);
 }
 
 template <int HS>
-__global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(floatX *out, float *lse, const floatX *qkv, int T,
-                                                                   int C, int NH) {
+__global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(const FaArgs a) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    flash_forward_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, threadIdx.x, out, lse, qkv, T, C,
-                           NH);
+    flash_forward_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, threadIdx.x, a);
 }
 template <int HS>
-__global__ void __launch_bounds__(FA_THREADS)
-flash_backward_dkdv_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv, const float *D, const float *lse,
-                           int T, int C, int NH) {
+__global__ void __launch_bounds__(FA_THREADS) flash_backward_dkdv_kernel(const FaArgs a) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    flash_backward_dkdv_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, dqkv, dout, qkv, D, lse,
-                                 T, C, NH);
+    flash_backward_dkdv_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, a);
 }
 template <int HS>
-__global__ void __launch_bounds__(FA_THREADS)
-flash_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv, const float *D, const float *lse,
-                         int T, int C, int NH) {
+__global__ void __launch_bounds__(FA_THREADS) flash_backward_dq_kernel(const FaArgs a) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    flash_backward_dq_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, threadIdx.x, dqkv, dout, qkv,
-                               D, lse, T, C, NH);
+    flash_backward_dq_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, threadIdx.x, a);
 }
 template <int HS>
 __global__ void flash_row_dot_kernel(float *D, const floatX *dout, const floatX *out, int T, int C, int NH) {
     flash_row_dot_body<HS>(D, dout, out, blockIdx.z, blockIdx.y, blockIdx.x * blockDim.x + threadIdx.x, T, C, NH);
-}
-
-template <int HS>
-static void flash_forward_launch(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
-    size_t smem = fa_forward_smem<HS>();
-    cudaCheck(cudaFuncSetAttribute(flash_forward_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    flash_forward_kernel<HS><<<dim3(ceil_div(T, FA_TILE), NH, B), FA_THREADS, smem, main_stream>>>(out, lse, qkv, T, C,
-            NH);
-    cudaCheckLaunch();
 }
 
 // the backward's D (B, NH, T) fp32: set up by flash_setup (attention.h), before the first step
@@ -483,22 +528,50 @@ static void flash_setup(int B, int T, int NH) {
     }
 }
 
+// D = dY.Y of every row of out, dout (B, T, C) -> fa_D (B, NH, T)
 template <int HS>
-static void flash_backward_launch(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
-                                  const float *lse, int B, int T, int C, int NH) {
-    size_t smem = fa_dkdv_smem<HS>(), smem_dq = fa_dq_smem<HS>();
-    dim3 grid(ceil_div(T, FA_TILE), NH, B);
+static void flash_row_dot(const floatX *dout, const floatX *out, int B, int T, int C, int NH) {
     flash_setup(B, T, NH);   // (set up before: a no-op)
     flash_row_dot_kernel<HS><<<dim3(ceil_div(T, 128), NH, B), 128, 0, main_stream>>>(fa_D, dout, out, T, C, NH);
     cudaCheckLaunch();
+}
+
+template <int HS>
+static void flash_forward_args(const FaArgs &a, int B) {
+    size_t smem = fa_forward_smem<HS>();
+    cudaCheck(cudaFuncSetAttribute(flash_forward_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    flash_forward_kernel<HS><<<dim3(ceil_div(a.nq, FA_TILE), a.NH, B), FA_THREADS, smem, main_stream>>>(a);
+    cudaCheckLaunch();
+}
+
+// (a.D set: fa_D from flash_row_dot)
+template <int HS>
+static void flash_backward_args(const FaArgs &a, int B) {
+    size_t smem = fa_dkdv_smem<HS>(), smem_dq = fa_dq_smem<HS>();
     cudaCheck(cudaFuncSetAttribute(flash_backward_dkdv_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)smem));
-    flash_backward_dkdv_kernel<HS><<<grid, FA_THREADS, smem, main_stream>>>(dqkv, dout, qkv, fa_D, lse, T, C, NH);
+    flash_backward_dkdv_kernel<HS><<<dim3(ceil_div(a.nk, FA_TILE), a.NH, B), FA_THREADS, smem, main_stream>>>(a);
     cudaCheckLaunch();
     cudaCheck(cudaFuncSetAttribute(flash_backward_dq_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)smem_dq));
-    flash_backward_dq_kernel<HS><<<grid, FA_THREADS, smem_dq, main_stream>>>(dqkv, dout, qkv, fa_D, lse, T, C, NH);
+    flash_backward_dq_kernel<HS><<<dim3(ceil_div(a.nq, FA_TILE), a.NH, B), FA_THREADS, smem_dq, main_stream>>>(a);
     cudaCheckLaunch();
+}
+
+template <int HS>
+static void flash_forward_launch(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
+    flash_forward_args<HS>(fa_args_full(qkv, out, lse, B, T, C, NH), B);
+}
+
+template <int HS>
+static void flash_backward_launch(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
+                                  const float *lse, int B, int T, int C, int NH) {
+    flash_row_dot<HS>(dout, out, B, T, C, NH);
+    FaArgs a = fa_args_full(qkv, (floatX *)out, (float *)lse, B, T, C, NH);
+    a.dout = dout; a.D = fa_D;
+    a.dq = dqkv; a.dk = dqkv + C; a.dv = dqkv + 2 * C;
+    a.dq_ld = a.dkv_ld = 3 * (size_t)C; a.dq_bs = a.dkv_bs = (size_t)T * 3 * C;
+    flash_backward_args<HS>(a, B);
 }
 #endif
 

@@ -64,6 +64,15 @@ static void matmul_backward_dgelu_cpu(float *dpre, float *dweight, const float *
     if (dpre != NULL) { gelu_backward_cpu(dpre, pre, dpre, (size_t)N * IC); }
 }
 
+// How the CUDA build picks each GEMM's cuBLASLt algorithm (set by main; the CPU build has none to pick):
+// matmul_tune 1 times the heuristic's candidates on a problem's first call (a single-rank run only: two ranks
+// that computed one replicated product with two algorithms could differ in its last bits, and a MoE router
+// would then route otherwise on one of them), 0 takes the heuristic's first (--deterministic). The choices
+// are kept in matmul_choices_path (the run's -o directory), so a resumed or repeated run computes with the
+// same algorithms, bit for bit.
+static int matmul_tune = 0;
+static const char *matmul_choices_path = NULL;
+
 #ifdef USE_CUDA
 #if defined(ENABLE_FP32)
 #define CUBLAS_FLOATX CUDA_R_32F
@@ -89,8 +98,11 @@ static uint32_t matmul_alignment(const void *p) {
 // GEMM, and a step asks the same few dozen problems again and again. The key is everything the query
 // reads: shapes, transposes, leading dimensions, the epilogue, aux_ld and the operands' alignments.
 typedef struct { int m, n, k, transa, transb, lda, ldb, epilogue; int64_t aux_ld; uint32_t align[5]; } MatmulKey;
-typedef struct { MatmulKey key; int found; cublasLtMatmulAlgo_t algo; } MatmulChoice;
+// found: an algorithm exists; index: which of the heuristic's candidates (-1: not chosen yet: first seen
+// accumulating into its output, beta != 0, where timing would add to it; the first candidate meanwhile)
+typedef struct { MatmulKey key; int found, index; cublasLtMatmulAlgo_t algo; } MatmulChoice;
 #define MATMUL_CHOICES 256
+#define MATMUL_CANDIDATES 8
 static MatmulChoice matmul_choices[MATMUL_CHOICES];
 static int matmul_nchoices;
 static MatmulChoice *matmul_choice_find(const MatmulKey *key) {
@@ -100,11 +112,11 @@ static MatmulChoice *matmul_choice_find(const MatmulKey *key) {
     return NULL;
 }
 
-// cuBLASLt's heuristic's first algorithm for desc and the layouts, limited to the pointers' alignments and to
-// split-K sums in fp32. Returns 1 with it in *algo, 0 if there is none.
+// cuBLASLt's heuristic's candidates (up to MATMUL_CANDIDATES, best first) for desc and the layouts, limited to
+// the pointers' alignments and to split-K sums in fp32: their number (0: none) in algos.
 static int matmul_heuristic(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
                             cublasLtMatrixLayout_t ld, const void *a, const void *b, const void *d,
-                            cublasLtMatmulAlgo_t *algo) {
+                            cublasLtMatmulAlgo_t algos[MATMUL_CANDIDATES]) {
     cublasLtMatmulPreference_t pref;
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = cublaslt_workspace_size;
@@ -122,17 +134,100 @@ static int matmul_heuristic(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la
     uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
                                                      sizeof(reduction)));
-    cublasLtMatmulHeuristicResult_t heuristic;
+    cublasLtMatmulHeuristicResult_t heuristic[MATMUL_CANDIDATES];
     int found = 0;
     // a configuration cuBLASLt does not support (e.g. an epilogue for this type) may come back as an
     // error status instead of zero results: both mean "no algorithm", and the caller falls back
-    if (cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic,
+    if (cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, MATMUL_CANDIDATES, heuristic,
                                        &found) != CUBLAS_STATUS_SUCCESS) {
         found = 0;
     }
-    if (found > 0) { *algo = heuristic.algo; }
+    for (int i = 0; i < found; i++) { algos[i] = heuristic[i].algo; }
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
-    return found > 0;
+    return found;
+}
+
+// The fastest of n candidates on this problem (beta 0: each run overwrites d, which the caller's call then
+// writes again): one warm-up call, then 3 timed; a candidate that fails to launch is passed over.
+static int matmul_fastest(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                          cublasLtMatrixLayout_t ld, const void *a, const void *b, void *d,
+                          const cublasLtMatmulAlgo_t *algos, int n) {
+    cudaEvent_t start, stop;
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    float alpha = 1.0f, beta = 0.0f, best_ms = INFINITY;
+    int best = 0;
+    for (int i = 0; i < n; i++) {
+        if (cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &algos[i],
+                           cublaslt_workspace, cublaslt_workspace_size, main_stream) != CUBLAS_STATUS_SUCCESS) {
+            continue;
+        }
+        cudaCheck(cudaEventRecord(start, main_stream));
+        for (int r = 0; r < 3; r++) {
+            cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &algos[i],
+                                       cublaslt_workspace, cublaslt_workspace_size, main_stream));
+        }
+        cudaCheck(cudaEventRecord(stop, main_stream));
+        cudaCheck(cudaEventSynchronize(stop));
+        float ms = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&ms, start, stop));
+        if (ms < best_ms) { best_ms = ms; best = i; }
+    }
+    cudaCheck(cudaEventDestroy(start));
+    cudaCheck(cudaEventDestroy(stop));
+    return best;
+}
+
+// The choices file: a first line naming the device and cuBLASLt's version (a file of another is not read),
+// then one line per problem, its key's 14 numbers and the candidate's index. Loaded at set-up, written after
+// the first step (each choice is made on a problem's first call).
+static void matmul_choices_id(char *id, size_t len) {
+    cudaDeviceProp prop;
+    int dev = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaGetDeviceProperties(&prop, dev));
+    snprintf(id, len, "cublaslt %zu device %s", cublasLtGetVersion(), prop.name);
+    for (char *c = id; *c; c++) { if (*c == '\n') { *c = ' '; } }
+}
+static void matmul_choices_load(void) {
+    FILE *f = matmul_choices_path ? fopen(matmul_choices_path, "r") : NULL;
+    if (f == NULL) { return; }
+    char id[512], line[512];
+    matmul_choices_id(id, sizeof(id));
+    if (fgets(line, sizeof(line), f) && !strncmp(line, id, strlen(id))) {
+        MatmulChoice c;
+        memset(&c, 0, sizeof(c));
+        MatmulKey *k = &c.key;
+        long long aux_ld;
+        while (matmul_nchoices < MATMUL_CHOICES &&
+               fscanf(f, "%d %d %d %d %d %d %d %d %lld %u %u %u %u %u %d", &k->m, &k->n, &k->k, &k->transa, &k->transb,
+                      &k->lda, &k->ldb, &k->epilogue, &aux_ld, &k->align[0], &k->align[1], &k->align[2], &k->align[3],
+                      &k->align[4], &c.index) == 15) {
+            k->aux_ld = aux_ld;
+            c.found = -1;   // (the algorithm itself: from the heuristic at the first call)
+            matmul_choices[matmul_nchoices++] = c;
+            memset(&c, 0, sizeof(c));
+        }
+    }
+    fclose(f);
+}
+static void matmul_choices_save(void) {
+    if (matmul_choices_path == NULL || matmul_nchoices == 0) { return; }
+    char id[512], tmp[1100];
+    matmul_choices_id(id, sizeof(id));
+    snprintf(tmp, sizeof(tmp), "%s.tmp", matmul_choices_path);
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL) { return; }   // (a cache: a run without it only times again)
+    fprintf(f, "%s\n", id);
+    for (int i = 0; i < matmul_nchoices; i++) {
+        const MatmulChoice *c = &matmul_choices[i];
+        const MatmulKey *k = &c->key;
+        if (c->found != 1 || c->index < 0) { continue; }
+        fprintf(f, "%d %d %d %d %d %d %d %d %lld %u %u %u %u %u %d\n", k->m, k->n, k->k, k->transa, k->transb, k->lda,
+                k->ldb, k->epilogue, (long long)k->aux_ld, k->align[0], k->align[1], k->align[2], k->align[3],
+                k->align[4], c->index);
+    }
+    if (fclose(f) == 0) { rename(tmp, matmul_choices_path); }
 }
 
 // D (m, n) = epilogue(alpha op(A) op(B) + beta D), column-major (cuBLAS) view, fp32 accumulation.
@@ -176,32 +271,31 @@ static int matmul_cublaslt_epilogue(floatX *d, const floatX *a, const floatX *b,
     key.epilogue = (int)epilogue; key.aux_ld = aux_ld;
     key.align[0] = matmul_alignment(a); key.align[1] = matmul_alignment(b); key.align[2] = matmul_alignment(d);
     key.align[3] = bias != NULL ? matmul_alignment(bias) : 0; key.align[4] = aux != NULL ? matmul_alignment(aux) : 0;
-    MatmulChoice *choice = matmul_choice_find(&key);
-    if (choice != NULL) {
-        if (choice->found) {
-            float alpha = 1.0f;
-            cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
-                                       &choice->algo, cublaslt_workspace, cublaslt_workspace_size, main_stream));
-        }
-        cublasCheck(cublasLtMatrixLayoutDestroy(la));
-        cublasCheck(cublasLtMatrixLayoutDestroy(lb));
-        cublasCheck(cublasLtMatrixLayoutDestroy(ld));
-        cublasCheck(cublasLtMatmulDescDestroy(desc));
-        return choice->found;
+    MatmulChoice *choice = matmul_choice_find(&key), fresh;
+    if (choice == NULL) {   // a new problem (a full table: later problems are asked each time)
+        memset(&fresh, 0, sizeof(fresh));
+        fresh.key = key;
+        fresh.found = -1;
+        fresh.index = -1;
+        choice = matmul_nchoices < MATMUL_CHOICES ? &matmul_choices[matmul_nchoices++] : &fresh;
+        *choice = fresh;
     }
-    cublasLtMatmulAlgo_t algo;
-    int found = matmul_heuristic(desc, la, lb, ld, a, b, d, &algo);
-    if (found) {
+    if (choice->found == -1 || (choice->index < 0 && beta == 0.0f)) {   // the heuristic's candidates; pick one
+        cublasLtMatmulAlgo_t algos[MATMUL_CANDIDATES];
+        int n = matmul_heuristic(desc, la, lb, ld, a, b, d, algos);
+        int index = choice->index >= 0 && choice->index < n ? choice->index   // (from the choices file)
+                    : !matmul_tune || n <= 1 || choice == &fresh ? 0
+                    : beta == 0.0f ? matmul_fastest(desc, la, lb, ld, a, b, d, algos, n) : -1;
+        choice->found = n > 0;
+        choice->index = n > 0 ? index : 0;
+        if (n > 0) { choice->algo = algos[index < 0 ? 0 : index]; }
+    }
+    if (choice->found) {
         float alpha = 1.0f;
-        cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &algo,
+        cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &choice->algo,
                                    cublaslt_workspace, cublaslt_workspace_size, main_stream));
     }
-    if (matmul_nchoices < MATMUL_CHOICES) {   // (a full table: later problems are asked each time)
-        MatmulChoice *c = &matmul_choices[matmul_nchoices++];
-        c->key = key;
-        c->found = found;
-        if (found) { c->algo = algo; }
-    }
+    int found = choice->found;
     cublasCheck(cublasLtMatrixLayoutDestroy(la));
     cublasCheck(cublasLtMatrixLayoutDestroy(lb));
     cublasCheck(cublasLtMatrixLayoutDestroy(ld));

@@ -13,6 +13,7 @@
 // bf16; an indexing or masking error gives errors of the size of the outputs themselves.
 // Build and run (no GPU needed): make -C dev/cuda flash-replay
 #include "../../llmc/attention.h"
+#include "../../llmc/context_parallel.h"   // (the ring blocks' CPU loops)
 #include <pthread.h>
 #include <thread>
 #include <atomic>
@@ -161,10 +162,13 @@ static void run_case(int B, int T, int NH) {
     size_t smem_bytes = fa_dq_smem<HS>();   // (the largest: the forward's and dK/dV's are smaller)
     unsigned char *smem = (unsigned char *)aligned_alloc(64, (smem_bytes + 63) / 64 * 64);
     int nq = ceil_div(T, FA_TILE);
+    FaArgs fwd = fa_args_full(x_qkv, g_out, g_lse, B, T, C, NH), bwd = fa_args_full(x_qkv, x_outc, lse, B, T, C, NH);
+    bwd.dout = x_dout; bwd.dq = g_dqkv; bwd.dk = g_dqkv + C; bwd.dv = g_dqkv + 2 * C;
+    bwd.dq_ld = bwd.dkv_ld = 3 * (size_t)C; bwd.dq_bs = bwd.dkv_bs = (size_t)T * 3 * C;
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             for (int bx = 0; bx < nq; bx++) {
-                run_block([&](int tid) { flash_forward_body<HS>(smem, bx, h, b, nq, tid, g_out, g_lse, x_qkv, T, C, NH); });
+                run_block([&](int tid) { flash_forward_body<HS>(smem, bx, h, b, nq, tid, fwd); });
             }
         }
     }
@@ -179,11 +183,12 @@ static void run_case(int B, int T, int NH) {
             for (int q = 0; q < T; q++) { flash_row_dot_body<HS>(g_D, x_dout, x_outc, b, h, q, T, C, NH); }
         }
     }
+    bwd.D = g_D;
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             for (int bx = 0; bx < nq; bx++) {
-                run_block([&](int tid) { flash_backward_dkdv_body<HS>(smem, bx, h, b, tid, g_dqkv, x_dout, x_qkv, g_D, lse, T, C, NH); });
-                run_block([&](int tid) { flash_backward_dq_body<HS>(smem, bx, h, b, nq, tid, g_dqkv, x_dout, x_qkv, g_D, lse, T, C, NH); });
+                run_block([&](int tid) { flash_backward_dkdv_body<HS>(smem, bx, h, b, tid, bwd); });
+                run_block([&](int tid) { flash_backward_dq_body<HS>(smem, bx, h, b, nq, tid, bwd); });
             }
         }
     }
@@ -191,6 +196,118 @@ static void run_case(int B, int T, int NH) {
     compare("backward dqkv", g_dqkv, dqkv, nqkv, B, T, C, NH);
     free(qkv); free(dout); free(out); free(lse); free(dqkv); free(x_qkv); free(x_dout); free(x_outc); free(g_out); free(g_dqkv);
     free(g_lse); free(smem);
+}
+
+// Ring attention (context_parallel.h) through the flash bodies: every rank i of N holds chunks i and 2N-1-i of c
+// tokens (llmc/context_parallel.h's cp_chunk); at ring step s it holds rank j = i - s's keys and values and adds
+// each of its query chunks' attention over each of j's key chunks not in its future (earlier chunks whole, the
+// same chunk causally), merged by log-sum-exp; the backward adds dq, and dk, dv into j's buffer. The same blocks
+// in the same order run through attention_block_forward_cpu / attention_block_backward_cpu (the specification,
+// fp32) and through the flash bodies (bf16 data, merge and add), and the final out, lse, dq, dk, dv are compared.
+template <int HS>
+static void run_ring_case(int B, int N, int c, int NH) {
+    int C = NH * HS, T = 2 * c;   // T: a rank's local tokens per sequence
+    unsigned int seed = 7u + (unsigned)(N * c);
+    size_t nqkv = (size_t)B * T * 3 * C, nkv = (size_t)B * T * 2 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
+    std::vector<float *> qkv(N), dout(N), out(N), lse(N), dqkv(N), kv(N), dkv(N);
+    std::vector<floatX *> x_qkv(N), x_dout(N), x_kv(N), g_out(N), g_dqkv(N), g_dkv(N), x_out(N);
+    std::vector<float *> g_lse(N), g_D(N);
+    auto zeros = [](size_t n) { return (float *)calloc(n, sizeof(float)); };
+    auto xzeros = [](size_t n) { floatX *x = (floatX *)aligned_alloc(64, (n * sizeof(floatX) + 63) / 64 * 64);
+                                 for (size_t i = 0; i < n; i++) { x[i] = (floatX)0.0f; } return x; };
+    for (int r = 0; r < N; r++) {
+        qkv[r] = rounded_random(nqkv, &seed); dout[r] = rounded_random(nout, &seed);
+        out[r] = zeros(nout); lse[r] = zeros(nlse); dqkv[r] = zeros(nqkv); kv[r] = zeros(nkv); dkv[r] = zeros(nkv);
+        for (size_t i = 0; i < nlse; i++) { lse[r][i] = -INFINITY; }
+        for (size_t row = 0; row < (size_t)B * T; row++) {
+            memcpy(kv[r] + row * 2 * C, qkv[r] + row * 3 * C + C, 2 * C * sizeof(float));
+        }
+        x_qkv[r] = to_bf16(qkv[r], nqkv); x_dout[r] = to_bf16(dout[r], nout); x_kv[r] = to_bf16(kv[r], nkv);
+        g_out[r] = xzeros(nout); g_dqkv[r] = xzeros(nqkv); g_dkv[r] = xzeros(nkv);
+        g_lse[r] = zeros(nlse); g_D[r] = zeros(nlse);
+        for (size_t i = 0; i < nlse; i++) { g_lse[r][i] = -INFINITY; }
+    }
+    unsigned char *smem = (unsigned char *)aligned_alloc(64, (fa_dq_smem<HS>() + 63) / 64 * 64);
+    int nt = ceil_div(c, FA_TILE);
+    // each (rank i, step s, query chunk qa, key chunk kb) block, in the ring's order
+    auto blocks = [&](auto block) {
+        for (int i = 0; i < N; i++) {
+            for (int step = 0; step < N; step++) {
+                int j = (i - step + N) % N;
+                for (int qa = 0; qa < 2; qa++) {
+                    for (int kb = 0; kb < 2; kb++) {
+                        int qc = qa ? 2 * N - 1 - i : i, kc = kb ? 2 * N - 1 - j : j;
+                        if (kc <= qc) { block(i, j, qa * c, kb * c, kc == qc); }
+                    }
+                }
+            }
+        }
+    };
+    auto args = [&](int i, int j, int q0, int k0, int causal) {
+        FaArgs a;
+        memset(&a, 0, sizeof(a));
+        a.q = x_qkv[i] + (size_t)q0 * 3 * C; a.k = x_kv[j] + (size_t)k0 * 2 * C; a.v = a.k + C;
+        a.q_ld = 3 * (size_t)C; a.q_bs = (size_t)T * 3 * C; a.kv_ld = 2 * (size_t)C; a.kv_bs = (size_t)T * 2 * C;
+        a.nq = a.nk = c; a.causal = causal; a.NH = NH;
+        a.out = g_out[i] + (size_t)q0 * C; a.out_ld = C; a.out_bs = (size_t)T * C;
+        a.lse = g_lse[i]; a.lse_T = T; a.lse_off = q0; a.merge = 1;
+        return a;
+    };
+    blocks([&](int i, int j, int q0, int k0, int causal) {
+        attention_block_forward_cpu(out[i], lse[i], qkv[i], kv[j], B, T, C, NH, q0, k0, c, causal);
+        FaArgs a = args(i, j, q0, k0, causal);
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                for (int bx = 0; bx < nt; bx++) { run_block([&](int tid) { flash_forward_body<HS>(smem, bx, h, b, nt, tid, a); }); }
+            }
+        }
+    });
+    for (int r = 0; r < N; r++) {
+        char what[64];
+        snprintf(what, sizeof(what), "ring %d out", r);
+        compare(what, g_out[r], out[r], nout, B, T, C, NH);
+        snprintf(what, sizeof(what), "ring %d lse", r);
+        compare(what, g_lse[r], lse[r], nlse, B, T, C, NH);
+        // the backward from the CPU's final out (as stored) and lse, as one would from the device's
+        for (size_t k = 0; k < nout; k++) { out[r][k] = (float)(floatX)out[r][k]; }
+        x_out[r] = to_bf16(out[r], nout);
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                for (int q = 0; q < T; q++) { flash_row_dot_body<HS>(g_D[r], x_dout[r], x_out[r], b, h, q, T, C, NH); }
+            }
+        }
+    }
+    blocks([&](int i, int j, int q0, int k0, int causal) {
+        attention_block_backward_cpu(dqkv[i], dkv[j], dout[i], qkv[i], out[i], lse[i], kv[j], B, T, C, NH, q0, k0, c,
+                                     causal);
+        FaArgs a = args(i, j, q0, k0, causal);
+        a.lse = lse[i]; a.merge = 0;
+        a.dout = x_dout[i] + (size_t)q0 * C; a.D = g_D[i];
+        a.dq = g_dqkv[i] + (size_t)q0 * 3 * C; a.dq_ld = 3 * (size_t)C; a.dq_bs = (size_t)T * 3 * C;
+        a.dk = g_dkv[j] + (size_t)k0 * 2 * C; a.dv = a.dk + C; a.dkv_ld = 2 * (size_t)C; a.dkv_bs = (size_t)T * 2 * C;
+        a.add = 1;
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                for (int bx = 0; bx < nt; bx++) {
+                    run_block([&](int tid) { flash_backward_dkdv_body<HS>(smem, bx, h, b, tid, a); });
+                    run_block([&](int tid) { flash_backward_dq_body<HS>(smem, bx, h, b, nt, tid, a); });
+                }
+            }
+        }
+    });
+    for (int r = 0; r < N; r++) {
+        char what[64];
+        snprintf(what, sizeof(what), "ring %d dqkv", r);   // (the k, v parts stay 0 in both: they go to dkv)
+        compare(what, g_dqkv[r], dqkv[r], nqkv, B, T, C, NH);
+        snprintf(what, sizeof(what), "ring %d dkv", r);
+        compare(what, g_dkv[r], dkv[r], nkv, B, T, C, NH);
+    }
+    for (int r = 0; r < N; r++) {
+        free(qkv[r]); free(dout[r]); free(out[r]); free(lse[r]); free(dqkv[r]); free(kv[r]); free(dkv[r]);
+        free(x_qkv[r]); free(x_dout[r]); free(x_kv[r]); free(g_out[r]); free(g_dqkv[r]); free(g_dkv[r]); free(x_out[r]);
+        free(g_lse[r]); free(g_D[r]);
+    }
+    free(smem);
 }
 
 // --mutate-ldmatrix: an ldmatrix emulated with .trans inverted, --mutate-cp-wait: a cp.async wait that retires
@@ -211,6 +328,8 @@ int main(int argc, char **argv) {
     run_case<128>(2, 64, 1);    // hs 128: one tile, two batch indices
     run_case<64>(1, 7, 1);      // fewer tokens than one warp's rows
     run_case<64>(1, 192, 1);    // three whole tiles: the tiles off the diagonal unmasked, none past T
+    run_ring_case<64>(1, 2, 80, 2);    // cp 2: chunks of 80 (a tile and a partial one), hs 64
+    run_ring_case<128>(2, 3, 64, 1);   // cp 3: chunks of one whole tile, hs 128, two sequences
     printf("%-4s flash replay: %ld asynchronous copies never waited for\n", emu_unwaited ? "FAIL" : "ok", (long)emu_unwaited);
     return fails != 0 || emu_unwaited != 0;
 }

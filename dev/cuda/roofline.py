@@ -55,6 +55,7 @@ H200_MEASURED = {
 # harness line name -> kind, for --measured logs
 HARNESS_KIND = {"fc fwd fused": "gemm_gelu_fwd", "fcproj bwd fused": "gemm_dgelu_bwd", "cublas forward": "attn_cublas_fwd",
                 "cublas backward": "attn_cublas_bwd", "flash forward": "attn_flash_fwd", "flash backward": "attn_flash_bwd",
+                "cudnn forward": "attn_cudnn_fwd", "cudnn backward": "attn_cudnn_bwd",
                 "layernorm_forward": "layernorm_fwd", "layernorm_backward": "layernorm_bwd", "residual_layernorm fused": "residual_ln_fwd",
                 "residual_bias_forward": "residual_bias_fwd", "bias_backward": "bias_bwd", "embedding_forward": "embedding_fwd",
                 "embedding_backward": "embedding_bwd", "position_forward": "position_fwd", "position_backward": "position_bwd",
@@ -100,9 +101,9 @@ def step_kernels(L, C, NH, V, B, T, ce_chunk, attention):
     mem("position_forward", 1, 2 * BT * C * X + T * C * X, "position_fwd")
     mem("layernorm_forward (ln1)", L, 2 * BT * C * X + 2 * BT * 4, "layernorm_fwd")
     gemm("matmul qkv (+bias)", BT, C, 3 * C, L)
-    if attention == "flash":
+    if attention in ("flash", "cudnn"):
         # HBM: q, k, v read once (a head's K, V tiles, re-read by every query tile, stay in L2), out and lse written
-        rows.append(("flash attention forward", L, L * attn_causal, L * (4 * BT * C * X + B * NH * T * 4), "attn_flash_fwd"))
+        rows.append((f"{attention} attention forward", L, L * attn_causal, L * (4 * BT * C * X + B * NH * T * 4), f"attn_{attention}_fwd"))
     else:
         rows.append(("attention S = QK^T (cuBLAS, full T x T)", L, L * 2 * S * hs, L * (S * 4 + 2 * BT * C * X), "attn_cublas_fwd"))
         rows.append(("attention softmax -> P, lse", L, 0, L * (S * 4 + S * X), "attn_cublas_fwd"))
@@ -135,6 +136,11 @@ def step_kernels(L, C, NH, V, B, T, ce_chunk, attention):
         # recomputes S and dP and forms dQ (3): 7 products of the forward's 2 (QK^T, PV) = 7/2 of its FLOPs
         mem("flash D = dY.Y per row", L, 2 * BT * C * X + B * NH * T * 4, "layernorm_bwd")
         rows.append(("flash attention backward (dK dV; dQ)", 2 * L, L * 7 / 2 * attn_causal, L * (2 * (4 * BT * C * X + 2 * B * NH * T * 4) + 3 * BT * C * X), "attn_flash_bwd"))
+    elif attention == "cudnn":
+        # cuDNN's fused backward (FlashAttention-2's order, as its documentation describes it): S and dP recomputed
+        # once, dV, dK, dQ formed: 5 products = 5/2 of the forward's FLOPs; q, k, v, out, dY, lse read, dQ summed in
+        # an fp32 workspace (written and read), dqkv written. Its efficiency is not measured yet: the roofline time.
+        rows.append(("cudnn attention backward", L, L * 5 / 2 * attn_causal, L * (5 * BT * C * X + B * NH * T * 4 + 2 * BT * C * 4 + 3 * BT * C * X), "attn_cudnn_bwd"))
     else:
         rows.append(("attention S, dP = QK^T, dY V^T (cuBLAS)", 2 * L, L * 4 * S * hs, L * (2 * S * 4 + 4 * BT * C * X), "attn_cublas_bwd"))
         rows.append(("attention softmax backward -> P, dS", L, 0, L * (2 * S * 4 + 2 * S * X), "attn_cublas_bwd"))
@@ -155,7 +161,7 @@ def main():
     ap.add_argument("-b", type=int, default=16)
     ap.add_argument("-t", type=int, default=1024)
     ap.add_argument("--ce-chunk", type=int, default=2048)
-    ap.add_argument("--attention", default="cublas", choices=["cublas", "flash"])
+    ap.add_argument("--attention", default="cublas", choices=["cublas", "flash", "cudnn"])
     ap.add_argument("--gpu", default="h200", choices=sorted(GPUS))
     ap.add_argument("--measured", nargs="*", default=[], help="harness logs with 'time' lines (default: the H200 figures above)")
     ap.add_argument("--step-ms", type=float, default=0.0, help="a measured step time to compare with")
@@ -166,7 +172,7 @@ def main():
     measured = dict(H200_MEASURED)
     measured.update(read_measured(a.measured))
     if a.attention_tflops > 0:
-        for kind in ("attn_cublas_fwd", "attn_cublas_bwd", "attn_flash_fwd", "attn_flash_bwd"):
+        for kind in ("attn_cublas_fwd", "attn_cublas_bwd", "attn_flash_fwd", "attn_flash_bwd", "attn_cudnn_fwd", "attn_cudnn_bwd"):
             measured[kind] = ("what if", a.attention_tflops, "TFLOP/s causal")
     rows, P = step_kernels(L, C, NH, 50257, a.b, a.t, a.ce_chunk, a.attention)
     tokens = a.b * a.t
