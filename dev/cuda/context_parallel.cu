@@ -49,6 +49,43 @@ static void make_inputs(CPBuffers *p) {
     p->d_qkv = to_device(p->qkv, nqkv); p->d_kv = to_device(p->kv, nkv); p->d_dout = to_device(p->dout, nout);
 }
 
+// The flash path's precision contract (bf16 at head size 64/128, as attention.cu states it): P and dS are
+// rounded to floatX before their products, each term a_j b_j changed by at most u |a_j b_j|: over the blocks,
+//   out: u sum_j p_j |v_j|;  dq: u sum_j |ds_j| |k_j|;  dk: u sum_t |ds_t| |q_t|;  dv: u sum_t p_t |dy_t|
+// with p = exp(s scale - lse) against the final lse (the merged weights) and ds = p (dp - D) scale. A bound,
+// not a fit; the warp kernels (fp32 P) get it too, where it only loosens the check by u of the terms.
+static void blocks_kappa(const CPBuffers *p, const float *out, float *kappa_out, float *kappa_q, float *kappa_kv) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int k = 0; k < 3; k++) {
+        int q0 = blocks[k][0], k0 = blocks[k][1], causal = blocks[k][2];
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                for (int t = 0; t < c; t++) {
+                    size_t row = (size_t)b * T + q0 + t;
+                    const float *q = p->qkv + row * 3 * C + h * hs, *dy = p->dout + row * C + h * hs,
+                                *y = out + row * C + h * hs;
+                    float l = p->lse[((size_t)b * NH + h) * T + q0 + t], D = 0.0f;
+                    for (int i = 0; i < hs; i++) { D += dy[i] * y[i]; }
+                    for (int j = 0; j < (causal ? t + 1 : c); j++) {
+                        size_t krow = (size_t)b * T + k0 + j;
+                        const float *kk = p->kv + krow * 2 * C + h * hs, *v = kk + C;
+                        float sc = 0.0f, dp = 0.0f;
+                        for (int i = 0; i < hs; i++) { sc += q[i] * kk[i]; dp += dy[i] * v[i]; }
+                        float pr = expf(sc * scale - l), ds = fabsf(pr * (dp - D) * scale);
+                        for (int i = 0; i < hs; i++) {
+                            kappa_out[row * C + h * hs + i] += ATT_U * pr * fabsf(v[i]);
+                            kappa_q[row * 3 * C + h * hs + i] += ATT_U * ds * fabsf(kk[i]);
+                            kappa_kv[krow * 2 * C + h * hs + i] += ATT_U * ds * fabsf(q[i]);
+                            kappa_kv[krow * 2 * C + C + h * hs + i] += ATT_U * pr * fabsf(dy[i]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 // forward: the three blocks, merged, on both sides
 static int check_forward(CPBuffers *p) {
     int fails = 0;
@@ -65,7 +102,11 @@ static int check_forward(CPBuffers *p) {
         attention_block_forward(p->d_out, p->d_lse, p->d_qkv, p->d_kv, B, T, C, NH, blocks[k][0], blocks[k][1], c,
                                 blocks[k][2]);
     }
-    fails += compare_device("block forward out (3 blocks merged)", p->d_out, p->out, nout, TOL_X);
+    float *kappa_out = (float *)calloc(nout, sizeof(float)), *kq = (float *)calloc(nqkv, sizeof(float)),
+          *kkv = (float *)calloc(nkv, sizeof(float));
+    blocks_kappa(p, p->out, kappa_out, kq, kkv);
+    fails += compare_device_bounded("block forward out (3 blocks merged)", p->d_out, p->out, kappa_out, nout, TOL_X);
+    free(kappa_out); free(kq); free(kkv);
     fails += compare_device_f32("block forward lse", p->d_lse, p->lse, nlse, TOL_FP32);
     return fails;
 }
@@ -107,6 +148,9 @@ static int check_backward(CPBuffers *p) {
     }
     p->kappa_q = (float *)calloc(nqkv, sizeof(float));
     p->kappa_kv = (float *)calloc(nkv, sizeof(float));
+    float *kappa_out = (float *)calloc(nout, sizeof(float));
+    blocks_kappa(p, p->out_x, kappa_out, p->kappa_q, p->kappa_kv);   // (the flash path's P and dS roundings)
+    free(kappa_out);
     for (int k = 0; k < 2; k++) {
         for (size_t i = 0; i < nqkv; i++) {
             if (part_q[k][i] != p->dqkv[i]) { p->kappa_q[i] += ATT_U * fabsf(part_q[k][i]); }
