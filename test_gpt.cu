@@ -878,8 +878,32 @@ static void check_group_exchanges(Group *g, floatX *dbuf, float *h, size_t n, si
     }
 }
 
+// NCCL's in-place rules (comm.h's comm_in_place_error, asserted before every collective on both backends): the
+// layouts the code uses pass, overlapping ones that are not in place fail, for rank 0, 1 and 2 of 3.
+static void check_in_place_rules(void) {
+    char buf[64 * 12];
+    int passed = 0, caught = 0, cases = 0;
+    for (int r = 0; r < 3; r++) {
+        const char *whole = buf, *chunk = buf + r * 64;   // chunk r of a 3-chunk buffer
+        // allowed: in place exactly, or apart
+        passed += !comm_in_place_error(CHUNK_IN_WHOLE_SEND, whole, 192, chunk, 64, r);   // reduce-scatter
+        passed += !comm_in_place_error(CHUNK_IN_WHOLE_RECV, chunk, 64, whole, 192, r);   // all-gather
+        passed += !comm_in_place_error(CHUNK_IN_WHOLE_SEND, whole, 192, buf + 512, 64, r);
+        passed += !comm_in_place_error(APART, buf, 192, buf + 192, 192, r);            // all-to-all, adjacent
+        // refused: another rank's chunk, a shifted chunk, an all-to-all in place
+        caught += comm_in_place_error(CHUNK_IN_WHOLE_SEND, whole, 192, buf + ((r + 1) % 3) * 64, 64, r) != NULL;
+        caught += comm_in_place_error(CHUNK_IN_WHOLE_RECV, chunk + 2, 64, whole, 192, r) != NULL;
+        caught += comm_in_place_error(APART, buf, 192, buf + 100, 192, r) != NULL;
+        cases++;
+    }
+    check(passed == 4 * cases && caught == 3 * cases,
+          "comm layer: NCCL's in-place rules: %d of %d allowed layouts pass, %d of %d overlapping ones are refused",
+          passed, 4 * cases, caught, 3 * cases);
+}
+
 // The comm layer on its own: every collective on every group of the grid.
 static void check_comm_layer(Grid *grid) {
+    check_in_place_rules();
     Group *groups[5] = {&grid->world, &grid->tp_group, &grid->pp_group, &grid->dp_group, &grid->ep_group};
     const size_t n = 7;
     for (int k = 0; k < 5; k++) {

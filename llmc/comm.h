@@ -344,6 +344,29 @@ static void mpi_all_gather(Group *g, const void *send, void *recv, size_t n, DTy
 }
 #endif
 
+// NCCL's in-place rules, asserted on both backends (MPI would accept what NCCL computes wrongly): a send and a
+// receive buffer of a collective are apart, or the call is in place exactly: reduce-scatter's recv (n) is chunk
+// `rank` of send (size n), all-gather's send (n) is chunk `rank` of recv (size n); an all-to-all's are apart.
+// NULL when the layout is allowed, else what is wrong.
+static int comm_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
+    const char *x = (const char *)a, *y = (const char *)b;
+    return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
+}
+typedef enum { CHUNK_IN_WHOLE_RECV, CHUNK_IN_WHOLE_SEND, APART } InPlaceRule;
+static const char *comm_in_place_error(InPlaceRule rule, const void *send, size_t send_bytes, const void *recv,
+                                       size_t recv_bytes, int rank) {
+    if (!comm_overlap(send, send_bytes, recv, recv_bytes)) { return NULL; }
+    if (rule == CHUNK_IN_WHOLE_SEND && (const char *)recv == (const char *)send + (size_t)rank * recv_bytes) { return NULL; }
+    if (rule == CHUNK_IN_WHOLE_RECV && (const char *)send == (const char *)recv + (size_t)rank * send_bytes) { return NULL; }
+    return rule == APART ? "its send and receive buffers overlap (NCCL has no in-place all-to-all)"
+                         : "its send and receive buffers overlap without being in place (the rank's own chunk)";
+}
+static void comm_check_in_place(Group *g, const char *what, InPlaceRule rule, const void *send, size_t send_bytes,
+                                const void *recv, size_t recv_bytes) {
+    const char *err = comm_in_place_error(rule, send, send_bytes, recv, recv_bytes, g->rank);
+    if (err) { fail("%s over %s: %s (a bug)", what, g->name, err); }
+}
+
 // buf (n) summed over the group, in place. async: NULL = the result is there for the next op.
 static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest *async) {
     if (g->size == 1) { return; }
@@ -369,6 +392,7 @@ static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest 
 // In place when recv == send + rank * n (the rank's own chunk of the input buffer).
 static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n, DType t, CommRequest *async) {
     size_t es = comm_type_size(t);
+    comm_check_in_place(g, "reduce-scatter", CHUNK_IN_WHOLE_SEND, send, g->size * n * es, recv, n * es);
     if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * es); } return; }
     comm_count(g, (double)(g->size - 1) * n * es);
     comm_mark(async, g);
@@ -403,6 +427,7 @@ static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n
 // In place when send == recv + rank * n.
 static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DType t, CommRequest *async) {
     size_t es = comm_type_size(t);
+    comm_check_in_place(g, "all-gather", CHUNK_IN_WHOLE_RECV, send, n * es, recv, g->size * n * es);
     if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * es); } return; }
     comm_count(g, (double)(g->size - 1) * n * es);
     comm_mark(async, g);
@@ -433,7 +458,12 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
 // Counts and offsets are host arrays of group size, in elements.
 static void comm_all_to_allv(Group *g, const void *send, const size_t *send_counts, const size_t *send_offsets,
                              void *recv, const size_t *recv_counts, const size_t *recv_offsets, DType t) {
-    size_t es = comm_type_size(t);
+    size_t es = comm_type_size(t), send_end = 0, recv_end = 0;
+    for (int j = 0; j < g->size; j++) {
+        if (send_offsets[j] + send_counts[j] > send_end) { send_end = send_offsets[j] + send_counts[j]; }
+        if (recv_offsets[j] + recv_counts[j] > recv_end) { recv_end = recv_offsets[j] + recv_counts[j]; }
+    }
+    comm_check_in_place(g, "all-to-all", APART, send, send_end * es, recv, recv_end * es);
     if (g->size == 1) {
         copy_on_device((char *)recv + recv_offsets[0] * es, (const char *)send + send_offsets[0] * es,
                        send_counts[0] * es);
@@ -610,6 +640,11 @@ static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest 
     for (int i = 0; i < nops; i++) {   // (each message sent counts as a call)
         if (ops[i].send) { sent += (double)ops[i].n * es; comm_count(g, (double)ops[i].n * es); }
         else { received += (double)ops[i].n * es; nrecv++; }
+        for (int j = 0; j < nops && !ops[i].send; j++) {   // a receive overlaps no other buffer of the exchange
+            if (j != i && comm_overlap(ops[i].buf, ops[i].n * es, ops[j].buf, ops[j].n * es)) {
+                fail("point-to-point exchange over %s: receive buffer %d overlaps buffer %d (a bug)", g->name, i, j);
+            }
+        }
     }
     trace_begin();
     COMM_WATCH("point-to-point exchange", g);
