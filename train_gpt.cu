@@ -1742,6 +1742,7 @@ static void run_step(Run *r, int step) {
     device_synchronize();
     double ms = (wall_seconds() - t0) * 1e3;
     trace_end("step", "step", "\"step\":%d,\"pipeline_wait_ms\":%.3f", step, m->pipe.wait_seconds * 1e3);
+    trace_flush();   // (CUDA: the step's spans from their events, now that the step has ended)
     if (step > r->start_step) { step_times_add(&r->times, m, ms); }
     double per_step = r->times.steps > 0 ? r->times.total_ms / r->times.steps : ms;
     StepClock clock = {wall_seconds() - r->t_start, per_step * (r->max_steps - step - 1) / 1e3, ms};

@@ -275,7 +275,14 @@ static void comm_count(Group *g, double bytes) { g->bytes += bytes; g->calls++; 
 static void comm_mark(CommRequest *async, Group *g) { if (async) { async->group = g->name; async->g = g; } }
 
 // --trace: each collective is a span (trace.h) named by its operation, with its group and bytes
-#define COMM_TRACE_END(op, g, bytes, async) trace_end(op, "comm", "\"group\":\"%s\",\"bytes\":%.0f,\"async\":%d", (g)->name, (double)(bytes), (async) != NULL)
+// (CUDA: the span ends on the group's stream, where the call ran: trace.h)
+#ifdef USE_NCCL
+#define COMM_TRACE_STREAM(g) trace_stream_next((g)->stream, (g)->name)
+#else
+#define COMM_TRACE_STREAM(g) ((void)0)
+#endif
+#define COMM_TRACE_END(op, g, bytes, async) do { COMM_TRACE_STREAM(g); \
+    trace_end(op, "comm", "\"group\":\"%s\",\"bytes\":%.0f,\"async\":%d", (g)->name, (double)(bytes), (async) != NULL); } while (0)
 // --timeout: each blocking op is watched (guard.h) from its start to its end; on the CPU build the time between
 // is the group's exposed communication (the MPI call blocks the rank; CUDA's calls only enqueue: not counted)
 static double comm_t0;
@@ -650,6 +657,7 @@ static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest 
     COMM_WATCH("point-to-point exchange", g);
     comm_p2p_launch(g, ops, nops, t, sends, recvs, nrecv);
     comm_leave(g);
+    COMM_TRACE_STREAM(g);
     trace_end("exchange", "comm", "\"group\":\"%s\",\"bytes\":%.0f,\"received\":%.0f", g->name, sent, received);
 }
 
