@@ -298,9 +298,9 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
     if (cp > 1 && x->cap < Tg) {
         comm_all_gather(cpg, ma->choice, x->choice_all, (size_t)BT * k, DT_INT, NULL);
         comm_all_gather(cpg, x->cprob, x->cprob_all, (size_t)BT * k, DT_FLOAT, NULL);
-        moe_capacity_keep(ma->keep, x->choice_all, x->cprob_all, cp, cpg->rank, B, T, k, x->cap, x->opt.policy);
+        moe_capacity_keep(ma->keep, x->choice_all, x->cprob_all, cp, cpg->rank, B, T, k, x->E, x->cap, x->opt.policy);
     } else {   // (dropless: every assignment kept, whatever the positions)
-        moe_capacity_keep(ma->keep, ma->choice, x->cprob, 1, 0, B, T, k, x->cap, x->opt.policy);
+        moe_capacity_keep(ma->keep, ma->choice, x->cprob, 1, 0, B, T, k, x->E, x->cap, x->opt.policy);
     }
     moe_sequence_stats(ma->f, x->pmean, x->zsum, ma->choice, ma->probs, ma->lse, B, T, E, k, Tg, x->sigmoid);
     comm_all_reduce(cpg, ma->f, (size_t)B * E, DT_FLOAT, NULL);

@@ -609,6 +609,75 @@ __global__ void moe_router_dinput_kernel(floatX *dx, const float *dlogits, const
 }
 #endif
 
+#ifndef USE_CUDA
+// The CPU build's router through BLAS: the loops above are the specification (dev/cuda/moe.cu holds the CUDA
+// kernels to them); these are the same sums in BLAS's order (a routing decision's margin is compared above
+// 1e-5: test_gpt), three sgemm calls instead of scalar loops (a fifth of a fine-grained E 64 step).
+// x (N, C), wr (E, C) -> the logits (N, E) into probs, then each token's scores and lse
+static void moe_router_forward_blas(float *probs, float *lse, const float *x, const float *wr, int N, int C, int E,
+                                    int sigmoid) {
+    if (N <= 0) { return; }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, E, C, 1.0f, x, C, wr, C, 0.0f, probs, E);
+    #pragma omp parallel for
+    for (int t = 0; t < N; t++) { moe_scores_body(t, probs, lse, E, sigmoid); }
+}
+// dwr (E, C) += dlogits^T x
+static void moe_router_dweight_blas(float *dwr, const float *dlogits, const float *x, int N, int C, int E) {
+    if (N <= 0) { return; }
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, E, C, N, 1.0f, dlogits, E, x, C, 1.0f, dwr, C);
+}
+// dx (N, C) += dlogits wr
+static void moe_router_dinput_blas(float *dx, const float *dlogits, const float *wr, int N, int C, int E) {
+    if (N <= 0) { return; }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, E, 1.0f, dlogits, E, wr, C, 1.0f, dx, C);
+}
+
+// The capacity keep masks by sorting: per sequence and expert, its assignments (every cp rank's) in
+// moe_before's order, a strict total order (an expert is chosen once per token: (p, position) and (j, position)
+// are unique), so an assignment's index there is moe_capacity_keep_body's rank: the same masks in O(T k log)
+// per sequence instead of O((T k)^2).
+typedef struct { float p; int pos, j, local; } MoEAssignment;   // local: its row (t k + j) here, or -1
+static DropPolicy moe_sort_policy;
+static int moe_assignment_order(const void *x, const void *y) {
+    const MoEAssignment *a = (const MoEAssignment *)x, *b = (const MoEAssignment *)y;
+    return moe_before(moe_sort_policy, a->p, a->pos, a->j, b->p, b->pos, b->j) ? -1
+           : moe_before(moe_sort_policy, b->p, b->pos, b->j, a->p, a->pos, a->j) ? 1 : 0;
+}
+static void moe_capacity_keep_sorted(int *keep, const int *choice, const float *cprob, int S, int me, int B, int T,
+                                     int k, int E, int cap, DropPolicy policy) {
+    moe_sort_policy = policy;
+    #pragma omp parallel
+    {
+        MoEAssignment *all = (MoEAssignment *)malloc_check(sizeof(MoEAssignment) * (size_t)S * T * k);
+        int *start = (int *)malloc_check(sizeof(int) * (E + 1)), *fill = (int *)malloc_check(sizeof(int) * E);
+        #pragma omp for
+        for (int b = 0; b < B; b++) {
+            for (int e = 0; e <= E; e++) { start[e] = 0; }
+            for (int s2 = 0; s2 < S; s2++) {   // counts per expert, then each expert's range
+                for (int i = 0; i < T * k; i++) { start[choice[((size_t)s2 * B + b) * T * k + i] + 1]++; }
+            }
+            for (int e = 0; e < E; e++) { start[e + 1] += start[e]; fill[e] = start[e]; }
+            for (int s2 = 0; s2 < S; s2++) {
+                SeqPos q = seq_pos_of_rank(S, s2, T);
+                for (int t2 = 0; t2 < T; t2++) {
+                    for (int j2 = 0; j2 < k; j2++) {
+                        size_t a2 = (((size_t)s2 * B + b) * T + t2) * k + j2;
+                        all[fill[choice[a2]]++] = (MoEAssignment){cprob[a2], seq_pos(q, t2), j2, s2 == me ? t2 * k + j2 : -1};
+                    }
+                }
+            }
+            for (int e = 0; e < E; e++) {
+                qsort(all + start[e], start[e + 1] - start[e], sizeof(MoEAssignment), moe_assignment_order);
+                for (int i = start[e]; i < start[e + 1]; i++) {
+                    if (all[i].local >= 0) { keep[(size_t)b * T * k + all[i].local] = i - start[e] < cap; }
+                }
+            }
+        }
+        free(all); free(start); free(fill);
+    }
+}
+#endif
+
 // ----------------------------------------------------------------------------
 // launchers: one signature for both backends
 
@@ -619,7 +688,7 @@ static void moe_router_forward(float *probs, float *lse, const floatX *x, const 
     moe_router_forward_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(probs, lse, x, wr, N, C, E, sigmoid);
     cudaCheckLaunch();
 #else
-    moe_router_forward_cpu(probs, lse, x, wr, N, C, E, sigmoid);
+    moe_router_forward_blas(probs, lse, x, wr, N, C, E, sigmoid);
 #endif
 }
 
@@ -657,13 +726,14 @@ static void moe_bias_update(float *bias, const int *load, int nlayers, int E, fl
 }
 
 static void moe_capacity_keep(int *keep, const int *choice, const float *cprob, int S, int me, int B, int T, int k,
-                              int cap, DropPolicy policy) {
+                              int E, int cap, DropPolicy policy) {
 #ifdef USE_CUDA
+    (void)E;
     if (B <= 0) { return; }
     moe_capacity_keep_kernel<<<B, 256, 0, main_stream>>>(keep, choice, cprob, S, me, B, T, k, cap, policy);
     cudaCheckLaunch();
 #else
-    moe_capacity_keep_cpu(keep, choice, cprob, S, me, B, T, k, cap, policy);
+    moe_capacity_keep_sorted(keep, choice, cprob, S, me, B, T, k, E, cap, policy);
 #endif
 }
 
@@ -783,7 +853,7 @@ static void moe_router_dweight(floatX *dwr, const float *dlogits, const floatX *
     moe_router_dweight_kernel<<<dim3(E, ceil_div(C, 32)), dim3(32, 32), 0, main_stream>>>(dwr, dlogits, x, N, C, E);
     cudaCheckLaunch();
 #else
-    moe_router_dweight_cpu(dwr, dlogits, x, N, C, E);
+    moe_router_dweight_blas(dwr, dlogits, x, N, C, E);
 #endif
 }
 
@@ -793,7 +863,7 @@ static void moe_router_dinput(floatX *dx, const float *dlogits, const floatX *wr
     moe_router_dinput_kernel<<<elementwise_grid((size_t)N * C, 256), 256, 0, main_stream>>>(dx, dlogits, wr, N, C, E);
     cudaCheckLaunch();
 #else
-    moe_router_dinput_cpu(dx, dlogits, wr, N, C, E);
+    moe_router_dinput_blas(dx, dlogits, wr, N, C, E);
 #endif
 }
 
