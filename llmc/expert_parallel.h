@@ -325,6 +325,11 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
     moe_permute(x->msend, in, ma->row, BT, k, C);
     moe_all_to_all(x, ma->counts, x->msend, x->mrecv, 1);
     moe_regroup(x, ma->counts, x->mrecv, ma->xe, 1);
+#ifndef USE_CUDA
+    // (CPU: the local experts side by side, each on one thread, its GEMMs single-threaded inside: one parallel
+    // region for all of them, where each expert's small GEMMs would each split over every thread)
+    #pragma omp parallel for schedule(dynamic, 1)
+#endif
     for (int le = 0; le < El; le++) {
         size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
         if (n == 0) { continue; }
@@ -377,6 +382,9 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
     // 6-4. to the experts, 5. their backward, 4-3. back
     moe_all_to_all(x, ma->counts, x->msend, x->mrecv, 1);
     moe_regroup(x, ma->counts, x->mrecv, x->mexp, 1);
+#ifndef USE_CUDA
+    #pragma omp parallel for schedule(dynamic, 1)   // (as in the forward: the experts side by side)
+#endif
     for (int le = 0; le < El; le++) {
         size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
         if (n == 0) { continue; }
