@@ -1282,10 +1282,60 @@ static void check_plan(TestRun *t, GPT2 *m) {
 
 // Step 0 against the PyTorch reference (loss, routing, gradients, norm), then the memory and comm
 // reports against their formulas.
+// The step's point-to-point messages pair up as NCCL pairs them (comm.h's log: by order, untagged): for every
+// ordered pair of ranks, the sender's messages to the receiver, in posting order, are the receiver's receives from
+// the sender, one for one in bytes and group (pipeline exchanges, the ring's hops: the executed traffic).
+static void check_p2p_pairs(void) {
+    int world = 1, n = comm_p2p_logged, most = 0, lost = comm_p2p_log_lost;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Allreduce(&n, &most, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &lost, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    P2PRecord *mine = (P2PRecord *)calloc_check(most + 1, sizeof(P2PRecord)), *all = NULL;
+    memcpy(mine, comm_p2p_log, n * sizeof(P2PRecord));
+    int *counts = (int *)malloc_check(sizeof(int) * world);
+    if (my_rank == 0) { all = (P2PRecord *)calloc_check((size_t)world * (most + 1), sizeof(P2PRecord)); }
+    MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    MPI_Gather(mine, (int)((most + 1) * sizeof(P2PRecord)), MPI_BYTE, all, (int)((most + 1) * sizeof(P2PRecord)),
+               MPI_BYTE, 0, MPI_COMM_WORLD);
+    if (my_rank == 0) {
+        long pairs = 0, messages = 0, bad = 0;
+        for (int i = 0; i < world; i++) {
+            for (int j = 0; j < world; j++) {
+                const P2PRecord *si = all + (size_t)i * (most + 1), *rj = all + (size_t)j * (most + 1);
+                int a = 0, b = 0, any = 0;
+                for (;;) {   // the next send of i to j, the next receive of j from i
+                    while (a < counts[i] && !(si[a].send && si[a].peer_world == j)) { a++; }
+                    while (b < counts[j] && !(!rj[b].send && rj[b].peer_world == i)) { b++; }
+                    if (a == counts[i] || b == counts[j]) { bad += (a < counts[i]) + (b < counts[j]); break; }
+                    any = 1;
+                    messages++;
+                    bad += si[a].bytes != rj[b].bytes || si[a].group != rj[b].group || si[a].kind != rj[b].kind;
+                    a++; b++;
+                }
+                pairs += any;
+            }
+        }
+        check(bad == 0 && lost == 0, "point-to-point: %ld messages between %ld ordered pairs of ranks pair up in posting "
+              "order (bytes, group, kind): %ld do not (%d not logged)", messages, pairs, bad, lost);
+        free(all);
+    }
+    free(mine); free(counts);
+}
+
 static void check_first_step(TestRun *t, GPT2 *m, DataLoader *dl, int check_mem, int check_comm_flag, float *loss0) {
     comm_reset_counters(&t->grid);
     double ep_rows;
+    if (check_comm_flag) {   // the step's point-to-point messages, logged (check_p2p_pairs)
+        comm_p2p_log_cap = 1 << 16;
+        comm_p2p_log = (P2PRecord *)calloc_check(comm_p2p_log_cap, sizeof(P2PRecord));
+        comm_p2p_logged = comm_p2p_log_lost = 0;
+    }
     *loss0 = check_step(t, m, dl, &t->ref, &t->rmoe, 0, "reference", &ep_rows).loss;
+    if (check_comm_flag) {
+        check_p2p_pairs();
+        free(comm_p2p_log);
+        comm_p2p_log = NULL;
+    }
     // ep_rows: the rows this rank's MoE dispatches sent to other ep ranks plus those it received from them
     // (each moves forward and back, in the forward and again in the backward), from the routing
     if (check_comm_flag) { check_comm_dp(m, t->accum); check_comm_model(m, t->accum, ep_rows); }

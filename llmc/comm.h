@@ -57,7 +57,23 @@ typedef struct {
     long calls;
     double exposed; // CPU build: seconds this rank spent inside the group's MPI calls and in the waits for its
                     // asynchronous ones since comm_reset_counters (the exposed communication: no compute runs then)
+    int *world_of;  // the world rank of each group rank (the point-to-point log's peers)
 } Group;
+
+// The point-to-point log (test_gpt --check-comm): every message this rank posts, in posting order, with its peer's
+// world rank. NCCL matches the messages between two ranks by their order alone (no tags), so each ordered pair's
+// sends must be the receiving rank's receives from it, one for one: test_gpt checks that on the executed traffic
+// (pipeline exchanges, the ring's hops), not on a model of it.
+typedef struct { int send, peer_world, group, kind; double bytes; } P2PRecord;
+static P2PRecord *comm_p2p_log = NULL;   // NULL: not logging
+static int comm_p2p_logged = 0, comm_p2p_log_cap = 0, comm_p2p_log_lost = 0;
+static int comm_group_id(const char *name) { int h = 5381; for (; *name; name++) { h = h * 33 + *name; } return h; }
+static void comm_p2p_log_op(Group *g, int send, int peer, int kind, double bytes) {
+    if (comm_p2p_log == NULL) { return; }
+    if (comm_p2p_logged == comm_p2p_log_cap) { comm_p2p_log_lost++; return; }
+    comm_p2p_log[comm_p2p_logged++] = (P2PRecord){send, g->world_of ? g->world_of[peer] : -1, comm_group_id(g->name),
+                                                  kind, bytes};
+}
 
 typedef struct {
     int world_size, rank, local_rank;
@@ -112,6 +128,10 @@ static void group_init(Group *g, const char *name, int color, int key) {
     MPI_Comm_split(MPI_COMM_WORLD, color, key, &g->mpi);
     MPI_Comm_size(g->mpi, &g->size);
     MPI_Comm_rank(g->mpi, &g->rank);
+    int world_rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    g->world_of = (int *)malloc_check(sizeof(int) * g->size);
+    MPI_Allgather(&world_rank, 1, MPI_INT, g->world_of, 1, MPI_INT, g->mpi);
 #ifdef USE_NCCL
     // an NCCL communicator only where NCCL can be called: collectives on one rank return early
     g->nccl = NULL;
@@ -245,6 +265,8 @@ static void grid_free(Grid *g) {
         }
 #endif
         MPI_Comm_free(&groups[i]->mpi);
+        free(groups[i]->world_of);
+        groups[i]->world_of = NULL;
     }
 #ifdef USE_NCCL
     if (comm_shared_stream) { cudaCheck(cudaStreamDestroy(comm_shared_stream)); comm_shared_stream = NULL; }
@@ -518,6 +540,7 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
 // Point-to-point within a group (pipeline stage boundaries): n elements to / from group rank peer.
 static void comm_send(Group *g, const void *buf, size_t n, DType t, int peer) {
     comm_count(g, (double)n * comm_type_size(t));
+    comm_p2p_log_op(g, 1, peer, 0, (double)n * comm_type_size(t));
 #ifdef USE_NCCL
     ncclCheck(ncclSend(buf, n, nccl_type(t), peer, g->nccl, comm_stream_begin(g)));
     comm_stream_end(g, NULL);
@@ -531,6 +554,7 @@ static void comm_send(Group *g, const void *buf, size_t n, DType t, int peer) {
 }
 
 static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
+    comm_p2p_log_op(g, 0, peer, 0, (double)n * comm_type_size(t));
 #ifdef USE_NCCL
     ncclCheck(ncclRecv(buf, n, nccl_type(t), peer, g->nccl, comm_stream_begin(g)));
     comm_stream_end(g, NULL);
@@ -557,7 +581,9 @@ static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
 // received buffer is read (CUDA: every request waits for the whole group).
 // CPU: MPI_Irecv / MPI_Issend (a synchronous send completes only once received, as NCCL's do, so
 // that the CPU runs catch an exchange that would deadlock on GPUs); CUDA: one NCCL group.
-typedef struct { int send; void *buf; size_t n; int peer; } P2POp;
+// kind: what the message is, for the point-to-point log alone (the sender's and the receiver's must agree: two
+// messages of one size swapped between a pair would pass unnoticed otherwise)
+typedef struct { int send; void *buf; size_t n; int peer; int kind; } P2POp;
 
 #ifdef USE_NCCL
 // comm_p2p's NCCL path: one NCCL group; an event per request, each recorded after the whole group.
@@ -565,6 +591,7 @@ static void comm_p2p_launch(Group *g, const P2POp *ops, int nops, DType t, CommR
     cudaStream_t s = comm_stream_begin(g);
     ncclCheck(ncclGroupStart());
     for (int i = 0; i < nops; i++) {
+        comm_p2p_log_op(g, ops[i].send, ops[i].peer, ops[i].kind, (double)ops[i].n * comm_type_size(t));
         if (ops[i].send) { ncclCheck(ncclSend(ops[i].buf, ops[i].n, nccl_type(t), ops[i].peer, g->nccl, s)); }
         else { ncclCheck(ncclRecv(ops[i].buf, ops[i].n, nccl_type(t), ops[i].peer, g->nccl, s)); }
     }
@@ -600,6 +627,7 @@ static void comm_p2p_launch(Group *g, const P2POp *ops, int nops, DType t, CommR
     MPI_Request *recv_req = (MPI_Request *)malloc_check(sizeof(MPI_Request) * (pieces + 1)), *send_req = recv_req;
     int nr = 0, ns = 0;
     for (int i = 0; i < nops; i++) {   // the receives first: a send then finds its receive posted
+        if (!ops[i].send) { comm_p2p_log_op(g, 0, ops[i].peer, ops[i].kind, (double)ops[i].n * es); }
         for (size_t o = 0, c; !ops[i].send && o < ops[i].n; o += c) {
             c = comm_piece(ops[i].n, o);
             MPI_Irecv((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, 0, g->mpi,
@@ -610,6 +638,7 @@ static void comm_p2p_launch(Group *g, const P2POp *ops, int nops, DType t, CommR
     int reverse = test_hook_reverse_sends();
     for (int k = 0; k < nops; k++) {
         int i = reverse ? nops - 1 - k : k;
+        if (ops[i].send) { comm_p2p_log_op(g, 1, ops[i].peer, ops[i].kind, (double)ops[i].n * es); }
         for (size_t o = 0, c; ops[i].send && o < ops[i].n; o += c) {
             c = comm_piece(ops[i].n, o);
             MPI_Issend((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, 0, g->mpi,

@@ -421,7 +421,8 @@ static void cp_blocks(CPRing *r, int j, int cur, int backward, floatX *out, floa
 // matches them). With `hop` the hop is started and cp_hop_wait completes it; without, it is complete on return.
 static void cp_hop(CPRing *r, floatX **buf, int cur, size_t n, CommRequest hop[2]) {
     int N = r->cp->size, next = (r->cp->rank + 1) % N, prev = (r->cp->rank + N - 1) % N;
-    P2POp ops[2] = {{1, buf[cur], n, next}, {0, buf[!cur], n, prev}};
+    int kind = buf == r->kv ? 1 : 2;   // keys and values, or their gradients (the point-to-point log's)
+    P2POp ops[2] = {{1, buf[cur], n, next, kind}, {0, buf[!cur], n, prev, kind}};
     comm_p2p(r->cp, ops, 2, DT_FLOATX, hop ? &hop[0] : NULL, hop ? &hop[1] : NULL);
 }
 

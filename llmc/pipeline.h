@@ -439,7 +439,8 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st) {
             buf = got[1] = p->grad_recv;
             p->grad_held = st->recv_bwd;
         }
-        ops[j] = (P2POp){msg[j].send, buf + off, k, msg[j].peer};
+        // (kind: the micro-batch and activation or gradient: what the two ranks must agree the message is)
+        ops[j] = (P2POp){msg[j].send, buf + off, k, msg[j].peer, 1 + msg[j].grad + 2 * schedule_micro(msg[j].k, pp, p->vpp)};
     }
     comm_p2p(p->pp, ops, n, DT_FLOATX, p->overlap ? p->sending : NULL, NULL);
     for (int i = 0; i < 2; i++) {
