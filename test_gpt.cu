@@ -1141,6 +1141,69 @@ static void check_schedules(void) {
     free(a.s); free(b.s);
 }
 
+#ifndef USE_CUDA
+// The CPU build's MoE fast paths against their loops (moe.h): the capacity masks by sorting = the rank counts of
+// moe_capacity_keep_body, exactly, for both drop policies, one part and two cp parts, with ties in p (scores drawn
+// from 8 values: equal p then order by position); the router's logits and gradients through sgemm = the loops within
+// fp32 rounding (sums of C terms: |d| <= 1e-5 relative to the sum of |terms|).
+static void check_moe_cpu(void) {
+    Rng rng;
+    rng_init(&rng, 31);
+    int B = 4, T = 24, k = 2, E = 6, cap = 5;
+    size_t n = (size_t)B * T * k;
+    int *choice = (int *)malloc_check(sizeof(int) * n), *keep1 = (int *)malloc_check(sizeof(int) * n),
+        *keep2 = (int *)malloc_check(sizeof(int) * n);
+    float *cprob = (float *)malloc_check(sizeof(float) * n);
+    for (size_t a = 0; a < n; a += k) {   // k distinct experts per token, scores from 8 values
+        choice[a] = rng_u32(&rng) % E;
+        choice[a + 1] = (choice[a] + 1 + rng_u32(&rng) % (E - 1)) % E;
+        cprob[a] = (1 + rng_u32(&rng) % 8) / 8.0f;
+        cprob[a + 1] = (1 + rng_u32(&rng) % 8) / 8.0f;
+    }
+    long differ = 0, kept = 0;
+    for (int policy = 0; policy < 2; policy++) {
+        DropPolicy p = policy ? DROP_POSITION : DROP_PROBS;
+        moe_capacity_keep_cpu(keep1, choice, cprob, 1, 0, B, T, k, cap, p);
+        moe_capacity_keep_sorted(keep2, choice, cprob, 1, 0, B, T, k, E, cap, p);
+        for (size_t i = 0; i < n; i++) { differ += keep1[i] != keep2[i]; kept += keep1[i]; }
+        for (int me = 0; me < 2; me++) {   // two cp parts of B/2 sequences of 2T tokens
+            moe_capacity_keep_cpu(keep1, choice, cprob, 2, me, B / 2, T, k, 2 * cap, p);
+            moe_capacity_keep_sorted(keep2, choice, cprob, 2, me, B / 2, T, k, E, 2 * cap, p);
+            for (size_t i = 0; i < n / 2; i++) { differ += keep1[i] != keep2[i]; kept += keep1[i]; }
+        }
+    }
+    long total = 4 * (long)n;   // 2 policies x (one part of n, two parts of n / 2)
+    check(differ == 0 && kept > 0 && kept < total,
+          "MoE capacity masks by sorting = the rank counts (2 policies, 1 and 2 cp parts, tied scores): %ld of %ld "
+          "assignments differ (%ld kept: some dropped)", differ, total, kept);
+    int N = 37, C = 48;
+    float *x = (float *)malloc_check(sizeof(float) * N * C), *wr = (float *)malloc_check(sizeof(float) * E * C);
+    float *dl = (float *)malloc_check(sizeof(float) * N * E);
+    for (int i = 0; i < N * C; i++) { x[i] = rng_normal(&rng, 0.0f, 1.0f); }
+    for (int i = 0; i < E * C; i++) { wr[i] = rng_normal(&rng, 0.0f, 0.1f); }
+    for (int i = 0; i < N * E; i++) { dl[i] = rng_normal(&rng, 0.0f, 1.0f); }
+    float *p1 = (float *)calloc_check(N * E, sizeof(float)), *p2 = (float *)calloc_check(N * E, sizeof(float));
+    float *l1 = (float *)calloc_check(N, sizeof(float)), *l2 = (float *)calloc_check(N, sizeof(float));
+    float *w1 = (float *)calloc_check(E * C, sizeof(float)), *w2 = (float *)calloc_check(E * C, sizeof(float));
+    float *d1 = (float *)calloc_check(N * C, sizeof(float)), *d2 = (float *)calloc_check(N * C, sizeof(float));
+    moe_router_forward_cpu(p1, l1, x, wr, N, C, E, 0);
+    moe_router_forward_blas(p2, l2, x, wr, N, C, E, 0);
+    moe_router_dweight_cpu(w1, dl, x, N, C, E);
+    moe_router_dweight_blas(w2, dl, x, N, C, E);
+    moe_router_dinput_cpu(d1, dl, wr, N, C, E);
+    moe_router_dinput_blas(d2, dl, wr, N, C, E);
+    double worst = 0;   // |blas - loop| / (1e-30 + scale), scale: the terms' sizes (sum |terms| bounded by C or N max)
+    for (int i = 0; i < N * E; i++) { worst = fmax(worst, fabs(p1[i] - p2[i]) / 1.0); }
+    for (int i = 0; i < N; i++) { worst = fmax(worst, fabs(l1[i] - l2[i]) / (1.0 + fabs(l1[i]))); }
+    for (int i = 0; i < E * C; i++) { worst = fmax(worst, fabs(w1[i] - w2[i]) / N); }
+    for (int i = 0; i < N * C; i++) { worst = fmax(worst, fabs(d1[i] - d2[i]) / (0.1 * E)); }
+    check(worst <= 1e-5, "MoE router through sgemm = its loops (probs, lse, weight and input gradients): worst %.2e "
+          "relative to the terms' size (<= 1e-5)", worst);
+    free(choice); free(keep1); free(keep2); free(cprob); free(x); free(wr); free(dl);
+    free(p1); free(p2); free(l1); free(l2); free(w1); free(w2); free(d1); free(d2);
+}
+#endif
+
 static void check_attention(void) {
     Rng rng;
     rng_init(&rng, 24);
@@ -1895,9 +1958,12 @@ int main(int argc, char **argv) {
         if (t.world % (args->tp * args->pp)) { fail_all(my_rank, "world %d is not divisible by tp*pp", t.world); }
         grid_init(&t.grid, args->tp, 1, args->pp, 1);
         check_comm_layer(&t.grid);
-    } else if (f.check_attention) {   // the CPU attention through BLAS against its loops, on every rank
+    } else if (f.check_attention) {   // the CPU attention (and MoE router, capacity) fast paths against their loops
         grid_init(&t.grid, 1, 1, 1, 1);
         check_attention();
+#ifndef USE_CUDA
+        check_moe_cpu();
+#endif
     } else if (f.check_tolerance) {   // the bf16 gradient tolerances on the reference (host code, any rank)
         grid_init(&t.grid, 1, 1, 1, 1);
         check_tolerance(&ref_config, t.ref.grads, f.bf16_grads);

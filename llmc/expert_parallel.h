@@ -325,18 +325,24 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
     moe_permute(x->msend, in, ma->row, BT, k, C);
     moe_all_to_all(x, ma->counts, x->msend, x->mrecv, 1);
     moe_regroup(x, ma->counts, x->mrecv, ma->xe, 1);
+    if (x->padded) {   // every local expert has the same rows: one strided-batched GEMM per projection
+        size_t r0, n = moe_expert_rows(x, ma->counts, 0, &r0);
+        matmul_forward_gelu_batched(ma->hg, ma->h, ma->xe, w.fcw, w.fcb, (int)n, C, Hl, El);
+        matmul_forward_batched(x->mexp, ma->hg, w.fcprojw, x->tp_rank == 0 ? w.fcprojb : NULL, (int)n, Hl, C, El);
+    } else {
 #ifndef USE_CUDA
-    // (CPU: the local experts side by side, each on one thread, its GEMMs single-threaded inside: one parallel
-    // region for all of them, where each expert's small GEMMs would each split over every thread)
-    #pragma omp parallel for schedule(dynamic, 1)
+        // (CPU: the local experts side by side, each on one thread, its GEMMs single-threaded inside: one parallel
+        // region for all of them, where each expert's small GEMMs would each split over every thread)
+        #pragma omp parallel for schedule(dynamic, 1)
 #endif
-    for (int le = 0; le < El; le++) {
-        size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
-        if (n == 0) { continue; }
-        const floatX *b2 = x->tp_rank == 0 ? w.fcprojb + (size_t)le * C : NULL;   // added once over tp
-        matmul_forward_gelu(ma->hg + r0 * Hl, ma->h + r0 * Hl, ma->xe + r0 * C, w.fcw + (size_t)le * Hl * C,
-                            w.fcb + (size_t)le * Hl, (int)n, C, Hl);
-        matmul_forward(x->mexp + r0 * C, ma->hg + r0 * Hl, w.fcprojw + (size_t)le * C * Hl, b2, (int)n, Hl, C);
+        for (int le = 0; le < El; le++) {
+            size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
+            if (n == 0) { continue; }
+            const floatX *b2 = x->tp_rank == 0 ? w.fcprojb + (size_t)le * C : NULL;   // added once over tp
+            matmul_forward_gelu(ma->hg + r0 * Hl, ma->h + r0 * Hl, ma->xe + r0 * C, w.fcw + (size_t)le * Hl * C,
+                                w.fcb + (size_t)le * Hl, (int)n, C, Hl);
+            matmul_forward(x->mexp + r0 * C, ma->hg + r0 * Hl, w.fcprojw + (size_t)le * C * Hl, b2, (int)n, Hl, C);
+        }
     }
     moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
     moe_all_to_all(x, ma->counts, x->mrecv, ma->ys, 0);
@@ -382,22 +388,32 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
     // 6-4. to the experts, 5. their backward, 4-3. back
     moe_all_to_all(x, ma->counts, x->msend, x->mrecv, 1);
     moe_regroup(x, ma->counts, x->mrecv, x->mexp, 1);
-#ifndef USE_CUDA
-    #pragma omp parallel for schedule(dynamic, 1)   // (as in the forward: the experts side by side)
-#endif
-    for (int le = 0; le < El; le++) {
-        size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
-        if (n == 0) { continue; }
-        floatX *dye = x->mexp + r0 * C, *dh = x->mdh + r0 * Hl;
-        if (recompute_mlp) {   // the rows' fc and GELU outputs again, from their stored input
-            matmul_forward_gelu(ma->hg + r0 * Hl, ma->h + r0 * Hl, ma->xe + r0 * C, w.fcw + (size_t)le * Hl * C,
-                                w.fcb + (size_t)le * Hl, (int)n, C, Hl);
+    if (x->padded) {   // (as in the forward: one strided-batched GEMM per product)
+        size_t r0, n = moe_expert_rows(x, ma->counts, 0, &r0);
+        if (recompute_mlp) { matmul_forward_gelu_batched(ma->hg, ma->h, ma->xe, w.fcw, w.fcb, (int)n, C, Hl, El); }
+        matmul_backward_dgelu_batched(x->mdh, g.fcprojw, x->mexp, ma->hg, w.fcprojw, ma->h, (int)n, Hl, C, El);
+        for (int le = 0; le < El; le++) {   // complete on every tp rank
+            bias_backward(g.fcprojb + (size_t)le * C, x->mexp + (size_t)le * n * C, (int)n, C);
         }
-        matmul_backward_dgelu(dh, g.fcprojw + (size_t)le * C * Hl, dye, ma->hg + r0 * Hl,
-                              w.fcprojw + (size_t)le * C * Hl, ma->h + r0 * Hl, (int)n, Hl, C);
-        bias_backward(g.fcprojb + (size_t)le * C, dye, (int)n, C);   // complete on every tp rank
-        matmul_backward(dye, g.fcw + (size_t)le * Hl * C, g.fcb + (size_t)le * Hl, dh, ma->xe + r0 * C,
-                        w.fcw + (size_t)le * Hl * C, (int)n, C, Hl);   // dye := the rows' dx
+        matmul_backward_batched(x->mexp, g.fcw, g.fcb, x->mdh, ma->xe, w.fcw, (int)n, C, Hl, El);   // := the rows' dx
+    } else {
+#ifndef USE_CUDA
+        #pragma omp parallel for schedule(dynamic, 1)   // (as in the forward: the experts side by side)
+#endif
+        for (int le = 0; le < El; le++) {
+            size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
+            if (n == 0) { continue; }
+            floatX *dye = x->mexp + r0 * C, *dh = x->mdh + r0 * Hl;
+            if (recompute_mlp) {   // the rows' fc and GELU outputs again, from their stored input
+                matmul_forward_gelu(ma->hg + r0 * Hl, ma->h + r0 * Hl, ma->xe + r0 * C, w.fcw + (size_t)le * Hl * C,
+                                    w.fcb + (size_t)le * Hl, (int)n, C, Hl);
+            }
+            matmul_backward_dgelu(dh, g.fcprojw + (size_t)le * C * Hl, dye, ma->hg + r0 * Hl,
+                                  w.fcprojw + (size_t)le * C * Hl, ma->h + r0 * Hl, (int)n, Hl, C);
+            bias_backward(g.fcprojb + (size_t)le * C, dye, (int)n, C);   // complete on every tp rank
+            matmul_backward(dye, g.fcw + (size_t)le * Hl * C, g.fcb + (size_t)le * Hl, dh, ma->xe + r0 * C,
+                            w.fcw + (size_t)le * Hl * C, (int)n, C, Hl);   // dye := the rows' dx
+        }
     }
     moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
     moe_all_to_all(x, ma->counts, x->mrecv, x->msend, 0);

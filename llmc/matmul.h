@@ -97,7 +97,10 @@ static uint32_t matmul_alignment(const void *p) {
 // The heuristic's choice per problem, cached: cuBLASLt's query costs more host time than launching the
 // GEMM, and a step asks the same few dozen problems again and again. The key is everything the query
 // reads: shapes, transposes, leading dimensions, the epilogue, aux_ld and the operands' alignments.
-typedef struct { int m, n, k, transa, transb, lda, ldb, epilogue; int64_t aux_ld; uint32_t align[5]; } MatmulKey;
+typedef struct { int m, n, k, transa, transb, lda, ldb, epilogue; int64_t aux_ld; uint32_t align[5]; int batch;
+                 int64_t stride[5]; } MatmulKey;
+// count GEMMs of one shape on stacked operands, operand i at base + i * stride (elements): a strided batch
+typedef struct { int count; int64_t sa, sb, sd, sbias, saux; } MatmulBatch;
 // found: an algorithm exists; index: which of the heuristic's candidates (-1: not chosen yet: first seen
 // accumulating into its output, beta != 0, where timing would add to it; the first candidate meanwhile)
 typedef struct { MatmulKey key; int found, index; cublasLtMatmulAlgo_t algo; } MatmulChoice;
@@ -204,6 +207,7 @@ static void matmul_choices_load(void) {
                       &k->lda, &k->ldb, &k->epilogue, &aux_ld, &k->align[0], &k->align[1], &k->align[2], &k->align[3],
                       &k->align[4], &c.index) == 15) {
             k->aux_ld = aux_ld;
+            k->batch = 1;   // (the file holds single GEMMs)
             c.found = -1;   // (the algorithm itself: from the heuristic at the first call)
             matmul_choices[matmul_nchoices++] = c;
             memset(&c, 0, sizeof(c));
@@ -222,7 +226,7 @@ static void matmul_choices_save(void) {
     for (int i = 0; i < matmul_nchoices; i++) {
         const MatmulChoice *c = &matmul_choices[i];
         const MatmulKey *k = &c->key;
-        if (c->found != 1 || c->index < 0) { continue; }
+        if (c->found != 1 || c->index < 0 || k->batch != 1) { continue; }
         fprintf(f, "%d %d %d %d %d %d %d %d %lld %u %u %u %u %u %d\n", k->m, k->n, k->k, k->transa, k->transb, k->lda,
                 k->ldb, k->epilogue, (long long)k->aux_ld, k->align[0], k->align[1], k->align[2], k->align[3],
                 k->align[4], c->index);
@@ -242,9 +246,10 @@ static void matmul_choices_save(void) {
 // aux has D's element type (the default of CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE); cuBLASLt wants
 // aux_ld a multiple of 8 and >= m (the callers check that, and 16-byte alignment of aux, beforehand).
 // Returns 0 (and queues nothing) if cuBLASLt has no algorithm for this shape/alignment/epilogue.
+// bt: NULL, or a strided batch of bt->count such GEMMs (bias and aux strided too)
 static int matmul_cublaslt_epilogue(floatX *d, const floatX *a, const floatX *b, const floatX *bias, const floatX *aux,
                                     int64_t aux_ld, cublasLtEpilogue_t epilogue, int m, int n, int k,
-                                    int transa, int transb, int lda, int ldb, float beta) {
+                                    int transa, int transb, int lda, int ldb, float beta, const MatmulBatch *bt) {
     matmul_setup();
     cublasLtMatmulDesc_t desc;
     cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -265,12 +270,35 @@ static int matmul_cublaslt_epilogue(floatX *d, const floatX *a, const floatX *b,
     cublasCheck(cublasLtMatrixLayoutCreate(&la, CUBLAS_FLOATX, transa ? k : m, transa ? m : k, lda));
     cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUBLAS_FLOATX, transb ? n : k, transb ? k : n, ldb));
     cublasCheck(cublasLtMatrixLayoutCreate(&ld, CUBLAS_FLOATX, m, n, m));
+    int batch = bt ? bt->count : 1;
+    if (batch > 1) {
+        cublasLtMatrixLayout_t lay[3] = {la, lb, ld};
+        int64_t stride[3] = {bt->sa, bt->sb, bt->sd};
+        for (int i = 0; i < 3; i++) {
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride[i],
+                                                         sizeof(stride[i])));
+        }
+        if (bias != NULL) {
+            cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bt->sbias,
+                                                       sizeof(bt->sbias)));
+        }
+        if (aux != NULL) {
+            cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &bt->saux,
+                                                       sizeof(bt->saux)));
+        }
+    }
     MatmulKey key;
     memset(&key, 0, sizeof(key));   // (no padding left undefined for memcmp)
     key.m = m; key.n = n; key.k = k; key.transa = transa; key.transb = transb; key.lda = lda; key.ldb = ldb;
     key.epilogue = (int)epilogue; key.aux_ld = aux_ld;
     key.align[0] = matmul_alignment(a); key.align[1] = matmul_alignment(b); key.align[2] = matmul_alignment(d);
     key.align[3] = bias != NULL ? matmul_alignment(bias) : 0; key.align[4] = aux != NULL ? matmul_alignment(aux) : 0;
+    key.batch = batch;
+    if (batch > 1) {
+        key.stride[0] = bt->sa; key.stride[1] = bt->sb; key.stride[2] = bt->sd;
+        key.stride[3] = bias != NULL ? bt->sbias : 0; key.stride[4] = aux != NULL ? bt->saux : 0;
+    }
     MatmulChoice *choice = matmul_choice_find(&key), fresh;
     if (choice == NULL) {   // a new problem (a full table: later problems are asked each time)
         memset(&fresh, 0, sizeof(fresh));
@@ -307,7 +335,7 @@ static int matmul_cublaslt_epilogue(floatX *d, const floatX *a, const floatX *b,
 static int matmul_cublaslt(floatX *d, const floatX *a, const floatX *b, const floatX *bias, int m, int n, int k,
                             int transa, int transb, int lda, int ldb, float beta) {
     cublasLtEpilogue_t epilogue = bias != NULL ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-    return matmul_cublaslt_epilogue(d, a, b, bias, NULL, 0, epilogue, m, n, k, transa, transb, lda, ldb, beta);
+    return matmul_cublaslt_epilogue(d, a, b, bias, NULL, 0, epilogue, m, n, k, transa, transb, lda, ldb, beta, NULL);
 }
 
 static void matmul_cublaslt_check(floatX *d, const floatX *a, const floatX *b, int m, int n, int k,
@@ -376,7 +404,7 @@ static int matmul_forward_gelu_cuda(floatX *out_gelu, floatX *out_pre, const flo
     if (matmul_gelu_aux_ok(out_pre, OC)) {
         cublasLtEpilogue_t epilogue = bias != NULL ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
         if (matmul_cublaslt_epilogue(out_gelu, weight, inp, bias, out_pre, OC, epilogue, OC, N, IC, 1, 0, IC, IC,
-                                     0.0f)) {
+                                     0.0f, NULL)) {
             return 1;
         }
     }
@@ -395,7 +423,7 @@ static int matmul_backward_dgelu_cuda(floatX *dpre, floatX *dweight, const float
     if (dpre != NULL && IC > 0) {
         if (matmul_gelu_aux_ok(pre, IC)) {
             fused = matmul_cublaslt_epilogue(dpre, weight, dout, NULL, pre, IC, CUBLASLT_EPILOGUE_DGELU, IC, N, OC, 0,
-                                             0, IC, OC, 0.0f);
+                                             0, IC, OC, 0.0f, NULL);
         }
         if (!fused) {
             matmul_cublaslt_check(dpre, weight, dout, IC, N, OC, 0, 0, IC, OC, 0.0f);
@@ -441,6 +469,121 @@ static void matmul_backward_dgelu(floatX *dpre, floatX *dweight, const floatX *d
 #else
     matmul_backward_dgelu_cpu(dpre, dweight, dout, inp, weight, pre, N, IC, OC);
 #endif
+}
+
+
+// ---- strided batches: count linear layers of one shape on stacked operands (the local experts of a padded
+// MoE dispatch, N rows each): inp (count, N, IC), weight (count, OC, IC), bias (count, OC) or NULL,
+// out (count, N, OC), and the same for the backward's and the GELU's operands. CPU: the loop over the count is
+// the specification (each layer on one thread, its GEMMs single-threaded inside); CUDA: one strided-batched
+// cuBLASLt call per product (epilogues batched too), the loop where cuBLASLt has no batched algorithm.
+#ifdef USE_CUDA
+static MatmulBatch matmul_batch(int count, int64_t sa, int64_t sb, int64_t sd, int64_t sbias, int64_t saux) {
+    MatmulBatch b = {count, sa, sb, sd, sbias, saux};
+    return b;
+}
+#endif
+
+static void matmul_forward_batched(floatX *out, const floatX *inp, const floatX *weight, const floatX *bias, int N,
+                                   int IC, int OC, int count) {
+    if (N <= 0 || count <= 0) { return; }
+#ifdef USE_CUDA
+    MatmulBatch bt = matmul_batch(count, (int64_t)OC * IC, (int64_t)N * IC, (int64_t)N * OC, OC, 0);
+    cublasLtEpilogue_t epilogue = bias != NULL ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    if (count > 1 && matmul_cublaslt_epilogue(out, weight, inp, bias, NULL, 0, epilogue, OC, N, IC, 1, 0, IC, IC, 0.0f,
+                                              &bt)) {
+        return;
+    }
+#else
+    #pragma omp parallel for schedule(dynamic, 1)
+#endif
+    for (int i = 0; i < count; i++) {
+        matmul_forward(out + (size_t)i * N * OC, inp + (size_t)i * N * IC, weight + (size_t)i * OC * IC,
+                       bias ? bias + (size_t)i * OC : NULL, N, IC, OC);
+    }
+}
+
+static void matmul_forward_gelu_batched(floatX *out_gelu, floatX *out_pre, const floatX *inp, const floatX *weight,
+                                        const floatX *bias, int N, int IC, int OC, int count) {
+    if (N <= 0 || count <= 0) { return; }
+#ifdef USE_CUDA
+    MatmulBatch bt = matmul_batch(count, (int64_t)OC * IC, (int64_t)N * IC, (int64_t)N * OC, OC, (int64_t)N * OC);
+    cublasLtEpilogue_t epilogue = bias != NULL ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    if (count > 1 && matmul_gelu_aux_ok(out_pre, OC) && ((int64_t)N * OC) % 8 == 0 &&
+        matmul_cublaslt_epilogue(out_gelu, weight, inp, bias, out_pre, OC, epilogue, OC, N, IC, 1, 0, IC, IC, 0.0f,
+                                 &bt)) {
+        return;
+    }
+#else
+    #pragma omp parallel for schedule(dynamic, 1)
+#endif
+    for (int i = 0; i < count; i++) {
+        matmul_forward_gelu(out_gelu + (size_t)i * N * OC, out_pre + (size_t)i * N * OC, inp + (size_t)i * N * IC,
+                            weight + (size_t)i * OC * IC, bias ? bias + (size_t)i * OC : NULL, N, IC, OC);
+    }
+}
+
+// dinp (written), dweight and dbias (added to), as matmul_backward for each of the count layers
+static void matmul_backward_batched(floatX *dinp, floatX *dweight, floatX *dbias, const floatX *dout, const floatX *inp,
+                                    const floatX *weight, int N, int IC, int OC, int count) {
+    if (N <= 0 || count <= 0) { return; }
+#ifdef USE_CUDA
+    if (count > 1) {
+        MatmulBatch bi = matmul_batch(count, (int64_t)OC * IC, (int64_t)N * OC, (int64_t)N * IC, 0, 0);
+        MatmulBatch bw = matmul_batch(count, (int64_t)N * IC, (int64_t)N * OC, (int64_t)OC * IC, 0, 0);
+        int ok = (dinp == NULL || matmul_cublaslt_epilogue(dinp, weight, dout, NULL, NULL, 0, CUBLASLT_EPILOGUE_DEFAULT,
+                                                           IC, N, OC, 0, 0, IC, OC, 0.0f, &bi))
+              && (dweight == NULL || matmul_cublaslt_epilogue(dweight, inp, dout, NULL, NULL, 0, CUBLASLT_EPILOGUE_DEFAULT,
+                                                              IC, OC, N, 0, 1, IC, OC, 1.0f, &bw));
+        if (ok) {
+            for (int i = 0; dbias != NULL && i < count; i++) {
+                column_sums_accumulate(dbias + (size_t)i * OC, NULL, dout + (size_t)i * N * OC, NULL, NULL, NULL, N, OC);
+            }
+            return;
+        }
+        // (cuBLASLt had none for one of them: dinp, if made, is written again below with the same values;
+        // dweight was not added to: && stops at the first that fails, and dweight comes last)
+    }
+#else
+    #pragma omp parallel for schedule(dynamic, 1)
+#endif
+    for (int i = 0; i < count; i++) {
+        matmul_backward(dinp ? dinp + (size_t)i * N * IC : NULL, dweight ? dweight + (size_t)i * OC * IC : NULL,
+                        dbias ? dbias + (size_t)i * OC : NULL, dout + (size_t)i * N * OC, inp + (size_t)i * N * IC,
+                        weight + (size_t)i * OC * IC, N, IC, OC);
+    }
+}
+
+
+// dpre (written) = (dout weight) * gelu'(pre), dweight (added to), as matmul_backward_dgelu for each layer
+static void matmul_backward_dgelu_batched(floatX *dpre, floatX *dweight, const floatX *dout, const floatX *inp,
+                                          const floatX *weight, const floatX *pre, int N, int IC, int OC, int count) {
+    if (N <= 0 || count <= 0) { return; }
+#ifdef USE_CUDA
+    if (count > 1 && dpre != NULL && matmul_gelu_aux_ok(pre, IC) && ((int64_t)N * IC) % 8 == 0) {
+        MatmulBatch bi = matmul_batch(count, (int64_t)OC * IC, (int64_t)N * OC, (int64_t)N * IC, 0, (int64_t)N * IC);
+        MatmulBatch bw = matmul_batch(count, (int64_t)N * IC, (int64_t)N * OC, (int64_t)OC * IC, 0, 0);
+        if (matmul_cublaslt_epilogue(dpre, weight, dout, NULL, pre, IC, CUBLASLT_EPILOGUE_DGELU, IC, N, OC, 0, 0, IC, OC,
+                                     0.0f, &bi)) {
+            if (dweight == NULL || matmul_cublaslt_epilogue(dweight, inp, dout, NULL, NULL, 0, CUBLASLT_EPILOGUE_DEFAULT,
+                                                            IC, OC, N, 0, 1, IC, OC, 1.0f, &bw)) {
+                return;
+            }
+            for (int i = 0; i < count; i++) {   // (the weight gradients alone, one by one)
+                matmul_backward(NULL, dweight + (size_t)i * OC * IC, NULL, dout + (size_t)i * N * OC,
+                                inp + (size_t)i * N * IC, weight + (size_t)i * OC * IC, N, IC, OC);
+            }
+            return;
+        }
+    }
+#else
+    #pragma omp parallel for schedule(dynamic, 1)
+#endif
+    for (int i = 0; i < count; i++) {
+        matmul_backward_dgelu(dpre ? dpre + (size_t)i * N * IC : NULL, dweight ? dweight + (size_t)i * OC * IC : NULL,
+                              dout + (size_t)i * N * OC, inp + (size_t)i * N * IC, weight + (size_t)i * OC * IC,
+                              pre + (size_t)i * N * IC, N, IC, OC);
+    }
 }
 
 #endif

@@ -135,14 +135,14 @@ static int check_capacity_keep(MoECase *m) {
         int cap2 = moe_capacity(k, 2 * T, E, m->cap1000);
         for (int me = 0; me < 2; me++) {
             moe_capacity_keep_cpu(m->keep, m->choice, m->cprob, 2, me, B / 2, T, k, cap2, policy);
-            moe_capacity_keep(m->d_keep, m->d_choice, m->d_cprob, 2, me, B / 2, T, k, cap2, policy);
+            moe_capacity_keep(m->d_keep, m->d_choice, m->d_cprob, 2, me, B / 2, T, k, E, cap2, policy);
             char what[64];
             snprintf(what, sizeof(what), "capacity keep, cp part %d/2", me);
             fails += compare_ints(what, m->d_keep, m->keep, m->Nk / 2);
         }
     }
     moe_capacity_keep_cpu(m->keep, m->choice, m->cprob, 1, 0, B, T, k, cap, policy);
-    moe_capacity_keep(m->d_keep, m->d_choice, m->d_cprob, 1, 0, B, T, k, cap, policy);
+    moe_capacity_keep(m->d_keep, m->d_choice, m->d_cprob, 1, 0, B, T, k, E, cap, policy);
     fails += compare_ints("capacity keep mask", m->d_keep, m->keep, m->Nk);
     return fails;
 }
@@ -280,7 +280,7 @@ static void time_kernels(const MoECase *m) {
     report_time("top-k", time_ms(10, [&] { moe_topk(m->d_choice, m->d_cprob, m->d_gate, m->d_probs, m->d_bias, N, E, k); }),
                 (double)NE * 4, 0);
     report_time("capacity keep", time_ms(10, [&] {
-                    moe_capacity_keep(m->d_keep, m->d_choice, m->d_cprob, 1, 0, B, T, k, cap, policy); }), 0, 0);
+                    moe_capacity_keep(m->d_keep, m->d_choice, m->d_cprob, 1, 0, B, T, k, E, cap, policy); }), 0, 0);
     report_time("rows", time_ms(10, [&] { moe_rows(m->d_row, m->d_choice, m->d_keep, m->d_offsets, N, E, k, N * k); }), 0, 0);
     report_time("permute", time_ms(10, [&] { moe_permute(m->d_xs, m->d_x, m->d_row, N, k, C); }),
                 2.0 * R * C * sizeof(floatX), 0);
