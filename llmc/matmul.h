@@ -523,26 +523,36 @@ static void matmul_forward_gelu_batched(floatX *out_gelu, floatX *out_pre, const
     }
 }
 
+#ifdef USE_CUDA
+// dweight (count, OC, IC) += dout^T inp for each layer: one batched call, else layer by layer
+static void matmul_dweight_batched(floatX *dweight, const floatX *dout, const floatX *inp, int N, int IC, int OC,
+                                   int count) {
+    MatmulBatch bw = matmul_batch(count, (int64_t)N * IC, (int64_t)N * OC, (int64_t)OC * IC, 0, 0);
+    if (count > 1 && matmul_cublaslt_epilogue(dweight, inp, dout, NULL, NULL, 0, CUBLASLT_EPILOGUE_DEFAULT, IC, OC, N, 0,
+                                              1, IC, OC, 1.0f, &bw)) {
+        return;
+    }
+    for (int i = 0; i < count; i++) {
+        matmul_cublaslt_check(dweight + (size_t)i * OC * IC, inp + (size_t)i * N * IC, dout + (size_t)i * N * OC, IC,
+                              OC, N, 0, 1, IC, OC, 1.0f);
+    }
+}
+#endif
+
 // dinp (written), dweight and dbias (added to), as matmul_backward for each of the count layers
 static void matmul_backward_batched(floatX *dinp, floatX *dweight, floatX *dbias, const floatX *dout, const floatX *inp,
                                     const floatX *weight, int N, int IC, int OC, int count) {
     if (N <= 0 || count <= 0) { return; }
 #ifdef USE_CUDA
-    if (count > 1) {
-        MatmulBatch bi = matmul_batch(count, (int64_t)OC * IC, (int64_t)N * OC, (int64_t)N * IC, 0, 0);
-        MatmulBatch bw = matmul_batch(count, (int64_t)N * IC, (int64_t)N * OC, (int64_t)OC * IC, 0, 0);
-        int ok = (dinp == NULL || matmul_cublaslt_epilogue(dinp, weight, dout, NULL, NULL, 0, CUBLASLT_EPILOGUE_DEFAULT,
-                                                           IC, N, OC, 0, 0, IC, OC, 0.0f, &bi))
-              && (dweight == NULL || matmul_cublaslt_epilogue(dweight, inp, dout, NULL, NULL, 0, CUBLASLT_EPILOGUE_DEFAULT,
-                                                              IC, OC, N, 0, 1, IC, OC, 1.0f, &bw));
-        if (ok) {
-            for (int i = 0; dbias != NULL && i < count; i++) {
-                column_sums_accumulate(dbias + (size_t)i * OC, NULL, dout + (size_t)i * N * OC, NULL, NULL, NULL, N, OC);
-            }
-            return;
+    MatmulBatch bi = matmul_batch(count, (int64_t)OC * IC, (int64_t)N * OC, (int64_t)N * IC, 0, 0);
+    if (count > 1 && (dinp == NULL || matmul_cublaslt_epilogue(dinp, weight, dout, NULL, NULL, 0,
+                                                               CUBLASLT_EPILOGUE_DEFAULT, IC, N, OC, 0, 0, IC, OC, 0.0f,
+                                                               &bi))) {
+        if (dweight != NULL) { matmul_dweight_batched(dweight, dout, inp, N, IC, OC, count); }
+        for (int i = 0; dbias != NULL && i < count; i++) {
+            column_sums_accumulate(dbias + (size_t)i * OC, NULL, dout + (size_t)i * N * OC, NULL, NULL, NULL, N, OC);
         }
-        // (cuBLASLt had none for one of them: dinp, if made, is written again below with the same values;
-        // dweight was not added to: && stops at the first that fails, and dweight comes last)
+        return;
     }
 #else
     #pragma omp parallel for schedule(dynamic, 1)
@@ -562,17 +572,9 @@ static void matmul_backward_dgelu_batched(floatX *dpre, floatX *dweight, const f
 #ifdef USE_CUDA
     if (count > 1 && dpre != NULL && matmul_gelu_aux_ok(pre, IC) && ((int64_t)N * IC) % 8 == 0) {
         MatmulBatch bi = matmul_batch(count, (int64_t)OC * IC, (int64_t)N * OC, (int64_t)N * IC, 0, (int64_t)N * IC);
-        MatmulBatch bw = matmul_batch(count, (int64_t)N * IC, (int64_t)N * OC, (int64_t)OC * IC, 0, 0);
         if (matmul_cublaslt_epilogue(dpre, weight, dout, NULL, pre, IC, CUBLASLT_EPILOGUE_DGELU, IC, N, OC, 0, 0, IC, OC,
                                      0.0f, &bi)) {
-            if (dweight == NULL || matmul_cublaslt_epilogue(dweight, inp, dout, NULL, NULL, 0, CUBLASLT_EPILOGUE_DEFAULT,
-                                                            IC, OC, N, 0, 1, IC, OC, 1.0f, &bw)) {
-                return;
-            }
-            for (int i = 0; i < count; i++) {   // (the weight gradients alone, one by one)
-                matmul_backward(NULL, dweight + (size_t)i * OC * IC, NULL, dout + (size_t)i * N * OC,
-                                inp + (size_t)i * N * IC, weight + (size_t)i * OC * IC, N, IC, OC);
-            }
+            if (dweight != NULL) { matmul_dweight_batched(dweight, dout, inp, N, IC, OC, count); }
             return;
         }
     }
