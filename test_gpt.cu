@@ -1348,6 +1348,12 @@ static void check_plan(TestRun *t, GPT2 *m) {
 // The step's point-to-point messages pair up as NCCL pairs them (comm.h's log: by order, untagged): for every
 // ordered pair of ranks, the sender's messages to the receiver, in posting order, are the receiver's receives from
 // the sender, one for one in bytes and group (pipeline exchanges, the ring's hops: the executed traffic).
+// whether a rank's log has a collective on group instance `group`
+static int log_has_collective(const P2PRecord *log, int n, int group) {
+    for (int q = 0; q < n; q++) { if (log[q].send == 2 && log[q].group == group) { return 1; } }
+    return 0;
+}
+
 static void check_p2p_pairs(void) {
     int world = 1, n = comm_p2p_logged, most = 0, lost = comm_p2p_log_lost;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -1366,7 +1372,7 @@ static void check_p2p_pairs(void) {
             for (int j = 0; j < world; j++) {
                 const P2PRecord *si = all + (size_t)i * (most + 1), *rj = all + (size_t)j * (most + 1);
                 int a = 0, b = 0, any = 0;
-                for (;;) {   // the next send of i to j, the next receive of j from i
+                for (;;) {   // the next send of i to j, the next receive of j from i (collectives: send 2, skipped)
                     while (a < counts[i] && !(si[a].send && si[a].peer_world == j)) { a++; }
                     while (b < counts[j] && !(!rj[b].send && rj[b].peer_world == i)) { b++; }
                     if (a == counts[i] || b == counts[j]) { bad += (a < counts[i]) + (b < counts[j]); break; }
@@ -1380,6 +1386,28 @@ static void check_p2p_pairs(void) {
         }
         check(bad == 0 && lost == 0, "point-to-point: %ld messages between %ld ordered pairs of ranks pair up in posting "
               "order (bytes, group, kind): %ld do not (%d not logged)", messages, pairs, bad, lost);
+        // collectives: every two ranks call those of the communicators they share in one order (the same
+        // instances, operations and sizes, interleaved alike)
+        long compared = 0, disorder = 0, shared_pairs = 0;
+        for (int i = 0; i < world; i++) {
+            for (int j = i + 1; j < world; j++) {
+                const P2PRecord *li = all + (size_t)i * (most + 1), *lj = all + (size_t)j * (most + 1);
+                int a = 0, b = 0, any = 0;
+                for (;;) {   // the next collective of each on an instance the other also uses
+                    while (a < counts[i] && !(li[a].send == 2 && log_has_collective(lj, counts[j], li[a].group))) { a++; }
+                    while (b < counts[j] && !(lj[b].send == 2 && log_has_collective(li, counts[i], lj[b].group))) { b++; }
+                    if (a == counts[i] || b == counts[j]) { disorder += (a < counts[i]) + (b < counts[j]); break; }
+                    any = 1;
+                    compared++;
+                    disorder += li[a].group != lj[b].group || li[a].kind != lj[b].kind ||
+                                (li[a].kind != 4 && li[a].bytes != lj[b].bytes);
+                    a++; b++;
+                }
+                shared_pairs += any;
+            }
+        }
+        check(disorder == 0, "collectives: every two ranks (%ld pairs sharing communicators) call those they share in one "
+              "order: %ld calls compared, %ld out of order", shared_pairs, compared, disorder);
         free(all);
     }
     free(mine); free(counts);

@@ -64,10 +64,21 @@ typedef struct {
 // world rank. NCCL matches the messages between two ranks by their order alone (no tags), so each ordered pair's
 // sends must be the receiving rank's receives from it, one for one: test_gpt checks that on the executed traffic
 // (pipeline exchanges, the ring's hops), not on a model of it.
+// (send 2: a collective on the group, kind its operation: the order of collectives across communicators, below)
 typedef struct { int send, peer_world, group, kind; double bytes; } P2PRecord;
 static P2PRecord *comm_p2p_log = NULL;   // NULL: not logging
 static int comm_p2p_logged = 0, comm_p2p_log_cap = 0, comm_p2p_log_lost = 0;
 static int comm_group_id(const char *name) { int h = 5381; for (; *name; name++) { h = h * 33 + *name; } return h; }
+// A collective's record: the group instance (its name and its first member's world rank) and the operation.
+// Every member of a communicator calls its collectives in one order; across two communicators two ranks must
+// also agree on the interleaving (NCCL documents communicators used concurrently in different orders as able to
+// hang): test_gpt checks that every two ranks order the collectives of the communicators they share alike.
+static void comm_log_collective(Group *g, int op, double bytes) {
+    if (comm_p2p_log == NULL) { return; }
+    if (comm_p2p_logged == comm_p2p_log_cap) { comm_p2p_log_lost++; return; }
+    int instance = comm_group_id(g->name) * 31 + (g->world_of ? g->world_of[0] : 0);
+    comm_p2p_log[comm_p2p_logged++] = (P2PRecord){2, -1, instance, op, bytes};
+}
 static void comm_p2p_log_op(Group *g, int send, int peer, int kind, double bytes) {
     if (comm_p2p_log == NULL) { return; }
     if (comm_p2p_logged == comm_p2p_log_cap) { comm_p2p_log_lost++; return; }
@@ -399,6 +410,7 @@ static void comm_check_in_place(Group *g, const char *what, InPlaceRule rule, co
 // buf (n) summed over the group, in place. async: NULL = the result is there for the next op.
 static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest *async) {
     if (g->size == 1) { return; }
+    comm_log_collective(g, 1, (double)n * comm_type_size(t));
     comm_count(g, 2.0 * (g->size - 1) / g->size * n * comm_type_size(t));
     comm_mark(async, g);
     trace_begin();
@@ -423,6 +435,7 @@ static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n
     size_t es = comm_type_size(t);
     comm_check_in_place(g, "reduce-scatter", CHUNK_IN_WHOLE_SEND, send, g->size * n * es, recv, n * es);
     if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * es); } return; }
+    comm_log_collective(g, 2, (double)n * es);
     comm_count(g, (double)(g->size - 1) * n * es);
     comm_mark(async, g);
     trace_begin();
@@ -458,6 +471,7 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
     size_t es = comm_type_size(t);
     comm_check_in_place(g, "all-gather", CHUNK_IN_WHOLE_RECV, send, n * es, recv, g->size * n * es);
     if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * es); } return; }
+    comm_log_collective(g, 3, (double)n * es);
     comm_count(g, (double)(g->size - 1) * n * es);
     comm_mark(async, g);
     trace_begin();
@@ -498,6 +512,7 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
                        send_counts[0] * es);
         return;
     }
+    comm_log_collective(g, 4, 0.0);   // (sizes differ by rank: not compared)
     double sent = 0;
     for (int j = 0; j < g->size; j++) { if (j != g->rank) { sent += send_counts[j] * es; } }
     comm_count(g, sent);
