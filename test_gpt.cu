@@ -599,13 +599,30 @@ static void check_memory_activations(GPT2 *m, int accum) {
     if (pp == 1) { alive = 1; }
     else if (m->pipe.schedule == SCHEDULE_GPIPE) { alive = accum; }
     else if (m->pipe.schedule == SCHEDULE_1F1B) { alive = pp - s < accum ? pp - s : accum; }
+    else if (m->pipe.schedule == SCHEDULE_ZB) { alive = pp + 1 < accum ? pp + 1 : accum; }   // (see below)
     else { alive = accum == pp ? accum * vpp : 2 * (pp - s - 1) + (vpp - 1) * pp + 1; if (alive > accum * vpp) { alive = accum * vpp; } }
     check(m->pipe.nslots == alive,
           "memory: %d (micro-batch, chunk) activation slots, formula %d (%s, stage %d of %d, vpp %d, %d micro-batches)",
           m->pipe.nslots, alive,
               m->pipe.schedule == SCHEDULE_GPIPE ? "GPipe: all" : m->pipe.schedule == SCHEDULE_1F1B
-                  ? "1F1B: pp - stage" :
+                  ? "1F1B: pp - stage" : m->pipe.schedule == SCHEDULE_ZB ? "ZB: pp + 1" :
           "interleaved: 2(pp-s-1) + (vpp-1)pp + 1", s, pp, vpp, accum);
+    // ZB: stage s runs pp-s-1 warm-up forwards, then holds up to s pending W passes (each keeping its micro-batch's
+    // slot) besides the micro-batch in its steady-state forward and the next one's input, posted before the W that
+    // frees a slot runs: pp + 1 slots on every stage. The pending W passes: s + 1 at most (right after a B), fewer
+    // when the steady state (m - warm-up steps) is shorter than that.
+    double wstore = 0;
+    if (m->pipe.schedule == SCHEDULE_ZB && pp > 1 && m->recompute != RECOMPUTE_FULL) {
+        int warm = pp - s - 1 < accum ? pp - s - 1 : accum, steady = accum - warm > 1 ? accum - warm : 1;
+        int pending = s + 1 < steady ? s + 1 : steady;
+        check(m->pipe.npending == pending, "memory: ZB keeps %d W passes pending at most, formula %d (stage %d of %d, "
+              "%d micro-batches)", m->pipe.npending, pending, s, pp, accum);
+        // per dense layer of the stage: the gradients of the outputs of fcproj, attproj (BT, C), fc (BT, 4Cl), qkv
+        // (BT, 3Cl), ln2 and ln1 (BTs, C); SP: ln2 and ln1 of all tokens (BT, C); recompute mlp: the GELU output
+        double per_layer = X * (BT * (2 * C + 7 * Cl) + 2 * BTs * C + (m->sp && m->grid->tp > 1 ? 2 * BT * C : 0) +
+                                (m->recompute == RECOMPUTE_MLP ? BT * 4 * Cl : 0));
+        wstore = (Ls - nmoe) > 0 ? pending * (Ls - nmoe) * per_layer : 0;
+    }
     check(m->pipe.peak == m->pipe.nslots, "memory: the step run had %d pairs alive at once, the %d slots",
           m->pipe.peak, m->pipe.nslots);
     // a slot holds any chunk of the stage: the largest chunk's layers, a dense layer's fc at as many
@@ -631,12 +648,12 @@ static void check_memory_activations(GPT2 *m, int accum) {
     double per_micro = stage + (m->recompute == RECOMPUTE_FULL ? 0 : Lmax * core) +
                        (m->recompute == RECOMPUTE_NONE ? Ldmax * dense_fc + nmoe_pos * hidden
                         : 0) + (m->recompute != RECOMPUTE_FULL ? nmoe_pos * route : 0);
-    double act_expect = scratch + per_micro * m->pipe.nslots;
+    double act_expect = scratch + per_micro * m->pipe.nslots + wstore;
     static const char *modes[3] = {"none", "mlp", "full"};
     check(fabs((double)mem_current[MEM_ACTIVATIONS] - act_expect) < 1,
-          "memory: activations %.0f B, formula %.0f B (%d slots x %.0f + recompute scratch %.0f; BTs %d, recompute %s)",
-          (double)mem_current[MEM_ACTIVATIONS], act_expect, m->pipe.nslots, per_micro, scratch, m->BTs,
-              modes[m->recompute]);
+          "memory: activations %.0f B, formula %.0f B (%d slots x %.0f + recompute scratch %.0f + ZB's pending W %.0f; "
+          "BTs %d, recompute %s)", (double)mem_current[MEM_ACTIVATIONS], act_expect, m->pipe.nslots, per_micro, scratch,
+          wstore, m->BTs, modes[m->recompute]);
 }
 
 // The comm buffers and the logits against their formulas.

@@ -178,6 +178,19 @@ typedef struct {        // shared by all layers and micro-batches
     double *loss_sum;   // (1) the losses of the step's micro-batches (or the evaluation's batches), summed
 } Workspace;
 
+// ZB (--pp-schedule zb): what a dense layer's W pass needs beyond the stored activations, kept from its B:
+// the gradients of its linear layers' and LayerNorms' outputs, and what is not in the slot: (SP) ln1 and ln2
+// of all tokens, kept as B gathered them (W makes no tp traffic), (--recompute mlp) the recomputed GELU output.
+// One set per layer per pending W pass (pipeline.h's npending); the LayerNorms', biases' and weights' gradients
+// all wait for W, so a unit's gradient is opened, accumulated and reduced (zero.h) in W alone.
+typedef struct {
+    floatX *dfcproj, *dattproj;   // (BT, C) the gradients of fcproj's and attproj's outputs, all tokens
+    floatX *dfc, *dqkv;           // (BT, 4Cl), (BT, 3Cl) of fc's (before the GELU) and qkv's outputs
+    floatX *dln2, *dln1;          // (BTs, C) of ln2's and ln1's outputs, the local tokens
+    floatX *xln2, *xln1;          // (BT, C) SP: ln2 and ln1 of all tokens (NULL: the slot's y.ln2, y.ln1)
+    floatX *fchg;                 // (BT, 4Cl) --recompute mlp: the GELU output (NULL: the slot's y.fchg)
+} WGrads;
+
 typedef struct {
     GPT2Config config;
     Grid *grid;
@@ -204,6 +217,9 @@ typedef struct {
     Recompute recompute;         // what the backward recomputes instead of storing (see layer_acts)
     int recomputing;             // the forward running now is a recomputation (its MoE numbers are not counted again)
     Activations scratch;         // one layer's worth of what is recomputed, shared by the layers and micro-batches
+    int defer_w;                 // ZB: the dense layers' weight gradients wait for the W pass (recompute none or mlp)
+    floatX *wstore;              // ZB: (npending, dense layers of the stage, wstore_layer) the WGrads' tensors
+    size_t wstore_layer;         // elements of one layer's WGrads
     int micro;                   // the micro-batch running (for --trace)
     int *step_tokens;            // (2, accum, BT) page-locked: a step's inputs and targets, uploaded without a wait
     int *fwd_tokens;             // (2, BT) a forward-only pass's inputs and targets (validation, sampling)
@@ -427,6 +443,15 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
         }
     }
     workspace_alloc(m, chunk, Lm > 0);
+    // ZB: the dense layers' pending W passes (MoE layers and --recompute full run their whole backward in B)
+    m->defer_w = pp > 1 && schedule == SCHEDULE_ZB && m->recompute != RECOMPUTE_FULL && Ld > 0;
+    if (m->defer_w) {
+        size_t C = c->channels, Cl = m->Cl, BT = m->BT, BTs = m->BTs;
+        m->wstore_layer = BT * (2 * C + 7 * Cl) + 2 * BTs * C + (m->sp && tp > 1 ? 2 * BT * C : 0) +
+                          (m->recompute == RECOMPUTE_MLP ? BT * 4 * Cl : 0);
+        m->wstore = (floatX *)mem_alloc((size_t)pipe->npending * Ld * m->wstore_layer * floatx_bytes(),
+                                        MEM_ACTIVATIONS);
+    }
     m->fwd_tokens = (int *)malloc_check(sizeof(int) * 2 * m->BT);
     // the pipeline's view of the slots: each one's input (resid[0]) and output (resid[Lc])
     floatX **resid = (floatX **)malloc_check(nslots * sizeof(floatX *));
@@ -652,21 +677,50 @@ static float gpt2_read_loss(GPT2 *m, int batches) {
     return (float)(loss / (m->grid->dp * m->grid->cp));
 }
 
+// Micro-batch i's WGrads for the stage's layer l (ZB); 0 if the layer runs its whole backward in B.
+static int layer_wgrads(const GPT2 *m, int i, int l, WGrads *d) {
+    const GPT2Config *c = &m->config;
+    if (!m->defer_w || is_moe_layer(c, m->layer_id[l])) { return 0; }
+    size_t C = c->channels, Cl = m->Cl, BT = m->BT, BTs = m->BTs, dense = 0, Ld = 0;
+    for (int j = 0; j < m->Ls; j++) {
+        Ld += !is_moe_layer(c, m->layer_id[j]);
+        dense += j < l && !is_moe_layer(c, m->layer_id[j]);
+    }
+    floatX *q = m->wstore + ((size_t)(i % m->pipe.npending) * Ld + dense) * m->wstore_layer;
+    d->dfcproj = q; q += BT * C;
+    d->dattproj = q; q += BT * C;
+    d->dfc = q; q += BT * 4 * Cl;
+    d->dqkv = q; q += BT * 3 * Cl;
+    d->dln2 = q; q += BTs * C;
+    d->dln1 = q; q += BTs * C;
+    d->xln2 = d->xln1 = d->fchg = NULL;
+    if (m->sp && m->grid->tp > 1) { d->xln2 = q; q += BT * C; d->xln1 = q; q += BT * C; }
+    if (m->recompute == RECOMPUTE_MLP) { d->fchg = q; }
+    return 1;
+}
+
+// dy of all tokens (tp_all_tokens' result) kept in dst for the W pass: gathered there already (SP), or copied.
+static floatX *keep_for_w(floatX *dst, floatX *dy, size_t n) {
+    if (dy != dst) { copy_on_device(dst, dy, n * sizeof(floatX)); }
+    return dst;
+}
+
 // One layer's backward: w->dresid, the gradient of y.out, becomes the gradient of y.res; the layer's
-// parameter gradients (and its experts') go to zero.h as the layer is done.
-static void layer_backward(GPT2 *m, LayerActs y, int l, int last_micro) {
+// parameter gradients (and its experts') go to zero.h as the layer is done. ZB (d not NULL): B only, the
+// gradient of y.res; what the weights' gradients need is kept in d for layer_backward_weights.
+static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int last_micro) {
     int C = m->config.channels, B = m->B, T = m->T, BT = m->BT, BTs = m->BTs;
     int Cl = m->Cl, NHl = m->NHl, sp = m->sp, u = m->u_layer[l], ue = m->u_experts[l];
     Group *tp = &m->grid->tp_group;
     Zero *z = &m->zero;
     Workspace *w = &m->ws;
-    floatX *p[NUM_TENSORS] = {}, *g[NUM_TENSORS] = {}, *dy, *x;   // (a tensor the unit lacks stays NULL)
+    floatX *p[NUM_TENSORS] = {}, *g[NUM_TENSORS] = {}, *dy, *x;   // (a tensor the unit lacks stays NULL; ZB: no g)
     int prev = l > m->chunk_l0[layer_chunk(m, l)] ? m->u_layer[l - 1] : -1;   // the chunk's layer below
     unit_view(&m->units[u], zero_unit_params(z, u), p);
     if (ue < 0) { zero_prefetch_params(z, prev, u); }   // ZeRO-3: the layer below, while this one computes
-    unit_view(&m->units[u], zero_begin_unit_backward(z, u), g);
+    if (!d) { unit_view(&m->units[u], zero_begin_unit_backward(z, u), g); }
     // MLP block (w->dresid is the gradient of the layer's output)
-    x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);   // SP: gathered again, not stored
+    x = tp_all_tokens(tp, sp, y.ln2, d && d->xln2 ? d->xln2 : w->xfull, BTs, C);   // SP: gathered again, not stored
     if (ue >= 0) {   // the experts, then the router
         floatX *pe[NUM_TENSORS], *ge[NUM_TENSORS];
         unit_view(&m->units[ue], zero_unit_params(z, ue), pe);
@@ -680,25 +734,51 @@ static void layer_backward(GPT2 *m, LayerActs y, int l, int last_micro) {
         zero_end_unit_backward(z, ue, last_micro);
         zero_prefetch_params(z, prev, u);   // (over the experts: done with them)
     } else {
+        if (d && d->fchg) { y.fchg = d->fchg; }   // (recomputed where W finds it)
         if (m->recompute == RECOMPUTE_MLP) { matmul_forward_gelu(y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl); }
-        bias_backward(g[T_FCPROJB], w->dresid, BTs, C);
-        dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
-        matmul_backward_dgelu(w->dwide, g[T_FCPROJW], dy, y.fchg, p[T_FCPROJW], y.fch, BT, 4 * Cl, C);   // d(fc output)
-        matmul_backward(w->pfull, g[T_FCW], g[T_FCB], w->dwide, x, p[T_FCW], BT, C, 4 * Cl);
+        if (!d) { bias_backward(g[T_FCPROJB], w->dresid, BTs, C); }
+        dy = tp_all_tokens(tp, sp, w->dresid, d ? d->dfcproj : w->pfull, BTs, C);
+        if (d) { dy = keep_for_w(d->dfcproj, dy, (size_t)BT * C); }
+        floatX *dfc = d ? d->dfc : w->dwide;   // d(fc output)
+        matmul_backward_dgelu(dfc, g[T_FCPROJW], dy, y.fchg, p[T_FCPROJW], y.fch, BT, 4 * Cl, C);
+        matmul_backward(w->pfull, g[T_FCW], g[T_FCB], dfc, x, p[T_FCW], BT, C, 4 * Cl);
     }
     floatX *dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
+    if (d) { keep_for_w(d->dln2, dln, (size_t)BTs * C); }
     layernorm_backward(w->dresid, g[T_LN2W], g[T_LN2B], dln, y.mid, p[T_LN2W], y.ln2_mean, y.ln2_rstd, BTs, C);
     // attention block (w->dresid is now the gradient of mid)
-    bias_backward(g[T_ATTPROJB], w->dresid, BTs, C);
-    dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
+    if (!d) { bias_backward(g[T_ATTPROJB], w->dresid, BTs, C); }
+    dy = tp_all_tokens(tp, sp, w->dresid, d ? d->dattproj : w->pfull, BTs, C);
+    if (d) { dy = keep_for_w(d->dattproj, dy, (size_t)BT * C); }
     matmul_backward(w->datty, g[T_ATTPROJW], NULL, dy, y.atty, p[T_ATTPROJW], BT, Cl, C);
-    if (m->grid->cp > 1) { cp_attention_backward(&m->cpring, w->dwide, w->datty, y.qkv, y.atty, y.lse, B, T, Cl, NHl); }
-    else { attention_backward(w->dwide, w->datty, y.qkv, y.atty, y.lse, B, T, Cl, NHl); }
-    x = tp_all_tokens(tp, sp, y.ln1, w->xfull, BTs, C);
-    matmul_backward(w->pfull, g[T_QKVW], g[T_QKVB], w->dwide, x, p[T_QKVW], BT, C, 3 * Cl);
+    floatX *dqkv = d ? d->dqkv : w->dwide;
+    if (m->grid->cp > 1) { cp_attention_backward(&m->cpring, dqkv, w->datty, y.qkv, y.atty, y.lse, B, T, Cl, NHl); }
+    else { attention_backward(dqkv, w->datty, y.qkv, y.atty, y.lse, B, T, Cl, NHl); }
+    x = tp_all_tokens(tp, sp, y.ln1, d && d->xln1 ? d->xln1 : w->xfull, BTs, C);
+    matmul_backward(w->pfull, g[T_QKVW], g[T_QKVB], dqkv, x, p[T_QKVW], BT, C, 3 * Cl);
     dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
+    if (d) { keep_for_w(d->dln1, dln, (size_t)BTs * C); }
     layernorm_backward(w->dresid, g[T_LN1W], g[T_LN1B], dln, y.res, p[T_LN1W], y.ln1_mean, y.ln1_rstd, BTs, C);
-    zero_end_unit_backward(z, u, last_micro);
+    if (!d) { zero_end_unit_backward(z, u, last_micro); }
+}
+
+// ZB: one dense layer's W pass, the gradients of its weights from what its B kept in d and the activations
+// still in the slot. The same products into the same gradients as layer_backward's, so the same sums; no
+// parameter is read (ZeRO-3 gathers nothing for W).
+static void layer_backward_weights(GPT2 *m, LayerActs y, const WGrads *d, int l, int last_micro) {
+    int C = m->config.channels, BT = m->BT, BTs = m->BTs, Cl = m->Cl, u = m->u_layer[l];
+    floatX *g[NUM_TENSORS] = {};
+    size_t own = (size_t)m->tok0 * C;   // the local tokens' rows of an all-token gradient (SP; 0 otherwise)
+    unit_view(&m->units[u], zero_begin_unit_backward(&m->zero, u), g);
+    bias_backward(g[T_FCPROJB], d->dfcproj + own, BTs, C);
+    matmul_backward(NULL, g[T_FCPROJW], NULL, d->dfcproj, d->fchg ? d->fchg : y.fchg, NULL, BT, 4 * Cl, C);
+    matmul_backward(NULL, g[T_FCW], g[T_FCB], d->dfc, d->xln2 ? d->xln2 : y.ln2, NULL, BT, C, 4 * Cl);
+    layernorm_backward(NULL, g[T_LN2W], g[T_LN2B], d->dln2, y.mid, NULL, y.ln2_mean, y.ln2_rstd, BTs, C);
+    bias_backward(g[T_ATTPROJB], d->dattproj + own, BTs, C);
+    matmul_backward(NULL, g[T_ATTPROJW], NULL, d->dattproj, y.atty, NULL, BT, Cl, C);
+    matmul_backward(NULL, g[T_QKVW], g[T_QKVB], d->dqkv, d->xln1 ? d->xln1 : y.ln1, NULL, BT, C, 3 * Cl);
+    layernorm_backward(NULL, g[T_LN1W], g[T_LN1B], d->dln1, y.res, NULL, y.ln1_mean, y.ln1_rstd, BTs, C);
+    zero_end_unit_backward(&m->zero, u, last_micro);
 }
 
 // The backward of one micro-batch through model chunk v: from a->dlnf on the last stage's last chunk,
@@ -731,10 +811,12 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
             m->recomputing = 0;
             trace_end("recompute", "forward", "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
         }
+        WGrads d;
+        int defer = layer_wgrads(m, m->micro, l, &d);   // ZB: B only, W later (gpt2_backward_weights)
         trace_begin();
-        layer_backward(m, y, l, last_micro);
-        trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "backward", "\"layer\":%d,\"micro\":%d",
-                  m->layer_id[l], m->micro);
+        layer_backward(m, y, defer ? &d : NULL, l, last_micro);
+        trace_end(m->u_experts[l] >= 0 ? "MoE layer" : defer ? "layer B" : "layer", "backward",
+                  "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
     }
     if (m->first && v == 0) {
         trace_begin();
@@ -748,6 +830,18 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
         if (pipeline) { zero_end_unit_backward(z, m->u_pos, last_micro); }
         wte_grad_close(m, WTE_EMBEDDING, last_micro);
         trace_end("embedding", "backward", "\"micro\":%d", m->micro);
+    }
+}
+
+// ZB: the W pass of one micro-batch through model chunk v: the weight gradients of the layers whose B kept
+// them for later (layer_wgrads), in the backward's order; a's activations are still in its slot.
+static void gpt2_backward_weights(GPT2 *m, int v, Activations *a, int last_micro) {
+    for (int l = m->chunk_l0[v + 1] - 1; l >= m->chunk_l0[v]; l--) {
+        WGrads d;
+        if (!layer_wgrads(m, m->micro, l, &d)) { continue; }
+        trace_begin();
+        layer_backward_weights(m, layer_acts(m, a, l), &d, l, last_micro);
+        trace_end("layer W", "backward", "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
     }
 }
 
@@ -805,6 +899,12 @@ static void train_backward(void *ctx, int v, int i) {
     gpt2_backward(s->m, v, chunk_acts(s->m, v, i), i == s->accum - 1);
 }
 
+static void train_weights(void *ctx, int v, int i) {
+    TrainStep *s = (TrainStep *)ctx;
+    s->m->micro = i;
+    gpt2_backward_weights(s->m, v, chunk_acts(s->m, v, i), i == s->accum - 1);
+}
+
 // Forward and backward of `accum` micro-batches (the number the activations were allocated for); the
 // gradients end up reduced as the ZeRO stage wants them, the losses summed on the device. Nothing waits
 // for the device here: gpt2_update reads the loss with the norm (or gpt2_read_loss, for a test).
@@ -828,7 +928,7 @@ static void gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
         local_tokens(m, s.inputs + (size_t)i * m->BT, dl->inputs);
         local_tokens(m, s.targets + (size_t)i * m->BT, dl->targets);
     }
-    pipeline_run(&m->pipe, (StageWork){&s, train_forward, train_backward});
+    pipeline_run(&m->pipe, (StageWork){&s, train_forward, train_backward, train_weights});
     m->moe.count_stats = 0;
     zero_finish_grads(&m->zero);
 }
@@ -946,7 +1046,7 @@ static void gpt2_forward_pipeline(GPT2 *m, const int *inputs, const int *targets
     local_tokens(m, in, inputs);
     local_tokens(m, tg, targets);
     ForwardOnly f = {m, in, tg};
-    pipeline_forward_only(&m->pipe, (StageWork){&f, forward_only, NULL});
+    pipeline_forward_only(&m->pipe, (StageWork){&f, forward_only, NULL, NULL});
 }
 
 // Mean loss over up to max_batches batches of the loader (from its start), over all dp ranks.

@@ -194,8 +194,8 @@ static const Flag FLAGS[] = {
     {"--pp-layers", 0, F_STRING, ARG(pp_layers), 0, 0, 0, "N,N|auto",
         "layers of each pipeline stage (with --vpp: of each model chunk, in virtual-stage order), or auto: the "
         "split whose costliest stage costs least, the LM head counted (default: even)"},
-    {"--pp-schedule", 0, F_CHOICE, ARG(pp_schedule), 0, 0, "1f1b|gpipe|interleaved", "SCHED",
-        "pipeline schedule (1f1b)"},
+    {"--pp-schedule", 0, F_CHOICE, ARG(pp_schedule), 0, 0, "1f1b|gpipe|interleaved|zb", "SCHED",
+        "pipeline schedule; zb: ZB-H1, each backward split into B and a W that fills the waits (1f1b)"},
     {"--experts", "--num-experts", F_INT, ARG(experts), 1, MOE_MAX_EXPERTS, 0, "E",
         "MoE experts per MoE layer; a dense model file is upcycled (each expert its layer's MLP)"},
     {"--topk", "--moe-router-topk", F_INT, ARG(topk), 1, MOE_MAX_EXPERTS, 0, "K", "experts per token (1)"},
@@ -546,7 +546,7 @@ static int attention_path_of(const Args *a) {
 
 static PipeSchedule pipe_schedule(const char *name) {
     return !strcmp(name, "gpipe") ? SCHEDULE_GPIPE : !strcmp(name, "interleaved") ? SCHEDULE_INTERLEAVED
-            : SCHEDULE_1F1B;
+            : !strcmp(name, "zb") ? SCHEDULE_ZB : SCHEDULE_1F1B;
 }
 
 #endif // LLMC_ARGS_H

@@ -26,11 +26,12 @@ static void layernorm_forward_cpu(float *out, float *mean, float *rstd, const fl
     }
 }
 
-// dinp (N, C) += d/dx;  dweight, dbias (C) += their gradients.
+// dinp (N, C) += d/dx (NULL: skipped, and weight is not read);  dweight, dbias (C) += their gradients (NULL, NULL:
+// skipped). The two parts are independent loops (ZB's B and W run them apart: the same sums either way).
 static void layernorm_backward_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                    const float *weight, const float *mean, const float *rstd, int N, int C) {
-    #pragma omp parallel for
-    for (int n = 0; n < N; n++) {
+    #pragma omp parallel for if (dinp != NULL)
+    for (int n = 0; n < (dinp != NULL ? N : 0); n++) {
         const float *dy = dout + (size_t)n * C;
         const float *x = inp + (size_t)n * C;
         float *dx = dinp + (size_t)n * C;
@@ -52,8 +53,8 @@ static void layernorm_backward_cpu(float *dinp, float *dweight, float *dbias, co
         }
     }
     // parameter gradients: threads split the channels, tokens summed in order (deterministic)
-    #pragma omp parallel for
-    for (int c = 0; c < C; c++) {
+    #pragma omp parallel for if (dweight != NULL)
+    for (int c = 0; c < (dweight != NULL ? C : 0); c++) {
         float dw = 0.0f, db = 0.0f;
         for (int n = 0; n < N; n++) {
             float xhat = (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
@@ -138,11 +139,13 @@ static void layernorm_backward_cuda(floatX *dinp, floatX *dweight, floatX *dbias
                                     const floatX *weight, const float *mean, const float *rstd, int N, int C) {
     if (N <= 0) { return; }
     const int block = 256, rows_per_block = block / 32;
-    layernorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(dinp, dout, inp, weight,
-            mean, rstd, N, C);
-    cudaCheckLaunch();
+    if (dinp != NULL) {
+        layernorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(dinp, dout, inp, weight,
+                mean, rstd, N, C);
+        cudaCheckLaunch();
+    }
     // dbias += sum dy, dweight += sum xhat dy (residual.h)
-    column_sums_accumulate(dbias, dweight, dout, inp, mean, rstd, N, C);
+    if (dweight != NULL) { column_sums_accumulate(dbias, dweight, dout, inp, mean, rstd, N, C); }
 }
 
 // ---- residual add + LayerNorm, one kernel ----

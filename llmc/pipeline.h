@@ -15,6 +15,18 @@
 //   stage 0  F0 F1 F2 F3 .. .. .. B0 F4 B1 F5 B2 ..          (pp = 4, 1F1B: 3 warm-up forwards)
 //   stage 3  .. .. .. F0 B0 F1 B1 F2 B2 F3 B3 ..             (no warm-up: forward, backward, ...)
 //
+//   ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024; --pp-schedule zb): each backward is split
+//         into B, the gradient of the stage's input (what the previous stage waits for), and W, the gradients
+//         of its weights (which nobody waits for). B takes the backward's place in 1F1B; the W passes run
+//         while the stage waits for a message, in micro-batch order: stage s keeps up to s of them pending
+//         through the steady state and spends them in the cool-down, where it would otherwise wait about s
+//         backwards for the stages before it. The bubble drops from (pp-1)(F+B+W) to (pp-1)(F+B-W). A pending
+//         W keeps its micro-batch's activations (stage s: pp-s-1 warm-up micro-batches + 1 + s pending = pp,
+//         1F1B's first stage's number) and the gradients of its layers' outputs (train_gpt.cu's WGrads).
+//
+//   stage 0  F0 F1 F2 F3 B0 F4 W0 B1 F5 W1 B2 ..     (pp = 4, in order, not to scale: stage 0 runs a W
+//   stage 3  F0 B0 F1 B1 F2 B2 F3 B3 F4 W0 B4 ..      as soon as one is pending, stage 3 keeps 3 pending)
+//
 //   Interleaved 1F1B (Megatron's virtual pipeline, --vpp): the layers are cut into pp*vpp chunks and
 //         rank r holds vpp of them, chunks r, r+pp, r+2pp, ... (its "model chunks" v = 0..vpp-1). A micro-
 //         batch goes around the ranks vpp times: rank pp-1's chunk v feeds rank 0's chunk v+1. Micro-
@@ -42,7 +54,7 @@
 #include "alloc.h"
 #include "comm.h"
 
-typedef enum { SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED } PipeSchedule;
+typedef enum { SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_ZB } PipeSchedule;
 
 static double wall_seconds(void) {
     struct timespec t;
@@ -129,8 +141,9 @@ static int schedule_micro(int k, int pp, int vpp) { return k / (pp * vpp) * pp +
 // One step of a rank's schedule: forward k (-1: none), backward k (-1: none), then the exchange: send
 // that forward's output to the next stage, send that backward's input gradient to the previous one,
 // receive the input of forward recv_fwd (-1: none) from the previous stage, receive the gradient of
-// backward recv_bwd's output (-1: none) from the next one.
-typedef struct { int fwd, bwd, send_fwd, send_bwd, recv_fwd, recv_bwd; } PipeStep;
+// backward recv_bwd's output (-1: none) from the next one. ZB: wgt, the W pass of backward k (-1: none),
+// runs while the exchange's messages are in flight (its backward's B ran earlier).
+typedef struct { int fwd, bwd, send_fwd, send_bwd, recv_fwd, recv_bwd, wgt; } PipeStep;
 
 typedef struct {
     PipeStep *s;
@@ -142,7 +155,7 @@ typedef struct {
 // Adds a step, leaving out what does not apply: chunk 0 of rank 0 receives no input (the embedding
 // makes it) and sends no gradient; the last chunk of rank pp-1 sends no output (the head takes it)
 // and receives no gradient. A step left with nothing to do is dropped.
-static void add_step(StepList *l, int fwd, int bwd, int send_fwd, int send_bwd, int recv_fwd, int recv_bwd) {
+static void add_step_w(StepList *l, int fwd, int bwd, int send_fwd, int send_bwd, int recv_fwd, int recv_bwd, int wgt) {
     int pp = l->pp, vpp = l->vpp, r = l->rank;
     #define FIRST_CHUNK(k, fw) (r == 0 && schedule_chunk(k, pp, vpp, fw) == 0)
     #define LAST_CHUNK(k, fw) (r == pp - 1 && schedule_chunk(k, pp, vpp, fw) == vpp - 1)
@@ -152,12 +165,15 @@ static void add_step(StepList *l, int fwd, int bwd, int send_fwd, int send_bwd, 
     if (recv_bwd >= 0 && LAST_CHUNK(recv_bwd, 0)) { recv_bwd = -1; }
     #undef FIRST_CHUNK
     #undef LAST_CHUNK
-    if (fwd < 0 && bwd < 0 && !send_fwd && !send_bwd && recv_fwd < 0 && recv_bwd < 0) { return; }
+    if (fwd < 0 && bwd < 0 && !send_fwd && !send_bwd && recv_fwd < 0 && recv_bwd < 0 && wgt < 0) { return; }
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 64;
         l->s = (PipeStep *)realloc_check(l->s, l->cap * sizeof(PipeStep));
     }
-    l->s[l->n++] = (PipeStep){fwd, bwd, send_fwd, send_bwd, recv_fwd, recv_bwd};
+    l->s[l->n++] = (PipeStep){fwd, bwd, send_fwd, send_bwd, recv_fwd, recv_bwd, wgt};
+}
+static void add_step(StepList *l, int fwd, int bwd, int send_fwd, int send_bwd, int recv_fwd, int recv_bwd) {
+    add_step_w(l, fwd, bwd, send_fwd, send_bwd, recv_fwd, recv_bwd, -1);
 }
 
 // 1F1B and GPipe (vpp = 1): the exchanges go one way at a time, with one neighbour each.
@@ -178,6 +194,29 @@ static void steps_1f1b(StepList *l, int m, int gpipe) {
         add_step(l, -1, -1, 0, 0, -1, k);     //   recv_backward
         add_step(l, -1, k, 0, 1, -1, -1);     //   backward, send_backward
     }
+}
+
+// ZB-H1: 1F1B's steps with each backward's W pass moved into a later exchange (its wait). w counts the W
+// passes run; k - w are pending before steady step k's exchange, and stage s runs one there only if more
+// than s are; in the cool-down it runs one in every exchange that waits for a gradient, then the rest.
+static void steps_zb(StepList *l, int m) {
+    int pp = l->pp, s = l->rank;
+    int warm = pp - s - 1 < m ? pp - s - 1 : m, steady = m - warm, w = 0;
+    for (int i = 0; i < warm; i++) {
+        add_step(l, -1, -1, 0, 0, i, -1);
+        add_step(l, i, -1, 1, 0, -1, -1);
+    }
+    if (steady > 0) { add_step(l, -1, -1, 0, 0, warm, -1); }
+    for (int k = 0; k < steady; k++) {
+        int i = warm + k;
+        add_step_w(l, i, -1, 1, 0, -1, k, k - w > s ? w++ : -1);   // forward, send_forward_recv_backward (+ W)
+        add_step(l, -1, k, 0, 1, k + 1 < steady ? i + 1 : -1, -1);   // B, send_backward_recv_forward
+    }
+    for (int k = steady; k < m; k++) {
+        add_step_w(l, -1, -1, 0, 0, -1, k, w < k ? w++ : -1);   // recv_backward (+ W)
+        add_step(l, -1, k, 0, 1, -1, -1);                        // B, send_backward
+    }
+    while (w < m) { add_step_w(l, -1, -1, 0, 0, -1, -1, w++); }   // the W passes left
 }
 
 // The first forward >= k whose input comes from another rank (not chunk 0 of rank 0), and the first
@@ -241,6 +280,8 @@ static StepList pipeline_steps(PipeSchedule schedule, int pp, int vpp, int rank,
         }
     } else if (schedule == SCHEDULE_INTERLEAVED) {
         steps_interleaved(&l, m);
+    } else if (schedule == SCHEDULE_ZB) {
+        steps_zb(&l, m);
     } else {
         steps_1f1b(&l, m, schedule == SCHEDULE_GPIPE);
     }
@@ -298,6 +339,7 @@ typedef struct {
     StepList steps;        // this rank's schedule for a training step
     int micro;             // micro-batches per step (the plan's)
     int nslots;            // activation slots: as many (micro-batch, chunk) pairs as are alive at once
+    int npending;          // ZB: the most W passes pending at once (micro-batch i's W state: i % npending)
     int *slot_of;          // (vpp, m) the slot of micro-batch i in chunk v while it is alive, -1 otherwise
     int *busy;             // (nslots) 1 while a slot is taken
     int alive, peak;       // slots taken now, and the most at once since the plan
@@ -350,7 +392,8 @@ static void slots_reset(Pipeline *p) {
 
 // The schedule of rank `rank` for m micro-batches, checked against its neighbours', and the number of
 // activation slots it needs: the most (micro-batch, chunk) pairs alive at once, each alive from its
-// input's arrival (or its forward, on chunk 0 of the first stage) to the end of its backward.
+// input's arrival (or its forward, on chunk 0 of the first stage) to the end of its backward (ZB: of its
+// W pass, which runs after the step's receives are posted); and (ZB) the most W passes pending at once.
 static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int vpp, int rank, int m) {
     p->schedule = schedule;
     p->vpp = vpp;
@@ -360,18 +403,22 @@ static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int vpp, in
     if (pp > 1 && (!steps_match(&p->steps, &next) || !steps_match(&next, &p->steps) || !steps_match(&prev, &p->steps) ||
                    !steps_match(&p->steps, &prev))) {
         fail("the %s schedule's exchanges do not pair up (pp %d, vpp %d, m %d): a bug",
-             schedule == SCHEDULE_INTERLEAVED ? "interleaved" : "pipeline",
+             schedule == SCHEDULE_INTERLEAVED ? "interleaved" : schedule == SCHEDULE_ZB ? "ZB-H1" : "pipeline",
              pp, vpp, m);
     }
     free(prev.s); free(next.s);
     int alive = 0, most = pp == 1 ? 1 : 0;   // (no pipeline: forward, backward, forward, ...)
+    int pending = 0;
+    p->npending = 0;
     for (int i = 0; i < p->steps.n; i++) {
         const PipeStep *s = &p->steps.s[i];
         if (s->fwd >= 0 && rank == 0 && schedule_chunk(s->fwd, pp, vpp, 1) == 0) { alive++; }
         if (alive > most) { most = alive; }
-        if (s->bwd >= 0) { alive--; }
+        if (s->bwd >= 0 && schedule == SCHEDULE_ZB && ++pending > p->npending) { p->npending = pending; }
+        if (s->bwd >= 0 && schedule != SCHEDULE_ZB) { alive--; }
         if (s->recv_fwd >= 0) { alive++; }
         if (alive > most) { most = alive; }
+        if (s->wgt >= 0) { alive--; pending--; }
     }
     p->micro = m;
     p->nslots = most;
@@ -407,11 +454,45 @@ static void pipeline_free(Pipeline *p) {
     memset(p, 0, sizeof(*p));
 }
 
+// The work of one stage, called by the schedule: the forward of micro-batch i through model chunk v
+// (its input received; the last chunk of the last stage also runs the head and the loss, forward and
+// backward), and the backward of micro-batch i through chunk v (the gradient of its output in
+// p->grad; it leaves the gradient of its input there; ZB: B only), and (ZB) the W pass of micro-batch i
+// through chunk v (the gradients of its weights; its B ran before).
+typedef struct {
+    void *ctx;
+    void (*forward)(void *ctx, int v, int i);
+    void (*backward)(void *ctx, int v, int i);
+    void (*weights)(void *ctx, int v, int i);
+} StageWork;
+
+// ZB: the W pass of backward k, then its activation slot is free.
+static void pipe_weights(Pipeline *p, int k, StageWork w) {
+    if (k < 0) { return; }
+    int pp = p->pp->size;
+    w.weights(w.ctx, schedule_chunk(k, pp, p->vpp, 0), schedule_micro(k, pp, p->vpp));
+    slot_give(p, k);
+}
+
+
+
 // One exchange with the neighbours (the step's sends and receives, all started together). The next
 // stage of chunk v is the next rank's chunk v, but after rank pp-1: rank 0's chunk v+1 (interleaved).
-static void pipe_exchange(Pipeline *p, const PipeStep *st) {
+// ZB: the step's W pass runs while the messages are in flight (the time it takes is not counted as waiting).
+static void pipe_exchange(Pipeline *p, const PipeStep *st, StageWork w) {
     int pp = p->pp->size;
-    if (pp == 1 || (!st->send_fwd && !st->send_bwd && st->recv_fwd < 0 && st->recv_bwd < 0)) { return; }
+    if (pp == 1 || (!st->send_fwd && !st->send_bwd && st->recv_fwd < 0 && st->recv_bwd < 0)) {
+        pipe_weights(p, st->wgt, w);
+        return;
+    }
+    char name[96];
+    snprintf(name, sizeof(name), "%s%s%s%s", st->send_fwd ? "send_forward " : "", st->send_bwd ? "send_backward " : "",
+             st->recv_fwd >= 0 ? "recv_forward " : "", st->recv_bwd >= 0 ? "recv_backward " : "");
+    name[strlen(name) - 1] = 0;
+    for (char *c = name; *c; c++) { if (*c == ' ') { *c = '+'; } }
+    #define EXCHANGE_TRACE_END() trace_end(name, "pipeline", \
+        "\"send_forward\":%d,\"recv_forward\":%d,\"send_backward\":%d,\"recv_backward\":%d", \
+        st->send_fwd ? st->fwd : -1, st->recv_fwd, st->send_bwd ? st->bwd : -1, st->recv_bwd)
     trace_begin();
     // this rank's slice
     size_t k = p->split ? p->n / p->tp->size : p->n, off = p->split ? (size_t)p->tp->rank * k : 0;
@@ -442,30 +523,26 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st) {
         // (kind: the micro-batch and activation or gradient: what the two ranks must agree the message is)
         ops[j] = (P2POp){msg[j].send, buf + off, k, msg[j].peer, 1 + msg[j].grad + 2 * schedule_micro(msg[j].k, pp, p->vpp)};
     }
-    comm_p2p(p->pp, ops, n, DT_FLOATX, p->overlap ? p->sending : NULL, NULL);
+    CommRequest sends[2] = {}, recvs[2] = {};   // ZB: in flight while W runs
+    int wgt = st->wgt >= 0;
+    comm_p2p(p->pp, ops, n, DT_FLOATX, p->overlap ? p->sending : wgt ? sends : NULL, wgt ? recvs : NULL);
+    if (wgt) {   // (what the receives write and the sends read, W does not touch: p->grad, the slots' resid)
+        p->wait_seconds += wall_seconds() - t0;
+        EXCHANGE_TRACE_END();
+        pipe_weights(p, st->wgt, w);
+        trace_begin();
+        if (p->time_waits) { device_synchronize(); }
+        t0 = wall_seconds();
+        for (int i = 0; i < 2; i++) { comm_wait(&recvs[i]); comm_wait(&sends[i]); }
+    }
     for (int i = 0; i < 2; i++) {
         if (p->split && got[i]) { comm_all_gather(p->tp, got[i] + off, got[i], k, DT_FLOATX, NULL); }
     }
     if (p->time_waits) { device_synchronize(); }
     p->wait_seconds += wall_seconds() - t0;
-    char name[96];
-    snprintf(name, sizeof(name), "%s%s%s%s", st->send_fwd ? "send_forward " : "", st->send_bwd ? "send_backward " : "",
-             st->recv_fwd >= 0 ? "recv_forward " : "", st->recv_bwd >= 0 ? "recv_backward " : "");
-    name[strlen(name) - 1] = 0;
-    for (char *c = name; *c; c++) { if (*c == ' ') { *c = '+'; } }
-    trace_end(name, "pipeline", "\"send_forward\":%d,\"recv_forward\":%d,\"send_backward\":%d,\"recv_backward\":%d",
-              st->send_fwd ? st->fwd : -1, st->recv_fwd, st->send_bwd ? st->bwd : -1, st->recv_bwd);
+    EXCHANGE_TRACE_END();
+    #undef EXCHANGE_TRACE_END
 }
-
-// The work of one stage, called by the schedule: the forward of micro-batch i through model chunk v
-// (its input received; the last chunk of the last stage also runs the head and the loss, forward and
-// backward), and the backward of micro-batch i through chunk v (the gradient of its output in
-// p->grad; it leaves the gradient of its input there).
-typedef struct {
-    void *ctx;
-    void (*forward)(void *ctx, int v, int i);
-    void (*backward)(void *ctx, int v, int i);
-} StageWork;
 
 static void pipeline_execute(Pipeline *p, const StepList *l, StageWork w) {
     int pp = p->pp->size, vpp = p->vpp;
@@ -484,9 +561,9 @@ static void pipeline_execute(Pipeline *p, const StepList *l, StageWork w) {
                 p->grad_held = -1;
             }
             w.backward(w.ctx, v, schedule_micro(s->bwd, pp, vpp));
-            slot_give(p, s->bwd);
+            if (p->schedule != SCHEDULE_ZB) { slot_give(p, s->bwd); }   // (ZB: after its W)
         }
-        pipe_exchange(p, s);
+        pipe_exchange(p, s, w);
     }
 }
 

@@ -106,12 +106,13 @@ expect world_size       3 "not divisible by tp*cp*pp"            -e "$TINY" --tp
 expect tp_heads         3 "does not divide the number of heads" -e "$TINY" --tp 3
 expect sp_tokens        2 "does not divide T"                 -e "$TINY" --tp 2 --sp -t 31
 expect pp_too_deep      3 "--pp 3 is larger than the number of layers 2" -e "$TINY" --pp 3
-expect pp_schedule      1 "--pp-schedule expects 1f1b, gpipe or interleaved" -e "$TINY" --pp-schedule zb
+expect pp_schedule      1 "--pp-schedule expects 1f1b, gpipe, interleaved or zb" -e "$TINY" --pp-schedule zb2
 expect vpp_microbatches 2 "to be a multiple of --pp 2"        -e "$TINY" --pp 2 --vpp 2 -b 2 -t 32 -d 192
 expect vpp_no_pipeline  1 "needs a pipeline (--pp >= 2)"      -e "$TINY" --vpp 2
 expect vpp_layers       2 "--pp 2 x --vpp 2 = 4 model chunks, more than the 2 layers" -e "$TINY" --pp 2 --vpp 2 -t 32 -d 256
 expect vpp_missing      1 "--pp-schedule interleaved needs --vpp" -e "$TINY" --pp-schedule interleaved
 expect vpp_schedule     1 "--vpp 2 is the interleaved schedule, not --pp-schedule gpipe" -e "$TINY" --vpp 2 --pp-schedule gpipe
+expect vpp_zb           1 "--vpp 2 is the interleaved schedule, not --pp-schedule zb" -e "$TINY" --vpp 2 --pp-schedule zb
 expect pp_layers_sum    2 "--pp-layers '2,1': the counts sum to 3, the model has 2 layers" -e "$TINY" --pp 2 --pp-layers 2,1
 expect pp_layers_zero   2 "--pp-layers '0,2': expected 2 layer counts (pp x vpp), each >= 1" -e "$TINY" --pp 2 --pp-layers 0,2
 expect pp_layers_count  2 "--pp-layers '1,1,0': expected 2 layer counts" -e "$TINY" --pp 2 --pp-layers 1,1,0
