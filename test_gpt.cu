@@ -599,18 +599,18 @@ static void check_memory_activations(GPT2 *m, int accum) {
     if (pp == 1) { alive = 1; }
     else if (m->pipe.schedule == SCHEDULE_GPIPE) { alive = accum; }
     else if (m->pipe.schedule == SCHEDULE_1F1B) { alive = pp - s < accum ? pp - s : accum; }
-    else if (m->pipe.schedule == SCHEDULE_ZB) { alive = pp + 1 < accum ? pp + 1 : accum; }   // (see below)
+    else if (m->pipe.schedule == SCHEDULE_ZB) { alive = pp < accum ? pp : accum; }   // (see below)
     else { alive = accum == pp ? accum * vpp : 2 * (pp - s - 1) + (vpp - 1) * pp + 1; if (alive > accum * vpp) { alive = accum * vpp; } }
     check(m->pipe.nslots == alive,
           "memory: %d (micro-batch, chunk) activation slots, formula %d (%s, stage %d of %d, vpp %d, %d micro-batches)",
           m->pipe.nslots, alive,
               m->pipe.schedule == SCHEDULE_GPIPE ? "GPipe: all" : m->pipe.schedule == SCHEDULE_1F1B
-                  ? "1F1B: pp - stage" : m->pipe.schedule == SCHEDULE_ZB ? "ZB: pp + 1" :
+                  ? "1F1B: pp - stage" : m->pipe.schedule == SCHEDULE_ZB ? "ZB: pp" :
           "interleaved: 2(pp-s-1) + (vpp-1)pp + 1", s, pp, vpp, accum);
     // ZB: stage s runs pp-s-1 warm-up forwards, then holds up to s pending W passes (each keeping its micro-batch's
-    // slot) besides the micro-batch in its steady-state forward and the next one's input, posted before the W that
-    // frees a slot runs: pp + 1 slots on every stage. The pending W passes: s + 1 at most (right after a B), fewer
-    // when the steady state (m - warm-up steps) is shorter than that.
+    // slot) besides the micro-batch of its steady-state forward (a slot taken at the forward: the input waits in a
+    // buffer of its own): pp slots on every stage, 1F1B's peak. The pending W passes: s + 1 at most (right after a
+    // B, before its exchange runs the oldest), fewer when the steady state (m - warm-up steps) is shorter.
     double wstore = 0;
     if (m->pipe.schedule == SCHEDULE_ZB && pp > 1 && m->recompute != RECOMPUTE_FULL) {
         int warm = pp - s - 1 < accum ? pp - s - 1 : accum, steady = accum - warm > 1 ? accum - warm : 1;
@@ -666,12 +666,14 @@ static void check_memory_buffers(GPT2 *m) {
     // interleaving); interleaved, where a received gradient waits for its backward
     double grad_copy = m->pipe.overlap && (!m->first || vpp > 1) ? X * BTs * C : 0,
         grad_wait = vpp > 1 ? X * BTs * C : 0;
+    // ZB (not the first stage): where a received input waits for its forward
+    double input_wait = m->pipe.schedule == SCHEDULE_ZB && m->grid->pp > 1 && !m->first ? X * BTs * C : 0;
     // context parallelism: ring attention's keys and values (B, T/cp, 2C/tp), held and arriving, and their gradients
     double ring = m->grid->cp > 1 ? 4.0 * X * BT * 2 * Cl : 0;
-    double comm_expect = X * (Rs + Rr) * C + grad_copy + grad_wait + ring;
+    double comm_expect = X * (Rs + Rr) * C + grad_copy + grad_wait + input_wait + ring;
     check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1,
-          "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B + cp ring 4 x (B, T/cp, 2C/tp) %.0f B",
-          (double)mem_current[MEM_COMM], Rs, Rr, (int)X, grad_copy, grad_wait, ring);
+          "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B + waiting input %.0f B + cp ring 4 x (B, T/cp, 2C/tp) %.0f B",
+          (double)mem_current[MEM_COMM], Rs, Rr, (int)X, grad_copy, grad_wait, input_wait, ring);
     // logits (last stage): one chunk of chunk x Vp/tp, never B*T x Vp (plus per-token stats and losses)
     double logits_expect = m->last
             ? X * m->ce.chunk * m->Vl + 4.0 * (3.0 * m->ce.chunk * (1 + m->grid->tp) + BT) + 8.0 : 0;
@@ -1120,15 +1122,62 @@ static void check_attention_block_case(Rng *rng, int B, int c, int C, int NH, in
     free(qkv); free(dout); free(d0); free(kv); free(y1); free(tol);
 }
 
+// ZB's list of rank r: every micro-batch's forward, B and W once each, each W after its B, the W passes in
+// micro-batch order (what makes ZB's sums 1F1B's), and the slots and pending W passes pipeline_plan counts as
+// the check_memory formulas say (pp, and s + 1 or the steady state's length). Returns 1 if all hold.
+static int zb_list_ok(int pp, int r, int m) {
+    StepList l = pipeline_steps(SCHEDULE_ZB, pp, 1, r, m, 0);
+    int *seen = (int *)calloc_check(3 * (size_t)m, sizeof(int)), ok = 1, next_w = 0;
+    for (int i = 0; i < l.n; i++) {
+        const PipeStep *st = &l.s[i];
+        if (st->fwd >= 0) { ok &= !seen[st->fwd]++; }
+        if (st->bwd >= 0) { ok &= seen[st->bwd] == 1 && !seen[m + st->bwd]++; }
+        if (st->wgt >= 0) { ok &= seen[m + st->wgt] == 1 && st->wgt == next_w++; }
+    }
+    ok &= next_w == m;
+    for (int k = 0; k < m; k++) { ok &= seen[k] == 1 && seen[m + k] == 1; }
+    Pipeline p = {};
+    Group g = {};
+    g.size = pp;
+    p.pp = &g;
+    int slots = pipeline_plan(&p, SCHEDULE_ZB, pp, 1, r, m);
+    int warm = pp - r - 1 < m ? pp - r - 1 : m, steady = m - warm > 1 ? m - warm : 1;
+    ok &= slots == (pp < m ? pp : m) && p.npending == (r + 1 < steady ? r + 1 : steady);
+    free(seen); free(l.s); free(p.steps.s); free(p.slot_of); free(p.busy);
+    return ok;
+}
+
 // --check-schedules: every pipeline schedule's point-to-point messages pair up between every two neighbours,
-// in posting order and kind (steps_match: what the untagged messages of comm.h need), for 1F1B and GPipe at
+// in posting order and kind (steps_match: what the untagged messages of comm.h need), for 1F1B, GPipe and ZB at
 // pp 2-8 and interleaved at pp 2-8 x vpp 2-4, with m from 1 (or pp) to 4 pp micro-batches; and the check
 // fails on a schedule made wrong (two steps of rank 0 that send swapped, with pp 2 where both kinds go
-// both ways).
+// both ways). ZB's lists keep its rules (zb_list_ok), and its bubble on the model of time (pipe_simulate, F = B =
+// W = 1) is (pp-1)(F+B-W) per rank, at most pp-1 + 1 more, against 1F1B's (pp-1)(F+B+W): at most half.
 static void check_schedules(void) {
-    static const PipeSchedule kinds[3] = {SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED};
-    long pairs = 0, bad = 0, configs = 0;
-    for (int s = 0; s < 3; s++) {
+    static const PipeSchedule kinds[4] = {SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_ZB};
+    long pairs = 0, bad = 0, configs = 0, zb_bad = 0, zb_lists = 0, bubble_bad = 0, bubbles = 0;
+    double worst_ratio = 0;
+    for (int pp = 2; pp <= 8; pp++) {
+        for (int m = 1; m <= 4 * pp; m++) {
+            for (int r = 0; r < pp; r++) { zb_bad += !zb_list_ok(pp, r, m); zb_lists++; }
+            if (m < pp) { continue; }
+            double i1[8], iz[8];
+            pipe_simulate(SCHEDULE_1F1B, pp, 1, m, 1, 1, 1, i1);
+            pipe_simulate(SCHEDULE_ZB, pp, 1, m, 1, 1, 1, iz);
+            for (int r = 0; r < pp; r++) {
+                bubbles++;
+                bubble_bad += fabs(i1[r] - 3.0 * (pp - 1)) > 1e-9 || iz[r] > (pp - 1) + 1 + 1e-9;
+                if (iz[r] / i1[r] > worst_ratio) { worst_ratio = iz[r] / i1[r]; }
+            }
+        }
+    }
+    check(zb_bad == 0, "pipeline schedules: ZB's %ld lists (pp 2-8, m 1-4pp, every rank) run each micro-batch's F, B, W "
+          "once, each W after its B and in micro-batch order, with pp slots and s + 1 pending W passes: %ld do not",
+          zb_lists, zb_bad);
+    check(bubble_bad == 0 && worst_ratio <= 0.5 + 1e-9,
+          "pipeline schedules: simulated (F = B = W = 1, pp 2-8, m pp-4pp), 1F1B's bubble is 3(pp-1) on every rank and "
+          "ZB's at most (pp-1) + 1, at most %.3f of 1F1B's (%ld of %ld ranks off)", worst_ratio, bubble_bad, bubbles);
+    for (int s = 0; s < 4; s++) {
         for (int pp = 2; pp <= 8; pp++) {
             for (int vpp = kinds[s] == SCHEDULE_INTERLEAVED ? 2 : 1; vpp <= (kinds[s] == SCHEDULE_INTERLEAVED ? 4 : 1); vpp++) {
                 for (int m = kinds[s] == SCHEDULE_INTERLEAVED ? pp : 1; m <= 4 * pp; m += kinds[s] == SCHEDULE_INTERLEAVED ? pp : 1) {

@@ -22,10 +22,11 @@
 //         through the steady state and spends them in the cool-down, where it would otherwise wait about s
 //         backwards for the stages before it. The bubble drops from (pp-1)(F+B+W) to (pp-1)(F+B-W). A pending
 //         W keeps its micro-batch's activations (stage s: pp-s-1 warm-up micro-batches + 1 + s pending = pp,
-//         1F1B's first stage's number) and the gradients of its layers' outputs (train_gpt.cu's WGrads).
+//         1F1B's first stage's number: a received input waits in a buffer of its own until its forward takes
+//         a slot) and the gradients of its layers' outputs (train_gpt.cu's WGrads).
 //
-//   stage 0  F0 F1 F2 F3 B0 F4 W0 B1 F5 W1 B2 ..     (pp = 4, in order, not to scale: stage 0 runs a W
-//   stage 3  F0 B0 F1 B1 F2 B2 F3 B3 F4 W0 B4 ..      as soon as one is pending, stage 3 keeps 3 pending)
+//   stage 0  F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 ..     (pp = 4, in order, not to scale: stage 0 runs a W
+//   stage 3  F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 ..  as soon as one is pending, stage 3 keeps 3 pending)
 //
 //   Interleaved 1F1B (Megatron's virtual pipeline, --vpp): the layers are cut into pp*vpp chunks and
 //         rank r holds vpp of them, chunks r, r+pp, r+2pp, ... (its "model chunks" v = 0..vpp-1). A micro-
@@ -197,8 +198,9 @@ static void steps_1f1b(StepList *l, int m, int gpipe) {
 }
 
 // ZB-H1: 1F1B's steps with each backward's W pass moved into a later exchange (its wait). w counts the W
-// passes run; k - w are pending before steady step k's exchange, and stage s runs one there only if more
-// than s are; in the cool-down it runs one in every exchange that waits for a gradient, then the rest.
+// passes run; after B k, k + 1 - w are pending, and stage s runs one in that B's exchange (while the next
+// input is on its way) only if more than s are; in the cool-down it runs one in every exchange that waits
+// for a gradient, then the rest.
 static void steps_zb(StepList *l, int m) {
     int pp = l->pp, s = l->rank;
     int warm = pp - s - 1 < m ? pp - s - 1 : m, steady = m - warm, w = 0;
@@ -209,9 +211,9 @@ static void steps_zb(StepList *l, int m) {
     if (steady > 0) { add_step(l, -1, -1, 0, 0, warm, -1); }
     for (int k = 0; k < steady; k++) {
         int i = warm + k;
-        add_step_w(l, i, -1, 1, 0, -1, k, k - w > s ? w++ : -1);   // forward, send_forward_recv_backward (+ W)
-        add_step(l, -1, k, 0, 1, k + 1 < steady ? i + 1 : -1, -1);   // B, send_backward_recv_forward
-    }
+        add_step(l, i, -1, 1, 0, -1, k);                                      // forward, send_forward_recv_backward
+        add_step_w(l, -1, k, 0, 1, k + 1 < steady ? i + 1 : -1, -1, k + 1 - w > s ? w++ : -1);   // B, send_backward_
+    }                                                                         // recv_forward (+ W)
     for (int k = steady; k < m; k++) {
         add_step_w(l, -1, -1, 0, 0, -1, k, w < k ? w++ : -1);   // recv_backward (+ W)
         add_step(l, -1, k, 0, 1, -1, -1);                        // B, send_backward
@@ -329,6 +331,65 @@ static int steps_match(const StepList *a, const StepList *b) {
     return ok;
 }
 
+// The schedule on a model of time: every rank runs its list, a forward takes tf, a backward tb + tw (ZB: its B
+// tb, its W tw), a message arrives when it is posted, a step waits for its receives after its W (as
+// pipe_exchange does). Returns the step's length (the last rank's end); idle[r] (pp of them): rank r's time
+// not computing, the bubble. What the bubble of a schedule is, from the list the run executes.
+static double pipe_simulate(PipeSchedule schedule, int pp, int vpp, int m, double tf, double tb, double tw,
+                            double *idle) {
+    StepList *l = (StepList *)malloc_check(pp * sizeof(StepList));
+    int *pos = (int *)calloc_check(pp, sizeof(int)), *posted = (int *)calloc_check(pp, sizeof(int));
+    int *nsent = (int *)calloc_check((size_t)pp * pp, sizeof(int)), *nrecv = (int *)calloc_check((size_t)pp * pp, sizeof(int));
+    double *t = (double *)calloc_check(pp, sizeof(double)), *busy = (double *)calloc_check(pp, sizeof(double));
+    int cap = 4 * m * vpp + 8;   // messages from one rank to another in a step: at most 2 per micro-batch and chunk
+    double *sent = (double *)malloc_check((size_t)pp * pp * cap * sizeof(double));   // [from][to][i]: i-th's post time
+    for (int r = 0; r < pp; r++) { l[r] = pipeline_steps(schedule, pp, vpp, r, m, 0); }
+    double tback = schedule == SCHEDULE_ZB ? tb : tb + tw;
+    for (int moved = 1; moved;) {
+        moved = 0;
+        for (int r = 0; r < pp; r++) {
+            while (pos[r] < l[r].n) {
+                const PipeStep *st = &l[r].s[pos[r]];
+                PipeMsg msg[4];
+                int n = pipe_step_messages(st, pp, r, msg), ready = 1;
+                if (!posted[r]) {   // compute, post the sends, run the W
+                    double c = (st->fwd >= 0 ? tf : 0) + (st->bwd >= 0 ? tback : 0);
+                    t[r] += c;
+                    busy[r] += c;
+                    for (int j = 0; j < n; j++) {
+                        if (msg[j].send) { sent[((size_t)r * pp + msg[j].peer) * cap + nsent[r * pp + msg[j].peer]++] = t[r]; }
+                    }
+                    if (st->wgt >= 0) { t[r] += tw; busy[r] += tw; }
+                    posted[r] = 1;
+                }
+                double arrive = t[r];
+                for (int j = 0; j < n; j++) {   // the i-th receive from a peer is the peer's i-th send to this rank
+                    if (msg[j].send) { continue; }
+                    int p = msg[j].peer, i = nrecv[p * pp + r];
+                    for (int e = 0; e < j; e++) { i += !msg[e].send && msg[e].peer == p; }
+                    if (i >= nsent[p * pp + r]) { ready = 0; break; }
+                    double a = sent[((size_t)p * pp + r) * cap + i];
+                    if (a > arrive) { arrive = a; }
+                }
+                if (!ready) { break; }
+                for (int j = 0; j < n; j++) { if (!msg[j].send) { nrecv[msg[j].peer * pp + r]++; } }
+                t[r] = arrive;
+                posted[r] = 0;
+                pos[r]++;
+                moved = 1;
+            }
+        }
+    }
+    double end = 0;
+    for (int r = 0; r < pp; r++) {
+        if (pos[r] < l[r].n) { fail("pipe_simulate: rank %d stuck at step %d of %d: a bug", r, pos[r], l[r].n); }
+        if (t[r] > end) { end = t[r]; }
+    }
+    for (int r = 0; r < pp; r++) { idle[r] = end - busy[r]; free(l[r].s); }
+    free(l); free(pos); free(posted); free(nsent); free(nrecv); free(t); free(busy); free(sent);
+    return end;
+}
+
 typedef struct {
     Group *pp, *tp;
     int first, last;       // this rank holds the first / the last stage (its chunk 0 / chunk vpp-1)
@@ -354,6 +415,8 @@ typedef struct {
     int time_waits;        // measure it (--comm-report, --trace): the device synchronised around the exchanges
     int overlap;           // sends do not block: they complete while the stage computes (--overlap)
     floatX *grad_send;     // a copy of the gradient being sent (grad is written by the next backward)
+    floatX *input;         // ZB: where a received input waits for its forward (which takes its slot then)
+    int input_held;        // the forward whose input is in input (-1: none)
     CommRequest sending[2];   // overlap: the sends in flight, completed at the next exchange
 } Pipeline;
 
@@ -385,6 +448,7 @@ static void slot_give(Pipeline *p, int k) {
     p->alive--;
 }
 static void slots_reset(Pipeline *p) {
+    p->input_held = -1;
     for (int i = 0; i < p->vpp * p->micro; i++) { p->slot_of[i] = -1; }
     for (int s = 0; s < p->nslots; s++) { p->busy[s] = 0; }
     p->alive = 0;
@@ -412,11 +476,12 @@ static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int vpp, in
     p->npending = 0;
     for (int i = 0; i < p->steps.n; i++) {
         const PipeStep *s = &p->steps.s[i];
-        if (s->fwd >= 0 && rank == 0 && schedule_chunk(s->fwd, pp, vpp, 1) == 0) { alive++; }
+        int zb = schedule == SCHEDULE_ZB;   // (a slot taken at the forward: the input waits in p->input)
+        if (s->fwd >= 0 && ((rank == 0 && schedule_chunk(s->fwd, pp, vpp, 1) == 0) || zb)) { alive++; }
         if (alive > most) { most = alive; }
         if (s->bwd >= 0 && schedule == SCHEDULE_ZB && ++pending > p->npending) { p->npending = pending; }
         if (s->bwd >= 0 && schedule != SCHEDULE_ZB) { alive--; }
-        if (s->recv_fwd >= 0) { alive++; }
+        if (s->recv_fwd >= 0 && !zb) { alive++; }
         if (alive > most) { most = alive; }
         if (s->wgt >= 0) { alive--; pending--; }
     }
@@ -446,6 +511,8 @@ static void pipeline_alloc(Pipeline *p, int first, int last, int split, size_t n
     p->grad_held = -1;
     p->overlap = overlap;
     p->grad_send = overlap && (!first || p->vpp > 1) ? (floatX *)mem_alloc(n * floatx_bytes(), MEM_COMM) : NULL;
+    p->input = p->schedule == SCHEDULE_ZB && !first ? (floatX *)mem_alloc(n * floatx_bytes(), MEM_COMM) : NULL;
+    p->input_held = -1;
 }
 
 // The pipeline's host memory (its device buffers are the allocator's: alloc.h).
@@ -513,6 +580,10 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st, StageWork w) {
                 copy_on_device(p->grad_send + off, buf + off, k * sizeof(floatX));
                 buf = p->grad_send;
             }
+        } else if (!msg[j].grad && p->input) {      // ZB: forward k's input, to wait for its forward
+            if (p->input_held >= 0) { fail("pipeline: input %d arrived over input %d: a bug", st->recv_fwd, p->input_held); }
+            buf = got[0] = p->input;
+            p->input_held = st->recv_fwd;
         } else if (!msg[j].grad) {                  // forward k's input, into a slot of its own
             slot_take(p, st->recv_fwd);
             buf = got[0] = p->resid[pipe_slot(p, st->recv_fwd, 1)];
@@ -550,7 +621,13 @@ static void pipeline_execute(Pipeline *p, const StepList *l, StageWork w) {
         const PipeStep *s = &l->s[i];
         if (s->fwd >= 0) {
             int v = schedule_chunk(s->fwd, pp, vpp, 1);
-            if (p->first && v == 0) { slot_take(p, s->fwd); }   // (the others took theirs when the input arrived)
+            if (p->first && v == 0) { slot_take(p, s->fwd); }   // (the others took theirs when the input arrived,
+            else if (p->input) {                                // but ZB's: now, from where the input waited)
+                if (p->input_held != s->fwd) { fail("pipeline: forward %d ran without its input: a bug", s->fwd); }
+                slot_take(p, s->fwd);
+                copy_on_device(p->resid[pipe_slot(p, s->fwd, 1)], p->input, p->n * sizeof(floatX));
+                p->input_held = -1;
+            }
             w.forward(w.ctx, v, schedule_micro(s->fwd, pp, vpp));
         }
         if (s->bwd >= 0) {

@@ -70,3 +70,20 @@ overlap_case dense_dp2_zero3 2 -e "L=4,C=64,NH=4,V=256,maxT=64" -b 2 --zero 3
 overlap_case dense_pp2_dp2_zero3 4 -e "L=4,C=64,NH=4,V=256,maxT=64" -b 1 -d 128 --pp 2 --zero 3
 overlap_case dense_pp4_gpipe 4 -e "L=4,C=64,NH=4,V=256,maxT=64" -b 1 -d 256 --pp 4 --pp-schedule gpipe
 overlap_case moe_tp2sp_ep2_zero3 4 -e "L=4,C=64,NH=4,V=256,maxT=64,E=4,k=2,every=2" -b 4 --tp 2 --sp --ep 2 --zero 3
+
+# ZB-H1 runs 1F1B's forwards and backwards, the W passes (each dense layer's weight gradients) later but in
+# micro-batch order: the same products into the same gradients in the same order, so bit-identical steps
+zb_case() {   # NAME NP FLAGS...
+    local name=$1 np=$2; shift 2
+    for s in 1f1b zb; do
+        rm -rf "$W/$name.$s"
+        $MPIRUN -np $np "$BIN/train_gpt" -t 32 -x 6 -n 6 -v 3 -m 2 -s 0 -l 3e-3 -c 0.1 --pp-schedule $s "$@" -o "$W/$name.$s" >"$W/$name.$s.log" 2>&1
+    done
+    cmp -s "$W/$name.1f1b/main.log" "$W/$name.zb/main.log" && cmp -s "$W/$name.1f1b/model_00000006.bin" "$W/$name.zb/model_00000006.bin" \
+        && cmp -s "$W/$name.1f1b/state_00000006.bin" "$W/$name.zb/state_00000006.bin"
+    say $? "$name: --pp-schedule zb: main.log, model and optimizer state bit-identical to 1f1b"
+}
+zb_case zb_pp4 4 -e "L=4,C=64,NH=4,V=256,maxT=64" -b 1 -d 256 --pp 4
+zb_case zb_pp2_tp2sp_zero2 4 -e "L=4,C=64,NH=4,V=256,maxT=64" -b 2 -d 512 --pp 2 --tp 2 --sp --zero 2
+zb_case zb_pp2_dp2_zero3_mlp 4 -e "L=4,C=64,NH=4,V=256,maxT=64" -b 1 -d 256 --pp 2 --zero 3 --recompute mlp
+zb_case zb_pp2_moe_ep2 4 -e "L=4,C=64,NH=4,V=256,maxT=64,E=4,k=2,every=2" -b 2 -d 256 --pp 2 --ep 2 --zero 1

@@ -9,7 +9,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 for V in 256 50257; do
 echo "V $V"
 printf "%-6s %-3s %8s %8s %8s %12s %12s %9s %6s\n" sched m ideal stage0 stage1 "act0 MiB" "act1 MiB" tok/s msgs
-for sched in 1f1b gpipe vpp2 vpp4; do
+for sched in 1f1b zb gpipe vpp2 vpp4; do
     flags="--pp-schedule $sched" vpp=1
     case $sched in vpp*) vpp=${sched#vpp}; flags="--vpp $vpp";; esac
     for m in 2 4 8; do
