@@ -612,15 +612,19 @@ static void check_memory_activations(GPT2 *m, int accum) {
     // buffer of its own): pp slots on every stage, 1F1B's peak. The pending W passes: s + 1 at most (right after a
     // B, before its exchange runs the oldest), fewer when the steady state (m - warm-up steps) is shorter.
     double wstore = 0;
-    if (m->pipe.schedule == SCHEDULE_ZB && pp > 1 && m->recompute != RECOMPUTE_FULL) {
+    if (m->pipe.schedule == SCHEDULE_ZB && pp > 1) {
         int warm = pp - s - 1 < accum ? pp - s - 1 : accum, steady = accum - warm > 1 ? accum - warm : 1;
         int pending = s + 1 < steady ? s + 1 : steady;
         check(m->pipe.npending == pending, "memory: ZB keeps %d W passes pending at most, formula %d (stage %d of %d, "
               "%d micro-batches)", m->pipe.npending, pending, s, pp, accum);
         // per dense layer of the stage: the gradients of the outputs of fcproj, attproj (BT, C), fc (BT, 4Cl), qkv
         // (BT, 3Cl), ln2 and ln1 (BTs, C); SP: ln2 and ln1 of all tokens (BT, C); recompute mlp: the GELU output
-        double per_layer = X * (BT * (2 * C + 7 * Cl) + 2 * BTs * C + (m->sp && m->grid->tp > 1 ? 2 * BT * C : 0) +
-                                (m->recompute == RECOMPUTE_MLP ? BT * 4 * Cl : 0));
+        // (BT, 4Cl); full: it, ln2 and ln1 of all tokens, the attention output (BT, Cl), mid (BTs, C) and the two
+        // LayerNorms' means and rstds (4 BTs fp32)
+        int full = m->recompute == RECOMPUTE_FULL;
+        double per_layer = X * (BT * (2 * C + 7 * Cl) + 2 * BTs * C + ((m->sp && m->grid->tp > 1) || full ? 2 * BT * C : 0) +
+                                (m->recompute != RECOMPUTE_NONE ? BT * 4 * Cl : 0) + (full ? BT * Cl + BTs * C : 0)) +
+                           (full ? 4.0 * 4 * BTs : 0);
         wstore = (Ls - nmoe) > 0 ? pending * (Ls - nmoe) * per_layer : 0;
     }
     check(m->pipe.peak == m->pipe.nslots, "memory: the step run had %d pairs alive at once, the %d slots",

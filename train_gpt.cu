@@ -180,15 +180,19 @@ typedef struct {        // shared by all layers and micro-batches
 
 // ZB (--pp-schedule zb): what a dense layer's W pass needs beyond the stored activations, kept from its B:
 // the gradients of its linear layers' and LayerNorms' outputs, and what is not in the slot: (SP) ln1 and ln2
-// of all tokens, kept as B gathered them (W makes no tp traffic), (--recompute mlp) the recomputed GELU output.
-// One set per layer per pending W pass (pipeline.h's npending); the LayerNorms', biases' and weights' gradients
-// all wait for W, so a unit's gradient is opened, accumulated and reduced (zero.h) in W alone.
+// of all tokens, kept as B gathered them (W makes no tp traffic); what B recomputed (--recompute mlp: the GELU
+// output; full: also ln1, ln2 (of all tokens), their means and rstds, the attention output and mid: B's
+// recomputation writes them here). One set per layer per pending W pass (pipeline.h's npending); the
+// LayerNorms', biases' and weights' gradients all wait for W, so a unit's gradient is opened, accumulated and
+// reduced (zero.h) in W alone.
 typedef struct {
     floatX *dfcproj, *dattproj;   // (BT, C) the gradients of fcproj's and attproj's outputs, all tokens
     floatX *dfc, *dqkv;           // (BT, 4Cl), (BT, 3Cl) of fc's (before the GELU) and qkv's outputs
     floatX *dln2, *dln1;          // (BTs, C) of ln2's and ln1's outputs, the local tokens
-    floatX *xln2, *xln1;          // (BT, C) SP: ln2 and ln1 of all tokens (NULL: the slot's y.ln2, y.ln1)
-    floatX *fchg;                 // (BT, 4Cl) --recompute mlp: the GELU output (NULL: the slot's y.fchg)
+    floatX *xln2, *xln1;          // (BT, C) SP or full: ln2 and ln1 of all tokens (NULL: the slot's y.ln2, y.ln1)
+    floatX *fchg;                 // (BT, 4Cl) recompute: the GELU output (NULL: the slot's y.fchg)
+    floatX *atty, *mid;           // (BT, Cl), (BTs, C) full: the attention output, the residual after attention
+    float *stats;                 // (4, BTs) full: ln1's mean and rstd, ln2's (NULL: the slot's)
 } WGrads;
 
 typedef struct {
@@ -219,6 +223,7 @@ typedef struct {
     Activations scratch;         // one layer's worth of what is recomputed, shared by the layers and micro-batches
     int defer_w;                 // ZB: the dense layers' weight gradients wait for the W pass (recompute none or mlp)
     floatX *wstore;              // ZB: (npending, dense layers of the stage, wstore_layer) the WGrads' tensors
+    float *wstore_stats;         // ZB, recompute full: (npending, dense layers, 4 BTs) their LayerNorm statistics
     size_t wstore_layer;         // elements of one layer's WGrads
     int micro;                   // the micro-batch running (for --trace)
     int *step_tokens;            // (2, accum, BT) page-locked: a step's inputs and targets, uploaded without a wait
@@ -443,14 +448,18 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
         }
     }
     workspace_alloc(m, chunk, Lm > 0);
-    // ZB: the dense layers' pending W passes (MoE layers and --recompute full run their whole backward in B)
-    m->defer_w = pp > 1 && schedule == SCHEDULE_ZB && m->recompute != RECOMPUTE_FULL && Ld > 0;
+    // ZB: the dense layers' pending W passes (MoE layers run their whole backward in B)
+    m->defer_w = pp > 1 && schedule == SCHEDULE_ZB && Ld > 0;
     if (m->defer_w) {
         size_t C = c->channels, Cl = m->Cl, BT = m->BT, BTs = m->BTs;
-        m->wstore_layer = BT * (2 * C + 7 * Cl) + 2 * BTs * C + (m->sp && tp > 1 ? 2 * BT * C : 0) +
-                          (m->recompute == RECOMPUTE_MLP ? BT * 4 * Cl : 0);
+        int full = m->recompute == RECOMPUTE_FULL;
+        m->wstore_layer = BT * (2 * C + 7 * Cl) + 2 * BTs * C + ((m->sp && tp > 1) || full ? 2 * BT * C : 0) +
+                          (m->recompute != RECOMPUTE_NONE ? BT * 4 * Cl : 0) + (full ? BT * Cl + BTs * C : 0);
         m->wstore = (floatX *)mem_alloc((size_t)pipe->npending * Ld * m->wstore_layer * floatx_bytes(),
                                         MEM_ACTIVATIONS);
+        if (full) {
+            m->wstore_stats = (float *)mem_alloc((size_t)pipe->npending * Ld * 4 * BTs * sizeof(float), MEM_ACTIVATIONS);
+        }
     }
     m->fwd_tokens = (int *)malloc_check(sizeof(int) * 2 * m->BT);
     // the pipeline's view of the slots: each one's input (resid[0]) and output (resid[Lc])
@@ -693,10 +702,30 @@ static int layer_wgrads(const GPT2 *m, int i, int l, WGrads *d) {
     d->dqkv = q; q += BT * 3 * Cl;
     d->dln2 = q; q += BTs * C;
     d->dln1 = q; q += BTs * C;
-    d->xln2 = d->xln1 = d->fchg = NULL;
-    if (m->sp && m->grid->tp > 1) { d->xln2 = q; q += BT * C; d->xln1 = q; q += BT * C; }
-    if (m->recompute == RECOMPUTE_MLP) { d->fchg = q; }
+    d->xln2 = d->xln1 = d->fchg = d->atty = d->mid = NULL;
+    d->stats = NULL;
+    int full = m->recompute == RECOMPUTE_FULL;
+    if ((m->sp && m->grid->tp > 1) || full) { d->xln2 = q; q += BT * C; d->xln1 = q; q += BT * C; }
+    if (m->recompute != RECOMPUTE_NONE) { d->fchg = q; q += BT * 4 * Cl; }
+    if (full) {
+        d->atty = q; q += BT * Cl;
+        d->mid = q;
+        d->stats = m->wstore_stats + ((size_t)(i % m->pipe.npending) * Ld + dense) * 4 * BTs;
+    }
     return 1;
+}
+
+// ZB: where layer l's recomputed activations go so that its W pass finds them (B's recomputation writes them
+// there): the GELU output (recompute mlp, full) and under full the rest W reads (without SP ln1 and ln2 are
+// already all the tokens: kept where B's gather would have put them).
+static void wgrads_acts(const GPT2 *m, const WGrads *d, LayerActs *y) {
+    if (d->fchg) { y->fchg = d->fchg; }
+    if (d->atty) {
+        y->atty = d->atty; y->mid = d->mid;
+        y->ln1_mean = d->stats; y->ln1_rstd = d->stats + m->BTs;
+        y->ln2_mean = d->stats + 2 * m->BTs; y->ln2_rstd = d->stats + 3 * m->BTs;
+        if (!(m->sp && m->grid->tp > 1)) { y->ln1 = d->xln1; y->ln2 = d->xln2; }
+    }
 }
 
 // dy of all tokens (tp_all_tokens' result) kept in dst for the W pass: gathered there already (SP), or copied.
@@ -734,7 +763,6 @@ static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int las
         zero_end_unit_backward(z, ue, last_micro);
         zero_prefetch_params(z, prev, u);   // (over the experts: done with them)
     } else {
-        if (d && d->fchg) { y.fchg = d->fchg; }   // (recomputed where W finds it)
         if (m->recompute == RECOMPUTE_MLP) { matmul_forward_gelu(y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl); }
         if (!d) { bias_backward(g[T_FCPROJB], w->dresid, BTs, C); }
         dy = tp_all_tokens(tp, sp, w->dresid, d ? d->dfcproj : w->pfull, BTs, C);
@@ -771,7 +799,7 @@ static void layer_backward_weights(GPT2 *m, LayerActs y, const WGrads *d, int l,
     size_t own = (size_t)m->tok0 * C;   // the local tokens' rows of an all-token gradient (SP; 0 otherwise)
     unit_view(&m->units[u], zero_begin_unit_backward(&m->zero, u), g);
     bias_backward(g[T_FCPROJB], d->dfcproj + own, BTs, C);
-    matmul_backward(NULL, g[T_FCPROJW], NULL, d->dfcproj, d->fchg ? d->fchg : y.fchg, NULL, BT, 4 * Cl, C);
+    matmul_backward(NULL, g[T_FCPROJW], NULL, d->dfcproj, y.fchg, NULL, BT, 4 * Cl, C);
     matmul_backward(NULL, g[T_FCW], g[T_FCB], d->dfc, d->xln2 ? d->xln2 : y.ln2, NULL, BT, C, 4 * Cl);
     layernorm_backward(NULL, g[T_LN2W], g[T_LN2B], d->dln2, y.mid, NULL, y.ln2_mean, y.ln2_rstd, BTs, C);
     bias_backward(g[T_ATTPROJB], d->dattproj + own, BTs, C);
@@ -804,6 +832,9 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
     }
     for (int l = l1 - 1; l >= l0; l--) {
         LayerActs y = layer_acts(m, a, l);
+        WGrads d;
+        int defer = layer_wgrads(m, m->micro, l, &d);   // ZB: B only, W later (gpt2_backward_weights)
+        if (defer) { wgrads_acts(m, &d, &y); }          // (what is recomputed, where W finds it)
         if (m->recompute == RECOMPUTE_FULL) {   // the layer's activations again, from its stored input
             trace_begin();
             m->recomputing = 1;
@@ -811,8 +842,6 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
             m->recomputing = 0;
             trace_end("recompute", "forward", "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
         }
-        WGrads d;
-        int defer = layer_wgrads(m, m->micro, l, &d);   // ZB: B only, W later (gpt2_backward_weights)
         trace_begin();
         layer_backward(m, y, defer ? &d : NULL, l, last_micro);
         trace_end(m->u_experts[l] >= 0 ? "MoE layer" : defer ? "layer B" : "layer", "backward",
@@ -839,9 +868,11 @@ static void gpt2_backward_weights(GPT2 *m, int v, Activations *a, int last_micro
     for (int l = m->chunk_l0[v + 1] - 1; l >= m->chunk_l0[v]; l--) {
         WGrads d;
         if (!layer_wgrads(m, m->micro, l, &d)) { continue; }
+        LayerActs y = layer_acts(m, a, l);
+        wgrads_acts(m, &d, &y);
         trace_begin();
-        layer_backward_weights(m, layer_acts(m, a, l), &d, l, last_micro);
-        trace_end("layer W", "backward", "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
+        layer_backward_weights(m, y, &d, l, last_micro);
+        trace_end("layer W", "weights", "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
     }
 }
 

@@ -9,7 +9,7 @@ Usage: python3 dev/trace.py DIR [DIR ...] [--merge OUT.json] [--png OUT.png] [--
 """
 import argparse, json, os, re, sys
 
-COLORS = {"forward": "#4c72b0", "backward": "#55a868", "forward+backward": "#8172b2", "pipeline": "#c44e52",
+COLORS = {"forward": "#4c72b0", "backward": "#55a868", "weights": "#a6d854", "forward+backward": "#8172b2", "pipeline": "#c44e52",
           "optimizer": "#dd8452", "comm": "#937860", "io": "#da8bc3"}
 
 def load(d):
@@ -77,15 +77,16 @@ def main():
                     continue
                 ax.broken_barh([((e["ts"] - t0) / 1e3, e["dur"] / 1e3)], (y - 0.4, 0.8), facecolors=COLORS.get(e["cat"], "#999999"),
                                edgecolor="white", linewidth=0.3)
-                if e["cat"] in ("forward", "backward") and "micro" in e.get("args", {}) and e["dur"] / (t1 - t0) > 0.02:
+                if e["cat"] in ("forward", "backward", "weights") and "micro" in e.get("args", {}) and e["dur"] / (t1 - t0) > 0.02:
                     ax.text((e["ts"] - t0 + e["dur"] / 2) / 1e3, y, str(e["args"]["micro"]), ha="center", va="center", fontsize=6, color="white")
         ax.set_yticks(range(len(ranks)))
         ax.set_yticklabels([f"rank {r}" for r in reversed(list(ranks))])
         ax.set_xlim(0, (t1 - t0) / 1e3)
         ax.set_title(title, fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("ms")
-    cats = ["forward", "backward", "forward+backward", "pipeline", "optimizer"]
-    fig.legend(handles=[Patch(color=COLORS[c], label={"forward+backward": "head + loss", "pipeline": "pipeline exchange / wait"}.get(c, c))
+    cats = ["forward", "backward", "weights", "forward+backward", "pipeline", "optimizer"]
+    fig.legend(handles=[Patch(color=COLORS[c], label={"forward+backward": "head + loss", "pipeline": "pipeline exchange / wait",
+                                                      "backward": "backward (ZB: B)", "weights": "ZB: W"}.get(c, c))
                         for c in cats], loc="lower center", ncol=len(cats), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(a.png, dpi=110)

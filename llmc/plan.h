@@ -126,6 +126,12 @@ static double plan_seconds(const Args *a, const GPT2Config *c, int world, PlanBu
     double flops = per_token * tokens * recompute;
     double compute = flops / (world * PLAN_FLOPS) * plan_stage_imbalance(a, c);   // (the slowest stage's pace)
     double bubble = a->pp > 1 ? (a->pp - 1.0) / (a->vpp * accum + a->pp - 1.0) : 0.0;
+    if (a->pp > 1 && !strcmp(a->pp_schedule, "zb")) {   // ZB: from its step lists (pipeline.h), F = B = W
+        double idle[PIPE_MAX_LAYERS];
+        double end = pipe_simulate(SCHEDULE_ZB, a->pp, 1, accum, 1.0, 1.0, 1.0, idle);
+        bubble = 0;
+        for (int r = 0; r < a->pp; r++) { if (idle[r] / end > bubble) { bubble = idle[r] / end; } }
+    }
     double BTl = (double)a->B * a->T / a->cp, Pl = P / (a->tp * a->pp);
     double tp_bytes = a->tp > 1 ? accum * (L / a->pp) * 8.0 * (a->tp - 1.0) / a->tp * BTl * C * X : 0;
     double cp_bytes = a->cp > 1 ? accum * (L / a->pp) * (3.0 * a->cp - 2) * BTl * 2 * C / a->tp * X : 0;
@@ -187,6 +193,8 @@ static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild 
     snprintf(w, sizeof(w), "--pp %d%s", 2 * a->pp, counts ? " (even stages)" : "");
     LEVER(1, LV_PP, w, { x->pp = 2 * a->pp; if (counts) { x->pp_layers = NULL; } });
     LEVER(a->pp > 1 && !strcmp(a->pp_schedule, "gpipe"), LV_SCHEDULE, "--pp-schedule 1f1b", x->pp_schedule = "1f1b");
+    // ZB-H1: a smaller bubble for the pending W passes' memory (a lever for time: it never lowers the peak)
+    LEVER(a->pp > 1 && !strcmp(a->pp_schedule, "1f1b"), LV_SCHEDULE, "--pp-schedule zb", x->pp_schedule = "zb");
     // stages cut by cost: less on the costliest stage (the head's), and the first stage's activations move too
     LEVER(a->pp > 1 && !(a->pp_layers && !strcmp(a->pp_layers, "auto")), LV_SPLIT, "--pp-layers auto",
           x->pp_layers = "auto");

@@ -191,6 +191,18 @@ run_test 2 --ref refs/l3 -b 1 --pp 2 --pp-schedule gpipe --check-comm           
 run_test 3 --ref $T -b 2 --pp 3 --zero 1 --check-memory --check-comm                      # uneven: 2 + 1 + 1 of 4 layers
 run_test 2 --ref $T -b 1 --zero 2 --pp-schedule gpipe --check-comm                        # gpipe without a pipeline = 1F1B
 run_test 2 --ref $D -b 2 --pp 2 --check-memory
+echo "== ZB-H1 (--pp-schedule zb): B and W apart, W passes in the waits; with tp/sp, dp and ZeRO, cp, MoE + ep, recompute, resume"
+run_test 2 --ref $T -b 1 --pp 2 --pp-schedule zb --check-memory --check-comm                # 8 micro-batches
+run_test 4 --ref $T -b 2 --pp 4 --pp-schedule zb --check-memory --check-comm                # pp 4, m 4
+run_test 8 --ref $T -b 1 --pp 4 --zero 3 --pp-schedule zb --check-memory --check-comm       # pp 4 x dp 2, ZeRO-3
+run_test 4 --ref $T -b 2 --pp 2 --zero 1 --overlap 1 --pp-schedule zb --check-memory --check-comm
+run_test 8 --ref $T -b 1 --pp 2 --tp 2 --sp --zero 2 --pp-schedule zb --check-memory --check-comm   # W keeps the gathered ln
+run_test 4 --ref $T -b 2 --pp 2 --tp 2 --pp-schedule zb --check-memory --check-comm         # no SP
+run_test 4 --ref $T -b 4 --cp 2 --pp 2 --pp-schedule zb --check-memory --check-comm         # ring attention in B
+run_test 4 --ref refs/l8 -b 1 --pp 4 --pp-layers 3,2,2,1 --recompute mlp --pp-schedule zb --check-memory --check-comm
+run_test 2 --ref refs/l8 -b 1 --pp 2 --recompute full --pp-schedule zb --check-memory --check-comm   # W keeps the recomputed
+run_test 8 --ref $T -b 1 --pp 2 --tp 2 --sp --zero 2 --recompute full --pp-schedule zb --check-memory --check-comm
+run_test 4 --ref $T -b 1 --pp 2 --zero 3 --pp-schedule zb --check-resume "$TMP/resume_zb"
 
 echo "== context parallelism (--cp N): each sequence in 2N chunks, rank i holding chunks i and 2N-1-i; ring attention"
 run_test 2 --ref $T -b 8 --cp 2 --check-memory --check-comm
@@ -280,6 +292,8 @@ moe_tests() {
     run_test 2 --ref refs/moe_dl -b 1 --pp 2 --pp-schedule gpipe --check-memory --check-comm
     run_test 4 --ref refs/moe_dl -b 2 --pp 2 --ep 2 --zero 1 --check-memory --check-comm
     run_test 8 --ref refs/moe_dl -b 1 --pp 2 --tp 2 --sp --ep 2 --zero 2 --check-comm
+    run_test 4 --ref refs/moe_l8 -b 2 --pp 2 --ep 2 --pp-layers 5,3 --zero 1 --pp-schedule zb --check-memory --check-comm  # ZB: dense W later
+    run_test 8 --ref refs/moe_dl -b 1 --pp 2 --tp 2 --sp --ep 2 --zero 2 --pp-schedule zb --check-comm
     run_test 2 --ref refs/moe_pos -b 2 --ep 2 --zero 3 --check-memory --check-comm      # position policy, F 1.0
     run_test 4 --ref refs/moe_pos2 -b 2 --ep 4 --zero 1 --check-memory --check-comm     # E 8: 2 experts per rank
     run_test 4 --ref refs/moe_pos2 -b 1 --pp 2 --ep 2 --pp-schedule gpipe --check-comm

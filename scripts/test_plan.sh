@@ -112,3 +112,13 @@ split_case() {   # NAME FASTER(1|0) LIMIT MODEL: LIMIT under the layout's peak, 
 }
 split_case split_headheavy 1 290M "L=8,C=256,NH=4,V=50257,maxT=256"
 split_case split_even 0 150M "L=8,C=256,NH=4,V=256,maxT=256"
+
+# 6. the advisor offers --pp-schedule zb on a 1F1B pipeline: faster (its bubble from ZB's own step lists, about a
+#    third of 1F1B's with F = B = W), never smaller (the pending W passes keep their micro-batches' slots and their
+#    layers' output gradients): its predicted peak is above this layout's, its time below
+"$BIN/train_gpt" --plan 8 -e "L=8,C=256,NH=4,V=256,maxT=256" -t 256 -b 4 -d 8192 --pp 4 --memory-limit 150M >"$W/zb.plan" 2>&1
+base=$(sed -n 's/^  (this layout: \([0-9.]*\) ms\/step)$/\1/p' "$W/zb.plan")
+zb=$(awk '$1 == "lever" && $6 == "--pp-schedule" && $7 == "zb" && NF == 7 { printf "%.4f %s", $5 * 1e3, $4 }' "$W/zb.plan")
+peak=$(awk '$1 == "plan" && $3 == "total" && $4 > m { m = $4 } END { print m }' "$W/zb.plan")
+[ -n "$zb" ] && [ -n "$base" ] && awk -v t="${zb% *}" -v p="${zb#* }" -v b="$base" -v q="$peak" 'BEGIN { exit !(t < b - 0.005 && p > q) }'
+say $? "the advisor's --pp-schedule zb lever: ${zb% *} ms/step against 1F1B's ${base:-?}, peak ${zb#* } B against ${peak:-?} B"
