@@ -193,6 +193,12 @@ typedef struct {
     floatX *fchg;                 // (BT, 4Cl) recompute: the GELU output (NULL: the slot's y.fchg)
     floatX *atty, *mid;           // (BT, Cl), (BTs, C) full: the attention output, the residual after attention
     float *stats;                 // (4, BTs) full: ln1's mean and rstd, ln2's (NULL: the slot's)
+    // a MoE layer (instead of fcproj's and fc's): what its experts', shared experts' and router's W needs
+    // (expert_parallel.h), and what B recomputed (recompute: the rows' GELU output hg, the shared experts' shg;
+    // full: the rows' input xe) in buffers of its own, through a copy of the layer's MoEActs pointing at them
+    MoEWGrads moe;
+    floatX *hg, *shg, *xe;        // (Rr, Hl), (BT, SHl), (Rr, C)
+    MoEActs acts;
 } WGrads;
 
 typedef struct {
@@ -221,10 +227,10 @@ typedef struct {
     Recompute recompute;         // what the backward recomputes instead of storing (see layer_acts)
     int recomputing;             // the forward running now is a recomputation (its MoE numbers are not counted again)
     Activations scratch;         // one layer's worth of what is recomputed, shared by the layers and micro-batches
-    int defer_w;                 // ZB: the dense layers' weight gradients wait for the W pass (recompute none or mlp)
-    floatX *wstore;              // ZB: (npending, dense layers of the stage, wstore_layer) the WGrads' tensors
-    float *wstore_stats;         // ZB, recompute full: (npending, dense layers, 4 BTs) their LayerNorm statistics
-    size_t wstore_layer;         // elements of one layer's WGrads
+    int defer_w;                 // ZB: the layers' weight gradients wait for the W pass
+    floatX *wstore;              // ZB: (npending, the stage's layers' WGrads: wgrads_size each) their tensors
+    float *wstore_f;             // ZB: ... their fp32 tensors (LayerNorm statistics, router logits' gradient)
+    int *wstore_counts;          // ZB, host: (npending, MoE layers, ep, E) the dispatch's rows
     int micro;                   // the micro-batch running (for --trace)
     int *step_tokens;            // (2, accum, BT) page-locked: a step's inputs and targets, uploaded without a wait
     int *fwd_tokens;             // (2, BT) a forward-only pass's inputs and targets (validation, sampling)
@@ -399,6 +405,24 @@ static void workspace_alloc(GPT2 *m, int chunk, int any_moe) {
     }
 }
 
+// ZB: the sizes of one layer's WGrads (floatX elements, fp32 elements); layer_wgrads lays them out.
+static void wgrads_size(const GPT2 *m, int moe, size_t *elems, size_t *floats) {
+    size_t C = m->config.channels, Cl = m->Cl, BT = m->BT, BTs = m->BTs, Rr = m->moe.rows_recv, Hl = m->moe.Hl,
+           SHl = m->moe.SHl, E = m->config.num_experts;
+    int full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE;
+    size_t n = BT * (C + 3 * Cl) + 2 * BTs * C;                           // dattproj, dqkv, dln2, dln1
+    n += (m->sp && m->grid->tp > 1) || full ? 2 * BT * C : 0;             // xln2, xln1
+    n += full ? BT * Cl + BTs * C : 0;                                    // atty, mid
+    if (!moe) { n += BT * (C + 4 * Cl) + (rec ? BT * 4 * Cl : 0); }       // dfcproj, dfc; fchg
+    else {
+        n += (SHl > 0 ? BT * (C + SHl) : 0) + Rr * (C + Hl);              // dy, sdh; dye, dh
+        n += rec ? Rr * Hl + BT * SHl : 0;                                // hg, shg
+        n += full ? Rr * C : 0;                                           // xe
+    }
+    *elems = n;
+    *floats = (full ? 4 * BTs : 0) + (moe ? BT * E : 0);                  // stats; dlogits
+}
+
 // Allocates the activations for micro-batches of (B, T), `accum` of them per step, with the pipeline
 // schedule's number of (micro-batch, model chunk) pairs alive at once, and a CE chunk of `chunk` tokens
 // (0: all). MoE dispatch buffers are sized for the capacity factor, or dropless when the run samples
@@ -448,18 +472,15 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
         }
     }
     workspace_alloc(m, chunk, Lm > 0);
-    // ZB: the dense layers' pending W passes (MoE layers run their whole backward in B)
-    m->defer_w = pp > 1 && schedule == SCHEDULE_ZB && Ld > 0;
+    // ZB: the layers' pending W passes (pipeline.h's npending sets of every layer's WGrads)
+    m->defer_w = pp > 1 && schedule == SCHEDULE_ZB && Ls > 0;
     if (m->defer_w) {
-        size_t C = c->channels, Cl = m->Cl, BT = m->BT, BTs = m->BTs;
-        int full = m->recompute == RECOMPUTE_FULL;
-        m->wstore_layer = BT * (2 * C + 7 * Cl) + 2 * BTs * C + ((m->sp && tp > 1) || full ? 2 * BT * C : 0) +
-                          (m->recompute != RECOMPUTE_NONE ? BT * 4 * Cl : 0) + (full ? BT * Cl + BTs * C : 0);
-        m->wstore = (floatX *)mem_alloc((size_t)pipe->npending * Ld * m->wstore_layer * floatx_bytes(),
-                                        MEM_ACTIVATIONS);
-        if (full) {
-            m->wstore_stats = (float *)mem_alloc((size_t)pipe->npending * Ld * 4 * BTs * sizeof(float), MEM_ACTIVATIONS);
-        }
+        size_t elems = 0, floats = 0, e, f;
+        for (int l = 0; l < Ls; l++) { wgrads_size(m, is_moe_layer(c, m->layer_id[l]), &e, &f); elems += e; floats += f; }
+        m->wstore = (floatX *)mem_alloc((size_t)pipe->npending * elems * floatx_bytes(), MEM_ACTIVATIONS);
+        m->wstore_f = (float *)mem_alloc((size_t)pipe->npending * floats * sizeof(float), MEM_ACTIVATIONS);
+        m->wstore_counts = (int *)calloc_check((size_t)pipe->npending * (Lm + 1) * m->grid->ep * (c->num_experts + 1),
+                                               sizeof(int));
     }
     m->fwd_tokens = (int *)malloc_check(sizeof(int) * 2 * m->BT);
     // the pipeline's view of the slots: each one's input (resid[0]) and output (resid[Lc])
@@ -686,40 +707,57 @@ static float gpt2_read_loss(GPT2 *m, int batches) {
     return (float)(loss / (m->grid->dp * m->grid->cp));
 }
 
-// Micro-batch i's WGrads for the stage's layer l (ZB); 0 if the layer runs its whole backward in B.
+// Micro-batch i's WGrads for the stage's layer l (ZB), in set i % npending; 0 without ZB.
 static int layer_wgrads(const GPT2 *m, int i, int l, WGrads *d) {
     const GPT2Config *c = &m->config;
-    if (!m->defer_w || is_moe_layer(c, m->layer_id[l])) { return 0; }
-    size_t C = c->channels, Cl = m->Cl, BT = m->BT, BTs = m->BTs, dense = 0, Ld = 0;
-    for (int j = 0; j < m->Ls; j++) {
-        Ld += !is_moe_layer(c, m->layer_id[j]);
-        dense += j < l && !is_moe_layer(c, m->layer_id[j]);
+    if (!m->defer_w) { return 0; }
+    size_t C = c->channels, Cl = m->Cl, BT = m->BT, BTs = m->BTs, Rr = m->moe.rows_recv, Hl = m->moe.Hl,
+           SHl = m->moe.SHl, E = c->num_experts, set = 0, set_f = 0, off = 0, off_f = 0, e, f;
+    int moe = is_moe_layer(c, m->layer_id[l]), full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE;
+    int moe_before = 0, Lm = 0, j = i % m->pipe.npending;
+    for (int k = 0; k < m->Ls; k++) {
+        int km = is_moe_layer(c, m->layer_id[k]);
+        wgrads_size(m, km, &e, &f);
+        set += e; set_f += f; Lm += km;
+        if (k < l) { off += e; off_f += f; moe_before += km; }
     }
-    floatX *q = m->wstore + ((size_t)(i % m->pipe.npending) * Ld + dense) * m->wstore_layer;
-    d->dfcproj = q; q += BT * C;
+    floatX *q = m->wstore + j * set + off;
+    float *qf = m->wstore_f + j * set_f + off_f;
+    memset(d, 0, sizeof(*d));
     d->dattproj = q; q += BT * C;
-    d->dfc = q; q += BT * 4 * Cl;
     d->dqkv = q; q += BT * 3 * Cl;
     d->dln2 = q; q += BTs * C;
     d->dln1 = q; q += BTs * C;
-    d->xln2 = d->xln1 = d->fchg = d->atty = d->mid = NULL;
-    d->stats = NULL;
-    int full = m->recompute == RECOMPUTE_FULL;
     if ((m->sp && m->grid->tp > 1) || full) { d->xln2 = q; q += BT * C; d->xln1 = q; q += BT * C; }
-    if (m->recompute != RECOMPUTE_NONE) { d->fchg = q; q += BT * 4 * Cl; }
-    if (full) {
-        d->atty = q; q += BT * Cl;
-        d->mid = q;
-        d->stats = m->wstore_stats + ((size_t)(i % m->pipe.npending) * Ld + dense) * 4 * BTs;
+    if (full) { d->atty = q; q += BT * Cl; d->mid = q; q += BTs * C; d->stats = qf; qf += 4 * BTs; }
+    if (!moe) {
+        d->dfcproj = q; q += BT * C;
+        d->dfc = q; q += BT * 4 * Cl;
+        if (rec) { d->fchg = q; }
+        return 1;
     }
+    if (SHl > 0) { d->moe.dy = q; q += BT * C; d->moe.sdh = q; q += BT * SHl; }
+    d->moe.dye = q; q += Rr * C;
+    d->moe.dh = q; q += Rr * Hl;
+    if (rec) { d->hg = q; q += Rr * Hl; d->shg = SHl > 0 ? q : NULL; q += BT * SHl; }
+    if (full) { d->xe = q; }
+    d->moe.dlogits = qf;
+    d->moe.counts = m->wstore_counts + ((size_t)j * (Lm + 1) + moe_before) * m->grid->ep * (E + 1);
     return 1;
 }
 
 // ZB: where layer l's recomputed activations go so that its W pass finds them (B's recomputation writes them
-// there): the GELU output (recompute mlp, full) and under full the rest W reads (without SP ln1 and ln2 are
-// already all the tokens: kept where B's gather would have put them).
-static void wgrads_acts(const GPT2 *m, const WGrads *d, LayerActs *y) {
+// there): the GELU output (recompute mlp, full; a MoE layer's rows and shared experts') and under full the rest
+// W reads (without SP ln1 and ln2 are already all the tokens: kept where B's gather would have put them).
+static void wgrads_acts(const GPT2 *m, WGrads *d, LayerActs *y) {
     if (d->fchg) { y->fchg = d->fchg; }
+    if (d->moe.dye) {   // a MoE layer: its MoEActs, with the recomputed rows where W finds them
+        d->acts = *y->moe;
+        if (d->hg) { d->acts.hg = d->hg; }
+        if (d->shg) { d->acts.shg = d->shg; }
+        if (d->xe) { d->acts.xe = d->xe; }
+        y->moe = &d->acts;
+    }
     if (d->atty) {
         y->atty = d->atty; y->mid = d->mid;
         y->ln1_mean = d->stats; y->ln1_rstd = d->stats + m->BTs;
@@ -751,16 +789,16 @@ static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int las
     // MLP block (w->dresid is the gradient of the layer's output)
     x = tp_all_tokens(tp, sp, y.ln2, d && d->xln2 ? d->xln2 : w->xfull, BTs, C);   // SP: gathered again, not stored
     if (ue >= 0) {   // the experts, then the router
-        floatX *pe[NUM_TENSORS], *ge[NUM_TENSORS];
+        floatX *pe[NUM_TENSORS], *ge[NUM_TENSORS] = {};
         unit_view(&m->units[ue], zero_unit_params(z, ue), pe);
-        unit_view(&m->units[ue], zero_begin_unit_backward(z, ue), ge);
+        if (!d) { unit_view(&m->units[ue], zero_begin_unit_backward(z, ue), ge); }
         dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
         ExpertWeights ew = {pe[T_EFCW], pe[T_EFCB], pe[T_EFCPROJW], pe[T_EFCPROJB], p[T_ROUTERW], p[T_SFCW], p[T_SFCB],
                             p[T_SFCPROJW], p[T_SFCPROJB]};
         ExpertGrads eg = {ge[T_EFCW], ge[T_EFCB], ge[T_EFCPROJW], ge[T_EFCPROJB], g[T_ROUTERW], g[T_SFCW], g[T_SFCB],
                           g[T_SFCPROJW], g[T_SFCPROJB]};
-        moe_backward(&m->moe, y.moe, ew, eg, x, dy, w->pfull, m->recompute == RECOMPUTE_MLP);
-        zero_end_unit_backward(z, ue, last_micro);
+        moe_backward(&m->moe, y.moe, ew, eg, x, dy, w->pfull, m->recompute == RECOMPUTE_MLP, d ? &d->moe : NULL);
+        if (!d) { zero_end_unit_backward(z, ue, last_micro); }
         zero_prefetch_params(z, prev, u);   // (over the experts: done with them)
     } else {
         if (m->recompute == RECOMPUTE_MLP) { matmul_forward_gelu(y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl); }
@@ -790,17 +828,27 @@ static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int las
     if (!d) { zero_end_unit_backward(z, u, last_micro); }
 }
 
-// ZB: one dense layer's W pass, the gradients of its weights from what its B kept in d and the activations
-// still in the slot. The same products into the same gradients as layer_backward's, so the same sums; no
+// ZB: one layer's W pass, the gradients of its weights (a MoE layer's: and its experts') from what its B kept in
+// d and the activations still in the slot. The same products into the same gradients as layer_backward's, so the same sums; no
 // parameter is read (ZeRO-3 gathers nothing for W).
 static void layer_backward_weights(GPT2 *m, LayerActs y, const WGrads *d, int l, int last_micro) {
     int C = m->config.channels, BT = m->BT, BTs = m->BTs, Cl = m->Cl, u = m->u_layer[l];
     floatX *g[NUM_TENSORS] = {};
     size_t own = (size_t)m->tok0 * C;   // the local tokens' rows of an all-token gradient (SP; 0 otherwise)
     unit_view(&m->units[u], zero_begin_unit_backward(&m->zero, u), g);
-    bias_backward(g[T_FCPROJB], d->dfcproj + own, BTs, C);
-    matmul_backward(NULL, g[T_FCPROJW], NULL, d->dfcproj, y.fchg, NULL, BT, 4 * Cl, C);
-    matmul_backward(NULL, g[T_FCW], g[T_FCB], d->dfc, d->xln2 ? d->xln2 : y.ln2, NULL, BT, C, 4 * Cl);
+    if (d->moe.dye) {   // a MoE layer: the experts' (their own unit), the shared experts' and the router's
+        int ue = m->u_experts[l];
+        floatX *ge[NUM_TENSORS] = {};
+        unit_view(&m->units[ue], zero_begin_unit_backward(&m->zero, ue), ge);
+        ExpertGrads eg = {ge[T_EFCW], ge[T_EFCB], ge[T_EFCPROJW], ge[T_EFCPROJB], g[T_ROUTERW], g[T_SFCW], g[T_SFCB],
+                          g[T_SFCPROJW], g[T_SFCPROJB]};
+        moe_backward_weights(&m->moe, y.moe, &d->moe, eg, d->xln2 ? d->xln2 : y.ln2);
+        zero_end_unit_backward(&m->zero, ue, last_micro);
+    } else {
+        bias_backward(g[T_FCPROJB], d->dfcproj + own, BTs, C);
+        matmul_backward(NULL, g[T_FCPROJW], NULL, d->dfcproj, y.fchg, NULL, BT, 4 * Cl, C);
+        matmul_backward(NULL, g[T_FCW], g[T_FCB], d->dfc, d->xln2 ? d->xln2 : y.ln2, NULL, BT, C, 4 * Cl);
+    }
     layernorm_backward(NULL, g[T_LN2W], g[T_LN2B], d->dln2, y.mid, NULL, y.ln2_mean, y.ln2_rstd, BTs, C);
     bias_backward(g[T_ATTPROJB], d->dattproj + own, BTs, C);
     matmul_backward(NULL, g[T_ATTPROJW], NULL, d->dattproj, y.atty, NULL, BT, Cl, C);

@@ -365,20 +365,33 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
     }
 }
 
+// ZB (--pp-schedule zb): what a MoE layer's W pass (moe_backward_weights) needs, kept by its B (moe_backward
+// with d set), which computes the input gradients only. The rows' activations it reads (xe, hg, shg) are ma's;
+// a recomputation's (--recompute) the caller points ma at buffers of the pending W's own.
+typedef struct {
+    floatX *dy;            // (BT, C) the gradient of the layer's output, all tokens (the shared experts' fcproj)
+    floatX *sdh;           // (BT, SHl) of the shared experts' fc output
+    floatX *dye, *dh;      // (Rr, C), (Rr, Hl) of the experts' outputs and fc outputs, rows grouped by local expert
+    float *dlogits;        // (BT, E) of the router's logits
+    int *counts;           // host (ep, E): the dispatch's rows, as B had them
+} MoEWGrads;
+
 // The backward of moe_forward. dy (BT, C): the gradient of out on every tp rank (all tokens; its buffer may be
 // dx's) -> dx (BT, C), the gradient of in, a partial sum over tp (written); g: the experts' gradients and the router's (+=).
 // recompute_mlp: the experts' (and shared experts') fc and GELU outputs are not stored (--recompute mlp):
-// computed again here.
+// computed again here. ZB (d not NULL): B only (g not touched); what W needs is kept in d.
 static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, ExpertGrads g, const floatX *in,
-                         const floatX *dy, floatX *dx, int recompute_mlp) {
+                         const floatX *dy, floatX *dx, int recompute_mlp, const MoEWGrads *d) {
     int T = x->T, BT = x->BT, C = x->C, Hl = x->Hl, E = x->E, k = x->k, El = x->El;
     // 8. the shared experts first (dy may share its buffer with dx: read it before dx is written); their
     // input's gradient waits in sout
     if (x->SHl > 0) {
         if (recompute_mlp) { matmul_forward_gelu(ma->shg, ma->sh, in, w.sfcw, w.sfcb, BT, C, x->SHl); }
-        bias_backward(g.sfcprojb, dy, BT, C);   // complete on every tp rank (as the experts' fcproj bias)
-        matmul_backward_dgelu(x->sdh, g.sfcprojw, dy, ma->shg, w.sfcprojw, ma->sh, BT, x->SHl, C);
-        matmul_backward(x->sout, g.sfcw, g.sfcb, x->sdh, in, w.sfcw, BT, C, x->SHl);
+        if (d) { copy_on_device(d->dy, dy, (size_t)BT * C * sizeof(floatX)); }
+        else { bias_backward(g.sfcprojb, dy, BT, C); }   // complete on every tp rank (as the experts' fcproj bias)
+        floatX *sdh = d ? d->sdh : x->sdh;
+        matmul_backward_dgelu(sdh, g.sfcprojw, dy, ma->shg, w.sfcprojw, ma->sh, BT, x->SHl, C);
+        matmul_backward(x->sout, g.sfcw, g.sfcb, sdh, in, w.sfcw, BT, C, x->SHl);
     }
     // 7. combine: the gradient of each kept row (send layout; padded: the padding rows' zero), and of the gates
     // (all-reduced over tp: the expert outputs are partial sums over tp)
@@ -388,14 +401,21 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
     // 6-4. to the experts, 5. their backward, 4-3. back
     moe_all_to_all(x, ma->counts, x->msend, x->mrecv, 1);
     moe_regroup(x, ma->counts, x->mrecv, x->mexp, 1);
+    size_t rows = 0, r0;
+    for (int le = 0; le < El; le++) { rows += moe_expert_rows(x, ma->counts, le, &r0); }
+    if (d) {   // (the rows' output gradients: mexp becomes their input's gradient below)
+        copy_on_device(d->dye, x->mexp, rows * C * sizeof(floatX));
+        memcpy(d->counts, ma->counts, (size_t)x->ep->size * E * sizeof(int));
+    }
+    floatX *mdh = d ? d->dh : x->mdh;
     if (x->padded) {   // (as in the forward: one strided-batched GEMM per product)
-        size_t r0, n = moe_expert_rows(x, ma->counts, 0, &r0);
+        size_t n = moe_expert_rows(x, ma->counts, 0, &r0);
         if (recompute_mlp) { matmul_forward_gelu_batched(ma->hg, ma->h, ma->xe, w.fcw, w.fcb, (int)n, C, Hl, El); }
-        matmul_backward_dgelu_batched(x->mdh, g.fcprojw, x->mexp, ma->hg, w.fcprojw, ma->h, (int)n, Hl, C, El);
-        for (int le = 0; le < El; le++) {   // complete on every tp rank
+        matmul_backward_dgelu_batched(mdh, g.fcprojw, x->mexp, ma->hg, w.fcprojw, ma->h, (int)n, Hl, C, El);
+        for (int le = 0; le < El && !d; le++) {   // complete on every tp rank
             bias_backward(g.fcprojb + (size_t)le * C, x->mexp + (size_t)le * n * C, (int)n, C);
         }
-        matmul_backward_batched(x->mexp, g.fcw, g.fcb, x->mdh, ma->xe, w.fcw, (int)n, C, Hl, El);   // := the rows' dx
+        matmul_backward_batched(x->mexp, g.fcw, g.fcb, mdh, ma->xe, w.fcw, (int)n, C, Hl, El);   // := the rows' dx
     } else {
 #ifndef USE_CUDA
         #pragma omp parallel for schedule(dynamic, 1)   // (as in the forward: the experts side by side)
@@ -403,16 +423,16 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
         for (int le = 0; le < El; le++) {
             size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
             if (n == 0) { continue; }
-            floatX *dye = x->mexp + r0 * C, *dh = x->mdh + r0 * Hl;
+            floatX *dye = x->mexp + r0 * C, *dh = mdh + r0 * Hl;
             if (recompute_mlp) {   // the rows' fc and GELU outputs again, from their stored input
                 matmul_forward_gelu(ma->hg + r0 * Hl, ma->h + r0 * Hl, ma->xe + r0 * C, w.fcw + (size_t)le * Hl * C,
                                     w.fcb + (size_t)le * Hl, (int)n, C, Hl);
             }
-            matmul_backward_dgelu(dh, g.fcprojw + (size_t)le * C * Hl, dye, ma->hg + r0 * Hl,
+            matmul_backward_dgelu(dh, d ? NULL : g.fcprojw + (size_t)le * C * Hl, dye, ma->hg + r0 * Hl,
                                   w.fcprojw + (size_t)le * C * Hl, ma->h + r0 * Hl, (int)n, Hl, C);
-            bias_backward(g.fcprojb + (size_t)le * C, dye, (int)n, C);   // complete on every tp rank
-            matmul_backward(dye, g.fcw + (size_t)le * Hl * C, g.fcb + (size_t)le * Hl, dh, ma->xe + r0 * C,
-                            w.fcw + (size_t)le * Hl * C, (int)n, C, Hl);   // dye := the rows' dx
+            if (!d) { bias_backward(g.fcprojb + (size_t)le * C, dye, (int)n, C); }   // complete on every tp rank
+            matmul_backward(dye, d ? NULL : g.fcw + (size_t)le * Hl * C, d ? NULL : g.fcb + (size_t)le * Hl, dh,
+                            ma->xe + r0 * C, w.fcw + (size_t)le * Hl * C, (int)n, C, Hl);   // dye := the rows' dx
         }
     }
     moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
@@ -422,8 +442,42 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
     // 1. the router: identical on every tp rank (complete gates' gradient); its input gradient added once
     moe_router_backward(x->dlogits, x->dgate, ma->gate, ma->choice, ma->probs, ma->lse, ma->f, T, BT, E, k,
                         x->aux_scale, x->z_scale, x->sigmoid);
-    moe_router_dweight(g.router, x->dlogits, in, BT, C, E);
+    if (d) { copy_on_device(d->dlogits, x->dlogits, (size_t)BT * E * sizeof(float)); }
+    else { moe_router_dweight(g.router, x->dlogits, in, BT, C, E); }
     if (x->tp_rank == 0) { moe_router_dinput(dx, x->dlogits, w.router, BT, C, E); }
+}
+
+// ZB: the W pass of a MoE layer, from what its B kept in d and the rows' activations in ma (xe, hg, shg): the
+// same products into the same gradients as moe_backward's, so the same sums. No parameter is read.
+static void moe_backward_weights(ExpertParallel *x, const MoEActs *ma, const MoEWGrads *d, ExpertGrads g,
+                                 const floatX *in) {
+    int BT = x->BT, C = x->C, Hl = x->Hl, E = x->E, El = x->El;
+    if (x->SHl > 0) {
+        bias_backward(g.sfcprojb, d->dy, BT, C);
+        matmul_backward(NULL, g.sfcprojw, NULL, d->dy, ma->shg, NULL, BT, x->SHl, C);
+        matmul_backward(NULL, g.sfcw, g.sfcb, d->sdh, in, NULL, BT, C, x->SHl);
+    }
+    size_t r0;
+    if (x->padded) {
+        size_t n = moe_expert_rows(x, d->counts, 0, &r0);
+        matmul_backward_batched(NULL, g.fcprojw, NULL, d->dye, ma->hg, NULL, (int)n, Hl, C, El);
+        for (int le = 0; le < El; le++) { bias_backward(g.fcprojb + (size_t)le * C, d->dye + (size_t)le * n * C, (int)n, C); }
+        matmul_backward_batched(NULL, g.fcw, g.fcb, d->dh, ma->xe, NULL, (int)n, C, Hl, El);
+    } else {
+#ifndef USE_CUDA
+        #pragma omp parallel for schedule(dynamic, 1)
+#endif
+        for (int le = 0; le < El; le++) {
+            size_t r0, n = moe_expert_rows(x, d->counts, le, &r0);
+            if (n == 0) { continue; }
+            const floatX *dye = d->dye + r0 * C, *dh = d->dh + r0 * Hl;
+            matmul_backward(NULL, g.fcprojw + (size_t)le * C * Hl, NULL, dye, ma->hg + r0 * Hl, NULL, (int)n, Hl, C);
+            bias_backward(g.fcprojb + (size_t)le * C, dye, (int)n, C);
+            matmul_backward(NULL, g.fcw + (size_t)le * Hl * C, g.fcb + (size_t)le * Hl, dh, ma->xe + r0 * C, NULL,
+                            (int)n, C, Hl);
+        }
+    }
+    moe_router_dweight(g.router, d->dlogits, in, BT, C, E);
 }
 
 #endif // LLMC_EXPERT_PARALLEL_H

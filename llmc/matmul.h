@@ -560,7 +560,7 @@ static void matmul_backward_batched(floatX *dinp, floatX *dweight, floatX *dbias
     for (int i = 0; i < count; i++) {
         matmul_backward(dinp ? dinp + (size_t)i * N * IC : NULL, dweight ? dweight + (size_t)i * OC * IC : NULL,
                         dbias ? dbias + (size_t)i * OC : NULL, dout + (size_t)i * N * OC, inp + (size_t)i * N * IC,
-                        weight + (size_t)i * OC * IC, N, IC, OC);
+                        weight ? weight + (size_t)i * OC * IC : NULL, N, IC, OC);   // (weight: NULL without dinp)
     }
 }
 

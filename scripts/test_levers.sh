@@ -88,3 +88,5 @@ zb_case zb_pp2_tp2sp_zero2 4 -e "L=4,C=64,NH=4,V=256,maxT=64" -b 2 -d 512 --pp 2
 zb_case zb_pp2_dp2_zero3_mlp 4 -e "L=4,C=64,NH=4,V=256,maxT=64" -b 1 -d 256 --pp 2 --zero 3 --recompute mlp
 zb_case zb_pp2_tp2sp_full 4 -e "L=4,C=64,NH=4,V=256,maxT=64" -b 2 -d 512 --pp 2 --tp 2 --sp --recompute full
 zb_case zb_pp2_moe_ep2 4 -e "L=4,C=64,NH=4,V=256,maxT=64,E=4,k=2,every=2" -b 2 -d 256 --pp 2 --ep 2 --zero 1
+zb_case zb_pp2_moe_shared_full 4 -e "L=4,C=64,NH=4,V=256,maxT=64,E=8,k=2,H=32,S=1" -b 2 -d 256 --pp 2 --ep 2 --zero 3 --recompute full
+zb_case zb_pp2_moe_dropless_tp2sp 4 -e "L=4,C=64,NH=4,V=256,maxT=64,E=4,k=2,every=2" -b 2 -d 512 --pp 2 --tp 2 --sp --capacity-factor 0 --recompute mlp
