@@ -227,6 +227,11 @@ typedef struct {
     Recompute recompute;         // what the backward recomputes instead of storing (see layer_acts)
     int recomputing;             // the forward running now is a recomputation (its MoE numbers are not counted again)
     Activations scratch;         // one layer's worth of what is recomputed, shared by the layers and micro-batches
+    // --comm-report with a pipeline: the seconds each of the stage's layers, the head (with the final LayerNorm and
+    // the loss) and the embedding took, forward and backward, the device synchronised around each (report_costs)
+    double *layer_seconds, head_seconds, embed_seconds;
+    int cost_micro_batches;      // the training micro-batches they add up (the timed steps': all but the first)
+    int time_costs;              // a training step's forward and backward are running (not an evaluation's)
     int defer_w;                 // ZB: the layers' weight gradients wait for the W pass
     floatX *wstore;              // ZB: (npending, the stage's layers' WGrads: wgrads_size each) their tensors
     float *wstore_f;             // ZB: ... their fp32 tensors (LayerNorm statistics, router logits' gradient)
@@ -244,6 +249,18 @@ static int layer_chunk(const GPT2 *m, int l) {
     int v = 0;
     while (l >= m->chunk_l0[v + 1]) { v++; }
     return v;
+}
+
+// --comm-report with a pipeline: a clock for the work between two calls (the device synchronised first), 0 otherwise.
+static double cost_clock(const GPT2 *m) {
+    if (!m->time_costs || !m->pipe.time_waits || m->grid->pp == 1) { return 0.0; }
+    device_synchronize();
+    return wall_seconds();
+}
+static void cost_add(const GPT2 *m, double *seconds, double t0) {
+    if (!m->time_costs || !m->pipe.time_waits || m->grid->pp == 1) { return; }
+    device_synchronize();
+    *seconds += wall_seconds() - t0;
 }
 
 // The stage's layer l's slice of micro-batch a's activations (a: a slot of l's chunk). What the
@@ -301,6 +318,7 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
         for (int l = l0; l < l1; l++) { m->layer_id[m->Ls++] = l; }
     }
     m->chunk_l0[vpp] = m->Ls;
+    m->layer_seconds = (double *)calloc_check(m->Ls + 1, sizeof(double));
     m->units = (Unit *)malloc_check((2 * m->Ls + 4) * sizeof(Unit));
     m->u_layer = (int *)malloc_check((m->Ls + 1) * sizeof(int));
     m->u_experts = (int *)malloc_check((m->Ls + 1) * sizeof(int));
@@ -549,6 +567,7 @@ static void gpt2_free(GPT2 *m) {
     pipeline_free(&m->pipe);
     zero_free(&m->zero);
     free(m->units); free(m->u_layer); free(m->u_experts); free(m->layer_id); free(m->chunk_l0); free(m->acts);
+    free(m->layer_seconds); free(m->wstore_counts);
     free(m->fwd_tokens);
 }
 
@@ -634,6 +653,7 @@ static void gpt2_forward(GPT2 *m, int v, Activations *a) {
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *x;
 
+    double t0 = cost_clock(m);
     if (m->first && v == 0) {
         // embedding: vocab-parallel token lookup of all BT tokens, summed over tp (SP: reduce-scattered
         // along the tokens), then the position embedding of the local tokens
@@ -645,17 +665,22 @@ static void gpt2_forward(GPT2 *m, int v, Activations *a) {
         copy_on_device(a->resid, x, (size_t)BTs * C * sizeof(floatX));
         position_forward(a->resid, p[T_WPE], m->seqpos, m->tok0, BTs, T, C);
         trace_end("embedding", "forward", "\"micro\":%d", m->micro);
+        cost_add(m, &m->embed_seconds, t0);
     }
     for (int l = l0; l < l1; l++) {
+        t0 = cost_clock(m);
         trace_begin();
         layer_forward(m, layer_acts(m, a, l), l);
+        cost_add(m, &m->layer_seconds[l], t0);
         trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "forward", "\"layer\":%d,\"micro\":%d", m->layer_id[l],
                   m->micro);
     }
     if (m->last && v == m->vpp - 1) {
+        t0 = cost_clock(m);
         unit_view(&m->units[m->u_final], zero_unit_params(&m->zero, m->u_final), p);
         layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW],
                           p[T_LNFB], BTs, C);
+        cost_add(m, &m->head_seconds, t0);
     }
 }
 
@@ -668,6 +693,7 @@ static void gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int la
     Group *tp = &m->grid->tp_group;
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *g[NUM_TENSORS];
+    double t0 = cost_clock(m);
     trace_begin();
     // every tp rank needs the hidden states of all tokens: it holds Vp/tp of the vocabulary
     floatX *h = tp_all_tokens(tp, m->sp, a->lnf, w->xfull, m->BTs, C);
@@ -687,6 +713,7 @@ static void gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int la
     }
     loss_accumulate(w->loss_sum, w->losses, BT);
     trace_end("head + loss", backward ? "forward+backward" : "forward", "\"micro\":%d", m->micro);
+    if (backward) { cost_add(m, &m->head_seconds, t0); }
 }
 
 // The loss sum starts at 0 (a step's or an evaluation's first batch).
@@ -869,6 +896,7 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *g[NUM_TENSORS];
 
+    double t0 = cost_clock(m);
     if (m->last && v == m->vpp - 1) {
         unit_view(&m->units[m->u_final], zero_unit_params(z, m->u_final), p);
         if (l1 > l0) { zero_prefetch_params(z, m->u_layer[l1 - 1], m->u_final); }
@@ -877,8 +905,10 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
         layernorm_backward(w->dresid, g[T_LNFW], g[T_LNFB], a->dlnf, a->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW],
                            a->lnf_mean, a->lnf_rstd, BTs, C);
         zero_end_unit_backward(z, m->u_final, last_micro);
+        cost_add(m, &m->head_seconds, t0);
     }
     for (int l = l1 - 1; l >= l0; l--) {
+        t0 = cost_clock(m);
         LayerActs y = layer_acts(m, a, l);
         WGrads d;
         int defer = layer_wgrads(m, m->micro, l, &d);   // ZB: B only, W later (gpt2_backward_weights)
@@ -894,8 +924,10 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
         layer_backward(m, y, defer ? &d : NULL, l, last_micro);
         trace_end(m->u_experts[l] >= 0 ? "MoE layer" : defer ? "layer B" : "layer", "backward",
                   "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
+        cost_add(m, &m->layer_seconds[l], t0);
     }
     if (m->first && v == 0) {
+        t0 = cost_clock(m);
         trace_begin();
         // the embedding: the position embedding of the local tokens, the token embedding of all of them
         int pipeline = m->u_pos != m->u_embed;
@@ -907,6 +939,7 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
         if (pipeline) { zero_end_unit_backward(z, m->u_pos, last_micro); }
         wte_grad_close(m, WTE_EMBEDDING, last_micro);
         trace_end("embedding", "backward", "\"micro\":%d", m->micro);
+        cost_add(m, &m->embed_seconds, t0);
     }
 }
 
@@ -916,11 +949,13 @@ static void gpt2_backward_weights(GPT2 *m, int v, Activations *a, int last_micro
     for (int l = m->chunk_l0[v + 1] - 1; l >= m->chunk_l0[v]; l--) {
         WGrads d;
         if (!layer_wgrads(m, m->micro, l, &d)) { continue; }
+        double t0 = cost_clock(m);
         LayerActs y = layer_acts(m, a, l);
         wgrads_acts(m, &d, &y);
         trace_begin();
         layer_backward_weights(m, y, &d, l, last_micro);
         trace_end("layer W", "weights", "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
+        cost_add(m, &m->layer_seconds[l], t0);
     }
 }
 
@@ -1007,7 +1042,10 @@ static void gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
         local_tokens(m, s.inputs + (size_t)i * m->BT, dl->inputs);
         local_tokens(m, s.targets + (size_t)i * m->BT, dl->targets);
     }
+    m->time_costs = 1;
     pipeline_run(&m->pipe, (StageWork){&s, train_forward, train_backward, train_weights});
+    m->time_costs = 0;
+    m->cost_micro_batches += accum;
     m->moe.count_stats = 0;
     zero_finish_grads(&m->zero);
 }
@@ -1562,6 +1600,41 @@ static void report_bubble(const Args *a, Grid *g, double bubble_sum, int steps, 
     free(all);
 }
 
+// --comm-report with a pipeline: what each layer, the head (final LayerNorm, LM head and loss) and the embedding
+// took per micro-batch, forward and backward (this machine, these shapes: measured, where --pp-layers auto counts
+// FLOPs), and the split that balances these measured costs (pipe_split_balanced, as auto): a --pp-layers to run
+// next time (checkpoints resume into any split).
+static void report_costs(const Args *a, GPT2 *m, int micro_batches) {
+    Grid *g = m->grid;
+    int L = m->config.num_layers, n = g->pp * m->vpp, first[PIPE_MAX_LAYERS + 1];
+    double *cost = (double *)calloc_check(L + 2, sizeof(double));   // each layer's, then the embedding's and the head's
+    if (g->tp_rank == 0 && g->cp_rank == 0 && g->dp_rank == 0) {   // (one rank per stage adds its layers')
+        for (int l = 0; l < m->Ls; l++) { cost[m->layer_id[l]] = m->layer_seconds[l] / micro_batches; }
+        cost[L] = m->first ? m->embed_seconds / micro_batches : 0;
+        cost[L + 1] = m->last ? m->head_seconds / micro_batches : 0;
+    }
+    comm_host_all_reduce(&g->world, cost, L + 2, DT_DOUBLE, HOST_SUM, "all-reduce of the measured costs");
+    if (g->rank == 0) {
+        pipe_split_balanced(first, cost, cost[L], cost[L + 1], L, n);
+        double lo = INFINITY, hi = 0, sum = 0;
+        for (int l = 0; l < L; l++) { lo = fmin(lo, cost[l]); hi = fmax(hi, cost[l]); sum += cost[l]; }
+        printf("pipeline costs measured per micro-batch (forward and backward, the device synchronised around each): "
+               "layers %.2f-%.2f ms, head + loss %.2f ms (%.2f mean layers), embedding %.2f ms\n", lo * 1e3, hi * 1e3,
+               cost[L + 1] * 1e3, cost[L + 1] / (sum / L), cost[L] * 1e3);
+        printf("  the split balancing them: --pp-layers ");
+        for (int s = 0; s < n; s++) { printf("%d%s", first[s + 1] - first[s], s < n - 1 ? "," : ""); }
+        printf(" (stage costs");
+        for (int s = 0; s < n; s++) {
+            double c = (s == 0 ? cost[L] : 0) + (s == n - 1 ? cost[L + 1] : 0);
+            for (int l = first[s]; l < first[s + 1]; l++) { c += cost[l]; }
+            printf(" %.1f", c * 1e3);
+        }
+        printf(" ms)\n");
+    }
+    free(cost);
+    (void)a;
+}
+
 // The layers of each (virtual) stage and what each costs under --pp-layers auto's model, in units of a
 // dense layer (the last stage's includes the LM head).
 static void print_layer_split(const Args *a, const GPT2Config *c) {
@@ -1721,7 +1794,10 @@ static void report_times(const Args *a, GPT2 *m, const StepTimes *t, int accum) 
         printf("average step: %.1f ms, %.0f tok/s\n", t->total_ms / t->steps,
                a->total_batch / (t->total_ms / t->steps / 1e3));
     }
-    if (a->comm_report && g->pp > 1) { report_bubble(a, g, t->bubble, t->steps, accum); }
+    if (a->comm_report && g->pp > 1) {
+        report_bubble(a, g, t->bubble, t->steps, accum);
+        report_costs(a, m, m->cost_micro_batches);
+    }
     if (a->comm_report) { report_exposed(g, t); }
     if (m->moe.time_a2a) {
         double mean = t->a2a / t->steps, most = mean;
@@ -1923,6 +1999,11 @@ static void run_step(Run *r, int step) {
     trace_end("step", "step", "\"step\":%d,\"pipeline_wait_ms\":%.3f", step, m->pipe.wait_seconds * 1e3);
     trace_flush();   // (CUDA: the step's spans from their events, now that the step has ended)
     if (step > r->start_step) { step_times_add(&r->times, m, ms); }
+    else {   // (the first step's costs are not counted either: report_costs)
+        memset(m->layer_seconds, 0, m->Ls * sizeof(double));
+        m->head_seconds = m->embed_seconds = 0;
+        m->cost_micro_batches = 0;
+    }
     double per_step = r->times.steps > 0 ? r->times.total_ms / r->times.steps : ms;
     StepClock clock = {wall_seconds() - r->t_start, per_step * (r->max_steps - step - 1) / 1e3, ms};
     log_step(a, m, r->logf, step, r->max_steps, r->accum, res, lr, clock);

@@ -94,6 +94,14 @@ auto_case 2,2,2,2 2 "L=8,C=64,NH=4,V=256,maxT=64" --pp 2 --vpp 2 -d 128   # even
 auto_case 8,4 2 "L=12,C=64,NH=4,V=4096,maxT=64" --pp 2              # GPT-2 124M's head/layer ratio (4.85): 8 | 4 + 4.85
 auto_case 3,4,4,1 4 "L=12,C=64,NH=4,V=4096,maxT=64" --pp 4          # 1 + 4.85 bounds it; the earliest cuts of 4 | 4 | 4
 
+# 4b. --comm-report measures what each layer and the head cost per micro-batch and prints the split balancing those
+#    measured costs: on a head-heavy model (V 50257: the head costs about 60 of these layers, whatever the machine's
+#    noise) all layers but one go to stage 0, and the counts sum to L
+$MPIRUN -np 2 "$BIN/train_gpt" -e "L=4,C=64,NH=4,V=50257,maxT=64" -t 64 -b 1 -d 256 -x 3 -v 0 -s 0 --pp 2 --comm-report >"$W/costs.log" 2>&1
+got=$(sed -n 's/^  the split balancing them: --pp-layers \([0-9,]*\) .*/\1/p' "$W/costs.log")
+grep -q "^pipeline costs measured per micro-batch" "$W/costs.log" && [ "$got" = "3,1" ]
+say $? "--comm-report: the split balancing the measured costs of a head-heavy model is ${got:-none} (expected 3,1)"
+
 # 5. the advisor offers --pp-layers auto where the stages are unbalanced: its time model runs a pipeline at its
 #    costliest stage's pace, so on a head-heavy model (V 50257, pp 4) the auto split is ranked faster than the
 #    even split it replaces; on an even model (head 0.3 layers) auto changes nothing and predicts the same time
