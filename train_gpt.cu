@@ -1630,9 +1630,24 @@ static void report_costs(const Args *a, GPT2 *m, int micro_batches) {
             printf(" %.1f", c * 1e3);
         }
         printf(" ms)\n");
+        if (a->output_dir) {   // for --pp-layers auto:FILE (args.h's read_pipeline_costs), written whole or not at all
+            char path[PATH_LEN], tmp[PATH_LEN + 8];
+            const GPT2Config *c = &m->config;
+            snprintf(path, sizeof(path), "%s/pipeline_costs.txt", a->output_dir);
+            snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+            FILE *f = fopen(tmp, "w");
+            if (f) {
+                fprintf(f, "# seconds per micro-batch, forward and backward (train_gpt --comm-report, tp %d cp %d pp %d, "
+                        "B %d T %d): --pp-layers auto:%s balances them\n", g->tp, g->cp, g->pp, a->B, a->T, path);
+                fprintf(f, "model %d %d %d %d %d\nembedding %.9g\nhead %.9g\n", L, c->channels, c->num_heads,
+                        c->padded_vocab_size, c->num_experts, cost[L], cost[L + 1]);
+                for (int l = 0; l < L; l++) { fprintf(f, "layer %d %.9g\n", l, cost[l]); }
+            }
+            if (!f || fclose(f) != 0 || rename(tmp, path) != 0) { printf("warning: could not write %s\n", path); }
+            else { printf("  (written to %s: --pp-layers auto:%s splits by them)\n", path, path); }
+        }
     }
     free(cost);
-    (void)a;
 }
 
 // The layers of each (virtual) stage and what each costs under --pp-layers auto's model, in units of a
@@ -1647,6 +1662,18 @@ static void print_layer_split(const Args *a, const GPT2Config *c) {
     printf("pipeline stages%s (%s): layers", a->vpp > 1 ? " (virtual, v*pp + rank)" : "",
            a->pp_layers ? a->pp_layers : "even");
     for (int s = 0; s < n; s++) { printf("%s%d", s ? "," : " ", first[s + 1] - first[s]); }
+    double measured[PIPE_MAX_LAYERS + 2];
+    if (a->pp_layers && !strncmp(a->pp_layers, "auto:", 5)) {   // (layer_split read it: it reads)
+        read_pipeline_costs(a->pp_layers + 5, c, measured, err, sizeof(err));
+        printf("; measured cost per micro-batch (ms)");
+        for (int s = 0; s < n; s++) {
+            double w = (s == 0 ? measured[c->num_layers] : 0.0) + (s == n - 1 ? measured[c->num_layers + 1] : 0.0);
+            for (int l = first[s]; l < first[s + 1]; l++) { w += measured[l]; }
+            printf("%s%.1f", s ? "," : " ", w * 1e3);
+        }
+        printf("\n");
+        return;
+    }
     printf("; cost in dense layers");
     for (int s = 0; s < n; s++) {
         double w = s == n - 1 ? head_flops_per_token(c) : 0.0;

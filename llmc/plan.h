@@ -189,14 +189,14 @@ static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild 
     LEVER(a->tp > 1 && !a->sp, LV_SP, "--sp", x->sp = 1);
     snprintf(w, sizeof(w), "--tp %d --sp", 2 * a->tp); LEVER(1, LV_TP, w, { x->tp = 2 * a->tp; x->sp = 1; });
     // (a split given as counts is for this pp: twice the stages start even)
-    int counts = a->pp_layers && strcmp(a->pp_layers, "auto");
+    int counts = a->pp_layers && strncmp(a->pp_layers, "auto", 4);
     snprintf(w, sizeof(w), "--pp %d%s", 2 * a->pp, counts ? " (even stages)" : "");
     LEVER(1, LV_PP, w, { x->pp = 2 * a->pp; if (counts) { x->pp_layers = NULL; } });
     LEVER(a->pp > 1 && !strcmp(a->pp_schedule, "gpipe"), LV_SCHEDULE, "--pp-schedule 1f1b", x->pp_schedule = "1f1b");
     // ZB-H1: a smaller bubble for the pending W passes' memory (a lever for time: it never lowers the peak)
     LEVER(a->pp > 1 && !strcmp(a->pp_schedule, "1f1b"), LV_SCHEDULE, "--pp-schedule zb", x->pp_schedule = "zb");
     // stages cut by cost: less on the costliest stage (the head's), and the first stage's activations move too
-    LEVER(a->pp > 1 && !(a->pp_layers && !strcmp(a->pp_layers, "auto")), LV_SPLIT, "--pp-layers auto",
+    LEVER(a->pp > 1 && !(a->pp_layers && !strncmp(a->pp_layers, "auto", 4)), LV_SPLIT, "--pp-layers auto",
           x->pp_layers = "auto");
     snprintf(w, sizeof(w), "--cp %d", 2 * a->cp); LEVER(1, LV_CP, w, x->cp = 2 * a->cp);
     LEVER(a->ce_chunk == 0, LV_CE, "--ce-chunk 256", x->ce_chunk = 256);

@@ -118,6 +118,11 @@ expect pp_layers_zero   2 "--pp-layers '0,2': expected 2 layer counts (pp x vpp)
 expect pp_layers_count  2 "--pp-layers '1,1,0': expected 2 layer counts" -e "$TINY" --pp 2 --pp-layers 1,1,0
 expect pp_layers_text   2 "--pp-layers 'even': expected 2 layer counts" -e "$TINY" --pp 2 --pp-layers even
 expect pp_layers_no_pp  1 "--pp-layers '1,1' needs a pipeline (--pp >= 2)" -e "$TINY" --pp-layers 1,1
+printf 'model 2 64 4 256 0\nembedding 0.1\nhead 0.5\nlayer 0 0.2\n' >"$W/costs_short.txt"   # (layer 1 missing)
+printf 'model 4 64 4 256 0\n' >"$W/costs_other.txt"
+expect pp_costs_missing 2 "--pp-layers auto:$W/nothing.txt: cannot read the file" -e "$TINY" --pp 2 --pp-layers "auto:$W/nothing.txt"
+expect pp_costs_short   2 "expected the lines 'model L C NH Vp E', 'embedding S', 'head S' and 'layer I S' for each of the 2 layers" -e "$TINY" --pp 2 --pp-layers "auto:$W/costs_short.txt"
+expect pp_costs_model   2 "measured for L 4 C 64 NH 4 Vp 256 E 0, this model is L 2" -e "$TINY" --pp 2 --pp-layers "auto:$W/costs_other.txt"
 expect dp_mismatch      2 "--dp 4 does not match"             -e "$TINY" --dp 4
 expect plan_precision   1 "--plan-precision expects bf16 or fp32" -e "$TINY" --plan 2 --plan-precision fp8
 expect memory_limit     1 "--memory-limit expects a size such as 80G" -e "$TINY" --memory-limit 80Q

@@ -97,10 +97,17 @@ auto_case 3,4,4,1 4 "L=12,C=64,NH=4,V=4096,maxT=64" --pp 4          # 1 + 4.85 b
 # 4b. --comm-report measures what each layer and the head cost per micro-batch and prints the split balancing those
 #    measured costs: on a head-heavy model (V 50257: the head costs about 60 of these layers, whatever the machine's
 #    noise) all layers but one go to stage 0, and the counts sum to L
-$MPIRUN -np 2 "$BIN/train_gpt" -e "L=4,C=64,NH=4,V=50257,maxT=64" -t 64 -b 1 -d 256 -x 3 -v 0 -s 0 --pp 2 --comm-report >"$W/costs.log" 2>&1
+rm -rf "$W/costs"
+$MPIRUN -np 2 "$BIN/train_gpt" -e "L=4,C=64,NH=4,V=50257,maxT=64" -t 64 -b 1 -d 256 -x 3 -v 0 -s 0 --pp 2 --comm-report -o "$W/costs" >"$W/costs.log" 2>&1
 got=$(sed -n 's/^  the split balancing them: --pp-layers \([0-9,]*\) .*/\1/p' "$W/costs.log")
 grep -q "^pipeline costs measured per micro-batch" "$W/costs.log" && [ "$got" = "3,1" ]
 say $? "--comm-report: the split balancing the measured costs of a head-heavy model is ${got:-none} (expected 3,1)"
+# ... written to -o/pipeline_costs.txt, which --pp-layers auto:FILE splits by (the same split, the measured costs printed)
+$MPIRUN -np 2 "$BIN/train_gpt" -e "L=4,C=64,NH=4,V=50257,maxT=64" -t 64 -b 1 -d 256 -x 1 -v 0 -s 0 --pp 2 \
+    --pp-layers "auto:$W/costs/pipeline_costs.txt" >"$W/costs2.log" 2>&1
+grep -q "^pipeline stages (auto:$W/costs/pipeline_costs.txt): layers 3,1; measured cost per micro-batch" "$W/costs2.log" \
+    && grep -q "^step *1/1" "$W/costs2.log"
+say $? "--pp-layers auto:FILE with the costs the run above measured: layers 3,1, trained"
 
 # 5. the advisor offers --pp-layers auto where the stages are unbalanced: its time model runs a pipeline at its
 #    costliest stage's pace, so on a head-heavy model (V 50257, pp 4) the auto split is ranked faster than the

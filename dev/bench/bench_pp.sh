@@ -26,21 +26,24 @@ for sched in 1f1b gpipe vpp2 vpp4; do
 done
 done
 
-# Uneven stages (--pp-layers): even against auto at m 8, 1F1B, on two head-heavy shapes
+# Uneven stages (--pp-layers): even against auto (FLOPs) and auto:FILE (the costs the auto run measured) at m 8,
+# 1F1B, on two head-heavy shapes
 echo
 echo "uneven stages: 1F1B, pp 2, m 8, B2 T64 (ideal bubble 0.111)"
 printf "%-28s %-8s %-7s %-16s %8s %8s %9s\n" model split layers "cost (layers)" stage0 stage1 tok/s
 for model in "L=8,C=128,NH=4,V=50257,maxT=64" "L=16,C=128,NH=4,V=8192,maxT=64"; do
-    for split in even auto; do
-        flags=""; [ $split = auto ] && flags="--pp-layers auto"
+    for split in even auto measured; do   # measured: auto:FILE with the costs the auto run measured (its -o)
+        flags=""; [ $split = auto ] && { flags="--pp-layers auto"; costs_dir=$(mktemp -d); }
+        [ $split = measured ] && flags="--pp-layers auto:$costs_dir/pipeline_costs.txt"
         out=$(mpirun --oversubscribe --bind-to none -np 2 ./train_gpt -e "$model" -b 2 -t 64 -d 1024 -x 8 -s 0 -v 0 --pp 2 \
-              $flags --comm-report)
+              $flags --comm-report $([ $split = auto ] && echo "-o $costs_dir"))
         layers=$(sed -n 's/^pipeline stages.*: layers \([0-9,]*\);.*/\1/p' <<<"$out")
-        cost=$(sed -n 's/^pipeline stages.*cost in dense layers \([0-9.,]*\) .*/\1/p' <<<"$out")
+        cost=$(sed -n 's/^pipeline stages.*cost in dense layers \([0-9.,]*\) .*/\1/p; s/^pipeline stages.*measured cost per micro-batch (ms) \([0-9.,]*\)$/\1 ms/p' <<<"$out")
         s0=$(awk '/^  stage 0:/ { print $3 }' <<<"$out"); s1=$(awk '/^  stage 1:/ { print $3 }' <<<"$out")
         tok=$(awk '/average step/ { print $(NF-1) }' <<<"$out")
         printf "%-28s %-8s %-7s %-16s %8s %8s %9s\n" "${model%%,maxT*}" $split "$layers" "$cost" "$s0" "$s1" "$tok"
     done
+    rm -rf "$costs_dir"
 done
 
 # ZB-H1 against 1F1B, side by side in rounds (this machine's noise is larger than the difference at m 8): V 256,
