@@ -1615,12 +1615,38 @@ static void report_costs(const Args *a, GPT2 *m, int micro_batches) {
     }
     comm_host_all_reduce(&g->world, cost, L + 2, DT_DOUBLE, HOST_SUM, "all-reduce of the measured costs");
     if (g->rank == 0) {
+        // each rank's costs in units of its own dense layers, scaled back to ms by their mean over the ranks: the split
+        // balances work, so a rank that ran slower (another core's load, a hotter GPU) does not make its layers look
+        // costlier than the same layers elsewhere
+        const GPT2Config *c = &m->config;
+        int run_first[PIPE_MAX_LAYERS + 1];
+        char err[256];
+        double *dsum = (double *)calloc_check(2 * g->pp, sizeof(double)), *dn = dsum + g->pp, all = 0, alln = 0, spread = 1;
+        if (layer_split(run_first, a->pp_layers, c, a->T, g->pp, m->vpp, err, sizeof(err))) { fail("%s", err); }
+        for (int vs = 0; vs < n; vs++) {
+            for (int l = run_first[vs]; l < run_first[vs + 1]; l++) {
+                if (!is_moe_layer(c, l)) { dsum[vs % g->pp] += cost[l]; dn[vs % g->pp]++; all += cost[l]; alln++; }
+            }
+        }
+        double lo_r = INFINITY, hi_r = 0;
+        for (int r = 0; r < g->pp && alln > 0; r++) {
+            double scale = dn[r] > 0 ? (all / alln) / (dsum[r] / dn[r]) : 1.0;
+            if (dn[r] > 0) { lo_r = fmin(lo_r, scale); hi_r = fmax(hi_r, scale); }
+            for (int vs = r; vs < n; vs += g->pp) {
+                for (int l = run_first[vs]; l < run_first[vs + 1]; l++) { cost[l] *= scale; }
+            }
+            if (r == 0) { cost[L] *= scale; }
+            if (r == g->pp - 1) { cost[L + 1] *= scale; }
+        }
+        if (hi_r > 0) { spread = hi_r / lo_r; }
+        free(dsum);
         pipe_split_balanced(first, cost, cost[L], cost[L + 1], L, n);
         double lo = INFINITY, hi = 0, sum = 0;
         for (int l = 0; l < L; l++) { lo = fmin(lo, cost[l]); hi = fmax(hi, cost[l]); sum += cost[l]; }
-        printf("pipeline costs measured per micro-batch (forward and backward, the device synchronised around each): "
-               "layers %.2f-%.2f ms, head + loss %.2f ms (%.2f mean layers), embedding %.2f ms\n", lo * 1e3, hi * 1e3,
-               cost[L + 1] * 1e3, cost[L + 1] / (sum / L), cost[L] * 1e3);
+        printf("pipeline costs measured per micro-batch (forward and backward, the device synchronised around each; each "
+               "rank's in its own dense layers, the ranks' paces %.0f%% apart): layers %.2f-%.2f ms, head + loss %.2f ms "
+               "(%.2f mean layers), embedding %.2f ms\n", 100.0 * (spread - 1), lo * 1e3, hi * 1e3, cost[L + 1] * 1e3,
+               cost[L + 1] / (sum / L), cost[L] * 1e3);
         printf("  the split balancing them: --pp-layers ");
         for (int s = 0; s < n; s++) { printf("%d%s", first[s + 1] - first[s], s < n - 1 ? "," : ""); }
         printf(" (stage costs");
@@ -1632,7 +1658,6 @@ static void report_costs(const Args *a, GPT2 *m, int micro_batches) {
         printf(" ms)\n");
         if (a->output_dir) {   // for --pp-layers auto:FILE (args.h's read_pipeline_costs), written whole or not at all
             char path[PATH_LEN], tmp[PATH_LEN + 8];
-            const GPT2Config *c = &m->config;
             snprintf(path, sizeof(path), "%s/pipeline_costs.txt", a->output_dir);
             snprintf(tmp, sizeof(tmp), "%s.tmp", path);
             FILE *f = fopen(tmp, "w");
