@@ -33,6 +33,8 @@ plan_case pp4_gpipe  4 1 -e "$D" -b 1 -t 32 -d 256 --pp 4 --pp-schedule gpipe
 plan_case vpp2_cp2   4 2 -e "$D" -b 1 -t 32 -d 128 --pp 2 --vpp 2 --cp 2 --zero 2
 plan_case moe_ep2    4 1 -e "$D,E=4,k=2" -b 2 -t 32 --ep 2 --zero 1 --recompute mlp
 plan_case ce_full    1 1 -e "$D" -b 4 -t 32 --ce-chunk 0 --recompute full
+plan_case pp4_zb     4 1 -e "$D" -b 1 -t 32 -d 256 --pp 4 --pp-schedule zb               # pending W sets, waiting input
+plan_case zb_moe_tp2sp 4 2 -e "$D,E=4,k=2,every=2" -b 2 -t 32 -d 256 --tp 2 --sp --pp 2 --pp-schedule zb --recompute full
 
 # 2. the advice: the first lever that fits, and a run of it (the lever's flags replacing the same flags of
 #    the case) measures the predicted peak total on its worst rank, byte for byte
