@@ -178,8 +178,8 @@ typedef struct {        // shared by all layers and micro-batches
     double *loss_sum;   // (1) the losses of the step's micro-batches (or the evaluation's batches), summed
 } Workspace;
 
-// ZB (--pp-schedule zb): what a dense layer's W pass needs beyond the stored activations, kept from its B:
-// the gradients of its linear layers' and LayerNorms' outputs, and what is not in the slot: (SP) ln1 and ln2
+// ZB (--pp-schedule zb): what a layer's W pass needs beyond the stored activations, kept from its B: the
+// gradients of its linear layers' and LayerNorms' outputs, and what is not in the slot: (SP) ln1 and ln2
 // of all tokens, kept as B gathered them (W makes no tp traffic); what B recomputed (--recompute mlp: the GELU
 // output; full: also ln1, ln2 (of all tokens), their means and rstds, the attention output and mid: B's
 // recomputation writes them here). One set per layer per pending W pass (pipeline.h's npending); the

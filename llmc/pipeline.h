@@ -210,10 +210,10 @@ static void steps_zb(StepList *l, int m) {
     }
     if (steady > 0) { add_step(l, -1, -1, 0, 0, warm, -1); }
     for (int k = 0; k < steady; k++) {
-        int i = warm + k;
-        add_step(l, i, -1, 1, 0, -1, k);                                      // forward, send_forward_recv_backward
-        add_step_w(l, -1, k, 0, 1, k + 1 < steady ? i + 1 : -1, -1, k + 1 - w > s ? w++ : -1);   // B, send_backward_
-    }                                                                         // recv_forward (+ W)
+        int i = warm + k, next = k + 1 < steady ? i + 1 : -1;
+        add_step(l, i, -1, 1, 0, -1, k);                               // forward, send_forward_recv_backward
+        add_step_w(l, -1, k, 0, 1, next, -1, k + 1 - w > s ? w++ : -1);   // B, send_backward_recv_forward (+ W)
+    }
     for (int k = steady; k < m; k++) {
         add_step_w(l, -1, -1, 0, 0, -1, k, w < k ? w++ : -1);   // recv_backward (+ W)
         add_step(l, -1, k, 0, 1, -1, -1);                        // B, send_backward
@@ -472,15 +472,14 @@ static int pipeline_plan(Pipeline *p, PipeSchedule schedule, int pp, int vpp, in
     }
     free(prev.s); free(next.s);
     int alive = 0, most = pp == 1 ? 1 : 0;   // (no pipeline: forward, backward, forward, ...)
-    int pending = 0;
+    int zb = schedule == SCHEDULE_ZB, pending = 0;   // (ZB: a slot is taken at the forward, the input waits in p->input)
     p->npending = 0;
     for (int i = 0; i < p->steps.n; i++) {
         const PipeStep *s = &p->steps.s[i];
-        int zb = schedule == SCHEDULE_ZB;   // (a slot taken at the forward: the input waits in p->input)
         if (s->fwd >= 0 && ((rank == 0 && schedule_chunk(s->fwd, pp, vpp, 1) == 0) || zb)) { alive++; }
         if (alive > most) { most = alive; }
-        if (s->bwd >= 0 && schedule == SCHEDULE_ZB && ++pending > p->npending) { p->npending = pending; }
-        if (s->bwd >= 0 && schedule != SCHEDULE_ZB) { alive--; }
+        if (s->bwd >= 0 && zb && ++pending > p->npending) { p->npending = pending; }
+        if (s->bwd >= 0 && !zb) { alive--; }
         if (s->recv_fwd >= 0 && !zb) { alive++; }
         if (alive > most) { most = alive; }
         if (s->wgt >= 0) { alive--; pending--; }
