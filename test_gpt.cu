@@ -617,17 +617,16 @@ static void check_memory_activations(GPT2 *m, int accum) {
         int pending = s + 1 < steady ? s + 1 : steady;
         check(m->pipe.npending == pending, "memory: ZB keeps %d W passes pending at most, formula %d (stage %d of %d, "
               "%d micro-batches)", m->pipe.npending, pending, s, pp, accum);
-        // per layer of the stage: the gradients of the outputs of attproj (BT, C), qkv (BT, 3Cl), ln2 and ln1 (BTs, C);
-        // SP or recompute full: ln2 and ln1 of all tokens (BT, C); full: the attention output (BT, Cl), mid (BTs, C),
-        // the two LayerNorms' means and rstds (4 BTs fp32). A dense layer: fcproj's and fc's output gradients (BT, C),
-        // (BT, 4Cl), recompute: the GELU output (BT, 4Cl). A MoE layer: the shared experts' output and fc gradients
-        // (BT, C), (BT, SHl); the Rr rows' output and fc gradients (Rr, C), (Rr, Hl); recompute: the rows' GELU
-        // output (Rr, Hl) and the shared experts' (BT, SHl); full: the rows' input (Rr, C); the router logits'
-        // gradient (BT, E fp32)
+        // per layer of the stage: the gradients of the outputs of attproj (BT, C) and qkv (BT, 3Cl), the LayerNorms'
+        // parameter gradients (4C); SP or recompute full: ln2 and ln1 of all tokens (BT, C); full: the attention
+        // output (BT, Cl). A dense layer: fcproj's and fc's output gradients (BT, C), (BT, 4Cl), recompute: the GELU
+        // output (BT, 4Cl). A MoE layer: the shared experts' output and fc gradients (BT, C), (BT, SHl); the Rr rows'
+        // output and fc gradients (Rr, C), (Rr, Hl); recompute: the rows' GELU output (Rr, Hl) and the shared
+        // experts' (BT, SHl); full: the rows' input (Rr, C); the router logits' gradient (BT, E fp32)
         int full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE;
         double Hl = m->moe.Hl, SHl = m->moe.SHl;
-        double common = X * (BT * (C + 3 * Cl) + 2 * BTs * C + ((m->sp && m->grid->tp > 1) || full ? 2 * BT * C : 0) +
-                             (full ? BT * Cl + BTs * C : 0)) + (full ? 4.0 * 4 * BTs : 0);
+        double common = X * (BT * (C + 3 * Cl) + 4 * C + ((m->sp && m->grid->tp > 1) || full ? 2 * BT * C : 0) +
+                             (full ? BT * Cl : 0));
         double dense_w = common + X * (BT * (C + 4 * Cl) + (rec ? BT * 4 * Cl : 0));
         double moe_w = common + X * ((SHl > 0 ? BT * (C + SHl) : 0) + Rr * (C + Hl) + (rec ? Rr * Hl + BT * SHl : 0) +
                                      (full ? Rr * C : 0)) + 4.0 * BT * c->num_experts;

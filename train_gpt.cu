@@ -179,20 +179,19 @@ typedef struct {        // shared by all layers and micro-batches
 } Workspace;
 
 // ZB (--pp-schedule zb): what a layer's W pass needs beyond the stored activations, kept from its B: the
-// gradients of its linear layers' and LayerNorms' outputs, and what is not in the slot: (SP) ln1 and ln2
-// of all tokens, kept as B gathered them (W makes no tp traffic); what B recomputed (--recompute mlp: the GELU
-// output; full: also ln1, ln2 (of all tokens), their means and rstds, the attention output and mid: B's
-// recomputation writes them here). One set per layer per pending W pass (pipeline.h's npending); the
-// LayerNorms', biases' and weights' gradients all wait for W, so a unit's gradient is opened, accumulated and
-// reduced (zero.h) in W alone.
+// gradients of its linear layers' outputs, the LayerNorms' parameter gradients (cheap, O(BT C): B computes them
+// into lnp instead of keeping the LayerNorms' output gradients), and what is not in the slot: (SP) ln1 and ln2 of
+// all tokens, kept as B gathered them (W makes no tp traffic); what B recomputed (--recompute mlp: the GELU
+// output; full: also ln1, ln2 of all tokens and the attention output: B's recomputation writes them here). One
+// set per layer per pending W pass (pipeline.h's npending); the unit's gradients all wait for W (lnp is added
+// there), so a unit's gradient is opened, accumulated and reduced (zero.h) in W alone.
 typedef struct {
     floatX *dfcproj, *dattproj;   // (BT, C) the gradients of fcproj's and attproj's outputs, all tokens
     floatX *dfc, *dqkv;           // (BT, 4Cl), (BT, 3Cl) of fc's (before the GELU) and qkv's outputs
-    floatX *dln2, *dln1;          // (BTs, C) of ln2's and ln1's outputs, the local tokens
+    floatX *lnp;                  // (4, C) ln2's weight and bias gradients, then ln1's (this micro-batch's alone)
     floatX *xln2, *xln1;          // (BT, C) SP or full: ln2 and ln1 of all tokens (NULL: the slot's y.ln2, y.ln1)
     floatX *fchg;                 // (BT, 4Cl) recompute: the GELU output (NULL: the slot's y.fchg)
-    floatX *atty, *mid;           // (BT, Cl), (BTs, C) full: the attention output, the residual after attention
-    float *stats;                 // (4, BTs) full: ln1's mean and rstd, ln2's (NULL: the slot's)
+    floatX *atty;                 // (BT, Cl) full: the attention output (NULL: the slot's y.atty)
     // a MoE layer (instead of fcproj's and fc's): what its experts', shared experts' and router's W needs
     // (expert_parallel.h), and what B recomputed (recompute: the rows' GELU output hg, the shared experts' shg;
     // full: the rows' input xe) in buffers of its own, through a copy of the layer's MoEActs pointing at them
@@ -234,7 +233,7 @@ typedef struct {
     int time_costs;              // a training step's forward and backward are running (not an evaluation's)
     int defer_w;                 // ZB: the layers' weight gradients wait for the W pass
     floatX *wstore;              // ZB: (npending, the stage's layers' WGrads: wgrads_size each) their tensors
-    float *wstore_f;             // ZB: ... their fp32 tensors (LayerNorm statistics, router logits' gradient)
+    float *wstore_f;             // ZB: ... their fp32 tensors (the router logits' gradient)
     int *wstore_counts;          // ZB, host: (npending, MoE layers, ep, E) the dispatch's rows
     int micro;                   // the micro-batch running (for --trace)
     int *step_tokens;            // (2, accum, BT) page-locked: a step's inputs and targets, uploaded without a wait
@@ -425,12 +424,12 @@ static void workspace_alloc(GPT2 *m, int chunk, int any_moe) {
 
 // ZB: the sizes of one layer's WGrads (floatX elements, fp32 elements); layer_wgrads lays them out.
 static void wgrads_size(const GPT2 *m, int moe, size_t *elems, size_t *floats) {
-    size_t C = m->config.channels, Cl = m->Cl, BT = m->BT, BTs = m->BTs, Rr = m->moe.rows_recv, Hl = m->moe.Hl,
+    size_t C = m->config.channels, Cl = m->Cl, BT = m->BT, Rr = m->moe.rows_recv, Hl = m->moe.Hl,
            SHl = m->moe.SHl, E = m->config.num_experts;
     int full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE;
-    size_t n = BT * (C + 3 * Cl) + 2 * BTs * C;                           // dattproj, dqkv, dln2, dln1
+    size_t n = BT * (C + 3 * Cl) + 4 * C;                                 // dattproj, dqkv, lnp
     n += (m->sp && m->grid->tp > 1) || full ? 2 * BT * C : 0;             // xln2, xln1
-    n += full ? BT * Cl + BTs * C : 0;                                    // atty, mid
+    n += full ? BT * Cl : 0;                                              // atty
     if (!moe) { n += BT * (C + 4 * Cl) + (rec ? BT * 4 * Cl : 0); }       // dfcproj, dfc; fchg
     else {
         n += (SHl > 0 ? BT * (C + SHl) : 0) + Rr * (C + Hl);              // dy, sdh; dye, dh
@@ -438,7 +437,7 @@ static void wgrads_size(const GPT2 *m, int moe, size_t *elems, size_t *floats) {
         n += full ? Rr * C : 0;                                           // xe
     }
     *elems = n;
-    *floats = (full ? 4 * BTs : 0) + (moe ? BT * E : 0);                  // stats; dlogits
+    *floats = moe ? BT * E : 0;                                           // dlogits
 }
 
 // Allocates the activations for micro-batches of (B, T), `accum` of them per step, with the pipeline
@@ -738,7 +737,7 @@ static float gpt2_read_loss(GPT2 *m, int batches) {
 static int layer_wgrads(const GPT2 *m, int i, int l, WGrads *d) {
     const GPT2Config *c = &m->config;
     if (!m->defer_w) { return 0; }
-    size_t C = c->channels, Cl = m->Cl, BT = m->BT, BTs = m->BTs, Rr = m->moe.rows_recv, Hl = m->moe.Hl,
+    size_t C = c->channels, Cl = m->Cl, BT = m->BT, Rr = m->moe.rows_recv, Hl = m->moe.Hl,
            SHl = m->moe.SHl, E = c->num_experts, set = 0, set_f = 0, off = 0, off_f = 0, e, f;
     int moe = is_moe_layer(c, m->layer_id[l]), full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE;
     int moe_before = 0, Lm = 0, j = i % m->pipe.npending;
@@ -753,10 +752,9 @@ static int layer_wgrads(const GPT2 *m, int i, int l, WGrads *d) {
     memset(d, 0, sizeof(*d));
     d->dattproj = q; q += BT * C;
     d->dqkv = q; q += BT * 3 * Cl;
-    d->dln2 = q; q += BTs * C;
-    d->dln1 = q; q += BTs * C;
+    d->lnp = q; q += 4 * C;
     if ((m->sp && m->grid->tp > 1) || full) { d->xln2 = q; q += BT * C; d->xln1 = q; q += BT * C; }
-    if (full) { d->atty = q; q += BT * Cl; d->mid = q; q += BTs * C; d->stats = qf; qf += 4 * BTs; }
+    if (full) { d->atty = q; q += BT * Cl; }
     if (!moe) {
         d->dfcproj = q; q += BT * C;
         d->dfc = q; q += BT * 4 * Cl;
@@ -774,8 +772,9 @@ static int layer_wgrads(const GPT2 *m, int i, int l, WGrads *d) {
 }
 
 // ZB: where layer l's recomputed activations go so that its W pass finds them (B's recomputation writes them
-// there): the GELU output (recompute mlp, full; a MoE layer's rows and shared experts') and under full the rest
-// W reads (without SP ln1 and ln2 are already all the tokens: kept where B's gather would have put them).
+// there): the GELU output (recompute mlp, full; a MoE layer's rows and shared experts') and under full ln1, ln2
+// and the attention output (without SP ln1 and ln2 are already all the tokens: kept where B's gather would have
+// put them).
 static void wgrads_acts(const GPT2 *m, WGrads *d, LayerActs *y) {
     if (d->fchg) { y->fchg = d->fchg; }
     if (d->moe.dye) {   // a MoE layer: its MoEActs, with the recomputed rows where W finds them
@@ -786,9 +785,7 @@ static void wgrads_acts(const GPT2 *m, WGrads *d, LayerActs *y) {
         y->moe = &d->acts;
     }
     if (d->atty) {
-        y->atty = d->atty; y->mid = d->mid;
-        y->ln1_mean = d->stats; y->ln1_rstd = d->stats + m->BTs;
-        y->ln2_mean = d->stats + 2 * m->BTs; y->ln2_rstd = d->stats + 3 * m->BTs;
+        y->atty = d->atty;
         if (!(m->sp && m->grid->tp > 1)) { y->ln1 = d->xln1; y->ln2 = d->xln2; }
     }
 }
@@ -813,6 +810,10 @@ static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int las
     unit_view(&m->units[u], zero_unit_params(z, u), p);
     if (ue < 0) { zero_prefetch_params(z, prev, u); }   // ZeRO-3: the layer below, while this one computes
     if (!d) { unit_view(&m->units[u], zero_begin_unit_backward(z, u), g); }
+    else {   // (the LayerNorms' parameter gradients of this micro-batch, for W to add)
+        memset_zero_device(d->lnp, (size_t)4 * C * sizeof(floatX));
+        g[T_LN2W] = d->lnp; g[T_LN2B] = d->lnp + C; g[T_LN1W] = d->lnp + 2 * C; g[T_LN1B] = d->lnp + 3 * C;
+    }
     // MLP block (w->dresid is the gradient of the layer's output)
     x = tp_all_tokens(tp, sp, y.ln2, d && d->xln2 ? d->xln2 : w->xfull, BTs, C);   // SP: gathered again, not stored
     if (ue >= 0) {   // the experts, then the router
@@ -837,7 +838,6 @@ static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int las
         matmul_backward(w->pfull, g[T_FCW], g[T_FCB], dfc, x, p[T_FCW], BT, C, 4 * Cl);
     }
     floatX *dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
-    if (d) { keep_for_w(d->dln2, dln, (size_t)BTs * C); }
     layernorm_backward(w->dresid, g[T_LN2W], g[T_LN2B], dln, y.mid, p[T_LN2W], y.ln2_mean, y.ln2_rstd, BTs, C);
     // attention block (w->dresid is now the gradient of mid)
     if (!d) { bias_backward(g[T_ATTPROJB], w->dresid, BTs, C); }
@@ -850,7 +850,6 @@ static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int las
     x = tp_all_tokens(tp, sp, y.ln1, d && d->xln1 ? d->xln1 : w->xfull, BTs, C);
     matmul_backward(w->pfull, g[T_QKVW], g[T_QKVB], dqkv, x, p[T_QKVW], BT, C, 3 * Cl);
     dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
-    if (d) { keep_for_w(d->dln1, dln, (size_t)BTs * C); }
     layernorm_backward(w->dresid, g[T_LN1W], g[T_LN1B], dln, y.res, p[T_LN1W], y.ln1_mean, y.ln1_rstd, BTs, C);
     if (!d) { zero_end_unit_backward(z, u, last_micro); }
 }
@@ -876,11 +875,13 @@ static void layer_backward_weights(GPT2 *m, LayerActs y, const WGrads *d, int l,
         matmul_backward(NULL, g[T_FCPROJW], NULL, d->dfcproj, y.fchg, NULL, BT, 4 * Cl, C);
         matmul_backward(NULL, g[T_FCW], g[T_FCB], d->dfc, d->xln2 ? d->xln2 : y.ln2, NULL, BT, C, 4 * Cl);
     }
-    layernorm_backward(NULL, g[T_LN2W], g[T_LN2B], d->dln2, y.mid, NULL, y.ln2_mean, y.ln2_rstd, BTs, C);
+    accumulate(g[T_LN2W], d->lnp, C);            // (the LayerNorms' parameter gradients B computed)
+    accumulate(g[T_LN2B], d->lnp + C, C);
     bias_backward(g[T_ATTPROJB], d->dattproj + own, BTs, C);
     matmul_backward(NULL, g[T_ATTPROJW], NULL, d->dattproj, y.atty, NULL, BT, Cl, C);
     matmul_backward(NULL, g[T_QKVW], g[T_QKVB], d->dqkv, d->xln1 ? d->xln1 : y.ln1, NULL, BT, C, 3 * Cl);
-    layernorm_backward(NULL, g[T_LN1W], g[T_LN1B], d->dln1, y.res, NULL, y.ln1_mean, y.ln1_rstd, BTs, C);
+    accumulate(g[T_LN1W], d->lnp + 2 * C, C);
+    accumulate(g[T_LN1B], d->lnp + 3 * C, C);
     zero_end_unit_backward(&m->zero, u, last_micro);
 }
 
