@@ -691,134 +691,41 @@ static void check_memory_buffers(GPT2 *m) {
           (double)mem_peak[MEM_LOGITS], m->ce.chunk, m->Vl, (int)X, logits_expect);
 }
 
-// Comm report vs the ring formulas, for one step with gradient accumulation `accum`: the data-parallel
-// groups (ZeRO's reductions and gathers; the tied embedding's group).
-static void check_comm_dp(GPT2 *m, int accum) {
-    const GPT2Config *c = &m->config;
-    Zero *z = &m->zero;
+// Comm report vs the formulas (comm_bytes.h: the ones the plan and the layout search time), for one step of
+// `accum` micro-batches: every group's bytes. ep_rows: the rows the step's all-to-alls moved, from its routing.
+// ZeRO-3 with a pipeline or MoE layers: the interleaving of the uses decides which units stay gathered, so the
+// gathers are the ones the run made, and at most the bound the plan takes (every use of a unit gathered).
+static void check_comm(GPT2 *m, int accum, double ep_rows) {
     Grid *g = m->grid;
-    int dp = g->grad_group->size, L = c->num_layers;
-    double X = sizeof(floatX), full = 0, ring_all = 0;
-    double full_g[2] = {0, 0};   // padded elements of the units reduced over dp, over edp
-    for (int u = 0; u < m->nunits; u++) {
-        const Unit *U = &m->units[u];
-        int ge = U->dpg == &g->edp_group;
-        full_g[ge] += U->padded;
-        full += U->padded;
-        ring_all += (U->dpg->size - 1.0) / U->dpg->size * U->padded;
-    }
-    // loss-free balancing: the step's loads (nlayers, E) ints all-reduced over the gradients' group
-    double balance = m->moe.opt.bias_rate > 0 ? 2.0 * (dp - 1) / dp * 4.0 * m->moe.nlayers * c->num_experts : 0;
-    Group *groups[2] = {g->grad_group, &g->edp_group};
-    for (int i = 0; i < 2 && z->stage < 3; i++) {   // dp: every unit but the experts; edp: the experts
-        int p = groups[i]->size;
-        if (p == 1 || full_g[i] == 0) { continue; }
-        double ring = 2.0 * (p - 1) / p * X * full_g[i];   // one all-reduce of those gradients
-        // 2: RS per micro-batch + AG
-        double expect = (z->stage < 2 ? ring : (p - 1.0) / p * X * full_g[i] * (accum + 1)) + (i == 0 ? balance : 0);
-        check(fabs(groups[i]->bytes - expect) < 1,
-              "comm: zero %d %s bytes/step %.0f = formula %.0f (all-reduce 2(p-1)/p*4P = %.0f)",
-              z->stage, groups[i]->name, groups[i]->bytes, expect, ring);
-    }
-    if (z->stage == 3 && dp > 1) {
-        double ring = 2.0 * (dp - 1) / dp * X * full;
-        if (g->pp == 1 && c->num_experts == 0) {
-            // zero_unit_params' policy (L >= 2): the embedding gathered once per step; each layer twice per
-            // micro-batch (forward, backward) except the last layer, still resident for its backward, and
-            // layers 0 and 1, kept from one micro-batch's backward to the next one's forward; the final
-            // LayerNorm once per micro-batch; every unit reduce-scattered once per micro-batch
-            double E = m->units[0].padded, F = m->units[m->nunits - 1].padded, Llast = m->units[L].padded;
-            double layers = full - E - F, L01 = m->units[1].padded + m->units[2].padded;
-            double expect3 = (dp - 1.0) / dp * X * (E + accum * (2.0 * layers + F - Llast) - (accum - 1) * L01 + accum * full)
-                    + balance;
-            check(fabs(g->grad_group->bytes - expect3) < 1,
-                  "comm: zero 3 %s bytes/step %.0f = formula %.0f = %.3f x the all-reduce %.0f per micro-batch (gather fwd + gather bwd + reduce-scatter, less the resident units; %ld gathers)",
-                  g->grad_group->name, g->grad_group->bytes, expect3, g->grad_group->bytes / accum / ring, ring,
-                      z->gathers);
-        } else {
-            // with a pipeline, or the units of MoE layers, the interleaving of the uses decides which units stay
-            // resident: the bytes must be those of the gathers made plus one reduce-scatter per unit and micro-batch
-            double bytes = g->grad_group->bytes + g->edp_group.bytes,
-                expect3 = X * (z->gathered_ring + accum * ring_all) + balance;
-            check(fabs(bytes - expect3) < 1 && z->gathers >= m->nunits,
-                  "comm: zero 3 dp+edp bytes/step %.0f = formula %.0f (%ld unit gathers + %d reduce-scatters of every unit)",
-                  bytes, expect3, z->gathers, accum);
-        }
-    }
-    if (g->pp > 1 && m->u_embed >= 0) {   // the tied embedding: its owned gradient summed over the 2 end stages
-        const Unit *U = &m->units[m->u_embed];
-        double expect = X * (z->stage == 0 ? U->padded : U->shard);   // all-reduce over 2 ranks: 2(p-1)/p*N = N
-        check(fabs(g->emb_group.bytes - expect) < 1,
-              "comm: emb bytes/step %.0f = formula %.0f (tied embedding gradient, all-reduced between the first and the last stage)",
-              g->emb_group.bytes, expect);
-    }
-}
-
-// The pipeline, context-parallel, expert-parallel and tensor-parallel groups' bytes against their formulas.
-static void check_comm_model(GPT2 *m, int accum, double ep_rows) {
-    const GPT2Config *c = &m->config;
     Zero *z = &m->zero;
-    Grid *g = m->grid;
-    int tp = g->tp, Ls = m->Ls, first = m->first, last = m->last, nmoe = stage_moe_layers(m), vpp = m->vpp;
-    // rep: the elements replicated over tp whose gradients are partial sums under SP
-    double X = sizeof(floatX), rep = 0;
-    for (int u = 0; u < m->nunits; u++) { rep += m->units[u].nrep; }
-    if (g->pp > 1) {   // each micro-batch and model chunk: the output activation forward (but the last stage's last
-                       // chunk), the input gradient back (but the first stage's chunk 0)
-        double slice = (double)m->BTs * c->channels / (!m->sp && tp > 1 ? tp : 1);   // without SP: 1/tp each
-        double expect = accum * X * slice * ((vpp - last) + (vpp - first));
-        check(fabs(g->pp_group.bytes - expect) < 1,
-              "comm: pp bytes/step %.0f = formula %.0f (%d micro-batches x %d chunk(s) x (B*T/tp_sp) x C, to %s)",
-              g->pp_group.bytes, expect, accum, vpp,
-                  first ? "the next stage" : (last ? "the previous stage" : "both neighbours"));
+    CommShape s = gpt2_comm_shape(m);
+    int counted = z->stage == 3 && !s.z3_exact;
+    CommBytes f = comm_step_bytes(&s, accum, ep_rows, counted ? z->gathered_ring : NULL);
+    char zero_what[160];
+    snprintf(zero_what, sizeof(zero_what), "ZeRO %d: %s%s", z->stage,
+             z->stage < 2 ? "all-reduce 2(p-1)/p x 4P (1: reduce-scatter + all-gather)"
+             : z->stage == 2 ? "reduce-scatter per micro-batch + all-gather"
+                             : "gathers + reduce-scatter per micro-batch",
+             z->stage == 3 ? (counted ? ", the gathers made" : ", gathers by zero_unit_params' policy") : "");
+    struct { Group *grp; double expect; const char *what; } rows[] = {
+        {g->grad_group, f.dp, zero_what},
+        {&g->edp_group, f.edp, "the experts' units over edp"},
+        {&g->emb_group, f.emb, "the tied embedding's gradient, all-reduced between the first and the last stage"},
+        {&g->pp_group, f.pp, "each micro-batch and chunk: the activation forward, its gradient back"},
+        {&g->cp_group, f.cp, "ring attention's k, v hops; MoE routing's capacity and f"},
+        {&g->ep_group, f.ep, "all-to-all dispatch and return, forward, backward (and recomputed)"},
+        {&g->tp_group, f.tp, "SP: RS + AG, or all-reduces, of (p-1)/p BT C per layer and end; CE stats; gates"}};
+    for (int i = 0; i < (int)(sizeof(rows) / sizeof(rows[0])); i++) {
+        double got = rows[i].grp->bytes;
+        check(fabs(got - rows[i].expect) < 1 + 1e-9 * rows[i].expect, "comm: %s bytes/step %.0f = formula %.0f (%s)",
+              rows[i].grp->name, got, rows[i].expect, rows[i].what);
     }
-    if (g->cp > 1) {   // ring attention, per layer and micro-batch: N-1 hops of k, v forward (again when recomputed),
-                       // N-1 of k, v and N of dk, dv backward; each (B, T/cp, 2C/tp)
-        int N = g->cp, hops = (N - 1) + (m->recompute == RECOMPUTE_FULL ? N - 1 : 0) + (N - 1) + N;
-        double kv = X * m->BT * 2.0 * m->Cl, expect = (double)accum * Ls * hops * kv;
-        // MoE, per layer and forward (again when recomputed): the sequences' other assignments for the
-        // capacity, all-gathered (choices and probabilities, (B, T/cp, k) ints and floats; not when
-        // dropless), and f, all-reduced ((B, E) floats)
-        int capped = m->moe.cap < m->T * N, fwd = m->recompute == RECOMPUTE_FULL ? 2 : 1;
-        double moe = nmoe * fwd * ((capped ? 2.0 * (N - 1) * m->BT * c->topk * 4
-                                    : 0) + 2.0 * (N - 1) / N * m->B * c->num_experts * 4);
-        expect += accum * moe;
-        check(fabs(g->cp_group.bytes - expect) < 1,
-              "comm: cp bytes/step %.0f = formula %.0f (%d micro-batches x %d layers x %d hops of (B, T/cp, 2C/tp) = "
-              "%.0f B: ring attention; MoE routing %.0f B)",
-              g->cp_group.bytes, expect, accum, Ls, hops, kv, accum * moe);
-    }
-    int runs = m->recompute == RECOMPUTE_FULL ? 3 : 2;   // forward, backward (and the recomputed forward)
-    if (g->ep > 1 && nmoe > 0) {   // rows x C x X each way, forward (dispatch, return) and backward (the same)
-        double expect = runs * ep_rows * c->channels * X;
-        check(fabs(g->ep_group.bytes - expect) < 1,
-              "comm: ep bytes/step %.0f = formula %.0f (%d x %.0f rows to / from the other ep ranks x C x %d B: "
-              "all-to-all dispatch and return, forward, backward%s)",
-              g->ep_group.bytes, expect, runs, ep_rows, (int)X, runs == 3 ? ", recomputed forward" : "");
-    }
-    if (tp > 1) {
-        double S = X * m->BT * c->channels, ring = (tp - 1.0) / tp;
-        double ce = 0;
-        for (int c0 = 0; last && c0 < m->BT; c0 += m->ce.chunk) {
-            int n = m->BT - c0 < m->ce.chunk ? m->BT - c0 : m->ce.chunk;
-            ce += (tp - 1.0) * 3 * n * 4;
-        }
-        double rep_ar = m->sp ? 2.0 * ring * X * rep * (z->stage >= 2 ? accum : 1) : 0;
-        // per micro-batch: 4 per layer of this stage, plus the embedding (first stage) and the head (last stage)
-        double ends = first + last;
-        double act = m->sp ? (2 * ends + 10.0 * Ls) * ring * S : (2 * ends + 8.0 * Ls) * ring * S;
-        if (m->recompute == RECOMPUTE_FULL) { act += 4.0 * Ls * ring * S; }   // each layer's forward collectives, again
-        // pipeline without SP: each tp rank received 1/tp of the stage boundary tensors, then all-gathered
-        double pipe_ag = g->pp > 1 && !m->sp ? ((vpp - first) + (vpp - last)) * ring * S * m->BTs / m->BT : 0;
-        // MoE: the gates' gradient (BT, k) fp32, all-reduced per MoE layer
-        double gates = nmoe * 2.0 * ring * m->BT * c->topk * 4;
-        double expect = accum * (act + ce + pipe_ag + gates) + rep_ar;
-        check(fabs(g->tp_group.bytes - expect) < 1 + 1e-9 * expect,
-              "comm: tp bytes/step %.0f = formula %.0f (%s: %s; CE stats %.0f; MoE gate gradients %.0f)",
-                  g->tp_group.bytes, expect,
-              m->sp ? "SP" : "no SP",
-                  m->sp ? "(ends+4L) RS + (ends+6L) AG of (p-1)/p*BT*C, of which 2L AG re-gather in backward"
-                                            : "(ends+4L) AR of 2(p-1)/p*BT*C", ce, accum * gates);
+    if (counted && g->grad_group->size > 1) {   // the gathers made: every unit at least once, at most the bound
+        double bound[2], made = z->gathered_ring[0] + z->gathered_ring[1];
+        for (int i = 0; i < 2; i++) { bound[i] = s.z3_step[i] + accum * s.z3_micro[i]; }
+        check(z->gathers >= m->nunits && made <= bound[0] + bound[1] + 0.5,
+              "comm: zero 3 gathers: %ld units gathered, %.0f ring elements <= the plan's bound %.0f (every use gathered)",
+              z->gathers, made, bound[0] + bound[1]);
     }
 }
 
@@ -1332,7 +1239,7 @@ static double ep_rows_moved(GPT2 *m, const int *log, int accum) {
     int E = m->config.num_experts, El = E / g->ep, k = m->config.topk, nmoe = stage_moe_layers(m);
     // padded (a capacity): every slot of P = B cap rows goes, whatever the routing: El slots to and from each
     // other ep rank, per MoE layer and micro-batch
-    if (m->moe.padded) { return (double)nmoe * accum * 2.0 * (g->ep - 1) * El * m->B * m->moe.cap; }
+    if (m->moe.padded) { CommShape s = gpt2_comm_shape(m); return comm_ep_rows_even(&s, accum); }
     int *cnt = (int *)malloc_check(sizeof(int) * E), *all = (int *)malloc_check(sizeof(int) * E * g->ep);
     double rows = 0;
     for (int q = 0; q < nmoe * accum; q++) {
@@ -1407,7 +1314,7 @@ static StepResult check_step(TestRun *t, GPT2 *m, DataLoader *dl, const RefState
 // The memory plan (--plan, --memory-limit) of this rank, made without allocating, equals what the model
 // allocated, category by category and in total (this build's sizes; test_gpt does not sample).
 static void check_plan(TestRun *t, GPT2 *m) {
-    MemPlan plan = gpt2_plan(&t->args, &t->config, m->moe.opt, t->world, my_rank, plan_build(&t->args));
+    MemPlan plan = gpt2_plan(&t->args, &t->config, m->moe.opt, t->world, my_rank, plan_build(&t->args), NULL);
     int same = plan.peak_total == mem_peak_total;
     for (int k = 0; k < MEM_NCAT; k++) { same &= plan.peak[k] == mem_peak[k]; }
     check(same, "memory plan = measurement: planned peaks %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f), measured %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f)",
@@ -1504,7 +1411,7 @@ static void check_first_step(TestRun *t, GPT2 *m, DataLoader *dl, int check_mem,
     }
     // ep_rows: the rows this rank's MoE dispatches sent to other ep ranks plus those it received from them
     // (each moves forward and back, in the forward and again in the backward), from the routing
-    if (check_comm_flag) { check_comm_dp(m, t->accum); check_comm_model(m, t->accum, ep_rows); }
+    if (check_comm_flag) { check_comm(m, t->accum, ep_rows); }
     if (check_mem) {
         check_memory_model(m);
         check_memory_activations(m, t->accum);

@@ -11,6 +11,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/backend.h"           // defines: floatX, device memory and copies, streams, CUDA/cuBLAS error checks
 #include "llmc/alloc.h"             // defines: mem_alloc (the one allocator, by category), the memory report, plans
 #include "llmc/comm.h"              // defines: Grid, Group, the collectives (device and host), the comm report
+#include "llmc/comm_bytes.h"        // defines: comm_step_bytes: a step's bytes per group, by formula
 #include "llmc/rand.h"              // defines: Rng (the model's init and sampling)
 #include "llmc/test_hooks.h"        // defines: the few places a test reaches into the program
 // the kernels: a CPU loop (the specification) beside each CUDA kernel, one launcher each
@@ -38,6 +39,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/checkpoint.h"        // defines: layout-independent checkpoints, resume, the run directory
 #include "llmc/args.h"              // defines: Args, the table of flags, parse_args, the layout checks
 #include "llmc/plan.h"              // defines: the memory plan's report, the cost model, the levers
+#include "llmc/layout_search.h"     // defines: plan_search: every layout of N ranks, planned, timed, ranked
 
 // ----------------------------------------------------------------------------
 // the model's units: how the tensors (model_file.h) are cut over the pipeline stages, tp and ep ranks
@@ -1345,6 +1347,50 @@ static int load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *r
     return s.max_steps;
 }
 
+// The rank's shapes that its step's bytes per group follow from (comm_bytes.h), as the model set them up.
+static CommShape gpt2_comm_shape(const GPT2 *m) {
+    const GPT2Config *c = &m->config;
+    Grid *g = m->grid;
+    CommShape s;
+    memset(&s, 0, sizeof(s));
+    s.X = floatx_bytes();
+    s.tp = g->tp; s.cp = g->cp; s.pp = g->pp; s.sp = m->sp; s.vpp = m->vpp; s.first = m->first; s.last = m->last;
+    s.zero = m->zero.stage; s.dp = g->grad_group->size; s.edp = g->edp_group.size; s.ep = g->ep;
+    s.B = m->B; s.BT = m->BT; s.BTs = m->BTs; s.C = c->channels; s.Cl = m->Cl; s.Ls = m->Ls;
+    s.ce_chunk = m->ce.chunk; s.recompute_full = m->recompute == RECOMPUTE_FULL;
+    for (int l = 0; l < m->Ls; l++) { s.nmoe += m->u_experts[l] >= 0; }
+    s.moe_layers = m->moe.nlayers; s.topk = c->topk; s.E = c->num_experts; s.El = c->num_experts / g->ep;
+    s.capped = s.nmoe > 0 && m->moe.cap < m->T * g->cp; s.padded = s.nmoe > 0 && m->moe.padded; s.cap = m->moe.cap;
+    s.bias = s.nmoe > 0 && m->moe.opt.bias_rate > 0;
+    int exact = g->pp == 1 && s.nmoe == 0 && c->num_layers >= 2;   // zero_unit_params' policy, counted below
+    s.z3_exact = exact;
+    for (int u = 0; u < m->nunits; u++) {
+        const Unit *U = &m->units[u];
+        int i = U->dpg == &g->edp_group;
+        double r = (U->dpg->size - 1.0) / U->dpg->size * U->padded;   // ring elements of one gather
+        s.units[i] += U->padded;
+        s.rep += U->nrep;
+        if (exact) { continue; }
+        if (U->embedding) { s.z3_step[i] += r; } else { s.z3_micro[i] += 2 * r; }   // (the bound: see CommShape)
+    }
+    if (exact) {
+        // the embedding gathered once per step; each layer twice per micro-batch (forward, backward) but the
+        // last, still there for its backward; the final LayerNorm once per micro-batch; layers 0 and 1 kept
+        // from one micro-batch's backward to the next one's forward
+        int L = c->num_layers;
+        double r = (g->grad_group->size - 1.0) / g->grad_group->size, E = m->units[m->u_embed].padded;
+        double F = m->units[m->u_final].padded, Llast = m->units[m->u_layer[L - 1]].padded;
+        s.z3_step[0] = r * E;
+        s.z3_micro[0] = r * (2.0 * (s.units[0] - E - F) + F - Llast);
+        s.z3_between[0] = r * (m->units[m->u_layer[0]].padded + m->units[m->u_layer[1]].padded);
+    }
+    if (g->pp > 1 && m->u_embed >= 0) {
+        s.embed_padded = m->units[m->u_embed].padded;
+        s.embed_shard = m->units[m->u_embed].shard;
+    }
+    return s;
+}
+
 // ----------------------------------------------------------------------------
 // the memory plan (plan.h): the model's own set-up with the allocator only counting (alloc.h), on a grid
 // without communicators (grid_plan): no weights, no device, one process
@@ -1352,7 +1398,8 @@ static int load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *r
 // Rank `rank` of a world of `world` ranks: what gpt2_init allocates for the model, then what set-up allocates
 // beside it: the sampler's logits row (the last stage, when sampling) and, on CUDA, the cuBLASLt workspace and
 // the attention's (the cuBLAS path's; flash has none; without cp), which gpt2_init allocates only in a run.
-static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int world, int rank, PlanBuild b) {
+static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int world, int rank, PlanBuild b,
+                         CommShape *shape) {
     mem_plan_begin(b.floatx);
     Grid g;
     grid_plan(&g, world, rank, a->tp, a->cp, a->pp, a->ep);
@@ -1372,6 +1419,7 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
     }
     MemPlan p = mem_plan_end();
     p.slots = m.pipe.nslots;
+    if (shape) { *shape = gpt2_comm_shape(&m); shape->X = (double)b.floatx; }
     gpt2_free(&m);
     return p;
 }
@@ -2153,6 +2201,12 @@ int main(int argc, char **argv) {
         plan_config(&r->args, r->rank, &r->config);
         validate_layout(&r->args, &r->config, r->args.plan, r->rank);
         if (r->rank == 0) { plan_report(&r->args, &r->config, r->args.plan, r->args.memory_limit); }
+        mpi_finalize_watched();
+        return 0;
+    }
+    if (r->args.plan_search) {   // every layout of N ranks, planned and timed, on one process
+        plan_config(&r->args, r->rank, &r->config);
+        if (r->rank == 0) { plan_search(&r->args, &r->config, r->args.plan_search); }
         mpi_finalize_watched();
         return 0;
     }

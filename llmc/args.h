@@ -18,6 +18,7 @@
 
 #define MAX_FLAGS 80
 #define MAX_ACCUM 65536   // micro-batches per step (-d over B*T*dp) at most
+#define MACHINE_KEYS "flops attn_flops mem_bw node_bw net_bw layer_cost flash_slower cores gpus_per_node"   // (plan.h)
 
 typedef struct {
     const char *train_pattern, *val_pattern, *output_dir, *model;
@@ -38,6 +39,9 @@ typedef struct {
     int plan;                    // --plan N: print the memory plan for N ranks and exit
     const char *plan_precision;  // --plan-precision bf16|fp32: plan the CUDA build's sizes (NULL: this build's)
     double memory_limit;         // --memory-limit: bytes per rank (0: none; CUDA: the free device memory)
+    int plan_search;             // --plan-search N: rank the layouts of N ranks by the cost model, and exit
+    int gpus_per_node;           // --gpus-per-node G: ranks per node for the cost model (0: the machine's)
+    const char *machine;         // --machine FILE: the cost model's rates (key=value; NULL: the defaults)
     const char *scheduler, *pp_schedule, *drop_policy, *trace_dir;
     const char *pp_layers;   // --pp-layers: NULL (even), "auto" or "5,7"
     unsigned int seed;
@@ -244,6 +248,13 @@ static const Flag FLAGS[] = {
         "plan the CUDA build's sizes (from any build)"},
     {"--memory-limit", 0, F_SIZE, ARG(memory_limit), 0, 0, 0, "SIZE",
         "bytes per rank, e.g. 80G: a run over it stops before allocating, with advice"},
+    {"--plan-search", 0, F_INT, ARG(plan_search), 1, 1 << 20, 0, "N",
+        "every valid layout for N ranks (tp, cp, pp, schedule, dp, ep, ZeRO, SP, recompute, -b, CE chunk; -d fixed), "
+        "planned exactly, ranked by the cost model's time; the 10 fastest that fit --memory-limit, and exit"},
+    {"--gpus-per-node", 0, F_INT, ARG(gpus_per_node), 1, 1 << 16, 0, "G",
+        "ranks per node for the cost model: a group spanning nodes gets the network's bandwidth (8)"},
+    {"--machine", 0, F_STRING, ARG(machine), 0, 0, 0, "FILE",
+        "the cost model's rates, key=value lines (" MACHINE_KEYS "; dev/notes/layout_search.md) (an 8 x H200 node)"},
     {"--prompt-ids", 0, F_STRING, ARG(prompt_ids), 0, 0, 0, "IDS",
         "sample after these token ids (1,2,3): at the end of the run, and with -s (dev/sample.py encodes text)"},
     {"--prompt", 0, F_STRING, ARG(prompt), 0, 0, 0, "TEXT", "sample after this text (byte models, V 257)"},

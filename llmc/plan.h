@@ -32,16 +32,20 @@ static PlanBuild plan_build(const Args *a) {
 }
 
 // The plan of rank `rank` of a world of `world` ranks (train_gpt.cu).
-static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int world, int rank, PlanBuild b);
+// shape (if not NULL): the rank's shapes its step's bytes follow from (comm_bytes.h).
+static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int world, int rank, PlanBuild b,
+                         CommShape *shape);
 
 // What the CUDA context and NCCL take beside the allocator's buffers (an assumption, stated with the plan).
 static double plan_reserve(PlanBuild b) { return b.cuda ? 1024.0 * 1048576.0 : 0.0; }
 
-// The plan of every pipeline stage (tp, cp, dp rank 0 of each: the other positions hold as much);
-// returns the stage with the largest peak total.
-static int plan_stages(const Args *a, const GPT2Config *c, int world, PlanBuild b, MemPlan *plans) {
+// The plan of every pipeline stage (tp, cp, dp rank 0 of each: the other positions hold as much), and its
+// shapes for the cost model (shapes: NULL, or pp of them); returns the stage with the largest peak total.
+static int plan_stages(const Args *a, const GPT2Config *c, int world, PlanBuild b, MemPlan *plans, CommShape *shapes) {
     int worst = 0;
-    for (int s = 0; s < a->pp; s++) { plans[s] = gpt2_plan(a, c, moe_options(a, c), world, s * a->tp * a->cp, b); }
+    for (int s = 0; s < a->pp; s++) {
+        plans[s] = gpt2_plan(a, c, moe_options(a, c), world, s * a->tp * a->cp, b, shapes ? &shapes[s] : NULL);
+    }
     for (int s = 1; s < a->pp; s++) { if (plans[s].peak_total > plans[worst].peak_total) { worst = s; } }
     return worst;
 }
@@ -85,62 +89,191 @@ static void plan_explain(const Args *a, const GPT2Config *c, int world, int stag
     }
 }
 
-// Seconds per step of a layout, from stated assumptions: FLOP rate per rank, the link bandwidth of each
-// group (tp, cp, ep inside a node; pp, dp across nodes), the slowest pipeline stage, the bubble, and a fixed cost per layer
-// and micro-batch (launches, latencies: smaller micro-batches are slower). A ranking, not a forecast.
-#define PLAN_FLOPS 200e12     // achieved per rank (about 20% of an H200's dense bf16 peak: what the GPU check measured)
-#define PLAN_NODE_BW 300e9    // bytes/s per rank inside a node (NVLink)
-#define PLAN_NET_BW 40e9      // bytes/s per rank across nodes
-#define PLAN_LAYER_COST 50e-6 // seconds per layer and micro-batch, forward and backward
-#define PLAN_FLASH_SLOWER 3.0 // --attention flash: its attention FLOPs at a third of the rate (the flash kernels took 3.5x
-                              // the cuBLAS path's time at T 4096 on an H200)
-// The costliest pipeline stage over the mean stage, under --pp-layers auto's cost model (a stage's layers,
-// the LM head on the last): the pipeline runs at the pace of its slowest stage (1 without a pipeline).
-static double plan_stage_imbalance(const Args *a, const GPT2Config *c) {
-    int first[PIPE_MAX_LAYERS + 1], n = a->pp * a->vpp;
-    char err[256];
-    if (a->pp == 1 || layer_split(first, a->pp_layers, c, a->T, a->pp, a->vpp, err, sizeof(err))) { return 1.0; }
-    double *stage = (double *)calloc_check(a->pp, sizeof(double)), total = 0.0, most = 0.0;
-    for (int s = 0; s < n; s++) {   // virtual stage s runs on rank s % pp
-        double w = s == n - 1 ? head_flops_per_token(c) : 0.0;
-        for (int l = first[s]; l < first[s + 1]; l++) { w += layer_flops_per_token(c, l, a->T); }
-        stage[s % a->pp] += w;
-        total += w;
-    }
-    for (int r = 0; r < a->pp; r++) { if (stage[r] > most) { most = stage[r]; } }
-    free(stage);
-    return most / (total / a->pp);
+// ----------------------------------------------------------------------------
+// The cost model: a step's seconds from the machine's rates (Machine: --machine FILE, or the defaults), the
+// plan's exact shapes per stage (each stage's layers and head, its bytes per group: comm_bytes.h), and the
+// pipeline's own step list (pipe_simulate runs the schedule the run executes). A ranking of layouts, stated
+// with its assumptions; dev/notes/layout_search.md says how it was checked.
+
+typedef struct {
+    double flops;         // FLOP/s per rank on the matrix multiplies (layers, head)
+    double attn_flops;    // FLOP/s per rank on causal attention's T x T work (6 C T a token)
+    double mem_bw;        // bytes/s per rank of the bandwidth-bound kernels (LayerNorm, residual, GELU, AdamW)
+    double node_bw;       // bytes/s per rank a collective moves inside a node
+    double net_bw;        // bytes/s per rank a collective moves across nodes
+    double layer_cost;    // seconds per layer and micro-batch, forward and backward (launches, latencies)
+    double flash_slower;  // --attention flash: its attention at 1/this of attn_flops
+    double cores;         // CPU ranks: the cores the ranks share (0: a device per rank)
+    int gpus_per_node;    // ranks per node (groups within it use node_bw)
+    char given[256];      // the keys a machine file set (the others: the defaults)
+    const char *name;
+} Machine;
+
+// The default: an 8-GPU H200 node (NVLink) on an InfiniBand network. flops: about 20% of the H200's dense bf16
+// peak (989 TFLOP/s), what this program's GPU check reached on GPT-2 124M (22% MFU); attn_flops: half that;
+// mem_bw: about 2/3 of the H200's 4.8 TB/s HBM3e; node_bw: NCCL's all-reduce bus bandwidth on an H100/H200
+// NVLink node, about 360-480 GB/s in nccl-tests (NVLink 4: 450 GB/s each way), taken at 300; net_bw: one
+// 400 Gb/s ConnectX-7 port per GPU (50 GB/s), taken at 40; layer_cost: launches and latencies of a layer's
+// ~20 kernels and 4-10 collectives at ~3-5 us each.
+static Machine machine_default(void) {
+    Machine m = {200e12, 100e12, 3.0e12, 300e9, 40e9, 50e-6, 3.0, 0, 8, "", "an 8 x H200 node, InfiniBand between nodes (defaults)"};
+    return m;
 }
 
-static double plan_seconds(const Args *a, const GPT2Config *c, int world, PlanBuild b) {
-    int dp = world / (a->tp * a->cp * a->pp), accum = a->total_batch / (a->B * a->T * dp);
-    double L = c->num_layers, C = c->channels, T = a->T, tokens = (double)a->total_batch, X = (double)b.floatx;
-    double P = (double)num_parameters(c),
-        recompute = !strcmp(a->recompute, "full") ? 4.0 / 3 : !strcmp(a->recompute, "mlp") ? 1.1 : 1.0;
-    double flash = !strcmp(a->attention, "flash") && attention_flash_applies(c->channels / c->num_heads, b.floatx)
-            ? PLAN_FLASH_SLOWER : 1.0;
-    // per token: each layer's weights a token meets (a MoE layer: its router, k experts and the shared ones: the
-    // cost model of --pp-layers auto) and causal attention (6 C T), and the LM head
-    double per_token = head_flops_per_token(c);
-    for (int l = 0; l < c->num_layers; l++) { per_token += layer_flops_per_token(c, l, a->T) + 6.0 * C * T * (flash - 1); }
-    double flops = per_token * tokens * recompute;
-    double compute = flops / (world * PLAN_FLOPS) * plan_stage_imbalance(a, c);   // (the slowest stage's pace)
-    double bubble = a->pp > 1 ? (a->pp - 1.0) / (a->vpp * accum + a->pp - 1.0) : 0.0;
-    if (a->pp > 1 && !strcmp(a->pp_schedule, "zb")) {   // ZB: from its step lists (pipeline.h), F = B = W
-        double idle[PIPE_MAX_LAYERS];
-        double end = pipe_simulate(SCHEDULE_ZB, a->pp, 1, accum, 1.0, 1.0, 1.0, idle);
-        bubble = 0;
-        for (int r = 0; r < a->pp; r++) { if (idle[r] / end > bubble) { bubble = idle[r] / end; } }
+// --machine FILE: key=value lines (# comments); unknown keys and bad values are errors.
+static int machine_read(Machine *m, const char *path, char *err, size_t errlen) {
+    FILE *f = fopen(path, "r");
+    if (!f) { snprintf(err, errlen, "--machine %s: cannot open it", path); return 1; }
+    char line[256];
+    int n = 0;
+    while (fgets(line, sizeof(line), f)) {
+        n++;
+        char *h = strchr(line, '#');
+        if (h) { *h = '\0'; }
+        char key[64];
+        double v;
+        if (sscanf(line, " %63[^= \t] = %lf", key, &v) != 2) {
+            int blank = 1;
+            for (char *c = line; *c; c++) { blank &= isspace((unsigned char)*c) != 0; }
+            if (blank) { continue; }
+            snprintf(err, errlen, "--machine %s line %d: expected key=value (a number), got '%.60s'", path, n, line);
+            fclose(f);
+            return 1;
+        }
+        double *d = !strcmp(key, "flops") ? &m->flops : !strcmp(key, "attn_flops") ? &m->attn_flops
+                : !strcmp(key, "mem_bw") ? &m->mem_bw : !strcmp(key, "node_bw") ? &m->node_bw
+                : !strcmp(key, "net_bw") ? &m->net_bw : !strcmp(key, "layer_cost") ? &m->layer_cost
+                : !strcmp(key, "flash_slower") ? &m->flash_slower : !strcmp(key, "cores") ? &m->cores : NULL;
+        if (!d && strcmp(key, "gpus_per_node")) {
+            snprintf(err, errlen, "--machine %s line %d: unknown key '%s' (known: %s)", path, n, key, MACHINE_KEYS);
+            fclose(f);
+            return 1;
+        }
+        if (!(v >= 0) || (v == 0 && strcmp(key, "cores") && strcmp(key, "layer_cost"))) {
+            snprintf(err, errlen, "--machine %s line %d: %s = %g must be positive", path, n, key, v);
+            fclose(f);
+            return 1;
+        }
+        if (d) { *d = v; } else { m->gpus_per_node = (int)v; }
+        size_t o = strlen(m->given);
+        snprintf(m->given + o, sizeof(m->given) - o, "%s%s", o ? " " : "", key);
     }
-    double BTl = (double)a->B * a->T / a->cp, Pl = P / (a->tp * a->pp);
-    double tp_bytes = a->tp > 1 ? accum * (L / a->pp) * 8.0 * (a->tp - 1.0) / a->tp * BTl * C * X : 0;
-    double cp_bytes = a->cp > 1 ? accum * (L / a->pp) * (3.0 * a->cp - 2) * BTl * 2 * C / a->tp * X : 0;
-    double pp_bytes = a->pp > 1 ? accum * 2.0 * a->vpp * BTl * C / a->tp * X : 0;
-    double dp_bytes = dp > 1
-            ? (a->zero >= 2 ? (accum + 1.0) : 2.0) * (dp - 1.0) / dp * Pl * X * (a->zero == 3 ? 2.0 : 1.0) : 0;
-    double comm = (tp_bytes + cp_bytes) / PLAN_NODE_BW + (pp_bytes + dp_bytes) / PLAN_NET_BW;
-    double fixed = accum * (L / a->pp) * PLAN_LAYER_COST;
-    return (compute + fixed) / (1.0 - bubble) + comm;
+    fclose(f);
+    m->name = path;
+    return 0;
+}
+
+// The machine of --machine FILE (each key it lacks: the default's), with --gpus-per-node over its own.
+static Machine plan_machine(const Args *a) {
+    Machine m = machine_default();
+    char err[512];
+    if (a->machine && machine_read(&m, a->machine, err, sizeof(err))) { fail("%s", err); }
+    if (a->gpus_per_node > 0) { m.gpus_per_node = a->gpus_per_node; }
+    return m;
+}
+
+// Whether a group whose members lie within `extent` consecutive ranks (tp: tp; cp: tp cp; pp: tp cp pp;
+// ep: tp cp pp ep; dp: the world) crosses nodes of G ranks: its bandwidth is then the network's.
+static double group_bw(const Machine *m, int size, long extent) {
+    return size > 1 && m->gpus_per_node > 0 && extent > m->gpus_per_node ? m->net_bw : m->node_bw;
+}
+
+// A step's time and where it goes (seconds; the comm: what is not overlapped with compute).
+typedef struct { double total, compute, bubble, tp, cp, ep, pp, dp, optimizer; int stage; } StepTime;
+
+// Seconds per step of layout a (world ranks, its plan's CommShape per stage in shapes).
+static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, const Machine *mc,
+                               const CommShape *shapes) {
+    StepTime t;
+    memset(&t, 0, sizeof(t));
+    int dp = world / (a->tp * a->cp * a->pp), accum = a->total_batch / (a->B * a->T * dp), n = a->pp * a->vpp;
+    int first[PIPE_MAX_LAYERS + 1];
+    char err[256];
+    if (layer_split(first, a->pp_layers, c, a->T, a->pp, a->vpp, err, sizeof(err))) { fail("%s", err); }
+    double C = c->channels, T = a->T, X = shapes[0].X, tokens = (double)a->B * a->T / a->cp;   // a micro-batch's, a rank's
+    int full = !strcmp(a->recompute, "full"), mlp = !strcmp(a->recompute, "mlp");
+    double flash = !strcmp(a->attention, "flash") ? mc->flash_slower : 1.0;
+    double slow = mc->cores > 0 && world > mc->cores ? world / mc->cores : 1.0;   // ranks sharing the cores
+    double tf = 0, tb = 0, tw = 0, busy = 0, p2p = 0;   // the slowest stage's, per micro-batch
+    long tcp = (long)a->tp * a->cp;
+    double bw_tp = group_bw(mc, a->tp, a->tp), bw_cp = group_bw(mc, a->cp, tcp), bw_pp = group_bw(mc, a->pp, tcp * a->pp);
+    double bw_ep = group_bw(mc, a->ep, tcp * a->pp * a->ep), bw_dp = group_bw(mc, dp * a->cp, world);
+    for (int s = 0; s < a->pp; s++) {
+        const CommShape *sh = &shapes[s];
+        double gemm = 0, attn = 0, layers = 0;   // FLOPs per token of the stage (this tp rank: / tp)
+        for (int v = s; v < n; v += a->pp) {
+            for (int l = first[v]; l < first[v + 1]; l++) {
+                gemm += layer_flops_per_token(c, l, a->T) - 6.0 * C * T;
+                attn += 6.0 * C * T / 2;   // (causal: half the T x T blocks)
+                layers++;
+            }
+            if (v == n - 1) { gemm += head_flops_per_token(c); }
+        }
+        double g = tokens * gemm / a->tp / mc->flops, at = tokens * attn / a->tp / mc->attn_flops * flash;
+        // bandwidth-bound: each layer's LayerNorms, residuals, GELU, softmax read and write about 40 (BTs, C)
+        double elem = layers * 40.0 * tokens / (a->sp ? a->tp : 1) * C * X / mc->mem_bw;
+        double fixed = layers * mc->layer_cost;
+        CommBytes cb = comm_step_bytes(sh, accum, comm_ep_rows_even(sh, accum), NULL);
+        double ctp = cb.tp / accum / bw_tp, cep = cb.ep / accum / bw_ep;
+        double ccp = cb.cp / accum / bw_cp, cp_exposed = ccp > at ? ccp - at : 0;   // the ring's hops overlap attention
+        // forward a third of the compute, backward two thirds (B: the inputs' gradients, W: the weights');
+        // recompute: mlp runs fc and GELU again (an eighth of a dense layer's GEMMs), full the whole forward
+        double fwd = (g + at) / 3 + elem / 3 + fixed / 3;
+        double again = full ? fwd : mlp ? g / 3 / 8 : 0;
+        double f = fwd + (ctp + cep) / 2 + cp_exposed / 2;
+        double bwd = 2 * (g + at) / 3 + 2 * elem / 3 + 2 * fixed / 3 + again + (ctp + cep) / 2 + cp_exposed / 2;
+        double w = g / 3;   // (the W pass: the weights' gradients, a forward's GEMMs)
+        if (f + bwd > tf + tb + tw) { tf = f; tb = bwd - w; tw = w; t.stage = s; }
+        if (f + bwd > busy) { busy = f + bwd; }
+        t.tp = fmax(t.tp, accum * ctp); t.ep = fmax(t.ep, accum * cep); t.cp = fmax(t.cp, accum * cp_exposed);
+        p2p = fmax(p2p, cb.pp / accum / 2 / bw_pp);   // one message each way per micro-batch
+    }
+    t.compute = accum * busy - t.tp - t.ep - t.cp;
+    // the pipeline: the slowest stage's passes through the schedule's own step lists (each message on the
+    // critical path); without one, the micro-batches one after another
+    double pipe;
+    if (a->pp > 1) {
+        double idle[PIPE_MAX_LAYERS], v = a->vpp;
+        PipeSchedule sch = a->vpp > 1 ? SCHEDULE_INTERLEAVED : pipe_schedule(a->pp_schedule);
+        if (sch == SCHEDULE_ZB) { pipe = pipe_simulate(sch, a->pp, 1, accum, tf + p2p, tb + p2p, tw, idle); }
+        else { pipe = pipe_simulate(sch, a->pp, a->vpp, accum, (tf + p2p) / v, (tb + tw + p2p) / v, 0, idle); }
+        t.pp = accum * 2 * p2p;
+    } else {
+        pipe = accum * (tf + tb + tw);
+    }
+    t.bubble = pipe - accum * busy - t.pp > 0 ? pipe - accum * busy - t.pp : 0;
+    // dp (the worst stage): what the code overlaps with the backward, and what it cannot
+    //   ZeRO 0: the all-reduce of each unit starts after its last backward: the last micro-batch's backward
+    //   ZeRO 1: so does the reduce-scatter; the all-gather of the updated parameters follows the optimizer
+    //   ZeRO 2: a reduce-scatter per micro-batch, each during its backward; then the all-gather
+    //   ZeRO 3: the gathers are prefetched during the forward and backward, the reduce-scatters during the
+    //           backward, per micro-batch; no all-gather at the end
+    double dp_exposed = 0, opt = 0;
+    for (int s = 0; s < a->pp; s++) {
+        const CommShape *sh = &shapes[s];
+        CommBytes cb = comm_step_bytes(sh, accum, 0, NULL);
+        double ring = 0;   // one reduce-scatter's (or all-gather's) bytes of every unit, dp and edp
+        for (int i = 0; i < 2; i++) {
+            int p = i == 0 ? sh->dp : sh->edp;
+            if (p > 1) { ring += (p - 1.0) / p * X * sh->units[i]; }
+        }
+        double rs = ring / bw_dp, e;
+        if (sh->zero == 0) { e = fmax(0, 2 * rs - tb); }
+        else if (sh->zero == 1) { e = fmax(0, rs - tb) + rs; }
+        else if (sh->zero == 2) { e = accum * fmax(0, rs - tb) + rs; }
+        else { e = accum * fmax(0, (cb.dp + cb.edp) / bw_dp / accum - tf - tb); }
+        e += cb.emb / group_bw(mc, 2, world);
+        dp_exposed = fmax(dp_exposed, e);
+        // AdamW over the owned elements: parameter, gradient, m, v (and fp32 master) read and written
+        double owned = sh->zero == 0 ? sh->units[0] + sh->units[1] : sh->units[0] / sh->dp + sh->units[1] / sh->edp;
+        opt = fmax(opt, owned * (2.0 * X + 8 + 8 + (X == 2 ? 8 : 0)) / mc->mem_bw);
+    }
+    t.dp = dp_exposed;
+    t.optimizer = opt;
+    t.total = (pipe + t.dp + t.optimizer) * slow;
+    t.compute *= slow; t.bubble *= slow; t.tp *= slow; t.cp *= slow; t.ep *= slow; t.pp *= slow; t.dp *= slow;
+    t.optimizer *= slow;
+    return t;
 }
 
 // A change of the layout: what (the flags), its kind (one flag: a pair changes two different ones), its
@@ -149,19 +282,20 @@ typedef struct { char what[96]; int kind; Args args; double peak; double seconds
 enum { LV_ZERO, LV_SP, LV_TP, LV_PP, LV_SCHEDULE, LV_SPLIT, LV_CP, LV_CE, LV_ATTENTION, LV_RECOMPUTE, LV_BATCH, LV_EP };
 
 // One lever's layout, if it runs: its worst stage's peak and its time.
-static int try_lever(Lever *lv, const Args *base, const GPT2Config *c, int world, PlanBuild b, double limit,
+static int try_lever(Lever *lv, const GPT2Config *c, int world, PlanBuild b, const Machine *mc, double limit,
                      const char *what) {
     char err[512];
     lv->args.dp = -1;   // (world and -d fixed: dp follows)
     if (layout_error(&lv->args, c, world, err, sizeof(err))) { return 0; }
-    (void)base;
     MemPlan *plans = (MemPlan *)malloc_check(sizeof(MemPlan) * lv->args.pp);
-    int w = plan_stages(&lv->args, c, world, b, plans);
+    CommShape *shapes = (CommShape *)malloc_check(sizeof(CommShape) * lv->args.pp);
+    int w = plan_stages(&lv->args, c, world, b, plans, shapes);
     lv->peak = (double)plans[w].peak_total + plan_reserve(b);
     lv->fits = lv->peak <= limit;
-    lv->seconds = plan_seconds(&lv->args, c, world, b);
+    lv->seconds = plan_step_time(&lv->args, c, world, mc, shapes).total;
     snprintf(lv->what, sizeof(lv->what), "%s", what);
     free(plans);
+    free(shapes);
     return 1;
 }
 
@@ -172,14 +306,14 @@ static int lever_order(const void *x, const void *y) {
 }
 
 // The single levers that apply to layout a (world and -d fixed), planned; without one that fits, pairs.
-static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild b, double limit, Lever *out,
-                       int pairs_of) {
+static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild b, const Machine *mc, double limit,
+                       Lever *out, int pairs_of) {
     int n = 0;
     #define LEVER(cond, k, what, change) do { \
         if (cond) { \
             Lever lv; lv.args = *a; lv.kind = k; \
             { Args *x = &lv.args; change; } \
-            if (try_lever(&lv, a, c, world, b, limit, what)) { out[n++] = lv; } \
+            if (try_lever(&lv, c, world, b, mc, limit, what)) { out[n++] = lv; } \
         } } while (0)
     char w[96];
     if (a->zero < 3 && a->dp > 1) {   // (ZeRO shards over dp: nothing to shard at dp 1)
@@ -219,7 +353,7 @@ static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild 
         int singles = n;
         for (int i = 0; i < singles; i++) {
             Lever more[16];
-            int k = plan_levers(&out[i].args, c, world, b, limit, more, 0);
+            int k = plan_levers(&out[i].args, c, world, b, mc, limit, more, 0);
             for (int j = 0; j < k && n < 256; j++) {
                 if (more[j].kind <= out[i].kind) { continue; }   // (the same flag twice, or this pair the other way round)
                 char both[96];
@@ -246,7 +380,7 @@ static void plan_print_stages(const Args *a, const GPT2Config *c, int world, Pla
         printf(" | %10.1f\n", plans[s].peak_total / 1048576.0);
         // the stage's last (tp, cp, dp) position: the same, or a row of its own
         int last = s * a->tp * a->cp + (a->tp - 1) + a->tp * (a->cp - 1) + a->tp * a->cp * a->pp * (a->dp - 1);
-        MemPlan other = gpt2_plan(a, c, moe_options(a, c), world, last, b);
+        MemPlan other = gpt2_plan(a, c, moe_options(a, c), world, last, b, NULL);
         int same = other.peak_total == plans[s].peak_total;
         for (int k = 0; k < MEM_NCAT; k++) { same &= other.peak[k] == plans[s].peak[k]; }
         if (!same) {
@@ -263,8 +397,8 @@ static void plan_print_stages(const Args *a, const GPT2Config *c, int world, Pla
 
 // Over the limit: the largest category of the worst stage, what dominates it, and the levers (single ones,
 // or pairs when none fits) ranked by fit and time, with the machine-readable "lever ..." lines.
-static void plan_print_advice(const Args *a, const GPT2Config *c, int world, PlanBuild b, double limit, const MemPlan *plans,
-                              int worst) {
+static void plan_print_advice(const Args *a, const GPT2Config *c, int world, PlanBuild b, const Machine *mc, double limit,
+                              const MemPlan *plans, const CommShape *shapes, int worst) {
     int big = 0;
     for (int k = 1; k < MEM_NCAT; k++) { if (plans[worst].peak[k] > plans[worst].peak[big]) { big = k; } }
     char why[256];
@@ -273,16 +407,16 @@ static void plan_print_advice(const Args *a, const GPT2Config *c, int world, Pla
     printf("  %s\n", why);
     Lever *levers = (Lever *)malloc_check(sizeof(Lever) * 256);
     Args base = *a;
-    int n = plan_levers(&base, c, world, b, limit, levers, 0), any = 0;
+    int n = plan_levers(&base, c, world, b, mc, limit, levers, 0), any = 0;
     for (int i = 0; i < n; i++) { any |= levers[i].fits; }
-    if (!any) { n = plan_levers(&base, c, world, b, limit, levers, 1); }
+    if (!any) { n = plan_levers(&base, c, world, b, mc, limit, levers, 1); }
     qsort(levers, n, sizeof(Lever), lever_order);
     printf("levers (%s; world %d and -d %d fixed, so tp, cp or pp x2 halves dp), fits first, then fastest; the time "
-           "per step is a model of GPU ranks (%.0f TFLOP/s each, %.0f GB/s inside a node for tp and cp, %.0f GB/s across "
-           "for pp and dp, %.0f us per layer and micro-batch, the bubble, flash attention %.0fx slower): it ranks the "
-           "levers, it is not this machine's step%s:\n", any ? "one at a time" : "no single lever fits: pairs of two",
-           world, a->total_batch, PLAN_FLOPS / 1e12, PLAN_NODE_BW / 1e9, PLAN_NET_BW / 1e9, PLAN_LAYER_COST * 1e6,
-           PLAN_FLASH_SLOWER, b.cuda ? "" : " (a CPU rank runs far slower)");
+           "per step is the cost model's (%s: %.0f TFLOP/s, %.0f GB/s inside a node of %d, %.0f GB/s across; "
+           "the schedule's own bubble): it ranks the levers, it is not this machine's step%s:\n",
+           any ? "one at a time" : "no single lever fits: pairs of two", world, a->total_batch, mc->name,
+           mc->flops / 1e12, mc->node_bw / 1e9, mc->gpus_per_node, mc->net_bw / 1e9,
+           b.cuda || mc->cores > 0 ? "" : " (a CPU rank runs far slower)");
     for (int i = 0; i < n && i < 12; i++) {
         printf("  %-8s %9.3f GiB  %10.2f ms/step  %s\n", levers[i].fits ? "fits" : "too big", gib(levers[i].peak),
                levers[i].seconds * 1e3, levers[i].what);
@@ -291,7 +425,7 @@ static void plan_print_advice(const Args *a, const GPT2Config *c, int world, Pla
         printf("lever %d %d %.0f %.6f %s\n", i, levers[i].fits, levers[i].peak, levers[i].seconds, levers[i].what);
     }
     if (n == 0) { printf("  (no lever applies to this layout)\n"); }
-    printf("  (this layout: %.2f ms/step)\n", plan_seconds(a, c, world, b) * 1e3);
+    printf("  (this layout: %.2f ms/step)\n", plan_step_time(a, c, world, mc, shapes).total * 1e3);
     free(levers);
 }
 
@@ -299,8 +433,10 @@ static void plan_print_advice(const Args *a, const GPT2Config *c, int world, Pla
 // and the levers. Returns 1 if every rank fits (or there is no limit).
 static int plan_report(const Args *a, const GPT2Config *c, int world, double limit) {
     PlanBuild b = plan_build(a);
+    Machine mc = plan_machine(a);
     MemPlan *plans = (MemPlan *)malloc_check(sizeof(MemPlan) * a->pp);
-    int worst = plan_stages(a, c, world, b, plans), accum = a->total_batch / (a->B * a->T * a->dp);
+    CommShape *shapes = (CommShape *)malloc_check(sizeof(CommShape) * a->pp);
+    int worst = plan_stages(a, c, world, b, plans, shapes), accum = a->total_batch / (a->B * a->T * a->dp);
     double reserve = plan_reserve(b);
     printf("memory plan: L %d C %d NH %d Vp %d%s, world %d = tp %d x cp %d x pp %d x dp %d, B %d T %d x %d "
            "micro-batches, zero %d%s, %s%s, recompute %s, ce chunk %d; %s\n",
@@ -316,9 +452,10 @@ static int plan_report(const Args *a, const GPT2Config *c, int world, double lim
                reserve > 0 ? " (1.00 GiB of it assumed for the CUDA context and NCCL)" : "", worst, gib(need),
                    fits ? "fits" : "does NOT fit");
     }
-    if (!fits) { plan_print_advice(a, c, world, b, limit, plans, worst); }
+    if (!fits) { plan_print_advice(a, c, world, b, &mc, limit, plans, shapes, worst); }
     fflush(stdout);
     free(plans);
+    free(shapes);
     return fits;
 }
 
@@ -331,7 +468,7 @@ static void check_memory_fits(const Args *a, const GPT2Config *c, Grid *g) {
     PlanBuild b = plan_build(a);
     double limit = a->memory_limit > 0 ? a->memory_limit : device_free_bytes();
     if (limit <= 0) { return; }
-    MemPlan mine = gpt2_plan(a, c, moe_options(a, c), g->world_size, g->rank, b);
+    MemPlan mine = gpt2_plan(a, c, moe_options(a, c), g->world_size, g->rank, b, NULL);
     double need = (double)mine.peak_total + (a->memory_limit > 0 ? plan_reserve(b) : 0.0);
     int over = need > limit ? 1 : 0;
     comm_host_all_reduce(&g->world, &over, 1, DT_INT, HOST_MAX, "all-reduce (memory plan)");

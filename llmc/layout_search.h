@@ -1,0 +1,183 @@
+// The layout search (--plan-search N): every layout of N ranks for this model and global batch (-d and -t
+// fixed) -- tp, cp, pp with its schedule and split, dp, ep, the ZeRO stage, SP, recompute, the micro-batch
+// B and the CE chunk -- checked by the run's own layout_error, planned exactly per stage (the memory plan),
+// its bytes per group by the formulas test_gpt asserts (comm_bytes.h), and timed by the cost model
+// (plan.h: the machine's rates, the schedule's own step lists). Prints the fastest that fit, and why the
+// others do not run.
+#ifndef LLMC_LAYOUT_SEARCH_H
+#define LLMC_LAYOUT_SEARCH_H
+
+#include "plan.h"
+
+// One layout tried: what varies (the rest is the command line's), its worst stage's peak and its time.
+typedef struct {
+    int tp, cp, pp, vpp, ep, zero, sp, B, ce_chunk;
+    const char *schedule, *split, *recompute;
+    double peak;
+    StepTime t;
+    long id;   // the enumeration's order (ties keep it)
+} Layout;
+
+// The flags that give layout x (beside the command line's model, -t and -d).
+static void layout_flags(const Layout *x, char *out, size_t n) {
+    int o = snprintf(out, n, "-b %d", x->B);
+    if (x->tp > 1) { o += snprintf(out + o, n - o, " --tp %d%s", x->tp, x->sp ? " --sp" : ""); }
+    if (x->cp > 1) { o += snprintf(out + o, n - o, " --cp %d", x->cp); }
+    if (x->pp > 1) {
+        o += snprintf(out + o, n - o, " --pp %d", x->pp);
+        if (x->vpp > 1) { o += snprintf(out + o, n - o, " --vpp %d", x->vpp); }
+        else { o += snprintf(out + o, n - o, " --pp-schedule %s", x->schedule); }
+        if (x->split) { o += snprintf(out + o, n - o, " --pp-layers %s", x->split); }
+    }
+    if (x->ep > 1) { o += snprintf(out + o, n - o, " --ep %d", x->ep); }
+    o += snprintf(out + o, n - o, " --zero %d", x->zero);
+    if (strcmp(x->recompute, "none")) { o += snprintf(out + o, n - o, " --recompute %s", x->recompute); }
+    snprintf(out + o, n - o, " --ce-chunk %d", x->ce_chunk);
+}
+
+// A rule of layout_error, its numbers taken out: the key the refusals are counted by.
+static void rule_of(const char *err, char *out, size_t n) {
+    size_t o = 0;
+    for (const char *c = err; *c && o + 2 < n; c++) {
+        if (isdigit((unsigned char)*c)) {
+            if (o == 0 || out[o - 1] != '#') { out[o++] = '#'; }
+            while (isdigit((unsigned char)c[1]) || c[1] == '.') { c++; }
+        } else {
+            out[o++] = *c;
+        }
+    }
+    out[o] = '\0';
+}
+
+typedef struct { char what[160]; long count; } Tally;
+static void tally(Tally *t, int *n, int cap, const char *what) {
+    for (int i = 0; i < *n; i++) { if (!strcmp(t[i].what, what)) { t[i].count++; return; } }
+    if (*n < cap) { snprintf(t[*n].what, sizeof(t[*n].what), "%s", what); t[(*n)++].count = 1; }
+}
+
+static int layout_faster(const void *x, const void *y) {
+    const Layout *a = (const Layout *)x, *b = (const Layout *)y;
+    if (a->t.total != b->t.total) { return a->t.total < b->t.total ? -1 : 1; }
+    if (a->peak != b->peak) { return a->peak < b->peak ? -1 : 1; }
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+#define SEARCH_TOP 10
+
+static void plan_search(const Args *base, const GPT2Config *c, int world) {
+    PlanBuild b = plan_build(base);
+    Machine mc = plan_machine(base);
+    double limit = base->memory_limit > 0 ? base->memory_limit : 0, reserve = plan_reserve(b);
+    long tokens = base->total_batch > 0 ? base->total_batch : (long)base->B * base->T * world;
+    static const char *recomputes[] = {"none", "mlp", "full"};
+    int ces[2] = {base->ce_chunk, 0};
+    size_t cap = 1024, nvalid = 0;
+    Layout *ok = (Layout *)malloc_check(cap * sizeof(Layout));
+    Tally invalid[64], over[MEM_NCAT];
+    int ninvalid = 0, nover = 0;
+    long tried = 0;
+    double t0 = wall_seconds();
+    MemPlan *plans = (MemPlan *)malloc_check(world * sizeof(MemPlan));
+    CommShape *shapes = (CommShape *)malloc_check(world * sizeof(CommShape));
+    for (int tp = 1; tp <= world; tp++) {
+        if (world % tp) { continue; }
+        for (int cp = 1; cp <= world / tp; cp++) {
+            if ((world / tp) % cp) { continue; }
+            for (int pp = 1; pp <= world / (tp * cp); pp++) {
+                if ((world / (tp * cp)) % pp) { continue; }
+                int dp = world / (tp * cp * pp);
+                // the pipeline's schedules: 1F1B, GPipe, ZB-H1, interleaved (2 chunks a stage); splits: even, auto
+                int nsched = pp > 1 ? 4 : 1, nsplit = pp > 1 ? 2 : 1;
+                for (int ep = 1; ep <= dp; ep++) {
+                    if (dp % ep || (ep > 1 && c->num_experts == 0)) { continue; }
+                    for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); zero++) {
+                        for (int sp = 0; sp <= (tp > 1); sp++) {
+                            for (int r = 0; r < 3; r++) {
+                                for (int sc = 0; sc < nsched; sc++) {
+                                    for (int split = 0; split < nsplit; split++) {
+                                        for (int B = 1; (long)B * base->T * dp <= tokens; B++) {
+                                            if (tokens % ((long)B * base->T * dp)) { continue; }
+                                            for (int ce = 0; ce < 2; ce++) {
+                                                if (ce == 1 && ces[0] == 0) { continue; }
+                                                Layout x = {tp, cp, pp, sc == 3 ? 2 : 1, ep, zero, sp, B, ces[ce],
+                                                            sc == 1 ? "gpipe" : sc == 2 ? "zb" : sc == 3 ? "interleaved" : "1f1b",
+                                                            split ? "auto" : NULL, recomputes[r], 0, {0}, tried};
+                                                Args a = *base;
+                                                a.tp = tp; a.cp = cp; a.pp = pp; a.vpp = x.vpp; a.dp = -1; a.ep = ep;
+                                                a.zero = zero; a.sp = sp; a.recompute = x.recompute;
+                                                a.pp_schedule = x.schedule; a.pp_layers = x.split; a.B = B;
+                                                a.ce_chunk = x.ce_chunk; a.total_batch = (int)tokens;
+                                                tried++;
+                                                char err[512], rule[160];
+                                                if (layout_error(&a, c, world, err, sizeof(err))) {
+                                                    rule_of(err, rule, sizeof(rule));
+                                                    tally(invalid, &ninvalid, 64, rule);
+                                                    continue;
+                                                }
+                                                int w = plan_stages(&a, c, world, b, plans, shapes);
+                                                x.peak = (double)plans[w].peak_total + reserve;
+                                                if (limit > 0 && x.peak > limit) {
+                                                    int big = 0;
+                                                    for (int k = 1; k < MEM_NCAT; k++) {
+                                                        if (plans[w].peak[k] > plans[w].peak[big]) { big = k; }
+                                                    }
+                                                    tally(over, &nover, MEM_NCAT, mem_category_names[big]);
+                                                    continue;
+                                                }
+                                                x.t = plan_step_time(&a, c, world, &mc, shapes);
+                                                if (nvalid == cap) { cap *= 2; ok = (Layout *)realloc_check(ok, cap * sizeof(Layout)); }
+                                                ok[nvalid++] = x;
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    qsort(ok, nvalid, sizeof(Layout), layout_faster);
+    long noverall = 0, ninv = 0;
+    for (int i = 0; i < nover; i++) { noverall += over[i].count; }
+    for (int i = 0; i < ninvalid; i++) { ninv += invalid[i].count; }
+    printf("layout search: L %d C %d NH %d Vp %d%s, %d ranks (nodes of %d), T %d, -d %ld tokens per step, %s; "
+           "limit %s%.2f GiB per rank%s\n", c->num_layers, c->channels, c->num_heads, c->padded_vocab_size,
+           c->num_experts ? " (MoE)" : "", world, mc.gpus_per_node, base->T, tokens, b.name, limit > 0 ? "" : "none: ",
+           gib(limit), reserve > 0 ? " (1.00 GiB of it for the CUDA context and NCCL)" : "");
+    printf("machine: %s: %.1f TFLOP/s GEMM, %.1f attention, %.0f GB/s memory, %.1f GB/s inside a node, %.1f across, "
+           "%.0f us per layer and micro-batch%s%s%s\n", mc.name, mc.flops / 1e12, mc.attn_flops / 1e12, mc.mem_bw / 1e9,
+           mc.node_bw / 1e9, mc.net_bw / 1e9, mc.layer_cost * 1e6, mc.cores > 0 ? ", ranks share cores: " : "",
+           mc.cores > 0 ? "yes" : "", mc.given[0] ? "" : " (every key the default's)");
+    if (mc.given[0]) { printf("  (from the file: %s; the other keys the defaults')\n", mc.given); }
+    printf("%ld layouts in %.2f s: %ld invalid, %ld over the limit, %zu fit\n", tried, wall_seconds() - t0, ninv,
+           noverall, nvalid);
+    printf("%4s %10s %9s | %9s %8s %8s %8s %8s %8s %8s %8s | %s\n", "rank", "ms/step", "peak GiB", "compute",
+           "bubble", "tp", "cp", "ep", "pp", "dp", "adamw", "flags (with -e, -t, -d as given)");
+    for (size_t i = 0; i < nvalid && i < SEARCH_TOP; i++) {
+        const Layout *x = &ok[i];
+        char flags[256];
+        layout_flags(x, flags, sizeof(flags));
+        printf("%4zu %10.2f %9.3f | %9.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f | %s\n", i + 1, x->t.total * 1e3,
+               gib(x->peak), x->t.compute * 1e3, x->t.bubble * 1e3, x->t.tp * 1e3, x->t.cp * 1e3, x->t.ep * 1e3,
+               x->t.pp * 1e3, x->t.dp * 1e3, x->t.optimizer * 1e3, flags);
+        int G = mc.gpus_per_node, tp_spans = x->tp > G, ep_spans = x->ep > 1 && (long)x->tp * x->cp * x->pp * x->ep > G;
+        if (tp_spans || ep_spans) {
+            printf("     warning: its %s group spans nodes of %d ranks: it runs at the network's bandwidth\n",
+                   tp_spans ? "tp" : "ep", G);
+        }
+    }
+    for (size_t i = 0; i < nvalid && i < SEARCH_TOP; i++) {   // machine-readable: "search rank peak seconds flags"
+        char flags[256];
+        layout_flags(&ok[i], flags, sizeof(flags));
+        printf("search %zu %.0f %.6f %s\n", i + 1, ok[i].peak, ok[i].t.total, flags);
+    }
+    if (nvalid > SEARCH_TOP) { printf("not shown: %zu that fit but are slower\n", nvalid - SEARCH_TOP); }
+    for (int i = 0; i < nover; i++) { printf("over the limit: %ld, its largest category %s\n", over[i].count, over[i].what); }
+    for (int i = 0; i < ninvalid; i++) { printf("invalid: %ld: %s\n", invalid[i].count, invalid[i].what); }
+    fflush(stdout);
+    free(ok); free(plans); free(shapes);
+}
+
+#endif // LLMC_LAYOUT_SEARCH_H
