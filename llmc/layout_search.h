@@ -35,6 +35,16 @@ static void layout_flags(const Layout *x, char *out, size_t n) {
     snprintf(out + o, n - o, " --ce-chunk %d", x->ce_chunk);
 }
 
+// The command line's args with layout x's choices (dp follows from the world).
+static Args layout_args(const Args *base, const Layout *x, long tokens) {
+    Args a = *base;
+    a.tp = x->tp; a.cp = x->cp; a.pp = x->pp; a.vpp = x->vpp; a.dp = -1; a.ep = x->ep;
+    a.zero = x->zero; a.sp = x->sp; a.recompute = x->recompute;
+    a.pp_schedule = x->schedule; a.pp_layers = x->split; a.B = x->B;
+    a.ce_chunk = x->ce_chunk; a.total_batch = (int)tokens;
+    return a;
+}
+
 // A rule of layout_error, its numbers taken out: the key the refusals are counted by.
 static void rule_of(const char *err, char *out, size_t n) {
     size_t o = 0;
@@ -53,6 +63,28 @@ typedef struct { char what[160]; long count; } Tally;
 static void tally(Tally *t, int *n, int cap, const char *what) {
     for (int i = 0; i < *n; i++) { if (!strcmp(t[i].what, what)) { t[i].count++; return; } }
     if (*n < cap) { snprintf(t[*n].what, sizeof(t[*n].what), "%s", what); t[(*n)++].count = 1; }
+}
+
+// Whether the run of a is the run of a layout the search tries as well: --pp-layers auto giving the even
+// split, or --ce-chunk 0 (the full logits) where the command line's chunk holds all the rank's tokens.
+static int layout_same_as_another(const Args *a, const GPT2Config *c, int chunk) {
+    if (a->ce_chunk == 0 && chunk > 0 && a->B * (a->T / a->cp) <= chunk) { return 1; }
+    if (a->pp_layers && !strcmp(a->pp_layers, "auto")) {
+        int even[PIPE_MAX_LAYERS + 1], aut[PIPE_MAX_LAYERS + 1];
+        char err[256];
+        if (layer_split(even, NULL, c, a->T, a->pp, a->vpp, err, sizeof(err))
+            || layer_split(aut, "auto", c, a->T, a->pp, a->vpp, err, sizeof(err))) { return 0; }
+        for (int s = 0; s <= a->pp * a->vpp; s++) { if (even[s] != aut[s]) { return 0; } }
+        return 1;
+    }
+    return 0;
+}
+
+static int layout_same_choices(const Layout *x, const Layout *y) {
+    return x->tp == y->tp && x->cp == y->cp && x->pp == y->pp && x->vpp == y->vpp && x->ep == y->ep
+        && x->zero == y->zero && x->sp == y->sp && x->B == y->B && x->ce_chunk == y->ce_chunk
+        && !strcmp(x->schedule, y->schedule) && !strcmp(x->recompute, y->recompute)
+        && (x->split == NULL) == (y->split == NULL);
 }
 
 static int layout_faster(const void *x, const void *y) {
@@ -75,7 +107,7 @@ static void plan_search(const Args *base, const GPT2Config *c, int world) {
     Layout *ok = (Layout *)malloc_check(cap * sizeof(Layout));
     Tally invalid[64], over[MEM_NCAT];
     int ninvalid = 0, nover = 0;
-    long tried = 0;
+    long tried = 0, same = 0;
     double t0 = wall_seconds();
     MemPlan *plans = (MemPlan *)malloc_check(world * sizeof(MemPlan));
     CommShape *shapes = (CommShape *)malloc_check(world * sizeof(CommShape));
@@ -102,11 +134,7 @@ static void plan_search(const Args *base, const GPT2Config *c, int world) {
                                                 Layout x = {tp, cp, pp, sc == 3 ? 2 : 1, ep, zero, sp, B, ces[ce],
                                                             sc == 1 ? "gpipe" : sc == 2 ? "zb" : sc == 3 ? "interleaved" : "1f1b",
                                                             split ? "auto" : NULL, recomputes[r], 0, {0}, tried};
-                                                Args a = *base;
-                                                a.tp = tp; a.cp = cp; a.pp = pp; a.vpp = x.vpp; a.dp = -1; a.ep = ep;
-                                                a.zero = zero; a.sp = sp; a.recompute = x.recompute;
-                                                a.pp_schedule = x.schedule; a.pp_layers = x.split; a.B = B;
-                                                a.ce_chunk = x.ce_chunk; a.total_batch = (int)tokens;
+                                                Args a = layout_args(base, &x, tokens);
                                                 tried++;
                                                 char err[512], rule[160];
                                                 if (layout_error(&a, c, world, err, sizeof(err))) {
@@ -114,6 +142,7 @@ static void plan_search(const Args *base, const GPT2Config *c, int world) {
                                                     tally(invalid, &ninvalid, 64, rule);
                                                     continue;
                                                 }
+                                                if (layout_same_as_another(&a, c, ces[0])) { same++; continue; }
                                                 int w = plan_stages(&a, c, world, b, plans, shapes);
                                                 x.peak = (double)plans[w].peak_total + reserve;
                                                 if (limit > 0 && x.peak > limit) {
@@ -151,11 +180,24 @@ static void plan_search(const Args *base, const GPT2Config *c, int world) {
            mc.node_bw / 1e9, mc.net_bw / 1e9, mc.layer_cost * 1e6, mc.cores > 0 ? ", ranks share cores: " : "",
            mc.cores > 0 ? "yes" : "", mc.given[0] ? "" : " (every key the default's)");
     if (mc.given[0]) { printf("  (from the file: %s; the other keys the defaults')\n", mc.given); }
-    printf("%ld layouts in %.2f s: %ld invalid, %ld over the limit, %zu fit\n", tried, wall_seconds() - t0, ninv,
-           noverall, nvalid);
+    printf("%ld layouts in %.2f s: %ld invalid, %ld the same as another, %ld over the limit, %zu fit\n", tried,
+           wall_seconds() - t0, ninv, same, noverall, nvalid);
     printf("%4s %10s %9s | %9s %8s %8s %8s %8s %8s %8s %8s | %s\n", "rank", "ms/step", "peak GiB", "compute",
            "bubble", "tp", "cp", "ep", "pp", "dp", "adamw", "flags (with -e, -t, -d as given)");
-    for (size_t i = 0; i < nvalid && i < SEARCH_TOP; i++) {
+    // the ones shown: the fastest, less those that only differ from a faster (or as fast) one shown in the CE
+    // chunk and take more memory (the model gives the chunk no time)
+    size_t shown = 0, dominated = 0;
+    for (size_t i = 0; i < nvalid && shown < SEARCH_TOP; i++) {
+        int dom = 0;
+        for (size_t j = 0; j < shown && !dom; j++) {
+            Layout y = ok[j];
+            y.ce_chunk = ok[i].ce_chunk;
+            dom = layout_same_choices(&y, &ok[i]) && ok[j].peak <= ok[i].peak;
+        }
+        if (dom) { dominated++; continue; }
+        ok[shown++] = ok[i];
+    }
+    for (size_t i = 0; i < shown; i++) {
         const Layout *x = &ok[i];
         char flags[256];
         layout_flags(x, flags, sizeof(flags));
@@ -168,12 +210,33 @@ static void plan_search(const Args *base, const GPT2Config *c, int world) {
                    tp_spans ? "tp" : "ep", G);
         }
     }
-    for (size_t i = 0; i < nvalid && i < SEARCH_TOP; i++) {   // machine-readable: "search rank peak seconds flags"
+    // machine-readable, for tests: "search rank peak seconds flags", then the bytes per step of each stage's
+    // first rank, by group: "search-comm rank stage exact tp cp pp dp ep edp emb" (exact 0: ZeRO-3's gathers
+    // with a pipeline or MoE layers are the bound, and MoE's counted dispatch assumes an even routing)
+    for (size_t i = 0; i < shown; i++) {
+        const Layout *x = &ok[i];
         char flags[256];
-        layout_flags(&ok[i], flags, sizeof(flags));
-        printf("search %zu %.0f %.6f %s\n", i + 1, ok[i].peak, ok[i].t.total, flags);
+        layout_flags(x, flags, sizeof(flags));
+        printf("search %zu %.0f %.6f %s\n", i + 1, x->peak, x->t.total, flags);
+        Args a = layout_args(base, x, tokens);
+        char err[512];
+        if (layout_error(&a, c, world, err, sizeof(err))) { fail("layout search: %s", err); }
+        int accum = a.total_batch / (a.B * a.T * a.dp);
+        plan_stages(&a, c, world, b, plans, shapes);
+        for (int s = 0; s < a.pp; s++) {
+            const CommShape *sh = &shapes[s];
+            CommBytes cb = comm_step_bytes(sh, accum, comm_ep_rows_even(sh, accum), NULL);
+            int exact = !(sh->zero == 3 && !sh->z3_exact) && !(sh->nmoe > 0 && sh->ep > 1 && !sh->padded);
+            printf("search-comm %zu %d %d %.0f %.0f %.0f %.0f %.0f %.0f %.0f\n", i + 1, s, exact, cb.tp, cb.cp, cb.pp,
+                   cb.dp, cb.ep, cb.edp, cb.emb);
+        }
     }
-    if (nvalid > SEARCH_TOP) { printf("not shown: %zu that fit but are slower\n", nvalid - SEARCH_TOP); }
+    if (nvalid > shown) {
+        printf("not shown: %zu that fit: %zu slower, %zu only another CE chunk of one shown, as fast and larger\n",
+               nvalid - shown, nvalid - shown - dominated, dominated);
+    }
+    if (same) { printf("not planned: %ld the same run as another (--pp-layers auto giving the even split, or "
+                       "--ce-chunk 0 where the chunk holds every token)\n", same); }
     for (int i = 0; i < nover; i++) { printf("over the limit: %ld, its largest category %s\n", over[i].count, over[i].what); }
     for (int i = 0; i < ninvalid; i++) { printf("invalid: %ld: %s\n", invalid[i].count, invalid[i].what); }
     fflush(stdout);

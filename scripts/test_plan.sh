@@ -139,3 +139,37 @@ zb=$(awk '$1 == "lever" && $6 == "--pp-schedule" && $7 == "zb" && NF == 7 { prin
 peak=$(awk '$1 == "plan" && $3 == "total" && $4 > m { m = $4 } END { print m }' "$W/zb.plan")
 [ -n "$zb" ] && [ -n "$base" ] && awk -v t="${zb% *}" -v p="${zb#* }" -v b="$base" -v q="$peak" 'BEGIN { exit !(t < b - 0.005 && p > q) }'
 say $? "the advisor's --pp-schedule zb lever: ${zb% *} ms/step against 1F1B's ${base:-?}, peak ${zb#* } B against ${peak:-?} B"
+
+# 7. the layout search (--plan-search N): the 5 fastest layouts that fit, launched: each run's peak is the
+#    search's planned peak, byte for byte, and each stage's first rank sent in every group the bytes the search
+#    put down for it (comm_bytes.h; where exact: ZeRO-3's gathers with a pipeline and MoE's counted dispatch are
+#    bounds or even-routing estimates). The limit leaves the plain data-parallel layouts out, so the five mix
+#    tp, SP, pp, ZeRO and recompute.
+S=(-e "$D" -t 64 -d 2048 -v 0 -s 0)
+"$BIN/train_gpt" "${S[@]}" --plan-search 4 --memory-limit 3M >"$W/search.txt" 2>&1
+n=$(grep -c "^search " "$W/search.txt")
+[ "$n" -ge 5 ] && grep -q "^invalid: " "$W/search.txt" && grep -q "^over the limit: " "$W/search.txt"
+say $? "--plan-search 4 within 3M: $n layouts shown, with the counts of those over the limit and the invalid ones"
+for i in 1 2 3 4 5; do
+    flags=$(awk -v i=$i '$1 == "search" && $2 == i { for (k = 5; k <= NF; k++) printf "%s ", $k }' "$W/search.txt")
+    peak=$(awk -v i=$i '$1 == "search" && $2 == i { print $3 }' "$W/search.txt")
+    [ -z "$flags" ] && { say 1 "search layout $i: not printed"; continue; }
+    $MPIRUN -np 4 "$BIN/train_gpt" "${S[@]}" $flags -x 1 --memory-report --comm-report >"$W/search$i.log" 2>&1 </dev/null
+    got=$(awk '$1 == "mem" && $3 == "total" && $5 > m { m = $5 } END { print m }' "$W/search$i.log")
+    tc=$(echo " $flags " | awk '{ tp = 1; cp = 1; for (k = 1; k < NF; k++) { if ($k == "--tp") tp = $(k+1); if ($k == "--cp") cp = $(k+1) } print tp * cp }')
+    # predicted "rank group bytes" of each stage's first rank, against the run's "comm rank group bytes" (the
+    # gradients' group is dpcp under cp)
+    awk -v i=$i -v tc=$tc '$1 == "search-comm" && $2 == i {
+        r = $3 * tc; split("tp cp pp dp ep edp emb", g, " ");
+        for (k = 1; k <= 7; k++) if ($4 == 1 || (g[k] != "dp" && g[k] != "edp" && g[k] != "ep")) print r, g[k], $(4 + k) }' \
+        "$W/search.txt" | sort >"$W/search$i.want"
+    awk '$1 == "comm" && NF == 4 { b[$2 " " $3] = $4 } END {
+        for (k in b) { split(k, a, " "); if (a[2] == "dpcp") { b[a[1] " dp"] = b[k] } }
+        for (k in b) if (k !~ /dpcp/) print k, b[k] }' "$W/search$i.log" | sort >"$W/search$i.all"
+    join -j1 <(awk '{ print $1 "_" $2, $3 }' "$W/search$i.want" | sort) <(awk '{ print $1 "_" $2, $3 }' "$W/search$i.all" | sort) \
+        | awk '$2 != $3 { bad++ } END { print NR, bad + 0 }' >"$W/search$i.cmp"
+    read -r ncmp nbad <"$W/search$i.cmp"
+    wantn=$(wc -l <"$W/search$i.want")
+    [ "$got" = "$peak" ] && [ "$ncmp" -eq "$wantn" ] && [ "$ncmp" -gt 0 ] && [ "$nbad" -eq 0 ]
+    say $? "search layout $i ($flags): measured peak ${got:-?} B = planned $peak B; $ncmp group byte counts of the stages' first ranks = the search's ($nbad differ)"
+done
