@@ -40,6 +40,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/args.h"              // defines: Args, the table of flags, parse_args, the layout checks
 #include "llmc/plan.h"              // defines: the memory plan's report, the cost model, the levers
 #include "llmc/layout_search.h"     // defines: plan_search: every layout of N ranks, planned, timed, ranked
+#include "llmc/calibrate.h"         // defines: calibrate: this machine's rates for the cost model (--machine)
 
 // ----------------------------------------------------------------------------
 // the model's units: how the tensors (model_file.h) are cut over the pipeline stages, tp and ep ranks
@@ -2197,10 +2198,23 @@ int main(int argc, char **argv) {
     signals_install();
     agree_on_args(&r->args, r->rank, r->world);
     attention_path = attention_path_of(&r->args);
+    if (r->args.machine) {   // (read here so that a bad file stops any run, not only a plan's advice)
+        Machine mc = machine_default();
+        char err[512];
+        if (machine_read(&mc, r->args.machine, err, sizeof(err))) { fail_all(r->rank, "%s", err); }
+    }
     if (r->args.plan) {   // the memory plan for --plan N ranks, on one process: no weights, no device, no data
         plan_config(&r->args, r->rank, &r->config);
         validate_layout(&r->args, &r->config, r->args.plan, r->rank);
         if (r->rank == 0) { plan_report(&r->args, &r->config, r->args.plan, r->args.memory_limit); }
+        mpi_finalize_watched();
+        return 0;
+    }
+    if (r->args.calibrate) {   // the machine's rates, every rank measuring at once
+        plan_config(&r->args, r->rank, &r->config);
+        static Grid g;
+        grid_init(&g, 1, 1, 1, 1);
+        calibrate(&r->args, &r->config, &g, r->args.calibrate);
         mpi_finalize_watched();
         return 0;
     }

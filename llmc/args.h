@@ -42,6 +42,7 @@ typedef struct {
     int plan_search;             // --plan-search N: rank the layouts of N ranks by the cost model, and exit
     int gpus_per_node;           // --gpus-per-node G: ranks per node for the cost model (0: the machine's)
     const char *machine;         // --machine FILE: the cost model's rates (key=value; NULL: the defaults)
+    const char *calibrate;       // --calibrate FILE: measure this machine's rates into FILE, and exit
     const char *scheduler, *pp_schedule, *drop_policy, *trace_dir;
     const char *pp_layers;   // --pp-layers: NULL (even), "auto" or "5,7"
     unsigned int seed;
@@ -253,6 +254,9 @@ static const Flag FLAGS[] = {
         "planned exactly, ranked by the cost model's time; the 10 fastest that fit --memory-limit, and exit"},
     {"--gpus-per-node", 0, F_INT, ARG(gpus_per_node), 1, 1 << 16, 0, "G",
         "ranks per node for the cost model: a group spanning nodes gets the network's bandwidth (8)"},
+    {"--calibrate", 0, F_STRING, ARG(calibrate), 0, 0, 0, "FILE",
+        "measure this machine's rates (GEMM, attention, memory, per-layer cost, all-reduce over the ranks, cores) "
+        "with this build's kernels at the model's shapes into FILE for --machine, and exit"},
     {"--machine", 0, F_STRING, ARG(machine), 0, 0, 0, "FILE",
         "the cost model's rates, key=value lines (" MACHINE_KEYS "; dev/notes/layout_search.md) (an 8 x H200 node)"},
     {"--prompt-ids", 0, F_STRING, ARG(prompt_ids), 0, 0, 0, "IDS",
@@ -365,6 +369,9 @@ static void parse_args(int argc, char **argv, Args *a) {
     if (a->model[0] == '\0') { arg_fail("-e '': expected a model file, dN, or L=..,C=..,NH=..,V=..,maxT=.."); }
     if (a->val_batches == 0) { arg_fail("-m must be -1 (the whole val set) or at least 1, got 0"); }
     if (a->prompt_ids && a->prompt) { arg_fail("--prompt-ids and --prompt: give one of them"); }
+    if ((a->plan > 0) + (a->plan_search > 0) + (a->calibrate != NULL) > 1) {
+        arg_fail("--plan, --plan-search and --calibrate: give one of them");
+    }
     if (a->output_dir && strlen(a->output_dir) > PATH_LEN - 64) {
         arg_fail("-o is %zu bytes long, at most %d (the file names inside must fit)", strlen(a->output_dir),
                  PATH_LEN - 64);

@@ -136,6 +136,7 @@ static int machine_read(Machine *m, const char *path, char *err, size_t errlen) 
             int blank = 1;
             for (char *c = line; *c; c++) { blank &= isspace((unsigned char)*c) != 0; }
             if (blank) { continue; }
+            line[strcspn(line, "\r\n")] = '\0';
             snprintf(err, errlen, "--machine %s line %d: expected key=value (a number), got '%.60s'", path, n, line);
             fclose(f);
             return 1;
@@ -195,6 +196,7 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
     double flash = !strcmp(a->attention, "flash") ? mc->flash_slower : 1.0;
     double slow = mc->cores > 0 && world > mc->cores ? world / mc->cores : 1.0;   // ranks sharing the cores
     double tf = 0, tb = 0, tw = 0, busy = 0, p2p = 0;   // the slowest stage's, per micro-batch
+    double stage_busy[PIPE_MAX_LAYERS];                 // each stage's compute and exposed comm in a step
     long tcp = (long)a->tp * a->cp;
     double bw_tp = group_bw(mc, a->tp, a->tp), bw_cp = group_bw(mc, a->cp, tcp), bw_pp = group_bw(mc, a->pp, tcp * a->pp);
     double bw_ep = group_bw(mc, a->ep, tcp * a->pp * a->ep), bw_dp = group_bw(mc, dp * a->cp, world);
@@ -225,6 +227,7 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
         double w = g / 3;   // (the W pass: the weights' gradients, a forward's GEMMs)
         if (f + bwd > tf + tb + tw) { tf = f; tb = bwd - w; tw = w; t.stage = s; }
         if (f + bwd > busy) { busy = f + bwd; }
+        stage_busy[s] = accum * (f + bwd) + cb.pp / bw_pp;
         t.tp = fmax(t.tp, accum * ctp); t.ep = fmax(t.ep, accum * cep); t.cp = fmax(t.cp, accum * cp_exposed);
         p2p = fmax(p2p, cb.pp / accum / 2 / bw_pp);   // one message each way per micro-batch
     }
@@ -248,7 +251,7 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
     //   ZeRO 2: a reduce-scatter per micro-batch, each during its backward; then the all-gather
     //   ZeRO 3: the gathers are prefetched during the forward and backward, the reduce-scatters during the
     //           backward, per micro-batch; no all-gather at the end
-    double dp_exposed = 0, opt = 0;
+    double dp_exposed = 0, opt = 0, work = 0;   // work: every rank's busy seconds, summed
     for (int s = 0; s < a->pp; s++) {
         const CommShape *sh = &shapes[s];
         CommBytes cb = comm_step_bytes(sh, accum, 0, NULL);
@@ -262,17 +265,24 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
         else if (sh->zero == 1) { e = fmax(0, rs - tb) + rs; }
         else if (sh->zero == 2) { e = accum * fmax(0, rs - tb) + rs; }
         else { e = accum * fmax(0, (cb.dp + cb.edp) / bw_dp / accum - tf - tb); }
-        e += cb.emb / group_bw(mc, 2, world);
+        e += cb.emb / group_bw(mc, 2, tcp * a->pp);   // (the first and the last stage)
         dp_exposed = fmax(dp_exposed, e);
         // AdamW over the owned elements: parameter, gradient, m, v (and fp32 master) read and written
         double owned = sh->zero == 0 ? sh->units[0] + sh->units[1] : sh->units[0] / sh->dp + sh->units[1] / sh->edp;
-        opt = fmax(opt, owned * (2.0 * X + 8 + 8 + (X == 2 ? 8 : 0)) / mc->mem_bw);
+        double o = owned * (2.0 * X + 8 + 8 + (X == 2 ? 8 : 0)) / mc->mem_bw;
+        opt = fmax(opt, o);
+        work += (double)world / a->pp * (stage_busy[s] + e + o);
     }
     t.dp = dp_exposed;
     t.optimizer = opt;
-    t.total = (pipe + t.dp + t.optimizer) * slow;
-    t.compute *= slow; t.bubble *= slow; t.tp *= slow; t.cp *= slow; t.ep *= slow; t.pp *= slow; t.dp *= slow;
-    t.optimizer *= slow;
+    // more ranks than cores: while a rank waits (the bubble, a message) another computes on its core, so the
+    // step is the longer of the critical path and every rank's work spread over the cores
+    t.total = pipe + t.dp + t.optimizer;
+    if (slow > 1) {
+        double spread = work / mc->cores, k = spread > t.total ? spread / t.total : 1.0;
+        t.total *= k;
+        t.compute *= k; t.bubble *= k; t.tp *= k; t.cp *= k; t.ep *= k; t.pp *= k; t.dp *= k; t.optimizer *= k;
+    }
     return t;
 }
 
@@ -444,6 +454,10 @@ static int plan_report(const Args *a, const GPT2Config *c, int world, double lim
            a->cp, a->pp, a->dp, a->B, a->T, accum, a->zero, a->sp ? ", sp" : "", a->pp_schedule,
            a->vpp > 1 ? " (vpp)" : "", a->recompute, a->ce_chunk, b.name);
     plan_print_stages(a, c, world, b, plans);
+    StepTime t = plan_step_time(a, c, world, &mc, shapes);
+    printf("predicted step: %.3f ms (cost model, %s: compute %.3f, bubble %.3f, exposed tp %.3f cp %.3f ep %.3f pp "
+           "%.3f dp %.3f, AdamW %.3f; slowest stage %d)\n", t.total * 1e3, mc.name, t.compute * 1e3, t.bubble * 1e3,
+           t.tp * 1e3, t.cp * 1e3, t.ep * 1e3, t.pp * 1e3, t.dp * 1e3, t.optimizer * 1e3, t.stage);
     int fits = 1;
     if (limit > 0) {
         double need = (double)plans[worst].peak_total + reserve;

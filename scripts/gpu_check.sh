@@ -105,6 +105,10 @@ if [ -f "$LOG_DIR/throughput_124m.log" ]; then
         "$LOG_DIR/throughput_124m.log" | tee "$LOG_DIR/mfu.txt"
 fi
 
+# 4a. the cost model's machine file for this GPU (--calibrate at the 124M shapes; --machine reads it), and the
+#     model's prediction for the step above beside its measurement
+step calibrate_h200 60 "./build/cuda/train_gpt -e d12 -b 16 -t 1024 --calibrate $LOG_DIR/machine_h200.txt && cat $LOG_DIR/machine_h200.txt && ./build/cuda/train_gpt -e d12 -b 16 -t 1024 -s 0 -v 0 --plan 1 --machine $LOG_DIR/machine_h200.txt | grep '^predicted step'"
+
 # 4b. the same with the flash attention kernels (no (NH, T, T) workspace)
 step throughput_124m_flash 120 "./build/cuda/train_gpt -e d12 -b 16 -t 1024 -x 20 -v 0 -s 0 --ce-chunk 2048 --attention flash --memory-report"
 

@@ -1,0 +1,100 @@
+// --calibrate FILE: this machine's rates for the cost model (plan.h's Machine), measured with this build's
+// own kernels and collectives at the model's layer shapes (-e, -b, -t: tp 1), on every rank at once (ranks
+// that share cores or a link measure it shared), written as the key=value lines --machine reads:
+//   flops       the MLP's fc forward and backward: 3 GEMMs of 2 (B T) C (4C) FLOPs
+//   attn_flops  causal attention forward and backward, counted as the cost model counts it (6 C T / 2 a token)
+//   mem_bw      a bandwidth-bound kernel (residual + bias: reads 2, writes 1 of (B T, C))
+//   layer_cost  what a layer's ~20 kernels cost beyond their work: 20 GEMMs of one row
+//   node_bw     an all-reduce of 16M elements over all the ranks, in bytes each rank sends per second
+//   cores       CPU build: the cores over the threads of a rank (more ranks than that share them)
+// What it cannot measure here stays out of the file (the defaults apply, named in --plan-search's output):
+// net_bw (one machine has no network), flash_slower, gpus_per_node.
+#ifndef LLMC_CALIBRATE_H
+#define LLMC_CALIBRATE_H
+
+#include <unistd.h>
+
+// Seconds per call of the code between CALIBRATE_TIME and CALIBRATE_END: repeated until 0.3 s have passed
+// (at least 3 calls, one untimed first), the device synchronised, then the mean over the ranks.
+#define CALIBRATE_TIME(g, out) do { \
+    Grid *g_ = (g); double *out_ = (out), t0_ = 0; int n_ = -1; \
+    for (;;) { \
+        if (n_ == 0) { device_synchronize(); t0_ = wall_seconds(); }
+#define CALIBRATE_END \
+        n_++; \
+        if (n_ >= 3) { device_synchronize(); if (wall_seconds() - t0_ > 0.3) { break; } } \
+    } \
+    double s_ = (wall_seconds() - t0_) / n_; \
+    comm_host_all_reduce(&g_->world, &s_, 1, DT_DOUBLE, HOST_SUM, "all-reduce (calibration)"); \
+    *out_ = s_ / g_->world_size; \
+} while (0)
+
+static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *path) {
+    int B = a->B, T = a->T, C = c->channels, NH = c->num_heads, BT = B * T, world = g->world_size;
+    size_t big = (size_t)BT * 4 * C, comm_n = (size_t)16 << 20;
+    floatX *x = (floatX *)mem_alloc(big * sizeof(floatX), MEM_WORKSPACE);
+    floatX *y = (floatX *)mem_alloc(big * sizeof(floatX), MEM_WORKSPACE);
+    floatX *dx = (floatX *)mem_alloc(big * sizeof(floatX), MEM_WORKSPACE);
+    floatX *w = (floatX *)mem_alloc((size_t)4 * C * C * sizeof(floatX), MEM_WORKSPACE);
+    floatX *dw = (floatX *)mem_alloc((size_t)4 * C * C * sizeof(floatX), MEM_WORKSPACE);
+    floatX *bias = (floatX *)mem_alloc((size_t)4 * C * sizeof(floatX), MEM_WORKSPACE);
+    floatX *comm_buf = world > 1 ? (floatX *)mem_alloc(comm_n * sizeof(floatX), MEM_COMM) : NULL;
+    float *lse = (float *)mem_alloc((size_t)B * NH * T * sizeof(float), MEM_WORKSPACE);
+    float *h = (float *)malloc_check(big * sizeof(float));
+    Rng rng;
+    rng_init(&rng, 1337 + g->rank);
+    for (size_t i = 0; i < big; i++) { h[i] = 0.02f * (2.0f * rng_f32(&rng) - 1.0f); }
+    upload_floats(x, h, big); upload_floats(y, h, big); upload_floats(dx, h, big);
+    upload_floats(w, h, (size_t)4 * C * C); upload_floats(dw, h, (size_t)4 * C * C); upload_floats(bias, h, 4 * (size_t)C);
+#ifdef USE_CUDA
+    matmul_setup();
+#endif
+    attention_setup(B, T, C, NH);
+    double t_gemm, t_att, t_mem, t_tiny, t_comm = 0;
+    // x (BT, C) -> y (BT, 4C); back: dx (BT, C), dw (4C, C)
+    CALIBRATE_TIME(g, &t_gemm)
+        matmul_forward(y, x, w, NULL, BT, C, 4 * C);
+        matmul_backward(dx, dw, NULL, y, x, w, BT, C, 4 * C);
+    CALIBRATE_END;
+    // qkv: x as (B, T, 3C) -> out: y (B, T, C); back: dout y -> dqkv dx
+    CALIBRATE_TIME(g, &t_att)
+        attention_forward(y, lse, x, B, T, C, NH);
+        attention_backward(dx, y, x, y, lse, B, T, C, NH);
+    CALIBRATE_END;
+    CALIBRATE_TIME(g, &t_mem)
+        residual_bias_forward(dx, x, y, bias, 4 * BT, C);
+    CALIBRATE_END;
+    CALIBRATE_TIME(g, &t_tiny)
+        for (int k = 0; k < 20; k++) { matmul_forward(y, x, w, NULL, 1, C, C); }
+    CALIBRATE_END;
+    if (world > 1) {
+        CALIBRATE_TIME(g, &t_comm)
+            comm_all_reduce(&g->world, comm_buf, comm_n, DT_FLOATX, NULL);
+        CALIBRATE_END;
+    }
+    double X = sizeof(floatX);
+    double flops = 3 * 2.0 * BT * C * 4.0 * C / t_gemm, attn = (double)BT * 6.0 * C * T / 2 / t_att;
+    double mem = 3.0 * 4 * BT * C * X / t_mem, node = world > 1 ? 2.0 * (world - 1) / world * comm_n * X / t_comm : 0;
+    if (g->rank == 0) {
+        FILE *f = fopen(path, "w");
+        if (!f) { fail("--calibrate %s: cannot write it", path); }
+        fprintf(f, "# --calibrate: %d rank(s) at once, this build's kernels at L %d C %d NH %d, B %d T %d (tp 1)\n",
+                world, c->num_layers, C, NH, B, T);
+        fprintf(f, "flops=%.4g\nattn_flops=%.4g\nmem_bw=%.4g\nlayer_cost=%.4g\n", flops, attn, mem, t_tiny);
+        if (world > 1) { fprintf(f, "node_bw=%.4g\n", node); }
+        else { fprintf(f, "# node_bw: not measured (one rank); net_bw, flash_slower, gpus_per_node: the defaults\n"); }
+#ifndef USE_CUDA
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        double cores = (double)ncpu / att_threads();
+        fprintf(f, "cores=%.4g\n", cores);
+#endif
+        if (fclose(f) != 0) { fail("--calibrate %s: cannot write it", path); }
+        printf("calibrated (%d ranks at once): GEMM %.3g TFLOP/s, attention %.3g TFLOP/s, memory %.3g GB/s, "
+               "%.1f us per layer, all-reduce %.3g GB/s per rank -> %s\n", world, flops / 1e12, attn / 1e12, mem / 1e9,
+               t_tiny * 1e6, node / 1e9, path);
+        fflush(stdout);
+    }
+    free(h);
+}
+
+#endif // LLMC_CALIBRATE_H
