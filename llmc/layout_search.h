@@ -96,69 +96,69 @@ static int layout_faster(const void *x, const void *y) {
 
 #define SEARCH_TOP 10
 
-static void plan_search(const Args *base, const GPT2Config *c, int world) {
-    PlanBuild b = plan_build(base);
-    Machine mc = plan_machine(base);
-    double limit = base->memory_limit > 0 ? base->memory_limit : 0, reserve = plan_reserve(b);
-    long tokens = base->total_batch > 0 ? base->total_batch : (long)base->B * base->T * world;
-    static const char *recomputes[] = {"none", "mlp", "full"};
-    int ces[2] = {base->ce_chunk, 0};
-    size_t cap = 1024, nvalid = 0;
-    Layout *ok = (Layout *)malloc_check(cap * sizeof(Layout));
-    Tally invalid[64], over[MEM_NCAT];
-    int ninvalid = 0, nover = 0;
-    long tried = 0, same = 0;
-    double t0 = wall_seconds();
-    MemPlan *plans = (MemPlan *)malloc_check(world * sizeof(MemPlan));
-    CommShape *shapes = (CommShape *)malloc_check(world * sizeof(CommShape));
-    for (int tp = 1; tp <= world; tp++) {
-        if (world % tp) { continue; }
-        for (int cp = 1; cp <= world / tp; cp++) {
-            if ((world / tp) % cp) { continue; }
-            for (int pp = 1; pp <= world / (tp * cp); pp++) {
-                if ((world / (tp * cp)) % pp) { continue; }
-                int dp = world / (tp * cp * pp);
-                // the pipeline's schedules: 1F1B, GPipe, ZB-H1, interleaved (2 chunks a stage); splits: even, auto
-                int nsched = pp > 1 ? 4 : 1, nsplit = pp > 1 ? 2 : 1;
-                for (int ep = 1; ep <= dp; ep++) {
-                    if (dp % ep || (ep > 1 && c->num_experts == 0)) { continue; }
-                    for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); zero++) {
-                        for (int sp = 0; sp <= (tp > 1); sp++) {
-                            for (int r = 0; r < 3; r++) {
-                                for (int sc = 0; sc < nsched; sc++) {
-                                    for (int split = 0; split < nsplit; split++) {
-                                        for (int B = 1; (long)B * base->T * dp <= tokens; B++) {
-                                            if (tokens % ((long)B * base->T * dp)) { continue; }
-                                            for (int ce = 0; ce < 2; ce++) {
-                                                if (ce == 1 && ces[0] == 0) { continue; }
-                                                Layout x = {tp, cp, pp, sc == 3 ? 2 : 1, ep, zero, sp, B, ces[ce],
-                                                            sc == 1 ? "gpipe" : sc == 2 ? "zb" : sc == 3 ? "interleaved" : "1f1b",
-                                                            split ? "auto" : NULL, recomputes[r], 0, {0}, tried};
-                                                Args a = layout_args(base, &x, tokens);
-                                                tried++;
-                                                char err[512], rule[160];
-                                                if (layout_error(&a, c, world, err, sizeof(err))) {
-                                                    rule_of(err, rule, sizeof(rule));
-                                                    tally(invalid, &ninvalid, 64, rule);
-                                                    continue;
-                                                }
-                                                if (layout_same_as_another(&a, c, ces[0])) { same++; continue; }
-                                                int w = plan_stages(&a, c, world, b, plans, shapes);
-                                                x.peak = (double)plans[w].peak_total + reserve;
-                                                if (limit > 0 && x.peak > limit) {
-                                                    int big = 0;
-                                                    for (int k = 1; k < MEM_NCAT; k++) {
-                                                        if (plans[w].peak[k] > plans[w].peak[big]) { big = k; }
-                                                    }
-                                                    tally(over, &nover, MEM_NCAT, mem_category_names[big]);
-                                                    continue;
-                                                }
-                                                x.t = plan_step_time(&a, c, world, &mc, shapes);
-                                                if (nvalid == cap) { cap *= 2; ok = (Layout *)realloc_check(ok, cap * sizeof(Layout)); }
-                                                ok[nvalid++] = x;
-                                            }
-                                        }
-                                    }
+// The search's inputs and what it found so far.
+typedef struct {
+    const Args *base;        // the command line: the model's flags, -t, the build planned
+    const GPT2Config *c;
+    int world;
+    long tokens;             // -d
+    PlanBuild b;
+    Machine mc;
+    double limit, reserve;   // --memory-limit (0: none); what the plan assumes beside the allocator (CUDA)
+    Layout *fit;             // the layouts that fit
+    size_t nfit, cap;
+    Tally invalid[64], over[MEM_NCAT];   // refusals by layout_error's rule; over the limit by largest category
+    int ninvalid, nover;
+    long tried, same;
+    MemPlan *plans;          // (world) scratch: a layout's plans and shapes per stage
+    CommShape *shapes;
+} Search;
+
+// One layout: refused by layout_error, the same run as another, over the limit, or planned and timed.
+static void search_try(Search *s, Layout x) {
+    x.id = s->tried++;
+    Args a = layout_args(s->base, &x, s->tokens);
+    char err[512], rule[160];
+    if (layout_error(&a, s->c, s->world, err, sizeof(err))) {
+        rule_of(err, rule, sizeof(rule));
+        tally(s->invalid, &s->ninvalid, 64, rule);
+        return;
+    }
+    if (layout_same_as_another(&a, s->c, s->base->ce_chunk)) { s->same++; return; }
+    int w = plan_stages(&a, s->c, s->world, s->b, s->plans, s->shapes);
+    x.peak = (double)s->plans[w].peak_total + s->reserve;
+    if (s->limit > 0 && x.peak > s->limit) {
+        int big = 0;
+        for (int k = 1; k < MEM_NCAT; k++) { if (s->plans[w].peak[k] > s->plans[w].peak[big]) { big = k; } }
+        tally(s->over, &s->nover, MEM_NCAT, mem_category_names[big]);
+        return;
+    }
+    x.t = plan_step_time(&a, s->c, s->world, &s->mc, s->shapes);
+    if (s->nfit == s->cap) { s->cap *= 2; s->fit = (Layout *)realloc_check(s->fit, s->cap * sizeof(Layout)); }
+    s->fit[s->nfit++] = x;
+}
+
+// Every layout of one grid (tp x cp x pp, dp the rest): ep, ZeRO, SP, recompute, the pipeline's schedule (1F1B,
+// GPipe, ZB-H1, interleaved with 2 chunks) and split (even, auto), the micro-batch B, the CE chunk (the command
+// line's, and 0: the full logits).
+static void search_grid(Search *s, int tp, int cp, int pp) {
+    static const char *recomputes[3] = {"none", "mlp", "full"};
+    static const char *schedules[4] = {"1f1b", "gpipe", "zb", "interleaved"};
+    int dp = s->world / (tp * cp * pp), nsched = pp > 1 ? 4 : 1, nsplit = pp > 1 ? 2 : 1;
+    int chunks[2] = {s->base->ce_chunk, 0}, nchunks = s->base->ce_chunk > 0 ? 2 : 1;
+    for (int ep = 1; ep <= (s->c->num_experts > 0 ? dp : 1); ep++) {
+        if (dp % ep) { continue; }
+        for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); zero++) {
+            for (int sp = 0; sp <= (tp > 1); sp++) {
+                for (int r = 0; r < 3; r++) {
+                    for (int sc = 0; sc < nsched; sc++) {
+                        for (int split = 0; split < nsplit; split++) {
+                            for (int B = 1; (long)B * s->base->T * dp <= s->tokens; B++) {
+                                if (s->tokens % ((long)B * s->base->T * dp)) { continue; }
+                                for (int k = 0; k < nchunks; k++) {
+                                    Layout x = {tp, cp, pp, sc == 3 ? 2 : 1, ep, zero, sp, B, chunks[k], schedules[sc],
+                                                split ? "auto" : NULL, recomputes[r], 0, {0}, 0};
+                                    search_try(s, x);
                                 }
                             }
                         }
@@ -167,44 +167,50 @@ static void plan_search(const Args *base, const GPT2Config *c, int world) {
             }
         }
     }
-    qsort(ok, nvalid, sizeof(Layout), layout_faster);
+}
+
+// The fastest layouts that fit (less those that only differ from a faster one shown in the CE chunk and take
+// more memory: the model gives the chunk no time), then why the others are not shown.
+static void search_report(Search *s) {
+    const GPT2Config *c = s->c;
+    const Machine *mc = &s->mc;
+    qsort(s->fit, s->nfit, sizeof(Layout), layout_faster);
     long noverall = 0, ninv = 0;
-    for (int i = 0; i < nover; i++) { noverall += over[i].count; }
-    for (int i = 0; i < ninvalid; i++) { ninv += invalid[i].count; }
+    for (int i = 0; i < s->nover; i++) { noverall += s->over[i].count; }
+    for (int i = 0; i < s->ninvalid; i++) { ninv += s->invalid[i].count; }
+    char lim[32];
+    snprintf(lim, sizeof(lim), s->limit > 0 ? "%.3g GiB" : "none", gib(s->limit));
     printf("layout search: L %d C %d NH %d Vp %d%s, %d ranks (nodes of %d), T %d, -d %ld tokens per step, %s; "
-           "limit %s%.2f GiB per rank%s\n", c->num_layers, c->channels, c->num_heads, c->padded_vocab_size,
-           c->num_experts ? " (MoE)" : "", world, mc.gpus_per_node, base->T, tokens, b.name, limit > 0 ? "" : "none: ",
-           gib(limit), reserve > 0 ? " (1.00 GiB of it for the CUDA context and NCCL)" : "");
-    printf("machine: %s: %.1f TFLOP/s GEMM, %.1f attention, %.0f GB/s memory, %.1f GB/s inside a node, %.1f across, "
-           "%.0f us per layer and micro-batch%s%s%s\n", mc.name, mc.flops / 1e12, mc.attn_flops / 1e12, mc.mem_bw / 1e9,
-           mc.node_bw / 1e9, mc.net_bw / 1e9, mc.layer_cost * 1e6, mc.cores > 0 ? ", ranks share cores: " : "",
-           mc.cores > 0 ? "yes" : "", mc.given[0] ? "" : " (every key the default's)");
-    if (mc.given[0]) { printf("  (from the file: %s; the other keys the defaults')\n", mc.given); }
-    printf("%ld layouts in %.2f s: %ld invalid, %ld the same as another, %ld over the limit, %zu fit\n", tried,
-           wall_seconds() - t0, ninv, same, noverall, nvalid);
+           "limit %s per rank%s\n", c->num_layers, c->channels, c->num_heads, c->padded_vocab_size,
+           c->num_experts ? " (MoE)" : "", s->world, mc->gpus_per_node, s->base->T, s->tokens, s->b.name, lim,
+           s->reserve > 0 ? " (1.00 GiB of it for the CUDA context and NCCL)" : "");
+    printf("machine: %s: %.3g TFLOP/s GEMM, %.3g attention, %.3g GB/s memory, %.3g GB/s inside a node, %.3g across, "
+           "%.0f us per layer and micro-batch%s\n", mc->name, mc->flops / 1e12, mc->attn_flops / 1e12, mc->mem_bw / 1e9,
+           mc->node_bw / 1e9, mc->net_bw / 1e9, mc->layer_cost * 1e6, mc->cores > 0 ? ", ranks share the cores" : "");
+    if (mc->given[0]) { printf("  (from the file: %s; the other keys the defaults')\n", mc->given); }
+    printf("%ld layouts: %ld invalid, %ld the same as another, %ld over the limit, %zu fit\n", s->tried, ninv, s->same,
+           noverall, s->nfit);
     printf("%4s %10s %9s | %9s %8s %8s %8s %8s %8s %8s %8s | %s\n", "rank", "ms/step", "peak GiB", "compute",
            "bubble", "tp", "cp", "ep", "pp", "dp", "adamw", "flags (with -e, -t, -d as given)");
-    // the ones shown: the fastest, less those that only differ from a faster (or as fast) one shown in the CE
-    // chunk and take more memory (the model gives the chunk no time)
     size_t shown = 0, dominated = 0;
-    for (size_t i = 0; i < nvalid && shown < SEARCH_TOP; i++) {
+    for (size_t i = 0; i < s->nfit && shown < SEARCH_TOP; i++) {
         int dom = 0;
         for (size_t j = 0; j < shown && !dom; j++) {
-            Layout y = ok[j];
-            y.ce_chunk = ok[i].ce_chunk;
-            dom = layout_same_choices(&y, &ok[i]) && ok[j].peak <= ok[i].peak;
+            Layout y = s->fit[j];
+            y.ce_chunk = s->fit[i].ce_chunk;
+            dom = layout_same_choices(&y, &s->fit[i]) && s->fit[j].peak <= s->fit[i].peak;
         }
         if (dom) { dominated++; continue; }
-        ok[shown++] = ok[i];
+        s->fit[shown++] = s->fit[i];
     }
     for (size_t i = 0; i < shown; i++) {
-        const Layout *x = &ok[i];
+        const Layout *x = &s->fit[i];
         char flags[256];
         layout_flags(x, flags, sizeof(flags));
         printf("%4zu %10.2f %9.3f | %9.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f | %s\n", i + 1, x->t.total * 1e3,
                gib(x->peak), x->t.compute * 1e3, x->t.bubble * 1e3, x->t.tp * 1e3, x->t.cp * 1e3, x->t.ep * 1e3,
                x->t.pp * 1e3, x->t.dp * 1e3, x->t.optimizer * 1e3, flags);
-        int G = mc.gpus_per_node, tp_spans = x->tp > G, ep_spans = x->ep > 1 && (long)x->tp * x->cp * x->pp * x->ep > G;
+        int G = mc->gpus_per_node, tp_spans = x->tp > G, ep_spans = x->ep > 1 && (long)x->tp * x->cp * x->pp * x->ep > G;
         if (tp_spans || ep_spans) {
             printf("     warning: its %s group spans nodes of %d ranks: it runs at the network's bandwidth\n",
                    tp_spans ? "tp" : "ep", G);
@@ -214,33 +220,63 @@ static void plan_search(const Args *base, const GPT2Config *c, int world) {
     // first rank, by group: "search-comm rank stage exact tp cp pp dp ep edp emb" (exact 0: ZeRO-3's gathers
     // with a pipeline or MoE layers are the bound, and MoE's counted dispatch assumes an even routing)
     for (size_t i = 0; i < shown; i++) {
-        const Layout *x = &ok[i];
-        char flags[256];
+        const Layout *x = &s->fit[i];
+        char flags[256], err[512];
         layout_flags(x, flags, sizeof(flags));
         printf("search %zu %.0f %.6f %s\n", i + 1, x->peak, x->t.total, flags);
-        Args a = layout_args(base, x, tokens);
-        char err[512];
-        if (layout_error(&a, c, world, err, sizeof(err))) { fail("layout search: %s", err); }
+        Args a = layout_args(s->base, x, s->tokens);
+        if (layout_error(&a, c, s->world, err, sizeof(err))) { fail("layout search: %s", err); }
         int accum = a.total_batch / (a.B * a.T * a.dp);
-        plan_stages(&a, c, world, b, plans, shapes);
-        for (int s = 0; s < a.pp; s++) {
-            const CommShape *sh = &shapes[s];
+        plan_stages(&a, c, s->world, s->b, s->plans, s->shapes);
+        for (int st = 0; st < a.pp; st++) {
+            const CommShape *sh = &s->shapes[st];
             CommBytes cb = comm_step_bytes(sh, accum, comm_ep_rows_even(sh, accum), NULL);
             int exact = !(sh->zero == 3 && !sh->z3_exact) && !(sh->nmoe > 0 && sh->ep > 1 && !sh->padded);
-            printf("search-comm %zu %d %d %.0f %.0f %.0f %.0f %.0f %.0f %.0f\n", i + 1, s, exact, cb.tp, cb.cp, cb.pp,
+            printf("search-comm %zu %d %d %.0f %.0f %.0f %.0f %.0f %.0f %.0f\n", i + 1, st, exact, cb.tp, cb.cp, cb.pp,
                    cb.dp, cb.ep, cb.edp, cb.emb);
         }
     }
-    if (nvalid > shown) {
+    if (s->nfit > shown) {
         printf("not shown: %zu that fit: %zu slower, %zu only another CE chunk of one shown, as fast and larger\n",
-               nvalid - shown, nvalid - shown - dominated, dominated);
+               s->nfit - shown, s->nfit - shown - dominated, dominated);
     }
-    if (same) { printf("not planned: %ld the same run as another (--pp-layers auto giving the even split, or "
-                       "--ce-chunk 0 where the chunk holds every token)\n", same); }
-    for (int i = 0; i < nover; i++) { printf("over the limit: %ld, its largest category %s\n", over[i].count, over[i].what); }
-    for (int i = 0; i < ninvalid; i++) { printf("invalid: %ld: %s\n", invalid[i].count, invalid[i].what); }
+    if (s->same) {
+        printf("not planned: %ld the same run as another (--pp-layers auto giving the even split, or --ce-chunk 0 where "
+               "the chunk holds every token)\n", s->same);
+    }
+    for (int i = 0; i < s->nover; i++) {
+        printf("over the limit: %ld, its largest category %s\n", s->over[i].count, s->over[i].what);
+    }
+    for (int i = 0; i < s->ninvalid; i++) { printf("invalid: %ld: %s\n", s->invalid[i].count, s->invalid[i].what); }
+}
+
+// --plan-search N: every grid of N ranks (tp x cp x pp x dp), each grid's layouts, then the report.
+static void plan_search(const Args *base, const GPT2Config *c, int world) {
+    Search s;
+    memset(&s, 0, sizeof(s));
+    s.base = base; s.c = c; s.world = world;
+    s.tokens = base->total_batch > 0 ? base->total_batch : (long)base->B * base->T * world;
+    s.b = plan_build(base);
+    s.mc = plan_machine(base);
+    s.limit = base->memory_limit > 0 ? base->memory_limit : 0;
+    s.reserve = plan_reserve(s.b);
+    s.cap = 1024;
+    s.fit = (Layout *)malloc_check(s.cap * sizeof(Layout));
+    s.plans = (MemPlan *)malloc_check(world * sizeof(MemPlan));
+    s.shapes = (CommShape *)malloc_check(world * sizeof(CommShape));
+    double t0 = wall_seconds();
+    for (int tp = 1; tp <= world; tp++) {
+        for (int cp = 1; cp <= world / tp; cp++) {
+            for (int pp = 1; pp <= world / (tp * cp); pp++) {
+                if (world % (tp * cp * pp) == 0) { search_grid(&s, tp, cp, pp); }
+            }
+        }
+    }
+    double seconds = wall_seconds() - t0;
+    search_report(&s);
+    printf("(searched in %.2f s)\n", seconds);
     fflush(stdout);
-    free(ok); free(plans); free(shapes);
+    free(s.fit); free(s.plans); free(s.shapes);
 }
 
 #endif // LLMC_LAYOUT_SEARCH_H

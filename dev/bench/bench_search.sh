@@ -6,10 +6,10 @@
 # the median of steps 2-6; the spread over runs is the noise) -- and the Spearman rank correlation of
 # predicted against measured, per world size; the predicted best against the measured best; the worst
 # misprediction (measured / predicted, over the median of that ratio).
-# Usage: bash dev/bench/bench_search.sh [RUNS (3)] [OUT (dev/bench/search_results.txt)]
+# Usage: bash dev/bench/bench_search.sh [RUNS (4)] [OUT (dev/bench/search_results.txt)]
 set -u
 cd "$(dirname "$0")/../.."
-RUNS=${1:-3}
+RUNS=${1:-4}
 OUT=${2:-dev/bench/search_results.txt}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 MPIRUN="mpirun --oversubscribe --bind-to none"
@@ -26,12 +26,14 @@ LAYOUTS2=(
     "-b 8 --recompute mlp" "-b 8 --recompute full" "-b 16 --tp 2 --sp" "-b 16 --tp 2" "-b 4 --tp 2 --sp"
     "-b 16 --tp 2 --sp --recompute full" "-b 16 --cp 2" "-b 4 --cp 2" "-b 16 --pp 2" "-b 8 --pp 2" "-b 4 --pp 2"
     "-b 1 --pp 2" "-b 8 --pp 2 --pp-schedule gpipe" "-b 4 --pp 2 --pp-schedule zb" "-b 4 --pp 2 --vpp 2"
-    "-b 8 --pp 2 --pp-layers auto")
+    "-b 8 --pp 2 --pp-layers auto" "-b 16 --pp 2 --recompute full" "-b 1 --zero 3 --recompute full"
+    "-b 1 --pp 2 --recompute full" "-b 16 --tp 2 --recompute full")
 LAYOUTS4=(
     "-b 4" "-b 2" "-b 1" "-b 4 --zero 3" "-b 1 --zero 3" "-b 4 --recompute full" "-b 8 --tp 2 --sp"
     "-b 8 --tp 2" "-b 16 --tp 4 --sp" "-b 8 --cp 2" "-b 16 --cp 2 --tp 2 --sp" "-b 4 --cp 2 --pp 2"
     "-b 8 --pp 2" "-b 2 --pp 2 --pp-schedule zb" "-b 2 --pp 2 --vpp 2" "-b 16 --pp 4" "-b 2 --pp 4"
-    "-b 4 --tp 2 --sp --pp 2" "-b 16 --tp 2 --pp 2" "-b 8 --pp 2 --recompute full")
+    "-b 4 --tp 2 --sp --pp 2" "-b 16 --tp 2 --pp 2" "-b 8 --pp 2 --recompute full" "-b 16 --pp 4 --recompute full"
+    "-b 16 --tp 4" "-b 16 --cp 4" "-b 1 --pp 4 --recompute full")
 
 # median of the numbers on stdin
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
@@ -63,7 +65,7 @@ while IFS=$'\t' read -r np pred flags; do
 done <"$OUT.pred"
 
 # Spearman per world size (ranks with ties averaged), best predicted vs best measured, worst misprediction
-python3 - "$OUT.rows" <<'PYEOF' | tee "$OUT"
+python3 - "$OUT.rows" "$OUT.runs" <<'PYEOF' | tee "$OUT"
 import sys, statistics
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 def ranks(v):
@@ -79,9 +81,17 @@ def spearman(x, y):
     num = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
     den = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
     return num / den
+runs = {}
+for l in open(sys.argv[2]):
+    n, f, ms = l.rstrip("\n").split("\t"); runs.setdefault((n, f), []).append(float(ms))
 for np in ("2", "4"):
     sel = [r for r in rows if r[0] == np]
     if not sel: continue
+    # the measurements' own agreement: Spearman between two rounds of the same runs (the ceiling any model meets)
+    k = min(len(runs[(np, r[4])]) for r in sel)
+    agree = [spearman([runs[(np, r[4])][a] for r in sel], [runs[(np, r[4])][b] for r in sel])
+             for a in range(k) for b in range(a + 1, k)]
+    if agree: print(f"np {np}: two rounds of the same runs agree at Spearman {min(agree):.2f}-{max(agree):.2f} (median {statistics.median(agree):.2f})")
     p = [float(r[1]) for r in sel]; m = [float(r[2]) for r in sel]; noise = [float(r[3]) for r in sel]
     ratio = [b / a for a, b in zip(p, m)]; scale = statistics.median(ratio)
     print(f"np {np}: {len(sel)} layouts, Spearman {spearman(p, m):.3f}; measured / predicted: median {scale:.2f}, "
