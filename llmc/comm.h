@@ -163,6 +163,27 @@ static void group_init(Group *g, const char *name, int color, int key) {
 #endif
 }
 
+// A warning (rank 0, once) for a tp or ep group whose ranks are on more than one node: their collectives, on
+// the critical path of every layer, then cross the network. node: this rank's node's id.
+static void grid_warn_spanning(Grid *grid, int node) {
+    Group *groups[2] = {&grid->tp_group, &grid->ep_group};
+    int spans[2];
+    for (int i = 0; i < 2; i++) {
+        int lo = node, hi = node;
+        MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_INT, MPI_MIN, groups[i]->mpi);
+        MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_INT, MPI_MAX, groups[i]->mpi);
+        spans[i] = lo != hi;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, spans, 2, MPI_INT, MPI_MAX, grid->world.mpi);
+    for (int i = 0; i < 2 && grid->rank == 0; i++) {
+        if (!spans[i]) { continue; }
+        printf("warning: %s groups span nodes: their collectives cross the network (ranks are laid out tp fastest, "
+               "then cp, pp, dp, with ep inside dp: keep %s within the ranks of a node; --plan-search "
+               "--gpus-per-node G ranks the layouts)\n", groups[i]->name, i == 0 ? "--tp" : "--tp x --cp x --pp x --ep");
+        fflush(stdout);
+    }
+}
+
 // Builds every group of the grid. Call after the sizes were validated (validate_layout in train_gpt.cu).
 static void grid_init(Grid *grid, int tp, int cp, int pp, int ep) {
     MPI_Comm_size(MPI_COMM_WORLD, &grid->world_size);
@@ -170,6 +191,8 @@ static void grid_init(Grid *grid, int tp, int cp, int pp, int ep) {
     MPI_Comm local;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, grid->rank, MPI_INFO_NULL, &local);
     MPI_Comm_rank(local, &grid->local_rank);
+    int node = grid->rank;   // this rank's node: the lowest world rank of those that share its memory
+    MPI_Allreduce(MPI_IN_PLACE, &node, 1, MPI_INT, MPI_MIN, local);
     MPI_Comm_free(&local);
     int r = grid->rank;
     grid->tp = tp; grid->cp = cp; grid->pp = pp; grid->dp = grid->world_size / (tp * cp * pp); grid->ep = ep;
@@ -192,6 +215,7 @@ static void grid_init(Grid *grid, int tp, int cp, int pp, int ep) {
     group_init(&grid->edp_group, "edp", (grid->ep_rank * pp + grid->pp_rank) * tp + t, r);
     int ends = grid->pp_rank == 0 || grid->pp_rank == pp - 1;   // middle stages: a group of their own
     group_init(&grid->emb_group, "emb", ends ? grid->dp_rank * tc + c * tp + t : grid->world_size + r, r);
+    grid_warn_spanning(grid, test_hook_ranks_per_node() > 0 ? r / test_hook_ranks_per_node() : node);
 }
 
 // The grid as rank r of a world of `world` ranks would have it, without communicators (a memory plan:

@@ -14,6 +14,8 @@
 //                                       bench compares their bytes and time
 //   TRAIN_GPT_ALLOC_AT_STEP=STEP        the run allocates a device buffer at that step: the allocator must stop
 //                                       it (nothing is allocated after set-up, alloc.h)
+//   TRAIN_GPT_RANKS_PER_NODE=N          the grid takes nodes of N consecutive ranks (comm.h's warning for a tp or
+//                                       ep group that spans nodes), whatever the ranks share
 //   ExpertParallel.route_log            test_gpt reads the routing of each MoE layer (expert_parallel.h)
 // Nothing else in the program reads the environment for a test.
 #ifndef LLMC_TEST_HOOKS_H
@@ -62,6 +64,12 @@ static int test_hook_counted_dispatch(void) {
     static int counted = -1;
     if (counted < 0) { counted = getenv("TRAIN_GPT_COUNTED_DISPATCH") != NULL; }
     return counted;
+}
+
+// Ranks per node the grid pretends (0: the real nodes).
+static int test_hook_ranks_per_node(void) {
+    const char *e = getenv("TRAIN_GPT_RANKS_PER_NODE");
+    return e ? atoi(e) : 0;
 }
 
 // Whether the run allocates a device buffer at this step (which must fail: alloc.h).

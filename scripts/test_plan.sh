@@ -173,3 +173,15 @@ for i in 1 2 3 4 5; do
     [ "$got" = "$peak" ] && [ "$ncmp" -eq "$wantn" ] && [ "$ncmp" -gt 0 ] && [ "$nbad" -eq 0 ]
     say $? "search layout $i ($flags): measured peak ${got:-?} B = planned $peak B; $ncmp group byte counts of the stages' first ranks = the search's ($nbad differ)"
 done
+
+# 8. a run whose tp or ep group spans nodes says so (TRAIN_GPT_RANKS_PER_NODE pretends nodes of N ranks); within
+#    a node it says nothing
+$MPIRUN -x TRAIN_GPT_RANKS_PER_NODE=1 -np 2 "$BIN/train_gpt" -e "$D" -t 32 -b 2 -x 1 -s 0 -v 0 --tp 2 >"$W/nodes_tp.log" 2>&1 </dev/null
+grep -q "^warning: tp groups span nodes" "$W/nodes_tp.log" && ! grep -q "^warning: ep groups" "$W/nodes_tp.log"
+say $? "--tp 2 on nodes of 1 rank: $(grep -m1 -o '^warning: tp groups span nodes' "$W/nodes_tp.log" || echo 'no warning')"
+$MPIRUN -x TRAIN_GPT_RANKS_PER_NODE=2 -np 4 "$BIN/train_gpt" -e "$D,E=4,k=2" -t 32 -b 2 -x 1 -s 0 -v 0 --tp 2 --ep 2 >"$W/nodes_ep.log" 2>&1 </dev/null
+grep -q "^warning: ep groups span nodes" "$W/nodes_ep.log" && ! grep -q "^warning: tp groups" "$W/nodes_ep.log"
+say $? "--tp 2 --ep 2 on nodes of 2 ranks: the ep group (ranks 0, 2) spans nodes, tp (0, 1) does not"
+$MPIRUN -x TRAIN_GPT_RANKS_PER_NODE=4 -np 4 "$BIN/train_gpt" -e "$D,E=4,k=2" -t 32 -b 2 -x 1 -s 0 -v 0 --tp 2 --ep 2 >"$W/nodes_one.log" 2>&1 </dev/null
+! grep -q "^warning: .* groups span nodes" "$W/nodes_one.log" && grep -q "^step" "$W/nodes_one.log"
+say $? "--tp 2 --ep 2 on one node of 4 ranks: no warning, and it trains"
