@@ -197,6 +197,7 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
     double slow = mc->cores > 0 && world > mc->cores ? world / mc->cores : 1.0;   // ranks sharing the cores
     double tf = 0, tb = 0, tw = 0, busy = 0, p2p = 0;   // the slowest stage's, per micro-batch
     double stage_busy[PIPE_MAX_LAYERS];                 // each stage's compute and exposed comm in a step
+    CommBytes stage_bytes[PIPE_MAX_LAYERS];             // each stage's bytes per group in a step
     long tcp = (long)a->tp * a->cp;
     double bw_tp = group_bw(mc, a->tp, a->tp), bw_cp = group_bw(mc, a->cp, tcp), bw_pp = group_bw(mc, a->pp, tcp * a->pp);
     double bw_ep = group_bw(mc, a->ep, tcp * a->pp * a->ep), bw_dp = group_bw(mc, dp * a->cp, world);
@@ -216,6 +217,7 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
         double elem = layers * 40.0 * tokens / (a->sp ? a->tp : 1) * C * X / mc->mem_bw;
         double fixed = layers * mc->layer_cost;
         CommBytes cb = comm_step_bytes(sh, accum, comm_ep_rows_even(sh, accum), NULL);
+        stage_bytes[s] = cb;
         double ctp = cb.tp / accum / bw_tp, cep = cb.ep / accum / bw_ep;
         double ccp = cb.cp / accum / bw_cp, cp_exposed = ccp > at ? ccp - at : 0;   // the ring's hops overlap attention
         // forward a third of the compute, backward two thirds (B: the inputs' gradients, W: the weights');
@@ -254,7 +256,7 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
     double dp_exposed = 0, opt = 0, work = 0;   // work: every rank's busy seconds, summed
     for (int s = 0; s < a->pp; s++) {
         const CommShape *sh = &shapes[s];
-        CommBytes cb = comm_step_bytes(sh, accum, 0, NULL);
+        const CommBytes *cb = &stage_bytes[s];
         double ring = 0;   // one reduce-scatter's (or all-gather's) bytes of every unit, dp and edp
         for (int i = 0; i < 2; i++) {
             int p = i == 0 ? sh->dp : sh->edp;
@@ -264,8 +266,8 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
         if (sh->zero == 0) { e = fmax(0, 2 * rs - tb); }
         else if (sh->zero == 1) { e = fmax(0, rs - tb) + rs; }
         else if (sh->zero == 2) { e = accum * fmax(0, rs - tb) + rs; }
-        else { e = accum * fmax(0, (cb.dp + cb.edp) / bw_dp / accum - tf - tb); }
-        e += cb.emb / group_bw(mc, 2, tcp * a->pp);   // (the first and the last stage)
+        else { e = accum * fmax(0, (cb->dp + cb->edp) / bw_dp / accum - tf - tb); }
+        e += cb->emb / group_bw(mc, 2, tcp * a->pp);   // (the first and the last stage)
         dp_exposed = fmax(dp_exposed, e);
         // AdamW over the owned elements: parameter, gradient, m, v (and fp32 master) read and written
         double owned = sh->zero == 0 ? sh->units[0] + sh->units[1] : sh->units[0] / sh->dp + sh->units[1] / sh->edp;
