@@ -7,7 +7,8 @@
 # (the mean over the layers, and the worst layer), the dropped fraction there, and the final validation loss.
 # A benchmark, not a test: its numbers go to dev/notes/moe.md.
 # Usage: bash dev/bench/bench_moe_balance.sh [STEPS (default 300)] [RATE (default 0.01)] [THREADS (default 2)]
-#        (WAYS="bias only,both" runs just those; SCORE=sigmoid: sigmoid router scores, z-loss 0)
+#        (WAYS="bias only,both" runs just those; SCORE=sigmoid: sigmoid router scores, z-loss 0;
+#         BATCH=16: 16 sequences of 64 tokens a step; LR=1e-3: another learning rate)
 set -eu
 cd "$(dirname "$0")/../.."
 STEPS=${1:-300}
@@ -29,7 +30,7 @@ for seed in 1337 1338; do   # the skewed initial model (the reference writes it,
 done
 ways=("neither:--aux-coeff 0" "aux only:--aux-coeff 0.01" "bias only:--aux-coeff 0 --moe-bias-rate $RATE"
       "both:--aux-coeff 0.01 --moe-bias-rate $RATE")
-echo "E 8 top-2 F 1.25, ${SCORE:-softmax} scores, L4 C128, $STEPS steps of 8x64 tokens, skewed router init; bias rate $RATE; $THREADS threads"
+echo "E 8 top-2 F 1.25, ${SCORE:-softmax} scores, L4 C128, $STEPS steps of ${BATCH:-8}x64 tokens (lr ${LR:-3e-3}), skewed router init; bias rate $RATE; $THREADS threads"
 printf "%-10s %-26s %-12s %-10s %s\n" way "max/mean (mean, worst)" dropped "val loss" "(each seed: max/mean mean, val)"
 for w in "${ways[@]}"; do
     name=${w%%:*}; flags=${w#*:}
@@ -38,7 +39,7 @@ for w in "${ways[@]}"; do
     for seed in 1337 1338; do
         d="$W/run_${name// /_}_$seed"
         OMP_NUM_THREADS=$THREADS ./train_gpt -i $DATA/tiny_shakespeare_train.bin -j $DATA/tiny_shakespeare_val.bin \
-            -e "$W/init$seed/model.bin" -b 8 -t 64 -x $STEPS -l 3e-3 -u 20 -q 0.1 -c 0.1 -v $STEPS -m 8 -s 0 \
+            -e "$W/init$seed/model.bin" -b ${BATCH:-8} -t 64 -x $STEPS -l ${LR:-3e-3} -u 20 -q 0.1 -c 0.1 -v $STEPS -m 8 -s 0 \
             $flags -o "$d" >"$d.log" 2>&1 || { echo "run $name seed $seed failed:"; tail -3 "$d.log"; exit 1; }
         # per layer: max/mean averaged over the last third of the steps; dropped likewise; the last val loss
         out+=$(awk -v from=$((STEPS - STEPS / 3)) '

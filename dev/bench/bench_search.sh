@@ -7,6 +7,7 @@
 # predicted against measured, per world size; the predicted best against the measured best; the worst
 # misprediction (measured / predicted, over the median of that ratio).
 # Usage: bash dev/bench/bench_search.sh [RUNS (4)] [OUT (dev/bench/search_results.txt)]
+#        (NPS=2: just the np 2 half)
 set -u
 cd "$(dirname "$0")/../.."
 RUNS=${1:-4}
@@ -41,7 +42,7 @@ median() { sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]
 # the predictions, then the runs in rounds: every layout once per round, so that a slow spell of this shared
 # machine falls on all of them rather than on one layout's runs
 : >"$OUT.pred"; : >"$OUT.runs"
-for np in 2 4; do
+for np in ${NPS:-2 4}; do
     if [ $np = 2 ]; then LAYOUTS=("${LAYOUTS2[@]}"); else LAYOUTS=("${LAYOUTS4[@]}"); fi
     for flags in "${LAYOUTS[@]}"; do
         pred=$(./train_gpt "${COMMON[@]}" $flags -s 0 -v 0 --plan $np --machine "$MACHINE" \
