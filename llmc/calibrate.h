@@ -5,7 +5,13 @@
 //   attn_flops  causal attention forward and backward, counted as the cost model counts it (6 C T / 2 a token)
 //   mem_bw      a bandwidth-bound kernel (residual + bias: reads 2, writes 1 of (B T, C))
 //   layer_cost  what a layer's ~20 kernels cost beyond their work: 20 GEMMs of one row
-//   node_bw     an all-reduce of 16M elements over all the ranks, in bytes each rank sends per second
+//   node_bw     an all-reduce over groups of p consecutive ranks (all the groups at once, as a layout's run),
+//               in bytes per rank per second as comm_bytes.h counts them; node_bw_P at each p = 2, 4, ... up
+//               to the world, node_bw at the largest
+//   a2a_bw      the same of an all-to-all (what leaves the rank); a2a_bw_P
+//   p2p_bw      the same of a send/receive exchange with the ring's neighbours (cp's and pp's); p2p_bw_P
+//               (each at a message of 8M elements; each kind's time at 1K elements, its latency, is a comment:
+//               the model charges bandwidth alone, a layer's latencies are in layer_cost)
 //   cores       CPU build: the cores over the threads of a rank (more ranks than that share them)
 // What it cannot measure here stays out of the file (the defaults apply, named in --plan-search's output):
 // net_bw (one machine has no network), flash_slower, gpus_per_node.
@@ -15,19 +21,63 @@
 #include <unistd.h>
 
 // Seconds per call of the code between CALIBRATE_TIME and CALIBRATE_END: repeated until 0.3 s have passed
-// (at least 3 calls, one untimed first), the device synchronised, then the mean over the ranks.
+// (at least 3 calls, one untimed first), the device synchronised, then the mean over the ranks. The ranks
+// agree on when to stop (outside the timing), so that a collective measured is called as often on every rank.
 #define CALIBRATE_TIME(g, out) do { \
     Grid *g_ = (g); double *out_ = (out), t0_ = 0; int n_ = -1; \
     for (;;) { \
         if (n_ == 0) { device_synchronize(); t0_ = wall_seconds(); }
 #define CALIBRATE_END \
         n_++; \
-        if (n_ >= 3) { device_synchronize(); if (wall_seconds() - t0_ > 0.3) { break; } } \
+        if (n_ >= 3) { \
+            device_synchronize(); \
+            double ta_ = wall_seconds(); \
+            int stop_ = ta_ - t0_ > 0.3; \
+            comm_host_all_reduce(&g_->world, &stop_, 1, DT_INT, HOST_MAX, "all-reduce (calibration)"); \
+            t0_ += wall_seconds() - ta_; \
+            if (stop_) { break; } \
+        } \
     } \
     double s_ = (wall_seconds() - t0_) / n_; \
     comm_host_all_reduce(&g_->world, &s_, 1, DT_DOUBLE, HOST_SUM, "all-reduce (calibration)"); \
     *out_ = s_ / g_->world_size; \
 } while (0)
+
+// Each kind of collective (COMM_RING: all-reduce; COMM_A2A: all-to-all; COMM_P2P: an exchange with the ring's
+// neighbours) over groups of p consecutive ranks, all the groups at once: bw[kind][i] at p = 2^i (bytes per rank
+// per second, of a message of n / 2 elements) and lat[kind][i] (seconds per call of 1K elements). buf: n.
+#define CALIBRATE_SIZES 8
+static void calibrate_collectives(Grid *g, floatX *buf, size_t n, double bw[3][CALIBRATE_SIZES],
+                                  double lat[3][CALIBRATE_SIZES]) {
+    size_t half = n / 2;
+    double X = sizeof(floatX);
+    for (int i = 1, p = 2; i < CALIBRATE_SIZES && p <= g->world_size; i++, p *= 2) {
+        if (g->world_size % p) { continue; }
+        Group grp;
+        group_init(&grp, "calibration", g->rank / p, g->rank);
+        int r = grp.rank;
+        for (int big = 1; big >= 0; big--) {
+            size_t m = big ? half / p * p : 1024, counts[CALIBRATE_SIZES * 16], offs[CALIBRATE_SIZES * 16];
+            for (int j = 0; j < p; j++) { counts[j] = m / p; offs[j] = j * (m / p); }
+            P2POp ops[2] = {{1, buf, m, (r + 1) % p, 0}, {0, buf + half, m, (r + p - 1) % p, 0}};
+            double t[3];
+            CALIBRATE_TIME(g, &t[COMM_RING])
+                comm_all_reduce(&grp, buf, m, DT_FLOATX, NULL);
+            CALIBRATE_END;
+            CALIBRATE_TIME(g, &t[COMM_A2A])
+                comm_all_to_allv(&grp, buf, counts, offs, buf + half, counts, offs, DT_FLOATX);
+            CALIBRATE_END;
+            CALIBRATE_TIME(g, &t[COMM_P2P])
+                comm_p2p(&grp, ops, 2, DT_FLOATX, NULL, NULL);
+            CALIBRATE_END;
+            if (!big) { for (int k = 0; k < 3; k++) { lat[k][i] = t[k]; } continue; }
+            bw[COMM_RING][i] = 2.0 * (p - 1) / p * m * X / t[COMM_RING];
+            bw[COMM_A2A][i] = (p - 1.0) * (m / p) * X / t[COMM_A2A];
+            bw[COMM_P2P][i] = m * X / t[COMM_P2P];
+        }
+        group_free(&grp);
+    }
+}
 
 static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *path) {
     int B = a->B, T = a->T, C = c->channels, NH = c->num_heads, BT = B * T, world = g->world_size;
@@ -50,7 +100,7 @@ static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *p
     matmul_setup();
 #endif
     attention_setup(B, T, C, NH);
-    double t_gemm, t_att, t_mem, t_tiny, t_comm = 0;
+    double t_gemm, t_att, t_mem, t_tiny;
     // x (BT, C) -> y (BT, 4C); back: dx (BT, C), dw (4C, C)
     CALIBRATE_TIME(g, &t_gemm)
         matmul_forward(y, x, w, NULL, BT, C, 4 * C);
@@ -67,31 +117,42 @@ static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *p
     CALIBRATE_TIME(g, &t_tiny)
         for (int k = 0; k < 20; k++) { matmul_forward(y, x, w, NULL, 1, C, C); }
     CALIBRATE_END;
-    if (world > 1) {
-        CALIBRATE_TIME(g, &t_comm)
-            comm_all_reduce(&g->world, comm_buf, comm_n, DT_FLOATX, NULL);
-        CALIBRATE_END;
-    }
+    double bw[3][CALIBRATE_SIZES] = {{0}}, lat[3][CALIBRATE_SIZES] = {{0}};
+    if (world > 1) { calibrate_collectives(g, comm_buf, comm_n, bw, lat); }
+    int top = 0;   // the largest group size measured
+    for (int i = 1; i < CALIBRATE_SIZES; i++) { if (bw[COMM_RING][i] > 0) { top = i; } }
     double X = sizeof(floatX);
     double flops = 3 * 2.0 * BT * C * 4.0 * C / t_gemm, attn = (double)BT * 6.0 * C * T / 2 / t_att;
-    double mem = 3.0 * 4 * BT * C * X / t_mem, node = world > 1 ? 2.0 * (world - 1) / world * comm_n * X / t_comm : 0;
+    double mem = 3.0 * 4 * BT * C * X / t_mem;
     if (g->rank == 0) {
         FILE *f = fopen(path, "w");
         if (!f) { fail("--calibrate %s: cannot write it", path); }
         fprintf(f, "# --calibrate: %d rank(s) at once, this build's kernels at L %d C %d NH %d, B %d T %d (tp 1)\n",
                 world, c->num_layers, C, NH, B, T);
         fprintf(f, "flops=%.4g\nattn_flops=%.4g\nmem_bw=%.4g\nlayer_cost=%.4g\n", flops, attn, mem, t_tiny);
-        if (world > 1) { fprintf(f, "node_bw=%.4g\n", node); }
-        else { fprintf(f, "# node_bw: not measured (one rank); net_bw, flash_slower, gpus_per_node: the defaults\n"); }
+        static const char *keys[3] = {"node_bw", "a2a_bw", "p2p_bw"}, *what[3] = {"all-reduce", "all-to-all", "exchange"};
+        for (int i = 1; i <= top; i++) {
+            if (bw[COMM_RING][i] == 0) { continue; }
+            fprintf(f, "# groups of %d: at 1K elements", 1 << i);
+            for (int k = 0; k < 3; k++) { fprintf(f, "%s %s %.1f us", k ? "," : "", what[k], lat[k][i] * 1e6); }
+            fprintf(f, "\n");
+            for (int k = 0; k < 3; k++) { fprintf(f, "%s_%d=%.4g\n", keys[k], 1 << i, bw[k][i]); }
+        }
+        if (top) { for (int k = 0; k < 3; k++) { fprintf(f, "%s=%.4g\n", keys[k], bw[k][top]); } }
+        else { fprintf(f, "# node_bw, a2a_bw, p2p_bw: not measured (one rank); net_bw, flash_slower, gpus_per_node: the defaults\n"); }
 #ifndef USE_CUDA
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         double cores = (double)ncpu / att_threads();
         fprintf(f, "cores=%.4g\n", cores);
 #endif
         if (fclose(f) != 0) { fail("--calibrate %s: cannot write it", path); }
+        char comm[160] = "no collectives (one rank)";
+        if (top) {
+            snprintf(comm, sizeof(comm), "groups of %d: all-reduce %.3g, all-to-all %.3g, exchange %.3g GB/s per rank",
+                     1 << top, bw[COMM_RING][top] / 1e9, bw[COMM_A2A][top] / 1e9, bw[COMM_P2P][top] / 1e9);
+        }
         printf("calibrated (%d ranks at once): GEMM %.3g TFLOP/s, attention %.3g TFLOP/s, memory %.3g GB/s, "
-               "%.1f us per layer, all-reduce %.3g GB/s per rank -> %s\n", world, flops / 1e12, attn / 1e12, mem / 1e9,
-               t_tiny * 1e6, node / 1e9, path);
+               "%.1f us per layer, %s -> %s\n", world, flops / 1e12, attn / 1e12, mem / 1e9, t_tiny * 1e6, comm, path);
         fflush(stdout);
     }
     free(h);

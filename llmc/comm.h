@@ -288,21 +288,26 @@ static void grid_print(Grid *g) {
     free(all);
 }
 
+static void group_free(Group *g) {
+#ifdef USE_NCCL
+    if (g->nccl) {
+        for (int i = 0; i < nccl_ncomms; i++) {   // (no longer one to abort)
+            if (nccl_comms[i] == g->nccl) { nccl_comms[i] = nccl_comms[--nccl_ncomms]; break; }
+        }
+        ncclCommDestroy(g->nccl);
+        if (g->stream != comm_shared_stream) { cudaCheck(cudaStreamDestroy(g->stream)); }
+        cudaCheck(cudaEventDestroy(g->ready));
+    }
+#endif
+    MPI_Comm_free(&g->mpi);
+    free(g->world_of);
+    g->world_of = NULL;
+}
+
 static void grid_free(Grid *g) {
     Group *groups[9];
     int n = grid_groups(g, groups, 1);
-    for (int i = 0; i < n; i++) {
-#ifdef USE_NCCL
-        if (groups[i]->nccl) {
-            ncclCommDestroy(groups[i]->nccl);
-            if (groups[i]->stream != comm_shared_stream) { cudaCheck(cudaStreamDestroy(groups[i]->stream)); }
-            cudaCheck(cudaEventDestroy(groups[i]->ready));
-        }
-#endif
-        MPI_Comm_free(&groups[i]->mpi);
-        free(groups[i]->world_of);
-        groups[i]->world_of = NULL;
-    }
+    for (int i = 0; i < n; i++) { group_free(groups[i]); }
 #ifdef USE_NCCL
     if (comm_shared_stream) { cudaCheck(cudaStreamDestroy(comm_shared_stream)); comm_shared_stream = NULL; }
 #endif

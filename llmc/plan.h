@@ -99,7 +99,10 @@ typedef struct {
     double flops;         // FLOP/s per rank on the matrix multiplies (layers, head)
     double attn_flops;    // FLOP/s per rank on causal attention's T x T work (6 C T a token)
     double mem_bw;        // bytes/s per rank of the bandwidth-bound kernels (LayerNorm, residual, GELU, AdamW)
-    double node_bw;       // bytes/s per rank a collective moves inside a node
+    double node_bw;       // bytes/s per rank a ring collective (all-reduce, reduce-scatter, all-gather) moves in a node
+    double a2a_bw;        // bytes/s per rank an all-to-all sends inside a node (0: node_bw's)
+    double p2p_bw;        // bytes/s per rank a send/receive exchange sends inside a node (0: node_bw's)
+    double at[3][8];      // the three per group size 2^i (node_bw_P, a2a_bw_P, p2p_bw_P; 0: the size-less key's)
     double net_bw;        // bytes/s per rank a collective moves across nodes
     double layer_cost;    // seconds per layer and micro-batch, forward and backward (launches, latencies)
     double flash_slower;  // --attention flash: its attention at 1/this of attn_flops
@@ -112,11 +115,12 @@ typedef struct {
 // The default: an 8-GPU H200 node (NVLink) on an InfiniBand network. flops: about 20% of the H200's dense bf16
 // peak (989 TFLOP/s), what this program's GPU check reached on GPT-2 124M (22% MFU); attn_flops: half that;
 // mem_bw: about 2/3 of the H200's 4.8 TB/s HBM3e; node_bw: NCCL's all-reduce bus bandwidth on an H100/H200
-// NVLink node, about 360-480 GB/s in nccl-tests (NVLink 4: 450 GB/s each way), taken at 300; net_bw: one
-// 400 Gb/s ConnectX-7 port per GPU (50 GB/s), taken at 40; layer_cost: launches and latencies of a layer's
+// NVLink node, about 360-480 GB/s in nccl-tests (NVLink 4: 450 GB/s each way), taken at 300; a2a_bw, p2p_bw:
+// the same (the NVSwitch gives every pair the full NVLink bandwidth: 0, node_bw's); net_bw: one 400 Gb/s ConnectX-7 port per GPU (50 GB/s), taken at 40; layer_cost: launches and latencies of a layer's
 // ~20 kernels and 4-10 collectives at ~3-5 us each.
 static Machine machine_default(void) {
-    Machine m = {200e12, 100e12, 3.0e12, 300e9, 40e9, 50e-6, 3.0, 0, 8, "", "an 8 x H200 node, InfiniBand between nodes (defaults)"};
+    Machine m = {200e12, 100e12, 3.0e12, 300e9, 0, 0, {{0}}, 40e9, 50e-6, 3.0, 0, 8, "",
+                 "an 8 x H200 node, InfiniBand between nodes (defaults)"};
     return m;
 }
 
@@ -143,8 +147,25 @@ static int machine_read(Machine *m, const char *path, char *err, size_t errlen) 
         }
         double *d = !strcmp(key, "flops") ? &m->flops : !strcmp(key, "attn_flops") ? &m->attn_flops
                 : !strcmp(key, "mem_bw") ? &m->mem_bw : !strcmp(key, "node_bw") ? &m->node_bw
+                : !strcmp(key, "a2a_bw") ? &m->a2a_bw : !strcmp(key, "p2p_bw") ? &m->p2p_bw
                 : !strcmp(key, "net_bw") ? &m->net_bw : !strcmp(key, "layer_cost") ? &m->layer_cost
                 : !strcmp(key, "flash_slower") ? &m->flash_slower : !strcmp(key, "cores") ? &m->cores : NULL;
+        static const char *kinds[3] = {"node_bw_", "a2a_bw_", "p2p_bw_"};   // (per group size: node_bw_4)
+        for (int k = 0; k < 3 && !d; k++) {
+            size_t kl = strlen(kinds[k]);
+            if (strncmp(key, kinds[k], kl)) { continue; }
+            char *end;
+            long p = strtol(key + kl, &end, 10);
+            int i = 1;
+            while (i < 7 && (1L << i) < p) { i++; }
+            if (*end || p != 1L << i) {
+                snprintf(err, errlen, "--machine %s line %d: '%s': the group size after %s must be 2, 4, ... or 128",
+                         path, n, key, kinds[k]);
+                fclose(f);
+                return 1;
+            }
+            d = &m->at[k][i];
+        }
         if (!d && strcmp(key, "gpus_per_node")) {
             snprintf(err, errlen, "--machine %s line %d: unknown key '%s' (known: %s)", path, n, key, MACHINE_KEYS);
             fclose(f);
@@ -173,10 +194,16 @@ static Machine plan_machine(const Args *a) {
     return m;
 }
 
-// Whether a group whose members lie within `extent` consecutive ranks (tp: tp; cp: tp cp; pp: tp cp pp;
-// ep: tp cp pp ep; dp: the world) crosses nodes of G ranks: its bandwidth is then the network's.
-static double group_bw(const Machine *m, int size, long extent) {
-    return size > 1 && m->gpus_per_node > 0 && extent > m->gpus_per_node ? m->net_bw : m->node_bw;
+// A group's bandwidth: its kind's (COMM_RING: all-reduce, reduce-scatter, all-gather; COMM_A2A; COMM_P2P) at its
+// size (a machine file's per-size key, else the kind's key, else node_bw), or the network's where its members,
+// within `extent` consecutive ranks (tp: tp; cp: tp cp; pp: tp cp pp; ep: tp cp pp ep; dp: the world), cross
+// nodes of G ranks.
+enum { COMM_RING, COMM_A2A, COMM_P2P };
+static double group_bw(const Machine *m, int kind, int size, long extent) {
+    if (size > 1 && m->gpus_per_node > 0 && extent > m->gpus_per_node) { return m->net_bw; }
+    for (int i = 1; i < 8; i++) { if (size == 1 << i && m->at[kind][i] > 0) { return m->at[kind][i]; } }
+    double bw = kind == COMM_A2A ? m->a2a_bw : kind == COMM_P2P ? m->p2p_bw : m->node_bw;
+    return bw > 0 ? bw : m->node_bw;
 }
 
 // A step's time and where it goes (seconds; the comm: what is not overlapped with compute).
@@ -199,8 +226,9 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
     double stage_busy[PIPE_MAX_LAYERS];                 // each stage's compute and exposed comm in a step
     CommBytes stage_bytes[PIPE_MAX_LAYERS];             // each stage's bytes per group in a step
     long tcp = (long)a->tp * a->cp;
-    double bw_tp = group_bw(mc, a->tp, a->tp), bw_cp = group_bw(mc, a->cp, tcp), bw_pp = group_bw(mc, a->pp, tcp * a->pp);
-    double bw_ep = group_bw(mc, a->ep, tcp * a->pp * a->ep), bw_dp = group_bw(mc, dp * a->cp, world);
+    double bw_tp = group_bw(mc, COMM_RING, a->tp, a->tp), bw_cp = group_bw(mc, COMM_P2P, a->cp, tcp);
+    double bw_pp = group_bw(mc, COMM_P2P, a->pp, tcp * a->pp), bw_ep = group_bw(mc, COMM_A2A, a->ep, tcp * a->pp * a->ep);
+    double bw_dp = group_bw(mc, COMM_RING, dp * a->cp, world);
     for (int s = 0; s < a->pp; s++) {
         const CommShape *sh = &shapes[s];
         double gemm = 0, attn = 0, layers = 0;   // FLOPs per token of the stage (this tp rank: / tp)
@@ -267,7 +295,7 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
         else if (sh->zero == 1) { e = fmax(0, rs - tb) + rs; }
         else if (sh->zero == 2) { e = accum * fmax(0, rs - tb) + rs; }
         else { e = accum * fmax(0, (cb->dp + cb->edp) / bw_dp / accum - tf - tb); }
-        e += cb->emb / group_bw(mc, 2, tcp * a->pp);   // (the first and the last stage)
+        e += cb->emb / group_bw(mc, COMM_RING, 2, tcp * a->pp);   // (the first and the last stage)
         dp_exposed = fmax(dp_exposed, e);
         // AdamW over the owned elements: parameter, gradient, m, v (and fp32 master) read and written
         double owned = sh->zero == 0 ? sh->units[0] + sh->units[1] : sh->units[0] / sh->dp + sh->units[1] / sh->edp;

@@ -196,11 +196,12 @@ expect moe_resume_E     1 "a checkpoint resumes with its own shape" -e "$MOE" -t
 expect moe_resume_k     1 "--topk 1, but the checkpoint has k = 2" -e "$MOE" -t 32 -b 4 -x 4 -y 1 --topk 1 -o "$W/ckpt_moe"
 # the cost model's machine file (--machine): one line of key=value each
 printf 'flops=1e12\nflopz=3\n' >"$W/machine_key.txt"; printf 'net_bw=-4e9\n' >"$W/machine_value.txt"
-printf 'flops 1e12\n' >"$W/machine_syntax.txt"
+printf 'flops 1e12\n' >"$W/machine_syntax.txt"; printf 'node_bw_3=1e9\n' >"$W/machine_size.txt"
 expect machine_missing  1 "--machine $W/nope.txt: cannot open it" -e "$TINY" --plan-search 4 --machine "$W/nope.txt"
 expect machine_key      1 "line 2: unknown key 'flopz'"      -e "$TINY" --plan-search 4 --machine "$W/machine_key.txt"
 expect machine_value    1 "net_bw = -4e+09 must be positive" -e "$TINY" --plan-search 4 --machine "$W/machine_value.txt"
 expect machine_syntax   1 "line 1: expected key=value"       -e "$TINY" -x 1 --machine "$W/machine_syntax.txt"
+expect machine_size     1 "'node_bw_3': the group size after node_bw_ must be 2, 4, ... or 128" -e "$TINY" --plan-search 4 --machine "$W/machine_size.txt"
 expect plan_and_search  1 "--plan, --plan-search and --calibrate: give one of them" -e "$TINY" --plan 2 --plan-search 4
 # a checkpoint written with one batch shape cannot be resumed with another
 $BIN/train_gpt -e "$TINY" -t 32 -b 4 -x 2 -n 2 -s 0 -v 0 -o "$W/ckpt_shape" >/dev/null 2>&1

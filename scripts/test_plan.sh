@@ -6,6 +6,7 @@
 #   2. the advice: for constructed out-of-memory cases the first lever that fits is the one that cuts the
 #      dominating tensor, and a run of that configuration measures exactly the predicted peak
 #   3. a run over --memory-limit stops before allocating, on every rank, with the plan and the levers
+#   (then --pp-layers auto, the advisor's levers, the layout search, node warnings, --calibrate: 4-9 below)
 # Usage: bash scripts/test_plan.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
 . "$(dirname "$0")/test_lib.sh"
 
@@ -185,3 +186,23 @@ say $? "--tp 2 --ep 2 on nodes of 2 ranks: the ep group (ranks 0, 2) spans nodes
 $MPIRUN -x TRAIN_GPT_RANKS_PER_NODE=4 -np 4 "$BIN/train_gpt" -e "$D,E=4,k=2" -t 32 -b 2 -x 1 -s 0 -v 0 --tp 2 --ep 2 >"$W/nodes_one.log" 2>&1 </dev/null
 ! grep -q "^warning: .* groups span nodes" "$W/nodes_one.log" && grep -q "^step" "$W/nodes_one.log"
 say $? "--tp 2 --ep 2 on one node of 4 ranks: no warning, and it trains"
+
+# 9. --calibrate: at 4 ranks it writes every rate, each collective kind per group size (2 and 4) among them, in
+#    a file --machine reads; and the cost model times each group at its kind's rate for its size: a slow
+#    exchange between 2 ranks slows a pipeline of 2 stages, not tp 2; a slow ring of 2 ranks slows tp 2
+$MPIRUN -np 4 "$BIN/train_gpt" -e "$D" -b 4 -t 32 --calibrate "$W/machine4.txt" >"$W/calibrate.log" 2>&1 </dev/null
+keys="flops attn_flops mem_bw layer_cost node_bw_2 a2a_bw_2 p2p_bw_2 node_bw_4 a2a_bw_4 p2p_bw_4 node_bw a2a_bw p2p_bw cores"
+missing=$(for k in $keys; do awk -F= -v k=$k '$1 == k && $2 > 0 { f = 1 } END { exit !f }' "$W/machine4.txt" || echo -n "$k "; done)
+"$BIN/train_gpt" -e "$D" -b 4 -t 32 -s 0 -v 0 --plan 4 --machine "$W/machine4.txt" >"$W/calibrated_plan.log" 2>&1
+[ -z "$missing" ] && grep -q "^predicted step" "$W/calibrated_plan.log"
+say $? "--calibrate at 4 ranks: every key positive (missing: ${missing:-none}), and --machine reads the file"
+predict() { "$BIN/train_gpt" -e "$D" -b 2 -t 32 -d 128 -s 0 -v 0 --plan 2 "$@" | sed -n 's/^predicted step: \([0-9.]*\) ms.*/\1/p'; }
+printf 'node_bw=1e9\n' >"$W/kinds_base.txt"
+printf 'node_bw=1e9\np2p_bw_2=1e6\n' >"$W/kinds_p2p.txt"
+printf 'node_bw=1e9\nnode_bw_2=1e6\n' >"$W/kinds_ring.txt"
+pp_base=$(predict --pp 2 --machine "$W/kinds_base.txt"); pp_p2p=$(predict --pp 2 --machine "$W/kinds_p2p.txt")
+tp_base=$(predict --tp 2 --machine "$W/kinds_base.txt"); tp_p2p=$(predict --tp 2 --machine "$W/kinds_p2p.txt")
+tp_ring=$(predict --tp 2 --machine "$W/kinds_ring.txt")
+awk -v a="$pp_base" -v b="$pp_p2p" -v d="$tp_base" -v e="$tp_p2p" -v f="$tp_ring" \
+    'BEGIN { exit !(a > 0 && b > 2 * a && d > 0 && e == d && f > 2 * d) }'
+say $? "the model's rate per collective kind and size: pp 2 ${pp_base:-?} ms, with exchanges of 2 at 1 MB/s ${pp_p2p:-?}; tp 2 ${tp_base:-?}, with those exchanges ${tp_p2p:-?}, with rings of 2 at 1 MB/s ${tp_ring:-?}"
