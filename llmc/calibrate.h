@@ -57,7 +57,7 @@ static void calibrate_collectives(Grid *g, floatX *buf, size_t n, double bw[3][C
         group_init(&grp, "calibration", g->rank / p, g->rank);
         int r = grp.rank;
         for (int big = 1; big >= 0; big--) {
-            size_t m = big ? half / p * p : 1024, counts[CALIBRATE_SIZES * 16], offs[CALIBRATE_SIZES * 16];
+            size_t m = big ? half / p * p : 1024, counts[1 << (CALIBRATE_SIZES - 1)], offs[1 << (CALIBRATE_SIZES - 1)];
             for (int j = 0; j < p; j++) { counts[j] = m / p; offs[j] = j * (m / p); }
             P2POp ops[2] = {{1, buf, m, (r + 1) % p, 0}, {0, buf + half, m, (r + p - 1) % p, 0}};
             double t[3];

@@ -116,8 +116,9 @@ typedef struct {
 // peak (989 TFLOP/s), what this program's GPU check reached on GPT-2 124M (22% MFU); attn_flops: half that;
 // mem_bw: about 2/3 of the H200's 4.8 TB/s HBM3e; node_bw: NCCL's all-reduce bus bandwidth on an H100/H200
 // NVLink node, about 360-480 GB/s in nccl-tests (NVLink 4: 450 GB/s each way), taken at 300; a2a_bw, p2p_bw:
-// the same (the NVSwitch gives every pair the full NVLink bandwidth: 0, node_bw's); net_bw: one 400 Gb/s ConnectX-7 port per GPU (50 GB/s), taken at 40; layer_cost: launches and latencies of a layer's
-// ~20 kernels and 4-10 collectives at ~3-5 us each.
+// the same (the NVSwitch gives every pair the full NVLink bandwidth: 0, node_bw's); net_bw: one 400 Gb/s
+// ConnectX-7 port per GPU (50 GB/s), taken at 40; layer_cost: launches and latencies of a layer's ~20 kernels
+// and 4-10 collectives at ~3-5 us each.
 static Machine machine_default(void) {
     Machine m = {200e12, 100e12, 3.0e12, 300e9, 0, 0, {{0}}, 40e9, 50e-6, 3.0, 0, 8, "",
                  "an 8 x H200 node, InfiniBand between nodes (defaults)"};
