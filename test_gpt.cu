@@ -700,32 +700,35 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
     Zero *z = &m->zero;
     CommShape s = gpt2_comm_shape(m);
     int counted = z->stage == 3 && !s.z3_exact;
-    CommBytes f = comm_step_bytes(&s, accum, ep_rows, counted ? z->gathered_ring : NULL);
+    CommBytes f = comm_step_bytes(&s, accum, ep_rows, counted ? z->gathered_ring : NULL),
+        n = comm_step_calls(&s, accum, counted ? z->gathers : NULL);
     char zero_what[160];
     snprintf(zero_what, sizeof(zero_what), "ZeRO %d: %s%s", z->stage,
              z->stage < 2 ? "all-reduce 2(p-1)/p x 4P (1: reduce-scatter + all-gather)"
              : z->stage == 2 ? "reduce-scatter per micro-batch + all-gather"
                              : "gathers + reduce-scatter per micro-batch",
              z->stage == 3 ? (counted ? ", the gathers made" : ", gathers by zero_unit_params' policy") : "");
-    struct { Group *grp; double expect; const char *what; } rows[] = {
-        {g->grad_group, f.dp, zero_what},
-        {&g->edp_group, f.edp, "the experts' units over edp"},
-        {&g->emb_group, f.emb, "the tied embedding's gradient, all-reduced between the first and the last stage"},
-        {&g->pp_group, f.pp, "each micro-batch and chunk: the activation forward, its gradient back"},
-        {&g->cp_group, f.cp, "ring attention's k, v hops; MoE routing's capacity and f"},
-        {&g->ep_group, f.ep, "all-to-all dispatch and return, forward, backward (and recomputed)"},
-        {&g->tp_group, f.tp, "SP: RS + AG, or all-reduces, of (p-1)/p BT C per layer and end; CE stats; gates"}};
+    struct { Group *grp; double expect, calls; const char *what; } rows[] = {
+        {g->grad_group, f.dp, n.dp, zero_what},
+        {&g->edp_group, f.edp, n.edp, "the experts' units over edp"},
+        {&g->emb_group, f.emb, n.emb, "the tied embedding's gradient, all-reduced between the first and the last stage"},
+        {&g->pp_group, f.pp, n.pp, "each micro-batch and chunk: the activation forward, its gradient back"},
+        {&g->cp_group, f.cp, n.cp, "ring attention's k, v hops; MoE routing's capacity and f"},
+        {&g->ep_group, f.ep, n.ep, "all-to-all dispatch and return, forward, backward (and recomputed)"},
+        {&g->tp_group, f.tp, n.tp, "SP: RS + AG, or all-reduces, of (p-1)/p BT C per layer and end; CE stats; gates"}};
     for (int i = 0; i < (int)(sizeof(rows) / sizeof(rows[0])); i++) {
         double got = rows[i].grp->bytes;
         check(fabs(got - rows[i].expect) < 1 + 1e-9 * rows[i].expect, "comm: %s bytes/step %.0f = formula %.0f (%s)",
               rows[i].grp->name, got, rows[i].expect, rows[i].what);
+        check(rows[i].grp->calls == rows[i].calls, "comm: %s calls/step %ld = formula %.0f (%s)", rows[i].grp->name,
+              rows[i].grp->calls, rows[i].calls, rows[i].what);
     }
     if (counted && g->grad_group->size > 1) {   // the gathers made: every unit at least once, at most the bound
         double bound[2], made = z->gathered_ring[0] + z->gathered_ring[1];
         for (int i = 0; i < 2; i++) { bound[i] = s.z3_step[i] + accum * s.z3_micro[i]; }
-        check(z->gathers >= m->nunits && made <= bound[0] + bound[1] + 0.5,
-              "comm: zero 3 gathers: %ld units gathered, %.0f ring elements <= the plan's bound %.0f (every use gathered)",
-              z->gathers, made, bound[0] + bound[1]);
+        check(z->gathers[0] + z->gathers[1] >= m->nunits && made <= bound[0] + bound[1] + 0.5,
+              "comm: zero 3 gathers: %.0f units gathered, %.0f ring elements <= the plan's bound %.0f (every use gathered)",
+              z->gathers[0] + z->gathers[1], made, bound[0] + bound[1]);
     }
 }
 

@@ -1370,9 +1370,12 @@ static CommShape gpt2_comm_shape(const GPT2 *m) {
         int i = U->dpg == &g->edp_group;
         double r = (U->dpg->size - 1.0) / U->dpg->size * U->padded;   // ring elements of one gather
         s.units[i] += U->padded;
+        s.nunits[i]++;
         s.rep += U->nrep;
+        s.nrep_units += U->nrep > 0;
         if (exact) { continue; }
-        if (U->embedding) { s.z3_step[i] += r; } else { s.z3_micro[i] += 2 * r; }   // (the bound: see CommShape)
+        if (U->embedding) { s.z3_step[i] += r; s.z3n_step[i]++; }   // (the bound: see CommShape)
+        else { s.z3_micro[i] += 2 * r; s.z3n_micro[i] += 2; }
     }
     if (exact) {
         // the embedding gathered once per step; each layer twice per micro-batch (forward, backward) but the
@@ -1384,6 +1387,9 @@ static CommShape gpt2_comm_shape(const GPT2 *m) {
         s.z3_step[0] = r * E;
         s.z3_micro[0] = r * (2.0 * (s.units[0] - E - F) + F - Llast);
         s.z3_between[0] = r * (m->units[m->u_layer[0]].padded + m->units[m->u_layer[1]].padded);
+        s.z3n_step[0] = 1;
+        s.z3n_micro[0] = 2 * L;   // (2 per layer and the final LayerNorm's 1, less the last layer's)
+        s.z3n_between[0] = 2;
     }
     if (g->pp > 1 && m->u_embed >= 0) {
         s.embed_padded = m->units[m->u_embed].padded;

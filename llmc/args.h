@@ -18,7 +18,7 @@
 
 #define MAX_FLAGS 80
 #define MAX_ACCUM 65536   // micro-batches per step (-d over B*T*dp) at most
-#define MACHINE_KEYS "flops attn_flops mem_bw node_bw a2a_bw p2p_bw (each also per group size: node_bw_4) net_bw layer_cost flash_slower cores gpus_per_node"   // (plan.h)
+#define MACHINE_KEYS "flops attn_flops mem_bw node_bw a2a_bw p2p_bw node_lat a2a_lat p2p_lat (each also per group size: node_bw_4) net_bw net_lat layer_cost flash_slower cores gpus_per_node"   // (plan.h)
 
 typedef struct {
     const char *train_pattern, *val_pattern, *output_dir, *model;

@@ -10,11 +10,13 @@
 //               to the world, node_bw at the largest
 //   a2a_bw      the same of an all-to-all (what leaves the rank); a2a_bw_P
 //   p2p_bw      the same of a send/receive exchange with the ring's neighbours (cp's and pp's); p2p_bw_P
-//               (each at a message of 8M elements; each kind's time at 1K elements, its latency, is a comment:
-//               the model charges bandwidth alone, a layer's latencies are in layer_cost)
+//               (each at a message of 8M elements)
+//   node_lat    each kind's seconds per call: its time at 1K elements less those elements at its bandwidth;
+//   a2a_lat     node_lat_P, a2a_lat_P, p2p_lat_P at each p, the size-less keys at the largest
+//   p2p_lat
 //   cores       CPU build: the cores over the threads of a rank (more ranks than that share them)
 // What it cannot measure here stays out of the file (the defaults apply, named in --plan-search's output):
-// net_bw (one machine has no network), flash_slower, gpus_per_node.
+// net_bw and net_lat (one machine has no network), flash_slower, gpus_per_node.
 #ifndef LLMC_CALIBRATE_H
 #define LLMC_CALIBRATE_H
 
@@ -45,7 +47,8 @@
 
 // Each kind of collective (COMM_RING: all-reduce; COMM_A2A: all-to-all; COMM_P2P: an exchange with the ring's
 // neighbours) over groups of p consecutive ranks, all the groups at once: bw[kind][i] at p = 2^i (bytes per rank
-// per second, of a message of n / 2 elements) and lat[kind][i] (seconds per call of 1K elements). buf: n.
+// per second, of a message of n / 2 elements) and lat[kind][i] (seconds per call: the time of 1K elements less
+// their bytes at that bandwidth, at least 1% of the time). buf: n.
 #define CALIBRATE_SIZES 8
 static void calibrate_collectives(Grid *g, floatX *buf, size_t n, double bw[3][CALIBRATE_SIZES],
                                   double lat[3][CALIBRATE_SIZES]) {
@@ -70,10 +73,12 @@ static void calibrate_collectives(Grid *g, floatX *buf, size_t n, double bw[3][C
             CALIBRATE_TIME(g, &t[COMM_P2P])
                 comm_p2p(&grp, ops, 2, DT_FLOATX, NULL, NULL);
             CALIBRATE_END;
-            if (!big) { for (int k = 0; k < 3; k++) { lat[k][i] = t[k]; } continue; }
-            bw[COMM_RING][i] = 2.0 * (p - 1) / p * m * X / t[COMM_RING];
-            bw[COMM_A2A][i] = (p - 1.0) * (m / p) * X / t[COMM_A2A];
-            bw[COMM_P2P][i] = m * X / t[COMM_P2P];
+            // the bytes one rank sends per call (comm.h's count)
+            double bytes[3] = {2.0 * (p - 1) / p * m * X, (p - 1.0) * (m / p) * X, m * X};
+            for (int k = 0; k < 3; k++) {
+                if (big) { bw[k][i] = bytes[k] / t[k]; }
+                else { lat[k][i] = fmax(t[k] - bytes[k] / bw[k][i], 0.01 * t[k]); }
+            }
         }
         group_free(&grp);
     }
@@ -130,26 +135,25 @@ static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *p
         fprintf(f, "# --calibrate: %d rank(s) at once, this build's kernels at L %d C %d NH %d, B %d T %d (tp 1)\n",
                 world, c->num_layers, C, NH, B, T);
         fprintf(f, "flops=%.4g\nattn_flops=%.4g\nmem_bw=%.4g\nlayer_cost=%.4g\n", flops, attn, mem, t_tiny);
-        static const char *keys[3] = {"node_bw", "a2a_bw", "p2p_bw"}, *what[3] = {"all-reduce", "all-to-all", "exchange"};
+        static const char *keys[3] = {"node_bw", "a2a_bw", "p2p_bw"}, *lkeys[3] = {"node_lat", "a2a_lat", "p2p_lat"};
         for (int i = 1; i <= top; i++) {
             if (bw[COMM_RING][i] == 0) { continue; }
-            fprintf(f, "# groups of %d: at 1K elements", 1 << i);
-            for (int k = 0; k < 3; k++) { fprintf(f, "%s %s %.1f us", k ? "," : "", what[k], lat[k][i] * 1e6); }
-            fprintf(f, "\n");
-            for (int k = 0; k < 3; k++) { fprintf(f, "%s_%d=%.4g\n", keys[k], 1 << i, bw[k][i]); }
+            fprintf(f, "# groups of %d: all-reduce, all-to-all, exchange\n", 1 << i);
+            for (int k = 0; k < 3; k++) { fprintf(f, "%s_%d=%.4g\n%s_%d=%.4g\n", keys[k], 1 << i, bw[k][i], lkeys[k], 1 << i, lat[k][i]); }
         }
-        if (top) { for (int k = 0; k < 3; k++) { fprintf(f, "%s=%.4g\n", keys[k], bw[k][top]); } }
-        else { fprintf(f, "# node_bw, a2a_bw, p2p_bw: not measured (one rank); net_bw, flash_slower, gpus_per_node: the defaults\n"); }
+        if (top) { for (int k = 0; k < 3; k++) { fprintf(f, "%s=%.4g\n%s=%.4g\n", keys[k], bw[k][top], lkeys[k], lat[k][top]); } }
+        else { fprintf(f, "# the collectives: not measured (one rank); net_bw, net_lat, flash_slower, gpus_per_node: the defaults\n"); }
 #ifndef USE_CUDA
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         double cores = (double)ncpu / att_threads();
         fprintf(f, "cores=%.4g\n", cores);
 #endif
         if (fclose(f) != 0) { fail("--calibrate %s: cannot write it", path); }
-        char comm[160] = "no collectives (one rank)";
+        char comm[256] = "no collectives (one rank)";
         if (top) {
-            snprintf(comm, sizeof(comm), "groups of %d: all-reduce %.3g, all-to-all %.3g, exchange %.3g GB/s per rank",
-                     1 << top, bw[COMM_RING][top] / 1e9, bw[COMM_A2A][top] / 1e9, bw[COMM_P2P][top] / 1e9);
+            snprintf(comm, sizeof(comm), "groups of %d: all-reduce %.3g, all-to-all %.3g, exchange %.3g GB/s per rank "
+                     "(%.1f, %.1f, %.1f us a call)", 1 << top, bw[COMM_RING][top] / 1e9, bw[COMM_A2A][top] / 1e9,
+                     bw[COMM_P2P][top] / 1e9, lat[COMM_RING][top] * 1e6, lat[COMM_A2A][top] * 1e6, lat[COMM_P2P][top] * 1e6);
         }
         printf("calibrated (%d ranks at once): GEMM %.3g TFLOP/s, attention %.3g TFLOP/s, memory %.3g GB/s, "
                "%.1f us per layer, %s -> %s\n", world, flops / 1e12, attn / 1e12, mem / 1e9, t_tiny * 1e6, comm, path);

@@ -900,7 +900,8 @@ static void comm_report_table(Grid *grid, Group **groups, int NG, const double *
     }
 }
 
-// Prints, per rank, the bytes this rank sent in each group since the last reset.
+// Prints, per rank, the bytes this rank sent in each group since the last reset, and its calls: the table, then
+// the lines "comm RANK GROUP BYTES" and "comm-calls RANK GROUP CALLS" (per step) for tools.
 static void comm_report(Grid *grid, int steps, const char *label) {
     enum { NGMAX = 8 };
     Group *groups[NGMAX];
@@ -916,6 +917,7 @@ static void comm_report(Grid *grid, int steps, const char *label) {
         comm_report_table(grid, groups, NG, all, label);
         for (int r = 0; r < grid->world_size; r++) {
             for (int i = 0; i < NG; i++) { printf("comm %d %s %.0f\n", r, groups[i]->name, all[2 * NG * r + 2 * i]); }
+            for (int i = 0; i < NG; i++) { printf("comm-calls %d %s %.0f\n", r, groups[i]->name, all[2 * NG * r + 2 * i + 1]); }
         }
         fflush(stdout);
     }

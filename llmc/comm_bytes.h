@@ -26,6 +26,10 @@ typedef struct {
     // pipeline, no MoE: zero_unit_params), else an upper bound (every use of a unit gathered)
     double z3_step[2], z3_micro[2], z3_between[2];
     int z3_exact;
+    // the calls: units per group [2], units with replicated elements (SP's all-reduce over tp), and ZeRO-3's
+    // gathers per group as the ring elements above count them (once per step, per micro-batch, saved between)
+    int nunits[2], nrep_units;
+    double z3n_step[2], z3n_micro[2], z3n_between[2];
 } CommShape;
 
 typedef struct { double tp, cp, pp, dp, edp, ep, emb; } CommBytes;   // bytes per step, one rank's
@@ -106,6 +110,52 @@ static CommBytes comm_step_bytes(const CommShape *s, int accum, double ep_rows, 
         b.tp = accum * (act + ce + pipe_ag + gates) + rep;
     }
     return b;
+}
+
+// The calls one rank makes in a training step, per group: the collectives comm_step_bytes counts the bytes of,
+// each counted once (a point-to-point exchange: each message sent), as comm.h counts Group.calls. What a
+// collective's latency costs (plan.h) is per call, whatever its size. gathered[2]: ZeRO-3's gathers per group as
+// a run counted them (NULL: from the shape's policy, as comm_step_bytes).
+static CommBytes comm_step_calls(const CommShape *s, int accum, const double *gathered) {
+    CommBytes n = {0, 0, 0, 0, 0, 0, 0};
+    // dp and edp: per unit, an all-reduce (ZeRO 0), a reduce-scatter and an all-gather (1), a reduce-scatter per
+    // micro-batch and an all-gather (2), the gathers and a reduce-scatter per micro-batch (3)
+    int p[2] = {s->dp, s->edp};
+    double *out[2] = {&n.dp, &n.edp};
+    for (int i = 0; i < 2; i++) {
+        if (p[i] == 1 || s->units[i] == 0) { continue; }
+        double u = s->nunits[i];
+        if (s->zero == 0) { *out[i] = u; }
+        else if (s->zero == 1) { *out[i] = 2 * u; }
+        else if (s->zero == 2) { *out[i] = u * (accum + 1); }
+        else {
+            double g = gathered ? gathered[i] : s->z3n_step[i] + accum * s->z3n_micro[i] - (accum - 1.0) * s->z3n_between[i];
+            *out[i] = g + accum * u;
+        }
+    }
+    if (s->bias && s->dp > 1) { n.dp += 1; }   // loss-free balancing's loads
+    if (s->pp > 1 && s->embed_padded > 0) { n.emb = 1; }
+    if (s->pp > 1) { n.pp = accum * ((s->vpp - s->last) + (s->vpp - s->first)); }
+    // cp: a message per hop; MoE: the capacity's two all-gathers (capped) and f's all-reduce, per forward
+    if (s->cp > 1) {
+        int N = s->cp, hops = (N - 1) + (s->recompute_full ? N - 1 : 0) + (N - 1) + N, fwd = s->recompute_full ? 2 : 1;
+        n.cp = (double)accum * (s->Ls * hops + s->nmoe * fwd * ((s->capped ? 2 : 0) + 1));
+    }
+    // ep: dispatch and return, forward, backward (and the recomputed forward)
+    if (s->ep > 1 && s->nmoe > 0) { n.ep = (double)accum * s->nmoe * 2 * (s->recompute_full ? 3 : 2); }
+    // tp, per micro-batch: SP 2 per end and 10 per layer (recompute full: 4 more), without SP 1 per end and 4 per
+    // layer (2 more); a CE chunk's statistics; MoE's gates; the stage boundaries' gathers (a pipeline without SP);
+    // SP's replicated gradients, per unit that has some, once per step (ZeRO-2/3: per micro-batch)
+    if (s->tp > 1) {
+        double ends = s->first + s->last, act;
+        if (s->sp) { act = 2 * ends + 10.0 * s->Ls + (s->recompute_full ? 4.0 * s->Ls : 0); }
+        else { act = ends + 4.0 * s->Ls + (s->recompute_full ? 2.0 * s->Ls : 0); }
+        double ce = s->last ? (s->BT + s->ce_chunk - 1) / s->ce_chunk : 0;
+        double pipe_ag = s->pp > 1 && !s->sp ? (s->vpp - s->first) + (s->vpp - s->last) : 0;
+        double rep = s->sp ? (double)s->nrep_units * (s->zero >= 2 ? accum : 1) : 0;
+        n.tp = accum * (act + ce + pipe_ag + s->nmoe) + rep;
+    }
+    return n;
 }
 
 #endif // LLMC_COMM_BYTES_H

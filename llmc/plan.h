@@ -102,9 +102,14 @@ typedef struct {
     double node_bw;       // bytes/s per rank a ring collective (all-reduce, reduce-scatter, all-gather) moves in a node
     double a2a_bw;        // bytes/s per rank an all-to-all sends inside a node (0: node_bw's)
     double p2p_bw;        // bytes/s per rank a send/receive exchange sends inside a node (0: node_bw's)
-    double at[3][8];      // the three per group size 2^i (node_bw_P, a2a_bw_P, p2p_bw_P; 0: the size-less key's)
+    double node_lat;      // seconds per call of a ring collective in a node, whatever its size (its latency)
+    double a2a_lat;       // seconds per all-to-all in a node (0: node_lat's)
+    double p2p_lat;       // seconds per message of a send/receive exchange in a node (0: node_lat's)
+    double at[6][8];      // the six per group size 2^i (node_bw_P, a2a_bw_P, p2p_bw_P, node_lat_P, a2a_lat_P,
+                          // p2p_lat_P; 0: the size-less key's)
     double net_bw;        // bytes/s per rank a collective moves across nodes
-    double layer_cost;    // seconds per layer and micro-batch, forward and backward (launches, latencies)
+    double net_lat;       // seconds per call of a collective across nodes
+    double layer_cost;    // seconds per layer and micro-batch, forward and backward (its kernels' launches)
     double flash_slower;  // --attention flash: its attention at 1/this of attn_flops
     double cores;         // CPU ranks: the cores the ranks share (0: a device per rank)
     int gpus_per_node;    // ranks per node (groups within it use node_bw)
@@ -116,16 +121,23 @@ typedef struct {
 // peak (989 TFLOP/s), what this program's GPU check reached on GPT-2 124M (22% MFU); attn_flops: half that;
 // mem_bw: about 2/3 of the H200's 4.8 TB/s HBM3e; node_bw: NCCL's all-reduce bus bandwidth on an H100/H200
 // NVLink node, about 360-480 GB/s in nccl-tests (NVLink 4: 450 GB/s each way), taken at 300; a2a_bw, p2p_bw:
-// the same (the NVSwitch gives every pair the full NVLink bandwidth: 0, node_bw's); net_bw: one 400 Gb/s
-// ConnectX-7 port per GPU (50 GB/s), taken at 40; layer_cost: launches and latencies of a layer's ~20 kernels
-// and 4-10 collectives at ~3-5 us each.
+// the same (the NVSwitch gives every pair the full NVLink bandwidth: 0, node_bw's); node_lat: a small all-reduce
+// on an H100 node takes about 6-10 us in nccl-tests (NVIDIA/nccl issues 583, 1259), taken at 10; p2p_lat: a
+// small send/receive about 4 us (issue 1984), taken at 5; a2a_lat: node_lat's; net_bw: one 400 Gb/s
+// ConnectX-7 port per GPU (50 GB/s), taken at 40; net_lat: a few us of InfiniBand per hop on top, taken at 25;
+// layer_cost: the launches of a layer's ~20 kernels at a few us each.
 static Machine machine_default(void) {
-    Machine m = {200e12, 100e12, 3.0e12, 300e9, 0, 0, {{0}}, 40e9, 50e-6, 3.0, 0, 8, "",
+    Machine m = {200e12, 100e12, 3.0e12, 300e9, 0, 0, 10e-6, 0, 5e-6, {{0}}, 40e9, 25e-6, 50e-6, 3.0, 0, 8, "",
                  "an 8 x H200 node, InfiniBand between nodes (defaults)"};
     return m;
 }
 
-// --machine FILE: key=value lines (# comments); unknown keys and bad values are errors.
+static int ends_with(const char *s, const char *end) {
+    size_t n = strlen(s), e = strlen(end);
+    return n >= e && !strcmp(s + n - e, end);
+}
+
+// --machine FILE: key=value lines (# comments); unknown keys and bad values are errors (a size-less latency may be 0).
 static int machine_read(Machine *m, const char *path, char *err, size_t errlen) {
     FILE *f = fopen(path, "r");
     if (!f) { snprintf(err, errlen, "--machine %s: cannot open it", path); return 1; }
@@ -149,10 +161,12 @@ static int machine_read(Machine *m, const char *path, char *err, size_t errlen) 
         double *d = !strcmp(key, "flops") ? &m->flops : !strcmp(key, "attn_flops") ? &m->attn_flops
                 : !strcmp(key, "mem_bw") ? &m->mem_bw : !strcmp(key, "node_bw") ? &m->node_bw
                 : !strcmp(key, "a2a_bw") ? &m->a2a_bw : !strcmp(key, "p2p_bw") ? &m->p2p_bw
+                : !strcmp(key, "node_lat") ? &m->node_lat : !strcmp(key, "a2a_lat") ? &m->a2a_lat
+                : !strcmp(key, "p2p_lat") ? &m->p2p_lat : !strcmp(key, "net_lat") ? &m->net_lat
                 : !strcmp(key, "net_bw") ? &m->net_bw : !strcmp(key, "layer_cost") ? &m->layer_cost
                 : !strcmp(key, "flash_slower") ? &m->flash_slower : !strcmp(key, "cores") ? &m->cores : NULL;
-        static const char *kinds[3] = {"node_bw_", "a2a_bw_", "p2p_bw_"};   // (per group size: node_bw_4)
-        for (int k = 0; k < 3 && !d; k++) {
+        static const char *kinds[6] = {"node_bw_", "a2a_bw_", "p2p_bw_", "node_lat_", "a2a_lat_", "p2p_lat_"};
+        for (int k = 0; k < 6 && !d; k++) {   // (per group size: node_bw_4)
             size_t kl = strlen(kinds[k]);
             if (strncmp(key, kinds[k], kl)) { continue; }
             char *end;
@@ -172,7 +186,7 @@ static int machine_read(Machine *m, const char *path, char *err, size_t errlen) 
             fclose(f);
             return 1;
         }
-        if (!(v >= 0) || (v == 0 && strcmp(key, "cores") && strcmp(key, "layer_cost"))) {
+        if (!(v >= 0) || (v == 0 && strcmp(key, "cores") && strcmp(key, "layer_cost") && !ends_with(key, "_lat"))) {
             snprintf(err, errlen, "--machine %s line %d: %s = %g must be positive", path, n, key, v);
             fclose(f);
             return 1;
@@ -198,13 +212,19 @@ static Machine plan_machine(const Args *a) {
 // A group's bandwidth: its kind's (COMM_RING: all-reduce, reduce-scatter, all-gather; COMM_A2A; COMM_P2P) at its
 // size (a machine file's per-size key, else the kind's key, else node_bw), or the network's where its members,
 // within `extent` consecutive ranks (tp: tp; cp: tp cp; pp: tp cp pp; ep: tp cp pp ep; dp: the world), cross
-// nodes of G ranks.
+// nodes of G ranks. group_lat: its seconds per call, found the same way (node_lat, net_lat).
 enum { COMM_RING, COMM_A2A, COMM_P2P };
 static double group_bw(const Machine *m, int kind, int size, long extent) {
     if (size > 1 && m->gpus_per_node > 0 && extent > m->gpus_per_node) { return m->net_bw; }
     for (int i = 1; i < 8; i++) { if (size == 1 << i && m->at[kind][i] > 0) { return m->at[kind][i]; } }
     double bw = kind == COMM_A2A ? m->a2a_bw : kind == COMM_P2P ? m->p2p_bw : m->node_bw;
     return bw > 0 ? bw : m->node_bw;
+}
+static double group_lat(const Machine *m, int kind, int size, long extent) {
+    if (size > 1 && m->gpus_per_node > 0 && extent > m->gpus_per_node) { return m->net_lat; }
+    for (int i = 1; i < 8; i++) { if (size == 1 << i && m->at[3 + kind][i] > 0) { return m->at[3 + kind][i]; } }
+    double lat = kind == COMM_A2A ? m->a2a_lat : kind == COMM_P2P ? m->p2p_lat : m->node_lat;
+    return lat > 0 ? lat : m->node_lat;
 }
 
 // A step's time and where it goes (seconds; the comm: what is not overlapped with compute).
@@ -225,11 +245,14 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
     double slow = mc->cores > 0 && world > mc->cores ? world / mc->cores : 1.0;   // ranks sharing the cores
     double tf = 0, tb = 0, tw = 0, busy = 0, p2p = 0;   // the slowest stage's, per micro-batch
     double stage_busy[PIPE_MAX_LAYERS];                 // each stage's compute and exposed comm in a step
-    CommBytes stage_bytes[PIPE_MAX_LAYERS];             // each stage's bytes per group in a step
+    CommBytes stage_bytes[PIPE_MAX_LAYERS], stage_calls[PIPE_MAX_LAYERS];   // each stage's per group in a step
     long tcp = (long)a->tp * a->cp;
     double bw_tp = group_bw(mc, COMM_RING, a->tp, a->tp), bw_cp = group_bw(mc, COMM_P2P, a->cp, tcp);
     double bw_pp = group_bw(mc, COMM_P2P, a->pp, tcp * a->pp), bw_ep = group_bw(mc, COMM_A2A, a->ep, tcp * a->pp * a->ep);
-    double bw_dp = group_bw(mc, COMM_RING, dp * a->cp, world);
+    double bw_dp = group_bw(mc, COMM_RING, dp * a->cp, world), bw_emb = group_bw(mc, COMM_RING, 2, tcp * a->pp);
+    double lat_tp = group_lat(mc, COMM_RING, a->tp, a->tp), lat_cp = group_lat(mc, COMM_P2P, a->cp, tcp);
+    double lat_pp = group_lat(mc, COMM_P2P, a->pp, tcp * a->pp), lat_ep = group_lat(mc, COMM_A2A, a->ep, tcp * a->pp * a->ep);
+    double lat_dp = group_lat(mc, COMM_RING, dp * a->cp, world), lat_emb = group_lat(mc, COMM_RING, 2, tcp * a->pp);
     for (int s = 0; s < a->pp; s++) {
         const CommShape *sh = &shapes[s];
         double gemm = 0, attn = 0, layers = 0;   // FLOPs per token of the stage (this tp rank: / tp)
@@ -245,10 +268,13 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
         // bandwidth-bound: each layer's LayerNorms, residuals, GELU, softmax read and write about 40 (BTs, C)
         double elem = layers * 40.0 * tokens / (a->sp ? a->tp : 1) * C * X / mc->mem_bw;
         double fixed = layers * mc->layer_cost;
-        CommBytes cb = comm_step_bytes(sh, accum, comm_ep_rows_even(sh, accum), NULL);
+        // each group's seconds per micro-batch: its bytes at its bandwidth, and a latency per call
+        CommBytes cb = comm_step_bytes(sh, accum, comm_ep_rows_even(sh, accum), NULL), cn = comm_step_calls(sh, accum, NULL);
         stage_bytes[s] = cb;
-        double ctp = cb.tp / accum / bw_tp, cep = cb.ep / accum / bw_ep;
-        double ccp = cb.cp / accum / bw_cp, cp_exposed = ccp > at ? ccp - at : 0;   // the ring's hops overlap attention
+        stage_calls[s] = cn;
+        double ctp = (cb.tp / bw_tp + cn.tp * lat_tp) / accum, cep = (cb.ep / bw_ep + cn.ep * lat_ep) / accum;
+        double ccp = (cb.cp / bw_cp + cn.cp * lat_cp) / accum, cp_exposed = ccp > at ? ccp - at : 0;   // (the ring's hops
+        // overlap attention)
         // forward a third of the compute, backward two thirds (B: the inputs' gradients, W: the weights');
         // recompute: mlp runs fc and GELU again (an eighth of a dense layer's GEMMs), full the whole forward
         double fwd = (g + at) / 3 + elem / 3 + fixed / 3;
@@ -258,9 +284,9 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
         double w = g / 3;   // (the W pass: the weights' gradients, a forward's GEMMs)
         if (f + bwd > tf + tb + tw) { tf = f; tb = bwd - w; tw = w; t.stage = s; }
         if (f + bwd > busy) { busy = f + bwd; }
-        stage_busy[s] = accum * (f + bwd) + cb.pp / bw_pp;
+        stage_busy[s] = accum * (f + bwd) + cb.pp / bw_pp + cn.pp * lat_pp;
         t.tp = fmax(t.tp, accum * ctp); t.ep = fmax(t.ep, accum * cep); t.cp = fmax(t.cp, accum * cp_exposed);
-        p2p = fmax(p2p, cb.pp / accum / 2 / bw_pp);   // one message each way per micro-batch
+        p2p = fmax(p2p, (cb.pp / bw_pp + cn.pp * lat_pp) / accum / 2);   // one way's messages of a micro-batch
     }
     t.compute = accum * busy - t.tp - t.ep - t.cp;
     // the pipeline: the slowest stage's passes through the schedule's own step lists (each message on the
@@ -285,18 +311,18 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
     double dp_exposed = 0, opt = 0, work = 0;   // work: every rank's busy seconds, summed
     for (int s = 0; s < a->pp; s++) {
         const CommShape *sh = &shapes[s];
-        const CommBytes *cb = &stage_bytes[s];
-        double ring = 0;   // one reduce-scatter's (or all-gather's) bytes of every unit, dp and edp
+        const CommBytes *cb = &stage_bytes[s], *cn = &stage_calls[s];
+        double ring = 0, units = 0;   // one reduce-scatter's (or all-gather's) bytes of every unit, dp and edp; the units
         for (int i = 0; i < 2; i++) {
             int p = i == 0 ? sh->dp : sh->edp;
-            if (p > 1) { ring += (p - 1.0) / p * X * sh->units[i]; }
+            if (p > 1) { ring += (p - 1.0) / p * X * sh->units[i]; units += sh->nunits[i]; }
         }
-        double rs = ring / bw_dp, e;
-        if (sh->zero == 0) { e = fmax(0, 2 * rs - tb); }
+        double rs = ring / bw_dp + units * lat_dp, ar = 2 * ring / bw_dp + units * lat_dp, e;   // (a call per unit)
+        if (sh->zero == 0) { e = fmax(0, ar - tb); }
         else if (sh->zero == 1) { e = fmax(0, rs - tb) + rs; }
         else if (sh->zero == 2) { e = accum * fmax(0, rs - tb) + rs; }
-        else { e = accum * fmax(0, (cb->dp + cb->edp) / bw_dp / accum - tf - tb); }
-        e += cb->emb / group_bw(mc, COMM_RING, 2, tcp * a->pp);   // (the first and the last stage)
+        else { e = accum * fmax(0, ((cb->dp + cb->edp) / bw_dp + (cn->dp + cn->edp) * lat_dp) / accum - tf - tb); }
+        e += cb->emb / bw_emb + cn->emb * lat_emb;   // (the first and the last stage)
         dp_exposed = fmax(dp_exposed, e);
         // AdamW over the owned elements: parameter, gradient, m, v (and fp32 master) read and written
         double owned = sh->zero == 0 ? sh->units[0] + sh->units[1] : sh->units[0] / sh->dp + sh->units[1] / sh->edp;

@@ -89,7 +89,7 @@ typedef struct {
     float *norm_parts;       // device: one sum of squares per (unit, tensor)
     StepStats *stats;        // device: the step's loss, norm and gradient scale (global_norm.h)
     int prefetch;            // stage 3: gather the next unit while this one computes (zero_prefetch_params)
-    long gathers;            // stage 3: unit all-gathers (for the comm report)
+    double gathers[2];       // stage 3: unit all-gathers per group (dp, edp), as the calls counted
     double gathered_ring[2]; // stage 3: the gathered units' padded sizes x (p-1)/p (ring elements sent), summed
                              // over the units of the dp group [0] and of the experts' edp group [1]
 } Zero;
@@ -196,7 +196,7 @@ static floatX *zero_unit_params(Zero *z, int u) {
         i = work_pick(&z->pw, U->embedding);
         comm_wait(&z->pw.gather[i]);   // (a prefetch into it that was not used)
         comm_all_gather(U->dpg, z->params_shard + U->shard_offset, z->pw.buf[i], U->shard, DT_FLOATX, NULL);
-        z->gathers++;
+        z->gathers[U->dpg == &z->grid->edp_group]++;
         z->gathered_ring[U->dpg == &z->grid->edp_group] += (U->dpg->size - 1.0) / U->dpg->size * U->padded;
     }
     comm_wait(&z->pw.gather[i]);
@@ -216,7 +216,7 @@ static void zero_prefetch_params(Zero *z, int u, int keep) {
     comm_wait(&z->pw.gather[i]);
     z->pw.unit[i] = u;
     comm_all_gather(U->dpg, z->params_shard + U->shard_offset, z->pw.buf[i], U->shard, DT_FLOATX, &z->pw.gather[i]);
-    z->gathers++;
+    z->gathers[U->dpg == &z->grid->edp_group]++;
     z->gathered_ring[U->dpg == &z->grid->edp_group] += (U->dpg->size - 1.0) / U->dpg->size * U->padded;
 }
 

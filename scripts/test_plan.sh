@@ -70,8 +70,10 @@ advice_case() {   # NAME NP LIMIT EXPECTED_LEVER FLAGS...
 advice_case logits_full 1 60M "--ce-chunk 256" -e "L=2,C=64,NH=4,V=16384,maxT=512" -b 4 -t 512 --ce-chunk 0
 # AdamW state of a deep narrow model at ZeRO 0 on dp 2 dominates -> ZeRO 1
 advice_case optimizer_zero0 2 65M "--zero 1" -e "L=24,C=128,NH=4,V=256,maxT=64" -b 1 -t 16
-# long-T activations with tp 2 without SP -> --sp
-advice_case activations_nosp 2 95M "--sp" -e "L=4,C=128,NH=4,V=256,maxT=1024" -b 4 -t 1024 --tp 2
+# long-T activations with tp 2 without SP -> --sp (on a machine whose collectives cost their bytes alone: at this
+# tiny width the default's latency per call would rank SP's 2.5x the calls behind --recompute mlp)
+printf 'node_lat=0\np2p_lat=0\nnet_lat=0\n' >"$W/no_latency.txt"
+advice_case activations_nosp 2 95M "--sp" -e "L=4,C=128,NH=4,V=256,maxT=1024" -b 4 -t 1024 --tp 2 --machine "$W/no_latency.txt"
 # GPipe keeps all 8 micro-batches alive -> 1F1B
 advice_case gpipe_inflight 2 50M "--pp-schedule 1f1b" -e "L=4,C=128,NH=4,V=256,maxT=256" -b 4 -t 256 -d 8192 --pp 2 --pp-schedule gpipe
 
@@ -192,6 +194,7 @@ say $? "--tp 2 --ep 2 on one node of 4 ranks: no warning, and it trains"
 #    exchange between 2 ranks slows a pipeline of 2 stages, not tp 2; a slow ring of 2 ranks slows tp 2
 $MPIRUN -np 4 "$BIN/train_gpt" -e "$D" -b 4 -t 32 --calibrate "$W/machine4.txt" >"$W/calibrate.log" 2>&1 </dev/null
 keys="flops attn_flops mem_bw layer_cost node_bw_2 a2a_bw_2 p2p_bw_2 node_bw_4 a2a_bw_4 p2p_bw_4 node_bw a2a_bw p2p_bw cores"
+keys="$keys node_lat_2 a2a_lat_2 p2p_lat_2 node_lat_4 a2a_lat_4 p2p_lat_4 node_lat a2a_lat p2p_lat"
 missing=$(for k in $keys; do awk -F= -v k=$k '$1 == k && $2 > 0 { f = 1 } END { exit !f }' "$W/machine4.txt" || echo -n "$k "; done)
 "$BIN/train_gpt" -e "$D" -b 4 -t 32 -s 0 -v 0 --plan 4 --machine "$W/machine4.txt" >"$W/calibrated_plan.log" 2>&1
 [ -z "$missing" ] && grep -q "^predicted step" "$W/calibrated_plan.log"
@@ -206,3 +209,15 @@ tp_ring=$(predict --tp 2 --machine "$W/kinds_ring.txt")
 awk -v a="$pp_base" -v b="$pp_p2p" -v d="$tp_base" -v e="$tp_p2p" -v f="$tp_ring" \
     'BEGIN { exit !(a > 0 && b > 2 * a && d > 0 && e == d && f > 2 * d) }'
 say $? "the model's rate per collective kind and size: pp 2 ${pp_base:-?} ms, with exchanges of 2 at 1 MB/s ${pp_p2p:-?}; tp 2 ${tp_base:-?}, with those exchanges ${tp_p2p:-?}, with rings of 2 at 1 MB/s ${tp_ring:-?}"
+# a latency per call (comm_step_calls: the calls test_gpt asserts a run makes): at 1 ms a ring call between 2 ranks,
+# tp 2's step and pp 2's (whose first and last stage sum the tied embedding's gradient) take 1 ms more per ring
+# call a run of them makes (tp, emb, dp), whatever the exchanges
+printf 'node_bw=1e9\nnode_lat=0\np2p_lat=0\n' >"$W/kinds_nolat.txt"
+printf 'node_bw=1e9\nnode_lat=0\np2p_lat=0\nnode_lat_2=1e-3\n' >"$W/kinds_lat.txt"
+for l in tp pp; do
+    nolat=$(predict --$l 2 --machine "$W/kinds_nolat.txt"); lat=$(predict --$l 2 --machine "$W/kinds_lat.txt")
+    $MPIRUN -np 2 "$BIN/train_gpt" -e "$D" -b 2 -t 32 -d 128 -s 0 -v 0 -x 1 --$l 2 --comm-report >"$W/${l}_calls.log" 2>&1 </dev/null
+    calls=$(awk '$1 == "comm-calls" && $2 == 0 && ($3 == "tp" || $3 == "emb" || $3 == "dp") { n += $4 } END { print n + 0 }' "$W/${l}_calls.log")
+    awk -v a="$nolat" -v b="$lat" -v n="$calls" 'BEGIN { exit !(n > 0 && a > 0 && b - a > n - 0.01 && b - a < n + 0.01) }'
+    say $? "the model's latency per call: $l 2 ${nolat:-?} ms, at 1 ms a ring call ${lat:-?} (a run of it makes ${calls:-?} ring calls a step)"
+done
