@@ -268,13 +268,13 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
         // bandwidth-bound: each layer's LayerNorms, residuals, GELU, softmax read and write about 40 (BTs, C)
         double elem = layers * 40.0 * tokens / (a->sp ? a->tp : 1) * C * X / mc->mem_bw;
         double fixed = layers * mc->layer_cost;
-        // each group's seconds per micro-batch: its bytes at its bandwidth, and a latency per call
+        // each group's seconds per micro-batch: its bytes at its bandwidth, and a latency per call (the cp ring's
+        // hops overlap attention)
         CommBytes cb = comm_step_bytes(sh, accum, comm_ep_rows_even(sh, accum), NULL), cn = comm_step_calls(sh, accum, NULL);
         stage_bytes[s] = cb;
         stage_calls[s] = cn;
         double ctp = (cb.tp / bw_tp + cn.tp * lat_tp) / accum, cep = (cb.ep / bw_ep + cn.ep * lat_ep) / accum;
-        double ccp = (cb.cp / bw_cp + cn.cp * lat_cp) / accum, cp_exposed = ccp > at ? ccp - at : 0;   // (the ring's hops
-        // overlap attention)
+        double ccp = (cb.cp / bw_cp + cn.cp * lat_cp) / accum, cp_exposed = ccp > at ? ccp - at : 0;
         // forward a third of the compute, backward two thirds (B: the inputs' gradients, W: the weights');
         // recompute: mlp runs fc and GELU again (an eighth of a dense layer's GEMMs), full the whole forward
         double fwd = (g + at) / 3 + elem / 3 + fixed / 3;

@@ -2,10 +2,12 @@
 # Fine-grained and shared experts on the CPU build (timings, not tests: ratios measured side by side in one run):
 #   1. tokens/s of a fine-grained MoE model (L4 C128 NH4 V257, E 64 top-8 of width H = C/2, 1 shared expert:
 #      an active MLP width of 9H = 4.5C) against the dense model of the same shape (MLP 4C), one rank, B8 T128;
-#      the ratio, and the ratio normalised by the FLOPs per token
+#      the ratio, and the ratio normalised by the FLOPs per token; with a capacity (F 1.25, the padded dispatch:
+#      its experts also run the padding rows) and dropless (F 0, the counted dispatch, as DeepSeek-V3 and OLMoE
+#      train)
 #   2. the expert all-to-alls at ep 2 and ep 4 (one thread per rank), padded (a capacity's dispatch) and counted
 #      (the counts exchanged first): ep bytes per step and their share of the step time
-# Usage: bash dev/bench/bench_moe_fine.sh [THREADS (default 2)]
+# Usage: bash dev/bench/bench_moe_fine.sh [THREADS (default 2)]   (ROUNDS=4: rounds of section 1; THROUGHPUT_ONLY=1)
 set -eu
 cd "$(dirname "$0")/../.."
 THREADS=${1:-2}
@@ -17,26 +19,36 @@ SHAPE="L=4,C=128,NH=4,V=257,maxT=128"
 FINE="$SHAPE,E=64,k=8,H=64,S=1"
 avg() { awk '/^average step/ { print $(NF-1) }' "$1"; }
 
-echo "== 1. throughput, one rank, $THREADS threads, B8 T128, 20 steps (the first is not timed), dense first, then MoE, twice"
-for round in 1 2; do
-    for model in dense fine; do
-        e=$SHAPE; [ $model = fine ] && e=$FINE
-        OMP_NUM_THREADS=$THREADS ./train_gpt -e "$e" -b 8 -t 128 -x 20 -v 0 -s 0 >"$W/$model$round.log" 2>&1
+ROUNDS=${ROUNDS:-2}
+echo "== 1. throughput, one rank, $THREADS threads, B8 T128, 20 steps (the first is not timed): dense, MoE F 1.25, MoE dropless; $ROUNDS rounds"
+for round in $(seq $ROUNDS); do
+    for model in dense fine dropless; do
+        e=$SHAPE; [ $model != dense ] && e=$FINE
+        f=(); [ $model = dropless ] && f=(--capacity-factor 0)
+        OMP_NUM_THREADS=$THREADS ./train_gpt -e "$e" -b 8 -t 128 -x 20 -v 0 -s 0 "${f[@]}" >"$W/$model$round.log" 2>&1
     done
 done
-python3 - "$(avg "$W/dense1.log")" "$(avg "$W/fine1.log")" "$(avg "$W/dense2.log")" "$(avg "$W/fine2.log")" <<'EOF'
+python3 - $(for r in $(seq $ROUNDS); do echo "$(avg "$W/dense$r.log") $(avg "$W/fine$r.log") $(avg "$W/dropless$r.log")"; done) <<'EOF'
 import sys
-d1, m1, d2, m2 = map(float, sys.argv[1:])
+v = list(map(float, sys.argv[1:]))
 L, C, V, T, E, k, H, S = 4, 128, 257, 128, 64, 8, 64, 1
 # FLOPs per token: 6 x the weights a token meets (attention 4C^2, each MLP it visits with its biases, the router
 # E C, the tied head V C) + the attention scores 6 L T C
 mlp = lambda width: 2 * C * width + width + C
 f_dense = 6 * (L * (4 * C * C + mlp(4 * C)) + V * C) + 6 * L * T * C
 f_fine = 6 * (L * (4 * C * C + k * mlp(H) + mlp(S * H) + E * C) + V * C) + 6 * L * T * C
-for r, (d, m) in enumerate(((d1, m1), (d2, m2)), 1):
-    print(f"round {r}: dense {d:.0f} tok/s, E{E} top-{k} H{H} + {S} shared {m:.0f} tok/s: ratio {m / d:.2f}; FLOPs per "
-          f"token {f_dense:.4g} vs {f_fine:.4g} ({f_fine / f_dense:.3f}x): tok/s per FLOP {m / d * f_fine / f_dense:.2f}")
+print(f"FLOPs per token: dense {f_dense:.4g}, E{E} top-{k} H{H} + {S} shared {f_fine:.4g} ({f_fine / f_dense:.3f}x)")
+per = {"F 1.25": [], "dropless": []}
+for r in range(len(v) // 3):
+    d, m, n = v[3 * r: 3 * r + 3]
+    print(f"round {r + 1}: dense {d:.0f} tok/s; MoE F 1.25 {m:.0f} tok/s, per FLOP {m / d * f_fine / f_dense:.2f}; "
+          f"dropless {n:.0f} tok/s, per FLOP {n / d * f_fine / f_dense:.2f}")
+    per["F 1.25"].append(m / d * f_fine / f_dense); per["dropless"].append(n / d * f_fine / f_dense)
+for k_, x in per.items():
+    print(f"tok/s per FLOP of the dense model's, {k_}: mean {sum(x) / len(x):.2f}, min {min(x):.2f}, max {max(x):.2f}")
 EOF
+
+[ -n "${THROUGHPUT_ONLY:-}" ] && exit 0   # (THROUGHPUT_ONLY=1: section 1 alone)
 
 echo "== 2. the all-to-alls, one thread per rank, B8 T128 per rank, 10 steps: padded (a capacity's dispatch) and counted"
 echo "   (TRAIN_GPT_COUNTED_DISPATCH=1: the counts exchanged first); ep bytes per step of rank 0, the all-to-all share"
