@@ -1080,9 +1080,9 @@ static void check_schedules(void) {
         for (int m = 1; m <= 4 * pp; m++) {
             for (int r = 0; r < pp; r++) { zb_bad += !zb_list_ok(pp, r, m); zb_lists++; }
             if (m < pp) { continue; }
-            double i1[8], iz[8];
-            pipe_simulate(SCHEDULE_1F1B, pp, 1, m, 1, 1, 1, i1);
-            pipe_simulate(SCHEDULE_ZB, pp, 1, m, 1, 1, 1, iz);
+            double i1[8], iz[8], one[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+            pipe_simulate(SCHEDULE_1F1B, pp, 1, m, one, one, one, i1);
+            pipe_simulate(SCHEDULE_ZB, pp, 1, m, one, one, one, iz);
             for (int r = 0; r < pp; r++) {
                 bubbles++;
                 bubble_bad += fabs(i1[r] - 3.0 * (pp - 1)) > 1e-9 || iz[r] > (pp - 1) + 1 + 1e-9;

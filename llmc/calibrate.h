@@ -1,9 +1,12 @@
 // --calibrate FILE: this machine's rates for the cost model (plan.h's Machine), measured with this build's
 // own kernels and collectives at the model's layer shapes (-e, -b, -t: tp 1), on every rank at once (ranks
 // that share cores or a link measure it shared), written as the key=value lines --machine reads:
-//   flops       the MLP's fc forward and backward: 3 GEMMs of 2 (B T) C (4C) FLOPs
+//   flops       the MLP's fc forward and backward: 3 GEMMs of 2 (B T) C (4C) FLOPs; flops_R the same at R rows
+//               (R = 32, 64, ... up to B T: a small micro-batch's GEMMs run at a lower rate)
 //   attn_flops  causal attention forward and backward, counted as the cost model counts it (6 C T / 2 a token)
 //   mem_bw      a bandwidth-bound kernel (residual + bias: reads 2, writes 1 of (B T, C))
+//   adamw       parameters per second of the optimizer: the gradient's sum of squares (the clip norm) and
+//               AdamW over 4M elements (the fp32 master too under bf16)
 //   layer_cost  what a layer's ~20 kernels cost beyond their work: 20 GEMMs of one row
 //   node_bw     an all-reduce over groups of p consecutive ranks (all the groups at once, as a layout's run),
 //               in bytes per rank per second as comm_bytes.h counts them; node_bw_P at each p = 2, 4, ... up
@@ -15,6 +18,10 @@
 //   a2a_lat     node_lat_P, a2a_lat_P, p2p_lat_P at each p, the size-less keys at the largest
 //   p2p_lat
 //   cores       CPU build: the cores over the threads of a rank (more ranks than that share them)
+//   overlap     how much of an asynchronous all-reduce over the world the fc GEMMs posted after it hide:
+//               (t_gemm + t_comm - t_both) / min(t_gemm, t_comm), between 0 and 1, at a message that takes about
+//               as long as the GEMMs (CUDA: NCCL's stream beside the compute; CPU: MPI progresses only inside
+//               MPI calls, on the rank's own core)
 // What it cannot measure here stays out of the file (the defaults apply, named in --plan-search's output):
 // net_bw and net_lat (one machine has no network), flash_slower, gpus_per_node.
 #ifndef LLMC_CALIBRATE_H
@@ -84,6 +91,33 @@ static void calibrate_collectives(Grid *g, floatX *buf, size_t n, double bw[3][C
     }
 }
 
+// How much of an asynchronous all-reduce over the world compute hides: the all-reduce alone (t_c), the fc's
+// GEMMs alone (t_gemm), and the all-reduce posted, the GEMMs run, then its wait (t_both), at a message the
+// ring bandwidth bw moves in about t_gemm. (t_gemm + t_c - t_both) / min(t_gemm, t_c), between 0 and 1.
+static double calibrate_overlap(Grid *g, floatX *buf, size_t n, double bw, double t_gemm, floatX *x, floatX *y,
+                                floatX *dx, floatX *w, floatX *dw, int BT, int C) {
+    Group grp;
+    group_init(&grp, "calibration", 0, g->rank);
+    double p = g->world_size, per = 2.0 * (p - 1) / p * sizeof(floatX);   // bytes a rank moves per element
+    size_t m = (size_t)(t_gemm * bw / per);
+    m = m < 1024 ? 1024 : m > n ? n : m;
+    double t_c, t_both;
+    CommRequest req = {};
+    CALIBRATE_TIME(g, &t_c)
+        comm_all_reduce(&grp, buf, m, DT_FLOATX, &req);
+        comm_wait(&req);
+    CALIBRATE_END;
+    CALIBRATE_TIME(g, &t_both)
+        comm_all_reduce(&grp, buf, m, DT_FLOATX, &req);
+        matmul_forward(y, x, w, NULL, BT, C, 4 * C);
+        matmul_backward(dx, dw, NULL, y, x, w, BT, C, 4 * C);
+        comm_wait(&req);
+    CALIBRATE_END;
+    group_free(&grp);
+    double o = (t_gemm + t_c - t_both) / fmin(t_gemm, t_c);
+    return o < 0 ? 0 : o > 1 ? 1 : o;
+}
+
 static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *path) {
     int B = a->B, T = a->T, C = c->channels, NH = c->num_heads, BT = B * T, world = g->world_size;
     size_t big = (size_t)BT * 4 * C, comm_n = (size_t)16 << 20;
@@ -105,12 +139,19 @@ static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *p
     matmul_setup();
 #endif
     attention_setup(B, T, C, NH);
-    double t_gemm, t_att, t_mem, t_tiny;
-    // x (BT, C) -> y (BT, 4C); back: dx (BT, C), dw (4C, C)
+    double t_gemm, t_att, t_mem, t_tiny, t_rows[MACHINE_ROWS] = {0};
+    // x (BT, C) -> y (BT, 4C); back: dx (BT, C), dw (4C, C); then at R rows of them
     CALIBRATE_TIME(g, &t_gemm)
         matmul_forward(y, x, w, NULL, BT, C, 4 * C);
         matmul_backward(dx, dw, NULL, y, x, w, BT, C, 4 * C);
     CALIBRATE_END;
+    for (int i = 5; i < MACHINE_ROWS && (1 << i) <= BT; i++) {
+        int R = 1 << i;
+        CALIBRATE_TIME(g, &t_rows[i])
+            matmul_forward(y, x, w, NULL, R, C, 4 * C);
+            matmul_backward(dx, dw, NULL, y, x, w, R, C, 4 * C);
+        CALIBRATE_END;
+    }
     // qkv: x as (B, T, 3C) -> out: y (B, T, C); back: dout y -> dqkv dx
     CALIBRATE_TIME(g, &t_att)
         attention_forward(y, lse, x, B, T, C, NH);
@@ -119,6 +160,26 @@ static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *p
     CALIBRATE_TIME(g, &t_mem)
         residual_bias_forward(dx, x, y, bias, 4 * BT, C);
     CALIBRATE_END;
+    // the optimizer over n_opt elements: the norm's sum of squares, then AdamW
+    size_t n_opt = (size_t)4 << 20;
+    floatX *p_opt = (floatX *)mem_alloc(n_opt * sizeof(floatX), MEM_WORKSPACE);
+    floatX *g_opt = (floatX *)mem_alloc(n_opt * sizeof(floatX), MEM_WORKSPACE);
+    float *m_opt = (float *)mem_alloc(n_opt * sizeof(float), MEM_WORKSPACE);
+    float *v_opt = (float *)mem_alloc(n_opt * sizeof(float), MEM_WORKSPACE);
+    float *master = sizeof(floatX) == 4 ? NULL : (float *)mem_alloc(n_opt * sizeof(float), MEM_WORKSPACE);
+    float *scalars = (float *)mem_alloc(2 * sizeof(float), MEM_WORKSPACE), one = 1.0f;   // the norm, the scale
+    float *zeros = (float *)calloc_check(n_opt, sizeof(float));
+    upload_floats(p_opt, zeros, n_opt); upload_floats(g_opt, zeros, n_opt);
+    copy_to_device(m_opt, zeros, n_opt * sizeof(float));
+    copy_to_device(v_opt, zeros, n_opt * sizeof(float));
+    if (master) { copy_to_device(master, zeros, n_opt * sizeof(float)); }
+    copy_to_device(scalars + 1, &one, sizeof(float));
+    free(zeros);
+    double t_opt;
+    CALIBRATE_TIME(g, &t_opt)
+        sum_of_squares(scalars, g_opt, n_opt);
+        adamw_update(p_opt, master, g_opt, m_opt, v_opt, n_opt, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, scalars + 1, 1, 0);
+    CALIBRATE_END;
     CALIBRATE_TIME(g, &t_tiny)
         for (int k = 0; k < 20; k++) { matmul_forward(y, x, w, NULL, 1, C, C); }
     CALIBRATE_END;
@@ -126,7 +187,8 @@ static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *p
     if (world > 1) { calibrate_collectives(g, comm_buf, comm_n, bw, lat); }
     int top = 0;   // the largest group size measured
     for (int i = 1; i < CALIBRATE_SIZES; i++) { if (bw[COMM_RING][i] > 0) { top = i; } }
-    double X = sizeof(floatX);
+    double X = sizeof(floatX), overlap = -1;
+    if (world > 1) { overlap = calibrate_overlap(g, comm_buf, comm_n, bw[COMM_RING][top], t_gemm, x, y, dx, w, dw, BT, C); }
     double flops = 3 * 2.0 * BT * C * 4.0 * C / t_gemm, attn = (double)BT * 6.0 * C * T / 2 / t_att;
     double mem = 3.0 * 4 * BT * C * X / t_mem;
     if (g->rank == 0) {
@@ -134,7 +196,13 @@ static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *p
         if (!f) { fail("--calibrate %s: cannot write it", path); }
         fprintf(f, "# --calibrate: %d rank(s) at once, this build's kernels at L %d C %d NH %d, B %d T %d (tp 1)\n",
                 world, c->num_layers, C, NH, B, T);
-        fprintf(f, "flops=%.4g\nattn_flops=%.4g\nmem_bw=%.4g\nlayer_cost=%.4g\n", flops, attn, mem, t_tiny);
+        fprintf(f, "flops=%.4g\nattn_flops=%.4g\nmem_bw=%.4g\nlayer_cost=%.4g\nadamw=%.4g\n", flops, attn, mem, t_tiny,
+                n_opt / t_opt);
+        fprintf(f, "# the GEMMs at R rows\n");
+        for (int i = 0; i < MACHINE_ROWS; i++) {
+            if (t_rows[i] > 0) { fprintf(f, "flops_%d=%.4g\n", 1 << i, 3 * 2.0 * (1 << i) * C * 4.0 * C / t_rows[i]); }
+        }
+        if (overlap >= 0) { fprintf(f, "overlap=%.3g\n", overlap); }
         static const char *keys[3] = {"node_bw", "a2a_bw", "p2p_bw"}, *lkeys[3] = {"node_lat", "a2a_lat", "p2p_lat"};
         for (int i = 1; i <= top; i++) {
             if (bw[COMM_RING][i] == 0) { continue; }
@@ -155,8 +223,10 @@ static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *p
                      "(%.1f, %.1f, %.1f us a call)", 1 << top, bw[COMM_RING][top] / 1e9, bw[COMM_A2A][top] / 1e9,
                      bw[COMM_P2P][top] / 1e9, lat[COMM_RING][top] * 1e6, lat[COMM_A2A][top] * 1e6, lat[COMM_P2P][top] * 1e6);
         }
+        char ov[64] = "";
+        if (overlap >= 0) { snprintf(ov, sizeof(ov), ", overlap %.2f", overlap); }
         printf("calibrated (%d ranks at once): GEMM %.3g TFLOP/s, attention %.3g TFLOP/s, memory %.3g GB/s, "
-               "%.1f us per layer, %s -> %s\n", world, flops / 1e12, attn / 1e12, mem / 1e9, t_tiny * 1e6, comm, path);
+               "%.1f us per layer, %s%s -> %s\n", world, flops / 1e12, attn / 1e12, mem / 1e9, t_tiny * 1e6, comm, ov, path);
         fflush(stdout);
     }
     free(h);

@@ -185,11 +185,11 @@ static void search_report(Search *s) {
            c->num_experts ? " (MoE)" : "", s->world, mc->gpus_per_node, s->base->T, s->tokens, s->b.name, lim,
            s->reserve > 0 ? " (1.00 GiB of it for the CUDA context and NCCL)" : "");
     printf("machine: %s: %.3g TFLOP/s GEMM, %.3g attention, %.3g GB/s memory, %.3g GB/s and %.3g us a call inside a "
-           "node (all-to-all %.3g, %.3g; exchange %.3g, %.3g), %.3g and %.3g across, %.0f us per layer and micro-batch%s\n",
+           "node (all-to-all %.3g, %.3g; exchange %.3g, %.3g), %.3g and %.3g across, %.0f us per layer and micro-batch, collectives %.0f%% hidden beside compute%s\n",
            mc->name, mc->flops / 1e12, mc->attn_flops / 1e12, mc->mem_bw / 1e9, mc->node_bw / 1e9, mc->node_lat * 1e6,
            group_bw(mc, COMM_A2A, 1, 1) / 1e9, group_lat(mc, COMM_A2A, 1, 1) * 1e6, group_bw(mc, COMM_P2P, 1, 1) / 1e9,
            group_lat(mc, COMM_P2P, 1, 1) * 1e6, mc->net_bw / 1e9, mc->net_lat * 1e6, mc->layer_cost * 1e6,
-           mc->cores > 0 ? ", ranks share the cores" : "");
+           100 * mc->overlap, mc->cores > 0 ? ", ranks share the cores" : "");
     if (mc->given[0]) { printf("  (from the file: %s; the other keys the defaults')\n", mc->given); }
     printf("%ld layouts: %ld invalid, %ld the same as another, %ld over the limit, %zu fit\n", s->tried, ninv, s->same,
            noverall, s->nfit);

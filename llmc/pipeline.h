@@ -331,12 +331,13 @@ static int steps_match(const StepList *a, const StepList *b) {
     return ok;
 }
 
-// The schedule on a model of time: every rank runs its list, a forward takes tf, a backward tb + tw (ZB: its B
-// tb, its W tw), a message arrives when it is posted, a step waits for its receives after its W (as
-// pipe_exchange does). Returns the step's length (the last rank's end); idle[r] (pp of them): rank r's time
-// not computing, the bubble. What the bubble of a schedule is, from the list the run executes.
-static double pipe_simulate(PipeSchedule schedule, int pp, int vpp, int m, double tf, double tb, double tw,
-                            double *idle) {
+// The schedule on a model of time: every rank runs its list, on rank r a forward (of one chunk) takes tf[r], a
+// backward tb[r] + tw[r] (ZB: its B tb[r], its W tw[r]), a message arrives when it is posted, a step waits for
+// its receives after its W (as pipe_exchange does). Returns the step's length (the last rank's end); idle[r]
+// (pp of them): rank r's time not computing, the bubble. What the bubble of a schedule is, from the list the
+// run executes, with each stage's own times (the last stage's LM head, an uneven split).
+static double pipe_simulate(PipeSchedule schedule, int pp, int vpp, int m, const double *tf, const double *tb,
+                            const double *tw, double *idle) {
     StepList *l = (StepList *)malloc_check(pp * sizeof(StepList));
     int *pos = (int *)calloc_check(pp, sizeof(int)), *posted = (int *)calloc_check(pp, sizeof(int));
     int *nsent = (int *)calloc_check((size_t)pp * pp, sizeof(int)), *nrecv = (int *)calloc_check((size_t)pp * pp, sizeof(int));
@@ -344,7 +345,6 @@ static double pipe_simulate(PipeSchedule schedule, int pp, int vpp, int m, doubl
     int cap = 4 * m * vpp + 8;   // messages from one rank to another in a step: at most 2 per micro-batch and chunk
     double *sent = (double *)malloc_check((size_t)pp * pp * cap * sizeof(double));   // [from][to][i]: i-th's post time
     for (int r = 0; r < pp; r++) { l[r] = pipeline_steps(schedule, pp, vpp, r, m, 0); }
-    double tback = schedule == SCHEDULE_ZB ? tb : tb + tw;
     for (int moved = 1; moved;) {
         moved = 0;
         for (int r = 0; r < pp; r++) {
@@ -353,13 +353,14 @@ static double pipe_simulate(PipeSchedule schedule, int pp, int vpp, int m, doubl
                 PipeMsg msg[4];
                 int n = pipe_step_messages(st, pp, r, msg), ready = 1;
                 if (!posted[r]) {   // compute, post the sends, run the W
-                    double c = (st->fwd >= 0 ? tf : 0) + (st->bwd >= 0 ? tback : 0);
+                    double tback = schedule == SCHEDULE_ZB ? tb[r] : tb[r] + tw[r];
+                    double c = (st->fwd >= 0 ? tf[r] : 0) + (st->bwd >= 0 ? tback : 0);
                     t[r] += c;
                     busy[r] += c;
                     for (int j = 0; j < n; j++) {
                         if (msg[j].send) { sent[((size_t)r * pp + msg[j].peer) * cap + nsent[r * pp + msg[j].peer]++] = t[r]; }
                     }
-                    if (st->wgt >= 0) { t[r] += tw; busy[r] += tw; }
+                    if (st->wgt >= 0) { t[r] += tw[r]; busy[r] += tw[r]; }
                     posted[r] = 1;
                 }
                 double arrive = t[r];

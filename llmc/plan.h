@@ -97,6 +97,8 @@ static void plan_explain(const Args *a, const GPT2Config *c, int world, int stag
 
 typedef struct {
     double flops;         // FLOP/s per rank on the matrix multiplies (layers, head)
+    double flops_at[MACHINE_ROWS];   // flops_R: the same at GEMMs of R = 2^i rows (0: not given; between two
+                                     // given, log-linear; outside, the nearest; none given: flops)
     double attn_flops;    // FLOP/s per rank on causal attention's T x T work (6 C T a token)
     double mem_bw;        // bytes/s per rank of the bandwidth-bound kernels (LayerNorm, residual, GELU, AdamW)
     double node_bw;       // bytes/s per rank a ring collective (all-reduce, reduce-scatter, all-gather) moves in a node
@@ -110,10 +112,14 @@ typedef struct {
     double net_bw;        // bytes/s per rank a collective moves across nodes
     double net_lat;       // seconds per call of a collective across nodes
     double layer_cost;    // seconds per layer and micro-batch, forward and backward (its kernels' launches)
+    double adamw;         // parameters per second of the optimizer, the clip norm's pass included (0: its bytes
+                          // at mem_bw: parameter, gradient, m, v and the bf16 build's fp32 master, read and written)
     double flash_slower;  // --attention flash: its attention at 1/this of attn_flops
     double cores;         // CPU ranks: the cores the ranks share (0: a device per rank)
+    double overlap;       // the share of a collective posted beside compute that the compute hides (1: NCCL on its
+                          // own stream; CPU ranks: MPI progresses on the rank's own core, --calibrate measures it)
     int gpus_per_node;    // ranks per node (groups within it use node_bw)
-    char given[256];      // the keys a machine file set (the others: the defaults)
+    char given[1024];     // the keys a machine file set (the others: the defaults)
     const char *name;
 } Machine;
 
@@ -125,11 +131,29 @@ typedef struct {
 // on an H100 node takes about 6-10 us in nccl-tests (NVIDIA/nccl issues 583, 1259), taken at 10; p2p_lat: a
 // small send/receive about 4 us (issue 1984), taken at 5; a2a_lat: node_lat's; net_bw: one 400 Gb/s
 // ConnectX-7 port per GPU (50 GB/s), taken at 40; net_lat: a few us of InfiniBand per hop on top, taken at 25;
-// layer_cost: the launches of a layer's ~20 kernels at a few us each.
+// layer_cost: the launches of a layer's ~20 kernels at a few us each; overlap: NCCL runs on its own stream, so
+// a collective posted before compute runs beside it.
 static Machine machine_default(void) {
-    Machine m = {200e12, 100e12, 3.0e12, 300e9, 0, 0, 10e-6, 0, 5e-6, {{0}}, 40e9, 25e-6, 50e-6, 3.0, 0, 8, "",
-                 "an 8 x H200 node, InfiniBand between nodes (defaults)"};
+    Machine m = {200e12, {0}, 100e12, 3.0e12, 300e9, 0, 0, 10e-6, 0, 5e-6, {{0}}, 40e9, 25e-6, 50e-6, 0, 3.0, 0, 1.0,
+                 8, "", "an 8 x H200 node, InfiniBand between nodes (defaults)"};
     return m;
+}
+
+// The GEMM rate at R rows (a micro-batch's tokens on the rank): flops_R where given, log-linear between the two
+// nearest given, the nearest outside them, flops when none is.
+static double machine_flops(const Machine *m, double rows) {
+    int lo = -1, hi = -1;
+    double x = log2(rows > 1 ? rows : 1);
+    for (int i = 0; i < MACHINE_ROWS; i++) {
+        if (m->flops_at[i] <= 0) { continue; }
+        if (i <= x) { lo = i; }
+        if (i >= x && hi < 0) { hi = i; }
+    }
+    if (lo < 0 && hi < 0) { return m->flops; }
+    if (lo < 0 || hi == lo) { return m->flops_at[lo < 0 ? hi : lo]; }
+    if (hi < 0) { return m->flops_at[lo]; }
+    double u = (x - lo) / (hi - lo);
+    return exp((1 - u) * log(m->flops_at[lo]) + u * log(m->flops_at[hi]));
 }
 
 static int ends_with(const char *s, const char *end) {
@@ -164,7 +188,22 @@ static int machine_read(Machine *m, const char *path, char *err, size_t errlen) 
                 : !strcmp(key, "node_lat") ? &m->node_lat : !strcmp(key, "a2a_lat") ? &m->a2a_lat
                 : !strcmp(key, "p2p_lat") ? &m->p2p_lat : !strcmp(key, "net_lat") ? &m->net_lat
                 : !strcmp(key, "net_bw") ? &m->net_bw : !strcmp(key, "layer_cost") ? &m->layer_cost
-                : !strcmp(key, "flash_slower") ? &m->flash_slower : !strcmp(key, "cores") ? &m->cores : NULL;
+                : !strcmp(key, "adamw") ? &m->adamw
+                : !strcmp(key, "flash_slower") ? &m->flash_slower : !strcmp(key, "cores") ? &m->cores
+                : !strcmp(key, "overlap") ? &m->overlap : NULL;
+        if (!d && !strncmp(key, "flops_", 6)) {   // (per GEMM rows: flops_512)
+            char *end;
+            long r = strtol(key + 6, &end, 10);
+            int i = 0;
+            while (i < MACHINE_ROWS - 1 && (1L << i) < r) { i++; }
+            if (*end || r != 1L << i) {
+                snprintf(err, errlen, "--machine %s line %d: '%s': the rows after flops_ must be 1, 2, 4, ... or %ld",
+                         path, n, key, 1L << (MACHINE_ROWS - 1));
+                fclose(f);
+                return 1;
+            }
+            d = &m->flops_at[i];
+        }
         static const char *kinds[6] = {"node_bw_", "a2a_bw_", "p2p_bw_", "node_lat_", "a2a_lat_", "p2p_lat_"};
         for (int k = 0; k < 6 && !d; k++) {   // (per group size: node_bw_4)
             size_t kl = strlen(kinds[k]);
@@ -186,8 +225,14 @@ static int machine_read(Machine *m, const char *path, char *err, size_t errlen) 
             fclose(f);
             return 1;
         }
-        if (!(v >= 0) || (v == 0 && strcmp(key, "cores") && strcmp(key, "layer_cost") && !ends_with(key, "_lat"))) {
+        if (!(v >= 0) || (v == 0 && strcmp(key, "cores") && strcmp(key, "layer_cost") && strcmp(key, "overlap") &&
+                          !ends_with(key, "_lat"))) {
             snprintf(err, errlen, "--machine %s line %d: %s = %g must be positive", path, n, key, v);
+            fclose(f);
+            return 1;
+        }
+        if (!strcmp(key, "overlap") && v > 1) {
+            snprintf(err, errlen, "--machine %s line %d: overlap = %g must be between 0 and 1", path, n, v);
             fclose(f);
             return 1;
         }
@@ -242,8 +287,10 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
     double C = c->channels, T = a->T, X = shapes[0].X, tokens = (double)a->B * a->T / a->cp;   // a micro-batch's, a rank's
     int full = !strcmp(a->recompute, "full"), mlp = !strcmp(a->recompute, "mlp");
     double flash = !strcmp(a->attention, "flash") ? mc->flash_slower : 1.0;
+    double ov = mc->overlap;   // the share of a collective that compute beside it hides
     double slow = mc->cores > 0 && world > mc->cores ? world / mc->cores : 1.0;   // ranks sharing the cores
-    double tf = 0, tb = 0, tw = 0, busy = 0, p2p = 0;   // the slowest stage's, per micro-batch
+    double tf[PIPE_MAX_LAYERS] = {0}, tb[PIPE_MAX_LAYERS] = {0}, tw[PIPE_MAX_LAYERS] = {0};   // each stage's, per micro-batch
+    double busy = 0, p2p = 0;                           // the slowest stage's, per micro-batch
     double stage_busy[PIPE_MAX_LAYERS];                 // each stage's compute and exposed comm in a step
     CommBytes stage_bytes[PIPE_MAX_LAYERS], stage_calls[PIPE_MAX_LAYERS];   // each stage's per group in a step
     long tcp = (long)a->tp * a->cp;
@@ -264,17 +311,17 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
             }
             if (v == n - 1) { gemm += head_flops_per_token(c); }
         }
-        double g = tokens * gemm / a->tp / mc->flops, at = tokens * attn / a->tp / mc->attn_flops * flash;
+        double g = tokens * gemm / a->tp / machine_flops(mc, tokens), at = tokens * attn / a->tp / mc->attn_flops * flash;
         // bandwidth-bound: each layer's LayerNorms, residuals, GELU, softmax read and write about 40 (BTs, C)
         double elem = layers * 40.0 * tokens / (a->sp ? a->tp : 1) * C * X / mc->mem_bw;
         double fixed = layers * mc->layer_cost;
         // each group's seconds per micro-batch: its bytes at its bandwidth, and a latency per call (the cp ring's
-        // hops overlap attention)
+        // hops overlap attention, as far as the machine overlaps)
         CommBytes cb = comm_step_bytes(sh, accum, comm_ep_rows_even(sh, accum), NULL), cn = comm_step_calls(sh, accum, NULL);
         stage_bytes[s] = cb;
         stage_calls[s] = cn;
         double ctp = (cb.tp / bw_tp + cn.tp * lat_tp) / accum, cep = (cb.ep / bw_ep + cn.ep * lat_ep) / accum;
-        double ccp = (cb.cp / bw_cp + cn.cp * lat_cp) / accum, cp_exposed = ccp > at ? ccp - at : 0;
+        double ccp = (cb.cp / bw_cp + cn.cp * lat_cp) / accum, cp_exposed = ccp - ov * fmin(ccp, at);
         // forward a third of the compute, backward two thirds (B: the inputs' gradients, W: the weights');
         // recompute: mlp runs fc and GELU again (an eighth of a dense layer's GEMMs), full the whole forward
         double fwd = (g + at) / 3 + elem / 3 + fixed / 3;
@@ -282,27 +329,33 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
         double f = fwd + (ctp + cep) / 2 + cp_exposed / 2;
         double bwd = 2 * (g + at) / 3 + 2 * elem / 3 + 2 * fixed / 3 + again + (ctp + cep) / 2 + cp_exposed / 2;
         double w = g / 3;   // (the W pass: the weights' gradients, a forward's GEMMs)
-        if (f + bwd > tf + tb + tw) { tf = f; tb = bwd - w; tw = w; t.stage = s; }
-        if (f + bwd > busy) { busy = f + bwd; }
+        tf[s] = f; tb[s] = bwd - w; tw[s] = w;
+        if (f + bwd > busy) { busy = f + bwd; t.stage = s; }
         stage_busy[s] = accum * (f + bwd) + cb.pp / bw_pp + cn.pp * lat_pp;
         t.tp = fmax(t.tp, accum * ctp); t.ep = fmax(t.ep, accum * cep); t.cp = fmax(t.cp, accum * cp_exposed);
         p2p = fmax(p2p, (cb.pp / bw_pp + cn.pp * lat_pp) / accum / 2);   // one way's messages of a micro-batch
     }
     t.compute = accum * busy - t.tp - t.ep - t.cp;
-    // the pipeline: the slowest stage's passes through the schedule's own step lists (each message on the
-    // critical path); without one, the micro-batches one after another
+    // the pipeline: each stage's passes through the schedule's own step lists (each message on the critical
+    // path; interleaved: a chunk's passes a vpp-th of its stage's); without one, the micro-batches one after another
     double pipe;
     if (a->pp > 1) {
-        double idle[PIPE_MAX_LAYERS], v = a->vpp;
+        double idle[PIPE_MAX_LAYERS], f[PIPE_MAX_LAYERS], b[PIPE_MAX_LAYERS], w[PIPE_MAX_LAYERS], v = a->vpp;
         PipeSchedule sch = a->vpp > 1 ? SCHEDULE_INTERLEAVED : pipe_schedule(a->pp_schedule);
-        if (sch == SCHEDULE_ZB) { pipe = pipe_simulate(sch, a->pp, 1, accum, tf + p2p, tb + p2p, tw, idle); }
-        else { pipe = pipe_simulate(sch, a->pp, a->vpp, accum, (tf + p2p) / v, (tb + tw + p2p) / v, 0, idle); }
+        int zb = sch == SCHEDULE_ZB;
+        for (int s = 0; s < a->pp; s++) {
+            f[s] = (tf[s] + p2p) / v;
+            b[s] = (tb[s] + (zb ? 0 : tw[s]) + p2p) / v;
+            w[s] = zb ? tw[s] : 0;
+        }
+        pipe = pipe_simulate(sch, a->pp, a->vpp, accum, f, b, w, idle);
         t.pp = accum * 2 * p2p;
     } else {
-        pipe = accum * (tf + tb + tw);
+        pipe = accum * (tf[0] + tb[0] + tw[0]);
     }
     t.bubble = pipe - accum * busy - t.pp > 0 ? pipe - accum * busy - t.pp : 0;
-    // dp (the worst stage): what the code overlaps with the backward, and what it cannot
+    // dp (the worst stage): what the code overlaps with the backward (as far as the machine's overlap hides it),
+    // and what it cannot
     //   ZeRO 0: the all-reduce of each unit starts after its last backward: the last micro-batch's backward
     //   ZeRO 1: so does the reduce-scatter; the all-gather of the updated parameters follows the optimizer
     //   ZeRO 2: a reduce-scatter per micro-batch, each during its backward; then the all-gather
@@ -318,15 +371,16 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
             if (p > 1) { ring += (p - 1.0) / p * X * sh->units[i]; units += sh->nunits[i]; }
         }
         double rs = ring / bw_dp + units * lat_dp, ar = 2 * ring / bw_dp + units * lat_dp, e;   // (a call per unit)
-        if (sh->zero == 0) { e = fmax(0, ar - tb); }
-        else if (sh->zero == 1) { e = fmax(0, rs - tb) + rs; }
-        else if (sh->zero == 2) { e = accum * fmax(0, rs - tb) + rs; }
-        else { e = accum * fmax(0, ((cb->dp + cb->edp) / bw_dp + (cn->dp + cn->edp) * lat_dp) / accum - tf - tb); }
+        double bk = tb[s] + tw[s], z3 = ((cb->dp + cb->edp) / bw_dp + (cn->dp + cn->edp) * lat_dp) / accum;
+        if (sh->zero == 0) { e = ar - ov * fmin(ar, bk); }
+        else if (sh->zero == 1) { e = rs - ov * fmin(rs, bk) + rs; }
+        else if (sh->zero == 2) { e = accum * (rs - ov * fmin(rs, bk)) + rs; }
+        else { e = accum * (z3 - ov * fmin(z3, tf[s] + bk)); }
         e += cb->emb / bw_emb + cn->emb * lat_emb;   // (the first and the last stage)
         dp_exposed = fmax(dp_exposed, e);
         // AdamW over the owned elements: parameter, gradient, m, v (and fp32 master) read and written
         double owned = sh->zero == 0 ? sh->units[0] + sh->units[1] : sh->units[0] / sh->dp + sh->units[1] / sh->edp;
-        double o = owned * (2.0 * X + 8 + 8 + (X == 2 ? 8 : 0)) / mc->mem_bw;
+        double o = mc->adamw > 0 ? owned / mc->adamw : owned * (2.0 * X + 8 + 8 + (X == 2 ? 8 : 0)) / mc->mem_bw;
         opt = fmax(opt, o);
         work += (double)world / a->pp * (stage_busy[s] + e + o);
     }

@@ -202,6 +202,9 @@ expect machine_key      1 "line 2: unknown key 'flopz'"      -e "$TINY" --plan-s
 expect machine_value    1 "net_bw = -4e+09 must be positive" -e "$TINY" --plan-search 4 --machine "$W/machine_value.txt"
 expect machine_syntax   1 "line 1: expected key=value"       -e "$TINY" -x 1 --machine "$W/machine_syntax.txt"
 expect machine_size     1 "'node_bw_3': the group size after node_bw_ must be 2, 4, ... or 128" -e "$TINY" --plan-search 4 --machine "$W/machine_size.txt"
+printf 'overlap=1.5\n' >"$W/machine_overlap.txt"; printf 'flops_100=1e9\n' >"$W/machine_rows.txt"
+expect machine_overlap  1 "overlap = 1.5 must be between 0 and 1" -e "$TINY" --plan-search 4 --machine "$W/machine_overlap.txt"
+expect machine_rows     1 "'flops_100': the rows after flops_ must be 1, 2, 4, ... or 65536" -e "$TINY" --plan-search 4 --machine "$W/machine_rows.txt"
 expect plan_and_search  1 "--plan, --plan-search and --calibrate: give one of them" -e "$TINY" --plan 2 --plan-search 4
 # a checkpoint written with one batch shape cannot be resumed with another
 $BIN/train_gpt -e "$TINY" -t 32 -b 4 -x 2 -n 2 -s 0 -v 0 -o "$W/ckpt_shape" >/dev/null 2>&1

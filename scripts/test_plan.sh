@@ -193,12 +193,13 @@ say $? "--tp 2 --ep 2 on one node of 4 ranks: no warning, and it trains"
 #    a file --machine reads; and the cost model times each group at its kind's rate for its size: a slow
 #    exchange between 2 ranks slows a pipeline of 2 stages, not tp 2; a slow ring of 2 ranks slows tp 2
 $MPIRUN -np 4 "$BIN/train_gpt" -e "$D" -b 4 -t 32 --calibrate "$W/machine4.txt" >"$W/calibrate.log" 2>&1 </dev/null
-keys="flops attn_flops mem_bw layer_cost node_bw_2 a2a_bw_2 p2p_bw_2 node_bw_4 a2a_bw_4 p2p_bw_4 node_bw a2a_bw p2p_bw cores"
+keys="flops flops_32 flops_64 flops_128 attn_flops mem_bw layer_cost adamw node_bw_2 a2a_bw_2 p2p_bw_2 node_bw_4 a2a_bw_4 p2p_bw_4 node_bw a2a_bw p2p_bw cores"
 keys="$keys node_lat_2 a2a_lat_2 p2p_lat_2 node_lat_4 a2a_lat_4 p2p_lat_4 node_lat a2a_lat p2p_lat"
 missing=$(for k in $keys; do awk -F= -v k=$k '$1 == k && $2 > 0 { f = 1 } END { exit !f }' "$W/machine4.txt" || echo -n "$k "; done)
+awk -F= '$1 == "overlap" && $2 >= 0 && $2 <= 1 { f = 1 } END { exit !f }' "$W/machine4.txt" || missing="$missing overlap"
 "$BIN/train_gpt" -e "$D" -b 4 -t 32 -s 0 -v 0 --plan 4 --machine "$W/machine4.txt" >"$W/calibrated_plan.log" 2>&1
 [ -z "$missing" ] && grep -q "^predicted step" "$W/calibrated_plan.log"
-say $? "--calibrate at 4 ranks: every key positive (missing: ${missing:-none}), and --machine reads the file"
+say $? "--calibrate at 4 ranks: every key positive, overlap within 0-1 (missing: ${missing:-none}), and --machine reads the file"
 predict() { "$BIN/train_gpt" -e "$D" -b 2 -t 32 -d 128 -s 0 -v 0 --plan 2 "$@" | sed -n 's/^predicted step: \([0-9.]*\) ms.*/\1/p'; }
 printf 'node_bw=1e9\n' >"$W/kinds_base.txt"
 printf 'node_bw=1e9\np2p_bw_2=1e6\n' >"$W/kinds_p2p.txt"
@@ -221,3 +222,17 @@ for l in tp pp; do
     awk -v a="$nolat" -v b="$lat" -v n="$calls" 'BEGIN { exit !(n > 0 && a > 0 && b - a > n - 0.01 && b - a < n + 0.01) }'
     say $? "the model's latency per call: $l 2 ${nolat:-?} ms, at 1 ms a ring call ${lat:-?} (a run of it makes ${calls:-?} ring calls a step)"
 done
+# the machine's overlap: at 1 MB/s dp 2's all-reduce outlasts the backward; overlap 1 hides the backward's length
+# of it, overlap 0 none; a pipeline of one micro-batch runs its stages one after another, each its own length
+# (free links and optimizer: the step of one rank holding every layer); flops_R: the GEMMs of a 64-row
+# micro-batch at flops_64 when given
+printf 'node_bw=1e6\noverlap=1\n' >"$W/ov1.txt"; printf 'node_bw=1e6\noverlap=0\n' >"$W/ov0.txt"
+ov1=$(predict --machine "$W/ov1.txt"); ov0=$(predict --machine "$W/ov0.txt")
+printf 'node_bw=1e30\np2p_bw=1e30\nnode_lat=0\np2p_lat=0\nadamw=1e30\n' >"$W/free.txt"
+one() { "$BIN/train_gpt" -e "$D" -b 2 -t 32 -d 64 -s 0 -v 0 --plan $1 ${2:-} --machine "$W/free.txt" | sed -n 's/^predicted step: \([0-9.]*\) ms.*/\1/p'; }
+pipe1=$(one 2 "--pp 2"); rank1=$(one 1)
+printf 'flops=1e12\n' >"$W/flat.txt"; printf 'flops=1e12\nflops_64=1e9\n' >"$W/rows.txt"
+flat=$(predict --machine "$W/flat.txt"); rows=$(predict --machine "$W/rows.txt")
+awk -v a="$ov1" -v b="$ov0" -v p="$pipe1" -v r="$rank1" -v f="$flat" -v g="$rows" \
+    'BEGIN { exit !(a > 0 && b > a * 1.01 && r > 0 && p > r * 0.999 && p < r * 1.001 && f > 0 && g > 10 * f) }'
+say $? "the model: dp 2 at 1 MB/s ${ov1:-?} ms with overlap 1, ${ov0:-?} with 0; one micro-batch through pp 2 ${pipe1:-?} ms, one rank ${rank1:-?}; flops 1e12 ${flat:-?} ms, flops_64 1e9 ${rows:-?}"

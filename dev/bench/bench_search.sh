@@ -13,7 +13,10 @@ cd "$(dirname "$0")/../.."
 RUNS=${1:-4}
 OUT=${2:-dev/bench/search_results.txt}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-MPIRUN="mpirun --oversubscribe --bind-to none"
+# each rank bound to a core, round-robin (np 4: ranks 0 and 2 on core 0, 1 and 3 on core 1): the same placement
+# every run. Unbound, the scheduler's placement differs from run to run (two tp partners on one core or not),
+# and a layout's runs at np 4 split into two modes up to 2x apart
+MPIRUN="mpirun --oversubscribe --map-by core --bind-to core:overload-allowed"
 # C 192: large enough that the GEMMs, not the per-kernel overheads, take most of a step (at C 128 on these
 # machines --recompute full measured no slower than none); L 4 for --vpp 2 at pp 2
 MODEL="L=4,C=192,NH=4,V=2048,maxT=64"
