@@ -275,6 +275,22 @@ static double group_lat(const Machine *m, int kind, int size, long extent) {
 // A step's time and where it goes (seconds; the comm: what is not overlapped with compute).
 typedef struct { double total, compute, bubble, tp, cp, ep, pp, dp, optimizer; int stage; } StepTime;
 
+// More ranks than cores (CPU ranks): the ranks are bound to the cores round-robin, as mpirun --map-by core
+// places them (rank r on core r mod cores). The ranks of pipeline stage s that share a core compute at the same
+// time, so the stage's passes take that many times longer; ranks of other stages on the core fill its bubble
+// (the spread in plan_step_time). Returns that count for stage s, the worst over its ranks (1: no sharing).
+static int stage_core_sharing(const Args *a, int world, double cores, int s) {
+    int nc = (int)cores, tc = a->tp * a->cp, worst = 1;
+    if (cores <= 0 || world <= cores || nc < 1) { return 1; }
+    for (int r = 0; r < world; r++) {
+        if ((r / tc) % a->pp != s) { continue; }
+        int n = 0;
+        for (int q = r % nc; q < world; q += nc) { n += (q / tc) % a->pp == s; }
+        if (n > worst) { worst = n; }
+    }
+    return worst;
+}
+
 // Seconds per step of layout a (world ranks, its plan's CommShape per stage in shapes).
 static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, const Machine *mc,
                                const CommShape *shapes) {
@@ -292,6 +308,7 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
     double tf[PIPE_MAX_LAYERS] = {0}, tb[PIPE_MAX_LAYERS] = {0}, tw[PIPE_MAX_LAYERS] = {0};   // each stage's, per micro-batch
     double busy = 0, p2p = 0;                           // the slowest stage's, per micro-batch
     double stage_busy[PIPE_MAX_LAYERS];                 // each stage's compute and exposed comm in a step
+    int share[PIPE_MAX_LAYERS];                         // each stage's ranks computing on one core at once
     CommBytes stage_bytes[PIPE_MAX_LAYERS], stage_calls[PIPE_MAX_LAYERS];   // each stage's per group in a step
     long tcp = (long)a->tp * a->cp;
     double bw_tp = group_bw(mc, COMM_RING, a->tp, a->tp), bw_cp = group_bw(mc, COMM_P2P, a->cp, tcp);
@@ -329,9 +346,11 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
         double f = fwd + (ctp + cep) / 2 + cp_exposed / 2;
         double bwd = 2 * (g + at) / 3 + 2 * elem / 3 + 2 * fixed / 3 + again + (ctp + cep) / 2 + cp_exposed / 2;
         double w = g / 3;   // (the W pass: the weights' gradients, a forward's GEMMs)
+        stage_busy[s] = accum * (f + bwd) + cb.pp / bw_pp + cn.pp * lat_pp;
+        share[s] = stage_core_sharing(a, world, mc->cores, s);
+        f *= share[s]; bwd *= share[s]; w *= share[s];
         tf[s] = f; tb[s] = bwd - w; tw[s] = w;
         if (f + bwd > busy) { busy = f + bwd; t.stage = s; }
-        stage_busy[s] = accum * (f + bwd) + cb.pp / bw_pp + cn.pp * lat_pp;
         t.tp = fmax(t.tp, accum * ctp); t.ep = fmax(t.ep, accum * cep); t.cp = fmax(t.cp, accum * cp_exposed);
         p2p = fmax(p2p, (cb.pp / bw_pp + cn.pp * lat_pp) / accum / 2);   // one way's messages of a micro-batch
     }
@@ -377,11 +396,11 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
         else if (sh->zero == 2) { e = accum * (rs - ov * fmin(rs, bk)) + rs; }
         else { e = accum * (z3 - ov * fmin(z3, tf[s] + bk)); }
         e += cb->emb / bw_emb + cn->emb * lat_emb;   // (the first and the last stage)
-        dp_exposed = fmax(dp_exposed, e);
+        dp_exposed = fmax(dp_exposed, e * share[s]);
         // AdamW over the owned elements: parameter, gradient, m, v (and fp32 master) read and written
         double owned = sh->zero == 0 ? sh->units[0] + sh->units[1] : sh->units[0] / sh->dp + sh->units[1] / sh->edp;
         double o = mc->adamw > 0 ? owned / mc->adamw : owned * (2.0 * X + 8 + 8 + (X == 2 ? 8 : 0)) / mc->mem_bw;
-        opt = fmax(opt, o);
+        opt = fmax(opt, o * share[s]);
         work += (double)world / a->pp * (stage_busy[s] + e + o);
     }
     t.dp = dp_exposed;
