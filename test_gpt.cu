@@ -1081,8 +1081,8 @@ static void check_schedules(void) {
             for (int r = 0; r < pp; r++) { zb_bad += !zb_list_ok(pp, r, m); zb_lists++; }
             if (m < pp) { continue; }
             double i1[8], iz[8], one[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-            pipe_simulate(SCHEDULE_1F1B, pp, 1, m, one, one, one, i1);
-            pipe_simulate(SCHEDULE_ZB, pp, 1, m, one, one, one, iz);
+            pipe_simulate(SCHEDULE_1F1B, pp, 1, m, one, one, one, NULL, NULL, i1);
+            pipe_simulate(SCHEDULE_ZB, pp, 1, m, one, one, one, NULL, NULL, iz);
             for (int r = 0; r < pp; r++) {
                 bubbles++;
                 bubble_bad += fabs(i1[r] - 3.0 * (pp - 1)) > 1e-9 || iz[r] > (pp - 1) + 1 + 1e-9;

@@ -276,19 +276,23 @@ static double group_lat(const Machine *m, int kind, int size, long extent) {
 typedef struct { double total, compute, bubble, tp, cp, ep, pp, dp, optimizer; int stage; } StepTime;
 
 // More ranks than cores (CPU ranks): the ranks are bound to the cores round-robin, as mpirun --map-by core
-// places them (rank r on core r mod cores). The ranks of pipeline stage s that share a core compute at the same
-// time, so the stage's passes take that many times longer; ranks of other stages on the core fill its bubble
-// (the spread in plan_step_time). Returns that count for stage s, the worst over its ranks (1: no sharing).
-static int stage_core_sharing(const Args *a, int world, double cores, int s) {
-    int nc = (int)cores, tc = a->tp * a->cp, worst = 1;
-    if (cores <= 0 || world <= cores || nc < 1) { return 1; }
-    for (int r = 0; r < world; r++) {
-        if ((r / tc) % a->pp != s) { continue; }
-        int n = 0;
-        for (int q = r % nc; q < world; q += nc) { n += (q / tc) % a->pp == s; }
-        if (n > worst) { worst = n; }
+// places them (rank r on core r mod cores). The pipeline the model runs is that of the first ranks: stage s's
+// rank s tp cp. core[s] is its core (numbered by first use, 0 to pp-1), weight[s] how many ranks of stage s share
+// that core (they compute at the same time: the other pipelines' copies of the stage); the ranks of other stages
+// on it compute between (pipe_simulate shares the core among them). Returns 0 (and sets nothing) when every rank
+// has a core of its own.
+static int stage_cores(const Args *a, int world, double cores, int *core, double *weight) {
+    int nc = (int)cores, tc = a->tp * a->cp, ids[PIPE_MAX_LAYERS], nid = 0;
+    if (cores <= 0 || world <= cores || nc < 1) { return 0; }
+    for (int s = 0; s < a->pp; s++) {
+        int c = (s * tc) % nc, k = 0;
+        while (k < nid && ids[k] != c) { k++; }
+        if (k == nid) { ids[nid++] = c; }
+        core[s] = k;
+        weight[s] = 0;
+        for (int q = c; q < world; q += nc) { weight[s] += (q / tc) % a->pp == s; }
     }
-    return worst;
+    return 1;
 }
 
 // Seconds per step of layout a (world ranks, its plan's CommShape per stage in shapes).
@@ -308,7 +312,10 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
     double tf[PIPE_MAX_LAYERS] = {0}, tb[PIPE_MAX_LAYERS] = {0}, tw[PIPE_MAX_LAYERS] = {0};   // each stage's, per micro-batch
     double busy = 0, p2p = 0;                           // the slowest stage's, per micro-batch
     double stage_busy[PIPE_MAX_LAYERS];                 // each stage's compute and exposed comm in a step
-    int share[PIPE_MAX_LAYERS];                         // each stage's ranks computing on one core at once
+    int core[PIPE_MAX_LAYERS];                          // more ranks than cores: each stage's core and its ranks on
+    double share[PIPE_MAX_LAYERS];                      // it (stage_cores), else 1
+    int shared = stage_cores(a, world, mc->cores, core, share);
+    if (!shared) { for (int s = 0; s < a->pp; s++) { share[s] = 1; } }
     CommBytes stage_bytes[PIPE_MAX_LAYERS], stage_calls[PIPE_MAX_LAYERS];   // each stage's per group in a step
     long tcp = (long)a->tp * a->cp;
     double bw_tp = group_bw(mc, COMM_RING, a->tp, a->tp), bw_cp = group_bw(mc, COMM_P2P, a->cp, tcp);
@@ -347,10 +354,8 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
         double bwd = 2 * (g + at) / 3 + 2 * elem / 3 + 2 * fixed / 3 + again + (ctp + cep) / 2 + cp_exposed / 2;
         double w = g / 3;   // (the W pass: the weights' gradients, a forward's GEMMs)
         stage_busy[s] = accum * (f + bwd) + cb.pp / bw_pp + cn.pp * lat_pp;
-        share[s] = stage_core_sharing(a, world, mc->cores, s);
-        f *= share[s]; bwd *= share[s]; w *= share[s];
         tf[s] = f; tb[s] = bwd - w; tw[s] = w;
-        if (f + bwd > busy) { busy = f + bwd; t.stage = s; }
+        if ((f + bwd) * share[s] > busy) { busy = (f + bwd) * share[s]; t.stage = s; }
         t.tp = fmax(t.tp, accum * ctp); t.ep = fmax(t.ep, accum * cep); t.cp = fmax(t.cp, accum * cp_exposed);
         p2p = fmax(p2p, (cb.pp / bw_pp + cn.pp * lat_pp) / accum / 2);   // one way's messages of a micro-batch
     }
@@ -367,10 +372,10 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
             b[s] = (tb[s] + (zb ? 0 : tw[s]) + p2p) / v;
             w[s] = zb ? tw[s] : 0;
         }
-        pipe = pipe_simulate(sch, a->pp, a->vpp, accum, f, b, w, idle);
+        pipe = pipe_simulate(sch, a->pp, a->vpp, accum, f, b, w, shared ? core : NULL, shared ? share : NULL, idle);
         t.pp = accum * 2 * p2p;
     } else {
-        pipe = accum * (tf[0] + tb[0] + tw[0]);
+        pipe = accum * (tf[0] + tb[0] + tw[0]) * share[0];
     }
     t.bubble = pipe - accum * busy - t.pp > 0 ? pipe - accum * busy - t.pp : 0;
     // dp (the worst stage): what the code overlaps with the backward (as far as the machine's overlap hides it),
@@ -390,11 +395,11 @@ static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, co
             if (p > 1) { ring += (p - 1.0) / p * X * sh->units[i]; units += sh->nunits[i]; }
         }
         double rs = ring / bw_dp + units * lat_dp, ar = 2 * ring / bw_dp + units * lat_dp, e;   // (a call per unit)
-        double bk = tb[s] + tw[s], z3 = ((cb->dp + cb->edp) / bw_dp + (cn->dp + cn->edp) * lat_dp) / accum;
+        double bk = (tb[s] + tw[s]) * share[s], z3 = ((cb->dp + cb->edp) / bw_dp + (cn->dp + cn->edp) * lat_dp) / accum;
         if (sh->zero == 0) { e = ar - ov * fmin(ar, bk); }
         else if (sh->zero == 1) { e = rs - ov * fmin(rs, bk) + rs; }
         else if (sh->zero == 2) { e = accum * (rs - ov * fmin(rs, bk)) + rs; }
-        else { e = accum * (z3 - ov * fmin(z3, tf[s] + bk)); }
+        else { e = accum * (z3 - ov * fmin(z3, tf[s] * share[s] + bk)); }
         e += cb->emb / bw_emb + cn->emb * lat_emb;   // (the first and the last stage)
         dp_exposed = fmax(dp_exposed, e * share[s]);
         // AdamW over the owned elements: parameter, gradient, m, v (and fp32 master) read and written

@@ -222,17 +222,26 @@ for l in tp pp; do
     awk -v a="$nolat" -v b="$lat" -v n="$calls" 'BEGIN { exit !(n > 0 && a > 0 && b - a > n - 0.01 && b - a < n + 0.01) }'
     say $? "the model's latency per call: $l 2 ${nolat:-?} ms, at 1 ms a ring call ${lat:-?} (a run of it makes ${calls:-?} ring calls a step)"
 done
-# the machine's overlap: at 1 MB/s dp 2's all-reduce outlasts the backward; overlap 1 hides the backward's length
-# of it, overlap 0 none; a pipeline of one micro-batch runs its stages one after another, each its own length
+# the machine's overlap: at 100 MB/s dp 2's all-reduce (0.9 MB) is shorter than the backward at 1 GFLOP/s;
+# overlap 1 hides it all (the step of free links), overlap 0 none of it; a pipeline of one micro-batch runs its stages one after another, each its own length
 # (free links and optimizer: the step of one rank holding every layer); flops_R: the GEMMs of a 64-row
 # micro-batch at flops_64 when given
-printf 'node_bw=1e6\noverlap=1\n' >"$W/ov1.txt"; printf 'node_bw=1e6\noverlap=0\n' >"$W/ov0.txt"
-ov1=$(predict --machine "$W/ov1.txt"); ov0=$(predict --machine "$W/ov0.txt")
+printf 'flops=1e9\nnode_bw=1e8\noverlap=1\n' >"$W/ov1.txt"; printf 'flops=1e9\nnode_bw=1e8\noverlap=0\n' >"$W/ov0.txt"
+printf 'flops=1e9\nnode_bw=1e30\n' >"$W/ov_free.txt"
+ov1=$(predict --machine "$W/ov1.txt"); ov0=$(predict --machine "$W/ov0.txt"); ovf=$(predict --machine "$W/ov_free.txt")
 printf 'node_bw=1e30\np2p_bw=1e30\nnode_lat=0\np2p_lat=0\nadamw=1e30\n' >"$W/free.txt"
 one() { "$BIN/train_gpt" -e "$D" -b 2 -t 32 -d 64 -s 0 -v 0 --plan $1 ${2:-} --machine "$W/free.txt" | sed -n 's/^predicted step: \([0-9.]*\) ms.*/\1/p'; }
 pipe1=$(one 2 "--pp 2"); rank1=$(one 1)
 printf 'flops=1e12\n' >"$W/flat.txt"; printf 'flops=1e12\nflops_64=1e9\n' >"$W/rows.txt"
 flat=$(predict --machine "$W/flat.txt"); rows=$(predict --machine "$W/rows.txt")
-awk -v a="$ov1" -v b="$ov0" -v p="$pipe1" -v r="$rank1" -v f="$flat" -v g="$rows" \
-    'BEGIN { exit !(a > 0 && b > a * 1.01 && r > 0 && p > r * 0.999 && p < r * 1.001 && f > 0 && g > 10 * f) }'
-say $? "the model: dp 2 at 1 MB/s ${ov1:-?} ms with overlap 1, ${ov0:-?} with 0; one micro-batch through pp 2 ${pipe1:-?} ms, one rank ${rank1:-?}; flops 1e12 ${flat:-?} ms, flops_64 1e9 ${rows:-?}"
+awk -v a="$ov1" -v b="$ov0" -v z="$ovf" -v p="$pipe1" -v r="$rank1" -v f="$flat" -v g="$rows" \
+    'BEGIN { exit !(a > 0 && a < z * 1.001 && a > z * 0.999 && b > a * 1.05 && r > 0 && p > r * 0.999 && p < r * 1.001 && f > 0 && g > 10 * f) }'
+say $? "the model: dp 2 at 100 MB/s ${ov1:-?} ms with overlap 1, ${ov0:-?} with 0, ${ovf:-?} with free links; one micro-batch through pp 2 ${pipe1:-?} ms, one rank ${rank1:-?}; flops 1e12 ${flat:-?} ms, flops_64 1e9 ${rows:-?}"
+# more ranks than cores: bound round-robin, the two stage-0 ranks of --pp 2 at 4 ranks (0 and 2) share core 0 of
+# 2, and compute together: the step (free links and optimizer) twice that on 4 cores
+printf 'node_bw=1e30\np2p_bw=1e30\nnode_lat=0\np2p_lat=0\nadamw=1e30\ncores=2\n' >"$W/cores2.txt"
+printf 'node_bw=1e30\np2p_bw=1e30\nnode_lat=0\np2p_lat=0\nadamw=1e30\ncores=4\n' >"$W/cores4.txt"
+c2=$("$BIN/train_gpt" -e "$D" -b 2 -t 32 -d 128 -s 0 -v 0 --plan 4 --pp 2 --machine "$W/cores2.txt" | sed -n 's/^predicted step: \([0-9.]*\) ms.*/\1/p')
+c4=$("$BIN/train_gpt" -e "$D" -b 2 -t 32 -d 128 -s 0 -v 0 --plan 4 --pp 2 --machine "$W/cores4.txt" | sed -n 's/^predicted step: \([0-9.]*\) ms.*/\1/p')
+awk -v a="$c2" -v b="$c4" 'BEGIN { exit !(b > 0 && a > 1.999 * b && a < 2.001 * b) }'
+say $? "the model on shared cores: --pp 2 at 4 ranks ${c4:-?} ms on 4 cores, ${c2:-?} on 2 (its two stage-0 ranks on one core)"
