@@ -1074,7 +1074,7 @@ static int zb_list_ok(int pp, int r, int m) {
 // W = 1) is (pp-1)(F+B-W) per rank, at most pp-1 + 1 more, against 1F1B's (pp-1)(F+B+W): at most half.
 static void check_schedules(void) {
     static const PipeSchedule kinds[4] = {SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_ZB};
-    long pairs = 0, bad = 0, configs = 0, zb_bad = 0, zb_lists = 0, bubble_bad = 0, bubbles = 0;
+    long pairs = 0, bad = 0, configs = 0, zb_bad = 0, zb_lists = 0, bubble_bad = 0, bubbles = 0, sim_bad = 0;
     double worst_ratio = 0;
     for (int pp = 2; pp <= 8; pp++) {
         for (int m = 1; m <= 4 * pp; m++) {
@@ -1101,6 +1101,23 @@ static void check_schedules(void) {
             for (int vpp = kinds[s] == SCHEDULE_INTERLEAVED ? 2 : 1; vpp <= (kinds[s] == SCHEDULE_INTERLEAVED ? 4 : 1); vpp++) {
                 for (int m = kinds[s] == SCHEDULE_INTERLEAVED ? pp : 1; m <= 4 * pp; m += kinds[s] == SCHEDULE_INTERLEAVED ? pp : 1) {
                     configs++;
+                    // the model of time, each stage its own times: the event simulation on a core per rank
+                    // (pipe_shared) = the walk (pipe_walk); all on one core, that core never idles
+                    double tf[8], tb[8], tw[8], w1[8], iw[8], is[8], i1[8], walk, shared, one;
+                    int own[8], same[8];
+                    for (int r = 0; r < pp; r++) {
+                        tf[r] = 0.5 + (r * 7 + m * 3 + s) % 5 * 0.25; tb[r] = 2 * tf[r] - 0.3; tw[r] = 0.7 * tf[r];
+                        own[r] = r; same[r] = 0; w1[r] = 1;
+                    }
+                    walk = pipe_walk(kinds[s], pp, vpp, m, tf, tb, tw, iw);
+                    shared = pipe_shared(kinds[s], pp, vpp, m, tf, tb, tw, own, w1, is);
+                    one = pipe_shared(kinds[s], pp, vpp, m, tf, tb, tw, same, w1, i1);
+                    double work = 0;
+                    for (int r = 0; r < pp; r++) {
+                        sim_bad += fabs(iw[r] - is[r]) > 1e-9 * walk;
+                        work += one - i1[r];
+                    }
+                    sim_bad += fabs(walk - shared) > 1e-9 * walk || fabs(one - work) > 1e-9 * work;
                     for (int r = 0; r < pp; r++) {
                         StepList a = pipeline_steps(kinds[s], pp, vpp, r, m, 0);
                         StepList b = pipeline_steps(kinds[s], pp, vpp, (r + 1) % pp, m, 0);
@@ -1114,6 +1131,9 @@ static void check_schedules(void) {
     }
     check(bad == 0, "pipeline schedules: the messages of %ld neighbour pairs (both ways) in %ld schedules pair up in "
           "posting order and kind: %ld do not", pairs, configs, bad);
+    check(sim_bad == 0, "pipeline schedules: in %ld schedules with uneven stages, the event simulation with a core per "
+          "rank gives the walk's step and bubbles, and with one core for all, a step of all the ranks' work (%ld off)",
+          configs, sim_bad);
     StepList a = pipeline_steps(SCHEDULE_INTERLEAVED, 2, 2, 0, 4, 0), b = pipeline_steps(SCHEDULE_INTERLEAVED, 2, 2, 1, 4, 0);
     int i = 0, j;
     while (i < a.n && !a.s[i].send_fwd && !a.s[i].send_bwd) { i++; }

@@ -336,12 +336,69 @@ static int steps_match(const StepList *a, const StepList *b) {
 // its receives after its W (as pipe_exchange does). Returns the step's length (the last rank's end); idle[r]
 // (pp of them): rank r's time not computing, the bubble. What the bubble of a schedule is, from the list the
 // run executes, with each stage's own times (the last stage's LM head, an uneven split).
-// Ranks that share a processor (CPU ranks, more than the cores): core[r] is rank r's, and weight[r] how many
-// ranks compute as it does there (itself and the other pipelines' copies of its stage); while ranks compute,
-// each of a core's gets 1 / (the weights of the core's computing ranks, at least 1) of it. NULL: a core each.
-// An event simulation: time advances to the next end of a pass.
-static double pipe_simulate(PipeSchedule schedule, int pp, int vpp, int m, const double *tf, const double *tb,
-                            const double *tw, const int *core, const double *weight, double *idle) {
+// pipe_walk: each rank on a processor of its own, so each walks its list as far as its receives have been sent.
+static double pipe_walk(PipeSchedule schedule, int pp, int vpp, int m, const double *tf, const double *tb,
+                        const double *tw, double *idle) {
+    StepList *l = (StepList *)malloc_check(pp * sizeof(StepList));
+    int *pos = (int *)calloc_check(pp, sizeof(int)), *posted = (int *)calloc_check(pp, sizeof(int));
+    int *nsent = (int *)calloc_check((size_t)pp * pp, sizeof(int)), *nrecv = (int *)calloc_check((size_t)pp * pp, sizeof(int));
+    double *t = (double *)calloc_check(pp, sizeof(double)), *busy = (double *)calloc_check(pp, sizeof(double));
+    int cap = 4 * m * vpp + 8;   // messages from one rank to another in a step: at most 2 per micro-batch and chunk
+    double *sent = (double *)malloc_check((size_t)pp * pp * cap * sizeof(double));   // [from][to][i]: i-th's post time
+    for (int r = 0; r < pp; r++) { l[r] = pipeline_steps(schedule, pp, vpp, r, m, 0); }
+    for (int moved = 1; moved;) {
+        moved = 0;
+        for (int r = 0; r < pp; r++) {
+            while (pos[r] < l[r].n) {
+                const PipeStep *st = &l[r].s[pos[r]];
+                PipeMsg msg[4];
+                int n = pipe_step_messages(st, pp, r, msg), ready = 1;
+                if (!posted[r]) {   // compute, post the sends, run the W
+                    double tback = schedule == SCHEDULE_ZB ? tb[r] : tb[r] + tw[r];
+                    double c = (st->fwd >= 0 ? tf[r] : 0) + (st->bwd >= 0 ? tback : 0);
+                    t[r] += c;
+                    busy[r] += c;
+                    for (int j = 0; j < n; j++) {
+                        if (msg[j].send) { sent[((size_t)r * pp + msg[j].peer) * cap + nsent[r * pp + msg[j].peer]++] = t[r]; }
+                    }
+                    if (st->wgt >= 0) { t[r] += tw[r]; busy[r] += tw[r]; }
+                    posted[r] = 1;
+                }
+                double arrive = t[r];
+                for (int j = 0; j < n; j++) {   // the i-th receive from a peer is the peer's i-th send to this rank
+                    if (msg[j].send) { continue; }
+                    int p = msg[j].peer, i = nrecv[p * pp + r];
+                    for (int e = 0; e < j; e++) { i += !msg[e].send && msg[e].peer == p; }
+                    if (i >= nsent[p * pp + r]) { ready = 0; break; }
+                    double a = sent[((size_t)p * pp + r) * cap + i];
+                    if (a > arrive) { arrive = a; }
+                }
+                if (!ready) { break; }
+                for (int j = 0; j < n; j++) { if (!msg[j].send) { nrecv[msg[j].peer * pp + r]++; } }
+                t[r] = arrive;
+                posted[r] = 0;
+                pos[r]++;
+                moved = 1;
+            }
+        }
+    }
+    double end = 0;
+    for (int r = 0; r < pp; r++) {
+        if (pos[r] < l[r].n) { fail("pipe_walk: rank %d stuck at step %d of %d: a bug", r, pos[r], l[r].n); }
+        if (t[r] > end) { end = t[r]; }
+    }
+    for (int r = 0; r < pp; r++) { idle[r] = end - busy[r]; free(l[r].s); }
+    free(l); free(pos); free(posted); free(nsent); free(nrecv); free(t); free(busy); free(sent);
+    return end;
+}
+
+
+// pipe_shared: the same where ranks share a processor (CPU ranks, more than the cores): core[r] is rank r's, and
+// weight[r] how many ranks compute as it does there (itself and the other pipelines' copies of its stage); while
+// ranks compute, each of a core's gets 1 / (the weights of the core's computing ranks, at least 1) of it. An
+// event simulation: time advances to the next end of a pass.
+static double pipe_shared(PipeSchedule schedule, int pp, int vpp, int m, const double *tf, const double *tb,
+                          const double *tw, const int *core, const double *weight, double *idle) {
     enum { START, MAIN, WGT, WAIT, DONE };
     StepList *l = (StepList *)malloc_check(pp * sizeof(StepList));
     int *pos = (int *)calloc_check(pp, sizeof(int)), *state = (int *)calloc_check(pp, sizeof(int));
@@ -351,7 +408,7 @@ static double pipe_simulate(PipeSchedule schedule, int pp, int vpp, int m, const
     double *end_at = (double *)calloc_check(pp, sizeof(double)), now = 0;
     for (int r = 0; r < pp; r++) {
         l[r] = pipeline_steps(schedule, pp, vpp, r, m, 0);
-        if (core && (core[r] < 0 || core[r] >= pp)) { fail("pipe_simulate: core %d of rank %d: a bug", core[r], r); }
+        if (core && (core[r] < 0 || core[r] >= pp)) { fail("pipe_shared: core %d of rank %d: a bug", core[r], r); }
     }
     for (;;) {
         // what happens at this instant: passes start, sends are posted, receives complete
@@ -399,19 +456,19 @@ static double pipe_simulate(PipeSchedule schedule, int pp, int vpp, int m, const
         for (int k = 0; k < pp; k++) { load[k] = 0; }
         for (int r = 0; r < pp; r++) {
             done += state[r] == DONE;
-            if (state[r] == MAIN || state[r] == WGT) { active++; load[core ? core[r] : r] += weight ? weight[r] : 1; }
+            if (state[r] == MAIN || state[r] == WGT) { active++; load[core[r]] += weight[r]; }
         }
         if (done == pp) { break; }
         if (!active) {
             for (int r = 0; r < pp; r++) {
-                if (state[r] != DONE) { fail("pipe_simulate: rank %d stuck at step %d of %d: a bug", r, pos[r], l[r].n); }
+                if (state[r] != DONE) { fail("pipe_shared: rank %d stuck at step %d of %d: a bug", r, pos[r], l[r].n); }
             }
         }
         double dt = 0;
         int first = 1;
         for (int r = 0; r < pp; r++) {
             if (state[r] != MAIN && state[r] != WGT) { continue; }
-            double w = load[core ? core[r] : r];
+            double w = load[core[r]];
             rate[r] = w > 1 ? 1 / w : 1;
             if (first || rem[r] / rate[r] < dt) { dt = rem[r] / rate[r]; first = 0; }
         }
@@ -428,6 +485,13 @@ static double pipe_simulate(PipeSchedule schedule, int pp, int vpp, int m, const
     for (int r = 0; r < pp; r++) { idle[r] = end - busy[r]; free(l[r].s); }
     free(l); free(pos); free(state); free(nsent); free(nrecv); free(rem); free(busy); free(load); free(rate); free(end_at);
     return end;
+}
+
+// The schedule on a model of time (pipe_walk; with core and weight, on shared processors: pipe_shared).
+static double pipe_simulate(PipeSchedule schedule, int pp, int vpp, int m, const double *tf, const double *tb,
+                            const double *tw, const int *core, const double *weight, double *idle) {
+    if (core) { return pipe_shared(schedule, pp, vpp, m, tf, tb, tw, core, weight, idle); }
+    return pipe_walk(schedule, pp, vpp, m, tf, tb, tw, idle);
 }
 
 typedef struct {
