@@ -256,7 +256,8 @@ static const Flag FLAGS[] = {
     {"--gpus-per-node", 0, F_INT, ARG(gpus_per_node), 1, 1 << 16, 0, "G",
         "ranks per node for the cost model: a group spanning nodes gets the network's bandwidth (8)"},
     {"--calibrate", 0, F_STRING, ARG(calibrate), 0, 0, 0, "FILE",
-        "measure this machine's rates (GEMM, attention, memory, per-layer cost, all-reduce over the ranks, cores) "
+        "measure this machine's rates (GEMM per rows, attention, memory, per-layer cost, optimizer, each collective "
+        "per group size, how much of one compute hides, cores) "
         "with this build's kernels at the model's shapes into FILE for --machine, and exit"},
     {"--machine", 0, F_STRING, ARG(machine), 0, 0, 0, "FILE",
         "the cost model's rates, key=value lines (" MACHINE_KEYS "; dev/notes/layout_search.md) (an 8 x H200 node)"},

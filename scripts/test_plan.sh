@@ -229,7 +229,7 @@ done
 printf 'flops=1e9\nnode_bw=1e8\noverlap=1\n' >"$W/ov1.txt"; printf 'flops=1e9\nnode_bw=1e8\noverlap=0\n' >"$W/ov0.txt"
 printf 'flops=1e9\nnode_bw=1e30\n' >"$W/ov_free.txt"
 ov1=$(predict --machine "$W/ov1.txt"); ov0=$(predict --machine "$W/ov0.txt"); ovf=$(predict --machine "$W/ov_free.txt")
-printf 'node_bw=1e30\np2p_bw=1e30\nnode_lat=0\np2p_lat=0\nadamw=1e30\n' >"$W/free.txt"
+printf 'flops=1e9\nnode_bw=1e30\np2p_bw=1e30\nnode_lat=0\np2p_lat=0\nadamw=1e30\n' >"$W/free.txt"
 one() { "$BIN/train_gpt" -e "$D" -b 2 -t 32 -d 64 -s 0 -v 0 --plan $1 ${2:-} --machine "$W/free.txt" | sed -n 's/^predicted step: \([0-9.]*\) ms.*/\1/p'; }
 pipe1=$(one 2 "--pp 2"); rank1=$(one 1)
 printf 'flops=1e12\n' >"$W/flat.txt"; printf 'flops=1e12\nflops_64=1e9\n' >"$W/rows.txt"
@@ -239,8 +239,8 @@ awk -v a="$ov1" -v b="$ov0" -v z="$ovf" -v p="$pipe1" -v r="$rank1" -v f="$flat"
 say $? "the model: dp 2 at 100 MB/s ${ov1:-?} ms with overlap 1, ${ov0:-?} with 0, ${ovf:-?} with free links; one micro-batch through pp 2 ${pipe1:-?} ms, one rank ${rank1:-?}; flops 1e12 ${flat:-?} ms, flops_64 1e9 ${rows:-?}"
 # more ranks than cores: bound round-robin, the two stage-0 ranks of --pp 2 at 4 ranks (0 and 2) share core 0 of
 # 2, and compute together: the step (free links and optimizer) twice that on 4 cores
-printf 'node_bw=1e30\np2p_bw=1e30\nnode_lat=0\np2p_lat=0\nadamw=1e30\ncores=2\n' >"$W/cores2.txt"
-printf 'node_bw=1e30\np2p_bw=1e30\nnode_lat=0\np2p_lat=0\nadamw=1e30\ncores=4\n' >"$W/cores4.txt"
+printf 'flops=1e9\nnode_bw=1e30\np2p_bw=1e30\nnode_lat=0\np2p_lat=0\nadamw=1e30\ncores=2\n' >"$W/cores2.txt"
+printf 'flops=1e9\nnode_bw=1e30\np2p_bw=1e30\nnode_lat=0\np2p_lat=0\nadamw=1e30\ncores=4\n' >"$W/cores4.txt"
 c2=$("$BIN/train_gpt" -e "$D" -b 2 -t 32 -d 128 -s 0 -v 0 --plan 4 --pp 2 --machine "$W/cores2.txt" | sed -n 's/^predicted step: \([0-9.]*\) ms.*/\1/p')
 c4=$("$BIN/train_gpt" -e "$D" -b 2 -t 32 -d 128 -s 0 -v 0 --plan 4 --pp 2 --machine "$W/cores4.txt" | sed -n 's/^predicted step: \([0-9.]*\) ms.*/\1/p')
 awk -v a="$c2" -v b="$c4" 'BEGIN { exit !(b > 0 && a > 1.999 * b && a < 2.001 * b) }'
