@@ -331,6 +331,21 @@ static int steps_match(const StepList *a, const StepList *b) {
     return ok;
 }
 
+// A step's pass on rank r in the model of time: its forward tf[r] and its backward tb[r] + tw[r] (ZB: tb[r]; its
+// W is a pass of its own).
+static double pipe_pass_seconds(PipeSchedule schedule, const PipeStep *st, int r, const double *tf, const double *tb,
+                                const double *tw) {
+    return (st->fwd >= 0 ? tf[r] : 0) + (st->bwd >= 0 ? tb[r] + (schedule == SCHEDULE_ZB ? 0 : tw[r]) : 0);
+}
+
+// The i-th receive rank r posts from a peer is the peer's i-th send to r: the index of msg[j]'s message among
+// those from its peer (nrecv: those r has received so far, [from][to] of pp).
+static int pipe_recv_index(const PipeMsg *msg, int j, const int *nrecv, int pp, int r) {
+    int p = msg[j].peer, i = nrecv[p * pp + r];
+    for (int e = 0; e < j; e++) { i += !msg[e].send && msg[e].peer == p; }
+    return i;
+}
+
 // The schedule on a model of time: every rank runs its list, on rank r a forward (of one chunk) takes tf[r], a
 // backward tb[r] + tw[r] (ZB: its B tb[r], its W tw[r]), a message arrives when it is posted, a step waits for
 // its receives after its W (as pipe_exchange does). Returns the step's length (the last rank's end); idle[r]
@@ -354,8 +369,7 @@ static double pipe_walk(PipeSchedule schedule, int pp, int vpp, int m, const dou
                 PipeMsg msg[4];
                 int n = pipe_step_messages(st, pp, r, msg), ready = 1;
                 if (!posted[r]) {   // compute, post the sends, run the W
-                    double tback = schedule == SCHEDULE_ZB ? tb[r] : tb[r] + tw[r];
-                    double c = (st->fwd >= 0 ? tf[r] : 0) + (st->bwd >= 0 ? tback : 0);
+                    double c = pipe_pass_seconds(schedule, st, r, tf, tb, tw);
                     t[r] += c;
                     busy[r] += c;
                     for (int j = 0; j < n; j++) {
@@ -367,8 +381,7 @@ static double pipe_walk(PipeSchedule schedule, int pp, int vpp, int m, const dou
                 double arrive = t[r];
                 for (int j = 0; j < n; j++) {   // the i-th receive from a peer is the peer's i-th send to this rank
                     if (msg[j].send) { continue; }
-                    int p = msg[j].peer, i = nrecv[p * pp + r];
-                    for (int e = 0; e < j; e++) { i += !msg[e].send && msg[e].peer == p; }
+                    int p = msg[j].peer, i = pipe_recv_index(msg, j, nrecv, pp, r);
                     if (i >= nsent[p * pp + r]) { ready = 0; break; }
                     double a = sent[((size_t)p * pp + r) * cap + i];
                     if (a > arrive) { arrive = a; }
@@ -392,7 +405,6 @@ static double pipe_walk(PipeSchedule schedule, int pp, int vpp, int m, const dou
     return end;
 }
 
-
 // pipe_shared: the same where ranks share a processor (CPU ranks, more than the cores): core[r] is rank r's, and
 // weight[r] how many ranks compute as it does there (itself and the other pipelines' copies of its stage); while
 // ranks compute, each of a core's gets 1 / (the weights of the core's computing ranks, at least 1) of it. An
@@ -408,7 +420,7 @@ static double pipe_shared(PipeSchedule schedule, int pp, int vpp, int m, const d
     double *end_at = (double *)calloc_check(pp, sizeof(double)), now = 0;
     for (int r = 0; r < pp; r++) {
         l[r] = pipeline_steps(schedule, pp, vpp, r, m, 0);
-        if (core && (core[r] < 0 || core[r] >= pp)) { fail("pipe_shared: core %d of rank %d: a bug", core[r], r); }
+        if (core[r] < 0 || core[r] >= pp) { fail("pipe_shared: core %d of rank %d: a bug", core[r], r); }
     }
     for (;;) {
         // what happens at this instant: passes start, sends are posted, receives complete
@@ -419,8 +431,7 @@ static double pipe_shared(PipeSchedule schedule, int pp, int vpp, int m, const d
                     changed = 1;
                     if (pos[r] == l[r].n) { state[r] = DONE; end_at[r] = now; continue; }
                     const PipeStep *st = &l[r].s[pos[r]];
-                    double tback = schedule == SCHEDULE_ZB ? tb[r] : tb[r] + tw[r];
-                    rem[r] = (st->fwd >= 0 ? tf[r] : 0) + (st->bwd >= 0 ? tback : 0);
+                    rem[r] = pipe_pass_seconds(schedule, st, r, tf, tb, tw);
                     state[r] = MAIN;
                 }
                 if (state[r] == MAIN && rem[r] <= 0) {   // the pass done: post the sends, run the W
@@ -433,15 +444,12 @@ static double pipe_shared(PipeSchedule schedule, int pp, int vpp, int m, const d
                     changed = 1;
                 }
                 if (state[r] == WGT && rem[r] <= 0) { state[r] = WAIT; changed = 1; }
-                if (state[r] == WAIT) {   // the i-th receive from a peer is the peer's i-th send to this rank
+                if (state[r] == WAIT) {   // its receives: each sent already
                     const PipeStep *st = &l[r].s[pos[r]];
                     PipeMsg msg[4];
                     int n = pipe_step_messages(st, pp, r, msg), ready = 1;
                     for (int j = 0; j < n && ready; j++) {
-                        if (msg[j].send) { continue; }
-                        int p = msg[j].peer, i = nrecv[p * pp + r];
-                        for (int e = 0; e < j; e++) { i += !msg[e].send && msg[e].peer == p; }
-                        ready = i < nsent[p * pp + r];
+                        if (!msg[j].send) { ready = pipe_recv_index(msg, j, nrecv, pp, r) < nsent[msg[j].peer * pp + r]; }
                     }
                     if (!ready) { continue; }
                     for (int j = 0; j < n; j++) { if (!msg[j].send) { nrecv[msg[j].peer * pp + r]++; } }
@@ -459,10 +467,8 @@ static double pipe_shared(PipeSchedule schedule, int pp, int vpp, int m, const d
             if (state[r] == MAIN || state[r] == WGT) { active++; load[core[r]] += weight[r]; }
         }
         if (done == pp) { break; }
-        if (!active) {
-            for (int r = 0; r < pp; r++) {
-                if (state[r] != DONE) { fail("pipe_shared: rank %d stuck at step %d of %d: a bug", r, pos[r], l[r].n); }
-            }
+        for (int r = 0; r < pp && !active; r++) {
+            if (state[r] != DONE) { fail("pipe_shared: rank %d stuck at step %d of %d: a bug", r, pos[r], l[r].n); }
         }
         double dt = 0;
         int first = 1;
