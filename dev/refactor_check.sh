@@ -23,17 +23,35 @@ runs() {   # BIN OUT
     $mpi 4 $bin -e $M,E=4,k=2 "${common[@]}" -b 4 --ep 2 --tp 2 --sp -o $out/moe_ep2tp2sp
     $mpi 4 $bin -e $M,E=4,k=2,every=2 "${common[@]}" -b 2 -d 256 --pp 2 --ep 2 -x 3 -o $out/moe_pp2ep2__ep2z1
     $mpi 2 $bin -e $M,E=4,k=2,every=2 "${common[@]}" -b 4 -d 256 --ep 2 --zero 1 -y 1 -o $out/moe_pp2ep2__ep2z1
+    $mpi 2 $bin -e $M "${common[@]}" -b 1 -d 128 --pp 2 --pp-schedule zb --pp-layers auto -o $out/pp2zb_auto
+    $mpi 2 $bin -e $M,E=8,k=2,every=2,H=64,S=1 "${common[@]}" -b 4 --ep 2 --router-score sigmoid --moe-bias-rate 0.01 \
+        --z-coeff 0 -o $out/moe_sig_bias_shared
+}
+plans() {   # BIN: the plan and the cost model print no measurement: compared whole
+    local bin=$1
+    $bin -e $M -b 4 -t 32 --plan-search 8
+    $bin -e $M,E=4,k=2 -b 4 -t 32 -d 512 --plan 8 --tp 2 --pp 2 --ep 2 --memory-limit 1M
+    $bin -e d12 -b 8 -t 1024 --plan 16 --tp 2 --pp 2 --zero 1 --memory-limit 4G
 }
 mkdir -p "$W/a" "$W/b"
 # (a run that fails fails in both: its error lines are compared like the rest)
-runs "$W/base/train_gpt" "$W/a" 2>&1 | grep -vE " ms|tok/s|^  stage|MoE all-to-all|Process name" | sed "s|$W/a|OUT|g" >"$W/a.out"
-runs ./train_gpt "$W/b" 2>&1 | grep -vE " ms|tok/s|^  stage|MoE all-to-all|Process name" | sed "s|$W/b|OUT|g" >"$W/b.out"
+# (timings left out: the lines with ms, tok/s, the exposed-communication table, the stage pace lines)
+timed=" ms|tok/s|^  stage|MoE all-to-all|Process name|^exposed |^ +[0-9]+ \\| "
+runs "$W/base/train_gpt" "$W/a" 2>&1 | grep -vE "$timed" | sed "s|$W/a|OUT|g" >"$W/a.out"
+runs ./train_gpt "$W/b" 2>&1 | grep -vE "$timed" | sed "s|$W/b|OUT|g" >"$W/b.out"
+plans "$W/base/train_gpt" >>"$W/a.out" 2>&1
+plans ./train_gpt >>"$W/b.out" 2>&1
 bad=0
 for f in $(cd "$W/a" && find . -type f ! -name .lock | sort); do   # (.lock holds the pid)
+    if [ "${f##*/}" = pipeline_costs.txt ]; then   # (measured seconds: the lines' names and order compared)
+        cmp -s <(awk '{ $NF = ""; print }' "$W/a/$f" | sed "s|$W/a|OUT|g") \
+               <(awk '{ $NF = ""; print }' "$W/b/$f" | sed "s|$W/b|OUT|g") || { echo "differs: $f"; bad=1; }
+        continue
+    fi
     cmp -s "$W/a/$f" "$W/b/$f" || { echo "differs: $f"; bad=1; }
 done
 [ "$(cd "$W/a" && find . -type f | sort)" = "$(cd "$W/b" && find . -type f | sort)" ] || { echo "differs: the set of files"; bad=1; }
 cmp -s "$W/a.out" "$W/b.out" || { echo "differs: the screen output"; diff "$W/a.out" "$W/b.out" | head -20; bad=1; }
 n=$(cd "$W/a" && find . -type f ! -name .lock | wc -l)
-[ $bad = 0 ] && echo "identical: $n files and the screen output of 7 runs (base $(git rev-parse --short "$BASE"))"
+[ $bad = 0 ] && echo "identical: $n files and the screen output of 9 runs and 3 plans (base $(git rev-parse --short "$BASE"))"
 exit $bad
