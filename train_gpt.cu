@@ -29,7 +29,8 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/tensor_parallel.h"   // defines: tp_all_tokens, tp_sum_partials (Megatron TP + SP), tp slices
 #include "llmc/context_parallel.h"  // defines: the sequence layout over the cp ranks, ring attention
 #include "llmc/zero.h"              // defines: Zero: data parallel + ZeRO 0-3 over units
-#include "llmc/pipeline.h"          // defines: Pipeline: 1F1B, GPipe, interleaved schedules as step lists
+#include "llmc/pipeline.h"          // defines: Pipeline: 1F1B, GPipe, interleaved, ZB schedules as step lists
+#include "llmc/pipeline_split.h"    // defines: the layers of each stage (--pp-layers), the measured costs' file
 #include "llmc/expert_parallel.h"   // defines: ExpertParallel: a MoE layer over the ep group (all-to-all)
 // the program
 #include "llmc/dataloader.h"        // defines: DataLoader (llm.c's shards and order), the built-in corpus
@@ -1638,6 +1639,21 @@ static void report_first_step(const Args *a, GPT2 *m, int accum) {
     }
 }
 
+// --comm-report with a pipeline: this stage's measured seconds per micro-batch, each layer's at its model index (the
+// stage's first rank adds them), then the split they balance (pipeline_split.h).
+static void gpt2_report_costs(const Args *a, GPT2 *m) {
+    Grid *g = m->grid;
+    int L = m->config.num_layers, n = m->cost_micro_batches;
+    double *cost = (double *)calloc_check(L + 2, sizeof(double));   // each layer's, then the embedding's and the head's
+    if (g->tp_rank == 0 && g->cp_rank == 0 && g->dp_rank == 0) {   // (one rank per stage adds its layers')
+        for (int l = 0; l < m->Ls; l++) { cost[m->layer_id[l]] = m->layer_seconds[l] / n; }
+        cost[L] = m->first ? m->embed_seconds / n : 0;
+        cost[L + 1] = m->last ? m->head_seconds / n : 0;
+    }
+    pipeline_costs_report(cost, &m->config, g, m->vpp, a->pp_layers, a->B, a->T, a->output_dir);
+    free(cost);
+}
+
 // The pipeline bubble of each stage: time waiting on the neighbour stages / step time, averaged
 // over the timed steps, next to the ideal (pp-1)/(V*m+pp-1) (vpp = 1 but interleaved).
 static void report_bubble(const Args *a, Grid *g, double bubble_sum, int steps, int accum) {
@@ -1654,114 +1670,6 @@ static void report_bubble(const Args *a, Grid *g, double bubble_sum, int steps, 
         }
     }
     free(all);
-}
-
-// --comm-report with a pipeline: what each layer, the head (final LayerNorm, LM head and loss) and the embedding
-// took per micro-batch, forward and backward (this machine, these shapes: measured, where --pp-layers auto counts
-// FLOPs), and the split that balances these measured costs (pipe_split_balanced, as auto): a --pp-layers to run
-// next time (checkpoints resume into any split).
-static void report_costs(const Args *a, GPT2 *m, int micro_batches) {
-    Grid *g = m->grid;
-    int L = m->config.num_layers, n = g->pp * m->vpp, first[PIPE_MAX_LAYERS + 1];
-    double *cost = (double *)calloc_check(L + 2, sizeof(double));   // each layer's, then the embedding's and the head's
-    if (g->tp_rank == 0 && g->cp_rank == 0 && g->dp_rank == 0) {   // (one rank per stage adds its layers')
-        for (int l = 0; l < m->Ls; l++) { cost[m->layer_id[l]] = m->layer_seconds[l] / micro_batches; }
-        cost[L] = m->first ? m->embed_seconds / micro_batches : 0;
-        cost[L + 1] = m->last ? m->head_seconds / micro_batches : 0;
-    }
-    comm_host_all_reduce(&g->world, cost, L + 2, DT_DOUBLE, HOST_SUM, "all-reduce of the measured costs");
-    if (g->rank == 0) {
-        // each rank's costs in units of its own dense layers, scaled back to ms by their mean over the ranks: the split
-        // balances work, so a rank that ran slower (another core's load, a hotter GPU) does not make its layers look
-        // costlier than the same layers elsewhere
-        const GPT2Config *c = &m->config;
-        int run_first[PIPE_MAX_LAYERS + 1];
-        char err[256];
-        double *dsum = (double *)calloc_check(2 * g->pp, sizeof(double)), *dn = dsum + g->pp, all = 0, alln = 0, spread = 1;
-        if (layer_split(run_first, a->pp_layers, c, a->T, g->pp, m->vpp, err, sizeof(err))) { fail("%s", err); }
-        for (int vs = 0; vs < n; vs++) {
-            for (int l = run_first[vs]; l < run_first[vs + 1]; l++) {
-                if (!is_moe_layer(c, l)) { dsum[vs % g->pp] += cost[l]; dn[vs % g->pp]++; all += cost[l]; alln++; }
-            }
-        }
-        double lo_r = INFINITY, hi_r = 0;
-        for (int r = 0; r < g->pp && alln > 0; r++) {
-            double scale = dn[r] > 0 ? (all / alln) / (dsum[r] / dn[r]) : 1.0;
-            if (dn[r] > 0) { lo_r = fmin(lo_r, scale); hi_r = fmax(hi_r, scale); }
-            for (int vs = r; vs < n; vs += g->pp) {
-                for (int l = run_first[vs]; l < run_first[vs + 1]; l++) { cost[l] *= scale; }
-            }
-            if (r == 0) { cost[L] *= scale; }
-            if (r == g->pp - 1) { cost[L + 1] *= scale; }
-        }
-        if (hi_r > 0) { spread = hi_r / lo_r; }
-        free(dsum);
-        pipe_split_balanced(first, cost, cost[L], cost[L + 1], L, n);
-        double lo = INFINITY, hi = 0, sum = 0;
-        for (int l = 0; l < L; l++) { lo = fmin(lo, cost[l]); hi = fmax(hi, cost[l]); sum += cost[l]; }
-        printf("pipeline costs measured per micro-batch (forward and backward, the device synchronised around each; each "
-               "rank's in its own dense layers, the ranks' paces %.0f%% apart): layers %.2f-%.2f ms, head + loss %.2f ms "
-               "(%.2f mean layers), embedding %.2f ms\n", 100.0 * (spread - 1), lo * 1e3, hi * 1e3, cost[L + 1] * 1e3,
-               cost[L + 1] / (sum / L), cost[L] * 1e3);
-        printf("  the split balancing them: --pp-layers ");
-        for (int s = 0; s < n; s++) { printf("%d%s", first[s + 1] - first[s], s < n - 1 ? "," : ""); }
-        printf(" (stage costs");
-        for (int s = 0; s < n; s++) {
-            double c = (s == 0 ? cost[L] : 0) + (s == n - 1 ? cost[L + 1] : 0);
-            for (int l = first[s]; l < first[s + 1]; l++) { c += cost[l]; }
-            printf(" %.1f", c * 1e3);
-        }
-        printf(" ms)\n");
-        if (a->output_dir) {   // for --pp-layers auto:FILE (args.h's read_pipeline_costs), written whole or not at all
-            char path[PATH_LEN], tmp[PATH_LEN + 8];
-            snprintf(path, sizeof(path), "%s/pipeline_costs.txt", a->output_dir);
-            snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-            FILE *f = fopen(tmp, "w");
-            if (f) {
-                fprintf(f, "# seconds per micro-batch, forward and backward (train_gpt --comm-report, tp %d cp %d pp %d, "
-                        "B %d T %d): --pp-layers auto:%s balances them\n", g->tp, g->cp, g->pp, a->B, a->T, path);
-                fprintf(f, "model %d %d %d %d %d\nembedding %.9g\nhead %.9g\n", L, c->channels, c->num_heads,
-                        c->padded_vocab_size, c->num_experts, cost[L], cost[L + 1]);
-                for (int l = 0; l < L; l++) { fprintf(f, "layer %d %.9g\n", l, cost[l]); }
-            }
-            if (!f || fclose(f) != 0 || rename(tmp, path) != 0) { printf("warning: could not write %s\n", path); }
-            else { printf("  (written to %s: --pp-layers auto:%s splits by them)\n", path, path); }
-        }
-    }
-    free(cost);
-}
-
-// The layers of each (virtual) stage and what each costs under --pp-layers auto's model, in units of a
-// dense layer (the last stage's includes the LM head).
-static void print_layer_split(const Args *a, const GPT2Config *c) {
-    int first[PIPE_MAX_LAYERS + 1], n = a->pp * a->vpp;
-    char err[256];
-    if (layer_split(first, a->pp_layers, c, a->T, a->pp, a->vpp, err, sizeof(err))) { fail("%s", err); }
-    GPT2Config dense = *c;
-    dense.num_experts = 0;
-    double unit = layer_flops_per_token(&dense, 0, a->T);
-    printf("pipeline stages%s (%s): layers", a->vpp > 1 ? " (virtual, v*pp + rank)" : "",
-           a->pp_layers ? a->pp_layers : "even");
-    for (int s = 0; s < n; s++) { printf("%s%d", s ? "," : " ", first[s + 1] - first[s]); }
-    double measured[PIPE_MAX_LAYERS + 2];
-    if (a->pp_layers && !strncmp(a->pp_layers, "auto:", 5)) {   // (layer_split read it: it reads)
-        read_pipeline_costs(a->pp_layers + 5, c, measured, err, sizeof(err));
-        printf("; measured cost per micro-batch (ms)");
-        for (int s = 0; s < n; s++) {
-            double w = (s == 0 ? measured[c->num_layers] : 0.0) + (s == n - 1 ? measured[c->num_layers + 1] : 0.0);
-            for (int l = first[s]; l < first[s + 1]; l++) { w += measured[l]; }
-            printf("%s%.1f", s ? "," : " ", w * 1e3);
-        }
-        printf("\n");
-        return;
-    }
-    printf("; cost in dense layers");
-    for (int s = 0; s < n; s++) {
-        double w = s == n - 1 ? head_flops_per_token(c) : 0.0;
-        for (int l = first[s]; l < first[s + 1]; l++) { w += layer_flops_per_token(c, l, a->T); }
-        printf("%s%.2f", s ? "," : " ", w / unit);
-    }
-    printf(" (6 FLOPs per parameter and token, 6 C T attention; the head 6 C Vp)\n");
 }
 
 // The start-up lines: the model, the MoE layers, the batch and the layout.
@@ -1782,7 +1690,7 @@ static void print_setup(const Args *a, const GPT2 *m, int accum) {
     printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, cp %d, pp %d (%s), ce chunk %d, recompute %s\n",
            a->B, a->T, m->grid->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "", a->cp, a->pp,
                a->pp_schedule, a->ce_chunk, a->recompute);
-    if (a->pp > 1) { print_layer_split(a, c); }
+    if (a->pp > 1) { print_layer_split(c, a->pp_layers, a->T, a->pp, a->vpp); }
 }
 
 // One step's line on the screen and in main.log: the CE loss (trl), and for MoE models aux, z and the
@@ -1904,7 +1812,7 @@ static void report_times(const Args *a, GPT2 *m, const StepTimes *t, int accum) 
     }
     if (a->comm_report && g->pp > 1) {
         report_bubble(a, g, t->bubble, t->steps, accum);
-        report_costs(a, m, m->cost_micro_batches);
+        gpt2_report_costs(a, m);
     }
     if (a->comm_report) { report_exposed(g, t); }
     if (m->moe.time_a2a) {

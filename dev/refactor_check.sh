@@ -39,8 +39,8 @@ mkdir -p "$W/a" "$W/b"
 timed=" ms|tok/s|^  stage|MoE all-to-all|Process name|^exposed |^ +[0-9]+ \\| "
 runs "$W/base/train_gpt" "$W/a" 2>&1 | grep -vE "$timed" | sed "s|$W/a|OUT|g" >"$W/a.out"
 runs ./train_gpt "$W/b" 2>&1 | grep -vE "$timed" | sed "s|$W/b|OUT|g" >"$W/b.out"
-plans "$W/base/train_gpt" >>"$W/a.out" 2>&1
-plans ./train_gpt >>"$W/b.out" 2>&1
+plans "$W/base/train_gpt" 2>&1 | grep -v "searched in" >>"$W/a.out"
+plans ./train_gpt 2>&1 | grep -v "searched in" >>"$W/b.out"
 bad=0
 for f in $(cd "$W/a" && find . -type f ! -name .lock | sort); do   # (.lock holds the pid)
     if [ "${f##*/}" = pipeline_costs.txt ]; then   # (measured seconds: the lines' names and order compared)

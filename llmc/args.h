@@ -13,6 +13,7 @@
 #include "comm.h"
 #include "attention.h"
 #include "pipeline.h"
+#include "pipeline_split.h"
 #include "moe.h"
 #include "model_file.h"
 
@@ -442,70 +443,6 @@ static MoEOptions moe_options(const Args *a, const GPT2Config *c) {
     MoEOptions o = {a->cap1000, strcmp(a->drop_policy, "position") ? DROP_PROBS : DROP_POSITION, a->aux_coeff, z,
                     a->moe_bias_rate};
     return o;
-}
-
-// Measured costs for --pp-layers auto:FILE: what train_gpt --comm-report wrote to -o/pipeline_costs.txt, seconds per
-// micro-batch (forward and backward) of each layer, the embedding and the head, measured on some layout of this
-// model. Lines "model L C NH Vp E", "embedding S", "head S", "layer I S". Returns 1 with the reason in err if the file
-// cannot be read, is malformed, or was measured for another model. costs: (L) the layers', then the embedding's and
-// the head's.
-static int read_pipeline_costs(const char *path, const GPT2Config *c, double *costs, char *err, size_t errlen) {
-    FILE *f = fopen(path, "r");
-    if (!f) { snprintf(err, errlen, "--pp-layers auto:%s: cannot read the file (%s)", path, strerror(errno)); return 1; }
-    int L = c->num_layers, ml = -1, mc = -1, mh = -1, mv = -1, me = -1, seen_e = 0, seen_h = 0, nl = 0, bad = 0;
-    char line[256];
-    for (int l = 0; l < L + 2; l++) { costs[l] = -1; }
-    while (!bad && fgets(line, sizeof(line), f)) {
-        double v;
-        int i;
-        if (line[0] == '#' || line[0] == '\n') { continue; }
-        if (sscanf(line, "model %d %d %d %d %d", &ml, &mc, &mh, &mv, &me) == 5) {
-            if (ml == L && mc == c->channels && mh == c->num_heads && mv == c->padded_vocab_size && me == c->num_experts) {
-                continue;
-            }
-            snprintf(err, errlen, "--pp-layers auto:%s: measured for L %d C %d NH %d Vp %d E %d, this model is L %d C %d "
-                     "NH %d Vp %d E %d", path, ml, mc, mh, mv, me, L, c->channels, c->num_heads, c->padded_vocab_size,
-                     c->num_experts);
-            fclose(f);
-            return 1;
-        }
-        if (sscanf(line, "embedding %lf", &v) == 1 && v >= 0) { costs[L] = v; seen_e = 1; continue; }
-        if (sscanf(line, "head %lf", &v) == 1 && v > 0) { costs[L + 1] = v; seen_h = 1; continue; }
-        if (sscanf(line, "layer %d %lf", &i, &v) == 2 && i >= 0 && i < L && v > 0 && costs[i] < 0) { costs[i] = v; nl++; continue; }
-        bad = 1;
-    }
-    fclose(f);
-    if (bad || !seen_e || !seen_h || nl != L || ml < 0) {
-        snprintf(err, errlen, "--pp-layers auto:%s: expected the lines 'model L C NH Vp E', 'embedding S', 'head S' and "
-                 "'layer I S' for each of the %d layers (train_gpt --comm-report writes them to -o/pipeline_costs.txt)",
-                 path, L);
-        return 1;
-    }
-    return 0;
-}
-
-// The first layer of each of the pp x vpp (virtual) stages and L at the end (pipeline.h), as --pp-layers
-// says: NULL an even split, "auto" the balanced one under layer_flops_per_token at sequence length T
-// (the embedding counted as nothing, the head as head_flops_per_token), "auto:FILE" the balanced one under
-// the costs measured in FILE (read_pipeline_costs), else the counts given. Returns 1 with the reason in err.
-static int layer_split(int *first, const char *spec, const GPT2Config *c, int T, int pp, int vpp, char *err,
-                       size_t errlen) {
-    int L = c->num_layers, n = pp * vpp;
-    if (n > L) {
-        snprintf(err, errlen, "--pp %d x --vpp %d = %d stages, more than the %d layers", pp, vpp, n, L);
-        return 1;
-    }
-    if (spec == NULL) { pipe_split_even(first, L, n); return 0; }
-    double cost[PIPE_MAX_LAYERS + 2];
-    if (!strncmp(spec, "auto:", 5)) {
-        if (read_pipeline_costs(spec + 5, c, cost, err, errlen)) { return 1; }
-        pipe_split_balanced(first, cost, cost[L], cost[L + 1], L, n);
-        return 0;
-    }
-    if (strcmp(spec, "auto")) { return pipe_split_parse(first, spec, L, n, err, errlen); }
-    for (int l = 0; l < L; l++) { cost[l] = layer_flops_per_token(c, l, T); }
-    pipe_split_balanced(first, cost, 0.0, head_flops_per_token(c), L, n);
-    return 0;
 }
 
 // The checks that need the world size and the model shape (and the defaults that follow from them: dp,

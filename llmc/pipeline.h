@@ -1,7 +1,7 @@
-// Pipeline parallelism, in one place: how the layers are cut into stages, the schedules (1F1B,
-// GPipe, interleaved 1F1B) and the point-to-point exchanges between neighbouring stages.
+// Pipeline parallelism, in one place: the schedules (1F1B, GPipe, interleaved 1F1B, zero-bubble ZB-H1) and the
+// point-to-point exchanges between neighbouring stages (pipeline_split.h cuts the layers into the stages).
 //
-// The L layers are cut into pp stages of contiguous layers (pipe_split_*, chunk_layers); the first stage also runs
+// The L layers are cut into pp stages of contiguous layers (pipeline_split.h); the first stage also runs
 // the embedding, the last one the final LayerNorm, the LM head and the loss. A step's m micro-batches
 // (the gradient accumulation steps) flow through the stages: stage s receives micro-batch i's input
 // from stage s-1, runs its layers, sends the output to s+1; the backward sends the gradient of the
@@ -61,74 +61,6 @@ static double wall_seconds(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
-}
-
-// How the L layers are cut: first[s] is the first layer of virtual stage s (s = v*pp + rank, 0 .. n-1 for
-// n = pp*vpp; without --vpp the stages themselves) and first[n] = L. Each virtual stage holds at least
-// one layer. Three ways to choose it (--pp-layers): an even split, the first L % n stages one more (the
-// default); the counts given, "5,7" (in virtual-stage order); or "auto" (pipe_split_balanced).
-#define PIPE_MAX_LAYERS 1024   // (the model file's limit on L)
-static void pipe_split_even(int *first, int L, int n) {
-    for (int s = 0; s <= n; s++) { first[s] = s * (L / n) + (s < L % n ? s : L % n); }
-}
-
-// "a,b,..." -> first (n counts, each >= 1, summing to L). Returns 1 with the reason in err otherwise.
-static int pipe_split_parse(int *first, const char *spec, int L, int n, char *err, size_t errlen) {
-    const char *p = spec;
-    first[0] = 0;
-    for (int s = 0; s < n; s++) {
-        char *end;
-        long k = strtol(p, &end, 10);
-        if (end == p || k < 1 || k > L || (*end != ',' && *end != '\0') || (*end == ',' && s == n - 1)
-            || (*end == '\0' && s < n - 1)) {
-            snprintf(err, errlen,
-                     "--pp-layers '%s': expected %d layer counts (pp x vpp), each >= 1, separated by commas, "
-                     "summing to the %d layers", spec, n, L);
-            return 1;
-        }
-        first[s + 1] = first[s] + (int)k;
-        p = end + 1;
-    }
-    if (first[n] != L) {
-        snprintf(err, errlen, "--pp-layers '%s': the counts sum to %d, the model has %d layers", spec, first[n], L);
-        return 1;
-    }
-    return 0;
-}
-
-// The split whose costliest virtual stage costs least: cost[l] the work of layer l, plus `head` on the last
-// stage (final LayerNorm, LM head, loss) and `embed` on the first, all in one unit (FLOPs per token).
-// Exact, by dynamic programming over (stages, layers); among equal splits the one with the earliest cuts.
-static void pipe_split_balanced(int *first, const double *cost, double embed, double head, int L, int n) {
-    double *prefix = (double *)malloc_check((L + 1) * sizeof(double));
-    // best[s][j]: the least costliest stage of layers [0, j) in s stages; cut[s][j]: where its last stage starts
-    double *best = (double *)malloc_check((size_t)(n + 1) * (L + 1) * sizeof(double));
-    int *cut = (int *)malloc_check((size_t)(n + 1) * (L + 1) * sizeof(int));
-    prefix[0] = 0.0;
-    for (int l = 0; l < L; l++) { prefix[l + 1] = prefix[l] + cost[l]; }
-    for (int s = 1; s <= n; s++) {
-        for (int j = s; j <= L - (n - s); j++) {   // leave at least one layer for each later stage
-            double b = INFINITY;
-            int at = s - 1;
-            for (int i = s - 1; i < j; i++) {   // stage s-1 holds layers [i, j)
-                double w = prefix[j] - prefix[i] + (s == 1 ? embed : 0.0) + (s == n ? head : 0.0);
-                double prev = s == 1 ? (i == 0 ? 0.0 : INFINITY) : best[(size_t)(s - 1) * (L + 1) + i];
-                double m = prev > w ? prev : w;
-                if (m < b) { b = m; at = i; }
-            }
-            best[(size_t)s * (L + 1) + j] = b;
-            cut[(size_t)s * (L + 1) + j] = at;
-        }
-    }
-    first[n] = L;
-    for (int s = n; s >= 1; s--) { first[s - 1] = cut[(size_t)s * (L + 1) + first[s]]; }
-    free(prefix); free(best); free(cut);
-}
-
-// The layers [l0, l1) of rank `rank`'s model chunk v (of vpp per rank): virtual stage v*pp + rank.
-static void chunk_layers(const int *first, int pp, int rank, int v, int *l0, int *l1) {
-    *l0 = first[v * pp + rank];
-    *l1 = first[v * pp + rank + 1];
 }
 
 // The k-th forward (or backward) of a rank, k = 0 .. m*vpp-1: its model chunk and its micro-batch.

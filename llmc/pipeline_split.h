@@ -1,0 +1,254 @@
+// How the L layers are cut over the pipeline's stages (--pp-layers), in one place: an even split, the counts given,
+// "auto" (balanced under a model of each layer's FLOPs), or "auto:FILE" (balanced under the seconds a run measured,
+// the file that --comm-report writes with a pipeline: pipeline_costs_report writes it, read_pipeline_costs reads it).
+// pipeline.h runs the schedules over the stages this file cuts.
+#ifndef LLMC_PIPELINE_SPLIT_H
+#define LLMC_PIPELINE_SPLIT_H
+
+#include "utils.h"
+#include "comm.h"
+#include "model_file.h"
+
+// How the L layers are cut: first[s] is the first layer of virtual stage s (s = v*pp + rank, 0 .. n-1 for
+// n = pp*vpp; without --vpp the stages themselves) and first[n] = L. Each virtual stage holds at least
+// one layer. Three ways to choose it (--pp-layers): an even split, the first L % n stages one more (the
+// default); the counts given, "5,7" (in virtual-stage order); or "auto" (pipe_split_balanced).
+#define PIPE_MAX_LAYERS 1024   // (the model file's limit on L)
+static void pipe_split_even(int *first, int L, int n) {
+    for (int s = 0; s <= n; s++) { first[s] = s * (L / n) + (s < L % n ? s : L % n); }
+}
+
+// "a,b,..." -> first (n counts, each >= 1, summing to L). Returns 1 with the reason in err otherwise.
+static int pipe_split_parse(int *first, const char *spec, int L, int n, char *err, size_t errlen) {
+    const char *p = spec;
+    first[0] = 0;
+    for (int s = 0; s < n; s++) {
+        char *end;
+        long k = strtol(p, &end, 10);
+        if (end == p || k < 1 || k > L || (*end != ',' && *end != '\0') || (*end == ',' && s == n - 1)
+            || (*end == '\0' && s < n - 1)) {
+            snprintf(err, errlen,
+                     "--pp-layers '%s': expected %d layer counts (pp x vpp), each >= 1, separated by commas, "
+                     "summing to the %d layers", spec, n, L);
+            return 1;
+        }
+        first[s + 1] = first[s] + (int)k;
+        p = end + 1;
+    }
+    if (first[n] != L) {
+        snprintf(err, errlen, "--pp-layers '%s': the counts sum to %d, the model has %d layers", spec, first[n], L);
+        return 1;
+    }
+    return 0;
+}
+
+// The split whose costliest virtual stage costs least: cost[l] the work of layer l, plus `head` on the last
+// stage (final LayerNorm, LM head, loss) and `embed` on the first, all in one unit (FLOPs per token).
+// Exact, by dynamic programming over (stages, layers); among equal splits the one with the earliest cuts.
+static void pipe_split_balanced(int *first, const double *cost, double embed, double head, int L, int n) {
+    double *prefix = (double *)malloc_check((L + 1) * sizeof(double));
+    // best[s][j]: the least costliest stage of layers [0, j) in s stages; cut[s][j]: where its last stage starts
+    double *best = (double *)malloc_check((size_t)(n + 1) * (L + 1) * sizeof(double));
+    int *cut = (int *)malloc_check((size_t)(n + 1) * (L + 1) * sizeof(int));
+    prefix[0] = 0.0;
+    for (int l = 0; l < L; l++) { prefix[l + 1] = prefix[l] + cost[l]; }
+    for (int s = 1; s <= n; s++) {
+        for (int j = s; j <= L - (n - s); j++) {   // leave at least one layer for each later stage
+            double b = INFINITY;
+            int at = s - 1;
+            for (int i = s - 1; i < j; i++) {   // stage s-1 holds layers [i, j)
+                double w = prefix[j] - prefix[i] + (s == 1 ? embed : 0.0) + (s == n ? head : 0.0);
+                double prev = s == 1 ? (i == 0 ? 0.0 : INFINITY) : best[(size_t)(s - 1) * (L + 1) + i];
+                double m = prev > w ? prev : w;
+                if (m < b) { b = m; at = i; }
+            }
+            best[(size_t)s * (L + 1) + j] = b;
+            cut[(size_t)s * (L + 1) + j] = at;
+        }
+    }
+    first[n] = L;
+    for (int s = n; s >= 1; s--) { first[s - 1] = cut[(size_t)s * (L + 1) + first[s]]; }
+    free(prefix); free(best); free(cut);
+}
+
+// The layers [l0, l1) of rank `rank`'s model chunk v (of vpp per rank): virtual stage v*pp + rank.
+static void chunk_layers(const int *first, int pp, int rank, int v, int *l0, int *l1) {
+    *l0 = first[v * pp + rank];
+    *l1 = first[v * pp + rank + 1];
+}
+
+// Measured costs for --pp-layers auto:FILE: what train_gpt --comm-report wrote to -o/pipeline_costs.txt, seconds per
+// micro-batch (forward and backward) of each layer, the embedding and the head, measured on some layout of this
+// model. Lines "model L C NH Vp E", "embedding S", "head S", "layer I S". Returns 1 with the reason in err if the file
+// cannot be read, is malformed, or was measured for another model. costs: (L) the layers', then the embedding's and
+// the head's.
+static int read_pipeline_costs(const char *path, const GPT2Config *c, double *costs, char *err, size_t errlen) {
+    FILE *f = fopen(path, "r");
+    if (!f) { snprintf(err, errlen, "--pp-layers auto:%s: cannot read the file (%s)", path, strerror(errno)); return 1; }
+    int L = c->num_layers, ml = -1, mc = -1, mh = -1, mv = -1, me = -1, seen_e = 0, seen_h = 0, nl = 0, bad = 0;
+    char line[256];
+    for (int l = 0; l < L + 2; l++) { costs[l] = -1; }
+    while (!bad && fgets(line, sizeof(line), f)) {
+        double v;
+        int i;
+        if (line[0] == '#' || line[0] == '\n') { continue; }
+        if (sscanf(line, "model %d %d %d %d %d", &ml, &mc, &mh, &mv, &me) == 5) {
+            if (ml == L && mc == c->channels && mh == c->num_heads && mv == c->padded_vocab_size && me == c->num_experts) {
+                continue;
+            }
+            snprintf(err, errlen, "--pp-layers auto:%s: measured for L %d C %d NH %d Vp %d E %d, this model is L %d C %d "
+                     "NH %d Vp %d E %d", path, ml, mc, mh, mv, me, L, c->channels, c->num_heads, c->padded_vocab_size,
+                     c->num_experts);
+            fclose(f);
+            return 1;
+        }
+        if (sscanf(line, "embedding %lf", &v) == 1 && v >= 0) { costs[L] = v; seen_e = 1; continue; }
+        if (sscanf(line, "head %lf", &v) == 1 && v > 0) { costs[L + 1] = v; seen_h = 1; continue; }
+        if (sscanf(line, "layer %d %lf", &i, &v) == 2 && i >= 0 && i < L && v > 0 && costs[i] < 0) { costs[i] = v; nl++; continue; }
+        bad = 1;
+    }
+    fclose(f);
+    if (bad || !seen_e || !seen_h || nl != L || ml < 0) {
+        snprintf(err, errlen, "--pp-layers auto:%s: expected the lines 'model L C NH Vp E', 'embedding S', 'head S' and "
+                 "'layer I S' for each of the %d layers (train_gpt --comm-report writes them to -o/pipeline_costs.txt)",
+                 path, L);
+        return 1;
+    }
+    return 0;
+}
+
+// The first layer of each of the pp x vpp (virtual) stages and L at the end (pipeline.h), as --pp-layers
+// says: NULL an even split, "auto" the balanced one under layer_flops_per_token at sequence length T
+// (the embedding counted as nothing, the head as head_flops_per_token), "auto:FILE" the balanced one under
+// the costs measured in FILE (read_pipeline_costs), else the counts given. Returns 1 with the reason in err.
+static int layer_split(int *first, const char *spec, const GPT2Config *c, int T, int pp, int vpp, char *err,
+                       size_t errlen) {
+    int L = c->num_layers, n = pp * vpp;
+    if (n > L) {
+        snprintf(err, errlen, "--pp %d x --vpp %d = %d stages, more than the %d layers", pp, vpp, n, L);
+        return 1;
+    }
+    if (spec == NULL) { pipe_split_even(first, L, n); return 0; }
+    double cost[PIPE_MAX_LAYERS + 2];
+    if (!strncmp(spec, "auto:", 5)) {
+        if (read_pipeline_costs(spec + 5, c, cost, err, errlen)) { return 1; }
+        pipe_split_balanced(first, cost, cost[L], cost[L + 1], L, n);
+        return 0;
+    }
+    if (strcmp(spec, "auto")) { return pipe_split_parse(first, spec, L, n, err, errlen); }
+    for (int l = 0; l < L; l++) { cost[l] = layer_flops_per_token(c, l, T); }
+    pipe_split_balanced(first, cost, 0.0, head_flops_per_token(c), L, n);
+    return 0;
+}
+
+// The seconds measured per micro-batch (cost: the model's L layers, 0 where this rank holds none, then the
+// embedding and the head + loss), each rank's in units of its own dense layers, scaled back to seconds by their mean
+// over the ranks: the split balances work, so a rank that ran slower (another core's load, a hotter GPU) does not make
+// its layers look costlier than the same layers elsewhere. Returns the ratio of the ranks' paces (1: equal).
+static double costs_at_one_pace(double *cost, const GPT2Config *c, const int *run_first, int pp, int n) {
+    int L = c->num_layers;
+    double *dsum = (double *)calloc_check(2 * pp, sizeof(double)), *dn = dsum + pp, all = 0, alln = 0, spread = 1;
+    for (int vs = 0; vs < n; vs++) {
+        for (int l = run_first[vs]; l < run_first[vs + 1]; l++) {
+            if (!is_moe_layer(c, l)) { dsum[vs % pp] += cost[l]; dn[vs % pp]++; all += cost[l]; alln++; }
+        }
+    }
+    double lo_r = INFINITY, hi_r = 0;
+    for (int r = 0; r < pp && alln > 0; r++) {
+        double scale = dn[r] > 0 ? (all / alln) / (dsum[r] / dn[r]) : 1.0;
+        if (dn[r] > 0) { lo_r = fmin(lo_r, scale); hi_r = fmax(hi_r, scale); }
+        for (int vs = r; vs < n; vs += pp) {
+            for (int l = run_first[vs]; l < run_first[vs + 1]; l++) { cost[l] *= scale; }
+        }
+        if (r == 0) { cost[L] *= scale; }
+        if (r == pp - 1) { cost[L + 1] *= scale; }
+    }
+    if (hi_r > 0) { spread = hi_r / lo_r; }
+    free(dsum);
+    return spread;
+}
+
+// -o/pipeline_costs.txt, for --pp-layers auto:FILE (read_pipeline_costs), written whole or not at all.
+static void pipeline_costs_write(const double *cost, const GPT2Config *c, const Grid *g, int B, int T, const char *dir) {
+    int L = c->num_layers;
+    char path[PATH_LEN], tmp[PATH_LEN + 8];
+    snprintf(path, sizeof(path), "%s/pipeline_costs.txt", dir);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (f) {
+        fprintf(f, "# seconds per micro-batch, forward and backward (train_gpt --comm-report, tp %d cp %d pp %d, "
+                "B %d T %d): --pp-layers auto:%s balances them\n", g->tp, g->cp, g->pp, B, T, path);
+        fprintf(f, "model %d %d %d %d %d\nembedding %.9g\nhead %.9g\n", L, c->channels, c->num_heads,
+                c->padded_vocab_size, c->num_experts, cost[L], cost[L + 1]);
+        for (int l = 0; l < L; l++) { fprintf(f, "layer %d %.9g\n", l, cost[l]); }
+    }
+    if (!f || fclose(f) != 0 || rename(tmp, path) != 0) { printf("warning: could not write %s\n", path); }
+    else { printf("  (written to %s: --pp-layers auto:%s splits by them)\n", path, path); }
+}
+
+// --comm-report with a pipeline: what each layer, the head (final LayerNorm, LM head and loss) and the embedding
+// took per micro-batch, forward and backward (this machine, these shapes: measured, where --pp-layers auto counts
+// FLOPs), and the split that balances these measured costs (pipe_split_balanced, as auto): a --pp-layers to run
+// next time (checkpoints resume into any split). cost (L + 2): this rank's part (costs_at_one_pace), summed here
+// over the ranks; the run's split was spec at sequence length T; its file goes to dir (NULL: none).
+static void pipeline_costs_report(double *cost, const GPT2Config *c, Grid *g, int vpp, const char *spec, int B, int T,
+                                  const char *dir) {
+    int L = c->num_layers, n = g->pp * vpp, first[PIPE_MAX_LAYERS + 1], run_first[PIPE_MAX_LAYERS + 1];
+    char err[256];
+    comm_host_all_reduce(&g->world, cost, L + 2, DT_DOUBLE, HOST_SUM, "all-reduce of the measured costs");
+    if (g->rank != 0) { return; }
+    if (layer_split(run_first, spec, c, T, g->pp, vpp, err, sizeof(err))) { fail("%s", err); }
+    double spread = costs_at_one_pace(cost, c, run_first, g->pp, n);
+    pipe_split_balanced(first, cost, cost[L], cost[L + 1], L, n);
+    double lo = INFINITY, hi = 0, sum = 0;
+    for (int l = 0; l < L; l++) { lo = fmin(lo, cost[l]); hi = fmax(hi, cost[l]); sum += cost[l]; }
+    printf("pipeline costs measured per micro-batch (forward and backward, the device synchronised around each; each "
+           "rank's in its own dense layers, the ranks' paces %.0f%% apart): layers %.2f-%.2f ms, head + loss %.2f ms "
+           "(%.2f mean layers), embedding %.2f ms\n", 100.0 * (spread - 1), lo * 1e3, hi * 1e3, cost[L + 1] * 1e3,
+           cost[L + 1] / (sum / L), cost[L] * 1e3);
+    printf("  the split balancing them: --pp-layers ");
+    for (int s = 0; s < n; s++) { printf("%d%s", first[s + 1] - first[s], s < n - 1 ? "," : ""); }
+    printf(" (stage costs");
+    for (int s = 0; s < n; s++) {
+        double w = (s == 0 ? cost[L] : 0) + (s == n - 1 ? cost[L + 1] : 0);
+        for (int l = first[s]; l < first[s + 1]; l++) { w += cost[l]; }
+        printf(" %.1f", w * 1e3);
+    }
+    printf(" ms)\n");
+    if (dir) { pipeline_costs_write(cost, c, g, B, T, dir); }
+}
+
+// The layers of each (virtual) stage of the split spec (pp x vpp stages, sequence length T) and what each costs:
+// under --pp-layers auto's model, in units of a dense layer (the last stage's includes the LM head), or as measured
+// (auto:FILE).
+static void print_layer_split(const GPT2Config *c, const char *spec, int T, int pp, int vpp) {
+    int first[PIPE_MAX_LAYERS + 1], n = pp * vpp;
+    char err[256];
+    if (layer_split(first, spec, c, T, pp, vpp, err, sizeof(err))) { fail("%s", err); }
+    GPT2Config dense = *c;
+    dense.num_experts = 0;
+    double unit = layer_flops_per_token(&dense, 0, T);
+    printf("pipeline stages%s (%s): layers", vpp > 1 ? " (virtual, v*pp + rank)" : "", spec ? spec : "even");
+    for (int s = 0; s < n; s++) { printf("%s%d", s ? "," : " ", first[s + 1] - first[s]); }
+    double measured[PIPE_MAX_LAYERS + 2];
+    if (spec && !strncmp(spec, "auto:", 5)) {   // (layer_split read it: it reads)
+        read_pipeline_costs(spec + 5, c, measured, err, sizeof(err));
+        printf("; measured cost per micro-batch (ms)");
+        for (int s = 0; s < n; s++) {
+            double w = (s == 0 ? measured[c->num_layers] : 0.0) + (s == n - 1 ? measured[c->num_layers + 1] : 0.0);
+            for (int l = first[s]; l < first[s + 1]; l++) { w += measured[l]; }
+            printf("%s%.1f", s ? "," : " ", w * 1e3);
+        }
+        printf("\n");
+        return;
+    }
+    printf("; cost in dense layers");
+    for (int s = 0; s < n; s++) {
+        double w = s == n - 1 ? head_flops_per_token(c) : 0.0;
+        for (int l = first[s]; l < first[s + 1]; l++) { w += layer_flops_per_token(c, l, T); }
+        printf("%s%.2f", s ? "," : " ", w / unit);
+    }
+    printf(" (6 FLOPs per parameter and token, 6 C T attention; the head 6 C Vp)\n");
+}
+
+#endif // LLMC_PIPELINE_SPLIT_H
