@@ -1470,7 +1470,7 @@ static void check_moe_load(GPT2 *m, const RefMoE *r, int step) {
     if (r->loads == NULL || sizeof(floatX) != 4) { return; }
     size_t n = (size_t)r->Lm * r->E;
     double *load = (double *)malloc_check(n * sizeof(double)), *kept = (double *)malloc_check(r->Lm * sizeof(double));
-    gpt2_moe_load(m, load, kept);
+    moe_gather_load(&m->moe, m->grid, r->Lm, load, kept);
     if (my_rank == 0) {
         long differ = 0;
         for (size_t i = 0; i < n; i++) { differ += load[i] != r->loads[step * n + i]; }
@@ -1484,7 +1484,7 @@ static void check_moe_load(GPT2 *m, const RefMoE *r, int step) {
 // moves it by +-rate or 0 by the sign of integer loads, the same on both sides: the same fp32 operations).
 static void check_moe_bias(GPT2 *m, const RefMoE *r) {
     if (r->bias == NULL || sizeof(floatX) != 4) { return; }   // (fp32 builds, as check_moe_load)
-    float *b = gpt2_router_bias(m);
+    float *b = moe_gather_bias(&m->moe, m->grid, num_moe_layers(&m->config));
     if (my_rank == 0) {
         size_t n = (size_t)r->Lm * r->E, differ = 0;
         float worst = 0.0f;
@@ -1715,7 +1715,7 @@ static void check_resume(TestRun *t, const char *dir) {
                 gpt2_moe_stats(&run, accum, &aux, &z, &dropped);
                 d.aux = (float)aux; d.z = (float)z; d.dropped = (float)dropped;
                 gather_routing(&run, log, accum, t->ref.R, t->ref.T, &d.choice, &d.keep, &d.probs);
-                d.bias = gpt2_router_bias(&run);
+                d.bias = moe_gather_bias(&run.moe, run.grid, num_moe_layers(&run.config));
             }
             d.grads = checkpoint_gather(&run.config, &run.zero, unit_grads_getter, 0);
             free(log);

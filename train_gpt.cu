@@ -42,6 +42,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/plan.h"              // defines: the memory plan's report, the cost model, the levers
 #include "llmc/layout_search.h"     // defines: plan_search: every layout of N ranks, planned, timed, ranked
 #include "llmc/calibrate.h"         // defines: calibrate: this machine's rates for the cost model (--machine)
+#include "llmc/report.h"            // defines: the step line, the first step's reports, the times at the end
 
 // ----------------------------------------------------------------------------
 // the model's units: how the tensors (model_file.h) are cut over the pipeline stages, tp and ep ranks
@@ -302,11 +303,6 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     m->num_parameters = num_parameters(c);
     int tp = grid->tp;
     m->Cl = c->channels / tp; m->NHl = c->num_heads / tp;
-    ExpertParallel *x = &m->moe;
-    x->tp = &grid->tp_group; x->cp = &grid->cp_group; x->ep = &grid->ep_group; x->tp_rank = grid->tp_rank;
-    x->E = c->num_experts; x->k = c->topk; x->El = c->num_experts / grid->ep; x->C = c->channels; x->Cl = m->Cl;
-    x->Hl = c->expert_hidden / tp; x->SHl = c->shared_experts * c->expert_hidden / tp;
-    x->opt = moe;
     m->Vl = c->padded_vocab_size / tp; m->v0 = grid->tp_rank * m->Vl;
     m->first = grid->pp_rank == 0;
     m->last = grid->pp_rank == grid->pp - 1;
@@ -328,17 +324,9 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     m->nunits = build_units(c, grid, vpp, first, m->units, &m->u_embed, &m->u_pos, m->u_layer, m->u_experts,
                             &m->u_final);
     zero_init(&m->zero, grid, zero_stage, sp, m->units, m->nunits);
-    // the stage's MoE layers' routing bias (model state beside the parameters: moe.h), fp32 on every rank
-    x->sigmoid = c->router_score == ROUTER_SIGMOID;
-    for (int l = 0; l < m->Ls; l++) { x->nlayers += is_moe_layer(c, m->layer_id[l]); }
-    if (x->nlayers > 0) { x->bias = (float *)mem_alloc((size_t)x->nlayers * x->E * sizeof(float), MEM_PARAMS); }
+    moe_setup(&m->moe, c, grid, moe, m->layer_id, m->Ls);
     if (all_params == NULL) { return; }   // (a plan: the sizes only)
-    for (int l = 0, j = 0; l < m->Ls; l++) {
-        if (!is_moe_layer(c, m->layer_id[l])) { continue; }
-        int gm = tensor_layer_slice(c, T_ROUTERW, m->layer_id[l]);   // among the model's MoE layers
-        copy_to_device(x->bias + (size_t)j++ * x->E, all_params + num_parameters(c) + (size_t)gm * x->E,
-                       x->E * sizeof(float));
-    }
+    moe_set_bias(&m->moe, all_params + num_parameters(c));   // (the routing bias follows the parameters)
     float *full[NUM_TENSORS];
     split_tensors(c, all_params, full);
     for (int u = 0; u < m->nunits; u++) {
@@ -570,7 +558,7 @@ static void gpt2_free(GPT2 *m) {
     pipeline_free(&m->pipe);
     zero_free(&m->zero);
     free(m->units); free(m->u_layer); free(m->u_experts); free(m->layer_id); free(m->chunk_l0); free(m->acts);
-    free(m->layer_seconds); free(m->wstore_counts);
+    free(m->layer_seconds); free(m->wstore_counts); free(m->moe.layer_index);
     free(m->fwd_tokens);
 }
 
@@ -631,9 +619,7 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
         m->moe.layer = 0;
         for (int i = 0; i < l; i++) { m->moe.layer += m->u_experts[i] >= 0; }
         m->moe.micro = m->micro;
-        ExpertWeights ew = {pe[T_EFCW], pe[T_EFCB], pe[T_EFCPROJW], pe[T_EFCPROJB], p[T_ROUTERW], p[T_SFCW], p[T_SFCB],
-                            p[T_SFCPROJW], p[T_SFCPROJB]};
-        moe_forward(&m->moe, y.moe, ew, x, w->pfull, !m->recomputing);
+        moe_forward(&m->moe, y.moe, expert_tensors(p, pe), x, w->pfull, !m->recomputing);
         // (over the layer's own unit: done with it)
         if (!m->recomputing) {
             zero_prefetch_params(&m->zero, next, ue);
@@ -737,6 +723,11 @@ static float gpt2_read_loss(GPT2 *m, int batches) {
     return (float)(loss / (m->grid->dp * m->grid->cp));
 }
 
+// The MoE numbers of the last step (accum micro-batches), on every rank (expert_parallel.h).
+static void gpt2_moe_stats(GPT2 *m, int accum, double *aux, double *z, double *dropped) {
+    moe_step_numbers(&m->moe, m->grid, (double)m->B * accum * m->grid->dp, (double)m->T * m->grid->cp, aux, z, dropped);
+}
+
 // Micro-batch i's WGrads for the stage's layer l (ZB), in set i % npending; 0 without ZB.
 static int layer_wgrads(const GPT2 *m, int i, int l, WGrads *d) {
     const GPT2Config *c = &m->config;
@@ -825,11 +816,8 @@ static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int las
         unit_view(&m->units[ue], zero_unit_params(z, ue), pe);
         if (!d) { unit_view(&m->units[ue], zero_begin_unit_backward(z, ue), ge); }
         dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
-        ExpertWeights ew = {pe[T_EFCW], pe[T_EFCB], pe[T_EFCPROJW], pe[T_EFCPROJB], p[T_ROUTERW], p[T_SFCW], p[T_SFCB],
-                            p[T_SFCPROJW], p[T_SFCPROJB]};
-        ExpertGrads eg = {ge[T_EFCW], ge[T_EFCB], ge[T_EFCPROJW], ge[T_EFCPROJB], g[T_ROUTERW], g[T_SFCW], g[T_SFCB],
-                          g[T_SFCPROJW], g[T_SFCPROJB]};
-        moe_backward(&m->moe, y.moe, ew, eg, x, dy, w->pfull, m->recompute == RECOMPUTE_MLP, d ? &d->moe : NULL);
+        moe_backward(&m->moe, y.moe, expert_tensors(p, pe), expert_tensors(g, ge), x, dy, w->pfull,
+                     m->recompute == RECOMPUTE_MLP, d ? &d->moe : NULL);
         if (!d) { zero_end_unit_backward(z, ue, last_micro); }
         zero_prefetch_params(z, prev, u);   // (over the experts: done with them)
     } else {
@@ -870,9 +858,7 @@ static void layer_backward_weights(GPT2 *m, LayerActs y, const WGrads *d, int l,
         int ue = m->u_experts[l];
         floatX *ge[NUM_TENSORS] = {};
         unit_view(&m->units[ue], zero_begin_unit_backward(&m->zero, ue), ge);
-        ExpertGrads eg = {ge[T_EFCW], ge[T_EFCB], ge[T_EFCPROJW], ge[T_EFCPROJB], g[T_ROUTERW], g[T_SFCW], g[T_SFCB],
-                          g[T_SFCPROJW], g[T_SFCPROJB]};
-        moe_backward_weights(&m->moe, y.moe, &d->moe, eg, d->xln2 ? d->xln2 : y.ln2);
+        moe_backward_weights(&m->moe, y.moe, &d->moe, expert_tensors(g, ge), d->xln2 ? d->xln2 : y.ln2);
         zero_end_unit_backward(&m->zero, ue, last_micro);
     } else {
         bias_backward(g[T_FCPROJB], d->dfcproj + own, BTs, C);
@@ -1053,69 +1039,6 @@ static void gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
     m->cost_micro_batches += accum;
     m->moe.count_stats = 0;
     zero_finish_grads(&m->zero);
-}
-
-// The MoE numbers of the last step, on every rank: aux and z as the loss defines them (means over the
-// global batch of the sums over the MoE layers of every stage; tp ranks hold copies: tp rank 0 counts)
-// and the fraction of the top-k assignments dropped by the capacity.
-static void gpt2_moe_stats(GPT2 *m, int accum, double *aux, double *z, double *dropped) {
-    double v[4] = {0.0, 0.0, 0.0, 0.0};
-    if (m->grid->tp_rank == 0) {
-        if (m->moe.sums) { copy_to_host(v, m->moe.sums, 2 * sizeof(double)); }
-        int kept[PIPE_MAX_LAYERS];
-        if (m->moe.kept) { copy_to_host(kept, m->moe.kept, m->moe.nlayers * sizeof(int)); }
-        for (int l = 0; m->moe.kept && l < m->moe.nlayers; l++) { v[2] += kept[l]; }
-        v[3] = m->moe.assigned;
-    }
-    comm_host_all_reduce(&m->grid->world, v, 4, DT_DOUBLE, HOST_SUM, "all-reduce of the MoE numbers");
-    double sequences = (double)m->B * accum * m->grid->dp;
-    *aux = v[0] / sequences;
-    *z = v[1] / (sequences * m->T * m->grid->cp);
-    *dropped = v[3] > 0 ? 1.0 - v[2] / v[3] : 0.0;
-}
-
-// The MoE layers' load in the last step, on rank 0 (every rank takes part): load (Lm, E) the top-k
-// assignments to each expert before drops, kept (Lm) the assignments kept, each summed over the global
-// batch (tp ranks hold copies: tp rank 0 counts). Integers, exact in doubles.
-static void gpt2_moe_load(GPT2 *m, double *load, double *kept) {
-    const GPT2Config *c = &m->config;
-    ExpertParallel *x = &m->moe;
-    int Lm = num_moe_layers(c), E = c->num_experts;
-    size_t n = (size_t)Lm * (E + 1);
-    double *v = (double *)calloc_check(n, sizeof(double));
-    if (m->grid->tp_rank == 0 && x->nlayers > 0 && x->load) {
-        int *mine = (int *)malloc_check((size_t)x->nlayers * (E + 1) * sizeof(int)), *kept = mine + (size_t)x->nlayers * E;
-        copy_to_host(mine, x->load, (size_t)x->nlayers * E * sizeof(int));
-        copy_to_host(kept, x->kept, (size_t)x->nlayers * sizeof(int));
-        for (int l = 0, j = 0; l < m->Ls; l++) {
-            if (!is_moe_layer(c, m->layer_id[l])) { continue; }
-            int gm = tensor_layer_slice(c, T_ROUTERW, m->layer_id[l]);
-            for (int e = 0; e < E; e++) { v[(size_t)gm * E + e] = mine[(size_t)j * E + e]; }
-            v[(size_t)Lm * E + gm] = kept[j++];
-        }
-        free(mine);
-    }
-    comm_host_reduce_sum(&m->grid->world, v, n, DT_DOUBLE, 0, "reduce of the MoE load");
-    memcpy(load, v, (size_t)Lm * E * sizeof(double));
-    memcpy(kept, v + (size_t)Lm * E, Lm * sizeof(double));
-    free(v);
-}
-
-// One MoE layer's load (E) in numbers: the most and the least loaded expert over the mean, the dropped fraction,
-// the experts with no assignment.
-typedef struct { double max_mean, min_mean, dropped; int dead; } MoELoad;
-static MoELoad moe_load_summary(const double *load, double kept, int E) {
-    double total = 0, mx = 0, mn = INFINITY;
-    int dead = 0;
-    for (int e = 0; e < E; e++) {
-        total += load[e];
-        if (load[e] > mx) { mx = load[e]; }
-        if (load[e] < mn) { mn = load[e]; }
-        dead += load[e] == 0;
-    }
-    double mean = total / E;
-    MoELoad r = {mean > 0 ? mx / mean : 0, mean > 0 ? mn / mean : 0, total > 0 ? 1.0 - kept / total : 0, dead};
-    return r;
 }
 
 // the step's mean loss (global batch), its gradient norm before clipping
@@ -1313,30 +1236,10 @@ static TrainState gpt2_train_state(const GPT2 *m, int total_batch, int max_steps
     return s;
 }
 
-// The MoE layers' routing bias (Lm, E) of the whole model on rank 0 (NULL elsewhere, and without MoE layers):
-// each stage's first rank (tp, cp, dp rank 0) gives its layers' (every rank of a stage holds the same).
-static float *gpt2_router_bias(GPT2 *m) {
-    const GPT2Config *c = &m->config;
-    Grid *g = m->grid;
-    size_t n = num_router_bias(c), E = c->num_experts;
-    if (n == 0) { return NULL; }
-    float *all = (float *)calloc_check(n, sizeof(float));
-    if (g->tp_rank == 0 && g->cp_rank == 0 && g->dp_rank == 0) {
-        for (int l = 0, j = 0; l < m->Ls; l++) {
-            if (!is_moe_layer(c, m->layer_id[l])) { continue; }
-            int gm = tensor_layer_slice(c, T_ROUTERW, m->layer_id[l]);
-            copy_to_host(all + (size_t)gm * E, m->moe.bias + (size_t)j++ * E, E * sizeof(float));
-        }
-    }
-    comm_host_reduce_sum(&g->world, all, n, DT_FLOAT, 0, "gather of the routing bias (checkpoint)");
-    if (g->rank != 0) { free(all); return NULL; }
-    return all;
-}
-
 static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch, int async,
                             int max_steps) {
     TrainState s = gpt2_train_state(m, total_batch, max_steps, dl);
-    float *bias = gpt2_router_bias(m);
+    float *bias = moe_gather_bias(&m->moe, m->grid, num_moe_layers(&m->config));
     checkpoint_save(&m->config, &m->zero, dir, step, &s, dl, rng, async, bias);
     free(bias);
 }
@@ -1435,88 +1338,6 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
 // ----------------------------------------------------------------------------
 // main: set-up (model, data), the training loop, the reports
 
-// The MoE shape given by the flags (--experts, --topk, --moe-every) against the model's: a MoE model
-// (file, checkpoint, descriptor with E=) must agree with every flag given; a dense descriptor or file
-// becomes a MoE model of that shape (a file: upcycled, each expert a copy of its layer's MLP), except
-// when resuming (a checkpoint keeps its shape). Returns the weights (params, or a new array).
-static float *apply_moe_shape(const Args *a, int rank, GPT2Config *c, float *params, const char *what, int resuming) {
-    if (a->experts < 0 && a->topk < 0 && a->moe_every < 0 && a->expert_hidden < 0 && a->shared_experts < 0) {
-        return params;
-    }
-    if (c->num_experts > 0 || resuming) {
-        int given[5] = {a->experts, a->topk, a->moe_every, a->expert_hidden, a->shared_experts},
-            has[5] = {c->num_experts, c->topk, c->moe_every, c->expert_hidden, c->shared_experts};
-        static const char *flag[5] = {"--experts", "--topk", "--moe-every", "--expert-hidden", "--shared-experts"},
-            *name[5] = {"E", "k", "every", "H", "S"};
-        for (int i = 0; i < 5; i++) {
-            if (given[i] >= 0 && given[i] != has[i]) {
-                fail_all(rank, "%s %d, but %s has %s = %d%s", flag[i], given[i], what, name[i], has[i],
-                         resuming ? " (a checkpoint resumes with its own shape)" : "");
-            }
-        }
-        return params;
-    }
-    if (a->experts < 0) {
-        fail_all(rank, "--topk, --moe-every, --expert-hidden and --shared-experts need --experts E (or a MoE model)");
-    }
-    GPT2Config moe = *c;
-    moe.num_experts = a->experts;
-    moe.topk = a->topk > 0 ? a->topk : 1;
-    moe.moe_every = a->moe_every > 0 ? a->moe_every : 1;
-    moe.expert_hidden = a->expert_hidden > 0 ? a->expert_hidden : 4 * c->channels;
-    moe.shared_experts = a->shared_experts > 0 ? a->shared_experts : 0;
-    if (!config_valid(&moe)) {
-        fail_all(rank, "--experts %d --topk %d --moe-every %d: need 1 <= k <= E <= %d and 1 <= every <= L = %d",
-                 moe.num_experts, moe.topk, moe.moe_every, MOE_MAX_EXPERTS, c->num_layers);
-    }
-    if (params && (moe.expert_hidden != 4 * c->channels || moe.shared_experts > 0)) {
-        // (upcycling copies the dense MLP into each expert: only experts of its width, and no shared ones)
-        fail_all(rank, "%s is dense: upcycling makes each expert a copy of its layer's MLP, so --expert-hidden must be "
-                 "4C = %d and --shared-experts 0 (got %d, %d); train such a model from a descriptor", what,
-                 4 * c->channels, moe.expert_hidden, moe.shared_experts);
-    }
-    float *out = params ? upcycle_dense(c, params, &moe, a->seed, 0) : NULL;
-    if (params && rank == 0) {
-        printf("%s: dense model upcycled to %d experts (each a copy of its layer's MLP), top-%d, every %d layers\n",
-               what, moe.num_experts, moe.topk, moe.moe_every);
-    }
-    free(params);
-    *c = moe;
-    return out;
-}
-
-// The MoE flags against the model: the shape (apply_moe_shape), then the router's scores: a MoE model file or
-// checkpoint keeps its own (--router-score must agree), a descriptor or an upcycled dense file takes the flag's;
-// then what the final model refuses. file: the model comes from a file (or a checkpoint: resuming).
-static float *apply_moe_flags(const Args *a, int rank, GPT2Config *c, float *params, const char *what, int resuming,
-                              int file) {
-    int keeps_score = (file || resuming) && c->num_experts > 0;
-    params = apply_moe_shape(a, rank, c, params, what, resuming);
-    if (a->router_score) {
-        int want = strcmp(a->router_score, "sigmoid") ? ROUTER_SOFTMAX : ROUTER_SIGMOID;
-        if (c->num_experts == 0) {
-            fail_all(rank, "--router-score %s needs MoE layers (--experts E or a MoE model)", a->router_score);
-        }
-        if (keeps_score && want != c->router_score) {
-            fail_all(rank, "--router-score %s, but %s has %s router scores (a MoE model keeps its own)", a->router_score,
-                     what, c->router_score == ROUTER_SIGMOID ? "sigmoid" : "softmax");
-        }
-        c->router_score = want;
-    }
-    if (a->moe_bias_rate > 0.0f && c->num_experts == 0) {
-        fail_all(rank, "--moe-bias-rate %g needs MoE layers (--experts E or a MoE model)", a->moe_bias_rate);
-    }
-    if (c->router_score == ROUTER_SIGMOID && c->topk == 1) {
-        fail_all(rank, "sigmoid router scores with top-1 (%s): the one gate would be the constant 1 and the router "
-                 "would get no gradient; use --topk 2 or more, or softmax scores", what);
-    }
-    if (c->router_score == ROUTER_SIGMOID && a->z_coeff > 0.0f) {
-        fail_all(rank, "--z-coeff %g with sigmoid router scores: the z-loss is a softmax router's regulariser "
-                 "(leave it out: 0 with sigmoid)", a->z_coeff);
-    }
-    return params;
-}
-
 // The layout checked against the model, the grid, and the memory plan (before any allocation: the plan,
 // and the advice if it does not fit).
 static void setup_grid(Args *a, const GPT2Config *c, Grid *g, int world, int rank) {
@@ -1611,65 +1432,18 @@ static int setup_data(const Args *a, const GPT2Config *config, Grid *grid, DataL
     return a->val_pattern != NULL;
 }
 
-// After the first step: bytes per group (--comm-report), memory per category and the activation
-// slots per pipeline stage (--memory-report).
-static void report_first_step(const Args *a, GPT2 *m, int accum) {
-    Grid *g = m->grid;
-    if (a->comm_report) {
-        comm_report(g, 1, "first step");
-        if (g->rank == 0 && a->zero >= 2 && accum > 1) {
-            printf("note: zero %d reduce-scatters the gradients after every micro-batch (%d per step) so that no full\n"
-                   "      gradient outlives its unit's backward: dp traffic grows with accumulation, unlike stages "
-                   "0-1\n", a->zero, accum);
-        }
-    }
-    if (a->memory_report) {
-        mem_report(g->rank, g->world_size, "after the first step");
-        if (g->pp > 1) {   // 1F1B: pp - stage, GPipe: all of them; interleaved: (micro-batch, chunk) pairs
-            int *alive = (int *)malloc_check(sizeof(int) * g->world_size);
-            comm_host_gather(&g->world, &m->pipe.nslots, 1, alive, DT_INT, 0, "gather of the activation slots");
-            if (g->rank == 0) {
-                printf("pipeline (%s, %d micro-batches): %s of activations alive per stage:", a->pp_schedule, accum,
-                       m->vpp > 1 ? "(micro-batch, model chunk) pairs" : "micro-batches");
-                for (int s = 0; s < g->pp; s++) { printf(" %d", alive[s * g->tp * g->cp]); }
-                printf("\n");
-            }
-            free(alive);
-        }
-    }
-}
-
-// --comm-report with a pipeline: this stage's measured seconds per micro-batch, each layer's at its model index (the
-// stage's first rank adds them), then the split they balance (pipeline_split.h).
-static void gpt2_report_costs(const Args *a, GPT2 *m) {
+// This stage's measured seconds per micro-batch (--comm-report with a pipeline: cost_add), for pipeline_split.h's
+// report: (L + 2) each layer's at its model index, the embedding's, the head's; the stage's first rank's, 0 elsewhere.
+static double *gpt2_stage_costs(const GPT2 *m) {
     Grid *g = m->grid;
     int L = m->config.num_layers, n = m->cost_micro_batches;
-    double *cost = (double *)calloc_check(L + 2, sizeof(double));   // each layer's, then the embedding's and the head's
-    if (g->tp_rank == 0 && g->cp_rank == 0 && g->dp_rank == 0) {   // (one rank per stage adds its layers')
+    double *cost = (double *)calloc_check(L + 2, sizeof(double));
+    if (g->tp_rank == 0 && g->cp_rank == 0 && g->dp_rank == 0 && n > 0) {   // (one rank per stage adds its layers')
         for (int l = 0; l < m->Ls; l++) { cost[m->layer_id[l]] = m->layer_seconds[l] / n; }
         cost[L] = m->first ? m->embed_seconds / n : 0;
         cost[L + 1] = m->last ? m->head_seconds / n : 0;
     }
-    pipeline_costs_report(cost, &m->config, g, m->vpp, a->pp_layers, a->B, a->T, a->output_dir);
-    free(cost);
-}
-
-// The pipeline bubble of each stage: time waiting on the neighbour stages / step time, averaged
-// over the timed steps, next to the ideal (pp-1)/(V*m+pp-1) (vpp = 1 but interleaved).
-static void report_bubble(const Args *a, Grid *g, double bubble_sum, int steps, int accum) {
-    double mine = bubble_sum / steps, *all = (double *)malloc_check(sizeof(double) * g->world_size);
-    comm_host_gather(&g->world, &mine, 1, all, DT_DOUBLE, 0, "gather of the bubbles");
-    if (g->rank == 0) {
-        int vpp = a->vpp;
-        printf("pipeline bubble (%s, %d micro-batches): measured time waiting on the neighbour stages / step time, "
-               "ideal (pp-1)/(%sm+pp-1) = %.3f\n",
-               a->pp_schedule, accum, vpp > 1 ? "V*" : "", (double)(g->pp - 1) / (vpp * accum + g->pp - 1));
-        // (tp 0, dp 0) rank of each stage
-        for (int s = 0; s < g->pp; s++) {
-            printf("  stage %d: %.3f\n", s, all[s * g->tp]);
-        }
-    }
-    free(all);
+    return cost;
 }
 
 // The start-up lines: the model, the MoE layers, the batch and the layout.
@@ -1691,140 +1465,6 @@ static void print_setup(const Args *a, const GPT2 *m, int accum) {
            a->B, a->T, m->grid->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "", a->cp, a->pp,
                a->pp_schedule, a->ce_chunk, a->recompute);
     if (a->pp > 1) { print_layer_split(c, a->pp_layers, a->T, a->pp, a->vpp); }
-}
-
-// One step's line on the screen and in main.log: the CE loss (trl), and for MoE models aux, z and the
-// dropped fraction; a skipped update says so.
-typedef struct { double elapsed, eta, ms; } StepClock;   // seconds since the first step, seconds left, this step's ms
-
-static void print_duration(const char *label, double seconds) {
-    long s = (long)(seconds + 0.5);
-    printf(" | %s %ld:%02ld:%02ld", label, s / 3600, s / 60 % 60, s % 60);
-}
-
-// The model FLOPs of one step (6 per parameter and token, and causal attention's 6 L C T per token), over
-// the world's peak: the CUDA build's bf16 tensor-core rate (790 TFLOP/s a GPU, an H200's dense bf16 as measured
-// reachable; the data sheet says 989).
-#define PEAK_FLOPS_PER_GPU 790e12
-static double step_mfu(const Args *a, const GPT2 *m, double ms) {
-    const GPT2Config *c = &m->config;
-    double flops = (6.0 * m->num_parameters + 6.0 * c->num_layers * c->channels * a->T) * a->total_batch;
-    return flops / (ms / 1e3) / (m->grid->world_size * PEAK_FLOPS_PER_GPU);
-}
-
-static void log_step(const Args *a, GPT2 *m, int logf, int step, int max_steps, int accum, StepResult res, float lr,
-                     StepClock clock) {
-    int moe = m->config.num_experts > 0, E = m->config.num_experts, Lm = num_moe_layers(&m->config);
-    double aux = 0, z = 0, dropped = 0, ms = clock.ms, *load = NULL, *kept = NULL, worst = 0;
-    if (moe) {
-        gpt2_moe_stats(m, accum, &aux, &z, &dropped);
-        load = (double *)malloc_check((size_t)Lm * E * sizeof(double));
-        kept = (double *)malloc_check(Lm * sizeof(double));
-        gpt2_moe_load(m, load, kept);
-        for (int l = 0; l < Lm; l++) {
-            MoELoad r = moe_load_summary(load + (size_t)l * E, kept[l], E);
-            if (r.max_mean > worst) { worst = r.max_mean; }
-        }
-    }
-    if (m->grid->rank != 0) { free(load); free(kept); return; }
-    printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, max_steps, res.loss,
-           res.norm, lr, ms, a->total_batch / (ms / 1e3));
-#ifdef USE_CUDA
-    printf(" | MFU %.1f%%", 100.0 * step_mfu(a, m, ms));
-#endif
-    print_duration("elapsed", clock.elapsed);
-    print_duration("eta", clock.eta);
-    if (moe) { printf(" | aux %.4f z %.4f dropped %.4f load max/mean %.2f", aux, z, dropped, worst); }
-    char why[96] = "";
-    if (res.why == SKIP_NOT_FINITE) { snprintf(why, sizeof(why), "non-finite"); }
-    if (res.why == SKIP_LOSS) { snprintf(why, sizeof(why), "loss above its limit %.6g", m->loss_limit); }
-    if (res.why == SKIP_NORM) { snprintf(why, sizeof(why), "norm above its limit %.6g", m->norm_limit); }
-    if (why[0]) { printf(" | %s: update skipped (%d in a row)", why, m->skips_in_a_row); }
-    printf("\n");
-    log_printf(logf, "s:%d trl:%.6f\n", step, res.loss);
-    if (moe) { log_printf(logf, "s:%d aux:%.6f\ns:%d z:%.6f\ns:%d drop:%.6f\n", step, aux, step, z, step, dropped); }
-    // per MoE layer (numbered among the MoE layers): max/mean and min/mean of the assignments per expert before
-    // drops, the fraction dropped, the experts with none, then the E counts
-    for (int l = 0; moe && l < Lm; l++) {
-        const double *ld = load + (size_t)l * E;
-        MoELoad r = moe_load_summary(ld, kept[l], E);
-        char counts[3200];
-        int n = 0;
-        for (int e = 0; e < E; e++) { n += snprintf(counts + n, sizeof(counts) - n, "%s%.0f", e ? "," : "", ld[e]); }
-        log_printf(logf, "s:%d moe%d:max/mean %.4f min/mean %.4f drop %.6f dead %d load %s\n", step, l, r.max_mean,
-                   r.min_mean, r.dropped, r.dead, counts);
-    }
-    free(load); free(kept);
-    if (why[0]) { log_printf(logf, "s:%d skip:loss %g norm %g (%s)\n", step, res.loss, res.norm, why); }
-    fflush(stdout);
-}
-
-// The timed steps (all but the first of the run): their time, and the shares of it spent waiting on
-// the pipeline neighbours (the bubble) and in the MoE all-to-alls; each group's exposed communication (CPU).
-typedef struct { double total_ms, bubble, a2a, exposed[9]; int steps; } StepTimes;
-
-static void step_times_add(StepTimes *t, const GPT2 *m, double ms) {
-    t->total_ms += ms;
-    t->steps++;
-    t->bubble += m->pipe.wait_seconds / (ms / 1e3);
-    t->a2a += m->moe.a2a_seconds / (ms / 1e3);
-    Group *groups[9];
-    int n = grid_groups(m->grid, groups, 1);
-    for (int i = 0; i < n; i++) { t->exposed[i] += groups[i]->exposed; }
-}
-
-// --comm-report, CPU build: each group's exposed communication per step (the time a rank spends inside the
-// group's MPI calls and waiting for its asynchronous ones: computing, it would not be waiting), a row per rank,
-// and the lines "exposed RANK GROUP MS" for tools. (CUDA: the calls only enqueue; not measured this way.)
-static void report_exposed(Grid *g, const StepTimes *t) {
-#ifndef USE_NCCL
-    Group *groups[9];
-    int NG = grid_groups(g, groups, 1);   // (the world: the step's loss and norm)
-    double mine[9], *all = (double *)malloc_check(sizeof(double) * 9 * g->world_size);
-    for (int i = 0; i < NG; i++) { mine[i] = 1e3 * t->exposed[i] / t->steps; }
-    comm_host_gather(&g->world, mine, NG, all, DT_DOUBLE, 0, "gather of the exposed communication");
-    if (g->rank == 0) {
-        printf("exposed communication (ms per step, mean over %d timed steps; the time inside each group's MPI calls "
-               "and waits), step %.1f ms:\n%4s", t->steps, t->total_ms / t->steps, "rank");
-        for (int i = 0; i < NG; i++) { printf(" | %8s", groups[i]->name); }
-        printf("\n");
-        for (int r = 0; r < g->world_size; r++) {
-            printf("%4d", r);
-            for (int i = 0; i < NG; i++) { printf(" | %8.2f", all[r * NG + i]); }
-            printf("\n");
-        }
-        for (int r = 0; r < g->world_size; r++) {
-            for (int i = 0; i < NG; i++) { printf("exposed %d %s %.4f\n", r, groups[i]->name, all[r * NG + i]); }
-        }
-    }
-    free(all);
-#else
-    (void)g; (void)t;
-#endif
-}
-
-static void report_times(const Args *a, GPT2 *m, const StepTimes *t, int accum) {
-    Grid *g = m->grid;
-    if (t->steps == 0) { return; }
-    if (g->rank == 0) {
-        printf("average step: %.1f ms, %.0f tok/s\n", t->total_ms / t->steps,
-               a->total_batch / (t->total_ms / t->steps / 1e3));
-    }
-    if (a->comm_report && g->pp > 1) {
-        report_bubble(a, g, t->bubble, t->steps, accum);
-        gpt2_report_costs(a, m);
-    }
-    if (a->comm_report) { report_exposed(g, t); }
-    if (m->moe.time_a2a) {
-        double mean = t->a2a / t->steps, most = mean;
-        comm_host_all_reduce(&g->world, &mean, 1, DT_DOUBLE, HOST_SUM, "all-reduce of the all-to-all times");
-        comm_host_all_reduce(&g->world, &most, 1, DT_DOUBLE, HOST_MAX, "all-reduce of the all-to-all times");
-        if (g->rank == 0) {
-            printf("MoE all-to-all (ep %d, the device synchronised around each): %.1f%% of the step time on average "
-                   "over the ranks, %.1f%% at most\n",
-                   g->ep, 100.0 * mean / g->world_size, 100.0 * most);
-        }
-    }
 }
 
 // Every rank must hold the same model and read the same data: a hash of the model's shape and
@@ -1975,6 +1615,19 @@ static void run_setup(Run *r) {
     mem_setup_done();   // from here no buffer is allocated or freed (alloc.h)
 }
 
+// The step's line (report.h): the MoE layers' numbers gathered on every rank, the line on rank 0.
+static void run_log_step(Run *r, int step, StepResult res, float lr, StepClock clock) {
+    GPT2 *m = &r->model;
+    const GPT2Config *c = &r->config;
+    MoEStepLoad moe = moe_step_load(&m->moe, m->grid, num_moe_layers(c), (double)m->B * r->accum * r->grid.dp,
+                                    (double)m->T * r->grid.cp);
+    double flops = (6.0 * m->num_parameters + 6.0 * c->num_layers * c->channels * r->args.T) * r->args.total_batch;
+    StepLine line = {step, r->max_steps, res.loss, res.norm, lr, res.why, m->skips_in_a_row, m->loss_limit,
+                     m->norm_limit, (double)r->args.total_batch, step_mfu(flops, clock.ms, r->world), clock};
+    if (r->rank == 0) { log_step(r->logf, &line, &moe); }
+    free(moe.load); free(moe.kept);
+}
+
 // The validation loss over -m batches of the val set (-1: all of them) with the model of `step`.
 static void run_validate(Run *r, int step) {
     float vl = gpt2_validate(&r->model, &r->val_loader, r->args.val_batches);
@@ -2014,7 +1667,7 @@ static void run_step(Run *r, int step) {
     double ms = (wall_seconds() - t0) * 1e3;
     trace_end("step", "step", "\"step\":%d,\"pipeline_wait_ms\":%.3f", step, m->pipe.wait_seconds * 1e3);
     trace_flush();   // (CUDA: the step's spans from their events, now that the step has ended)
-    if (step > r->start_step) { step_times_add(&r->times, m, ms); }
+    if (step > r->start_step) { step_times_add(&r->times, &r->grid, ms, m->pipe.wait_seconds, m->moe.a2a_seconds); }
     else {   // (the first step's costs are not counted either: report_costs)
         memset(m->layer_seconds, 0, m->Ls * sizeof(double));
         m->head_seconds = m->embed_seconds = 0;
@@ -2022,7 +1675,7 @@ static void run_step(Run *r, int step) {
     }
     double per_step = r->times.steps > 0 ? r->times.total_ms / r->times.steps : ms;
     StepClock clock = {wall_seconds() - r->t_start, per_step * (r->max_steps - step - 1) / 1e3, ms};
-    log_step(a, m, r->logf, step, r->max_steps, r->accum, res, lr, clock);
+    run_log_step(r, step, res, lr, clock);
     if (m->skips_in_a_row >= a->max_skips) {
         fail_all(r->rank,
                  "step %d: %d updates in a row skipped for a non-finite or diverging loss or gradient norm (--max-skips "
@@ -2030,7 +1683,7 @@ static void run_step(Run *r, int step) {
                  m->skips_in_a_row, a->max_skips, step + 2 - m->skips_in_a_row);
     }
     if (step == r->start_step) {
-        report_first_step(a, m, r->accum);
+        report_first_step(a, &r->grid, m->pipe.nslots, m->vpp, r->accum);
         r->allocations = mem_allocations;
 #ifdef USE_CUDA
         if (matmul_tune) { matmul_choices_save(); }   // (every problem of a step has made its choice)
@@ -2086,7 +1739,9 @@ static void run_finish(Run *r, int stopped) {
         comm_host_all_reduce(&r->grid.world, &after, 1, DT_DOUBLE, HOST_MAX, "all-reduce (allocations)");
         if (r->rank == 0) { printf("device allocations after the first step: %.0f (none expected)\n", after); }
     }
-    report_times(a, &r->model, &r->times, r->accum);
+    double *costs = gpt2_stage_costs(&r->model);
+    report_times(a, &r->grid, &r->times, r->accum, r->model.vpp, costs, &r->config, r->model.moe.time_a2a);
+    free(costs);
     log_close(r->logf);
     trace_close();
     tokenizer_free(&r->tokenizer);

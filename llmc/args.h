@@ -437,14 +437,6 @@ static void agree_on_args(Args *a, int rank, int world) {
     }
 }
 
-// The MoE training options for model c (the z-loss's default depends on its router's scores).
-static MoEOptions moe_options(const Args *a, const GPT2Config *c) {
-    float z = a->z_coeff >= 0.0f ? a->z_coeff : c->router_score == ROUTER_SIGMOID ? 0.0f : 0.001f;
-    MoEOptions o = {a->cap1000, strcmp(a->drop_policy, "position") ? DROP_PROBS : DROP_POSITION, a->aux_coeff, z,
-                    a->moe_bias_rate};
-    return o;
-}
-
 // The checks that need the world size and the model shape (and the defaults that follow from them: dp,
 // -d). Returns 1 with the reason in err if the layout cannot run (the memory plan tries layouts with it).
 #define LAYOUT_FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return 1; } while (0)

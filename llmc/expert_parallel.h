@@ -35,6 +35,8 @@
 #include "comm.h"
 #include "matmul.h"
 #include "moe.h"
+#include "model_file.h"
+#include "args.h"
 
 // One MoE layer of one micro-batch, stored for the backward.
 typedef struct {
@@ -62,6 +64,8 @@ typedef struct {
     MoEOptions opt;          // capacity factor, drop policy, auxiliary loss coefficients, bias rate
     int sigmoid;             // the router's scores: sigmoids (else softmax)
     int nlayers, layer;      // the stage's MoE layers; the one running now (numbered in the stage's order)
+    int *layer_index;        // host (nlayers): each one's number among the model's MoE layers (its slice of the
+                             // MoE tensors, of the routing bias, of the load lines)
     float *bias;             // device (nlayers, E): their routing bias (loss-free balancing; model state)
     int *load;               // device (nlayers, E): the step's top-k assignments per expert, before drops (this
                              // rank's tokens; the same on every tp rank)
@@ -278,10 +282,18 @@ static size_t moe_expert_rows(const ExpertParallel *x, const int *counts, int le
 
 // The layer's experts (local, tp-sliced; as the model stores them), its router and its shared experts
 // (tp-sliced; NULL without).
-typedef struct {
-    const floatX *fcw, *fcb, *fcprojw, *fcprojb, *router, *sfcw, *sfcb, *sfcprojw, *sfcprojb;
-} ExpertWeights;
-typedef struct { floatX *fcw, *fcb, *fcprojw, *fcprojb, *router, *sfcw, *sfcb, *sfcprojw, *sfcprojb; } ExpertGrads;
+// The parameters (ExpertWeights) or their gradients (ExpertGrads): one layout, made by expert_tensors.
+typedef struct { floatX *fcw, *fcb, *fcprojw, *fcprojb, *router, *sfcw, *sfcb, *sfcprojw, *sfcprojb; } ExpertTensors;
+typedef ExpertTensors ExpertWeights;
+typedef ExpertTensors ExpertGrads;
+
+// A MoE layer's tensors from the pointers of its two units (model_file.h's ids): the layer's (router, shared
+// experts) and its experts'.
+static ExpertTensors expert_tensors(floatX *const *layer, floatX *const *experts) {
+    ExpertTensors t = {experts[T_EFCW], experts[T_EFCB], experts[T_EFCPROJW], experts[T_EFCPROJB], layer[T_ROUTERW],
+                       layer[T_SFCW], layer[T_SFCB], layer[T_SFCPROJW], layer[T_SFCPROJB]};
+    return t;
+}
 
 // x (BT, C): the ln2 output of all tokens (the same on every tp rank) -> out (BT, C), a partial sum over
 // tp. record: count the step's numbers and log the routing (not when the forward is a recomputation).
@@ -478,6 +490,202 @@ static void moe_backward_weights(ExpertParallel *x, const MoEActs *ma, const MoE
         }
     }
     moe_router_dweight(g.router, d->dlogits, in, BT, C, E);
+}
+
+
+// ----------------------------------------------------------------------------
+// set-up: the shapes, this stage's MoE layers in model order, their routing bias
+
+// The MoE layers of a stage that holds the model's layers layer_id[0 .. Ls), on this rank of the grid.
+static void moe_setup(ExpertParallel *x, const GPT2Config *c, Grid *grid, MoEOptions opt, const int *layer_id, int Ls) {
+    int tp = grid->tp;
+    x->tp = &grid->tp_group; x->cp = &grid->cp_group; x->ep = &grid->ep_group; x->tp_rank = grid->tp_rank;
+    x->E = c->num_experts; x->k = c->topk; x->El = c->num_experts / grid->ep; x->C = c->channels; x->Cl = c->channels / tp;
+    x->Hl = c->expert_hidden / tp; x->SHl = c->shared_experts * c->expert_hidden / tp;
+    x->opt = opt;
+    x->sigmoid = c->router_score == ROUTER_SIGMOID;
+    x->layer_index = (int *)malloc_check((Ls + 1) * sizeof(int));
+    for (int l = 0; l < Ls; l++) {
+        if (is_moe_layer(c, layer_id[l])) { x->layer_index[x->nlayers++] = tensor_layer_slice(c, T_ROUTERW, layer_id[l]); }
+    }
+    // the routing bias: model state beside the parameters (moe.h), fp32 on every rank
+    if (x->nlayers > 0) { x->bias = (float *)mem_alloc((size_t)x->nlayers * x->E * sizeof(float), MEM_PARAMS); }
+}
+
+// The stage's layers' routing bias from the whole model's (Lm, E), host.
+static void moe_set_bias(ExpertParallel *x, const float *all) {
+    for (int j = 0; j < x->nlayers; j++) {
+        copy_to_device(x->bias + (size_t)j * x->E, all + (size_t)x->layer_index[j] * x->E, x->E * sizeof(float));
+    }
+}
+
+// The MoE layers' routing bias (Lm, E) of the whole model on rank 0 (NULL elsewhere, and without MoE layers):
+// each stage's first rank (tp, cp, dp rank 0) gives its layers' (every rank of a stage holds the same).
+static float *moe_gather_bias(const ExpertParallel *x, Grid *g, int Lm) {
+    size_t n = (size_t)Lm * x->E;
+    if (n == 0) { return NULL; }
+    float *all = (float *)calloc_check(n, sizeof(float));
+    if (g->tp_rank == 0 && g->cp_rank == 0 && g->dp_rank == 0) {
+        for (int j = 0; j < x->nlayers; j++) {
+            copy_to_host(all + (size_t)x->layer_index[j] * x->E, x->bias + (size_t)j * x->E, x->E * sizeof(float));
+        }
+    }
+    comm_host_reduce_sum(&g->world, all, n, DT_FLOAT, 0, "gather of the routing bias (checkpoint)");
+    if (g->rank != 0) { free(all); return NULL; }
+    return all;
+}
+
+// ----------------------------------------------------------------------------
+// the step's numbers
+
+// The MoE numbers of the last step, on every rank: aux and z as the loss defines them (means over the global
+// batch's sequences and tokens of the sums over the MoE layers of every stage; tp ranks hold copies: tp rank 0
+// counts) and the fraction of the top-k assignments dropped by the capacity. T: a whole sequence's tokens.
+static void moe_step_numbers(const ExpertParallel *x, Grid *g, double sequences, double T, double *aux, double *z,
+                             double *dropped) {
+    double v[4] = {0.0, 0.0, 0.0, 0.0};
+    if (g->tp_rank == 0) {
+        if (x->sums) { copy_to_host(v, x->sums, 2 * sizeof(double)); }
+        int *kept = (int *)malloc_check((x->nlayers + 1) * sizeof(int));
+        if (x->kept) { copy_to_host(kept, x->kept, x->nlayers * sizeof(int)); }
+        for (int l = 0; x->kept && l < x->nlayers; l++) { v[2] += kept[l]; }
+        free(kept);
+        v[3] = x->assigned;
+    }
+    comm_host_all_reduce(&g->world, v, 4, DT_DOUBLE, HOST_SUM, "all-reduce of the MoE numbers");
+    *aux = v[0] / sequences;
+    *z = v[1] / (sequences * T);
+    *dropped = v[3] > 0 ? 1.0 - v[2] / v[3] : 0.0;
+}
+
+// The MoE layers' load in the last step, on rank 0 (every rank takes part): load (Lm, E) the top-k
+// assignments to each expert before drops, kept (Lm) the assignments kept, each summed over the global
+// batch (tp ranks hold copies: tp rank 0 counts). Integers, exact in doubles.
+static void moe_gather_load(const ExpertParallel *x, Grid *g, int Lm, double *load, double *kept) {
+    int E = x->E;
+    size_t n = (size_t)Lm * (E + 1);
+    double *v = (double *)calloc_check(n, sizeof(double));
+    if (g->tp_rank == 0 && x->nlayers > 0 && x->load) {
+        int *mine = (int *)malloc_check((size_t)x->nlayers * (E + 1) * sizeof(int)), *mk = mine + (size_t)x->nlayers * E;
+        copy_to_host(mine, x->load, (size_t)x->nlayers * E * sizeof(int));
+        copy_to_host(mk, x->kept, (size_t)x->nlayers * sizeof(int));
+        for (int j = 0; j < x->nlayers; j++) {
+            int gm = x->layer_index[j];
+            for (int e = 0; e < E; e++) { v[(size_t)gm * E + e] = mine[(size_t)j * E + e]; }
+            v[(size_t)Lm * E + gm] = mk[j];
+        }
+        free(mine);
+    }
+    comm_host_reduce_sum(&g->world, v, n, DT_DOUBLE, 0, "reduce of the MoE load");
+    memcpy(load, v, (size_t)Lm * E * sizeof(double));
+    memcpy(kept, v + (size_t)Lm * E, Lm * sizeof(double));
+    free(v);
+}
+
+// What the step line and main.log say of the MoE layers (report.h): moe_step_numbers and moe_gather_load's.
+typedef struct { int layers, E; double aux, z, dropped, *load, *kept; } MoEStepLoad;   // layers 0: a dense model
+
+static MoEStepLoad moe_step_load(const ExpertParallel *x, Grid *g, int Lm, double sequences, double T) {
+    MoEStepLoad s = {Lm, x->E, 0, 0, 0, NULL, NULL};
+    if (Lm == 0) { return s; }
+    moe_step_numbers(x, g, sequences, T, &s.aux, &s.z, &s.dropped);
+    s.load = (double *)malloc_check((size_t)Lm * x->E * sizeof(double));
+    s.kept = (double *)malloc_check(Lm * sizeof(double));
+    moe_gather_load(x, g, Lm, s.load, s.kept);
+    return s;
+}
+
+// ----------------------------------------------------------------------------
+// the MoE flags against the model
+
+// The MoE training options for model c (the z-loss's default depends on its router's scores).
+static MoEOptions moe_options(const Args *a, const GPT2Config *c) {
+    float z = a->z_coeff >= 0.0f ? a->z_coeff : c->router_score == ROUTER_SIGMOID ? 0.0f : 0.001f;
+    MoEOptions o = {a->cap1000, strcmp(a->drop_policy, "position") ? DROP_PROBS : DROP_POSITION, a->aux_coeff, z,
+                    a->moe_bias_rate};
+    return o;
+}
+
+// The MoE shape given by the flags (--experts, --topk, --moe-every) against the model's: a MoE model
+// (file, checkpoint, descriptor with E=) must agree with every flag given; a dense descriptor or file
+// becomes a MoE model of that shape (a file: upcycled, each expert a copy of its layer's MLP), except
+// when resuming (a checkpoint keeps its shape). Returns the weights (params, or a new array).
+static float *apply_moe_shape(const Args *a, int rank, GPT2Config *c, float *params, const char *what, int resuming) {
+    if (a->experts < 0 && a->topk < 0 && a->moe_every < 0 && a->expert_hidden < 0 && a->shared_experts < 0) {
+        return params;
+    }
+    if (c->num_experts > 0 || resuming) {
+        int given[5] = {a->experts, a->topk, a->moe_every, a->expert_hidden, a->shared_experts},
+            has[5] = {c->num_experts, c->topk, c->moe_every, c->expert_hidden, c->shared_experts};
+        static const char *flag[5] = {"--experts", "--topk", "--moe-every", "--expert-hidden", "--shared-experts"},
+            *name[5] = {"E", "k", "every", "H", "S"};
+        for (int i = 0; i < 5; i++) {
+            if (given[i] >= 0 && given[i] != has[i]) {
+                fail_all(rank, "%s %d, but %s has %s = %d%s", flag[i], given[i], what, name[i], has[i],
+                         resuming ? " (a checkpoint resumes with its own shape)" : "");
+            }
+        }
+        return params;
+    }
+    if (a->experts < 0) {
+        fail_all(rank, "--topk, --moe-every, --expert-hidden and --shared-experts need --experts E (or a MoE model)");
+    }
+    GPT2Config moe = *c;
+    moe.num_experts = a->experts;
+    moe.topk = a->topk > 0 ? a->topk : 1;
+    moe.moe_every = a->moe_every > 0 ? a->moe_every : 1;
+    moe.expert_hidden = a->expert_hidden > 0 ? a->expert_hidden : 4 * c->channels;
+    moe.shared_experts = a->shared_experts > 0 ? a->shared_experts : 0;
+    if (!config_valid(&moe)) {
+        fail_all(rank, "--experts %d --topk %d --moe-every %d: need 1 <= k <= E <= %d and 1 <= every <= L = %d",
+                 moe.num_experts, moe.topk, moe.moe_every, MOE_MAX_EXPERTS, c->num_layers);
+    }
+    if (params && (moe.expert_hidden != 4 * c->channels || moe.shared_experts > 0)) {
+        // (upcycling copies the dense MLP into each expert: only experts of its width, and no shared ones)
+        fail_all(rank, "%s is dense: upcycling makes each expert a copy of its layer's MLP, so --expert-hidden must be "
+                 "4C = %d and --shared-experts 0 (got %d, %d); train such a model from a descriptor", what,
+                 4 * c->channels, moe.expert_hidden, moe.shared_experts);
+    }
+    float *out = params ? upcycle_dense(c, params, &moe, a->seed, 0) : NULL;
+    if (params && rank == 0) {
+        printf("%s: dense model upcycled to %d experts (each a copy of its layer's MLP), top-%d, every %d layers\n",
+               what, moe.num_experts, moe.topk, moe.moe_every);
+    }
+    free(params);
+    *c = moe;
+    return out;
+}
+
+// The MoE flags against the model: the shape (apply_moe_shape), then the router's scores: a MoE model file or
+// checkpoint keeps its own (--router-score must agree), a descriptor or an upcycled dense file takes the flag's;
+// then what the final model refuses. file: the model comes from a file (or a checkpoint: resuming).
+static float *apply_moe_flags(const Args *a, int rank, GPT2Config *c, float *params, const char *what, int resuming,
+                              int file) {
+    int keeps_score = (file || resuming) && c->num_experts > 0;
+    params = apply_moe_shape(a, rank, c, params, what, resuming);
+    if (a->router_score) {
+        int want = strcmp(a->router_score, "sigmoid") ? ROUTER_SOFTMAX : ROUTER_SIGMOID;
+        if (c->num_experts == 0) {
+            fail_all(rank, "--router-score %s needs MoE layers (--experts E or a MoE model)", a->router_score);
+        }
+        if (keeps_score && want != c->router_score) {
+            fail_all(rank, "--router-score %s, but %s has %s router scores (a MoE model keeps its own)", a->router_score,
+                     what, c->router_score == ROUTER_SIGMOID ? "sigmoid" : "softmax");
+        }
+        c->router_score = want;
+    }
+    if (a->moe_bias_rate > 0.0f && c->num_experts == 0) {
+        fail_all(rank, "--moe-bias-rate %g needs MoE layers (--experts E or a MoE model)", a->moe_bias_rate);
+    }
+    if (c->router_score == ROUTER_SIGMOID && c->topk == 1) {
+        fail_all(rank, "sigmoid router scores with top-1 (%s): the one gate would be the constant 1 and the router "
+                 "would get no gradient; use --topk 2 or more, or softmax scores", what);
+    }
+    if (c->router_score == ROUTER_SIGMOID && a->z_coeff > 0.0f) {
+        fail_all(rank, "--z-coeff %g with sigmoid router scores: the z-loss is a softmax router's regulariser "
+                 "(leave it out: 0 with sigmoid)", a->z_coeff);
+    }
+    return params;
 }
 
 #endif // LLMC_EXPERT_PARALLEL_H
