@@ -43,6 +43,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/layout_search.h"     // defines: plan_search: every layout of N ranks, planned, timed, ranked
 #include "llmc/calibrate.h"         // defines: calibrate: this machine's rates for the cost model (--machine)
 #include "llmc/report.h"            // defines: the step line, the first step's reports, the times at the end
+#include "llmc/sampler.h"           // defines: Sampler, sample_token (temperature, top-k)
 
 // ----------------------------------------------------------------------------
 // the model's units: how the tensors (model_file.h) are cut over the pipeline stages, tp and ep ranks
@@ -1111,61 +1112,6 @@ static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
 // ----------------------------------------------------------------------------
 // sampling
 
-// What sampling needs, allocated once (a call allocates nothing: on CUDA an allocation waits for the device).
-typedef struct {
-    int *window;          // (B, T*cp) the tokens a forward sees: the text's last T*cp tokens, then EOT
-    int *text;            // the prompt and the tokens generated (cap of them)
-    int cap;
-    floatX *row;          // (Vp) the logits of one position (the last stage)
-    float *logits;        // (Vp) on the host
-    int *order;           // (V) top-k: the tokens by logit
-    float temperature;    // 0: the most likely token
-    int top_k;            // 0: every token
-} Sampler;
-
-static void sampler_init(Sampler *s, const GPT2 *m, int cap, float temperature, int top_k) {
-    int Vp = m->config.padded_vocab_size;
-    s->window = (int *)malloc_check(sizeof(int) * m->B * m->T * m->grid->cp);
-    s->text = (int *)malloc_check(sizeof(int) * cap);
-    s->cap = cap;
-    s->row = m->last ? (floatX *)mem_alloc((size_t)Vp * floatx_bytes(), MEM_LOGITS) : NULL;   // (as planned: gpt2_plan)
-    s->logits = (float *)malloc_check(sizeof(float) * Vp);
-    s->order = (int *)malloc_check(sizeof(int) * Vp);
-    s->temperature = temperature;
-    s->top_k = top_k;
-}
-
-static const float *sort_logits;   // (sort_desc's key: qsort has no context)
-static int sort_desc(const void *x, const void *y) {
-    int a = *(const int *)x, b = *(const int *)y;
-    float la = sort_logits[a], lb = sort_logits[b];
-    return la > lb ? -1 : la < lb ? 1 : a - b;   // ties: the lower token first
-}
-
-// The next token from logits (V) and a coin in [0, 1): temperature 0, the most likely (the lower token on a
-// tie); else p_v = exp((logit_v - max) / temperature) over the top_k most likely (all: 0), renormalised,
-// and the first token whose cumulative p exceeds the coin.
-static int sample_token(Sampler *s, const float *logits, int V, float coin01) {
-    int n = V;
-    for (int v = 0; v < V; v++) { s->order[v] = v; }
-    if (s->temperature == 0.0f || (s->top_k > 0 && s->top_k < V)) {
-        sort_logits = logits;
-        qsort(s->order, V, sizeof(int), sort_desc);
-        if (s->temperature == 0.0f) { return s->order[0]; }
-        n = s->top_k;
-    }
-    float maxv = -INFINITY;
-    for (int i = 0; i < n; i++) { if (logits[s->order[i]] > maxv) { maxv = logits[s->order[i]]; } }
-    double sum = 0.0, cdf = 0.0;
-    for (int i = 0; i < n; i++) { sum += exp((logits[s->order[i]] - maxv) / s->temperature); }
-    double coin = coin01 * sum;
-    for (int i = 0; i < n; i++) {
-        cdf += exp((logits[s->order[i]] - maxv) / s->temperature);
-        if (coin < cdf) { return s->order[i]; }
-    }
-    return s->order[n - 1];
-}
-
 // The logits of sequence position pos of the window (row 0), on the last stage's cp rank that holds it, into
 // s->logits; returns that rank (cp). The forward has run.
 static int position_logits(GPT2 *m, Sampler *s, int pos) {
@@ -1596,7 +1542,11 @@ static void run_setup(Run *r) {
     r->ids_note = a->train_pattern || a->val_pattern ? " token ids (no tokenizer.bin with the model's vocabulary beside the shards)"
                                    : " token ids (the built-in corpus is a Markov chain over token ids, not text)";
     r->sampling = args_samples(a);
-    if (r->sampling) { sampler_init(&r->sampler, &r->model, r->nprompt + a->gen_tokens + 1, a->temperature, a->top_k); }
+    if (r->sampling) {
+        GPT2 *m = &r->model;
+        sampler_init(&r->sampler, (size_t)m->B * m->T * r->grid.cp, r->nprompt + a->gen_tokens + 1,
+                     r->config.padded_vocab_size, m->last, a->temperature, a->top_k);
+    }
     ckpt_keep_newest = a->keep_newest;
     ckpt_keep_every = a->keep_every;
     r->saved = -1;
