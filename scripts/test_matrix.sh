@@ -410,6 +410,7 @@ run_script test_trace   # --trace: a Chrome trace per rank, its spans, its bubbl
 run_script test_levers  # --recompute, --async-checkpoint, --overlap: bit-identical end to end
 run_script test_use     # the last model kept, -nk/-nm, -x 0's validation and sample, sampling, dev/sample.py
 run_script test_hf      # dev/hf.py: transformers' loss = ours both ways, the round trips, refusals by name
+run_script test_py_inputs   # dev/hf.py, dev/sample.py on bad input: one error line, no pickled code run, no link followed, no stale export
 run_script test_plan    # --plan = the measured peaks byte for byte; --memory-limit's advice for constructed OOMs
 if command -v nvcc >/dev/null 2>&1 || [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then
     run_script test_cuda_replay   # the all-SM column sums, multi-tensor AdamW, the CE and flash attention kernels replayed on the CPU
