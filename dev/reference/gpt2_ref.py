@@ -4,7 +4,7 @@ PyTorch (fp32, CPU) reference of GPT-2 exactly as llm.c defines it.  Writes a
 *reference state* that the C/CUDA test harness compares against.
 
 Usage:  /usr/bin/python3 dev/reference/gpt2_ref.py --config tiny|d4 --out DIR
-        [--L --C --NH --V --Vp --maxT --T --R --nsteps --lr --clip ... --seed --threads]
+        [--L --C --NH --V --Vp --maxT --T --R --nsteps --lr --clip ... --seed --threads] [--arch llama ...]
         /usr/bin/python3 dev/reference/gpt2_ref.py --check   (finite-difference self-test)
 
 Model: params (llm.c order; per-layer tensors stacked on dim 0; Linear weights are
@@ -42,17 +42,34 @@ Mixture of Experts (--E E --k K, as llmc/moe.h defines it): layer l is MoE when
   chooses the top k of p + b (gates, drops and aux use p; margins are of p + b); after each
   step b -= u * sign(E * load - sum(load)), load = the step's top-k assignments per expert
   before drops (fp32, no gradient).
+Llama (--arch llama [--KV --F --theta --norm_eps --tied --qkvbias --rope_scaling llama3 --rope_factor
+  --rope_low --rope_high --rope_orig]; dense only, as llama_spec.md) as transformers 4.49's
+  LlamaForCausalLM in fp32 (dev/reference/llama_hf_check.py compares it to Llama/Mistral/Qwen2 there):
+  KV kv heads (NH), F the MLP width (256 ceil(8C/3/256)), rope theta (500000), RMSNorm eps (1e-5; --eps stays
+  AdamW's), head tied to wte (0), q/k/v biases (0), llama3 rope scaling (factor 8, low 1, high 4, orig 8192);
+  theta, eps and the scaling factors are rounded to float32 (the model file's slots). 26 tensors, absent
+  ones empty: wte (Vp,C) wpe - ln1w (L,C) ln1b - qkvw (L,(NH+2KV)hs,C) rows [q; k; v] qkvb (L,(NH+2KV)hs)
+  or - attprojw (L,C,C) attprojb - ln2w (L,C) ln2b - fcw (L,2F,C) rows [gate; up] fcb - fcprojw (L,C,F)
+  fcprojb - lnfw (C) lnfb -, the 9 MoE names -, head (Vp,C) (untied) or -. RMSNorm w x rsqrt(mean(x^2)+eps);
+  rope rotate-half on q, k: inv_freq = 1/theta^(2i/hs) (and the llama3 rescaling) in fp32 as transformers
+  computes it, angle = float(pos) inv_freq (fp32), out = x cos + (-x2, x1) sin; query head h reads kv head
+  h // (NH/KV); h = silu(gate) up; logits = x @ (head or wte)[:V]^T. Init: ln*w 1+N(0,.05), qkvb,
+  wte, qkvw, fcw, head N(0,.02), attprojw, fcprojw N(0,.02/sqrt(2L)), rows V..Vp-1 of wte and head 0.
+  Weight decay on wte, qkvw, attprojw, fcw, fcprojw, head.
 Training: step s uses R rows of T tokens: row i inputs = tok[s*D+i*T : +T], targets
   shifted by one (D = R*T).  Global-norm clip, then llm.c AdamW (hand written), weight
   decay only on wte, wpe, qkvw, attprojw, fcw, fcprojw; llm.c cosine lr with warmup.
 
 Files in DIR (all little-endian):
   model.bin      int32 hdr[256] = {20240326, 3, maxT, V, L, NH, C, Vp, 0...}, then the 16
-                 INITIAL tensors as fp32 (wte with all Vp rows). MoE: version 13 and
+                 INITIAL tensors as fp32 (wte with all Vp rows). Llama: version 33, hdr[8..13] = 0,
+                 [14] 1 (arch), [15] KV, [16] F, [17] tied, [18] qkvbias, [19] theta, [20] eps (float32 bits),
+                 [21] rope scaling (0 none, 1 llama3), [22..24] factor, low, high (float32 bits), [25] orig
+                 ([22..25] 0 without scaling), [255] 0 (no CRC), then the 26 tensors. MoE: version 13 and
                  hdr[8..10] = E, k, every, then the 25 tensors; with sigmoid scores, shared or
                  fine-grained experts version 23, hdr[11] = scores (1 sigmoid), [12] S, [13] H,
                  and after the tensors the routing bias (Lm, E) fp32 (zero)
-  model_bf16.bin same with hdr[1] = 5 (MoE: 15, 25) and tensors as bf16 (round-to-nearest-even;
+  model_bf16.bin same with hdr[1] = 5 (MoE: 15, 25; Llama: 35) and tensors as bf16 (round-to-nearest-even;
                  the routing bias stays fp32)
   data.bin       int32 hdr[256] = {20240520, 1, ntok, 0...}, then ntok uint16 tokens,
                  ntok = (nsteps+1)*D + 1, seeded random first-order Markov chain
@@ -61,7 +78,8 @@ Files in DIR (all little-endian):
                                    loss0, gradnorm0, 0...}
                  16 fp32 gradient tensors of step 0 (raw, before clipping; llm.c order)
                  fp32 step_losses[nsteps], fp32 step_norms[nsteps] (pre-clip norms)
-                 16 fp32 parameter tensors after the last step (MoE: 21 tensors, both times)
+                 16 fp32 parameter tensors after the last step (MoE: 21 tensors, Llama: the 26 of
+                 model.bin, empty ones writing nothing, both times)
   moe.bin        (MoE only) int32 hdr[256] = {20241130, 2, E, k, every, F1000, policy (0 probs,
                  1 position), Lm, R, T, nsteps, 1 (loads and bias below), 0...}; fp32 fhdr[256] =
                  {aux_coeff, z_coeff, aux0, z0, dropped0, min_margin, bias_rate, 0...};
@@ -82,7 +100,7 @@ import torch
 NAMES = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
          "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"]
 MOE_NAMES = ["routerw", "efcw", "efcb", "efcprojw", "efcprojb", "sfcw", "sfcb", "sfcprojw", "sfcprojb"]
-DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw", "routerw", "efcw", "efcprojw", "sfcw", "sfcprojw"}
+DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw", "routerw", "efcw", "efcprojw", "sfcw", "sfcprojw", "head"}
 CONFIGS = {
     "tiny": dict(L=4, C=64, NH=4, V=250, Vp=256, maxT=64, T=32, R=8, lr=3e-3, clip=0.6),
     "d4": dict(L=4, C=256, NH=4, V=50257, Vp=50304, maxT=1024, T=64, R=4, lr=1e-3, clip=1.0),
@@ -106,10 +124,26 @@ def layer_slots(cfg):
 def layer_slots_moe(cfg):
     return [i for kind, i in layer_slots(cfg) if kind == "moe"]
 
+def is_llama(cfg):
+    return cfg.get("arch", "gpt2") == "llama"
+
 def names(cfg):
+    if is_llama(cfg):   # the family file's table: the 16 dense names, the 9 MoE names, head
+        return NAMES + MOE_NAMES + ["head"]
     return NAMES + (MOE_NAMES if cfg["E"] > 0 else [])
 
+def llama_shapes(cfg):
+    """the family file's 26 tensors; an absent one has shape (0,)"""
+    L, C, Vp, NH, KV, F = (cfg[k] for k in ("L", "C", "Vp", "NH", "KV", "F"))
+    hs, z = C // NH, (0,)
+    Q = (NH + 2 * KV) * hs
+    return ([(Vp, C), z, (L, C), z, (L, Q, C), (L, Q) if cfg["qkvbias"] else z, (L, C, C), z,
+             (L, C), z, (L, 2 * F, C), z, (L, C, F), z, (C,), z] + [z] * len(MOE_NAMES)
+            + [z if cfg["tied"] else (Vp, C)])
+
 def param_shapes(cfg):
+    if is_llama(cfg):
+        return llama_shapes(cfg)
     L, C, V, Vp, maxT, E = cfg["L"], cfg["C"], cfg["V"], cfg["Vp"], cfg["maxT"], cfg["E"]
     Lm = sum(1 for l in range(L) if is_moe_layer(cfg, l))
     Ld = L - Lm
@@ -136,7 +170,7 @@ def init_params(cfg, seed):
             t = 0.01 * r
         else:
             t = 0.02 * r                            # other weights, biases, LN biases
-        if name == "wte":
+        if name in ("wte", "head"):
             t[cfg["V"]:] = 0.0                      # padded vocab rows are exactly zero
         params[name] = t
     if cfg.get("skew"):
@@ -247,10 +281,81 @@ def moe_mlp(x, p, i, cfg, log):
                     dropped=float((~keep).sum()) / keep.numel(), load=counts.sum(dim=0)))
     return out, aux, lse ** 2
 
+def rmsnorm(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+def rope_inv_freq(cfg):
+    """(hs/2) fp32, as transformers 4.49 computes it (_compute_default_rope_parameters, then
+    _compute_llama3_parameters with llama3 scaling)"""
+    hs = cfg["C"] // cfg["NH"]
+    inv_freq = 1.0 / (cfg["theta"] ** (torch.arange(0, hs, 2, dtype=torch.int64).float() / hs))
+    if cfg["rope_kind"] == 1:
+        factor, low, high, old = cfg["rope_factor"], cfg["rope_low"], cfg["rope_high"], cfg["rope_orig"]
+        low_wavelen, high_wavelen = old / low, old / high
+        wavelen = 2 * math.pi / inv_freq
+        inv_freq_llama = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
+        is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        inv_freq = torch.where(is_medium, smoothed, inv_freq_llama)
+    return inv_freq
+
+def rope_tables(cfg, T):
+    """cos, sin (T, hs) fp32: angle = float(pos) * inv_freq (one fp32 product), halves repeated"""
+    freqs = torch.arange(T).float()[:, None] * rope_inv_freq(cfg)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+def rope(x, cos, sin):
+    """rotate-half: out = x cos + (-x2, x1) sin, x (B, heads, T, hs)"""
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
+
+def attention_llama(x, w, b, cfg, cos, sin):
+    B, T, C = x.shape
+    NH, KV = cfg["NH"], cfg["KV"]
+    hs = C // NH
+    qkv = x @ w.t()                                             # (B, T, (NH + 2 KV) hs)
+    if b.numel():
+        qkv = qkv + b
+    q = qkv[..., :NH * hs].reshape(B, T, NH, hs).transpose(1, 2)
+    k = qkv[..., NH * hs:(NH + KV) * hs].reshape(B, T, KV, hs).transpose(1, 2)
+    v = qkv[..., (NH + KV) * hs:].reshape(B, T, KV, hs).transpose(1, 2)
+    q, k = rope(q, cos, sin), rope(k, cos, sin)
+    k = k.repeat_interleave(NH // KV, dim=1)                    # query head h reads kv head h // (NH/KV)
+    v = v.repeat_interleave(NH // KV, dim=1)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+    mask = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
+    att = torch.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
+    return (att @ v).transpose(1, 2).reshape(B, T, C)
+
+def forward_llama(p, idx, cfg):
+    """-> the logits (B, T, V) of LlamaForCausalLM (transformers 4.49)"""
+    B, T = idx.shape
+    F, eps = cfg["F"], cfg["norm_eps"]
+    cos, sin = (t.to(p["wte"].dtype) for t in rope_tables(cfg, T))   # fp32 tables, as transformers
+    x = p["wte"][idx]
+    for l in range(cfg["L"]):
+        h = rmsnorm(x, p["ln1w"][l], eps)
+        b = p["qkvb"][l] if cfg["qkvbias"] else p["qkvb"]
+        x = x + attention_llama(h, p["qkvw"][l], b, cfg, cos, sin) @ p["attprojw"][l].t()
+        h = rmsnorm(x, p["ln2w"][l], eps)
+        fc = h @ p["fcw"][l].t()                                # (B, T, 2F) = [gate | up]
+        h = torch.nn.functional.silu(fc[..., :F]) * fc[..., F:]
+        x = x + h @ p["fcprojw"][l].t()
+    x = rmsnorm(x, p["lnfw"], eps)
+    return x @ (p["wte"] if cfg["tied"] else p["head"])[:cfg["V"]].t()
+
 def forward(p, idx, targets, cfg, log=None):
     """-> (CE, aux, z, the optimised loss CE + aux_coeff aux + z_coeff z); log collects the
     routing of each MoE layer"""
     B, T = idx.shape
+    if is_llama(cfg):
+        logits = forward_llama(p, idx, cfg)
+        logprobs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+        ce = -logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1).mean()
+        zero = ce.new_zeros(())
+        return ce, zero, zero, ce
     log = [] if log is None else log
     x = p["wte"][idx] + p["wpe"][:T]
     aux, z = x.new_zeros(B), x.new_zeros(B, T)
@@ -385,6 +490,16 @@ def to_bf16(t):
 def f32(t):
     return t.detach().contiguous().numpy().astype("<f4").tobytes()
 
+def f32_bits(x):
+    return int(np.array([x], dtype="<f4").view("<i4")[0])
+
+def llama_header(cfg):
+    """model file header slots 14..25 (llama_spec.md); the scaling slots are 0 without scaling"""
+    sc = cfg["rope_kind"] == 1
+    return [1, cfg["KV"], cfg["F"], int(cfg["tied"]), int(cfg["qkvbias"]), f32_bits(cfg["theta"]),
+            f32_bits(cfg["norm_eps"]), cfg["rope_kind"]] + ([f32_bits(cfg["rope_factor"]), f32_bits(cfg["rope_low"]),
+            f32_bits(cfg["rope_high"]), cfg["rope_orig"]] if sc else [0, 0, 0, 0])
+
 def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
     os.makedirs(out, exist_ok=True)
     moe = cfg["E"] > 0
@@ -392,9 +507,12 @@ def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
     v2 = moe and (cfg["score"] == "sigmoid" or cfg["S"] > 0 or cfg["H"] != 4 * cfg["C"])
     mh = [cfg["maxT"], cfg["V"], cfg["L"], cfg["NH"], cfg["C"], cfg["Vp"]] + ([cfg["E"], cfg["k"], cfg["every"]] if moe else [])
     mh += [int(cfg["score"] == "sigmoid"), cfg["S"], cfg["H"]] if v2 else []
+    llama = is_llama(cfg)
+    if llama:   # versions 33/35: [8..13] = 0 (dense), [14..25] the Llama fields
+        mh += [0] * 6 + llama_header(cfg)
     for fname, version, conv in (("model.bin", 3, f32), ("model_bf16.bin", 5, to_bf16)):
         with open(os.path.join(out, fname), "wb") as f:
-            f.write(header(20240326, version + ((20 if v2 else 10) if moe else 0), *mh))
+            f.write(header(20240326, version + ((20 if v2 else 10) if moe else 30 if llama else 0), *mh))
             for k in names(cfg):
                 f.write(conv(init[k]))
             if v2:   # the initial routing bias: zero, fp32
@@ -430,6 +548,12 @@ def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
     with open(os.path.join(out, "README.txt"), "w") as f:
         f.write(f"gpt2_ref.py reference state, config {a.config}, seed {a.seed}, data seed {a.data_seed}\n")
         f.write(" ".join(f"{k}={cfg[k]}" for k in ("L", "C", "NH", "V", "Vp", "maxT", "T", "R")))
+        if llama:
+            f.write("\narch=llama " + " ".join(f"{k}={cfg[k]}" for k in ("KV", "F", "tied", "qkvbias")))
+            f.write(f" theta={np.float32(cfg['theta'])!s} norm_eps={np.float32(cfg['norm_eps'])!s}")   # float32 values
+            if cfg["rope_kind"] == 1:
+                f.write(" rope_scaling=llama3 " + " ".join(f"{k}={cfg[k]}" for k in
+                                                             ("rope_factor", "rope_low", "rope_high", "rope_orig")))
         if moe:
             f.write(" " + " ".join(f"{k}={cfg[k]}" for k in ("E", "k", "every", "F1000", "policy", "aux_coeff", "z_coeff", "skew",
                                                              "score", "bias_rate", "S", "H")))
@@ -445,7 +569,8 @@ def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
 # ----------------------------------------------------------------------------- self-test
 def check(cfg, seed, nsamples=8, h=1e-5):
     """Autograd vs central finite differences in float64, on random elements of all
-    parameters (tiny config, 2 rows; with --E the MoE model); also compares fp32 autograd to float64.
+    parameters (tiny config, 2 rows; with --E the MoE model, with --arch llama the Llama model: untied,
+    wte's samples come from the inputs' rows); also compares fp32 autograd to float64.
     Pass: |fd - autograd| <= 1e-5 * max(|fd|, |autograd|) + 1e-9 for every element."""
     cfg = dict(cfg, R=2)
     p32 = init_params(cfg, seed)
@@ -462,11 +587,16 @@ def check(cfg, seed, nsamples=8, h=1e-5):
     with torch.no_grad():
         for k in names(cfg):
             P, G = p64[k].view(-1), p64[k].grad.view(-1)
-            n_valid = cfg["V"] * cfg["C"] if k == "wte" else P.numel()
+            C, rows = cfg["C"], None
+            if k == "wte" and is_llama(cfg) and not cfg["tied"]:   # untied: only the inputs' rows have gradients
+                rows = torch.unique(x).tolist()
+            n_valid = (len(rows) if rows else cfg["V"]) * C if k in ("wte", "head") and P.numel() else P.numel()
             if n_valid == 0:
                 continue
             worst_abs, worst_rel = 0.0, 0.0
             for i in torch.randint(0, n_valid, (nsamples,), generator=g).tolist():
+                if rows:
+                    i = rows[i // C] * C + i % C
                 old = P[i].item()
                 P[i] = old + h; lp = forward(p64, x, y, cfg)[3].item()
                 P[i] = old - h; lm = forward(p64, x, y, cfg)[3].item()
@@ -480,13 +610,16 @@ def check(cfg, seed, nsamples=8, h=1e-5):
             ok &= rel32 < 1e-5
             print(f"check {k:9s} fd-vs-autograd max abs err {worst_abs:.1e} max rel err "
                   f"{worst_rel:.1e}   fp32-vs-fp64 grad rel err {rel32:.1e}")
-    pad = p64["wte"].grad[cfg["V"]:]
-    ok &= bool((pad == 0).all())
-    print(f"padded wte rows grad all zero: {bool((pad == 0).all())}")
+    for k in ("wte", "head"):
+        if k in p64 and p64[k].numel():
+            pad = p64[k].grad[cfg["V"]:]
+            ok &= bool((pad == 0).all())
+            print(f"padded {k} rows grad all zero: {bool((pad == 0).all())}")
     print("CHECK PASSED" if ok else "CHECK FAILED")
     return ok
 
-def main():
+def parse(argv=None):
+    """-> (argparse namespace, model config, parser)"""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     ap.add_argument("--config", default="tiny", choices=sorted(CONFIGS))
     for k in ("L", "C", "NH", "V", "Vp", "maxT", "T", "R"):
@@ -507,7 +640,8 @@ def main():
     ap.add_argument("--E", type=int, default=0, help="experts (0: dense)")
     ap.add_argument("--k", type=int, default=1, help="top-k")
     ap.add_argument("--every", type=int, default=1, help="layer l is MoE when l %% every == every-1")
-    ap.add_argument("--F", type=float, default=1.25, help="capacity factor, 0 = dropless")
+    ap.add_argument("--F", type=float, default=None,
+                    help="MoE: capacity factor, 0 = dropless (1.25); --arch llama: the MLP's hidden width (256 ceil(8C/3/256))")
     ap.add_argument("--policy", choices=("probs", "position"), default="probs")
     ap.add_argument("--aux_coeff", type=float, default=0.01)
     ap.add_argument("--z_coeff", type=float, default=0.001)
@@ -518,14 +652,49 @@ def main():
     ap.add_argument("--S", type=int, default=0, help="shared experts (one MLP of width S*H per MoE layer)")
     ap.add_argument("--min_margin", type=float, default=1e-6,
                     help="MoE: advance the data seed until every routing margin is at least this")
-    a = ap.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    ap.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2")
+    llama_opts = dict(KV=(int, None, "kv heads"), theta=(float, 500000.0, "rope theta"),
+                      norm_eps=(float, 1e-5, "RMSNorm eps (--eps is AdamW's)"), tied=(int, 0, "1: head = wte"),
+                      qkvbias=(int, 0, "1: q/k/v biases (Qwen2)"), rope_scaling=(str, "none", "none or llama3"),
+                      rope_factor=(float, 8.0, "llama3 scaling: factor"),
+                      rope_low=(float, 1.0, "llama3 scaling: low_freq_factor"),
+                      rope_high=(float, 4.0, "llama3 scaling: high_freq_factor"),
+                      rope_orig=(int, 8192, "llama3 scaling: original_max_position_embeddings"))
+    for k, (typ, default, text) in llama_opts.items():
+        ap.add_argument("--" + k, type=typ, default=None, help=f"--arch llama: {text} (default {'NH' if default is None else default})")
+    a = ap.parse_args(argv)
+    given = [k for k in llama_opts if getattr(a, k) is not None]
+    if a.arch != "llama" and given:
+        ap.error(f"--{given[0]} needs --arch llama")
+    scale_opts = [k for k in given if k.startswith("rope_") and k != "rope_scaling"]
+    if scale_opts and a.rope_scaling != "llama3":
+        ap.error(f"--{scale_opts[0]} needs --rope_scaling llama3")
+    for k, (typ, default, text) in llama_opts.items():
+        if getattr(a, k) is None:
+            setattr(a, k, default)
+    if a.arch == "llama" and (a.tied not in (0, 1) or a.qkvbias not in (0, 1) or a.rope_scaling not in ("none", "llama3")):
+        ap.error("--tied and --qkvbias take 0 or 1, --rope_scaling none or llama3")
     cfg = dict(CONFIGS[a.config])
     for k in ("L", "C", "NH", "V", "Vp", "maxT", "T", "R"):
         if getattr(a, k) is not None:
             cfg[k] = getattr(a, k)
-    cfg.update(E=a.E, k=a.k, every=a.every, F1000=int(round(1000 * a.F)), policy=a.policy,
+    if a.arch == "llama":
+        if a.E or a.skew:
+            ap.error("--arch llama: dense only (MoE on Llama is not here yet)")
+        fp32 = lambda x: float(np.float32(x))   # the values the model file holds (float32 slots)
+        F = -(-8 * cfg["C"] // (3 * 256)) * 256 if a.F is None else a.F
+        if F != int(F) or F < 1:
+            ap.error("--arch llama: --F is the MLP's hidden width, a positive integer")
+        cfg.update(arch="llama", KV=cfg["NH"] if a.KV is None else a.KV, F=int(F), theta=fp32(a.theta), norm_eps=fp32(a.norm_eps),
+                   tied=a.tied, qkvbias=a.qkvbias, rope_kind=int(a.rope_scaling == "llama3"),
+                   rope_factor=fp32(a.rope_factor), rope_low=fp32(a.rope_low), rope_high=fp32(a.rope_high),
+                   rope_orig=a.rope_orig)
+        hs = cfg["C"] // cfg["NH"]
+        assert cfg["KV"] >= 1 and cfg["NH"] % cfg["KV"] == 0 and hs % 2 == 0, "llama: NH % KV == 0 and an even head size"
+        assert cfg["rope_kind"] == 0 or (a.rope_factor > 0 and a.rope_high > a.rope_low > 0 and a.rope_orig > 0)
+    elif a.F is None:
+        a.F = 1.25
+    cfg.update(E=a.E, k=a.k, every=a.every, F1000=int(round(1000 * a.F)) if a.arch == "gpt2" else 0, policy=a.policy,
                aux_coeff=a.aux_coeff, z_coeff=a.z_coeff, skew=a.skew, score=a.score, bias_rate=a.bias_rate,
                H=a.H if a.H else 4 * cfg["C"], S=a.S)
     assert a.E == 0 or (1 <= a.k <= a.E and a.every >= 1 and a.F >= 0)
@@ -535,6 +704,12 @@ def main():
     a.clip = cfg["clip"] if a.clip is None else a.clip
     assert cfg["C"] % cfg["NH"] == 0 and cfg["Vp"] >= cfg["V"] <= 65536 and cfg["T"] <= cfg["maxT"]
     assert a.nsteps > a.warmup >= 1
+    return a, cfg, ap
+
+def main():
+    a, cfg, ap = parse()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     if a.check:
         sys.exit(0 if check(cfg, a.seed) else 1)
     if not a.out:
