@@ -691,7 +691,7 @@ static void check_memory_buffers(GPT2 *m) {
           (double)mem_peak[MEM_LOGITS], m->ce.chunk, m->Vl, (int)X, logits_expect);
 }
 
-// Comm report vs the formulas (comm_bytes.h: the ones the plan and the layout search time), for one step of
+// Comm report vs the formulas (cost_model.h: the ones the plan and the layout search time), for one step of
 // `accum` micro-batches: every group's bytes. ep_rows: the rows the step's all-to-alls moved, from its routing.
 // ZeRO-3 with a pipeline or MoE layers: the interleaving of the uses decides which units stay gathered, so the
 // gathers are the ones the run made, and at most the bound the plan takes (every use of a unit gathered).
@@ -1961,6 +1961,7 @@ int main(int argc, char **argv) {
     memset(&t, 0, sizeof(t));
     MPI_Comm_size(MPI_COMM_WORLD, &t.world);
     MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
+    plan_model = gpt2_plan;
     TestFlags f;
     char **rest = (char **)malloc_check(sizeof(char *) * (argc + 1));
     int nrest = parse_test_flags(argc, argv, &f, rest);

@@ -11,7 +11,6 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/backend.h"           // defines: floatX, device memory and copies, streams, CUDA/cuBLAS error checks
 #include "llmc/alloc.h"             // defines: mem_alloc (the one allocator, by category), the memory report, plans
 #include "llmc/comm.h"              // defines: Grid, Group, the collectives (device and host), the comm report
-#include "llmc/comm_bytes.h"        // defines: comm_step_bytes: a step's bytes per group, by formula
 #include "llmc/rand.h"              // defines: Rng (the model's init and sampling)
 #include "llmc/test_hooks.h"        // defines: the few places a test reaches into the program
 // the kernels: a CPU loop (the specification) beside each CUDA kernel, one launcher each
@@ -39,8 +38,9 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/model_file.h"        // defines: GPT2Config, the tensors in file order, model files, init, upcycling
 #include "llmc/checkpoint.h"        // defines: layout-independent checkpoints, resume, the run directory
 #include "llmc/args.h"              // defines: Args, the table of flags, parse_args, the layout checks
-#include "llmc/plan.h"              // defines: the memory plan's report, the cost model, the levers
-#include "llmc/layout_search.h"     // defines: plan_search: every layout of N ranks, planned, timed, ranked
+#include "llmc/cost_model.h"        // defines: the machine, a step's bytes per group by formula, the step-time model
+#include "llmc/plan.h"              // defines: the memory plan of any rank
+#include "llmc/layout_search.h"     // defines: --plan's report and levers, the memory check, plan_search
 #include "llmc/calibrate.h"         // defines: calibrate: this machine's rates for the cost model (--machine)
 #include "llmc/report.h"            // defines: the step line, the first step's reports, the times at the end
 #include "llmc/sampler.h"           // defines: Sampler, sample_token (temperature, top-k)
@@ -1198,7 +1198,7 @@ static int load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *r
     return s.max_steps;
 }
 
-// The rank's shapes that its step's bytes per group follow from (comm_bytes.h), as the model set them up.
+// The rank's shapes that its step's bytes per group follow from (cost_model.h), as the model set them up.
 static CommShape gpt2_comm_shape(const GPT2 *m) {
     const GPT2Config *c = &m->config;
     Grid *g = m->grid;
@@ -1714,6 +1714,7 @@ int main(int argc, char **argv) {
     watchdog_rank(r->rank);
     default_args(&r->args);
     parse_args(argc, argv, &r->args);
+    plan_model = gpt2_plan;   // (the memory plan of llmc/plan.h runs this model's set-up)
     signals_install();
     agree_on_args(&r->args, r->rank, r->world);
     attention_path = attention_path_of(&r->args);

@@ -19,8 +19,8 @@
 
 #define MAX_FLAGS 80
 #define MAX_ACCUM 65536   // micro-batches per step (-d over B*T*dp) at most
-#define MACHINE_ROWS 17   // flops_R: R = 1, 2, 4, ... 65536 rows (plan.h)
-#define MACHINE_KEYS "flops attn_flops mem_bw node_bw a2a_bw p2p_bw node_lat a2a_lat p2p_lat (each also per group size: node_bw_4) net_bw net_lat layer_cost adamw flash_slower cores overlap gpus_per_node; flops also per GEMM rows: flops_512"   // (plan.h)
+#define MACHINE_ROWS 17   // flops_R: R = 1, 2, 4, ... 65536 rows (cost_model.h)
+#define MACHINE_KEYS "flops attn_flops mem_bw node_bw a2a_bw p2p_bw node_lat a2a_lat p2p_lat (each also per group size: node_bw_4) net_bw net_lat layer_cost adamw flash_slower cores overlap gpus_per_node; flops also per GEMM rows: flops_512"   // (cost_model.h)
 
 typedef struct {
     const char *train_pattern, *val_pattern, *output_dir, *model;

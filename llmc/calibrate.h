@@ -1,4 +1,4 @@
-// --calibrate FILE: this machine's rates for the cost model (plan.h's Machine), measured with this build's
+// --calibrate FILE: this machine's rates for the cost model (cost_model.h's Machine), measured with this build's
 // own kernels and collectives at the model's layer shapes (-e, -b, -t: tp 1), on every rank at once (ranks
 // that share cores or a link measure it shared), written as the key=value lines --machine reads:
 //   flops       the MLP's fc forward and backward: 3 GEMMs of 2 (B T) C (4C) FLOPs; flops_R the same at R rows
@@ -9,7 +9,7 @@
 //               AdamW over 4M elements (the fp32 master too under bf16)
 //   layer_cost  what a layer's ~20 kernels cost beyond their work: 20 GEMMs of one row
 //   node_bw     an all-reduce over groups of p consecutive ranks (all the groups at once, as a layout's run),
-//               in bytes per rank per second as comm_bytes.h counts them; node_bw_P at each p = 2, 4, ... up
+//               in bytes per rank per second as cost_model.h counts them; node_bw_P at each p = 2, 4, ... up
 //               to the world, node_bw at the largest
 //   a2a_bw      the same of an all-to-all (what leaves the rank); a2a_bw_P
 //   p2p_bw      the same of a send/receive exchange with the ring's neighbours (cp's and pp's); p2p_bw_P

@@ -1,13 +1,203 @@
-// The layout search (--plan-search N): every layout of N ranks for this model and global batch (-d and -t
-// fixed) -- tp, cp, pp with its schedule and split, dp, ep, the ZeRO stage, SP, recompute, the micro-batch
-// B and the CE chunk -- checked by the run's own layout_error, planned exactly per stage (the memory plan),
-// its bytes per group by the formulas test_gpt asserts (comm_bytes.h), and timed by the cost model
-// (plan.h: the machine's rates, the schedule's own step lists). Prints the fastest that fit, and why the
-// others do not run.
+// Choosing a layout, from the memory plan (plan.h) and the cost model (cost_model.h): --plan N's report (each
+// stage's peak, the predicted step, and over --memory-limit the levers: one change of the layout at a time, or
+// pairs, ranked by fit and time), the check a run makes before it allocates, and the layout search
+// (--plan-search N): every layout of N ranks for this model and global batch (-d and -t fixed) -- tp, cp, pp with
+// its schedule and split, dp, ep, the ZeRO stage, SP, recompute, the micro-batch B and the CE chunk -- checked by
+// the run's own layout_error, planned exactly per stage, its bytes per group by the formulas test_gpt asserts, and
+// timed. Prints the fastest that fit, and why the others do not run.
 #ifndef LLMC_LAYOUT_SEARCH_H
 #define LLMC_LAYOUT_SEARCH_H
 
 #include "plan.h"
+#include "cost_model.h"
+
+// ----------------------------------------------------------------------------
+// the levers: one change of a layout at a time (or pairs), planned and timed (--plan N over --memory-limit)
+
+// A change of the layout: what (the flags), its kind (one flag: a pair changes two different ones), its
+// layout, worst stage's peak, time per step, and whether it fits.
+typedef struct { char what[96]; int kind; Args args; double peak; double seconds; int fits; } Lever;
+enum { LV_ZERO, LV_SP, LV_TP, LV_PP, LV_SCHEDULE, LV_SPLIT, LV_CP, LV_CE, LV_ATTENTION, LV_RECOMPUTE, LV_BATCH, LV_EP };
+
+// One lever's layout, if it runs: its worst stage's peak and its time.
+static int try_lever(Lever *lv, const GPT2Config *c, int world, PlanBuild b, const Machine *mc, double limit,
+                     const char *what) {
+    char err[512];
+    lv->args.dp = -1;   // (world and -d fixed: dp follows)
+    if (layout_error(&lv->args, c, world, err, sizeof(err))) { return 0; }
+    MemPlan *plans = (MemPlan *)malloc_check(sizeof(MemPlan) * lv->args.pp);
+    CommShape *shapes = (CommShape *)malloc_check(sizeof(CommShape) * lv->args.pp);
+    int w = plan_stages(&lv->args, c, world, b, plans, shapes);
+    lv->peak = (double)plans[w].peak_total + plan_reserve(b);
+    lv->fits = lv->peak <= limit;
+    lv->seconds = plan_step_time(&lv->args, c, world, mc, shapes).total;
+    snprintf(lv->what, sizeof(lv->what), "%s", what);
+    free(plans);
+    free(shapes);
+    return 1;
+}
+
+static int lever_order(const void *x, const void *y) {
+    const Lever *a = (const Lever *)x, *b = (const Lever *)y;
+    if (a->fits != b->fits) { return b->fits - a->fits; }
+    return a->seconds < b->seconds ? -1 : a->seconds > b->seconds;
+}
+
+// The single levers that apply to layout a (world and -d fixed), planned; without one that fits, pairs.
+static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild b, const Machine *mc, double limit,
+                       Lever *out, int pairs_of) {
+    int n = 0;
+    #define LEVER(cond, k, what, change) do { \
+        if (cond) { \
+            Lever lv; lv.args = *a; lv.kind = k; \
+            { Args *x = &lv.args; change; } \
+            if (try_lever(&lv, c, world, b, mc, limit, what)) { out[n++] = lv; } \
+        } } while (0)
+    char w[96];
+    if (a->zero < 3 && a->dp > 1) {   // (ZeRO shards over dp: nothing to shard at dp 1)
+        snprintf(w, sizeof(w), "--zero %d", a->zero + 1);
+        LEVER(1, LV_ZERO, w, x->zero = a->zero + 1);
+    }
+    LEVER(a->tp > 1 && !a->sp, LV_SP, "--sp", x->sp = 1);
+    snprintf(w, sizeof(w), "--tp %d --sp", 2 * a->tp); LEVER(1, LV_TP, w, { x->tp = 2 * a->tp; x->sp = 1; });
+    // (a split given as counts is for this pp: twice the stages start even)
+    int counts = a->pp_layers && strncmp(a->pp_layers, "auto", 4);
+    snprintf(w, sizeof(w), "--pp %d%s", 2 * a->pp, counts ? " (even stages)" : "");
+    LEVER(1, LV_PP, w, { x->pp = 2 * a->pp; if (counts) { x->pp_layers = NULL; } });
+    LEVER(a->pp > 1 && !strcmp(a->pp_schedule, "gpipe"), LV_SCHEDULE, "--pp-schedule 1f1b", x->pp_schedule = "1f1b");
+    // ZB-H1: a smaller bubble for the pending W passes' memory (a lever for time: it never lowers the peak)
+    LEVER(a->pp > 1 && !strcmp(a->pp_schedule, "1f1b"), LV_SCHEDULE, "--pp-schedule zb", x->pp_schedule = "zb");
+    // stages cut by cost: less on the costliest stage (the head's), and the first stage's activations move too
+    LEVER(a->pp > 1 && !(a->pp_layers && !strncmp(a->pp_layers, "auto", 4)), LV_SPLIT, "--pp-layers auto",
+          x->pp_layers = "auto");
+    snprintf(w, sizeof(w), "--cp %d", 2 * a->cp); LEVER(1, LV_CP, w, x->cp = 2 * a->cp);
+    LEVER(a->ce_chunk == 0, LV_CE, "--ce-chunk 256", x->ce_chunk = 256);
+    if (a->ce_chunk > 64) {
+        snprintf(w, sizeof(w), "--ce-chunk %d", a->ce_chunk / 2);
+        LEVER(1, LV_CE, w, x->ce_chunk = a->ce_chunk / 2);
+    }
+    LEVER(b.cuda && a->cp == 1 && strcmp(a->attention, "flash")
+          && attention_flash_applies(c->channels / c->num_heads, b.floatx),
+          LV_ATTENTION, "--attention flash", x->attention = "flash");
+    LEVER(!strcmp(a->recompute, "none"), LV_RECOMPUTE, "--recompute mlp", x->recompute = "mlp");
+    LEVER(strcmp(a->recompute, "full"), LV_RECOMPUTE, "--recompute full", x->recompute = "full");
+    if (a->B % 2 == 0) {
+        snprintf(w, sizeof(w), "-b %d (twice the accumulation)", a->B / 2);
+        LEVER(1, LV_BATCH, w, x->B = a->B / 2);
+    }
+    if (c->num_experts > 0) { snprintf(w, sizeof(w), "--ep %d", 2 * a->ep); LEVER(1, LV_EP, w, x->ep = 2 * a->ep); }
+    #undef LEVER
+    if (pairs_of) {   // no single lever fits: each pair of two kinds (the second applied on top of the first), once
+        int singles = n;
+        for (int i = 0; i < singles; i++) {
+            Lever more[16];
+            int k = plan_levers(&out[i].args, c, world, b, mc, limit, more, 0);
+            for (int j = 0; j < k && n < 256; j++) {
+                if (more[j].kind <= out[i].kind) { continue; }   // (the same flag twice, or this pair the other way round)
+                char both[96];
+                snprintf(both, sizeof(both), "%.40s + %.40s", out[i].what, more[j].what);
+                memcpy(more[j].what, both, sizeof(both));
+                out[n++] = more[j];
+            }
+        }
+        memmove(out, out + singles, (n - singles) * sizeof(Lever));
+        n -= singles;
+    }
+    return n;
+}
+
+// Over the limit: the largest category of the worst stage, what dominates it, and the levers (single ones,
+// or pairs when none fits) ranked by fit and time, with the machine-readable "lever ..." lines.
+static void plan_print_advice(const Args *a, const GPT2Config *c, int world, PlanBuild b, const Machine *mc, double limit,
+                              const MemPlan *plans, const CommShape *shapes, int worst) {
+    int big = 0;
+    for (int k = 1; k < MEM_NCAT; k++) { if (plans[worst].peak[k] > plans[worst].peak[big]) { big = k; } }
+    char why[256];
+    plan_explain(a, c, world, worst, big, b, plans[worst].slots, why, sizeof(why));
+    printf("largest on stage %d: %s = %.2f GiB\n", worst, mem_category_names[big], gib(plans[worst].peak[big]));
+    printf("  %s\n", why);
+    Lever *levers = (Lever *)malloc_check(sizeof(Lever) * 256);
+    Args base = *a;
+    int n = plan_levers(&base, c, world, b, mc, limit, levers, 0), any = 0;
+    for (int i = 0; i < n; i++) { any |= levers[i].fits; }
+    if (!any) { n = plan_levers(&base, c, world, b, mc, limit, levers, 1); }
+    qsort(levers, n, sizeof(Lever), lever_order);
+    printf("levers (%s; world %d and -d %d fixed, so tp, cp or pp x2 halves dp), fits first, then fastest; the time "
+           "per step is the cost model's (%s: %.0f TFLOP/s, %.0f GB/s inside a node of %d, %.0f GB/s across; "
+           "the schedule's own bubble): it ranks the levers, it is not this machine's step%s:\n",
+           any ? "one at a time" : "no single lever fits: pairs of two", world, a->total_batch, mc->name,
+           mc->flops / 1e12, mc->node_bw / 1e9, mc->gpus_per_node, mc->net_bw / 1e9,
+           b.cuda || mc->cores > 0 ? "" : " (a CPU rank runs far slower)");
+    for (int i = 0; i < n && i < 12; i++) {
+        printf("  %-8s %9.3f GiB  %10.2f ms/step  %s\n", levers[i].fits ? "fits" : "too big", gib(levers[i].peak),
+               levers[i].seconds * 1e3, levers[i].what);
+    }
+    for (int i = 0; i < n; i++) {   // machine-readable, for tests: "lever rank fits peak_bytes seconds what"
+        printf("lever %d %d %.0f %.6f %s\n", i, levers[i].fits, levers[i].peak, levers[i].seconds, levers[i].what);
+    }
+    if (n == 0) { printf("  (no lever applies to this layout)\n"); }
+    printf("  (this layout: %.2f ms/step)\n", plan_step_time(a, c, world, mc, shapes).total * 1e3);
+    free(levers);
+}
+
+// Prints the plan of every stage and, with a limit, whether each fits; over the limit, what dominates
+// and the levers. Returns 1 if every rank fits (or there is no limit).
+static int plan_report(const Args *a, const GPT2Config *c, int world, double limit) {
+    PlanBuild b = plan_build(a);
+    Machine mc = plan_machine(a);
+    MemPlan *plans = (MemPlan *)malloc_check(sizeof(MemPlan) * a->pp);
+    CommShape *shapes = (CommShape *)malloc_check(sizeof(CommShape) * a->pp);
+    int worst = plan_stages(a, c, world, b, plans, shapes), accum = a->total_batch / (a->B * a->T * a->dp);
+    double reserve = plan_reserve(b);
+    printf("memory plan: L %d C %d NH %d Vp %d%s, world %d = tp %d x cp %d x pp %d x dp %d, B %d T %d x %d "
+           "micro-batches, zero %d%s, %s%s, recompute %s, ce chunk %d; %s\n",
+           c->num_layers, c->channels, c->num_heads, c->padded_vocab_size, c->num_experts ? " (MoE)" : "", world, a->tp,
+           a->cp, a->pp, a->dp, a->B, a->T, accum, a->zero, a->sp ? ", sp" : "", a->pp_schedule,
+           a->vpp > 1 ? " (vpp)" : "", a->recompute, a->ce_chunk, b.name);
+    plan_print_stages(a, c, world, b, plans);
+    StepTime t = plan_step_time(a, c, world, &mc, shapes);
+    printf("predicted step: %.3f ms (cost model, %s: compute %.3f, bubble %.3f, exposed tp %.3f cp %.3f ep %.3f pp "
+           "%.3f dp %.3f, AdamW %.3f; slowest stage %d)\n", t.total * 1e3, mc.name, t.compute * 1e3, t.bubble * 1e3,
+           t.tp * 1e3, t.cp * 1e3, t.ep * 1e3, t.pp * 1e3, t.dp * 1e3, t.optimizer * 1e3, t.stage);
+    int fits = 1;
+    if (limit > 0) {
+        double need = (double)plans[worst].peak_total + reserve;
+        fits = need <= limit;
+        printf("limit %.2f GiB per rank%s: stage %d needs %.2f GiB: %s\n", gib(limit),
+               reserve > 0 ? " (1.00 GiB of it assumed for the CUDA context and NCCL)" : "", worst, gib(need),
+                   fits ? "fits" : "does NOT fit");
+    }
+    if (!fits) { plan_print_advice(a, c, world, b, &mc, limit, plans, shapes, worst); }
+    fflush(stdout);
+    free(plans);
+    free(shapes);
+    return fits;
+}
+
+
+
+// Before allocating: this rank's planned peak against --memory-limit (on CUDA, without one: the free device
+// memory, less the reserve the plan assumes for the CUDA context and NCCL). If any rank does not fit, every
+// rank stops; rank 0 prints the plan and the levers first.
+static void check_memory_fits(const Args *a, const GPT2Config *c, Grid *g) {
+    PlanBuild b = plan_build(a);
+    double limit = a->memory_limit > 0 ? a->memory_limit : device_free_bytes();
+    if (limit <= 0) { return; }
+    MemPlan mine = plan_rank(a, c, moe_options(a, c), g->world_size, g->rank, b, NULL);
+    double need = (double)mine.peak_total + (a->memory_limit > 0 ? plan_reserve(b) : 0.0);
+    int over = need > limit ? 1 : 0;
+    comm_host_all_reduce(&g->world, &over, 1, DT_INT, HOST_MAX, "all-reduce (memory plan)");
+    if (!over) { return; }
+    Args shown = *a;
+    if (g->rank == 0) { plan_report(&shown, c, g->world_size, limit); }
+    fail_all(g->rank,
+             "the planned peak of a rank exceeds %s %.2f GiB: see the plan and the levers above (or --plan %d to "
+             "explore)",
+             a->memory_limit > 0 ? "--memory-limit" : "the free device memory", gib(limit), g->world_size);
+}
+
+// ----------------------------------------------------------------------------
+// the search
 
 // One layout tried: what varies (the rest is the command line's), its worst stage's peak and its time.
 typedef struct {

@@ -77,41 +77,74 @@ static void chunk_layers(const int *first, int pp, int rank, int v, int *l0, int
     *l1 = first[v * pp + rank + 1];
 }
 
+// A line's whitespace-separated words (at most n; the rest: one more, so a caller sees there were more).
+static int line_words(char *line, char **w, int n) {
+    int k = 0;
+    for (char *t = strtok(line, " \t\r\n"); t && k <= n; t = strtok(NULL, " \t\r\n")) { w[k++] = t; }
+    return k;
+}
+
+// A word that is a whole number (nothing after it), or a finite number in [lo, hi].
+static int word_int(const char *s, long *v) {
+    char *end;
+    errno = 0;
+    *v = strtol(s, &end, 10);
+    return end != s && *end == '\0' && errno == 0;
+}
+static int word_number(const char *s, double lo, double hi, double *v) {
+    char *end;
+    *v = strtod(s, &end);
+    return end != s && *end == '\0' && isfinite(*v) && *v >= lo && *v <= hi;
+}
+
 // Measured costs for --pp-layers auto:FILE: what train_gpt --comm-report wrote to -o/pipeline_costs.txt, seconds per
 // micro-batch (forward and backward) of each layer, the embedding and the head, measured on some layout of this
-// model. Lines "model L C NH Vp E", "embedding S", "head S", "layer I S". Returns 1 with the reason in err if the file
-// cannot be read, is malformed, or was measured for another model. costs: (L) the layers', then the embedding's and
-// the head's.
+// model. Lines "model L C NH Vp E", "embedding S", "head S", "layer I S" (S: seconds, finite, at most 1e6; a layer's
+// and the head's above 0), each once. Returns 1 with the reason in err if the file cannot be read, a line is anything
+// else, or it was measured for another model. costs: (L) the layers', then the embedding's and the head's.
 static int read_pipeline_costs(const char *path, const GPT2Config *c, double *costs, char *err, size_t errlen) {
     FILE *f = fopen(path, "r");
     if (!f) { snprintf(err, errlen, "--pp-layers auto:%s: cannot read the file (%s)", path, strerror(errno)); return 1; }
-    int L = c->num_layers, ml = -1, mc = -1, mh = -1, mv = -1, me = -1, seen_e = 0, seen_h = 0, nl = 0, bad = 0;
-    char line[256];
+    int L = c->num_layers, seen_m = 0, nl = 0, bad = 0, n = 0;
+    long m[5], want[5] = {L, c->channels, c->num_heads, c->padded_vocab_size, c->num_experts}, i;
+    char line[256], copy[256], *w[8];
     for (int l = 0; l < L + 2; l++) { costs[l] = -1; }
     while (!bad && fgets(line, sizeof(line), f)) {
+        n++;
+        snprintf(copy, sizeof(copy), "%s", line);
+        copy[strcspn(copy, "\r\n")] = '\0';
+        int k = line_words(line, w, 7);
         double v;
-        int i;
-        if (line[0] == '#' || line[0] == '\n') { continue; }
-        if (sscanf(line, "model %d %d %d %d %d", &ml, &mc, &mh, &mv, &me) == 5) {
-            if (ml == L && mc == c->channels && mh == c->num_heads && mv == c->padded_vocab_size && me == c->num_experts) {
-                continue;
+        if (k == 0 || w[0][0] == '#') { continue; }
+        if (k == 6 && !strcmp(w[0], "model") && !seen_m) {
+            for (int j = 0; j < 5; j++) { bad |= !word_int(w[j + 1], &m[j]); }
+            if (!bad && memcmp(m, want, sizeof(m))) {
+                snprintf(err, errlen, "--pp-layers auto:%s: measured for L %ld C %ld NH %ld Vp %ld E %ld, this model is L %d "
+                         "C %d NH %d Vp %d E %d", path, m[0], m[1], m[2], m[3], m[4], L, c->channels, c->num_heads,
+                         c->padded_vocab_size, c->num_experts);
+                fclose(f);
+                return 1;
             }
-            snprintf(err, errlen, "--pp-layers auto:%s: measured for L %d C %d NH %d Vp %d E %d, this model is L %d C %d "
-                     "NH %d Vp %d E %d", path, ml, mc, mh, mv, me, L, c->channels, c->num_heads, c->padded_vocab_size,
-                     c->num_experts);
-            fclose(f);
-            return 1;
+            seen_m = 1;
+        } else if (k == 2 && !strcmp(w[0], "embedding") && costs[L] < 0 && word_number(w[1], 0, 1e6, &v)) {
+            costs[L] = v;
+        } else if (k == 2 && !strcmp(w[0], "head") && costs[L + 1] < 0 && word_number(w[1], 1e-30, 1e6, &v)) {
+            costs[L + 1] = v;
+        } else if (k == 3 && !strcmp(w[0], "layer") && word_int(w[1], &i) && i >= 0 && i < L && costs[i] < 0
+                   && word_number(w[2], 1e-30, 1e6, &v)) {
+            costs[i] = v;
+            nl++;
+        } else {
+            bad = 1;
         }
-        if (sscanf(line, "embedding %lf", &v) == 1 && v >= 0) { costs[L] = v; seen_e = 1; continue; }
-        if (sscanf(line, "head %lf", &v) == 1 && v > 0) { costs[L + 1] = v; seen_h = 1; continue; }
-        if (sscanf(line, "layer %d %lf", &i, &v) == 2 && i >= 0 && i < L && v > 0 && costs[i] < 0) { costs[i] = v; nl++; continue; }
-        bad = 1;
     }
     fclose(f);
-    if (bad || !seen_e || !seen_h || nl != L || ml < 0) {
+    if (bad || costs[L] < 0 || costs[L + 1] < 0 || nl != L || !seen_m) {
+        char where[300] = "";
+        if (bad) { snprintf(where, sizeof(where), " (line %d: '%.60s')", n, copy); }
         snprintf(err, errlen, "--pp-layers auto:%s: expected the lines 'model L C NH Vp E', 'embedding S', 'head S' and "
-                 "'layer I S' for each of the %d layers (train_gpt --comm-report writes them to -o/pipeline_costs.txt)",
-                 path, L);
+                 "'layer I S' for each of the %d layers, each once, S finite seconds (train_gpt --comm-report writes them to "
+                 "-o/pipeline_costs.txt)%s", path, L, where);
         return 1;
     }
     return 0;

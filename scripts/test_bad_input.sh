@@ -123,6 +123,14 @@ printf 'model 4 64 4 256 0\n' >"$W/costs_other.txt"
 expect pp_costs_missing 2 "--pp-layers auto:$W/nothing.txt: cannot read the file" -e "$TINY" --pp 2 --pp-layers "auto:$W/nothing.txt"
 expect pp_costs_short   2 "expected the lines 'model L C NH Vp E', 'embedding S', 'head S' and 'layer I S' for each of the 2 layers" -e "$TINY" --pp 2 --pp-layers "auto:$W/costs_short.txt"
 expect pp_costs_model   2 "measured for L 4 C 64 NH 4 Vp 256 E 0, this model is L 2" -e "$TINY" --pp 2 --pp-layers "auto:$W/costs_other.txt"
+# each line whole: a value that is not a finite number, a word after it, a number with junk
+good_costs='model 2 64 4 256 0\nembedding 0.1\nhead 0.5\nlayer 0 0.2\nlayer 1 0.2\n'
+printf "${good_costs/head 0.5/head inf}" >"$W/costs_inf.txt"; printf "${good_costs/head 0.5/head 1junk}" >"$W/costs_junk.txt"
+printf "${good_costs/layer 0 0.2/layer 0 1x}" >"$W/costs_1x.txt"; printf "${good_costs/embedding 0.1/embedding 0.1 7}" >"$W/costs_trail.txt"
+expect pp_costs_inf     2 "(line 3: 'head inf')"                -e "$TINY" --pp 2 --pp-layers "auto:$W/costs_inf.txt"
+expect pp_costs_junk    2 "(line 3: 'head 1junk')"              -e "$TINY" --pp 2 --pp-layers "auto:$W/costs_junk.txt"
+expect pp_costs_1x      2 "(line 4: 'layer 0 1x')"              -e "$TINY" --pp 2 --pp-layers "auto:$W/costs_1x.txt"
+expect pp_costs_trail   2 "(line 2: 'embedding 0.1 7')"         -e "$TINY" --pp 2 --pp-layers "auto:$W/costs_trail.txt"
 expect dp_mismatch      2 "--dp 4 does not match"             -e "$TINY" --dp 4
 expect plan_precision   1 "--plan-precision expects bf16 or fp32" -e "$TINY" --plan 2 --plan-precision fp8
 expect memory_limit     1 "--memory-limit expects a size such as 80G" -e "$TINY" --memory-limit 80Q
@@ -199,12 +207,22 @@ printf 'flops=1e12\nflopz=3\n' >"$W/machine_key.txt"; printf 'net_bw=-4e9\n' >"$
 printf 'flops 1e12\n' >"$W/machine_syntax.txt"; printf 'node_bw_3=1e9\n' >"$W/machine_size.txt"
 expect machine_missing  1 "--machine $W/nope.txt: cannot open it" -e "$TINY" --plan-search 4 --machine "$W/nope.txt"
 expect machine_key      1 "line 2: unknown key 'flopz'"      -e "$TINY" --plan-search 4 --machine "$W/machine_key.txt"
-expect machine_value    1 "net_bw = -4e+09 must be positive" -e "$TINY" --plan-search 4 --machine "$W/machine_value.txt"
+expect machine_value    1 "net_bw = -4e+09 must be in [1, 1e+30]" -e "$TINY" --plan-search 4 --machine "$W/machine_value.txt"
 expect machine_syntax   1 "line 1: expected key=value"       -e "$TINY" -x 1 --machine "$W/machine_syntax.txt"
 expect machine_size     1 "'node_bw_3': the group size after node_bw_ must be 2, 4, ... or 128" -e "$TINY" --plan-search 4 --machine "$W/machine_size.txt"
 printf 'overlap=1.5\n' >"$W/machine_overlap.txt"; printf 'flops_100=1e9\n' >"$W/machine_rows.txt"
-expect machine_overlap  1 "overlap = 1.5 must be between 0 and 1" -e "$TINY" --plan-search 4 --machine "$W/machine_overlap.txt"
+expect machine_overlap  1 "overlap = 1.5 must be in [0, 1]"  -e "$TINY" --plan-search 4 --machine "$W/machine_overlap.txt"
 expect machine_rows     1 "'flops_100': the rows after flops_ must be 1, 2, 4, ... or 65536" -e "$TINY" --plan-search 4 --machine "$W/machine_rows.txt"
+# every value parsed whole, finite, in its key's range (values that made the model print -nan or overflow before)
+printf 'cores=1e308\nflops=1e-308\n' >"$W/machine_huge.txt"; printf 'gpus_per_node=1e12\n' >"$W/machine_gpn.txt"
+printf 'flops=inf\n' >"$W/machine_inf.txt"; printf 'flops=1e12abc\n' >"$W/machine_junk.txt"
+printf 'flops=1e12 2\n' >"$W/machine_trail.txt"; printf 'gpus_per_node=2.5\n' >"$W/machine_frac.txt"
+expect machine_huge     1 "line 1: cores = 1e+308 must be in [0, 1.04858e+06]" -e "$TINY" --plan-search 4 --machine "$W/machine_huge.txt"
+expect machine_gpn      1 "line 1: gpus_per_node = 1e+12 must be in [1, 1.04858e+06]" -e "$TINY" --plan-search 4 --machine "$W/machine_gpn.txt"
+expect machine_inf      1 "line 1: flops = 'inf' is not a finite number" -e "$TINY" --plan-search 4 --machine "$W/machine_inf.txt"
+expect machine_junk     1 "line 1: flops = '1e12abc' is not a finite number" -e "$TINY" --plan-search 4 --machine "$W/machine_junk.txt"
+expect machine_trail    1 "line 1: expected key=value (a number), got 'flops=1e12 2'" -e "$TINY" --plan-search 4 --machine "$W/machine_trail.txt"
+expect machine_frac     1 "line 1: gpus_per_node = 2.5 must be a whole number" -e "$TINY" --plan-search 4 --machine "$W/machine_frac.txt"
 expect plan_and_search  1 "--plan, --plan-search and --calibrate: give one of them" -e "$TINY" --plan 2 --plan-search 4
 # a checkpoint written with one batch shape cannot be resumed with another
 $BIN/train_gpt -e "$TINY" -t 32 -b 4 -x 2 -n 2 -s 0 -v 0 -o "$W/ckpt_shape" >/dev/null 2>&1
