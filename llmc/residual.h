@@ -58,11 +58,12 @@ static void residual_bias_forward_cuda(floatX *out, const floatX *res, const flo
     cudaCheckLaunch();
 }
 
-// Column sums on every SM, deterministic (bias gradients; LayerNorm's weight and bias gradients):
+// Column sums on every SM, deterministic (bias gradients; LayerNorm's and RMSNorm's weight and bias gradients):
 //   pass 1, grid (C / 256, R): thread (block (cx, r), t) sums column c = 256 cx + t over the rows of slice r,
 //           r*rows .. (r+1)*rows - 1, in order: part[r][c] = sum dy; with LayerNorm's inp, mean, rstd also
-//           part[R + r][c] = sum xhat dy
-//   pass 2: thread c adds part[0..R)[c] (and part[R..2R)[c]) in order into dbias[c] (dweight[c]).
+//           part[R + r][c] = sum xhat dy (mean NULL: RMSNorm's xhat = inp rstd)
+//   pass 2: thread c adds part[0..R)[c] (and part[R..2R)[c]) in order into dbias[c] (dweight[c]); dbias NULL
+//           (RMSNorm: no bias): dweight only.
 // rows = 64 (doubled until the 2 R C partials fit the cuBLASLt workspace): the order depends on N and C
 // only, not on the GPU. The partials live in the cuBLASLt workspace (the same stream as the GEMMs, so
 // never used at the same time). Each thread's work is a function of its indices alone (no shared memory,
@@ -78,7 +79,7 @@ __host__ __device__ inline void column_partials(float *part, const floatX *dout,
     for (int n = r * rows; n < n1; n++) {
         float dy = (float)dout[(size_t)n * C + c];
         s += dy;
-        if (inp != NULL) { sx += ((float)inp[(size_t)n * C + c] - mean[n]) * rstd[n] * dy; }
+        if (inp != NULL) { sx += ((float)inp[(size_t)n * C + c] - (mean != NULL ? mean[n] : 0.0f)) * rstd[n] * dy; }
     }
     part[(size_t)r * C + c] = s;
     if (inp != NULL) { part[(size_t)(R + r) * C + c] = sx; }
@@ -90,7 +91,7 @@ __host__ __device__ inline void column_finish(floatX *dbias, floatX *dweight, co
         s += part[(size_t)r * C + c];
         if (dweight != NULL) { sx += part[(size_t)(R + r) * C + c]; }
     }
-    dbias[c] = (floatX)((float)dbias[c] + s);
+    if (dbias != NULL) { dbias[c] = (floatX)((float)dbias[c] + s); }
     if (dweight != NULL) { dweight[c] = (floatX)((float)dweight[c] + sx); }
 }
 __global__ void column_partials_kernel(float *part, const floatX *dout, const floatX *inp, const float *mean,
@@ -107,6 +108,7 @@ static int column_slice_rows(int N, int C, int sums, size_t workspace_bytes) {
     return rows;
 }
 // dbias (C) += column sums of dout (N, C); with inp, mean, rstd (LayerNorm): dweight (C) += sums of xhat dout
+// (RMSNorm: mean NULL, xhat = inp rstd; dbias NULL: not summed into)
 static void column_sums_accumulate(floatX *dbias, floatX *dweight, const floatX *dout, const floatX *inp,
                                    const float *mean, const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) { return; }

@@ -1,8 +1,9 @@
 // The all-SM column sums (llmc/residual.h: column_partials, column_finish) replayed on the CPU: every
 // (block, thread) of both passes is run in turn through the kernels' own bodies, with the grid and the
 // slices column_sums_accumulate would launch, and the result compared with the exact sums of the CPU loops'
-// math (bias_backward_cpu; layernorm_backward_cpu's dweight, dbias). Checks the indexing and the slicing:
-// the partials start as NaN, so a slot never written, or a row of a slice summed twice or never, shows.
+// math (bias_backward_cpu; layernorm_backward_cpu's dweight, dbias; rmsnorm_backward_cpu's dweight: mean and dbias
+// NULL). Checks the indexing and the slicing: the partials start as NaN, so a slot never written, or a row of a
+// slice summed twice or never, shows.
 // fp32 (floatX = float, so the sums compare tightly); build and run without a GPU: make -C dev/cuda replay
 #include "../../llmc/layernorm.h"
 #include <math.h>
@@ -18,7 +19,9 @@ static void make(float *f, floatX *x, size_t n, unsigned int *s) {
     for (size_t i = 0; i < n; i++) { x[i] = (floatX)rnd(s); f[i] = (float)x[i]; }
 }
 
-static void run(int N, int C, int layernorm, size_t workspace_floats) {
+// mode 0: bias (dbias); 1: LayerNorm (dbias, dweight); 2: RMSNorm (dweight only: mean NULL, dbias NULL)
+static void run(int N, int C, int mode, size_t workspace_floats) {
+    const int layernorm = mode != 0, rms = mode == 2;
     unsigned int seed = 1234u + N * 7u + C;
     size_t NC = (size_t)N * C;
     float *dy = (float *)malloc(NC * sizeof(float)), *x = (float *)malloc(NC * sizeof(float));
@@ -35,14 +38,16 @@ static void run(int N, int C, int layernorm, size_t workspace_floats) {
     for (int r = 0; r < R; r++) {
         for (int cx = 0; cx < gx; cx++) {
             for (int t = 0; t < COLSUM_THREADS; t++) {
-                column_partials(part, dyx, layernorm ? xx : NULL, mean, rstd, N, C, rows, R, cx, r, t);
+                column_partials(part, dyx, layernorm ? xx : NULL, rms ? NULL : mean, rstd, N, C, rows, R, cx, r, t);
             }
         }
     }
     floatX *gb = (floatX *)malloc(C * sizeof(floatX)), *gw = (floatX *)malloc(C * sizeof(floatX));
     for (int c = 0; c < C; c++) { gb[c] = (floatX)0.0f; gw[c] = (floatX)0.0f; }
     for (int b = 0; b < gx; b++) {
-        for (int t = 0; t < COLSUM_THREADS; t++) { column_finish(gb, layernorm ? gw : NULL, part, C, R, b * COLSUM_THREADS + t); }
+        for (int t = 0; t < COLSUM_THREADS; t++) {
+            column_finish(rms ? NULL : gb, layernorm ? gw : NULL, part, C, R, b * COLSUM_THREADS + t);
+        }
     }
     // compare with the exact sums (double; the CPU loops' math: sum dy, sum xhat dy). floatX = float here,
     // and fp32 sums of the slices (rows terms) and of the partials (R terms) are within (rows + R) u sum |term|
@@ -52,19 +57,20 @@ static void run(int N, int C, int layernorm, size_t workspace_floats) {
     for (int c = 0; c < C; c++) {
         double want[2] = {0.0, 0.0}, mag[2] = {0.0, 0.0};
         for (int n = 0; n < N; n++) {
-            double d = dy[(size_t)n * C + c], xd = ((double)x[(size_t)n * C + c] - mean[n]) * rstd[n] * d;
+            double d = dy[(size_t)n * C + c], xd = ((double)x[(size_t)n * C + c] - (rms ? 0.0 : mean[n])) * rstd[n] * d;
             want[0] += d; mag[0] += fabs(d); want[1] += xd; mag[1] += fabs(xd);
         }
-        for (int k = 0; k < sums; k++) {
+        for (int k = rms; k < sums; k++) {   // (RMSNorm: no bias sums; gb must stay 0)
             double got = (double)(float)(k ? gw[c] : gb[c]), err = fabs(got - want[k]);
             double allowed = (rows + R + 2) * 0x1p-24 * mag[k] + 1e-30;
             if (!(err <= allowed)) { bad++; }
             if (err / allowed > worst) { worst = err / allowed; }
         }
     }
+    for (int c = 0; c < C && rms; c++) { bad += (float)gb[c] != 0.0f; }
     printf("%-4s column sums replayed, %-9s N %5d C %4d: %d slices of %d rows, grid (%d, %d): %d of %d sums off the exact ones "
-           "by more than the fp32 bound (worst err/bound %.3f)\n", bad ? "FAIL" : "ok", layernorm ? "layernorm" : "bias", N, C,
-           R, rows, gx, R, bad, sums * C, worst);
+           "by more than the fp32 bound (worst err/bound %.3f)\n", bad ? "FAIL" : "ok", rms ? "rmsnorm" : layernorm ? "layernorm" : "bias", N, C,
+           R, rows, gx, R, bad, (sums - rms) * C, worst);
     fails += bad > 0;
     free(dy); free(x); free(dyx); free(xx); free(mean); free(rstd); free(part); free(gb); free(gw);
 }
@@ -77,5 +83,8 @@ int main(void) {
     run(333, 100, 1, ws);       // odd: a partial last slice, a partial block of columns
     run(1, 7, 0, ws);           // one row
     run(5000, 300, 1, 4096);    // a small workspace: the slices grow until the partials fit
+    run(8192, 4096, 2, ws);     // Llama 3 8B RMSNorm (no mean, no bias), B8 T1024
+    run(333, 100, 2, ws);       // odd RMSNorm
+    run(5000, 300, 2, 4096);    // RMSNorm, small workspace
     return fails != 0;
 }
