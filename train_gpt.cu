@@ -206,6 +206,13 @@ typedef struct {
     MoEActs acts;
 } WGrads;
 
+// ZB: the layers' pending W passes: pipeline.h's npending sets of every layer's WGrads (wgrads_layout's layout).
+typedef struct {
+    floatX *elems;               // their tensors
+    float *floats;               // their fp32 tensors (the router logits' gradient)
+    int *counts;                 // host (npending, MoE layers, ep, E): the dispatch's rows
+} WStore;
+
 typedef struct {
     GPT2Config config;
     Grid *grid;
@@ -232,21 +239,14 @@ typedef struct {
     Recompute recompute;         // what the backward recomputes instead of storing (see layer_acts)
     int recomputing;             // the forward running now is a recomputation (its MoE numbers are not counted again)
     Activations scratch;         // one layer's worth of what is recomputed, shared by the layers and micro-batches
-    // --comm-report with a pipeline: the seconds each of the stage's layers, the head (with the final LayerNorm and
-    // the loss) and the embedding took, forward and backward, the device synchronised around each (report_costs)
-    double *layer_seconds, head_seconds, embed_seconds;
-    int cost_micro_batches;      // the training micro-batches they add up (the timed steps': all but the first)
-    int time_costs;              // a training step's forward and backward are running (not an evaluation's)
-    int defer_w;                 // ZB: the layers' weight gradients wait for the W pass
-    floatX *wstore;              // ZB: (npending, the stage's layers' WGrads: wgrads_size each) their tensors
-    float *wstore_f;             // ZB: ... their fp32 tensors (the router logits' gradient)
-    int *wstore_counts;          // ZB, host: (npending, MoE layers, ep, E) the dispatch's rows
     int micro;                   // the micro-batch running (for --trace)
     int *step_tokens;            // (2, accum, BT) page-locked: a step's inputs and targets, uploaded without a wait
     int *fwd_tokens;             // (2, BT) a forward-only pass's inputs and targets (validation, sampling)
-    // AdamW updates applied; skipped (a non-finite loss or norm): in all, in a row
-    int updates, skips, skips_in_a_row;
-    float loss_limit, norm_limit;   // an update above either is skipped (guard.h: a divergence)
+    // beside the model: ZB's pending W passes, the instruments' measured costs, the guard's counters
+    int defer_w;                 // ZB: the layers' weight gradients wait for the W pass
+    WStore wstore;
+    StageCosts costs;            // --comm-report with a pipeline (pipeline_split.h)
+    UpdateGuard guard;           // the updates applied and skipped, the limits of the next (global_norm.h)
 } GPT2;
 
 // The model chunk holding the stage's layer l.
@@ -258,12 +258,12 @@ static int layer_chunk(const GPT2 *m, int l) {
 
 // --comm-report with a pipeline: a clock for the work between two calls (the device synchronised first), 0 otherwise.
 static double cost_clock(const GPT2 *m) {
-    if (!m->time_costs || !m->pipe.time_waits || m->grid->pp == 1) { return 0.0; }
+    if (!m->costs.in_step || !m->pipe.time_waits || m->grid->pp == 1) { return 0.0; }
     device_synchronize();
     return wall_seconds();
 }
 static void cost_add(const GPT2 *m, double *seconds, double t0) {
-    if (!m->time_costs || !m->pipe.time_waits || m->grid->pp == 1) { return; }
+    if (!m->costs.in_step || !m->pipe.time_waits || m->grid->pp == 1) { return; }
     device_synchronize();
     *seconds += wall_seconds() - t0;
 }
@@ -318,7 +318,7 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
         for (int l = l0; l < l1; l++) { m->layer_id[m->Ls++] = l; }
     }
     m->chunk_l0[vpp] = m->Ls;
-    m->layer_seconds = (double *)calloc_check(m->Ls + 1, sizeof(double));
+    m->costs.layer = (double *)calloc_check(m->Ls + 1, sizeof(double));
     m->units = (Unit *)malloc_check((2 * m->Ls + 4) * sizeof(Unit));
     m->u_layer = (int *)malloc_check((m->Ls + 1) * sizeof(int));
     m->u_experts = (int *)malloc_check((m->Ls + 1) * sizeof(int));
@@ -415,22 +415,31 @@ static void workspace_alloc(GPT2 *m, int chunk, int any_moe) {
     }
 }
 
-// ZB: the sizes of one layer's WGrads (floatX elements, fp32 elements); layer_wgrads lays them out.
-static void wgrads_size(const GPT2 *m, int moe, size_t *elems, size_t *floats) {
+// ZB: one layer's WGrads (a MoE layer's if moe) laid out from q (floatX) and qf (fp32); NULL bases only count.
+// Returns the floatX elements it takes, *floats the fp32 ones: the W store holds npending sets of every layer's.
+static size_t wgrads_layout(const GPT2 *m, int moe, floatX *q, float *qf, WGrads *d, size_t *floats) {
     size_t C = m->config.channels, Cl = m->Cl, BT = m->BT, Rr = m->moe.rows_recv, Hl = m->moe.Hl,
-           SHl = m->moe.SHl, E = m->config.num_experts;
+           SHl = m->moe.SHl, E = m->config.num_experts, n = 0;
     int full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE;
-    size_t n = BT * (C + 3 * Cl) + 4 * C;                                 // dattproj, dqkv, lnp
-    n += (m->sp && m->grid->tp > 1) || full ? 2 * BT * C : 0;             // xln2, xln1
-    n += full ? BT * Cl : 0;                                              // atty
-    if (!moe) { n += BT * (C + 4 * Cl) + (rec ? BT * 4 * Cl : 0); }       // dfcproj, dfc; fchg
-    else {
-        n += (SHl > 0 ? BT * (C + SHl) : 0) + Rr * (C + Hl);              // dy, sdh; dye, dh
-        n += rec ? Rr * Hl + BT * SHl : 0;                                // hg, shg
-        n += full ? Rr * C : 0;                                           // xe
+    memset(d, 0, sizeof(*d));
+    #define TAKE(ptr, count) ((ptr) = q ? q + n : NULL, n += (count))
+    TAKE(d->dattproj, BT * C); TAKE(d->dqkv, BT * 3 * Cl); TAKE(d->lnp, 4 * C);
+    if ((m->sp && m->grid->tp > 1) || full) { TAKE(d->xln2, BT * C); TAKE(d->xln1, BT * C); }
+    if (full) { TAKE(d->atty, BT * Cl); }
+    if (!moe) {
+        TAKE(d->dfcproj, BT * C); TAKE(d->dfc, BT * 4 * Cl);
+        if (rec) { TAKE(d->fchg, BT * 4 * Cl); }
+    } else {
+        if (SHl > 0) { TAKE(d->moe.dy, BT * C); TAKE(d->moe.sdh, BT * SHl); }
+        TAKE(d->moe.dye, Rr * C); TAKE(d->moe.dh, Rr * Hl);
+        if (rec) { TAKE(d->hg, Rr * Hl); }
+        if (rec && SHl > 0) { TAKE(d->shg, BT * SHl); }
+        if (full) { TAKE(d->xe, Rr * C); }
+        d->moe.dlogits = qf;
     }
-    *elems = n;
-    *floats = moe ? BT * E : 0;                                           // dlogits
+    #undef TAKE
+    *floats = moe ? BT * E : 0;
+    return n;
 }
 
 // Allocates the activations for micro-batches of (B, T), `accum` of them per step, with the pipeline
@@ -485,11 +494,12 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     // ZB: the layers' pending W passes (pipeline.h's npending sets of every layer's WGrads)
     m->defer_w = pp > 1 && schedule == SCHEDULE_ZB && Ls > 0;
     if (m->defer_w) {
-        size_t elems = 0, floats = 0, e, f;
-        for (int l = 0; l < Ls; l++) { wgrads_size(m, is_moe_layer(c, m->layer_id[l]), &e, &f); elems += e; floats += f; }
-        m->wstore = (floatX *)mem_alloc((size_t)pipe->npending * elems * floatx_bytes(), MEM_ACTIVATIONS);
-        m->wstore_f = (float *)mem_alloc((size_t)pipe->npending * floats * sizeof(float), MEM_ACTIVATIONS);
-        m->wstore_counts = (int *)calloc_check((size_t)pipe->npending * (Lm + 1) * m->grid->ep * (c->num_experts + 1),
+        size_t elems = 0, floats = 0, f;
+        WGrads d;
+        for (int l = 0; l < Ls; l++) { elems += wgrads_layout(m, is_moe_layer(c, m->layer_id[l]), NULL, NULL, &d, &f); floats += f; }
+        m->wstore.elems = (floatX *)mem_alloc((size_t)pipe->npending * elems * floatx_bytes(), MEM_ACTIVATIONS);
+        m->wstore.floats = (float *)mem_alloc((size_t)pipe->npending * floats * sizeof(float), MEM_ACTIVATIONS);
+        m->wstore.counts = (int *)calloc_check((size_t)pipe->npending * (Lm + 1) * m->grid->ep * (c->num_experts + 1),
                                                sizeof(int));
     }
     m->fwd_tokens = (int *)malloc_check(sizeof(int) * 2 * m->BT);
@@ -542,8 +552,8 @@ static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *g, cons
 #endif
         m->step_tokens = (int *)host_alloc_pinned(sizeof(int) * 2 * o->accum * m->BT);
     }
-    m->loss_limit = 2.0f * logf((float)c->vocab_size);   // the fixed bound; the run adds -sl / -sg's
-    m->norm_limit = INFINITY;
+    m->guard.loss_limit = 2.0f * logf((float)c->vocab_size);   // the fixed bound; the run adds -sl / -sg's
+    m->guard.norm_limit = INFINITY;
 }
 
 // The model's host memory (its device buffers are the allocator's: alloc.h frees them at the end of a
@@ -559,7 +569,7 @@ static void gpt2_free(GPT2 *m) {
     pipeline_free(&m->pipe);
     zero_free(&m->zero);
     free(m->units); free(m->u_layer); free(m->u_experts); free(m->layer_id); free(m->chunk_l0); free(m->acts);
-    free(m->layer_seconds); free(m->wstore_counts); free(m->moe.layer_index);
+    free(m->costs.layer); free(m->wstore.counts); free(m->moe.layer_index);
     free(m->fwd_tokens);
 }
 
@@ -655,13 +665,13 @@ static void gpt2_forward(GPT2 *m, int v, Activations *a) {
         copy_on_device(a->resid, x, (size_t)BTs * C * sizeof(floatX));
         position_forward(a->resid, p[T_WPE], m->seqpos, m->tok0, BTs, T, C);
         trace_end("embedding", "forward", "\"micro\":%d", m->micro);
-        cost_add(m, &m->embed_seconds, t0);
+        cost_add(m, &m->costs.embed, t0);
     }
     for (int l = l0; l < l1; l++) {
         t0 = cost_clock(m);
         trace_begin();
         layer_forward(m, layer_acts(m, a, l), l);
-        cost_add(m, &m->layer_seconds[l], t0);
+        cost_add(m, &m->costs.layer[l], t0);
         trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "forward", "\"layer\":%d,\"micro\":%d", m->layer_id[l],
                   m->micro);
     }
@@ -670,7 +680,7 @@ static void gpt2_forward(GPT2 *m, int v, Activations *a) {
         unit_view(&m->units[m->u_final], zero_unit_params(&m->zero, m->u_final), p);
         layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW],
                           p[T_LNFB], BTs, C);
-        cost_add(m, &m->head_seconds, t0);
+        cost_add(m, &m->costs.head, t0);
     }
 }
 
@@ -703,7 +713,7 @@ static void gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int la
     }
     loss_accumulate(w->loss_sum, w->losses, BT);
     trace_end("head + loss", backward ? "forward+backward" : "forward", "\"micro\":%d", m->micro);
-    if (backward) { cost_add(m, &m->head_seconds, t0); }
+    if (backward) { cost_add(m, &m->costs.head, t0); }
 }
 
 // The loss sum starts at 0 (a step's or an evaluation's first batch).
@@ -729,41 +739,23 @@ static void gpt2_moe_stats(GPT2 *m, int accum, double *aux, double *z, double *d
     moe_step_numbers(&m->moe, m->grid, (double)m->B * accum * m->grid->dp, (double)m->T * m->grid->cp, aux, z, dropped);
 }
 
-// Micro-batch i's WGrads for the stage's layer l (ZB), in set i % npending; 0 without ZB.
+// Micro-batch i's WGrads for the stage's layer l (ZB), in set i % npending of the W store; 0 without ZB.
 static int layer_wgrads(const GPT2 *m, int i, int l, WGrads *d) {
     const GPT2Config *c = &m->config;
     if (!m->defer_w) { return 0; }
-    size_t C = c->channels, Cl = m->Cl, BT = m->BT, Rr = m->moe.rows_recv, Hl = m->moe.Hl,
-           SHl = m->moe.SHl, E = c->num_experts, set = 0, set_f = 0, off = 0, off_f = 0, e, f;
-    int moe = is_moe_layer(c, m->layer_id[l]), full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE;
+    size_t set = 0, set_f = 0, off = 0, off_f = 0, e, f;
     int moe_before = 0, Lm = 0, j = i % m->pipe.npending;
-    for (int k = 0; k < m->Ls; k++) {
+    for (int k = 0; k < m->Ls; k++) {   // (the stage's layers' WGrads one after another: l's offset in a set)
         int km = is_moe_layer(c, m->layer_id[k]);
-        wgrads_size(m, km, &e, &f);
+        e = wgrads_layout(m, km, NULL, NULL, d, &f);
         set += e; set_f += f; Lm += km;
         if (k < l) { off += e; off_f += f; moe_before += km; }
     }
-    floatX *q = m->wstore + j * set + off;
-    float *qf = m->wstore_f + j * set_f + off_f;
-    memset(d, 0, sizeof(*d));
-    d->dattproj = q; q += BT * C;
-    d->dqkv = q; q += BT * 3 * Cl;
-    d->lnp = q; q += 4 * C;
-    if ((m->sp && m->grid->tp > 1) || full) { d->xln2 = q; q += BT * C; d->xln1 = q; q += BT * C; }
-    if (full) { d->atty = q; q += BT * Cl; }
-    if (!moe) {
-        d->dfcproj = q; q += BT * C;
-        d->dfc = q; q += BT * 4 * Cl;
-        if (rec) { d->fchg = q; }
-        return 1;
+    int moe = is_moe_layer(c, m->layer_id[l]);
+    wgrads_layout(m, moe, m->wstore.elems + j * set + off, m->wstore.floats + j * set_f + off_f, d, &f);
+    if (moe) {
+        d->moe.counts = m->wstore.counts + ((size_t)j * (Lm + 1) + moe_before) * m->grid->ep * (c->num_experts + 1);
     }
-    if (SHl > 0) { d->moe.dy = q; q += BT * C; d->moe.sdh = q; q += BT * SHl; }
-    d->moe.dye = q; q += Rr * C;
-    d->moe.dh = q; q += Rr * Hl;
-    if (rec) { d->hg = q; q += Rr * Hl; d->shg = SHl > 0 ? q : NULL; q += BT * SHl; }
-    if (full) { d->xe = q; }
-    d->moe.dlogits = qf;
-    d->moe.counts = m->wstore_counts + ((size_t)j * (Lm + 1) + moe_before) * m->grid->ep * (E + 1);
     return 1;
 }
 
@@ -897,7 +889,7 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
         layernorm_backward(w->dresid, g[T_LNFW], g[T_LNFB], a->dlnf, a->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW],
                            a->lnf_mean, a->lnf_rstd, BTs, C);
         zero_end_unit_backward(z, m->u_final, last_micro);
-        cost_add(m, &m->head_seconds, t0);
+        cost_add(m, &m->costs.head, t0);
     }
     for (int l = l1 - 1; l >= l0; l--) {
         t0 = cost_clock(m);
@@ -916,7 +908,7 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
         layer_backward(m, y, defer ? &d : NULL, l, last_micro);
         trace_end(m->u_experts[l] >= 0 ? "MoE layer" : defer ? "layer B" : "layer", "backward",
                   "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
-        cost_add(m, &m->layer_seconds[l], t0);
+        cost_add(m, &m->costs.layer[l], t0);
     }
     if (m->first && v == 0) {
         t0 = cost_clock(m);
@@ -931,7 +923,7 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
         if (pipeline) { zero_end_unit_backward(z, m->u_pos, last_micro); }
         wte_grad_close(m, WTE_EMBEDDING, last_micro);
         trace_end("embedding", "backward", "\"micro\":%d", m->micro);
-        cost_add(m, &m->embed_seconds, t0);
+        cost_add(m, &m->costs.embed, t0);
     }
 }
 
@@ -947,7 +939,7 @@ static void gpt2_backward_weights(GPT2 *m, int v, Activations *a, int last_micro
         trace_begin();
         layer_backward_weights(m, y, &d, l, last_micro);
         trace_end("layer W", "weights", "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
-        cost_add(m, &m->layer_seconds[l], t0);
+        cost_add(m, &m->costs.layer[l], t0);
     }
 }
 
@@ -1034,10 +1026,10 @@ static void gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
         local_tokens(m, s.inputs + (size_t)i * m->BT, dl->inputs);
         local_tokens(m, s.targets + (size_t)i * m->BT, dl->targets);
     }
-    m->time_costs = 1;
+    m->costs.in_step = 1;
     pipeline_run(&m->pipe, (StageWork){&s, train_forward, train_backward, train_weights});
-    m->time_costs = 0;
-    m->cost_micro_batches += accum;
+    m->costs.in_step = 0;
+    m->costs.micro_batches += accum;
     m->moe.count_stats = 0;
     zero_finish_grads(&m->zero);
 }
@@ -1051,7 +1043,7 @@ typedef struct { float loss, norm; int why; } StepResult;   // why: SKIP_NONE, o
 // non-finite loss or gradient norm (the same on every rank: both are global) makes the scale 0 and
 // skips the update: the parameters and the AdamW state stay as they were, and AdamW's step count t
 // counts only the updates applied. Then the step's one wait: the host reads the loss and the norm
-// (m->skips_in_a_row says whether this update was skipped).
+// (m->guard.skips_in_a_row says whether this update was skipped).
 static StepResult gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
     Zero *z = &m->zero;
     Grid *g = m->grid;
@@ -1060,18 +1052,18 @@ static StepResult gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
     step_stats_gather(z->stats, z->norm_parts, nparts, m->last && g->tp_rank == 0 ? m->ws.loss_sum : NULL);
     comm_all_reduce(&g->world, z->stats, 2, DT_DOUBLE, NULL);   // loss_sum, norm_sq
     double tokens = (double)m->BT * (m->pipe.steps.n_total / m->vpp) * g->dp * g->cp;   // the global batch's
-    step_stats_clip(z->stats, tokens, o->grad_clip, m->loss_limit, m->norm_limit);
-    zero_optimizer_step(z, lr, o->beta1, o->beta2, o->eps, o->weight_decay, &z->stats->scale, m->updates + 1,
+    step_stats_clip(z->stats, tokens, o->grad_clip, m->guard.loss_limit, m->guard.norm_limit);
+    zero_optimizer_step(z, lr, o->beta1, o->beta2, o->eps, o->weight_decay, &z->stats->scale, m->guard.updates + 1,
                         o->seed + 7919u * step);
     moe_balance_bias(&m->moe, g->grad_group, &z->stats->scale);   // loss-free balancing (--moe-bias-rate)
     StepStats st;
     copy_to_host(&st, z->stats, sizeof(st));
     if (st.scale == 0.0f) {
-        m->skips++;
-        m->skips_in_a_row++;
+        m->guard.skips++;
+        m->guard.skips_in_a_row++;
     } else {
-        m->updates++;
-        m->skips_in_a_row = 0;
+        m->guard.updates++;
+        m->guard.skips_in_a_row = 0;
     }
     trace_end("norm + AdamW", "optimizer", "\"step\":%d", step);
     return (StepResult){st.loss, st.norm, (int)st.why};
@@ -1177,7 +1169,7 @@ static void gpt2_sample(GPT2 *m, Sampler *s, Tokenizer *tok, Rng *rng, const int
 
 static TrainState gpt2_train_state(const GPT2 *m, int total_batch, int max_steps, const DataLoader *dl) {
     Grid *g = m->grid;
-    TrainState s = {m->updates, m->skips, m->skips_in_a_row, m->T * g->cp, total_batch,
+    TrainState s = {m->guard.updates, m->guard.skips, m->guard.skips_in_a_row, m->T * g->cp, total_batch,
                     total_batch / (m->B * m->T * g->cp * g->dp), max_steps, dl->fingerprint};
     return s;
 }
@@ -1194,7 +1186,7 @@ static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, 
 static int load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch) {
     TrainState s = gpt2_train_state(m, total_batch, 0, dl);
     checkpoint_load(&m->config, &m->zero, dir, step, &s, dl, rng);
-    m->updates = s.updates; m->skips = s.skips; m->skips_in_a_row = s.skips_in_a_row;
+    m->guard.updates = s.updates; m->guard.skips = s.skips; m->guard.skips_in_a_row = s.skips_in_a_row;
     return s.max_steps;
 }
 
@@ -1382,12 +1374,12 @@ static int setup_data(const Args *a, const GPT2Config *config, Grid *grid, DataL
 // report: (L + 2) each layer's at its model index, the embedding's, the head's; the stage's first rank's, 0 elsewhere.
 static double *gpt2_stage_costs(const GPT2 *m) {
     Grid *g = m->grid;
-    int L = m->config.num_layers, n = m->cost_micro_batches;
+    int L = m->config.num_layers, n = m->costs.micro_batches;
     double *cost = (double *)calloc_check(L + 2, sizeof(double));
     if (g->tp_rank == 0 && g->cp_rank == 0 && g->dp_rank == 0 && n > 0) {   // (one rank per stage adds its layers')
-        for (int l = 0; l < m->Ls; l++) { cost[m->layer_id[l]] = m->layer_seconds[l] / n; }
-        cost[L] = m->first ? m->embed_seconds / n : 0;
-        cost[L + 1] = m->last ? m->head_seconds / n : 0;
+        for (int l = 0; l < m->Ls; l++) { cost[m->layer_id[l]] = m->costs.layer[l] / n; }
+        cost[L] = m->first ? m->costs.embed / n : 0;
+        cost[L + 1] = m->last ? m->costs.head / n : 0;
     }
     return cost;
 }
@@ -1572,8 +1564,8 @@ static void run_log_step(Run *r, int step, StepResult res, float lr, StepClock c
     MoEStepLoad moe = moe_step_load(&m->moe, m->grid, num_moe_layers(c), (double)m->B * r->accum * r->grid.dp,
                                     (double)m->T * r->grid.cp);
     double flops = (6.0 * m->num_parameters + 6.0 * c->num_layers * c->channels * r->args.T) * r->args.total_batch;
-    StepLine line = {step, r->max_steps, res.loss, res.norm, lr, res.why, m->skips_in_a_row, m->loss_limit,
-                     m->norm_limit, (double)r->args.total_batch, step_mfu(flops, clock.ms, r->world), clock};
+    StepLine line = {step, r->max_steps, res.loss, res.norm, lr, res.why, m->guard.skips_in_a_row, m->guard.loss_limit,
+                     m->guard.norm_limit, (double)r->args.total_batch, step_mfu(flops, clock.ms, r->world), clock};
     if (r->rank == 0) { log_step(r->logf, &line, &moe); }
     free(moe.load); free(moe.kept);
 }
@@ -1609,8 +1601,8 @@ static void run_step(Run *r, int step) {
     inject_nan_for_test(m, step);
     float lr = lr_at(&r->sched, step);
     float fixed = 2.0f * logf((float)r->config.vocab_size), sl = outlier_limit(&r->losses, a->skip_loss_z);
-    m->loss_limit = sl < fixed ? sl : fixed;
-    m->norm_limit = outlier_limit(&r->norms, a->skip_norm_z);
+    m->guard.loss_limit = sl < fixed ? sl : fixed;
+    m->guard.norm_limit = outlier_limit(&r->norms, a->skip_norm_z);
     StepResult res = gpt2_update(m, &r->opt, lr, step);
     if (res.why == SKIP_NONE) { outlier_add(&r->losses, res.loss); outlier_add(&r->norms, res.norm); }
     device_synchronize();
@@ -1619,18 +1611,18 @@ static void run_step(Run *r, int step) {
     trace_flush();   // (CUDA: the step's spans from their events, now that the step has ended)
     if (step > r->start_step) { step_times_add(&r->times, &r->grid, ms, m->pipe.wait_seconds, m->moe.a2a_seconds); }
     else {   // (the first step's costs are not counted either: report_costs)
-        memset(m->layer_seconds, 0, m->Ls * sizeof(double));
-        m->head_seconds = m->embed_seconds = 0;
-        m->cost_micro_batches = 0;
+        memset(m->costs.layer, 0, m->Ls * sizeof(double));
+        m->costs.head = m->costs.embed = 0;
+        m->costs.micro_batches = 0;
     }
     double per_step = r->times.steps > 0 ? r->times.total_ms / r->times.steps : ms;
     StepClock clock = {wall_seconds() - r->t_start, per_step * (r->max_steps - step - 1) / 1e3, ms};
     run_log_step(r, step, res, lr, clock);
-    if (m->skips_in_a_row >= a->max_skips) {
+    if (m->guard.skips_in_a_row >= a->max_skips) {
         fail_all(r->rank,
                  "step %d: %d updates in a row skipped for a non-finite or diverging loss or gradient norm (--max-skips "
                  "%d); the parameters are those before step %d, and no checkpoint holds a non-finite value", step + 1,
-                 m->skips_in_a_row, a->max_skips, step + 2 - m->skips_in_a_row);
+                 m->guard.skips_in_a_row, a->max_skips, step + 2 - m->guard.skips_in_a_row);
     }
     if (step == r->start_step) {
         report_first_step(a, &r->grid, m->pipe.nslots, m->vpp, r->accum);

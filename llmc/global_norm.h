@@ -76,6 +76,10 @@ static void sum_of_squares(float *out, const floatX *x, size_t n) {
 // divergence: the limits come from earlier steps, guard.h) (AdamW then skips the update: adamw.h). The
 // host reads the struct once, when the step is over.
 enum { SKIP_NONE, SKIP_NOT_FINITE, SKIP_LOSS, SKIP_NORM };
+
+// The guard's counters: AdamW updates applied; skipped (a non-finite or diverging loss or norm): in all, in a row;
+// and the limits the next update is held to (above either, it is skipped: step_stats_clip).
+typedef struct { int updates, skips, skips_in_a_row; float loss_limit, norm_limit; } UpdateGuard;
 typedef struct {
     double loss_sum, norm_sq;   // this rank's part, then (after the all-reduce) every rank's
     float loss, norm, scale;    // loss_sum / tokens, sqrt(norm_sq); the gradient scale (0: skip)

@@ -174,6 +174,11 @@ static int layer_split(int *first, const char *spec, const GPT2Config *c, int T,
     return 0;
 }
 
+// What a run measures of its stage (--comm-report with a pipeline, the device synchronised around each pass): the
+// seconds of each of the stage's layers, of the head (final LayerNorm, LM head and loss), of the embedding, forward
+// and backward, over micro_batches training micro-batches; in_step: a training step is running (not an evaluation).
+typedef struct { double *layer, head, embed; int micro_batches, in_step; } StageCosts;
+
 // The seconds measured per micro-batch (cost: the model's L layers, 0 where this rank holds none, then the
 // embedding and the head + loss), each rank's in units of its own dense layers, scaled back to seconds by their mean
 // over the ranks: the split balances work, so a rank that ran slower (another core's load, a hotter GPU) does not make
