@@ -1301,7 +1301,8 @@ static StepResult check_step(TestRun *t, GPT2 *m, DataLoader *dl, const RefState
     double flipped_share = 0;   // MoE: the share of (layer, token) pairs routed otherwise than the reference
     if (c->num_experts > 0) {
         double aux, z, dropped;
-        gpt2_moe_stats(m, accum, &aux, &z, &dropped);
+        moe_step_numbers(&m->moe, m->grid, (double)m->B * accum * m->grid->dp, (double)m->T * m->grid->cp, &aux, &z,
+                         &dropped);
         if (rmoe->present) {
             check(fabs(aux - rmoe->aux0) <= LOSS_TOL * fabs(rmoe->aux0)
                   && fabs(z - rmoe->z0) <= LOSS_TOL * fabs(rmoe->z0),
@@ -1712,7 +1713,8 @@ static void check_resume(TestRun *t, const char *dir) {
             d.loss = gpt2_read_loss(&run, accum);
             if (t->config.num_experts > 0) {
                 double aux, z, dropped;
-                gpt2_moe_stats(&run, accum, &aux, &z, &dropped);
+                moe_step_numbers(&run.moe, run.grid, (double)run.B * accum * run.grid->dp, (double)run.T * run.grid->cp,
+                                 &aux, &z, &dropped);
                 d.aux = (float)aux; d.z = (float)z; d.dropped = (float)dropped;
                 gather_routing(&run, log, accum, t->ref.R, t->ref.T, &d.choice, &d.keep, &d.probs);
                 d.bias = moe_gather_bias(&run.moe, run.grid, num_moe_layers(&run.config));

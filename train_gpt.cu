@@ -131,17 +131,6 @@ static void unit_view(const Unit *U, floatX *base, floatX *ptr[NUM_TENSORS]) {
 // ----------------------------------------------------------------------------
 // the model
 
-// Activation recompute (--recompute): none stores every layer's activations for the backward; mlp drops
-// the MLP's fc and GELU outputs (the experts' too), the largest, and recomputes them in the backward from
-// the stored ln2 output; full keeps only each layer's input and recomputes the whole layer (its
-// tensor-parallel collectives and expert all-to-alls included) before its backward. The results are
-// bit-identical: the recomputation runs the same kernels on the same inputs.
-typedef enum { RECOMPUTE_NONE, RECOMPUTE_MLP, RECOMPUTE_FULL } Recompute;
-
-static Recompute recompute_mode(const char *name) {
-    return !strcmp(name, "mlp") ? RECOMPUTE_MLP : !strcmp(name, "full") ? RECOMPUTE_FULL : RECOMPUTE_NONE;
-}
-
 typedef struct {
     // stored for the backward, one set per micro-batch in flight through one model chunk of this
     // pipeline stage (the stage's layers without interleaving). Per layer l of the chunk's Lc layers
@@ -460,13 +449,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     int nslots = pipeline_plan(pipe, pp == 1 ? SCHEDULE_1F1B : schedule, pp, vpp, m->grid->pp_rank, accum);
     int Ld = 0, Lm = 0;
     for (int l = 0; l < Ls; l++) { if (is_moe_layer(c, m->layer_id[l])) { Lm++; } else { Ld++; } }
-    ExpertParallel *x = &m->moe;
-    x->B = B; x->T = T; x->BT = B * T;
-    // per whole sequence
-    x->cap = c->num_experts > 0 ? moe_capacity(c->topk, T * cp, c->num_experts, x->opt.cap1000) : 0;
-    // (a capacity: the padded dispatch; sampling runs dropless, counted; a test hook counts always)
-    x->padded = x->opt.cap1000 > 0 && !test_hook_counted_dispatch();
-    if (Lm > 0) { moe_dispatch_rows(x, moe_dropless ? T : x->cap); }
+    moe_set_batch(&m->moe, B, T, cp, Lm > 0, moe_dropless);
     int Lmax = 0, Ldmax = 0;
     int *moe_at = (int *)calloc_check(Ls + 1, sizeof(int));   // some chunk has a MoE layer at this position
     for (int v = 0; v < vpp; v++) {
@@ -480,16 +463,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     slot_alloc(m, &m->scratch, 1, Ls, Ldmax, Ld, moe_at);
     free(moe_at);
     // mlp: the stored MoE layers compute their experts' hidden rows in the scratch's
-    if (m->recompute == RECOMPUTE_MLP) {
-        for (int i = 0; i < nslots; i++) {
-            for (int l = 0; l < Lmax; l++) {
-                m->acts[i].moe[l].h = m->scratch.moe[0].h;
-                m->acts[i].moe[l].hg = m->scratch.moe[0].hg;
-                m->acts[i].moe[l].sh = m->scratch.moe[0].sh;
-                m->acts[i].moe[l].shg = m->scratch.moe[0].shg;
-            }
-        }
-    }
+    for (int i = 0; i < nslots && m->recompute == RECOMPUTE_MLP; i++) { moe_acts_share_hidden(m->acts[i].moe, Lmax, m->scratch.moe); }
     workspace_alloc(m, chunk, Lm > 0);
     // ZB: the layers' pending W passes (pipeline.h's npending sets of every layer's WGrads)
     m->defer_w = pp > 1 && schedule == SCHEDULE_ZB && Ls > 0;
@@ -510,26 +484,6 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
     for (int v = 0; v < vpp; v++) { chunk_len[v] = m->chunk_l0[v + 1] - m->chunk_l0[v]; }
     pipeline_alloc(pipe, m->first, m->last, !m->sp && tp > 1, m->BTs * c->channels, resid, chunk_len, m->ws.dresid,
                    m->zero.prefetch && pp > 1);
-}
-
-// What a model is made with besides its weights and its grid: the layout's options and the step's shape.
-typedef struct {
-    int vpp, zero, sp;        // model chunks per stage, the ZeRO stage, sequence parallelism
-    const char *pp_layers;    // the layers of each (virtual) stage: NULL even, "auto", or "5,7" (layer_split)
-    MoEOptions moe;
-    Recompute recompute;
-    int overlap;              // ZeRO-3 prefetch, pipeline sends that complete while the stage computes
-    int B, T;                 // a micro-batch: sequences, and the tokens of each this rank holds (T/cp)
-    int ce_chunk, accum;      // tokens per cross-entropy chunk; micro-batches per step
-    PipeSchedule schedule;
-    int moe_dropless;         // the MoE buffers sized for dropless routing (the run samples)
-} ModelOptions;
-
-static ModelOptions model_options(const Args *a, MoEOptions moe, int dp) {
-    ModelOptions o = {a->vpp, a->zero, a->sp, a->pp_layers, moe, recompute_mode(a->recompute), a->overlap, a->B, a->T / a->cp,
-                      a->ce_chunk,
-                      a->total_batch / (a->B * a->T * dp), pipe_schedule(a->pp_schedule), args_samples(a)};
-    return o;
 }
 
 // The one set-up path: this rank's part of the model from the full weights (params, file order; NULL in a
@@ -732,11 +686,6 @@ static float gpt2_read_loss(GPT2 *m, int batches) {
     comm_host_bcast(&m->grid->pp_group, &loss, 1, DT_DOUBLE, m->grid->pp - 1, "broadcast of the loss");
     comm_host_all_reduce(m->grid->grad_group, &loss, 1, DT_DOUBLE, HOST_SUM, "all-reduce of the loss");
     return (float)(loss / (m->grid->dp * m->grid->cp));
-}
-
-// The MoE numbers of the last step (accum micro-batches), on every rank (expert_parallel.h).
-static void gpt2_moe_stats(GPT2 *m, int accum, double *aux, double *z, double *dropped) {
-    moe_step_numbers(&m->moe, m->grid, (double)m->B * accum * m->grid->dp, (double)m->T * m->grid->cp, aux, z, dropped);
 }
 
 // Micro-batch i's WGrads for the stage's layer l (ZB), in set i % npending of the W store; 0 without ZB.
@@ -1384,53 +1333,6 @@ static double *gpt2_stage_costs(const GPT2 *m) {
     return cost;
 }
 
-// The start-up lines: the model, the MoE layers, the batch and the layout.
-static void print_setup(const Args *a, const GPT2 *m, int accum) {
-    const GPT2Config *c = &m->config;
-    if (m->grid->rank != 0) { return; }
-    printf("model: L %d C %d NH %d V %d (padded %d) maxT %d, %zu parameters, %s\n", c->num_layers, c->channels,
-           c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len, m->num_parameters, PRECISION_NAME);
-    if (c->num_experts > 0) {
-        printf("moe: %d of %d layers (every %d), %d experts of width %d + %d shared, top-%d of %s scores, capacity "
-               "factor %.3f (%d per expert and sequence%s), drop %s, aux %g, z %g, bias rate %g; ep %d (%d experts per "
-               "rank), edp %d\n", num_moe_layers(c), c->num_layers, c->moe_every, c->num_experts, c->expert_hidden,
-               c->shared_experts, c->topk,
-               c->router_score == ROUTER_SIGMOID ? "sigmoid" : "softmax", a->cap1000 / 1000.0, m->moe.cap,
-               a->cap1000 == 0 ? ", dropless" : "", a->drop_policy, m->moe.opt.aux_coeff, m->moe.opt.z_coeff,
-               m->moe.opt.bias_rate, m->grid->ep, m->moe.El, m->grid->edp_group.size);
-    }
-    printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, cp %d, pp %d (%s), ce chunk %d, recompute %s\n",
-           a->B, a->T, m->grid->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "", a->cp, a->pp,
-               a->pp_schedule, a->ce_chunk, a->recompute);
-    if (a->pp > 1) { print_layer_split(c, a->pp_layers, a->T, a->pp, a->vpp); }
-}
-
-// Every rank must hold the same model and read the same data: a hash of the model's shape and
-// weights, and the data's fingerprint (file names, token counts, first tokens), compared with rank 0's.
-static void agree_on_inputs(const GPT2Config *c, const float *params, const DataLoader *train, int rank, int world) {
-    uint64_t mine[2] = {0, train->fingerprint}, ref[2];
-    mine[0] = crc32_update(crc32_update(0, c, sizeof(*c)), params, model_floats(c) * sizeof(float));   // (the routing bias too)
-    memcpy(ref, mine, sizeof(ref));
-    comm_host_bcast(comm_world(), ref, 2 * 8, DT_BYTE, 0, "broadcast of the inputs' hashes");
-    int differ[2] = {mine[0] != ref[0] ? rank : world, mine[1] != ref[1] ? rank : world};
-    comm_host_all_reduce(comm_world(), differ, 2, DT_INT, HOST_MIN, "all-reduce (inputs agree)");
-    if (differ[0] < world || differ[1] < world) {
-        fprintf(stderr,
-                "error: rank %d: the %s on rank %d differs from rank 0's (every rank must read the same files)\n", rank,
-                differ[0] < world ? "model (-e or the checkpoint)" : "training data (-i: file names, token counts or "
-                "first tokens)", differ[0] < world ? differ[0] : differ[1]);
-        stop_all(1);
-    }
-}
-
-// Test hook (test_hooks.h): a NaN in one gradient element.
-static void inject_nan_for_test(GPT2 *m, int step) {
-    if (m->grid->rank != 0 || !test_hook_inject_nan(step)) { return; }
-    Zero *z = &m->zero;
-    float nan = NAN;
-    upload_floats(z->stage < 2 ? z->grads : z->grads_shard, &nan, 1);
-}
-
 // Everything one training run holds: the flags, the grid and model, the data, the schedule, the log.
 typedef struct {
     Args args;
@@ -1458,30 +1360,6 @@ typedef struct {
     Outlier losses, norms;     // the last applied updates' (-sl, -sg: guard.h)
 } Run;
 
-// The prompt's tokens: --prompt-ids (0 <= id < V), or --prompt's bytes (a byte model: V 257).
-static void run_prompt(Run *r) {
-    const Args *a = &r->args;
-    int V = r->config.vocab_size;
-    r->nprompt = 0;
-    r->prompt = (int *)malloc_check(sizeof(int) * (strlen(a->prompt_ids ? a->prompt_ids : a->prompt ? a->prompt : "") + 1));
-    if (a->prompt) {
-        if (V != 257) {
-            fail_all(r->rank, "--prompt TEXT needs a byte model (V 257), this one has V %d: give --prompt-ids, or encode the "
-                     "text with dev/sample.py", V);
-        }
-        for (const char *c = a->prompt; *c; c++) { r->prompt[r->nprompt++] = (unsigned char)*c; }
-    }
-    for (const char *c = a->prompt_ids; c && *c;) {
-        char *end;
-        long id = strtol(c, &end, 10);
-        if (end == c || (*end != ',' && *end != '\0') || id < 0 || id >= V) {
-            fail_all(r->rank, "--prompt-ids '%s': expected token ids 0..%d separated by commas", a->prompt_ids, V - 1);
-        }
-        r->prompt[r->nprompt++] = (int)id;
-        c = *end ? end + 1 : end;
-    }
-}
-
 // The model, the grid, this rank's part of the model, the data, the output dir, and the state of a
 // resumed run. A fresh run's shape alone says whether it fits: it is checked before the weights are
 // made (a resumed one's shape is in its checkpoint).
@@ -1493,10 +1371,20 @@ static void run_setup(Run *r) {
     int resume_step;
     float *params = load_model(a, rank, &r->config, &resume_step);
     if (a->resume) { setup_grid(a, &r->config, &r->grid, world, rank); }
-    run_prompt(r);
+    r->prompt = sampler_prompt(a->prompt, a->prompt_ids, r->config.vocab_size, rank, &r->nprompt);
     // (checked before anything is written)
     r->have_val = setup_data(a, &r->config, &r->grid, &r->train_loader, &r->val_loader, &r->tokenizer);
-    agree_on_inputs(&r->config, params, &r->train_loader, rank, world);
+    // every rank must hold the same model (its shape and weights, the routing bias too) and read the same data
+    uint64_t mine[2] = {crc32_update(crc32_update(0, &r->config, sizeof(r->config)), params,
+                                     model_floats(&r->config) * sizeof(float)), r->train_loader.fingerprint};
+    int differ[2];
+    comm_host_agree(mine, 2, differ);
+    if (differ[0] < world || differ[1] < world) {
+        fprintf(stderr, "error: rank %d: the %s on rank %d differs from rank 0's (every rank must read the same files)\n",
+                rank, differ[0] < world ? "model (-e or the checkpoint)" : "training data (-i: file names, token counts "
+                "or first tokens)", differ[0] < world ? differ[0] : differ[1]);
+        stop_all(1);
+    }
     if (a->output_dir) {
         check_output_dir(a->output_dir, rank);
         lock_output_dir(a->output_dir, rank);
@@ -1508,7 +1396,10 @@ static void run_setup(Run *r) {
     gpt2_init(&r->model, &r->config, params, &r->grid, &options);
     free(params);
     r->accum = options.accum;
-    print_setup(a, &r->model, r->accum);
+    if (rank == 0) {
+        GPT2 *m = &r->model;
+        print_setup(a, &r->config, &r->grid, m->num_parameters, m->moe.cap, m->moe.El, r->accum);
+    }
     // the schedule, the optimizer, and the state of a resumed run
     int steps_per_epoch = (int)(r->train_loader.rounds_per_epoch / r->accum);
     r->max_steps = a->max_steps >= 0 ? a->max_steps : (steps_per_epoch > 0 ? steps_per_epoch : 1);
@@ -1598,7 +1489,7 @@ static void run_step(Run *r, int step) {
     double t0 = wall_seconds();
     if (step == r->start_step) { r->t_start = t0; }
     gpt2_forward_backward(m, &r->train_loader, r->accum);
-    inject_nan_for_test(m, step);
+    if (r->rank == 0 && test_hook_inject_nan(step)) { zero_poison_gradient(&m->zero); }   // (a test hook)
     float lr = lr_at(&r->sched, step);
     float fixed = 2.0f * logf((float)r->config.vocab_size), sl = outlier_limit(&r->losses, a->skip_loss_z);
     m->guard.loss_limit = sl < fixed ? sl : fixed;

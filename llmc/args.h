@@ -544,4 +544,36 @@ static PipeSchedule pipe_schedule(const char *name) {
             : !strcmp(name, "zb") ? SCHEDULE_ZB : SCHEDULE_1F1B;
 }
 
+// Activation recompute (--recompute): none stores every layer's activations for the backward; mlp drops
+// the MLP's fc and GELU outputs (the experts' too), the largest, and recomputes them in the backward from
+// the stored ln2 output; full keeps only each layer's input and recomputes the whole layer (its
+// tensor-parallel collectives and expert all-to-alls included) before its backward. The results are
+// bit-identical: the recomputation runs the same kernels on the same inputs.
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_MLP, RECOMPUTE_FULL } Recompute;
+
+static Recompute recompute_mode(const char *name) {
+    return !strcmp(name, "mlp") ? RECOMPUTE_MLP : !strcmp(name, "full") ? RECOMPUTE_FULL : RECOMPUTE_NONE;
+}
+
+// What a model is made with besides its weights and its grid: the layout's options and the step's shape (the
+// flags' meaning for the model).
+typedef struct {
+    int vpp, zero, sp;        // model chunks per stage, the ZeRO stage, sequence parallelism
+    const char *pp_layers;    // the layers of each (virtual) stage: NULL even, "auto", or "5,7" (layer_split)
+    MoEOptions moe;
+    Recompute recompute;
+    int overlap;              // ZeRO-3 prefetch, pipeline sends that complete while the stage computes
+    int B, T;                 // a micro-batch: sequences, and the tokens of each this rank holds (T/cp)
+    int ce_chunk, accum;      // tokens per cross-entropy chunk; micro-batches per step
+    PipeSchedule schedule;
+    int moe_dropless;         // the MoE buffers sized for dropless routing (the run samples)
+} ModelOptions;
+
+static ModelOptions model_options(const Args *a, MoEOptions moe, int dp) {
+    ModelOptions o = {a->vpp, a->zero, a->sp, a->pp_layers, moe, recompute_mode(a->recompute), a->overlap, a->B, a->T / a->cp,
+                      a->ce_chunk,
+                      a->total_batch / (a->B * a->T * dp), pipe_schedule(a->pp_schedule), args_samples(a)};
+    return o;
+}
+
 #endif // LLMC_ARGS_H

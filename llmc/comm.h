@@ -873,6 +873,20 @@ static const char *human_bytes(double b, char *out, size_t n) {
     return out;
 }
 
+// Whether every rank holds rank 0's values (e.g. hashes of what each read): first[i] is the lowest rank whose
+// mine[i] differs from rank 0's (the world's size: none). Every rank learns the same.
+static void comm_host_agree(const uint64_t *mine, int n, int *first) {
+    int rank, world;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    uint64_t *ref = (uint64_t *)malloc_check(n * sizeof(uint64_t));
+    memcpy(ref, mine, n * sizeof(uint64_t));
+    comm_host_bcast(comm_world(), ref, n * 8, DT_BYTE, 0, "broadcast of the inputs' hashes");
+    for (int i = 0; i < n; i++) { first[i] = mine[i] != ref[i] ? rank : world; }
+    comm_host_all_reduce(comm_world(), first, n, DT_INT, HOST_MIN, "all-reduce (inputs agree)");
+    free(ref);
+}
+
 // The comm report's table: a row per rank, a column per group that carried anything (bytes sent per step,
 // calls in parentheses). all: (world, NG, 2) bytes and calls.
 static void comm_report_table(Grid *grid, Group **groups, int NG, const double *all, const char *label) {

@@ -114,6 +114,23 @@ static void moe_dispatch_rows(ExpertParallel *x, int count_cap) {
     if (x->padded && padded > x->rows_recv) { x->rows_recv = padded; }
 }
 
+// A micro-batch of B sequences of T tokens on this rank (cp ranks share each sequence): the capacity per whole
+// sequence, the dispatch (a capacity: padded; sampling runs dropless, counted; a test hook counts always), and the
+// dispatch buffers' rows (any: the stage has MoE layers; dropless: sized for dropless routing).
+static void moe_set_batch(ExpertParallel *x, int B, int T, int cp, int any, int dropless) {
+    x->B = B; x->T = T; x->BT = B * T;
+    x->cap = x->E > 0 ? moe_capacity(x->k, T * cp, x->E, x->opt.cap1000) : 0;
+    x->padded = x->opt.cap1000 > 0 && !test_hook_counted_dispatch();
+    if (any) { moe_dispatch_rows(x, dropless ? T : x->cap); }
+}
+
+// --recompute mlp: the stored MoE layers (n of a slot) compute their experts' hidden rows in the scratch's one set.
+static void moe_acts_share_hidden(MoEActs *stored, int n, const MoEActs *scratch) {
+    for (int l = 0; l < n; l++) {
+        stored[l].h = scratch->h; stored[l].hg = scratch->hg; stored[l].sh = scratch->sh; stored[l].shg = scratch->shg;
+    }
+}
+
 // The workspace, for micro-batches of B sequences of T local tokens (the dispatch rows already set).
 static void moe_work_alloc(ExpertParallel *x) {
     size_t BT = x->BT, C = x->C, Hl = x->Hl, SHl = x->SHl, E = x->E, k = x->k, Rs = x->rows_send, Rr = x->rows_recv,

@@ -16,6 +16,31 @@
 #include "pipeline_split.h"
 
 // ----------------------------------------------------------------------------
+// the start
+
+// The start-up lines (rank 0): the model, the MoE layers (moe_cap: assignments per expert and sequence; moe_El: experts
+// per ep rank), the batch and the layout.
+static void print_setup(const Args *a, const GPT2Config *c, Grid *g, size_t num_parameters, int moe_cap, int moe_El,
+                        int accum) {
+    printf("model: L %d C %d NH %d V %d (padded %d) maxT %d, %zu parameters, %s\n", c->num_layers, c->channels,
+           c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len, num_parameters, PRECISION_NAME);
+    MoEOptions mo = moe_options(a, c);
+    if (c->num_experts > 0) {
+        printf("moe: %d of %d layers (every %d), %d experts of width %d + %d shared, top-%d of %s scores, capacity "
+               "factor %.3f (%d per expert and sequence%s), drop %s, aux %g, z %g, bias rate %g; ep %d (%d experts per "
+               "rank), edp %d\n", num_moe_layers(c), c->num_layers, c->moe_every, c->num_experts, c->expert_hidden,
+               c->shared_experts, c->topk,
+               c->router_score == ROUTER_SIGMOID ? "sigmoid" : "softmax", a->cap1000 / 1000.0, moe_cap,
+               a->cap1000 == 0 ? ", dropless" : "", a->drop_policy, mo.aux_coeff, mo.z_coeff, mo.bias_rate, g->ep, moe_El,
+               g->edp_group.size);
+    }
+    printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, cp %d, pp %d (%s), "
+           "ce chunk %d, recompute %s\n", a->B, a->T, g->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "",
+           a->cp, a->pp, a->pp_schedule, a->ce_chunk, a->recompute);
+    if (a->pp > 1) { print_layer_split(c, a->pp_layers, a->T, a->pp, a->vpp); }
+}
+
+// ----------------------------------------------------------------------------
 // the step line
 
 typedef struct { double elapsed, eta, ms; } StepClock;   // seconds since the first step, seconds left, this step's ms

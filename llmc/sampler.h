@@ -62,4 +62,27 @@ static int sample_token(Sampler *s, const float *logits, int V, float coin01) {
     return s->order[n - 1];
 }
 
+// The prompt's tokens: --prompt-ids (0 <= id < V), or --prompt's bytes (a byte model: V 257); *n of them.
+static int *sampler_prompt(const char *prompt, const char *prompt_ids, int V, int rank, int *n) {
+    int *ids = (int *)malloc_check(sizeof(int) * (strlen(prompt_ids ? prompt_ids : prompt ? prompt : "") + 1));
+    *n = 0;
+    if (prompt) {
+        if (V != 257) {
+            fail_all(rank, "--prompt TEXT needs a byte model (V 257), this one has V %d: give --prompt-ids, or encode the "
+                     "text with dev/sample.py", V);
+        }
+        for (const char *c = prompt; *c; c++) { ids[(*n)++] = (unsigned char)*c; }
+    }
+    for (const char *c = prompt_ids; c && *c;) {
+        char *end;
+        long id = strtol(c, &end, 10);
+        if (end == c || (*end != ',' && *end != '\0') || id < 0 || id >= V) {
+            fail_all(rank, "--prompt-ids '%s': expected token ids 0..%d separated by commas", prompt_ids, V - 1);
+        }
+        ids[(*n)++] = (int)id;
+        c = *end ? end + 1 : end;
+    }
+    return ids;
+}
+
 #endif // LLMC_SAMPLER_H

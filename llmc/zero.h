@@ -433,4 +433,10 @@ static void zero_optimizer_step(Zero *z, float lr, float beta1, float beta2, flo
     zero_release_params(z);
 }
 
+// Test hook (test_hooks.h): a NaN in one gradient element.
+static void zero_poison_gradient(Zero *z) {
+    float nan = NAN;
+    upload_floats(z->stage < 2 ? z->grads : z->grads_shard, &nan, 1);
+}
+
 #endif
