@@ -1,6 +1,6 @@
 /*
-GPT-2 training, single source, CPU or CUDA, any mix of data / ZeRO / tensor+sequence / context / pipeline /
-expert parallelism. This file is the model (its units, parameters, forward, fused head, backward, update)
+GPT-2 training, single source, CPU or CUDA, any mix of data / ZeRO / tensor+sequence / context / pipeline
+(1F1B, GPipe, interleaved, zero-bubble) / expert parallelism. This file is the model (its units, parameters, forward, fused head, backward, update)
 and the program (set-up, the training loop, main), read top to bottom; each parallel strategy and each
 other concern lives in one file of llmc/, listed below with what it defines.
 */
@@ -79,7 +79,7 @@ static void build_unit(const GPT2Config *c, int tp, int ep, int ep_rank, Group *
 // tied LM head: same layout, so the two copies' gradients sum shard by shard. Returns the number of
 // units; sets the index of each kind (-1: none; without a pipeline u_pos == u_embed, one unit [wpe,
 // wte]) and, per layer of the stage, its unit and its experts' unit (-1 for a dense layer).
-static int build_units(const GPT2Config *c, Grid *g, int vpp, const int *first, Unit *units, int *u_embed,
+static int build_units(const GPT2Config *c, Grid *grid, int vpp, const int *first, Unit *units, int *u_embed,
                        int *u_pos, int *u_layer, int *u_experts, int *u_final) {
     static const int embedding[] = {T_WPE, T_WTE}, token[] = {T_WTE}, position[] = {T_WPE};
     static const int layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_FCPROJB,
@@ -89,8 +89,8 @@ static int build_units(const GPT2Config *c, Grid *g, int vpp, const int *first, 
                                            T_ATTPROJW, T_SFCW, T_SFCB, T_SFCPROJW, T_SFCPROJB};   // (+ shared experts)
     static const int experts[] = {T_EFCPROJB, T_EFCW, T_EFCB, T_EFCPROJW};
     static const int final_ln[] = {T_LNFW, T_LNFB};
-    int tp = g->tp, pp = g->pp, stage = g->pp_rank, ep = g->ep, er = g->ep_rank, n = 0, ll = 0;
-    Group *dp = g->grad_group;   // (the dp group; with cp, the cp x dp ranks)
+    int tp = grid->tp, pp = grid->pp, stage = grid->pp_rank, ep = grid->ep, er = grid->ep_rank, n = 0, ll = 0;
+    Group *dp = grid->grad_group;   // (the dp group; with cp, the cp x dp ranks)
     *u_embed = *u_pos = *u_final = -1;
     if (stage == 0 && pp == 1) { *u_embed = *u_pos = n; build_unit(c, tp, ep, er, dp, &units[n++], embedding, 2, -1); }
     if (stage == 0 && pp > 1) {
@@ -107,7 +107,7 @@ static int build_units(const GPT2Config *c, Grid *g, int vpp, const int *first, 
             if (c->shared_experts > 0) { build_unit(c, tp, ep, er, dp, &units[n++], moe_shared_layer, 13, l); }
             else { build_unit(c, tp, ep, er, dp, &units[n++], moe_layer, 9, l); }
             u_experts[ll] = n;
-            build_unit(c, tp, ep, er, &g->edp_group, &units[n++], experts, 4, l);
+            build_unit(c, tp, ep, er, &grid->edp_group, &units[n++], experts, 4, l);
         }
     }
     if (stage == pp - 1) {
@@ -257,19 +257,19 @@ static void cost_add(const GPT2 *m, double *seconds, double t0) {
     *seconds += wall_seconds() - t0;
 }
 
-// The stage's layer l's slice of micro-batch a's activations (a: a slot of l's chunk). What the
+// The stage's layer l's slice of a micro-batch's activations (acts: a slot of l's chunk). What the
 // backward recomputes lives in m->scratch (one layer): under mlp the fc and GELU outputs, under full
 // everything but the layer's input and output (the residual stream, always stored).
-static LayerActs layer_acts(const GPT2 *m, const Activations *a, int l) {
+static LayerActs layer_acts(const GPT2 *m, const Activations *acts, int l) {
     int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE,
         l0 = m->chunk_l0[layer_chunk(m, l)];
-    const Activations *h = full ? &m->scratch : a;   // where the per-layer tensors are
+    const Activations *h = full ? &m->scratch : acts;   // where the per-layer tensors are
     size_t C = m->config.channels, Cl = m->Cl, lc = l - l0, li = full ? 0 : lc, s = li * m->BTs, f = li * m->BT;
     size_t dense = 0;   // dense layers of the chunk before l (the fc outputs are stored for those only)
     for (int i = l0; i < l && !mlp; i++) { dense += !is_moe_layer(&m->config, m->layer_id[i]); }
-    const Activations *fc = mlp ? &m->scratch : a;
+    const Activations *fc = mlp ? &m->scratch : acts;
     LayerActs x;
-    x.res = a->resid + lc * m->BTs * C; x.out = a->resid + (lc + 1) * m->BTs * C;
+    x.res = acts->resid + lc * m->BTs * C; x.out = acts->resid + (lc + 1) * m->BTs * C;
     x.ln1 = h->ln1 + s * C; x.mid = h->mid + s * C; x.ln2 = h->ln2 + s * C;
     x.ln1_mean = h->ln1_mean + s;
     x.ln1_rstd = h->ln1_rstd + s;
@@ -332,46 +332,46 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
 // largest chunk, Lc layers of which at most Ldc dense, a MoE layer's tensors at each position where some
 // chunk has one: moe_at); what is recomputed in the scratch, one layer (of each kind the stage has) for
 // all layers and slots.
-static void slot_alloc(GPT2 *m, Activations *a, int scratch, int Lc, int Ldc, int Ld, const int *moe_at) {
+static void slot_alloc(GPT2 *m, Activations *acts, int scratch, int Lc, int Ldc, int Ld, const int *moe_at) {
     const GPT2Config *c = &m->config;
     size_t C = c->channels, Cl = m->Cl, BT = m->BT, BTs = m->BTs, X = floatx_bytes(), F = sizeof(float);
     int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE;
-    memset(a, 0, sizeof(*a));
+    memset(acts, 0, sizeof(*acts));
     size_t n = scratch ? (full ? 1 : 0) : (full ? 0 : Lc);                 // layers of the per-layer tensors here
     size_t nfc = scratch ? (mlp && Ld > 0 ? 1 : 0) : (mlp ? 0 : Ldc);      // ... of fc and GELU outputs
-    if (!scratch) { a->resid = (floatX *)mem_alloc((Lc + 1) * BTs * C * X, MEM_ACTIVATIONS); }
-    a->ln1 = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
-    a->ln1_mean = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
-    a->ln1_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
-    a->qkv = (floatX *)mem_alloc(n * BT * 3 * Cl * X, MEM_ACTIVATIONS);
-    a->atty = (floatX *)mem_alloc(n * BT * Cl * X, MEM_ACTIVATIONS);
-    a->lse = (float *)mem_alloc(n * BT * m->NHl * F, MEM_ACTIVATIONS);
-    a->mid = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
-    a->ln2 = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
-    a->ln2_mean = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
-    a->ln2_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
-    a->fch = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
-    a->fchg = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
-    a->moe = (MoEActs *)calloc_check(Lc + 1, sizeof(MoEActs));
+    if (!scratch) { acts->resid = (floatX *)mem_alloc((Lc + 1) * BTs * C * X, MEM_ACTIVATIONS); }
+    acts->ln1 = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
+    acts->ln1_mean = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
+    acts->ln1_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
+    acts->qkv = (floatX *)mem_alloc(n * BT * 3 * Cl * X, MEM_ACTIVATIONS);
+    acts->atty = (floatX *)mem_alloc(n * BT * Cl * X, MEM_ACTIVATIONS);
+    acts->lse = (float *)mem_alloc(n * BT * m->NHl * F, MEM_ACTIVATIONS);
+    acts->mid = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
+    acts->ln2 = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
+    acts->ln2_mean = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
+    acts->ln2_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
+    acts->fch = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
+    acts->fchg = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
+    acts->moe = (MoEActs *)calloc_check(Lc + 1, sizeof(MoEActs));
     for (int l = 0; l < Lc; l++) {
         // the MoE layers' routing and expert rows: stored per layer, or (full) one set in the scratch;
         // the experts' fc and GELU outputs: stored, or (mlp, full) one set in the scratch
         if (!(scratch ? is_moe_layer(c, m->layer_id[l]) : moe_at[l]) || (scratch && !mlp)) { continue; }
         int routing = scratch ? full : !full, hidden = scratch ? mlp : !mlp;
-        if (scratch && full && a->moe[0].probs) { continue; }   // one set
-        if (scratch && !full && a->moe[0].h) { continue; }
-        moe_acts_alloc(&a->moe[scratch ? 0 : l], &m->moe, routing, hidden);
+        if (scratch && full && acts->moe[0].probs) { continue; }   // one set
+        if (scratch && !full && acts->moe[0].h) { continue; }
+        moe_acts_alloc(&acts->moe[scratch ? 0 : l], &m->moe, routing, hidden);
     }
     if (!scratch && m->last) {   // (the last chunk's)
-        a->lnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
-        a->lnf_mean = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
-        a->lnf_rstd = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
-        a->dlnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
+        acts->lnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
+        acts->lnf_mean = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
+        acts->lnf_rstd = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
+        acts->dlnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
     }
-    if (!scratch && m->first) { a->inputs = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS); }   // (chunk 0's)
+    if (!scratch && m->first) { acts->inputs = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS); }   // (chunk 0's)
     // (the last chunk's)
     if (!scratch && m->last) {
-        a->targets = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
+        acts->targets = (int *)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
     }
 }
 
@@ -488,11 +488,11 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
 
 // The one set-up path: this rank's part of the model from the full weights (params, file order; NULL in a
 // plan: the sizes only), then its activations and buffers.
-static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *g, const ModelOptions *o) {
+static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *grid, const ModelOptions *o) {
     int first[PIPE_MAX_LAYERS + 1];
     char err[256];
-    if (layer_split(first, o->pp_layers, c, o->T * g->cp, g->pp, o->vpp, err, sizeof(err))) { fail("%s", err); }
-    gpt2_build(m, c, params, g, o->vpp, first, o->zero, o->sp, o->moe);
+    if (layer_split(first, o->pp_layers, c, o->T * grid->cp, grid->pp, o->vpp, err, sizeof(err))) { fail("%s", err); }
+    gpt2_build(m, c, params, grid, o->vpp, first, o->zero, o->sp, o->moe);
     m->recompute = o->recompute;
     m->zero.prefetch = o->overlap;
     gpt2_alloc_activations(m, o->B, o->T, o->ce_chunk, o->accum, o->schedule, o->moe_dropless);
@@ -500,9 +500,9 @@ static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *g, cons
 #ifdef USE_CUDA
         matmul_setup();
 #endif
-        if (g->cp == 1 && m->Ls > 0) { attention_setup(o->B, o->T, m->Cl, m->NHl); }
+        if (grid->cp == 1 && m->Ls > 0) { attention_setup(o->B, o->T, m->Cl, m->NHl); }
 #if defined(USE_CUDA) && !defined(ENABLE_FP32)
-        if (g->cp > 1 && m->Ls > 0 && cp_flash(m->Cl, m->NHl)) { flash_setup(o->B, o->T, m->NHl); }   // the ring's D
+        if (grid->cp > 1 && m->Ls > 0 && cp_flash(m->Cl, m->NHl)) { flash_setup(o->B, o->T, m->NHl); }   // the ring's D
 #endif
         m->step_tokens = (int *)host_alloc_pinned(sizeof(int) * 2 * o->accum * m->BT);
     }
@@ -516,9 +516,9 @@ static void gpt2_free(GPT2 *m) {
     int Lmax = 0;
     for (int v = 0; v < m->vpp; v++) { if (m->chunk_l0[v + 1] - m->chunk_l0[v] > Lmax) { Lmax = m->chunk_l0[v + 1] - m->chunk_l0[v]; } }
     for (int i = 0; i <= m->pipe.nslots; i++) {   // the slots, then the scratch
-        Activations *a = i < m->pipe.nslots ? &m->acts[i] : &m->scratch;
-        for (int l = 0; a->moe && l <= (i < m->pipe.nslots ? Lmax : m->Ls); l++) { free(a->moe[l].counts); }
-        free(a->moe);
+        Activations *acts = i < m->pipe.nslots ? &m->acts[i] : &m->scratch;
+        for (int l = 0; acts->moe && l <= (i < m->pipe.nslots ? Lmax : m->Ls); l++) { free(acts->moe[l].counts); }
+        free(acts->moe);
     }
     pipeline_free(&m->pipe);
     zero_free(&m->zero);
@@ -600,7 +600,7 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
 // Model chunk v of the stage (the stage's layers without interleaving), a: a slot of that chunk.
 // The input (B, T) tokens on the first stage's chunk 0, a->resid[0] received from the previous stage
 // otherwise -> the chunk's output a->resid[Lc] (the last stage's last chunk: the final LayerNorm a->lnf).
-static void gpt2_forward(GPT2 *m, int v, Activations *a) {
+static void gpt2_forward(GPT2 *m, int v, Activations *acts) {
     int C = m->config.channels, T = m->T, BT = m->BT, BTs = m->BTs, sp = m->sp;
     int l0 = m->chunk_l0[v], l1 = m->chunk_l0[v + 1];
     Group *tp = &m->grid->tp_group;
@@ -614,17 +614,17 @@ static void gpt2_forward(GPT2 *m, int v, Activations *a) {
         trace_begin();
         unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p);
         unit_view(&m->units[m->u_pos], zero_unit_params(&m->zero, m->u_pos), p);   // (the same unit without a pipeline)
-        embedding_forward(w->pfull, a->inputs, p[T_WTE], m->v0, m->v0 + m->Vl, BT, C);
+        embedding_forward(w->pfull, acts->inputs, p[T_WTE], m->v0, m->v0 + m->Vl, BT, C);
         x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
-        copy_on_device(a->resid, x, (size_t)BTs * C * sizeof(floatX));
-        position_forward(a->resid, p[T_WPE], m->seqpos, m->tok0, BTs, T, C);
+        copy_on_device(acts->resid, x, (size_t)BTs * C * sizeof(floatX));
+        position_forward(acts->resid, p[T_WPE], m->seqpos, m->tok0, BTs, T, C);
         trace_end("embedding", "forward", "\"micro\":%d", m->micro);
         cost_add(m, &m->costs.embed, t0);
     }
     for (int l = l0; l < l1; l++) {
         t0 = cost_clock(m);
         trace_begin();
-        layer_forward(m, layer_acts(m, a, l), l);
+        layer_forward(m, layer_acts(m, acts, l), l);
         cost_add(m, &m->costs.layer[l], t0);
         trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "forward", "\"layer\":%d,\"micro\":%d", m->layer_id[l],
                   m->micro);
@@ -632,7 +632,7 @@ static void gpt2_forward(GPT2 *m, int v, Activations *a) {
     if (m->last && v == m->vpp - 1) {
         t0 = cost_clock(m);
         unit_view(&m->units[m->u_final], zero_unit_params(&m->zero, m->u_final), p);
-        layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW],
+        layernorm_forward(acts->lnf, acts->lnf_mean, acts->lnf_rstd, acts->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW],
                           p[T_LNFB], BTs, C);
         cost_add(m, &m->costs.head, t0);
     }
@@ -641,7 +641,7 @@ static void gpt2_forward(GPT2 *m, int v, Activations *a) {
 // Last stage: the tied LM head and the loss, fused and chunked (fused_ce.h). The sum of the losses of
 // this rank's B*T tokens is added to ws.loss_sum on the device (read once, by gpt2_read_loss). With
 // backward: also dwte and the gradient of lnf (a->dlnf).
-static void gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int last_micro) {
+static void gpt2_head(GPT2 *m, Activations *acts, float dloss, int backward, int last_micro) {
     const GPT2Config *c = &m->config;
     int C = c->channels, BT = m->BT;
     Group *tp = &m->grid->tp_group;
@@ -650,7 +650,7 @@ static void gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int la
     double t0 = cost_clock(m);
     trace_begin();
     // every tp rank needs the hidden states of all tokens: it holds Vp/tp of the vocabulary
-    floatX *h = tp_all_tokens(tp, m->sp, a->lnf, w->xfull, m->BTs, C);
+    floatX *h = tp_all_tokens(tp, m->sp, acts->lnf, w->xfull, m->BTs, C);
     unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p);
     floatX *dh = NULL, *dwte = NULL;
     if (backward) {
@@ -658,11 +658,11 @@ static void gpt2_head(GPT2 *m, Activations *a, float dloss, int backward, int la
         dwte = g[T_WTE];
         dh = w->pfull;
     }
-    fused_classifier(w->losses, dh, dwte, h, p[T_WTE], a->targets, &m->ce, tp, m->v0, c->vocab_size, m->Vl, BT, C,
+    fused_classifier(w->losses, dh, dwte, h, p[T_WTE], acts->targets, &m->ce, tp, m->v0, c->vocab_size, m->Vl, BT, C,
                      dloss);
     if (backward) {
         floatX *dlnf = tp_sum_partials(tp, m->sp, dh, w->tokbuf, m->BTs, C);
-        copy_on_device(a->dlnf, dlnf, (size_t)m->BTs * C * sizeof(floatX));
+        copy_on_device(acts->dlnf, dlnf, (size_t)m->BTs * C * sizeof(floatX));
         wte_grad_close(m, WTE_HEAD, last_micro);
     }
     loss_accumulate(w->loss_sum, w->losses, BT);
@@ -821,7 +821,7 @@ static void layer_backward_weights(GPT2 *m, LayerActs y, const WGrads *d, int l,
 // from the gradient of the chunk's output (in ws.dresid) otherwise; leaves the gradient of the chunk's
 // input in ws.dresid. Each unit's gradient goes to zero.h as soon as the unit is done, so its
 // data-parallel reduction overlaps the backward of the layers below.
-static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
+static void gpt2_backward(GPT2 *m, int v, Activations *acts, int last_micro) {
     int C = m->config.channels, T = m->T, BT = m->BT, BTs = m->BTs, sp = m->sp;
     int l0 = m->chunk_l0[v], l1 = m->chunk_l0[v + 1];
     Group *tp = &m->grid->tp_group;
@@ -835,14 +835,14 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
         if (l1 > l0) { zero_prefetch_params(z, m->u_layer[l1 - 1], m->u_final); }
         unit_view(&m->units[m->u_final], zero_begin_unit_backward(z, m->u_final), g);
         memset_zero_device(w->dresid, (size_t)BTs * C * sizeof(floatX));
-        layernorm_backward(w->dresid, g[T_LNFW], g[T_LNFB], a->dlnf, a->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW],
-                           a->lnf_mean, a->lnf_rstd, BTs, C);
+        layernorm_backward(w->dresid, g[T_LNFW], g[T_LNFB], acts->dlnf, acts->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW],
+                           acts->lnf_mean, acts->lnf_rstd, BTs, C);
         zero_end_unit_backward(z, m->u_final, last_micro);
         cost_add(m, &m->costs.head, t0);
     }
     for (int l = l1 - 1; l >= l0; l--) {
         t0 = cost_clock(m);
-        LayerActs y = layer_acts(m, a, l);
+        LayerActs y = layer_acts(m, acts, l);
         WGrads d;
         int defer = layer_wgrads(m, m->micro, l, &d);   // ZB: B only, W later (gpt2_backward_weights)
         if (defer) { wgrads_acts(m, &d, &y); }          // (what is recomputed, where W finds it)
@@ -868,7 +868,7 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
         if (pipeline) { unit_view(&m->units[m->u_pos], zero_begin_unit_backward(z, m->u_pos), g); }
         position_backward(g[T_WPE], w->dresid, m->seqpos, m->tok0, BTs, T, C);
         floatX *dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
-        embedding_backward(g[T_WTE], dy, a->inputs, m->v0, m->v0 + m->Vl, BT, C);
+        embedding_backward(g[T_WTE], dy, acts->inputs, m->v0, m->v0 + m->Vl, BT, C);
         if (pipeline) { zero_end_unit_backward(z, m->u_pos, last_micro); }
         wte_grad_close(m, WTE_EMBEDDING, last_micro);
         trace_end("embedding", "backward", "\"micro\":%d", m->micro);
@@ -878,12 +878,12 @@ static void gpt2_backward(GPT2 *m, int v, Activations *a, int last_micro) {
 
 // ZB: the W pass of one micro-batch through model chunk v: the weight gradients of the layers whose B kept
 // them for later (layer_wgrads), in the backward's order; a's activations are still in its slot.
-static void gpt2_backward_weights(GPT2 *m, int v, Activations *a, int last_micro) {
+static void gpt2_backward_weights(GPT2 *m, int v, Activations *acts, int last_micro) {
     for (int l = m->chunk_l0[v + 1] - 1; l >= m->chunk_l0[v]; l--) {
         WGrads d;
         if (!layer_wgrads(m, m->micro, l, &d)) { continue; }
         double t0 = cost_clock(m);
-        LayerActs y = layer_acts(m, a, l);
+        LayerActs y = layer_acts(m, acts, l);
         wgrads_acts(m, &d, &y);
         trace_begin();
         layer_backward_weights(m, y, &d, l, last_micro);
@@ -932,12 +932,12 @@ typedef struct {
 static void train_forward(void *ctx, int v, int i) {
     TrainStep *s = (TrainStep *)ctx;
     GPT2 *m = s->m;
-    Activations *a = chunk_acts(m, v, i);
+    Activations *acts = chunk_acts(m, v, i);
     m->micro = i;
     gpt2_upload_batch(m, i, v == 0 ? s->inputs + (size_t)i * m->BT : NULL,
                       v == m->vpp - 1 ? s->targets + (size_t)i * m->BT : NULL);
-    gpt2_forward(m, v, a);
-    if (m->last && v == m->vpp - 1) { gpt2_head(m, a, s->dloss, 1, i == s->accum - 1); }
+    gpt2_forward(m, v, acts);
+    if (m->last && v == m->vpp - 1) { gpt2_head(m, acts, s->dloss, 1, i == s->accum - 1); }
 }
 
 static void train_backward(void *ctx, int v, int i) {
@@ -995,16 +995,16 @@ typedef struct { float loss, norm; int why; } StepResult;   // why: SKIP_NONE, o
 // (m->guard.skips_in_a_row says whether this update was skipped).
 static StepResult gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
     Zero *z = &m->zero;
-    Grid *g = m->grid;
+    Grid *grid = m->grid;
     trace_begin();
     int nparts = zero_grad_norm_parts(z);
-    step_stats_gather(z->stats, z->norm_parts, nparts, m->last && g->tp_rank == 0 ? m->ws.loss_sum : NULL);
-    comm_all_reduce(&g->world, z->stats, 2, DT_DOUBLE, NULL);   // loss_sum, norm_sq
-    double tokens = (double)m->BT * (m->pipe.steps.n_total / m->vpp) * g->dp * g->cp;   // the global batch's
+    step_stats_gather(z->stats, z->norm_parts, nparts, m->last && grid->tp_rank == 0 ? m->ws.loss_sum : NULL);
+    comm_all_reduce(&grid->world, z->stats, 2, DT_DOUBLE, NULL);   // loss_sum, norm_sq
+    double tokens = (double)m->BT * (m->pipe.steps.n_total / m->vpp) * grid->dp * grid->cp;   // the global batch's
     step_stats_clip(z->stats, tokens, o->grad_clip, m->guard.loss_limit, m->guard.norm_limit);
     zero_optimizer_step(z, lr, o->beta1, o->beta2, o->eps, o->weight_decay, &z->stats->scale, m->guard.updates + 1,
                         o->seed + 7919u * step);
-    moe_balance_bias(&m->moe, g->grad_group, &z->stats->scale);   // loss-free balancing (--moe-bias-rate)
+    moe_balance_bias(&m->moe, grid->grad_group, &z->stats->scale);   // loss-free balancing (--moe-bias-rate)
     StepStats st;
     copy_to_host(&st, z->stats, sizeof(st));
     if (st.scale == 0.0f) {
@@ -1117,9 +1117,9 @@ static void gpt2_sample(GPT2 *m, Sampler *s, Tokenizer *tok, Rng *rng, const int
 // AdamW state
 
 static TrainState gpt2_train_state(const GPT2 *m, int total_batch, int max_steps, const DataLoader *dl) {
-    Grid *g = m->grid;
-    TrainState s = {m->guard.updates, m->guard.skips, m->guard.skips_in_a_row, m->T * g->cp, total_batch,
-                    total_batch / (m->B * m->T * g->cp * g->dp), max_steps, dl->fingerprint};
+    Grid *grid = m->grid;
+    TrainState s = {m->guard.updates, m->guard.skips, m->guard.skips_in_a_row, m->T * grid->cp, total_batch,
+                    total_batch / (m->B * m->T * grid->cp * grid->dp), max_steps, dl->fingerprint};
     return s;
 }
 
@@ -1142,23 +1142,23 @@ static int load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *r
 // The rank's shapes that its step's bytes per group follow from (cost_model.h), as the model set them up.
 static CommShape gpt2_comm_shape(const GPT2 *m) {
     const GPT2Config *c = &m->config;
-    Grid *g = m->grid;
+    Grid *grid = m->grid;
     CommShape s;
     memset(&s, 0, sizeof(s));
     s.X = floatx_bytes();
-    s.tp = g->tp; s.cp = g->cp; s.pp = g->pp; s.sp = m->sp; s.vpp = m->vpp; s.first = m->first; s.last = m->last;
-    s.zero = m->zero.stage; s.dp = g->grad_group->size; s.edp = g->edp_group.size; s.ep = g->ep;
+    s.tp = grid->tp; s.cp = grid->cp; s.pp = grid->pp; s.sp = m->sp; s.vpp = m->vpp; s.first = m->first; s.last = m->last;
+    s.zero = m->zero.stage; s.dp = grid->grad_group->size; s.edp = grid->edp_group.size; s.ep = grid->ep;
     s.B = m->B; s.BT = m->BT; s.BTs = m->BTs; s.C = c->channels; s.Cl = m->Cl; s.Ls = m->Ls;
     s.ce_chunk = m->ce.chunk; s.recompute_full = m->recompute == RECOMPUTE_FULL;
     for (int l = 0; l < m->Ls; l++) { s.nmoe += m->u_experts[l] >= 0; }
-    s.moe_layers = m->moe.nlayers; s.topk = c->topk; s.E = c->num_experts; s.El = c->num_experts / g->ep;
-    s.capped = s.nmoe > 0 && m->moe.cap < m->T * g->cp; s.padded = s.nmoe > 0 && m->moe.padded; s.cap = m->moe.cap;
+    s.moe_layers = m->moe.nlayers; s.topk = c->topk; s.E = c->num_experts; s.El = c->num_experts / grid->ep;
+    s.capped = s.nmoe > 0 && m->moe.cap < m->T * grid->cp; s.padded = s.nmoe > 0 && m->moe.padded; s.cap = m->moe.cap;
     s.bias = s.nmoe > 0 && m->moe.opt.bias_rate > 0;
-    int exact = g->pp == 1 && s.nmoe == 0 && c->num_layers >= 2;   // zero_unit_params' policy, counted below
+    int exact = grid->pp == 1 && s.nmoe == 0 && c->num_layers >= 2;   // zero_unit_params' policy, counted below
     s.z3_exact = exact;
     for (int u = 0; u < m->nunits; u++) {
         const Unit *U = &m->units[u];
-        int i = U->dpg == &g->edp_group;
+        int i = U->dpg == &grid->edp_group;
         double r = (U->dpg->size - 1.0) / U->dpg->size * U->padded;   // ring elements of one gather
         s.units[i] += U->padded;
         s.nunits[i]++;
@@ -1173,7 +1173,7 @@ static CommShape gpt2_comm_shape(const GPT2 *m) {
         // last, still there for its backward; the final LayerNorm once per micro-batch; layers 0 and 1 kept
         // from one micro-batch's backward to the next one's forward
         int L = c->num_layers;
-        double r = (g->grad_group->size - 1.0) / g->grad_group->size, E = m->units[m->u_embed].padded;
+        double r = (grid->grad_group->size - 1.0) / grid->grad_group->size, E = m->units[m->u_embed].padded;
         double F = m->units[m->u_final].padded, Llast = m->units[m->u_layer[L - 1]].padded;
         s.z3_step[0] = r * E;
         s.z3_micro[0] = r * (2.0 * (s.units[0] - E - F) + F - Llast);
@@ -1182,7 +1182,7 @@ static CommShape gpt2_comm_shape(const GPT2 *m) {
         s.z3n_micro[0] = 2 * L;   // (2 per layer and the final LayerNorm's 1, less the last layer's)
         s.z3n_between[0] = 2;
     }
-    if (g->pp > 1 && m->u_embed >= 0) {
+    if (grid->pp > 1 && m->u_embed >= 0) {
         s.embed_padded = m->units[m->u_embed].padded;
         s.embed_shard = m->units[m->u_embed].shard;
     }
@@ -1199,11 +1199,11 @@ static CommShape gpt2_comm_shape(const GPT2 *m) {
 static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int world, int rank, PlanBuild b,
                          CommShape *shape) {
     mem_plan_begin(b.floatx);
-    Grid g;
-    grid_plan(&g, world, rank, a->tp, a->cp, a->pp, a->ep);
+    Grid grid;
+    grid_plan(&grid, world, rank, a->tp, a->cp, a->pp, a->ep);
     GPT2 m;
-    ModelOptions o = model_options(a, moe, g.dp);
-    gpt2_init(&m, c, NULL, &g, &o);
+    ModelOptions o = model_options(a, moe, grid.dp);
+    gpt2_init(&m, c, NULL, &grid, &o);
     if (args_samples(a) && m.last) { mem_alloc((size_t)c->padded_vocab_size * floatx_bytes(), MEM_LOGITS); }
     if (b.cuda) {
         mem_alloc(CUBLASLT_WORKSPACE_BYTES, MEM_WORKSPACE);
@@ -1227,12 +1227,12 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
 
 // The layout checked against the model, the grid, and the memory plan (before any allocation: the plan,
 // and the advice if it does not fit).
-static void setup_grid(Args *a, const GPT2Config *c, Grid *g, int world, int rank) {
+static void setup_grid(Args *a, const GPT2Config *c, Grid *grid, int world, int rank) {
     validate_layout(a, c, world, rank);
     comm_one_stream = a->comm_streams == 1;   // (--comm-streams: before the groups make their streams)
-    grid_init(g, a->tp, a->cp, a->pp, a->ep);
-    grid_print(g);
-    check_memory_fits(a, c, g);
+    grid_init(grid, a->tp, a->cp, a->pp, a->ep);
+    grid_print(grid);
+    check_memory_fits(a, c, grid);
 }
 
 // -e as a descriptor: 1 (config set), or 0 (not a descriptor: a model file); a malformed one stops every rank.
@@ -1322,10 +1322,10 @@ static int setup_data(const Args *a, const GPT2Config *config, Grid *grid, DataL
 // This stage's measured seconds per micro-batch (--comm-report with a pipeline: cost_add), for pipeline_split.h's
 // report: (L + 2) each layer's at its model index, the embedding's, the head's; the stage's first rank's, 0 elsewhere.
 static double *gpt2_stage_costs(const GPT2 *m) {
-    Grid *g = m->grid;
+    Grid *grid = m->grid;
     int L = m->config.num_layers, n = m->costs.micro_batches;
     double *cost = (double *)calloc_check(L + 2, sizeof(double));
-    if (g->tp_rank == 0 && g->cp_rank == 0 && g->dp_rank == 0 && n > 0) {   // (one rank per stage adds its layers')
+    if (grid->tp_rank == 0 && grid->cp_rank == 0 && grid->dp_rank == 0 && n > 0) {   // (one rank per stage adds its layers')
         for (int l = 0; l < m->Ls; l++) { cost[m->layer_id[l]] = m->costs.layer[l] / n; }
         cost[L] = m->first ? m->costs.embed / n : 0;
         cost[L + 1] = m->last ? m->costs.head / n : 0;
@@ -1615,9 +1615,9 @@ int main(int argc, char **argv) {
     }
     if (r->args.calibrate) {   // the machine's rates, every rank measuring at once
         plan_config(&r->args, r->rank, &r->config);
-        static Grid g;
-        grid_init(&g, 1, 1, 1, 1);
-        calibrate(&r->args, &r->config, &g, r->args.calibrate);
+        static Grid grid;
+        grid_init(&grid, 1, 1, 1, 1);
+        calibrate(&r->args, &r->config, &grid, r->args.calibrate);
         mpi_finalize_watched();
         return 0;
     }
