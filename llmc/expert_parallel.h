@@ -615,6 +615,20 @@ static MoEStepLoad moe_step_load(const ExpertParallel *x, Grid *g, int Lm, doubl
 // ----------------------------------------------------------------------------
 // the MoE flags against the model
 
+// A MoE descriptor's keys it leaves out (named: parse_descriptor's) take the flags' values: --topk, --moe-every,
+// --expert-hidden, --shared-experts; a key it names keeps its own (apply_moe_shape refuses a flag that disagrees).
+static void moe_descriptor_defaults(const Args *a, int rank, GPT2Config *c, unsigned named) {
+    if (c->num_experts == 0) { return; }
+    int key[4] = {DK_K, DK_EVERY, DK_H, DK_S}, flag[4] = {a->topk, a->moe_every, a->expert_hidden, a->shared_experts};
+    int *field[4] = {&c->topk, &c->moe_every, &c->expert_hidden, &c->shared_experts};
+    for (int i = 0; i < 4; i++) { if (!(named >> key[i] & 1) && flag[i] >= 0) { *field[i] = flag[i]; } }
+    if (!config_valid(c)) {
+        fail_all(rank, "-e '%s' with --topk %d --moe-every %d --expert-hidden %d --shared-experts %d: need 1 <= k <= E = "
+                 "%d <= %d, 1 <= every <= L = %d, 1 <= H <= 65536, 0 <= S <= %d", a->model, c->topk, c->moe_every,
+                 c->expert_hidden, c->shared_experts, c->num_experts, MOE_MAX_EXPERTS, c->num_layers, MOE_MAX_SHARED);
+    }
+}
+
 // The MoE training options for model c (the z-loss's default depends on its router's scores).
 static MoEOptions moe_options(const Args *a, const GPT2Config *c) {
     float z = a->z_coeff >= 0.0f ? a->z_coeff : c->router_score == ROUTER_SIGMOID ? 0.0f : 0.001f;

@@ -149,9 +149,10 @@ static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_T
 // the 16 dense tensors (whose MLP tensors hold only the dense layers) routerw (Lm, E, C), efcw
 // (Lm, E, 4C, C), efcb (Lm, E, 4C), efcprojw (Lm, E, C, 4C), efcprojb (Lm, E, C) for the Lm MoE layers.
 // MoE version 23 (fp32) or 25 (bf16): the same, header[11] = the router's scores (0 softmax, 1 sigmoid),
-// and after the tensors the routing bias (Lm, E) in fp32 in both (its steps of --moe-bias-rate would
-// round away in bf16). Written when the scores are sigmoid or the bias is not all zero, else 13/15, so
-// files of models that use neither stay readable by older readers; 13/15 load with a zero bias.
+// [12] S shared experts, [13] H an expert's width, and after the tensors the routing bias (Lm, E) in fp32 in both
+// (its steps of --moe-bias-rate would round away in bf16). Written when any of the four needs it: sigmoid scores,
+// S > 0, H != 4C, or a bias not all zero (model_file_has_bias); else 13/15, so files of models that use none stay
+// readable by older readers; 13/15 load with softmax scores, no shared experts, H = 4C and a zero bias.
 // header[255]: the CRC-32 of the body (guard.h; 0 = none, as in llm.c's files, which ignore slots 8..255).
 
 #define MODEL_MAGIC 20240326
@@ -199,19 +200,15 @@ static void check_finite(const GPT2Config *c, const float *all, const char *what
     }
 }
 
-// Reads and checks a model file; returns all parameters as one host fp32 array in file order.
-// Opens a model file and checks its header and size; returns it positioned after the header, with the
-// config and the bytes per stored parameter (4 or 2).
-// The header of a model file of shape c, its parameters stored in bf16 or fp32 (slot 255, the CRC, is the
-// writer's).
-// bias: the routing bias (Lm, E) or NULL (zero).
-// Whether a MoE model needs versions 23/25: sigmoid scores, shared or fine-grained experts, or a bias not all zero.
+// Whether a MoE model needs versions 23/25: sigmoid scores, shared or fine-grained experts, or a routing bias (Lm, E;
+// NULL: zero) not all zero.
 static int model_file_has_bias(const GPT2Config *c, const float *bias) {
     if (c->num_experts == 0) { return 0; }
     int nonzero = 0;
     for (size_t i = 0; bias && i < num_router_bias(c); i++) { nonzero |= bias[i] != 0.0f; }
     return c->router_score != ROUTER_SOFTMAX || c->shared_experts > 0 || c->expert_hidden != 4 * c->channels || nonzero;
 }
+// The header of a model file of shape c, its parameters stored in bf16 or fp32 (slot 255, the CRC, is the writer's).
 static void model_header_write(int h[256], const GPT2Config *c, int bf16, int with_bias) {
     memset(h, 0, 256 * sizeof(int));
     h[0] = MODEL_MAGIC; h[1] = (bf16 ? 5 : 3) + (c->num_experts > 0 ? (with_bias ? 20 : 10) : 0);
@@ -256,6 +253,8 @@ static size_t model_body_bytes(const GPT2Config *c, const int h[256], size_t es)
     return num_parameters(c) * es + (h[1] > 20 ? num_router_bias(c) * sizeof(float) : 0);
 }
 
+// Opens a model file and checks its header and size; returns it positioned after the header, with the
+// config and the bytes per stored parameter (4 or 2).
 static FILE *open_model_file(const char *path, GPT2Config *c, int h[256], size_t *es_out) {
     FILE *f = fopen_check(path, "rb");
     if (fread(h, sizeof(int), 256, f) != 256) {
@@ -271,6 +270,7 @@ static FILE *open_model_file(const char *path, GPT2Config *c, int h[256], size_t
     return f;
 }
 
+// Reads and checks a model file; returns all parameters as one host fp32 array in file order (then the routing bias).
 static float *read_model_file(const char *path, GPT2Config *c) {
     int h[256];
     size_t es, P;
@@ -299,10 +299,13 @@ static float *read_model_file(const char *path, GPT2Config *c) {
 }
 
 // "d12" (llm.c: depth L, C = 64 L, NH = L) or "L=4,C=64,NH=4,V=250,maxT=64[,Vp=256][,E=8,k=2[,every=2][,H=64][,S=1]]"
-// (H: an expert's hidden width, default 4C; S: shared experts, default 0).
+// (H: an expert's hidden width, default 4C; S: shared experts, default 0). *named: the keys given, a bit each in
+// the order of DESCRIPTOR_KEYS (a key left out takes a flag's value: expert_parallel.h).
 // Returns 0 if the string is not a descriptor, -1 if it is a malformed one.
-static int parse_descriptor(const char *s, GPT2Config *c) {
+enum { DK_L, DK_C, DK_NH, DK_V, DK_VP, DK_MAXT, DK_E, DK_K, DK_EVERY, DK_H, DK_S, DESCRIPTOR_KEYS };
+static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named) {
     memset(c, 0, sizeof(*c));
+    *named = 0;
     c->vocab_size = 50257; c->max_seq_len = 1024;
     char *end;
     if (s[0] == 'd' && s[1] >= '0' && s[1] <= '9') {
@@ -313,21 +316,21 @@ static int parse_descriptor(const char *s, GPT2Config *c) {
         char buf[256];
         if (strlen(s) >= sizeof(buf)) { return -1; }
         snprintf(buf, sizeof(buf), "%s", s);
-        static const char *keys[] = {"L", "C", "NH", "V", "Vp", "maxT", "E", "k", "every", "H", "S"};
+        static const char *keys[DESCRIPTOR_KEYS] = {"L", "C", "NH", "V", "Vp", "maxT", "E", "k", "every", "H", "S"};
         int *fields[] = {&c->num_layers, &c->channels, &c->num_heads, &c->vocab_size, &c->padded_vocab_size,
                          &c->max_seq_len,
                          &c->num_experts, &c->topk, &c->moe_every, &c->expert_hidden, &c->shared_experts};
-        int seen[11] = {0};
         for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
             char *eq = strchr(tok, '=');
             if (!eq) { return -1; }
             *eq = '\0';
             long v = strtol(eq + 1, &end, 10);
-            if (*end != '\0' || v <= 0 || v > (1 << 20)) { return -1; }
             int key = -1;
-            for (int i = 0; i < 11; i++) { if (!strcmp(tok, keys[i])) { key = i; } }
-            if (key < 0 || seen[key]++) { return -1; }   // unknown or repeated
+            for (int i = 0; i < DESCRIPTOR_KEYS; i++) { if (!strcmp(tok, keys[i])) { key = i; } }
+            if (key < 0 || (*named >> key & 1)) { return -1; }   // unknown or repeated
+            if (*end != '\0' || v < (key == DK_S ? 0 : 1) || v > (1 << 20)) { return -1; }   // (S=0: no shared experts)
             *fields[key] = (int)v;
+            *named |= 1u << key;
         }
         if (c->num_layers == 0 || c->channels == 0 || c->num_heads == 0) { return -1; }
         if (c->num_experts > 0) {

@@ -198,6 +198,15 @@ expect moe_H_upcycle    1 "upcycling makes each expert a copy" -e "$W/model_ok.b
 expect moe_S_upcycle    1 "upcycling makes each expert a copy" -e "$W/model_ok.bin" --experts 4 --shared-experts 1
 expect moe_H_desc       1 "malformed model descriptor"        -e "$TINY,H=64"
 expect moe_S_vs_file    1 "--shared-experts 1, but"           -e "$W/moe_ok.bin" --shared-experts 1
+# a key the descriptor names and a flag that disagrees: an error; a key it leaves out takes the flag's value, and
+# the flag table's example (S=0 among its keys) is a descriptor
+expect moe_H_named_flag 1 "--expert-hidden 64, but the descriptor has H = 256" -e "$MOE,H=256" --expert-hidden 64
+expect moe_k_unnamed    1 "with --topk 9"                      -e "$TINY,E=8" --topk 9
+for d in "$TINY,E=8,k=2 --expert-hidden 64" "L=4,C=64,NH=4,V=250,maxT=64,Vp=256,E=8,k=2,every=1,H=256,S=0"; do
+    timeout 60 "$BIN/train_gpt" -e $d -x 1 -b 2 -t 32 -s 0 -v 0 >"$W/desc_ok.log" 2>&1
+    if [ $? -eq 0 ] && grep -q "^step    1/1" "$W/desc_ok.log"; then echo "ok   descriptor -e $d trains"
+    else echo "FAIL descriptor -e $d: $(grep -m1 '^error' "$W/desc_ok.log")"; fi
+done
 expect moe_H_alone      1 "need --experts E"                  -e "$TINY" --expert-hidden 64
 $BIN/train_gpt -e "$MOE" -t 32 -b 4 -x 2 -n 2 -s 0 -v 0 -o "$W/ckpt_moe" >/dev/null 2>&1
 expect moe_resume_E     1 "a checkpoint resumes with its own shape" -e "$MOE" -t 32 -b 4 -x 4 -y 1 --experts 8 -o "$W/ckpt_moe"
