@@ -184,7 +184,7 @@ static void grid_warn_spanning(Grid *grid, int node) {
     }
 }
 
-// Builds every group of the grid. Call after the sizes were validated (validate_layout in train_gpt.cu).
+// Builds every group of the grid. Call after the sizes were validated (args.h's validate_layout).
 static void grid_init(Grid *grid, int tp, int cp, int pp, int ep) {
     MPI_Comm_size(MPI_COMM_WORLD, &grid->world_size);
     MPI_Comm_rank(MPI_COMM_WORLD, &grid->rank);

@@ -216,7 +216,7 @@ static double group_lat(const Machine *m, int kind, int size, long extent) {
 // a step's bytes and calls per group, by formula: the ring algorithms' counts (comm.h counts each collective as
 // the bytes one rank sends: all-reduce 2(p-1)/p n, reduce-scatter and all-gather (p-1)/p n, point-to-point and
 // all-to-all what leaves the rank). test_gpt asserts both equal to what a run counted. Their inputs, CommShape, are
-// the rank's shapes as the model set them up (train_gpt.cu's gpt2_comm_shape, from a run or from a plan).
+// the rank's shapes as the model set them up (the model's, from a run or from a plan).
 
 typedef struct {
     double X;                           // bytes per element (floatX)

@@ -23,7 +23,7 @@
 //         backwards for the stages before it. The bubble drops from (pp-1)(F+B+W) to (pp-1)(F+B-W). A pending
 //         W keeps its micro-batch's activations (stage s: pp-s-1 warm-up micro-batches + 1 + s pending = pp,
 //         1F1B's first stage's number: a received input waits in a buffer of its own until its forward takes
-//         a slot) and the gradients of its layers' outputs (train_gpt.cu's WGrads).
+//         a slot) and the gradients of its layers' outputs (the model's W store).
 //
 //   stage 0  F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 ..     (pp = 4, in order, not to scale: stage 0 runs a W
 //   stage 3  F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 ..  as soon as one is pending, stage 3 keeps 3 pending)

@@ -1,6 +1,6 @@
 // Sampling the next token from the logits of the last position (as llm.c's sampler.h): the most likely token at
-// temperature 0, else a draw from the softmax at the temperature over the top-k tokens (all: 0). The model's forward
-// over the text's window and the logits of its last position are train_gpt.cu's (gpt2_sample).
+// temperature 0, else a draw from the softmax at the temperature over the top-k tokens (all: 0). The forward over the
+// text's window and the logits of its last position are the model's.
 #ifndef LLMC_SAMPLER_H
 #define LLMC_SAMPLER_H
 

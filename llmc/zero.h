@@ -206,8 +206,8 @@ static floatX *zero_unit_params(Zero *z, int u) {
 
 // Stage 3 overlap: starts gathering unit u (a layer's or the final LayerNorm's) into the layer buffer
 // that does not hold unit keep (the one in use), while the caller computes; zero_unit_params(u) then
-// waits for it. The caller says what it will need next (train_gpt.cu's layer_forward and
-// layer_backward): the next layer, or a MoE layer's experts.
+// waits for it. The caller (the model's layer forward and backward) says what it will need next: the next layer, or
+// a MoE layer's experts.
 static void zero_prefetch_params(Zero *z, int u, int keep) {
     if (z->stage < 3 || !z->prefetch || u < 0) { return; }
     const Unit *U = &z->units[u];
