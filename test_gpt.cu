@@ -569,6 +569,58 @@ static void dispatch_rows_bound(GPT2 *m, double *Rs, double *Rr) {
     if (m->moe.padded) { *Rs = *Rr = E * m->B * cap; }   // padded: E slots of B cap rows each way
 }
 
+// The activation slots: (micro-batch, chunk) pairs alive at once: 1F1B pp - stage, GPipe all m; interleaved (Megatron's
+// count) 2(pp - stage - 1) + (vpp-1)pp warm-up forwards + 1, all m*vpp when m = pp: stage 0 holds pp + (pp-1)/vpp
+// stages' worth. The step just run must have had that many alive at once (pipeline.h checks as it runs that no slot
+// is taken twice).
+static void check_memory_slots(GPT2 *m, int accum) {
+    int vpp = m->vpp, pp = m->grid->pp, s = m->grid->pp_rank, alive;
+    if (pp == 1) { alive = 1; }
+    else if (m->pipe.schedule == SCHEDULE_GPIPE) { alive = accum; }
+    else if (m->pipe.schedule == SCHEDULE_1F1B) { alive = pp - s < accum ? pp - s : accum; }
+    else if (m->pipe.schedule == SCHEDULE_ZB) { alive = pp < accum ? pp : accum; }   // (zb_store_formula)
+    else { alive = accum == pp ? accum * vpp : 2 * (pp - s - 1) + (vpp - 1) * pp + 1; if (alive > accum * vpp) { alive = accum * vpp; } }
+    check(m->pipe.nslots == alive,
+          "memory: %d (micro-batch, chunk) activation slots, formula %d (%s, stage %d of %d, vpp %d, %d micro-batches)",
+          m->pipe.nslots, alive,
+              m->pipe.schedule == SCHEDULE_GPIPE ? "GPipe: all" : m->pipe.schedule == SCHEDULE_1F1B
+                  ? "1F1B: pp - stage" : m->pipe.schedule == SCHEDULE_ZB ? "ZB: pp" :
+          "interleaved: 2(pp-s-1) + (vpp-1)pp + 1", s, pp, vpp, accum);
+}
+
+// ZB's W store against its formula (0 without ZB): stage s runs pp-s-1 warm-up forwards, then holds up to s pending W
+// passes (each keeping its micro-batch's slot) besides the micro-batch of its steady-state forward (a slot taken at
+// the forward: the input waits in a buffer of its own): pp slots on every stage, 1F1B's peak. The pending W passes:
+// s + 1 at most (right after a B, before its exchange runs the oldest), fewer when the steady state (m - warm-up
+// steps) is shorter. Rr: the rows a MoE layer's experts may receive.
+static double zb_store_formula(GPT2 *m, int accum, double Rr) {
+    const GPT2Config *c = &m->config;
+    int Ls = m->Ls, nmoe = stage_moe_layers(m), pp = m->grid->pp, s = m->grid->pp_rank;
+    double X = sizeof(floatX), BT = m->BT, C = c->channels, Cl = m->Cl;
+    double wstore = 0;
+    if (m->pipe.schedule == SCHEDULE_ZB && pp > 1) {
+        int warm = pp - s - 1 < accum ? pp - s - 1 : accum, steady = accum - warm > 1 ? accum - warm : 1;
+        int pending = s + 1 < steady ? s + 1 : steady;
+        check(m->pipe.npending == pending, "memory: ZB keeps %d W passes pending at most, formula %d (stage %d of %d, "
+              "%d micro-batches)", m->pipe.npending, pending, s, pp, accum);
+        // per layer of the stage: the gradients of the outputs of attproj (BT, C) and qkv (BT, 3Cl), the LayerNorms'
+        // parameter gradients (4C); SP or recompute full: ln2 and ln1 of all tokens (BT, C); full: the attention
+        // output (BT, Cl). A dense layer: fcproj's and fc's output gradients (BT, C), (BT, 4Cl), recompute: the GELU
+        // output (BT, 4Cl). A MoE layer: the shared experts' output and fc gradients (BT, C), (BT, SHl); the Rr rows'
+        // output and fc gradients (Rr, C), (Rr, Hl); recompute: the rows' GELU output (Rr, Hl) and the shared
+        // experts' (BT, SHl); full: the rows' input (Rr, C); the router logits' gradient (BT, E fp32)
+        int full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE;
+        double Hl = m->moe.Hl, SHl = m->moe.SHl;
+        double common = X * (BT * (C + 3 * Cl) + 4 * C + ((m->sp && m->grid->tp > 1) || full ? 2 * BT * C : 0) +
+                             (full ? BT * Cl : 0));
+        double dense_w = common + X * (BT * (C + 4 * Cl) + (rec ? BT * 4 * Cl : 0));
+        double moe_w = common + X * ((SHl > 0 ? BT * (C + SHl) : 0) + Rr * (C + Hl) + (rec ? Rr * Hl + BT * SHl : 0) +
+                                     (full ? Rr * C : 0)) + 4.0 * BT * c->num_experts;
+        wstore = Ls > 0 ? pending * ((Ls - nmoe) * dense_w + nmoe * moe_w) : 0;
+    }
+    return wstore;
+}
+
 // The activations (per micro-batch alive, and the recompute scratch) against their formula.
 static void check_memory_activations(GPT2 *m, int accum) {
     const GPT2Config *c = &m->config;
@@ -591,47 +643,9 @@ static void check_memory_activations(GPT2 *m, int accum) {
     if (m->recompute == RECOMPUTE_NONE) { scratch = 0; }
     else if (m->recompute == RECOMPUTE_MLP) { scratch = (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? hidden : 0); }
     else { scratch = (Ls > 0 ? core : 0) + (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? route + hidden : 0); }
-    // (micro-batch, chunk) pairs alive at once: 1F1B pp - stage, GPipe all m; interleaved (Megatron's count)
-    // 2(pp - stage - 1) + (vpp-1)pp warm-up forwards + 1, all m*vpp when m = pp: stage 0 holds pp + (pp-1)/vpp
-    // stages' worth. The step just run must have had that many alive at once (pipeline.h checks as it
-    // runs that no slot is taken twice).
-    int vpp = m->vpp, pp = m->grid->pp, s = m->grid->pp_rank, alive;
-    if (pp == 1) { alive = 1; }
-    else if (m->pipe.schedule == SCHEDULE_GPIPE) { alive = accum; }
-    else if (m->pipe.schedule == SCHEDULE_1F1B) { alive = pp - s < accum ? pp - s : accum; }
-    else if (m->pipe.schedule == SCHEDULE_ZB) { alive = pp < accum ? pp : accum; }   // (see below)
-    else { alive = accum == pp ? accum * vpp : 2 * (pp - s - 1) + (vpp - 1) * pp + 1; if (alive > accum * vpp) { alive = accum * vpp; } }
-    check(m->pipe.nslots == alive,
-          "memory: %d (micro-batch, chunk) activation slots, formula %d (%s, stage %d of %d, vpp %d, %d micro-batches)",
-          m->pipe.nslots, alive,
-              m->pipe.schedule == SCHEDULE_GPIPE ? "GPipe: all" : m->pipe.schedule == SCHEDULE_1F1B
-                  ? "1F1B: pp - stage" : m->pipe.schedule == SCHEDULE_ZB ? "ZB: pp" :
-          "interleaved: 2(pp-s-1) + (vpp-1)pp + 1", s, pp, vpp, accum);
-    // ZB: stage s runs pp-s-1 warm-up forwards, then holds up to s pending W passes (each keeping its micro-batch's
-    // slot) besides the micro-batch of its steady-state forward (a slot taken at the forward: the input waits in a
-    // buffer of its own): pp slots on every stage, 1F1B's peak. The pending W passes: s + 1 at most (right after a
-    // B, before its exchange runs the oldest), fewer when the steady state (m - warm-up steps) is shorter.
-    double wstore = 0;
-    if (m->pipe.schedule == SCHEDULE_ZB && pp > 1) {
-        int warm = pp - s - 1 < accum ? pp - s - 1 : accum, steady = accum - warm > 1 ? accum - warm : 1;
-        int pending = s + 1 < steady ? s + 1 : steady;
-        check(m->pipe.npending == pending, "memory: ZB keeps %d W passes pending at most, formula %d (stage %d of %d, "
-              "%d micro-batches)", m->pipe.npending, pending, s, pp, accum);
-        // per layer of the stage: the gradients of the outputs of attproj (BT, C) and qkv (BT, 3Cl), the LayerNorms'
-        // parameter gradients (4C); SP or recompute full: ln2 and ln1 of all tokens (BT, C); full: the attention
-        // output (BT, Cl). A dense layer: fcproj's and fc's output gradients (BT, C), (BT, 4Cl), recompute: the GELU
-        // output (BT, 4Cl). A MoE layer: the shared experts' output and fc gradients (BT, C), (BT, SHl); the Rr rows'
-        // output and fc gradients (Rr, C), (Rr, Hl); recompute: the rows' GELU output (Rr, Hl) and the shared
-        // experts' (BT, SHl); full: the rows' input (Rr, C); the router logits' gradient (BT, E fp32)
-        int full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE;
-        double Hl = m->moe.Hl, SHl = m->moe.SHl;
-        double common = X * (BT * (C + 3 * Cl) + 4 * C + ((m->sp && m->grid->tp > 1) || full ? 2 * BT * C : 0) +
-                             (full ? BT * Cl : 0));
-        double dense_w = common + X * (BT * (C + 4 * Cl) + (rec ? BT * 4 * Cl : 0));
-        double moe_w = common + X * ((SHl > 0 ? BT * (C + SHl) : 0) + Rr * (C + Hl) + (rec ? Rr * Hl + BT * SHl : 0) +
-                                     (full ? Rr * C : 0)) + 4.0 * BT * c->num_experts;
-        wstore = Ls > 0 ? pending * ((Ls - nmoe) * dense_w + nmoe * moe_w) : 0;
-    }
+    int vpp = m->vpp;
+    check_memory_slots(m, accum);
+    double wstore = zb_store_formula(m, accum, Rr);
     check(m->pipe.peak == m->pipe.nslots, "memory: the step run had %d pairs alive at once, the %d slots",
           m->pipe.peak, m->pipe.nslots);
     // a slot holds any chunk of the stage: the largest chunk's layers, a dense layer's fc at as many

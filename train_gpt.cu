@@ -1362,6 +1362,21 @@ typedef struct {
     Outlier losses, norms;     // the last applied updates' (-sl, -sg: guard.h)
 } Run;
 
+// Every rank must hold the same model and read the same data: a hash of the model's shape and weights (the routing
+// bias too), and the data's fingerprint (file names, token counts, first tokens), compared with rank 0's.
+static void run_agree_on_inputs(Run *r, const float *params) {
+    uint64_t mine[2] = {crc32_update(crc32_update(0, &r->config, sizeof(r->config)), params,
+                                     model_floats(&r->config) * sizeof(float)), r->train_loader.fingerprint};
+    int differ[2], world = r->world;
+    comm_host_agree(mine, 2, differ);
+    if (differ[0] < world || differ[1] < world) {
+        fprintf(stderr, "error: rank %d: the %s on rank %d differs from rank 0's (every rank must read the same files)\n",
+                r->rank, differ[0] < world ? "model (-e or the checkpoint)" : "training data (-i: file names, token "
+                "counts or first tokens)", differ[0] < world ? differ[0] : differ[1]);
+        stop_all(1);
+    }
+}
+
 // The model, the grid, this rank's part of the model, the data, the output dir, and the state of a
 // resumed run. A fresh run's shape alone says whether it fits: it is checked before the weights are
 // made (a resumed one's shape is in its checkpoint).
@@ -1376,17 +1391,7 @@ static void run_setup(Run *r) {
     r->prompt = sampler_prompt(a->prompt, a->prompt_ids, r->config.vocab_size, rank, &r->nprompt);
     // (checked before anything is written)
     r->have_val = setup_data(a, &r->config, &r->grid, &r->train_loader, &r->val_loader, &r->tokenizer);
-    // every rank must hold the same model (its shape and weights, the routing bias too) and read the same data
-    uint64_t mine[2] = {crc32_update(crc32_update(0, &r->config, sizeof(r->config)), params,
-                                     model_floats(&r->config) * sizeof(float)), r->train_loader.fingerprint};
-    int differ[2];
-    comm_host_agree(mine, 2, differ);
-    if (differ[0] < world || differ[1] < world) {
-        fprintf(stderr, "error: rank %d: the %s on rank %d differs from rank 0's (every rank must read the same files)\n",
-                rank, differ[0] < world ? "model (-e or the checkpoint)" : "training data (-i: file names, token counts "
-                "or first tokens)", differ[0] < world ? differ[0] : differ[1]);
-        stop_all(1);
-    }
+    run_agree_on_inputs(r, params);
     if (a->output_dir) {
         check_output_dir(a->output_dir, rank);
         lock_output_dir(a->output_dir, rank);

@@ -437,10 +437,9 @@ static void agree_on_args(Args *a, int rank, int world) {
     }
 }
 
-// The checks that need the world size and the model shape (and the defaults that follow from them: dp,
-// -d). Returns 1 with the reason in err if the layout cannot run (the memory plan tries layouts with it).
 #define LAYOUT_FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return 1; } while (0)
-static int layout_error(Args *a, const GPT2Config *c, int world, char *err, size_t errlen) {
+// The grid against the world size and the model: every group divides what it cuts.
+static int layout_grid_error(Args *a, const GPT2Config *c, int world, char *err, size_t errlen) {
     if (world % (a->tp * a->cp * a->pp) != 0) {
         LAYOUT_FAIL("world size %d is not divisible by tp*cp*pp = %d*%d*%d (world = tp*cp*pp*dp)", world, a->tp, a->cp,
                     a->pp);
@@ -474,6 +473,13 @@ static int layout_error(Args *a, const GPT2Config *c, int world, char *err, size
     if (a->sp && (a->T / a->cp) % a->tp) {
         LAYOUT_FAIL("--sp: --tp %d does not divide T/cp = %d", a->tp, a->T / a->cp);
     }
+    return 0;
+}
+
+// The batch against the grid: -t within the model, -d a multiple of the micro-batch's tokens (its default: one
+// micro-batch), the interleaved schedule's micro-batches in groups of pp.
+static int layout_batch_error(Args *a, const GPT2Config *c, char *err, size_t errlen) {
+    int dp = a->dp;
     if (a->T > c->max_seq_len) {
         LAYOUT_FAIL("-t %d is larger than the model's maximum sequence length %d", a->T, c->max_seq_len);
     }
@@ -503,6 +509,13 @@ static int layout_error(Args *a, const GPT2Config *c, int world, char *err, size
                         c->num_layers);
         }
     }
+    return 0;
+}
+
+// The checks that need the world size and the model shape (and the defaults that follow from them: dp,
+// -d). Returns 1 with the reason in err if the layout cannot run (the memory plan tries layouts with it).
+static int layout_error(Args *a, const GPT2Config *c, int world, char *err, size_t errlen) {
+    if (layout_grid_error(a, c, world, err, errlen) || layout_batch_error(a, c, err, errlen)) { return 1; }
     int first[PIPE_MAX_LAYERS + 1];
     if (a->pp_layers && a->pp == 1) { LAYOUT_FAIL("--pp-layers '%s' needs a pipeline (--pp >= 2)", a->pp_layers); }
     if (layer_split(first, a->pp_layers, c, a->T, a->pp, a->vpp, err, errlen)) { return 1; }

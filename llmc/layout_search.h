@@ -359,12 +359,10 @@ static void search_grid(Search *s, int tp, int cp, int pp) {
     }
 }
 
-// The fastest layouts that fit (less those that only differ from a faster one shown in the CE chunk and take
-// more memory: the model gives the chunk no time), then why the others are not shown.
-static void search_report(Search *s) {
+// The search's heading: the model, the world, the limit, the machine's rates, the counts of the layouts tried.
+static void search_heading(const Search *s) {
     const GPT2Config *c = s->c;
     const Machine *mc = &s->mc;
-    qsort(s->fit, s->nfit, sizeof(Layout), layout_faster);
     long noverall = 0, ninv = 0;
     for (int i = 0; i < s->nover; i++) { noverall += s->over[i].count; }
     for (int i = 0; i < s->ninvalid; i++) { ninv += s->invalid[i].count; }
@@ -383,6 +381,37 @@ static void search_report(Search *s) {
     if (mc->given[0]) { printf("  (from the file: %s; the other keys the defaults')\n", mc->given); }
     printf("%ld layouts: %ld invalid, %ld the same as another, %ld over the limit, %zu fit\n", s->tried, ninv, s->same,
            noverall, s->nfit);
+}
+
+// The machine-readable lines of the shown layouts, for tests: "search rank peak seconds flags", then the bytes per
+// step of each stage's first rank, by group: "search-comm rank stage exact tp cp pp dp ep edp emb" (exact 0: ZeRO-3's
+// gathers with a pipeline or MoE layers are the bound, and MoE's counted dispatch assumes an even routing).
+static void search_lines(Search *s, size_t shown) {
+    for (size_t i = 0; i < shown; i++) {
+        const Layout *x = &s->fit[i];
+        char flags[256], err[512];
+        layout_flags(x, flags, sizeof(flags));
+        printf("search %zu %.0f %.6f %s\n", i + 1, x->peak, x->t.total, flags);
+        Args a = layout_args(s->base, x, s->tokens);
+        if (layout_error(&a, s->c, s->world, err, sizeof(err))) { fail("layout search: %s", err); }
+        int accum = a.total_batch / (a.B * a.T * a.dp);
+        plan_stages(&a, s->c, s->world, s->b, s->plans, s->shapes);
+        for (int st = 0; st < a.pp; st++) {
+            const CommShape *sh = &s->shapes[st];
+            CommBytes cb = comm_step_bytes(sh, accum, comm_ep_rows_even(sh, accum), NULL);
+            int exact = !(sh->zero == 3 && !sh->z3_exact) && !(sh->nmoe > 0 && sh->ep > 1 && !sh->padded);
+            printf("search-comm %zu %d %d %.0f %.0f %.0f %.0f %.0f %.0f %.0f\n", i + 1, st, exact, cb.tp, cb.cp, cb.pp,
+                   cb.dp, cb.ep, cb.edp, cb.emb);
+        }
+    }
+}
+
+// The fastest layouts that fit (less those that only differ from a faster one shown in the CE chunk and take
+// more memory: the model gives the chunk no time), then why the others are not shown.
+static void search_report(Search *s) {
+    const Machine *mc = &s->mc;
+    qsort(s->fit, s->nfit, sizeof(Layout), layout_faster);
+    search_heading(s);
     printf("%4s %10s %9s | %9s %8s %8s %8s %8s %8s %8s %8s | %s\n", "rank", "ms/step", "peak GiB", "compute",
            "bubble", "tp", "cp", "ep", "pp", "dp", "adamw", "flags (with -e, -t, -d as given)");
     size_t shown = 0, dominated = 0;
@@ -409,26 +438,7 @@ static void search_report(Search *s) {
                    tp_spans ? "tp" : "ep", G);
         }
     }
-    // machine-readable, for tests: "search rank peak seconds flags", then the bytes per step of each stage's
-    // first rank, by group: "search-comm rank stage exact tp cp pp dp ep edp emb" (exact 0: ZeRO-3's gathers
-    // with a pipeline or MoE layers are the bound, and MoE's counted dispatch assumes an even routing)
-    for (size_t i = 0; i < shown; i++) {
-        const Layout *x = &s->fit[i];
-        char flags[256], err[512];
-        layout_flags(x, flags, sizeof(flags));
-        printf("search %zu %.0f %.6f %s\n", i + 1, x->peak, x->t.total, flags);
-        Args a = layout_args(s->base, x, s->tokens);
-        if (layout_error(&a, c, s->world, err, sizeof(err))) { fail("layout search: %s", err); }
-        int accum = a.total_batch / (a.B * a.T * a.dp);
-        plan_stages(&a, c, s->world, s->b, s->plans, s->shapes);
-        for (int st = 0; st < a.pp; st++) {
-            const CommShape *sh = &s->shapes[st];
-            CommBytes cb = comm_step_bytes(sh, accum, comm_ep_rows_even(sh, accum), NULL);
-            int exact = !(sh->zero == 3 && !sh->z3_exact) && !(sh->nmoe > 0 && sh->ep > 1 && !sh->padded);
-            printf("search-comm %zu %d %d %.0f %.0f %.0f %.0f %.0f %.0f %.0f\n", i + 1, st, exact, cb.tp, cb.cp, cb.pp,
-                   cb.dp, cb.ep, cb.edp, cb.emb);
-        }
-    }
+    search_lines(s, shown);
     if (s->nfit > shown) {
         printf("not shown: %zu that fit: %zu slower, %zu only another CE chunk of one shown, as fast and larger\n",
                s->nfit - shown, s->nfit - shown - dominated, dominated);

@@ -234,6 +234,57 @@ static void matmul_choices_save(void) {
     if (fclose(f) == 0) { rename(tmp, matmul_choices_path); }
 }
 
+// A strided batch (matmul_cublaslt_epilogue's bt) on the layouts and the descriptor: the batch count, each operand's
+// stride, the bias's and aux's (has_bias, has_aux).
+static void matmul_set_batch(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                             cublasLtMatrixLayout_t ld, const MatmulBatch *bt, int has_bias, int has_aux) {
+    cublasLtMatrixLayout_t lay[3] = {la, lb, ld};
+    int64_t stride[3] = {bt->sa, bt->sb, bt->sd};
+    int batch = bt->count;
+    for (int i = 0; i < 3; i++) {
+        cublasCheck(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+        cublasCheck(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride[i],
+                                                     sizeof(stride[i])));
+    }
+    if (has_bias) {
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bt->sbias,
+                                                   sizeof(bt->sbias)));
+    }
+    if (has_aux) {
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &bt->saux,
+                                                   sizeof(bt->saux)));
+    }
+}
+
+// The algorithm for problem key: the one chosen before, or the heuristic's candidates and a pick among them (the
+// first; tuning: the fastest, timed when beta is 0 so that running a candidate changes nothing). A new problem takes
+// a place in the table (a full table: later problems are asked each time, in a scratch entry).
+static MatmulChoice *matmul_choose(const MatmulKey *key, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
+                                   cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld, const floatX *a,
+                                   const floatX *b, floatX *d, float beta) {
+    static MatmulChoice fresh;
+    MatmulChoice *choice = matmul_choice_find(key);
+    if (choice == NULL) {
+        memset(&fresh, 0, sizeof(fresh));
+        fresh.key = *key;
+        fresh.found = -1;
+        fresh.index = -1;
+        choice = matmul_nchoices < MATMUL_CHOICES ? &matmul_choices[matmul_nchoices++] : &fresh;
+        *choice = fresh;
+    }
+    if (choice->found == -1 || (choice->index < 0 && beta == 0.0f)) {   // the heuristic's candidates; pick one
+        cublasLtMatmulAlgo_t algos[MATMUL_CANDIDATES];
+        int n = matmul_heuristic(desc, la, lb, ld, a, b, d, algos);
+        int index = choice->index >= 0 && choice->index < n ? choice->index   // (from the choices file)
+                    : !matmul_tune || n <= 1 || choice == &fresh ? 0
+                    : beta == 0.0f ? matmul_fastest(desc, la, lb, ld, a, b, d, algos, n) : -1;
+        choice->found = n > 0;
+        choice->index = n > 0 ? index : 0;
+        if (n > 0) { choice->algo = algos[index < 0 ? 0 : index]; }
+    }
+    return choice;
+}
+
 // D (m, n) = epilogue(alpha op(A) op(B) + beta D), column-major (cuBLAS) view, fp32 accumulation.
 // A is (m, k) after op, stored with leading dimension lda; likewise B (k, n); D (m, n) ld = m.
 // epilogue, with its extra operands:
@@ -271,23 +322,7 @@ static int matmul_cublaslt_epilogue(floatX *d, const floatX *a, const floatX *b,
     cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUBLAS_FLOATX, transb ? n : k, transb ? k : n, ldb));
     cublasCheck(cublasLtMatrixLayoutCreate(&ld, CUBLAS_FLOATX, m, n, m));
     int batch = bt ? bt->count : 1;
-    if (batch > 1) {
-        cublasLtMatrixLayout_t lay[3] = {la, lb, ld};
-        int64_t stride[3] = {bt->sa, bt->sb, bt->sd};
-        for (int i = 0; i < 3; i++) {
-            cublasCheck(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
-            cublasCheck(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride[i],
-                                                         sizeof(stride[i])));
-        }
-        if (bias != NULL) {
-            cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bt->sbias,
-                                                       sizeof(bt->sbias)));
-        }
-        if (aux != NULL) {
-            cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &bt->saux,
-                                                       sizeof(bt->saux)));
-        }
-    }
+    if (batch > 1) { matmul_set_batch(desc, la, lb, ld, bt, bias != NULL, aux != NULL); }
     MatmulKey key;
     memset(&key, 0, sizeof(key));   // (no padding left undefined for memcmp)
     key.m = m; key.n = n; key.k = k; key.transa = transa; key.transb = transb; key.lda = lda; key.ldb = ldb;
@@ -299,25 +334,7 @@ static int matmul_cublaslt_epilogue(floatX *d, const floatX *a, const floatX *b,
         key.stride[0] = bt->sa; key.stride[1] = bt->sb; key.stride[2] = bt->sd;
         key.stride[3] = bias != NULL ? bt->sbias : 0; key.stride[4] = aux != NULL ? bt->saux : 0;
     }
-    MatmulChoice *choice = matmul_choice_find(&key), fresh;
-    if (choice == NULL) {   // a new problem (a full table: later problems are asked each time)
-        memset(&fresh, 0, sizeof(fresh));
-        fresh.key = key;
-        fresh.found = -1;
-        fresh.index = -1;
-        choice = matmul_nchoices < MATMUL_CHOICES ? &matmul_choices[matmul_nchoices++] : &fresh;
-        *choice = fresh;
-    }
-    if (choice->found == -1 || (choice->index < 0 && beta == 0.0f)) {   // the heuristic's candidates; pick one
-        cublasLtMatmulAlgo_t algos[MATMUL_CANDIDATES];
-        int n = matmul_heuristic(desc, la, lb, ld, a, b, d, algos);
-        int index = choice->index >= 0 && choice->index < n ? choice->index   // (from the choices file)
-                    : !matmul_tune || n <= 1 || choice == &fresh ? 0
-                    : beta == 0.0f ? matmul_fastest(desc, la, lb, ld, a, b, d, algos, n) : -1;
-        choice->found = n > 0;
-        choice->index = n > 0 ? index : 0;
-        if (n > 0) { choice->algo = algos[index < 0 ? 0 : index]; }
-    }
+    MatmulChoice *choice = matmul_choose(&key, desc, la, lb, ld, a, b, d, beta);
     if (choice->found) {
         float alpha = 1.0f;
         cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &choice->algo,
