@@ -49,18 +49,11 @@ import zlib
 
 import numpy as np
 
+from cli import fail, Parser
+
 MODEL_MAGIC = 20240326
 HEADER_INTS = 256
 EPS = 1e-5
-
-
-def fail(msg):
-    sys.exit(f"error: {msg}")
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):   # one line, not the usage and then the message
-        fail(f"{message} (see --help)")
 
 
 def read_json(path):

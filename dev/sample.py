@@ -22,17 +22,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "data"))
 from tinyshakespeare import make_tokenizer  # noqa: E402  (the data script's tokenizers)
+from cli import fail, Parser  # noqa: E402
 
 OURS = ("-e", "-x", "-v", "-s", "-g", "--prompt-ids")   # the flags this script gives train_gpt
-
-
-def fail(msg):
-    sys.exit(f"error: {msg}")
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):   # one line, not the usage and then the message
-        fail(f"{message} (see --help)")
 
 
 def model_vocab(path):

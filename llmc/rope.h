@@ -61,7 +61,9 @@ static void rope_table(float *cos_sin, const float *inv_freq, int maxT, int hs) 
 
 // qkv (B*T, (NH + 2 KV) hs) rows [q heads (NH hs) | k heads (KV hs) | v heads (KV hs)]: every q and k head of
 // row n rotated in place by the angles of pos = seq_pos(sp, n % T); v untouched. NH, KV: this rank's heads.
-static void rope_forward_cpu(float *qkv, const float *cos_sin, SeqPos sp, int B, int T, int NH, int KV, int hs) {
+// backward: the gradients dq, dk rotated back (the transposed rotation: s -> -s).
+static void rope_rotate_cpu(float *qkv, const float *cos_sin, SeqPos sp, int B, int T, int NH, int KV, int hs,
+                            int backward) {
     const int h2 = hs / 2, W = (NH + 2 * KV) * hs;
     #pragma omp parallel for
     for (int n = 0; n < B * T; n++) {
@@ -69,26 +71,9 @@ static void rope_forward_cpu(float *qkv, const float *cos_sin, SeqPos sp, int B,
         for (int h = 0; h < NH + KV; h++) {   // q and k heads are the first NH + KV heads of the row
             float *x = qkv + (size_t)n * W + (size_t)h * hs;
             for (int i = 0; i < h2; i++) {
-                float x1 = x[i], x2 = x[h2 + i], c = cs[i], s = cs[h2 + i];
+                float x1 = x[i], x2 = x[h2 + i], c = cs[i], s = backward ? -cs[h2 + i] : cs[h2 + i];
                 x[i] = x1 * c - x2 * s;
                 x[h2 + i] = x2 * c + x1 * s;
-            }
-        }
-    }
-}
-
-// dqkv as qkv above: the dq and dk heads rotated back in place (the transposed rotation, s -> -s); dv untouched
-static void rope_backward_cpu(float *dqkv, const float *cos_sin, SeqPos sp, int B, int T, int NH, int KV, int hs) {
-    const int h2 = hs / 2, W = (NH + 2 * KV) * hs;
-    #pragma omp parallel for
-    for (int n = 0; n < B * T; n++) {
-        const float *cs = cos_sin + (size_t)seq_pos(sp, n % T) * hs;
-        for (int h = 0; h < NH + KV; h++) {
-            float *dx = dqkv + (size_t)n * W + (size_t)h * hs;
-            for (int i = 0; i < h2; i++) {
-                float d1 = dx[i], d2 = dx[h2 + i], c = cs[i], s = cs[h2 + i];
-                dx[i] = d1 * c + d2 * s;
-                dx[h2 + i] = d2 * c - d1 * s;
             }
         }
     }
@@ -111,36 +96,33 @@ __global__ void rope_kernel(floatX *qkv, const float *cos_sin, SeqPos sp, int T,
     }
 }
 
-static void rope_forward_cuda(floatX *qkv, const float *cos_sin, SeqPos sp, int B, int T, int NH, int KV, int hs) {
+static void rope_rotate_cuda(floatX *qkv, const float *cos_sin, SeqPos sp, int B, int T, int NH, int KV, int hs,
+                             int backward) {
     int pairs = (NH + KV) * (hs / 2);
     if (B * T <= 0 || pairs <= 0) { return; }
     rope_kernel<<<B * T, pairs >= 256 ? 256 : ceil_div(pairs, 32) * 32, 0, main_stream>>>(qkv, cos_sin, sp, T, NH, KV,
-            hs, 0);
-    cudaCheckLaunch();
-}
-
-static void rope_backward_cuda(floatX *dqkv, const float *cos_sin, SeqPos sp, int B, int T, int NH, int KV, int hs) {
-    int pairs = (NH + KV) * (hs / 2);
-    if (B * T <= 0 || pairs <= 0) { return; }
-    rope_kernel<<<B * T, pairs >= 256 ? 256 : ceil_div(pairs, 32) * 32, 0, main_stream>>>(dqkv, cos_sin, sp, T, NH, KV,
-            hs, 1);
+            hs, backward);
     cudaCheckLaunch();
 }
 #endif
 
+static void rope_rotate(floatX *qkv, const float *cos_sin, SeqPos sp, int B, int T, int NH, int KV, int hs,
+                        int backward) {
+#ifdef USE_CUDA
+    rope_rotate_cuda(qkv, cos_sin, sp, B, T, NH, KV, hs, backward);
+#else
+    rope_rotate_cpu(qkv, cos_sin, sp, B, T, NH, KV, hs, backward);
+#endif
+}
+
+// q and k of qkv rotated (the forward); the gradients dq and dk of dqkv rotated back (its backward).
 static void rope_forward(floatX *qkv, const float *cos_sin, SeqPos sp, int B, int T, int NH, int KV, int hs) {
-#ifdef USE_CUDA
-    rope_forward_cuda(qkv, cos_sin, sp, B, T, NH, KV, hs);
-#else
-    rope_forward_cpu(qkv, cos_sin, sp, B, T, NH, KV, hs);
-#endif
+    rope_rotate(qkv, cos_sin, sp, B, T, NH, KV, hs, 0);
+}
+static void rope_backward(floatX *dqkv, const float *cos_sin, SeqPos sp, int B, int T, int NH, int KV, int hs) {
+    rope_rotate(dqkv, cos_sin, sp, B, T, NH, KV, hs, 1);
 }
 
-static void rope_backward(floatX *dqkv, const float *cos_sin, SeqPos sp, int B, int T, int NH, int KV, int hs) {
-#ifdef USE_CUDA
-    rope_backward_cuda(dqkv, cos_sin, sp, B, T, NH, KV, hs);
-#else
-    rope_backward_cpu(dqkv, cos_sin, sp, B, T, NH, KV, hs);
 #endif
 }
 

@@ -20,8 +20,8 @@ static int run_case(int B, int T, int NH, int KV, int hs, float theta, const Rop
 
     float *qkv = make_random(NW, -2.0f, 2.0f), *out = copy_floats(qkv, NW);
     floatX *d_qkv = to_device(qkv, NW);
-    rope_forward_cpu(out, cs, sp, B, T, NH, KV, hs);
-    rope_forward_cuda(d_qkv, d_cs, sp, B, T, NH, KV, hs);
+    rope_rotate_cpu(out, cs, sp, B, T, NH, KV, hs, 0);
+    rope_rotate_cuda(d_qkv, d_cs, sp, B, T, NH, KV, hs, 0);
     fails += compare_device("rope_forward qkv", d_qkv, out, NW, TOL_X);
     // v untouched: exactly the input (already a floatX value)
     float *h = from_device(d_qkv, NW);
@@ -35,17 +35,17 @@ static int run_case(int B, int T, int NH, int KV, int hs, float theta, const Rop
     // backward: the transposed rotation; applied to the forward's output it gives the input back
     float *dqkv = make_random(NW, -1.0f, 1.0f), *dref = copy_floats(dqkv, NW);
     floatX *d_dqkv = to_device(dqkv, NW);
-    rope_backward_cpu(dref, cs, sp, B, T, NH, KV, hs);
-    rope_backward_cuda(d_dqkv, d_cs, sp, B, T, NH, KV, hs);
+    rope_rotate_cpu(dref, cs, sp, B, T, NH, KV, hs, 1);
+    rope_rotate_cuda(d_dqkv, d_cs, sp, B, T, NH, KV, hs, 1);
     fails += compare_device("rope_backward dqkv", d_dqkv, dref, NW, TOL_X);
-    rope_backward_cuda(d_qkv, d_cs, sp, B, T, NH, KV, hs);
+    rope_rotate_cuda(d_qkv, d_cs, sp, B, T, NH, KV, hs, 1);
     fails += compare_device("rope_backward(rope_forward)", d_qkv, qkv, NW, TOL_X);
 
     if (timed) {
         // reads and writes the q and k heads
-        report_time("rope_forward", time_ms(20, [&] { rope_forward_cuda(d_qkv, d_cs, sp, B, T, NH, KV, hs); }),
+        report_time("rope_forward", time_ms(20, [&] { rope_rotate_cuda(d_qkv, d_cs, sp, B, T, NH, KV, hs, 0); }),
                     2.0 * N * qk * sizeof(floatX), 0);
-        report_time("rope_backward", time_ms(20, [&] { rope_backward_cuda(d_dqkv, d_cs, sp, B, T, NH, KV, hs); }),
+        report_time("rope_backward", time_ms(20, [&] { rope_rotate_cuda(d_dqkv, d_cs, sp, B, T, NH, KV, hs, 1); }),
                     2.0 * N * qk * sizeof(floatX), 0);
     }
     cudaCheck(cudaFree(d_cs)); cudaCheck(cudaFree(d_qkv)); cudaCheck(cudaFree(d_dqkv));
