@@ -9,12 +9,7 @@
 # well under 1e-5 of the loss (the issue's bound); the val line prints 6 decimals (5e-7 of ~5.7).
 # Usage: bash scripts/test_hf.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
 . "$(dirname "$0")/test_lib.sh"
-PY=.venv/bin/python
-[ -x "$PY" ] || PY=python3
-if ! $PY -c "import transformers, safetensors" 2>/dev/null; then
-    say 1 "transformers and safetensors are not installed for $PY: scripts/setup.sh installs them into .venv"
-    exit 0
-fi
+need_py transformers safetensors
 REF="$PY dev/reference/hf_ref.py"
 HF="$PY dev/hf.py"
 SHAPE="--vocab 300 --ctx 64 --embd 32 --layer 2 --head 4"

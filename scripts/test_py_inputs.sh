@@ -7,12 +7,7 @@
 # models written by numpy, train_gpt only for the two samples.
 # Usage: bash scripts/test_py_inputs.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
 . "$(dirname "$0")/test_lib.sh"
-PY=.venv/bin/python
-[ -x "$PY" ] || PY=python3
-if ! $PY -c "import safetensors, torch" 2>/dev/null; then
-    say 1 "safetensors and torch are not installed for $PY: scripts/setup.sh installs them into .venv"
-    exit 0
-fi
+need_py safetensors torch
 HF="$PY dev/hf.py"
 W="$W/py_inputs"   # made afresh: the cases below plant files and links at fixed names
 rm -rf "$W" && mkdir -p "$W"
