@@ -1238,13 +1238,9 @@ static void setup_grid(Args *a, const GPT2Config *c, Grid *grid, int world, int 
 // -e as a descriptor: 1 (config set), or 0 (not a descriptor: a model file); a malformed one stops every rank.
 static int model_descriptor(const Args *a, int rank, GPT2Config *config) {
     unsigned named;
-    int desc = parse_descriptor(a->model, config, &named);
-    if (desc < 0) {
-        fail_all(rank,
-                 "-e '%s' is a malformed model descriptor (expected dN or "
-                 "L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..,H=..,S=..], "
-                 "each key once, 1 <= k <= E)", a->model);
-    }
+    char why[320];
+    int desc = parse_descriptor(a->model, config, &named, why, sizeof(why));
+    if (desc < 0) { fail_all(rank, "-e '%s' is a malformed model descriptor (%s)", a->model, why); }
     if (desc == 1) { moe_descriptor_defaults(a, rank, config, named); }
     return desc;
 }

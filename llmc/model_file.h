@@ -11,6 +11,7 @@
 #include "tensor_parallel.h"
 #include "zero.h"
 #include "moe.h"
+#include "rope.h"
 
 // ----------------------------------------------------------------------------
 // the model's tensors, in llm.c's file order (then the MoE tensors)
@@ -28,17 +29,39 @@ typedef struct {
     int router_score;       // MoE: the router's scores, ROUTER_SOFTMAX or ROUTER_SIGMOID (moe.h)
     int expert_hidden;      // MoE: H, the hidden width of an expert (routed and shared; 4C unless fine-grained)
     int shared_experts;     // MoE: S always-on experts per MoE layer, run as one MLP of width S*H
+    // the family: GPT-2 (LayerNorm, learned positions, GELU MLP, biases, tied head) or Llama (RMSNorm, rotary
+    // positions, SwiGLU MLP, grouped-query attention, no biases but Qwen2's q/k/v ones, tied or untied head)
+    int arch;               // ARCH_GPT2, ARCH_LLAMA
+    int kv_heads;           // KV: the key/value heads (GPT-2: NH); query head h reads kv head h / (NH/KV)
+    int ffn_hidden;         // F: the MLP's hidden width (GPT-2: 4C; Llama: SwiGLU's gate and up, each F wide)
+    int tied;               // the LM head is wte (GPT-2: always), else a (Vp, C) tensor of its own
+    int qkv_bias;           // biases on q, k, v (GPT-2: always, beside its other biases; Llama: Qwen2's)
+    float norm_eps;         // the norms' eps (GPT-2's LayerNorm: 1e-5)
+    float rope_theta;       // RoPE's base (Llama)
+    RopeScaling rope;       // RoPE's rescaled frequencies (Llama 3.1's 'llama3'; kind 0: none)
 } GPT2Config;
+
+enum { ARCH_GPT2, ARCH_LLAMA };
+
+// GPT-2's values of the family's fields: KV = NH, F = 4C, tied, biases, LayerNorm's eps.
+static void config_gpt2(GPT2Config *c) {
+    c->arch = ARCH_GPT2; c->kv_heads = c->num_heads; c->ffn_hidden = 4 * c->channels; c->tied = 1; c->qkv_bias = 1;
+    c->norm_eps = 1e-5f; c->rope_theta = 0.0f;
+    memset(&c->rope, 0, sizeof(c->rope));
+}
+
+// Llama's default MLP width for C: LLaMA-2's rule 256 ceil(8C/3/256) (Llama 3's sizes are given explicitly).
+static int llama_default_ffn(int C) { return 256 * (int)ceil_div(ceil_div(8 * C, 3), 256); }
 
 enum { T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB,
        T_LN2W, T_LN2B, T_FCW, T_FCB, T_FCPROJW, T_FCPROJB, T_LNFW, T_LNFB,
        T_ROUTERW, T_EFCW, T_EFCB, T_EFCPROJW, T_EFCPROJB,
-       T_SFCW, T_SFCB, T_SFCPROJW, T_SFCPROJB, NUM_TENSORS };
+       T_SFCW, T_SFCB, T_SFCPROJW, T_SFCPROJB, T_HEAD, NUM_TENSORS };
 __attribute__((unused)) static const char *tensor_names[NUM_TENSORS] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb",
         "attprojw", "attprojb",
                                                 "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
                                                 "routerw", "efcw", "efcb", "efcprojw", "efcprojb",
-                                                "sfcw", "sfcb", "sfcprojw", "sfcprojb"};
+                                                "sfcw", "sfcb", "sfcprojw", "sfcprojb", "head"};
 
 static int is_moe_layer(const GPT2Config *c, int l) {
     return c->num_experts > 0 && l % c->moe_every == c->moe_every - 1;
@@ -55,10 +78,38 @@ static int num_moe_layers(const GPT2Config *c) {
 // tensors only the MoE layers, as nblk = E blocks (one per expert, cut over the ep ranks) of width H;
 // the shared experts' (S > 0) one MLP of width S*H per MoE layer, cut over tp like the dense MLP. Weight decay
 // on the 2-D matrices. full_grad: replicated over tp but with a complete gradient on every tp rank
-// (computed from all tokens even under SP): never summed over tp.
-typedef struct { int layers, nblk; size_t rows, cols; SplitKind split; int decay, experts, full_grad; } TensorSpec;
+// (computed from all tokens even under SP): never summed over tp. SPLIT_QKV (Llama's qkvw, qkvb): the rows
+// [q (qrows = NH hs) | k (KV hs) | v (KV hs)], each cut like SPLIT_ROWS (a tp rank's heads of each).
+// A tensor the model does not have has 0 rows (Llama: wpe, the biases, the untied head when tied).
+typedef struct {
+    int layers, nblk;
+    size_t rows, cols;
+    SplitKind split;
+    int decay, experts, full_grad;
+    size_t qrows;
+} TensorSpec;
+
+// Llama's tensors (the GPT-2 ones it does not have: 0 rows): fcw holds gate and up, 2 blocks of F rows each.
+static TensorSpec tensor_spec_llama(const GPT2Config *c, int id) {
+    size_t C = c->channels, hs = C / c->num_heads, Q = c->num_heads * hs, QKV = Q + 2 * c->kv_heads * hs;
+    size_t F = c->ffn_hidden, Vp = c->padded_vocab_size, bias = c->qkv_bias ? 1 : 0;
+    int L = c->num_layers;
+    switch (id) {
+        case T_WTE:      return (TensorSpec){-1, 1, Vp, C, SPLIT_ROWS, 1, 0, 0, 0};          // vocab-parallel
+        case T_QKVW:     return (TensorSpec){L, 1, QKV, C, SPLIT_QKV, 1, 0, 0, Q};           // column-parallel heads
+        case T_QKVB:     return (TensorSpec){L, 1, QKV * bias, 1, SPLIT_QKV, 0, 0, 0, Q * bias};
+        case T_ATTPROJW: return (TensorSpec){L, 1, C, Q, SPLIT_COLS, 1, 0, 0, 0};            // row-parallel
+        case T_FCW:      return (TensorSpec){L, 2, F, C, SPLIT_ROWS, 1, 0, 0, 0};            // [gate; up], column-par.
+        case T_FCPROJW:  return (TensorSpec){L, 1, C, F, SPLIT_COLS, 1, 0, 0, 0};            // row-parallel
+        case T_LN1W: case T_LN2W: return (TensorSpec){L, 1, 1, C, SPLIT_NONE, 0, 0, 0, 0};
+        case T_LNFW:     return (TensorSpec){-1, 1, 1, C, SPLIT_NONE, 0, 0, 0, 0};
+        case T_HEAD:     return (TensorSpec){-1, 1, c->tied ? 0 : Vp, C, SPLIT_ROWS, 1, 0, 0, 0};   // vocab-parallel
+        default:         return (TensorSpec){-1, 1, 0, 0, SPLIT_NONE, 0, 0, 0, 0};          // (not in the model)
+    }
+}
 
 static TensorSpec tensor_spec(const GPT2Config *c, int id) {
+    if (c->arch == ARCH_LLAMA) { return tensor_spec_llama(c, id); }
     size_t C = c->channels;
     int L = c->num_layers, Lm = num_moe_layers(c), Ld = L - Lm, E = c->num_experts;
     size_t H = c->expert_hidden, SH = (size_t)c->shared_experts * H;
@@ -85,6 +136,7 @@ static TensorSpec tensor_spec(const GPT2Config *c, int id) {
         case T_SFCB:     return (TensorSpec){Lsh, 1, SH, 1, SPLIT_ROWS, 0, 0, 0};
         case T_SFCPROJW: return (TensorSpec){Lsh, 1, C, SH, SPLIT_COLS, 1, 0, 0};
         case T_SFCPROJB: return (TensorSpec){Lsh, 1, 1, C, SPLIT_NONE, 0, 0, 1};         // as efcprojb: tp rank 0
+        case T_HEAD:     return (TensorSpec){-1, 1, 0, 0, SPLIT_NONE, 0, 0, 0};          // (tied: wte)
         default:         return (TensorSpec){L, 1, 1, C, SPLIT_NONE, 0, 0, 0};           // ln1, ln2, attprojb
     }
 }
@@ -109,6 +161,14 @@ static size_t model_floats(const GPT2Config *c) { return num_parameters(c) + num
 // layer l at sequence length T, and of the LM head (6 C Vp): the cost model of --pp-layers auto. A MoE
 // layer counts its router and k experts, the experts a token is sent to.
 static double layer_flops_per_token(const GPT2Config *c, int l, int T) {
+    if (c->arch == ARCH_LLAMA) {   // (every tensor of the layer: tensor_spec's)
+        double params = 0;
+        for (int id = 0; id < NUM_TENSORS; id++) {
+            TensorSpec s = tensor_spec(c, id);
+            if (s.layers > 0) { params += (double)s.nblk * s.rows * s.cols; }
+        }
+        return 6.0 * params + 6.0 * c->channels * T;
+    }
     double C = c->channels, mlp = 8.0 * C * C + 5.0 * C;   // fc (4C x C + 4C) and fcproj (C x 4C + C)
     double attention = 4.0 * C * C + 4.0 * C + 4.0 * C;   // qkv, attproj (weights and biases), ln1, ln2
     double H = c->expert_hidden, SH = (double)c->shared_experts * H;
@@ -139,7 +199,8 @@ static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_T
         size_t blk = s.rows * s.cols, per_layer = (size_t)s.nblk * blk;
         float *f = full[t->id] + (t->layer >= 0 ? (size_t)tensor_layer_slice(c, t->id, t->layer) * per_layer
                                   : 0) + (size_t)t->blk0 * blk;
-        tp_slice_copy(f, unit + t->offset, t->nblk, s.rows, s.cols, s.split, tp, tp_rank, to_unit);
+        if (s.split == SPLIT_QKV) { tp_slice_copy_qkv(f, unit + t->offset, s.rows, s.qrows, s.cols, tp, tp_rank, to_unit); }
+        else { tp_slice_copy(f, unit + t->offset, t->nblk, s.rows, s.cols, s.split, tp, tp_rank, to_unit); }
     }
 }
 
@@ -159,21 +220,46 @@ static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_T
 
 // The shapes this program accepts, from a file or a descriptor: positive, C divisible by NH,
 // V <= Vp, token ids that fit the uint16 data shards, sizes whose element counts fit in memory, and
-// (MoE) 1 <= k <= E <= MOE_MAX_EXPERTS, 1 <= moe_every <= L, 1 <= H <= 65536, 0 <= S <= MOE_MAX_SHARED.
-static int config_valid(const GPT2Config *c) {
-    int dense_ok = c->max_seq_len > 0 && c->vocab_size > 0 && c->num_layers > 0 && c->num_heads > 0
-            && c->channels > 0 &&
-                   c->padded_vocab_size >= c->vocab_size && c->channels % c->num_heads == 0 && c->vocab_size <= 65536 &&
-                   c->padded_vocab_size <= 1 << 20 && c->channels <= 16384 && c->max_seq_len <= 1 << 20
-                           && c->num_layers <= 1024;
+// (MoE) 1 <= k <= E <= MOE_MAX_EXPERTS, 1 <= moe_every <= L, 1 <= H <= 65536, 0 <= S <= MOE_MAX_SHARED;
+// (Llama) NH a multiple of KV, an even head size (RoPE's halves), theta and eps finite and positive, a known
+// RoPE scaling, no MoE layers yet. Returns what is wrong in words, or NULL.
+static const char *config_problem(const GPT2Config *c) {
+    if (!(c->max_seq_len > 0 && c->vocab_size > 0 && c->num_layers > 0 && c->num_heads > 0 && c->channels > 0)) {
+        return "every size must be positive";
+    }
+    if (!(c->padded_vocab_size >= c->vocab_size && c->channels % c->num_heads == 0 && c->vocab_size <= 65536 &&
+          c->padded_vocab_size <= 1 << 20 && c->channels <= 16384 && c->max_seq_len <= 1 << 20 && c->num_layers <= 1024)) {
+        return "need V <= Vp <= 2^20, V <= 65536, NH dividing C <= 16384, maxT <= 2^20, L <= 1024";
+    }
     int moe_ok = c->num_experts == 0 ? c->topk == 0 && c->moe_every == 0 && c->expert_hidden == 0 &&
                                            c->shared_experts == 0
                                      : c->num_experts > 0 && c->num_experts <= MOE_MAX_EXPERTS && c->topk >= 1 &&
                                        c->topk <= c->num_experts && c->moe_every >= 1 && c->moe_every <= c->num_layers
                                        && c->expert_hidden >= 1 && c->expert_hidden <= 65536 &&
                                        c->shared_experts >= 0 && c->shared_experts <= MOE_MAX_SHARED;
-    return dense_ok && moe_ok;
+    if (!moe_ok) { return "need 1 <= k <= E <= 256, 1 <= every <= L, 1 <= H <= 65536, 0 <= S <= 64 (MoE)"; }
+    if (c->arch == ARCH_GPT2) {
+        int gpt2 = c->kv_heads == c->num_heads && c->ffn_hidden == 4 * c->channels && c->tied == 1 && c->qkv_bias == 1;
+        return gpt2 ? NULL : "GPT-2 has KV = NH, F = 4C, a tied head and biases";
+    }
+    if (c->arch != ARCH_LLAMA) { return "the architecture must be 0 (GPT-2) or 1 (Llama)"; }
+    if (c->kv_heads < 1 || c->num_heads % c->kv_heads) { return "NH must be a multiple of KV >= 1"; }
+    if ((c->channels / c->num_heads) % 2) { return "RoPE needs an even head size C/NH"; }
+    if (c->ffn_hidden < 1 || c->ffn_hidden > 1 << 20) { return "need 1 <= F <= 2^20"; }
+    if ((c->tied != 0 && c->tied != 1) || (c->qkv_bias != 0 && c->qkv_bias != 1)) { return "tied and qkvbias are 0 or 1"; }
+    if (!(isfinite(c->rope_theta) && c->rope_theta > 0 && isfinite(c->norm_eps) && c->norm_eps > 0)) {
+        return "theta and eps must be finite and positive";
+    }
+    const RopeScaling *r = &c->rope;
+    if (r->kind != 0 && !(r->kind == 1 && isfinite(r->factor) && r->factor > 0 && isfinite(r->low_freq_factor) &&
+                          r->low_freq_factor > 0 && isfinite(r->high_freq_factor) &&
+                          r->high_freq_factor > r->low_freq_factor && r->original_max_position > 0)) {
+        return "the RoPE scaling must be none (0) or llama3 (1) with factor > 0, 0 < low < high, orig > 0";
+    }
+    if (c->num_experts > 0) { return "MoE layers on a Llama model are not supported yet"; }
+    return NULL;
 }
+static int config_valid(const GPT2Config *c) { return config_problem(c) == NULL; }
 
 static float bf16_to_float(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 static uint16_t float_to_bf16(float f) {   // round to nearest even
@@ -211,38 +297,60 @@ static int model_file_has_bias(const GPT2Config *c, const float *bias) {
 // The header of a model file of shape c, its parameters stored in bf16 or fp32 (slot 255, the CRC, is the writer's).
 static void model_header_write(int h[256], const GPT2Config *c, int bf16, int with_bias) {
     memset(h, 0, 256 * sizeof(int));
-    h[0] = MODEL_MAGIC; h[1] = (bf16 ? 5 : 3) + (c->num_experts > 0 ? (with_bias ? 20 : 10) : 0);
+    int llama = c->arch == ARCH_LLAMA;
+    h[0] = MODEL_MAGIC; h[1] = (bf16 ? 5 : 3) + (llama ? 30 : c->num_experts > 0 ? (with_bias ? 20 : 10) : 0);
     h[2] = c->max_seq_len; h[3] = c->vocab_size; h[4] = c->num_layers; h[5] = c->num_heads; h[6] = c->channels;
     h[7] = c->padded_vocab_size; h[8] = c->num_experts; h[9] = c->topk; h[10] = c->moe_every;
-    if (with_bias) { h[11] = c->router_score; h[12] = c->shared_experts; h[13] = c->expert_hidden; }
+    if (with_bias || llama) { h[11] = c->router_score; h[12] = c->shared_experts; h[13] = c->expert_hidden; }
+    if (llama) {   // (floats as their bits)
+        h[14] = c->arch; h[15] = c->kv_heads; h[16] = c->ffn_hidden; h[17] = c->tied; h[18] = c->qkv_bias;
+        memcpy(&h[19], &c->rope_theta, 4); memcpy(&h[20], &c->norm_eps, 4);
+        h[21] = c->rope.kind; memcpy(&h[22], &c->rope.factor, 4); memcpy(&h[23], &c->rope.low_freq_factor, 4);
+        memcpy(&h[24], &c->rope.high_freq_factor, 4); h[25] = c->rope.original_max_position;
+    }
+}
+
+// A family file's (version 33/35) header slots 14-25 into c.
+static void model_header_read_family(const int h[256], GPT2Config *c) {
+    c->arch = h[14]; c->kv_heads = h[15]; c->ffn_hidden = h[16]; c->tied = h[17]; c->qkv_bias = h[18];
+    memcpy(&c->rope_theta, &h[19], 4); memcpy(&c->norm_eps, &h[20], 4);
+    c->rope.kind = h[21]; memcpy(&c->rope.factor, &h[22], 4); memcpy(&c->rope.low_freq_factor, &h[23], 4);
+    memcpy(&c->rope.high_freq_factor, &h[24], 4); c->rope.original_max_position = h[25];
 }
 
 // The shape in a model file's header (path: for the errors); returns the bytes per stored parameter (4 or 2).
 static size_t model_header_read(const int h[256], GPT2Config *c, const char *path) {
     if (h[0] != MODEL_MAGIC) { fail("model file '%s' has bad magic %d, expected %d", path, h[0], MODEL_MAGIC); }
-    int moe = h[1] == 13 || h[1] == 15 || h[1] == 23 || h[1] == 25;
+    int family = h[1] == 33 || h[1] == 35, moe = h[1] == 13 || h[1] == 15 || h[1] == 23 || h[1] == 25 || family;
     if (h[1] != 3 && h[1] != 5 && !moe) {
-        fail("model file '%s' has version %d, expected 3 (fp32), 5 (bf16), 13 or 23 (MoE fp32), 15 or 25 (MoE bf16)",
-             path, h[1]);
+        fail("model file '%s' has version %d, expected 3 (fp32), 5 (bf16), 13 or 23 (MoE fp32), 15 or 25 (MoE bf16), 33 "
+             "or 35 (the Llama family, fp32 or bf16)", path, h[1]);
     }
     memset(c, 0, sizeof(*c));
     c->max_seq_len = h[2]; c->vocab_size = h[3]; c->num_layers = h[4]; c->num_heads = h[5]; c->channels = h[6];
     c->padded_vocab_size = h[7];
-    if (moe) { c->num_experts = h[8]; c->topk = h[9]; c->moe_every = h[10]; c->expert_hidden = 4 * h[6]; }
-    if (h[1] > 20) {
+    config_gpt2(c);
+    if (family) { model_header_read_family(h, c); }
+    if (moe && h[8] > 0) { c->num_experts = h[8]; c->topk = h[9]; c->moe_every = h[10]; c->expert_hidden = 4 * h[6]; }
+    if (h[1] > 20 && (!family || c->num_experts > 0)) {
         if (h[11] != ROUTER_SOFTMAX && h[11] != ROUTER_SIGMOID) {
             fail("model file '%s' has router scores %d in header slot 11, expected 0 (softmax) or 1 (sigmoid)", path,
                  h[11]);
         }
         c->router_score = h[11]; c->shared_experts = h[12]; c->expert_hidden = h[13];
     }
-    if (moe && c->num_experts < 1) {
+    if (moe && !family && c->num_experts < 1) {
         fail("model file '%s' is a MoE file (version %d) with %d experts", path, h[1], h[8]);
     }
-    if (!config_valid(c)) {
+    if (family && c->arch != ARCH_LLAMA) {
+        fail("model file '%s' is a family file (version %d) of architecture %d in header slot 14, expected 1 (Llama)", path,
+             h[1], h[14]);
+    }
+    const char *why = config_problem(c);
+    if (why) {
         fail("model file '%s' has inconsistent header values (maxT %d V %d L %d NH %d C %d Vp %d; E %d k %d every %d "
-             "S %d H %d)", path, h[2], h[3], h[4], h[5], h[6], h[7], c->num_experts, c->topk, c->moe_every,
-             c->shared_experts, c->expert_hidden);
+             "S %d H %d; KV %d F %d): %s", path, h[2], h[3], h[4], h[5], h[6], h[7], c->num_experts, c->topk,
+             c->moe_every, c->shared_experts, c->expert_hidden, c->kv_heads, c->ffn_hidden, why);
     }
     return h[1] % 10 == 3 ? 4 : 2;
 }
@@ -299,14 +407,23 @@ static float *read_model_file(const char *path, GPT2Config *c) {
 }
 
 // "d12" (llm.c: depth L, C = 64 L, NH = L) or "L=4,C=64,NH=4,V=250,maxT=64[,Vp=256][,E=8,k=2[,every=2][,H=64][,S=1]]"
-// (H: an expert's hidden width, default 4C; S: shared experts, default 0). *named: the keys given, a bit each in
-// the order of DESCRIPTOR_KEYS (a key left out takes a flag's value: expert_parallel.h).
-// Returns 0 if the string is not a descriptor, -1 if it is a malformed one.
-enum { DK_L, DK_C, DK_NH, DK_V, DK_VP, DK_MAXT, DK_E, DK_K, DK_EVERY, DK_H, DK_S, DESCRIPTOR_KEYS };
-static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named) {
+// (H: an expert's hidden width, default 4C; S: shared experts, default 0), or a Llama model: "arch=llama,L=..,C=..,
+// NH=..,V=..,maxT=..[,KV=..][,F=..][,theta=..][,eps=..][,tied=0|1][,qkvbias=0|1]" (defaults: KV = NH, F = LLaMA-2's
+// rule, theta 500000, eps 1e-5, untied, no biases). Each key once. *named: the keys given, a bit each in DK_ order (a
+// MoE key left out takes a flag's value: expert_parallel.h). Returns 0 if the string is not a descriptor, -1 if it
+// is a malformed one (why: what is wrong).
+enum { DK_L, DK_C, DK_NH, DK_V, DK_VP, DK_MAXT, DK_E, DK_K, DK_EVERY, DK_H, DK_S, DK_ARCH, DK_KV, DK_F, DK_THETA, DK_EPS,
+       DK_TIED, DK_QKVBIAS, DESCRIPTOR_KEYS };
+static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named, char *why, size_t n) {
+    static const char *keys[DESCRIPTOR_KEYS] = {"L", "C", "NH", "V", "Vp", "maxT", "E", "k", "every", "H", "S", "arch",
+                                                "KV", "F", "theta", "eps", "tied", "qkvbias"};
     memset(c, 0, sizeof(*c));
     *named = 0;
+    snprintf(why, n, "expected dN or L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..,H=..,S=..], or "
+             "arch=llama with [,KV=..,F=..,theta=..,eps=..,tied=0|1,qkvbias=0|1]; each key once, 1 <= k <= E");
     c->vocab_size = 50257; c->max_seq_len = 1024;
+    int llama = 0;
+    double theta = 500000, eps = 1e-5;
     char *end;
     if (s[0] == 'd' && s[1] >= '0' && s[1] <= '9') {
         long d = strtol(s + 1, &end, 10);
@@ -316,22 +433,39 @@ static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named) {
         char buf[256];
         if (strlen(s) >= sizeof(buf)) { return -1; }
         snprintf(buf, sizeof(buf), "%s", s);
-        static const char *keys[DESCRIPTOR_KEYS] = {"L", "C", "NH", "V", "Vp", "maxT", "E", "k", "every", "H", "S"};
-        int *fields[] = {&c->num_layers, &c->channels, &c->num_heads, &c->vocab_size, &c->padded_vocab_size,
-                         &c->max_seq_len,
-                         &c->num_experts, &c->topk, &c->moe_every, &c->expert_hidden, &c->shared_experts};
+        int *fields[DESCRIPTOR_KEYS] = {&c->num_layers, &c->channels, &c->num_heads, &c->vocab_size,
+                                        &c->padded_vocab_size, &c->max_seq_len, &c->num_experts, &c->topk, &c->moe_every,
+                                        &c->expert_hidden, &c->shared_experts, NULL, &c->kv_heads, &c->ffn_hidden, NULL,
+                                        NULL, &c->tied, &c->qkv_bias};
         for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
             char *eq = strchr(tok, '=');
             if (!eq) { return -1; }
             *eq = '\0';
-            long v = strtol(eq + 1, &end, 10);
             int key = -1;
             for (int i = 0; i < DESCRIPTOR_KEYS; i++) { if (!strcmp(tok, keys[i])) { key = i; } }
             if (key < 0 || (*named >> key & 1)) { return -1; }   // unknown or repeated
-            if (*end != '\0' || v < (key == DK_S ? 0 : 1) || v > (1 << 20)) { return -1; }   // (S=0: no shared experts)
-            *fields[key] = (int)v;
             *named |= 1u << key;
+            if (key == DK_ARCH) {
+                if (strcmp(eq + 1, "llama") && strcmp(eq + 1, "gpt2")) {
+                    snprintf(why, n, "arch=%s: expected llama or gpt2", eq + 1);
+                    return -1;
+                }
+                llama = !strcmp(eq + 1, "llama");
+                continue;
+            }
+            double v = strtod(eq + 1, &end);
+            int zero_ok = key == DK_S || key == DK_TIED || key == DK_QKVBIAS;
+            if (*end != '\0' || !(v >= (zero_ok ? 0 : 1e-30)) || v > (fields[key] ? 1 << 20 : 1e12) ||
+                (fields[key] && v != (int)v)) {
+                snprintf(why, n, "%s=%s: expected a %s number", keys[key], eq + 1,
+                         fields[key] ? (zero_ok ? "whole, non-negative" : "whole, positive") : "positive");
+                return -1;
+            }
+            if (fields[key]) { *fields[key] = (int)v; } else if (key == DK_THETA) { theta = v; } else { eps = v; }
         }
+        unsigned family = (1u << DK_KV) | (1u << DK_F) | (1u << DK_THETA) | (1u << DK_EPS) | (1u << DK_TIED) |
+                          (1u << DK_QKVBIAS);
+        if (!llama && (*named & family)) { snprintf(why, n, "KV, F, theta, eps, tied and qkvbias need arch=llama"); return -1; }
         if (c->num_layers == 0 || c->channels == 0 || c->num_heads == 0) { return -1; }
         if (c->num_experts > 0) {
             if (c->topk == 0) { c->topk = 1; }
@@ -344,7 +478,18 @@ static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named) {
         return 0;
     }
     if (c->padded_vocab_size == 0) { c->padded_vocab_size = (int)ceil_div(c->vocab_size, 128) * 128; }
-    return config_valid(c) ? 1 : -1;
+    int kv = c->kv_heads, F = c->ffn_hidden, tied = c->tied, bias = c->qkv_bias;
+    config_gpt2(c);
+    if (llama) {
+        c->arch = ARCH_LLAMA;
+        c->kv_heads = *named >> DK_KV & 1 ? kv : c->num_heads;
+        c->ffn_hidden = *named >> DK_F & 1 ? F : llama_default_ffn(c->channels);
+        c->tied = tied; c->qkv_bias = bias;
+        c->rope_theta = (float)theta; c->norm_eps = (float)eps;
+    }
+    const char *problem = config_problem(c);
+    if (problem) { snprintf(why, n, "%s", problem); return -1; }
+    return 1;
 }
 
 // GPT-2 initialisation (as llm.c): N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), LayerNorm

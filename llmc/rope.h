@@ -123,7 +123,4 @@ static void rope_backward(floatX *dqkv, const float *cos_sin, SeqPos sp, int B, 
     rope_rotate(dqkv, cos_sin, sp, B, T, NH, KV, hs, 1);
 }
 
-#endif
-}
-
-#endif
+#endif // LLMC_ROPE_H

@@ -24,7 +24,7 @@
 
 #include "comm.h"
 
-typedef enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS } SplitKind;
+typedef enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS, SPLIT_QKV } SplitKind;
 
 // A full (llm.c) tensor viewed as nblk blocks of (rows, cols); SPLIT_ROWS gives rank r the rows
 // [r*rows/tp, (r+1)*rows/tp) of every block, SPLIT_COLS the columns [r*cols/tp, (r+1)*cols/tp).
@@ -50,6 +50,18 @@ static void tp_slice_copy(float *full, float *local, int nblk, size_t rows, size
             float *l = local + i * lc;
             if (to_local) { memcpy(l, f, lc * sizeof(float)); } else { memcpy(f, l, lc * sizeof(float)); }
         }
+    }
+}
+
+// Grouped-query attention's q, k, v rows (rows = qrows + 2 kv rows, each (rows, cols)): rank r's heads of each,
+// [q rows r qrows/tp .. | k rows r kv/tp .. | v rows ..], as three SPLIT_ROWS cuts.
+static void tp_slice_copy_qkv(float *full, float *local, size_t rows, size_t qrows, size_t cols, int tp, int r,
+                              int to_local) {
+    size_t kv = (rows - qrows) / 2, part[3] = {qrows, kv, kv}, f = 0, l = 0;
+    for (int i = 0; i < 3; i++) {
+        tp_slice_copy(full + f * cols, local + l * cols, 1, part[i], cols, SPLIT_ROWS, tp, r, to_local);
+        f += part[i];
+        l += part[i] / tp;
     }
 }
 
