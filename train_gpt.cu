@@ -19,6 +19,9 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/matmul.h"            // defines: matmul_forward (+GELU), matmul_backward, bias_backward
 #include "llmc/attention.h"         // defines: causal attention (cuBLAS or flash_attention.h), forward and backward
 #include "llmc/gelu.h"              // defines: GELU (tanh) forward and backward
+#include "llmc/rmsnorm.h"           // defines: RMSNorm (Llama); a model's norm, LayerNorm or RMSNorm
+#include "llmc/rope.h"              // defines: rotary position embeddings (Llama), at each token's position
+#include "llmc/swiglu.h"            // defines: SwiGLU (Llama); a model's MLP activation, GELU or SwiGLU
 #include "llmc/residual.h"          // defines: residual + bias, fused residual + LayerNorm
 #include "llmc/fused_ce.h"          // defines: fused_classifier: the LM head and the loss chunk by chunk, vocab-parallel
 #include "llmc/adamw.h"             // defines: AdamW (multi-tensor)
@@ -49,14 +52,16 @@ other concern lives in one file of llmc/, listed below with what it defines.
 // the model's units: how the tensors (model_file.h) are cut over the pipeline stages, tp and ep ranks
 
 // One unit of zero.h: the embedding (wpe, wte), a layer, the experts of a MoE layer held by this ep
-// rank, or the final LayerNorm, reduced over data-parallel group dpg. Inside a unit the tensors whose
-// gradients are partial over tp under SP come first (one block to all-reduce under SP).
+// rank, the final norm, or an untied LM head, reduced over data-parallel group dpg. Inside a unit the tensors whose
+// gradients are partial over tp under SP come first (one block to all-reduce under SP). The tensors the model does
+// not have (Llama's wpe and biases) are left out.
 static void build_unit(const GPT2Config *c, int tp, int ep, int ep_rank, Group *dpg, Unit *U, const int *ids, int n,
                        int layer) {
     memset(U, 0, sizeof(Unit));
     U->dpg = dpg;
     for (int k = 0; k < n; k++) {
         TensorSpec s = tensor_spec(c, ids[k]);
+        if (s.rows * s.cols == 0) { continue; }
         UnitTensor *t = &U->t[U->ntensors++];
         t->id = ids[k];
         t->layer = layer;
@@ -68,19 +73,19 @@ static void build_unit(const GPT2Config *c, int tp, int ep, int ep_rank, Group *
         t->replicated = s.split == SPLIT_NONE;
         U->size += t->size;
         if (t->replicated && !s.full_grad) { U->nrep = U->size; }
-        if (ids[k] == T_WTE) { U->embedding = 1; }
+        if (ids[k] == T_WTE || ids[k] == T_HEAD) { U->embedding = 1; }   // (ZeRO-3: a work buffer of their own)
     }
 }
 
 // The units of a pipeline stage, in the order they run: the embedding (first stage), its layers
 // (a MoE layer: the layer, then its experts; interleaved: chunk 0's, then chunk 1's, ...), the final
-// LayerNorm (last stage). With a pipeline the
-// first stage's wte and wpe are two units, and the last stage holds a copy of the wte unit for the
-// tied LM head: same layout, so the two copies' gradients sum shard by shard. Returns the number of
-// units; sets the index of each kind (-1: none; without a pipeline u_pos == u_embed, one unit [wpe,
-// wte]) and, per layer of the stage, its unit and its experts' unit (-1 for a dense layer).
+// norm and an untied LM head (last stage). With a pipeline the first stage's wte and wpe are two units, and the
+// last stage holds a copy of the wte unit for the tied LM head: same layout, so the two copies' gradients sum shard
+// by shard. Returns the number of units; sets the index of each kind (-1: none; without a pipeline u_pos ==
+// u_embed, one unit [wpe, wte]; Llama: no wpe) and, per layer of the stage, its unit and its experts' unit (-1 for a
+// dense layer).
 static int build_units(const GPT2Config *c, Grid *grid, int vpp, const int *first, Unit *units, int *u_embed,
-                       int *u_pos, int *u_layer, int *u_experts, int *u_final) {
+                       int *u_pos, int *u_layer, int *u_experts, int *u_final, int *u_head) {
     static const int embedding[] = {T_WPE, T_WTE}, token[] = {T_WTE}, position[] = {T_WPE};
     static const int layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_FCPROJB,
                                 T_QKVW, T_QKVB, T_ATTPROJW, T_FCW, T_FCB, T_FCPROJW};
@@ -88,14 +93,15 @@ static int build_units(const GPT2Config *c, Grid *grid, int vpp, const int *firs
     static const int moe_shared_layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_ROUTERW, T_QKVW, T_QKVB,
                                            T_ATTPROJW, T_SFCW, T_SFCB, T_SFCPROJW, T_SFCPROJB};   // (+ shared experts)
     static const int experts[] = {T_EFCPROJB, T_EFCW, T_EFCB, T_EFCPROJW};
-    static const int final_ln[] = {T_LNFW, T_LNFB};
+    static const int final_ln[] = {T_LNFW, T_LNFB}, head[] = {T_HEAD};
     int tp = grid->tp, pp = grid->pp, stage = grid->pp_rank, ep = grid->ep, er = grid->ep_rank, n = 0, ll = 0;
     Group *dp = grid->grad_group;   // (the dp group; with cp, the cp x dp ranks)
-    *u_embed = *u_pos = *u_final = -1;
+    *u_embed = *u_pos = *u_final = *u_head = -1;
+    int wpe = tensor_full_size(c, T_WPE) > 0;
     if (stage == 0 && pp == 1) { *u_embed = *u_pos = n; build_unit(c, tp, ep, er, dp, &units[n++], embedding, 2, -1); }
     if (stage == 0 && pp > 1) {
         *u_embed = n; build_unit(c, tp, ep, er, dp, &units[n++], token, 1, -1);
-        *u_pos = n; build_unit(c, tp, ep, er, dp, &units[n++], position, 1, -1);
+        if (wpe) { *u_pos = n; build_unit(c, tp, ep, er, dp, &units[n++], position, 1, -1); }
     }
     for (int v = 0; v < vpp; v++) {   // the stage's model chunks (one without interleaving), in order
         int l0, l1;
@@ -113,13 +119,14 @@ static int build_units(const GPT2Config *c, Grid *grid, int vpp, const int *firs
     if (stage == pp - 1) {
         *u_final = n;
         build_unit(c, tp, ep, er, dp, &units[n++], final_ln, 2, -1);
-        if (pp > 1) {
+        if (!c->tied) { *u_head = n; build_unit(c, tp, ep, er, dp, &units[n++], head, 1, -1); }
+        if (pp > 1 && c->tied) {
             *u_embed = n;
             build_unit(c, tp, ep, er, dp, &units[n++], token, 1, -1);
             units[n - 1].norm_skip = 1;
         }
     }
-    if (pp > 1 && *u_embed >= 0) { units[*u_embed].tied = 1; }
+    if (pp > 1 && *u_embed >= 0 && c->tied) { units[*u_embed].tied = 1; }
     return n;
 }
 
@@ -167,7 +174,8 @@ typedef struct {        // shared by all layers and micro-batches
     floatX *pfull;      // (BT, C) partial sums before a tp reduction, and full-token gradients
     floatX *tokbuf;     // (BTs, C) result of a reduce-scatter (SP)
     floatX *dresid;     // (BTs, C) gradient of the residual stream (pipeline: received from the next stage)
-    floatX *dwide;      // (BT, 4Cl) gradient of fc / gelu, then of qkv
+    floatX *dwide;      // (BT, max(FCl, QKVl)) gradient of fc's output, then of qkv
+    floatX *dact;       // (BT, Fl) SwiGLU: the gradient of the MLP's activation
     floatX *datty;      // (BT, Cl)
     float *losses;      // (BT)
     double *loss_sum;   // (1) the losses of the step's micro-batches (or the evaluation's batches), summed
@@ -211,10 +219,14 @@ typedef struct {
     SeqPos seqpos;               // where the local tokens are in the sequence (context_parallel.h)
     CPRing cpring;               // cp > 1: ring attention's buffers
     int Cl, NHl, Vl, v0;         // this tp rank's channels, heads, vocab rows [v0, v0 + Vl)
+    int KVl, hs, QKVl, FCl, Fl;  // its kv heads; the head size; the widths of its qkv rows ((NHl + 2 KVl) hs), of
+                                 // fc's output (GPT-2: 4C/tp; Llama: [gate | up] 2F/tp) and of the MLP's activation
+    int rms, swiglu;             // Llama's ops: RMSNorm for LayerNorm, SwiGLU for GELU, RoPE for wpe
+    float *rope;                 // Llama: (maxT, hs) RoPE's cos and sin (rope.h), on the device
     int first, last, Ls, vpp;      // pipeline: is this the first / last stage; its layers; its model chunks
     int *layer_id;               // (Ls) the model layer of each of the stage's layers (chunk by chunk)
     int *chunk_l0;               // (vpp+1) chunk v's layers are the stage's [chunk_l0[v], chunk_l0[v+1])
-    int nunits, u_embed, u_pos, u_final;   // this stage's units (zero.h), -1 where it has none
+    int nunits, u_embed, u_pos, u_final, u_head;   // this stage's units (zero.h), -1 where it has none
     int *u_layer, *u_experts;    // (Ls) each layer's unit; its experts' unit (-1: a dense layer)
     Unit *units;
     Zero zero;
@@ -271,12 +283,12 @@ static LayerActs layer_acts(const GPT2 *m, const Activations *acts, int l) {
     LayerActs x;
     x.res = acts->resid + lc * m->BTs * C; x.out = acts->resid + (lc + 1) * m->BTs * C;
     x.ln1 = h->ln1 + s * C; x.mid = h->mid + s * C; x.ln2 = h->ln2 + s * C;
-    x.ln1_mean = h->ln1_mean + s;
+    x.ln1_mean = h->ln1_mean + (m->rms ? 0 : s);
     x.ln1_rstd = h->ln1_rstd + s;
-    x.ln2_mean = h->ln2_mean + s;
+    x.ln2_mean = h->ln2_mean + (m->rms ? 0 : s);
     x.ln2_rstd = h->ln2_rstd + s;
-    x.qkv = h->qkv + f * 3 * Cl; x.atty = h->atty + f * Cl;
-    x.fch = fc->fch + dense * m->BT * 4 * Cl; x.fchg = fc->fchg + dense * m->BT * 4 * Cl;
+    x.qkv = h->qkv + f * m->QKVl; x.atty = h->atty + f * Cl;
+    x.fch = fc->fch + dense * m->BT * m->FCl; x.fchg = fc->fchg + dense * m->BT * m->Fl;
     x.lse = h->lse + f * m->NHl;
     x.moe = &h->moe[li];
     return x;
@@ -294,6 +306,9 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     int tp = grid->tp;
     m->Cl = c->channels / tp; m->NHl = c->num_heads / tp;
     m->Vl = c->padded_vocab_size / tp; m->v0 = grid->tp_rank * m->Vl;
+    m->rms = m->swiglu = c->arch == ARCH_LLAMA;
+    m->KVl = c->kv_heads / tp; m->hs = c->channels / c->num_heads; m->QKVl = (m->NHl + 2 * m->KVl) * m->hs;
+    m->Fl = c->ffn_hidden / tp; m->FCl = m->swiglu ? 2 * m->Fl : m->Fl;
     m->first = grid->pp_rank == 0;
     m->last = grid->pp_rank == grid->pp - 1;
     m->vpp = vpp;
@@ -312,10 +327,12 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     m->u_layer = (int *)malloc_check((m->Ls + 1) * sizeof(int));
     m->u_experts = (int *)malloc_check((m->Ls + 1) * sizeof(int));
     m->nunits = build_units(c, grid, vpp, first, m->units, &m->u_embed, &m->u_pos, m->u_layer, m->u_experts,
-                            &m->u_final);
+                            &m->u_final, &m->u_head);
     zero_init(&m->zero, grid, zero_stage, sp, m->units, m->nunits);
     moe_setup(&m->moe, c, grid, moe, m->layer_id, m->Ls);
+    if (m->rms) { m->rope = (float *)mem_alloc((size_t)c->max_seq_len * m->hs * sizeof(float), MEM_WORKSPACE); }
     if (all_params == NULL) { return; }   // (a plan: the sizes only)
+    if (m->rope) { rope_setup(m->rope, c->max_seq_len, m->hs, c->rope_theta, &c->rope); }
     moe_set_bias(&m->moe, all_params + num_parameters(c));   // (the routing bias follows the parameters)
     float *full[NUM_TENSORS];
     split_tensors(c, all_params, full);
@@ -341,17 +358,18 @@ static void slot_alloc(GPT2 *m, Activations *acts, int scratch, int Lc, int Ldc,
     size_t nfc = scratch ? (mlp && Ld > 0 ? 1 : 0) : (mlp ? 0 : Ldc);      // ... of fc and GELU outputs
     if (!scratch) { acts->resid = (floatX *)mem_alloc((Lc + 1) * BTs * C * X, MEM_ACTIVATIONS); }
     acts->ln1 = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
-    acts->ln1_mean = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
+    size_t nmean = m->rms ? 0 : n;   // (RMSNorm: no mean)
+    acts->ln1_mean = (float *)mem_alloc(nmean * BTs * F, MEM_ACTIVATIONS);
     acts->ln1_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
-    acts->qkv = (floatX *)mem_alloc(n * BT * 3 * Cl * X, MEM_ACTIVATIONS);
+    acts->qkv = (floatX *)mem_alloc(n * BT * m->QKVl * X, MEM_ACTIVATIONS);
     acts->atty = (floatX *)mem_alloc(n * BT * Cl * X, MEM_ACTIVATIONS);
     acts->lse = (float *)mem_alloc(n * BT * m->NHl * F, MEM_ACTIVATIONS);
     acts->mid = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
     acts->ln2 = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
-    acts->ln2_mean = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
+    acts->ln2_mean = (float *)mem_alloc(nmean * BTs * F, MEM_ACTIVATIONS);
     acts->ln2_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
-    acts->fch = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
-    acts->fchg = (floatX *)mem_alloc(nfc * BT * 4 * Cl * X, MEM_ACTIVATIONS);
+    acts->fch = (floatX *)mem_alloc(nfc * BT * m->FCl * X, MEM_ACTIVATIONS);
+    acts->fchg = (floatX *)mem_alloc(nfc * BT * m->Fl * X, MEM_ACTIVATIONS);
     acts->moe = (MoEActs *)calloc_check(Lc + 1, sizeof(MoEActs));
     for (int l = 0; l < Lc; l++) {
         // the MoE layers' routing and expert rows: stored per layer, or (full) one set in the scratch;
@@ -364,7 +382,7 @@ static void slot_alloc(GPT2 *m, Activations *acts, int scratch, int Lc, int Ldc,
     }
     if (!scratch && m->last) {   // (the last chunk's)
         acts->lnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
-        acts->lnf_mean = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
+        acts->lnf_mean = (float *)mem_alloc((m->rms ? 0 : BTs) * F, MEM_ACTIVATIONS);
         acts->lnf_rstd = (float *)mem_alloc(BTs * F, MEM_ACTIVATIONS);
         acts->dlnf = (floatX *)mem_alloc(BTs * C * X, MEM_ACTIVATIONS);
     }
@@ -391,7 +409,8 @@ static void workspace_alloc(GPT2 *m, int chunk, int any_moe) {
     w->pfull = (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE);
     w->tokbuf = (floatX *)mem_alloc(BTs * C * X, MEM_WORKSPACE);
     w->dresid = (floatX *)mem_alloc(BTs * C * X, MEM_WORKSPACE);
-    w->dwide = (floatX *)mem_alloc(BT * 4 * Cl * X, MEM_WORKSPACE);
+    w->dwide = (floatX *)mem_alloc(BT * (m->FCl > m->QKVl ? m->FCl : m->QKVl) * X, MEM_WORKSPACE);
+    w->dact = m->swiglu ? (floatX *)mem_alloc(BT * m->Fl * X, MEM_WORKSPACE) : NULL;
     w->datty = (floatX *)mem_alloc(BT * Cl * X, MEM_WORKSPACE);
     if (any_moe) { moe_work_alloc(&m->moe); }
     if (m->last) {
@@ -412,12 +431,12 @@ static size_t wgrads_layout(const GPT2 *m, int moe, floatX *q, float *qf, WGrads
     int full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE;
     memset(d, 0, sizeof(*d));
     #define TAKE(ptr, count) ((ptr) = q ? q + n : NULL, n += (count))
-    TAKE(d->dattproj, BT * C); TAKE(d->dqkv, BT * 3 * Cl); TAKE(d->lnp, 4 * C);
+    TAKE(d->dattproj, BT * C); TAKE(d->dqkv, BT * m->QKVl); TAKE(d->lnp, 4 * C);
     if ((m->sp && m->grid->tp > 1) || full) { TAKE(d->xln2, BT * C); TAKE(d->xln1, BT * C); }
     if (full) { TAKE(d->atty, BT * Cl); }
     if (!moe) {
-        TAKE(d->dfcproj, BT * C); TAKE(d->dfc, BT * 4 * Cl);
-        if (rec) { TAKE(d->fchg, BT * 4 * Cl); }
+        TAKE(d->dfcproj, BT * C); TAKE(d->dfc, BT * m->FCl);
+        if (rec) { TAKE(d->fchg, BT * m->Fl); }
     } else {
         if (SHl > 0) { TAKE(d->moe.dy, BT * C); TAKE(d->moe.sdh, BT * SHl); }
         TAKE(d->moe.dye, Rr * C); TAKE(d->moe.dh, Rr * Hl);
@@ -535,18 +554,22 @@ static void gpt2_free(GPT2 *m) {
 //   pipeline:    each end stage holds its own copy of the wte unit: the head opens and closes the last
 //                stage's, the token embedding the first stage's (and the separate wpe unit); after the
 //                data-parallel reduction zero_finish_grads sums the two copies over the emb group.
+// An untied LM head (Llama's head) is a unit of its own on the last stage, opened and closed by the head alone.
 typedef enum { WTE_HEAD, WTE_EMBEDDING } WteUser;
 
+static int head_unit(const GPT2 *m) { return m->u_head >= 0 ? m->u_head : m->u_embed; }   // the LM head's unit,
+static int head_tensor(const GPT2 *m) { return m->u_head >= 0 ? T_HEAD : T_WTE; }          // its weight
+
 static floatX *wte_grad_open(GPT2 *m, WteUser user) {
-    int shared = m->first && m->last;   // one stage holds both users: the head opened it
+    int shared = m->first && m->last && m->u_head < 0;   // one stage holds both users: the head opened it
     if (user == WTE_EMBEDDING && shared) { return zero_unit_grads(&m->zero, m->u_embed); }
-    return zero_begin_unit_backward(&m->zero, m->u_embed);
+    return zero_begin_unit_backward(&m->zero, user == WTE_HEAD ? head_unit(m) : m->u_embed);
 }
 
 static void wte_grad_close(GPT2 *m, WteUser user, int last_micro) {
-    int shared = m->first && m->last;
+    int shared = m->first && m->last && m->u_head < 0;
     if (user == WTE_HEAD && shared) { return; }   // the token embedding still adds to it
-    zero_end_unit_backward(&m->zero, m->u_embed, last_micro);
+    zero_end_unit_backward(&m->zero, user == WTE_HEAD ? head_unit(m) : m->u_embed, last_micro);
 }
 
 // One layer: y.res (BTs, C) -> y.out, its activations into y. Tensor-parallel communication by the two
@@ -564,19 +587,21 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
     if (!m->recomputing) {
         zero_prefetch_params(&m->zero, ue >= 0 ? ue : next, u);
     }
-    // attention block: ln1 -> all tokens -> qkv (column-parallel, local heads) -> attention
-    //                  -> attproj (row-parallel) -> sum partials
-    layernorm_forward(y.ln1, y.ln1_mean, y.ln1_rstd, y.res, p[T_LN1W], p[T_LN1B], BTs, C);
+    // attention block: ln1 -> all tokens -> qkv (column-parallel, local heads; Llama: RoPE on q and k at the
+    //                  tokens' positions in their sequences) -> attention -> attproj (row-parallel) -> sum partials
+    float eps = m->config.norm_eps;
+    norm_forward(m->rms, y.ln1, y.ln1_mean, y.ln1_rstd, y.res, p[T_LN1W], p[T_LN1B], eps, BTs, C);
     x = tp_all_tokens(tp, sp, y.ln1, w->xfull, BTs, C);
-    matmul_forward(y.qkv, x, p[T_QKVW], p[T_QKVB], BT, C, 3 * Cl);
+    matmul_forward(y.qkv, x, p[T_QKVW], p[T_QKVB], BT, C, m->QKVl);
+    if (m->rope) { rope_forward(y.qkv, m->rope, m->seqpos, B, T, NHl, m->KVl, m->hs); }
     if (m->grid->cp > 1) { cp_attention_forward(&m->cpring, y.atty, y.lse, y.qkv, B, T, Cl, NHl); }   // ring attention
     else { attention_forward(y.atty, y.lse, y.qkv, B, T, Cl, NHl); }
     matmul_forward(w->pfull, y.atty, p[T_ATTPROJW], NULL, BT, Cl, C);
     x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
-    // MLP block: (+ bias + residual, fused with) ln2 -> all tokens -> fc (column-parallel, fused
-    // with gelu) -> fcproj (row-parallel) -> sum partials; a MoE layer: the experts instead
-    residual_layernorm_forward(y.mid, y.ln2, y.ln2_mean, y.ln2_rstd, y.res, x, p[T_ATTPROJB], p[T_LN2W], p[T_LN2B],
-                               BTs, C);
+    // MLP block: (+ bias + residual, fused with) ln2 -> all tokens -> fc (column-parallel, fused with GELU; Llama:
+    // gate and up, then SwiGLU) -> fcproj (row-parallel) -> sum partials; a MoE layer: the experts instead
+    residual_norm_forward(m->rms, y.mid, y.ln2, y.ln2_mean, y.ln2_rstd, y.res, x, p[T_ATTPROJB], p[T_LN2W], p[T_LN2B],
+                          eps, BTs, C);
     x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);
     if (ue >= 0) {
         floatX *pe[NUM_TENSORS];
@@ -590,8 +615,8 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
             zero_prefetch_params(&m->zero, next, ue);
         }
     } else {
-        matmul_forward_gelu(y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl);
-        matmul_forward(w->pfull, y.fchg, p[T_FCPROJW], NULL, BT, 4 * Cl, C);
+        mlp_fc_forward(m->swiglu, y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, m->Fl);
+        matmul_forward(w->pfull, y.fchg, p[T_FCPROJW], NULL, BT, m->Fl, C);
     }
     x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
     residual_bias_forward(y.out, y.mid, x, ue >= 0 ? NULL : p[T_FCPROJB], BTs, C);
@@ -605,19 +630,19 @@ static void gpt2_forward(GPT2 *m, int v, Activations *acts) {
     int l0 = m->chunk_l0[v], l1 = m->chunk_l0[v + 1];
     Group *tp = &m->grid->tp_group;
     Workspace *w = &m->ws;
-    floatX *p[NUM_TENSORS], *x;
+    floatX *p[NUM_TENSORS] = {}, *x;   // (a tensor the model lacks stays NULL)
 
     double t0 = cost_clock(m);
     if (m->first && v == 0) {
         // embedding: vocab-parallel token lookup of all BT tokens, summed over tp (SP: reduce-scattered
-        // along the tokens), then the position embedding of the local tokens
+        // along the tokens), then (GPT-2) the position embedding of the local tokens
         trace_begin();
         unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p);
-        unit_view(&m->units[m->u_pos], zero_unit_params(&m->zero, m->u_pos), p);   // (the same unit without a pipeline)
+        if (m->u_pos >= 0) { unit_view(&m->units[m->u_pos], zero_unit_params(&m->zero, m->u_pos), p); }   // (the same unit without a pipeline)
         embedding_forward(w->pfull, acts->inputs, p[T_WTE], m->v0, m->v0 + m->Vl, BT, C);
         x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
         copy_on_device(acts->resid, x, (size_t)BTs * C * sizeof(floatX));
-        position_forward(acts->resid, p[T_WPE], m->seqpos, m->tok0, BTs, T, C);
+        if (p[T_WPE]) { position_forward(acts->resid, p[T_WPE], m->seqpos, m->tok0, BTs, T, C); }
         trace_end("embedding", "forward", "\"micro\":%d", m->micro);
         cost_add(m, &m->costs.embed, t0);
     }
@@ -632,15 +657,15 @@ static void gpt2_forward(GPT2 *m, int v, Activations *acts) {
     if (m->last && v == m->vpp - 1) {
         t0 = cost_clock(m);
         unit_view(&m->units[m->u_final], zero_unit_params(&m->zero, m->u_final), p);
-        layernorm_forward(acts->lnf, acts->lnf_mean, acts->lnf_rstd, acts->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW],
-                          p[T_LNFB], BTs, C);
+        norm_forward(m->rms, acts->lnf, acts->lnf_mean, acts->lnf_rstd, acts->resid + (size_t)(l1 - l0) * BTs * C,
+                     p[T_LNFW], p[T_LNFB], m->config.norm_eps, BTs, C);
         cost_add(m, &m->costs.head, t0);
     }
 }
 
-// Last stage: the tied LM head and the loss, fused and chunked (fused_ce.h). The sum of the losses of
+// Last stage: the LM head (tied: wte) and the loss, fused and chunked (fused_ce.h). The sum of the losses of
 // this rank's B*T tokens is added to ws.loss_sum on the device (read once, by gpt2_read_loss). With
-// backward: also dwte and the gradient of lnf (a->dlnf).
+// backward: also the head's weight gradient and the gradient of lnf (acts->dlnf).
 static void gpt2_head(GPT2 *m, Activations *acts, float dloss, int backward, int last_micro) {
     const GPT2Config *c = &m->config;
     int C = c->channels, BT = m->BT;
@@ -651,14 +676,15 @@ static void gpt2_head(GPT2 *m, Activations *acts, float dloss, int backward, int
     trace_begin();
     // every tp rank needs the hidden states of all tokens: it holds Vp/tp of the vocabulary
     floatX *h = tp_all_tokens(tp, m->sp, acts->lnf, w->xfull, m->BTs, C);
-    unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p);
+    int u = head_unit(m), id = head_tensor(m);
+    unit_view(&m->units[u], zero_unit_params(&m->zero, u), p);
     floatX *dh = NULL, *dwte = NULL;
     if (backward) {
-        unit_view(&m->units[m->u_embed], wte_grad_open(m, WTE_HEAD), g);
-        dwte = g[T_WTE];
+        unit_view(&m->units[u], wte_grad_open(m, WTE_HEAD), g);
+        dwte = g[id];
         dh = w->pfull;
     }
-    fused_classifier(w->losses, dh, dwte, h, p[T_WTE], acts->targets, &m->ce, tp, m->v0, c->vocab_size, m->Vl, BT, C,
+    fused_classifier(w->losses, dh, dwte, h, p[id], acts->targets, &m->ce, tp, m->v0, c->vocab_size, m->Vl, BT, C,
                      dloss);
     if (backward) {
         floatX *dlnf = tp_sum_partials(tp, m->sp, dh, w->tokbuf, m->BTs, C);
@@ -763,16 +789,16 @@ static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int las
         if (!d) { zero_end_unit_backward(z, ue, last_micro); }
         zero_prefetch_params(z, prev, u);   // (over the experts: done with them)
     } else {
-        if (m->recompute == RECOMPUTE_MLP) { matmul_forward_gelu(y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, 4 * Cl); }
+        if (m->recompute == RECOMPUTE_MLP) { mlp_fc_forward(m->swiglu, y.fchg, y.fch, x, p[T_FCW], p[T_FCB], BT, C, m->Fl); }
         if (!d) { bias_backward(g[T_FCPROJB], w->dresid, BTs, C); }
         dy = tp_all_tokens(tp, sp, w->dresid, d ? d->dfcproj : w->pfull, BTs, C);
         if (d) { dy = keep_for_w(d->dfcproj, dy, (size_t)BT * C); }
         floatX *dfc = d ? d->dfc : w->dwide;   // d(fc output)
-        matmul_backward_dgelu(dfc, g[T_FCPROJW], dy, y.fchg, p[T_FCPROJW], y.fch, BT, 4 * Cl, C);
-        matmul_backward(w->pfull, g[T_FCW], g[T_FCB], dfc, x, p[T_FCW], BT, C, 4 * Cl);
+        mlp_proj_backward(m->swiglu, dfc, g[T_FCPROJW], dy, y.fchg, p[T_FCPROJW], y.fch, w->dact, BT, m->Fl, C);
+        matmul_backward(w->pfull, g[T_FCW], g[T_FCB], dfc, x, p[T_FCW], BT, C, m->FCl);
     }
     floatX *dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
-    layernorm_backward(w->dresid, g[T_LN2W], g[T_LN2B], dln, y.mid, p[T_LN2W], y.ln2_mean, y.ln2_rstd, BTs, C);
+    norm_backward(m->rms, w->dresid, g[T_LN2W], g[T_LN2B], dln, y.mid, p[T_LN2W], y.ln2_mean, y.ln2_rstd, BTs, C);
     // attention block (w->dresid is now the gradient of mid)
     if (!d) { bias_backward(g[T_ATTPROJB], w->dresid, BTs, C); }
     dy = tp_all_tokens(tp, sp, w->dresid, d ? d->dattproj : w->pfull, BTs, C);
@@ -781,10 +807,11 @@ static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int las
     floatX *dqkv = d ? d->dqkv : w->dwide;
     if (m->grid->cp > 1) { cp_attention_backward(&m->cpring, dqkv, w->datty, y.qkv, y.atty, y.lse, B, T, Cl, NHl); }
     else { attention_backward(dqkv, w->datty, y.qkv, y.atty, y.lse, B, T, Cl, NHl); }
+    if (m->rope) { rope_backward(dqkv, m->rope, m->seqpos, B, T, NHl, m->KVl, m->hs); }   // (dq, dk before RoPE)
     x = tp_all_tokens(tp, sp, y.ln1, d && d->xln1 ? d->xln1 : w->xfull, BTs, C);
-    matmul_backward(w->pfull, g[T_QKVW], g[T_QKVB], dqkv, x, p[T_QKVW], BT, C, 3 * Cl);
+    matmul_backward(w->pfull, g[T_QKVW], g[T_QKVB], dqkv, x, p[T_QKVW], BT, C, m->QKVl);
     dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
-    layernorm_backward(w->dresid, g[T_LN1W], g[T_LN1B], dln, y.res, p[T_LN1W], y.ln1_mean, y.ln1_rstd, BTs, C);
+    norm_backward(m->rms, w->dresid, g[T_LN1W], g[T_LN1B], dln, y.res, p[T_LN1W], y.ln1_mean, y.ln1_rstd, BTs, C);
     if (!d) { zero_end_unit_backward(z, u, last_micro); }
 }
 
@@ -804,14 +831,14 @@ static void layer_backward_weights(GPT2 *m, LayerActs y, const WGrads *d, int l,
         zero_end_unit_backward(&m->zero, ue, last_micro);
     } else {
         bias_backward(g[T_FCPROJB], d->dfcproj + own, BTs, C);
-        matmul_backward(NULL, g[T_FCPROJW], NULL, d->dfcproj, y.fchg, NULL, BT, 4 * Cl, C);
-        matmul_backward(NULL, g[T_FCW], g[T_FCB], d->dfc, d->xln2 ? d->xln2 : y.ln2, NULL, BT, C, 4 * Cl);
+        matmul_backward(NULL, g[T_FCPROJW], NULL, d->dfcproj, y.fchg, NULL, BT, m->Fl, C);
+        matmul_backward(NULL, g[T_FCW], g[T_FCB], d->dfc, d->xln2 ? d->xln2 : y.ln2, NULL, BT, C, m->FCl);
     }
     accumulate(g[T_LN2W], d->lnp, C);            // (the LayerNorms' parameter gradients B computed)
     accumulate(g[T_LN2B], d->lnp + C, C);
     bias_backward(g[T_ATTPROJB], d->dattproj + own, BTs, C);
     matmul_backward(NULL, g[T_ATTPROJW], NULL, d->dattproj, y.atty, NULL, BT, Cl, C);
-    matmul_backward(NULL, g[T_QKVW], g[T_QKVB], d->dqkv, d->xln1 ? d->xln1 : y.ln1, NULL, BT, C, 3 * Cl);
+    matmul_backward(NULL, g[T_QKVW], g[T_QKVB], d->dqkv, d->xln1 ? d->xln1 : y.ln1, NULL, BT, C, m->QKVl);
     accumulate(g[T_LN1W], d->lnp + 2 * C, C);
     accumulate(g[T_LN1B], d->lnp + 3 * C, C);
     zero_end_unit_backward(&m->zero, u, last_micro);
@@ -827,7 +854,7 @@ static void gpt2_backward(GPT2 *m, int v, Activations *acts, int last_micro) {
     Group *tp = &m->grid->tp_group;
     Zero *z = &m->zero;
     Workspace *w = &m->ws;
-    floatX *p[NUM_TENSORS], *g[NUM_TENSORS];
+    floatX *p[NUM_TENSORS] = {}, *g[NUM_TENSORS] = {};   // (a tensor the model lacks stays NULL)
 
     double t0 = cost_clock(m);
     if (m->last && v == m->vpp - 1) {
@@ -835,8 +862,8 @@ static void gpt2_backward(GPT2 *m, int v, Activations *acts, int last_micro) {
         if (l1 > l0) { zero_prefetch_params(z, m->u_layer[l1 - 1], m->u_final); }
         unit_view(&m->units[m->u_final], zero_begin_unit_backward(z, m->u_final), g);
         memset_zero_device(w->dresid, (size_t)BTs * C * sizeof(floatX));
-        layernorm_backward(w->dresid, g[T_LNFW], g[T_LNFB], acts->dlnf, acts->resid + (size_t)(l1 - l0) * BTs * C, p[T_LNFW],
-                           acts->lnf_mean, acts->lnf_rstd, BTs, C);
+        norm_backward(m->rms, w->dresid, g[T_LNFW], g[T_LNFB], acts->dlnf, acts->resid + (size_t)(l1 - l0) * BTs * C,
+                      p[T_LNFW], acts->lnf_mean, acts->lnf_rstd, BTs, C);
         zero_end_unit_backward(z, m->u_final, last_micro);
         cost_add(m, &m->costs.head, t0);
     }
@@ -863,10 +890,10 @@ static void gpt2_backward(GPT2 *m, int v, Activations *acts, int last_micro) {
         t0 = cost_clock(m);
         trace_begin();
         // the embedding: the position embedding of the local tokens, the token embedding of all of them
-        int pipeline = m->u_pos != m->u_embed;
+        int pipeline = m->u_pos >= 0 && m->u_pos != m->u_embed;   // (GPT-2's wpe a unit of its own)
         unit_view(&m->units[m->u_embed], wte_grad_open(m, WTE_EMBEDDING), g);
         if (pipeline) { unit_view(&m->units[m->u_pos], zero_begin_unit_backward(z, m->u_pos), g); }
-        position_backward(g[T_WPE], w->dresid, m->seqpos, m->tok0, BTs, T, C);
+        if (g[T_WPE]) { position_backward(g[T_WPE], w->dresid, m->seqpos, m->tok0, BTs, T, C); }
         floatX *dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
         embedding_backward(g[T_WTE], dy, acts->inputs, m->v0, m->v0 + m->Vl, BT, C);
         if (pipeline) { zero_end_unit_backward(z, m->u_pos, last_micro); }
@@ -1059,11 +1086,11 @@ static int position_logits(GPT2 *m, Sampler *s, int pos) {
     int C = m->config.channels, owner, row_t;
     seq_pos_owner(m->grid->cp, m->T, pos, &owner, &row_t);   // position pos's cp rank and its local row there
     floatX *p[NUM_TENSORS];
-    if (m->last) { unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p); }   // (ZeRO 3: a collective)
+    if (m->last) { unit_view(&m->units[head_unit(m)], zero_unit_params(&m->zero, head_unit(m)), p); }   // (ZeRO 3: a collective)
     if (m->last && m->grid->cp_rank == owner) {
         floatX *h = tp_all_tokens(&m->grid->tp_group, m->sp, chunk_acts(m, m->vpp - 1, 0)->lnf, m->ws.xfull, m->BTs, C);
         // this rank's vocabulary slice of the logits of position pos, then all slices (Vp)
-        matmul_forward(s->row + m->v0, h + (size_t)row_t * C, p[T_WTE], NULL, 1, C, m->Vl);
+        matmul_forward(s->row + m->v0, h + (size_t)row_t * C, p[head_tensor(m)], NULL, 1, C, m->Vl);
         comm_all_gather(&m->grid->tp_group, s->row + m->v0, s->row, m->Vl, DT_FLOATX, NULL);
         download_floats(s->logits, s->row, m->config.padded_vocab_size);
     }

@@ -142,7 +142,9 @@ static void residual_bias_forward(floatX *out, const floatX *res, const floatX *
 #endif
 }
 
+// dbias (C) += column sums of dout (N, C); NULL: a model without that bias (Llama), nothing to do
 static void bias_backward(floatX *dbias, const floatX *dout, int N, int C) {
+    if (dbias == NULL) { return; }
 #ifdef USE_CUDA
     bias_backward_cuda(dbias, dout, N, C);
 #else
@@ -150,7 +152,9 @@ static void bias_backward(floatX *dbias, const floatX *dout, int N, int C) {
 #endif
 }
 
+// dst (n) += src; NULL dst: nothing to do
 static void accumulate(floatX *dst, const floatX *src, size_t n) {
+    if (dst == NULL) { return; }
 #ifdef USE_CUDA
     accumulate_cuda(dst, src, n);
 #else

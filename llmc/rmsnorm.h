@@ -5,6 +5,7 @@
 
 #include "backend.h"
 #include "residual.h"
+#include "layernorm.h"
 
 // inp (N, C) -> out (N, C), rstd (N)
 static void rmsnorm_forward_cpu(float *out, float *rstd, const float *inp, const float *weight, float eps, int N,
@@ -173,6 +174,29 @@ static void residual_rmsnorm_forward(floatX *res_out, floatX *ln_out, float *rst
 #else
     residual_rmsnorm_forward_cpu(res_out, ln_out, rstd, res, x, bias, weight, eps, N, C);
 #endif
+}
+
+// ----------------------------------------------------------------------------
+// a model's norm: LayerNorm (GPT-2: mean, bias; eps 1e-5) or RMSNorm (Llama: rms; mean and bias unused)
+
+static void norm_forward(int rms, floatX *out, float *mean, float *rstd, const floatX *inp, const floatX *weight,
+                         const floatX *bias, float eps, int N, int C) {
+    if (rms) { rmsnorm_forward(out, rstd, inp, weight, eps, N, C); }
+    else { layernorm_forward(out, mean, rstd, inp, weight, bias, N, C); }
+}
+
+static void norm_backward(int rms, floatX *dinp, floatX *dweight, floatX *dbias, const floatX *dout, const floatX *inp,
+                          const floatX *weight, const float *mean, const float *rstd, int N, int C) {
+    if (rms) { rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C); }
+    else { layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C); }
+}
+
+// res_out = res + x + bias (bias may be NULL), then its norm
+static void residual_norm_forward(int rms, floatX *res_out, floatX *ln_out, float *mean, float *rstd, const floatX *res,
+                                  const floatX *x, const floatX *bias, const floatX *weight, const floatX *lnbias,
+                                  float eps, int N, int C) {
+    if (rms) { residual_rmsnorm_forward(res_out, ln_out, rstd, res, x, bias, weight, eps, N, C); }
+    else { residual_layernorm_forward(res_out, ln_out, mean, rstd, res, x, bias, weight, lnbias, N, C); }
 }
 
 #endif

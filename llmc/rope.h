@@ -59,6 +59,17 @@ static void rope_table(float *cos_sin, const float *inv_freq, int maxT, int hs) 
     }
 }
 
+// The (maxT, hs) table computed on the host and copied into dev (device memory; the CPU build's is host memory).
+static void rope_setup(float *dev, int maxT, int hs, float theta, const RopeScaling *rs) {
+    float *inv_freq = (float *)malloc_check(hs / 2 * sizeof(float));
+    float *table = (float *)malloc_check((size_t)maxT * hs * sizeof(float));
+    rope_inv_freq(inv_freq, hs, theta, rs);
+    rope_table(table, inv_freq, maxT, hs);
+    copy_to_device(dev, table, (size_t)maxT * hs * sizeof(float));
+    free(inv_freq);
+    free(table);
+}
+
 // qkv (B*T, (NH + 2 KV) hs) rows [q heads (NH hs) | k heads (KV hs) | v heads (KV hs)]: every q and k head of
 // row n rotated in place by the angles of pos = seq_pos(sp, n % T); v untouched. NH, KV: this rank's heads.
 // backward: the gradients dq, dk rotated back (the transposed rotation: s -> -s).

@@ -4,6 +4,7 @@
 #define LLMC_SWIGLU_H
 
 #include "backend.h"
+#include "matmul.h"
 
 // inp (N, 2F) rows [gate | up] -> out (N, F) = silu(gate) * up. (exp_poly: vectorises, as gelu.h's loops)
 static void swiglu_forward_cpu(float *out, const float *inp, int N, int F) {
@@ -86,6 +87,27 @@ static void swiglu_backward(floatX *dinp, const floatX *dout, const floatX *inp,
 #else
     swiglu_backward_cpu(dinp, dout, inp, N, F);
 #endif
+}
+
+// ----------------------------------------------------------------------------
+// a model's MLP activation: GELU fused with fc (GPT-2: fc's output F wide) or SwiGLU after it (Llama: fc's output
+// 2F wide, [gate | up])
+
+// x (N, C) -> pre (N, F or 2F) fc's output (+ bias; NULL: none), act (N, F) the activation
+static void mlp_fc_forward(int swiglu, floatX *act, floatX *pre, const floatX *x, const floatX *weight,
+                           const floatX *bias, int N, int C, int F) {
+    if (!swiglu) { matmul_forward_gelu(act, pre, x, weight, bias, N, C, F); return; }
+    matmul_forward(pre, x, weight, bias, N, C, 2 * F);
+    swiglu_forward(act, pre, N, F);
+}
+
+// fcproj's backward through the activation: dy (N, C) -> dpre (N, F or 2F) the gradient of fc's output (written;
+// NULL: skipped), dweight (C, F) += fcproj's weight gradient (NULL: skipped). dact (N, F): SwiGLU's scratch.
+static void mlp_proj_backward(int swiglu, floatX *dpre, floatX *dweight, const floatX *dy, const floatX *act,
+                              const floatX *weight, const floatX *pre, floatX *dact, int N, int F, int C) {
+    if (!swiglu) { matmul_backward_dgelu(dpre, dweight, dy, act, weight, pre, N, F, C); return; }
+    matmul_backward(dpre ? dact : NULL, dweight, NULL, dy, act, weight, N, F, C);
+    if (dpre) { swiglu_backward(dpre, dact, pre, N, F); }
 }
 
 #endif
