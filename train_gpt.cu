@@ -1175,13 +1175,13 @@ static CommShape gpt2_comm_shape(const GPT2 *m) {
     s.X = floatx_bytes();
     s.tp = grid->tp; s.cp = grid->cp; s.pp = grid->pp; s.sp = m->sp; s.vpp = m->vpp; s.first = m->first; s.last = m->last;
     s.zero = m->zero.stage; s.dp = grid->grad_group->size; s.edp = grid->edp_group.size; s.ep = grid->ep;
-    s.B = m->B; s.BT = m->BT; s.BTs = m->BTs; s.C = c->channels; s.Cl = m->Cl; s.Ls = m->Ls;
+    s.B = m->B; s.BT = m->BT; s.BTs = m->BTs; s.C = c->channels; s.Cl = m->Cl; s.Ckv = m->KVl * m->hs; s.Ls = m->Ls;
     s.ce_chunk = m->ce.chunk; s.recompute_full = m->recompute == RECOMPUTE_FULL;
     for (int l = 0; l < m->Ls; l++) { s.nmoe += m->u_experts[l] >= 0; }
     s.moe_layers = m->moe.nlayers; s.topk = c->topk; s.E = c->num_experts; s.El = c->num_experts / grid->ep;
     s.capped = s.nmoe > 0 && m->moe.cap < m->T * grid->cp; s.padded = s.nmoe > 0 && m->moe.padded; s.cap = m->moe.cap;
     s.bias = s.nmoe > 0 && m->moe.opt.bias_rate > 0;
-    int exact = grid->pp == 1 && s.nmoe == 0 && c->num_layers >= 2;   // zero_unit_params' policy, counted below
+    int exact = grid->pp == 1 && s.nmoe == 0 && c->num_layers >= 2 && c->tied;   // zero_unit_params' policy, below
     s.z3_exact = exact;
     for (int u = 0; u < m->nunits; u++) {
         const Unit *U = &m->units[u];
@@ -1192,7 +1192,8 @@ static CommShape gpt2_comm_shape(const GPT2 *m) {
         s.rep += U->nrep;
         s.nrep_units += U->nrep > 0;
         if (exact) { continue; }
-        if (U->embedding) { s.z3_step[i] += r; s.z3n_step[i]++; }   // (the bound: see CommShape)
+        // (the bound: see CommShape; an untied head shares the embedding's work buffer with wte, each evicting the other)
+        if (U->embedding && c->tied) { s.z3_step[i] += r; s.z3n_step[i]++; }
         else { s.z3_micro[i] += 2 * r; s.z3n_micro[i] += 2; }
     }
     if (exact) {
@@ -1209,7 +1210,7 @@ static CommShape gpt2_comm_shape(const GPT2 *m) {
         s.z3n_micro[0] = 2 * L;   // (2 per layer and the final LayerNorm's 1, less the last layer's)
         s.z3n_between[0] = 2;
     }
-    if (grid->pp > 1 && m->u_embed >= 0) {
+    if (grid->pp > 1 && m->u_embed >= 0 && c->tied) {
         s.embed_padded = m->units[m->u_embed].padded;
         s.embed_shard = m->units[m->u_embed].shard;
     }

@@ -223,8 +223,9 @@ typedef struct {
     int tp, cp, pp, sp, vpp, first, last;   // the grid; this rank's stage: first / last, model chunks
     int zero, dp, edp, ep;              // ZeRO stage; the sizes of the gradients' group (dp, or dp x cp), the
                                         // experts' (edp) and ep
-    int B, BT, BTs, C, Cl, Ls;          // BT = B*T/cp tokens of the rank, BTs its LayerNorm/residual slice (SP:
-                                        // BT/tp), Cl = C/tp, Ls the stage's layers
+    int B, BT, BTs, C, Cl, Ckv, Ls;     // BT = B*T/cp tokens of the rank, BTs its LayerNorm/residual slice (SP:
+                                        // BT/tp), Cl = C/tp, Ckv its kv heads' channels (KV hs/tp; GPT-2: Cl), Ls the
+                                        // stage's layers
     int ce_chunk, recompute_full;
     int nmoe, moe_layers, topk, E, El, capped, padded, cap, bias;   // MoE: the stage's MoE layers, the model's;
                                         // capped: a capacity below T (cp shares the sequences' assignments);
@@ -286,12 +287,12 @@ static CommBytes comm_step_bytes(const CommShape *s, int accum, double ep_rows, 
         b.pp = accum * X * slice * ((s->vpp - s->last) + (s->vpp - s->first));
     }
     // cp: ring attention, per layer and micro-batch: N-1 hops of k, v forward (again when recomputed), N-1 of
-    // k, v and N of dk, dv backward, each (B, T/cp, 2C/tp); MoE, per layer and forward (again when
-    // recomputed): the sequences' other assignments for the capacity all-gathered ((B, T/cp, k) ints and
-    // floats; not when dropless), and f all-reduced ((B, E) floats)
+    // k, v and N of dk, dv backward, each (B, T/cp, 2 KV hs/tp: the kv heads, fewer than the queries' with GQA);
+    // MoE, per layer and forward (again when recomputed): the sequences' other assignments for the capacity
+    // all-gathered ((B, T/cp, k) ints and floats; not when dropless), and f all-reduced ((B, E) floats)
     if (s->cp > 1) {
         int N = s->cp, hops = (N - 1) + (s->recompute_full ? N - 1 : 0) + (N - 1) + N, fwd = s->recompute_full ? 2 : 1;
-        double kv = X * s->BT * 2.0 * s->Cl;
+        double kv = X * s->BT * 2.0 * s->Ckv;
         double moe = s->nmoe * fwd * ((s->capped ? 2.0 * (N - 1) * s->BT * s->topk * 4 : 0)
                                       + 2.0 * (N - 1) / N * s->B * s->E * 4);
         b.cp = (double)accum * (s->Ls * hops * kv + moe);

@@ -493,7 +493,8 @@ static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named, char 
 }
 
 // GPT-2 initialisation (as llm.c): N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), LayerNorm
-// weights 1, biases 0, padded vocab rows 0; the router N(0, 0.02), the experts as the dense MLP.
+// weights 1, biases 0, padded vocab rows 0; the router N(0, 0.02), the experts as the dense MLP; Llama the same
+// (its norms' weights 1, an untied head N(0, 0.02)).
 // Same numbers on every rank, whatever the layout.
 static float *random_init(const GPT2Config *c, uint64_t seed) {
     float *all = (float *)calloc_check(model_floats(c), sizeof(float));   // (the routing bias: zero)
@@ -505,8 +506,9 @@ static float *random_init(const GPT2Config *c, uint64_t seed) {
     for (int i = 0; i < NUM_TENSORS; i++) {
         size_t n = tensor_full_size(c, i);
         if (i == T_LN1W || i == T_LN2W || i == T_LNFW) { for (size_t j = 0; j < n; j++) { t[i][j] = 1.0f; } }
-        if (i == T_WTE) { n = (size_t)c->vocab_size * c->channels; }   // padding rows stay 0
-        if (i == T_WTE || i == T_WPE || i == T_QKVW || i == T_FCW || i == T_ROUTERW || i == T_EFCW || i == T_SFCW) {
+        if ((i == T_WTE || i == T_HEAD) && n > 0) { n = (size_t)c->vocab_size * c->channels; }   // padding rows stay 0
+        if (i == T_WTE || i == T_WPE || i == T_QKVW || i == T_FCW || i == T_ROUTERW || i == T_EFCW || i == T_SFCW ||
+            i == T_HEAD) {
             for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, 0.02f); }
         }
         if (i == T_ATTPROJW || i == T_FCPROJW || i == T_EFCPROJW
