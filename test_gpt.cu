@@ -529,9 +529,11 @@ static void check_memory_model(GPT2 *m) {
     check(fabs((double)mem_current[MEM_OPTIMIZER] - opt_expect) <= 3 * pad,
           "memory: optimizer state %.0f B, formula %s = %.0f B (P_local %.0f, dp %d)",
           (double)mem_current[MEM_OPTIMIZER], z->stage == 0 ? "8P" : "8P/dp (experts: /edp)", opt_expect, P, dp);
-    double max_layer = 0, embed = m->u_embed >= 0 ? m->units[m->u_embed].padded : 0;
-    for (int u = 0; u < m->nunits; u++) { if (u != m->u_embed
-                                              && m->units[u].padded > max_layer) { max_layer = m->units[u].padded; } }
+    double max_layer = 0, embed = 0;   // (the embedding's work buffer: wte's, or an untied head's, the larger)
+    for (int u = 0; u < m->nunits; u++) {
+        double *big = m->units[u].embedding ? &embed : &max_layer;
+        if (m->units[u].padded > *big) { *big = m->units[u].padded; }
+    }
     double grads_expect = z->stage < 2 ? X * P : X * Psh + X * (2.0 * max_layer + embed);
     check(fabs((double)mem_current[MEM_GRADS] - grads_expect) <= 3 * pad,
           "memory: gradients %.0f B, formula %s = %.0f B", (double)mem_current[MEM_GRADS],
@@ -609,11 +611,12 @@ static double zb_store_formula(GPT2 *m, int accum, double Rr) {
         // output (BT, 4Cl). A MoE layer: the shared experts' output and fc gradients (BT, C), (BT, SHl); the Rr rows'
         // output and fc gradients (Rr, C), (Rr, Hl); recompute: the rows' GELU output (Rr, Hl) and the shared
         // experts' (BT, SHl); full: the rows' input (Rr, C); the router logits' gradient (BT, E fp32)
-        int full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE;
-        double Hl = m->moe.Hl, SHl = m->moe.SHl;
-        double common = X * (BT * (C + 3 * Cl) + 4 * C + ((m->sp && m->grid->tp > 1) || full ? 2 * BT * C : 0) +
+        int full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE, tp = m->grid->tp;
+        double Hl = m->moe.Hl, SHl = m->moe.SHl, hs = C / c->num_heads, Fl = (double)c->ffn_hidden / tp;
+        double qkv = (c->num_heads + 2.0 * c->kv_heads) / tp * hs, fc = c->arch == ARCH_LLAMA ? 2 * Fl : Fl;
+        double common = X * (BT * (C + qkv) + 4 * C + ((m->sp && m->grid->tp > 1) || full ? 2 * BT * C : 0) +
                              (full ? BT * Cl : 0));
-        double dense_w = common + X * (BT * (C + 4 * Cl) + (rec ? BT * 4 * Cl : 0));
+        double dense_w = common + X * (BT * (C + fc) + (rec ? BT * Fl : 0));
         double moe_w = common + X * ((SHl > 0 ? BT * (C + SHl) : 0) + Rr * (C + Hl) + (rec ? Rr * Hl + BT * SHl : 0) +
                                      (full ? Rr * C : 0)) + 4.0 * BT * c->num_experts;
         wstore = Ls > 0 ? pending * ((Ls - nmoe) * dense_w + nmoe * moe_w) : 0;
@@ -635,8 +638,12 @@ static void check_memory_activations(GPT2 *m, int accum) {
     dispatch_rows_bound(m, &Rs, &Rr);
     // per layer: the LayerNorm/residual tensors, qkv and attention output, the attention lse; a dense
     // layer's fc and GELU outputs; a MoE layer's routing and expert rows, and its experts' fc and GELU
-    double core = X * 3.0 * BTs * C + 4.0 * 4.0 * BTs + X * BT * 4.0 * Cl + 4.0 * BT * m->NHl;
-    double dense_fc = X * BT * 8.0 * Cl, route = 4.0 * (BT * E + BT + 4 * BT * k + m->B * E) + X * (Rr * C + Rs * C);
+    // (Llama: RMSNorm keeps no mean; qkv rows of NH/tp query and KV/tp kv heads; SwiGLU's fc output [gate | up]
+    // 2F/tp, its activation F/tp; GPT-2: 3C/tp, 4C/tp and 4C/tp)
+    int llama = c->arch == ARCH_LLAMA, tp = m->grid->tp;
+    double hs = C / c->num_heads, qkv = (c->num_heads + 2.0 * c->kv_heads) / tp * hs, Fl = (double)c->ffn_hidden / tp;
+    double core = X * 3.0 * BTs * C + 4.0 * (llama ? 2.0 : 4.0) * BTs + X * BT * (qkv + Cl) + 4.0 * BT * m->NHl;
+    double dense_fc = X * BT * (llama ? 3.0 * Fl : 2.0 * Fl), route = 4.0 * (BT * E + BT + 4 * BT * k + m->B * E) + X * (Rr * C + Rs * C);
     double hidden = X * 2 * (Rr * m->moe.Hl + BT * m->moe.SHl), Ld = Ls - nmoe;
     // --recompute: what is recomputed is not stored per micro-batch; one layer of it lives in a scratch
     double scratch;
@@ -666,7 +673,7 @@ static void check_memory_activations(GPT2 *m, int accum) {
         if (Ldc > Ldmax) { Ldmax = Ldc; }
     }
     // the residual stream, lnf (last stage), tokens (first stage) and targets (last stage)
-    double stage = X * (Lmax + 1) * BTs * C + (m->last ? X * 2 * BTs * C + 4.0 * 2 * BTs
+    double stage = X * (Lmax + 1) * BTs * C + (m->last ? X * 2 * BTs * C + 4.0 * (llama ? 1 : 2) * BTs
                                                : 0) + 4.0 * BT * (m->first + m->last);
     double per_micro = stage + (m->recompute == RECOMPUTE_FULL ? 0 : Lmax * core) +
                        (m->recompute == RECOMPUTE_NONE ? Ldmax * dense_fc + nmoe_pos * hidden
@@ -681,7 +688,7 @@ static void check_memory_activations(GPT2 *m, int accum) {
 
 // The comm buffers and the logits against their formulas.
 static void check_memory_buffers(GPT2 *m) {
-    double X = sizeof(floatX), BT = m->BT, BTs = m->BTs, C = m->config.channels, Cl = m->Cl, Rs, Rr;
+    double X = sizeof(floatX), BT = m->BT, BTs = m->BTs, C = m->config.channels, Rs, Rr;
     int vpp = m->vpp;
     dispatch_rows_bound(m, &Rs, &Rr);
     // comm buffers: MoE's dispatch buffers, send and receive, at their worst case; with a pipeline and
@@ -691,8 +698,10 @@ static void check_memory_buffers(GPT2 *m) {
         grad_wait = vpp > 1 ? X * BTs * C : 0;
     // ZB (not the first stage): where a received input waits for its forward
     double input_wait = m->pipe.schedule == SCHEDULE_ZB && m->grid->pp > 1 && !m->first ? X * BTs * C : 0;
-    // context parallelism: ring attention's keys and values (B, T/cp, 2C/tp), held and arriving, and their gradients
-    double ring = m->grid->cp > 1 ? 4.0 * X * BT * 2 * Cl : 0;
+    // context parallelism: ring attention's keys and values (B, T/cp, 2 KV hs/tp), held and arriving, and their
+    // gradients
+    double Ckv = (double)m->config.kv_heads / m->grid->tp * (C / m->config.num_heads);
+    double ring = m->grid->cp > 1 ? 4.0 * X * BT * 2 * Ckv : 0;
     double comm_expect = X * (Rs + Rr) * C + grad_copy + grad_wait + input_wait + ring;
     check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1,
           "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B + waiting input %.0f B + cp ring 4 x (B, T/cp, 2C/tp) %.0f B",

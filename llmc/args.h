@@ -463,7 +463,13 @@ static int layout_grid_error(Args *a, const GPT2Config *c, int world, char *err,
         LAYOUT_FAIL("--ep %d does not divide the number of experts %d", a->ep, c->num_experts);
     }
     if (c->num_heads % a->tp) { LAYOUT_FAIL("--tp %d does not divide the number of heads %d", a->tp, c->num_heads); }
-    if ((4 * c->channels) % a->tp) { LAYOUT_FAIL("--tp %d does not divide 4C = %d", a->tp, 4 * c->channels); }
+    if (c->kv_heads % a->tp) {   // (a tp rank holds whole kv heads, and the query heads that read them)
+        LAYOUT_FAIL("--tp %d does not divide the number of key/value heads KV = %d", a->tp, c->kv_heads);
+    }
+    if (c->ffn_hidden % a->tp) {
+        LAYOUT_FAIL("--tp %d does not divide the MLP's hidden width %s = %d", a->tp, c->arch == ARCH_LLAMA ? "F" : "4C",
+                    c->ffn_hidden);
+    }
     if (c->num_experts > 0 && c->expert_hidden % a->tp) {
         LAYOUT_FAIL("--tp %d does not divide the experts' hidden width H = %d", a->tp, c->expert_hidden);
     }

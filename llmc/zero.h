@@ -76,7 +76,7 @@ typedef struct {
     int nunits;
     Unit *units;
     size_t full_size, shard_size, max_layer_padded;
-    int embed_unit;          // the unit with the embedding on this rank, -1 if none
+    size_t embed_padded;     // the largest unit with an embedding flag on this rank (wte, an untied head), 0 if none
     floatX *params;          // stages 0-2: every unit (full_size)
     floatX *params_shard;    // stage 3: this rank's shards (shard_size)
     WorkBuffers pw;          // stage 3: gathered parameters
@@ -124,7 +124,6 @@ static int tensor_overlap(const UnitTensor *t, size_t start, size_t end, size_t 
 static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int nunits) {
     memset(z, 0, sizeof(*z));
     z->grid = grid; z->stage = stage; z->sp = sp; z->units = units; z->nunits = nunits;
-    z->embed_unit = -1;
     for (int u = 0; u < nunits; u++) {
         Unit *U = &units[u];
         U->shard = ceil_div(U->size, U->dpg->size);
@@ -133,10 +132,10 @@ static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int n
         U->shard_offset = z->shard_size;
         z->full_size += U->padded;
         z->shard_size += U->shard;
-        if (U->embedding) { z->embed_unit = u; }
-        else if (U->padded > z->max_layer_padded) { z->max_layer_padded = U->padded; }
+        if (U->embedding && U->padded > z->embed_padded) { z->embed_padded = U->padded; }
+        else if (!U->embedding && U->padded > z->max_layer_padded) { z->max_layer_padded = U->padded; }
     }
-    size_t embed_padded = z->embed_unit >= 0 ? units[z->embed_unit].padded : 0;
+    size_t embed_padded = z->embed_padded;
     size_t X = floatx_bytes();
     if (stage < 3) { z->params = (floatX *)mem_alloc(z->full_size * X, MEM_PARAMS); }
     else {
