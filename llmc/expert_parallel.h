@@ -645,6 +645,10 @@ static float *apply_moe_shape(const Args *a, int rank, GPT2Config *c, float *par
     if (a->experts < 0 && a->topk < 0 && a->moe_every < 0 && a->expert_hidden < 0 && a->shared_experts < 0) {
         return params;
     }
+    if (c->arch == ARCH_LLAMA) {
+        fail_all(rank, "--experts, --topk, --moe-every, --expert-hidden, --shared-experts: %s is a Llama model, and MoE "
+                 "layers on a Llama body are not supported yet", what);
+    }
     if (c->num_experts > 0 || resuming) {
         int given[5] = {a->experts, a->topk, a->moe_every, a->expert_hidden, a->shared_experts},
             has[5] = {c->num_experts, c->topk, c->moe_every, c->expert_hidden, c->shared_experts};
