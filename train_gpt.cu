@@ -1419,7 +1419,7 @@ static void run_setup(Run *r) {
     if (a->output_dir) {
         check_output_dir(a->output_dir, rank);
         lock_output_dir(a->output_dir, rank);
-        if (rank == 0) { clean_output_dir(a->output_dir); }
+        run_dir_prepare(a->output_dir, rank, resume_step, a->overwrite, args_run_id(a, r->train_loader.fingerprint));
     }
     if (a->trace_dir) { check_output_dir(a->trace_dir, rank); }
     trace_open(a->trace_dir, rank);

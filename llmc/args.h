@@ -49,6 +49,7 @@ typedef struct {
     const char *pp_layers;   // --pp-layers: NULL (even), "auto" or "5,7"
     unsigned int seed;
     int keep_newest, keep_every;   // -nk, -nm: checkpoint retention (0: keep them all)
+    int overwrite;                 // --overwrite: a fresh run deletes an earlier run's checkpoints in -o
     const char *prompt_ids, *prompt;   // --prompt-ids 1,2,3; --prompt TEXT (byte models)
     float temperature;                  // --sample-temperature (0: the most likely token)
     int top_k;                          // --sample-top-k (0: not given, every token)
@@ -182,6 +183,8 @@ static const Flag FLAGS[] = {
     {"-nm", 0, F_INT, ARG(keep_every), 0, 1 << 30, 0, "M", "also keep every checkpoint whose step is a multiple of M (0)"},
     {"-y", 0, F_INT, ARG(resume), 0, 2, 0, "0|1|2",
         "resume: 1 from the newest checkpoint in -o (error if none), 2 if there is one (0)"},
+    {"--overwrite", 0, F_SWITCH, ARG(overwrite), 0, 0, 0, NULL,
+        "a new run (-y 0) in an -o that holds an earlier run's checkpoints deletes them (without it: refused)"},
     {"--zero", "-z", F_INT, ARG(zero), 0, 3, 0, "0-3", "ZeRO stage over the dp group (0)"},
     {"--tp", "--tensor-model-parallel-size", F_INT, ARG(tp), 1, 1 << 16, 0, "N", "tensor parallel (1)"},
     {"--cp", "--context-parallel-size", F_INT, ARG(cp), 1, 1 << 16, 0, "N",
@@ -375,6 +378,9 @@ static void parse_args(int argc, char **argv, Args *a) {
     if ((a->plan > 0) + (a->plan_search > 0) + (a->calibrate != NULL) > 1) {
         arg_fail("--plan, --plan-search and --calibrate: give one of them");
     }
+    if (a->overwrite && (a->resume || a->output_dir == NULL)) {
+        arg_fail("--overwrite starts a new run in -o, deleting an earlier run's checkpoints: it needs -o and -y 0");
+    }
     if (a->output_dir && strlen(a->output_dir) > PATH_LEN - 64) {
         arg_fail("-o is %zu bytes long, at most %d (the file names inside must fit)", strlen(a->output_dir),
                  PATH_LEN - 64);
@@ -435,6 +441,27 @@ static void agree_on_args(Args *a, int rank, int world) {
         }
         stop_all(1);
     }
+}
+
+// The identity of a fresh run (checkpoint.h records it in main.log and its state files; a resume keeps its
+// checkpoint's): a hash of the flags that define what is trained and on what, and of the training data's
+// fingerprint. Not of -x (a resume may stretch the schedule), of where and when files are written, of the
+// layout and the kernels, or of what is evaluated and printed: the same run, in any layout, with any lever,
+// writes the same bytes.
+static uint64_t args_run_id(const Args *a, uint32_t data_fp) {
+    static const char *defining[] = {"-i", "-e", "-t", "-d", "-l", "-u", "-q", "-c", "-k", "--seed", "--shuffle",
+                                     "--grad-clip", "-sl", "-sg", "--experts", "--topk", "--moe-every",
+                                     "--expert-hidden", "--shared-experts", "--capacity-factor", "--drop-policy",
+                                     "--aux-coeff", "--z-coeff", "--router-score", "--moe-bias-rate"};
+    uint64_t h = hash_string("run") ^ data_fp;
+    for (int k = 0; k < NUM_FLAGS; k++) {
+        for (size_t j = 0; j < sizeof(defining) / sizeof(defining[0]); j++) {
+            if (strcmp(FLAGS[k].name, defining[j])) { continue; }
+            h = (h ^ hash_string(FLAGS[k].name)) * 1099511628211ull;
+            h = (h ^ hash_string(a->given[k])) * 1099511628211ull;
+        }
+    }
+    return h ? h : 1;
 }
 
 #define LAYOUT_FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return 1; } while (0)

@@ -419,8 +419,8 @@ else
 fi
 echo "== reliability: layout-independent checkpoints, faults, fuzzed files"
 run_script test_faults           # NaN skips, checksums, kill -9 + resume, a stalled rank, SIGUSR1/SIGTERM, the lock, MPMD flags
-run_script test_reliability      # slow/hung writes, stalls at init/end, header CRCs, fallback, torn logs, links, debris, inputs, divergence
-run_script test_fuzz             # 500 mutated model, state, data and tokenizer files: no crash, no hang
+run_script test_reliability      # slow/hung writes, stalls at init/end, header CRCs, fallback, torn logs, links, debris, inputs, divergence; one run per -o, retention
+run_script test_fuzz             # 500 mutated model, state, data and tokenizer files: no crash, no hang; 300 with valid CRCs (MoE v23/v25, state v3): refused or legal
 echo "== bad input"
 run_script test_bad_input
 

@@ -5,6 +5,8 @@
 # unusable newest checkpoint is passed over), no torn main.log, no link followed, no debris, the inputs
 # really compared, the optimizer state validated, divergence to finite losses caught, the final
 # validation line never lost. Slow writes and stalls through the test hooks (llmc/test_hooks.h).
+# Third round (R4): one run per -o (a new run refuses an earlier run's checkpoints, --overwrite deletes them,
+# a resume continues only the run main.log records), retention counting only this run's intact checkpoints.
 # Usage: bash scripts/test_reliability.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
 . "$(dirname "$0")/test_lib.sh"
 TINY="L=2,C=64,NH=4,V=256,maxT=64"
@@ -148,7 +150,7 @@ d="$W/flog"; rm -rf "$d"; mkdir -p "$d"
 ( trap '' XFSZ; ulimit -f 1; exec "$NOMPI" "${COMMON[@]}" -x 200 -o "$d" ) 2>&1 | cat >"$d.log"   # (a pipe: not limited)
 rc=${PIPESTATUS[0]}
 [ $rc = 1 ] && grep -q "^error: cannot write to main.log" "$d.log" && [ "$(tail -c 1 "$d/main.log" | od -An -c | tr -d ' ')" = '\n' ] \
-    && ! grep -qvE '^s:[0-9]+ trl:[0-9.]+$' "$d/main.log"
+    && ! grep -qvE '^(s:[0-9]+ trl:[0-9.]+|run:[0-9a-f]{16})$' "$d/main.log"
 say $? "main.log on a full disk: the run stops (exit $rc), $(wc -l <"$d/main.log") whole lines kept, no torn one"
 d="$W/frag"; copy_ref "$d"; printf 's:3' >>"$d/main.log"
 "$TG" "${COMMON[@]}" -x 9 -n 3 -y 1 -o "$d" >/dev/null 2>&1
@@ -282,3 +284,87 @@ say $? "-sg: nothing skipped before the window of 128 applied updates is full; a
 "$TG" "${COMMON[@]}" -x 300 -o "$W/healthy" >"$W/healthy.log" 2>&1
 [ $? = 0 ] && ! grep -q "skip" "$W/healthy/main.log"
 say $? "a healthy 300-step run: the fixed bound never fires (no update skipped; the loss starts near ln V and falls)"
+
+# ---------------------------------------------------------------- R4: one run per directory; retention
+steps_in() { ls "$1" | sed -n 's/^DONE_0*\([0-9][0-9]*\)$/\1/p' | sort -n | tr '\n' ' '; }
+run_of() {   # STATE_FILE: the run identity in its header (slots 28, 29), as main.log's first line writes it
+    $PY -c "import struct, sys; h = struct.unpack('<256i', open(sys.argv[1], 'rb').read(1024)); print('run:%016x' % ((h[28] & 0xFFFFFFFF) | (h[29] & 0xFFFFFFFF) << 32))" "$1"
+}
+# 2. a resume passing over a corrupt newest checkpoint (step 10): -nk 1 counts only this run's intact
+#    checkpoints and never deletes the one just marked; step 10 goes to unusable/ and is never the newest again
+d="$W/pass10"; rm -rf "$d"
+"$TG" "${COMMON[@]}" -x 10 -n 5 -o "$d" >/dev/null 2>&1; poke "$d/state_00000010.bin" 5000 1
+"$TG" "${COMMON[@]}" -x 9 -n 1 -nk 1 -y 1 -o "$d" >"$d.log" 2>&1
+rc=$?
+[ $rc = 0 ] && grep -q "resumed from step 5" "$d.log" && [ "$(steps_in "$d")" = "9 " ] \
+    && [ "$(ls "$d/unusable" | tr '\n' ' ')" = "DONE_00000010 model_00000010.bin state_00000010.bin " ] \
+    && cmp -s "$d/model_00000009.bin" "$W/ref9/model_00000009.bin" && cmp -s "$d/state_00000009.bin" "$W/ref9/state_00000009.bin"
+say $? "a corrupt step 10 passed over, -x 9 -n 1 -nk 1 -y 1 (exit $rc): keeps its own step 9 ($(steps_in "$d")), = the uninterrupted run's; step 10 moved to unusable/"
+"$TG" "${COMMON[@]}" -x 10 -y 1 -o "$d" >"$d.2.log" 2>&1
+[ $? = 0 ] && grep -q "resumed from step 9" "$d.2.log" && ! grep -q "cannot be resumed" "$d.2.log"
+say $? "the next -y 1 continues step 9: the unusable step 10 no longer counts as the newest"
+d="$W/y2bad"; rm -rf "$d"
+"$TG" "${COMMON[@]}" -x 4 -n 4 -o "$d" >/dev/null 2>&1; poke "$d/model_00000004.bin" 3000 1
+"$TG" "${COMMON[@]}" -x 3 -y 2 -o "$d" >"$d.log" 2>&1
+[ $? = 0 ] && grep -q "moved the checkpoint(s) of step 4, which cannot be resumed, to .*unusable (this run starts afresh)" "$d.log" \
+    && [ "$(steps_in "$d")" = "3 " ] && [ "$(ls "$d/unusable" | tr '\n' ' ')" = "DONE_00000004 main.log model_00000004.bin state_00000004.bin " ]
+say $? "-y 2 over an unusable checkpoint only: it and its main.log moved to unusable/, the run starts afresh"
+# 3, 4. a new run in a used -o (a -nk that deleted its own final checkpoint; a later -y 1 that stitched two
+#    runs): refused, naming the checkpoints and -y 1 / --overwrite, nothing written
+"$TG" "${COMMON[@]}" -x 4 -o "$W/ref4" >/dev/null 2>&1   # the uninterrupted run of 4 steps
+d="$W/reuse"; rm -rf "$d"
+"$TG" "${COMMON[@]}" -x 10 -n 5 -o "$d" >/dev/null 2>&1; cp "$d/main.log" "$W/reuse.main.log"
+"$TG" "${COMMON[@]}" -x 4 -n 2 -nk 1 -o "$d" >"$d.log" 2>&1
+rc=$?
+[ $rc = 1 ] && [ "$(grep -c '^error' "$d.log")" = 1 ] \
+    && grep -q "^error: -o '.*reuse' holds the checkpoints of an earlier run (steps 5, 10): -y 1 continues that run, --overwrite deletes them" "$d.log" \
+    && [ "$(steps_in "$d")" = "5 10 " ] && cmp -s "$d/main.log" "$W/reuse.main.log"
+say $? "-x 4 -n 2 -nk 1 in an -o holding steps 5, 10: refused (exit $rc), nothing written: $(grep -m1 '^error' "$d.log" | cut -c1-70)..."
+"$TG" "${COMMON[@]}" -x 12 -y 1 -o "$d" >"$d.2.log" 2>&1
+[ $? = 0 ] && grep -q "resumed from step 10" "$d.2.log" && [ "$(grep -o '^s:[0-9]*' "$d/main.log" | tr '\n' ' ')" = "s:0 s:1 s:2 s:3 s:4 s:5 s:6 s:7 s:8 s:9 s:10 s:11 " ] \
+    && [ "$(head -n 1 "$d/main.log")" = "$(run_of "$d/state_00000012.bin")" ] && [ "$(run_of "$d/state_00000005.bin")" = "$(run_of "$d/state_00000012.bin")" ]
+say $? "then -y 1 continues that run alone: main.log s:0..s:11, its first line '$(head -n 1 "$d/main.log")' = every state file's identity"
+"$TG" "${COMMON[@]}" -x 4 -n 2 -nk 1 --overwrite -o "$d" >"$d.3.log" 2>&1
+rc=$?
+[ $rc = 0 ] && grep -q "^--overwrite: deleted the 3 checkpoint(s) of an earlier run" "$d.3.log" && [ "$(steps_in "$d")" = "4 " ] \
+    && [ "$(grep -o '^s:[0-9]*' "$d/main.log" | tr '\n' ' ')" = "s:0 s:1 s:2 s:3 " ] && cmp -s "$d/model_00000004.bin" "$W/ref4/model_00000004.bin"
+say $? "with --overwrite: the earlier checkpoints deleted, -nk 1 keeps the run's own last step ($(steps_in "$d")), main.log its 4 steps"
+"$TG" "${COMMON[@]}" -x 6 -y 1 --overwrite -o "$d" >"$d.4.log" 2>&1
+[ $? = 1 ] && grep -q "^error: --overwrite starts a new run in -o, deleting an earlier run's checkpoints: it needs -o and -y 0" "$d.4.log" \
+    && [ "$(steps_in "$d")" = "4 " ]
+say $? "--overwrite with -y 1: refused before anything is touched: $(grep -m1 '^error' "$d.4.log" | cut -c1-80)..."
+# 4. the identity checked: another run's checkpoint (-l 1e-3: another identity) as the newest is refused by
+#    -y 1, naming both runs; another run's older checkpoint is neither counted nor deleted by -nk
+d="$W/ident"; rm -rf "$d"
+"$TG" "${COMMON[@]}" -x 6 -n 3 -o "$d" >/dev/null 2>&1
+"$TG" -e "$TINY" "${BASE[@]}" -v 0 -l 1e-3 -x 8 -n 2 -o "$W/other" >/dev/null 2>&1
+mine=$(head -n 1 "$d/main.log"); theirs=$(run_of "$W/other/state_00000008.bin")
+cp "$W/other/"*00000008* "$d/"
+"$TG" "${COMMON[@]}" -x 10 -y 1 -o "$d" >"$d.log" 2>&1
+rc=$?
+[ $rc = 1 ] && [ "$mine" != "$theirs" ] \
+    && grep -q "^error: -y: the checkpoint of step 8 in '.*' is of run ${theirs#run:}, not of run ${mine#run:} that its main.log records" "$d.log"
+say $? "another run's checkpoint as the newest: -y 1 refuses it (exit $rc): $(grep -m1 '^error' "$d.log" | cut -c1-90)..."
+rm "$d/"*00000008*; cp "$W/other/"*00000002* "$d/"
+"$TG" "${COMMON[@]}" -x 10 -n 1 -nk 1 -y 1 -o "$d" >"$d.2.log" 2>&1
+[ $? = 0 ] && grep -q "resumed from step 6" "$d.2.log" && [ "$(steps_in "$d")" = "2 10 " ] && cmp -s "$d/state_00000002.bin" "$W/other/state_00000002.bin"
+say $? "another run's older checkpoint (step 2) beside this run's: -nk 1 neither counts nor deletes it ($(steps_in "$d")left)"
+# kill -9 at random moments of a run with -n 1 -nk 3 -nm 25, resumed until done: the directory (the kept
+# steps, main.log, the last model and state) ends as the uninterrupted run's; retention after each resume
+# counts the checkpoints before it only once their CRCs are checked
+KILL=(-e "$TINY" "${BASE[@]}" -v 0 -l 3e-3 -x 60 -n 1 -nk 3 -nm 25)
+"$NOMPI" "${KILL[@]}" -o "$W/rk_ref" >/dev/null 2>&1
+RANDOM=20261207
+d="$W/rk"; rm -rf "$d"; kills=0
+for attempt in $(seq 1 30); do
+    "$NOMPI" "${KILL[@]}" -y 2 -o "$d" >/dev/null 2>&1 &
+    pid=$!
+    sleep "0.$(( RANDOM % 4 ))$(( RANDOM % 10 ))"
+    kill -9 $pid 2>/dev/null && kills=$((kills + 1))
+    wait $pid 2>/dev/null && break
+done
+[ $attempt -lt 30 ] || "$NOMPI" "${KILL[@]}" -y 2 -o "$d" >/dev/null 2>&1
+[ "$(steps_in "$d")" = "25 50 58 59 60 " ] && [ "$(ls "$d" | tr '\n' ' ')" = "$(ls "$W/rk_ref" | tr '\n' ' ')" ] \
+    && cmp -s "$W/rk_ref/main.log" "$d/main.log" && cmp -s "$W/rk_ref/model_00000060.bin" "$d/model_00000060.bin" \
+    && cmp -s "$W/rk_ref/state_00000060.bin" "$d/state_00000060.bin"
+say $? "-n 1 -nk 3 -nm 25 killed -9 $kills times and resumed: kept steps $(steps_in "$d")and every file as the uninterrupted run's"
