@@ -13,18 +13,18 @@ make -s -C "$W/base" BACKEND=cpu >/dev/null || { echo "base build failed"; exit 
 make -s BACKEND=cpu >/dev/null || { echo "build failed"; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 M="L=4,C=64,NH=4,V=256,maxT=64"
-common=(-t 32 -x 6 -n 3 -v 3 -m 2 -l 3e-3 -c 0.1 -s 3 -g 8 --memory-report --comm-report)
+common=(-t 32 -n 3 -v 3 -m 2 -l 3e-3 -c 0.1 -s 3 -g 8 --memory-report --comm-report)
 runs() {   # BIN OUT
     local bin=$1 out=$2 mpi="mpirun --oversubscribe --bind-to none -np"
-    $mpi 1 $bin -e $M "${common[@]}" -b 4 -o $out/single
-    $mpi 4 $bin -e $M "${common[@]}" -b 2 --tp 2 --sp --zero 3 -o $out/tp2sp_dp2z3
-    $mpi 2 $bin -e $M "${common[@]}" -b 1 -d 128 --pp 2 --vpp 2 -o $out/pp2vpp2
-    $mpi 2 $bin -e $M "${common[@]}" -b 4 --cp 2 -o $out/cp2
-    $mpi 4 $bin -e $M,E=4,k=2 "${common[@]}" -b 4 --ep 2 --tp 2 --sp -o $out/moe_ep2tp2sp
+    $mpi 1 $bin -e $M "${common[@]}" -x 6 -b 4 -o $out/single
+    $mpi 4 $bin -e $M "${common[@]}" -x 6 -b 2 --tp 2 --sp --zero 3 -o $out/tp2sp_dp2z3
+    $mpi 2 $bin -e $M "${common[@]}" -x 6 -b 1 -d 128 --pp 2 --vpp 2 -o $out/pp2vpp2
+    $mpi 2 $bin -e $M "${common[@]}" -x 6 -b 4 --cp 2 -o $out/cp2
+    $mpi 4 $bin -e $M,E=4,k=2 "${common[@]}" -x 6 -b 4 --ep 2 --tp 2 --sp -o $out/moe_ep2tp2sp
     $mpi 4 $bin -e $M,E=4,k=2,every=2 "${common[@]}" -b 2 -d 256 --pp 2 --ep 2 -x 3 -o $out/moe_pp2ep2__ep2z1
-    $mpi 2 $bin -e $M,E=4,k=2,every=2 "${common[@]}" -b 4 -d 256 --ep 2 --zero 1 -y 1 -o $out/moe_pp2ep2__ep2z1
-    $mpi 2 $bin -e $M "${common[@]}" -b 1 -d 128 --pp 2 --pp-schedule zb --pp-layers auto -o $out/pp2zb_auto
-    $mpi 2 $bin -e $M,E=8,k=2,every=2,H=64,S=1 "${common[@]}" -b 4 --ep 2 --router-score sigmoid --moe-bias-rate 0.01 \
+    $mpi 2 $bin -e $M,E=4,k=2,every=2 "${common[@]}" -x 6 -b 4 -d 256 --ep 2 --zero 1 -y 1 -o $out/moe_pp2ep2__ep2z1
+    $mpi 2 $bin -e $M "${common[@]}" -x 6 -b 1 -d 128 --pp 2 --pp-schedule zb --pp-layers auto -o $out/pp2zb_auto
+    $mpi 2 $bin -e $M,E=8,k=2,every=2,H=64,S=1 "${common[@]}" -x 6 -b 4 --ep 2 --router-score sigmoid --moe-bias-rate 0.01 \
         --z-coeff 0 -o $out/moe_sig_bias_shared
 }
 plans() {   # BIN: the plan and the cost model print no measurement: compared whole
