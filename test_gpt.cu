@@ -704,7 +704,7 @@ static void check_memory_buffers(GPT2 *m) {
     double ring = m->grid->cp > 1 ? 4.0 * X * BT * 2 * Ckv : 0;
     double comm_expect = X * (Rs + Rr) * C + grad_copy + grad_wait + input_wait + ring;
     check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1,
-          "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B + waiting input %.0f B + cp ring 4 x (B, T/cp, 2C/tp) %.0f B",
+          "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B + waiting input %.0f B + cp ring 4 x (B, T/cp, 2 KV hs/tp) %.0f B",
           (double)mem_current[MEM_COMM], Rs, Rr, (int)X, grad_copy, grad_wait, input_wait, ring);
     // logits (last stage): one chunk of chunk x Vp/tp, never B*T x Vp (plus per-token stats and losses)
     double logits_expect = m->last
@@ -884,8 +884,10 @@ static void check_comm_layer(Grid *grid) {
 // --check-attention: the CPU build's attention through BLAS (attention.h's panels, context_parallel.h's
 // ring blocks) against the plain loops, their specification, where the model references do not reach:
 // T = 1, T not a multiple of a tile, several key tiles, diagonal tiles cut anywhere (tiny tiles), head
-// sizes 32, 48 and 64, a single (batch, head) (with 2+ threads: the backward's all-threads-per-sgemm path),
-// the ring's blocks at chunk offsets, causal and not, merged into an earlier block's result.
+// sizes 16, 32, 48 and 64, a single (batch, head) (with 2+ threads: the backward's all-threads-per-sgemm path),
+// the ring's blocks at chunk offsets, causal and not, merged into an earlier block's result; grouped-query
+// attention (KV = 1 and 2 kv heads for 4 query heads), and the plain loops with KV < NH against their
+// definition (the KV = NH loops on the kv heads repeated).
 // The tolerance per element is derived, no constant fitted to a run: both compute the same sums in other
 // orders and blockings, the softmax against another running max. u = 2^-24; any order of summing n
 // products is off by at most g(n) = n u times the sum of their absolute values (any BLAS kernel, threads).
@@ -897,7 +899,8 @@ static void check_comm_layer(Grid *grid) {
 //  - backward (the same out and lse in both): p relatively off by ep = ds + 2u (|s| + |lse|) + 4u, dp = dy.v
 //    and D = dy.y by g(hs) sum|dy v|, g(hs) sum|dy y|, so ds = p (dp - D) scale by
 //    Eds = |ds| (ep + 3u) + p scale g(hs) (sum|dy v| + sum|dy y|); then dq_i by sum_j Eds |k_j| +
-//    g(n+1) (sum_j |ds k_j| + |dq_i before|) (a ring block adds to what is there), dk, dv likewise.
+//    g(n+1) (sum_j |ds k_j| + |dq_i before|) (a ring block adds to what is there), dk, dv likewise with
+//    g(G n + 1): with grouped-query attention a kv head's dk, dv sum the terms of its G query heads.
 // Each computation is within that (first-order) bound of the exact value: the two within twice of it.
 static const double ATT_U = 1.0 / 16777216.0;
 
@@ -933,11 +936,12 @@ static void att_tol_forward(float *to, float *tl, int ldo, AttHead a, const floa
     }
 }
 
-// Backward tolerances of the same rows into t (dq, dk, dv at t's lds; zeros on entry), from the plain loops'
-// out (rows at ldy) and lse; g0: the gradients added to (dq, dk, dv NULL: zeros)
+// Backward tolerances of the same rows into t (dq, dk, dv at t's lds; zeros on entry: a kv head's add up over
+// the calls of its G query heads), from the plain loops' out (rows at ldy) and lse; g0: the gradients added to
+// (dq NULL: zeros; dk, dv NULL: zeros, or counted by another query head's call)
 static void att_tol_backward(AttGrad t, AttHead a, const float *y, int ldy, const float *lse, AttGrad g0, int n,
-                             int diag) {
-    double u = ATT_U, ghs = a.hs * u, gn = (n + 1) * u, sa, dpa, Da;
+                             int diag, int G) {
+    double u = ATT_U, ghs = a.hs * u, gn = (n + 1) * u, gkv = ((double)G * n + 1) * u, sa, dpa, Da;
     for (int i = 0; i < n; i++) {
         const float *q = a.q + (size_t)i * a.ldq, *dy = a.dout + (size_t)i * a.ldo;
         double L = lse[i], D = att_dot(dy, y + (size_t)i * ldy, a.hs, 1.0, &Da);
@@ -948,16 +952,18 @@ static void att_tol_backward(AttGrad t, AttHead a, const float *y, int ldy, cons
             double Eds = fabs(ds) * (ep + 3 * u) + p * a.scale * ghs * (dpa + Da);
             for (int c = 0; c < a.hs; c++) {
                 t.dq[(size_t)i * t.lddq + c] += (float)(2 * (Eds * fabs(k[c]) + gn * fabs(ds * k[c])));
-                t.dk[(size_t)j * t.lddkv + c] += (float)(2 * (Eds * fabs(q[c]) + gn * fabs(ds * q[c])));
-                t.dv[(size_t)j * t.lddkv + c] += (float)(2 * p * (ep + gn) * fabs(dy[c]));
+                t.dk[(size_t)j * t.lddkv + c] += (float)(2 * (Eds * fabs(q[c]) + gkv * fabs(ds * q[c])));
+                t.dv[(size_t)j * t.lddkv + c] += (float)(2 * p * (ep + gkv) * fabs(dy[c]));
             }
         }
     }
-    for (int r = 0; r < n && g0.dq; r++) {   // what was there before
-        for (int c = 0; c < a.hs; c++) {
+    for (int r = 0; r < n; r++) {   // what was there before
+        for (int c = 0; c < a.hs && g0.dq; c++) {
             t.dq[(size_t)r * t.lddq + c] += (float)(2 * gn * fabs(g0.dq[(size_t)r * g0.lddq + c]));
-            t.dk[(size_t)r * t.lddkv + c] += (float)(2 * gn * fabs(g0.dk[(size_t)r * g0.lddkv + c]));
-            t.dv[(size_t)r * t.lddkv + c] += (float)(2 * gn * fabs(g0.dv[(size_t)r * g0.lddkv + c]));
+        }
+        for (int c = 0; c < a.hs && g0.dk; c++) {
+            t.dk[(size_t)r * t.lddkv + c] += (float)(2 * gkv * fabs(g0.dk[(size_t)r * g0.lddkv + c]));
+            t.dv[(size_t)r * t.lddkv + c] += (float)(2 * gkv * fabs(g0.dv[(size_t)r * g0.lddkv + c]));
         }
     }
 }
@@ -981,47 +987,57 @@ static float *att_random(size_t n, Rng *r, float std) {
     return x;
 }
 
-// One-device attention, B T C NH, tiles qt x kt: attention_forward_blas / attention_backward_blas against
-// attention_forward_cpu / attention_backward_cpu (both backwards from the plain forward's out and lse)
-static void check_attention_case(Rng *rng, int B, int T, int C, int NH, int qt, int kt) {
-    int hs = C / NH;
-    size_t n3 = (size_t)B * T * 3 * C, ny = (size_t)B * T * C, nl = (size_t)B * NH * T;
+// One-device attention, B T, NH query heads sharing KV kv heads of size hs, tiles qt x kt: attention_forward_blas /
+// attention_backward_blas against attention_forward_cpu / attention_backward_cpu (both backwards from the plain
+// forward's out and lse)
+static void check_attention_case(Rng *rng, int B, int T, int NH, int KV, int hs, int qt, int kt) {
+    int W = (NH + 2 * KV) * hs, C = NH * hs, G = NH / KV;
+    size_t n3 = (size_t)B * T * W, ny = (size_t)B * T * C, nl = (size_t)B * NH * T;
     float *qkv = att_random(n3, rng, 1.5f), *dout = att_random(ny, rng, 1.0f);
     float *y = (float *)calloc_check(2 * (ny + nl + n3), sizeof(float)), *lse = y + ny, *d = lse + nl;  // the loops'
     float *y2 = d + n3, *lse2 = y2 + ny, *d2 = lse2 + nl;                                             // BLAS's
     float *tol = (float *)calloc_check(ny + nl + n3, sizeof(float)), *tl = tol + ny, *td = tl + nl;
     att_panel_rows = qt; att_key_tile = kt;
-    attention_forward_cpu(y, lse, qkv, B, T, C, NH);
-    attention_forward_blas(y2, lse2, qkv, B, T, C, NH);
-    attention_backward_cpu(d, dout, qkv, y, lse, B, T, C, NH);
-    attention_backward_blas(d2, dout, qkv, y, lse, B, T, C, NH);
+    attention_forward_cpu(y, lse, qkv, B, T, NH, KV, hs);
+    attention_forward_blas(y2, lse2, qkv, B, T, NH, KV, hs);
+    attention_backward_cpu(d, dout, qkv, y, lse, B, T, NH, KV, hs);
+    attention_backward_blas(d2, dout, qkv, y, lse, B, T, NH, KV, hs);
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            size_t r3 = (size_t)b * T * 3 * C + h * hs, r1 = (size_t)b * T * C + h * hs, rl = ((size_t)b * NH + h) * T;
-            AttHead a = {qkv + r3, qkv + r3 + C, qkv + r3 + 2 * C, dout + r1, 3 * C, 3 * C, C, hs, 1.0f / sqrtf((float)hs)};
+            size_t r3 = (size_t)b * T * W + h * hs, rk = (size_t)b * T * W + (NH + h / G) * hs;   // q; its kv head's k
+            size_t r1 = (size_t)b * T * C + h * hs, rl = ((size_t)b * NH + h) * T;
+            AttHead a = {qkv + r3, qkv + rk, qkv + rk + KV * hs, dout + r1, W, W, C, hs, 1.0f / sqrtf((float)hs)};
             att_tol_forward(tol + r1, tl + rl, C, a, lse + rl, NULL, NULL, T, 0);
-            AttGrad t = {td + r3, td + r3 + C, td + r3 + 2 * C, 3 * C, 3 * C}, none = {NULL, NULL, NULL, 0, 0};
-            att_tol_backward(t, a, y + r1, C, lse + rl, none, T, 0);
+            AttGrad t = {td + r3, td + rk, td + rk + KV * hs, W, W}, none = {NULL, NULL, NULL, 0, 0};
+            att_tol_backward(t, a, y + r1, C, lse + rl, none, T, 0, G);
         }
     }
     double worst = 0.0, diff = 0.0;
     int ok = att_within(y2, y, tol, ny, &worst, &diff) & att_within(lse2, lse, tl, nl, &worst, &diff)
              & att_within(d2, d, td, n3, &worst, &diff);
-    check(ok, "attention through BLAS = the loops: B %d T %d C %d NH %d (hs %d), tiles %d x %d: out, lse, dqkv within "
-          "the derived bounds (worst %.3f of a bound; largest difference %.1e)", B, T, C, NH, hs, qt, kt, worst, diff);
+    check(ok, "attention through BLAS = the loops: B %d T %d NH %d KV %d hs %d, tiles %d x %d: out, lse, dqkv within "
+          "the derived bounds (worst %.3f of a bound; largest difference %.1e)", B, T, NH, KV, hs, qt, kt, worst, diff);
     free(qkv); free(dout); free(y); free(tol);
+}
+
+// kv (B, T, 2 KV hs): the k and v parts of qkv (B, T, (NH + 2KV) hs)
+static float *att_kv_of(const float *qkv, size_t rows, int NH, int KV, int hs) {
+    size_t W = (size_t)(NH + 2 * KV) * hs, W2 = (size_t)2 * KV * hs;
+    float *kv = (float *)malloc_check(rows * W2 * sizeof(float));
+    for (size_t r = 0; r < rows; r++) { memcpy(kv + r * W2, qkv + r * W + (size_t)NH * hs, W2 * sizeof(float)); }
+    return kv;
 }
 
 // One ring block (context_parallel.h), local T = 2c: query chunk qa's rows over key chunk kb's keys, causal
 // when qa == kb. The forward merges into what an earlier block (key chunk 1 - kb, by the loops) left; the
 // backward adds to random dq, dk, dv, with the out and lse of the plain causal attention over the T rows.
-static void check_attention_block_case(Rng *rng, int B, int c, int C, int NH, int qa, int kb, int qt, int kt) {
-    int T = 2 * c, hs = C / NH, causal = qa == kb, q0 = qa * c, k0 = kb * c;
-    size_t n3 = (size_t)B * T * 3 * C, n2 = (size_t)B * T * 2 * C, ny = (size_t)B * T * C, nl = (size_t)B * NH * T;
+static void check_attention_block_case(Rng *rng, int B, int c, int NH, int KV, int hs, int qa, int kb, int qt, int kt) {
+    int T = 2 * c, W = (NH + 2 * KV) * hs, W2 = 2 * KV * hs, C = NH * hs, G = NH / KV;
+    int causal = qa == kb, q0 = qa * c, k0 = kb * c;
+    size_t n3 = (size_t)B * T * W, n2 = (size_t)B * T * W2, ny = (size_t)B * T * C, nl = (size_t)B * NH * T;
     float *qkv = att_random(n3, rng, 1.5f), *dout = att_random(ny, rng, 1.0f);
     float *d0 = att_random(n3 + n2, rng, 1.0f), *dkv0 = d0 + n3;   // the gradients added to
-    float *kv = (float *)malloc_check(n2 * sizeof(float));
-    for (size_t r = 0; r < (size_t)B * T; r++) { memcpy(kv + r * 2 * C, qkv + r * 3 * C + C, 2 * C * sizeof(float)); }
+    float *kv = att_kv_of(qkv, (size_t)B * T, NH, KV, hs);
     // before (y1, lse1); the loops' (y, lse, d, dkv); BLAS's (y2, lse2, d2, dkv2)
     float *y1 = (float *)malloc_check((3 * (ny + nl) + 2 * (n3 + n2)) * sizeof(float)), *lse1 = y1 + ny;
     float *y = lse1 + nl, *lse = y + ny, *y2 = lse + nl, *lse2 = y2 + ny;
@@ -1029,39 +1045,155 @@ static void check_attention_block_case(Rng *rng, int B, int c, int C, int NH, in
     float *tol = (float *)calloc_check(ny + nl + n3 + n2, sizeof(float)), *tl = tol + ny, *td = tl + nl, *tkv = td + n3;
     att_panel_rows = qt; att_key_tile = kt;
     for (size_t i = 0; i < ny + nl; i++) { y1[i] = i < ny ? 0.0f : -INFINITY; }   // no block yet: out 0, lse -inf
-    attention_block_forward_cpu(y1, lse1, qkv, kv, B, T, C, NH, q0, (1 - kb) * c, c, 0);
+    attention_block_forward_cpu(y1, lse1, qkv, kv, B, T, NH, KV, hs, q0, (1 - kb) * c, c, 0);
     memcpy(y, y1, (ny + nl) * sizeof(float)); memcpy(y2, y1, (ny + nl) * sizeof(float));   // y, lse follow
-    attention_block_forward_cpu(y, lse, qkv, kv, B, T, C, NH, q0, k0, c, causal);
-    attention_block_forward_blas(y2, lse2, qkv, kv, B, T, C, NH, q0, k0, c, causal);
+    attention_block_forward_cpu(y, lse, qkv, kv, B, T, NH, KV, hs, q0, k0, c, causal);
+    attention_block_forward_blas(y2, lse2, qkv, kv, B, T, NH, KV, hs, q0, k0, c, causal);
     float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            size_t r3 = ((size_t)b * T + q0) * 3 * C + h * hs, r2 = ((size_t)b * T + k0) * 2 * C + h * hs;
+            size_t r3 = ((size_t)b * T + q0) * W + h * hs, r2 = ((size_t)b * T + k0) * W2 + (h / G) * hs;
             size_t r1 = ((size_t)b * T + q0) * C + h * hs, rl = ((size_t)b * NH + h) * T + q0;
-            AttHead a = {qkv + r3, kv + r2, kv + r2 + C, dout + r1, 3 * C, 2 * C, C, hs, scale};
+            AttHead a = {qkv + r3, kv + r2, kv + r2 + KV * hs, dout + r1, W, W2, C, hs, scale};
             att_tol_forward(tol + r1, tl + rl, C, a, lse + rl, y1 + r1, lse1 + rl, c, causal ? 0 : c);
         }
     }
-    attention_forward_cpu(y1, lse1, qkv, B, T, C, NH);   // the backward's out and lse
+    attention_forward_cpu(y1, lse1, qkv, B, T, NH, KV, hs);   // the backward's out and lse
     memcpy(d, d0, (n3 + n2) * sizeof(float)); memcpy(d2, d0, (n3 + n2) * sizeof(float));    // d, dkv follow
-    attention_block_backward_cpu(d, dkv, dout, qkv, y1, lse1, kv, B, T, C, NH, q0, k0, c, causal);
-    attention_block_backward_blas(d2, dkv2, dout, qkv, y1, lse1, kv, B, T, C, NH, q0, k0, c, causal);
+    attention_block_backward_cpu(d, dkv, dout, qkv, y1, lse1, kv, B, T, NH, KV, hs, q0, k0, c, causal);
+    attention_block_backward_blas(d2, dkv2, dout, qkv, y1, lse1, kv, B, T, NH, KV, hs, q0, k0, c, causal);
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            size_t r3 = ((size_t)b * T + q0) * 3 * C + h * hs, r2 = ((size_t)b * T + k0) * 2 * C + h * hs;
+            size_t r3 = ((size_t)b * T + q0) * W + h * hs, r2 = ((size_t)b * T + k0) * W2 + (h / G) * hs;
             size_t r1 = ((size_t)b * T + q0) * C + h * hs, rl = ((size_t)b * NH + h) * T + q0;
-            AttHead a = {qkv + r3, kv + r2, kv + r2 + C, dout + r1, 3 * C, 2 * C, C, hs, scale};
-            AttGrad t = {td + r3, tkv + r2, tkv + r2 + C, 3 * C, 2 * C}, g0 = {d0 + r3, dkv0 + r2, dkv0 + r2 + C, 3 * C, 2 * C};
-            att_tol_backward(t, a, y1 + r1, C, lse1 + rl, g0, c, causal ? 0 : c);
+            AttHead a = {qkv + r3, kv + r2, kv + r2 + KV * hs, dout + r1, W, W2, C, hs, scale};
+            AttGrad t = {td + r3, tkv + r2, tkv + r2 + KV * hs, W, W2};
+            float *dk0 = h % G ? NULL : dkv0 + r2;   // (a kv head's earlier dk, dv: counted with its first query head)
+            AttGrad g0 = {d0 + r3, dk0, dk0 ? dk0 + KV * hs : NULL, W, W2};
+            att_tol_backward(t, a, y1 + r1, C, lse1 + rl, g0, c, causal ? 0 : c, G);
         }
     }
     double worst = 0.0, diff = 0.0;
     int ok = att_within(y2, y, tol, ny, &worst, &diff) & att_within(lse2, lse, tl, nl, &worst, &diff)
              & att_within(d2, d, td, n3, &worst, &diff) & att_within(dkv2, dkv, tkv, n2, &worst, &diff);
-    check(ok, "ring block through BLAS = the loops: B %d c %d C %d NH %d, query chunk %d x key chunk %d (%s), tiles %d x %d:"
-          " out, lse, dq, dk, dv within the derived bounds (worst %.3f of a bound; largest difference %.1e)", B, c, C, NH,
-          qa, kb, causal ? "causal" : "full", qt, kt, worst, diff);
+    check(ok, "ring block through BLAS = the loops: B %d c %d NH %d KV %d hs %d, query chunk %d x key chunk %d (%s), "
+          "tiles %d x %d: out, lse, dq, dk, dv within the derived bounds (worst %.3f of a bound; largest difference "
+          "%.1e)", B, c, NH, KV, hs, qa, kb, causal ? "causal" : "full", qt, kt, worst, diff);
     free(qkv); free(dout); free(d0); free(kv); free(y1); free(tol);
+}
+
+// Rows [x (P floats) | k heads (KV hs) | v heads (KV hs)] -> rows [x | NH k heads | NH v heads], head h a copy of kv
+// head h / G: grouped-query attention's operands as multi-head attention's (new, rows * (P + 2 NH hs) floats)
+static float *att_repeat_kv(const float *in, size_t rows, int P, int NH, int KV, int hs) {
+    size_t Win = P + (size_t)2 * KV * hs, Wout = P + (size_t)2 * NH * hs;
+    float *out = (float *)malloc_check(rows * Wout * sizeof(float));
+    for (size_t r = 0; r < rows; r++) {
+        memcpy(out + r * Wout, in + r * Win, P * sizeof(float));
+        for (int part = 0; part < 2; part++) {   // k, then v
+            for (int h = 0; h < NH; h++) {
+                memcpy(out + r * Wout + P + (size_t)(part * NH + h) * hs,
+                       in + r * Win + P + (size_t)(part * KV + h / (NH / KV)) * hs, hs * sizeof(float));
+            }
+        }
+    }
+    return out;
+}
+
+// ... and back, for their gradients: kv head kh's dk, dv the sums of its G copies', in order
+static void att_sum_kv(float *out, const float *in, size_t rows, int P, int NH, int KV, int hs) {
+    size_t Win = P + (size_t)2 * NH * hs, Wout = P + (size_t)2 * KV * hs;
+    int G = NH / KV;
+    for (size_t r = 0; r < rows; r++) {
+        memcpy(out + r * Wout, in + r * Win, P * sizeof(float));
+        for (int part = 0; part < 2; part++) {
+            for (int c = 0; c < KV * hs; c++) {   // kv head c / hs, its dimension c % hs
+                float sum = 0.0f;
+                for (int g = 0; g < G; g++) { sum += in[r * Win + P + (size_t)part * NH * hs + (c / hs * G + g) * hs + c % hs]; }
+                out[r * Wout + P + (size_t)part * KV * hs + c] = sum;
+            }
+        }
+    }
+}
+
+// 1 if the first n floats of each of `rows` rows of a and b (ld apart) are the same bits
+static int att_same_rows(const float *a, const float *b, size_t rows, size_t ld, size_t n) {
+    int same = 1;
+    for (size_t r = 0; r < rows; r++) { same &= !memcmp(a + r * ld, b + r * ld, n * sizeof(float)); }
+    return same;
+}
+
+// Grouped-query attention is its definition: the plain loops with KV kv heads = the loops with KV = NH on the kv
+// heads repeated G times. out, lse and dq exactly (the same sums in the same order); dk and dv = the sums of the G
+// copies' within the derived bounds (the same G T terms, summed in another order).
+static void check_gqa_definition(Rng *rng, int B, int T, int NH, int KV, int hs) {
+    int W = (NH + 2 * KV) * hs, C = NH * hs, G = NH / KV;
+    size_t rows = (size_t)B * T, n3 = rows * W, ny = rows * C, nl = (size_t)B * NH * T;
+    float *qkv = att_random(n3, rng, 1.5f), *dout = att_random(ny, rng, 1.0f);
+    float *rep = att_repeat_kv(qkv, rows, C, NH, KV, hs);
+    float *y = (float *)calloc_check(2 * (ny + nl) + 3 * n3 + 3 * ny, sizeof(float)), *lse = y + ny;
+    float *y1 = lse + nl, *lse1 = y1 + ny, *d = lse1 + nl, *dsum = d + n3, *td = dsum + n3, *d1 = td + n3;
+    attention_forward_cpu(y, lse, qkv, B, T, NH, KV, hs);
+    attention_forward_cpu(y1, lse1, rep, B, T, NH, NH, hs);
+    attention_backward_cpu(d, dout, qkv, y, lse, B, T, NH, KV, hs);
+    attention_backward_cpu(d1, dout, rep, y, lse, B, T, NH, NH, hs);
+    att_sum_kv(dsum, d1, rows, C, NH, KV, hs);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            size_t r3 = (size_t)b * T * W + h * hs, rk = (size_t)b * T * W + (NH + h / G) * hs;
+            size_t r1 = (size_t)b * T * C + h * hs, rl = ((size_t)b * NH + h) * T;
+            AttHead a = {qkv + r3, qkv + rk, qkv + rk + KV * hs, dout + r1, W, W, C, hs, 1.0f / sqrtf((float)hs)};
+            AttGrad t = {td + r3, td + rk, td + rk + KV * hs, W, W}, none = {NULL, NULL, NULL, 0, 0};
+            att_tol_backward(t, a, y + r1, C, lse + rl, none, T, 0, G);
+        }
+    }
+    double worst = 0.0, diff = 0.0;
+    int exact = !memcmp(y, y1, ny * sizeof(float)) && !memcmp(lse, lse1, nl * sizeof(float))
+                && att_same_rows(d, dsum, rows, W, C);
+    int ok = att_within(d, dsum, td, n3, &worst, &diff);
+    check(exact && ok, "grouped-query attention = its definition (the loops on the kv heads repeated %d times): B %d "
+          "T %d NH %d KV %d hs %d: out, lse, dq the same bits (%s), dk, dv within the derived bounds (worst %.3f of a "
+          "bound; largest difference %.1e)", G, B, T, NH, KV, hs, exact ? "yes" : "no", worst, diff);
+    free(qkv); free(dout); free(rep); free(y);
+}
+
+// ... and the ring's blocks' loops (query chunk qa over key chunk kb of T = 2c rows, from no earlier block; the
+// backward from their out and lse, into zeros): out, lse, dq exactly, dk, dv within the derived bounds
+static void check_gqa_block_definition(Rng *rng, int B, int c, int NH, int KV, int hs, int qa, int kb) {
+    int T = 2 * c, W = (NH + 2 * KV) * hs, W2 = 2 * KV * hs, C = NH * hs, G = NH / KV;
+    int causal = qa == kb, q0 = qa * c, k0 = kb * c;
+    size_t rows = (size_t)B * T, n3 = rows * W, n2 = rows * W2, ny = rows * C, nl = (size_t)B * NH * T;
+    float *qkv = att_random(n3, rng, 1.5f), *dout = att_random(ny, rng, 1.0f), *kv = att_kv_of(qkv, rows, NH, KV, hs);
+    float *rep = att_repeat_kv(qkv, rows, C, NH, KV, hs), *kvrep = att_repeat_kv(kv, rows, 0, NH, KV, hs);
+    // GQA's and the definition's (1): out, lse; dqkv (dsum: the copies' summed back); dkv; the tolerances
+    float *y = (float *)calloc_check(2 * (ny + nl), sizeof(float)), *lse = y + ny, *y1 = lse + nl, *lse1 = y1 + ny;
+    float *d = (float *)calloc_check(3 * n3 + 3 * ny, sizeof(float)), *dsum = d + n3, *td = dsum + n3, *d1 = td + n3;
+    float *dkv = (float *)calloc_check(3 * n2 + 2 * ny, sizeof(float)), *dksum = dkv + n2, *tkv = dksum + n2;
+    float *dkv1 = tkv + n2;
+    for (size_t i = 0; i < ny + nl; i++) { y[i] = y1[i] = i < ny ? 0.0f : -INFINITY; }   // no block yet
+    attention_block_forward_cpu(y, lse, qkv, kv, B, T, NH, KV, hs, q0, k0, c, causal);
+    attention_block_forward_cpu(y1, lse1, rep, kvrep, B, T, NH, NH, hs, q0, k0, c, causal);
+    attention_block_backward_cpu(d, dkv, dout, qkv, y, lse, kv, B, T, NH, KV, hs, q0, k0, c, causal);
+    attention_block_backward_cpu(d1, dkv1, dout, rep, y, lse, kvrep, B, T, NH, NH, hs, q0, k0, c, causal);
+    att_sum_kv(dsum, d1, rows, C, NH, KV, hs);     // (the k, v parts: zeros in both)
+    att_sum_kv(dksum, dkv1, rows, 0, NH, KV, hs);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            size_t r3 = ((size_t)b * T + q0) * W + h * hs, r2 = ((size_t)b * T + k0) * W2 + (h / G) * hs;
+            size_t r1 = ((size_t)b * T + q0) * C + h * hs, rl = ((size_t)b * NH + h) * T + q0;
+            AttHead a = {qkv + r3, kv + r2, kv + r2 + KV * hs, dout + r1, W, W2, C, hs, 1.0f / sqrtf((float)hs)};
+            AttGrad t = {td + r3, tkv + r2, tkv + r2 + KV * hs, W, W2}, none = {NULL, NULL, NULL, 0, 0};
+            att_tol_backward(t, a, y + r1, C, lse + rl, none, c, causal ? 0 : c, G);
+        }
+    }
+    double worst = 0.0, diff = 0.0;
+    int exact = !memcmp(y, y1, ny * sizeof(float)) && !memcmp(lse, lse1, nl * sizeof(float))
+                && !memcmp(d, dsum, n3 * sizeof(float));
+    int ok = att_within(dkv, dksum, tkv, n2, &worst, &diff);
+    check(exact && ok, "ring block = its definition (the loops on the kv heads repeated %d times): B %d c %d NH %d KV "
+          "%d hs %d, query chunk %d x key chunk %d (%s): out, lse, dq the same bits (%s), dk, dv within the derived "
+          "bounds (worst %.3f of a bound; largest difference %.1e)", G, B, c, NH, KV, hs, qa, kb,
+          causal ? "causal" : "full", exact ? "yes" : "no", worst, diff);
+    free(qkv); free(dout); free(kv); free(rep); free(kvrep); free(y); free(d); free(dkv);
 }
 
 // ZB's list of rank r: every micro-batch's forward, B and W once each, each W after its B, the W passes in
@@ -1238,18 +1370,28 @@ static void check_attention(void) {
     int tiles[3][2] = {{att_panel_rows, att_key_tile}, {16, 8}, {5, 7}};   // the default, then small and ragged
     for (int k = 0; k < 3; k++) {
         int qt = tiles[k][0], kt = tiles[k][1];
-        check_attention_case(&rng, 1, 1, 64, 2, qt, kt);      // T = 1
-        check_attention_case(&rng, 2, 37, 96, 2, qt, kt);     // head size 48, T not a multiple of a tile
-        check_attention_case(&rng, 1, 70, 64, 1, qt, kt);     // one (batch, head), head size 64
-        check_attention_case(&rng, 1, 300, 128, 4, qt, kt);   // head size 32, more than one key tile at the default
+        check_attention_case(&rng, 1, 1, 2, 2, 32, qt, kt);      // T = 1
+        check_attention_case(&rng, 2, 37, 2, 2, 48, qt, kt);     // head size 48, T not a multiple of a tile
+        check_attention_case(&rng, 1, 70, 1, 1, 64, qt, kt);     // one (batch, head), head size 64
+        check_attention_case(&rng, 1, 300, 4, 4, 32, qt, kt);    // head size 32, more than one key tile at the default
+        check_attention_case(&rng, 2, 37, 4, 2, 16, qt, kt);     // grouped-query: 2 query heads per kv head
+        check_attention_case(&rng, 1, 70, 4, 1, 16, qt, kt);     // multi-query: one kv head
         for (int qa = 0; qa < 2; qa++) {
             for (int kb = 0; kb < 2; kb++) {
-                check_attention_block_case(&rng, 2, 19, 96, 2, qa, kb, qt, kt);   // chunks of 19, head size 48
+                check_attention_block_case(&rng, 2, 19, 2, 2, 48, qa, kb, qt, kt);   // chunks of 19, head size 48
+                check_attention_block_case(&rng, 2, 19, 4, 2, 16, qa, kb, qt, kt);   // grouped-query
             }
         }
-        check_attention_block_case(&rng, 1, 1, 64, 2, 1, 1, qt, kt);   // chunks of one token (cp 8 at T 16)
+        check_attention_block_case(&rng, 1, 1, 2, 2, 32, 1, 1, qt, kt);   // chunks of one token (cp 8 at T 16)
+        check_attention_block_case(&rng, 1, 23, 4, 1, 16, 1, 0, qt, kt);  // multi-query
     }
     att_panel_rows = tiles[0][0]; att_key_tile = tiles[0][1];
+    int kvs[3] = {1, 2, 4};   // for 4 query heads: multi-query, 2 per kv head, multi-head
+    for (int i = 0; i < 3; i++) {
+        check_gqa_definition(&rng, 2, 37, 4, kvs[i], 16);
+        check_gqa_block_definition(&rng, 2, 19, 4, kvs[i], 16, 1, 0);   // a full block
+        check_gqa_block_definition(&rng, 2, 19, 4, kvs[i], 16, 1, 1);   // a causal one
+    }
 }
 
 // ----------------------------------------------------------------------------

@@ -400,10 +400,10 @@ static void workspace_alloc(GPT2 *m, int chunk, int any_moe) {
     int tp = m->grid->tp;
     Workspace *w = &m->ws;
     m->cpring.cp = &m->grid->cp_group;
-    // ring attention: the keys and values held and arriving, their gradients
+    // ring attention: the keys and values of the local kv heads held and arriving, their gradients
     for (int i = 0; i < 2 && m->grid->cp > 1; i++) {
-        m->cpring.kv[i] = (floatX *)mem_alloc(BT * 2 * Cl * X, MEM_COMM);
-        m->cpring.dkv[i] = (floatX *)mem_alloc(BT * 2 * Cl * X, MEM_COMM);
+        m->cpring.kv[i] = (floatX *)mem_alloc(BT * 2 * m->KVl * m->hs * X, MEM_COMM);
+        m->cpring.dkv[i] = (floatX *)mem_alloc(BT * 2 * m->KVl * m->hs * X, MEM_COMM);
     }
     w->xfull = m->sp && tp > 1 ? (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE) : NULL;
     w->pfull = (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE);
@@ -519,9 +519,9 @@ static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *grid, c
 #ifdef USE_CUDA
         matmul_setup();
 #endif
-        if (grid->cp == 1 && m->Ls > 0) { attention_setup(o->B, o->T, m->Cl, m->NHl); }
+        if (grid->cp == 1 && m->Ls > 0) { attention_setup(o->B, o->T, m->NHl, m->KVl, m->hs); }
 #if defined(USE_CUDA) && !defined(ENABLE_FP32)
-        if (grid->cp > 1 && m->Ls > 0 && cp_flash(m->Cl, m->NHl)) { flash_setup(o->B, o->T, m->NHl); }   // the ring's D
+        if (grid->cp > 1 && m->Ls > 0 && cp_flash(m->hs)) { flash_setup(o->B, o->T, m->NHl); }   // the ring's D
 #endif
         m->step_tokens = (int *)host_alloc_pinned(sizeof(int) * 2 * o->accum * m->BT);
     }
@@ -594,8 +594,8 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
     x = tp_all_tokens(tp, sp, y.ln1, w->xfull, BTs, C);
     matmul_forward(y.qkv, x, p[T_QKVW], p[T_QKVB], BT, C, m->QKVl);
     if (m->rope) { rope_forward(y.qkv, m->rope, m->seqpos, B, T, NHl, m->KVl, m->hs); }
-    if (m->grid->cp > 1) { cp_attention_forward(&m->cpring, y.atty, y.lse, y.qkv, B, T, Cl, NHl); }   // ring attention
-    else { attention_forward(y.atty, y.lse, y.qkv, B, T, Cl, NHl); }
+    if (m->grid->cp > 1) { cp_attention_forward(&m->cpring, y.atty, y.lse, y.qkv, B, T, NHl, m->KVl, m->hs); }   // ring attention
+    else { attention_forward(y.atty, y.lse, y.qkv, B, T, NHl, m->KVl, m->hs); }
     matmul_forward(w->pfull, y.atty, p[T_ATTPROJW], NULL, BT, Cl, C);
     x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
     // MLP block: (+ bias + residual, fused with) ln2 -> all tokens -> fc (column-parallel, fused with GELU; Llama:
@@ -805,8 +805,8 @@ static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int las
     if (d) { dy = keep_for_w(d->dattproj, dy, (size_t)BT * C); }
     matmul_backward(w->datty, g[T_ATTPROJW], NULL, dy, y.atty, p[T_ATTPROJW], BT, Cl, C);
     floatX *dqkv = d ? d->dqkv : w->dwide;
-    if (m->grid->cp > 1) { cp_attention_backward(&m->cpring, dqkv, w->datty, y.qkv, y.atty, y.lse, B, T, Cl, NHl); }
-    else { attention_backward(dqkv, w->datty, y.qkv, y.atty, y.lse, B, T, Cl, NHl); }
+    if (m->grid->cp > 1) { cp_attention_backward(&m->cpring, dqkv, w->datty, y.qkv, y.atty, y.lse, B, T, NHl, m->KVl, m->hs); }
+    else { attention_backward(dqkv, w->datty, y.qkv, y.atty, y.lse, B, T, NHl, m->KVl, m->hs); }
     if (m->rope) { rope_backward(dqkv, m->rope, m->seqpos, B, T, NHl, m->KVl, m->hs); }   // (dq, dk before RoPE)
     x = tp_all_tokens(tp, sp, y.ln1, d && d->xln1 ? d->xln1 : w->xfull, BTs, C);
     matmul_backward(w->pfull, g[T_QKVW], g[T_QKVB], dqkv, x, p[T_QKVW], BT, C, m->QKVl);

@@ -1,7 +1,10 @@
 // Causal multi-head self-attention on the local heads, without storing the (B, NH, T, T)
 // attention matrix: forward keeps only the log-sum-exp of each score row, backward recomputes
 // the probabilities from it (the FlashAttention recipe, written as plain loops).
-// qkv (B, T, 3C) holds [q | k | v], head h in channels h*hs .. (h+1)*hs of each; C = NH * hs.
+// Grouped-query attention: NH query heads share KV <= NH key/value heads (NH % KV == 0), query head h
+// reading kv head h / G, G = NH / KV (GPT-2: KV = NH, G = 1; KV = 1: multi-query).
+// qkv (B, T, (NH + 2KV) hs): each row is [q heads (NH hs) | k heads (KV hs) | v heads (KV hs)], head h of
+// each part in its channels h*hs .. (h+1)*hs (KV = NH: [q | k | v] of 3C, C = NH hs). out (B, T, NH hs).
 #ifndef LLMC_ATTENTION_H
 #define LLMC_ATTENTION_H
 
@@ -30,15 +33,17 @@ static size_t attention_cublas_workspace_bytes(int T, int NH, size_t floatx) {
     return 2 * ((n * 4 + 255) / 256 * 256) + 2 * ((n * floatx + 255) / 256 * 256);
 }
 // ... what path `path` allocates: flash (where it applies) its backward's D (B, NH, T), cuDNN its workspace
+// (none of them depends on the kv heads)
 static size_t attention_workspace_bytes(int path, int B, int T, int NH, int hs, size_t floatx) {
     if (path == ATT_FLASH && attention_flash_applies(hs, floatx)) { return flash_workspace_bytes(B, T, NH); }
     if (path == ATT_CUDNN && attention_cudnn_applies(hs, floatx)) { return cudnn_workspace_bytes(B, T, NH * hs, NH); }
     return attention_cublas_workspace_bytes(T, NH, floatx);
 }
 
-// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T)
-static void attention_forward_cpu(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
-    int hs = C / NH;
+// qkv (B, T, (NH + 2KV) hs) -> out (B, T, NH hs), lse (B, NH, T)
+static void attention_forward_cpu(float *out, float *lse, const float *qkv, int B, int T, int NH, int KV, int hs) {
+    size_t W = (size_t)(NH + 2 * KV) * hs, C = (size_t)NH * hs;   // the widths of a qkv row, an out row
+    int G = NH / KV;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel
     {
@@ -46,11 +51,13 @@ static void attention_forward_cpu(float *out, float *lse, const float *qkv, int 
         #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
+                const float *kbase = qkv + (size_t)b * T * W + (NH + h / G) * hs;   // its kv head's k
+                const float *vbase = kbase + KV * hs;
                 for (int t = 0; t < T; t++) {
-                    const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                    const float *q = qkv + ((size_t)b * T + t) * W + h * hs;
                     float maxv = -INFINITY;
                     for (int t2 = 0; t2 <= t; t2++) {
-                        const float *k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
+                        const float *k = kbase + t2 * W;
                         float s = 0.0f;
                         for (int i = 0; i < hs; i++) { s += q[i] * k[i]; }
                         s *= scale;
@@ -63,7 +70,7 @@ static void attention_forward_cpu(float *out, float *lse, const float *qkv, int 
                     float *o = out + ((size_t)b * T + t) * C + h * hs;
                     for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
                     for (int t2 = 0; t2 <= t; t2++) {
-                        const float *v = qkv + ((size_t)b * T + t2) * 3 * C + 2 * C + h * hs;
+                        const float *v = vbase + t2 * W;
                         float w = p[t2] * inv;
                         for (int i = 0; i < hs; i++) { o[i] += w * v[i]; }
                     }
@@ -75,41 +82,61 @@ static void attention_forward_cpu(float *out, float *lse, const float *qkv, int 
     }
 }
 
-// dout (B, T, C) -> dqkv (B, T, 3C) (written). p = exp(s - lse); ds = p * (dout.v - dout.out).
-static void attention_backward_cpu(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                   const float *lse, int B, int T, int C, int NH) {
-    int hs = C / NH;
+// Zeroes what the task of kv head kh owns in T rows of dqkv (row width (NH + 2KV) hs): the dq of its G query
+// heads kh G .. kh G + G - 1 (adjacent), its dk and dv.
+static void att_zero_group(float *dqkv, int T, int NH, int KV, int hs, int kh) {
+    size_t W = (size_t)(NH + 2 * KV) * hs;
+    int G = NH / KV;
+    for (int t = 0; t < T; t++) {
+        float *d = dqkv + t * W;
+        for (int c = 0; c < G * hs; c++) { d[kh * G * hs + c] = 0.0f; }
+        for (int c = 0; c < hs; c++) { d[(NH + kh) * hs + c] = 0.0f; d[(NH + KV + kh) * hs + c] = 0.0f; }
+    }
+}
+
+// One query head h of batch index b, added into dqkv: its dq, and its kv head's dk, dv.
+static void attention_backward_head_cpu(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                        const float *lse, int b, int h, int T, int NH, int KV, int hs) {
+    size_t W = (size_t)(NH + 2 * KV) * hs, C = (size_t)NH * hs, kcol = (size_t)(NH + h / (NH / KV)) * hs;
     float scale = 1.0f / sqrtf((float)hs);
+    for (int t = 0; t < T; t++) {
+        const float *q = qkv + ((size_t)b * T + t) * W + h * hs;
+        const float *dy = dout + ((size_t)b * T + t) * C + h * hs;
+        const float *y = out + ((size_t)b * T + t) * C + h * hs;
+        float *dq = dqkv + ((size_t)b * T + t) * W + h * hs;
+        float l = lse[((size_t)b * NH + h) * T + t];
+        float D = 0.0f;
+        for (int i = 0; i < hs; i++) { D += dy[i] * y[i]; }
+        for (int t2 = 0; t2 <= t; t2++) {
+            const float *k = qkv + ((size_t)b * T + t2) * W + kcol;
+            const float *v = k + KV * hs;
+            float *dk = dqkv + ((size_t)b * T + t2) * W + kcol;
+            float *dv = dk + KV * hs;
+            float s = 0.0f, dp = 0.0f;
+            for (int i = 0; i < hs; i++) { s += q[i] * k[i]; dp += dy[i] * v[i]; }
+            float p = expf(s * scale - l);
+            float ds = p * (dp - D) * scale;
+            for (int i = 0; i < hs; i++) {
+                dq[i] += ds * k[i];
+                dk[i] += ds * q[i];
+                dv[i] += p * dy[i];
+            }
+        }
+    }
+}
+
+// dout (B, T, NH hs) -> dqkv (B, T, (NH + 2KV) hs) (written). p = exp(s - lse); ds = p * (dout.v - dout.out).
+// One task per (batch, kv head): its G query heads in order, their sums into its dk, dv in that order.
+static void attention_backward_cpu(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                   const float *lse, int B, int T, int NH, int KV, int hs) {
+    size_t W = (size_t)(NH + 2 * KV) * hs;
+    int G = NH / KV;
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            for (int t = 0; t < T; t++) {     // this (b, h) owns its slices of dq, dk, dv
-                float *d = dqkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                for (int i = 0; i < hs; i++) { d[i] = 0.0f; d[C + i] = 0.0f; d[2 * C + i] = 0.0f; }
-            }
-            for (int t = 0; t < T; t++) {
-                const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                const float *dy = dout + ((size_t)b * T + t) * C + h * hs;
-                const float *y = out + ((size_t)b * T + t) * C + h * hs;
-                float *dq = dqkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                float l = lse[((size_t)b * NH + h) * T + t];
-                float D = 0.0f;
-                for (int i = 0; i < hs; i++) { D += dy[i] * y[i]; }
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
-                    const float *v = k + C;
-                    float *dk = dqkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
-                    float *dv = dk + C;
-                    float s = 0.0f, dp = 0.0f;
-                    for (int i = 0; i < hs; i++) { s += q[i] * k[i]; dp += dy[i] * v[i]; }
-                    float p = expf(s * scale - l);
-                    float ds = p * (dp - D) * scale;
-                    for (int i = 0; i < hs; i++) {
-                        dq[i] += ds * k[i];
-                        dk[i] += ds * q[i];
-                        dv[i] += p * dy[i];
-                    }
-                }
+        for (int kh = 0; kh < KV; kh++) {
+            att_zero_group(dqkv + (size_t)b * T * W, T, NH, KV, hs, kh);
+            for (int h = kh * G; h < (kh + 1) * G; h++) {
+                attention_backward_head_cpu(dqkv, dout, qkv, out, lse, b, h, T, NH, KV, hs);
             }
         }
     }
@@ -263,10 +290,10 @@ static void att_row_dots(float *D, const float *dout, int ldo, const float *out,
     }
 }
 
-// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T): attention_forward_cpu through BLAS. One task per
-// (batch, head, panel), the longest panels (the last rows) first.
-static void attention_forward_blas(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
-    int hs = C / NH, QT = att_panel_rows, np = (T + QT - 1) / QT;
+// qkv (B, T, (NH + 2KV) hs) -> out (B, T, NH hs), lse (B, NH, T): attention_forward_cpu through BLAS. One task
+// per (batch, query head, panel), the longest panels (the last rows) first.
+static void attention_forward_blas(float *out, float *lse, const float *qkv, int B, int T, int NH, int KV, int hs) {
+    int W = (NH + 2 * KV) * hs, C = NH * hs, G = NH / KV, QT = att_panel_rows, np = (T + QT - 1) / QT;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel
     {
@@ -275,8 +302,8 @@ static void attention_forward_blas(float *out, float *lse, const float *qkv, int
         for (int r = 0; r < B * NH * np; r++) {
             int b, h, t0, nq;
             att_panel_task(r, NH, np, QT, T, &b, &h, &t0, &nq);
-            const float *q = qkv + (size_t)b * T * 3 * C + h * hs;   // this head's q at row 0; k, v at + C, 2C
-            AttHead a = {q + (size_t)t0 * 3 * C, q + C, q + 2 * C, NULL, 3 * C, 3 * C, 0, hs, scale};
+            const float *row0 = qkv + (size_t)b * T * W, *k = row0 + (NH + h / G) * hs;   // its kv head's k, v
+            AttHead a = {row0 + (size_t)t0 * W + h * hs, k, k + KV * hs, NULL, W, W, 0, hs, scale};
             att_panel_forward(&w, a, nq, T, t0);
             for (int i = 0; i < nq; i++) {
                 float *y = out + ((size_t)b * T + t0 + i) * C + h * hs, inv = 1.0f / w.l[i];
@@ -288,32 +315,42 @@ static void attention_forward_blas(float *out, float *lse, const float *qkv, int
     }
 }
 
-// dout (B, T, C) -> dqkv (B, T, 3C) (written): attention_backward_cpu through BLAS. One task per
-// (batch, head): it owns that head's dq, dk, dv.
+// Backward of one query head's n rows over n keys, panel by panel (a, g at row 0; y: its out rows, ld ldy; lse:
+// its rows'): causal, row i sees keys j <= i, else all n. s, dp: two scratch tiles of att_panel_rows x att_key_tile;
+// D: att_panel_rows floats.
+static void att_head_backward(AttGrad g, AttHead a, const float *y, int ldy, const float *lse, int n, int causal,
+                              float *s, float *dp, float *D) {
+    for (int t0 = 0; t0 < n; t0 += att_panel_rows) {
+        int nq = n - t0 < att_panel_rows ? n - t0 : att_panel_rows;
+        AttHead ap = a;
+        AttGrad gp = g;
+        ap.q += (size_t)t0 * a.ldq; ap.dout += (size_t)t0 * a.ldo; gp.dq += (size_t)t0 * g.lddq;
+        att_row_dots(D, ap.dout, a.ldo, y + (size_t)t0 * ldy, ldy, nq, a.hs);
+        att_panel_backward(gp, s, dp, ap, lse + t0, D, nq, n, causal ? t0 : n);
+    }
+}
+
+// dout (B, T, NH hs) -> dqkv (B, T, (NH + 2KV) hs) (written): attention_backward_cpu through BLAS. One task per
+// (batch, kv head): it owns its G query heads' dq and its dk, dv, which it sums over them in order.
 static void attention_backward_blas(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                    const float *lse, int B, int T, int C, int NH) {
-    int hs = C / NH, QT = att_panel_rows;
+                                    const float *lse, int B, int T, int NH, int KV, int hs) {
+    int W = (NH + 2 * KV) * hs, C = NH * hs, G = NH / KV, QT = att_panel_rows;
     float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel if (B * NH >= att_threads())
+    #pragma omp parallel if (B * KV >= att_threads())
     {
         float *s = (float *)malloc_check(sizeof(float) * 2 * QT * att_key_tile), *dp = s + QT * att_key_tile;
         float *D = (float *)malloc_check(sizeof(float) * QT);
         #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {
-            for (int h = 0; h < NH; h++) {
-                const float *q = qkv + (size_t)b * T * 3 * C + h * hs;
-                float *dq = dqkv + (size_t)b * T * 3 * C + h * hs;
-                for (int t = 0; t < T; t++) {   // this head's dq, dk, dv
-                    float *d = dq + (size_t)t * 3 * C;
-                    for (int c = 0; c < hs; c++) { d[c] = 0.0f; d[C + c] = 0.0f; d[2 * C + c] = 0.0f; }
-                }
-                for (int t0 = 0; t0 < T; t0 += QT) {
-                    int nq = T - t0 < QT ? T - t0 : QT;
-                    const float *dy = dout + ((size_t)b * T + t0) * C + h * hs;
-                    att_row_dots(D, dy, C, out + ((size_t)b * T + t0) * C + h * hs, C, nq, hs);
-                    AttHead a = {q + (size_t)t0 * 3 * C, q + C, q + 2 * C, dy, 3 * C, 3 * C, C, hs, scale};
-                    AttGrad g = {dq + (size_t)t0 * 3 * C, dq + C, dq + 2 * C, 3 * C, 3 * C};
-                    att_panel_backward(g, s, dp, a, lse + ((size_t)b * NH + h) * T + t0, D, nq, T, t0);
+            for (int kh = 0; kh < KV; kh++) {
+                size_t r0 = (size_t)b * T;   // batch b's first row
+                const float *k = qkv + r0 * W + (NH + kh) * hs;
+                float *dk = dqkv + r0 * W + (NH + kh) * hs;
+                att_zero_group(dqkv + r0 * W, T, NH, KV, hs, kh);
+                for (int h = kh * G; h < (kh + 1) * G; h++) {
+                    AttHead a = {qkv + r0 * W + h * hs, k, k + KV * hs, dout + r0 * C + h * hs, W, W, C, hs, scale};
+                    AttGrad g = {dqkv + r0 * W + h * hs, dk, dk + KV * hs, W, W};
+                    att_head_backward(g, a, out + r0 * C + h * hs, C, lse + ((size_t)b * NH + h) * T, T, 1, s, dp, D);
                 }
             }
         }
@@ -344,16 +381,17 @@ __device__ __forceinline__ void att_axpy4(float4 &y, float a, float4 x) {
     y.z += a * x.z;
     y.w += a * x.w;
 }
-// The keys and values of positions k0 .. k0 + ATT_TILE - 1 (zeros past T) into shared memory.
+// The keys and values of positions k0 .. k0 + ATT_TILE - 1 (zeros past T) into shared memory: rows of k and v
+// (one kv head's) ld apart.
 template <int H4>
-__device__ __forceinline__ void att_load_kv_tile(float4 (*ks)[H4], float4 (*vs)[H4], const floatX *base, int k0, int T,
-                                                 size_t C3, int C) {
+__device__ __forceinline__ void att_load_kv_tile(float4 (*ks)[H4], float4 (*vs)[H4], const floatX *k, const floatX *v,
+                                                 int k0, int T, size_t ld) {
     for (int i = threadIdx.x; i < ATT_TILE * H4; i += ATT_THREADS) {
         int r = i / H4, d4 = i % H4, tk = k0 + r;
         float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
         if (tk < T) {
-            kv = att_load4(base + (size_t)tk * C3 + C + 4 * d4);
-            vv = att_load4(base + (size_t)tk * C3 + 2 * C + 4 * d4);
+            kv = att_load4(k + (size_t)tk * ld + 4 * d4);
+            vv = att_load4(v + (size_t)tk * ld + 4 * d4);
         }
         ks[r][d4] = kv;
         vs[r][d4] = vv;
@@ -365,10 +403,10 @@ template <int TPQ> __device__ __forceinline__ float att_group_sum(float v) {
 }
 
 // Forward. grid (ceil_div(T, QT), NH, B), block ATT_THREADS = QT queries x TPQ threads.
-// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T). Online softmax over key tiles of ATT_TILE.
+// qkv (B, T, (NH + 2KV) HS) -> out (B, T, NH HS), lse (B, NH, T). Online softmax over key tiles of ATT_TILE.
 template <int HS>
 __global__ void __launch_bounds__(ATT_THREADS)
-attention_forward_kernel(floatX *out, float *lse, const floatX *qkv, int T, int C, int NH) {
+attention_forward_kernel(floatX *out, float *lse, const floatX *qkv, int T, int NH, int KV) {
     constexpr int TPQ = HS / 16, QT = ATT_THREADS / TPQ, H4 = HS / 4;
     __shared__ float4 ks[ATT_TILE][H4], vs[ATT_TILE][H4];
     int h = blockIdx.y, b = blockIdx.z;
@@ -376,19 +414,20 @@ attention_forward_kernel(floatX *out, float *lse, const floatX *qkv, int T, int 
     int part = threadIdx.x % TPQ;
     int t = q0 + threadIdx.x / TPQ;
     int tq = t < T ? t : T - 1;                             // rows past T compute garbage, never stored
-    size_t C3 = 3 * (size_t)C;
-    const floatX *base = qkv + (size_t)b * T * C3 + h * HS;  // q of (b, 0, h); k at +C, v at +2C
+    size_t W = (size_t)(NH + 2 * KV) * HS;
+    const floatX *base = qkv + (size_t)b * T * W;           // (b, 0): q of head h at h HS, its kv head's k, v after
+    const floatX *k = base + (NH + h / (NH / KV)) * HS, *v = k + KV * HS;
     const float scale = 1.0f / sqrtf((float)HS);
     float4 q[4], o[4];
     for (int j = 0; j < 4; j++) {
-        q[j] = att_load4(base + (size_t)tq * C3 + 4 * (j * TPQ + part));
+        q[j] = att_load4(base + (size_t)tq * W + h * HS + 4 * (j * TPQ + part));
         o[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     float m = -INFINITY, l = 0.0f;
     int kend = min(T, q0 + QT);
     for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
-        att_load_kv_tile<H4>(ks, vs, base, k0, T, C3, C);
+        att_load_kv_tile<H4>(ks, vs, k, v, k0, T, W);
         __syncthreads();
         float s[ATT_TILE];
         float tile_max = -INFINITY;
@@ -417,7 +456,7 @@ attention_forward_kernel(floatX *out, float *lse, const floatX *qkv, int T, int 
     }
     if (t < T) {
         float inv = 1.0f / l;
-        floatX *y = out + ((size_t)b * T + t) * C + h * HS;
+        floatX *y = out + ((size_t)b * T + t) * NH * HS + h * HS;
         for (int j = 0; j < 4; j++) {
             att_store4(y + 4 * (j * TPQ + part), make_float4(o[j].x * inv, o[j].y * inv, o[j].z * inv, o[j].w * inv));
         }
@@ -425,87 +464,99 @@ attention_forward_kernel(floatX *out, float *lse, const floatX *qkv, int T, int 
     }
 }
 
-// Backward 1/2: dk, dv. grid (ceil_div(T, KB), NH, B), block = KB keys x TPQ threads. Each group
-// keeps its key's k, v in registers and walks the query tiles from its block's first key to T
-// (queries in ascending order: deterministic), with D = dout.out recomputed per query tile.
+// The queries q0 .. q0 + ATT_TILE - 1 of one query head into shared memory (zeros past T): q (rows ld apart),
+// dout and out (rows C apart) -> qs, dos, and D = dout . out (one warp per query), lse -> D_s, lse_s.
+template <int HS>
+__device__ __forceinline__ void att_load_q_tile(float4 (*qs)[HS / 4], float4 (*dos)[HS / 4], float *D_s, float *lse_s,
+                                                const floatX *q, size_t ld, const floatX *dout, const floatX *out,
+                                                size_t C, const float *lse, int q0, int T) {
+    constexpr int H4 = HS / 4;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int i = threadIdx.x; i < ATT_TILE * H4; i += ATT_THREADS) {
+        int r = i / H4, d4 = i % H4, t = q0 + r;
+        float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), dv4 = qv;
+        if (t < T) {
+            qv = att_load4(q + (size_t)t * ld + 4 * d4);
+            dv4 = att_load4(dout + (size_t)t * C + 4 * d4);
+        }
+        qs[r][d4] = qv;
+        dos[r][d4] = dv4;
+    }
+    for (int r = warp; r < ATT_TILE; r += ATT_THREADS / 32) {
+        int t = q0 + r;
+        float acc = 0.0f;
+        if (t < T) {
+            for (int d = lane; d < HS; d += 32) {
+                acc += (float)dout[(size_t)t * C + d] * (float)out[(size_t)t * C + d];
+            }
+        }
+        acc = warp_reduce_sum(acc);
+        if (lane == 0) { D_s[r] = acc; lse_s[r] = t < T ? lse[t] : 0.0f; }
+    }
+}
+
+// Backward 1/2: dk, dv. grid (ceil_div(T, KB), KV, B), block = KB keys x TPQ threads. Each group
+// keeps its key's k, v in registers and walks, for each of its kv head's G query heads in order, the query
+// tiles from its block's first key to T (queries in ascending order: deterministic), with D = dout.out
+// recomputed per query tile.
 //   p = exp(q.k scale - lse);  dv += p dout;  ds = p (dout.v - D) scale;  dk += ds q
 template <int HS>
 __global__ void __launch_bounds__(ATT_THREADS)
 attention_backward_dkdv_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
-                               const float *lse, int T, int C, int NH) {
+                               const float *lse, int T, int NH, int KV) {
     constexpr int TPQ = HS / 16, KB = ATT_THREADS / TPQ, H4 = HS / 4;
     __shared__ float4 qs[ATT_TILE][H4], dos[ATT_TILE][H4];
     __shared__ float lse_s[ATT_TILE], D_s[ATT_TILE];
-    int h = blockIdx.y, b = blockIdx.z;
+    int kh = blockIdx.y, b = blockIdx.z, G = NH / KV;
     int k_first = (gridDim.x - 1 - blockIdx.x) * KB;        // blocks with few queries to visit start last
     int part = threadIdx.x % TPQ;
     int key = k_first + threadIdx.x / TPQ;
     int tk = key < T ? key : T - 1;
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    size_t C3 = 3 * (size_t)C;
-    const floatX *base = qkv + (size_t)b * T * C3 + h * HS;
-    const floatX *dout_b = dout + (size_t)b * T * C + h * HS;
-    const floatX *out_b = out + (size_t)b * T * C + h * HS;
-    const float *lse_b = lse + ((size_t)b * NH + h) * T;
+    size_t W = (size_t)(NH + 2 * KV) * HS, C = (size_t)NH * HS;
+    const floatX *base = qkv + (size_t)b * T * W, *kbase = base + (NH + kh) * HS;   // k; v at + KV HS
     const float scale = 1.0f / sqrtf((float)HS);
     float4 k[4], v[4], dk[4], dv[4];
     for (int j = 0; j < 4; j++) {
-        k[j] = att_load4(base + (size_t)tk * C3 + C + 4 * (j * TPQ + part));
-        v[j] = att_load4(base + (size_t)tk * C3 + 2 * C + 4 * (j * TPQ + part));
+        k[j] = att_load4(kbase + (size_t)tk * W + 4 * (j * TPQ + part));
+        v[j] = att_load4(kbase + (size_t)tk * W + KV * HS + 4 * (j * TPQ + part));
         dk[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         dv[j] = dk[j];
     }
-    for (int q0 = k_first; q0 < T; q0 += ATT_TILE) {
-        __syncthreads();
-        for (int i = threadIdx.x; i < ATT_TILE * H4; i += ATT_THREADS) {
-            int r = i / H4, d4 = i % H4, t = q0 + r;
-            float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), dv4 = qv;
-            if (t < T) {
-                qv = att_load4(base + (size_t)t * C3 + 4 * d4);
-                dv4 = att_load4(dout_b + (size_t)t * C + 4 * d4);
-            }
-            qs[r][d4] = qv;
-            dos[r][d4] = dv4;
-        }
-        for (int r = warp; r < ATT_TILE; r += ATT_THREADS / 32) {   // D = dout . out, one warp per query
-            int t = q0 + r;
-            float acc = 0.0f;
-            if (t < T) {
-                for (int d = lane; d < HS; d += 32) {
-                    acc += (float)dout_b[(size_t)t * C + d] * (float)out_b[(size_t)t * C + d];
+    for (int h = kh * G; h < (kh + 1) * G; h++) {
+        size_t o = (size_t)b * T * C + h * HS;   // head h's column of batch b's dout, out
+        for (int q0 = k_first; q0 < T; q0 += ATT_TILE) {
+            __syncthreads();
+            att_load_q_tile<HS>(qs, dos, D_s, lse_s, base + h * HS, W, dout + o, out + o, C,
+                                lse + ((size_t)b * NH + h) * T, q0, T);
+            __syncthreads();
+            for (int qq = 0; qq < ATT_TILE; qq++) {
+                int t = q0 + qq;
+                float s = 0.0f, dp = 0.0f;
+                float4 qv[4], dy[4];
+                #pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    qv[j] = qs[qq][j * TPQ + part];
+                    dy[j] = dos[qq][j * TPQ + part];
+                    s += att_dot4(k[j], qv[j]);
+                    dp += att_dot4(v[j], dy[j]);
                 }
-            }
-            acc = warp_reduce_sum(acc);
-            if (lane == 0) { D_s[r] = acc; lse_s[r] = t < T ? lse_b[t] : 0.0f; }
-        }
-        __syncthreads();
-        for (int qq = 0; qq < ATT_TILE; qq++) {
-            int t = q0 + qq;
-            float s = 0.0f, dp = 0.0f;
-            float4 qv[4], dy[4];
-            #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                qv[j] = qs[qq][j * TPQ + part];
-                dy[j] = dos[qq][j * TPQ + part];
-                s += att_dot4(k[j], qv[j]);
-                dp += att_dot4(v[j], dy[j]);
-            }
-            s = att_group_sum<TPQ>(s);
-            dp = att_group_sum<TPQ>(dp);
-            float p = (t >= key && t < T) ? expf(s * scale - lse_s[qq]) : 0.0f;
-            float ds = p * (dp - D_s[qq]) * scale;
-            #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                att_axpy4(dv[j], p, dy[j]);
-                att_axpy4(dk[j], ds, qv[j]);
+                s = att_group_sum<TPQ>(s);
+                dp = att_group_sum<TPQ>(dp);
+                float p = (t >= key && t < T) ? expf(s * scale - lse_s[qq]) : 0.0f;
+                float ds = p * (dp - D_s[qq]) * scale;
+                #pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    att_axpy4(dv[j], p, dy[j]);
+                    att_axpy4(dk[j], ds, qv[j]);
+                }
             }
         }
     }
     if (key < T) {
-        floatX *d = dqkv + ((size_t)b * T + key) * C3 + h * HS;
+        floatX *d = dqkv + ((size_t)b * T + key) * W + (NH + kh) * HS;
         for (int j = 0; j < 4; j++) {
-            att_store4(d + C + 4 * (j * TPQ + part), dk[j]);
-            att_store4(d + 2 * C + 4 * (j * TPQ + part), dv[j]);
+            att_store4(d + 4 * (j * TPQ + part), dk[j]);
+            att_store4(d + KV * HS + 4 * (j * TPQ + part), dv[j]);
         }
     }
 }
@@ -515,7 +566,7 @@ attention_backward_dkdv_kernel(floatX *dqkv, const floatX *dout, const floatX *q
 template <int HS>
 __global__ void __launch_bounds__(ATT_THREADS)
 attention_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out, const float *lse,
-                             int T, int C, int NH) {
+                             int T, int NH, int KV) {
     constexpr int TPQ = HS / 16, QT = ATT_THREADS / TPQ, H4 = HS / 4;
     __shared__ float4 ks[ATT_TILE][H4], vs[ATT_TILE][H4];
     int h = blockIdx.y, b = blockIdx.z;
@@ -523,14 +574,15 @@ attention_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv
     int part = threadIdx.x % TPQ;
     int t = q0 + threadIdx.x / TPQ;
     int tq = t < T ? t : T - 1;
-    size_t C3 = 3 * (size_t)C;
-    const floatX *base = qkv + (size_t)b * T * C3 + h * HS;
+    size_t W = (size_t)(NH + 2 * KV) * HS, C = (size_t)NH * HS;
+    const floatX *base = qkv + (size_t)b * T * W;
+    const floatX *k = base + (NH + h / (NH / KV)) * HS, *v = k + KV * HS;   // its kv head's
     const float scale = 1.0f / sqrtf((float)HS);
     float4 q[4], dy[4], dq[4];
     float D = 0.0f;
     for (int j = 0; j < 4; j++) {
         size_t off = 4 * (j * TPQ + part);
-        q[j] = att_load4(base + (size_t)tq * C3 + off);
+        q[j] = att_load4(base + (size_t)tq * W + h * HS + off);
         dy[j] = att_load4(dout + ((size_t)b * T + tq) * C + h * HS + off);
         D += att_dot4(dy[j], att_load4(out + ((size_t)b * T + tq) * C + h * HS + off));
         dq[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -540,7 +592,7 @@ attention_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv
     int kend = min(T, q0 + QT);
     for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
-        att_load_kv_tile<H4>(ks, vs, base, k0, T, C3, C);
+        att_load_kv_tile<H4>(ks, vs, k, v, k0, T, W);
         __syncthreads();
         #pragma unroll 4
         for (int kk = 0; kk < ATT_TILE; kk++) {
@@ -561,14 +613,15 @@ attention_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv
         }
     }
     if (t < T) {
-        floatX *d = dqkv + ((size_t)b * T + t) * C3 + h * HS;
+        floatX *d = dqkv + ((size_t)b * T + t) * W + h * HS;
         for (int j = 0; j < 4; j++) { att_store4(d + 4 * (j * TPQ + part), dq[j]); }
     }
 }
 
-static int attention_head_size(int C, int NH) {
-    if (NH <= 0 || C % NH != 0) { fail("attention: C=%d is not a multiple of NH=%d", C, NH); }
-    int hs = C / NH;
+// The shape the CUDA kernels take: KV kv heads shared by NH query heads (NH % KV == 0), head size 16, 32, 64 or
+// 128. Returns hs.
+static int attention_head_size(int NH, int KV, int hs) {
+    if (KV <= 0 || NH % KV != 0) { fail("attention: NH=%d query heads do not share KV=%d kv heads evenly", NH, KV); }
     if (hs != 16 && hs != 32 && hs != 64 && hs != 128) {
         fail("attention: head size %d is not supported by the CUDA kernels (16, 32, 64 or 128)", hs);
     }
@@ -576,21 +629,22 @@ static int attention_head_size(int C, int NH) {
 }
 
 template <int HS>
-static void attention_forward_launch(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
+static void attention_forward_launch(floatX *out, float *lse, const floatX *qkv, int B, int T, int NH, int KV) {
     constexpr int QT = ATT_THREADS / (HS / 16);
     dim3 grid(ceil_div(T, QT), NH, B);
-    attention_forward_kernel<HS><<<grid, ATT_THREADS, 0, main_stream>>>(out, lse, qkv, T, C, NH);
+    attention_forward_kernel<HS><<<grid, ATT_THREADS, 0, main_stream>>>(out, lse, qkv, T, NH, KV);
     cudaCheckLaunch();
 }
 
 template <int HS>
 static void attention_backward_launch(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
-                                      const float *lse, int B, int T, int C, int NH) {
+                                      const float *lse, int B, int T, int NH, int KV) {
     constexpr int R = ATT_THREADS / (HS / 16);   // keys (dk/dv) or queries (dq) per block
-    dim3 grid(ceil_div(T, R), NH, B);
-    attention_backward_dkdv_kernel<HS><<<grid, ATT_THREADS, 0, main_stream>>>(dqkv, dout, qkv, out, lse, T, C, NH);
+    attention_backward_dkdv_kernel<HS><<<dim3(ceil_div(T, R), KV, B), ATT_THREADS, 0, main_stream>>>(
+        dqkv, dout, qkv, out, lse, T, NH, KV);
     cudaCheckLaunch();
-    attention_backward_dq_kernel<HS><<<grid, ATT_THREADS, 0, main_stream>>>(dqkv, dout, qkv, out, lse, T, C, NH);
+    attention_backward_dq_kernel<HS><<<dim3(ceil_div(T, R), NH, B), ATT_THREADS, 0, main_stream>>>(
+        dqkv, dout, qkv, out, lse, T, NH, KV);
     cudaCheckLaunch();
 }
 
@@ -601,7 +655,8 @@ static void attention_backward_launch(floatX *dqkv, const floatX *dout, const fl
 //             Y = P V (GEMM) into out
 //   backward: S = Q K^T, dP = dY V^T (GEMMs, fp32 out) -> kernel: D = dY.Y, P = exp(S scale - lse),
 //             dS = P (dP - D) scale (both floatX, zero above the diagonal)
-//             dV = P^T dY, dQ = dS K, dK = dS^T Q (GEMMs, written into dqkv with beta = 0)
+//             dV = P^T dY, dQ = dS K, dK = dS^T Q (GEMMs into dqkv; dK, dV summed over a kv head's G
+//             query heads with beta = 1, each partial sum stored in floatX)
 // The GEMMs compute the full T x T (the masked half comes out of the kernels as exact zeros).
 
 #if defined(ENABLE_FP32)
@@ -647,29 +702,48 @@ static void att_cublas_setup(int T, int NH) {
     att_ws_dS = (floatX *)(base + 2 * f32 + fx);
 }
 
-// Column-major (cuBLAS) strided-batched GEMM, fp32 accumulation, alpha = 1, beta = 0 (C is written,
-// never read): for i < batch, C_i (m, n; ldc) = op(A_i) (m, k) op(B_i) (k, n), X_i = X + i * strideX.
-static void att_gemm(cublasOperation_t opa, cublasOperation_t opb, int m, int n, int k,
-                     const void *A, cudaDataType ta, int lda, long long sa,
-                     const void *B, cudaDataType tb, int ldb, long long sb,
-                     void *Cm, cudaDataType tc, int ldc, long long sc, int batch) {
-    const float alpha = 1.0f, beta = 0.0f;
-    cublasCheck(cublasGemmStridedBatchedEx(att_cublas_handle, opa, opb, m, n, k, &alpha, A, ta, lda, sa, B, tb, ldb, sb,
-                                           &beta, Cm, tc, ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+// One operand of the per-head GEMMs of one batch index: head 0's matrix at p (type `type`, leading dimension
+// ld), head i's `head` elements further; of the query heads (query = 1: Q, dY, Y, dQ and the (T, T) S, P, dP, dS)
+// or of the kv heads (query = 0: K, V, dK, dV).
+typedef struct { const void *p; cudaDataType type; int ld; long long head; int query; } AttMat;
+
+// Where the g-th GEMM's batch 0 is (query heads: head g; kv heads: head 0), and its batch stride (G heads; one)
+static const void *att_mat_at(AttMat x, int g) {
+    size_t bytes = x.type == CUDA_R_32F ? sizeof(float) : sizeof(floatX);
+    return (const char *)x.p + (x.query ? g * x.head : 0) * bytes;
+}
+static long long att_mat_stride(AttMat x, int G) { return x.query ? G * x.head : x.head; }
+
+// Column-major (cuBLAS) GEMMs of every query head h, fp32 accumulation: C_h (m, n) = op(A_h) (m, k) op(B_h) (k, n),
+// an operand of the kv heads taken at h's kv head. G = NH / KV strided-batched GEMMs, the g-th over the KV
+// groups (batch i: query head i G + g, kv head i). A query-head C is written (beta = 0); a kv-head C sums its G
+// query heads' products in order (beta = 1 after the first: deterministic; each partial sum stored as floatX).
+static void att_gemm_heads(cublasOperation_t opa, cublasOperation_t opb, int m, int n, int k, AttMat A, AttMat B,
+                           AttMat Cm, int NH, int KV) {
+    int G = NH / KV;
+    const float alpha = 1.0f, zero = 0.0f, one = 1.0f;
+    for (int g = 0; g < G; g++) {
+        const float *beta = !Cm.query && g > 0 ? &one : &zero;
+        cublasCheck(cublasGemmStridedBatchedEx(att_cublas_handle, opa, opb, m, n, k, &alpha,
+                                               att_mat_at(A, g), A.type, A.ld, att_mat_stride(A, G),
+                                               att_mat_at(B, g), B.type, B.ld, att_mat_stride(B, G), beta,
+                                               (void *)att_mat_at(Cm, g), Cm.type, Cm.ld, att_mat_stride(Cm, G), KV,
+                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
 }
 
 // Row-major (T, T) matrices of one head, stored with row stride T, are, seen column-major, their
 // transposes: buffer X with X[t][t2] at t*T + t2 is the column-major (T, T) matrix Xc, Xc(t2, t) = X[t][t2].
-// A head's Q (T, hs) rows at q + t*3C (row stride 3C) is the column-major (hs, T) Qc, ld 3C; heads are
-// hs apart (batch stride hs). Likewise K, V (ld 3C) and dY, Y (ld C).
+// A head's Q (T, hs) rows at q + t*W (row stride W = (NH + 2KV) hs) is the column-major (hs, T) Qc, ld W;
+// heads are hs apart. Likewise K, V (ld W, kv heads) and dY, Y (ld C = NH hs).
 //
-// S[t][t2] = sum_i Q[t][i] K[t2][i]   ->  Sc (T, T) = Kc^T Qc:      A = K (op T, lda 3C), B = Q (op N, ldb 3C),
-//                                          m = n = T, k = hs; C = S (ldc T, stride T*T)
-// dP[t][t2] = sum_i dY[t][i] V[t2][i] ->  dPc = Vc^T dYc:           A = V (op T, lda 3C), B = dY (op N, ldb C)
-static void att_gemm_scores(float *S, const floatX *kv, const floatX *qdy, int ld_qdy, int T, int C, int NH) {
-    int hs = C / NH;
-    att_gemm(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, kv, ATT_CUDA_X, 3 * C, hs, qdy, ATT_CUDA_X, ld_qdy, hs,
-             S, CUDA_R_32F, T, (long long)T * T, NH);
+// S[t][t2] = sum_i Q[t][i] K[t2][i]   ->  Sc (T, T) = Kc^T Qc:      A = K (op T, lda W), B = Q (op N, ldb W),
+//                                          m = n = T, k = hs; C = S (ldc T, heads T*T apart)
+// dP[t][t2] = sum_i dY[t][i] V[t2][i] ->  dPc = Vc^T dYc:           A = V (op T, lda W), B = dY (op N, ldb C)
+static void att_gemm_scores(float *S, const floatX *kv, const floatX *qdy, int ld_qdy, int T, int NH, int KV, int hs) {
+    AttMat A = {kv, ATT_CUDA_X, (NH + 2 * KV) * hs, hs, 0}, B = {qdy, ATT_CUDA_X, ld_qdy, hs, 1};
+    AttMat Sm = {S, CUDA_R_32F, T, (long long)T * T, 1};
+    att_gemm_heads(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, A, B, Sm, NH, KV);
 }
 
 // P (floatX), lse from S: causal mask, scale, softmax. grid (ceil_div(T, ATT_ROWS_PER_BLOCK), NH),
@@ -726,53 +800,51 @@ attention_softmax_backward_kernel(floatX *P, floatX *dS, const float *S, const f
     }
 }
 
-// Y[t][i] = sum_t2 P[t][t2] V[t2][i]  ->  Yc (hs, T) = Vc Pc:        A = V (op N, lda 3C), B = P (op N, ldb T),
-//                                          m = hs, n = T, k = T; C = out + h*hs (ldc C, stride hs)
-static void attention_forward_cublas(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
-    int hs = C / NH;
+// Y[t][i] = sum_t2 P[t][t2] V[t2][i]  ->  Yc (hs, T) = Vc Pc:        A = V (op N, lda W), B = P (op N, ldb T),
+//                                          m = hs, n = T, k = T; C = out + h*hs (ldc C, heads hs apart)
+static void attention_forward_cublas(floatX *out, float *lse, const floatX *qkv, int B, int T, int NH, int KV, int hs) {
     float scale = 1.0f / sqrtf((float)hs);
     att_cublas_setup(T, NH);
-    size_t C3 = 3 * (size_t)C;
-    long long TT = (long long)T * T;
+    int W = (NH + 2 * KV) * hs, C = NH * hs;
     dim3 grid(ceil_div(T, ATT_ROWS_PER_BLOCK), NH);
     for (int b = 0; b < B; b++) {
-        const floatX *q = qkv + (size_t)b * T * C3, *k = q + C, *v = q + 2 * C;
-        att_gemm_scores(att_ws_S, k, q, 3 * C, T, C, NH);
+        const floatX *q = qkv + (size_t)b * T * W, *k = q + NH * hs, *v = k + KV * hs;
+        att_gemm_scores(att_ws_S, k, q, W, T, NH, KV, hs);
         attention_softmax_forward_kernel<<<grid, 32 * ATT_ROWS_PER_BLOCK, 0, main_stream>>>(
             att_ws_P, lse + (size_t)b * NH * T, att_ws_S, T, scale);
         cudaCheckLaunch();
-        att_gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, v, ATT_CUDA_X, 3 * C, hs, att_ws_P, ATT_CUDA_X, T, TT,
-                 out + (size_t)b * T * C, ATT_CUDA_X, C, hs, NH);
+        AttMat Vm = {v, ATT_CUDA_X, W, hs, 0}, P = {att_ws_P, ATT_CUDA_X, T, (long long)T * T, 1};
+        AttMat Y = {out + (size_t)b * T * C, ATT_CUDA_X, C, hs, 1};
+        att_gemm_heads(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, Vm, P, Y, NH, KV);
     }
 }
 
 // dV[t2][i] = sum_t P[t][t2] dY[t][i]   ->  dVc (hs, T) = dYc Pc^T:  A = dY (op N, lda C), B = P (op T, ldb T)
-// dQ[t][i]  = sum_t2 dS[t][t2] K[t2][i] ->  dQc (hs, T) = Kc dSc:    A = K (op N, lda 3C), B = dS (op N, ldb T)
-// dK[t2][i] = sum_t dS[t][t2] Q[t][i]   ->  dKc (hs, T) = Qc dSc^T:  A = Q (op N, lda 3C), B = dS (op T, ldb T)
-// all m = hs, n = T, k = T; C = dqkv q/k/v part + h*hs (ldc 3C, stride hs)
+// dQ[t][i]  = sum_t2 dS[t][t2] K[t2][i] ->  dQc (hs, T) = Kc dSc:    A = K (op N, lda W), B = dS (op N, ldb T)
+// dK[t2][i] = sum_t dS[t][t2] Q[t][i]   ->  dKc (hs, T) = Qc dSc^T:  A = Q (op N, lda W), B = dS (op T, ldb T)
+// all m = hs, n = T, k = T; C = dqkv q/k/v part + head * hs (ldc W); dK, dV summed over a group's query heads
 static void attention_backward_cublas(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
-                                      const float *lse, int B, int T, int C, int NH) {
-    int hs = C / NH;
+                                      const float *lse, int B, int T, int NH, int KV, int hs) {
     float scale = 1.0f / sqrtf((float)hs);
     att_cublas_setup(T, NH);
-    size_t C3 = 3 * (size_t)C;
+    int W = (NH + 2 * KV) * hs, C = NH * hs;
     long long TT = (long long)T * T;
     dim3 grid(ceil_div(T, ATT_ROWS_PER_BLOCK), NH);
+    AttMat P = {att_ws_P, ATT_CUDA_X, T, TT, 1}, dS = {att_ws_dS, ATT_CUDA_X, T, TT, 1};
     for (int b = 0; b < B; b++) {
-        const floatX *q = qkv + (size_t)b * T * C3, *k = q + C, *v = q + 2 * C;
+        const floatX *q = qkv + (size_t)b * T * W, *k = q + NH * hs, *v = k + KV * hs;
         const floatX *dy = dout + (size_t)b * T * C, *y = out + (size_t)b * T * C;
-        floatX *dq = dqkv + (size_t)b * T * C3, *dk = dq + C, *dv = dq + 2 * C;
-        att_gemm_scores(att_ws_S, k, q, 3 * C, T, C, NH);
-        att_gemm_scores(att_ws_dP, v, dy, C, T, C, NH);
+        floatX *dq = dqkv + (size_t)b * T * W, *dk = dq + NH * hs, *dv = dk + KV * hs;
+        att_gemm_scores(att_ws_S, k, q, W, T, NH, KV, hs);
+        att_gemm_scores(att_ws_dP, v, dy, C, T, NH, KV, hs);
         attention_softmax_backward_kernel<<<grid, 32 * ATT_ROWS_PER_BLOCK, 0, main_stream>>>(
             att_ws_P, att_ws_dS, att_ws_S, att_ws_dP, lse + (size_t)b * NH * T, dy, y, T, C, hs, scale);
         cudaCheckLaunch();
-        att_gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, dy, ATT_CUDA_X, C, hs, att_ws_P, ATT_CUDA_X, T, TT,
-                 dv, ATT_CUDA_X, 3 * C, hs, NH);
-        att_gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, k, ATT_CUDA_X, 3 * C, hs, att_ws_dS, ATT_CUDA_X, T, TT,
-                 dq, ATT_CUDA_X, 3 * C, hs, NH);
-        att_gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, q, ATT_CUDA_X, 3 * C, hs, att_ws_dS, ATT_CUDA_X, T, TT,
-                 dk, ATT_CUDA_X, 3 * C, hs, NH);
+        AttMat Qm = {q, ATT_CUDA_X, W, hs, 1}, Km = {k, ATT_CUDA_X, W, hs, 0}, dY = {dy, ATT_CUDA_X, C, hs, 1};
+        AttMat dQ = {dq, ATT_CUDA_X, W, hs, 1}, dK = {dk, ATT_CUDA_X, W, hs, 0}, dV = {dv, ATT_CUDA_X, W, hs, 0};
+        att_gemm_heads(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, dY, P, dV, NH, KV);
+        att_gemm_heads(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, Km, dS, dQ, NH, KV);
+        att_gemm_heads(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, Qm, dS, dK, NH, KV);
     }
 }
 // ---- end of the cuBLAS path -------------------------------------------------------------------
@@ -784,86 +856,88 @@ static int attention_path_for(int hs) {
     return attention_path;
 }
 
-static void attention_forward_cuda(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
+static void attention_forward_cuda(floatX *out, float *lse, const floatX *qkv, int B, int T, int NH, int KV, int hs) {
     if (B <= 0 || T <= 0) { return; }
-    int hs = attention_head_size(C, NH), path = attention_path_for(hs);
+    int path = attention_path_for(attention_head_size(NH, KV, hs));
 #if !defined(ENABLE_FP32)
     if (path == ATT_FLASH) {
         if (hs == 64) {
-            flash_forward_launch<64>(out, lse, qkv, B, T, C, NH);
+            flash_forward_launch<64>(out, lse, qkv, B, T, NH, KV);
         } else {
-            flash_forward_launch<128>(out, lse, qkv, B, T, C, NH);
+            flash_forward_launch<128>(out, lse, qkv, B, T, NH, KV);
         }
         return;
     }
 #endif
 #if defined(USE_CUDNN) && !defined(ENABLE_FP32)
-    if (path == ATT_CUDNN) { attention_forward_cudnn(out, lse, qkv, B, T, C, NH); return; }
+    if (path == ATT_CUDNN) { attention_forward_cudnn(out, lse, qkv, B, T, NH, KV, hs); return; }
 #endif
-    if (path == ATT_CUBLAS) { attention_forward_cublas(out, lse, qkv, B, T, C, NH); return; }
+    if (path == ATT_CUBLAS) { attention_forward_cublas(out, lse, qkv, B, T, NH, KV, hs); return; }
     switch (hs) {
-        case 16: attention_forward_launch<16>(out, lse, qkv, B, T, C, NH); break;
-        case 32: attention_forward_launch<32>(out, lse, qkv, B, T, C, NH); break;
-        case 64: attention_forward_launch<64>(out, lse, qkv, B, T, C, NH); break;
-        default: attention_forward_launch<128>(out, lse, qkv, B, T, C, NH); break;
+        case 16: attention_forward_launch<16>(out, lse, qkv, B, T, NH, KV); break;
+        case 32: attention_forward_launch<32>(out, lse, qkv, B, T, NH, KV); break;
+        case 64: attention_forward_launch<64>(out, lse, qkv, B, T, NH, KV); break;
+        default: attention_forward_launch<128>(out, lse, qkv, B, T, NH, KV); break;
     }
 }
 
 static void attention_backward_cuda(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
-                                    const float *lse, int B, int T, int C, int NH) {
+                                    const float *lse, int B, int T, int NH, int KV, int hs) {
     if (B <= 0 || T <= 0) { return; }
-    int hs = attention_head_size(C, NH), path = attention_path_for(hs);
+    int path = attention_path_for(attention_head_size(NH, KV, hs));
 #if !defined(ENABLE_FP32)
     if (path == ATT_FLASH) {
-        if (hs == 64) { flash_backward_launch<64>(dqkv, dout, qkv, out, lse, B, T, C, NH); }
-        else { flash_backward_launch<128>(dqkv, dout, qkv, out, lse, B, T, C, NH); }
+        if (hs == 64) { flash_backward_launch<64>(dqkv, dout, qkv, out, lse, B, T, NH, KV); }
+        else { flash_backward_launch<128>(dqkv, dout, qkv, out, lse, B, T, NH, KV); }
         return;
     }
 #endif
 #if defined(USE_CUDNN) && !defined(ENABLE_FP32)
-    if (path == ATT_CUDNN) { attention_backward_cudnn(dqkv, dout, qkv, out, lse, B, T, C, NH); return; }
+    if (path == ATT_CUDNN) { attention_backward_cudnn(dqkv, dout, qkv, out, lse, B, T, NH, KV, hs); return; }
 #endif
-    if (path == ATT_CUBLAS) { attention_backward_cublas(dqkv, dout, qkv, out, lse, B, T, C, NH); return; }
+    if (path == ATT_CUBLAS) { attention_backward_cublas(dqkv, dout, qkv, out, lse, B, T, NH, KV, hs); return; }
     switch (hs) {
-        case 16: attention_backward_launch<16>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
-        case 32: attention_backward_launch<32>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
-        case 64: attention_backward_launch<64>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
-        default: attention_backward_launch<128>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
+        case 16: attention_backward_launch<16>(dqkv, dout, qkv, out, lse, B, T, NH, KV); break;
+        case 32: attention_backward_launch<32>(dqkv, dout, qkv, out, lse, B, T, NH, KV); break;
+        case 64: attention_backward_launch<64>(dqkv, dout, qkv, out, lse, B, T, NH, KV); break;
+        default: attention_backward_launch<128>(dqkv, dout, qkv, out, lse, B, T, NH, KV); break;
     }
 }
 #endif
 
 // Set-up: the workspace of the largest batch B x T the attention will see (the cuBLAS path's (NH, T, T)
-// panels, flash's D (B, NH, T); the CPU needs none).
-static void attention_setup(int B, int T, int C, int NH) {
+// panels, flash's D (B, NH, T), cuDNN's workspace and graphs; the CPU needs none).
+static void attention_setup(int B, int T, int NH, int KV, int hs) {
 #ifdef USE_CUDA
-    int path = attention_path_for(attention_head_size(C, NH));
+    int path = attention_path_for(attention_head_size(NH, KV, hs));
     if (path == ATT_CUBLAS) { att_cublas_setup(T, NH); }
 #if !defined(ENABLE_FP32)
     if (path == ATT_FLASH) { flash_setup(B, T, NH); }
 #endif
 #if defined(USE_CUDNN) && !defined(ENABLE_FP32)
-    if (path == ATT_CUDNN) { cudnn_attention_setup(B, T, C, NH); }
+    if (path == ATT_CUDNN) { cudnn_attention_setup(B, T, NH, KV, hs); }
 #endif
 #else
-    (void)B; (void)T; (void)C; (void)NH;
+    (void)B; (void)T; (void)NH; (void)KV; (void)hs;
 #endif
 }
 
-static void attention_forward(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
+// qkv (B, T, (NH + 2KV) hs) -> out (B, T, NH hs), lse (B, NH, T)
+static void attention_forward(floatX *out, float *lse, const floatX *qkv, int B, int T, int NH, int KV, int hs) {
 #ifdef USE_CUDA
-    attention_forward_cuda(out, lse, qkv, B, T, C, NH);
+    attention_forward_cuda(out, lse, qkv, B, T, NH, KV, hs);
 #else
-    attention_forward_blas(out, lse, qkv, B, T, C, NH);
+    attention_forward_blas(out, lse, qkv, B, T, NH, KV, hs);
 #endif
 }
 
+// dout (B, T, NH hs) -> dqkv (B, T, (NH + 2KV) hs) (written), from the forward's qkv, out, lse
 static void attention_backward(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
-                               const float *lse, int B, int T, int C, int NH) {
+                               const float *lse, int B, int T, int NH, int KV, int hs) {
 #ifdef USE_CUDA
-    attention_backward_cuda(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    attention_backward_cuda(dqkv, dout, qkv, out, lse, B, T, NH, KV, hs);
 #else
-    attention_backward_blas(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    attention_backward_blas(dqkv, dout, qkv, out, lse, B, T, NH, KV, hs);
 #endif
 }
 

@@ -138,7 +138,7 @@ static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *p
 #ifdef USE_CUDA
     matmul_setup();
 #endif
-    attention_setup(B, T, C, NH);
+    attention_setup(B, T, NH, NH, C / NH);
     double t_gemm, t_att, t_mem, t_tiny, t_rows[MACHINE_ROWS] = {0};
     // x (BT, C) -> y (BT, 4C); back: dx (BT, C), dw (4C, C); then at R rows of them
     CALIBRATE_TIME(g, &t_gemm)
@@ -154,8 +154,8 @@ static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *p
     }
     // qkv: x as (B, T, 3C) -> out: y (B, T, C); back: dout y -> dqkv dx
     CALIBRATE_TIME(g, &t_att)
-        attention_forward(y, lse, x, B, T, C, NH);
-        attention_backward(dx, y, x, y, lse, B, T, C, NH);
+        attention_forward(y, lse, x, B, T, NH, NH, C / NH);
+        attention_backward(dx, y, x, y, lse, B, T, NH, NH, C / NH);
     CALIBRATE_END;
     CALIBRATE_TIME(g, &t_mem)
         residual_bias_forward(dx, x, y, bias, 4 * BT, C);

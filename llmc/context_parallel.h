@@ -10,7 +10,7 @@
 // The backward recomputes the probabilities from the final lse (as the one-device backward does):
 // the keys and values go around again, now with their gradients dk, dv, which collect each rank's
 // part and, after a last hop, arrive back at their owner.
-//   forward  (N-1) hops of k, v (B, T/cp, 2C/tp); backward (N-1) hops of k, v and N of dk, dv.
+//   forward  (N-1) hops of k, v (B, T/cp, 2 KV hs / tp: the kv heads'); backward (N-1) hops of k, v and N of dk, dv.
 // Each hop of k, v is started before the blocks that use the k, v held now and waited for after them,
 // so it travels while they compute (the blocks only read what is sent; what arrives goes to the other
 // buffer); dk, dv are sent once the blocks have added to them.
@@ -63,14 +63,16 @@ static void seq_pos_owner(int N, int T, int pos, int *rank, int *row) {
 }
 
 // ----------------------------------------------------------------------------
-// one block: queries rows [q0, q0+n) of qkv (B, T, 3C), keys and values rows [k0, k0+n) of kv
-// (B, T, 2C) = [k | v]; causal: the blocks are the same chunk (key j only for query t >= j)
+// one block: queries rows [q0, q0+n) of qkv (B, T, (NH + 2KV) hs), keys and values rows [k0, k0+n) of kv
+// (B, T, 2 KV hs) = [k heads | v heads]; causal: the blocks are the same chunk (key j only for query t >= j).
+// Query head h reads kv head h / (NH / KV) (attention.h).
 
-// Adds the key block to the attention of the query block: out (B, T, C) and lse (B, NH, T) at the
+// Adds the key block to the attention of the query block: out (B, T, NH hs) and lse (B, NH, T) at the
 // query rows hold the attention over the blocks added so far (lse -inf, out 0: none).
-static void attention_block_forward_cpu(float *out, float *lse, const float *qkv, const float *kv, int B, int T, int C,
-                                        int NH, int q0, int k0, int n, int causal) {
-    int hs = C / NH;
+static void attention_block_forward_cpu(float *out, float *lse, const float *qkv, const float *kv, int B, int T, int NH,
+                                        int KV, int hs, int q0, int k0, int n, int causal) {
+    size_t W = (size_t)(NH + 2 * KV) * hs, C = (size_t)NH * hs, W2 = (size_t)2 * KV * hs;   // row widths
+    int G = NH / KV;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel
     {
@@ -79,12 +81,13 @@ static void attention_block_forward_cpu(float *out, float *lse, const float *qkv
         #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
+                const float *kbase = kv + ((size_t)b * T + k0) * W2 + (h / G) * hs, *vbase = kbase + KV * hs;
                 for (int t = 0; t < n; t++) {
-                    const float *q = qkv + ((size_t)b * T + q0 + t) * 3 * C + h * hs;
+                    const float *q = qkv + ((size_t)b * T + q0 + t) * W + h * hs;
                     int nk = causal ? t + 1 : n;
                     float maxv = -INFINITY;
                     for (int j = 0; j < nk; j++) {
-                        const float *k = kv + ((size_t)b * T + k0 + j) * 2 * C + h * hs;
+                        const float *k = kbase + j * W2;
                         float s = 0.0f;
                         for (int i = 0; i < hs; i++) { s += q[i] * k[i]; }
                         p[j] = s * scale;
@@ -94,7 +97,7 @@ static void attention_block_forward_cpu(float *out, float *lse, const float *qkv
                     for (int j = 0; j < nk; j++) { p[j] = expf(p[j] - maxv); sum += p[j]; }
                     for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
                     for (int j = 0; j < nk; j++) {
-                        const float *v = kv + ((size_t)b * T + k0 + j) * 2 * C + C + h * hs;
+                        const float *v = vbase + j * W2;
                         for (int i = 0; i < hs; i++) { o[i] += p[j] / sum * v[i]; }
                     }
                     // merge (out1, lse1) with this block's (o, lse2)
@@ -111,30 +114,43 @@ static void attention_block_forward_cpu(float *out, float *lse, const float *qkv
     }
 }
 
+// One query head h of batch index b in a block's backward: its dq, and its kv head's dk, dv, added to.
+static void attention_block_backward_head_cpu(float *dqkv, float *dkv, const float *dout, const float *qkv,
+                                              const float *out, const float *lse, const float *kv, int b, int h, int T,
+                                              int NH, int KV, int hs, int q0, int k0, int n, int causal) {
+    size_t W = (size_t)(NH + 2 * KV) * hs, C = (size_t)NH * hs, W2 = (size_t)2 * KV * hs;
+    size_t kcol = (size_t)(h / (NH / KV)) * hs;   // its kv head's k; v at + KV hs
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int t = 0; t < n; t++) {
+        size_t row = (size_t)b * T + q0 + t;
+        const float *q = qkv + row * W + h * hs, *dy = dout + row * C + h * hs, *y = out + row * C + h * hs;
+        float *dq = dqkv + row * W + h * hs, l = lse[((size_t)b * NH + h) * T + q0 + t], D = 0.0f;
+        for (int i = 0; i < hs; i++) { D += dy[i] * y[i]; }
+        for (int j = 0; j < (causal ? t + 1 : n); j++) {
+            const float *k = kv + ((size_t)b * T + k0 + j) * W2 + kcol, *v = k + KV * hs;
+            float *dk = dkv + ((size_t)b * T + k0 + j) * W2 + kcol, *dv = dk + KV * hs;
+            float s = 0.0f, dp = 0.0f;
+            for (int i = 0; i < hs; i++) { s += q[i] * k[i]; dp += dy[i] * v[i]; }
+            float p = expf(s * scale - l), ds = p * (dp - D) * scale;
+            for (int i = 0; i < hs; i++) { dq[i] += ds * k[i]; dk[i] += ds * q[i]; dv[i] += p * dy[i]; }
+        }
+    }
+}
+
 // The block's part of the backward, with out and lse the final ones (over every block):
 //   p = exp(q.k scale - lse), ds = p (dout.v - dout.out) scale;  dq += ds k, dk += ds q, dv += p dout
-// dq into the q part of dqkv (B, T, 3C), dk and dv into dkv (B, T, 2C) = [dk | dv], both added to.
+// dq into the q part of dqkv (B, T, (NH + 2KV) hs), dk and dv into dkv (B, T, 2 KV hs), both added to.
+// One task per (batch, kv head): its G query heads in order.
 static void attention_block_backward_cpu(float *dqkv, float *dkv, const float *dout, const float *qkv,
-                                         const float *out, const float *lse, const float *kv, int B, int T, int C,
-                                         int NH, int q0, int k0, int n, int causal) {
-    int hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
+                                         const float *out, const float *lse, const float *kv, int B, int T, int NH,
+                                         int KV, int hs, int q0, int k0, int n, int causal) {
+    int G = NH / KV;
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {   // this (b, h) owns its slices of dq, dk, dv
-            for (int t = 0; t < n; t++) {
-                size_t row = (size_t)b * T + q0 + t;
-                const float *q = qkv + row * 3 * C + h * hs, *dy = dout + row * C + h * hs, *y = out + row * C + h * hs;
-                float *dq = dqkv + row * 3 * C + h * hs, l = lse[((size_t)b * NH + h) * T + q0 + t], D = 0.0f;
-                for (int i = 0; i < hs; i++) { D += dy[i] * y[i]; }
-                for (int j = 0; j < (causal ? t + 1 : n); j++) {
-                    const float *k = kv + ((size_t)b * T + k0 + j) * 2 * C + h * hs, *v = k + C;
-                    float *dk = dkv + ((size_t)b * T + k0 + j) * 2 * C + h * hs, *dv = dk + C;
-                    float s = 0.0f, dp = 0.0f;
-                    for (int i = 0; i < hs; i++) { s += q[i] * k[i]; dp += dy[i] * v[i]; }
-                    float p = expf(s * scale - l), ds = p * (dp - D) * scale;
-                    for (int i = 0; i < hs; i++) { dq[i] += ds * k[i]; dk[i] += ds * q[i]; dv[i] += p * dy[i]; }
-                }
+        for (int kh = 0; kh < KV; kh++) {   // this (b, kv head) owns its heads' slices of dq, dk, dv
+            for (int h = kh * G; h < (kh + 1) * G; h++) {
+                attention_block_backward_head_cpu(dqkv, dkv, dout, qkv, out, lse, kv, b, h, T, NH, KV, hs, q0, k0, n,
+                                                  causal);
             }
         }
     }
@@ -142,11 +158,12 @@ static void attention_block_backward_cpu(float *dqkv, float *dkv, const float *d
 
 // The two blocks above through BLAS (attention.h's panels: what the CPU build runs), so that the ring
 // computes what the one-device attention_forward_blas / attention_backward_blas compute, block by block.
-// Threads as there: forward one task per (batch, head, panel), backward one per (batch, head).
+// Threads as there: forward one task per (batch, query head, panel), backward one per (batch, kv head).
 // Row i of a panel starting at block row t0 sees block keys j <= t0 + i (causal), all n otherwise.
 static void attention_block_forward_blas(float *out, float *lse, const float *qkv, const float *kv, int B, int T,
-                                         int C, int NH, int q0, int k0, int n, int causal) {
-    int hs = C / NH, QT = att_panel_rows, np = (n + QT - 1) / QT;
+                                         int NH, int KV, int hs, int q0, int k0, int n, int causal) {
+    int W = (NH + 2 * KV) * hs, C = NH * hs, W2 = 2 * KV * hs, G = NH / KV, QT = att_panel_rows;
+    int np = (n + QT - 1) / QT;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel
     {
@@ -155,8 +172,8 @@ static void attention_block_forward_blas(float *out, float *lse, const float *qk
         for (int r = 0; r < B * NH * np; r++) {
             int b, h, t0, nq;
             att_panel_task(r, NH, np, QT, n, &b, &h, &t0, &nq);
-            const float *k = kv + ((size_t)b * T + k0) * 2 * C + h * hs;
-            AttHead a = {qkv + ((size_t)b * T + q0 + t0) * 3 * C + h * hs, k, k + C, NULL, 3 * C, 2 * C, 0, hs, scale};
+            const float *k = kv + ((size_t)b * T + k0) * W2 + (h / G) * hs;
+            AttHead a = {qkv + ((size_t)b * T + q0 + t0) * W + h * hs, k, k + KV * hs, NULL, W, W2, 0, hs, scale};
             att_panel_forward(&w, a, nq, n, causal ? t0 : n);
             for (int i = 0; i < nq; i++) {   // merge (out1, lse1) with this block's (o / l, lse2)
                 float *lp = lse + ((size_t)b * NH + h) * T + q0 + t0 + i, lse2 = w.m[i] + logf(w.l[i]);
@@ -172,27 +189,25 @@ static void attention_block_forward_blas(float *out, float *lse, const float *qk
 }
 
 static void attention_block_backward_blas(float *dqkv, float *dkv, const float *dout, const float *qkv,
-                                          const float *out, const float *lse, const float *kv, int B, int T, int C,
-                                          int NH, int q0, int k0, int n, int causal) {
-    int hs = C / NH, QT = att_panel_rows;
+                                          const float *out, const float *lse, const float *kv, int B, int T, int NH,
+                                          int KV, int hs, int q0, int k0, int n, int causal) {
+    int W = (NH + 2 * KV) * hs, C = NH * hs, W2 = 2 * KV * hs, G = NH / KV, QT = att_panel_rows;
     float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel if (B * NH >= att_threads())
+    #pragma omp parallel if (B * KV >= att_threads())
     {
         float *s = (float *)malloc_check(sizeof(float) * 2 * QT * att_key_tile), *dp = s + QT * att_key_tile;
         float *D = (float *)malloc_check(sizeof(float) * QT);
         #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {
-            for (int h = 0; h < NH; h++) {   // this (b, h) owns its slices of dq, dk, dv
-                const float *k = kv + ((size_t)b * T + k0) * 2 * C + h * hs;
-                float *dk = dkv + ((size_t)b * T + k0) * 2 * C + h * hs;
-                for (int t0 = 0; t0 < n; t0 += QT) {
-                    int nq = n - t0 < QT ? n - t0 : QT;
-                    size_t row = (size_t)b * T + q0 + t0;
-                    const float *dy = dout + row * C + h * hs, *l = lse + ((size_t)b * NH + h) * T + q0 + t0;
-                    att_row_dots(D, dy, C, out + row * C + h * hs, C, nq, hs);
-                    AttHead a = {qkv + row * 3 * C + h * hs, k, k + C, dy, 3 * C, 2 * C, C, hs, scale};
-                    AttGrad g = {dqkv + row * 3 * C + h * hs, dk, dk + C, 3 * C, 2 * C};
-                    att_panel_backward(g, s, dp, a, l, D, nq, n, causal ? t0 : n);
+            for (int kh = 0; kh < KV; kh++) {   // this (b, kv head) owns its heads' slices of dq, dk, dv
+                const float *k = kv + ((size_t)b * T + k0) * W2 + kh * hs;
+                float *dk = dkv + ((size_t)b * T + k0) * W2 + kh * hs;
+                for (int h = kh * G; h < (kh + 1) * G; h++) {
+                    size_t row = (size_t)b * T + q0;
+                    AttHead a = {qkv + row * W + h * hs, k, k + KV * hs, dout + row * C + h * hs, W, W2, C, hs, scale};
+                    AttGrad g = {dqkv + row * W + h * hs, dk, dk + KV * hs, W, W2};
+                    att_head_backward(g, a, out + row * C + h * hs, C, lse + ((size_t)b * NH + h) * T + q0, n, causal,
+                                      s, dp, D);
                 }
             }
         }
@@ -201,18 +216,20 @@ static void attention_block_backward_blas(float *dqkv, float *dkv, const float *
 }
 
 #ifdef USE_CUDA
-// One warp per (query row, head, batch index): lane i of the warp holds dims i, i+32, ... of the
+// One warp per (query row, query head, batch index): lane i of the warp holds dims i, i+32, ... of the
 // head; each key's score is a warp sum; online softmax over the block's keys, then the lse merge.
 // grid (n, NH, B), block 32.
 __global__ void attention_block_forward_kernel(floatX *out, float *lse, const floatX *qkv, const floatX *kv, int T,
-                                               int C, int NH, int q0, int k0, int n, int causal) {
-    int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, hs = C / NH;
+                                               int NH, int KV, int hs, int q0, int k0, int n, int causal) {
+    int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x;
+    size_t W = (size_t)(NH + 2 * KV) * hs, C = (size_t)NH * hs, W2 = (size_t)2 * KV * hs;
     float scale = rsqrtf((float)hs);
-    const floatX *q = qkv + ((size_t)b * T + q0 + t) * 3 * C + h * hs;
+    const floatX *q = qkv + ((size_t)b * T + q0 + t) * W + h * hs;
+    const floatX *kbase = kv + ((size_t)b * T + k0) * W2 + (h / (NH / KV)) * hs;   // its kv head's k; v at + KV hs
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, maxv = -INFINITY, sum = 0.0f;   // hs <= 128: 4 dims per lane
     int nk = causal ? t + 1 : n;
     for (int j = 0; j < nk; j++) {
-        const floatX *k = kv + ((size_t)b * T + k0 + j) * 2 * C + h * hs, *v = k + C;
+        const floatX *k = kbase + j * W2, *v = k + KV * hs;
         float s = 0.0f;
         for (int i = lane; i < hs; i += 32) { s += (float)q[i] * (float)k[i]; }
         s = warp_reduce_sum(s) * scale;
@@ -230,64 +247,69 @@ __global__ void attention_block_forward_kernel(floatX *out, float *lse, const fl
     if (lane == 0) { *l = l12; }
 }
 
-// dq of one query row (warp per (row, head, batch)): grid (n, NH, B), block 32.
+// dq of one query row (warp per (row, query head, batch)): grid (n, NH, B), block 32.
 __global__ void attention_block_backward_dq_kernel(floatX *dqkv, const floatX *dout, const floatX *qkv,
-                                                   const floatX *out, const float *lse, const floatX *kv, int T, int C,
-                                                   int NH, int q0, int k0, int n, int causal) {
-    int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, hs = C / NH;
+                                                   const floatX *out, const float *lse, const floatX *kv, int T,
+                                                   int NH, int KV, int hs, int q0, int k0, int n, int causal) {
+    int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x;
+    size_t W = (size_t)(NH + 2 * KV) * hs, C = (size_t)NH * hs, W2 = (size_t)2 * KV * hs;
     float scale = rsqrtf((float)hs);
     size_t row = (size_t)b * T + q0 + t;
-    const floatX *q = qkv + row * 3 * C + h * hs, *dy = dout + row * C + h * hs, *y = out + row * C + h * hs;
+    const floatX *q = qkv + row * W + h * hs, *dy = dout + row * C + h * hs, *y = out + row * C + h * hs;
+    const floatX *kbase = kv + ((size_t)b * T + k0) * W2 + (h / (NH / KV)) * hs;   // its kv head's k; v at + KV hs
     float l = lse[((size_t)b * NH + h) * T + q0 + t], D = 0.0f, dq[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int i = lane; i < hs; i += 32) { D += (float)dy[i] * (float)y[i]; }
     D = warp_reduce_sum(D);
     for (int j = 0; j < (causal ? t + 1 : n); j++) {
-        const floatX *k = kv + ((size_t)b * T + k0 + j) * 2 * C + h * hs, *v = k + C;
+        const floatX *k = kbase + j * W2, *v = k + KV * hs;
         float s = 0.0f, dp = 0.0f;
         for (int i = lane; i < hs; i += 32) { s += (float)q[i] * (float)k[i]; dp += (float)dy[i] * (float)v[i]; }
         s = warp_reduce_sum(s); dp = warp_reduce_sum(dp);
         float p = expf(s * scale - l), ds = p * (dp - D) * scale;
         for (int r = 0, i = lane; i < hs; r++, i += 32) { dq[r] += ds * (float)k[i]; }
     }
-    floatX *d = dqkv + row * 3 * C + h * hs;
+    floatX *d = dqkv + row * W + h * hs;
     for (int r = 0, i = lane; i < hs; r++, i += 32) { d[i] = (floatX)((float)d[i] + dq[r]); }
 }
 
-// dk, dv of one key row (warp per (row, head, batch)), over the block's queries in ascending order
-// (deterministic): grid (n, NH, B), block 32.
+// dk, dv of one key row (warp per (row, kv head, batch)), over its G query heads in order and the block's
+// queries in ascending order (deterministic): grid (n, KV, B), block 32.
 __global__ void attention_block_backward_dkdv_kernel(floatX *dkv, const floatX *dout, const floatX *qkv,
                                                      const floatX *out, const float *lse, const floatX *kv, int T,
-                                                     int C, int NH, int q0, int k0, int n, int causal) {
-    int j = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, hs = C / NH;
+                                                     int NH, int KV, int hs, int q0, int k0, int n, int causal) {
+    int j = blockIdx.x, kh = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, G = NH / KV;
+    size_t W = (size_t)(NH + 2 * KV) * hs, C = (size_t)NH * hs, W2 = (size_t)2 * KV * hs;
     float scale = rsqrtf((float)hs);
-    const floatX *k = kv + ((size_t)b * T + k0 + j) * 2 * C + h * hs, *v = k + C;
+    const floatX *k = kv + ((size_t)b * T + k0 + j) * W2 + kh * hs, *v = k + KV * hs;
     float dk[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int t = causal ? j : 0; t < n; t++) {
-        size_t row = (size_t)b * T + q0 + t;
-        const floatX *q = qkv + row * 3 * C + h * hs, *dy = dout + row * C + h * hs, *y = out + row * C + h * hs;
-        float s = 0.0f, dp = 0.0f, D = 0.0f;
-        for (int i = lane; i < hs; i += 32) {
-            s += (float)q[i] * (float)k[i];
-            dp += (float)dy[i] * (float)v[i];
-            D += (float)dy[i] * (float)y[i];
+    for (int h = kh * G; h < (kh + 1) * G; h++) {
+        for (int t = causal ? j : 0; t < n; t++) {
+            size_t row = (size_t)b * T + q0 + t;
+            const floatX *q = qkv + row * W + h * hs, *dy = dout + row * C + h * hs, *y = out + row * C + h * hs;
+            float s = 0.0f, dp = 0.0f, D = 0.0f;
+            for (int i = lane; i < hs; i += 32) {
+                s += (float)q[i] * (float)k[i];
+                dp += (float)dy[i] * (float)v[i];
+                D += (float)dy[i] * (float)y[i];
+            }
+            s = warp_reduce_sum(s); dp = warp_reduce_sum(dp); D = warp_reduce_sum(D);
+            float p = expf(s * scale - lse[((size_t)b * NH + h) * T + q0 + t]), ds = p * (dp - D) * scale;
+            for (int r = 0, i = lane; i < hs; r++, i += 32) { dk[r] += ds * (float)q[i]; dv[r] += p * (float)dy[i]; }
         }
-        s = warp_reduce_sum(s); dp = warp_reduce_sum(dp); D = warp_reduce_sum(D);
-        float p = expf(s * scale - lse[((size_t)b * NH + h) * T + q0 + t]), ds = p * (dp - D) * scale;
-        for (int r = 0, i = lane; i < hs; r++, i += 32) { dk[r] += ds * (float)q[i]; dv[r] += p * (float)dy[i]; }
     }
-    floatX *d = dkv + ((size_t)b * T + k0 + j) * 2 * C + h * hs;
+    floatX *d = dkv + ((size_t)b * T + k0 + j) * W2 + kh * hs;
     for (int r = 0, i = lane; i < hs; r++, i += 32) {
         d[i] = (floatX)((float)d[i] + dk[r]);
-        d[C + i] = (floatX)((float)d[C + i] + dv[r]);
+        d[KV * hs + i] = (floatX)((float)d[KV * hs + i] + dv[r]);
     }
 }
 
-// kv (N, 2C) = the k and v parts of qkv (N, 3C), or (unpack) dqkv's k and v parts = dkv
-__global__ void cp_kv_copy_kernel(floatX *kv, floatX *qkv, size_t N, int C, int pack) {
+// kv (N, w) = columns [c0, c0 + w) of qkv's rows (N, W), or (unpack) the reverse: dkv into dqkv's k and v parts
+__global__ void cp_kv_copy_kernel(floatX *kv, floatX *qkv, size_t N, int W, int c0, int w, int pack) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N * 2 * C) { return; }
-    size_t row = i / (2 * C), c = i % (2 * C);
-    if (pack) { kv[i] = qkv[row * 3 * C + C + c]; } else { qkv[row * 3 * C + C + c] = kv[i]; }
+    if (i >= N * w) { return; }
+    size_t row = i / w, c = i % w;
+    if (pack) { kv[i] = qkv[row * W + c0 + c]; } else { qkv[row * W + c0 + c] = kv[i]; }
 }
 
 // out = 0 and lse = -inf before the first block
@@ -302,13 +324,14 @@ __global__ void attention_block_init_kernel(floatX *out, float *lse, size_t nout
 // A ring block through the flash kernels (bf16, head size 64 or 128): queries rows [q0, q0 + n) of qkv, keys and
 // values rows [k0, k0 + n) of kv, merged into out and lse (row q0 + i of (B, NH, T)); the backward adds into dqkv's
 // q part and dkv, with D (flash_row_dot of the final out, once per backward) in fa_D.
-static FaArgs cp_flash_args(floatX *out, float *lse, const floatX *qkv, const floatX *kv, int T, int C, int NH, int q0,
-                            int k0, int n, int causal) {
+static FaArgs cp_flash_args(floatX *out, float *lse, const floatX *qkv, const floatX *kv, int T, int NH, int KV, int hs,
+                            int q0, int k0, int n, int causal) {
     FaArgs a;
     memset(&a, 0, sizeof(a));
-    a.q = qkv + (size_t)q0 * 3 * C; a.k = kv + (size_t)k0 * 2 * C; a.v = a.k + C;
-    a.q_ld = 3 * (size_t)C; a.q_bs = (size_t)T * 3 * C; a.kv_ld = 2 * (size_t)C; a.kv_bs = (size_t)T * 2 * C;
-    a.nq = a.nk = n; a.causal = causal; a.NH = NH;
+    size_t W = (size_t)(NH + 2 * KV) * hs, C = (size_t)NH * hs, W2 = (size_t)2 * KV * hs;
+    a.q = qkv + (size_t)q0 * W; a.k = kv + (size_t)k0 * W2; a.v = a.k + (size_t)KV * hs;
+    a.q_ld = W; a.q_bs = (size_t)T * W; a.kv_ld = W2; a.kv_bs = (size_t)T * W2;
+    a.nq = a.nk = n; a.causal = causal; a.NH = NH; a.KV = KV;
     a.out = out + (size_t)q0 * C; a.out_ld = C; a.out_bs = (size_t)T * C;
     a.lse = lse; a.lse_T = T; a.lse_off = q0; a.merge = 1;
     return a;
@@ -316,66 +339,68 @@ static FaArgs cp_flash_args(floatX *out, float *lse, const floatX *qkv, const fl
 #endif
 // whether the ring's blocks run through the flash kernels (bf16 CUDA build, head size 64 or 128; else the
 // warp-per-row kernels below, or the CPU's BLAS panels)
-static int cp_flash(int C, int NH) {
-    return attention_flash_applies(C / NH, sizeof(floatX));
+static int cp_flash(int hs) {
+    return attention_flash_applies(hs, sizeof(floatX));
 }
 
-static void attention_block_forward(floatX *out, float *lse, const floatX *qkv, const floatX *kv, int B, int T, int C,
-                                    int NH, int q0, int k0, int n, int causal) {
+static void attention_block_forward(floatX *out, float *lse, const floatX *qkv, const floatX *kv, int B, int T, int NH,
+                                    int KV, int hs, int q0, int k0, int n, int causal) {
 #if defined(USE_CUDA) && !defined(ENABLE_FP32)
-    if (cp_flash(C, NH)) {
-        FaArgs a = cp_flash_args(out, lse, qkv, kv, T, C, NH, q0, k0, n, causal);
-        if (C / NH == 64) { flash_forward_args<64>(a, B); } else { flash_forward_args<128>(a, B); }
+    if (cp_flash(hs)) {
+        FaArgs a = cp_flash_args(out, lse, qkv, kv, T, NH, KV, hs, q0, k0, n, causal);
+        if (hs == 64) { flash_forward_args<64>(a, B); } else { flash_forward_args<128>(a, B); }
         return;
     }
 #endif
 #ifdef USE_CUDA
-    attention_block_forward_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(out, lse, qkv, kv, T, C, NH, q0, k0, n,
+    attention_block_forward_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(out, lse, qkv, kv, T, NH, KV, hs, q0, k0, n,
             causal);
     cudaCheckLaunch();
 #else
-    attention_block_forward_blas(out, lse, qkv, kv, B, T, C, NH, q0, k0, n, causal);
+    attention_block_forward_blas(out, lse, qkv, kv, B, T, NH, KV, hs, q0, k0, n, causal);
 #endif
 }
 
 static void attention_block_backward(floatX *dqkv, floatX *dkv, const floatX *dout, const floatX *qkv,
-                                     const floatX *out, const float *lse, const floatX *kv, int B, int T, int C,
-                                     int NH, int q0, int k0, int n, int causal) {
+                                     const floatX *out, const float *lse, const floatX *kv, int B, int T, int NH,
+                                     int KV, int hs, int q0, int k0, int n, int causal) {
 #if defined(USE_CUDA) && !defined(ENABLE_FP32)
-    if (cp_flash(C, NH)) {
-        FaArgs a = cp_flash_args((floatX *)out, (float *)lse, qkv, kv, T, C, NH, q0, k0, n, causal);
+    if (cp_flash(hs)) {
+        size_t W = (size_t)(NH + 2 * KV) * hs, W2 = (size_t)2 * KV * hs;
+        FaArgs a = cp_flash_args((floatX *)out, (float *)lse, qkv, kv, T, NH, KV, hs, q0, k0, n, causal);
         a.merge = 0;
-        a.dout = dout + (size_t)q0 * C; a.D = fa_D;
-        a.dq = dqkv + (size_t)q0 * 3 * C; a.dq_ld = 3 * (size_t)C; a.dq_bs = (size_t)T * 3 * C;
-        a.dk = dkv + (size_t)k0 * 2 * C; a.dv = a.dk + C; a.dkv_ld = 2 * (size_t)C; a.dkv_bs = (size_t)T * 2 * C;
+        a.dout = dout + (size_t)q0 * NH * hs; a.D = fa_D;
+        a.dq = dqkv + (size_t)q0 * W; a.dq_ld = W; a.dq_bs = (size_t)T * W;
+        a.dk = dkv + (size_t)k0 * W2; a.dv = a.dk + (size_t)KV * hs; a.dkv_ld = W2; a.dkv_bs = (size_t)T * W2;
         a.add = 1;
-        if (C / NH == 64) { flash_backward_args<64>(a, B); } else { flash_backward_args<128>(a, B); }
+        if (hs == 64) { flash_backward_args<64>(a, B); } else { flash_backward_args<128>(a, B); }
         return;
     }
 #endif
 #ifdef USE_CUDA
-    attention_block_backward_dq_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(dqkv, dout, qkv, out, lse, kv, T, C, NH,
-            q0, k0, n, causal);
+    attention_block_backward_dq_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(dqkv, dout, qkv, out, lse, kv, T, NH, KV,
+            hs, q0, k0, n, causal);
     cudaCheckLaunch();
-    attention_block_backward_dkdv_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(dkv, dout, qkv, out, lse, kv, T, C,
-            NH, q0, k0, n, causal);
+    attention_block_backward_dkdv_kernel<<<dim3(n, KV, B), 32, 0, main_stream>>>(dkv, dout, qkv, out, lse, kv, T, NH,
+            KV, hs, q0, k0, n, causal);
     cudaCheckLaunch();
 #else
-    attention_block_backward_blas(dqkv, dkv, dout, qkv, out, lse, kv, B, T, C, NH, q0, k0, n, causal);
+    attention_block_backward_blas(dqkv, dkv, dout, qkv, out, lse, kv, B, T, NH, KV, hs, q0, k0, n, causal);
 #endif
 }
 
-// kv (N, 2C) <- the k and v parts of qkv (N, 3C) (pack), or the reverse into dqkv
-static void cp_kv_copy(floatX *kv, floatX *qkv, size_t N, int C, int pack) {
+// kv (N, 2 KV hs) <- the k and v parts of qkv (N, (NH + 2KV) hs) (pack), or the reverse into dqkv
+static void cp_kv_copy(floatX *kv, floatX *qkv, size_t N, int NH, int KV, int hs, int pack) {
+    int W = (NH + 2 * KV) * hs, c0 = NH * hs, w = 2 * KV * hs;   // qkv's row width, where k starts, k and v's width
 #ifdef USE_CUDA
-    size_t total = N * 2 * C;
+    size_t total = N * w;
     if (total == 0) { return; }
-    cp_kv_copy_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(kv, qkv, N, C, pack);
+    cp_kv_copy_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(kv, qkv, N, W, c0, w, pack);
     cudaCheckLaunch();
 #else
     for (size_t r = 0; r < N; r++) {
-        if (pack) { memcpy(kv + r * 2 * C, qkv + r * 3 * C + C, 2 * C * sizeof(float)); }
-        else { memcpy(qkv + r * 3 * C + C, kv + r * 2 * C, 2 * C * sizeof(float)); }
+        if (pack) { memcpy(kv + r * w, qkv + r * W + c0, w * sizeof(float)); }
+        else { memcpy(qkv + r * W + c0, kv + r * w, w * sizeof(float)); }
     }
 #endif
 }
@@ -396,22 +421,22 @@ static void attention_block_init(floatX *out, float *lse, size_t nout, size_t nl
 
 typedef struct {
     Group *cp;
-    floatX *kv[2], *dkv[2];   // (B, T, 2C) each: the keys and values held now and arriving; their gradients
+    floatX *kv[2], *dkv[2];   // (B, T, 2 KV hs) each: the keys and values held now and arriving; their gradients
 } CPRing;
 
 // Adds the attention of each local query chunk over each of rank j's key chunks that is not in its future.
 static void cp_blocks(CPRing *r, int j, int cur, int backward, floatX *out, float *lse, floatX *dqkv,
-                      const floatX *dout, floatX *qkv, int B, int T, int C, int NH) {
+                      const floatX *dout, floatX *qkv, int B, int T, int NH, int KV, int hs) {
     int N = r->cp->size, i = r->cp->rank, c = T / 2;
     for (int qa = 0; qa < 2; qa++) {
         for (int kb = 0; kb < 2; kb++) {
             int qc = cp_chunk(i, N, qa), kc = cp_chunk(j, N, kb);
             if (kc > qc) { continue; }   // the future
             if (backward) {
-                attention_block_backward(dqkv, r->dkv[cur], dout, qkv, out, lse, r->kv[cur], B, T, C, NH, qa * c,
+                attention_block_backward(dqkv, r->dkv[cur], dout, qkv, out, lse, r->kv[cur], B, T, NH, KV, hs, qa * c,
                                          kb * c, c, kc == qc);
             }
-            else { attention_block_forward(out, lse, qkv, r->kv[cur], B, T, C, NH, qa * c, kb * c, c, kc == qc); }
+            else { attention_block_forward(out, lse, qkv, r->kv[cur], B, T, NH, KV, hs, qa * c, kb * c, c, kc == qc); }
         }
     }
 }
@@ -428,42 +453,43 @@ static void cp_hop(CPRing *r, floatX **buf, int cur, size_t n, CommRequest hop[2
 
 static void cp_hop_wait(CommRequest hop[2]) { comm_wait(&hop[1]); comm_wait(&hop[0]); }
 
-// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T): causal attention of the local queries over the
-// whole sequence (T = the local tokens of a sequence, two chunks).
-static void cp_attention_forward(CPRing *r, floatX *out, float *lse, floatX *qkv, int B, int T, int C, int NH) {
+// qkv (B, T, (NH + 2KV) hs) -> out (B, T, NH hs), lse (B, NH, T): causal attention of the local queries over the
+// whole sequence (T = the local tokens of a sequence, two chunks). A hop carries the KV heads' k and v.
+static void cp_attention_forward(CPRing *r, floatX *out, float *lse, floatX *qkv, int B, int T, int NH, int KV,
+                                 int hs) {
     int N = r->cp->size, i = r->cp->rank, cur = 0;
-    size_t n = (size_t)B * T * 2 * C;
-    attention_block_init(out, lse, (size_t)B * T * C, (size_t)B * NH * T);
-    cp_kv_copy(r->kv[0], qkv, (size_t)B * T, C, 1);
+    size_t n = (size_t)B * T * 2 * KV * hs;
+    attention_block_init(out, lse, (size_t)B * T * NH * hs, (size_t)B * NH * T);
+    cp_kv_copy(r->kv[0], qkv, (size_t)B * T, NH, KV, hs, 1);
     for (int s = 0; s < N; s++, cur = !cur) {
         CommRequest hop[2] = {};
         if (s < N - 1) { cp_hop(r, r->kv, cur, n, hop); }   // the next rank's k, v arrive meanwhile
-        cp_blocks(r, (i - s + N) % N, cur, 0, out, lse, NULL, NULL, qkv, B, T, C, NH);
+        cp_blocks(r, (i - s + N) % N, cur, 0, out, lse, NULL, NULL, qkv, B, T, NH, KV, hs);
         if (s < N - 1) { cp_hop_wait(hop); }
     }
 }
 
-// dout (B, T, C) -> dqkv (B, T, 3C) (written), from the forward's qkv, out and final lse.
+// dout (B, T, NH hs) -> dqkv (B, T, (NH + 2KV) hs) (written), from the forward's qkv, out and final lse.
 static void cp_attention_backward(CPRing *r, floatX *dqkv, const floatX *dout, floatX *qkv, floatX *out, float *lse,
-                                  int B, int T, int C, int NH) {
+                                  int B, int T, int NH, int KV, int hs) {
     int N = r->cp->size, i = r->cp->rank, cur = 0;
-    size_t n = (size_t)B * T * 2 * C;
-    memset_zero_device(dqkv, (size_t)B * T * 3 * C * sizeof(floatX));
+    size_t n = (size_t)B * T * 2 * KV * hs;
+    memset_zero_device(dqkv, (size_t)B * T * (NH + 2 * KV) * hs * sizeof(floatX));
     memset_zero_device(r->dkv[0], n * sizeof(floatX));
-    cp_kv_copy(r->kv[0], qkv, (size_t)B * T, C, 1);
+    cp_kv_copy(r->kv[0], qkv, (size_t)B * T, NH, KV, hs, 1);
 #if defined(USE_CUDA) && !defined(ENABLE_FP32)
-    if (cp_flash(C, NH)) {   // D = dY.Y of every local query row, once (the flash blocks read it)
-        if (C / NH == 64) { flash_row_dot<64>(dout, out, B, T, C, NH); } else { flash_row_dot<128>(dout, out, B, T, C, NH); }
+    if (cp_flash(hs)) {   // D = dY.Y of every local query row, once (the flash blocks read it)
+        if (hs == 64) { flash_row_dot<64>(dout, out, B, T, NH); } else { flash_row_dot<128>(dout, out, B, T, NH); }
     }
 #endif
     for (int s = 0; s < N; s++, cur = !cur) {
         CommRequest hop[2] = {};
         if (s < N - 1) { cp_hop(r, r->kv, cur, n, hop); }
-        cp_blocks(r, (i - s + N) % N, cur, 1, out, lse, dqkv, dout, qkv, B, T, C, NH);
+        cp_blocks(r, (i - s + N) % N, cur, 1, out, lse, dqkv, dout, qkv, B, T, NH, KV, hs);
         cp_hop(r, r->dkv, cur, n, NULL);   // the dk, dv just added to (the last hop takes each home)
         if (s < N - 1) { cp_hop_wait(hop); }
     }
-    cp_kv_copy(r->dkv[cur], dqkv, (size_t)B * T, C, 0);
+    cp_kv_copy(r->dkv[cur], dqkv, (size_t)B * T, NH, KV, hs, 0);
 }
 
 #endif

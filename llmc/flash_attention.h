@@ -1,13 +1,15 @@
 // Causal flash attention on the tensor cores, forward and backward (bf16 builds, head size 64 or 128).
 // attention_forward_cpu and attention_backward_cpu are the specification; this is the same math tiled so
 // that the (T, T) scores never reach global memory (FlashAttention-2's order):
+// Grouped-query attention (attention.h): query head h reads kv head h / G, G = NH / KV.
 //   forward (block = 64 query rows of one (b, h), 4 warps of 16 rows; key tiles of 64 up to the diagonal,
 //            the tiles above it skipped):  S = Q K^T, causal mask, online softmax (running max m and sum l
 //            per row, O rescaled by exp(m_old - m_new)), O += P V;  out = O / l, lse = m + log l
 //   backward (D = dY.Y per query row, p = exp(s scale - lse), ds = p (dp - D) scale, as the CPU loop):
 //            D kernel:     D of every query row, once, into a (B, NH, T) fp32 buffer both kernels read
-//            dK/dV kernel: block = 64 keys, the query tiles from the diagonal down; each warp accumulates
-//                          dV += P^T dY and dK += dS^T Q for its 16 keys
+//            dK/dV kernel: block = 64 keys of one kv head, for each of its G query heads in order the query
+//                          tiles from the diagonal down; each warp accumulates dV += P^T dY and dK += dS^T Q
+//                          for its 16 keys
 //            dQ kernel:    block = 64 queries, the key tiles up to the diagonal: dQ += dS K
 //            Every output element is summed by one thread in a fixed order: deterministic, no atomics.
 // The causal and length masks apply on the edge tiles only (the diagonal tile, and tiles reaching past T);
@@ -226,11 +228,13 @@ __host__ __device__ inline void fa_accumulate(float acc[HS / 8][4], float p[FA_T
     }
 }
 
-// D[q] = dY.Y of query row q of head h (dy, y at the head's columns, ld C) -> D (B, NH, T): one thread per row
+// D[q] = dY.Y of query row q of head h (dy, y (B, T, NH HS) at the head's columns) -> D (B, NH, T): one thread
+// per row
 template <int HS>
 __host__ __device__ inline void flash_row_dot_body(float *D, const floatX *dout, const floatX *out, int b, int h, int q,
-                                                   int T, int C, int NH) {
+                                                   int T, int NH) {
     if (q >= T) { return; }
+    size_t C = (size_t)NH * HS;
     const floatX *dy = dout + ((size_t)b * T + q) * C + h * HS, *y = out + ((size_t)b * T + q) * C + h * HS;
     float d = 0.0f;
     for (int c = 0; c < HS; c += 8) {   // 16-byte loads
@@ -279,31 +283,31 @@ template <int HS> static size_t fa_dq_smem(void) {
     return 6 * FA_TILE * (HS + 8) * sizeof(floatX) + 2 * FA_TILE * sizeof(float);
 }
 
-// One attention problem of the flash bodies, per (batch b, head h): queries rows [0, nq) of q, keys and values
-// rows [0, nk) of k, v (head h at column h HS; rows ld apart, batches bs apart); causal: key j is visible to query
-// i iff j <= i (the same positions: the one-device attention, a ring block of one chunk), else every key is (a
-// ring block of an earlier chunk). Results: out rows (ld out_ld), lse and D at row lse_off + i of (B, NH, lse_T);
-// merge: (out, lse) hold the attention over other keys, merged with this (the ring's log-sum-exp merge); dq, dk,
-// dv rows, added to what they hold when add.
+// One attention problem of the flash bodies, per (batch b, query head h): queries rows [0, nq) of q, keys and values
+// rows [0, nk) of k, v (head h at column h HS of q, its kv head h / (NH / KV) at that head's column of k and v; rows
+// ld apart, batches bs apart); causal: key j is visible to query i iff j <= i (the same positions: the one-device
+// attention, a ring block of one chunk), else every key is (a ring block of an earlier chunk). Results: out rows
+// (ld out_ld), lse and D at row lse_off + i of (B, NH, lse_T); merge: (out, lse) hold the attention over other
+// keys, merged with this (the ring's log-sum-exp merge); dq, dk, dv rows, added to what they hold when add.
 typedef struct {
     const floatX *q, *k, *v;
     size_t q_ld, q_bs, kv_ld, kv_bs;
-    int nq, nk, causal, NH;
+    int nq, nk, causal, NH, KV;
     floatX *out; size_t out_ld, out_bs;   // forward out; the backward's dout and the D kernel's out share the layout
     float *lse; int lse_T, lse_off, merge;
     const floatX *dout; const float *D;
     floatX *dq, *dk, *dv; size_t dq_ld, dq_bs, dkv_ld, dkv_bs; int add;
 } FaArgs;
 
-// The one-device attention: qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T); the backward's dqkv, dout, D.
-static FaArgs fa_args_full(const floatX *qkv, floatX *out, float *lse, int B, int T, int C, int NH) {
-    (void)B;
+// The one-device attention: qkv (B, T, (NH + 2KV) hs) -> out (B, T, NH hs), lse (B, NH, T); the backward's dqkv,
+// dout, D.
+static FaArgs fa_args_full(const floatX *qkv, floatX *out, float *lse, int T, int NH, int KV, int hs) {
     FaArgs a;
     memset(&a, 0, sizeof(a));
-    size_t C3 = 3 * (size_t)C;
-    a.q = qkv; a.k = qkv + C; a.v = qkv + 2 * C;
-    a.q_ld = a.kv_ld = C3; a.q_bs = a.kv_bs = (size_t)T * C3;
-    a.nq = a.nk = T; a.causal = 1; a.NH = NH;
+    size_t W = (size_t)(NH + 2 * KV) * hs, C = (size_t)NH * hs;
+    a.q = qkv; a.k = qkv + C; a.v = a.k + (size_t)KV * hs;
+    a.q_ld = a.kv_ld = W; a.q_bs = a.kv_bs = (size_t)T * W;
+    a.nq = a.nk = T; a.causal = 1; a.NH = NH; a.KV = KV;
     a.out = out; a.out_ld = C; a.out_bs = (size_t)T * C;
     a.lse = lse; a.lse_T = T;
     return a;
@@ -321,16 +325,57 @@ __host__ __device__ inline int fa_visible(const FaArgs &a, int q, int key) {
     return (!a.causal || key <= q) && q < a.nq && key < a.nk;
 }
 
+// Forward, the online softmax of one key tile (keys k0 .. k0 + 63; masked where edge): s (the scores of this lane's two
+// rows qrow, accumulator layout) -> P = exp2(s scale2 - m_new); the rows' max m (base 2) and sum l and the output
+// accumulators o rescaled by exp2(m_old - m_new): the max and the sum over the 4 lanes that share a row.
+template <int HS>
+__host__ __device__ inline void fa_online_softmax(float s[FA_TILE / 8][4], float m[2], float l[2], float o[HS / 8][4],
+                                                  const FaArgs &a, const int qrow[2], int k0, int edge, int t,
+                                                  float scale2) {
+    float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f}, alpha[2];
+    for (int j = 0; j < FA_TILE / 8; j++) {
+        for (int e = 0; e < 4; e++) {
+            int key = k0 + j * 8 + 2 * t + (e & 1), i = e / 2;
+            s[j][e] = !edge || fa_visible(a, qrow[i], key) ? s[j][e] * scale2 : -INFINITY;
+            mx[i] = fmaxf(mx[i], s[j][e]);
+        }
+    }
+    float mref[2];   // the max the exponents subtract: -inf only for a row past nq (every key masked, its
+                     // results unused), which subtracts 0 instead (exp2(-inf) = 0, not NaN)
+    for (int i = 0; i < 2; i++) {
+        mx[i] = fmaxf(mx[i], fa_shfl_xor(mx[i], 1));
+        mx[i] = fmaxf(mx[i], fa_shfl_xor(mx[i], 2));
+        float m_new = fmaxf(m[i], mx[i]);
+        mref[i] = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[i] = exp2f(m[i] - mref[i]);
+        m[i] = m_new;
+    }
+    for (int j = 0; j < FA_TILE / 8; j++) {
+        for (int e = 0; e < 4; e++) { s[j][e] = exp2f(s[j][e] - mref[e / 2]); sum[e / 2] += s[j][e]; }
+    }
+    for (int i = 0; i < 2; i++) {
+        sum[i] += fa_shfl_xor(sum[i], 1);
+        sum[i] += fa_shfl_xor(sum[i], 2);
+        l[i] = l[i] * alpha[i] + sum[i];
+    }
+    for (int n = 0; n < HS / 8; n++) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+    }
+}
+
 // -> out, lse of query rows q0 .. q0 + 63: block (qt, h, b), the longest rows first (qt = nqt - 1 - bx)
 template <int HS>
 __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, int b, int nqt, int tid,
                                             const FaArgs &a) {
     constexpr int LDX = HS + 8;
     floatX *Qs = (floatX *)smem, *kv = Qs + FA_TILE * LDX;   // then K0, V0, K1, V1
-    int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, kh = h / (a.NH / a.KV);   // kh: its kv head
     int q0 = (nqt - 1 - bx) * FA_TILE, qrow[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};   // this lane's two rows
-    const floatX *q = a.q + (size_t)b * a.q_bs + h * HS, *k = a.k + (size_t)b * a.kv_bs + h * HS,
-        *v = a.v + (size_t)b * a.kv_bs + h * HS;
+    const floatX *q = a.q + (size_t)b * a.q_bs + h * HS, *k = a.k + (size_t)b * a.kv_bs + kh * HS,
+        *v = a.v + (size_t)b * a.kv_bs + kh * HS;
     // scores in base 2 (s scale log2 e): p = exp2(s2 - m2); m and lse in the same units until the end
     float scale2 = FA_LOG2E / sqrtf((float)HS), m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     float o[HS / 8][4], s[FA_TILE / 8][4];
@@ -345,39 +390,7 @@ __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, 
         int k0 = kt * FA_TILE, edge = fa_edge(a, q0, k0);
         floatX *Ks = fa_kv_next<HS>(kv, k, v, a.kv_ld, a.nk, kt, last, tid), *Vs = Ks + FA_TILE * LDX;
         fa_scores<HS>(s, qa, Ks, lane);   // S (16, 64) = Q_w K^T
-        // online softmax: mask, the rows' new max (over the 4 lanes of a row), P = exp2(s2 - m_new), l, O rescaled
-        float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f}, alpha[2];
-        for (int j = 0; j < FA_TILE / 8; j++) {
-            for (int e = 0; e < 4; e++) {
-                int key = k0 + j * 8 + 2 * t + (e & 1), i = e / 2;
-                s[j][e] = !edge || fa_visible(a, qrow[i], key) ? s[j][e] * scale2 : -INFINITY;
-                mx[i] = fmaxf(mx[i], s[j][e]);
-            }
-        }
-        float mref[2];   // the max the exponents subtract: -inf only for a row past nq (every key masked, its
-                         // results unused), which subtracts 0 instead (exp2(-inf) = 0, not NaN)
-        for (int i = 0; i < 2; i++) {
-            mx[i] = fmaxf(mx[i], fa_shfl_xor(mx[i], 1));
-            mx[i] = fmaxf(mx[i], fa_shfl_xor(mx[i], 2));
-            float m_new = fmaxf(m[i], mx[i]);
-            mref[i] = m_new == -INFINITY ? 0.0f : m_new;
-            alpha[i] = exp2f(m[i] - mref[i]);
-            m[i] = m_new;
-        }
-        for (int j = 0; j < FA_TILE / 8; j++) {
-            for (int e = 0; e < 4; e++) { s[j][e] = exp2f(s[j][e] - mref[e / 2]); sum[e / 2] += s[j][e]; }
-        }
-        for (int i = 0; i < 2; i++) {
-            sum[i] += fa_shfl_xor(sum[i], 1);
-            sum[i] += fa_shfl_xor(sum[i], 2);
-            l[i] = l[i] * alpha[i] + sum[i];
-        }
-        for (int n = 0; n < HS / 8; n++) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
-        }
+        fa_online_softmax<HS>(s, m, l, o, a, qrow, k0, edge, t, scale2);   // P; the rows' m, l and O updated
         fa_accumulate<HS>(o, s, Vs, lane);   // O_w += P V
         fa_sync();   // every warp is done with this K, V buffer: the next call refills it
     }
@@ -409,50 +422,54 @@ __host__ __device__ void flash_forward_body(unsigned char *smem, int bx, int h, 
     }
 }
 
-// dK, dV of keys k0 .. k0 + 63: block (kt, h, b), the longest loops (first keys) first
+// dK, dV of keys k0 .. k0 + 63 of kv head kh: block (kt, kh, b), the longest loops (first keys) first; summed over
+// the kv head's G query heads in order, each one's query tiles in order
 template <int HS>
-__host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, int h, int b, int tid, const FaArgs &a) {
+__host__ __device__ void flash_backward_dkdv_body(unsigned char *smem, int kt, int kh, int b, int tid,
+                                                  const FaArgs &a) {
     constexpr int LDX = HS + 8;
     floatX *Qs = (floatX *)smem, *dYs = Qs + FA_TILE * LDX, *Ks = dYs + FA_TILE * LDX, *Vs = Ks + FA_TILE * LDX;
     float *Ds = (float *)(Vs + FA_TILE * LDX), *Ls = Ds + FA_TILE;
-    int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, k0 = kt * FA_TILE;
+    int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, k0 = kt * FA_TILE, G = a.NH / a.KV;
     int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};   // this lane's two keys
-    const floatX *q = a.q + (size_t)b * a.q_bs + h * HS, *dy = a.dout + (size_t)b * a.out_bs + h * HS;
-    size_t stats = ((size_t)b * a.NH + h) * a.lse_T + a.lse_off;
     float scale = 1.0f / sqrtf((float)HS), scale2 = scale * FA_LOG2E;
-    fa_load_tile<HS>(Ks, a.k + (size_t)b * a.kv_bs + h * HS, k0, a.nk, a.kv_ld, tid);
-    fa_load_tile<HS>(Vs, a.v + (size_t)b * a.kv_bs + h * HS, k0, a.nk, a.kv_ld, tid);
+    fa_load_tile<HS>(Ks, a.k + (size_t)b * a.kv_bs + kh * HS, k0, a.nk, a.kv_ld, tid);
+    fa_load_tile<HS>(Vs, a.v + (size_t)b * a.kv_bs + kh * HS, k0, a.nk, a.kv_ld, tid);
     float dk[HS / 8][4], dv[HS / 8][4], s[FA_TILE / 8][4], dp[FA_TILE / 8][4];
     for (int n = 0; n < HS / 8; n++) { for (int e = 0; e < 4; e++) { dk[n][e] = 0.0f; dv[n][e] = 0.0f; } }
-    for (int qt = a.causal ? kt : 0; qt * FA_TILE < a.nq; qt++) {
-        int q0 = qt * FA_TILE;
-        fa_sync();   // every warp is done with the previous Q, dY, D, lse
-        fa_load_tile<HS>(Qs, q, q0, a.nq, a.q_ld, tid);
-        fa_load_tile<HS>(dYs, dy, q0, a.nq, a.out_ld, tid);
-        fa_row_stats(Ds, Ls, a.D + stats, a.lse + stats, q0, a.nq, tid);
-        fa_sync();
-        {   // the warp's K and V rows as A fragments, read again each tile (held across the loop, they would
-            // spill at head size 128 next to the dK, dV accumulators)
-            uint32_t ka[HS / 16][4], va[HS / 16][4];
-            fa_a_rows<HS>(ka, Ks, warp * 16, lane);
-            fa_a_rows<HS>(va, Vs, warp * 16, lane);
-            fa_scores<HS>(s, ka, Qs, lane);    // S^T (16 keys, 64 queries) = K_w Q^T
-            fa_scores<HS>(dp, va, dYs, lane);  // dP^T = V_w dY^T
-        }
-        int edge = fa_edge(a, q0, k0);
-        for (int j = 0; j < FA_TILE / 8; j++) {
-            for (int e = 0; e < 4; e++) {   // row = this lane's key e / 2, column = query q0 + c
-                int c = j * 8 + 2 * t + (e & 1);
-                float p = !edge || fa_visible(a, q0 + c, key[e / 2]) ? exp2f(s[j][e] * scale2 - Ls[c]) : 0.0f;
-                s[j][e] = p;
-                dp[j][e] = p * (dp[j][e] - Ds[c]) * scale;
+    for (int h = kh * G; h < kh * G + G; h++) {
+        const floatX *q = a.q + (size_t)b * a.q_bs + h * HS, *dy = a.dout + (size_t)b * a.out_bs + h * HS;
+        size_t stats = ((size_t)b * a.NH + h) * a.lse_T + a.lse_off;
+        for (int qt = a.causal ? kt : 0; qt * FA_TILE < a.nq; qt++) {
+            int q0 = qt * FA_TILE;
+            fa_sync();   // every warp is done with the previous Q, dY, D, lse
+            fa_load_tile<HS>(Qs, q, q0, a.nq, a.q_ld, tid);
+            fa_load_tile<HS>(dYs, dy, q0, a.nq, a.out_ld, tid);
+            fa_row_stats(Ds, Ls, a.D + stats, a.lse + stats, q0, a.nq, tid);
+            fa_sync();
+            {   // the warp's K and V rows as A fragments, read again each tile (held across the loop, they would
+                // spill at head size 128 next to the dK, dV accumulators)
+                uint32_t ka[HS / 16][4], va[HS / 16][4];
+                fa_a_rows<HS>(ka, Ks, warp * 16, lane);
+                fa_a_rows<HS>(va, Vs, warp * 16, lane);
+                fa_scores<HS>(s, ka, Qs, lane);    // S^T (16 keys, 64 queries) = K_w Q^T
+                fa_scores<HS>(dp, va, dYs, lane);  // dP^T = V_w dY^T
             }
+            int edge = fa_edge(a, q0, k0);
+            for (int j = 0; j < FA_TILE / 8; j++) {
+                for (int e = 0; e < 4; e++) {   // row = this lane's key e / 2, column = query q0 + c
+                    int c = j * 8 + 2 * t + (e & 1);
+                    float p = !edge || fa_visible(a, q0 + c, key[e / 2]) ? exp2f(s[j][e] * scale2 - Ls[c]) : 0.0f;
+                    s[j][e] = p;
+                    dp[j][e] = p * (dp[j][e] - Ds[c]) * scale;
+                }
+            }
+            fa_accumulate<HS>(dv, s, dYs, lane);   // dV_w += P^T dY
+            fa_accumulate<HS>(dk, dp, Qs, lane);   // dK_w += dS^T Q
         }
-        fa_accumulate<HS>(dv, s, dYs, lane);   // dV_w += P^T dY
-        fa_accumulate<HS>(dk, dp, Qs, lane);   // dK_w += dS^T Q
     }
-    fa_store_rows<HS>(a.dk + (size_t)b * a.dkv_bs + h * HS, dk, k0 + warp * 16, a.nk, a.dkv_ld, g, t, a.add);
-    fa_store_rows<HS>(a.dv + (size_t)b * a.dkv_bs + h * HS, dv, k0 + warp * 16, a.nk, a.dkv_ld, g, t, a.add);
+    fa_store_rows<HS>(a.dk + (size_t)b * a.dkv_bs + kh * HS, dk, k0 + warp * 16, a.nk, a.dkv_ld, g, t, a.add);
+    fa_store_rows<HS>(a.dv + (size_t)b * a.dkv_bs + kh * HS, dv, k0 + warp * 16, a.nk, a.dkv_ld, g, t, a.add);
 }
 
 // dQ of queries q0 .. q0 + 63: block (qt, h, b), the longest rows first (qt = nqt - 1 - bx)
@@ -463,8 +480,8 @@ __host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int
     floatX *Qs = (floatX *)smem, *dYs = Qs + FA_TILE * LDX, *kv = dYs + FA_TILE * LDX;   // then K0, V0, K1, V1
     float *Ds = (float *)(kv + 4 * FA_TILE * LDX), *Ls = Ds + FA_TILE;
     int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, q0 = (nqt - 1 - bx) * FA_TILE;
-    int qr[2] = {warp * 16 + g, warp * 16 + g + 8};   // this lane's two query rows, in the tile
-    const floatX *k = a.k + (size_t)b * a.kv_bs + h * HS, *v = a.v + (size_t)b * a.kv_bs + h * HS;
+    int qr[2] = {warp * 16 + g, warp * 16 + g + 8}, kh = h / (a.NH / a.KV);   // this lane's two query rows; its kv head
+    const floatX *k = a.k + (size_t)b * a.kv_bs + kh * HS, *v = a.v + (size_t)b * a.kv_bs + kh * HS;
     size_t stats = ((size_t)b * a.NH + h) * a.lse_T + a.lse_off;
     float scale = 1.0f / sqrtf((float)HS), scale2 = scale * FA_LOG2E;
     fa_kv_first<HS>(kv, k, v, a.kv_ld, a.nk, tid);
@@ -512,8 +529,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_backward_dq_kernel(const FaA
     flash_backward_dq_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, threadIdx.x, a);
 }
 template <int HS>
-__global__ void flash_row_dot_kernel(float *D, const floatX *dout, const floatX *out, int T, int C, int NH) {
-    flash_row_dot_body<HS>(D, dout, out, blockIdx.z, blockIdx.y, blockIdx.x * blockDim.x + threadIdx.x, T, C, NH);
+__global__ void flash_row_dot_kernel(float *D, const floatX *dout, const floatX *out, int T, int NH) {
+    flash_row_dot_body<HS>(D, dout, out, blockIdx.z, blockIdx.y, blockIdx.x * blockDim.x + threadIdx.x, T, NH);
 }
 
 // the backward's D (B, NH, T) fp32: set up by flash_setup (attention.h), before the first step
@@ -528,11 +545,11 @@ static void flash_setup(int B, int T, int NH) {
     }
 }
 
-// D = dY.Y of every row of out, dout (B, T, C) -> fa_D (B, NH, T)
+// D = dY.Y of every row of out, dout (B, T, NH HS) -> fa_D (B, NH, T)
 template <int HS>
-static void flash_row_dot(const floatX *dout, const floatX *out, int B, int T, int C, int NH) {
+static void flash_row_dot(const floatX *dout, const floatX *out, int B, int T, int NH) {
     flash_setup(B, T, NH);   // (set up before: a no-op)
-    flash_row_dot_kernel<HS><<<dim3(ceil_div(T, 128), NH, B), 128, 0, main_stream>>>(fa_D, dout, out, T, C, NH);
+    flash_row_dot_kernel<HS><<<dim3(ceil_div(T, 128), NH, B), 128, 0, main_stream>>>(fa_D, dout, out, T, NH);
     cudaCheckLaunch();
 }
 
@@ -544,13 +561,13 @@ static void flash_forward_args(const FaArgs &a, int B) {
     cudaCheckLaunch();
 }
 
-// (a.D set: fa_D from flash_row_dot)
+// (a.D set: fa_D from flash_row_dot) dK, dV: a block per kv head; dQ: per query head
 template <int HS>
 static void flash_backward_args(const FaArgs &a, int B) {
     size_t smem = fa_dkdv_smem<HS>(), smem_dq = fa_dq_smem<HS>();
     cudaCheck(cudaFuncSetAttribute(flash_backward_dkdv_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)smem));
-    flash_backward_dkdv_kernel<HS><<<dim3(ceil_div(a.nk, FA_TILE), a.NH, B), FA_THREADS, smem, main_stream>>>(a);
+    flash_backward_dkdv_kernel<HS><<<dim3(ceil_div(a.nk, FA_TILE), a.KV, B), FA_THREADS, smem, main_stream>>>(a);
     cudaCheckLaunch();
     cudaCheck(cudaFuncSetAttribute(flash_backward_dq_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)smem_dq));
@@ -558,19 +575,21 @@ static void flash_backward_args(const FaArgs &a, int B) {
     cudaCheckLaunch();
 }
 
+// qkv (B, T, (NH + 2KV) HS) -> out (B, T, NH HS), lse (B, NH, T)
 template <int HS>
-static void flash_forward_launch(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH) {
-    flash_forward_args<HS>(fa_args_full(qkv, out, lse, B, T, C, NH), B);
+static void flash_forward_launch(floatX *out, float *lse, const floatX *qkv, int B, int T, int NH, int KV) {
+    flash_forward_args<HS>(fa_args_full(qkv, out, lse, T, NH, KV, HS), B);
 }
 
+// dout (B, T, NH HS) -> dqkv (B, T, (NH + 2KV) HS) (written)
 template <int HS>
 static void flash_backward_launch(floatX *dqkv, const floatX *dout, const floatX *qkv, const floatX *out,
-                                  const float *lse, int B, int T, int C, int NH) {
-    flash_row_dot<HS>(dout, out, B, T, C, NH);
-    FaArgs a = fa_args_full(qkv, (floatX *)out, (float *)lse, B, T, C, NH);
+                                  const float *lse, int B, int T, int NH, int KV) {
+    flash_row_dot<HS>(dout, out, B, T, NH);
+    FaArgs a = fa_args_full(qkv, (floatX *)out, (float *)lse, T, NH, KV, HS);
     a.dout = dout; a.D = fa_D;
-    a.dq = dqkv; a.dk = dqkv + C; a.dv = dqkv + 2 * C;
-    a.dq_ld = a.dkv_ld = 3 * (size_t)C; a.dq_bs = a.dkv_bs = (size_t)T * 3 * C;
+    a.dq = dqkv; a.dk = dqkv + (size_t)NH * HS; a.dv = a.dk + (size_t)KV * HS;
+    a.dq_ld = a.dkv_ld = a.q_ld; a.dq_bs = a.dkv_bs = a.q_bs;
     flash_backward_args<HS>(a, B);
 }
 #endif

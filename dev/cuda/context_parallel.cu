@@ -4,7 +4,8 @@
 // give the one-device causal attention of the 2c tokens, forward and backward (CPU loops against CPU
 // loops). The inputs are rounded to floatX first, so the CPU loops see what the kernels see; the
 // backward's bound for the floatX partials between blocks is below.
-// Shapes: B 2, T 512 local tokens (c 256), C 768, NH 12 (hs 64).
+// Shapes: B 2, T 512 local tokens (c 256), NH 12 query heads of hs 64 (C 768), with KV 12 kv heads, then 4
+// (grouped-query attention: query head h reads kv head h / 3).
 #include "../../llmc/attention.h"
 #include "../../llmc/context_parallel.h"
 #include "common.h"
@@ -16,20 +17,16 @@ static const float ATT_U = 0x1p-24f;
 static const float ATT_U = 0x1p-8f;
 #endif
 
-static float *rounded(size_t n, float lo, float hi) {   // random values that floatX holds exactly
-    float *h = make_random(n, lo, hi);
-    floatX *d = to_device(h, n);
-    float *r = from_device(d, n);
-    cudaCheck(cudaFree(d));
-    free(h);
-    return r;
-}
-
-// the shapes, and the three blocks of a rank's two chunks
-static const int B = 2, T = 512, C = 768, NH = 12, c = T / 2;
-static const size_t nqkv = (size_t)B * T * 3 * C, nkv = (size_t)B * T * 2 * C, nout = (size_t)B * T * C,
-                    nlse = (size_t)B * NH * T;
+// the shapes (the kv heads KV per case: set_heads), and the three blocks of a rank's two chunks
+static const int B = 2, T = 512, NH = 12, hs = 64, C = NH * hs, c = T / 2;
+static int KV, W, W2;                  // kv heads; the row widths of qkv ((NH + 2KV) hs) and of kv (2 KV hs)
+static size_t nqkv, nkv, nout, nlse;
 static const int blocks[3][3] = {{0, 0, 1}, {c, 0, 0}, {c, c, 1}};   // (q0, k0, causal)
+
+static void set_heads(int kv) {
+    KV = kv; W = (NH + 2 * KV) * hs; W2 = 2 * KV * hs;
+    nqkv = (size_t)B * T * W; nkv = (size_t)B * T * W2; nout = (size_t)B * T * C; nlse = (size_t)B * NH * T;
+}
 
 // the CPU loops' buffers and the kernels' (d_); out1, lse1, dqkv1: the one-device attention's
 typedef struct {
@@ -38,13 +35,13 @@ typedef struct {
     float *d_lse;
 } CPBuffers;
 
-// the inputs qkv and dout (rounded to floatX), and kv, on both sides
+// the inputs qkv and dout (make_random's: values floatX holds exactly), and kv, on both sides
 static void make_inputs(CPBuffers *p) {
-    p->qkv = rounded(nqkv, -1.0f, 1.0f);
-    p->dout = rounded(nout, -1.0f, 1.0f);
+    p->qkv = make_random(nqkv, -1.0f, 1.0f);
+    p->dout = make_random(nout, -1.0f, 1.0f);
     p->kv = (float *)malloc_check(nkv * sizeof(float));   // the k and v parts of qkv
     for (size_t r = 0; r < (size_t)B * T; r++) {
-        memcpy(p->kv + r * 2 * C, p->qkv + r * 3 * C + C, 2 * C * sizeof(float));
+        memcpy(p->kv + r * W2, p->qkv + r * W + C, W2 * sizeof(float));
     }
     p->d_qkv = to_device(p->qkv, nqkv); p->d_kv = to_device(p->kv, nkv); p->d_dout = to_device(p->dout, nout);
 }
@@ -55,7 +52,6 @@ static void make_inputs(CPBuffers *p) {
 // with p = exp(s scale - lse) against the final lse (the merged weights) and ds = p (dp - D) scale. A bound,
 // not a fit; the warp kernels (fp32 P) get it too, where it only loosens the check by u of the terms.
 static void blocks_kappa(const CPBuffers *p, const float *out, float *kappa_out, float *kappa_q, float *kappa_kv) {
-    int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     for (int k = 0; k < 3; k++) {
         int q0 = blocks[k][0], k0 = blocks[k][1], causal = blocks[k][2];
@@ -63,21 +59,21 @@ static void blocks_kappa(const CPBuffers *p, const float *out, float *kappa_out,
             for (int h = 0; h < NH; h++) {
                 for (int t = 0; t < c; t++) {
                     size_t row = (size_t)b * T + q0 + t;
-                    const float *q = p->qkv + row * 3 * C + h * hs, *dy = p->dout + row * C + h * hs,
+                    const float *q = p->qkv + row * W + h * hs, *dy = p->dout + row * C + h * hs,
                                 *y = out + row * C + h * hs;
                     float l = p->lse[((size_t)b * NH + h) * T + q0 + t], D = 0.0f;
                     for (int i = 0; i < hs; i++) { D += dy[i] * y[i]; }
                     for (int j = 0; j < (causal ? t + 1 : c); j++) {
-                        size_t krow = (size_t)b * T + k0 + j;
-                        const float *kk = p->kv + krow * 2 * C + h * hs, *v = kk + C;
+                        size_t krow = (size_t)b * T + k0 + j, kcol = (size_t)(h / (NH / KV)) * hs;   // its kv head
+                        const float *kk = p->kv + krow * W2 + kcol, *v = kk + KV * hs;
                         float sc = 0.0f, dp = 0.0f;
                         for (int i = 0; i < hs; i++) { sc += q[i] * kk[i]; dp += dy[i] * v[i]; }
                         float pr = expf(sc * scale - l), ds = fabsf(pr * (dp - D) * scale);
                         for (int i = 0; i < hs; i++) {
                             kappa_out[row * C + h * hs + i] += ATT_U * pr * fabsf(v[i]);
-                            kappa_q[row * 3 * C + h * hs + i] += ATT_U * ds * fabsf(kk[i]);
-                            kappa_kv[krow * 2 * C + h * hs + i] += ATT_U * ds * fabsf(q[i]);
-                            kappa_kv[krow * 2 * C + C + h * hs + i] += ATT_U * pr * fabsf(dy[i]);
+                            kappa_q[row * W + h * hs + i] += ATT_U * ds * fabsf(kk[i]);
+                            kappa_kv[krow * W2 + kcol + i] += ATT_U * ds * fabsf(q[i]);
+                            kappa_kv[krow * W2 + KV * hs + kcol + i] += ATT_U * pr * fabsf(dy[i]);
                         }
                     }
                 }
@@ -97,9 +93,9 @@ static int check_forward(CPBuffers *p) {
     for (size_t i = 0; i < nlse; i++) { p->lse[i] = -INFINITY; }
     attention_block_init(p->d_out, p->d_lse, nout, nlse);
     for (int k = 0; k < 3; k++) {
-        attention_block_forward_cpu(p->out, p->lse, p->qkv, p->kv, B, T, C, NH, blocks[k][0], blocks[k][1], c,
+        attention_block_forward_cpu(p->out, p->lse, p->qkv, p->kv, B, T, NH, KV, hs, blocks[k][0], blocks[k][1], c,
                                     blocks[k][2]);
-        attention_block_forward(p->d_out, p->d_lse, p->d_qkv, p->d_kv, B, T, C, NH, blocks[k][0], blocks[k][1], c,
+        attention_block_forward(p->d_out, p->d_lse, p->d_qkv, p->d_kv, B, T, NH, KV, hs, blocks[k][0], blocks[k][1], c,
                                 blocks[k][2]);
     }
     float *kappa_out = (float *)calloc(nout, sizeof(float)), *kq = (float *)calloc(nqkv, sizeof(float)),
@@ -116,7 +112,7 @@ static int check_forward_decomposition(CPBuffers *p) {
     int fails = 0;
     p->out1 = (float *)malloc_check(nout * sizeof(float));
     p->lse1 = (float *)malloc_check(nlse * sizeof(float));
-    attention_forward_cpu(p->out1, p->lse1, p->qkv, B, T, C, NH);
+    attention_forward_cpu(p->out1, p->lse1, p->qkv, B, T, NH, KV, hs);
     fails += compare("blocks = causal attention: out", p->out, p->out1, nout, TOL_FP32);
     fails += compare("blocks = causal attention: lse", p->lse, p->lse1, nlse, TOL_FP32);
     return fails;
@@ -140,9 +136,9 @@ static int check_backward(CPBuffers *p) {
     cudaCheck(cudaMemsetAsync(p->d_dqkv, 0, nqkv * sizeof(floatX), main_stream));
     cudaCheck(cudaMemsetAsync(p->d_dkv, 0, nkv * sizeof(floatX), main_stream));
     for (int k = 0; k < 3; k++) {
-        attention_block_backward_cpu(p->dqkv, p->dkv, p->dout, p->qkv, p->out_x, p->lse, p->kv, B, T, C, NH,
+        attention_block_backward_cpu(p->dqkv, p->dkv, p->dout, p->qkv, p->out_x, p->lse, p->kv, B, T, NH, KV, hs,
                                      blocks[k][0], blocks[k][1], c, blocks[k][2]);
-        attention_block_backward(p->d_dqkv, p->d_dkv, p->d_dout, p->d_qkv, p->d_out, p->d_lse, p->d_kv, B, T, C, NH,
+        attention_block_backward(p->d_dqkv, p->d_dkv, p->d_dout, p->d_qkv, p->d_out, p->d_lse, p->d_kv, B, T, NH, KV, hs,
                                  blocks[k][0], blocks[k][1], c, blocks[k][2]);
         if (k < 2) { part_q[k] = copy_floats(p->dqkv, nqkv); part_kv[k] = copy_floats(p->dkv, nkv); }
     }
@@ -170,13 +166,13 @@ static int check_backward_decomposition(CPBuffers *p) {
     memset(p->dqkv, 0, nqkv * sizeof(float));
     memset(p->dkv, 0, nkv * sizeof(float));
     for (int k = 0; k < 3; k++) {
-        attention_block_backward_cpu(p->dqkv, p->dkv, p->dout, p->qkv, p->out, p->lse, p->kv, B, T, C, NH,
+        attention_block_backward_cpu(p->dqkv, p->dkv, p->dout, p->qkv, p->out, p->lse, p->kv, B, T, NH, KV, hs,
                                      blocks[k][0], blocks[k][1], c, blocks[k][2]);
     }
     p->dqkv1 = (float *)malloc_check(nqkv * sizeof(float));
-    attention_backward_cpu(p->dqkv1, p->dout, p->qkv, p->out1, p->lse1, B, T, C, NH);
+    attention_backward_cpu(p->dqkv1, p->dout, p->qkv, p->out1, p->lse1, B, T, NH, KV, hs);
     for (size_t r = 0; r < (size_t)B * T; r++) {
-        memcpy(p->dqkv + r * 3 * C + C, p->dkv + r * 2 * C, 2 * C * sizeof(float));
+        memcpy(p->dqkv + r * W + C, p->dkv + r * W2, W2 * sizeof(float));
     }
     return compare("blocks = causal attention: dqkv", p->dqkv, p->dqkv1, nqkv, TOL_FP32);
 }
@@ -184,12 +180,12 @@ static int check_backward_decomposition(CPBuffers *p) {
 // one full c x c block, forward and backward, timed
 static void time_blocks(const CPBuffers *p) {
     report_time("block forward (c x c, full)", time_ms(5, [&] {
-                    attention_block_forward(p->d_out, p->d_lse, p->d_qkv, p->d_kv, B, T, C, NH, c, 0, c, 0); }),
-                0, 4.0 * B * NH * c * c * (C / NH));
+                    attention_block_forward(p->d_out, p->d_lse, p->d_qkv, p->d_kv, B, T, NH, KV, hs, c, 0, c, 0); }),
+                0, 4.0 * B * NH * c * c * hs);
     report_time("block backward (c x c, full)", time_ms(5, [&] {
                     attention_block_backward(p->d_dqkv, p->d_dkv, p->d_dout, p->d_qkv, p->d_out, p->d_lse, p->d_kv,
-                                             B, T, C, NH, c, 0, c, 0); }),
-                0, 10.0 * B * NH * c * c * (C / NH));
+                                             B, T, NH, KV, hs, c, 0, c, 0); }),
+                0, 10.0 * B * NH * c * c * hs);
 }
 
 // every buffer, device and host
@@ -205,14 +201,19 @@ int main(int argc, char **argv) {
     harness_init(&argc, &argv, "context_parallel");
     int fails = 0;
     rng_seed(7);
-    CPBuffers p;
-    memset(&p, 0, sizeof(p));
-    make_inputs(&p);
-    fails += check_forward(&p);
-    fails += check_forward_decomposition(&p);
-    fails += check_backward(&p);
-    fails += check_backward_decomposition(&p);
-    time_blocks(&p);
-    free_buffers(&p);
+    int kvs[2] = {NH, 4};   // multi-head attention, then grouped-query (3 query heads per kv head)
+    for (int i = 0; i < 2; i++) {
+        set_heads(kvs[i]);
+        printf("-- B=%d T=%d NH=%d KV=%d (head size %d)\n", B, T, NH, KV, hs);
+        CPBuffers p;
+        memset(&p, 0, sizeof(p));
+        make_inputs(&p);
+        fails += check_forward(&p);
+        fails += check_forward_decomposition(&p);
+        fails += check_backward(&p);
+        fails += check_backward_decomposition(&p);
+        time_blocks(&p);
+        free_buffers(&p);
+    }
     return harness_finish(fails);
 }

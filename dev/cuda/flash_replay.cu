@@ -129,7 +129,7 @@ static floatX *to_bf16(const float *x, size_t n) {
 
 static int fails = 0;
 template <typename X>
-static void compare(const char *what, const X *got, const float *want, size_t n, int B, int T, int C, int NH) {
+static void compare(const char *what, const X *got, const float *want, size_t n, int B, int T, int NH, int KV, int hs) {
     double worst = 0.0, sq = 0.0, ref = 0.0;
     size_t bad = 0, at = 0;
     for (size_t i = 0; i < n; i++) {
@@ -138,21 +138,22 @@ static void compare(const char *what, const X *got, const float *want, size_t n,
         if (!(err <= allowed)) { bad++; }
         if (!(err / allowed <= worst)) { worst = err / allowed; at = i; }
     }
-    printf("%-4s flash replay B%d T%d C%d NH%d (hs %d): %-14s %zu of %zu beyond 1e-2 + 2e-2|ref| (worst err/allowed %.3f at %zu), rms err / rms %.2e\n",
-           bad ? "FAIL" : "ok", B, T, C, NH, C / NH, what, bad, n, worst, at, sqrt(sq / (ref + 1e-30)));
+    printf("%-4s flash replay B%d T%d NH%d KV%d (hs %d): %-14s %zu of %zu beyond 1e-2 + 2e-2|ref| (worst err/allowed %.3f at %zu), rms err / rms %.2e\n",
+           bad ? "FAIL" : "ok", B, T, NH, KV, hs, what, bad, n, worst, at, sqrt(sq / (ref + 1e-30)));
     fails += bad > 0;
 }
 
+// One-device attention, NH query heads sharing KV kv heads (grouped-query: query head h reads kv head h / (NH / KV))
 template <int HS>
-static void run_case(int B, int T, int NH) {
-    int C = NH * HS;
-    unsigned int seed = 99u + T;
-    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
+static void run_case(int B, int T, int NH, int KV) {
+    int W = (NH + 2 * KV) * HS, C = NH * HS;
+    unsigned int seed = 99u + T + 7u * (NH - KV);
+    size_t nqkv = (size_t)B * T * W, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
     float *qkv = rounded_random(nqkv, &seed), *dout = rounded_random(nout, &seed);
     float *out = (float *)malloc(nout * sizeof(float)), *lse = (float *)malloc(nlse * sizeof(float)), *dqkv = (float *)malloc(nqkv * sizeof(float));
-    attention_forward_cpu(out, lse, qkv, B, T, C, NH);
+    attention_forward_cpu(out, lse, qkv, B, T, NH, KV, HS);
     for (size_t i = 0; i < nout; i++) { out[i] = (float)(floatX)out[i]; }   // the backward reads out as stored
-    attention_backward_cpu(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    attention_backward_cpu(dqkv, dout, qkv, out, lse, B, T, NH, KV, HS);
     floatX *x_qkv = to_bf16(qkv, nqkv), *x_dout = to_bf16(dout, nout), *x_outc = to_bf16(out, nout);
     floatX *g_out = (floatX *)aligned_alloc(64, nout * sizeof(floatX) + 64), *g_dqkv = (floatX *)aligned_alloc(64, nqkv * sizeof(floatX) + 64);
     float *g_lse = (float *)malloc(nlse * sizeof(float));
@@ -162,9 +163,9 @@ static void run_case(int B, int T, int NH) {
     size_t smem_bytes = fa_dq_smem<HS>();   // (the largest: the forward's and dK/dV's are smaller)
     unsigned char *smem = (unsigned char *)aligned_alloc(64, (smem_bytes + 63) / 64 * 64);
     int nq = ceil_div(T, FA_TILE);
-    FaArgs fwd = fa_args_full(x_qkv, g_out, g_lse, B, T, C, NH), bwd = fa_args_full(x_qkv, x_outc, lse, B, T, C, NH);
-    bwd.dout = x_dout; bwd.dq = g_dqkv; bwd.dk = g_dqkv + C; bwd.dv = g_dqkv + 2 * C;
-    bwd.dq_ld = bwd.dkv_ld = 3 * (size_t)C; bwd.dq_bs = bwd.dkv_bs = (size_t)T * 3 * C;
+    FaArgs fwd = fa_args_full(x_qkv, g_out, g_lse, T, NH, KV, HS), bwd = fa_args_full(x_qkv, x_outc, lse, T, NH, KV, HS);
+    bwd.dout = x_dout; bwd.dq = g_dqkv; bwd.dk = g_dqkv + C; bwd.dv = bwd.dk + KV * HS;
+    bwd.dq_ld = bwd.dkv_ld = W; bwd.dq_bs = bwd.dkv_bs = (size_t)T * W;
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             for (int bx = 0; bx < nq; bx++) {
@@ -172,28 +173,26 @@ static void run_case(int B, int T, int NH) {
             }
         }
     }
-    compare("forward out", g_out, out, nout, B, T, C, NH);
-    compare("forward lse", g_lse, lse, nlse, B, T, C, NH);
+    compare("forward out", g_out, out, nout, B, T, NH, KV, HS);
+    compare("forward lse", g_lse, lse, nlse, B, T, NH, KV, HS);
     // the backward from the CPU forward's out (as stored) and lse, as the harness does: D of every row
-    // first (its own kernel), then the dK/dV and dQ blocks
+    // first (its own kernel), then the dK/dV blocks (one per kv head) and the dQ blocks (one per query head)
     float *g_D = (float *)malloc(nlse * sizeof(float));
     for (size_t i = 0; i < nlse; i++) { g_D[i] = NAN; }   // every row's D must be written
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            for (int q = 0; q < T; q++) { flash_row_dot_body<HS>(g_D, x_dout, x_outc, b, h, q, T, C, NH); }
+            for (int q = 0; q < T; q++) { flash_row_dot_body<HS>(g_D, x_dout, x_outc, b, h, q, T, NH); }
         }
     }
     bwd.D = g_D;
     for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            for (int bx = 0; bx < nq; bx++) {
-                run_block([&](int tid) { flash_backward_dkdv_body<HS>(smem, bx, h, b, tid, bwd); });
-                run_block([&](int tid) { flash_backward_dq_body<HS>(smem, bx, h, b, nq, tid, bwd); });
-            }
+        for (int bx = 0; bx < nq; bx++) {
+            for (int kh = 0; kh < KV; kh++) { run_block([&](int tid) { flash_backward_dkdv_body<HS>(smem, bx, kh, b, tid, bwd); }); }
+            for (int h = 0; h < NH; h++) { run_block([&](int tid) { flash_backward_dq_body<HS>(smem, bx, h, b, nq, tid, bwd); }); }
         }
     }
     free(g_D);
-    compare("backward dqkv", g_dqkv, dqkv, nqkv, B, T, C, NH);
+    compare("backward dqkv", g_dqkv, dqkv, nqkv, B, T, NH, KV, HS);
     free(qkv); free(dout); free(out); free(lse); free(dqkv); free(x_qkv); free(x_dout); free(x_outc); free(g_out); free(g_dqkv);
     free(g_lse); free(smem);
 }
@@ -204,109 +203,163 @@ static void run_case(int B, int T, int NH) {
 // same chunk causally), merged by log-sum-exp; the backward adds dq, and dk, dv into j's buffer. The same blocks
 // in the same order run through attention_block_forward_cpu / attention_block_backward_cpu (the specification,
 // fp32) and through the flash bodies (bf16 data, merge and add), and the final out, lse, dq, dk, dv are compared.
-template <int HS>
-static void run_ring_case(int B, int N, int c, int NH) {
-    int C = NH * HS, T = 2 * c;   // T: a rank's local tokens per sequence
-    unsigned int seed = 7u + (unsigned)(N * c);
-    size_t nqkv = (size_t)B * T * 3 * C, nkv = (size_t)B * T * 2 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
-    std::vector<float *> qkv(N), dout(N), out(N), lse(N), dqkv(N), kv(N), dkv(N);
-    std::vector<floatX *> x_qkv(N), x_dout(N), x_kv(N), g_out(N), g_dqkv(N), g_dkv(N), x_out(N);
-    std::vector<float *> g_lse(N), g_D(N);
-    auto zeros = [](size_t n) { return (float *)calloc(n, sizeof(float)); };
-    auto xzeros = [](size_t n) { floatX *x = (floatX *)aligned_alloc(64, (n * sizeof(floatX) + 63) / 64 * 64);
-                                 for (size_t i = 0; i < n; i++) { x[i] = (floatX)0.0f; } return x; };
+
+// One ring case's buffers, per rank r: the inputs qkv (T local rows, (NH + 2KV) HS), dout, and kv (its k and v
+// parts, 2 KV HS); the CPU loops' out, lse, dqkv, dkv (fp32); the flash bodies' (g_, bf16 data; x_: inputs as bf16)
+typedef struct {
+    int B, N, c, T, NH, KV, hs;
+    size_t nqkv, nkv, nout, nlse;
+    std::vector<float *> qkv, dout, out, lse, dqkv, kv, dkv, g_lse, g_D;
+    std::vector<floatX *> x_qkv, x_dout, x_kv, x_out, g_out, g_dqkv, g_dkv;
+} RingCase;
+
+static float *ring_zeros(size_t n) { return (float *)calloc(n, sizeof(float)); }
+static floatX *ring_xzeros(size_t n) {
+    floatX *x = (floatX *)aligned_alloc(64, (n * sizeof(floatX) + 63) / 64 * 64);
+    for (size_t i = 0; i < n; i++) { x[i] = (floatX)0.0f; }
+    return x;
+}
+
+// the inputs (random, bf16-exact) and the outputs before the first block: out 0, lse -inf, gradients 0
+static void ring_alloc(RingCase *rc, int B, int N, int c, int NH, int KV, int hs) {
+    *rc = RingCase();
+    rc->B = B; rc->N = N; rc->c = c; rc->T = 2 * c; rc->NH = NH; rc->KV = KV; rc->hs = hs;
+    size_t rows = (size_t)B * rc->T, W = (size_t)(NH + 2 * KV) * hs, W2 = (size_t)2 * KV * hs;
+    rc->nqkv = rows * W; rc->nkv = rows * W2; rc->nout = rows * NH * hs; rc->nlse = (size_t)B * NH * rc->T;
+    unsigned int seed = 7u + (unsigned)(N * c) + 13u * (NH - KV);
     for (int r = 0; r < N; r++) {
-        qkv[r] = rounded_random(nqkv, &seed); dout[r] = rounded_random(nout, &seed);
-        out[r] = zeros(nout); lse[r] = zeros(nlse); dqkv[r] = zeros(nqkv); kv[r] = zeros(nkv); dkv[r] = zeros(nkv);
-        for (size_t i = 0; i < nlse; i++) { lse[r][i] = -INFINITY; }
-        for (size_t row = 0; row < (size_t)B * T; row++) {
-            memcpy(kv[r] + row * 2 * C, qkv[r] + row * 3 * C + C, 2 * C * sizeof(float));
-        }
-        x_qkv[r] = to_bf16(qkv[r], nqkv); x_dout[r] = to_bf16(dout[r], nout); x_kv[r] = to_bf16(kv[r], nkv);
-        g_out[r] = xzeros(nout); g_dqkv[r] = xzeros(nqkv); g_dkv[r] = xzeros(nkv);
-        g_lse[r] = zeros(nlse); g_D[r] = zeros(nlse);
-        for (size_t i = 0; i < nlse; i++) { g_lse[r][i] = -INFINITY; }
+        float *qkv = rounded_random(rc->nqkv, &seed), *kv = ring_zeros(rc->nkv);
+        for (size_t row = 0; row < rows; row++) { memcpy(kv + row * W2, qkv + row * W + (size_t)NH * hs, W2 * sizeof(float)); }
+        rc->qkv.push_back(qkv); rc->kv.push_back(kv); rc->dout.push_back(rounded_random(rc->nout, &seed));
+        rc->out.push_back(ring_zeros(rc->nout)); rc->lse.push_back(ring_zeros(rc->nlse));
+        rc->dqkv.push_back(ring_zeros(rc->nqkv)); rc->dkv.push_back(ring_zeros(rc->nkv));
+        rc->x_qkv.push_back(to_bf16(qkv, rc->nqkv)); rc->x_dout.push_back(to_bf16(rc->dout[r], rc->nout));
+        rc->x_kv.push_back(to_bf16(kv, rc->nkv)); rc->x_out.push_back(NULL);
+        rc->g_out.push_back(ring_xzeros(rc->nout)); rc->g_dqkv.push_back(ring_xzeros(rc->nqkv));
+        rc->g_dkv.push_back(ring_xzeros(rc->nkv));
+        rc->g_lse.push_back(ring_zeros(rc->nlse)); rc->g_D.push_back(ring_zeros(rc->nlse));
+        for (size_t i = 0; i < rc->nlse; i++) { rc->lse[r][i] = -INFINITY; rc->g_lse[r][i] = -INFINITY; }
     }
-    unsigned char *smem = (unsigned char *)aligned_alloc(64, (fa_dq_smem<HS>() + 63) / 64 * 64);
-    int nt = ceil_div(c, FA_TILE);
-    // each (rank i, step s, query chunk qa, key chunk kb) block, in the ring's order
-    auto blocks = [&](auto block) {
-        for (int i = 0; i < N; i++) {
-            for (int step = 0; step < N; step++) {
-                int j = (i - step + N) % N;
-                for (int qa = 0; qa < 2; qa++) {
-                    for (int kb = 0; kb < 2; kb++) {
-                        int qc = qa ? 2 * N - 1 - i : i, kc = kb ? 2 * N - 1 - j : j;
-                        if (kc <= qc) { block(i, j, qa * c, kb * c, kc == qc); }
-                    }
+}
+
+static void ring_free(RingCase *rc) {
+    for (int r = 0; r < rc->N; r++) {
+        free(rc->qkv[r]); free(rc->dout[r]); free(rc->out[r]); free(rc->lse[r]); free(rc->dqkv[r]); free(rc->kv[r]);
+        free(rc->dkv[r]); free(rc->x_qkv[r]); free(rc->x_dout[r]); free(rc->x_kv[r]); free(rc->x_out[r]);
+        free(rc->g_out[r]); free(rc->g_dqkv[r]); free(rc->g_dkv[r]); free(rc->g_lse[r]); free(rc->g_D[r]);
+    }
+}
+
+// block(i, j, q0, k0, causal) for each (rank i, step s, query chunk qa, key chunk kb) block, in the ring's order
+template <typename F>
+static void ring_blocks(const RingCase *rc, F block) {
+    int N = rc->N, c = rc->c;
+    for (int i = 0; i < N; i++) {
+        for (int step = 0; step < N; step++) {
+            int j = (i - step + N) % N;
+            for (int qa = 0; qa < 2; qa++) {
+                for (int kb = 0; kb < 2; kb++) {
+                    int qc = qa ? 2 * N - 1 - i : i, kc = kb ? 2 * N - 1 - j : j;
+                    if (kc <= qc) { block(i, j, qa * c, kb * c, kc == qc); }
                 }
             }
         }
-    };
-    auto args = [&](int i, int j, int q0, int k0, int causal) {
-        FaArgs a;
-        memset(&a, 0, sizeof(a));
-        a.q = x_qkv[i] + (size_t)q0 * 3 * C; a.k = x_kv[j] + (size_t)k0 * 2 * C; a.v = a.k + C;
-        a.q_ld = 3 * (size_t)C; a.q_bs = (size_t)T * 3 * C; a.kv_ld = 2 * (size_t)C; a.kv_bs = (size_t)T * 2 * C;
-        a.nq = a.nk = c; a.causal = causal; a.NH = NH;
-        a.out = g_out[i] + (size_t)q0 * C; a.out_ld = C; a.out_bs = (size_t)T * C;
-        a.lse = g_lse[i]; a.lse_T = T; a.lse_off = q0; a.merge = 1;
-        return a;
-    };
-    blocks([&](int i, int j, int q0, int k0, int causal) {
-        attention_block_forward_cpu(out[i], lse[i], qkv[i], kv[j], B, T, C, NH, q0, k0, c, causal);
-        FaArgs a = args(i, j, q0, k0, causal);
-        for (int b = 0; b < B; b++) {
-            for (int h = 0; h < NH; h++) {
+    }
+}
+
+// the flash bodies' forward block: rank i's query rows from q0 over rank j's keys from k0, merged into g_out, g_lse
+static FaArgs ring_args(const RingCase *rc, int i, int j, int q0, int k0, int causal) {
+    FaArgs a;
+    memset(&a, 0, sizeof(a));
+    size_t W = (size_t)(rc->NH + 2 * rc->KV) * rc->hs, W2 = (size_t)2 * rc->KV * rc->hs, C = (size_t)rc->NH * rc->hs;
+    a.q = rc->x_qkv[i] + (size_t)q0 * W; a.k = rc->x_kv[j] + (size_t)k0 * W2; a.v = a.k + (size_t)rc->KV * rc->hs;
+    a.q_ld = W; a.q_bs = (size_t)rc->T * W; a.kv_ld = W2; a.kv_bs = (size_t)rc->T * W2;
+    a.nq = a.nk = rc->c; a.causal = causal; a.NH = rc->NH; a.KV = rc->KV;
+    a.out = rc->g_out[i] + (size_t)q0 * C; a.out_ld = C; a.out_bs = (size_t)rc->T * C;
+    a.lse = rc->g_lse[i]; a.lse_T = rc->T; a.lse_off = q0; a.merge = 1;
+    return a;
+}
+
+// ... the backward block: from the CPU's final lse and D, dq added into rank i's g_dqkv, dk, dv into rank j's g_dkv
+static FaArgs ring_backward_args(const RingCase *rc, int i, int j, int q0, int k0, int causal) {
+    FaArgs a = ring_args(rc, i, j, q0, k0, causal);
+    size_t W = (size_t)(rc->NH + 2 * rc->KV) * rc->hs, W2 = (size_t)2 * rc->KV * rc->hs, C = (size_t)rc->NH * rc->hs;
+    a.lse = rc->lse[i]; a.merge = 0;
+    a.dout = rc->x_dout[i] + (size_t)q0 * C; a.D = rc->g_D[i];
+    a.dq = rc->g_dqkv[i] + (size_t)q0 * W; a.dq_ld = W; a.dq_bs = (size_t)rc->T * W;
+    a.dk = rc->g_dkv[j] + (size_t)k0 * W2; a.dv = a.dk + (size_t)rc->KV * rc->hs; a.dkv_ld = W2; a.dkv_bs = (size_t)rc->T * W2;
+    a.add = 1;
+    return a;
+}
+
+// every block forward, through the loops and through the flash bodies (a block per (query tile, query head, batch))
+template <int HS>
+static void ring_forward(RingCase *rc, unsigned char *smem) {
+    int nt = ceil_div(rc->c, FA_TILE);
+    ring_blocks(rc, [&](int i, int j, int q0, int k0, int causal) {
+        attention_block_forward_cpu(rc->out[i], rc->lse[i], rc->qkv[i], rc->kv[j], rc->B, rc->T, rc->NH, rc->KV, HS, q0,
+                                    k0, rc->c, causal);
+        FaArgs a = ring_args(rc, i, j, q0, k0, causal);
+        for (int b = 0; b < rc->B; b++) {
+            for (int h = 0; h < rc->NH; h++) {
                 for (int bx = 0; bx < nt; bx++) { run_block([&](int tid) { flash_forward_body<HS>(smem, bx, h, b, nt, tid, a); }); }
             }
         }
     });
-    for (int r = 0; r < N; r++) {
-        char what[64];
-        snprintf(what, sizeof(what), "ring %d out", r);
-        compare(what, g_out[r], out[r], nout, B, T, C, NH);
-        snprintf(what, sizeof(what), "ring %d lse", r);
-        compare(what, g_lse[r], lse[r], nlse, B, T, C, NH);
-        // the backward from the CPU's final out (as stored) and lse, as one would from the device's
-        for (size_t k = 0; k < nout; k++) { out[r][k] = (float)(floatX)out[r][k]; }
-        x_out[r] = to_bf16(out[r], nout);
-        for (int b = 0; b < B; b++) {
-            for (int h = 0; h < NH; h++) {
-                for (int q = 0; q < T; q++) { flash_row_dot_body<HS>(g_D[r], x_dout[r], x_out[r], b, h, q, T, C, NH); }
-            }
+}
+
+// rank r's out and lse compared; then its out as stored (bf16) and the D of its rows for the backward, as one would
+// from the device's
+template <int HS>
+static void ring_check_forward(RingCase *rc, int r) {
+    char what[64];
+    snprintf(what, sizeof(what), "ring %d out", r);
+    compare(what, rc->g_out[r], rc->out[r], rc->nout, rc->B, rc->T, rc->NH, rc->KV, HS);
+    snprintf(what, sizeof(what), "ring %d lse", r);
+    compare(what, rc->g_lse[r], rc->lse[r], rc->nlse, rc->B, rc->T, rc->NH, rc->KV, HS);
+    for (size_t k = 0; k < rc->nout; k++) { rc->out[r][k] = (float)(floatX)rc->out[r][k]; }
+    rc->x_out[r] = to_bf16(rc->out[r], rc->nout);
+    for (int b = 0; b < rc->B; b++) {
+        for (int h = 0; h < rc->NH; h++) {
+            for (int q = 0; q < rc->T; q++) { flash_row_dot_body<HS>(rc->g_D[r], rc->x_dout[r], rc->x_out[r], b, h, q, rc->T, rc->NH); }
         }
     }
-    blocks([&](int i, int j, int q0, int k0, int causal) {
-        attention_block_backward_cpu(dqkv[i], dkv[j], dout[i], qkv[i], out[i], lse[i], kv[j], B, T, C, NH, q0, k0, c,
-                                     causal);
-        FaArgs a = args(i, j, q0, k0, causal);
-        a.lse = lse[i]; a.merge = 0;
-        a.dout = x_dout[i] + (size_t)q0 * C; a.D = g_D[i];
-        a.dq = g_dqkv[i] + (size_t)q0 * 3 * C; a.dq_ld = 3 * (size_t)C; a.dq_bs = (size_t)T * 3 * C;
-        a.dk = g_dkv[j] + (size_t)k0 * 2 * C; a.dv = a.dk + C; a.dkv_ld = 2 * (size_t)C; a.dkv_bs = (size_t)T * 2 * C;
-        a.add = 1;
-        for (int b = 0; b < B; b++) {
-            for (int h = 0; h < NH; h++) {
-                for (int bx = 0; bx < nt; bx++) {
-                    run_block([&](int tid) { flash_backward_dkdv_body<HS>(smem, bx, h, b, tid, a); });
-                    run_block([&](int tid) { flash_backward_dq_body<HS>(smem, bx, h, b, nt, tid, a); });
-                }
+}
+
+// every block backward, through the loops and the flash bodies (dK/dV a block per (key tile, kv head, batch), dQ per
+// (query tile, query head, batch))
+template <int HS>
+static void ring_backward(RingCase *rc, unsigned char *smem) {
+    int nt = ceil_div(rc->c, FA_TILE);
+    ring_blocks(rc, [&](int i, int j, int q0, int k0, int causal) {
+        attention_block_backward_cpu(rc->dqkv[i], rc->dkv[j], rc->dout[i], rc->qkv[i], rc->out[i], rc->lse[i], rc->kv[j],
+                                     rc->B, rc->T, rc->NH, rc->KV, HS, q0, k0, rc->c, causal);
+        FaArgs a = ring_backward_args(rc, i, j, q0, k0, causal);
+        for (int b = 0; b < rc->B; b++) {
+            for (int bx = 0; bx < nt; bx++) {
+                for (int kh = 0; kh < rc->KV; kh++) { run_block([&](int tid) { flash_backward_dkdv_body<HS>(smem, bx, kh, b, tid, a); }); }
+                for (int h = 0; h < rc->NH; h++) { run_block([&](int tid) { flash_backward_dq_body<HS>(smem, bx, h, b, nt, tid, a); }); }
             }
         }
     });
+}
+
+template <int HS>
+static void run_ring_case(int B, int N, int c, int NH, int KV) {
+    RingCase rc;
+    ring_alloc(&rc, B, N, c, NH, KV, HS);
+    unsigned char *smem = (unsigned char *)aligned_alloc(64, (fa_dq_smem<HS>() + 63) / 64 * 64);
+    ring_forward<HS>(&rc, smem);
+    for (int r = 0; r < N; r++) { ring_check_forward<HS>(&rc, r); }
+    ring_backward<HS>(&rc, smem);
     for (int r = 0; r < N; r++) {
         char what[64];
         snprintf(what, sizeof(what), "ring %d dqkv", r);   // (the k, v parts stay 0 in both: they go to dkv)
-        compare(what, g_dqkv[r], dqkv[r], nqkv, B, T, C, NH);
+        compare(what, rc.g_dqkv[r], rc.dqkv[r], rc.nqkv, B, rc.T, NH, KV, HS);
         snprintf(what, sizeof(what), "ring %d dkv", r);
-        compare(what, g_dkv[r], dkv[r], nkv, B, T, C, NH);
+        compare(what, rc.g_dkv[r], rc.dkv[r], rc.nkv, B, rc.T, NH, KV, HS);
     }
-    for (int r = 0; r < N; r++) {
-        free(qkv[r]); free(dout[r]); free(out[r]); free(lse[r]); free(dqkv[r]); free(kv[r]); free(dkv[r]);
-        free(x_qkv[r]); free(x_dout[r]); free(x_kv[r]); free(g_out[r]); free(g_dqkv[r]); free(g_dkv[r]); free(x_out[r]);
-        free(g_lse[r]); free(g_D[r]);
-    }
+    ring_free(&rc);
     free(smem);
 }
 
@@ -324,12 +377,16 @@ int main(int argc, char **argv) {
     fa_host_ops.shfl_xor = emu_shfl_xor;
     fa_host_ops.sync = emu_sync;
     fa_host_ops.ldmatrix = emu_ldmatrix;
-    run_case<64>(1, 130, 2);    // hs 64: two full tiles and a partial one (the causal edge inside a tile, rows past T)
-    run_case<128>(2, 64, 1);    // hs 128: one tile, two batch indices
-    run_case<64>(1, 7, 1);      // fewer tokens than one warp's rows
-    run_case<64>(1, 192, 1);    // three whole tiles: the tiles off the diagonal unmasked, none past T
-    run_ring_case<64>(1, 2, 80, 2);    // cp 2: chunks of 80 (a tile and a partial one), hs 64
-    run_ring_case<128>(2, 3, 64, 1);   // cp 3: chunks of one whole tile, hs 128, two sequences
+    run_case<64>(1, 130, 2, 2);    // hs 64: two full tiles and a partial one (the causal edge inside a tile, rows past T)
+    run_case<128>(2, 64, 1, 1);    // hs 128: one tile, two batch indices
+    run_case<64>(1, 7, 1, 1);      // fewer tokens than one warp's rows
+    run_case<64>(1, 192, 1, 1);    // three whole tiles: the tiles off the diagonal unmasked, none past T
+    run_case<64>(1, 130, 4, 2);    // grouped-query: 2 query heads per kv head
+    run_case<128>(1, 70, 3, 1);    // multi-query: 3 query heads, one kv head
+    run_ring_case<64>(1, 2, 80, 2, 2);    // cp 2: chunks of 80 (a tile and a partial one), hs 64
+    run_ring_case<128>(2, 3, 64, 1, 1);   // cp 3: chunks of one whole tile, hs 128, two sequences
+    run_ring_case<64>(1, 2, 80, 4, 2);    // cp 2, grouped-query
+    run_ring_case<64>(1, 2, 40, 2, 1);    // cp 2, multi-query, chunks shorter than a tile
     printf("%-4s flash replay: %ld asynchronous copies never waited for\n", emu_unwaited ? "FAIL" : "ok", (long)emu_unwaited);
     return fails != 0 || emu_unwaited != 0;
 }
