@@ -58,6 +58,14 @@ reference moe_bias --config tiny --E 4 --k 2 --bias_rate 0.01
 reference moe_sig --config tiny --E 8 --k 2 --F 1.0 --every 2 --score sigmoid --z_coeff 0 --bias_rate 0.005
 # fine-grained (H = C, a quarter of the dense MLP's 4C) and 2 shared experts, E 8 top-2, every 2nd layer
 reference moe_fg --config tiny --E 8 --k 2 --H 64 --S 2 --every 2
+# the Llama family (gpt2_ref.py --arch llama: RMSNorm, RoPE, SwiGLU, grouped-query attention, untied head unless
+# --tied 1): KV 2 of NH 4; multi-query (KV 1), tied; KV = NH with Qwen2's q/k/v biases and theta 1e6; head size 128
+# (C 256, NH 2, KV 1, F 96) with llama3's RoPE scaling (orig 64: all three frequency bands); L 8 for the pipelines
+reference llama --config tiny --arch llama --KV 2
+reference llama_mqa --config tiny --arch llama --KV 1 --tied 1
+reference llama_qwen --config tiny --arch llama --qkvbias 1 --theta 1000000
+reference llama_hs128 --config tiny --arch llama --L 2 --C 256 --NH 2 --KV 1 --F 96 --rope_scaling llama3 --rope_orig 64
+reference llama_l8 --config tiny --arch llama --L 8 --KV 2
 
 # run_test NP ARGS... : one test_gpt run on NP ranks (NP = nompi: the NO_MPI=1 build, no mpirun);
 # adds its "N passed, N failed" to the totals
@@ -372,6 +380,30 @@ random_layouts() {
 }
 random_layouts
 
+llama_tests() {
+    echo "== ${TAG}the Llama family: every layout family, against the PyTorch reference (the same code as GPT-2's, ops by config)"
+    local L=refs/llama Q=refs/llama_mqa W=refs/llama_qwen H=refs/llama_hs128 L8=refs/llama_l8
+    run_test 1 --ref $L -b 8 --check-memory --check-comm
+    run_test 1 --ref $Q -b 8 --check-memory --check-comm                       # multi-query, tied head
+    run_test 1 --ref $W -b 4 --ce-chunk 0 --check-memory --check-comm           # KV = NH, q/k/v biases; the full logits
+    run_test 1 --ref $H -b 8 --ce-chunk 7 --check-memory                        # head size 128, llama3 RoPE scaling
+    run_test 2 --ref $L -b 4 --zero 1 --check-memory --check-comm
+    run_test 2 --ref $L -b 4 --zero 3 --recompute mlp --check-memory --check-comm
+    run_test 2 --ref $L -b 8 --tp 2 --sp --check-memory --check-comm            # kv heads cut like the query heads
+    run_test 4 --ref $W -b 2 --tp 2 --zero 2 --check-memory --check-comm        # tp x dp, no SP, biases cut per head
+    run_test 2 --ref $L -b 1 --pp 2 --check-memory --check-comm                 # untied: no embedding exchange
+    run_test 4 --ref $Q -b 2 --pp 2 --zero 3 --check-memory --check-comm        # tied: the embedding exchange
+    run_test 2 --ref $L -b 1 --pp 2 --pp-schedule gpipe --pp-layers 3,1 --check-memory --check-comm
+    run_test 4 --ref $L8 -b 1 --pp 2 --vpp 2 --tp 2 --sp --check-memory --check-comm
+    run_test 4 --ref $L -b 2 --pp 2 --tp 2 --sp --recompute full --pp-schedule zb --check-memory --check-comm
+    run_test 2 --ref $H -b 4 --cp 2 --check-memory --check-comm                 # RoPE at each token's global position
+    run_test 4 --ref $L -b 8 --cp 4 --zero 2 --check-memory --check-comm
+    run_test 4 --ref $L -b 4 --cp 2 --tp 2 --sp --check-memory --check-comm     # the ring carries KV/tp heads
+    run_test 4 --ref $L8 -b 2 --cp 2 --pp 2 --pp-schedule zb --recompute full --check-memory --check-comm
+    resume_pair llama_tp2spz3__pp2cp2 $L "4 -b 4 --tp 2 --sp --zero 3" "4 -b 4 --pp 2 --cp 2"
+    resume_pair llamamqa_pp2z1__single $Q "4 -b 2 --pp 2 --zero 1" "1 -b 8"
+}
+
 # Resume into another layout: layout A (--check-resume) trains 5 steps of a reference, checkpoints, and
 # writes what it computes at step 5 from that checkpoint; layout B (--resume-from) resumes the checkpoint
 # and must compute the same step 5 (loss, routing where margins allow, every gradient element, norm) and
@@ -401,6 +433,7 @@ resume_layouts() {
     run_script test_resume_layouts   # dense models through train_gpt: A's checkpoint resumed in B = B's uninterrupted run
 }
 resume_layouts
+llama_tests
 
 echo "== train_gpt end to end"
 run_script test_train
@@ -453,6 +486,7 @@ else
     TAG="[$ALT] "; PASS=$ALT; mkdir -p "$TMP/$PASS"
     moe_tests
     random_layouts
+    llama_tests
     resume_layouts
     unset OPENBLAS_CORETYPE
 fi
