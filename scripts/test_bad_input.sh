@@ -198,6 +198,17 @@ expect moe_H_upcycle    1 "upcycling makes each expert a copy" -e "$W/model_ok.b
 expect moe_S_upcycle    1 "upcycling makes each expert a copy" -e "$W/model_ok.bin" --experts 4 --shared-experts 1
 expect moe_H_desc       1 "malformed model descriptor"        -e "$TINY,H=64"
 expect moe_S_vs_file    1 "--shared-experts 1, but"           -e "$W/moe_ok.bin" --shared-experts 1
+# the Llama family: the shape's rules, the layout's, and MoE (not yet on a Llama body)
+LL="arch=llama,L=2,C=64,NH=4,V=250,maxT=64"
+expect llama_kv_divides 1 "(NH must be a multiple of KV >= 1)"  -e "$LL,KV=3"
+expect llama_odd_head   1 "(RoPE needs an even head size C/NH)" -e "arch=llama,L=2,C=60,NH=4,V=250,maxT=64"
+expect llama_theta      1 "(theta=0: expected a positive number)" -e "$LL,theta=0"
+expect llama_eps        1 "(eps=-1: expected a positive number)" -e "$LL,eps=-1"
+expect llama_arch       1 "(arch=mamba: expected llama or gpt2)" -e "arch=mamba,L=2,C=64,NH=4"
+expect llama_keys_gpt2  1 "(KV, F, theta, eps, tied and qkvbias need arch=llama)" -e "$TINY,KV=2"
+expect llama_tp_kv      2 "--tp 2 does not divide the number of key/value heads KV = 1" -e "$LL,KV=1" --tp 2
+expect llama_tp_F       2 "--tp 2 does not divide the MLP's hidden width F = 5" -e "$LL,KV=2,F=5" --tp 2
+expect llama_experts    1 "MoE layers on a Llama body are not supported yet" -e "$LL" --experts 4
 # a key the descriptor names and a flag that disagrees: an error; a key it leaves out takes the flag's value, and
 # the flag table's example (S=0 among its keys) is a descriptor
 expect moe_H_named_flag 1 "--expert-hidden 64, but the descriptor has H = 256" -e "$MOE,H=256" --expert-hidden 64
