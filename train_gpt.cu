@@ -35,7 +35,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/pipeline_split.h"    // defines: the layers of each stage (--pp-layers), the measured costs' file
 #include "llmc/expert_parallel.h"   // defines: ExpertParallel: a MoE layer over the ep group (all-to-all)
 // the program
-#include "llmc/dataloader.h"        // defines: DataLoader (llm.c's shards and order), the built-in corpus
+#include "llmc/dataloader.h"        // defines: DataLoader (llm.c's shards and order), the built-in corpus, the run's data
 #include "llmc/tokenizer.h"         // defines: Tokenizer (llm.c's tokenizer.bin, decoding)
 #include "llmc/schedulers.h"        // defines: the learning rate schedules
 #include "llmc/model_file.h"        // defines: GPT2Config, the tensors in file order, model files, init, upcycling
@@ -1327,38 +1327,6 @@ static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step
     return apply_moe_flags(a, rank, config, read_model_file(a->model, config), a->model, 0, 1);
 }
 
-// The train and validation loaders: the -i / -j shards (and tokenizer.bin beside the train shards,
-// for decoding samples), or the built-in corpus; -x 0 with -j alone evaluates on -j (its shards stand in
-// for the train data, never read). Returns whether there is validation data.
-static int setup_data(const Args *a, const GPT2Config *config, Grid *grid, DataLoader *train, DataLoader *val,
-                      Tokenizer *tok) {
-    int V = config->vocab_size;
-    memset(tok, 0, sizeof(*tok));
-    if (a->train_pattern == NULL && a->val_pattern == NULL) {
-        dataloader_init_builtin(train, val, a->B, a->T, V, grid->dp, grid->dp_rank, a->seed, grid->rank == 0);
-        return 1;
-    }
-    const char *train_pattern = a->train_pattern ? a->train_pattern : a->val_pattern;
-    dataloader_init(train, train_pattern, a->B, a->T, V, grid->dp, grid->dp_rank, a->shuffle, a->seed);
-    if (a->val_pattern) { dataloader_init(val, a->val_pattern, a->B, a->T, V, grid->dp, grid->dp_rank, 0, a->seed); }
-    tokenizer_init_beside(tok, train->files.gl_pathv[0], V, grid->rank == 0);
-    return a->val_pattern != NULL;
-}
-
-// This stage's measured seconds per micro-batch (--comm-report with a pipeline: cost_add), for pipeline_split.h's
-// report: (L + 2) each layer's at its model index, the embedding's, the head's; the stage's first rank's, 0 elsewhere.
-static double *gpt2_stage_costs(const GPT2 *m) {
-    Grid *grid = m->grid;
-    int L = m->config.num_layers, n = m->costs.micro_batches;
-    double *cost = (double *)calloc_check(L + 2, sizeof(double));
-    if (grid->tp_rank == 0 && grid->cp_rank == 0 && grid->dp_rank == 0 && n > 0) {   // (one rank per stage adds its layers')
-        for (int l = 0; l < m->Ls; l++) { cost[m->layer_id[l]] = m->costs.layer[l] / n; }
-        cost[L] = m->first ? m->costs.embed / n : 0;
-        cost[L + 1] = m->last ? m->costs.head / n : 0;
-    }
-    return cost;
-}
-
 // Everything one training run holds: the flags, the grid and model, the data, the schedule, the log.
 typedef struct {
     Args args;
@@ -1414,7 +1382,7 @@ static void run_setup(Run *r) {
     if (a->resume) { setup_grid(a, &r->config, &r->grid, world, rank); }
     r->prompt = sampler_prompt(a->prompt, a->prompt_ids, r->config.vocab_size, rank, &r->nprompt);
     // (checked before anything is written)
-    r->have_val = setup_data(a, &r->config, &r->grid, &r->train_loader, &r->val_loader, &r->tokenizer);
+    r->have_val = data_setup(a, r->config.vocab_size, &r->grid, &r->train_loader, &r->val_loader, &r->tokenizer);
     run_agree_on_inputs(r, params);
     if (a->output_dir) {
         check_output_dir(a->output_dir, rank);
@@ -1603,7 +1571,9 @@ static void run_finish(Run *r, int stopped) {
         comm_host_all_reduce(&r->grid.world, &after, 1, DT_DOUBLE, HOST_MAX, "all-reduce (allocations)");
         if (r->rank == 0) { printf("device allocations after the first step: %.0f (none expected)\n", after); }
     }
-    double *costs = gpt2_stage_costs(&r->model);
+    GPT2 *m = &r->model;
+    double *costs = stage_costs_per_layer(&m->costs, r->config.num_layers, m->layer_id, m->Ls, m->first, m->last,
+                                          &r->grid);
     report_times(a, &r->grid, &r->times, r->accum, r->model.vpp, costs, &r->config, r->model.moe.time_a2a);
     free(costs);
     log_close(r->logf);

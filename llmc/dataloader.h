@@ -21,6 +21,9 @@
 #include "guard.h"
 #include "mt19937.h"
 #include "rand.h"
+#include "comm.h"
+#include "args.h"
+#include "tokenizer.h"
 
 #define DATA_MAGIC 20240520
 
@@ -301,6 +304,25 @@ static void dataloader_init_builtin(DataLoader *train, DataLoader *val, int B, i
     dataloader_init_memory(train, corpus, n_train, B, T, vocab, dp, dp_rank, seed);
     dataloader_init_memory(val, corpus + n_train, n_val, B, T, vocab, dp, dp_rank, seed);
     free(corpus);
+}
+
+// ----------------------------------------------------------------------------
+// the run's data from its flags
+
+// The run's data (a model of vocabulary V, on this grid): the train and validation loaders: the -i / -j shards (and tokenizer.bin beside the train shards,
+// for decoding samples), or the built-in corpus; -x 0 with -j alone evaluates on -j (its shards stand in
+// for the train data, never read). Returns whether there is validation data.
+static int data_setup(const Args *a, int V, Grid *grid, DataLoader *train, DataLoader *val, Tokenizer *tok) {
+    memset(tok, 0, sizeof(*tok));
+    if (a->train_pattern == NULL && a->val_pattern == NULL) {
+        dataloader_init_builtin(train, val, a->B, a->T, V, grid->dp, grid->dp_rank, a->seed, grid->rank == 0);
+        return 1;
+    }
+    const char *train_pattern = a->train_pattern ? a->train_pattern : a->val_pattern;
+    dataloader_init(train, train_pattern, a->B, a->T, V, grid->dp, grid->dp_rank, a->shuffle, a->seed);
+    if (a->val_pattern) { dataloader_init(val, a->val_pattern, a->B, a->T, V, grid->dp, grid->dp_rank, 0, a->seed); }
+    tokenizer_init_beside(tok, train->files.gl_pathv[0], V, grid->rank == 0);
+    return a->val_pattern != NULL;
 }
 
 #endif

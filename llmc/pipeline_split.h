@@ -179,6 +179,20 @@ static int layer_split(int *first, const char *spec, const GPT2Config *c, int T,
 // and backward, over micro_batches training micro-batches; in_step: a training step is running (not an evaluation).
 typedef struct { double *layer, head, embed; int micro_batches, in_step; } StageCosts;
 
+// A stage's measured seconds per micro-batch for pipeline_costs_report: (L + 2) each of its Ls layers' at its model
+// index (layer_id), the embedding's (first stage), the head's (last stage); the stage's first rank's, 0 elsewhere.
+static double *stage_costs_per_layer(const StageCosts *s, int L, const int *layer_id, int Ls, int first, int last,
+                                     const Grid *grid) {
+    int n = s->micro_batches;
+    double *cost = (double *)calloc_check(L + 2, sizeof(double));
+    if (grid->tp_rank == 0 && grid->cp_rank == 0 && grid->dp_rank == 0 && n > 0) {   // (one rank per stage adds its own)
+        for (int l = 0; l < Ls; l++) { cost[layer_id[l]] = s->layer[l] / n; }
+        cost[L] = first ? s->embed / n : 0;
+        cost[L + 1] = last ? s->head / n : 0;
+    }
+    return cost;
+}
+
 // The seconds measured per micro-batch (cost: the model's L layers, 0 where this rank holds none, then the
 // embedding and the head + loss), each rank's in units of its own dense layers, scaled back to seconds by their mean
 // over the ranks: the split balances work, so a rank that ran slower (another core's load, a hotter GPU) does not make
