@@ -118,8 +118,96 @@ static double calibrate_overlap(Grid *g, floatX *buf, size_t n, double bw, doubl
     return o < 0 ? 0 : o > 1 ? 1 : o;
 }
 
+// What --calibrate measured: seconds per call of each kernel (the GEMMs also at R = 2^i rows), the optimizer's over
+// n_opt elements, the collectives' bandwidth and latency per kind and group size 2^i (top: the largest measured, 0:
+// one rank), the overlap (-1: not measured).
+typedef struct {
+    double t_gemm, t_att, t_mem, t_tiny, t_opt, t_rows[MACHINE_ROWS];
+    size_t n_opt;
+    double bw[3][CALIBRATE_SIZES], lat[3][CALIBRATE_SIZES], overlap;
+    int top;
+} Calibration;
+
+// The optimizer over n elements: the norm's sum of squares, then AdamW; seconds per call.
+static double calibrate_optimizer(Grid *g, size_t n) {
+    floatX *p_opt = (floatX *)mem_alloc(n * sizeof(floatX), MEM_WORKSPACE);
+    floatX *g_opt = (floatX *)mem_alloc(n * sizeof(floatX), MEM_WORKSPACE);
+    float *m_opt = (float *)mem_alloc(n * sizeof(float), MEM_WORKSPACE);
+    float *v_opt = (float *)mem_alloc(n * sizeof(float), MEM_WORKSPACE);
+    float *master = sizeof(floatX) == 4 ? NULL : (float *)mem_alloc(n * sizeof(float), MEM_WORKSPACE);
+    float *scalars = (float *)mem_alloc(2 * sizeof(float), MEM_WORKSPACE), one = 1.0f;   // the norm, the scale
+    float *zeros = (float *)calloc_check(n, sizeof(float));
+    upload_floats(p_opt, zeros, n); upload_floats(g_opt, zeros, n);
+    copy_to_device(m_opt, zeros, n * sizeof(float));
+    copy_to_device(v_opt, zeros, n * sizeof(float));
+    if (master) { copy_to_device(master, zeros, n * sizeof(float)); }
+    copy_to_device(scalars + 1, &one, sizeof(float));
+    free(zeros);
+    double t_opt;
+    CALIBRATE_TIME(g, &t_opt)
+        sum_of_squares(scalars, g_opt, n);
+        adamw_update(p_opt, master, g_opt, m_opt, v_opt, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, scalars + 1, 1, 0);
+    CALIBRATE_END;
+    return t_opt;
+}
+
+// The machine file (rank 0): the rates from k, at the model's layer shapes (C, B T), and this rank's cores (CPU).
+static void calibrate_write(const char *path, const Calibration *k, const Args *a, const GPT2Config *c, int world) {
+    double C = c->channels, BT = (double)a->B * a->T, X = sizeof(floatX);
+    double flops = 3 * 2.0 * BT * C * 4.0 * C / k->t_gemm, attn = BT * 6.0 * C * a->T / 2 / k->t_att;
+    FILE *f = fopen(path, "w");
+    if (!f) { fail("--calibrate %s: cannot write it", path); }
+    fprintf(f, "# --calibrate: %d rank(s) at once, this build's kernels at L %d C %d NH %d, B %d T %d (tp 1)\n",
+            world, c->num_layers, c->channels, c->num_heads, a->B, a->T);
+    fprintf(f, "flops=%.4g\nattn_flops=%.4g\nmem_bw=%.4g\nlayer_cost=%.4g\nadamw=%.4g\n", flops, attn,
+            3.0 * 4 * BT * C * X / k->t_mem, k->t_tiny, k->n_opt / k->t_opt);
+    fprintf(f, "# the GEMMs at R rows\n");
+    for (int i = 0; i < MACHINE_ROWS; i++) {
+        if (k->t_rows[i] > 0) { fprintf(f, "flops_%d=%.4g\n", 1 << i, 3 * 2.0 * (1 << i) * C * 4.0 * C / k->t_rows[i]); }
+    }
+    if (k->overlap >= 0) { fprintf(f, "overlap=%.3g\n", k->overlap); }
+    static const char *keys[3] = {"node_bw", "a2a_bw", "p2p_bw"}, *lkeys[3] = {"node_lat", "a2a_lat", "p2p_lat"};
+    for (int i = 1; i <= k->top; i++) {
+        if (k->bw[COMM_RING][i] == 0) { continue; }
+        fprintf(f, "# groups of %d: all-reduce, all-to-all, exchange\n", 1 << i);
+        for (int j = 0; j < 3; j++) {
+            fprintf(f, "%s_%d=%.4g\n%s_%d=%.4g\n", keys[j], 1 << i, k->bw[j][i], lkeys[j], 1 << i, k->lat[j][i]);
+        }
+    }
+    int t = k->top;
+    if (t) { for (int j = 0; j < 3; j++) { fprintf(f, "%s=%.4g\n%s=%.4g\n", keys[j], k->bw[j][t], lkeys[j], k->lat[j][t]); } }
+    else { fprintf(f, "# the collectives: not measured (one rank); net_bw, net_lat, flash_slower, gpus_per_node: the defaults\n"); }
+#ifndef USE_CUDA
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    double cores = (double)ncpu / att_threads();
+    fprintf(f, "cores=%.4g\n", cores);
+#endif
+    if (fclose(f) != 0) { fail("--calibrate %s: cannot write it", path); }
+}
+
+// The line that says what was measured (rank 0).
+static void calibrate_print(const char *path, const Calibration *k, const Args *a, const GPT2Config *c, int world) {
+    double C = c->channels, BT = (double)a->B * a->T, X = sizeof(floatX);
+    double flops = 3 * 2.0 * BT * C * 4.0 * C / k->t_gemm, attn = BT * 6.0 * C * a->T / 2 / k->t_att;
+    double mem = 3.0 * 4 * BT * C * X / k->t_mem;
+    int t = k->top;
+    char comm[256] = "no collectives (one rank)", ov[64] = "";
+    if (t) {
+        snprintf(comm, sizeof(comm), "groups of %d: all-reduce %.3g, all-to-all %.3g, exchange %.3g GB/s per rank "
+                 "(%.1f, %.1f, %.1f us a call)", 1 << t, k->bw[COMM_RING][t] / 1e9, k->bw[COMM_A2A][t] / 1e9,
+                 k->bw[COMM_P2P][t] / 1e9, k->lat[COMM_RING][t] * 1e6, k->lat[COMM_A2A][t] * 1e6,
+                 k->lat[COMM_P2P][t] * 1e6);
+    }
+    if (k->overlap >= 0) { snprintf(ov, sizeof(ov), ", overlap %.2f", k->overlap); }
+    printf("calibrated (%d ranks at once): GEMM %.3g TFLOP/s, attention %.3g TFLOP/s, memory %.3g GB/s, "
+           "%.1f us per layer, %s%s -> %s\n", world, flops / 1e12, attn / 1e12, mem / 1e9, k->t_tiny * 1e6, comm, ov, path);
+    fflush(stdout);
+}
+
+// --calibrate FILE: the kernels at the model's shapes (a layer's MLP GEMMs, its attention, a bandwidth-bound
+// kernel, a layer's launches), the optimizer, the collectives and their overlap, every rank at once.
 static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *path) {
-    int B = a->B, T = a->T, C = c->channels, NH = c->num_heads, BT = B * T, world = g->world_size;
+    int B = a->B, T = a->T, C = c->channels, NH = c->num_heads, KV = c->kv_heads, BT = B * T, world = g->world_size;
     size_t big = (size_t)BT * 4 * C, comm_n = (size_t)16 << 20;
     floatX *x = (floatX *)mem_alloc(big * sizeof(floatX), MEM_WORKSPACE);
     floatX *y = (floatX *)mem_alloc(big * sizeof(floatX), MEM_WORKSPACE);
@@ -135,101 +223,46 @@ static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *p
     for (size_t i = 0; i < big; i++) { h[i] = 0.02f * (2.0f * rng_f32(&rng) - 1.0f); }
     upload_floats(x, h, big); upload_floats(y, h, big); upload_floats(dx, h, big);
     upload_floats(w, h, (size_t)4 * C * C); upload_floats(dw, h, (size_t)4 * C * C); upload_floats(bias, h, 4 * (size_t)C);
+    free(h);
 #ifdef USE_CUDA
     matmul_setup();
 #endif
-    attention_setup(B, T, NH, NH, C / NH);
-    double t_gemm, t_att, t_mem, t_tiny, t_rows[MACHINE_ROWS] = {0};
+    attention_setup(B, T, NH, KV, C / NH);
+    Calibration k;
+    memset(&k, 0, sizeof(k));
     // x (BT, C) -> y (BT, 4C); back: dx (BT, C), dw (4C, C); then at R rows of them
-    CALIBRATE_TIME(g, &t_gemm)
+    CALIBRATE_TIME(g, &k.t_gemm)
         matmul_forward(y, x, w, NULL, BT, C, 4 * C);
         matmul_backward(dx, dw, NULL, y, x, w, BT, C, 4 * C);
     CALIBRATE_END;
     for (int i = 5; i < MACHINE_ROWS && (1 << i) <= BT; i++) {
         int R = 1 << i;
-        CALIBRATE_TIME(g, &t_rows[i])
+        CALIBRATE_TIME(g, &k.t_rows[i])
             matmul_forward(y, x, w, NULL, R, C, 4 * C);
             matmul_backward(dx, dw, NULL, y, x, w, R, C, 4 * C);
         CALIBRATE_END;
     }
-    // qkv: x as (B, T, 3C) -> out: y (B, T, C); back: dout y -> dqkv dx
-    CALIBRATE_TIME(g, &t_att)
-        attention_forward(y, lse, x, B, T, NH, NH, C / NH);
-        attention_backward(dx, y, x, y, lse, B, T, NH, NH, C / NH);
+    // qkv: x as (B, T, (NH + 2KV) hs) -> out: y (B, T, C); back: dout y -> dqkv dx
+    CALIBRATE_TIME(g, &k.t_att)
+        attention_forward(y, lse, x, B, T, NH, KV, C / NH);
+        attention_backward(dx, y, x, y, lse, B, T, NH, KV, C / NH);
     CALIBRATE_END;
-    CALIBRATE_TIME(g, &t_mem)
+    CALIBRATE_TIME(g, &k.t_mem)
         residual_bias_forward(dx, x, y, bias, 4 * BT, C);
     CALIBRATE_END;
-    // the optimizer over n_opt elements: the norm's sum of squares, then AdamW
-    size_t n_opt = (size_t)4 << 20;
-    floatX *p_opt = (floatX *)mem_alloc(n_opt * sizeof(floatX), MEM_WORKSPACE);
-    floatX *g_opt = (floatX *)mem_alloc(n_opt * sizeof(floatX), MEM_WORKSPACE);
-    float *m_opt = (float *)mem_alloc(n_opt * sizeof(float), MEM_WORKSPACE);
-    float *v_opt = (float *)mem_alloc(n_opt * sizeof(float), MEM_WORKSPACE);
-    float *master = sizeof(floatX) == 4 ? NULL : (float *)mem_alloc(n_opt * sizeof(float), MEM_WORKSPACE);
-    float *scalars = (float *)mem_alloc(2 * sizeof(float), MEM_WORKSPACE), one = 1.0f;   // the norm, the scale
-    float *zeros = (float *)calloc_check(n_opt, sizeof(float));
-    upload_floats(p_opt, zeros, n_opt); upload_floats(g_opt, zeros, n_opt);
-    copy_to_device(m_opt, zeros, n_opt * sizeof(float));
-    copy_to_device(v_opt, zeros, n_opt * sizeof(float));
-    if (master) { copy_to_device(master, zeros, n_opt * sizeof(float)); }
-    copy_to_device(scalars + 1, &one, sizeof(float));
-    free(zeros);
-    double t_opt;
-    CALIBRATE_TIME(g, &t_opt)
-        sum_of_squares(scalars, g_opt, n_opt);
-        adamw_update(p_opt, master, g_opt, m_opt, v_opt, n_opt, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, scalars + 1, 1, 0);
+    k.n_opt = (size_t)4 << 20;
+    k.t_opt = calibrate_optimizer(g, k.n_opt);
+    CALIBRATE_TIME(g, &k.t_tiny)
+        for (int i = 0; i < 20; i++) { matmul_forward(y, x, w, NULL, 1, C, C); }
     CALIBRATE_END;
-    CALIBRATE_TIME(g, &t_tiny)
-        for (int k = 0; k < 20; k++) { matmul_forward(y, x, w, NULL, 1, C, C); }
-    CALIBRATE_END;
-    double bw[3][CALIBRATE_SIZES] = {{0}}, lat[3][CALIBRATE_SIZES] = {{0}};
-    if (world > 1) { calibrate_collectives(g, comm_buf, comm_n, bw, lat); }
-    int top = 0;   // the largest group size measured
-    for (int i = 1; i < CALIBRATE_SIZES; i++) { if (bw[COMM_RING][i] > 0) { top = i; } }
-    double X = sizeof(floatX), overlap = -1;
-    if (world > 1) { overlap = calibrate_overlap(g, comm_buf, comm_n, bw[COMM_RING][top], t_gemm, x, y, dx, w, dw, BT, C); }
-    double flops = 3 * 2.0 * BT * C * 4.0 * C / t_gemm, attn = (double)BT * 6.0 * C * T / 2 / t_att;
-    double mem = 3.0 * 4 * BT * C * X / t_mem;
+    if (world > 1) { calibrate_collectives(g, comm_buf, comm_n, k.bw, k.lat); }
+    for (int i = 1; i < CALIBRATE_SIZES; i++) { if (k.bw[COMM_RING][i] > 0) { k.top = i; } }   // the largest group
+    k.overlap = world > 1 ? calibrate_overlap(g, comm_buf, comm_n, k.bw[COMM_RING][k.top], k.t_gemm, x, y, dx, w, dw, BT, C)
+                          : -1;
     if (g->rank == 0) {
-        FILE *f = fopen(path, "w");
-        if (!f) { fail("--calibrate %s: cannot write it", path); }
-        fprintf(f, "# --calibrate: %d rank(s) at once, this build's kernels at L %d C %d NH %d, B %d T %d (tp 1)\n",
-                world, c->num_layers, C, NH, B, T);
-        fprintf(f, "flops=%.4g\nattn_flops=%.4g\nmem_bw=%.4g\nlayer_cost=%.4g\nadamw=%.4g\n", flops, attn, mem, t_tiny,
-                n_opt / t_opt);
-        fprintf(f, "# the GEMMs at R rows\n");
-        for (int i = 0; i < MACHINE_ROWS; i++) {
-            if (t_rows[i] > 0) { fprintf(f, "flops_%d=%.4g\n", 1 << i, 3 * 2.0 * (1 << i) * C * 4.0 * C / t_rows[i]); }
-        }
-        if (overlap >= 0) { fprintf(f, "overlap=%.3g\n", overlap); }
-        static const char *keys[3] = {"node_bw", "a2a_bw", "p2p_bw"}, *lkeys[3] = {"node_lat", "a2a_lat", "p2p_lat"};
-        for (int i = 1; i <= top; i++) {
-            if (bw[COMM_RING][i] == 0) { continue; }
-            fprintf(f, "# groups of %d: all-reduce, all-to-all, exchange\n", 1 << i);
-            for (int k = 0; k < 3; k++) { fprintf(f, "%s_%d=%.4g\n%s_%d=%.4g\n", keys[k], 1 << i, bw[k][i], lkeys[k], 1 << i, lat[k][i]); }
-        }
-        if (top) { for (int k = 0; k < 3; k++) { fprintf(f, "%s=%.4g\n%s=%.4g\n", keys[k], bw[k][top], lkeys[k], lat[k][top]); } }
-        else { fprintf(f, "# the collectives: not measured (one rank); net_bw, net_lat, flash_slower, gpus_per_node: the defaults\n"); }
-#ifndef USE_CUDA
-        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        double cores = (double)ncpu / att_threads();
-        fprintf(f, "cores=%.4g\n", cores);
-#endif
-        if (fclose(f) != 0) { fail("--calibrate %s: cannot write it", path); }
-        char comm[256] = "no collectives (one rank)";
-        if (top) {
-            snprintf(comm, sizeof(comm), "groups of %d: all-reduce %.3g, all-to-all %.3g, exchange %.3g GB/s per rank "
-                     "(%.1f, %.1f, %.1f us a call)", 1 << top, bw[COMM_RING][top] / 1e9, bw[COMM_A2A][top] / 1e9,
-                     bw[COMM_P2P][top] / 1e9, lat[COMM_RING][top] * 1e6, lat[COMM_A2A][top] * 1e6, lat[COMM_P2P][top] * 1e6);
-        }
-        char ov[64] = "";
-        if (overlap >= 0) { snprintf(ov, sizeof(ov), ", overlap %.2f", overlap); }
-        printf("calibrated (%d ranks at once): GEMM %.3g TFLOP/s, attention %.3g TFLOP/s, memory %.3g GB/s, "
-               "%.1f us per layer, %s%s -> %s\n", world, flops / 1e12, attn / 1e12, mem / 1e9, t_tiny * 1e6, comm, ov, path);
-        fflush(stdout);
+        calibrate_write(path, &k, a, c, world);
+        calibrate_print(path, &k, a, c, world);
     }
-    free(h);
 }
 
 #endif // LLMC_CALIBRATE_H

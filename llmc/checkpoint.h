@@ -514,17 +514,13 @@ static void check_nonnegative(const GPT2Config *c, const float *all, const char 
     }
 }
 
-// Restores the optimizer state of this rank's part, the step counters, the data position and the
-// generator from DIR/state_STEP.bin (the parameters come from the model file). Every field is checked
-// before it is used.
-static void checkpoint_load(const GPT2Config *c, Zero *z, const char *dir, int step, TrainState *s, DataLoader *dl,
-                            Rng *rng) {
-    Grid *g = z->grid;
+// The state file of checkpoint `step` in dir (its path into path) opened and its header h checked against this run
+// (the model's parameters, the run, the data, -t, -d, the step counters, the size); positioned after the header.
+static FILE *state_open_checked(const GPT2Config *c, const char *dir, int step, const TrainState *s,
+                                const DataLoader *dl, int h[256], char *path) {
     size_t Pm = num_parameters(c);
-    char path[PATH_LEN];
     path_join(path, dir, "state_%08d.bin", step);
     FILE *f = fopen_check(path, "rb");
-    int h[256];
     if (fread(h, sizeof(int), 256, f) != 256) {
         fail("state file '%s' is truncated: expected a 1024-byte header", path);
     }
@@ -575,6 +571,20 @@ static void checkpoint_load(const GPT2Config *c, Zero *z, const char *dir, int s
         fail("state file '%s' is %ld bytes, expected %llu", path, size,
              (unsigned long long)(1024 + (uint64_t)nstates * P * sizeof(float)));
     }
+    return f;
+}
+
+// Restores the optimizer state of this rank's part, the step counters, the data position and the
+// generator from DIR/state_STEP.bin (the parameters come from the model file). Every field is checked
+// before it is used.
+static void checkpoint_load(const GPT2Config *c, Zero *z, const char *dir, int step, TrainState *s, DataLoader *dl,
+                            Rng *rng) {
+    Grid *g = z->grid;
+    char path[PATH_LEN];
+    int h[256];
+    FILE *f = state_open_checked(c, dir, step, s, dl, h, path);
+    uint64_t P = (uint32_t)h[SH_PARAMS_LO] | (uint64_t)(uint32_t)h[SH_PARAMS_HI] << 32;
+    int nstates = h[SH_MASTER] ? 3 : 2;
     // every rank reads the whole state and keeps its part, unit by unit
     float *all = (float *)malloc_check(P * sizeof(float)), *full[NUM_TENSORS];
     split_tensors(c, all, full);
