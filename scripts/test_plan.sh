@@ -36,6 +36,9 @@ plan_case moe_ep2    4 1 -e "$D,E=4,k=2" -b 2 -t 32 --ep 2 --zero 1 --recompute 
 plan_case ce_full    1 1 -e "$D" -b 4 -t 32 --ce-chunk 0 --recompute full
 plan_case pp4_zb     4 1 -e "$D" -b 1 -t 32 -d 256 --pp 4 --pp-schedule zb               # pending W sets, waiting input
 plan_case zb_moe_tp2sp 4 2 -e "$D,E=4,k=2,every=2" -b 2 -t 32 -d 256 --tp 2 --sp --pp 2 --pp-schedule zb --recompute full
+LL="arch=llama,L=4,C=64,NH=4,KV=2,V=256,maxT=64"   # (Llama: no wpe, RMSNorm's stats, kv heads, SwiGLU, an untied head)
+plan_case llama_tp2sp_pp2 4 2 -e "$LL" -b 2 -t 32 -d 256 --tp 2 --sp --pp 2 --zero 3 --pp-schedule zb
+plan_case llama_cp2_tied  2 1 -e "arch=llama,L=4,C=64,NH=4,KV=1,V=256,maxT=64,tied=1" -b 2 -t 32 --cp 2 --recompute mlp
 
 # 2. the advice: the first lever that fits, and a run of it (the lever's flags replacing the same flags of
 #    the case) measures the predicted peak total on its worst rank, byte for byte
