@@ -56,16 +56,32 @@ Llama (--arch llama [--KV --F --theta --norm_eps --tied --qkvbias --rope_scaling
   h // (NH/KV); h = silu(gate) up; logits = x @ (head or wte)[:V]^T. Init: ln*w 1+N(0,.05), qkvb,
   wte, qkvw, fcw, head N(0,.02), attprojw, fcprojw N(0,.02/sqrt(2L)), rows V..Vp-1 of wte and head 0.
   Weight decay on wte, qkvw, attprojw, fcw, fcprojw, head.
+  --qk_norm 1 (OLMoE; dense or MoE): q = RMSNorm(q_proj x (+b)) over the whole NH hs projection (weight qnormw
+  (L, NH hs)), k likewise over KV hs (knormw (L, KV hs)), eps = norm_eps, before rope; init 1+N(0,.05), no decay.
+MoE on the Llama body (--arch llama --E E --k K, moe_llama_spec.md; Mixtral, OLMoE, Qwen2-MoE): routing, capacity
+  per sequence (the capacity factor is --cap here, --F being the MLP's width; default 1.25, 0 dropless), drop
+  policies, aux, z, sigmoid scores, routing bias, margins and the data-seed search exactly as GPT-2's above, except:
+  experts are SwiGLU without biases, efcw (Lm,E,2H,C) rows [gate (H); up (H)], efcprojw (Lm,E,C,H), efcb and
+  efcprojb empty; H defaults to F. --norm_topk 1 (default): the k gates renormalised to sum 1 (k > 1, GPT-2's
+  rule, Mixtral), 0: the gates are the k p themselves (OLMoE, Qwen2-MoE norm_topk_prob False). Shared experts
+  (--S): one SwiGLU MLP of width S*H, sfcw (Ls,2SH,C) rows [gate; up], sfcprojw (Ls,C,SH), no biases;
+  --shared_gate 1 (Qwen2-MoE, needs --S): its output scaled per token by sigmoid(x . sgatew[i]), sgatew (Lm,1,C).
+  Dense layers (l % every != every-1) keep fcw (Ld,2F,C), fcprojw (Ld,C,F). 29 tensors: the 16 dense names,
+  the 9 MoE names, head, sgatew, qnormw, knormw (absent ones empty). Init: routerw, efcw, sfcw, sgatew N(0,.02),
+  efcprojw, sfcprojw N(0,.02/sqrt(2L)). Weight decay on every matrix (router, experts, shared, sgatew).
+  dev/reference/llama_hf_check.py compares it to transformers' Mixtral, OLMoE and Qwen2-MoE.
 Training: step s uses R rows of T tokens: row i inputs = tok[s*D+i*T : +T], targets
   shifted by one (D = R*T).  Global-norm clip, then llm.c AdamW (hand written), weight
   decay only on wte, wpe, qkvw, attprojw, fcw, fcprojw; llm.c cosine lr with warmup.
 
 Files in DIR (all little-endian):
   model.bin      int32 hdr[256] = {20240326, 3, maxT, V, L, NH, C, Vp, 0...}, then the 16
-                 INITIAL tensors as fp32 (wte with all Vp rows). Llama: version 33, hdr[8..13] = 0,
-                 [14] 1 (arch), [15] KV, [16] F, [17] tied, [18] qkvbias, [19] theta, [20] eps (float32 bits),
-                 [21] rope scaling (0 none, 1 llama3), [22..24] factor, low, high (float32 bits), [25] orig
-                 ([22..25] 0 without scaling), [255] 0 (no CRC), then the 26 tensors. MoE: version 13 and
+                 INITIAL tensors as fp32 (wte with all Vp rows). Llama: version 33, hdr[8..13] = 0 (dense;
+                 MoE: E, k, every, scores (1 sigmoid), S, H), [14] 1 (arch), [15] KV, [16] F, [17] tied,
+                 [18] qkvbias, [19] theta, [20] eps (float32 bits), [21] rope scaling (0 none, 1 llama3),
+                 [22..24] factor, low, high (float32 bits), [25] orig ([22..25] 0 without scaling),
+                 [26] norm_topk (0 when dense), [27] shared_gate, [28] qk_norm, [255] 0 (no CRC), then the 29
+                 tensors, then (E > 0) the routing bias (Lm, E) fp32 (zero). GPT-2 MoE: version 13 and
                  hdr[8..10] = E, k, every, then the 25 tensors; with sigmoid scores, shared or
                  fine-grained experts version 23, hdr[11] = scores (1 sigmoid), [12] S, [13] H,
                  and after the tensors the routing bias (Lm, E) fp32 (zero)
@@ -78,7 +94,7 @@ Files in DIR (all little-endian):
                                    loss0, gradnorm0, 0...}
                  16 fp32 gradient tensors of step 0 (raw, before clipping; llm.c order)
                  fp32 step_losses[nsteps], fp32 step_norms[nsteps] (pre-clip norms)
-                 16 fp32 parameter tensors after the last step (MoE: 21 tensors, Llama: the 26 of
+                 16 fp32 parameter tensors after the last step (MoE: 25 tensors, Llama: the 29 of
                  model.bin, empty ones writing nothing, both times)
   moe.bin        (MoE only) int32 hdr[256] = {20241130, 2, E, k, every, F1000, policy (0 probs,
                  1 position), Lm, R, T, nsteps, 1 (loads and bias below), 0...}; fp32 fhdr[256] =
@@ -100,7 +116,9 @@ import torch
 NAMES = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
          "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"]
 MOE_NAMES = ["routerw", "efcw", "efcb", "efcprojw", "efcprojb", "sfcw", "sfcb", "sfcprojw", "sfcprojb"]
-DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw", "routerw", "efcw", "efcprojw", "sfcw", "sfcprojw", "head"}
+LLAMA_TAIL = ["head", "sgatew", "qnormw", "knormw"]   # the family file's last four (after the 9 MoE names)
+DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw", "routerw", "efcw", "efcprojw", "sfcw", "sfcprojw", "head",
+           "sgatew"}
 CONFIGS = {
     "tiny": dict(L=4, C=64, NH=4, V=250, Vp=256, maxT=64, T=32, R=8, lr=3e-3, clip=0.6),
     "d4": dict(L=4, C=256, NH=4, V=50257, Vp=50304, maxT=1024, T=64, R=4, lr=1e-3, clip=1.0),
@@ -128,18 +146,28 @@ def is_llama(cfg):
     return cfg.get("arch", "gpt2") == "llama"
 
 def names(cfg):
-    if is_llama(cfg):   # the family file's table: the 16 dense names, the 9 MoE names, head
-        return NAMES + MOE_NAMES + ["head"]
+    if is_llama(cfg):   # the family file's table: the 16 dense names, the 9 MoE names, head, sgatew, qnormw, knormw
+        return NAMES + MOE_NAMES + LLAMA_TAIL
     return NAMES + (MOE_NAMES if cfg["E"] > 0 else [])
 
 def llama_shapes(cfg):
-    """the family file's 26 tensors; an absent one has shape (0,)"""
-    L, C, Vp, NH, KV, F = (cfg[k] for k in ("L", "C", "Vp", "NH", "KV", "F"))
+    """the family file's 29 tensors; an absent one has shape (0,). Dense layers: fcw, fcprojw (Ld of them);
+    MoE layers (Lm): SwiGLU experts and shared experts without biases (moe_llama_spec.md)"""
+    L, C, Vp, NH, KV, F, E = (cfg[k] for k in ("L", "C", "Vp", "NH", "KV", "F", "E"))
     hs, z = C // NH, (0,)
     Q = (NH + 2 * KV) * hs
+    Lm = len(layer_slots_moe(cfg))
+    Ld = L - Lm
+    if E > 0:
+        H, SH = cfg["H"], cfg["S"] * cfg["H"]
+        Ls = Lm if cfg["S"] > 0 else 0
+        moe = [(Lm, E, C), (Lm, E, 2 * H, C), z, (Lm, E, C, H), z, (Ls, 2 * SH, C), z, (Ls, C, SH), z]
+    else:
+        moe = [z] * len(MOE_NAMES)
     return ([(Vp, C), z, (L, C), z, (L, Q, C), (L, Q) if cfg["qkvbias"] else z, (L, C, C), z,
-             (L, C), z, (L, 2 * F, C), z, (L, C, F), z, (C,), z] + [z] * len(MOE_NAMES)
-            + [z if cfg["tied"] else (Vp, C)])
+             (L, C), z, (Ld, 2 * F, C), z, (Ld, C, F), z, (C,), z] + moe
+            + [z if cfg["tied"] else (Vp, C), (Lm, 1, C) if cfg["shared_gate"] else z,
+               (L, NH * hs) if cfg["qk_norm"] else z, (L, KV * hs) if cfg["qk_norm"] else z])
 
 def param_shapes(cfg):
     if is_llama(cfg):
@@ -162,8 +190,8 @@ def init_params(cfg, seed):
     params = {}
     for name, shape in zip(names(cfg), param_shapes(cfg)):
         r = torch.randn(shape, generator=g, dtype=torch.float32)
-        if name in ("ln1w", "ln2w", "lnfw"):
-            t = 1.0 + 0.05 * r                      # LN weights 1 + N(0, 0.05)
+        if name in ("ln1w", "ln2w", "lnfw", "qnormw", "knormw"):
+            t = 1.0 + 0.05 * r                      # LN (and QK-norm) weights 1 + N(0, 0.05)
         elif name in ("attprojw", "fcprojw", "efcprojw", "sfcprojw"):
             t = proj_std * r
         elif name == "wpe":
@@ -250,10 +278,16 @@ def keep_assignments(choice, probs, cap, policy):
                 keep[b, t, j] = True
     return keep, margin
 
+def swiglu(h):
+    """h (..., 2n) = [gate | up] -> silu(gate) * up (..., n)"""
+    n = h.shape[-1] // 2
+    return torch.nn.functional.silu(h[..., :n]) * h[..., n:]
+
 def moe_mlp(x, p, i, cfg, log):
-    """x (B, T, C) the ln2 output -> MLP output (B, T, C), aux per sequence (B), z per token (B, T)"""
+    """x (B, T, C) the ln2 output -> MLP output (B, T, C), aux per sequence (B), z per token (B, T);
+    GPT-2: GELU experts with biases; Llama: SwiGLU experts without (moe_llama_spec.md)"""
     B, T, C = x.shape
-    E, k = cfg["E"], cfg["k"]
+    E, k, llama = cfg["E"], cfg["k"], is_llama(cfg)
     logits = x @ p["routerw"][i].t()                          # (B, T, E)
     sigmoid = cfg["score"] == "sigmoid"
     probs = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
@@ -261,17 +295,24 @@ def moe_mlp(x, p, i, cfg, log):
     bias = cfg["bias"][i] if "bias" in cfg else torch.zeros(E)
     choice, topk_margin = route(probs.detach() + bias, k)     # (B, T, k), chosen by p + b
     sel = probs.gather(-1, choice)
-    gates = sel if (k == 1 and not sigmoid) else sel / sel.sum(dim=-1, keepdim=True)
+    renorm = cfg.get("norm_topk", 1) and not (k == 1 and not sigmoid)   # GPT-2: always 1
+    gates = sel / sel.sum(dim=-1, keepdim=True) if renorm else sel
     keep, cap_margin = keep_assignments(choice, probs.detach(), capacity(cfg, T), cfg["policy"])
     out = torch.zeros_like(x)
     for e in range(E):
         b_idx, t_idx, j_idx = ((choice == e) & keep).nonzero(as_tuple=True)
         if len(b_idx) == 0:
             continue
-        h = gelu_tanh(x[b_idx, t_idx] @ p["efcw"][i, e].t() + p["efcb"][i, e])
-        y = h @ p["efcprojw"][i, e].t() + p["efcprojb"][i, e]
+        if llama:   # SwiGLU, no biases, efcw rows [gate (H); up (H)]
+            y = swiglu(x[b_idx, t_idx] @ p["efcw"][i, e].t()) @ p["efcprojw"][i, e].t()
+        else:
+            h = gelu_tanh(x[b_idx, t_idx] @ p["efcw"][i, e].t() + p["efcb"][i, e])
+            y = h @ p["efcprojw"][i, e].t() + p["efcprojb"][i, e]
         out = out.index_put((b_idx, t_idx), gates[b_idx, t_idx, j_idx].unsqueeze(-1) * y, accumulate=True)
-    if cfg["S"] > 0:   # the shared experts: every token, one MLP of width S*H
+    if cfg["S"] > 0 and llama:   # one SwiGLU MLP of width S*H, scaled per token by sigmoid(x . sgatew) (Qwen2-MoE)
+        s = swiglu(x @ p["sfcw"][i].t()) @ p["sfcprojw"][i].t()
+        out = out + (torch.sigmoid(x @ p["sgatew"][i].t()) * s if cfg["shared_gate"] else s)
+    elif cfg["S"] > 0:   # the shared experts: every token, one MLP of width S*H
         out = out + gelu_tanh(x @ p["sfcw"][i].t() + p["sfcb"][i]) @ p["sfcprojw"][i].t() + p["sfcprojb"][i]
     counts = torch.nn.functional.one_hot(choice, E).sum(dim=(1, 2))                 # (B, E)
     f = counts.to(x.dtype) / (k * T)                                                # no gradient
@@ -311,16 +352,20 @@ def rope(x, cos, sin):
     h = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
 
-def attention_llama(x, w, b, cfg, cos, sin):
+def attention_llama(x, w, b, cfg, cos, sin, qn=None, kn=None):
+    """qn, kn: the QK-norm weights (OLMoE: RMSNorm over the whole q / k projection, before rope) or None"""
     B, T, C = x.shape
     NH, KV = cfg["NH"], cfg["KV"]
     hs = C // NH
     qkv = x @ w.t()                                             # (B, T, (NH + 2 KV) hs)
     if b.numel():
         qkv = qkv + b
-    q = qkv[..., :NH * hs].reshape(B, T, NH, hs).transpose(1, 2)
-    k = qkv[..., NH * hs:(NH + KV) * hs].reshape(B, T, KV, hs).transpose(1, 2)
-    v = qkv[..., (NH + KV) * hs:].reshape(B, T, KV, hs).transpose(1, 2)
+    q, k, v = qkv[..., :NH * hs], qkv[..., NH * hs:(NH + KV) * hs], qkv[..., (NH + KV) * hs:]
+    if qn is not None:
+        q, k = rmsnorm(q, qn, cfg["norm_eps"]), rmsnorm(k, kn, cfg["norm_eps"])
+    q = q.reshape(B, T, NH, hs).transpose(1, 2)
+    k = k.reshape(B, T, KV, hs).transpose(1, 2)
+    v = v.reshape(B, T, KV, hs).transpose(1, 2)
     q, k = rope(q, cos, sin), rope(k, cos, sin)
     k = k.repeat_interleave(NH // KV, dim=1)                    # query head h reads kv head h // (NH/KV)
     v = v.repeat_interleave(NH // KV, dim=1)
@@ -329,34 +374,44 @@ def attention_llama(x, w, b, cfg, cos, sin):
     att = torch.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
     return (att @ v).transpose(1, 2).reshape(B, T, C)
 
-def forward_llama(p, idx, cfg):
-    """-> the logits (B, T, V) of LlamaForCausalLM (transformers 4.49)"""
+def forward_llama(p, idx, cfg, log):
+    """-> the logits (B, T, V) of LlamaForCausalLM (transformers 4.49; with MoE layers Mixtral, OLMoE,
+    Qwen2-MoE), aux per sequence (B) and z per token (B, T) summed over the MoE layers"""
     B, T = idx.shape
     F, eps = cfg["F"], cfg["norm_eps"]
     cos, sin = (t.to(p["wte"].dtype) for t in rope_tables(cfg, T))   # fp32 tables, as transformers
     x = p["wte"][idx]
-    for l in range(cfg["L"]):
+    aux, z = x.new_zeros(B), x.new_zeros(B, T)
+    for l, (kind, i) in enumerate(layer_slots(cfg)):
         h = rmsnorm(x, p["ln1w"][l], eps)
         b = p["qkvb"][l] if cfg["qkvbias"] else p["qkvb"]
-        x = x + attention_llama(h, p["qkvw"][l], b, cfg, cos, sin) @ p["attprojw"][l].t()
+        qn, kn = (p["qnormw"][l], p["knormw"][l]) if cfg["qk_norm"] else (None, None)
+        x = x + attention_llama(h, p["qkvw"][l], b, cfg, cos, sin, qn, kn) @ p["attprojw"][l].t()
         h = rmsnorm(x, p["ln2w"][l], eps)
-        fc = h @ p["fcw"][l].t()                                # (B, T, 2F) = [gate | up]
-        h = torch.nn.functional.silu(fc[..., :F]) * fc[..., F:]
-        x = x + h @ p["fcprojw"][l].t()
+        if kind == "moe":
+            y, a, zz = moe_mlp(h, p, i, cfg, log)
+            x, aux, z = x + y, aux + a, z + zz
+        else:
+            fc = h @ p["fcw"][i].t()                            # (B, T, 2F) = [gate | up]
+            h = torch.nn.functional.silu(fc[..., :F]) * fc[..., F:]
+            x = x + h @ p["fcprojw"][i].t()
     x = rmsnorm(x, p["lnfw"], eps)
-    return x @ (p["wte"] if cfg["tied"] else p["head"])[:cfg["V"]].t()
+    return x @ (p["wte"] if cfg["tied"] else p["head"])[:cfg["V"]].t(), aux, z
 
 def forward(p, idx, targets, cfg, log=None):
     """-> (CE, aux, z, the optimised loss CE + aux_coeff aux + z_coeff z); log collects the
     routing of each MoE layer"""
     B, T = idx.shape
+    log = [] if log is None else log
     if is_llama(cfg):
-        logits = forward_llama(p, idx, cfg)
+        logits, aux, z = forward_llama(p, idx, cfg, log)
         logprobs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
         ce = -logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1).mean()
-        zero = ce.new_zeros(())
-        return ce, zero, zero, ce
-    log = [] if log is None else log
+        if cfg["E"] == 0:
+            zero = ce.new_zeros(())
+            return ce, zero, zero, ce
+        aux, z = aux.mean(), z.mean()
+        return ce, aux, z, ce + cfg["aux_coeff"] * aux + cfg["z_coeff"] * z
     x = p["wte"][idx] + p["wpe"][:T]
     aux, z = x.new_zeros(B), x.new_zeros(B, T)
     for l, (kind, i) in enumerate(layer_slots(cfg)):
@@ -502,17 +557,18 @@ def llama_header(cfg):
 
 def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
     os.makedirs(out, exist_ok=True)
-    moe = cfg["E"] > 0
-    # versions 23/25: sigmoid scores, shared or fine-grained experts (header [11] scores, [12] S, [13] H)
-    v2 = moe and (cfg["score"] == "sigmoid" or cfg["S"] > 0 or cfg["H"] != 4 * cfg["C"])
+    moe, llama = cfg["E"] > 0, is_llama(cfg)
+    # versions 23/25: sigmoid scores, shared or fine-grained experts (header [11] scores, [12] S, [13] H);
+    # the Llama family file (33/35) has every slot, and the routing bias whenever E > 0
+    v2 = moe and (llama or cfg["score"] == "sigmoid" or cfg["S"] > 0 or cfg["H"] != 4 * cfg["C"])
     mh = [cfg["maxT"], cfg["V"], cfg["L"], cfg["NH"], cfg["C"], cfg["Vp"]] + ([cfg["E"], cfg["k"], cfg["every"]] if moe else [])
     mh += [int(cfg["score"] == "sigmoid"), cfg["S"], cfg["H"]] if v2 else []
-    llama = is_llama(cfg)
-    if llama:   # versions 33/35: [8..13] = 0 (dense), [14..25] the Llama fields
-        mh += [0] * 6 + llama_header(cfg)
+    if llama:   # versions 33/35: [8..13] the MoE fields (0 when dense), [14..25] the Llama fields, [26..28]
+        mh += [0] * (0 if moe else 6) + llama_header(cfg)
+        mh += [int(moe and cfg["norm_topk"]), cfg["shared_gate"], cfg["qk_norm"]]
     for fname, version, conv in (("model.bin", 3, f32), ("model_bf16.bin", 5, to_bf16)):
         with open(os.path.join(out, fname), "wb") as f:
-            f.write(header(20240326, version + ((20 if v2 else 10) if moe else 30 if llama else 0), *mh))
+            f.write(header(20240326, version + (30 if llama else (20 if v2 else 10) if moe else 0), *mh))
             for k in names(cfg):
                 f.write(conv(init[k]))
             if v2:   # the initial routing bias: zero, fp32
@@ -554,9 +610,13 @@ def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
             if cfg["rope_kind"] == 1:
                 f.write(" rope_scaling=llama3 " + " ".join(f"{k}={cfg[k]}" for k in
                                                              ("rope_factor", "rope_low", "rope_high", "rope_orig")))
+            if cfg["qk_norm"]:
+                f.write(" qk_norm=1")
         if moe:
             f.write(" " + " ".join(f"{k}={cfg[k]}" for k in ("E", "k", "every", "F1000", "policy", "aux_coeff", "z_coeff", "skew",
                                                              "score", "bias_rate", "S", "H")))
+            if llama:
+                f.write(" " + " ".join(f"{k}={cfg[k]}" for k in ("norm_topk", "shared_gate")))
             f.write(f"\nsmallest routing margin over all steps: {hist['margin']:.3e}")
         f.write(f"\nntok={len(tokens)} nsteps={a.nsteps} warmup={a.warmup} lr={a.lr} b1={a.b1} "
                 f"b2={a.b2} eps={a.eps} wd={a.weight_decay} clip={a.clip} "
@@ -642,13 +702,15 @@ def parse(argv=None):
     ap.add_argument("--every", type=int, default=1, help="layer l is MoE when l %% every == every-1")
     ap.add_argument("--F", type=float, default=None,
                     help="MoE: capacity factor, 0 = dropless (1.25); --arch llama: the MLP's hidden width (256 ceil(8C/3/256))")
+    ap.add_argument("--cap", type=float, default=None,
+                    help="--arch llama with --E: the capacity factor, 0 = dropless (1.25)")
     ap.add_argument("--policy", choices=("probs", "position"), default="probs")
     ap.add_argument("--aux_coeff", type=float, default=0.01)
     ap.add_argument("--z_coeff", type=float, default=0.001)
     ap.add_argument("--skew", action="store_true", help="route every token to expert 0 (capacity saturates)")
     ap.add_argument("--score", choices=("softmax", "sigmoid"), default="softmax", help="router scores")
     ap.add_argument("--bias_rate", type=float, default=0.0, help="loss-free balancing's bias step (0: off)")
-    ap.add_argument("--H", type=int, default=None, help="an expert's hidden width (4C)")
+    ap.add_argument("--H", type=int, default=None, help="an expert's hidden width (4C; --arch llama: F)")
     ap.add_argument("--S", type=int, default=0, help="shared experts (one MLP of width S*H per MoE layer)")
     ap.add_argument("--min_margin", type=float, default=1e-6,
                     help="MoE: advance the data seed until every routing margin is at least this")
@@ -659,7 +721,10 @@ def parse(argv=None):
                       rope_factor=(float, 8.0, "llama3 scaling: factor"),
                       rope_low=(float, 1.0, "llama3 scaling: low_freq_factor"),
                       rope_high=(float, 4.0, "llama3 scaling: high_freq_factor"),
-                      rope_orig=(int, 8192, "llama3 scaling: original_max_position_embeddings"))
+                      rope_orig=(int, 8192, "llama3 scaling: original_max_position_embeddings"),
+                      qk_norm=(int, 0, "1: RMSNorm over the whole q and k projections before rope (OLMoE)"),
+                      norm_topk=(int, 1, "with --E: 1 = the k gates renormalised to sum 1 (k > 1), 0 = the k p themselves"),
+                      shared_gate=(int, 0, "with --S: 1 = the shared experts scaled per token by sigmoid(x . w) (Qwen2-MoE)"))
     for k, (typ, default, text) in llama_opts.items():
         ap.add_argument("--" + k, type=typ, default=None, help=f"--arch llama: {text} (default {'NH' if default is None else default})")
     a = ap.parse_args(argv)
@@ -672,15 +737,22 @@ def parse(argv=None):
     for k, (typ, default, text) in llama_opts.items():
         if getattr(a, k) is None:
             setattr(a, k, default)
-    if a.arch == "llama" and (a.tied not in (0, 1) or a.qkvbias not in (0, 1) or a.rope_scaling not in ("none", "llama3")):
-        ap.error("--tied and --qkvbias take 0 or 1, --rope_scaling none or llama3")
+    if a.arch == "llama" and (a.tied not in (0, 1) or a.qkvbias not in (0, 1) or a.rope_scaling not in ("none", "llama3")
+                              or a.qk_norm not in (0, 1) or a.norm_topk not in (0, 1) or a.shared_gate not in (0, 1)):
+        ap.error("--tied, --qkvbias, --qk_norm, --norm_topk and --shared_gate take 0 or 1, --rope_scaling none or llama3")
+    if a.cap is not None and a.arch != "llama":
+        ap.error("--cap needs --arch llama (GPT-2's capacity factor is --F)")
+    if a.E == 0 and (a.cap is not None or "norm_topk" in given):
+        ap.error(f"--{'cap' if a.cap is not None else 'norm_topk'} needs --E")
+    if a.shared_gate and a.S == 0:
+        ap.error("--shared_gate 1 needs shared experts (--S)")
     cfg = dict(CONFIGS[a.config])
     for k in ("L", "C", "NH", "V", "Vp", "maxT", "T", "R"):
         if getattr(a, k) is not None:
             cfg[k] = getattr(a, k)
     if a.arch == "llama":
-        if a.E or a.skew:
-            ap.error("--arch llama: dense only (MoE on Llama is not here yet)")
+        if a.skew:
+            ap.error("--arch llama: no --skew (it sets the LayerNorm bias ln2b)")
         fp32 = lambda x: float(np.float32(x))   # the values the model file holds (float32 slots)
         F = -(-8 * cfg["C"] // (3 * 256)) * 256 if a.F is None else a.F
         if F != int(F) or F < 1:
@@ -688,16 +760,17 @@ def parse(argv=None):
         cfg.update(arch="llama", KV=cfg["NH"] if a.KV is None else a.KV, F=int(F), theta=fp32(a.theta), norm_eps=fp32(a.norm_eps),
                    tied=a.tied, qkvbias=a.qkvbias, rope_kind=int(a.rope_scaling == "llama3"),
                    rope_factor=fp32(a.rope_factor), rope_low=fp32(a.rope_low), rope_high=fp32(a.rope_high),
-                   rope_orig=a.rope_orig)
+                   rope_orig=a.rope_orig, qk_norm=a.qk_norm, norm_topk=a.norm_topk, shared_gate=a.shared_gate)
+        capf = 1.25 if a.cap is None else a.cap   # the capacity factor (--F is the MLP's width)
         hs = cfg["C"] // cfg["NH"]
         assert cfg["KV"] >= 1 and cfg["NH"] % cfg["KV"] == 0 and hs % 2 == 0, "llama: NH % KV == 0 and an even head size"
         assert cfg["rope_kind"] == 0 or (a.rope_factor > 0 and a.rope_high > a.rope_low > 0 and a.rope_orig > 0)
-    elif a.F is None:
-        a.F = 1.25
-    cfg.update(E=a.E, k=a.k, every=a.every, F1000=int(round(1000 * a.F)) if a.arch == "gpt2" else 0, policy=a.policy,
+    else:
+        capf = 1.25 if a.F is None else a.F
+    cfg.update(E=a.E, k=a.k, every=a.every, F1000=int(round(1000 * capf)) if a.arch == "gpt2" or a.E else 0, policy=a.policy,
                aux_coeff=a.aux_coeff, z_coeff=a.z_coeff, skew=a.skew, score=a.score, bias_rate=a.bias_rate,
-               H=a.H if a.H else 4 * cfg["C"], S=a.S)
-    assert a.E == 0 or (1 <= a.k <= a.E and a.every >= 1 and a.F >= 0)
+               H=a.H if a.H else cfg["F"] if a.arch == "llama" else 4 * cfg["C"], S=a.S)
+    assert a.E == 0 or (1 <= a.k <= a.E and a.every >= 1 and capf >= 0 and cfg["H"] >= 1 and a.S >= 0)
     assert a.score == "softmax" or (a.k >= 2 and a.z_coeff == 0), "sigmoid scores need k >= 2 and z_coeff 0"
     assert a.bias_rate >= 0
     a.lr = cfg["lr"] if a.lr is None else a.lr

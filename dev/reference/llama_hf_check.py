@@ -1,19 +1,37 @@
 #!/usr/bin/env python3
 """
 gpt2_ref.py --arch llama against transformers (the oracle): for each case below, the reference's initial
-weights go into transformers' LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM (fp32, CPU, eager
+weights go into transformers' LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, or (MoE on the Llama
+body, moe_llama_spec.md) MixtralForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM (fp32, CPU, eager
 attention, no sliding window), the same batch (step 0's R rows of T tokens) runs through both, and the loss
 and every parameter gradient are compared. Also: transformers' inv_freq and cos/sin tables against the
 reference's (bitwise), and the padded rows' gradients (zero).
 
-Usage:  .venv/bin/python dev/reference/llama_hf_check.py [--threads N]      (exits 0 when every case passes)
+Usage:  .venv/bin/python dev/reference/llama_hf_check.py [--threads N] [--only dense|moe]
+        (exits 0 when every case passes)
+
+The weight mapping (pieces()): every transformers parameter is one slice of one reference tensor (q_proj:
+qkvw[l][:NH hs], gate_proj: fcw[i][:F], an expert's w1 / gate_proj: efcw[i][e][:H], ...); the check asserts
+that every parameter is loaded and that the slices cover every element of every reference tensor exactly once
+(wte and head: the V real rows). Gradients are compared through the same slices.
+
+MoE cases: dropless (--cap 0), aux 0, z 0 (transformers' load-balancing loss is another definition: only CE
+enters its loss), scores softmax. The batch's data seed is advanced (from the seed) until every routing
+decision of the step has a top-k margin of at least 1e-6 in p (gpt2_ref.py's min_margin, the smallest gap
+between consecutive sorted probabilities among the first k+1), and transformers' top-k (torch.topk of its own
+router's softmax) must then choose the same experts in the same order: checked per MoE layer and token. The
+aux cases (one MoE layer, one sequence: the only shape where the two definitions coincide) check
+transformers' aux_loss = k * ours (ours: E sum_i f_i P_i with f_i = assignments / (k T); transformers': f_i =
+assignments / T), and run the reference with --aux_coeff c against transformers' CE + (c / k) aux_loss, so
+the aux's gradient is compared too.
 
 Tolerance (fp32 summation order): both sides are fp32 evaluations of the same function that differ only in
 the order of their sums (one fused qkv / gate-up GEMM against separate ones, addmm against matmul + bias, the
 library's blocking), so each is within its own rounding error of the exact value. The reference's rounding
 error is measured: the same reference run in float64 (its rope tables stay fp32, as transformers'), per
 tensor f = max |g32 - g64|. transformers' error is of the same size, so |g_hf - g_ref| <= f + f_hf ~ 2f;
-the bound is 4 f + 8 u max|g| (u = 2^-24, a few ulps of the tensor's scale where f is 0), the same for the loss.
+the bound is 4 f + 8 u max|g| (u = 2^-24, a few ulps of the tensor's scale where f is 0), the same for the loss
+and the aux. The float64 run must route as the fp32 one does (asserted; the margins make it so).
 """
 import argparse
 import os
@@ -29,7 +47,9 @@ import gpt2_ref as ref  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 U = 2.0 ** -24
+MIN_MARGIN = 1e-6
 BASE = ["--config", "tiny", "--arch", "llama", "--L", "2", "--R", "4", "--T", "32"]
+MOE = "--cap 0 --aux_coeff 0 --z_coeff 0 "
 CASES = [   # (family, gpt2_ref.py options)
     ("llama", "--KV 1"),                                               # MQA, untied, theta 500000
     ("llama", "--KV 2 --tied 1"),                                      # GQA 2 groups, tied
@@ -41,7 +61,23 @@ CASES = [   # (family, gpt2_ref.py options)
     ("mistral", "--KV 2 --theta 1000000 --F 224"),
     ("qwen2", "--KV 2 --qkvbias 1 --tied 1 --theta 1000000"),          # Qwen2-0.5B-like: biases, tied
     ("qwen2", "--C 256 --NH 2 --KV 1 --qkvbias 1 --theta 10000"),       # biases, head size 128, untied
+    # MoE on the Llama body (dropless, aux 0, z 0)
+    ("mixtral", MOE + "--KV 2 --E 4 --k 2 --H 64 --theta 1000000"),   # softmax, norm_topk 1, every layer
+    ("mixtral", MOE + "--KV 1 --E 8 --k 2 --tied 1"),                  # H = F (256), MQA, tied
+    ("olmoe", MOE + "--KV 2 --E 8 --k 2 --norm_topk 0 --qk_norm 1 --H 32 --theta 10000"),   # QK-norm, raw p gates
+    ("qwen2_moe", MOE + "--L 4 --KV 2 --E 4 --k 2 --norm_topk 0 --every 2 --H 32 --S 2 --shared_gate 1 "
+                  "--qkvbias 1 --F 96 --theta 1000000"),              # shared expert (2H) with its gate, dense layers F
+    ("qwen2_moe", MOE + "--L 4 --KV 1 --E 4 --k 2 --norm_topk 1 --every 2 --H 48 --S 1 --shared_gate 1 "
+                  "--qkvbias 1 --F 128 --tied 1"),                    # norm_topk 1, S 1, tied
+    # QK-norm without MoE: OLMoE with one expert (p = 1, the gate 1: its expert is the dense SwiGLU MLP)
+    ("olmoe_dense", "--KV 2 --qk_norm 1 --F 96"),
+    # the aux losses coincide: one MoE layer, one sequence; the reference's aux_coeff 0.5, transformers' 0.5 / k
+    ("mixtral", "--cap 0 --z_coeff 0 --aux_coeff 0.5 --L 1 --R 1 --KV 2 --E 4 --k 2 --H 64"),
+    ("qwen2_moe", "--cap 0 --z_coeff 0 --aux_coeff 0.5 --R 1 --KV 2 --E 8 --k 2 --norm_topk 0 --every 2 --H 32 --S 1 "
+                  "--shared_gate 1 --qkvbias 1 --F 96"),
+    ("olmoe", "--cap 0 --z_coeff 0 --aux_coeff 0.5 --L 1 --R 1 --KV 1 --E 8 --k 2 --norm_topk 0 --qk_norm 1 --H 32"),
 ]
+MOE_FAMILIES = ("mixtral", "olmoe", "qwen2_moe")
 
 
 def hf_model(family, cfg):
@@ -54,117 +90,212 @@ def hf_model(family, cfg):
         kw["rope_scaling"] = dict(rope_type="llama3", factor=cfg["rope_factor"], low_freq_factor=cfg["rope_low"],
                                   high_freq_factor=cfg["rope_high"],
                                   original_max_position_embeddings=cfg["rope_orig"])
-    assert (family == "qwen2") == bool(cfg["qkvbias"]), "qkv biases: Qwen2 (q/k/v biases, none on o_proj)"
+    E, S = cfg["E"], cfg["S"]
+    assert (family in ("qwen2", "qwen2_moe")) == bool(cfg["qkvbias"]), "qkv biases: Qwen2, Qwen2-MoE (none on o_proj)"
+    assert (family in ("olmoe", "olmoe_dense")) == bool(cfg["qk_norm"]), "QK-norm: OLMoE"
+    assert (family in MOE_FAMILIES) == (E > 0), "MoE: Mixtral, OLMoE, Qwen2-MoE"
+    if E:
+        assert cfg["score"] == "softmax" and cfg["bias_rate"] == 0 and cfg["F1000"] == 0 and cfg["z_coeff"] == 0
+        assert (family == "qwen2_moe") == (S > 0 and cfg["shared_gate"] == 1), "shared experts with a gate: Qwen2-MoE"
+        assert family == "qwen2_moe" or cfg["every"] == 1, "Mixtral, OLMoE: every layer MoE"
+        assert family != "mixtral" or cfg["norm_topk"] == 1, "Mixtral renormalises the top k"
+        moe = dict(num_experts_per_tok=cfg["k"], output_router_logits=True)
     if family == "llama":
         conf = transformers.LlamaConfig(attention_bias=False, mlp_bias=False, **kw)
         cls = transformers.LlamaForCausalLM
     elif family == "mistral":
         conf = transformers.MistralConfig(sliding_window=None, **kw)
         cls = transformers.MistralForCausalLM
-    else:
+    elif family == "qwen2":
         conf = transformers.Qwen2Config(use_sliding_window=False, sliding_window=None, max_window_layers=cfg["L"], **kw)
         cls = transformers.Qwen2ForCausalLM
-    return cls(conf).float().eval()   # eval: no dropout (all 0 anyway)
+    elif family == "mixtral":
+        kw["intermediate_size"] = cfg["H"]
+        conf = transformers.MixtralConfig(num_local_experts=E, router_jitter_noise=0.0, sliding_window=None, **moe, **kw)
+        cls = transformers.MixtralForCausalLM
+    elif family == "olmoe":
+        kw["intermediate_size"] = cfg["H"]
+        conf = transformers.OlmoeConfig(num_experts=E, norm_topk_prob=bool(cfg["norm_topk"]), clip_qkv=None,
+                                        attention_bias=False, **moe, **kw)
+        cls = transformers.OlmoeForCausalLM
+    elif family == "olmoe_dense":   # one expert of width F: p = 1 and the gate 1 (either norm_topk)
+        conf = transformers.OlmoeConfig(num_experts=1, num_experts_per_tok=1, norm_topk_prob=False, clip_qkv=None,
+                                        attention_bias=False, **kw)
+        cls = transformers.OlmoeForCausalLM
+    else:
+        conf = transformers.Qwen2MoeConfig(num_experts=E, moe_intermediate_size=cfg["H"],
+                                           shared_expert_intermediate_size=S * cfg["H"], decoder_sparse_step=cfg["every"],
+                                           norm_topk_prob=bool(cfg["norm_topk"]), mlp_only_layers=[],
+                                           use_sliding_window=False, sliding_window=None, max_window_layers=cfg["L"],
+                                           **moe, **kw)
+        cls = transformers.Qwen2MoeForCausalLM
+    return cls(conf).float().eval()   # eval: no dropout (all 0 anyway), no router jitter
 
 
-def hf_map(cfg):
-    """reference tensor name -> a function (hf named parameters) -> that tensor in the reference's layout
-    (wte and head: the V real rows)"""
-    lay = lambda fn: (lambda d: torch.stack([fn(d, f"model.layers.{l}.") for l in range(cfg["L"])]))
-    qkv = lambda suffix: lay(lambda d, p: torch.cat([d[p + f"self_attn.{x}_proj.{suffix}"] for x in "qkv"]))
-    m = {"wte": lambda d: d["model.embed_tokens.weight"],
-         "ln1w": lay(lambda d, p: d[p + "input_layernorm.weight"]),
-         "qkvw": qkv("weight"),
-         "attprojw": lay(lambda d, p: d[p + "self_attn.o_proj.weight"]),
-         "ln2w": lay(lambda d, p: d[p + "post_attention_layernorm.weight"]),
-         "fcw": lay(lambda d, p: torch.cat([d[p + "mlp.gate_proj.weight"], d[p + "mlp.up_proj.weight"]])),
-         "fcprojw": lay(lambda d, p: d[p + "mlp.down_proj.weight"]),
-         "lnfw": lambda d: d["model.norm.weight"]}
-    if cfg["qkvbias"]:
-        m["qkvb"] = qkv("bias")
+def pieces(family, cfg):
+    """[(transformers parameter name, reference tensor name or None, index into it)]: where each transformers
+    parameter lives in the reference's tensors (None: no reference tensor, loaded with zeros: olmoe_dense's router)"""
+    NH, KV, F, H, E, V = cfg["NH"], cfg["KV"], cfg["F"], cfg["H"], cfg["E"], cfg["V"]
+    hs = cfg["C"] // NH
+    SH = cfg["S"] * H
+    out = [("model.embed_tokens.weight", "wte", slice(0, V)), ("model.norm.weight", "lnfw", ())]
     if not cfg["tied"]:
-        m["head"] = lambda d: d["lm_head.weight"]
-    return m
+        out.append(("lm_head.weight", "head", slice(0, V)))
+    qkv = {"q": slice(0, NH * hs), "k": slice(NH * hs, (NH + KV) * hs), "v": slice((NH + KV) * hs, (NH + 2 * KV) * hs)}
+    for l, (kind, i) in enumerate(ref.layer_slots(cfg)):
+        p = f"model.layers.{l}."
+        out += [(p + "input_layernorm.weight", "ln1w", l), (p + "post_attention_layernorm.weight", "ln2w", l),
+                (p + "self_attn.o_proj.weight", "attprojw", l)]
+        for x, sl in qkv.items():
+            out.append((p + f"self_attn.{x}_proj.weight", "qkvw", (l, sl)))
+            if cfg["qkvbias"]:
+                out.append((p + f"self_attn.{x}_proj.bias", "qkvb", (l, sl)))
+        if cfg["qk_norm"]:
+            out += [(p + "self_attn.q_norm.weight", "qnormw", l), (p + "self_attn.k_norm.weight", "knormw", l)]
+        if kind == "dense" and family == "olmoe_dense":
+            m = p + "mlp.experts.0."
+            out += [(p + "mlp.gate.weight", None, None), (m + "gate_proj.weight", "fcw", (i, slice(0, F))),
+                    (m + "up_proj.weight", "fcw", (i, slice(F, 2 * F))), (m + "down_proj.weight", "fcprojw", i)]
+        elif kind == "dense":
+            out += [(p + "mlp.gate_proj.weight", "fcw", (i, slice(0, F))),
+                    (p + "mlp.up_proj.weight", "fcw", (i, slice(F, 2 * F))), (p + "mlp.down_proj.weight", "fcprojw", i)]
+        else:
+            m = p + ("block_sparse_moe." if family == "mixtral" else "mlp.")
+            out.append((m + "gate.weight", "routerw", i))
+            g, u, d = ("w1", "w3", "w2") if family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+            for e in range(E):
+                out += [(m + f"experts.{e}.{g}.weight", "efcw", (i, e, slice(0, H))),
+                        (m + f"experts.{e}.{u}.weight", "efcw", (i, e, slice(H, 2 * H))),
+                        (m + f"experts.{e}.{d}.weight", "efcprojw", (i, e))]
+            if cfg["S"]:
+                out += [(m + "shared_expert.gate_proj.weight", "sfcw", (i, slice(0, SH))),
+                        (m + "shared_expert.up_proj.weight", "sfcw", (i, slice(SH, 2 * SH))),
+                        (m + "shared_expert.down_proj.weight", "sfcprojw", i)]
+            if cfg["shared_gate"]:
+                out.append((m + "shared_expert_gate.weight", "sgatew", i))
+    return out
 
 
-def load_into(model, cfg, init):
-    """the reference's weights into the model, through the inverse of hf_map (views of the hf parameters)"""
-    params = dict(model.named_parameters())
-    NH, KV, F, hs, V = cfg["NH"], cfg["KV"], cfg["F"], cfg["C"] // cfg["NH"], cfg["V"]
-    n = 0
+def load_into(model, family, cfg, init):
+    """the reference's weights into the model through pieces(); asserts that every parameter is loaded and that
+    the pieces cover every element of every reference tensor once (wte, head: the V real rows)"""
+    params = dict(model.named_parameters())   # shared (tied) parameters listed once
+    cover = {k: torch.zeros(v.shape, dtype=torch.int32) for k, v in init.items()}
+    loaded = set()
     with torch.no_grad():
-        def put(name, t):
-            nonlocal n
+        for name, rname, idx in pieces(family, cfg):
+            t = torch.zeros_like(params[name]) if rname is None else init[rname][idx]
             assert params[name].shape == t.shape, (name, params[name].shape, t.shape)
             params[name].copy_(t)
-            n += t.numel()
-        put("model.embed_tokens.weight", init["wte"][:V])
-        if not cfg["tied"]:
-            put("lm_head.weight", init["head"][:V])
-        put("model.norm.weight", init["lnfw"])
-        for l in range(cfg["L"]):
-            p = f"model.layers.{l}."
-            q, k, v = init["qkvw"][l].split([NH * hs, KV * hs, KV * hs])
-            put(p + "self_attn.q_proj.weight", q); put(p + "self_attn.k_proj.weight", k); put(p + "self_attn.v_proj.weight", v)
-            if cfg["qkvbias"]:
-                q, k, v = init["qkvb"][l].split([NH * hs, KV * hs, KV * hs])
-                put(p + "self_attn.q_proj.bias", q); put(p + "self_attn.k_proj.bias", k); put(p + "self_attn.v_proj.bias", v)
-            put(p + "self_attn.o_proj.weight", init["attprojw"][l])
-            g, u = init["fcw"][l].split([F, F])
-            put(p + "mlp.gate_proj.weight", g); put(p + "mlp.up_proj.weight", u)
-            put(p + "mlp.down_proj.weight", init["fcprojw"][l])
-            put(p + "input_layernorm.weight", init["ln1w"][l]); put(p + "post_attention_layernorm.weight", init["ln2w"][l])
-    total = sum(t.numel() for t in model.parameters())   # shared (tied) parameters counted once
-    assert n == total, f"{n} elements loaded, the model has {total}"
+            loaded.add(name)
+            if rname is not None:
+                cover[rname][idx] += 1
+    assert loaded == set(params), f"not loaded: {sorted(set(params) - loaded)}"
+    for k, c in cover.items():
+        if k in ("wte", "head"):
+            c = c[:cfg["V"]]
+        assert bool((c == 1).all()), f"{k}: elements loaded {c.min().item()}..{c.max().item()} times"
+
+
+def routing_seed(cfg, init, seed):
+    """the first data seed from seed whose step-0 batch routes with margins >= MIN_MARGIN (MoE; else seed)"""
+    for ds in range(seed, seed + 50):
+        tokens = ref.markov_tokens(cfg["V"], cfg["R"] * cfg["T"] + 1, ds)
+        x, y = ref.batch(tokens, 0, cfg)
+        if cfg["E"] == 0:
+            return ds, x, y, float("inf")
+        log = []
+        with torch.no_grad():
+            ref.forward(init, x, y, cfg, log)
+        m = ref.min_margin(log, cfg)
+        if m >= MIN_MARGIN:
+            return ds, x, y, m
+    raise SystemExit("no data seed in 50 routes with margins >= 1e-6")
 
 
 def run_case(family, opts, seed=1337):
     _, cfg, _ = ref.parse(BASE + opts.split())
-    V, T = cfg["V"], cfg["T"]
-    init = {k: v.detach() for k, v in ref.init_params(cfg, seed).items()}
-    tokens = ref.markov_tokens(V, cfg["R"] * T + 1, seed)
-    x, y = ref.batch(tokens, 0, cfg)
+    V, T, E, k = cfg["V"], cfg["T"], cfg["E"], cfg["k"]
+    init = {k_: v.detach() for k_, v in ref.init_params(cfg, seed).items()}
+    ds, x, y, margin = routing_seed(cfg, init, seed)
 
     def ref_grads(dtype):
-        p = {k: v.to(dtype).clone().requires_grad_(True) for k, v in init.items()}
-        loss = ref.forward(p, x, y, cfg)[3]
+        p = {k_: v.to(dtype).clone().requires_grad_(True) for k_, v in init.items()}
+        log = []
+        ce, aux, _, loss = ref.forward(p, x, y, cfg, log)
         loss.backward()
-        return loss.item(), {k: (v.grad if v.grad is not None else torch.zeros_like(v)) for k, v in p.items()}
+        grads = {k_: (v.grad if v.grad is not None else torch.zeros_like(v)) for k_, v in p.items()}
+        return loss.item(), aux.item(), log, grads
 
-    loss32, g32 = ref_grads(torch.float32)
-    loss64, g64 = ref_grads(torch.float64)
+    loss32, aux32, log32, g32 = ref_grads(torch.float32)
+    loss64, aux64, log64, g64 = ref_grads(torch.float64)
+    assert all(torch.equal(a["choice"], b["choice"]) for a, b in zip(log32, log64)), "float64 routes otherwise"
 
     model = hf_model(family, cfg)
-    load_into(model, cfg, init)
+    load_into(model, family, cfg, init)
     rot = model.model.rotary_emb
     inv_ok = torch.equal(rot.inv_freq.float(), ref.rope_inv_freq(cfg))
     cos_hf, sin_hf = rot(torch.zeros(1, dtype=torch.float32), torch.arange(T)[None])
     cos_ref, sin_ref = ref.rope_tables(cfg, T)
     tab_ok = torch.equal(cos_hf[0], cos_ref) and torch.equal(sin_hf[0], sin_ref)
-    logits = model(input_ids=x).logits                        # (R, T, V)
+    out = model(input_ids=x)
+    logits = out.logits                                       # (R, T, V)
     loss_hf = torch.nn.functional.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
+    ok = inv_ok and tab_ok
+    desc = (f"== {family} {opts}  (C {cfg['C']} NH {cfg['NH']} KV {cfg['KV']} hs {cfg['C'] // cfg['NH']} F {cfg['F']} "
+            f"theta {cfg['theta']:g})")
+    if E:
+        # transformers' routing: torch.topk of the softmax of its router's logits, per MoE layer (all tokens)
+        same = len(out.router_logits) == len(log32)
+        for rl, r in zip(out.router_logits, log32):
+            hf_choice = torch.topk(torch.softmax(rl.float(), dim=-1), k, dim=-1).indices
+            same &= torch.equal(hf_choice, r["choice"].reshape(-1, k))
+        dropped = sum(float((~r["keep"]).sum()) for r in log32)
+        ok &= same and dropped == 0
+        desc += (f"\n   E {E} k {k} H {cfg['H']} S {cfg['S']} every {cfg['every']} norm_topk {cfg['norm_topk']} "
+                 f"shared_gate {cfg['shared_gate']} qk_norm {cfg['qk_norm']}; {len(log32)} MoE layers; data seed {ds}, "
+                 f"smallest routing margin {margin:.2e} (>= {MIN_MARGIN:.0e}); transformers routes the same: {same}; "
+                 f"dropped {dropped:.0f}")
+        if cfg["aux_coeff"]:
+            # one MoE layer, one sequence: transformers' load-balancing loss = k * ours
+            assert len(log32) == 1 and cfg["R"] == 1, "the aux definitions coincide only for one layer, one sequence"
+            aux_hf = out.aux_loss.float()
+            da = abs(aux_hf.item() - k * aux32)
+            ta = 4 * k * abs(aux32 - aux64) + 8 * U * abs(k * aux64)
+            ok &= da <= ta
+            desc += (f"\n   aux: transformers {aux_hf.item():.7f}, k * ours {k * aux32:.7f} (ours {aux32:.7f}, k {k}) "
+                     f"|diff| {da:.1e} (tol {ta:.1e}); loss = CE + {cfg['aux_coeff']} aux (transformers: + "
+                     f"{cfg['aux_coeff']}/{k} aux_loss)")
+            loss_hf = loss_hf + (cfg["aux_coeff"] / k) * aux_hf
     loss_hf.backward()
     hf = {n: p.grad for n, p in model.named_parameters()}
-    ok = inv_ok and tab_ok
     tol = 4 * abs(loss32 - loss64) + 8 * U * abs(loss64)
     dl = abs(loss_hf.item() - loss32)
     ok &= dl <= tol
-    print(f"== {family} {opts}  (C {cfg['C']} NH {cfg['NH']} KV {cfg['KV']} hs {cfg['C'] // cfg['NH']} F {cfg['F']} "
-          f"theta {cfg['theta']:g})")
+    print(desc)
     print(f"   inv_freq bitwise {inv_ok}, cos/sin bitwise {tab_ok}; loss ref {loss32:.7f} hf {loss_hf.item():.7f} "
           f"|diff| {dl:.1e} (fp32 floor {abs(loss32 - loss64):.1e}, tol {tol:.1e})")
     worst = 0.0
-    for name, fn in hf_map(cfg).items():
-        a = g32[name][:V] if name in ("wte", "head") else g32[name]
-        b = fn(hf)
-        scale = b.abs().max().item()
-        d = (a - b).abs().max().item()
-        f = (g32[name] - g64[name]).abs().max().item()
+    by_name = {}
+    for name, rname, idx in pieces(family, cfg):
+        if rname is None:   # olmoe_dense's router: softmax over one expert is constant, its gradient 0
+            z = bool((hf[name] == 0).all())
+            ok &= z
+            print(f"   ({name}: no reference tensor; gradient all zero: {z})")
+            continue
+        a, b = g32[rname][idx], hf[name]
+        d, s = by_name.get(rname, (0.0, 0.0))
+        by_name[rname] = (max(d, (a - b).abs().max().item()), max(s, b.abs().max().item()))
+    for rname in ref.names(cfg):
+        if rname not in by_name:
+            continue
+        d, scale = by_name[rname]
+        f = (g32[rname] - g64[rname]).abs().max().item()
         t = 4 * f + 8 * U * scale
         ok &= d <= t
         worst = max(worst, d / scale)
-        print(f"   {name:8s} max|g| {scale:.2e}  max|ref-hf| {d:.2e} ({d / scale:.1e} of max|g|)  fp32 floor {f:.2e}  "
-              f"ratio {d / max(f, 1e-45):5.2f}  {'ok' if d <= t else 'FAIL'}")
+        print(f"   {rname:8s} max|g| {scale:.2e}  max|ref-hf| {d:.2e} ({d / scale:.1e} of max|g|)  fp32 floor {f:.2e}  "
+              f"tol {t:.2e}  ratio {d / max(f, 1e-45):5.2f}  {'ok' if d <= t else 'FAIL'}")
     for name in ("wte", "head"):
         if g32[name].numel():
             z = bool((g32[name][V:] == 0).all())
@@ -178,10 +309,12 @@ def run_case(family, opts, seed=1337):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--only", choices=("dense", "moe"), default=None, help="the dense cases or the MoE ones")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
-    results = [run_case(fam, opts) for fam, opts in CASES]
+    cases = [(f, o) for f, o in CASES if a.only is None or (f in MOE_FAMILIES or f == "olmoe_dense") == (a.only == "moe")]
+    results = [run_case(fam, opts) for fam, opts in cases]
     print(f"{sum(results)} of {len(results)} cases passed")
     sys.exit(0 if all(results) else 1)
 
