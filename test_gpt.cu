@@ -549,7 +549,8 @@ static void check_memory_model(GPT2 *m) {
     int nmoe = stage_moe_layers(m);
     if (nmoe > 0) {
         double El = (double)c->num_experts / m->grid->ep, Hl = m->moe.Hl;
-        double per_expert = Hl * C + Hl + C * Hl + C;   // (width H: Hl = H/tp of it here)
+        double per_expert = c->arch == ARCH_LLAMA ? 3 * Hl * C             // (SwiGLU: gate, up, down; no biases)
+                                                  : Hl * C + Hl + C * Hl + C;   // (width H: Hl = H/tp of it here)
         check(experts == nmoe * El * per_expert,
               "memory: expert parameters per rank %.0f = %d MoE layers x E/ep = %.0f experts x %.0f (1/tp of an MLP of width H)",
               experts, nmoe, El, per_expert);
@@ -617,8 +618,9 @@ static double zb_store_formula(GPT2 *m, int accum, double Rr) {
         double common = X * (BT * (C + qkv) + 4 * C + ((m->sp && m->grid->tp > 1) || full ? 2 * BT * C : 0) +
                              (full ? BT * Cl : 0));
         double dense_w = common + X * (BT * (C + fc) + (rec ? BT * Fl : 0));
-        double moe_w = common + X * ((SHl > 0 ? BT * (C + SHl) : 0) + Rr * (C + Hl) + (rec ? Rr * Hl + BT * SHl : 0) +
-                                     (full ? Rr * C : 0)) + 4.0 * BT * c->num_experts;
+        double hw = c->arch == ARCH_LLAMA ? 2 : 1;   // (SwiGLU: the gradients of [gate | up])
+        double moe_w = common + X * ((SHl > 0 ? BT * (C + hw * SHl) : 0) + Rr * (C + hw * Hl) + (rec ? Rr * Hl + BT * SHl
+                                     : 0) + (full ? Rr * C : 0)) + 4.0 * BT * (c->num_experts + c->shared_gate);
         wstore = Ls > 0 ? pending * ((Ls - nmoe) * dense_w + nmoe * moe_w) : 0;
     }
     return wstore;
@@ -643,8 +645,11 @@ static void check_memory_activations(GPT2 *m, int accum) {
     int llama = c->arch == ARCH_LLAMA, tp = m->grid->tp;
     double hs = C / c->num_heads, qkv = (c->num_heads + 2.0 * c->kv_heads) / tp * hs, Fl = (double)c->ffn_hidden / tp;
     double core = X * 3.0 * BTs * C + 4.0 * (llama ? 2.0 : 4.0) * BTs + X * BT * (qkv + Cl) + 4.0 * BT * m->NHl;
-    double dense_fc = X * BT * (llama ? 3.0 * Fl : 2.0 * Fl), route = 4.0 * (BT * E + BT + 4 * BT * k + m->B * E) + X * (Rr * C + Rs * C);
-    double hidden = X * 2 * (Rr * m->moe.Hl + BT * m->moe.SHl), Ld = Ls - nmoe;
+    // (a MoE layer: SwiGLU experts keep [gate | up] and their output, GELU ones fc and GELU; Qwen2-MoE's shared gate
+    // one float per token)
+    double hw = llama ? 3.0 : 2.0, sgate = c->shared_gate ? 4.0 * BT : 0;
+    double dense_fc = X * BT * hw * Fl, route = 4.0 * (BT * E + BT + 4 * BT * k + m->B * E) + X * (Rr * C + Rs * C) + sgate;
+    double hidden = X * hw * (Rr * m->moe.Hl + BT * m->moe.SHl), Ld = Ls - nmoe;
     // --recompute: what is recomputed is not stored per micro-batch; one layer of it lives in a scratch
     double scratch;
     if (m->recompute == RECOMPUTE_NONE) { scratch = 0; }

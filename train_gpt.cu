@@ -91,7 +91,7 @@ static int build_units(const GPT2Config *c, Grid *grid, int vpp, const int *firs
                                 T_QKVW, T_QKVB, T_ATTPROJW, T_FCW, T_FCB, T_FCPROJW};
     static const int moe_layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_ROUTERW, T_QKVW, T_QKVB, T_ATTPROJW};
     static const int moe_shared_layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_ROUTERW, T_QKVW, T_QKVB,
-                                           T_ATTPROJW, T_SFCW, T_SFCB, T_SFCPROJW, T_SFCPROJB};   // (+ shared experts)
+                                           T_ATTPROJW, T_SFCW, T_SFCB, T_SFCPROJW, T_SFCPROJB, T_SGATEW};   // (+ shared)
     static const int experts[] = {T_EFCPROJB, T_EFCW, T_EFCB, T_EFCPROJW};
     static const int final_ln[] = {T_LNFW, T_LNFB}, head[] = {T_HEAD};
     int tp = grid->tp, pp = grid->pp, stage = grid->pp_rank, ep = grid->ep, er = grid->ep_rank, n = 0, ll = 0;
@@ -110,7 +110,7 @@ static int build_units(const GPT2Config *c, Grid *grid, int vpp, const int *firs
             u_layer[ll] = n;
             u_experts[ll] = -1;
             if (!is_moe_layer(c, l)) { build_unit(c, tp, ep, er, dp, &units[n++], layer, 12, l); continue; }
-            if (c->shared_experts > 0) { build_unit(c, tp, ep, er, dp, &units[n++], moe_shared_layer, 13, l); }
+            if (c->shared_experts > 0) { build_unit(c, tp, ep, er, dp, &units[n++], moe_shared_layer, 14, l); }
             else { build_unit(c, tp, ep, er, dp, &units[n++], moe_layer, 9, l); }
             u_experts[ll] = n;
             build_unit(c, tp, ep, er, &grid->edp_group, &units[n++], experts, 4, l);
@@ -438,15 +438,16 @@ static size_t wgrads_layout(const GPT2 *m, int moe, floatX *q, float *qf, WGrads
         TAKE(d->dfcproj, BT * C); TAKE(d->dfc, BT * m->FCl);
         if (rec) { TAKE(d->fchg, BT * m->Fl); }
     } else {
-        if (SHl > 0) { TAKE(d->moe.dy, BT * C); TAKE(d->moe.sdh, BT * SHl); }
-        TAKE(d->moe.dye, Rr * C); TAKE(d->moe.dh, Rr * Hl);
+        if (SHl > 0) { TAKE(d->moe.dy, BT * C); TAKE(d->moe.sdh, BT * m->moe.SHw); }
+        TAKE(d->moe.dye, Rr * C); TAKE(d->moe.dh, Rr * m->moe.Hw);
         if (rec) { TAKE(d->hg, Rr * Hl); }
         if (rec && SHl > 0) { TAKE(d->shg, BT * SHl); }
         if (full) { TAKE(d->xe, Rr * C); }
         d->moe.dlogits = qf;
+        d->moe.dsgate = m->moe.shared_gate && qf ? qf + BT * E : NULL;
     }
     #undef TAKE
-    *floats = moe ? BT * E : 0;
+    *floats = moe ? BT * E + (m->moe.shared_gate ? BT : 0) : 0;
     return n;
 }
 
@@ -604,7 +605,7 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
                           eps, BTs, C);
     x = tp_all_tokens(tp, sp, y.ln2, w->xfull, BTs, C);
     if (ue >= 0) {
-        floatX *pe[NUM_TENSORS];
+        floatX *pe[NUM_TENSORS] = {};
         unit_view(&m->units[ue], zero_unit_params(&m->zero, ue), pe);
         m->moe.layer = 0;
         for (int i = 0; i < l; i++) { m->moe.layer += m->u_experts[i] >= 0; }
@@ -780,7 +781,7 @@ static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int las
     // MLP block (w->dresid is the gradient of the layer's output)
     x = tp_all_tokens(tp, sp, y.ln2, d && d->xln2 ? d->xln2 : w->xfull, BTs, C);   // SP: gathered again, not stored
     if (ue >= 0) {   // the experts, then the router
-        floatX *pe[NUM_TENSORS], *ge[NUM_TENSORS] = {};
+        floatX *pe[NUM_TENSORS] = {}, *ge[NUM_TENSORS] = {};
         unit_view(&m->units[ue], zero_unit_params(z, ue), pe);
         if (!d) { unit_view(&m->units[ue], zero_begin_unit_backward(z, ue), ge); }
         dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
@@ -1181,6 +1182,7 @@ static CommShape gpt2_comm_shape(const GPT2 *m) {
     s.moe_layers = m->moe.nlayers; s.topk = c->topk; s.E = c->num_experts; s.El = c->num_experts / grid->ep;
     s.capped = s.nmoe > 0 && m->moe.cap < m->T * grid->cp; s.padded = s.nmoe > 0 && m->moe.padded; s.cap = m->moe.cap;
     s.bias = s.nmoe > 0 && m->moe.opt.bias_rate > 0;
+    s.sgate = s.nmoe > 0 && m->moe.shared_gate;
     int exact = grid->pp == 1 && s.nmoe == 0 && c->num_layers >= 2 && c->tied;   // zero_unit_params' policy, below
     s.z3_exact = exact;
     for (int u = 0; u < m->nunits; u++) {

@@ -227,9 +227,10 @@ typedef struct {
                                         // BT/tp), Cl = C/tp, Ckv its kv heads' channels (KV hs/tp; GPT-2: Cl), Ls the
                                         // stage's layers
     int ce_chunk, recompute_full;
-    int nmoe, moe_layers, topk, E, El, capped, padded, cap, bias;   // MoE: the stage's MoE layers, the model's;
+    int nmoe, moe_layers, topk, E, El, capped, padded, cap, bias, sgate;   // MoE: the stage's MoE layers, the model's;
                                         // capped: a capacity below T (cp shares the sequences' assignments);
-                                        // padded dispatch (cap rows per slot); loss-free balancing on
+                                        // padded dispatch (cap rows per slot); loss-free balancing on;
+                                        // the shared experts' gate (Qwen2-MoE)
     // ZeRO: padded elements of the units (zero.h), by group: [0] reduced over dp, [1] over edp (the experts)
     double units[2], rep;               // rep: replicated over tp, partial sums under SP (LayerNorms, biases)
     double embed_padded, embed_shard;   // the tied embedding's unit with a pipeline (0: none on this stage)
@@ -303,7 +304,7 @@ static CommBytes comm_step_bytes(const CommShape *s, int accum, double ep_rows, 
     // (last stage): SP (ends+4L) reduce-scatters + (ends+6L) all-gathers of (p-1)/p BT C (2L of them the
     // backward's re-gathers), without SP (ends+4L) all-reduces; recompute full: each layer's forward
     // collectives again; the CE chunks' statistics (3 floats a token over the tp ranks); MoE: the gates'
-    // gradient (BT, k) fp32 all-reduced per MoE layer; a pipeline without SP: the stage boundary tensors, of
+    // gradient (BT, k) fp32 all-reduced per MoE layer (and the shared gate's logits', BT); a pipeline without SP: the stage boundary tensors, of
     // which each tp rank received 1/tp, all-gathered; SP: the replicated elements' partial-sum gradients
     // all-reduced once per step (ZeRO-2/3: per micro-batch)
     if (s->tp > 1) {
@@ -317,7 +318,7 @@ static CommBytes comm_step_bytes(const CommShape *s, int accum, double ep_rows, 
         }
         double pipe_ag = s->pp > 1 && !s->sp
                 ? ((s->vpp - s->first) + (s->vpp - s->last)) * ring * S * s->BTs / s->BT : 0;
-        double gates = s->nmoe * 2.0 * ring * s->BT * s->topk * 4;
+        double gates = s->nmoe * 2.0 * ring * s->BT * (s->topk + (s->sgate ? 1 : 0)) * 4;   // (+ the shared gate's)
         double rep = s->sp ? 2.0 * ring * X * s->rep * (s->zero >= 2 ? accum : 1) : 0;
         b.tp = accum * (act + ce + pipe_ag + gates) + rep;
     }
@@ -365,7 +366,7 @@ static CommBytes comm_step_calls(const CommShape *s, int accum, const double *ga
         double ce = s->last ? (s->BT + s->ce_chunk - 1) / s->ce_chunk : 0;
         double pipe_ag = s->pp > 1 && !s->sp ? (s->vpp - s->first) + (s->vpp - s->last) : 0;
         double rep = s->sp ? (double)s->nrep_units * (s->zero >= 2 ? accum : 1) : 0;
-        n.tp = accum * (act + ce + pipe_ag + s->nmoe) + rep;
+        n.tp = accum * (act + ce + pipe_ag + s->nmoe * (s->sgate ? 2 : 1)) + rep;
     }
     return n;
 }

@@ -35,6 +35,7 @@
 #include "comm.h"
 #include "matmul.h"
 #include "moe.h"
+#include "swiglu.h"
 #include "model_file.h"
 #include "args.h"
 
@@ -47,8 +48,10 @@ typedef struct {
     int *keep, *row;    // (BT, k) kept after capacity; the row in the send layout (-1: dropped)
     float *f;           // (B, E) top-k assignment fractions per sequence (the aux loss)
     floatX *xe;         // (Rr, C) the rows this rank's experts received, grouped by local expert
-    floatX *h, *hg;     // (Rr, Hl) their fc output, after GELU (H: an expert's hidden width, Hl = H/tp)
-    floatX *sh, *shg;   // (BT, SHl) the shared experts' fc output, after GELU (SHl = S*H/tp; S = 0: none)
+    floatX *h, *hg;     // (Rr, Hw), (Rr, Hl) their fc output, after GELU or SwiGLU (H: an expert's hidden width,
+                        // Hl = H/tp; Hw = Hl, or SwiGLU's [gate | up] 2Hl)
+    floatX *sh, *shg;   // (BT, SHw), (BT, SHl) the shared experts' (SHl = S*H/tp; S = 0: none)
+    float *sgate;       // (BT) Qwen2-MoE: the shared experts' gate per token
     floatX *ys;         // (Rs, C) the expert outputs back, in the send layout
     int *counts;        // host (ep, E): rows each rank of the ep group keeps for each expert
 } MoEActs;
@@ -60,9 +63,12 @@ typedef struct {
     int tp_rank;             // (fcproj's bias is added once, on tp rank 0)
     int E, k, El, C, Cl;     // experts, top-k, experts per ep rank, channels, channels per tp rank
     int Hl, SHl;             // an expert's hidden width per tp rank (H/tp); the shared experts' (S*H/tp, 0: none)
+    int swiglu, Hw, SHw;     // SwiGLU experts (Llama): their fc outputs [gate | up], 2Hl and 2SHl wide (GELU: Hl, SHl)
+    int shared_gate;         // the shared experts' output scaled per token by a sigmoid gate (Qwen2-MoE)
     int B, T, BT;            // a micro-batch: sequences, the tokens of each this rank holds (cp: T/cp)
     MoEOptions opt;          // capacity factor, drop policy, auxiliary loss coefficients, bias rate
     int sigmoid;             // the router's scores: sigmoids (else softmax)
+    int norm_topk;           // k > 1 gates renormalised to sum 1 (GPT-2's MoE, Mixtral), else the scores themselves
     int nlayers, layer;      // the stage's MoE layers; the one running now (numbered in the stage's order)
     int *layer_index;        // host (nlayers): each one's number among the model's MoE layers (its slice of the
                              // MoE tensors, of the routing bias, of the load lines)
@@ -84,8 +90,11 @@ typedef struct {
     floatX *msend;           // (Rs, C) rows in the send layout: x, then the gradients
     floatX *mrecv;           // (Rr, C) rows as the all-to-all delivers them, grouped by source rank
     floatX *mexp;            // (Rr, C) rows grouped by local expert: the outputs, the gradients
-    floatX *mdh;             // (Rr, Hl) the gradient of the experts' fc output
-    floatX *sdh;             // (BT, SHl) the gradient of the shared experts' fc output
+    floatX *mdh;             // (Rr, Hw) the gradient of the experts' fc output
+    floatX *sdh;             // (BT, SHw) the gradient of the shared experts' fc output
+    floatX *mdact, *sdact;   // SwiGLU: (Rr, Hl), (BT, SHl) the gradients of the activations
+    floatX *sdy;             // shared gate: (BT, C) the gradient of the shared experts' unscaled output
+    float *sglogit;          // shared gate: (BT) the gradient of its logit
     floatX *sout;            // (BT, C) the shared experts' output (partial over tp), then their input's gradient
     float *dgate;            // (BT, k)
     float *dlogits;          // (BT, E)
@@ -139,10 +148,16 @@ static void moe_work_alloc(ExpertParallel *x) {
     x->msend = (floatX *)mem_alloc(Rs * C * X, MEM_COMM);
     x->mrecv = (floatX *)mem_alloc(Rr * C * X, MEM_COMM);
     x->mexp = (floatX *)mem_alloc(Rr * C * X, MEM_WORKSPACE);
-    x->mdh = (floatX *)mem_alloc(Rr * Hl * X, MEM_WORKSPACE);
+    x->mdh = (floatX *)mem_alloc(Rr * x->Hw * X, MEM_WORKSPACE);
+    if (x->swiglu) { x->mdact = (floatX *)mem_alloc(Rr * Hl * X, MEM_WORKSPACE); }
     if (SHl > 0) {
-        x->sdh = (floatX *)mem_alloc(BT * SHl * X, MEM_WORKSPACE);
+        x->sdh = (floatX *)mem_alloc(BT * x->SHw * X, MEM_WORKSPACE);
         x->sout = (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE);
+        if (x->swiglu) { x->sdact = (floatX *)mem_alloc(BT * SHl * X, MEM_WORKSPACE); }
+    }
+    if (x->shared_gate) {
+        x->sdy = (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE);
+        x->sglogit = (float *)mem_alloc(BT * F, MEM_WORKSPACE);
     }
     x->dgate = (float *)mem_alloc(BT * k * F, MEM_WORKSPACE);
     x->dlogits = (float *)mem_alloc(BT * E * F, MEM_WORKSPACE);
@@ -183,12 +198,13 @@ static void moe_acts_alloc(MoEActs *ma, const ExpertParallel *x, int routing, in
         ma->xe = (floatX *)mem_alloc(Rr * C * X, MEM_ACTIVATIONS);
         ma->ys = (floatX *)mem_alloc(Rs * C * X, MEM_ACTIVATIONS);
         ma->counts = (int *)malloc_check((size_t)x->ep->size * E * I);
+        if (x->shared_gate) { ma->sgate = (float *)mem_alloc(BT * F, MEM_ACTIVATIONS); }
     }
     if (hidden) {
-        ma->h = (floatX *)mem_alloc(Rr * Hl * X, MEM_ACTIVATIONS);
+        ma->h = (floatX *)mem_alloc(Rr * x->Hw * X, MEM_ACTIVATIONS);
         ma->hg = (floatX *)mem_alloc(Rr * Hl * X, MEM_ACTIVATIONS);
         if (SHl > 0) {
-            ma->sh = (floatX *)mem_alloc(BT * SHl * X, MEM_ACTIVATIONS);
+            ma->sh = (floatX *)mem_alloc(BT * x->SHw * X, MEM_ACTIVATIONS);
             ma->shg = (floatX *)mem_alloc(BT * SHl * X, MEM_ACTIVATIONS);
         }
     }
@@ -300,7 +316,9 @@ static size_t moe_expert_rows(const ExpertParallel *x, const int *counts, int le
 // The layer's experts (local, tp-sliced; as the model stores them), its router and its shared experts
 // (tp-sliced; NULL without).
 // The parameters (ExpertWeights) or their gradients (ExpertGrads): one layout, made by expert_tensors.
-typedef struct { floatX *fcw, *fcb, *fcprojw, *fcprojb, *router, *sfcw, *sfcb, *sfcprojw, *sfcprojb; } ExpertTensors;
+typedef struct {
+    floatX *fcw, *fcb, *fcprojw, *fcprojb, *router, *sfcw, *sfcb, *sfcprojw, *sfcprojb, *sgate;
+} ExpertTensors;
 typedef ExpertTensors ExpertWeights;
 typedef ExpertTensors ExpertGrads;
 
@@ -308,17 +326,17 @@ typedef ExpertTensors ExpertGrads;
 // experts) and its experts'.
 static ExpertTensors expert_tensors(floatX *const *layer, floatX *const *experts) {
     ExpertTensors t = {experts[T_EFCW], experts[T_EFCB], experts[T_EFCPROJW], experts[T_EFCPROJB], layer[T_ROUTERW],
-                       layer[T_SFCW], layer[T_SFCB], layer[T_SFCPROJW], layer[T_SFCPROJB]};
+                       layer[T_SFCW], layer[T_SFCB], layer[T_SFCPROJW], layer[T_SFCPROJB], layer[T_SGATEW]};
     return t;
 }
 
 // x (BT, C): the ln2 output of all tokens (the same on every tp rank) -> out (BT, C), a partial sum over
 // tp. record: count the step's numbers and log the routing (not when the forward is a recomputation).
 static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const floatX *in, floatX *out, int record) {
-    int B = x->B, T = x->T, BT = x->BT, C = x->C, Hl = x->Hl, E = x->E, k = x->k, El = x->El;
+    int B = x->B, T = x->T, BT = x->BT, C = x->C, Hl = x->Hl, Hw = x->Hw, E = x->E, k = x->k, El = x->El;
     // 1. route: probabilities, top-k, capacity per sequence, the statistics of the auxiliary losses
     moe_router_forward(ma->probs, ma->lse, in, w.router, BT, C, E, x->sigmoid);
-    moe_topk(ma->choice, x->cprob, ma->gate, ma->probs, x->bias + (size_t)x->layer * E, BT, E, k);
+    moe_topk(ma->choice, x->cprob, ma->gate, ma->probs, x->bias + (size_t)x->layer * E, BT, E, k, x->norm_topk);
     if (x->count_stats && record) { moe_load_count(x->load + (size_t)x->layer * E, ma->choice, BT, k); }
     // capacity and f count per whole sequence: with cp its other parts are on the other cp ranks (a
     // capacity needs their assignments: all-gathered; f is a sum: all-reduced; P and z stay partial sums)
@@ -356,7 +374,7 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
     moe_regroup(x, ma->counts, x->mrecv, ma->xe, 1);
     if (x->padded) {   // every local expert has the same rows: one strided-batched GEMM per projection
         size_t r0, n = moe_expert_rows(x, ma->counts, 0, &r0);
-        matmul_forward_gelu_batched(ma->hg, ma->h, ma->xe, w.fcw, w.fcb, (int)n, C, Hl, El);
+        mlp_fc_forward_batched(x->swiglu, ma->hg, ma->h, ma->xe, w.fcw, w.fcb, (int)n, C, Hl, El);
         matmul_forward_batched(x->mexp, ma->hg, w.fcprojw, x->tp_rank == 0 ? w.fcprojb : NULL, (int)n, Hl, C, El);
     } else {
 #ifndef USE_CUDA
@@ -367,19 +385,20 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
         for (int le = 0; le < El; le++) {
             size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
             if (n == 0) { continue; }
-            const floatX *b2 = x->tp_rank == 0 ? w.fcprojb + (size_t)le * C : NULL;   // added once over tp
-            matmul_forward_gelu(ma->hg + r0 * Hl, ma->h + r0 * Hl, ma->xe + r0 * C, w.fcw + (size_t)le * Hl * C,
-                                w.fcb + (size_t)le * Hl, (int)n, C, Hl);
+            const floatX *b2 = x->tp_rank == 0 && w.fcprojb ? w.fcprojb + (size_t)le * C : NULL;   // added once over tp
+            mlp_fc_forward(x->swiglu, ma->hg + r0 * Hl, ma->h + r0 * Hw, ma->xe + r0 * C, w.fcw + (size_t)le * Hw * C,
+                           w.fcb ? w.fcb + (size_t)le * Hl : NULL, (int)n, C, Hl);
             matmul_forward(x->mexp + r0 * C, ma->hg + r0 * Hl, w.fcprojw + (size_t)le * C * Hl, b2, (int)n, Hl, C);
         }
     }
     moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
     moe_all_to_all(x, ma->counts, x->mrecv, ma->ys, 0);
     moe_combine(out, ma->ys, ma->gate, ma->row, BT, k, C);
-    // 8. the shared experts, on every token
+    // 8. the shared experts, on every token (Qwen2-MoE: scaled per token by their sigmoid gate)
     if (x->SHl > 0) {
-        matmul_forward_gelu(ma->shg, ma->sh, in, w.sfcw, w.sfcb, BT, C, x->SHl);
+        mlp_fc_forward(x->swiglu, ma->shg, ma->sh, in, w.sfcw, w.sfcb, BT, C, x->SHl);
         matmul_forward(x->sout, ma->shg, w.sfcprojw, x->tp_rank == 0 ? w.sfcprojb : NULL, BT, x->SHl, C);
+        if (x->shared_gate) { moe_shared_gate_forward(ma->sgate, x->sout, in, w.sgate, BT, C); }
         accumulate(out, x->sout, (size_t)BT * C);
     }
     if (x->route_log && x->micro < x->route_log_micro && record) {   // test hook: this layer's routing
@@ -402,6 +421,7 @@ typedef struct {
     floatX *sdh;           // (BT, SHl) of the shared experts' fc output
     floatX *dye, *dh;      // (Rr, C), (Rr, Hl) of the experts' outputs and fc outputs, rows grouped by local expert
     float *dlogits;        // (BT, E) of the router's logits
+    float *dsgate;         // (BT) of the shared experts' gate's logit (Qwen2-MoE)
     int *counts;           // host (ep, E): the dispatch's rows, as B had them
 } MoEWGrads;
 
@@ -411,16 +431,28 @@ typedef struct {
 // computed again here. ZB (d not NULL): B only (g not touched); what W needs is kept in d.
 static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, ExpertGrads g, const floatX *in,
                          const floatX *dy, floatX *dx, int recompute_mlp, const MoEWGrads *d) {
-    int T = x->T, BT = x->BT, C = x->C, Hl = x->Hl, E = x->E, k = x->k, El = x->El;
+    int T = x->T, BT = x->BT, C = x->C, Hl = x->Hl, Hw = x->Hw, E = x->E, k = x->k, El = x->El;
     // 8. the shared experts first (dy may share its buffer with dx: read it before dx is written); their
     // input's gradient waits in sout
     if (x->SHl > 0) {
-        if (recompute_mlp) { matmul_forward_gelu(ma->shg, ma->sh, in, w.sfcw, w.sfcb, BT, C, x->SHl); }
-        if (d) { copy_on_device(d->dy, dy, (size_t)BT * C * sizeof(floatX)); }
-        else { bias_backward(g.sfcprojb, dy, BT, C); }   // complete on every tp rank (as the experts' fcproj bias)
+        if (recompute_mlp) { mlp_fc_forward(x->swiglu, ma->shg, ma->sh, in, w.sfcw, w.sfcb, BT, C, x->SHl); }
+        const floatX *ds = dy;   // the gradient of the shared experts' output
+        if (x->shared_gate) {    // (their output again, unscaled: the gate's gradient; summed over tp as the parts)
+            matmul_forward(x->sout, ma->shg, w.sfcprojw, NULL, BT, x->SHl, C);
+            moe_shared_gate_backward(x->sglogit, x->sdy, dy, x->sout, ma->sgate, BT, C);
+            comm_all_reduce(x->tp, x->sglogit, BT, DT_FLOAT, NULL);
+            ds = x->sdy;
+        }
+        if (d) {
+            copy_on_device(d->dy, ds, (size_t)BT * C * sizeof(floatX));
+            if (x->shared_gate) { copy_on_device(d->dsgate, x->sglogit, BT * sizeof(float)); }
+        } else {
+            bias_backward(g.sfcprojb, ds, BT, C);   // complete on every tp rank (as the experts' fcproj bias)
+            if (x->shared_gate) { moe_router_dweight(g.sgate, x->sglogit, in, BT, C, 1); }   // (complete on each)
+        }
         floatX *sdh = d ? d->sdh : x->sdh;
-        matmul_backward_dgelu(sdh, g.sfcprojw, dy, ma->shg, w.sfcprojw, ma->sh, BT, x->SHl, C);
-        matmul_backward(x->sout, g.sfcw, g.sfcb, sdh, in, w.sfcw, BT, C, x->SHl);
+        mlp_proj_backward(x->swiglu, sdh, g.sfcprojw, ds, ma->shg, w.sfcprojw, ma->sh, x->sdact, BT, x->SHl, C);
+        matmul_backward(x->sout, g.sfcw, g.sfcb, sdh, in, w.sfcw, BT, C, x->SHw);
     }
     // 7. combine: the gradient of each kept row (send layout; padded: the padding rows' zero), and of the gates
     // (all-reduced over tp: the expert outputs are partial sums over tp)
@@ -439,12 +471,13 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
     floatX *mdh = d ? d->dh : x->mdh;
     if (x->padded) {   // (as in the forward: one strided-batched GEMM per product)
         size_t n = moe_expert_rows(x, ma->counts, 0, &r0);
-        if (recompute_mlp) { matmul_forward_gelu_batched(ma->hg, ma->h, ma->xe, w.fcw, w.fcb, (int)n, C, Hl, El); }
-        matmul_backward_dgelu_batched(mdh, g.fcprojw, x->mexp, ma->hg, w.fcprojw, ma->h, (int)n, Hl, C, El);
-        for (int le = 0; le < El && !d; le++) {   // complete on every tp rank
+        if (recompute_mlp) { mlp_fc_forward_batched(x->swiglu, ma->hg, ma->h, ma->xe, w.fcw, w.fcb, (int)n, C, Hl, El); }
+        mlp_proj_backward_batched(x->swiglu, mdh, g.fcprojw, x->mexp, ma->hg, w.fcprojw, ma->h, x->mdact, (int)n, Hl, C,
+                                  El);
+        for (int le = 0; le < El && !d && g.fcprojb; le++) {   // complete on every tp rank
             bias_backward(g.fcprojb + (size_t)le * C, x->mexp + (size_t)le * n * C, (int)n, C);
         }
-        matmul_backward_batched(x->mexp, g.fcw, g.fcb, mdh, ma->xe, w.fcw, (int)n, C, Hl, El);   // := the rows' dx
+        matmul_backward_batched(x->mexp, g.fcw, g.fcb, mdh, ma->xe, w.fcw, (int)n, C, Hw, El);   // := the rows' dx
     } else {
 #ifndef USE_CUDA
         #pragma omp parallel for schedule(dynamic, 1)   // (as in the forward: the experts side by side)
@@ -452,25 +485,26 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
         for (int le = 0; le < El; le++) {
             size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
             if (n == 0) { continue; }
-            floatX *dye = x->mexp + r0 * C, *dh = mdh + r0 * Hl;
-            if (recompute_mlp) {   // the rows' fc and GELU outputs again, from their stored input
-                matmul_forward_gelu(ma->hg + r0 * Hl, ma->h + r0 * Hl, ma->xe + r0 * C, w.fcw + (size_t)le * Hl * C,
-                                    w.fcb + (size_t)le * Hl, (int)n, C, Hl);
+            floatX *dye = x->mexp + r0 * C, *dh = mdh + r0 * Hw;
+            const floatX *fcw = w.fcw + (size_t)le * Hw * C, *fcb = w.fcb ? w.fcb + (size_t)le * Hl : NULL;
+            if (recompute_mlp) {   // the rows' fc and activation outputs again, from their stored input
+                mlp_fc_forward(x->swiglu, ma->hg + r0 * Hl, ma->h + r0 * Hw, ma->xe + r0 * C, fcw, fcb, (int)n, C, Hl);
             }
-            matmul_backward_dgelu(dh, d ? NULL : g.fcprojw + (size_t)le * C * Hl, dye, ma->hg + r0 * Hl,
-                                  w.fcprojw + (size_t)le * C * Hl, ma->h + r0 * Hl, (int)n, Hl, C);
-            if (!d) { bias_backward(g.fcprojb + (size_t)le * C, dye, (int)n, C); }   // complete on every tp rank
-            matmul_backward(dye, d ? NULL : g.fcw + (size_t)le * Hl * C, d ? NULL : g.fcb + (size_t)le * Hl, dh,
-                            ma->xe + r0 * C, w.fcw + (size_t)le * Hl * C, (int)n, C, Hl);   // dye := the rows' dx
+            mlp_proj_backward(x->swiglu, dh, d ? NULL : g.fcprojw + (size_t)le * C * Hl, dye, ma->hg + r0 * Hl,
+                              w.fcprojw + (size_t)le * C * Hl, ma->h + r0 * Hw, x->mdact + r0 * Hl, (int)n, Hl, C);
+            if (!d && g.fcprojb) { bias_backward(g.fcprojb + (size_t)le * C, dye, (int)n, C); }   // complete on every tp rank
+            matmul_backward(dye, d ? NULL : g.fcw + (size_t)le * Hw * C, d || !g.fcb ? NULL : g.fcb + (size_t)le * Hl, dh,
+                            ma->xe + r0 * C, fcw, (int)n, C, Hw);   // dye := the rows' dx
         }
     }
     moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
     moe_all_to_all(x, ma->counts, x->mrecv, x->msend, 0);
     moe_unpermute(dx, x->msend, ma->row, BT, k, C);
     if (x->SHl > 0) { accumulate(dx, x->sout, (size_t)BT * C); }   // (8.'s input gradient)
+    if (x->shared_gate && x->tp_rank == 0) { moe_router_dinput(dx, x->sglogit, w.sgate, BT, C, 1); }   // (its gate's, once)
     // 1. the router: identical on every tp rank (complete gates' gradient); its input gradient added once
     moe_router_backward(x->dlogits, x->dgate, ma->gate, ma->choice, ma->probs, ma->lse, ma->f, T, BT, E, k,
-                        x->aux_scale, x->z_scale, x->sigmoid);
+                        x->aux_scale, x->z_scale, x->sigmoid, x->norm_topk);
     if (d) { copy_on_device(d->dlogits, x->dlogits, (size_t)BT * E * sizeof(float)); }
     else { moe_router_dweight(g.router, x->dlogits, in, BT, C, E); }
     if (x->tp_rank == 0) { moe_router_dinput(dx, x->dlogits, w.router, BT, C, E); }
@@ -480,18 +514,21 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
 // same products into the same gradients as moe_backward's, so the same sums. No parameter is read.
 static void moe_backward_weights(ExpertParallel *x, const MoEActs *ma, const MoEWGrads *d, ExpertGrads g,
                                  const floatX *in) {
-    int BT = x->BT, C = x->C, Hl = x->Hl, E = x->E, El = x->El;
+    int BT = x->BT, C = x->C, Hl = x->Hl, Hw = x->Hw, E = x->E, El = x->El;
     if (x->SHl > 0) {
         bias_backward(g.sfcprojb, d->dy, BT, C);
         matmul_backward(NULL, g.sfcprojw, NULL, d->dy, ma->shg, NULL, BT, x->SHl, C);
-        matmul_backward(NULL, g.sfcw, g.sfcb, d->sdh, in, NULL, BT, C, x->SHl);
+        matmul_backward(NULL, g.sfcw, g.sfcb, d->sdh, in, NULL, BT, C, x->SHw);
+        if (x->shared_gate) { moe_router_dweight(g.sgate, d->dsgate, in, BT, C, 1); }
     }
     size_t r0;
     if (x->padded) {
         size_t n = moe_expert_rows(x, d->counts, 0, &r0);
         matmul_backward_batched(NULL, g.fcprojw, NULL, d->dye, ma->hg, NULL, (int)n, Hl, C, El);
-        for (int le = 0; le < El; le++) { bias_backward(g.fcprojb + (size_t)le * C, d->dye + (size_t)le * n * C, (int)n, C); }
-        matmul_backward_batched(NULL, g.fcw, g.fcb, d->dh, ma->xe, NULL, (int)n, C, Hl, El);
+        for (int le = 0; le < El && g.fcprojb; le++) {
+            bias_backward(g.fcprojb + (size_t)le * C, d->dye + (size_t)le * n * C, (int)n, C);
+        }
+        matmul_backward_batched(NULL, g.fcw, g.fcb, d->dh, ma->xe, NULL, (int)n, C, Hw, El);
     } else {
 #ifndef USE_CUDA
         #pragma omp parallel for schedule(dynamic, 1)
@@ -499,11 +536,11 @@ static void moe_backward_weights(ExpertParallel *x, const MoEActs *ma, const MoE
         for (int le = 0; le < El; le++) {
             size_t r0, n = moe_expert_rows(x, d->counts, le, &r0);
             if (n == 0) { continue; }
-            const floatX *dye = d->dye + r0 * C, *dh = d->dh + r0 * Hl;
+            const floatX *dye = d->dye + r0 * C, *dh = d->dh + r0 * Hw;
             matmul_backward(NULL, g.fcprojw + (size_t)le * C * Hl, NULL, dye, ma->hg + r0 * Hl, NULL, (int)n, Hl, C);
-            bias_backward(g.fcprojb + (size_t)le * C, dye, (int)n, C);
-            matmul_backward(NULL, g.fcw + (size_t)le * Hl * C, g.fcb + (size_t)le * Hl, dh, ma->xe + r0 * C, NULL,
-                            (int)n, C, Hl);
+            if (g.fcprojb) { bias_backward(g.fcprojb + (size_t)le * C, dye, (int)n, C); }
+            matmul_backward(NULL, g.fcw + (size_t)le * Hw * C, g.fcb ? g.fcb + (size_t)le * Hl : NULL, dh,
+                            ma->xe + r0 * C, NULL, (int)n, C, Hw);
         }
     }
     moe_router_dweight(g.router, d->dlogits, in, BT, C, E);
@@ -519,8 +556,12 @@ static void moe_setup(ExpertParallel *x, const GPT2Config *c, Grid *grid, MoEOpt
     x->tp = &grid->tp_group; x->cp = &grid->cp_group; x->ep = &grid->ep_group; x->tp_rank = grid->tp_rank;
     x->E = c->num_experts; x->k = c->topk; x->El = c->num_experts / grid->ep; x->C = c->channels; x->Cl = c->channels / tp;
     x->Hl = c->expert_hidden / tp; x->SHl = c->shared_experts * c->expert_hidden / tp;
+    x->swiglu = c->arch == ARCH_LLAMA;
+    x->Hw = x->swiglu ? 2 * x->Hl : x->Hl; x->SHw = x->swiglu ? 2 * x->SHl : x->SHl;
+    x->shared_gate = c->shared_gate;
     x->opt = opt;
     x->sigmoid = c->router_score == ROUTER_SIGMOID;
+    x->norm_topk = c->norm_topk;
     x->layer_index = (int *)malloc_check((Ls + 1) * sizeof(int));
     for (int l = 0; l < Ls; l++) {
         if (is_moe_layer(c, layer_id[l])) { x->layer_index[x->nlayers++] = tensor_layer_slice(c, T_ROUTERW, layer_id[l]); }
@@ -645,10 +686,7 @@ static float *apply_moe_shape(const Args *a, int rank, GPT2Config *c, float *par
     if (a->experts < 0 && a->topk < 0 && a->moe_every < 0 && a->expert_hidden < 0 && a->shared_experts < 0) {
         return params;
     }
-    if (c->arch == ARCH_LLAMA) {
-        fail_all(rank, "--experts, --topk, --moe-every, --expert-hidden, --shared-experts: %s is a Llama model, and MoE "
-                 "layers on a Llama body are not supported yet", what);
-    }
+
     if (c->num_experts > 0 || resuming) {
         int given[5] = {a->experts, a->topk, a->moe_every, a->expert_hidden, a->shared_experts},
             has[5] = {c->num_experts, c->topk, c->moe_every, c->expert_hidden, c->shared_experts};
@@ -669,17 +707,17 @@ static float *apply_moe_shape(const Args *a, int rank, GPT2Config *c, float *par
     moe.num_experts = a->experts;
     moe.topk = a->topk > 0 ? a->topk : 1;
     moe.moe_every = a->moe_every > 0 ? a->moe_every : 1;
-    moe.expert_hidden = a->expert_hidden > 0 ? a->expert_hidden : 4 * c->channels;
+    moe.expert_hidden = a->expert_hidden > 0 ? a->expert_hidden : c->ffn_hidden;   // (GPT-2: 4C; Llama: F)
     moe.shared_experts = a->shared_experts > 0 ? a->shared_experts : 0;
     if (!config_valid(&moe)) {
         fail_all(rank, "--experts %d --topk %d --moe-every %d: need 1 <= k <= E <= %d and 1 <= every <= L = %d",
                  moe.num_experts, moe.topk, moe.moe_every, MOE_MAX_EXPERTS, c->num_layers);
     }
-    if (params && (moe.expert_hidden != 4 * c->channels || moe.shared_experts > 0)) {
+    if (params && (moe.expert_hidden != c->ffn_hidden || moe.shared_experts > 0)) {
         // (upcycling copies the dense MLP into each expert: only experts of its width, and no shared ones)
         fail_all(rank, "%s is dense: upcycling makes each expert a copy of its layer's MLP, so --expert-hidden must be "
-                 "4C = %d and --shared-experts 0 (got %d, %d); train such a model from a descriptor", what,
-                 4 * c->channels, moe.expert_hidden, moe.shared_experts);
+                 "%s = %d and --shared-experts 0 (got %d, %d); train such a model from a descriptor", what,
+                 c->arch == ARCH_LLAMA ? "F" : "4C", c->ffn_hidden, moe.expert_hidden, moe.shared_experts);
     }
     float *out = params ? upcycle_dense(c, params, &moe, a->seed, 0) : NULL;
     if (params && rank == 0) {

@@ -39,6 +39,10 @@ typedef struct {
     float norm_eps;         // the norms' eps (GPT-2's LayerNorm: 1e-5)
     float rope_theta;       // RoPE's base (Llama)
     RopeScaling rope;       // RoPE's rescaled frequencies (Llama 3.1's 'llama3'; kind 0: none)
+    // MoE on the Llama body (SwiGLU experts): Mixtral, OLMoE, Qwen2-MoE
+    int norm_topk;          // k > 1 gates renormalised to sum 1 (GPT-2's MoE, Mixtral), else the scores (OLMoE, Qwen2-MoE)
+    int shared_gate;        // the shared experts' output scaled per token by sigmoid(x . w) (Qwen2-MoE)
+    int qk_norm;            // RMSNorm over the whole q and the whole k projection, before RoPE (OLMoE)
 } GPT2Config;
 
 enum { ARCH_GPT2, ARCH_LLAMA };
@@ -46,7 +50,7 @@ enum { ARCH_GPT2, ARCH_LLAMA };
 // GPT-2's values of the family's fields: KV = NH, F = 4C, tied, biases, LayerNorm's eps.
 static void config_gpt2(GPT2Config *c) {
     c->arch = ARCH_GPT2; c->kv_heads = c->num_heads; c->ffn_hidden = 4 * c->channels; c->tied = 1; c->qkv_bias = 1;
-    c->norm_eps = 1e-5f; c->rope_theta = 0.0f;
+    c->norm_eps = 1e-5f; c->rope_theta = 0.0f; c->norm_topk = 1; c->shared_gate = 0; c->qk_norm = 0;
     memset(&c->rope, 0, sizeof(c->rope));
 }
 
@@ -56,12 +60,12 @@ static int llama_default_ffn(int C) { return 256 * (int)ceil_div(ceil_div(8 * C,
 enum { T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB,
        T_LN2W, T_LN2B, T_FCW, T_FCB, T_FCPROJW, T_FCPROJB, T_LNFW, T_LNFB,
        T_ROUTERW, T_EFCW, T_EFCB, T_EFCPROJW, T_EFCPROJB,
-       T_SFCW, T_SFCB, T_SFCPROJW, T_SFCPROJB, T_HEAD, NUM_TENSORS };
+       T_SFCW, T_SFCB, T_SFCPROJW, T_SFCPROJB, T_HEAD, T_SGATEW, T_QNORMW, T_KNORMW, NUM_TENSORS };
 __attribute__((unused)) static const char *tensor_names[NUM_TENSORS] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb",
         "attprojw", "attprojb",
                                                 "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
                                                 "routerw", "efcw", "efcb", "efcprojw", "efcprojb",
-                                                "sfcw", "sfcb", "sfcprojw", "sfcprojb", "head"};
+                                                "sfcw", "sfcb", "sfcprojw", "sfcprojb", "head", "sgatew", "qnormw", "knormw"};
 
 static int is_moe_layer(const GPT2Config *c, int l) {
     return c->num_experts > 0 && l % c->moe_every == c->moe_every - 1;
@@ -89,18 +93,30 @@ typedef struct {
     size_t qrows;
 } TensorSpec;
 
-// Llama's tensors (the GPT-2 ones it does not have: 0 rows): fcw holds gate and up, 2 blocks of F rows each.
+// Llama's tensors (the GPT-2 ones it does not have: 0 rows): fcw holds gate and up, 2 blocks of F rows each; a
+// MoE layer's experts, SwiGLU without biases, 2E blocks of H rows (expert e: gate 2e, up 2e+1), the shared experts
+// one SwiGLU of width S H, their gate (Qwen2-MoE) a (1, C) row; OLMoE's q and k norms over the whole projections.
 static TensorSpec tensor_spec_llama(const GPT2Config *c, int id) {
-    size_t C = c->channels, hs = C / c->num_heads, Q = c->num_heads * hs, QKV = Q + 2 * c->kv_heads * hs;
+    size_t C = c->channels, hs = C / c->num_heads, Q = c->num_heads * hs, KVw = c->kv_heads * hs, QKV = Q + 2 * KVw;
     size_t F = c->ffn_hidden, Vp = c->padded_vocab_size, bias = c->qkv_bias ? 1 : 0;
-    int L = c->num_layers;
+    size_t E = c->num_experts, H = c->expert_hidden, SH = (size_t)c->shared_experts * H;
+    int L = c->num_layers, Lm = num_moe_layers(c), Ld = L - Lm, Lsh = c->shared_experts > 0 ? Lm : 0;
+    int Lg = c->shared_gate ? Lsh : 0, Lq = c->qk_norm ? L : 0;
     switch (id) {
         case T_WTE:      return (TensorSpec){-1, 1, Vp, C, SPLIT_ROWS, 1, 0, 0, 0};          // vocab-parallel
         case T_QKVW:     return (TensorSpec){L, 1, QKV, C, SPLIT_QKV, 1, 0, 0, Q};           // column-parallel heads
         case T_QKVB:     return (TensorSpec){L, 1, QKV * bias, 1, SPLIT_QKV, 0, 0, 0, Q * bias};
         case T_ATTPROJW: return (TensorSpec){L, 1, C, Q, SPLIT_COLS, 1, 0, 0, 0};            // row-parallel
-        case T_FCW:      return (TensorSpec){L, 2, F, C, SPLIT_ROWS, 1, 0, 0, 0};            // [gate; up], column-par.
-        case T_FCPROJW:  return (TensorSpec){L, 1, C, F, SPLIT_COLS, 1, 0, 0, 0};            // row-parallel
+        case T_FCW:      return (TensorSpec){Ld, 2, F, C, SPLIT_ROWS, 1, 0, 0, 0};           // [gate; up], column-par.
+        case T_FCPROJW:  return (TensorSpec){Ld, 1, C, F, SPLIT_COLS, 1, 0, 0, 0};           // row-parallel
+        case T_ROUTERW:  return (TensorSpec){Lm, 1, E, C, SPLIT_NONE, 1, 0, 1, 0};           // replicated everywhere
+        case T_EFCW:     return (TensorSpec){Lm, (int)(2 * E), H, C, SPLIT_ROWS, 1, 1, 0, 0};   // per expert [gate; up]
+        case T_EFCPROJW: return (TensorSpec){Lm, (int)E, C, H, SPLIT_COLS, 1, 1, 0, 0};
+        case T_SFCW:     return (TensorSpec){Lsh, 2, SH, C, SPLIT_ROWS, 1, 0, 0, 0};         // shared: as the dense MLP
+        case T_SFCPROJW: return (TensorSpec){Lsh, 1, C, SH, SPLIT_COLS, 1, 0, 0, 0};
+        case T_SGATEW:   return (TensorSpec){Lg, 1, 1, C, SPLIT_NONE, 1, 0, 1, 0};           // complete on every tp rank
+        case T_QNORMW:   return (TensorSpec){Lq, 1, 1, Q, SPLIT_COLS, 0, 0, 0, 0};           // a tp rank's heads' part
+        case T_KNORMW:   return (TensorSpec){Lq, 1, 1, KVw, SPLIT_COLS, 0, 0, 0, 0};
         case T_LN1W: case T_LN2W: return (TensorSpec){L, 1, 1, C, SPLIT_NONE, 0, 0, 0, 0};
         case T_LNFW:     return (TensorSpec){-1, 1, 1, C, SPLIT_NONE, 0, 0, 0, 0};
         case T_HEAD:     return (TensorSpec){-1, 1, c->tied ? 0 : Vp, C, SPLIT_ROWS, 1, 0, 0, 0};   // vocab-parallel
@@ -136,7 +152,8 @@ static TensorSpec tensor_spec(const GPT2Config *c, int id) {
         case T_SFCB:     return (TensorSpec){Lsh, 1, SH, 1, SPLIT_ROWS, 0, 0, 0};
         case T_SFCPROJW: return (TensorSpec){Lsh, 1, C, SH, SPLIT_COLS, 1, 0, 0};
         case T_SFCPROJB: return (TensorSpec){Lsh, 1, 1, C, SPLIT_NONE, 0, 0, 1};         // as efcprojb: tp rank 0
-        case T_HEAD:     return (TensorSpec){-1, 1, 0, 0, SPLIT_NONE, 0, 0, 0};          // (tied: wte)
+        case T_HEAD: case T_SGATEW: case T_QNORMW: case T_KNORMW:   // (Llama's: the untied head, Qwen2-MoE's, OLMoE's)
+                         return (TensorSpec){-1, 1, 0, 0, SPLIT_NONE, 0, 0, 0};
         default:         return (TensorSpec){L, 1, 1, C, SPLIT_NONE, 0, 0, 0};           // ln1, ln2, attprojb
     }
 }
@@ -180,9 +197,12 @@ static double head_flops_per_token(const GPT2Config *c) { return 6.0 * c->channe
 
 // Which slice of a per-layer tensor belongs to layer l: the dense MLP tensors count only the dense
 // layers, the MoE tensors only the MoE layers.
+static int is_moe_tensor(int id) { return (id >= T_ROUTERW && id <= T_SFCPROJB) || id == T_SGATEW; }   // (shared too)
+
 static int tensor_layer_slice(const GPT2Config *c, int id, int l) {
-    if (id == T_FCW || id == T_FCB || id == T_FCPROJW || id == T_FCPROJB || id >= T_ROUTERW) {   // (MoE, shared too)
-        int moe = id >= T_ROUTERW, n = 0;
+    int moe = is_moe_tensor(id);
+    if (id == T_FCW || id == T_FCB || id == T_FCPROJW || id == T_FCPROJB || moe) {
+        int n = 0;
         for (int i = 0; i < l; i++) { n += is_moe_layer(c, i) == moe; }
         return n;
     }
@@ -239,8 +259,9 @@ static const char *config_problem(const GPT2Config *c) {
                                        c->shared_experts >= 0 && c->shared_experts <= MOE_MAX_SHARED;
     if (!moe_ok) { return "need 1 <= k <= E <= 256, 1 <= every <= L, 1 <= H <= 65536, 0 <= S <= 64 (MoE)"; }
     if (c->arch == ARCH_GPT2) {
-        int gpt2 = c->kv_heads == c->num_heads && c->ffn_hidden == 4 * c->channels && c->tied == 1 && c->qkv_bias == 1;
-        return gpt2 ? NULL : "GPT-2 has KV = NH, F = 4C, a tied head and biases";
+        int gpt2 = c->kv_heads == c->num_heads && c->ffn_hidden == 4 * c->channels && c->tied == 1 && c->qkv_bias == 1
+                   && c->norm_topk == 1 && c->shared_gate == 0 && c->qk_norm == 0;
+        return gpt2 ? NULL : "GPT-2 has KV = NH, F = 4C, a tied head, biases, renormalised top-k gates, no QK-norm";
     }
     if (c->arch != ARCH_LLAMA) { return "the architecture must be 0 (GPT-2) or 1 (Llama)"; }
     if (c->kv_heads < 1 || c->num_heads % c->kv_heads) { return "NH must be a multiple of KV >= 1"; }
@@ -256,7 +277,11 @@ static const char *config_problem(const GPT2Config *c) {
                           r->high_freq_factor > r->low_freq_factor && r->original_max_position > 0)) {
         return "the RoPE scaling must be none (0) or llama3 (1) with factor > 0, 0 < low < high, orig > 0";
     }
-    if (c->num_experts > 0) { return "MoE layers on a Llama model are not supported yet"; }
+    if ((c->norm_topk != 0 && c->norm_topk != 1) || (c->shared_gate != 0 && c->shared_gate != 1) ||
+        (c->qk_norm != 0 && c->qk_norm != 1)) {
+        return "topknorm, sgate and qknorm are 0 or 1";
+    }
+    if (c->shared_gate && c->shared_experts == 0) { return "a shared experts' gate (sgate=1) needs shared experts (S > 0)"; }
     return NULL;
 }
 static int config_valid(const GPT2Config *c) { return config_problem(c) == NULL; }
@@ -307,15 +332,17 @@ static void model_header_write(int h[256], const GPT2Config *c, int bf16, int wi
         memcpy(&h[19], &c->rope_theta, 4); memcpy(&h[20], &c->norm_eps, 4);
         h[21] = c->rope.kind; memcpy(&h[22], &c->rope.factor, 4); memcpy(&h[23], &c->rope.low_freq_factor, 4);
         memcpy(&h[24], &c->rope.high_freq_factor, 4); h[25] = c->rope.original_max_position;
+        h[26] = c->norm_topk; h[27] = c->shared_gate; h[28] = c->qk_norm;
     }
 }
 
-// A family file's (version 33/35) header slots 14-25 into c.
+// A family file's (version 33/35) header slots 14-28 into c.
 static void model_header_read_family(const int h[256], GPT2Config *c) {
     c->arch = h[14]; c->kv_heads = h[15]; c->ffn_hidden = h[16]; c->tied = h[17]; c->qkv_bias = h[18];
     memcpy(&c->rope_theta, &h[19], 4); memcpy(&c->norm_eps, &h[20], 4);
     c->rope.kind = h[21]; memcpy(&c->rope.factor, &h[22], 4); memcpy(&c->rope.low_freq_factor, &h[23], 4);
     memcpy(&c->rope.high_freq_factor, &h[24], 4); c->rope.original_max_position = h[25];
+    c->norm_topk = h[26]; c->shared_gate = h[27]; c->qk_norm = h[28];
 }
 
 // The shape in a model file's header (path: for the errors); returns the bytes per stored parameter (4 or 2).
@@ -413,14 +440,16 @@ static float *read_model_file(const char *path, GPT2Config *c) {
 // MoE key left out takes a flag's value: expert_parallel.h). Returns 0 if the string is not a descriptor, -1 if it
 // is a malformed one (why: what is wrong).
 enum { DK_L, DK_C, DK_NH, DK_V, DK_VP, DK_MAXT, DK_E, DK_K, DK_EVERY, DK_H, DK_S, DK_ARCH, DK_KV, DK_F, DK_THETA, DK_EPS,
-       DK_TIED, DK_QKVBIAS, DESCRIPTOR_KEYS };
+       DK_TIED, DK_QKVBIAS, DK_TOPKNORM, DK_SGATE, DK_QKNORM, DESCRIPTOR_KEYS };
 static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named, char *why, size_t n) {
     static const char *keys[DESCRIPTOR_KEYS] = {"L", "C", "NH", "V", "Vp", "maxT", "E", "k", "every", "H", "S", "arch",
-                                                "KV", "F", "theta", "eps", "tied", "qkvbias"};
+                                                "KV", "F", "theta", "eps", "tied", "qkvbias", "topknorm", "sgate",
+                                                "qknorm"};
     memset(c, 0, sizeof(*c));
     *named = 0;
     snprintf(why, n, "expected dN or L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..,H=..,S=..], or "
-             "arch=llama with [,KV=..,F=..,theta=..,eps=..,tied=0|1,qkvbias=0|1]; each key once, 1 <= k <= E");
+             "arch=llama with [,KV=..,F=..,theta=..,eps=..,tied=0|1,qkvbias=0|1,topknorm=0|1,sgate=0|1,qknorm=0|1]; each key "
+             "once, 1 <= k <= E");
     c->vocab_size = 50257; c->max_seq_len = 1024;
     int llama = 0;
     double theta = 500000, eps = 1e-5;
@@ -436,7 +465,7 @@ static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named, char 
         int *fields[DESCRIPTOR_KEYS] = {&c->num_layers, &c->channels, &c->num_heads, &c->vocab_size,
                                         &c->padded_vocab_size, &c->max_seq_len, &c->num_experts, &c->topk, &c->moe_every,
                                         &c->expert_hidden, &c->shared_experts, NULL, &c->kv_heads, &c->ffn_hidden, NULL,
-                                        NULL, &c->tied, &c->qkv_bias};
+                                        NULL, &c->tied, &c->qkv_bias, &c->norm_topk, &c->shared_gate, &c->qk_norm};
         for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
             char *eq = strchr(tok, '=');
             if (!eq) { return -1; }
@@ -454,7 +483,7 @@ static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named, char 
                 continue;
             }
             double v = strtod(eq + 1, &end);
-            int zero_ok = key == DK_S || key == DK_TIED || key == DK_QKVBIAS;
+            int zero_ok = key == DK_S || key >= DK_TIED;
             if (*end != '\0' || !(v >= (zero_ok ? 0 : 1e-30)) || v > (fields[key] ? 1 << 20 : 1e12) ||
                 (fields[key] && v != (int)v)) {
                 snprintf(why, n, "%s=%s: expected a %s number", keys[key], eq + 1,
@@ -463,9 +492,11 @@ static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named, char 
             }
             if (fields[key]) { *fields[key] = (int)v; } else if (key == DK_THETA) { theta = v; } else { eps = v; }
         }
-        unsigned family = (1u << DK_KV) | (1u << DK_F) | (1u << DK_THETA) | (1u << DK_EPS) | (1u << DK_TIED) |
-                          (1u << DK_QKVBIAS);
-        if (!llama && (*named & family)) { snprintf(why, n, "KV, F, theta, eps, tied and qkvbias need arch=llama"); return -1; }
+        unsigned family = ~((1u << DK_ARCH) - 1) & ~(1u << DK_ARCH);   // (the keys after arch)
+        if (!llama && (*named & family)) {
+            snprintf(why, n, "KV, F, theta, eps, tied, qkvbias, topknorm, sgate and qknorm need arch=llama");
+            return -1;
+        }
         if (c->num_layers == 0 || c->channels == 0 || c->num_heads == 0) { return -1; }
         if (c->num_experts > 0) {
             if (c->topk == 0) { c->topk = 1; }
@@ -478,13 +509,16 @@ static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named, char 
         return 0;
     }
     if (c->padded_vocab_size == 0) { c->padded_vocab_size = (int)ceil_div(c->vocab_size, 128) * 128; }
-    int kv = c->kv_heads, F = c->ffn_hidden, tied = c->tied, bias = c->qkv_bias;
+    int kv = c->kv_heads, F = c->ffn_hidden, tied = c->tied, bias = c->qkv_bias, ntk = c->norm_topk, sgate = c->shared_gate,
+        qkn = c->qk_norm;
     config_gpt2(c);
     if (llama) {
         c->arch = ARCH_LLAMA;
         c->kv_heads = *named >> DK_KV & 1 ? kv : c->num_heads;
         c->ffn_hidden = *named >> DK_F & 1 ? F : llama_default_ffn(c->channels);
-        c->tied = tied; c->qkv_bias = bias;
+        c->tied = tied; c->qkv_bias = bias; c->shared_gate = sgate; c->qk_norm = qkn;
+        c->norm_topk = *named >> DK_TOPKNORM & 1 ? ntk : 1;
+        if (c->num_experts > 0 && !(*named >> DK_H & 1)) { c->expert_hidden = c->ffn_hidden; }   // (an expert: F wide)
         c->rope_theta = (float)theta; c->norm_eps = (float)eps;
     }
     const char *problem = config_problem(c);
@@ -505,10 +539,12 @@ static float *random_init(const GPT2Config *c, uint64_t seed) {
     float proj_std = 0.02f / sqrtf(2.0f * c->num_layers);
     for (int i = 0; i < NUM_TENSORS; i++) {
         size_t n = tensor_full_size(c, i);
-        if (i == T_LN1W || i == T_LN2W || i == T_LNFW) { for (size_t j = 0; j < n; j++) { t[i][j] = 1.0f; } }
+        if (i == T_LN1W || i == T_LN2W || i == T_LNFW || i == T_QNORMW || i == T_KNORMW) {
+            for (size_t j = 0; j < n; j++) { t[i][j] = 1.0f; }
+        }
         if ((i == T_WTE || i == T_HEAD) && n > 0) { n = (size_t)c->vocab_size * c->channels; }   // padding rows stay 0
         if (i == T_WTE || i == T_WPE || i == T_QKVW || i == T_FCW || i == T_ROUTERW || i == T_EFCW || i == T_SFCW ||
-            i == T_HEAD) {
+            i == T_HEAD || i == T_SGATEW) {
             for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, 0.02f); }
         }
         if (i == T_ATTPROJW || i == T_FCPROJW || i == T_EFCPROJW
@@ -527,7 +563,7 @@ static float *upcycle_dense(const GPT2Config *dense, float *dense_all, const GPT
     split_tensors(dense, dense_all, d);
     split_tensors(moe, all, t);
     for (int i = 0; i < NUM_TENSORS; i++) {
-        if (i == T_FCW || i == T_FCB || i == T_FCPROJW || i == T_FCPROJB || i >= T_ROUTERW) { continue; }
+        if (i == T_FCW || i == T_FCB || i == T_FCPROJW || i == T_FCPROJB || is_moe_tensor(i)) { continue; }   // (below)
         memcpy(t[i], d[i], tensor_full_size(moe, i) * sizeof(float));
     }
     static const int mlp[4] = {T_FCW, T_FCB, T_FCPROJW, T_FCPROJB},
@@ -535,7 +571,7 @@ static float *upcycle_dense(const GPT2Config *dense, float *dense_all, const GPT
     for (int l = 0; l < moe->num_layers; l++) {
         for (int i = 0; i < 4; i++) {
             TensorSpec s = tensor_spec(dense, mlp[i]);
-            size_t n = s.rows * s.cols;
+            size_t n = (size_t)s.nblk * s.rows * s.cols;   // (a layer's: Llama's fcw is [gate; up])
             const float *src = d[mlp[i]] + (size_t)l * n;   // the dense model: every layer dense
             float *dst = is_moe_layer(moe, l)
                     ? t[experts[i]] + (size_t)tensor_layer_slice(moe, experts[i], l) * moe->num_experts * n

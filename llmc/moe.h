@@ -10,8 +10,8 @@
 //             the layer's routing bias (loss-free balancing, below; zero unless trained with it) moves
 //             the choice only: gates, the drop order and the aux loss use the unbiased p.
 //             gates: k = 1 (softmax only): g = p_e (Switch: the router learns from the main loss); else
-//             the k scores renormalised to sum 1 (sigmoid with k = 1 would give a constant gate 1 and
-//             no router gradient: refused)
+//             the k scores renormalised to sum 1 (Mixtral; sigmoid with k = 1 would give a constant gate 1 and
+//             no router gradient: refused), or (the model's norm_topk 0: OLMoE, Qwen2-MoE) the k scores themselves
 //   capacity  counted PER SEQUENCE of T tokens, so that the drops never depend on the layout (B, dp,
 //             cp, pp, ep, accumulation; with cp each rank ranks its assignments against the whole
 //             sequence's, all-gathered over cp, at their positions in it): each expert keeps at most cap = min(T,
@@ -115,7 +115,7 @@ static void moe_router_forward_cpu(float *probs, float *lse, const float *x, con
 __host__ __device__
 #endif
 static inline void moe_topk_body(int t, int *choice, float *cprob, float *gate, const float *probs, const float *bias,
-                                 int E, int k) {
+                                 int E, int k, int norm) {
     const float *p = probs + (size_t)t * E;
     int *ch = choice + (size_t)t * k;
     float sum = 0.0f;
@@ -132,11 +132,11 @@ static inline void moe_topk_body(int t, int *choice, float *cprob, float *gate, 
         cprob[(size_t)t * k + j] = p[best];
         sum += p[best];
     }
-    for (int j = 0; j < k; j++) { gate[(size_t)t * k + j] = k == 1 ? p[ch[j]] : p[ch[j]] / sum; }
+    for (int j = 0; j < k; j++) { gate[(size_t)t * k + j] = k == 1 || !norm ? p[ch[j]] : p[ch[j]] / sum; }
 }
 static void moe_topk_cpu(int *choice, float *cprob, float *gate, const float *probs, const float *bias, int N, int E,
-                         int k) {
-    for (int t = 0; t < N; t++) { moe_topk_body(t, choice, cprob, gate, probs, bias, E, k); }
+                         int k, int norm) {
+    for (int t = 0; t < N; t++) { moe_topk_body(t, choice, cprob, gate, probs, bias, E, k, norm); }
 }
 
 // Does assignment (t, j) come before (t2, j2) for their expert e? probs: higher p_e, then earlier t;
@@ -347,7 +347,8 @@ static void moe_unpermute_cpu(float *dx, const float *dxs, const int *row, int N
 // times f (B, E) per token of sequence b, z_scale = z_coeff / (tokens in the global batch):
 //   aux -> p:     softmax: dp_e = aux_scale f[b][e]; sigmoid (P of p' = p / S_all, S_all = sum_i p_i):
 //                 a_e = aux_scale f[b][e], dp_e = (a_e - sum_i a_i p_i / S_all) / S_all
-//   gates -> p:   k = 1: dp_e += dg;  k > 1: g_j = p_j / S, dp_{e_j} += (dg_j - sum_i dg_i g_i) / S
+//   gates -> p:   k = 1 (or not renormalised): dp_{e_j} += dg_j;  k > 1: g_j = p_j / S, dp_{e_j} += (dg_j - sum_i dg_i
+//                 g_i) / S
 //   softmax:      dlogit_e = p_e (dp_e - sum_i p_i dp_i), then z: dlogit_e += z_scale 2 lse p_e
 //   sigmoid:      dlogit_e = p_e (1 - p_e) dp_e (z_scale is 0)
 #ifdef USE_CUDA
@@ -355,7 +356,8 @@ __host__ __device__
 #endif
 static inline void moe_router_backward_body(int t, float *dlogits, const float *dgate, const float *gate,
                                             const int *choice, const float *probs, const float *lse, const float *f,
-                                            int T, int E, int k, float aux_scale, float z_scale, int sigmoid) {
+                                            int T, int E, int k, float aux_scale, float z_scale, int sigmoid,
+                                            int norm) {
     const float *p = probs + (size_t)t * E, *dg = dgate + (size_t)t * k, *g = gate + (size_t)t * k;
     const int *ch = choice + (size_t)t * k;
     float *dl = dlogits + (size_t)t * E;   // holds dp first, then the logits' gradient
@@ -365,8 +367,8 @@ static inline void moe_router_backward_body(int t, float *dlogits, const float *
         for (int e = 0; e < E; e++) { dot += dl[e] * p[e]; }
         for (int e = 0; e < E; e++) { dl[e] = (dl[e] - dot / S_all) / S_all; }
     }
-    if (k == 1) {
-        dl[ch[0]] += dg[0];
+    if (k == 1 || !norm) {   // (the gates are the scores themselves)
+        for (int j = 0; j < k; j++) { dl[ch[j]] += dg[j]; }
     } else {
         float S = 0.0f, dot = 0.0f;
         for (int j = 0; j < k; j++) { S += p[ch[j]]; dot += dg[j] * g[j]; }
@@ -382,10 +384,11 @@ static inline void moe_router_backward_body(int t, float *dlogits, const float *
 }
 static void moe_router_backward_cpu(float *dlogits, const float *dgate, const float *gate, const int *choice,
                                     const float *probs, const float *lse, const float *f, int T, int N, int E, int k,
-                                    float aux_scale, float z_scale, int sigmoid) {
+                                    float aux_scale, float z_scale, int sigmoid, int norm) {
     #pragma omp parallel for
     for (int t = 0; t < N; t++) {
-        moe_router_backward_body(t, dlogits, dgate, gate, choice, probs, lse, f, T, E, k, aux_scale, z_scale, sigmoid);
+        moe_router_backward_body(t, dlogits, dgate, gate, choice, probs, lse, f, T, E, k, aux_scale, z_scale, sigmoid,
+                                 norm);
     }
 }
 
@@ -413,6 +416,33 @@ static void moe_router_dinput_cpu(float *dx, const float *dlogits, const float *
     }
 }
 
+// Qwen2-MoE's shared-expert gate: g[t] = sigmoid(x_t . w) (fp32), y[t] *= g[t]. x (N, C): the MLP's input, all
+// tokens (the same on every tp rank); w (C); y (N, C): the shared experts' output (partial over tp: each part scaled
+// alike). Its backward: ds (N, C) = g dy, the shared experts' output gradient; dlogit[t] = (dy_t . s_t) g (1 - g) with
+// s the unscaled output (partial over tp: the caller sums dlogit over tp), then w's and x's gradients as a router's
+// of one expert (moe_router_dweight, moe_router_dinput with E = 1).
+static void moe_shared_gate_forward_cpu(float *g, float *y, const float *x, const float *w, int N, int C) {
+    #pragma omp parallel for
+    for (int t = 0; t < N; t++) {
+        float z = 0.0f;
+        for (int c = 0; c < C; c++) { z += x[(size_t)t * C + c] * w[c]; }
+        g[t] = 1.0f / (1.0f + expf(-z));
+        for (int c = 0; c < C; c++) { y[(size_t)t * C + c] *= g[t]; }
+    }
+}
+static void moe_shared_gate_backward_cpu(float *dlogit, float *ds, const float *dy, const float *s, const float *g,
+                                         int N, int C) {
+    #pragma omp parallel for
+    for (int t = 0; t < N; t++) {
+        float dg = 0.0f;
+        for (int c = 0; c < C; c++) {
+            dg += dy[(size_t)t * C + c] * s[(size_t)t * C + c];
+            ds[(size_t)t * C + c] = g[t] * dy[(size_t)t * C + c];
+        }
+        dlogit[t] = dg * g[t] * (1.0f - g[t]);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // CUDA kernels, one per loop above
 
@@ -434,9 +464,9 @@ __global__ void moe_router_forward_kernel(float *probs, float *lse, const floatX
 }
 
 __global__ void moe_topk_kernel(int *choice, float *cprob, float *gate, const float *probs, const float *bias, int N,
-                                int E, int k) {
+                                int E, int k, int norm) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t < N) { moe_topk_body(t, choice, cprob, gate, probs, bias, E, k); }
+    if (t < N) { moe_topk_body(t, choice, cprob, gate, probs, bias, E, k, norm); }
 }
 
 // one thread per assignment: the counts are integers, so the order of the atomic adds does not matter
@@ -575,10 +605,11 @@ __global__ void moe_unpermute_kernel(floatX *dx, const floatX *dxs, const int *r
 
 __global__ void moe_router_backward_kernel(float *dlogits, const float *dgate, const float *gate, const int *choice,
                                            const float *probs, const float *lse, const float *f, int T, int N, int E,
-                                           int k, float aux_scale, float z_scale, int sigmoid) {
+                                           int k, float aux_scale, float z_scale, int sigmoid, int norm) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t < N) {
-        moe_router_backward_body(t, dlogits, dgate, gate, choice, probs, lse, f, T, E, k, aux_scale, z_scale, sigmoid);
+        moe_router_backward_body(t, dlogits, dgate, gate, choice, probs, lse, f, T, E, k, aux_scale, z_scale, sigmoid,
+                                 norm);
     }
 }
 
@@ -607,6 +638,29 @@ __global__ void moe_router_dinput_kernel(floatX *dx, const float *dlogits, const
         dx[i] = (floatX)((float)dx[i] + s);
     }
 }
+// one warp per token: the shared-expert gate's forward and backward (the loops above)
+__global__ void moe_shared_gate_forward_kernel(float *g, floatX *y, const floatX *x, const floatX *w, int N, int C) {
+    int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (t >= N) { return; }
+    float z = 0.0f;
+    for (int c = lane; c < C; c += 32) { z += (float)x[(size_t)t * C + c] * (float)w[c]; }
+    float gt = 1.0f / (1.0f + expf(-warp_reduce_sum(z)));
+    for (int c = lane; c < C; c += 32) { y[(size_t)t * C + c] = (floatX)((float)y[(size_t)t * C + c] * gt); }
+    if (lane == 0) { g[t] = gt; }
+}
+__global__ void moe_shared_gate_backward_kernel(float *dlogit, floatX *ds, const floatX *dy, const floatX *s,
+                                                const float *g, int N, int C) {
+    int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (t >= N) { return; }
+    float dg = 0.0f, gt = g[t];
+    for (int c = lane; c < C; c += 32) {
+        dg += (float)dy[(size_t)t * C + c] * (float)s[(size_t)t * C + c];
+        ds[(size_t)t * C + c] = (floatX)(gt * (float)dy[(size_t)t * C + c]);
+    }
+    dg = warp_reduce_sum(dg);
+    if (lane == 0) { dlogit[t] = dg * gt * (1.0f - gt); }
+}
+
 #endif
 
 #ifndef USE_CUDA
@@ -693,13 +747,13 @@ static void moe_router_forward(float *probs, float *lse, const floatX *x, const 
 }
 
 static void moe_topk(int *choice, float *cprob, float *gate, const float *probs, const float *bias, int N, int E,
-                     int k) {
+                     int k, int norm) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_topk_kernel<<<ceil_div(N, 256), 256, 0, main_stream>>>(choice, cprob, gate, probs, bias, N, E, k);
+    moe_topk_kernel<<<ceil_div(N, 256), 256, 0, main_stream>>>(choice, cprob, gate, probs, bias, N, E, k, norm);
     cudaCheckLaunch();
 #else
-    moe_topk_cpu(choice, cprob, gate, probs, bias, N, E, k);
+    moe_topk_cpu(choice, cprob, gate, probs, bias, N, E, k, norm);
 #endif
 }
 
@@ -836,14 +890,14 @@ static void moe_unpermute(floatX *dx, const floatX *dxs, const int *row, int N, 
 
 static void moe_router_backward(float *dlogits, const float *dgate, const float *gate, const int *choice,
                                 const float *probs, const float *lse, const float *f, int T, int N, int E, int k,
-                                float aux_scale, float z_scale, int sigmoid) {
+                                float aux_scale, float z_scale, int sigmoid, int norm) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
     moe_router_backward_kernel<<<ceil_div(N, 128), 128, 0, main_stream>>>(dlogits, dgate, gate, choice, probs, lse, f,
-                                                                          T, N, E, k, aux_scale, z_scale, sigmoid);
+                                                                          T, N, E, k, aux_scale, z_scale, sigmoid, norm);
     cudaCheckLaunch();
 #else
-    moe_router_backward_cpu(dlogits, dgate, gate, choice, probs, lse, f, T, N, E, k, aux_scale, z_scale, sigmoid);
+    moe_router_backward_cpu(dlogits, dgate, gate, choice, probs, lse, f, T, N, E, k, aux_scale, z_scale, sigmoid, norm);
 #endif
 }
 
@@ -864,6 +918,27 @@ static void moe_router_dinput(floatX *dx, const float *dlogits, const floatX *wr
     cudaCheckLaunch();
 #else
     moe_router_dinput_blas(dx, dlogits, wr, N, C, E);
+#endif
+}
+
+static void moe_shared_gate_forward(float *g, floatX *y, const floatX *x, const floatX *w, int N, int C) {
+#ifdef USE_CUDA
+    if (N <= 0) { return; }
+    moe_shared_gate_forward_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(g, y, x, w, N, C);
+    cudaCheckLaunch();
+#else
+    moe_shared_gate_forward_cpu(g, y, x, w, N, C);
+#endif
+}
+
+static void moe_shared_gate_backward(float *dlogit, floatX *ds, const floatX *dy, const floatX *s, const float *g,
+                                     int N, int C) {
+#ifdef USE_CUDA
+    if (N <= 0) { return; }
+    moe_shared_gate_backward_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(dlogit, ds, dy, s, g, N, C);
+    cudaCheckLaunch();
+#else
+    moe_shared_gate_backward_cpu(dlogit, ds, dy, s, g, N, C);
 #endif
 }
 

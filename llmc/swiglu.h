@@ -110,4 +110,19 @@ static void mlp_proj_backward(int swiglu, floatX *dpre, floatX *dweight, const f
     if (dpre) { swiglu_backward(dpre, dact, pre, N, F); }
 }
 
+// The same for count layers of N rows each, side by side in memory (a MoE layer's local experts, padded dispatch).
+static void mlp_fc_forward_batched(int swiglu, floatX *act, floatX *pre, const floatX *x, const floatX *weight,
+                                   const floatX *bias, int N, int C, int F, int count) {
+    if (!swiglu) { matmul_forward_gelu_batched(act, pre, x, weight, bias, N, C, F, count); return; }
+    matmul_forward_batched(pre, x, weight, bias, N, C, 2 * F, count);
+    swiglu_forward(act, pre, N * count, F);
+}
+static void mlp_proj_backward_batched(int swiglu, floatX *dpre, floatX *dweight, const floatX *dy, const floatX *act,
+                                      const floatX *weight, const floatX *pre, floatX *dact, int N, int F, int C,
+                                      int count) {
+    if (!swiglu) { matmul_backward_dgelu_batched(dpre, dweight, dy, act, weight, pre, N, F, C, count); return; }
+    matmul_backward_batched(dpre ? dact : NULL, dweight, NULL, dy, act, weight, N, F, C, count);
+    if (dpre) { swiglu_backward(dpre, dact, pre, N * count, F); }
+}
+
 #endif

@@ -93,8 +93,8 @@ static int check_topk(MoECase *m) {
     cudaCheck(cudaMalloc(&m->d_choice, Nk * sizeof(int))); cudaCheck(cudaMalloc(&m->d_keep, Nk * sizeof(int)));
     cudaCheck(cudaMalloc(&m->d_row, Nk * sizeof(int))); cudaCheck(cudaMalloc(&m->d_gate, Nk * sizeof(float)));
     cudaCheck(cudaMalloc(&m->d_counts, E * sizeof(int))); cudaCheck(cudaMalloc(&m->d_offsets, E * sizeof(int)));
-    moe_topk_cpu(m->choice, m->cprob, m->gate, m->probs, m->bias, N, E, k);
-    moe_topk(m->d_choice, m->d_cprob, m->d_gate, m->d_probs, m->d_bias, N, E, k);
+    moe_topk_cpu(m->choice, m->cprob, m->gate, m->probs, m->bias, N, E, k, 1);
+    moe_topk(m->d_choice, m->d_cprob, m->d_gate, m->d_probs, m->d_bias, N, E, k, 1);
     fails += compare_ints("top-k choices", m->d_choice, m->choice, Nk);
     // the load (assignments per expert before drops, integers) and the bias update from it, twice (the
     // second time from the doubled load), and a skipped step (scale 0) that leaves the bias as it is
@@ -249,9 +249,9 @@ static int check_router_backward(MoECase *m) {
     copy_to_device(m->d_dgate, m->dgate, m->Nk * sizeof(float));
     float aux_scale = 0.01f * E / (T * (float)B), z_scale = m->sigmoid ? 0.0f : 0.001f / N;
     moe_router_backward_cpu(m->dlogits, m->dgate, m->gate, m->choice, m->probs, m->lse, m->f, T, N, E, k, aux_scale,
-                            z_scale, m->sigmoid);
+                            z_scale, m->sigmoid, 1);
     moe_router_backward(m->d_dlogits, m->d_dgate, m->d_gate, m->d_choice, m->d_probs, m->d_lse, m->d_f, T, N, E, k,
-                        aux_scale, z_scale, m->sigmoid);
+                        aux_scale, z_scale, m->sigmoid, 1);
     fails += compare_device_f32("router backward dlogits", m->d_dlogits, m->dlogits, NE, TOL_FP32);
     copy_to_device(m->d_dlogits, m->dlogits, NE * sizeof(float));
     m->dwr = make_random((size_t)E * C, -0.1f, 0.1f);
@@ -277,7 +277,7 @@ static void time_kernels(const MoECase *m) {
     report_time("router forward", time_ms(10, [&] {
                     moe_router_forward(m->d_probs, m->d_lse, m->d_x, m->d_wr, N, C, E, m->sigmoid); }),
                 (double)NC * sizeof(floatX), 2.0 * NC * E);
-    report_time("top-k", time_ms(10, [&] { moe_topk(m->d_choice, m->d_cprob, m->d_gate, m->d_probs, m->d_bias, N, E, k); }),
+    report_time("top-k", time_ms(10, [&] { moe_topk(m->d_choice, m->d_cprob, m->d_gate, m->d_probs, m->d_bias, N, E, k, 1); }),
                 (double)NE * 4, 0);
     report_time("capacity keep", time_ms(10, [&] {
                     moe_capacity_keep(m->d_keep, m->d_choice, m->d_cprob, 1, 0, B, T, k, E, cap, policy); }), 0, 0);
