@@ -1,6 +1,9 @@
-// Token shards in llm.c's format: int32 header[256] (magic 20240520, version 1, [2] = ntok), then
-// ntok uint16 tokens. A batch is B*T+1 consecutive tokens: inputs are the first B*T, targets the
-// last B*T. The data order is llm.c's, with and without shuffling:
+// Token shards in llm.c's two formats: int32 header[256] ([0] magic, [1] version, [2] = ntok), then ntok
+// tokens, uint16 (magic 20240520, version 1: GPT-2's vocabulary) or uint32 (magic 20240801, version 7:
+// vocabularies past 65,536, Llama 3's 128,256). Each shard's header says its format, so the shards of one
+// run may mix the two: the tokens are the same ints once read, and each is checked against the model's V.
+// A batch is B*T+1 consecutive tokens: inputs are the first B*T, targets the last B*T. The data order is
+// llm.c's, with and without shuffling:
 //  - a shard holds nrounds = (ntok-1) / (dp*B*T) rounds (llm.c's "samples"): round k covers the
 //    tokens from k*dp*B*T on, and data-parallel rank r reads its B*T (+1) slice at offset r*B*T
 //    (the B*T-token sample k*dp + r);
@@ -25,7 +28,10 @@
 #include "args.h"
 #include "tokenizer.h"
 
-#define DATA_MAGIC 20240520
+// The two shard formats: the header's magic and version, and the bytes of a token.
+typedef struct { int magic, version, width; } ShardFormat;
+static const ShardFormat SHARD_FORMATS[2] = {{20240520, 1, 2}, {20240801, 7, 4}};
+#define SHARD_FORMATS_TEXT "20240520 version 1 (uint16 tokens) or 20240801 version 7 (uint32 tokens)"
 
 typedef struct {
     int dp, dp_rank;
@@ -39,7 +45,8 @@ typedef struct {
     int epoch, shard_pos, round;    // shard_pos indexes shard_order
     int *shard_order;               // (nshards) this epoch's file order
     int loaded_shard;               // file index currently in memory, -1 none
-    uint16_t *tokens;
+    uint8_t *tokens;                // (ntok * width) the loaded shard's tokens as in its file
+    int width;                      // of the loaded shard: bytes per token, 2 (uint16) or 4 (uint32)
     size_t ntok, nrounds;           // of the loaded shard; a round = one batch for every dp rank
     size_t rounds_per_epoch;        // over all shards
     int *sample_order;              // (nrounds) the shard's round order
@@ -49,23 +56,54 @@ typedef struct {
     uint32_t fingerprint;           // what the data is (dataloader_fingerprint)
 } DataLoader;
 
-// Reads a shard header; checks magic, version, and that the file holds exactly ntok tokens.
-static size_t data_shard_ntok(const char *path) {
+// Token i of tokens stored `width` bytes each (2 or 4), widened.
+static inline uint32_t shard_token(const uint8_t *tokens, int width, size_t i) {
+    return width == 2 ? ((const uint16_t *)tokens)[i] : ((const uint32_t *)tokens)[i];
+}
+
+// Bytes per token of the format a shard's header names; any other header is refused.
+static int data_shard_width(const char *path, const int *header) {
+    int magic_known = 0;
+    for (int i = 0; i < 2; i++) {
+        if (header[0] != SHARD_FORMATS[i].magic) { continue; }
+        if (header[1] == SHARD_FORMATS[i].version) { return SHARD_FORMATS[i].width; }
+        magic_known = 1;
+    }
+    if (magic_known) {
+        fail("data shard '%s' (magic %d) has version %d, expected " SHARD_FORMATS_TEXT, path, header[0], header[1]);
+    }
+    fail("data shard '%s' has bad magic %d, expected " SHARD_FORMATS_TEXT, path, header[0]);
+    return 0;
+}
+
+// Reads a shard header: checks its format, and that the file holds exactly ntok tokens of its width.
+// Returns ntok; *width = bytes per token.
+static size_t data_shard_ntok(const char *path, int *width) {
     FILE *f = fopen_check(path, "rb");
     int header[256];
     if (fread(header, sizeof(int), 256, f) != 256) {
         fail("data shard '%s' is truncated: expected a 1024-byte header", path);
     }
-    if (header[0] != DATA_MAGIC) { fail("data shard '%s' has bad magic %d, expected %d", path, header[0], DATA_MAGIC); }
-    if (header[1] != 1) { fail("data shard '%s' has version %d, expected 1", path, header[1]); }
-    long expected = 1024 + 2L * (long)(unsigned)header[2];
+    *width = data_shard_width(path, header);
+    long expected = 1024 + (long)*width * (long)(unsigned)header[2];
     long size = file_size(f);
     fclose(f);
     if (size != expected) {
-        fail("data shard '%s' is %ld bytes, expected %ld for %d tokens (truncated or corrupt)", path, size, expected,
-             header[2]);
+        fail("data shard '%s' is %ld bytes, expected %ld for %u %s tokens (truncated or corrupt)", path, size,
+             expected, (unsigned)header[2], *width == 2 ? "uint16" : "uint32");
     }
     return (size_t)(unsigned)header[2];
+}
+
+// A shard's tokens as in its file ((ntok * width) bytes, malloc'd); *ntok, *width as data_shard_ntok's.
+static uint8_t *data_shard_read(const char *path, size_t *ntok, int *width) {
+    *ntok = data_shard_ntok(path, width);
+    uint8_t *tokens = (uint8_t *)malloc_check(*ntok * *width);
+    FILE *f = fopen_check(path, "rb");
+    fseek(f, 1024, SEEK_SET);
+    fread_check(tokens, *width, *ntok, f, path);
+    fclose(f);
+    return tokens;
 }
 
 // llm.c seeds rank r with 42 + r; --seed moves every rank's seed by the same amount.
@@ -77,17 +115,13 @@ static uint32_t dataloader_shuffle_seed(const DataLoader *d) {
 static void dataloader_load_shard(DataLoader *d, int file) {
     if (file == d->loaded_shard) { return; }
     const char *path = d->files.gl_pathv[file];
-    d->ntok = data_shard_ntok(path);
     free(d->tokens);
-    d->tokens = (uint16_t *)malloc_check(d->ntok * sizeof(uint16_t));
-    FILE *f = fopen_check(path, "rb");
-    fseek(f, 1024, SEEK_SET);
-    fread_check(d->tokens, sizeof(uint16_t), d->ntok, f, path);
-    fclose(f);
+    d->tokens = data_shard_read(path, &d->ntok, &d->width);
     for (size_t i = 0; i < d->ntok; i++) {
-        if (d->tokens[i] >= d->vocab_size) {
-            fail("data shard '%s': token %d at position %zu is not below the model's vocab size %d", path,
-                 d->tokens[i], i, d->vocab_size);
+        uint32_t t = shard_token(d->tokens, d->width, i);
+        if (t >= (uint32_t)d->vocab_size) {
+            fail("data shard '%s': token %u at position %zu is not below the model's vocab size %d", path, t, i,
+                 d->vocab_size);
         }
     }
     d->loaded_shard = file;
@@ -163,13 +197,15 @@ static void dataloader_alloc(DataLoader *d) {
 }
 
 // What the data is, to compare the ranks' and a resume's with its checkpoint's: the CRC-32 of every shard's
-// file name (without its directory: the data may move), token count and first 4096 tokens, in glob order;
-// of the built-in corpus, its first 4096 tokens. Independent of the layout.
+// file name (without its directory: the data may move), token count and first 4096 tokens (their bytes in the
+// file, 2 or 4 a token: a shard rewritten in the other format is other data to a resume), in glob order; of the
+// built-in corpus, its first 4096 tokens. Independent of the layout.
 #define FINGERPRINT_TOKENS 4096
 static uint32_t dataloader_fingerprint(const DataLoader *d) {
-    uint16_t first[FINGERPRINT_TOKENS];
+    uint8_t first[4 * FINGERPRINT_TOKENS];
     if (d->in_memory) {
-        return crc_end(crc32_update(0, d->tokens, 2 * (d->ntok < FINGERPRINT_TOKENS ? d->ntok : FINGERPRINT_TOKENS)));
+        size_t n = d->ntok < FINGERPRINT_TOKENS ? d->ntok : FINGERPRINT_TOKENS;
+        return crc_end(crc32_update(0, d->tokens, d->width * n));
     }
     uint32_t crc = 0;
     for (int i = 0; i < d->nshards; i++) {
@@ -178,9 +214,10 @@ static uint32_t dataloader_fingerprint(const DataLoader *d) {
         FILE *f = fopen_check(path, "rb");
         int header[256];
         fread_check(header, sizeof(int), 256, f, path);
-        size_t n = fread(first, 2, FINGERPRINT_TOKENS, f);
+        int width = data_shard_width(path, header);
+        size_t n = fread(first, width, FINGERPRINT_TOKENS, f);
         fclose(f);
-        crc = crc32_update(crc32_update(crc32_update(crc, name, strlen(name)), &header[2], sizeof(int)), first, 2 * n);
+        crc = crc32_update(crc32_update(crc32_update(crc, name, strlen(name)), &header[2], sizeof(int)), first, width * n);
     }
     return crc_end(crc);
 }
@@ -197,7 +234,8 @@ static void dataloader_init(DataLoader *d, const char *pattern, int B, int T, in
     dataloader_alloc(d);
     size_t need = (size_t)dp * B * T + 1;
     for (int i = 0; i < d->nshards; i++) {
-        size_t ntok = data_shard_ntok(d->files.gl_pathv[i]);
+        int width;
+        size_t ntok = data_shard_ntok(d->files.gl_pathv[i], &width);
         if (ntok < need) {
             fail("data shard '%s' has %zu tokens, fewer than one batch for every data-parallel rank (dp*B*T+1 = %zu)",
                  d->files.gl_pathv[i], ntok, need);
@@ -222,12 +260,12 @@ static void dataloader_init_memory(DataLoader *d, const uint16_t *tokens, size_t
         fail("built-in corpus has %zu tokens, fewer than dp*B*T+1 = %zu", ntok, (size_t)dp * B * T + 1);
     }
     dataloader_alloc(d);
-    d->tokens = (uint16_t *)malloc_check(ntok * sizeof(uint16_t));
+    d->tokens = (uint8_t *)malloc_check(ntok * sizeof(uint16_t));
+    d->width = 2;
     memcpy(d->tokens, tokens, ntok * sizeof(uint16_t));
     for (size_t i = 0; i < ntok; i++) {
-        if (d->tokens[i] >= vocab_size) {
-            fail("built-in corpus: token %d at position %zu is not below the vocab size %d", d->tokens[i], i,
-                 vocab_size);
+        if (tokens[i] >= vocab_size) {
+            fail("built-in corpus: token %d at position %zu is not below the vocab size %d", tokens[i], i, vocab_size);
         }
     }
     d->ntok = ntok;
@@ -247,8 +285,11 @@ static void dataloader_next_batch(DataLoader *d) {
         dataloader_enter_shard(d);
     }
     size_t sample = (size_t)d->sample_order[d->round] * d->dp + d->dp_rank;
-    const uint16_t *p = d->tokens + sample * d->B * d->T;
-    for (int i = 0; i < d->B * d->T; i++) { d->inputs[i] = p[i]; d->targets[i] = p[i + 1]; }
+    size_t start = sample * d->B * d->T;
+    for (int i = 0; i < d->B * d->T; i++) {
+        d->inputs[i] = (int)shard_token(d->tokens, d->width, start + i);   // (each below V: checked at load)
+        d->targets[i] = (int)shard_token(d->tokens, d->width, start + i + 1);
+    }
     d->round++;
 }
 

@@ -239,7 +239,8 @@ static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_T
 #define MODEL_MAGIC 20240326
 
 // The shapes this program accepts, from a file or a descriptor: positive, C divisible by NH,
-// V <= Vp, token ids that fit the uint16 data shards, sizes whose element counts fit in memory, and
+// V <= Vp <= 2^20 (Llama 3's 128,256 and Gemma's 256,000 fit; the data shards hold uint16 or uint32 ids),
+// sizes whose element counts fit in memory, and
 // (MoE) 1 <= k <= E <= MOE_MAX_EXPERTS, 1 <= moe_every <= L, 1 <= H <= 65536, 0 <= S <= MOE_MAX_SHARED;
 // (Llama) NH a multiple of KV, an even head size (RoPE's halves), theta and eps finite and positive, a known
 // RoPE scaling, no MoE layers yet. Returns what is wrong in words, or NULL.
@@ -247,9 +248,9 @@ static const char *config_problem(const GPT2Config *c) {
     if (!(c->max_seq_len > 0 && c->vocab_size > 0 && c->num_layers > 0 && c->num_heads > 0 && c->channels > 0)) {
         return "every size must be positive";
     }
-    if (!(c->padded_vocab_size >= c->vocab_size && c->channels % c->num_heads == 0 && c->vocab_size <= 65536 &&
+    if (!(c->padded_vocab_size >= c->vocab_size && c->channels % c->num_heads == 0 &&
           c->padded_vocab_size <= 1 << 20 && c->channels <= 16384 && c->max_seq_len <= 1 << 20 && c->num_layers <= 1024)) {
-        return "need V <= Vp <= 2^20, V <= 65536, NH dividing C <= 16384, maxT <= 2^20, L <= 1024";
+        return "need V <= Vp <= 2^20, NH dividing C <= 16384, maxT <= 2^20, L <= 1024";
     }
     int moe_ok = c->num_experts == 0 ? c->topk == 0 && c->moe_every == 0 && c->expert_hidden == 0 &&
                                            c->shared_experts == 0

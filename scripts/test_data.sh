@@ -9,6 +9,10 @@
 #     across shard and epoch boundaries)
 #  4. dev/data/tinyshakespeare.py: GPT-2 tokens (val = EOT then the tokens of the first line, llm.c's
 #     token counts), tokenizer files train_gpt decodes with; the byte fallback
+#  5. llm.c's uint32 shards (magic 20240801, version 7): the same tokens give the same losses as in a uint16
+#     shard (V 70,000); ids past 65,535 reach the model (V 100,000); a token >= V, a truncated shard and a
+#     wrong version are refused; tinyshakespeare.py writes them for a vocabulary over 65,536
+#  (2 and 3 mix the formats: one shard of each set is uint32, its ids up to 2^20 in 2)
 # Usage: bash scripts/test_data.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
 . "$(dirname "$0")/test_lib.sh"
 # the python with the PyPI packages (scripts/setup.sh makes .venv), else Debian's, else any
@@ -21,13 +25,16 @@ out=$($PY dev/data/shuffle_ref.py --selftest 2>&1)
 say $? "MT19937 of dev/data/shuffle_ref.py: $out"
 
 # 2. dataloader.h vs the reference: 5 shards of random tokens, 999..4100 tokens
+# (the last shard uint32, its ids up to 2^20: read exactly as the reference reads them)
 $PY - "$W" <<'EOF'
 import random, struct, sys
 random.seed(11)
 for k, n in enumerate([1500, 2600, 999, 4100, 700]):
-    toks = [random.randrange(65536) for _ in range(n)]
-    hdr = [0] * 256; hdr[0], hdr[1], hdr[2] = 20240520, 1, n
-    open("%s/order_%d.bin" % (sys.argv[1], k), "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % n, *toks))
+    wide = k == 4
+    toks = [random.randrange(1 << 20 if wide else 65536) for _ in range(n)]
+    hdr = [0] * 256; hdr[0], hdr[1], hdr[2] = (20240801, 7, n) if wide else (20240520, 1, n)
+    body = struct.pack("<%d%s" % (n, "I" if wide else "H"), *toks)
+    open("%s/order_%d.bin" % (sys.argv[1], k), "wb").write(struct.pack("<256i", *hdr) + body)
 EOF
 ${CXX:-g++} -x c++ -O2 -DNO_MPI -I. dev/data/dataloader_order.c -o "$W/dataloader_order" 2>"$W/dataloader_order.build.log"
 say $? "dev/data/dataloader_order.c builds against llmc/dataloader.h"
@@ -53,14 +60,16 @@ order_case 4 8 2 1 1 1400 400
 $PY dev/data/shuffle_ref.py --files "$W/order_*.bin" -B 2 -T 16 --batches 300 >"$W/p.txt"
 ! diff -q "$W/c.txt" "$W/p.txt" >/dev/null; say $? "another seed gives another order (the comparison can fail)"
 
-# 3. train_gpt: shuffled, resumed from a checkpoint = uninterrupted (3 shards of 3-6 rounds, 2+ epochs)
+# 3. train_gpt: shuffled, resumed from a checkpoint = uninterrupted (3 shards of 3-6 rounds, 2+ epochs; the
+# second uint32)
 $PY - "$W" <<'EOF'
 import random, struct, sys
 random.seed(5)
 for k, n in enumerate([700, 450, 1000]):
     toks = [random.randrange(256) for _ in range(n)]
-    hdr = [0] * 256; hdr[0], hdr[1], hdr[2] = 20240520, 1, n
-    open("%s/resume_%d.bin" % (sys.argv[1], k), "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % n, *toks))
+    hdr = [0] * 256; hdr[0], hdr[1], hdr[2] = (20240801, 7, n) if k == 1 else (20240520, 1, n)
+    body = struct.pack("<%d%s" % (n, "I" if k == 1 else "H"), *toks)
+    open("%s/resume_%d.bin" % (sys.argv[1], k), "wb").write(struct.pack("<256i", *hdr) + body)
 EOF
 TINY="L=2,C=64,NH=4,V=256,maxT=64"
 for np in 1 2; do
@@ -113,3 +122,75 @@ say $? "--tokenizer byte: EOT 256 then the bytes of 'First Citizen:', and no gpt
 $PY -S dev/data/tinyshakespeare.py --input "$W/ts.txt" --out "$W/ts_auto" --val-tokens 15 >"$W/ts_auto.log" 2>&1
 [ $? = 0 ] && grep -q "falling back to byte" "$W/ts_auto.log" && grep -q "^tokenizer: byte" "$W/ts_auto.log"
 say $? "without the packages the default (auto) falls back to the byte tokenizer and prints which one it used"
+
+# 5. uint32 shards. u16/u32: the same 400 ids below 65,536 in both formats; hi: ids below 100,000 (about a third
+# past 65,535), lo: hi with every id past 65,535 less 65,536; big: hi with 100,000 at 77 (V 100,000 has no such
+# id); trunc: hi less its last token; v7ver1 / v1ver7: each magic with the other's version
+$PY - "$W" <<'EOF'
+import random, struct, sys
+random.seed(7)
+def shard(name, toks, magic=20240801, version=7, code="I", n=None):
+    hdr = [0] * 256; hdr[0], hdr[1], hdr[2] = magic, version, len(toks) if n is None else n
+    open("%s/%s.bin" % (sys.argv[1], name), "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%d%s" % (len(toks), code), *toks))
+low = [random.randrange(65536) for _ in range(400)]
+shard("u16", low, 20240520, 1, "H"); shard("u32", low)
+hi = [random.randrange(100000) for _ in range(400)]
+shard("hi", hi); shard("lo", [t % 65536 for t in hi])
+shard("big", hi[:77] + [100000] + hi[78:]); shard("trunc", hi[:-1], n=len(hi))
+shard("v7ver1", hi, 20240801, 1); shard("v1ver7", low, 20240520, 7, "H")
+EOF
+losses() { grep -E "^(step |val loss)" "$1" | awk -F' [|] ' '{ print $1, $2, $3 }'; }   # (no timings)
+u32run() {   # NAME SHARD V: 2 steps and the val loss before and after, on the shard
+    "$BIN/train_gpt" -e "L=1,C=32,NH=2,V=$3,maxT=64" -i "$W/$2.bin" -j "$W/$2.bin" -b 2 -t 32 -x 2 -v 2 -s 0 \
+        >"$W/u32_$1.log" 2>&1
+}
+u32run u16 u16 70000; rc16=$?; u32run u32 u32 70000; rc32=$?
+n=$(losses "$W/u32_u16.log" | wc -l)
+[ $rc16 = 0 ] && [ $rc32 = 0 ] && [ "$n" = 4 ] && diff <(losses "$W/u32_u16.log") <(losses "$W/u32_u32.log") >/dev/null
+say $? "V 70000: the same ids in a uint16 and a uint32 shard give identical losses and norms ($n lines: $(losses "$W/u32_u32.log" | head -n 1))"
+u32run hi hi 100000; rchi=$?; u32run lo lo 100000; rclo=$?
+lhi=$(losses "$W/u32_hi.log" | head -n 1); llo=$(losses "$W/u32_lo.log" | head -n 1)
+[ $rchi = 0 ] && [ $rclo = 0 ] && [ -n "$lhi" ] && [ "$lhi" != "$llo" ]
+say $? "V 100000: ids past 65,535 reach the model (the first line: $lhi; with each less 65,536: $llo)"
+# expect_refused NAME V TEXT...: train_gpt on NAME.bin exits 1 with one error line holding the file and every TEXT
+expect_refused() {
+    local name=$1 V=$2; shift 2
+    "$BIN/train_gpt" -e "L=1,C=32,NH=2,V=$V,maxT=64" -i "$W/$name.bin" -b 2 -t 32 -x 1 -v 0 -s 0 >"$W/u32_$name.log" 2>&1
+    local rc=$? line
+    line=$(grep "^error: " "$W/u32_$name.log")
+    [ $rc = 1 ] && [ "$(grep -c "^error: " "$W/u32_$name.log")" = 1 ] && grep -qF "$W/$name.bin" <<<"$line" || return 1
+    for t in "$@"; do grep -qF "$t" <<<"$line" || return 1; done
+    echo "     ($line)"
+}
+expect_refused big 100000 "token 100000 at position 77" "vocab size 100000"
+say $? "a uint32 shard's id 100000 with V 100000 is refused, naming the file, the id (read whole) and its position"
+expect_refused trunc 100000 "2620 bytes, expected 2624 for 400 uint32 tokens" "truncated"
+say $? "a truncated uint32 shard is refused"
+expect_refused v7ver1 100000 "version 1, expected 20240520 version 1 (uint16 tokens) or 20240801 version 7 (uint32 tokens)"
+say $? "magic 20240801 with version 1 is refused, naming both formats"
+expect_refused v1ver7 100000 "version 7, expected 20240520 version 1 (uint16 tokens) or 20240801 version 7"
+say $? "magic 20240520 with version 7 is refused, naming both formats"
+# tinyshakespeare.py with a stand-in tokenizer of 70,000 ids: bytes b as 65536 + b, EOT 69999
+$PY - "$W" >"$W/ts_wide.log" 2>&1 <<'EOF'
+import sys
+sys.path.insert(0, "dev/data")
+import tinyshakespeare as ts
+class Wide:
+    name, vocab_size, eot, source = "wide", 70000, 69999, "a stand-in: byte b is 65536 + b"
+    def encode(self, text): return [65536 + b for b in text.encode("utf-8")]
+    def token_bytes(self, i): return ts.EOT_TEXT if i == self.eot else bytes([i - 65536]) if 65536 <= i < 65792 else b"<%d>" % i
+ts.make_tokenizer = lambda kind: Wide()
+sys.argv = ["tinyshakespeare.py", "--input", sys.argv[1] + "/ts.txt", "--out", sys.argv[1] + "/ts_wide", "--val-tokens", "15"]
+ts.main()
+EOF
+rc=$?
+val=$(od -An -v -t u4 -j 1024 "$W/ts_wide/ts_val.bin" | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')
+[ $rc = 0 ] && [ "$(hdr_of "$W/ts_wide/ts_val.bin")" = "20240801 7 15 0" ] && \
+    [ "$val" = "69999 65606 65641 65650 65651 65652 65568 65603 65641 65652 65641 65658 65637 65646 65594" ] && \
+    [ "$(hdr_of "$W/ts_wide/tokenizer.bin")" = "20240328 2 70000 69999" ]
+say $? "tinyshakespeare.py, a vocabulary of 70,000: uint32 shards (version 7) of EOT then 'First Citizen:' (65536 + bytes), tokenizer.bin of 70,000 ids"
+"$BIN/train_gpt" -i "$W/ts_wide/ts_train.bin" -e "L=1,C=32,NH=2,V=70000,maxT=64" -b 1 -t 16 -x 1 -v 0 -s 1 -g 12 >"$W/ts_wide_train.log" 2>&1
+rc=$?
+sample=$(awk '/^generating:/ { g = 1; next } g && /^---$/ { if (++c == 2) exit; next } g && c == 1' "$W/ts_wide_train.log" | tr -d '\n')
+[ $rc = 0 ] && [ -n "$sample" ] && ! grep -q "warning" "$W/ts_wide_train.log" && ! grep -qE '^([0-9]+ )+$' <<<"$sample"
+say $? "train_gpt trains V 70000 on its uint32 shard and prints the sample through its 70,000-id tokenizer.bin"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A bounded fuzz test of every file train_gpt reads: a checkpoint (model and state files), a data shard
-# and a tokenizer, mutated a few hundred times (bytes flipped in the header and the body, header fields
-# set to extreme values, truncated, extended), each resumed or trained on by the single-process build
+# A bounded fuzz test of every file train_gpt reads: a checkpoint (model and state files), a data shard (uint16
+# and uint32) and a tokenizer, mutated a few hundred times (bytes flipped in the header and the body, header
+# fields set to extreme values, truncated, extended), each resumed or trained on by the single-process build
 # (NO_MPI=1, ~0.05 s a run). Every run must end cleanly: exit 0 (a harmless mutation) or exit 1 with
 # one "error: ..." line; a signal (a crash), a timeout (a hang) or a silent failure fails the test.
 # Then VALID mutations with valid CRCs (the mutated file's CRC recomputed, and the state's record of its model
@@ -31,7 +31,7 @@ def run(args, timeout=20):
         return p.returncode, p.stderr + p.stdout
     except subprocess.TimeoutExpired:
         return None, ""
-# the originals: a checkpoint at step 2, a data shard, a tokenizer (llm.c formats)
+# the originals: a checkpoint at step 2, a data shard in each of llm.c's formats (uint16, uint32), a tokenizer
 ck = os.path.join(W, "ckpt")
 shutil.rmtree(ck, ignore_errors=True)
 rc, out = run(base + ["-x", "2", "-n", "2", "-o", ck])
@@ -39,10 +39,13 @@ assert rc == 0, out
 toks = [random.randrange(256) for _ in range(4000)]
 hdr = [0] * 256; hdr[0], hdr[1], hdr[2] = 20240520, 1, len(toks)
 data = struct.pack("<256i", *hdr) + struct.pack("<%dH" % len(toks), *toks)
+hdr[0], hdr[1] = 20240801, 7
+data7 = struct.pack("<256i", *hdr) + struct.pack("<%dI" % len(toks), *toks)
 th = [0] * 256; th[0], th[1], th[2], th[3] = 20240328, 2, 256, 255
 tok = struct.pack("<256i", *th) + b"".join(bytes([1, i]) for i in range(256))
 originals = {"model": open(os.path.join(ck, "model_00000002.bin"), "rb").read(),
-             "state": open(os.path.join(ck, "state_00000002.bin"), "rb").read(), "data": data, "tokenizer": tok}
+             "state": open(os.path.join(ck, "state_00000002.bin"), "rb").read(), "data": data, "data7": data7,
+             "tokenizer": tok}
 def mutate(b):
     b = bytearray(b)
     kind = random.choice(["flip_header", "flip_body", "field", "field", "truncate", "extend"])
@@ -61,7 +64,7 @@ def mutate(b):
 stats = {"clean": 0, "ran": 0, "crash": 0, "hang": 0, "silent": 0}
 bad = []
 for n in range(runs):
-    target = ["model", "state", "state", "data", "tokenizer"][n % 5]
+    target = ["model", "state", "state", "data", "tokenizer", "model", "state", "state", "data7", "tokenizer"][n % 10]
     d = os.path.join(W, "f")
     shutil.rmtree(d, ignore_errors=True)
     mutated, kind = mutate(originals[target])
@@ -71,7 +74,7 @@ for n in range(runs):
         args = base + ["-x", "3", "-y", "1", "-o", d]
     else:
         os.makedirs(d)
-        open(os.path.join(d, "shard.bin"), "wb").write(data if target == "tokenizer" else mutated)
+        open(os.path.join(d, "shard.bin"), "wb").write(data if target == "tokenizer" else mutated)   # (data, data7)
         open(os.path.join(d, "tokenizer.bin"), "wb").write(mutated if target == "tokenizer" else tok)
         args = base + ["-x", "2", "-i", os.path.join(d, "shard.bin"), "-s", "2", "-g", "8"]
         args.remove("-s"); args.remove("0")   # (sample, so the tokenizer is used)
@@ -90,7 +93,7 @@ print(f"     ({runs} mutations: {stats['clean']} clean errors, {stats['ran']} ra
       f"{stats['crash']} crashes, {stats['hang']} hangs, {stats['silent']} silent failures)")
 for b in bad[:5]:
     print("     ", b)
-print(("ok   " if not bad else "FAIL ") + f"fuzz: {runs} mutated model, state, data and tokenizer files: no crash, no hang, no silent failure")
+print(("ok   " if not bad else "FAIL ") + f"fuzz: {runs} mutated model, state, data (uint16, uint32) and tokenizer files: no crash, no hang, no silent failure")
 EOF
 python3 - "$NOMPI" "$W" "$VALID" <<'EOF'
 import math, os, random, shutil, struct, subprocess, sys, zlib

@@ -12,11 +12,13 @@
 #include <stdlib.h>
 #include "llmc/dataloader.h"
 
+#define VOCAB (1 << 20)   // the largest V a model file may have: uint32 shards' tokens up to 2^20 - 1 pass
+
 typedef struct { int epoch, shard_pos, round; } Pos;
 
 // sum of inputs, first input and last target identify a batch well enough with random tokens;
 // the file and offset come from a search of the shards for the batch's tokens
-static void locate(const DataLoader *d, uint16_t **shards, size_t *ntok, int nshards, int *file, long *offset) {
+static void locate(const DataLoader *d, int **shards, size_t *ntok, int nshards, int *file, long *offset) {
     int BT = d->B * d->T;
     *file = -1; *offset = -1;
     for (int f = 0; f < nshards; f++) {
@@ -36,17 +38,16 @@ int main(int argc, char **argv) {
     uint64_t seed = (uint64_t)strtoull(argv[7], NULL, 10);
     int n = atoi(argv[8]);
     DataLoader d;
-    dataloader_init(&d, pattern, B, T, 65536, dp, rank, shuffle, seed);
+    dataloader_init(&d, pattern, B, T, VOCAB, dp, rank, shuffle, seed);
     int nshards = d.nshards;
-    uint16_t **shards = (uint16_t **)malloc_check(sizeof(uint16_t *) * nshards);
+    int **shards = (int **)malloc_check(sizeof(int *) * nshards);   // every shard's tokens, widened
     size_t *ntok = (size_t *)malloc_check(sizeof(size_t) * nshards);
     for (int f = 0; f < nshards; f++) {
-        ntok[f] = data_shard_ntok(d.files.gl_pathv[f]);
-        shards[f] = (uint16_t *)malloc_check(ntok[f] * sizeof(uint16_t));
-        FILE *fp = fopen_check(d.files.gl_pathv[f], "rb");
-        fseek(fp, 1024, SEEK_SET);
-        fread_check(shards[f], sizeof(uint16_t), ntok[f], fp, d.files.gl_pathv[f]);
-        fclose(fp);
+        int width;
+        uint8_t *raw = data_shard_read(d.files.gl_pathv[f], &ntok[f], &width);
+        shards[f] = (int *)malloc_check(ntok[f] * sizeof(int));
+        for (size_t i = 0; i < ntok[f]; i++) { shards[f][i] = (int)shard_token(raw, width, i); }
+        free(raw);
     }
     int BT = B * T;
     long *sums = (long *)malloc_check(sizeof(long) * n);
@@ -64,7 +65,7 @@ int main(int argc, char **argv) {
     int checked = 0, bad = 0;
     for (int k = 0; k < n && !bad; k += 5) {
         DataLoader e;
-        dataloader_init(&e, pattern, B, T, 65536, dp, rank, shuffle, seed);
+        dataloader_init(&e, pattern, B, T, VOCAB, dp, rank, shuffle, seed);
         dataloader_seek(&e, pos[k].epoch, pos[k].shard_pos, pos[k].round);
         for (int j = k; j < n && !bad; j++) {
             dataloader_next_batch(&e);

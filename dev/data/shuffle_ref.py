@@ -86,11 +86,13 @@ def selftest():
 
 
 def read_shard(path):
+    """The tokens of an llm.c shard: magic 20240520 version 1 (uint16) or 20240801 version 7 (uint32)."""
     with open(path, "rb") as f:
         header = struct.unpack("<256i", f.read(1024))
-        assert header[0] == 20240520 and header[1] == 1, path
+        code = {(20240520, 1): "H", (20240801, 7): "I"}.get(header[:2])
+        assert code, path
         ntok = header[2]
-        toks = struct.unpack("<%dH" % ntok, f.read(2 * ntok))
+        toks = struct.unpack("<%d%s" % (ntok, code), f.read(struct.calcsize(code) * ntok))
     return toks
 
 

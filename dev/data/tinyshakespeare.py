@@ -11,7 +11,8 @@ The text is cut into documents at blank lines ("\n\n" stays with the document be
 every document is preceded by <|endoftext|>, as llm.c does.
 
 Shard format: int32 header[256] (magic 20240520, version 1, token count),
-then the tokens as little-endian uint16.
+then the tokens as little-endian uint16; for a tokenizer of more than 65,536 tokens (Llama 3's
+128,256) llm.c's other format: magic 20240801, version 7, the tokens as little-endian uint32.
 Tokenizer format: int32 header[256] (magic 20240328, version 2, vocab size,
 EOT id), then per token id: uint8 length + that many bytes.
 
@@ -40,8 +41,9 @@ try:
 except ImportError:
     np = None
 
-SHARD_MAGIC = 20240520
-SHARD_VERSION = 1
+# llm.c's two shard formats: (magic, version, bytes per token)
+SHARD_UINT16 = (20240520, 1, 2)
+SHARD_UINT32 = (20240801, 7, 4)
 TOKENIZER_MAGIC = 20240328
 TOKENIZER_VERSION = 2
 HEADER_INTS = 256
@@ -167,22 +169,28 @@ def header_bytes(values):
     return struct.pack("<%di" % HEADER_INTS, *padded)
 
 
-def uint16_le_bytes(tokens):
-    """Tokens as little-endian uint16 bytes (numpy if present, else array)."""
-    assert all(0 <= t < 2**16 for t in tokens), "token id does not fit in uint16"
+def tokens_le_bytes(tokens, width):
+    """Tokens as little-endian unsigned ints of width 2 or 4 bytes (numpy if present, else array)."""
+    assert all(0 <= t < 2**(8 * width) for t in tokens), f"token id does not fit in {width} bytes"
     if np is not None:
-        return np.asarray(tokens, dtype="<u2").tobytes()
-    a = array("H", tokens)
-    assert a.itemsize == 2
+        return np.asarray(tokens, dtype="<u%d" % width).tobytes()
+    a = array({2: "H", 4: "I"}[width], tokens)
+    assert a.itemsize == width
     if sys.byteorder != "little":
         a.byteswap()
     return a.tobytes()
 
 
-def write_shard(path, tokens):
+def shard_format(vocab_size):
+    """uint16 tokens while every id fits (GPT-2's 50,257), else uint32 (Llama 3's 128,256)."""
+    return SHARD_UINT16 if vocab_size <= 2**16 else SHARD_UINT32
+
+
+def write_shard(path, tokens, vocab_size):
+    magic, version, width = shard_format(vocab_size)
     with open(path, "wb") as f:
-        f.write(header_bytes([SHARD_MAGIC, SHARD_VERSION, len(tokens)]))
-        f.write(uint16_le_bytes(tokens))
+        f.write(header_bytes([magic, version, len(tokens)]))
+        f.write(tokens_le_bytes(tokens, width))
 
 
 def write_tokenizer(path, tok):
@@ -228,11 +236,13 @@ def main():
     train_path = os.path.join(args.out, f"{name}_train.bin")
     tok_path = os.path.join(args.out, "tokenizer.bin")
     llmc_tok_path = os.path.join(args.out, "gpt2_tokenizer.bin")
-    write_shard(val_path, val)
-    write_shard(train_path, train)
+    write_shard(val_path, val, tok.vocab_size)
+    write_shard(train_path, train, tok.vocab_size)
     write_tokenizer(tok_path, tok)
     print(f"wrote {len(val):,} tokens to {val_path}")
     print(f"wrote {len(train):,} tokens to {train_path}")
+    if shard_format(tok.vocab_size) == SHARD_UINT32:
+        print("(as uint32 tokens, llm.c's version 7 shards: the vocabulary is over 65,536)")
     print(f"wrote {tok.vocab_size} token entries to {tok_path}")
     if tok.name == "gpt2":
         write_tokenizer(llmc_tok_path, tok)
