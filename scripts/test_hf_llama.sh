@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Hugging Face interop of the Llama family (dev/hf.py) against transformers 4.49's LlamaForCausalLM,
+# MistralForCausalLM and Qwen2ForCausalLM (dev/reference/hf_llama_ref.py, fp32, CPU). Four random models saved
+# with save_pretrained: Llama (KV 2 of NH 4, untied), Llama tied with Llama 3.1's rope_scaling (llama3) and
+# 131072 positions (KV 1), Mistral (sliding_window null), Qwen2 (q/k/v biases, tied, a window of the positions);
+# each imported gives transformers' loss and greedy continuation, export -> import gives the model file byte for
+# byte, import -> export every tensor bit for bit. Two models trained here, exported (as Llama, and with biases as
+# Qwen2), give ours in transformers. Two imports under tp 2 + sp x pp 2; --bf16; what our model cannot be is
+# refused by name; dev/sample.py --tokenizer takes a Hugging Face tokenizer.
+# The loss tolerance (as scripts/test_hf.sh's): both sides compute in fp32, in different orders (one qkv and one
+# gate-up GEMM against three and two, the libraries' blocking, the softmax and RMSNorm sums), through 2 layers:
+# each op's relative error is ~1e-7 to 1e-6, a few dozen of them add up to well under 1e-5 of the loss; the val
+# line prints 6 decimals (5e-7 of ~6). The reference also prints its loss in float64: fp32's own rounding error,
+# the size of each side's.
+# Usage: bash scripts/test_hf_llama.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
+. "$(dirname "$0")/test_lib.sh"
+need_py transformers safetensors torch tokenizers
+W="$W/hf_llama"   # made afresh: the cases below write at fixed names
+rm -rf "$W" && mkdir -p "$W"
+REF="$PY dev/reference/hf_llama_ref.py"
+HF="$PY dev/hf.py"
+B=4; T=32; IDS=1,2,3; N=12
+CASES="llama llama_tied mistral qwen2"
+TRAINED="trained_llama trained_qwen2"
+model() { case $1 in trained_*) echo "$W/run_${1#trained_}/model_00000020.bin" ;; *) echo "$W/$1.bin" ;; esac; }
+our_loss() { "$BIN/train_gpt" -e "$1" -x 0 -j "$W/val.bin" -m 1 -b $B -t $T -s 0 2>&1 | awk '/^val loss/ { print $3 }'; }
+absdiff() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; printf "%.1e", d < 0 ? -d : d }'; }
+close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 1e-5 * (b < 0 ? -b : b) + 5e-7) }'; }
+
+$REF make "$W" >"$W/make.log" 2>&1
+say $? "transformers builds the four random models, the configs to refuse and a byte-level BPE tokenizer (V 300)"
+
+# models trained here 20 steps on the built-in corpus: a Llama, and a Qwen2-like one (q/k/v biases, tied, MQA)
+"$BIN/train_gpt" -e "arch=llama,L=2,C=64,NH=4,KV=2,V=300,maxT=64,F=128" -b 4 -t 32 -x 20 -l 3e-3 -v 0 -s 0 \
+    -o "$W/run_llama" >"$W/train_llama.log" 2>&1
+"$BIN/train_gpt" -e "arch=llama,L=2,C=64,NH=4,KV=1,V=300,maxT=64,F=96,qkvbias=1,tied=1,theta=10000" -b 4 -t 32 -x 20 \
+    -l 3e-3 -v 0 -s 0 -o "$W/run_qwen2" >"$W/train_qwen2.log" 2>&1
+for m in $CASES; do
+    $HF import "$W/$m" "$W/$m.bin" >"$W/import_$m.log" 2>&1 && $HF export "$W/$m.bin" "$W/${m}_out" >"$W/export_$m.log" 2>&1
+    say $? "$m: $(head -n 1 "$W/import_$m.log")"
+done
+for m in $TRAINED; do
+    $HF export "$(model $m)" "$W/$m" >"$W/export_$m.log" 2>&1
+    say $? "$m: $(head -n 1 "$W/export_$m.log")"
+done
+dirs=""; for m in $CASES $TRAINED; do dirs="$dirs $W/$m"; done
+$REF ref "$W/val.bin" -b $B -t $T --ids $IDS -n $N $dirs >"$W/ref.log" 2>&1
+
+# 1. the same loss, the same greedy continuation
+for m in $CASES $TRAINED; do
+    a=$(our_loss "$(model $m)"); b=$(awk -v m=$m '$1 == "loss" && $2 == m { print $3 }' "$W/ref.log")
+    b64=$(awk -v m=$m '$1 == "loss" && $2 == m { print $4 }' "$W/ref.log")
+    close "$a" "$b"
+    say $? "$m: our val loss $a = transformers' $b (1e-5): |diff| $(absdiff "$a" "$b"), transformers' fp32 against float64 $(absdiff "$b" "$b64")"
+    # transformers' next tokens are ours (--sample-temperature 0) up to the first step whose top two logits are
+    # within 1e-4 (fp32 rounding of the logits is ~1e-6 of them: beyond that an argmax cannot flip)
+    cut=$(awk -v m=$m '$1 == "margin" && $2 == m { print $3 }' "$W/ref.log")
+    h=$(awk -v m=$m '$1 == "greedy" && $2 == m { $1 = $2 = ""; print }' "$W/ref.log" | xargs | cut -d' ' -f1-$((cut > 0 ? cut : 1)))
+    o=$("$BIN/train_gpt" -e "$(model $m)" -x 0 -v 0 -s 0 -g $N --prompt-ids $IDS --sample-temperature 0 2>&1 \
+        | awk -F: '/^sample ids:/ { print $2 }' | xargs | cut -d' ' -f1-$((cut > 0 ? cut : 1)))
+    [ -n "$cut" ] && [ "$cut" -gt 0 ] && [ "$h" = "$o" ]
+    say $? "$m: greedy after $IDS in transformers = ours, $cut of $N tokens compared (the rest past a near tie): $o"
+done
+
+# 2. round trips
+for m in $CASES; do
+    $HF import "$W/${m}_out" "$W/${m}_back.bin" >/dev/null 2>&1 && cmp -s "$W/$m.bin" "$W/${m}_back.bin"
+    say $? "$m: export then import gives back the model file byte for byte (exported as $(awk -F'"' '/"model_type"/ { print $4 }' "$W/${m}_out/config.json"))"
+    $REF same "$W/$m" "$W/${m}_out" >"$W/same_$m.log" 2>&1
+    say $? "$m: import then export gives back transformers' weights bit for bit: $(cat "$W/same_$m.log")"
+done
+for m in $TRAINED; do
+    $HF import "$W/$m" "$W/$m.bin" >/dev/null 2>&1 && cmp -s "$(model $m)" "$W/$m.bin"
+    say $? "$m: exported as $(awk -F'"' '/"model_type"/ { print $4 }' "$W/$m/config.json"), imported back byte for byte"
+done
+
+# 3. another layout: tp 2 (a kv head per rank) + sp x pp 2
+for m in llama qwen2; do
+    a=$($MPIRUN -np 4 "$BIN/train_gpt" -e "$W/$m.bin" -x 0 -j "$W/val.bin" -m 1 -b $B -t $T -s 0 --tp 2 --sp --pp 2 2>&1 \
+        | awk '/^val loss/ { print $3 }')
+    b=$(awk -v m=$m '$1 == "loss" && $2 == m { print $3 }' "$W/ref.log")
+    close "$a" "$b"
+    say $? "$m imported, under tp 2 + sp x pp 2: $a = transformers' $b"
+done
+
+# 4. --bf16: version 35, every value the fp32 import's rounded to nearest even; bf16 -> export -> import --bf16 is exact
+$HF import "$W/llama_tied" "$W/tied16.bin" --bf16 >/dev/null 2>&1
+$PY - "$W/llama_tied.bin" "$W/tied16.bin" <<'PYEOF'
+import struct, sys
+import numpy as np
+sys.path.insert(0, "dev")
+from hf import read_model, to_bf16_bits
+_, x = read_model(sys.argv[1]); _, y = read_model(sys.argv[2])
+v = struct.unpack("<2i", open(sys.argv[2], "rb").read(8))[1]
+rne = lambda t: (to_bf16_bits(t).astype(np.uint32) << 16).view(np.float32)
+sys.exit(not (v == 35 and all(np.array_equal(rne(x[k]), y[k]) for k in x)))
+PYEOF
+rc=$?
+$HF export "$W/tied16.bin" "$W/tied16_out" >/dev/null 2>&1 && $HF import "$W/tied16_out" "$W/tied16_back.bin" --bf16 >/dev/null 2>&1 \
+    && cmp -s "$W/tied16.bin" "$W/tied16_back.bin" && [ -n "$(our_loss "$W/tied16.bin")" ] && [ $rc = 0 ]
+say $? "import --bf16 writes version 35, each fp32 value rounded to nearest even; it exports and imports back byte for byte, and train_gpt reads it"
+
+# 5. refused, naming the field: one line, a non-zero exit, nothing written
+refused() {   # DIR FIELD
+    $HF import "$W/$1" "$W/refused.bin" >"$W/refused.log" 2>&1
+    local rc=$?
+    [ $rc != 0 ] && [ "$(wc -l <"$W/refused.log")" = 1 ] && grep -q "^error: .*config.json: $2 = " "$W/refused.log" \
+        && [ ! -e "$W/refused.bin" ] && [ ! -e "$W/refused.bin.tmp" ]
+    say $? "import refuses $1: $(cat "$W/refused.log")"
+}
+refused bad_dynamic rope_scaling
+refused bad_yarn rope_scaling
+refused bad_window sliding_window
+refused bad_window_qwen2 sliding_window
+refused bad_window_default sliding_window
+refused bad_attention_bias attention_bias
+refused bad_mlp_bias mlp_bias
+refused bad_act hidden_act
+refused bad_head_dim head_dim
+refused bad_type model_type
+
+# 6. dev/sample.py --tokenizer: a Hugging Face tokenizer (byte-level BPE) encodes the prompt and decodes the sample
+PROMPT="First Citizen: Naïve café, speak."
+$PY dev/sample.py "$PROMPT" -e "$(model trained_llama)" --tokenizer "$W/tok" -g 8 --bin "$BIN/train_gpt" >"$W/sample.log" 2>&1
+[ $? = 0 ] && $PY -c "import sys; t = open(sys.argv[1], encoding='utf-8').read(); sys.exit(not t.startswith(sys.argv[2]))" "$W/sample.log" "$PROMPT"
+say $? "sample.py --tokenizer: the prompt round-trips through AutoTokenizer and train_gpt: $(head -n 1 "$W/sample.log" | tr -cd '[:print:]' | head -c 60)"
+$PY dev/sample.py "hi" -e "$(model trained_llama)" --tokenizer "$W/llama" -g 2 --bin "$BIN/train_gpt" >"$W/sample_bad.log" 2>&1
+[ $? != 0 ] && [ "$(wc -l <"$W/sample_bad.log")" = 1 ] && grep -q "^error: --tokenizer $W/llama" "$W/sample_bad.log"
+say $? "sample.py --tokenizer of a directory without a tokenizer: $(cat "$W/sample_bad.log")"
