@@ -98,8 +98,17 @@ def read_json(path):
 
 
 def f32(x):
-    """x rounded to float32, as a Python float"""
-    return float(np.float32(x))
+    """x rounded to float32, as a Python float (inf past its range)"""
+    with np.errstate(over="ignore"):
+        return float(np.float32(x))
+
+
+def number(v):
+    """a JSON number as a finite float, else None (true/false, a string, NaN, an integer past float64's range)"""
+    try:
+        return float(v) if type(v) in (int, float) and math.isfinite(v) else None
+    except OverflowError:
+        return None
 
 
 def f32_bits(x):
@@ -473,8 +482,8 @@ VOCAB = " (our data shards hold token ids as uint16)"
 def float_field(hc, path, field, default):
     """config.json's number field (default when absent), finite and positive also in float32 (our header
     holds float32, the precision transformers computes with it): every float field is read through this"""
-    v = hc.get(field, default)
-    if type(v) not in (int, float) or not (math.isfinite(v) and v > 0 and math.isfinite(f32(v)) and f32(v) > 0):
+    v = number(hc.get(field, default))
+    if v is None or not (v > 0 and math.isfinite(f32(v)) and f32(v) > 0):
         refuse(hc, path, field, "expected a finite positive number (float32)")
     return f32(v)
 
@@ -500,8 +509,8 @@ def gpt2_config(hc, path):
         refuse(hc, path, "tie_word_embeddings", "our LM head is the token embedding (tied)")
     if hc.get("add_cross_attention", False):
         refuse(hc, path, "add_cross_attention", "our blocks have no cross-attention")
-    eps = hc.get("layer_norm_epsilon", EPS)
-    if type(eps) not in (int, float) or not abs(eps - EPS) <= 1e-12:
+    eps = number(hc.get("layer_norm_epsilon", EPS))
+    if eps is None or not abs(eps - EPS) <= 1e-12:
         refuse(hc, path, "layer_norm_epsilon", f"our LayerNorm uses {EPS}")
     return cfg
 
@@ -532,9 +541,9 @@ def rope_scaling(hc, path):
     name = lambda k: f"rope_scaling.{k}"
     vals = []
     for k in ("factor", "low_freq_factor", "high_freq_factor"):
-        v = rs.get(k)
-        if type(v) not in (int, float) or not (math.isfinite(v) and v > 0 and f32(v) > 0):
-            refuse_value(path, name(k), v, "expected a finite positive number")
+        v = number(rs.get(k))
+        if v is None or not (v > 0 and math.isfinite(f32(v)) and f32(v) > 0):
+            refuse_value(path, name(k), rs.get(k), "expected a finite positive number (float32)")
         if k != "factor" and f32(v) != v:   # transformers divides and subtracts these in float64
             refuse_value(path, name(k), v, f"expected a value float32 holds exactly (our header stores {f32(v)!r})")
         vals.append(f32(v))
