@@ -1519,38 +1519,62 @@ static void check_plan(TestRun *t, GPT2 *m) {
           (double)mem_peak[4], (double)mem_peak[5], (double)mem_peak[6], (double)mem_peak_total);
 }
 
-// Step 0 against the PyTorch reference (loss, routing, gradients, norm), then the memory and comm
-// reports against their formulas.
-// The step's point-to-point messages pair up as NCCL pairs them (comm.h's log: by order, untagged): for every
-// ordered pair of ranks, the sender's messages to the receiver, in posting order, are the receiver's receives from
-// the sender, one for one in bytes and group (pipeline exchanges, the ring's hops: the executed traffic).
-// whether a rank's log has a collective on group instance `group`
-static int log_has_collective(const P2PRecord *log, int n, int group) {
+// The step's calls, as the flight recorder holds them (comm.h; check_first_step sizes its ring to hold a whole step),
+// gathered on rank 0 in one form: a message sent (send 1) or received (0), or a collective (2, kind its operation);
+// its peer's world rank; its group (its name and instance); a message's kind; its bytes.
+typedef struct { int send, peer_world, group, kind; double bytes; } CallRecord;
+static int call_group(const FlightGroup *g) {
+    int h = 5381;
+    for (const char *c = g->name; *c; c++) { h = h * 33 + *c; }
+    return h * 31 + g->instance;
+}
+static int ring_calls(CallRecord *out, int *lost) {
+    FlightHeader *h = flight_header();
+    uint64_t cap = (uint64_t)h->capacity, end = h->written, i = end > cap ? end - cap : 0;
+    int n = 0;
+    *lost = (int)i;
+    for (; i < end; i++, n++) {
+        const FlightRecord *x = flight_slot(i);
+        int send = x->op == FL_SEND ? 1 : x->op == FL_RECV ? 0 : 2;
+        out[n] = (CallRecord){send, x->peer, call_group(&h->groups[x->group - 1]), send == 2 ? x->op : x->tag,
+                              (double)x->count * x->elem};
+    }
+    return n;
+}
+
+// whether a rank's calls hold a collective on group instance `group`
+static int log_has_collective(const CallRecord *log, int n, int group) {
     for (int q = 0; q < n; q++) { if (log[q].send == 2 && log[q].group == group) { return 1; } }
     return 0;
 }
 
+// The step's point-to-point messages pair up as NCCL pairs them (by order, untagged: NCCL matches the messages
+// between two ranks by their order alone): for every ordered pair of ranks, the sender's messages to the receiver,
+// in posting order, are the receiver's receives from the sender, one for one in bytes, group and kind (pipeline
+// exchanges, the ring's hops: the executed traffic, not a model of it). And every two ranks order the collectives of
+// the communicators they share alike (NCCL documents communicators used concurrently in different orders as able to
+// hang).
 static void check_p2p_pairs(void) {
-    int world = 1, n = comm_p2p_logged, most = 0, lost = comm_p2p_log_lost;
+    int world = 1, most = 0, lost = 0;
+    CallRecord *mine = (CallRecord *)calloc_check(flight_header()->capacity + 1, sizeof(CallRecord)), *all = NULL;
+    int n = ring_calls(mine, &lost);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     MPI_Allreduce(&n, &most, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(MPI_IN_PLACE, &lost, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    P2PRecord *mine = (P2PRecord *)calloc_check(most + 1, sizeof(P2PRecord)), *all = NULL;
-    memcpy(mine, comm_p2p_log, n * sizeof(P2PRecord));
     int *counts = (int *)malloc_check(sizeof(int) * world);
-    if (my_rank == 0) { all = (P2PRecord *)calloc_check((size_t)world * (most + 1), sizeof(P2PRecord)); }
+    if (my_rank == 0) { all = (CallRecord *)calloc_check((size_t)world * (most + 1), sizeof(CallRecord)); }
     MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    MPI_Gather(mine, (int)((most + 1) * sizeof(P2PRecord)), MPI_BYTE, all, (int)((most + 1) * sizeof(P2PRecord)),
+    MPI_Gather(mine, (int)((most + 1) * sizeof(CallRecord)), MPI_BYTE, all, (int)((most + 1) * sizeof(CallRecord)),
                MPI_BYTE, 0, MPI_COMM_WORLD);
     if (my_rank == 0) {
         long pairs = 0, messages = 0, bad = 0;
         for (int i = 0; i < world; i++) {
             for (int j = 0; j < world; j++) {
-                const P2PRecord *si = all + (size_t)i * (most + 1), *rj = all + (size_t)j * (most + 1);
+                const CallRecord *si = all + (size_t)i * (most + 1), *rj = all + (size_t)j * (most + 1);
                 int a = 0, b = 0, any = 0;
                 for (;;) {   // the next send of i to j, the next receive of j from i (collectives: send 2, skipped)
-                    while (a < counts[i] && !(si[a].send && si[a].peer_world == j)) { a++; }
-                    while (b < counts[j] && !(!rj[b].send && rj[b].peer_world == i)) { b++; }
+                    while (a < counts[i] && !(si[a].send == 1 && si[a].peer_world == j)) { a++; }
+                    while (b < counts[j] && !(rj[b].send == 0 && rj[b].peer_world == i)) { b++; }
                     if (a == counts[i] || b == counts[j]) { bad += (a < counts[i]) + (b < counts[j]); break; }
                     any = 1;
                     messages++;
@@ -1561,13 +1585,13 @@ static void check_p2p_pairs(void) {
             }
         }
         check(bad == 0 && lost == 0, "point-to-point: %ld messages between %ld ordered pairs of ranks pair up in posting "
-              "order (bytes, group, kind): %ld do not (%d not logged)", messages, pairs, bad, lost);
+              "order (bytes, group, kind): %ld do not (%d not recorded)", messages, pairs, bad, lost);
         // collectives: every two ranks call those of the communicators they share in one order (the same
         // instances, operations and sizes, interleaved alike)
         long compared = 0, disorder = 0, shared_pairs = 0;
         for (int i = 0; i < world; i++) {
             for (int j = i + 1; j < world; j++) {
-                const P2PRecord *li = all + (size_t)i * (most + 1), *lj = all + (size_t)j * (most + 1);
+                const CallRecord *li = all + (size_t)i * (most + 1), *lj = all + (size_t)j * (most + 1);
                 int a = 0, b = 0, any = 0;
                 for (;;) {   // the next collective of each on an instance the other also uses
                     while (a < counts[i] && !(li[a].send == 2 && log_has_collective(lj, counts[j], li[a].group))) { a++; }
@@ -1576,7 +1600,7 @@ static void check_p2p_pairs(void) {
                     any = 1;
                     compared++;
                     disorder += li[a].group != lj[b].group || li[a].kind != lj[b].kind ||
-                                (li[a].kind != 4 && li[a].bytes != lj[b].bytes);
+                                (li[a].kind != FL_ALL_TO_ALL && li[a].bytes != lj[b].bytes);
                     a++; b++;
                 }
                 shared_pairs += any;
@@ -1589,20 +1613,14 @@ static void check_p2p_pairs(void) {
     free(mine); free(counts);
 }
 
+// Step 0 against the PyTorch reference (loss, routing, gradients, norm), then the memory and comm
+// reports against their formulas.
 static void check_first_step(TestRun *t, GPT2 *m, DataLoader *dl, int check_mem, int check_comm_flag, float *loss0) {
     comm_reset_counters(&t->grid);
     double ep_rows;
-    if (check_comm_flag) {   // the step's point-to-point messages, logged (check_p2p_pairs)
-        comm_p2p_log_cap = 1 << 16;
-        comm_p2p_log = (P2PRecord *)calloc_check(comm_p2p_log_cap, sizeof(P2PRecord));
-        comm_p2p_logged = comm_p2p_log_lost = 0;
-    }
+    if (check_comm_flag) { flight_start_memory(1 << 16); }   // (a ring that holds the step's calls: check_p2p_pairs)
     *loss0 = check_step(t, m, dl, &t->ref, &t->rmoe, 0, "reference", &ep_rows).loss;
-    if (check_comm_flag) {
-        check_p2p_pairs();
-        free(comm_p2p_log);
-        comm_p2p_log = NULL;
-    }
+    if (check_comm_flag) { check_p2p_pairs(); }
     // ep_rows: the rows this rank's MoE dispatches sent to other ep ranks plus those it received from them
     // (each moves forward and back, in the forward and again in the backward), from the routing
     if (check_comm_flag) { check_comm(m, t->accum, ep_rows); }

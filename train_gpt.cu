@@ -648,6 +648,7 @@ static void gpt2_forward(GPT2 *m, int v, Activations *acts) {
         cost_add(m, &m->costs.embed, t0);
     }
     for (int l = l0; l < l1; l++) {
+        flight_layer(m->layer_id[l]);
         t0 = cost_clock(m);
         trace_begin();
         layer_forward(m, layer_acts(m, acts, l), l);
@@ -674,6 +675,7 @@ static void gpt2_head(GPT2 *m, Activations *acts, float dloss, int backward, int
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *g[NUM_TENSORS];
     double t0 = cost_clock(m);
+    flight_layer(FL_LAYER_HEAD);
     trace_begin();
     // every tp rank needs the hidden states of all tokens: it holds Vp/tp of the vocabulary
     floatX *h = tp_all_tokens(tp, m->sp, acts->lnf, w->xfull, m->BTs, C);
@@ -869,6 +871,7 @@ static void gpt2_backward(GPT2 *m, int v, Activations *acts, int last_micro) {
         cost_add(m, &m->costs.head, t0);
     }
     for (int l = l1 - 1; l >= l0; l--) {
+        flight_layer(m->layer_id[l]);
         t0 = cost_clock(m);
         LayerActs y = layer_acts(m, acts, l);
         WGrads d;
@@ -888,6 +891,7 @@ static void gpt2_backward(GPT2 *m, int v, Activations *acts, int last_micro) {
         cost_add(m, &m->costs.layer[l], t0);
     }
     if (m->first && v == 0) {
+        flight_layer(FL_LAYER_EMBEDDING);
         t0 = cost_clock(m);
         trace_begin();
         // the embedding: the position embedding of the local tokens, the token embedding of all of them
@@ -910,6 +914,7 @@ static void gpt2_backward_weights(GPT2 *m, int v, Activations *acts, int last_mi
     for (int l = m->chunk_l0[v + 1] - 1; l >= m->chunk_l0[v]; l--) {
         WGrads d;
         if (!layer_wgrads(m, m->micro, l, &d)) { continue; }
+        flight_layer(m->layer_id[l]);
         double t0 = cost_clock(m);
         LayerActs y = layer_acts(m, acts, l);
         wgrads_acts(m, &d, &y);
@@ -962,6 +967,7 @@ static void train_forward(void *ctx, int v, int i) {
     GPT2 *m = s->m;
     Activations *acts = chunk_acts(m, v, i);
     m->micro = i;
+    flight_at(PH_FORWARD, i, FL_LAYER_EMBEDDING);
     gpt2_upload_batch(m, i, v == 0 ? s->inputs + (size_t)i * m->BT : NULL,
                       v == m->vpp - 1 ? s->targets + (size_t)i * m->BT : NULL);
     gpt2_forward(m, v, acts);
@@ -971,12 +977,14 @@ static void train_forward(void *ctx, int v, int i) {
 static void train_backward(void *ctx, int v, int i) {
     TrainStep *s = (TrainStep *)ctx;
     s->m->micro = i;
+    flight_at(PH_BACKWARD, i, FL_LAYER_HEAD);
     gpt2_backward(s->m, v, chunk_acts(s->m, v, i), i == s->accum - 1);
 }
 
 static void train_weights(void *ctx, int v, int i) {
     TrainStep *s = (TrainStep *)ctx;
     s->m->micro = i;
+    flight_at(PH_WEIGHTS, i, FL_LAYER_NONE);
     gpt2_backward_weights(s->m, v, chunk_acts(s->m, v, i), i == s->accum - 1);
 }
 
@@ -1024,6 +1032,7 @@ typedef struct { float loss, norm; int why; } StepResult;   // why: SKIP_NONE, o
 static StepResult gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
     Zero *z = &m->zero;
     Grid *grid = m->grid;
+    flight_at(PH_OPTIMIZER, -1, FL_LAYER_NONE);
     trace_begin();
     int nparts = zero_grad_norm_parts(z);
     step_stats_gather(z->stats, z->norm_parts, nparts, m->last && grid->tp_rank == 0 ? m->ws.loss_sum : NULL);
@@ -1066,6 +1075,7 @@ static void gpt2_forward_pipeline(GPT2 *m, const int *inputs, const int *targets
 
 // Mean loss over up to max_batches batches of the loader (from its start), over all dp ranks.
 static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
+    flight_at(PH_EVAL, 0, FL_LAYER_EMBEDDING);
     dataloader_reset(dl);
     gpt2_clear_loss(m);
     int n = max_batches < (int)dl->nrounds ? max_batches : (int)dl->nrounds;
@@ -1107,6 +1117,7 @@ static int position_logits(GPT2 *m, Sampler *s, int pos) {
 static void gpt2_sample(GPT2 *m, Sampler *s, Tokenizer *tok, Rng *rng, const int *prompt, int nprompt, int n, int eot,
                         const char *ids_note) {
     int Tg = m->T * m->grid->cp, cap = m->moe.cap, padded = m->moe.padded, len = 0, rank0 = m->grid->rank == 0;
+    flight_at(PH_EVAL, 0, FL_LAYER_EMBEDDING);
     m->moe.cap = Tg;   // (dropless: the counted dispatch)
     m->moe.padded = 0;
     if (nprompt == 0) { s->text[len++] = eot; }
@@ -1154,6 +1165,7 @@ static TrainState gpt2_train_state(const GPT2 *m, int total_batch, int max_steps
 static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch, int async,
                             int max_steps) {
     TrainState s = gpt2_train_state(m, total_batch, max_steps, dl);
+    flight_at(PH_CHECKPOINT, -1, FL_LAYER_NONE);
     float *bias = moe_gather_bias(&m->moe, m->grid, num_moe_layers(&m->config));
     checkpoint_save(&m->config, &m->zero, dir, step, &s, dl, rng, async, bias);
     free(bias);
@@ -1260,6 +1272,7 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
 static void setup_grid(Args *a, const GPT2Config *c, Grid *grid, int world, int rank) {
     validate_layout(a, c, world, rank);
     comm_one_stream = a->comm_streams == 1;   // (--comm-streams: before the groups make their streams)
+    comm_check_collectives = a->check_collectives;
     grid_init(grid, a->tp, a->cp, a->pp, a->ep);
     grid_print(grid);
     check_memory_fits(a, c, grid);
@@ -1481,6 +1494,7 @@ static void run_sample(Run *r) {
 static void run_step(Run *r, int step) {
     Args *a = &r->args;
     GPT2 *m = &r->model;
+    flight_step(step);
     if (r->have_val && a->val_every > 0 && step % a->val_every == 0) { run_validate(r, step); }
     if (a->sample_every > 0 && step > 0 && step % a->sample_every == 0) { run_sample(r); }
     if (test_hook_alloc_at_step(step)) { mem_alloc(256, MEM_WORKSPACE); }
@@ -1592,7 +1606,7 @@ int main(int argc, char **argv) {
     backend_env_before_init();    // (CUDA: before any context exists)
     watchdog_start(argc, argv);   // before MPI_Init: from here a stalled peer stops this rank
     test_hook_stall("init", -1);
-    WATCHED("MPI_Init", "world", MPI_Init(&argc, &argv));
+    mpi_init_watched(&argc, &argv);
     static Run run;
     Run *r = &run;
     MPI_Comm_size(MPI_COMM_WORLD, &r->world);

@@ -42,7 +42,9 @@ runs ./train_gpt "$W/b" 2>&1 | grep -vE "$timed" | sed "s|$W/b|OUT|g" >"$W/b.out
 plans "$W/base/train_gpt" 2>&1 | grep -v "searched in" >>"$W/a.out"
 plans ./train_gpt 2>&1 | grep -v "searched in" >>"$W/b.out"
 bad=0
-for f in $(cd "$W/a" && find . -type f ! -name .lock | sort); do   # (.lock holds the pid)
+# (.lock holds the pid; flight/ the flight recorder's rings: times and pids, and a base before it has none)
+files() { (cd "$1" && find . -type f ! -name .lock ! -path './*/flight/*' | sort); }
+for f in $(files "$W/a"); do
     if [ "${f##*/}" = pipeline_costs.txt ]; then   # (measured seconds: the lines' names and order compared)
         cmp -s <(awk '{ $NF = ""; print }' "$W/a/$f" | sed "s|$W/a|OUT|g") \
                <(awk '{ $NF = ""; print }' "$W/b/$f" | sed "s|$W/b|OUT|g") || { echo "differs: $f"; bad=1; }
@@ -50,8 +52,8 @@ for f in $(cd "$W/a" && find . -type f ! -name .lock | sort); do   # (.lock hold
     fi
     cmp -s "$W/a/$f" "$W/b/$f" || { echo "differs: $f"; bad=1; }
 done
-[ "$(cd "$W/a" && find . -type f | sort)" = "$(cd "$W/b" && find . -type f | sort)" ] || { echo "differs: the set of files"; bad=1; }
+[ "$(files "$W/a")" = "$(files "$W/b")" ] || { echo "differs: the set of files"; bad=1; }
 cmp -s "$W/a.out" "$W/b.out" || { echo "differs: the screen output"; diff "$W/a.out" "$W/b.out" | head -20; bad=1; }
-n=$(cd "$W/a" && find . -type f ! -name .lock | wc -l)
+n=$(files "$W/a" | wc -l)
 [ $bad = 0 ] && echo "identical: $n files and the screen output of 9 runs and 3 plans (base $(git rev-parse --short "$BASE"))"
 exit $bad

@@ -38,6 +38,7 @@ typedef struct {
     int deterministic;           // --deterministic: every GEMM with the cuBLASLt heuristic's first algorithm
     int async_checkpoint, overlap;
     int comm_streams;            // --comm-streams 1: every group's NCCL calls on one stream (CUDA)
+    int check_collectives;       // --check-collectives: each collective's group agrees on it first (comm.h)
     int plan;                    // --plan N: print the memory plan for N ranks and exit
     const char *plan_precision;  // --plan-precision bf16|fp32: plan the CUDA build's sizes (NULL: this build's)
     double memory_limit;         // --memory-limit: bytes per rank (0: none; CUDA: the free device memory)
@@ -275,7 +276,10 @@ static const Flag FLAGS[] = {
         "bytes per rank and category, after the first step"},
     {"--comm-report", 0, F_SWITCH, ARG(comm_report), 0, 0, 0, 0, "bytes per step and group; the pipeline bubble"},
     {"--async-checkpoint", 0, F_SWITCH, ARG(async_checkpoint), 0, 0, 0, 0,
-        "rank 0 writes the checkpoint files on a thread while training goes on"}};
+        "rank 0 writes the checkpoint files on a thread while training goes on"},
+    {"--check-collectives", 0, F_SWITCH, ARG(check_collectives), 0, 0, 0, 0,
+        "before each collective its group agrees on the call (operation, count, type, number: one small all-reduce); "
+        "a disagreement stops the job at once, naming both sides (off)"}};
 #undef ARG
 #define NUM_FLAGS ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
 static_assert(sizeof(FLAGS) / sizeof(FLAGS[0]) <= MAX_FLAGS, "MAX_FLAGS: Args.given holds one value per flag");
@@ -616,9 +620,10 @@ typedef struct {
 } ModelOptions;
 
 static ModelOptions model_options(const Args *a, MoEOptions moe, int dp) {
+    const char *schedule = test_hook_pp_schedule() ? test_hook_pp_schedule() : a->pp_schedule;   // (a test hook's)
     ModelOptions o = {a->vpp, a->zero, a->sp, a->pp_layers, moe, recompute_mode(a->recompute), a->overlap, a->B, a->T / a->cp,
                       a->ce_chunk,
-                      a->total_batch / (a->B * a->T * dp), pipe_schedule(a->pp_schedule), args_samples(a)};
+                      a->total_batch / (a->B * a->T * dp), pipe_schedule(schedule), args_samples(a)};
     return o;
 }
 

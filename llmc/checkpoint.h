@@ -125,7 +125,8 @@ static void sync_dir(const char *dir) {
 // thread of rank 0, while every rank waits here with it: rank 0 broadcasts twice a second whether the
 // work is done, so a slow read or write that progresses (io_progress moves) keeps every watchdog quiet;
 // a stalled rank 0 (no broadcast) trips the others' watchdog; work that makes no progress for --timeout
-// (a hung disk) stops every rank, named.
+// (a hung disk) stops every rank, named, rank 0 printing the diagnosis first (while the others still wait in
+// the broadcast: its ring says which work made no progress, flight_io).
 
 // finished: rank 0's worker sets it (NULL: no work in flight; the other ranks pass NULL).
 static void rank0_wait_done(const volatile int *finished, const char *what) {
@@ -140,12 +141,19 @@ static void rank0_wait_done(const volatile int *finished, const char *what) {
             if (finished == NULL || *finished) { state = 1; }
             else if (io_progress != seen) { seen = io_progress; since = monotonic_seconds(); }
             else if (watch_timeout > 0 && monotonic_seconds() - since > watch_timeout) { state = 2; }
+            flight_io(state == 1 ? "" : what, monotonic_seconds() - since);
+        }
+        if (state == 2) {
+            char msg[256];
+            snprintf(msg, sizeof(msg), "%s: no progress for %.0f s (a hung disk?; --timeout %.0f)", what,
+                     monotonic_seconds() - since, watch_timeout);
+            fprintf(stderr, "error: %s\n", msg);
+            fflush(stderr);
+            flight_end(FL_FAILED, msg);
+            flight_report();
         }
         comm_host_bcast(comm_world(), &state, 1, DT_INT, 0, what);
-        if (state == 2) {
-            fail_all(rank, "%s: no progress for %.0f s (a hung disk?; --timeout %.0f)", what,
-                     monotonic_seconds() - since, watch_timeout);
-        }
+        if (state == 2) { flight_end(FL_FAILED, "rank 0's file work made no progress"); stop_all(1); }
         if (state == 1) { break; }
     }
 }
@@ -892,7 +900,8 @@ static int run_dir_fresh(const char *dir, int overwrite, char *err, size_t n) {
 
 // Every rank, -o locked: prepares the run directory. Rank 0 removes what an interrupted run left, moves
 // the checkpoints a resume passed over into DIR/unusable/, and a fresh run (resume_step < 0) refuses an
-// earlier run's checkpoints or (overwrite) deletes them; the fresh run's identity is fresh_id.
+// earlier run's checkpoints or (overwrite) deletes them; the fresh run's identity is fresh_id. Then the run owns
+// the directory, and the flight recorder's rings move into DIR/flight/ (flight_move).
 static void run_dir_prepare(const char *dir, int rank, int resume_step, int overwrite, uint64_t fresh_id) {
     char msg[3 * PATH_LEN] = "";
     if (rank == 0) {
@@ -904,6 +913,7 @@ static void run_dir_prepare(const char *dir, int rank, int resume_step, int over
     comm_host_bcast(comm_world(), msg, sizeof(msg), DT_BYTE, 0, "broadcast (output dir)");
     if (msg[0]) { fail_all(rank, "%s", msg); }
     if (resume_step < 0) { ckpt_run_id = fresh_id; }
+    flight_move(dir);
 }
 
 // ----------------------------------------------------------------------------

@@ -23,6 +23,12 @@
 // for each result before using it (the events above).
 // Byte accounting: each collective adds to its group the bytes one rank sends with the ring
 // algorithm (all-reduce 2(p-1)/p*N, reduce-scatter and all-gather (p-1)/p*N, N = full size).
+// The flight recorder (flight_recorder.h) records every call here as it is posted and as it completes (CPU: when
+// the MPI call returns, or at the wait of an asynchronous one; CUDA: an event after the NCCL call, queried later):
+// the one record of communication, which the watchdog's diagnosis reads (guard.h, flight_diagnosis.h) and test_gpt
+// --check-comm checks (every pair's messages match, every two ranks order their shared collectives alike).
+// --check-collectives (comm_check): before each collective its group agrees on the call, or the job stops naming
+// both sides.
 // Host buffers (the loss, flags, a sampled token, metadata, the checkpoints' arrays) have their own calls,
 // comm_host_*: MPI on both backends, of any count (cut into pieces of at most COMM_HOST_CHUNK elements:
 // MPI counts are int, and Open MPI 4.1 has no large-count calls); so do the CPU build's MPI calls.
@@ -57,34 +63,9 @@ typedef struct {
     long calls;
     double exposed; // CPU build: seconds this rank spent inside the group's MPI calls and in the waits for its
                     // asynchronous ones since comm_reset_counters (the exposed communication: no compute runs then)
-    int *world_of;  // the world rank of each group rank (the point-to-point log's peers)
+    int *world_of;  // the world rank of each group rank (the recorded messages' peers, the group's instance)
+    int flight;     // its number in the flight recorder (flight_group; 0: its calls are not recorded)
 } Group;
-
-// The point-to-point log (test_gpt --check-comm): every message this rank posts, in posting order, with its peer's
-// world rank. NCCL matches the messages between two ranks by their order alone (no tags), so each ordered pair's
-// sends must be the receiving rank's receives from it, one for one: test_gpt checks that on the executed traffic
-// (pipeline exchanges, the ring's hops), not on a model of it.
-// (send 2: a collective on the group, kind its operation: the order of collectives across communicators, below)
-typedef struct { int send, peer_world, group, kind; double bytes; } P2PRecord;
-static P2PRecord *comm_p2p_log = NULL;   // NULL: not logging
-static int comm_p2p_logged = 0, comm_p2p_log_cap = 0, comm_p2p_log_lost = 0;
-static int comm_group_id(const char *name) { int h = 5381; for (; *name; name++) { h = h * 33 + *name; } return h; }
-// A collective's record: the group instance (its name and its first member's world rank) and the operation.
-// Every member of a communicator calls its collectives in one order; across two communicators two ranks must
-// also agree on the interleaving (NCCL documents communicators used concurrently in different orders as able to
-// hang): test_gpt checks that every two ranks order the collectives of the communicators they share alike.
-static void comm_log_collective(Group *g, int op, double bytes) {
-    if (comm_p2p_log == NULL) { return; }
-    if (comm_p2p_logged == comm_p2p_log_cap) { comm_p2p_log_lost++; return; }
-    int instance = comm_group_id(g->name) * 31 + (g->world_of ? g->world_of[0] : 0);
-    comm_p2p_log[comm_p2p_logged++] = (P2PRecord){2, -1, instance, op, bytes};
-}
-static void comm_p2p_log_op(Group *g, int send, int peer, int kind, double bytes) {
-    if (comm_p2p_log == NULL) { return; }
-    if (comm_p2p_logged == comm_p2p_log_cap) { comm_p2p_log_lost++; return; }
-    comm_p2p_log[comm_p2p_logged++] = (P2PRecord){send, g->world_of ? g->world_of[peer] : -1, comm_group_id(g->name),
-                                                  kind, bytes};
-}
 
 typedef struct {
     int world_size, rank, local_rank;
@@ -143,6 +124,7 @@ static void group_init(Group *g, const char *name, int color, int key) {
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     g->world_of = (int *)malloc_check(sizeof(int) * g->size);
     MPI_Allgather(&world_rank, 1, MPI_INT, g->world_of, 1, MPI_INT, g->mpi);
+    g->flight = flight_group(name, g->size, g->rank, g->world_of);
 #ifdef USE_NCCL
     // an NCCL communicator only where NCCL can be called: collectives on one rank return early
     g->nccl = NULL;
@@ -259,7 +241,7 @@ static void grid_print(Grid *g) {
     Group *groups[NG];
     int ng = grid_groups(g, groups, 0);
     int world = g->world_size, mine[NG + 5] = {g->tp_rank, g->cp_rank, g->pp_rank, g->dp_rank, g->ep_rank};
-    for (int k = 0; k < ng; k++) { MPI_Allreduce(&g->rank, &mine[5 + k], 1, MPI_INT, MPI_MIN, groups[k]->mpi); }
+    for (int k = 0; k < ng && k < NG; k++) { MPI_Allreduce(&g->rank, &mine[5 + k], 1, MPI_INT, MPI_MIN, groups[k]->mpi); }
     int *all = (int *)malloc_check(sizeof(int) * (NG + 5) * world);
     MPI_Gather(mine, NG + 5, MPI_INT, all, NG + 5, MPI_INT, 0, MPI_COMM_WORLD);
     if (g->rank == 0) {
@@ -331,6 +313,7 @@ typedef struct {
     int active;
     const char *group;   // (for the watchdog's message)
     Group *g;            // (its wait is exposed time of this group)
+    uint64_t flight;     // CPU: its record in the flight recorder, complete at its wait
 } CommRequest;
 
 static void comm_count(Group *g, double bytes) { g->bytes += bytes; g->calls++; }
@@ -356,6 +339,36 @@ static void comm_leave(Group *g) {
     (void)g;
 #endif
     watch_leave();
+}
+
+// ----------------------------------------------------------------------------
+// the record of each call (flight_recorder.h), and --check-collectives
+
+static int comm_check_collectives = 0;   // --check-collectives
+static void comm_check(Group *g, int op, size_t n, DType t, uint32_t seq);
+
+// A call on group g posted: its record (a collective: peer -1; a message: to or from group rank peer, tag its kind),
+// checked against the group's other members first under --check-collectives. Returns the record's id.
+static uint64_t comm_record(Group *g, int op, int peer, size_t n, DType t, int tag) {
+    flight_poll();   // (CUDA: the device calls complete since; CPU: nothing)
+    uint64_t id = flight_post(g->flight, op, peer, n, (int)t, (int)comm_type_size(t), tag);
+    if (comm_check_collectives && !flight_is_message(op) && g->flight) {
+        comm_check(g, op, n, t, flight_header()->groups[g->flight - 1].posted);
+    }
+    return id;
+}
+
+// The call of record id is posted: complete now (CPU, blocking), at its wait (CPU, async: the request holds it), or
+// when the device reaches the end of the group's stream (CUDA).
+static void comm_posted(Group *g, uint64_t id, CommRequest *async) {
+#ifdef USE_NCCL
+    (void)async;
+    flight_done_on_stream(id, g->stream);
+#else
+    (void)g;
+    if (async && async->active) { async->flight = id; flight_async(id); }
+    else { flight_done(id); }
+#endif
 }
 
 #ifdef USE_NCCL
@@ -436,10 +449,22 @@ static void comm_check_in_place(Group *g, const char *what, InPlaceRule rule, co
     if (err) { fail("%s over %s: %s (a bug)", what, g->name, err); }
 }
 
+// Test hooks (TRAIN_GPT_COMM_FAULT, test_hooks.h): an all-reduce not made (skip), or made after the rank's next
+// all-reduce on another group (swap: comm_fault_resume); either way its request has nothing to wait for.
+static struct { Group *g; void *buf; size_t n; DType t; } comm_swapped;
+static void comm_fault_defer(int fault, Group *g, void *buf, size_t n, DType t, CommRequest *async) {
+    if (async) { async->active = 0; }
+    if (fault == FAULT_SWAP) { comm_swapped.g = g; comm_swapped.buf = buf; comm_swapped.n = n; comm_swapped.t = t; }
+}
+static void comm_fault_resume(Group *g);
+
 // buf (n) summed over the group, in place. async: NULL = the result is there for the next op.
 static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest *async) {
     if (g->size == 1) { return; }
-    comm_log_collective(g, 1, (double)n * comm_type_size(t));
+    int fault = test_hook_comm_fault(g->name, "all-reduce", flight_next_seq(g->flight));
+    if (fault == FAULT_SKIP || fault == FAULT_SWAP) { comm_fault_defer(fault, g, buf, n, t, async); return; }
+    if (fault == FAULT_COUNT) { n = n > 1 ? n / 2 : 1; }
+    uint64_t id = comm_record(g, FL_ALL_REDUCE, -1, n, t, 0);
     comm_count(g, 2.0 * (g->size - 1) / g->size * n * comm_type_size(t));
     comm_mark(async, g);
     trace_begin();
@@ -454,8 +479,17 @@ static void comm_all_reduce(Group *g, void *buf, size_t n, DType t, CommRequest 
     }
     else { mpi_all_reduce(g, buf, n, t); }
 #endif
+    comm_posted(g, id, async);
     comm_leave(g);
     COMM_TRACE_END("all-reduce", g, 2.0 * (g->size - 1) / g->size * n * comm_type_size(t), async);
+    comm_fault_resume(g);
+}
+
+static void comm_fault_resume(Group *g) {
+    if (comm_swapped.g == NULL || comm_swapped.g == g) { return; }
+    Group *h = comm_swapped.g;
+    comm_swapped.g = NULL;
+    comm_all_reduce(h, comm_swapped.buf, comm_swapped.n, comm_swapped.t, NULL);
 }
 
 // send (size * n) summed over the group; rank i receives chunk i (n) in recv.
@@ -464,7 +498,7 @@ static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n
     size_t es = comm_type_size(t);
     comm_check_in_place(g, "reduce-scatter", CHUNK_IN_WHOLE_SEND, send, g->size * n * es, recv, n * es);
     if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * es); } return; }
-    comm_log_collective(g, 2, (double)n * es);
+    uint64_t id = comm_record(g, FL_REDUCE_SCATTER, -1, n, t, 0);
     comm_count(g, (double)(g->size - 1) * n * es);
     comm_mark(async, g);
     trace_begin();
@@ -490,6 +524,7 @@ static void comm_reduce_scatter(Group *g, const void *send, void *recv, size_t n
         mpi_reduce_scatter(g, send, recv, n, t);
     }
 #endif
+    comm_posted(g, id, async);
     comm_leave(g);
     COMM_TRACE_END("reduce-scatter", g, (g->size - 1.0) * n * es, async);
 }
@@ -500,7 +535,8 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
     size_t es = comm_type_size(t);
     comm_check_in_place(g, "all-gather", CHUNK_IN_WHOLE_RECV, send, n * es, recv, g->size * n * es);
     if (g->size == 1) { if (send != recv) { copy_on_device(recv, send, n * es); } return; }
-    comm_log_collective(g, 3, (double)n * es);
+    if (test_hook_comm_fault(g->name, "all-gather", flight_next_seq(g->flight)) == FAULT_COUNT) { n = n > 1 ? n / 2 : 1; }
+    uint64_t id = comm_record(g, FL_ALL_GATHER, -1, n, t, 0);
     comm_count(g, (double)(g->size - 1) * n * es);
     comm_mark(async, g);
     trace_begin();
@@ -521,6 +557,7 @@ static void comm_all_gather(Group *g, const void *send, void *recv, size_t n, DT
         mpi_all_gather(g, send, recv, n, t);
     }
 #endif
+    comm_posted(g, id, async);
     comm_leave(g);
     COMM_TRACE_END("all-gather", g, (g->size - 1.0) * n * es, async);
 }
@@ -541,9 +578,10 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
                        send_counts[0] * es);
         return;
     }
-    comm_log_collective(g, 4, 0.0);   // (sizes differ by rank: not compared)
     double sent = 0;
-    for (int j = 0; j < g->size; j++) { if (j != g->rank) { sent += send_counts[j] * es; } }
+    size_t sending = 0;   // (its record's count: what this rank sends; the counts differ by rank)
+    for (int j = 0; j < g->size; j++) { if (j != g->rank) { sent += send_counts[j] * es; } sending += send_counts[j]; }
+    uint64_t id = comm_record(g, FL_ALL_TO_ALL, -1, sending, t, 0);
     comm_count(g, sent);
     trace_begin();
     COMM_WATCH("all-to-all", g);
@@ -577,6 +615,7 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
     MPI_Alltoallv(send, sc, so, mpi_type(t), recv, rc, ro, mpi_type(t), g->mpi);
     free(sc);
 #endif
+    comm_posted(g, id, NULL);
     comm_leave(g);
     COMM_TRACE_END("all-to-all", g, sent, (CommRequest *)NULL);
 }
@@ -584,7 +623,7 @@ static void comm_all_to_allv(Group *g, const void *send, const size_t *send_coun
 // Point-to-point within a group (pipeline stage boundaries): n elements to / from group rank peer.
 static void comm_send(Group *g, const void *buf, size_t n, DType t, int peer) {
     comm_count(g, (double)n * comm_type_size(t));
-    comm_p2p_log_op(g, 1, peer, 0, (double)n * comm_type_size(t));
+    uint64_t id = comm_record(g, FL_SEND, peer, n, t, 0);
 #ifdef USE_NCCL
     ncclCheck(ncclSend(buf, n, nccl_type(t), peer, g->nccl, comm_stream_begin(g)));
     comm_stream_end(g, NULL);
@@ -595,10 +634,11 @@ static void comm_send(Group *g, const void *buf, size_t n, DType t, int peer) {
         MPI_Send((const char *)buf + o * es, (int)c, mpi_type(t), peer, 0, g->mpi);
     }
 #endif
+    comm_posted(g, id, NULL);
 }
 
 static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
-    comm_p2p_log_op(g, 0, peer, 0, (double)n * comm_type_size(t));
+    uint64_t id = comm_record(g, FL_RECV, peer, n, t, 0);
 #ifdef USE_NCCL
     ncclCheck(ncclRecv(buf, n, nccl_type(t), peer, g->nccl, comm_stream_begin(g)));
     comm_stream_end(g, NULL);
@@ -609,6 +649,7 @@ static void comm_recv(Group *g, void *buf, size_t n, DType t, int peer) {
         MPI_Recv((char *)buf + o * es, (int)c, mpi_type(t), peer, 0, g->mpi, MPI_STATUS_IGNORE);
     }
 #endif
+    comm_posted(g, id, NULL);
 }
 
 // One batch of point-to-point transfers within a group, started together (a pipeline exchange: a stage
@@ -633,13 +674,17 @@ typedef struct { int send; void *buf; size_t n; int peer; int kind; } P2POp;
 // comm_p2p's NCCL path: one NCCL group; an event per request, each recorded after the whole group.
 static void comm_p2p_launch(Group *g, const P2POp *ops, int nops, DType t, CommRequest *sends, CommRequest *recvs, int nrecv) {
     cudaStream_t s = comm_stream_begin(g);
+    uint64_t *ids = (uint64_t *)malloc_check(sizeof(uint64_t) * nops);   // (each message's record: complete with the group)
     ncclCheck(ncclGroupStart());
     for (int i = 0; i < nops; i++) {
-        comm_p2p_log_op(g, ops[i].send, ops[i].peer, ops[i].kind, (double)ops[i].n * comm_type_size(t));
+        ids[i] = comm_record(g, ops[i].send ? FL_SEND : FL_RECV, ops[i].peer, ops[i].n, t, ops[i].kind);
         if (ops[i].send) { ncclCheck(ncclSend(ops[i].buf, ops[i].n, nccl_type(t), ops[i].peer, g->nccl, s)); }
         else { ncclCheck(ncclRecv(ops[i].buf, ops[i].n, nccl_type(t), ops[i].peer, g->nccl, s)); }
     }
     ncclCheck(ncclGroupEnd());
+    for (int i = 0; i < nops; i++) { comm_posted(g, ids[i], NULL); }
+    free(ids);
+    test_hook_stall("exchange", -1);
     if (sends && recvs) {
         for (int i = 0, ns = 0, nr = 0; i < nops; i++) {
             CommRequest *r = ops[i].send ? &sends[ns++] : &recvs[nr++];
@@ -669,9 +714,10 @@ static void comm_p2p_launch(Group *g, const P2POp *ops, int nops, DType t, CommR
         sends = recvs = NULL;
     }
     MPI_Request *recv_req = (MPI_Request *)malloc_check(sizeof(MPI_Request) * (pieces + 1)), *send_req = recv_req;
-    int nr = 0, ns = 0;
+    uint64_t *ids = (uint64_t *)malloc_check(sizeof(uint64_t) * (nops + 1));   // each message's record, as posted
+    int nr = 0, ns = 0, nid = 0;
     for (int i = 0; i < nops; i++) {   // the receives first: a send then finds its receive posted
-        if (!ops[i].send) { comm_p2p_log_op(g, 0, ops[i].peer, ops[i].kind, (double)ops[i].n * es); }
+        if (!ops[i].send) { ids[nid++] = comm_record(g, FL_RECV, ops[i].peer, ops[i].n, t, ops[i].kind); }
         for (size_t o = 0, c; !ops[i].send && o < ops[i].n; o += c) {
             c = comm_piece(ops[i].n, o);
             MPI_Irecv((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, 0, g->mpi,
@@ -679,25 +725,29 @@ static void comm_p2p_launch(Group *g, const P2POp *ops, int nops, DType t, CommR
         }
     }
     send_req = recv_req + nr;
+    int nrid = nid;   // (ids: the receives' records, then the sends')
     int reverse = test_hook_reverse_sends();
     for (int k = 0; k < nops; k++) {
         int i = reverse ? nops - 1 - k : k;
-        if (ops[i].send) { comm_p2p_log_op(g, 1, ops[i].peer, ops[i].kind, (double)ops[i].n * es); }
+        if (ops[i].send) { ids[nid++] = comm_record(g, FL_SEND, ops[i].peer, ops[i].n, t, ops[i].kind); }
         for (size_t o = 0, c; ops[i].send && o < ops[i].n; o += c) {
             c = comm_piece(ops[i].n, o);
             MPI_Issend((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, 0, g->mpi,
                        &send_req[ns++]);
         }
     }
-    if (sends && recvs) {
+    test_hook_stall("exchange", -1);
+    if (sends && recvs) {   // (requests given: no pieces, so one per message, in the order of ids)
         for (int i = 0; i < nr; i++) {
             comm_mark(&recvs[i], g);
             recvs[i].req = recv_req[i];
             recvs[i].active = 1;
             recvs[i].move_bytes = 0;
+            comm_posted(g, ids[i], &recvs[i]);
         }
     } else {
         MPI_Waitall(nr, recv_req, MPI_STATUSES_IGNORE);
+        for (int i = 0; i < nrid; i++) { comm_posted(g, ids[i], NULL); }
     }
     if (sends) {
         for (int i = 0; i < ns; i++) {
@@ -705,11 +755,14 @@ static void comm_p2p_launch(Group *g, const P2POp *ops, int nops, DType t, CommR
             sends[i].req = send_req[i];
             sends[i].active = 1;
             sends[i].move_bytes = 0;
+            comm_posted(g, ids[nrid + i], &sends[i]);
         }
     } else {
         MPI_Waitall(ns, send_req, MPI_STATUSES_IGNORE);
+        for (int i = nrid; i < nid; i++) { comm_posted(g, ids[i], NULL); }
     }
     free(recv_req);
+    free(ids);
 }
 #endif
 
@@ -736,9 +789,11 @@ static void comm_p2p(Group *g, const P2POp *ops, int nops, DType t, CommRequest 
 
 static void comm_barrier(Group *g) {
     device_synchronize();
+    uint64_t id = g->size > 1 ? comm_record(g, FL_BARRIER, -1, 0, DT_BYTE, 0) : 0;
     COMM_WATCH("barrier", g);
     MPI_Barrier(g->mpi);
     comm_leave(g);
+    flight_done(id);
 }
 
 // Makes the compute stream wait for an asynchronous collective (CPU: waits for it).
@@ -751,8 +806,10 @@ static void comm_wait(CommRequest *r) {
     cudaCheck(cudaStreamWaitEvent(main_stream, r->done, 0));
     cudaCheck(cudaEventDestroy(r->done));
 #else
+    flight_wait(r->flight);
     MPI_Wait(&r->req, MPI_STATUS_IGNORE);
     if (r->move_bytes) { memmove(r->move_dst, r->move_src, r->move_bytes); }
+    flight_done(r->flight);
 #endif
     r->active = 0;
     comm_leave(r->g);
@@ -766,7 +823,8 @@ static void comm_wait(CommRequest *r) {
 typedef enum { HOST_SUM, HOST_MAX, HOST_MIN } HostOp;
 static MPI_Op mpi_op(HostOp op) { return op == HOST_MAX ? MPI_MAX : op == HOST_MIN ? MPI_MIN : MPI_SUM; }
 
-// The world as a group, before there is a grid (the flags, the output dir, the checkpoints).
+// The world as a group, before there is a grid (the flags, the output dir, the checkpoints). (Recorded as the grid's
+// world is: one group, whose calls are numbered together.)
 static Group *comm_world(void) {
     static Group w;
     if (w.name == NULL) {
@@ -774,8 +832,58 @@ static Group *comm_world(void) {
         w.mpi = MPI_COMM_WORLD;
         MPI_Comm_size(MPI_COMM_WORLD, &w.size);
         MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
+        w.flight = flight_group("world", w.size, w.rank, NULL);
     }
     return &w;
+}
+
+// A host collective's record (none where MPI is not called: one rank, or nothing to move).
+static uint64_t comm_host_record(Group *g, int op, size_t n, DType t) {
+    return g->size > 1 && (n > 0 || op == FL_BARRIER) ? comm_record(g, op, -1, n, t, 0) : 0;
+}
+
+// --check-collectives, a disagreement: every member's view of the call gathered; the group's rank 0 prints the error
+// and the diagnosis naming both sides (flight_diagnosis.h's words), the others give it a moment; the job stops.
+static void comm_disagreement(Group *g, int op, size_t n, DType t, uint32_t seq) {
+    FlightRecord mine, *all = (FlightRecord *)malloc_check(sizeof(FlightRecord) * g->size);
+    int *ranks = (int *)malloc_check(sizeof(int) * g->size), me = comm_world()->rank;
+    memset(&mine, 0, sizeof(mine));
+    mine.op = (uint8_t)op; mine.type = (uint8_t)t; mine.elem = (uint8_t)comm_type_size(t);
+    mine.count = (int64_t)n; mine.seq = seq; mine.ctx = flight_header()->now;
+    watch_enter("the gather of a disagreement (--check-collectives)", g->name);
+    MPI_Allgather(&mine, (int)sizeof(mine), MPI_BYTE, all, (int)sizeof(mine), MPI_BYTE, g->mpi);
+    watch_leave();
+    for (int i = 0; i < g->size; i++) { ranks[i] = g->world_of ? g->world_of[i] : i; }
+    char msg[256], line[2048];
+    snprintf(msg, sizeof(msg), "rank %d: --check-collectives: the ranks of group %s disagree on its call #%u; stopping "
+             "before it is made", me, g->name, seq);
+    Line l = {line, sizeof(line), 0};
+    fd_put(&l, "diagnosis: ");
+    fd_disagree_line(&l, g->name, ranks, all, g->size);
+    fd_put(&l, "\n");
+    flight_end(FL_FAILED, msg);
+    if (g->rank == 0) {
+        fprintf(stderr, "error: %s\n", msg);
+        fflush(stderr);
+        if (write(2, line, strlen(line)) < 0) { /* nothing more to do */ }
+    } else {
+        sleep(2);
+    }
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+// --check-collectives: the group agrees on a collective before it is made, with one all-reduce (max) of its
+// operation, count, type and number and of their negatives (max of -x = -min x), so every member learns whether all
+// are equal (an all-to-all's counts differ by rank: not compared). A disagreement stops the job at once, naming both
+// sides (comm_disagreement), before a mismatched call can hang or write past a buffer. (A collective one rank never
+// reaches is not seen here: its check waits as the call would, and the watchdog's diagnosis names it.)
+static void comm_check(Group *g, int op, size_t n, DType t, uint32_t seq) {
+    double v[8] = {(double)op, op == FL_ALL_TO_ALL ? 0.0 : (double)n, (double)t, (double)seq};
+    for (int i = 0; i < 4; i++) { v[4 + i] = -v[i]; }
+    watch_enter("the agreement on a collective (--check-collectives)", g->name);
+    MPI_Allreduce(MPI_IN_PLACE, v, 8, MPI_DOUBLE, MPI_MAX, g->mpi);
+    watch_leave();
+    for (int i = 0; i < 4; i++) { if (v[i] != -v[4 + i]) { comm_disagreement(g, op, n, t, seq); } }
 }
 
 // The world's ranks with member set, as a group for host collectives only (rank order: key); the others
@@ -783,39 +891,53 @@ static Group *comm_world(void) {
 static void comm_host_group(Group *g, const char *name, int member, int key) {
     memset(g, 0, sizeof(*g));
     g->name = name;
+    uint64_t id = comm_host_record(comm_world(), FL_SPLIT, 1, DT_INT);
     watch_enter("split of the world (a host group)", name);
     MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, key, &g->mpi);
+    if (member) {   // (its members' world ranks: its instance, for the recorder)
+        int world_rank = comm_world()->rank;
+        MPI_Comm_size(g->mpi, &g->size);
+        MPI_Comm_rank(g->mpi, &g->rank);
+        g->world_of = (int *)malloc_check(sizeof(int) * g->size);
+        MPI_Allgather(&world_rank, 1, MPI_INT, g->world_of, 1, MPI_INT, g->mpi);
+        g->flight = flight_group(name, g->size, g->rank, g->world_of);
+    }
     watch_leave();
-    if (member) { MPI_Comm_size(g->mpi, &g->size); MPI_Comm_rank(g->mpi, &g->rank); }
+    flight_done(id);
 }
 
-static void comm_host_group_free(Group *g) { if (g->size > 0) { MPI_Comm_free(&g->mpi); } }
+static void comm_host_group_free(Group *g) { if (g->size > 0) { MPI_Comm_free(&g->mpi); free(g->world_of); } }
 
 // buf (n) of group rank root to every rank.
 static void comm_host_bcast(Group *g, void *buf, size_t n, DType t, int root, const char *what) {
     size_t es = comm_type_size(t);
+    uint64_t id = comm_host_record(g, FL_BROADCAST, n, t);
     watch_enter(what, g->name);
     for (size_t o = 0, c; o < n && g->size > 1; o += c) {
         c = comm_piece(n, o);
         MPI_Bcast((char *)buf + o * es, (int)c, mpi_type(t), root, g->mpi);
     }
     watch_leave();
+    flight_done(id);
 }
 
 // buf (n) combined over the group by op, in place, on every rank.
 static void comm_host_all_reduce(Group *g, void *buf, size_t n, DType t, HostOp op, const char *what) {
     size_t es = comm_type_size(t);
+    uint64_t id = comm_host_record(g, FL_ALL_REDUCE, n, t);
     watch_enter(what, g->name);
     for (size_t o = 0, c; o < n && g->size > 1; o += c) {
         c = comm_piece(n, o);
         MPI_Allreduce(MPI_IN_PLACE, (char *)buf + o * es, (int)c, mpi_type(t), mpi_op(op), g->mpi);
     }
     watch_leave();
+    flight_done(id);
 }
 
 // buf (n) summed over the group into group rank root's buf (the others' are left as they were).
 static void comm_host_reduce_sum(Group *g, void *buf, size_t n, DType t, int root, const char *what) {
     size_t es = comm_type_size(t);
+    uint64_t id = comm_host_record(g, FL_REDUCE, n, t);
     watch_enter(what, g->name);
     for (size_t o = 0, c; o < n && g->size > 1; o += c) {
         c = comm_piece(n, o);
@@ -823,6 +945,7 @@ static void comm_host_reduce_sum(Group *g, void *buf, size_t n, DType t, int roo
         MPI_Reduce(g->rank == root ? MPI_IN_PLACE : b, b, (int)c, mpi_type(t), MPI_SUM, root, g->mpi);
     }
     watch_leave();
+    flight_done(id);
 }
 
 // Every rank's send (n) in rank order into recv (size, n): on group rank root only (gather), or on every
@@ -831,6 +954,7 @@ static void comm_host_gather_to(Group *g, const void *send, size_t n, void *recv
     size_t es = comm_type_size(t), p = g->size;
     int all = root < 0, mine = all || g->rank == root;
     if (p == 1) { memcpy(recv, send, n * es); return; }
+    uint64_t id = comm_host_record(g, all ? FL_ALL_GATHER : FL_GATHER, n, t);
     watch_enter(what, g->name);
     char *tmp = mine ? (char *)malloc_check(p * comm_piece(n, 0) * es + 1) : NULL;
     for (size_t o = 0, c; o < n; o += c) {
@@ -842,6 +966,7 @@ static void comm_host_gather_to(Group *g, const void *send, size_t n, void *recv
     }
     free(tmp);
     watch_leave();
+    flight_done(id);
 }
 
 static void comm_host_gather(Group *g, const void *send, size_t n, void *recv, DType t, int root, const char *what) {
@@ -853,9 +978,11 @@ static void comm_host_all_gather(Group *g, const void *send, size_t n, void *rec
 }
 
 static void comm_host_barrier(Group *g, const char *what) {
+    uint64_t id = comm_host_record(g, FL_BARRIER, 0, DT_BYTE);
     watch_enter(what, g->name);
     MPI_Barrier(g->mpi);
     watch_leave();
+    flight_done(id);
 }
 
 static void comm_reset_counters(Grid *grid) {

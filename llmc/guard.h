@@ -1,11 +1,13 @@
 // What keeps a run from failing silently or hanging, in one place:
 //   crc32       zlib's CRC-32 (IEEE 802.3) of a model or state file's header and body, kept in header slot
 //               255 (0 = none: llm.c's files; slot 254 says what it covers) and checked on load
-//   watchdog    a thread, started before MPI_Init, that stops the rank when one wait on other ranks (MPI_Init,
-//               a collective, a pipeline exchange, a device synchronisation waiting on NCCL, a checkpoint
-//               write's progress, MPI_Finalize) makes no progress for --timeout seconds: a stalled or dead
-//               peer. It only prints and _exits (MPI is not thread-multiple; on CUDA it first aborts the
-//               NCCL communicators, NCCL's way out of a hung collective); mpirun then takes the other ranks down.
+//   watchdog    a thread, started before MPI_Init with the flight recorder, that stops the rank when one wait on
+//               other ranks (MPI_Init, a collective, a pipeline exchange, a device synchronisation waiting on NCCL,
+//               a checkpoint write's progress, MPI_Finalize) makes no progress for --timeout seconds: a stalled or
+//               dead peer. It only prints, marks the rank's ring, lets the first rank to time out print the
+//               diagnosis from the rings (flight_diagnosis.h) and _exits (MPI is not thread-multiple; on CUDA it
+//               first aborts the NCCL communicators, NCCL's way out of a hung collective); mpirun then takes the
+//               other ranks down. Meanwhile it beats the ring's heartbeat (a stopped rank's stops).
 //   signals     SIGUSR1 (mpirun forwards it to the ranks), SIGTERM, SIGINT and SIGHUP ask for a stop: the
 //               ranks agree at the next step boundary, write a checkpoint and exit 0. A second signal exits at once.
 #ifndef LLMC_GUARD_H
@@ -94,6 +96,7 @@ static void *watchdog_thread(void *arg) {
     (void)arg;
     for (;;) {
         usleep(200 * 1000);
+        flight_beat();
         double since = watch_since;
         if (since > 0.0 && monotonic_seconds() - since > watch_timeout) {
             char msg[512], who[32] = "?";
@@ -103,6 +106,8 @@ static void *watchdog_thread(void *arg) {
                              "deadlock; --timeout %.0f); stopping\n", who, monotonic_seconds() - since, watch_op,
                              watch_group, watch_timeout);
             if (write(2, msg, n > 0 ? (size_t)n : 0) < 0) { /* nothing more to do */ }
+            flight_end(FL_TIMED_OUT, msg + 7);   // (without "error: ")
+            flight_report();
             if (watch_abort) { watch_abort(); }
             _exit(1);
         }
@@ -110,9 +115,10 @@ static void *watchdog_thread(void *arg) {
     return NULL;
 }
 
-// Starts the watchdog before MPI_Init, so that a rank stalled before it, or an init that never completes,
-// cannot hang the others: --timeout is read from argv as parse_args will read it (a bad value: the
-// default here, and parse_args' error later); the rank is the launcher's until MPI says (watchdog_rank).
+// Starts the watchdog and the flight recorder before MPI_Init, so that a rank stalled before it, or an init that
+// never completes, cannot hang the others, and is diagnosed: --timeout is read from argv as parse_args will read
+// it (a bad value: the default here, and parse_args' error later); the rank is the launcher's until MPI says
+// (watchdog_rank).
 static void watchdog_start(int argc, char **argv) {
     watch_timeout = DEFAULT_TIMEOUT;
     for (int i = 1; i + 1 < argc; i++) {
@@ -120,9 +126,11 @@ static void watchdog_start(int argc, char **argv) {
         double t = strtod(argv[i + 1], &end);
         if (!strcmp(argv[i], "--timeout") && *end == '\0' && end != argv[i + 1] && t >= 0.0) { watch_timeout = t; }
     }
-    const char *r = getenv("OMPI_COMM_WORLD_RANK");
+    const char *r = getenv("OMPI_COMM_WORLD_RANK"), *w = getenv("OMPI_COMM_WORLD_SIZE");
     if (r == NULL) { r = getenv("PMIX_RANK"); }
+    if (w == NULL) { w = getenv("PMI_SIZE"); }
     watch_rank = r ? atoi(r) : -1;
+    flight_start(watch_rank, w ? atoi(w) : 1, watch_timeout);
     if (watch_timeout <= 0.0) { return; }
     pthread_t t;
     if (pthread_create(&t, NULL, watchdog_thread, NULL) != 0) { fail("cannot start the watchdog thread"); }
@@ -164,6 +172,7 @@ static float outlier_limit(const Outlier *o, float z) {
 static volatile sig_atomic_t stop_signal = 0;   // the first signal received, 0: none
 
 static void stop_handler(int sig) {
+    flight_signal(sig);                          // (mpirun ends a job with SIGTERM: the ring says so)
     if (stop_signal) { _exit(128 + sig); }       // the second one: now
     stop_signal = sig;
 }

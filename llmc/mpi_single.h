@@ -128,5 +128,12 @@ static int MPI_Irecv(void *buf, int n, MPI_Datatype t, int peer, int tag, MPI_Co
     return MPI_Recv(buf, n, t, peer, tag, c, NULL);
 }
 static int MPI_Waitall(int n, MPI_Request *r, MPI_Status *s) { (void)n; (void)r; (void)s; return 0; }
+// errors: one process has no peer to disagree with; the handler is never called
+typedef int MPI_Errhandler;
+typedef void MPI_Comm_errhandler_function(MPI_Comm *, int *, ...);
+#define MPI_MAX_ERROR_STRING 256
+static int MPI_Comm_create_errhandler(MPI_Comm_errhandler_function *f, MPI_Errhandler *e) { (void)f; *e = 0; return 0; }
+static int MPI_Comm_set_errhandler(MPI_Comm c, MPI_Errhandler e) { (void)c; (void)e; return 0; }
+static int MPI_Error_string(int code, char *s, int *len) { *len = snprintf(s, MPI_MAX_ERROR_STRING, "error %d", code); return 0; }
 
 #endif

@@ -4,7 +4,15 @@
 //                                       asynchronous writes, a write longer than --timeout that must not stop the run)
 //   TRAIN_GPT_HUNG_CHECKPOINT=SECONDS   the same wait without progress (a hung disk: the run must stop)
 //   TRAIN_GPT_STALL=WHERE:RANK          that rank sleeps for good at WHERE: init (before MPI_Init), end (before
-//                                       MPI_Finalize): the others must not wait forever
+//                                       MPI_Finalize), exchange (in its first point-to-point exchange, its messages
+//                                       posted), saying so (and its pid) on stderr: the others must not wait forever
+//   TRAIN_GPT_COMM_FAULT=WHAT:GROUP:OP:N:RANK  that rank's collective N of GROUP (its number in the flight recorder),
+//                                       an OP (all-reduce, all-gather), goes wrong: skip (not made: the next one
+//                                       takes its number), count (made with half its count), swap (an all-reduce:
+//                                       made after the rank's next all-reduce on another group): the diagnosis must
+//                                       name it (scripts/test_flight.sh)
+//   TRAIN_GPT_PP_SCHEDULE=NAME:RANK     that rank runs the pipeline schedule NAME (1f1b, gpipe) whatever the flags
+//                                       say: its exchanges no longer pair with its neighbours'
 //   TRAIN_GPT_INJECT_NAN=STEP:COUNT     rank 0 makes one gradient element NaN at steps STEP .. STEP+COUNT-1: the
 //                                       update must be skipped, and COUNT > --max-skips must stop the run
 //   TRAIN_GPT_REVERSE_SENDS=1           the CPU build starts each exchange's point-to-point sends in reverse
@@ -30,15 +38,56 @@ static double test_hook_slow_checkpoint(int hung) {
     return slow ? atof(slow) : 0.0;
 }
 
+// This rank as the launcher numbers it (0 without one).
+static int test_hook_rank(void) {
+    const char *r = getenv("OMPI_COMM_WORLD_RANK");
+    return r ? atoi(r) : 0;
+}
+
 // Rank `rank` (-1: the launcher's, before MPI_Init) stalls for good at `where`, if told to.
 static void test_hook_stall(const char *where, int rank) {
-    const char *e = getenv("TRAIN_GPT_STALL"), *r = getenv("OMPI_COMM_WORLD_RANK");
-    if (rank < 0) { rank = r ? atoi(r) : 0; }
+    const char *e = getenv("TRAIN_GPT_STALL");
+    if (rank < 0) { rank = test_hook_rank(); }
     char w[16];
     int at;
     if (e && sscanf(e, "%15[a-z]:%d", w, &at) == 2 && !strcmp(w, where) && at == rank) {
+        fprintf(stderr, "test hook: rank %d (pid %d) stalls at %s\n", rank, (int)getpid(), where);
+        fflush(stderr);
         for (;;) { pause(); }
     }
+}
+
+// What goes wrong with this rank's collective `seq` of `group`, an `op` (TRAIN_GPT_COMM_FAULT): FAULT_NONE, or once
+// FAULT_SKIP, FAULT_COUNT, FAULT_SWAP.
+typedef enum { FAULT_NONE, FAULT_SKIP, FAULT_COUNT, FAULT_SWAP } CommFault;
+static int test_hook_comm_fault(const char *group, const char *op, unsigned seq) {
+    static int fault = -1, rank;
+    static char g[16], o[24];
+    static unsigned at;
+    if (fault < 0) {
+        const char *e = getenv("TRAIN_GPT_COMM_FAULT");
+        char w[16];
+        fault = FAULT_NONE;
+        if (e && sscanf(e, "%15[a-z]:%15[a-z]:%23[a-z-]:%u:%d", w, g, o, &at, &rank) == 5) {
+            fault = !strcmp(w, "skip") ? FAULT_SKIP : !strcmp(w, "count") ? FAULT_COUNT : !strcmp(w, "swap") ? FAULT_SWAP
+                  : FAULT_NONE;
+        }
+    }
+    if (fault == FAULT_NONE || seq != at || strcmp(group, g) != 0 || strcmp(op, o) != 0 || rank != test_hook_rank()) {
+        return FAULT_NONE;
+    }
+    int f = fault;
+    fault = FAULT_NONE;   // (once)
+    return f;
+}
+
+// The pipeline schedule this rank runs instead of the flags' (TRAIN_GPT_PP_SCHEDULE), or NULL.
+static const char *test_hook_pp_schedule(void) {
+    static char name[16];
+    const char *e = getenv("TRAIN_GPT_PP_SCHEDULE");
+    int rank;
+    if (e && sscanf(e, "%15[a-z0-9]:%d", name, &rank) == 2 && rank == test_hook_rank()) { return name; }
+    return NULL;
 }
 
 // Whether rank 0 poisons a gradient element at this step.

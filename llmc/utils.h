@@ -9,7 +9,8 @@
 // records its error and the main thread fails with it at the next step boundary (checkpoint_mark_done);
 // the watchdog (guard.h) prints its line and _exit(1)s, which mpirun turns into the job's end.
 // Every wait on another rank is watched (watch_enter / watch_leave below, the watchdog in guard.h), MPI_Init
-// and MPI_Finalize included: no rank waits forever on a stalled one.
+// and MPI_Finalize included: no rank waits forever on a stalled one. Every call to other ranks is recorded
+// (flight_recorder.h), and a hang, an MPI error or a failed rank is diagnosed from the records (flight_diagnosis.h).
 #ifndef LLMC_UTILS_H
 #define LLMC_UTILS_H
 
@@ -26,6 +27,7 @@
 #else
 #include <mpi.h>
 #endif
+#include "flight_diagnosis.h"
 
 // ----------------------------------------------------------------------------
 // the watched op: what this rank is waiting for and since when (the watchdog thread of guard.h reads it)
@@ -52,17 +54,57 @@ static void watch_leave(void) {
 #define WATCHED(op, group, stmt) do { watch_enter(op, group); stmt; watch_leave(); } while (0)
 
 // MPI_Finalize waits for every rank: watched, so a rank that stalls after its work cannot hang the others
-// (they exit 1 after --timeout, their work done).
-static void mpi_finalize_watched(void) { WATCHED("MPI_Finalize", "world", MPI_Finalize()); }
+// (they exit 1 after --timeout, their work done); recorded, and the recording ends there (flight_finish).
+static void mpi_finalize_watched(void) {
+    flight_at(PH_END, -1, FL_LAYER_NONE);
+    uint64_t id = flight_post(flight.world, FL_FINALIZE, -1, 0, 0, 0, 0);
+    WATCHED("MPI_Finalize", "world", MPI_Finalize());
+    flight_done(id);
+    flight_finish();
+}
+
+// An MPI error on any communicator (every one is split from the world, whose handler it inherits): the error line
+// naming the call (the watched op), the ring marked, the diagnosis (comm.h's records show who called what: a
+// mismatched collective is what Open MPI reports as MPI_ERR_TRUNCATE), and every rank taken down.
+static void mpi_error_handler(MPI_Comm *comm, int *code, ...) {
+    (void)comm;
+    char text[MPI_MAX_ERROR_STRING] = "", msg[1024];
+    int len = 0, rank = 0;
+    MPI_Error_string(*code, text, &len);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    snprintf(msg, sizeof(msg), "rank %d: MPI error in %s on group %s: %s", rank, watch_op[0] ? watch_op : "a call",
+             watch_group[0] ? watch_group : "?", text);
+    fprintf(stderr, "error: %s\n", msg);
+    fflush(stderr);
+    flight_end(FL_MPI_ERROR, msg);
+    flight_report();
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+// MPI_Init, watched (a rank stalled before it cannot hang the others) and recorded as the world's first call;
+// then MPI errors go to mpi_error_handler.
+static void mpi_init_watched(int *argc, char ***argv) {
+    uint64_t id = flight_post(flight.world, FL_INIT, -1, 0, 0, 0, 0);
+    WATCHED("MPI_Init", "world", MPI_Init(argc, argv));
+    flight_done(id);
+    int rank, world;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    flight_rank(rank, world);
+    MPI_Errhandler handler;
+    MPI_Comm_create_errhandler(mpi_error_handler, &handler);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, handler);
+}
 
 // ----------------------------------------------------------------------------
 // A fatal error seen by one rank only (a bad file, a failed write): print one line and take
 // every rank down with MPI_Abort, so the others never wait forever in a collective.
 static void print_error(const char *fmt, va_list ap) {
-    fprintf(stderr, "error: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    char msg[2048];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    fprintf(stderr, "error: %s\n", msg);
     fflush(stderr);
+    flight_end(FL_FAILED, msg);
 }
 
 static void fail(const char *fmt, ...) {
@@ -91,6 +133,7 @@ static void fail_all(int rank, const char *fmt, ...) {
         print_error(fmt, ap);
         va_end(ap);
     }
+    flight_end(FL_FAILED, "a decision of every rank (rank 0 printed it)");
     stop_all(1);
 }
 

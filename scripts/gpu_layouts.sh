@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Several ranks on one GPU: the multi-rank CUDA paths (NCCL collectives on per-group streams, pipeline
 # send/receive, the MoE all-to-all, ring attention's overlapped hops, ZeRO-3 prefetch) against the PyTorch
-# reference, with the ranks time-sliced on the one GPU a session is lent. Its own GPU run (<= 5 minutes), not a
+# reference, with the ranks time-sliced on the one GPU a session is lent; then one injected fault (a rank stopped)
+# that the flight recorder's CUDA events must let the watchdog diagnose. Its own GPU run (<= 5 minutes), not a
 # step of gpu_check.sh.
 #   What it proves: the NCCL calls (counts, types, peers, in-place layouts), stream and event ordering under
 #   real asynchronous NCCL, every kernel at sharded shapes. What it cannot: NVLink or shared-memory transports
@@ -128,6 +129,36 @@ for b in $BUILDS; do
         fi
     done
 done
+
+# one injected fault, in the last build: rank 1 stopped (SIGSTOP) at step 3 or later of a dp 2 run. Rank 0's NCCL
+# call then never completes on the device; its watchdog aborts the communicators and prints the diagnosis from the
+# rings, where CUDA events marked the completed calls (llmc/flight_recorder.h): the call it names as waiting must
+# be of the step the run had reached, not an early one whose completion went unseen.
+kind=${b%%:*} dir=${b#*:} log="$LOG_DIR/${kind}_fault_sigstop.log"
+rm -rf "$LOG_DIR/fault_run"
+mpirun --allow-run-as-root --oversubscribe -np 2 $MPIRUN_ENV -x OMP_NUM_THREADS=1 bash -c "NCCL_HOSTID=layouts-\$OMPI_COMM_WORLD_RANK \
+    exec $dir/train_gpt -e L=2,C=64,NH=4,V=256,maxT=64 -t 32 -b 2 -v 0 -s 0 -x 100000 --timeout 5 -o $LOG_DIR/fault_run" >"$log" 2>&1 &
+mp=$!
+for i in $(seq 1 1200); do grep -q "^step    5/" "$log" && break; sleep 0.1; done
+victim=""
+for p in $(pgrep -P $mp) $(for c in $(pgrep -P $mp); do pgrep -P "$c"; done); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$p
+done
+step=$(grep -o "^step *[0-9]*" "$log" | tail -n 1 | awk '{ print $2 }')
+[ -n "$victim" ] && kill -STOP "$victim"
+for i in $(seq 1 300); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
+kill -0 $mp 2>/dev/null && kill -9 $mp
+[ -n "$victim" ] && kill -9 "$victim" 2>/dev/null
+wait $mp 2>/dev/null
+line=$(grep -m1 '^diagnosis:' "$log")
+waited_step=$(grep -oE "rank 0 waits in [a-z]+ [a-z-]+ #[0-9]+ of step [0-9]+" <<<"$line" | awk '{ print $NF }')
+if grep -q "^diagnosis: rank 1 .*is stopped" <<<"$line" && [ -n "$waited_step" ] && [ "$waited_step" -ge $((${step:-1} - 1)) ]; then
+    passed=$((passed + 1)); echo "ok    $kind fault: rank 1 stopped at step ${step:-?}: $line"
+else
+    failed=$((failed + 1)); failed_names+=("$kind fault_sigstop")
+    echo "FAIL  $kind fault: rank 1 stopped at step ${step:-?}: ${line:-no diagnosis line} ($(grep -m1 '^error' "$log" | cut -c1-100))"
+fi
+
 [ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]}"
 echo "$passed passed, $failed failed"
 [ $failed = 0 ]

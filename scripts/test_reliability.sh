@@ -81,7 +81,7 @@ for sig in TERM INT HUP; do
     last=$(sed -n 's/^s:\([0-9]*\) trl.*/\1/p' "$d/main.log" | tail -n 1)
     step=$((${last:--1} + 1)); n=$(printf %08d "$step")
     [ -n "$last" ] && [ -f "$d/DONE_$n" ] && [ -f "$d/model_$n.bin" ] && [ -f "$d/state_$n.bin" ] \
-        && [ -z "$(ls "$d" | grep -v -e '^DONE_' -e '^model_' -e '^state_' -e '^main.log$')" ] \
+        && [ -z "$(ls "$d" | grep -v -e '^DONE_' -e '^model_' -e '^state_' -e '^main.log$' -e '^flight$')" ] \
         && ! grep -q "exited on signal" "$d.log"
     say $? "SIG$sig to mpirun: the ranks write the checkpoint of step $step, the last in main.log ($(grep -o -m1 "stopped by SIG[A-Z]*" "$d.log" || echo "their stop line not forwarded by mpirun"); mpirun's status: $rc, Open MPI's choice)"
 done
@@ -179,8 +179,8 @@ say $? "a resume whose main.log is a symbolic link: refused, its target untouche
 d="$W/fdisk"; rm -rf "$d"; mkdir -p "$d"
 ( trap '' XFSZ; ulimit -f 300; exec "$NOMPI" "${COMMON[@]}" -x 4 -n 2 -o "$d" ) 2>&1 | cat >"$d.log"
 rc=${PIPESTATUS[0]}
-[ $rc = 1 ] && grep -q "^error: checkpoint of step 2: cannot write '.*model_00000002.bin.tmp'" "$d.log" && [ -z "$(ls "$d" | grep -v '^main.log$')" ]
-say $? "a checkpoint write on a full disk: the run stops (exit $rc) and leaves only main.log: $(ls "$d" | tr '\n' ' ')"
+[ $rc = 1 ] && grep -q "^error: checkpoint of step 2: cannot write '.*model_00000002.bin.tmp'" "$d.log" && [ -z "$(ls "$d" | grep -v -e '^main.log$' -e '^flight$')" ]
+say $? "a checkpoint write on a full disk: the run stops (exit $rc) and leaves only main.log (and flight/): $(ls "$d" | tr '\n' ' ')"
 d="$W/debris"; copy_ref "$d"; touch "$d/model_00000009.bin.tmp" "$d/state_00000004.bin" "$d/main.log.tmp"; cp "$d/model_00000006.bin" "$d/model_00000008.bin"
 "$TG" "${COMMON[@]}" -x 9 -n 3 -y 1 -o "$d" >"$d.log" 2>&1
 [ $? = 0 ] && grep -q "removed 4 unfinished checkpoint file(s)" "$d.log" && ! ls "$d" | grep -qE 'tmp|_00000004|_00000008'
