@@ -642,8 +642,11 @@ static void check_memory_activations(GPT2 *m, int accum) {
     // layer's fc and GELU outputs; a MoE layer's routing and expert rows, and its experts' fc and GELU
     // (Llama: RMSNorm keeps no mean; qkv rows of NH/tp query and KV/tp kv heads; SwiGLU's fc output [gate | up]
     // 2F/tp, its activation F/tp; GPT-2: 3C/tp, 4C/tp and 4C/tp)
-    int llama = c->arch == ARCH_LLAMA, tp = m->grid->tp;
-    double hs = C / c->num_heads, qkv = (c->num_heads + 2.0 * c->kv_heads) / tp * hs, Fl = (double)c->ffn_hidden / tp;
+    // (cp's all-to-all over U ranks leaves the head shard's qkv stored: with fewer kv heads per tp rank than U, each
+    // replicated U/KV times, the rows NH/tp + 2U heads wide)
+    int llama = c->arch == ARCH_LLAMA, tp = m->grid->tp, U = m->cpring.U, KVl = c->kv_heads / tp;
+    double hs = C / c->num_heads, Fl = (double)c->ffn_hidden / tp;
+    double qkv = ((double)c->num_heads / tp + 2.0 * (KVl % U == 0 ? KVl : U)) * hs;
     double core = X * 3.0 * BTs * C + 4.0 * (llama ? 2.0 : 4.0) * BTs + X * BT * (qkv + Cl) + 4.0 * BT * m->NHl;
     // (a MoE layer: SwiGLU experts keep [gate | up] and their output, GELU ones fc and GELU; Qwen2-MoE's shared gate
     // one float per token)
@@ -704,13 +707,17 @@ static void check_memory_buffers(GPT2 *m) {
     // ZB (not the first stage): where a received input waits for its forward
     double input_wait = m->pipe.schedule == SCHEDULE_ZB && m->grid->pp > 1 && !m->first ? X * BTs * C : 0;
     // context parallelism: ring attention's keys and values (B, T/cp, 2 KV hs/tp), held and arriving, and their
-    // gradients
-    double Ckv = (double)m->config.kv_heads / m->grid->tp * (C / m->config.num_heads);
-    double ring = m->grid->cp > 1 ? 4.0 * X * BT * 2 * Ckv : 0;
-    double comm_expect = X * (Rs + Rr) * C + grad_copy + grad_wait + input_wait + ring;
+    // gradients; with all-to-alls over U ranks (Ulysses, the hybrid) a send and a receive buffer of the local qkv
+    // rows (B, T/cp, (NH + 2 U Hkv) hs/tp: KV/tp kv heads, or U replicated ones), and the hybrid's ring carries the
+    // head shard's kv heads for the U T/cp tokens of its group: (B, T/cp, 2 U Hkv hs/tp) again
+    int U = m->cpring.U, KVl = m->config.kv_heads / m->grid->tp, N = m->grid->cp / U;
+    double hs = C / m->config.num_heads, Ckv = (KVl % U == 0 ? KVl : U) * hs;
+    double ring = m->grid->cp > 1 && N > 1 ? 4.0 * X * BT * 2 * Ckv : 0;
+    double a2a = m->grid->cp > 1 && U > 1 ? 2.0 * X * BT * (m->Cl + 2 * Ckv) : 0;
+    double comm_expect = X * (Rs + Rr) * C + grad_copy + grad_wait + input_wait + ring + a2a;
     check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1,
-          "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B + waiting input %.0f B + cp ring 4 x (B, T/cp, 2 KV hs/tp) %.0f B",
-          (double)mem_current[MEM_COMM], Rs, Rr, (int)X, grad_copy, grad_wait, input_wait, ring);
+          "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B + waiting input %.0f B + cp ring 4 x (B, T/cp, 2 KV hs/tp) %.0f B + cp all-to-all 2 x (B, T/cp, (NH + 2KV) hs/tp) %.0f B",
+          (double)mem_current[MEM_COMM], Rs, Rr, (int)X, grad_copy, grad_wait, input_wait, ring, a2a);
     // logits (last stage): one chunk of chunk x Vp/tp, never B*T x Vp (plus per-token stats and losses)
     double logits_expect = m->last
             ? X * m->ce.chunk * m->Vl + 4.0 * (3.0 * m->ce.chunk * (1 + m->grid->tp) + BT) + 8.0 : 0;
@@ -741,7 +748,7 @@ static void check_comm(GPT2 *m, int accum, double ep_rows) {
         {&g->edp_group, f.edp, n.edp, "the experts' units over edp"},
         {&g->emb_group, f.emb, n.emb, "the tied embedding's gradient, all-reduced between the first and the last stage"},
         {&g->pp_group, f.pp, n.pp, "each micro-batch and chunk: the activation forward, its gradient back"},
-        {&g->cp_group, f.cp, n.cp, "ring attention's k, v hops; MoE routing's capacity and f"},
+        {&g->cp_group, f.cp, n.cp, "ring attention's k, v hops, Ulysses' all-to-alls; MoE routing's capacity and f"},
         {&g->ep_group, f.ep, n.ep, "all-to-all dispatch and return, forward, backward (and recomputed)"},
         {&g->tp_group, f.tp, n.tp, "SP: RS + AG, or all-reduces, of (p-1)/p BT C per layer and end; CE stats; gates"}};
     for (int i = 0; i < (int)(sizeof(rows) / sizeof(rows[0])); i++) {

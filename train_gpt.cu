@@ -29,7 +29,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/moe.h"               // defines: the MoE layer's semantics and kernels (router, top-k, capacity, losses)
 // the parallel strategies
 #include "llmc/tensor_parallel.h"   // defines: tp_all_tokens, tp_sum_partials (Megatron TP + SP), tp slices
-#include "llmc/context_parallel.h"  // defines: the sequence layout over the cp ranks, ring attention
+#include "llmc/context_parallel.h"  // defines: the sequence layout over the cp ranks, ring attention, Ulysses
 #include "llmc/zero.h"              // defines: Zero: data parallel + ZeRO 0-3 over units
 #include "llmc/pipeline.h"          // defines: Pipeline: 1F1B, GPipe, interleaved, ZB schedules as step lists
 #include "llmc/pipeline_split.h"    // defines: the layers of each stage (--pp-layers), the measured costs' file
@@ -217,7 +217,7 @@ typedef struct {
     int B, T, BT, BTs, tok0;     // T: the tokens of a sequence this rank holds (with cp: T/cp); tok0: first local
                                  // token of the LayerNorm/residual region
     SeqPos seqpos;               // where the local tokens are in the sequence (context_parallel.h)
-    CPRing cpring;               // cp > 1: ring attention's buffers
+    CPRing cpring;               // cp's attention: the ring, Ulysses or the hybrid, its layout and buffers
     int Cl, NHl, Vl, v0;         // this tp rank's channels, heads, vocab rows [v0, v0 + Vl)
     int KVl, hs, QKVl, FCl, Fl;  // its kv heads; the head size; the widths of its qkv rows ((NHl + 2 KVl) hs), of
                                  // fc's output (GPT-2: 4C/tp; Llama: [gate | up] 2F/tp) and of the MLP's activation
@@ -287,7 +287,7 @@ static LayerActs layer_acts(const GPT2 *m, const Activations *acts, int l) {
     x.ln1_rstd = h->ln1_rstd + s;
     x.ln2_mean = h->ln2_mean + (m->rms ? 0 : s);
     x.ln2_rstd = h->ln2_rstd + s;
-    x.qkv = h->qkv + f * m->QKVl; x.atty = h->atty + f * Cl;
+    x.qkv = h->qkv + f * m->cpring.qkv_w; x.atty = h->atty + f * Cl;
     x.fch = fc->fch + dense * m->BT * m->FCl; x.fchg = fc->fchg + dense * m->BT * m->Fl;
     x.lse = h->lse + f * m->NHl;
     x.moe = &h->moe[li];
@@ -361,7 +361,7 @@ static void slot_alloc(GPT2 *m, Activations *acts, int scratch, int Lc, int Ldc,
     size_t nmean = m->rms ? 0 : n;   // (RMSNorm: no mean)
     acts->ln1_mean = (float *)mem_alloc(nmean * BTs * F, MEM_ACTIVATIONS);
     acts->ln1_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
-    acts->qkv = (floatX *)mem_alloc(n * BT * m->QKVl * X, MEM_ACTIVATIONS);
+    acts->qkv = (floatX *)mem_alloc(n * BT * m->cpring.qkv_w * X, MEM_ACTIVATIONS);
     acts->atty = (floatX *)mem_alloc(n * BT * Cl * X, MEM_ACTIVATIONS);
     acts->lse = (float *)mem_alloc(n * BT * m->NHl * F, MEM_ACTIVATIONS);
     acts->mid = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
@@ -399,12 +399,7 @@ static void workspace_alloc(GPT2 *m, int chunk, int any_moe) {
     size_t C = m->config.channels, Cl = m->Cl, BT = m->BT, BTs = m->BTs, X = floatx_bytes(), F = sizeof(float);
     int tp = m->grid->tp;
     Workspace *w = &m->ws;
-    m->cpring.cp = &m->grid->cp_group;
-    // ring attention: the keys and values of the local kv heads held and arriving, their gradients
-    for (int i = 0; i < 2 && m->grid->cp > 1; i++) {
-        m->cpring.kv[i] = (floatX *)mem_alloc(BT * 2 * m->KVl * m->hs * X, MEM_COMM);
-        m->cpring.dkv[i] = (floatX *)mem_alloc(BT * 2 * m->KVl * m->hs * X, MEM_COMM);
-    }
+    cp_attention_alloc(&m->cpring, BT);   // cp: the ring's keys and values (held, arriving, gradients), all-to-alls'
     w->xfull = m->sp && tp > 1 ? (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE) : NULL;
     w->pfull = (floatX *)mem_alloc(BT * C * X, MEM_WORKSPACE);
     w->tokbuf = (floatX *)mem_alloc(BTs * C * X, MEM_WORKSPACE);
@@ -513,6 +508,7 @@ static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *grid, c
     char err[256];
     if (layer_split(first, o->pp_layers, c, o->T * grid->cp, grid->pp, o->vpp, err, sizeof(err))) { fail("%s", err); }
     gpt2_build(m, c, params, grid, o->vpp, first, o->zero, o->sp, o->moe);
+    cp_attention_init(&m->cpring, &grid->cp_group, o->cp_u, m->NHl, m->KVl, m->hs);
     m->recompute = o->recompute;
     m->zero.prefetch = o->overlap;
     gpt2_alloc_activations(m, o->B, o->T, o->ce_chunk, o->accum, o->schedule, o->moe_dropless);
@@ -520,10 +516,7 @@ static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *grid, c
 #ifdef USE_CUDA
         matmul_setup();
 #endif
-        if (grid->cp == 1 && m->Ls > 0) { attention_setup(o->B, o->T, m->NHl, m->KVl, m->hs); }
-#if defined(USE_CUDA) && !defined(ENABLE_FP32)
-        if (grid->cp > 1 && m->Ls > 0 && cp_flash(m->hs)) { flash_setup(o->B, o->T, m->NHl); }   // the ring's D
-#endif
+        if (m->Ls > 0) { cp_attention_setup(&m->cpring, o->B, o->T); }   // (the attention's workspace; the ring's D)
         m->step_tokens = (int *)host_alloc_pinned(sizeof(int) * 2 * o->accum * m->BT);
     }
     m->guard.loss_limit = 2.0f * logf((float)c->vocab_size);   // the fixed bound; the run adds -sl / -sg's
@@ -1189,6 +1182,7 @@ static CommShape gpt2_comm_shape(const GPT2 *m) {
     s.tp = grid->tp; s.cp = grid->cp; s.pp = grid->pp; s.sp = m->sp; s.vpp = m->vpp; s.first = m->first; s.last = m->last;
     s.zero = m->zero.stage; s.dp = grid->grad_group->size; s.edp = grid->edp_group.size; s.ep = grid->ep;
     s.B = m->B; s.BT = m->BT; s.BTs = m->BTs; s.C = c->channels; s.Cl = m->Cl; s.Ckv = m->KVl * m->hs; s.Ls = m->Ls;
+    s.cp_u = m->cpring.U; s.Ckv_cp = m->cpring.U * m->cpring.Hkv * m->hs;
     s.ce_chunk = m->ce.chunk; s.recompute_full = m->recompute == RECOMPUTE_FULL;
     for (int l = 0; l < m->Ls; l++) { s.nmoe += m->u_experts[l] >= 0; }
     s.moe_layers = m->moe.nlayers; s.topk = c->topk; s.E = c->num_experts; s.El = c->num_experts / grid->ep;
@@ -1237,7 +1231,8 @@ static CommShape gpt2_comm_shape(const GPT2 *m) {
 
 // Rank `rank` of a world of `world` ranks: what gpt2_init allocates for the model, then what set-up allocates
 // beside it: the sampler's logits row (the last stage, when sampling) and, on CUDA, the cuBLASLt workspace and
-// the attention's (the cuBLAS path's; flash has none; without cp), which gpt2_init allocates only in a run.
+// the attention's (cp_attention_workspace_bytes: without cp or with Ulysses the path's at its shape, the ring's
+// flash D), which gpt2_init allocates only in a run.
 static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int world, int rank, PlanBuild b,
                          CommShape *shape) {
     mem_plan_begin(b.floatx);
@@ -1249,12 +1244,8 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
     if (args_samples(a) && m.last) { mem_alloc((size_t)c->padded_vocab_size * floatx_bytes(), MEM_LOGITS); }
     if (b.cuda) {
         mem_alloc(CUBLASLT_WORKSPACE_BYTES, MEM_WORKSPACE);
-        if (a->cp == 1 && m.Ls > 0) {
-            mem_alloc(attention_workspace_bytes(attention_path_of(a), m.B, m.T, m.NHl, c->channels / c->num_heads,
-                                                b.floatx), MEM_WORKSPACE);
-        }
-        if (a->cp > 1 && m.Ls > 0 && attention_flash_applies(c->channels / c->num_heads, b.floatx)) {
-            mem_alloc(flash_workspace_bytes(m.B, m.T, m.NHl), MEM_WORKSPACE);   // the ring's flash blocks: D
+        if (m.Ls > 0) {   // (without cp or with Ulysses: the attention's at its shape; the ring's flash blocks: D)
+            mem_alloc(cp_attention_workspace_bytes(&m.cpring, attention_path_of(a), m.B, m.T, b.floatx), MEM_WORKSPACE);
         }
     }
     MemPlan p = mem_plan_end();

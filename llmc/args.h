@@ -26,6 +26,8 @@ typedef struct {
     const char *train_pattern, *val_pattern, *output_dir, *model;
     int B, T, total_batch, max_steps, warmup, val_every, val_batches, sample_every, gen_tokens;
     int checkpoint_every, resume, zero, tp, cp, pp, vpp, dp, ep, sp, ce_chunk, memory_report, comm_report, shuffle;
+    const char *cp_kind;         // --cp-kind ring|ulysses|hybrid: how the cp group computes attention (ring)
+    int cp_ulysses;              // --cp-ulysses U: the hybrid's all-to-all group size (0: not given; no default)
     int experts, topk, moe_every, cap1000;   // MoE; the first three -1 when not given
     int expert_hidden, shared_experts;        // MoE: H, S (-1 when not given)
     float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff, timeout;   // z_coeff -1: not given
@@ -67,6 +69,7 @@ static void default_args(Args *a) {
     a->zero = 0;
     a->tp = 1;
     a->cp = 1;
+    a->cp_kind = "ring";
     a->pp = 1;
     a->vpp = 1;
     a->dp = -1;
@@ -189,7 +192,13 @@ static const Flag FLAGS[] = {
     {"--zero", "-z", F_INT, ARG(zero), 0, 3, 0, "0-3", "ZeRO stage over the dp group (0)"},
     {"--tp", "--tensor-model-parallel-size", F_INT, ARG(tp), 1, 1 << 16, 0, "N", "tensor parallel (1)"},
     {"--cp", "--context-parallel-size", F_INT, ARG(cp), 1, 1 << 16, 0, "N",
-        "context parallel: each sequence over N ranks, ring attention; T a multiple of 2N (1)"},
+        "context parallel: each sequence over N ranks (attention: --cp-kind); T a multiple of 2N (1)"},
+    {"--cp-kind", 0, F_CHOICE, ARG(cp_kind), 0, 0, "ring|ulysses|hybrid", "KIND",
+        "cp's attention: ring (k, v around the cp ring), ulysses (all-to-alls to a head shard of the whole sequence; "
+        "the heads per tp rank divisible by cp), hybrid (all-to-all in groups of --cp-ulysses U, the ring across "
+        "them) (ring)"},
+    {"--cp-ulysses", 0, F_INT, ARG(cp_ulysses), 1, 1 << 16, 0, "U",
+        "--cp-kind hybrid: the all-to-all groups' size, 1 < U < cp dividing cp (no default)"},
     {"--pp", 0, F_INT, ARG(pp), 1, 1 << 16, 0, "N", "pipeline stages (1)"},
     {"--vpp", "--virtual-pipeline-model-parallel-size", F_INT, ARG(vpp), 1, 1024, 0, "V",
         "model chunks per stage; V > 1 is the interleaved schedule (1)"},
@@ -469,6 +478,47 @@ static uint64_t args_run_id(const Args *a, uint32_t data_fp) {
 }
 
 #define LAYOUT_FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return 1; } while (0)
+// The Ulysses degree U of the layout (context_parallel.h): the size of the all-to-all groups, 1 with the ring alone
+// (and without cp), cp with Ulysses, --cp-ulysses with the hybrid.
+static int cp_ulysses_degree(const Args *a) {
+    if (a->cp <= 1 || !strcmp(a->cp_kind, "ring")) { return 1; }
+    return !strcmp(a->cp_kind, "ulysses") ? a->cp : a->cp_ulysses;
+}
+
+// --cp-kind and --cp-ulysses against --cp and the heads: a head shard is whole heads of the tp rank's, its query
+// heads' kv heads whole too (U divides the tp rank's kv heads, or they divide U: each then replicated on U/KV
+// members).
+static int layout_cp_kind_error(const Args *a, const GPT2Config *c, char *err, size_t errlen) {
+    int hybrid = !strcmp(a->cp_kind, "hybrid");
+    if (a->cp_ulysses && !hybrid) {
+        LAYOUT_FAIL("--cp-ulysses %d is the hybrid's all-to-all group size: it needs --cp-kind hybrid (not %s)",
+                    a->cp_ulysses, a->cp_kind);
+    }
+    if (hybrid && !a->cp_ulysses) {
+        LAYOUT_FAIL("--cp-kind hybrid needs --cp-ulysses U (the all-to-all groups' size, 1 < U < cp dividing --cp %d; "
+                    "no default)", a->cp);
+    }
+    if (strcmp(a->cp_kind, "ring") && a->cp == 1) {
+        LAYOUT_FAIL("--cp-kind %s: context parallelism needs --cp N >= 2", a->cp_kind);
+    }
+    if (hybrid && (a->cp_ulysses <= 1 || a->cp_ulysses >= a->cp || a->cp % a->cp_ulysses)) {
+        LAYOUT_FAIL("--cp-ulysses %d must be strictly between 1 and --cp %d and divide it (the ring runs across cp/U "
+                    "groups of U)", a->cp_ulysses, a->cp);
+    }
+    int U = cp_ulysses_degree(a), NHl = c->num_heads / a->tp, KVl = c->kv_heads / a->tp;
+    const char *flag = hybrid ? "--cp-ulysses" : "--cp";
+    if (U > 1 && NHl % U) {
+        LAYOUT_FAIL("--cp-kind %s: %s %d does not divide the %d query heads per tp rank (NH %d / --tp %d): a rank's "
+                    "head shard is whole heads", a->cp_kind, flag, U, NHl, c->num_heads, a->tp);
+    }
+    if (U > 1 && KVl % U && U % KVl) {
+        LAYOUT_FAIL("--cp-kind %s: %s %d and the %d kv heads per tp rank (KV %d / --tp %d) do not divide one another: "
+                    "a head shard's kv heads are whole (U | KV) or one replicated (KV | U)", a->cp_kind, flag, U, KVl,
+                    c->kv_heads, a->tp);
+    }
+    return 0;
+}
+
 // The grid against the world size and the model: every group divides what it cuts.
 static int layout_grid_error(Args *a, const GPT2Config *c, int world, char *err, size_t errlen) {
     if (world % (a->tp * a->cp * a->pp) != 0) {
@@ -501,6 +551,7 @@ static int layout_grid_error(Args *a, const GPT2Config *c, int world, char *err,
         LAYOUT_FAIL("--tp %d does not divide the MLP's hidden width %s = %d", a->tp, c->arch == ARCH_LLAMA ? "F" : "4C",
                     c->ffn_hidden);
     }
+    if (layout_cp_kind_error(a, c, err, errlen)) { return 1; }
     if (c->num_experts > 0 && c->expert_hidden % a->tp) {
         LAYOUT_FAIL("--tp %d does not divide the experts' hidden width H = %d", a->tp, c->expert_hidden);
     }
@@ -617,13 +668,15 @@ typedef struct {
     int ce_chunk, accum;      // tokens per cross-entropy chunk; micro-batches per step
     PipeSchedule schedule;
     int moe_dropless;         // the MoE buffers sized for dropless routing (the run samples)
+    int cp_u;                 // cp's all-to-all group size (cp_ulysses_degree: 1 the ring)
 } ModelOptions;
 
 static ModelOptions model_options(const Args *a, MoEOptions moe, int dp) {
     const char *schedule = test_hook_pp_schedule() ? test_hook_pp_schedule() : a->pp_schedule;   // (a test hook's)
     ModelOptions o = {a->vpp, a->zero, a->sp, a->pp_layers, moe, recompute_mode(a->recompute), a->overlap, a->B, a->T / a->cp,
                       a->ce_chunk,
-                      a->total_batch / (a->B * a->T * dp), pipe_schedule(schedule), args_samples(a)};
+                      a->total_batch / (a->B * a->T * dp), pipe_schedule(schedule), args_samples(a),
+                      cp_ulysses_degree(a)};
     return o;
 }
 

@@ -1,8 +1,10 @@
-// Context parallelism (--cp N), in one place: the sequence is cut into 2N chunks of c = T/(2N) tokens
+// Context parallelism (--cp N, --cp-kind ring|ulysses|hybrid, --cp-ulysses U), in one place: the sequence is cut
+// into 2N chunks of c = T/(2N) tokens
 // and cp rank i holds chunks i and 2N-1-i (its local sequence: chunk i's c tokens, then chunk
 // 2N-1-i's), so that every rank has the same share of the causal attention's work (chunk 0 attends
 // to itself only, chunk 2N-1 to everything). Everything but attention works token by token on the
-// local tokens. Attention is ring attention: each rank keeps its queries and passes the keys and
+// local tokens. Attention is ring attention (the default; Ulysses and the hybrid of the two: below, after the
+// ring, which the hybrid runs across its all-to-all groups): each rank keeps its queries and passes the keys and
 // values around the cp ring; at step s it holds rank j = i - s's, and adds each of its query chunks'
 // attention over each of j's key chunks that are not in its future (earlier chunks in full, the same
 // chunk causally) to what it has, by the log-sum-exp merge:
@@ -417,17 +419,73 @@ static void attention_block_init(floatX *out, float *lse, size_t nout, size_t nl
 }
 
 // ----------------------------------------------------------------------------
-// the ring
+// the layout of the cp group's attention: the ring, Ulysses, or the hybrid
 
+// U, the all-to-all group's size (Ulysses degree): 1 the ring, N Ulysses, 1 < U < N the hybrid, whose all-to-all
+// groups are U consecutive cp ranks and whose ring runs across the N/U groups (each member with the members at
+// its own position in the other groups: cp ranks U apart). With U > 1 a head shard has Hq = NH/U query heads and
+// Hkv kv heads: KV/U, or (U a multiple of KV: fewer kv heads than members) one, replicated on the U/KV members
+// whose query heads read it; its qkv rows are (Hq + 2 Hkv) hs wide. All the counts are the tp rank's.
 typedef struct {
     Group *cp;
-    floatX *kv[2], *dkv[2];   // (B, T, 2 KV hs) each: the keys and values held now and arriving; their gradients
+    int U;                        // the all-to-all group's size (1: the ring alone)
+    int NH, KV, hs;               // the tp-local heads
+    int Hq, Hkv;                  // a head shard's query and kv heads (U 1: NH, KV)
+    int qkv_w;                    // the stored qkv rows' width: (NH + 2 U Hkv) hs (more than (NH + 2KV) hs only
+                                  // with replicated kv heads); y.qkv holds the head shard after the forward
+    floatX *kv[2], *dkv[2];       // the ring (N/U > 1): (B, U T, 2 Hkv hs) each, the keys and values held now and
+                                  // arriving; their gradients
+    floatX *a2a[2];               // U > 1: (B T qkv_w) each, what an all-to-all sends and what it receives
 } CPRing;
 
-// Adds the attention of each local query chunk over each of rank j's key chunks that is not in its future.
+// The layout (before the buffers: the stored qkv rows' width decides the activations').
+static void cp_attention_init(CPRing *r, Group *cp, int U, int NH, int KV, int hs) {
+    memset(r, 0, sizeof(*r));
+    r->cp = cp; r->U = U; r->NH = NH; r->KV = KV; r->hs = hs;
+    r->Hq = NH / U;
+    r->Hkv = KV % U == 0 ? KV / U : 1;   // (args.h's layout checks: U divides NH, and KV or U % KV == 0)
+    r->qkv_w = (NH + 2 * U * r->Hkv) * hs;
+}
+
+// The ring's size and this rank's position on it (the all-to-all groups': N/U and cp rank / U).
+static int cp_ring_n(const CPRing *r) { return r->cp->size / r->U; }
+static int cp_ring_i(const CPRing *r) { return r->cp->rank / r->U; }
+
+// The buffers for BT = B*T local tokens (cp > 1; one rank: none).
+static void cp_attention_alloc(CPRing *r, size_t BT) {
+    size_t X = floatx_bytes(), kv = BT * 2 * r->U * r->Hkv * r->hs;   // (U T rows of 2 Hkv hs)
+    if (r->cp->size == 1) { return; }
+    for (int i = 0; i < 2 && cp_ring_n(r) > 1; i++) {   // the ring: the keys and values held and arriving, their gradients
+        r->kv[i] = (floatX *)mem_alloc(kv * X, MEM_COMM);
+        r->dkv[i] = (floatX *)mem_alloc(kv * X, MEM_COMM);
+    }
+    for (int i = 0; i < 2 && r->U > 1; i++) { r->a2a[i] = (floatX *)mem_alloc(BT * r->qkv_w * X, MEM_COMM); }
+}
+
+// What the attention needs set up beside (attention.h's workspace at the shape it runs: one rank's, or Ulysses'
+// full sequence of a head shard; the ring's flash blocks: D), and its bytes for a plan (path: --attention's).
+static void cp_attention_setup(const CPRing *r, int B, int T) {
+    if (cp_ring_n(r) == 1) { attention_setup(B, T * r->U, r->Hq, r->Hkv, r->hs); return; }
+#if defined(USE_CUDA) && !defined(ENABLE_FP32)
+    if (cp_flash(r->hs)) { flash_setup(B, T * r->U, r->Hq); }
+#else
+    (void)B; (void)T;
+#endif
+}
+static size_t cp_attention_workspace_bytes(const CPRing *r, int path, int B, int T, size_t floatx) {
+    if (cp_ring_n(r) == 1) { return attention_workspace_bytes(path, B, T * r->U, r->Hq, r->hs, floatx); }
+    return attention_flash_applies(r->hs, floatx) ? flash_workspace_bytes(B, T * r->U, r->Hq) : 0;
+}
+
+// ----------------------------------------------------------------------------
+// the ring: over N' = N/U positions (U 1: the cp ranks), each holding T rows (U 1: its local tokens; the hybrid:
+// the U T tokens of its group, super-chunks i and 2N'-1-i of U c tokens, in sequence order within each) of NH
+// query and KV kv heads (the hybrid: a head shard's)
+
+// Adds the attention of each local query chunk over each of position j's key chunks that is not in its future.
 static void cp_blocks(CPRing *r, int j, int cur, int backward, floatX *out, float *lse, floatX *dqkv,
                       const floatX *dout, floatX *qkv, int B, int T, int NH, int KV, int hs) {
-    int N = r->cp->size, i = r->cp->rank, c = T / 2;
+    int N = cp_ring_n(r), i = cp_ring_i(r), c = T / 2;
     for (int qa = 0; qa < 2; qa++) {
         for (int kb = 0; kb < 2; kb++) {
             int qc = cp_chunk(i, N, qa), kc = cp_chunk(j, N, kb);
@@ -441,11 +499,12 @@ static void cp_blocks(CPRing *r, int j, int cur, int backward, floatX *out, floa
     }
 }
 
-// One hop around the ring: this rank's buffer [cur] to the next rank, the previous rank's into [!cur]
+// One hop around the ring: this rank's buffer [cur] to the next position, the previous position's into [!cur]
 // (buf: r->kv or r->dkv; with both in flight, every rank starts them in the same order, which is what
 // matches them). With `hop` the hop is started and cp_hop_wait completes it; without, it is complete on return.
+// The next position's rank is U cp ranks on (the same member of the next all-to-all group).
 static void cp_hop(CPRing *r, floatX **buf, int cur, size_t n, CommRequest hop[2]) {
-    int N = r->cp->size, next = (r->cp->rank + 1) % N, prev = (r->cp->rank + N - 1) % N;
+    int N = r->cp->size, next = (r->cp->rank + r->U) % N, prev = (r->cp->rank + N - r->U) % N;
     int kind = buf == r->kv ? 1 : 2;   // keys and values, or their gradients (the point-to-point log's)
     P2POp ops[2] = {{1, buf[cur], n, next, kind}, {0, buf[!cur], n, prev, kind}};
     comm_p2p(r->cp, ops, 2, DT_FLOATX, hop ? &hop[0] : NULL, hop ? &hop[1] : NULL);
@@ -453,26 +512,25 @@ static void cp_hop(CPRing *r, floatX **buf, int cur, size_t n, CommRequest hop[2
 
 static void cp_hop_wait(CommRequest hop[2]) { comm_wait(&hop[1]); comm_wait(&hop[0]); }
 
-// qkv (B, T, (NH + 2KV) hs) -> out (B, T, NH hs), lse (B, NH, T): causal attention of the local queries over the
-// whole sequence (T = the local tokens of a sequence, two chunks). A hop carries the KV heads' k and v.
-static void cp_attention_forward(CPRing *r, floatX *out, float *lse, floatX *qkv, int B, int T, int NH, int KV,
-                                 int hs) {
-    int N = r->cp->size, i = r->cp->rank, cur = 0;
+// qkv (B, T, (NH + 2KV) hs) -> out (B, T, NH hs), lse (B, NH, T): causal attention of the position's queries over
+// the whole sequence (T = the rows of a sequence the position holds, two chunks). A hop carries the KV heads' k, v.
+static void cp_ring_forward(CPRing *r, floatX *out, float *lse, floatX *qkv, int B, int T, int NH, int KV, int hs) {
+    int N = cp_ring_n(r), i = cp_ring_i(r), cur = 0;
     size_t n = (size_t)B * T * 2 * KV * hs;
     attention_block_init(out, lse, (size_t)B * T * NH * hs, (size_t)B * NH * T);
     cp_kv_copy(r->kv[0], qkv, (size_t)B * T, NH, KV, hs, 1);
     for (int s = 0; s < N; s++, cur = !cur) {
         CommRequest hop[2] = {};
-        if (s < N - 1) { cp_hop(r, r->kv, cur, n, hop); }   // the next rank's k, v arrive meanwhile
+        if (s < N - 1) { cp_hop(r, r->kv, cur, n, hop); }   // the next position's k, v arrive meanwhile
         cp_blocks(r, (i - s + N) % N, cur, 0, out, lse, NULL, NULL, qkv, B, T, NH, KV, hs);
         if (s < N - 1) { cp_hop_wait(hop); }
     }
 }
 
 // dout (B, T, NH hs) -> dqkv (B, T, (NH + 2KV) hs) (written), from the forward's qkv, out and final lse.
-static void cp_attention_backward(CPRing *r, floatX *dqkv, const floatX *dout, floatX *qkv, floatX *out, float *lse,
-                                  int B, int T, int NH, int KV, int hs) {
-    int N = r->cp->size, i = r->cp->rank, cur = 0;
+static void cp_ring_backward(CPRing *r, floatX *dqkv, const floatX *dout, floatX *qkv, floatX *out, float *lse,
+                             int B, int T, int NH, int KV, int hs) {
+    int N = cp_ring_n(r), i = cp_ring_i(r), cur = 0;
     size_t n = (size_t)B * T * 2 * KV * hs;
     memset_zero_device(dqkv, (size_t)B * T * (NH + 2 * KV) * hs * sizeof(floatX));
     memset_zero_device(r->dkv[0], n * sizeof(floatX));
@@ -490,6 +548,215 @@ static void cp_attention_backward(CPRing *r, floatX *dqkv, const floatX *dout, f
         if (s < N - 1) { cp_hop_wait(hop); }
     }
     cp_kv_copy(r->dkv[cur], dqkv, (size_t)B * T, NH, KV, hs, 0);
+}
+
+// ----------------------------------------------------------------------------
+// Ulysses (DeepSpeed-Ulysses): one all-to-all in the group of U turns each member's T local tokens of all its
+// heads into the group's U T tokens of a head shard: member m gets query heads [m Hq, (m+1) Hq) and the kv heads
+// they read, [kv0(m), kv0(m) + Hkv) with kv0(m) = m Hq / (NH/KV). Member m's T rows (its chunks, cp_chunk(gU+m, N,
+// 0) and (.., 1), of c = T/2 tokens each) go to rows cp_chunk(m, U, 0) c and cp_chunk(m, U, 1) c of the group's
+// U T (a local copy after the all-to-all), which puts them in sequence order within super-chunks g and 2N/U-1-g of
+// U c tokens: the ring's layout at N/U positions (Ulysses alone, U = N: the whole sequence in order). So the
+// unchanged causal kernels run on it: attention_forward on the whole sequence (any path: cuBLAS, flash, cuDNN,
+// the BLAS panels), or the ring's blocks. The output goes back by the reverse copy and all-to-all. RoPE was
+// applied before, at each token's global position (seq_pos): it does not see the layout.
+//   per layer, one rank sends (U-1)/U of: forward (B T)(Cl + 2 U Hkv hs) (q, k, v) + (B T) Cl (out); backward
+//   (B T) Cl (out again: the stored output is the local one, which attproj's gradient needs) + (B T) Cl (dout) +
+//   (B T)(Cl + 2 U Hkv hs) (dq, dk, dv back); replicated kv heads (U > KV) cost U/KV times their k, v.
+// The head shard's qkv stays in y.qkv for the backward (the local rows are in the send buffer by then) and its lse
+// in y.lse (B, Hq, U T): the sizes of the local ones (qkv: with replicated kv heads wider, r->qkv_w).
+
+// The heads of a row: the local rows' NH query heads (and KV kv heads if kv: [q | k | v]); a member's head shard's
+// Hq (and Hkv: [q | k | v]).
+typedef struct { int U, NH, KV, Hq, Hkv, hs, kv; } UlyHeads;
+
+static UlyHeads uly_heads(const CPRing *r, int kv) {
+    UlyHeads h = {r->U, r->NH, r->KV, r->Hq, r->Hkv, r->hs, kv};
+    return h;
+}
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline int uly_local_width(UlyHeads h) { return (h.NH + (h.kv ? 2 * h.KV : 0)) * h.hs; }
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline int uly_shard_width(UlyHeads h) { return (h.Hq + (h.kv ? 2 * h.Hkv : 0)) * h.hs; }
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline int uly_kv0(UlyHeads h, int m) { return m * h.Hq / (h.NH / h.KV); }   // member m's first kv head
+
+// The local row's column that column c of member m's head-shard row holds.
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline int uly_col(UlyHeads h, int m, int c) {
+    int q = h.Hq * h.hs, kv = h.Hkv * h.hs;
+    if (c < q) { return m * q + c; }
+    c -= q;
+    int k0 = uly_kv0(h, m) * h.hs;
+    return c < kv ? h.NH * h.hs + k0 + c : (h.NH + h.KV) * h.hs + k0 + c - kv;
+}
+
+// Column L of a local row from the members' head-shard rows (src + m * stride: member m's), rows r: its query
+// column from the one member holding it; a k or v column summed over the members holding its kv head (one, or
+// U/KV replicas: their gradients), in member order.
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline float uly_gather_one(UlyHeads h, const floatX *src, size_t stride, size_t r, int L) {
+    int w = uly_shard_width(h), q = h.Hq * h.hs;
+    if (L < h.NH * h.hs) { return (float)src[(size_t)(L / q) * stride + r * w + L % q]; }
+    int part = L < (h.NH + h.KV) * h.hs ? 0 : 1, off = L - (h.NH + part * h.KV) * h.hs, kh = off / h.hs;
+    float s = 0.0f;
+    for (int m = 0; m < h.U; m++) {
+        int k0 = uly_kv0(h, m);
+        if (kh < k0 || kh >= k0 + h.Hkv) { continue; }
+        s += (float)src[(size_t)m * stride + r * w + q + part * h.Hkv * h.hs + (kh - k0) * h.hs + off % h.hs];
+    }
+    return s;
+}
+
+#ifdef USE_CUDA
+// dst (U, rows, w): member m's head-shard columns of the local rows src (rows, W)
+__global__ void uly_select_kernel(floatX *dst, const floatX *src, size_t rows, UlyHeads h) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, w = uly_shard_width(h);
+    if (i >= h.U * rows * w) { return; }
+    size_t m = i / (rows * w), r = (i / w) % rows;
+    dst[i] = src[r * uly_local_width(h) + uly_col(h, (int)m, (int)(i % w))];
+}
+
+// dst (rows, W) <- the members' head-shard rows src (U, rows, w)
+__global__ void uly_gather_kernel(floatX *dst, const floatX *src, size_t rows, UlyHeads h) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, W = uly_local_width(h);
+    if (i >= rows * W) { return; }
+    dst[i] = (floatX)uly_gather_one(h, src, rows * uly_shard_width(h), i / W, (int)(i % W));
+}
+
+// The rows of member m's T (its two chunks of T/2) <-> rows cp_chunk(m, U, half) T/2 .. of the group's U T:
+// to_shard: dst (B, U T, w) from src (U, B, T, w); else the reverse. One thread per element of the (U, B, T, w) side.
+__global__ void uly_rows_kernel(floatX *dst, const floatX *src, int B, int T, int U, int w, int to_shard) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)U * B * T * w;
+    if (i >= n) { return; }
+    size_t c = i % w, row = i / w;
+    int t = (int)(row % T), b = (int)((row / T) % B), m = (int)(row / ((size_t)T * B)), half = T / 2;
+    size_t g = ((size_t)b * U * T + (size_t)cp_chunk(m, U, t / half) * half + t % half) * w + c;
+    if (to_shard) { dst[g] = src[i]; } else { dst[i] = src[g]; }
+}
+#endif
+
+static void uly_select(floatX *dst, const floatX *src, size_t rows, UlyHeads h) {
+    size_t w = uly_shard_width(h), W = uly_local_width(h);
+#ifdef USE_CUDA
+    size_t n = h.U * rows * w;
+    uly_select_kernel<<<(unsigned int)ceil_div(n, (size_t)256), 256, 0, main_stream>>>(dst, src, rows, h);
+    cudaCheckLaunch();
+#else
+    for (int m = 0; m < h.U; m++) {   // (runs of a head's hs columns)
+        for (size_t r = 0; r < rows; r++) {
+            for (size_t c = 0; c < w; c += h.hs) {
+                memcpy(dst + (m * rows + r) * w + c, src + r * W + uly_col(h, m, (int)c), h.hs * sizeof(float));
+            }
+        }
+    }
+#endif
+}
+
+static void uly_gather(floatX *dst, const floatX *src, size_t rows, UlyHeads h) {
+    size_t W = uly_local_width(h);
+#ifdef USE_CUDA
+    uly_gather_kernel<<<(unsigned int)ceil_div(rows * W, (size_t)256), 256, 0, main_stream>>>(dst, src, rows, h);
+    cudaCheckLaunch();
+#else
+    size_t stride = rows * uly_shard_width(h), q = (size_t)h.NH * h.hs;
+    for (size_t r = 0; r < rows; r++) {   // the query heads by runs of hs; k and v element by element (their sums)
+        for (size_t L = 0; L < q; L += h.hs) {
+            memcpy(dst + r * W + L, src + (L / (h.Hq * h.hs)) * stride + r * (stride / rows) + L % (h.Hq * h.hs),
+                   h.hs * sizeof(float));
+        }
+        for (size_t L = q; L < W; L++) { dst[r * W + L] = uly_gather_one(h, src, stride, r, (int)L); }
+    }
+#endif
+}
+
+static void uly_rows(floatX *dst, const floatX *src, int B, int T, int U, int w, int to_shard) {
+#ifdef USE_CUDA
+    size_t n = (size_t)U * B * T * w;
+    uly_rows_kernel<<<(unsigned int)ceil_div(n, (size_t)256), 256, 0, main_stream>>>(dst, src, B, T, U, w, to_shard);
+    cudaCheckLaunch();
+#else
+    int half = T / 2;
+    for (int m = 0; m < U; m++) {   // (runs of T/2 rows)
+        for (int b = 0; b < B; b++) {
+            for (int a = 0; a < 2; a++) {
+                float *blk = (float *)(to_shard ? src : dst) + (((size_t)m * B + b) * T + (size_t)a * half) * w;
+                float *grp = (float *)(to_shard ? dst : src) + ((size_t)b * U * T + (size_t)cp_chunk(m, U, a) * half) * w;
+                if (to_shard) { memcpy(grp, blk, (size_t)half * w * sizeof(float)); }
+                else { memcpy(blk, grp, (size_t)half * w * sizeof(float)); }
+            }
+        }
+    }
+#endif
+}
+
+// Equal blocks of n elements within this rank's all-to-all group (cp ranks g U .. g U + U - 1): block m of send to
+// member m, block m of recv from member m. One all-to-all over the cp group, in which the other groups' ranks
+// exchange nothing with this one (the hybrid: every group's at once).
+static void uly_all_to_all(CPRing *r, const floatX *send, floatX *recv, size_t n) {
+    int N = r->cp->size, g0 = r->cp->rank / r->U * r->U;
+    size_t *a = (size_t *)calloc_check(4 * (size_t)N, sizeof(size_t)), *sc = a, *so = a + N, *rc = a + 2 * N, *ro = a + 3 * N;
+    for (int m = 0; m < r->U; m++) { sc[g0 + m] = rc[g0 + m] = n; so[g0 + m] = ro[g0 + m] = m * n; }
+    comm_all_to_allv(r->cp, send, sc, so, recv, rc, ro, DT_FLOATX);
+    free(a);
+}
+
+// local rows src (B, T, W) -> dst (B, U T, w): this member's head shard of the group's tokens in sequence order,
+// through a (the members' blocks) and b (received). dst may be src.
+static void uly_to_shard(CPRing *r, floatX *dst, const floatX *src, floatX *a, floatX *b, int B, int T, UlyHeads h) {
+    size_t rows = (size_t)B * T, w = uly_shard_width(h);
+    uly_select(a, src, rows, h);
+    uly_all_to_all(r, a, b, rows * w);
+    uly_rows(dst, b, B, T, h.U, (int)w, 1);
+}
+
+// the reverse: head-shard rows src (B, U T, w) -> the local rows dst (B, T, W), through a and b (src may be b)
+static void uly_to_tokens(CPRing *r, floatX *dst, const floatX *src, floatX *a, floatX *b, int B, int T, UlyHeads h) {
+    size_t rows = (size_t)B * T, w = uly_shard_width(h);
+    uly_rows(a, src, B, T, h.U, (int)w, 0);
+    uly_all_to_all(r, a, b, rows * w);
+    uly_gather(dst, b, rows, h);
+}
+
+// ----------------------------------------------------------------------------
+// the model's two calls (cp > 1): the ring, Ulysses or the hybrid, as the layout says
+
+// qkv (B, T, (NH + 2KV) hs) -> out (B, T, NH hs), lse: causal attention of the local queries over the whole sequence
+// (T = the local tokens of a sequence, two chunks). The ring: lse (B, NH, T); U > 1: qkv and lse are left holding
+// the head shard's (B, U T, (Hq + 2Hkv) hs) and (B, Hq, U T) for the backward.
+static void cp_attention_forward(CPRing *r, floatX *out, float *lse, floatX *qkv, int B, int T, int NH, int KV,
+                                 int hs) {
+    if (r->U == 1) { cp_ring_forward(r, out, lse, qkv, B, T, NH, KV, hs); return; }
+    floatX *snd = r->a2a[0], *rcv = r->a2a[1];
+    int Tu = r->U * T;
+    uly_to_shard(r, qkv, qkv, snd, rcv, B, T, uly_heads(r, 1));
+    if (cp_ring_n(r) == 1) { attention_forward(snd, lse, qkv, B, Tu, r->Hq, r->Hkv, hs); }   // the head shard's out
+    else { cp_ring_forward(r, snd, lse, qkv, B, Tu, r->Hq, r->Hkv, hs); }
+    uly_to_tokens(r, out, snd, rcv, snd, B, T, uly_heads(r, 0));
+}
+
+// dout (B, T, NH hs) -> dqkv (B, T, (NH + 2KV) hs) (written), from the forward's qkv, out (local) and lse.
+// U > 1: the head shard's out goes to dqkv's space until the last step writes it.
+static void cp_attention_backward(CPRing *r, floatX *dqkv, const floatX *dout, floatX *qkv, floatX *out, float *lse,
+                                  int B, int T, int NH, int KV, int hs) {
+    if (r->U == 1) { cp_ring_backward(r, dqkv, dout, qkv, out, lse, B, T, NH, KV, hs); return; }
+    floatX *snd = r->a2a[0], *rcv = r->a2a[1], *outh = dqkv;
+    int Tu = r->U * T;
+    uly_to_shard(r, outh, out, snd, rcv, B, T, uly_heads(r, 0));
+    uly_to_shard(r, snd, dout, snd, rcv, B, T, uly_heads(r, 0));   // the head shard's dout
+    if (cp_ring_n(r) == 1) { attention_backward(rcv, snd, qkv, outh, lse, B, Tu, r->Hq, r->Hkv, hs); }
+    else { cp_ring_backward(r, rcv, snd, qkv, outh, lse, B, Tu, r->Hq, r->Hkv, hs); }
+    uly_to_tokens(r, dqkv, rcv, snd, rcv, B, T, uly_heads(r, 1));
 }
 
 #endif

@@ -226,6 +226,8 @@ typedef struct {
     int B, BT, BTs, C, Cl, Ckv, Ls;     // BT = B*T/cp tokens of the rank, BTs its LayerNorm/residual slice (SP:
                                         // BT/tp), Cl = C/tp, Ckv its kv heads' channels (KV hs/tp; GPT-2: Cl), Ls the
                                         // stage's layers
+    int cp_u, Ckv_cp;                   // cp's all-to-all group size U (1: the ring alone); the kv channels a rank's
+                                        // tokens carry over cp (U Hkv hs: Ckv, more with replicated kv heads)
     int ce_chunk, recompute_full;
     int nmoe, moe_layers, topk, E, El, capped, padded, cap, bias, sgate;   // MoE: the stage's MoE layers, the model's;
                                         // capped: a capacity below T (cp shares the sequences' assignments);
@@ -246,6 +248,29 @@ typedef struct {
 } CommShape;
 
 typedef struct { double tp, cp, pp, dp, edp, ep, emb; } CommBytes;   // bytes per step, one rank's
+
+// cp's attention per layer and micro-batch (context_parallel.h), one rank's bytes and calls: the ring's hops (ring)
+// and the all-to-alls (a2a). The ring over N' = N/U positions: N'-1 hops of k, v forward (again when recomputed),
+// N'-1 of k, v and N' of dk, dv backward, each (B, U T/cp, 2 Hkv hs) = BT 2 Ckv_cp (the kv heads, fewer than the
+// queries' with GQA). U > 1, (U-1)/U of each all-to-all's blocks leave the rank: forward q, k, v (BT (Cl + 2
+// Ckv_cp)) and the output (BT Cl) back (again when recomputed); backward the output again, dout (BT Cl each) and
+// dq, dk, dv (BT (Cl + 2 Ckv_cp)) back.
+typedef struct { double ring, ring_calls, a2a, a2a_calls; } CPAttnComm;
+static CPAttnComm cp_attention_comm(const CommShape *s) {
+    CPAttnComm c = {0, 0, 0, 0};
+    if (s->cp == 1) { return c; }
+    int U = s->cp_u > 1 ? s->cp_u : 1, N = s->cp / U, fwd = s->recompute_full ? 2 : 1;
+    if (N > 1) {
+        c.ring_calls = fwd * (N - 1) + (N - 1) + N;
+        c.ring = c.ring_calls * s->X * s->BT * 2.0 * s->Ckv_cp;
+    }
+    if (U > 1) {
+        double r = (U - 1.0) / U, qkv = s->BT * ((double)s->Cl + 2.0 * s->Ckv_cp), o = (double)s->BT * s->Cl;
+        c.a2a = r * s->X * (fwd * (qkv + o) + (2 * o + qkv));
+        c.a2a_calls = 2 * fwd + 3;
+    }
+    return c;
+}
 
 // The rows the MoE all-to-alls move per step when the routing spreads the assignments evenly over the
 // experts (padded dispatch: exactly, whatever the routing): to and from the other ep ranks, every MoE
@@ -287,16 +312,15 @@ static CommBytes comm_step_bytes(const CommShape *s, int accum, double ep_rows, 
         double slice = (double)s->BTs * s->C / (!s->sp && s->tp > 1 ? s->tp : 1);
         b.pp = accum * X * slice * ((s->vpp - s->last) + (s->vpp - s->first));
     }
-    // cp: ring attention, per layer and micro-batch: N-1 hops of k, v forward (again when recomputed), N-1 of
-    // k, v and N of dk, dv backward, each (B, T/cp, 2 KV hs/tp: the kv heads, fewer than the queries' with GQA);
+    // cp: the attention's, per layer and micro-batch (cp_attention_comm: the ring's hops, Ulysses' all-to-alls);
     // MoE, per layer and forward (again when recomputed): the sequences' other assignments for the capacity
     // all-gathered ((B, T/cp, k) ints and floats; not when dropless), and f all-reduced ((B, E) floats)
     if (s->cp > 1) {
-        int N = s->cp, hops = (N - 1) + (s->recompute_full ? N - 1 : 0) + (N - 1) + N, fwd = s->recompute_full ? 2 : 1;
-        double kv = X * s->BT * 2.0 * s->Ckv;
+        int N = s->cp, fwd = s->recompute_full ? 2 : 1;
+        CPAttnComm a = cp_attention_comm(s);
         double moe = s->nmoe * fwd * ((s->capped ? 2.0 * (N - 1) * s->BT * s->topk * 4 : 0)
                                       + 2.0 * (N - 1) / N * s->B * s->E * 4);
-        b.cp = (double)accum * (s->Ls * hops * kv + moe);
+        b.cp = (double)accum * (s->Ls * (a.ring + a.a2a) + moe);
     }
     // ep: the rows x C each way, forward (dispatch, return), backward (the same), and the recomputed forward
     if (s->ep > 1 && s->nmoe > 0) { b.ep = (s->recompute_full ? 3 : 2) * ep_rows * s->C * X; }
@@ -349,10 +373,12 @@ static CommBytes comm_step_calls(const CommShape *s, int accum, const double *ga
     if (s->bias && s->dp > 1) { n.dp += 1; }   // loss-free balancing's loads
     if (s->pp > 1 && s->embed_padded > 0) { n.emb = 1; }
     if (s->pp > 1) { n.pp = accum * ((s->vpp - s->last) + (s->vpp - s->first)); }
-    // cp: a message per hop; MoE: the capacity's two all-gathers (capped) and f's all-reduce, per forward
+    // cp: a message per hop, a call per all-to-all; MoE: the capacity's two all-gathers (capped) and f's all-reduce,
+    // per forward
     if (s->cp > 1) {
-        int N = s->cp, hops = (N - 1) + (s->recompute_full ? N - 1 : 0) + (N - 1) + N, fwd = s->recompute_full ? 2 : 1;
-        n.cp = (double)accum * (s->Ls * hops + s->nmoe * fwd * ((s->capped ? 2 : 0) + 1));
+        int fwd = s->recompute_full ? 2 : 1;
+        CPAttnComm a = cp_attention_comm(s);
+        n.cp = (double)accum * (s->Ls * (a.ring_calls + a.a2a_calls) + s->nmoe * fwd * ((s->capped ? 2 : 0) + 1));
     }
     // ep: dispatch and return, forward, backward (and the recomputed forward)
     if (s->ep > 1 && s->nmoe > 0) { n.ep = (double)accum * s->nmoe * 2 * (s->recompute_full ? 3 : 2); }
@@ -588,7 +614,7 @@ static int stage_cores(const Args *a, int world, double cores, int *core, double
 }
 
 // Each group's seconds per byte (bw) and per call (lat) for layout a of world ranks on machine mc.
-typedef struct { double tp, cp, pp, ep, dp, emb; } GroupRates;
+typedef struct { double tp, cp, cpa, pp, ep, dp, emb; } GroupRates;   // cpa: cp's all-to-alls (U ranks)
 static void group_rates(const Args *a, int world, int dp, const Machine *mc, GroupRates *bw, GroupRates *lat) {
     long tcp = (long)a->tp * a->cp;
     bw->tp = group_bw(mc, COMM_RING, a->tp, a->tp); bw->cp = group_bw(mc, COMM_P2P, a->cp, tcp);
@@ -597,6 +623,8 @@ static void group_rates(const Args *a, int world, int dp, const Machine *mc, Gro
     lat->tp = group_lat(mc, COMM_RING, a->tp, a->tp); lat->cp = group_lat(mc, COMM_P2P, a->cp, tcp);
     lat->pp = group_lat(mc, COMM_P2P, a->pp, tcp * a->pp); lat->ep = group_lat(mc, COMM_A2A, a->ep, tcp * a->pp * a->ep);
     lat->dp = group_lat(mc, COMM_RING, dp * a->cp, world); lat->emb = group_lat(mc, COMM_RING, 2, tcp * a->pp);
+    int U = cp_ulysses_degree(a);   // (U consecutive cp ranks)
+    bw->cpa = group_bw(mc, COMM_A2A, U, (long)a->tp * U); lat->cpa = group_lat(mc, COMM_A2A, U, (long)a->tp * U);
 }
 
 // One stage's seconds per micro-batch: its forward f, backward B b and W w (ZB runs them apart; the others B and W
@@ -626,10 +654,14 @@ static StageTime stage_time(const Args *a, const GPT2Config *c, const Machine *m
     double elem = layers * mc->elem_passes * tokens / (a->sp ? a->tp : 1) * C * X / mc->mem_bw;
     double fixed = layers * mc->layer_cost;
     // each group's seconds per micro-batch: its bytes at its bandwidth, and a latency per call (the cp ring's
-    // hops overlap attention, as far as the machine overlaps)
+    // hops overlap attention, as far as the machine overlaps; cp's all-to-alls (Ulysses, the hybrid) are at the
+    // all-to-all's rates over U ranks, and exposed: the attention waits for them)
     CommBytes cb = comm_step_bytes(sh, accum, comm_ep_rows_even(sh, accum), NULL), cn = comm_step_calls(sh, accum, NULL);
+    CPAttnComm cpa = cp_attention_comm(sh);
+    double a2a = sh->Ls * (cpa.a2a / bw->cpa + cpa.a2a_calls * lat->cpa);
     double ctp = (cb.tp / bw->tp + cn.tp * lat->tp) / accum, cep = (cb.ep / bw->ep + cn.ep * lat->ep) / accum;
-    double ccp = (cb.cp / bw->cp + cn.cp * lat->cp) / accum, cp_exposed = ccp - ov * fmin(ccp, at);
+    double ccp = ((cb.cp - accum * sh->Ls * cpa.a2a) / bw->cp + (cn.cp - accum * sh->Ls * cpa.a2a_calls) * lat->cp) / accum;
+    double cp_exposed = ccp - ov * fmin(ccp, at) + a2a;
     // forward a third of the compute, backward two thirds (B: the inputs' gradients, W: the weights');
     // recompute: mlp runs fc and GELU again (an eighth of a dense layer's GEMMs), full the whole forward
     double fwd = (g + at) / 3 + elem / 3 + fixed / 3;

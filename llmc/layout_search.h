@@ -149,10 +149,12 @@ static int plan_report(const Args *a, const GPT2Config *c, int world, double lim
     CommShape *shapes = (CommShape *)malloc_check(sizeof(CommShape) * a->pp);
     int worst = plan_stages(a, c, world, b, plans, shapes), accum = a->total_batch / (a->B * a->T * a->dp);
     double reserve = plan_reserve(b);
-    printf("memory plan: L %d C %d NH %d Vp %d%s, world %d = tp %d x cp %d x pp %d x dp %d, B %d T %d x %d "
+    char kind[48] = "";
+    if (cp_ulysses_degree(a) > 1) { snprintf(kind, sizeof(kind), " (%s, all-to-all in %d)", a->cp_kind, cp_ulysses_degree(a)); }
+    printf("memory plan: L %d C %d NH %d Vp %d%s, world %d = tp %d x cp %d%s x pp %d x dp %d, B %d T %d x %d "
            "micro-batches, zero %d%s, %s%s, recompute %s, ce chunk %d; %s\n",
            c->num_layers, c->channels, c->num_heads, c->padded_vocab_size, c->num_experts ? " (MoE)" : "", world, a->tp,
-           a->cp, a->pp, a->dp, a->B, a->T, accum, a->zero, a->sp ? ", sp" : "", a->pp_schedule,
+           a->cp, kind, a->pp, a->dp, a->B, a->T, accum, a->zero, a->sp ? ", sp" : "", a->pp_schedule,
            a->vpp > 1 ? " (vpp)" : "", a->recompute, a->ce_chunk, b.name);
     plan_print_stages(a, c, world, b, plans);
     StepTime t = plan_step_time(a, c, world, &mc, shapes);
@@ -206,6 +208,7 @@ typedef struct {
     double peak;
     StepTime t;
     long id;   // the enumeration's order (ties keep it)
+    int cp_u;  // cp's all-to-all group size: 1 the ring, cp Ulysses, between the hybrid (--cp-ulysses)
 } Layout;
 
 // The flags that give layout x (beside the command line's model, -t and -d).
@@ -213,6 +216,8 @@ static void layout_flags(const Layout *x, char *out, size_t n) {
     int o = snprintf(out, n, "-b %d", x->B);
     if (x->tp > 1) { o += snprintf(out + o, n - o, " --tp %d%s", x->tp, x->sp ? " --sp" : ""); }
     if (x->cp > 1) { o += snprintf(out + o, n - o, " --cp %d", x->cp); }
+    if (x->cp > 1 && x->cp_u == x->cp) { o += snprintf(out + o, n - o, " --cp-kind ulysses"); }
+    else if (x->cp_u > 1) { o += snprintf(out + o, n - o, " --cp-kind hybrid --cp-ulysses %d", x->cp_u); }
     if (x->pp > 1) {
         o += snprintf(out + o, n - o, " --pp %d", x->pp);
         if (x->vpp > 1) { o += snprintf(out + o, n - o, " --vpp %d", x->vpp); }
@@ -232,6 +237,8 @@ static Args layout_args(const Args *base, const Layout *x, long tokens) {
     a.zero = x->zero; a.sp = x->sp; a.recompute = x->recompute;
     a.pp_schedule = x->schedule; a.pp_layers = x->split; a.B = x->B;
     a.ce_chunk = x->ce_chunk; a.total_batch = (int)tokens;
+    a.cp_kind = x->cp_u <= 1 ? "ring" : x->cp_u == x->cp ? "ulysses" : "hybrid";
+    a.cp_ulysses = x->cp_u > 1 && x->cp_u < x->cp ? x->cp_u : 0;
     return a;
 }
 
@@ -274,7 +281,7 @@ static int layout_same_choices(const Layout *x, const Layout *y) {
     return x->tp == y->tp && x->cp == y->cp && x->pp == y->pp && x->vpp == y->vpp && x->ep == y->ep
         && x->zero == y->zero && x->sp == y->sp && x->B == y->B && x->ce_chunk == y->ce_chunk
         && !strcmp(x->schedule, y->schedule) && !strcmp(x->recompute, y->recompute)
-        && (x->split == NULL) == (y->split == NULL);
+        && (x->split == NULL) == (y->split == NULL) && x->cp_u == y->cp_u;
 }
 
 static int layout_faster(const void *x, const void *y) {
@@ -328,10 +335,10 @@ static void search_try(Search *s, Layout x) {
     s->fit[s->nfit++] = x;
 }
 
-// Every layout of one grid (tp x cp x pp, dp the rest): ep, ZeRO, SP, recompute, the pipeline's schedule (1F1B,
-// GPipe, ZB-H1, interleaved with 2 chunks) and split (even, auto), the micro-batch B, the CE chunk (the command
-// line's, and 0: the full logits).
-static void search_grid(Search *s, int tp, int cp, int pp) {
+// Every layout of one grid (tp x cp x pp, dp the rest): cp's attention (the ring, Ulysses, the hybrid at each U
+// between), ep, ZeRO, SP, recompute, the pipeline's schedule (1F1B, GPipe, ZB-H1, interleaved with 2 chunks) and
+// split (even, auto), the micro-batch B, the CE chunk (the command line's, and 0: the full logits).
+static void search_grid_kind(Search *s, int tp, int cp, int pp, int u) {
     static const char *recomputes[3] = {"none", "mlp", "full"};
     static const char *schedules[4] = {"1f1b", "gpipe", "zb", "interleaved"};
     int dp = s->world / (tp * cp * pp), nsched = pp > 1 ? 4 : 1, nsplit = pp > 1 ? 2 : 1;
@@ -347,7 +354,7 @@ static void search_grid(Search *s, int tp, int cp, int pp) {
                                 if (s->tokens % ((long)B * s->base->T * dp)) { continue; }
                                 for (int k = 0; k < nchunks; k++) {
                                     Layout x = {tp, cp, pp, sc == 3 ? 2 : 1, ep, zero, sp, B, chunks[k], schedules[sc],
-                                                split ? "auto" : NULL, recomputes[r], 0, {0}, 0};
+                                                split ? "auto" : NULL, recomputes[r], 0, {0}, 0, u};
                                     search_try(s, x);
                                 }
                             }
@@ -357,6 +364,10 @@ static void search_grid(Search *s, int tp, int cp, int pp) {
             }
         }
     }
+}
+
+static void search_grid(Search *s, int tp, int cp, int pp) {
+    for (int u = 1; u <= cp; u++) { if (cp % u == 0) { search_grid_kind(s, tp, cp, pp, u); } }
 }
 
 // The search's heading: the model, the world, the limit, the machine's rates, the counts of the layouts tried.

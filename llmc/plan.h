@@ -89,10 +89,12 @@ static void plan_explain(const Args *a, const GPT2Config *c, int world, int stag
                               a->ce_chunk == 0 || a->ce_chunk > BT ? (int)BT : a->ce_chunk,
                                   c->padded_vocab_size / a->tp, X); break;
     case MEM_COMM: snprintf(out, n,
-                            "comm buffers: MoE dispatch rows, the cp ring's k, v, or pipeline gradient copies"); break;
+                            "comm buffers: MoE dispatch rows, the cp ring's k, v, cp's all-to-all blocks (Ulysses), "
+                            "or pipeline gradient copies"); break;
     default: snprintf(out, n, "workspace: %s",
-                      b.cuda && a->cp == 1
-                      ? "cuBLAS attention scores (NH/tp, T, T) in fp32 and floatX, and the layers' scratch"
+                      b.cuda && (a->cp == 1 || cp_ulysses_degree(a) == a->cp)
+                      ? "cuBLAS attention scores (NH/tp, T, T) in fp32 and floatX (Ulysses: NH/(tp cp) heads of the "
+                        "whole T), and the layers' scratch"
                                                                     : "one layer's scratch (B*T, 4C/tp)"); break;
     }
 }

@@ -39,9 +39,11 @@ static void print_setup(const Args *a, const GPT2Config *c, Grid *g, size_t num_
                a->cap1000 == 0 ? ", dropless" : "", a->drop_policy, mo.aux_coeff, mo.z_coeff, mo.bias_rate, g->ep, moe_El,
                g->edp_group.size);
     }
-    printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, cp %d, pp %d (%s), "
+    char kind[48] = "";
+    if (cp_ulysses_degree(a) > 1) { snprintf(kind, sizeof(kind), " (%s, all-to-all in %d)", a->cp_kind, cp_ulysses_degree(a)); }
+    printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, cp %d%s, pp %d (%s), "
            "ce chunk %d, recompute %s\n", a->B, a->T, g->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "",
-           a->cp, a->pp, a->pp_schedule, a->ce_chunk, a->recompute);
+           a->cp, kind, a->pp, a->pp_schedule, a->ce_chunk, a->recompute);
     if (a->pp > 1) { print_layer_split(c, a->pp_layers, a->T, a->pp, a->vpp); }
 }
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Several ranks on one GPU: the multi-rank CUDA paths (NCCL collectives on per-group streams, pipeline
-# send/receive, the MoE all-to-all, ring attention's overlapped hops, ZeRO-3 prefetch) against the PyTorch
-# reference, with the ranks time-sliced on the one GPU a session is lent; then one injected fault (a rank stopped)
-# that the flight recorder's CUDA events must let the watchdog diagnose. Its own GPU run (<= 5 minutes), not a
-# step of gpu_check.sh.
+# send/receive, the MoE all-to-all, ring attention's overlapped hops, Ulysses' and the hybrid's all-to-alls, ZeRO-3
+# prefetch) against the PyTorch reference, with the ranks time-sliced on the one GPU a session is lent; then one
+# injected fault (a rank stopped) that the flight recorder's CUDA events must let the watchdog diagnose. Its own
+# GPU run (<= 5 minutes), not a step of gpu_check.sh.
 #   What it proves: the NCCL calls (counts, types, peers, in-place layouts), stream and event ordering under
 #   real asynchronous NCCL, every kernel at sharded shapes. What it cannot: NVLink or shared-memory transports
 #   (the ranks talk over sockets), several GPUs' concurrency (the ranks take turns on one), any speed.
@@ -106,6 +106,8 @@ LAYOUTS=(
     "2|--ref refs/tiny -b 4 --tp 2 --sp --check-comm|tp2_sp"
     "2|--ref refs/l8 -b 1 --pp 2 --vpp 2|pp2_vpp2"                              # interleaved 1F1B: send/receive
     "2|--ref refs/tiny -b 4 --cp 2 --check-comm|cp2"                            # the ring's overlapped hops
+    "2|--ref refs/tiny -b 4 --cp 2 --cp-kind ulysses --check-comm|cp2_ulysses"  # NCCL all-to-all of q, k, v, out
+    "4|--ref refs/tiny -b 4 --cp 4 --cp-kind hybrid --cp-ulysses 2 --check-comm|cp4_hybrid"   # all-to-all in pairs, the ring across
     "2|--ref refs/moe -b 2 --ep 2 --check-comm|moe_ep2"                         # all-to-all; F 1.25: drops
     "4|--ref refs/tiny -b 2 --tp 2 --pp 2|tp2_pp2"
     "4|--ref refs/moe -b 2 --cp 2 --ep 2 --zero 3 --check-comm|moe_cp2_ep2_zero3"   # the 4-rank mix

@@ -137,6 +137,23 @@ expect memory_limit     1 "--memory-limit expects a size such as 80G" -e "$TINY"
 expect plan_layout      1 "world size 3 is not divisible by tp*cp*pp = 2*1*1" -e "$TINY" --plan 3 --tp 2
 expect cp_world         3 "not divisible by tp*cp*pp = 1*2*1"  -e "$TINY" --cp 2
 expect cp_chunks        2 "T = 34 is not a multiple of 2*cp = 4" -e "$TINY" --cp 2 -t 34
+# cp's kinds (--cp-kind ring|ulysses|hybrid, --cp-ulysses U): a head shard is whole heads of the tp rank's (its kv
+# heads too: U divides them, or they divide U), U only for the hybrid, with no default, strictly between 1 and cp
+# and dividing it; the chunks as the ring's
+H6="L=2,C=96,NH=6,V=250,maxT=64"
+expect cp_kind_bad      1 "--cp-kind expects ring, ulysses or hybrid, got 'tree'" -e "$TINY" --cp-kind tree
+expect cp_kind_no_cp    1 "--cp-kind ulysses: context parallelism needs --cp N >= 2" -e "$TINY" --cp-kind ulysses
+expect cp_uly_heads     4 "--cp-kind ulysses: --cp 4 does not divide the 6 query heads per tp rank (NH 6 / --tp 1)" -e "$H6" --cp 4 --cp-kind ulysses -t 32
+expect cp_uly_kv_heads  4 "--cp-kind ulysses: --cp 4 and the 3 kv heads per tp rank (KV 3 / --tp 1) do not divide one another" -e "arch=llama,L=2,C=96,NH=12,KV=3,V=250,maxT=64" --cp 4 --cp-kind ulysses -t 32
+expect cp_hybrid_heads  1 "--cp-kind hybrid: --cp-ulysses 2 does not divide the 3 query heads per tp rank (NH 6 / --tp 2)" -e "$H6" --plan 8 --tp 2 --cp 4 --cp-kind hybrid --cp-ulysses 2 -t 32
+expect cp_ulysses_ring  2 "--cp-ulysses 2 is the hybrid's all-to-all group size: it needs --cp-kind hybrid (not ring)" -e "$TINY" --cp 2 --cp-ulysses 2
+expect cp_ulysses_uly   2 "--cp-ulysses 2 is the hybrid's all-to-all group size: it needs --cp-kind hybrid (not ulysses)" -e "$TINY" --cp 2 --cp-kind ulysses --cp-ulysses 2
+expect cp_hybrid_no_u   4 "--cp-kind hybrid needs --cp-ulysses U (the all-to-all groups' size, 1 < U < cp dividing --cp 4; no default)" -e "$TINY" --cp 4 --cp-kind hybrid
+expect cp_hybrid_u_cp   4 "--cp-ulysses 4 must be strictly between 1 and --cp 4 and divide it" -e "$TINY" --cp 4 --cp-kind hybrid --cp-ulysses 4
+expect cp_hybrid_u_1    4 "--cp-ulysses 1 must be strictly between 1 and --cp 4 and divide it" -e "$TINY" --cp 4 --cp-kind hybrid --cp-ulysses 1
+expect cp_hybrid_u_div  1 "--cp-ulysses 4 must be strictly between 1 and --cp 6 and divide it" -e "$TINY" --plan 6 --cp 6 --cp-kind hybrid --cp-ulysses 4 -t 48
+expect cp_uly_chunks    2 "T = 34 is not a multiple of 2*cp = 4" -e "$TINY" --cp 2 --cp-kind ulysses -t 34
+expect cp_hybrid_chunks 4 "T = 36 is not a multiple of 2*cp = 8" -e "$TINY" --cp 4 --cp-kind hybrid --cp-ulysses 2 -t 36
 expect flag_twice       1 "flag -b is given twice"            -e "$TINY" -b 4 -t 32 -b 2
 expect val_without_train 1 "-j needs -i"                      -e "$TINY" -t 32 -j "$DOK"
 expect huge_descriptor  1 "out of host memory"                -e d128

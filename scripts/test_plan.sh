@@ -39,6 +39,7 @@ plan_case zb_moe_tp2sp 4 2 -e "$D,E=4,k=2,every=2" -b 2 -t 32 -d 256 --tp 2 --sp
 LL="arch=llama,L=4,C=64,NH=4,KV=2,V=256,maxT=64"   # (Llama: no wpe, RMSNorm's stats, kv heads, SwiGLU, an untied head)
 plan_case llama_tp2sp_pp2 4 2 -e "$LL" -b 2 -t 32 -d 256 --tp 2 --sp --pp 2 --zero 3 --pp-schedule zb
 plan_case llama_cp2_tied  2 1 -e "arch=llama,L=4,C=64,NH=4,KV=1,V=256,maxT=64,tied=1" -b 2 -t 32 --cp 2 --recompute mlp
+plan_case llama_cp4_hybrid 4 4 -e "arch=llama,L=4,C=64,NH=4,KV=1,V=256,maxT=64" -b 2 -t 32 --cp 4 --cp-kind hybrid --cp-ulysses 2   # all-to-all buffers, the kv head replicated
 
 # 2. the advice: the first lever that fits, and a run of it (the lever's flags replacing the same flags of
 #    the case) measures the predicted peak total on its worst rank, byte for byte
