@@ -615,7 +615,8 @@ static double zb_store_formula(GPT2 *m, int accum, double Rr) {
         int full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE, tp = m->grid->tp;
         double Hl = m->moe.Hl, SHl = m->moe.SHl, hs = C / c->num_heads, Fl = (double)c->ffn_hidden / tp;
         double qkv = (c->num_heads + 2.0 * c->kv_heads) / tp * hs, fc = c->arch == ARCH_LLAMA ? 2 * Fl : Fl;
-        double common = X * (BT * (C + qkv) + 4 * C + ((m->sp && m->grid->tp > 1) || full ? 2 * BT * C : 0) +
+        double qkn = c->qk_norm ? (c->num_heads + c->kv_heads) / tp * hs : 0;   // (+ QK-norm's weight gradients)
+        double common = X * (BT * (C + qkv) + 4 * C + qkn + ((m->sp && m->grid->tp > 1) || full ? 2 * BT * C : 0) +
                              (full ? BT * Cl : 0));
         double dense_w = common + X * (BT * (C + fc) + (rec ? BT * Fl : 0));
         double hw = c->arch == ARCH_LLAMA ? 2 : 1;   // (SwiGLU: the gradients of [gate | up])
@@ -642,12 +643,14 @@ static void check_memory_activations(GPT2 *m, int accum) {
     // layer's fc and GELU outputs; a MoE layer's routing and expert rows, and its experts' fc and GELU
     // (Llama: RMSNorm keeps no mean; qkv rows of NH/tp query and KV/tp kv heads; SwiGLU's fc output [gate | up]
     // 2F/tp, its activation F/tp; GPT-2: 3C/tp, 4C/tp and 4C/tp)
+    // (QK-norm: q's and k's rows before the norm and their two scales per token)
     // (cp's all-to-all over U ranks leaves the head shard's qkv stored: with fewer kv heads per tp rank than U, each
     // replicated U/KV times, the rows NH/tp + 2U heads wide)
     int llama = c->arch == ARCH_LLAMA, tp = m->grid->tp, U = m->cpring.U, KVl = c->kv_heads / tp;
     double hs = C / c->num_heads, Fl = (double)c->ffn_hidden / tp;
     double qkv = ((double)c->num_heads / tp + 2.0 * (KVl % U == 0 ? KVl : U)) * hs;
     double core = X * 3.0 * BTs * C + 4.0 * (llama ? 2.0 : 4.0) * BTs + X * BT * (qkv + Cl) + 4.0 * BT * m->NHl;
+    if (c->qk_norm) { core += X * BT * ((double)c->num_heads / tp + KVl) * hs + 4.0 * 2 * BT; }   // (q, k raw; scales)
     // (a MoE layer: SwiGLU experts keep [gate | up] and their output, GELU ones fc and GELU; Qwen2-MoE's shared gate
     // one float per token)
     double hw = llama ? 3.0 : 2.0, sgate = c->shared_gate ? 4.0 * BT : 0;

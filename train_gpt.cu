@@ -1,5 +1,5 @@
 /*
-GPT-2 training, single source, CPU or CUDA, any mix of data / ZeRO / tensor+sequence / context / pipeline
+GPT-2 and Llama-family training, single source, CPU or CUDA, any mix of data / ZeRO / tensor+sequence / context / pipeline
 (1F1B, GPipe, interleaved, zero-bubble) / expert parallelism. This file is the model (its units, parameters, forward, fused head, backward, update)
 and the program (set-up, the training loop, main), read top to bottom; each parallel strategy and each
 other concern lives in one file of llmc/, listed below with what it defines.
@@ -21,6 +21,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/gelu.h"              // defines: GELU (tanh) forward and backward
 #include "llmc/rmsnorm.h"           // defines: RMSNorm (Llama); a model's norm, LayerNorm or RMSNorm
 #include "llmc/rope.h"              // defines: rotary position embeddings (Llama), at each token's position
+#include "llmc/qk_norm.h"           // defines: QK-norm (OLMoE): RMSNorm over the whole q and k projections, over tp
 #include "llmc/swiglu.h"            // defines: SwiGLU (Llama); a model's MLP activation, GELU or SwiGLU
 #include "llmc/residual.h"          // defines: residual + bias, fused residual + LayerNorm
 #include "llmc/fused_ce.h"          // defines: fused_classifier: the LM head and the loss chunk by chunk, vocab-parallel
@@ -38,7 +39,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/dataloader.h"        // defines: DataLoader (llm.c's shards and order), the built-in corpus, the run's data
 #include "llmc/tokenizer.h"         // defines: Tokenizer (llm.c's tokenizer.bin, decoding)
 #include "llmc/schedulers.h"        // defines: the learning rate schedules
-#include "llmc/model_file.h"        // defines: GPT2Config, the tensors in file order, model files, init, upcycling
+#include "llmc/model_file.h"        // defines: GPT2Config, the tensors in file order, a unit's tensors, model files, init, upcycling
 #include "llmc/checkpoint.h"        // defines: layout-independent checkpoints, resume, the run directory
 #include "llmc/args.h"              // defines: Args, the table of flags, parse_args, the layout checks
 #include "llmc/cost_model.h"        // defines: the machine, a step's bytes per group by formula, the step-time model
@@ -51,32 +52,6 @@ other concern lives in one file of llmc/, listed below with what it defines.
 // ----------------------------------------------------------------------------
 // the model's units: how the tensors (model_file.h) are cut over the pipeline stages, tp and ep ranks
 
-// One unit of zero.h: the embedding (wpe, wte), a layer, the experts of a MoE layer held by this ep
-// rank, the final norm, or an untied LM head, reduced over data-parallel group dpg. Inside a unit the tensors whose
-// gradients are partial over tp under SP come first (one block to all-reduce under SP). The tensors the model does
-// not have (Llama's wpe and biases) are left out.
-static void build_unit(const GPT2Config *c, int tp, int ep, int ep_rank, Group *dpg, Unit *U, const int *ids, int n,
-                       int layer) {
-    memset(U, 0, sizeof(Unit));
-    U->dpg = dpg;
-    for (int k = 0; k < n; k++) {
-        TensorSpec s = tensor_spec(c, ids[k]);
-        if (s.rows * s.cols == 0) { continue; }
-        UnitTensor *t = &U->t[U->ntensors++];
-        t->id = ids[k];
-        t->layer = layer;
-        t->nblk = s.experts ? s.nblk / ep : s.nblk;   // the local experts [blk0, blk0 + nblk)
-        t->blk0 = s.experts ? ep_rank * t->nblk : 0;
-        t->offset = U->size;
-        t->size = (size_t)t->nblk * s.rows * s.cols / (s.split == SPLIT_NONE ? 1 : tp);
-        t->decay = s.decay;
-        t->replicated = s.split == SPLIT_NONE;
-        U->size += t->size;
-        if (t->replicated && !s.full_grad) { U->nrep = U->size; }
-        if (ids[k] == T_WTE || ids[k] == T_HEAD) { U->embedding = 1; }   // (ZeRO-3: a work buffer of their own)
-    }
-}
-
 // The units of a pipeline stage, in the order they run: the embedding (first stage), its layers
 // (a MoE layer: the layer, then its experts; interleaved: chunk 0's, then chunk 1's, ...), the final
 // norm and an untied LM head (last stage). With a pipeline the first stage's wte and wpe are two units, and the
@@ -87,11 +62,13 @@ static void build_unit(const GPT2Config *c, int tp, int ep, int ep_rank, Group *
 static int build_units(const GPT2Config *c, Grid *grid, int vpp, const int *first, Unit *units, int *u_embed,
                        int *u_pos, int *u_layer, int *u_experts, int *u_final, int *u_head) {
     static const int embedding[] = {T_WPE, T_WTE}, token[] = {T_WTE}, position[] = {T_WPE};
-    static const int layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_FCPROJB,
+    static const int layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_FCPROJB, T_QNORMW, T_KNORMW,
                                 T_QKVW, T_QKVB, T_ATTPROJW, T_FCW, T_FCB, T_FCPROJW};
-    static const int moe_layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_ROUTERW, T_QKVW, T_QKVB, T_ATTPROJW};
-    static const int moe_shared_layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_ROUTERW, T_QKVW, T_QKVB,
-                                           T_ATTPROJW, T_SFCW, T_SFCB, T_SFCPROJW, T_SFCPROJB, T_SGATEW};   // (+ shared)
+    static const int moe_layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_QNORMW, T_KNORMW, T_ROUTERW, T_QKVW,
+                                    T_QKVB, T_ATTPROJW};
+    static const int moe_shared_layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_QNORMW, T_KNORMW, T_ROUTERW,
+                                           T_QKVW, T_QKVB, T_ATTPROJW, T_SFCW, T_SFCB, T_SFCPROJW, T_SFCPROJB,
+                                           T_SGATEW};   // (+ shared)
     static const int experts[] = {T_EFCPROJB, T_EFCW, T_EFCB, T_EFCPROJW};
     static const int final_ln[] = {T_LNFW, T_LNFB}, head[] = {T_HEAD};
     int tp = grid->tp, pp = grid->pp, stage = grid->pp_rank, ep = grid->ep, er = grid->ep_rank, n = 0, ll = 0;
@@ -109,9 +86,9 @@ static int build_units(const GPT2Config *c, Grid *grid, int vpp, const int *firs
         for (int l = l0; l < l1; l++, ll++) {
             u_layer[ll] = n;
             u_experts[ll] = -1;
-            if (!is_moe_layer(c, l)) { build_unit(c, tp, ep, er, dp, &units[n++], layer, 12, l); continue; }
-            if (c->shared_experts > 0) { build_unit(c, tp, ep, er, dp, &units[n++], moe_shared_layer, 14, l); }
-            else { build_unit(c, tp, ep, er, dp, &units[n++], moe_layer, 9, l); }
+            if (!is_moe_layer(c, l)) { build_unit(c, tp, ep, er, dp, &units[n++], layer, 14, l); continue; }
+            if (c->shared_experts > 0) { build_unit(c, tp, ep, er, dp, &units[n++], moe_shared_layer, 16, l); }
+            else { build_unit(c, tp, ep, er, dp, &units[n++], moe_layer, 11, l); }
             u_experts[ll] = n;
             build_unit(c, tp, ep, er, &grid->edp_group, &units[n++], experts, 4, l);
         }
@@ -130,11 +107,6 @@ static int build_units(const GPT2Config *c, Grid *grid, int vpp, const int *firs
     return n;
 }
 
-// Pointers to each tensor of a unit, given the unit's base (parameters or gradients: same layout).
-static void unit_view(const Unit *U, floatX *base, floatX *ptr[NUM_TENSORS]) {
-    for (int k = 0; k < U->ntensors; k++) { ptr[U->t[k].id] = base + U->t[k].offset; }
-}
-
 // ----------------------------------------------------------------------------
 // the model
 
@@ -147,6 +119,8 @@ typedef struct {
     floatX *ln1;        // (Ls, BTs, C)
     float *ln1_mean, *ln1_rstd;   // (Ls, BTs)
     floatX *qkv;        // (Ls, BT, 3Cl)
+    floatX *qkraw;      // (Ls, BT, (NHl + KVl) hs) QK-norm: q's rows, then k's, before the norm
+    float *qkrstd;      // (Ls, 2, BT) QK-norm: q's and k's scales
     floatX *atty;       // (Ls, BT, Cl)
     float *lse;         // (Ls, B, NHl, T) attention log-sum-exp
     floatX *mid;        // (Ls, BTs, C) residual after attention
@@ -165,6 +139,7 @@ typedef struct {
     floatX *res, *ln1, *mid, *ln2, *out;                 // (BTs, C): input, ln1, after attention, ln2, output
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;   // (BTs)
     floatX *qkv, *atty, *fch, *fchg;                     // (BT, 3Cl), (BT, Cl), (BT, 4Cl), (BT, 4Cl): fch only dense
+    floatX *qkraw; float *qkrstd;                        // QK-norm: (BT, (NHl + KVl) hs), (2, BT)
     float *lse;                                          // (B, NHl, T)
     MoEActs *moe;                                        // MoE layers
 } LayerActs;
@@ -177,6 +152,7 @@ typedef struct {        // shared by all layers and micro-batches
     floatX *dwide;      // (BT, max(FCl, QKVl)) gradient of fc's output, then of qkv
     floatX *dact;       // (BT, Fl) SwiGLU: the gradient of the MLP's activation
     floatX *datty;      // (BT, Cl)
+    float *qkss;        // (2, BT) QK-norm: the tokens' sums over q and k (squares, then products), all-reduced
     float *losses;      // (BT)
     double *loss_sum;   // (1) the losses of the step's micro-batches (or the evaluation's batches), summed
 } Workspace;
@@ -222,6 +198,7 @@ typedef struct {
     int KVl, hs, QKVl, FCl, Fl;  // its kv heads; the head size; the widths of its qkv rows ((NHl + 2 KVl) hs), of
                                  // fc's output (GPT-2: 4C/tp; Llama: [gate | up] 2F/tp) and of the MLP's activation
     int rms, swiglu;             // Llama's ops: RMSNorm for LayerNorm, SwiGLU for GELU, RoPE for wpe
+    int QKn;                     // QK-norm (OLMoE): the width of a token's q and k on this rank, (NHl + KVl) hs; 0: none
     float *rope;                 // Llama: (maxT, hs) RoPE's cos and sin (rope.h), on the device
     int first, last, Ls, vpp;      // pipeline: is this the first / last stage; its layers; its model chunks
     int *layer_id;               // (Ls) the model layer of each of the stage's layers (chunk by chunk)
@@ -288,6 +265,7 @@ static LayerActs layer_acts(const GPT2 *m, const Activations *acts, int l) {
     x.ln2_mean = h->ln2_mean + (m->rms ? 0 : s);
     x.ln2_rstd = h->ln2_rstd + s;
     x.qkv = h->qkv + f * m->cpring.qkv_w; x.atty = h->atty + f * Cl;
+    x.qkraw = h->qkraw + f * m->QKn; x.qkrstd = h->qkrstd + 2 * f;
     x.fch = fc->fch + dense * m->BT * m->FCl; x.fchg = fc->fchg + dense * m->BT * m->Fl;
     x.lse = h->lse + f * m->NHl;
     x.moe = &h->moe[li];
@@ -309,6 +287,7 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     m->rms = m->swiglu = c->arch == ARCH_LLAMA;
     m->KVl = c->kv_heads / tp; m->hs = c->channels / c->num_heads; m->QKVl = (m->NHl + 2 * m->KVl) * m->hs;
     m->Fl = c->ffn_hidden / tp; m->FCl = m->swiglu ? 2 * m->Fl : m->Fl;
+    m->QKn = c->qk_norm ? (m->NHl + m->KVl) * m->hs : 0;
     m->first = grid->pp_rank == 0;
     m->last = grid->pp_rank == grid->pp - 1;
     m->vpp = vpp;
@@ -362,6 +341,8 @@ static void slot_alloc(GPT2 *m, Activations *acts, int scratch, int Lc, int Ldc,
     acts->ln1_mean = (float *)mem_alloc(nmean * BTs * F, MEM_ACTIVATIONS);
     acts->ln1_rstd = (float *)mem_alloc(n * BTs * F, MEM_ACTIVATIONS);
     acts->qkv = (floatX *)mem_alloc(n * BT * m->cpring.qkv_w * X, MEM_ACTIVATIONS);
+    acts->qkraw = (floatX *)mem_alloc(n * BT * m->QKn * X, MEM_ACTIVATIONS);
+    acts->qkrstd = (float *)mem_alloc((m->QKn ? n : 0) * 2 * BT * F, MEM_ACTIVATIONS);
     acts->atty = (floatX *)mem_alloc(n * BT * Cl * X, MEM_ACTIVATIONS);
     acts->lse = (float *)mem_alloc(n * BT * m->NHl * F, MEM_ACTIVATIONS);
     acts->mid = (floatX *)mem_alloc(n * BTs * C * X, MEM_ACTIVATIONS);
@@ -407,6 +388,7 @@ static void workspace_alloc(GPT2 *m, int chunk, int any_moe) {
     w->dwide = (floatX *)mem_alloc(BT * (m->FCl > m->QKVl ? m->FCl : m->QKVl) * X, MEM_WORKSPACE);
     w->dact = m->swiglu ? (floatX *)mem_alloc(BT * m->Fl * X, MEM_WORKSPACE) : NULL;
     w->datty = (floatX *)mem_alloc(BT * Cl * X, MEM_WORKSPACE);
+    w->qkss = (float *)mem_alloc((m->QKn ? 2 * BT : 0) * F, MEM_WORKSPACE);
     if (any_moe) { moe_work_alloc(&m->moe); }
     if (m->last) {
         w->losses = (float *)mem_alloc(BT * F, MEM_LOGITS);
@@ -426,7 +408,7 @@ static size_t wgrads_layout(const GPT2 *m, int moe, floatX *q, float *qf, WGrads
     int full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE;
     memset(d, 0, sizeof(*d));
     #define TAKE(ptr, count) ((ptr) = q ? q + n : NULL, n += (count))
-    TAKE(d->dattproj, BT * C); TAKE(d->dqkv, BT * m->QKVl); TAKE(d->lnp, 4 * C);
+    TAKE(d->dattproj, BT * C); TAKE(d->dqkv, BT * m->QKVl); TAKE(d->lnp, 4 * C + m->QKn);
     if ((m->sp && m->grid->tp > 1) || full) { TAKE(d->xln2, BT * C); TAKE(d->xln1, BT * C); }
     if (full) { TAKE(d->atty, BT * Cl); }
     if (!moe) {
@@ -587,6 +569,10 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
     norm_forward(m->rms, y.ln1, y.ln1_mean, y.ln1_rstd, y.res, p[T_LN1W], p[T_LN1B], eps, BTs, C);
     x = tp_all_tokens(tp, sp, y.ln1, w->xfull, BTs, C);
     matmul_forward(y.qkv, x, p[T_QKVW], p[T_QKVB], BT, C, m->QKVl);
+    if (m->QKn) {
+        qk_norm_forward(tp, y.qkv, y.qkraw, y.qkrstd, w->qkss, p[T_QNORMW], p[T_KNORMW], eps, BT, NHl * m->hs,
+                        m->KVl * m->hs, m->QKVl);
+    }
     if (m->rope) { rope_forward(y.qkv, m->rope, m->seqpos, B, T, NHl, m->KVl, m->hs); }
     if (m->grid->cp > 1) { cp_attention_forward(&m->cpring, y.atty, y.lse, y.qkv, B, T, NHl, m->KVl, m->hs); }   // ring attention
     else { attention_forward(y.atty, y.lse, y.qkv, B, T, NHl, m->KVl, m->hs); }
@@ -770,7 +756,7 @@ static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int las
     if (ue < 0) { zero_prefetch_params(z, prev, u); }   // ZeRO-3: the layer below, while this one computes
     if (!d) { unit_view(&m->units[u], zero_begin_unit_backward(z, u), g); }
     else {   // (the LayerNorms' parameter gradients of this micro-batch, for W to add)
-        memset_zero_device(d->lnp, (size_t)4 * C * sizeof(floatX));
+        memset_zero_device(d->lnp, ((size_t)4 * C + m->QKn) * sizeof(floatX));
         g[T_LN2W] = d->lnp; g[T_LN2B] = d->lnp + C; g[T_LN1W] = d->lnp + 2 * C; g[T_LN1B] = d->lnp + 3 * C;
     }
     // MLP block (w->dresid is the gradient of the layer's output)
@@ -804,6 +790,11 @@ static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int las
     if (m->grid->cp > 1) { cp_attention_backward(&m->cpring, dqkv, w->datty, y.qkv, y.atty, y.lse, B, T, NHl, m->KVl, m->hs); }
     else { attention_backward(dqkv, w->datty, y.qkv, y.atty, y.lse, B, T, NHl, m->KVl, m->hs); }
     if (m->rope) { rope_backward(dqkv, m->rope, m->seqpos, B, T, NHl, m->KVl, m->hs); }   // (dq, dk before RoPE)
+    if (m->QKn) {   // (ZB: the norms' weight gradients kept in lnp after ln1's, for W to add)
+        floatX *dwq = d ? d->lnp + 4 * C : g[T_QNORMW], *dwk = d ? d->lnp + 4 * C + NHl * m->hs : g[T_KNORMW];
+        qk_norm_backward(tp, dqkv, dwq, dwk, y.qkraw, y.qkrstd, w->qkss, p[T_QNORMW], p[T_KNORMW], BT, NHl * m->hs,
+                         m->KVl * m->hs, m->QKVl);
+    }
     x = tp_all_tokens(tp, sp, y.ln1, d && d->xln1 ? d->xln1 : w->xfull, BTs, C);
     matmul_backward(w->pfull, g[T_QKVW], g[T_QKVB], dqkv, x, p[T_QKVW], BT, C, m->QKVl);
     dln = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
@@ -837,6 +828,8 @@ static void layer_backward_weights(GPT2 *m, LayerActs y, const WGrads *d, int l,
     matmul_backward(NULL, g[T_QKVW], g[T_QKVB], d->dqkv, d->xln1 ? d->xln1 : y.ln1, NULL, BT, C, m->QKVl);
     accumulate(g[T_LN1W], d->lnp + 2 * C, C);
     accumulate(g[T_LN1B], d->lnp + 3 * C, C);
+    if (m->QKn) { accumulate(g[T_QNORMW], d->lnp + 4 * C, m->NHl * m->hs); }
+    if (m->QKn) { accumulate(g[T_KNORMW], d->lnp + 4 * C + m->NHl * m->hs, m->KVl * m->hs); }
     zero_end_unit_backward(&m->zero, u, last_micro);
 }
 
@@ -1188,7 +1181,7 @@ static CommShape gpt2_comm_shape(const GPT2 *m) {
     s.moe_layers = m->moe.nlayers; s.topk = c->topk; s.E = c->num_experts; s.El = c->num_experts / grid->ep;
     s.capped = s.nmoe > 0 && m->moe.cap < m->T * grid->cp; s.padded = s.nmoe > 0 && m->moe.padded; s.cap = m->moe.cap;
     s.bias = s.nmoe > 0 && m->moe.opt.bias_rate > 0;
-    s.sgate = s.nmoe > 0 && m->moe.shared_gate;
+    s.sgate = s.nmoe > 0 && m->moe.shared_gate; s.qknorm = m->QKn > 0;
     int exact = grid->pp == 1 && s.nmoe == 0 && c->num_layers >= 2 && c->tied;   // zero_unit_params' policy, below
     s.z3_exact = exact;
     for (int u = 0; u < m->nunits; u++) {

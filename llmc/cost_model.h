@@ -228,7 +228,7 @@ typedef struct {
                                         // stage's layers
     int cp_u, Ckv_cp;                   // cp's all-to-all group size U (1: the ring alone); the kv channels a rank's
                                         // tokens carry over cp (U Hkv hs: Ckv, more with replicated kv heads)
-    int ce_chunk, recompute_full;
+    int ce_chunk, recompute_full, qknorm;   // qknorm: QK-norm (OLMoE), its sums all-reduced over tp per layer
     int nmoe, moe_layers, topk, E, El, capped, padded, cap, bias, sgate;   // MoE: the stage's MoE layers, the model's;
                                         // capped: a capacity below T (cp shares the sequences' assignments);
                                         // padded dispatch (cap rows per slot); loss-free balancing on;
@@ -328,7 +328,8 @@ static CommBytes comm_step_bytes(const CommShape *s, int accum, double ep_rows, 
     // (last stage): SP (ends+4L) reduce-scatters + (ends+6L) all-gathers of (p-1)/p BT C (2L of them the
     // backward's re-gathers), without SP (ends+4L) all-reduces; recompute full: each layer's forward
     // collectives again; the CE chunks' statistics (3 floats a token over the tp ranks); MoE: the gates'
-    // gradient (BT, k) fp32 all-reduced per MoE layer (and the shared gate's logits', BT); a pipeline without SP: the stage boundary tensors, of
+    // gradient (BT, k) fp32 all-reduced per MoE layer (and the shared gate's logits', BT); QK-norm: per layer q's
+    // and k's sums (2 BT fp32) all-reduced forward, backward (and recomputed); a pipeline without SP: the stage boundary tensors, of
     // which each tp rank received 1/tp, all-gathered; SP: the replicated elements' partial-sum gradients
     // all-reduced once per step (ZeRO-2/3: per micro-batch)
     if (s->tp > 1) {
@@ -344,7 +345,8 @@ static CommBytes comm_step_bytes(const CommShape *s, int accum, double ep_rows, 
                 ? ((s->vpp - s->first) + (s->vpp - s->last)) * ring * S * s->BTs / s->BT : 0;
         double gates = s->nmoe * 2.0 * ring * s->BT * (s->topk + (s->sgate ? 1 : 0)) * 4;   // (+ the shared gate's)
         double rep = s->sp ? 2.0 * ring * X * s->rep * (s->zero >= 2 ? accum : 1) : 0;
-        b.tp = accum * (act + ce + pipe_ag + gates) + rep;
+        double qkn = s->qknorm ? s->Ls * (s->recompute_full ? 3.0 : 2.0) * 2.0 * ring * 2.0 * s->BT * 4 : 0;
+        b.tp = accum * (act + ce + pipe_ag + gates + qkn) + rep;
     }
     return b;
 }
@@ -392,7 +394,8 @@ static CommBytes comm_step_calls(const CommShape *s, int accum, const double *ga
         double ce = s->last ? (s->BT + s->ce_chunk - 1) / s->ce_chunk : 0;
         double pipe_ag = s->pp > 1 && !s->sp ? (s->vpp - s->first) + (s->vpp - s->last) : 0;
         double rep = s->sp ? (double)s->nrep_units * (s->zero >= 2 ? accum : 1) : 0;
-        n.tp = accum * (act + ce + pipe_ag + s->nmoe * (s->sgate ? 2 : 1)) + rep;
+        double qkn = s->qknorm ? s->Ls * (s->recompute_full ? 3.0 : 2.0) : 0;
+        n.tp = accum * (act + ce + pipe_ag + s->nmoe * (s->sgate ? 2 : 1) + qkn) + rep;
     }
     return n;
 }

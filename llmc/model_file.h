@@ -209,6 +209,37 @@ static int tensor_layer_slice(const GPT2Config *c, int id, int l) {
     return l;
 }
 
+// One unit of zero.h: the embedding (wpe, wte), a layer, the experts of a MoE layer held by this ep
+// rank, the final norm, or an untied LM head, reduced over data-parallel group dpg. Inside a unit the tensors whose
+// gradients are partial over tp under SP come first (one block to all-reduce under SP). The tensors the model does
+// not have (Llama's wpe and biases) are left out.
+static void build_unit(const GPT2Config *c, int tp, int ep, int ep_rank, Group *dpg, Unit *U, const int *ids, int n,
+                       int layer) {
+    memset(U, 0, sizeof(Unit));
+    U->dpg = dpg;
+    for (int k = 0; k < n; k++) {
+        TensorSpec s = tensor_spec(c, ids[k]);
+        if (s.rows * s.cols == 0 || s.layers == 0) { continue; }   // (not in this model)
+        UnitTensor *t = &U->t[U->ntensors++];
+        t->id = ids[k];
+        t->layer = layer;
+        t->nblk = s.experts ? s.nblk / ep : s.nblk;   // the local experts [blk0, blk0 + nblk)
+        t->blk0 = s.experts ? ep_rank * t->nblk : 0;
+        t->offset = U->size;
+        t->size = (size_t)t->nblk * s.rows * s.cols / (s.split == SPLIT_NONE ? 1 : tp);
+        t->decay = s.decay;
+        t->replicated = s.split == SPLIT_NONE;
+        U->size += t->size;
+        if (t->replicated && !s.full_grad) { U->nrep = U->size; }
+        if (ids[k] == T_WTE || ids[k] == T_HEAD) { U->embedding = 1; }   // (ZeRO-3: a work buffer of their own)
+    }
+}
+
+// Pointers to each tensor of a unit, given the unit's base (parameters or gradients: same layout).
+static void unit_view(const Unit *U, floatX *base, floatX *ptr[NUM_TENSORS]) {
+    for (int k = 0; k < U->ntensors; k++) { ptr[U->t[k].id] = base + U->t[k].offset; }
+}
+
 // Host, fp32: cut this tp rank's unit (its local experts) out of the full tensors (to_unit = 1), or
 // put it back.
 static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_TENSORS], float *unit,
@@ -333,7 +364,7 @@ static void model_header_write(int h[256], const GPT2Config *c, int bf16, int wi
         memcpy(&h[19], &c->rope_theta, 4); memcpy(&h[20], &c->norm_eps, 4);
         h[21] = c->rope.kind; memcpy(&h[22], &c->rope.factor, 4); memcpy(&h[23], &c->rope.low_freq_factor, 4);
         memcpy(&h[24], &c->rope.high_freq_factor, 4); h[25] = c->rope.original_max_position;
-        h[26] = c->norm_topk; h[27] = c->shared_gate; h[28] = c->qk_norm;
+        h[26] = c->num_experts > 0 ? c->norm_topk : 0; h[27] = c->shared_gate; h[28] = c->qk_norm;   // ([26]: MoE)
     }
 }
 
@@ -343,7 +374,7 @@ static void model_header_read_family(const int h[256], GPT2Config *c) {
     memcpy(&c->rope_theta, &h[19], 4); memcpy(&c->norm_eps, &h[20], 4);
     c->rope.kind = h[21]; memcpy(&c->rope.factor, &h[22], 4); memcpy(&c->rope.low_freq_factor, &h[23], 4);
     memcpy(&c->rope.high_freq_factor, &h[24], 4); c->rope.original_max_position = h[25];
-    c->norm_topk = h[26]; c->shared_gate = h[27]; c->qk_norm = h[28];
+    c->norm_topk = h[8] > 0 ? h[26] : 1; c->shared_gate = h[27]; c->qk_norm = h[28];   // (dense: 0 in [26])
 }
 
 // The shape in a model file's header (path: for the errors); returns the bytes per stored parameter (4 or 2).
@@ -442,6 +473,44 @@ static float *read_model_file(const char *path, GPT2Config *c) {
 // is a malformed one (why: what is wrong).
 enum { DK_L, DK_C, DK_NH, DK_V, DK_VP, DK_MAXT, DK_E, DK_K, DK_EVERY, DK_H, DK_S, DK_ARCH, DK_KV, DK_F, DK_THETA, DK_EPS,
        DK_TIED, DK_QKVBIAS, DK_TOPKNORM, DK_SGATE, DK_QKNORM, DESCRIPTOR_KEYS };
+// The key=value list of a descriptor (buf, cut in place) into c's fields, *named, *llama, *theta, *eps. Returns -1
+// (why) on an unknown or repeated key or a value out of range, else 0.
+static int descriptor_keys(char *buf, const char *const *keys, GPT2Config *c, unsigned *named, int *llama,
+                           double *theta, double *eps, char *why, size_t n) {
+    int *fields[DESCRIPTOR_KEYS] = {&c->num_layers, &c->channels, &c->num_heads, &c->vocab_size, &c->padded_vocab_size,
+                                    &c->max_seq_len, &c->num_experts, &c->topk, &c->moe_every, &c->expert_hidden,
+                                    &c->shared_experts, NULL, &c->kv_heads, &c->ffn_hidden, NULL, NULL, &c->tied,
+                                    &c->qkv_bias, &c->norm_topk, &c->shared_gate, &c->qk_norm};
+    char *end;
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        char *eq = strchr(tok, '=');
+        if (!eq) { return -1; }
+        *eq = '\0';
+        int key = -1;
+        for (int i = 0; i < DESCRIPTOR_KEYS; i++) { if (!strcmp(tok, keys[i])) { key = i; } }
+        if (key < 0 || (*named >> key & 1)) { return -1; }   // unknown or repeated
+        *named |= 1u << key;
+        if (key == DK_ARCH) {
+            if (strcmp(eq + 1, "llama") && strcmp(eq + 1, "gpt2")) {
+                snprintf(why, n, "arch=%s: expected llama or gpt2", eq + 1);
+                return -1;
+            }
+            *llama = !strcmp(eq + 1, "llama");
+            continue;
+        }
+        double v = strtod(eq + 1, &end);
+        int zero_ok = key == DK_S || key >= DK_TIED;
+        if (*end != '\0' || !(v >= (zero_ok ? 0 : 1e-30)) || v > (fields[key] ? 1 << 20 : 1e12) ||
+            (fields[key] && v != (int)v)) {
+            snprintf(why, n, "%s=%s: expected a %s number", keys[key], eq + 1,
+                     fields[key] ? (zero_ok ? "whole, non-negative" : "whole, positive") : "positive");
+            return -1;
+        }
+        if (fields[key]) { *fields[key] = (int)v; } else if (key == DK_THETA) { *theta = v; } else { *eps = v; }
+    }
+    return 0;
+}
+
 static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named, char *why, size_t n) {
     static const char *keys[DESCRIPTOR_KEYS] = {"L", "C", "NH", "V", "Vp", "maxT", "E", "k", "every", "H", "S", "arch",
                                                 "KV", "F", "theta", "eps", "tied", "qkvbias", "topknorm", "sgate",
@@ -463,36 +532,7 @@ static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named, char 
         char buf[256];
         if (strlen(s) >= sizeof(buf)) { return -1; }
         snprintf(buf, sizeof(buf), "%s", s);
-        int *fields[DESCRIPTOR_KEYS] = {&c->num_layers, &c->channels, &c->num_heads, &c->vocab_size,
-                                        &c->padded_vocab_size, &c->max_seq_len, &c->num_experts, &c->topk, &c->moe_every,
-                                        &c->expert_hidden, &c->shared_experts, NULL, &c->kv_heads, &c->ffn_hidden, NULL,
-                                        NULL, &c->tied, &c->qkv_bias, &c->norm_topk, &c->shared_gate, &c->qk_norm};
-        for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-            char *eq = strchr(tok, '=');
-            if (!eq) { return -1; }
-            *eq = '\0';
-            int key = -1;
-            for (int i = 0; i < DESCRIPTOR_KEYS; i++) { if (!strcmp(tok, keys[i])) { key = i; } }
-            if (key < 0 || (*named >> key & 1)) { return -1; }   // unknown or repeated
-            *named |= 1u << key;
-            if (key == DK_ARCH) {
-                if (strcmp(eq + 1, "llama") && strcmp(eq + 1, "gpt2")) {
-                    snprintf(why, n, "arch=%s: expected llama or gpt2", eq + 1);
-                    return -1;
-                }
-                llama = !strcmp(eq + 1, "llama");
-                continue;
-            }
-            double v = strtod(eq + 1, &end);
-            int zero_ok = key == DK_S || key >= DK_TIED;
-            if (*end != '\0' || !(v >= (zero_ok ? 0 : 1e-30)) || v > (fields[key] ? 1 << 20 : 1e12) ||
-                (fields[key] && v != (int)v)) {
-                snprintf(why, n, "%s=%s: expected a %s number", keys[key], eq + 1,
-                         fields[key] ? (zero_ok ? "whole, non-negative" : "whole, positive") : "positive");
-                return -1;
-            }
-            if (fields[key]) { *fields[key] = (int)v; } else if (key == DK_THETA) { theta = v; } else { eps = v; }
-        }
+        if (descriptor_keys(buf, keys, c, named, &llama, &theta, &eps, why, n) < 0) { return -1; }
         unsigned family = ~((1u << DK_ARCH) - 1) & ~(1u << DK_ARCH);   // (the keys after arch)
         if (!llama && (*named & family)) {
             snprintf(why, n, "KV, F, theta, eps, tied, qkvbias, topknorm, sgate and qknorm need arch=llama");

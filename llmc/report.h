@@ -25,17 +25,18 @@ static void print_setup(const Args *a, const GPT2Config *c, Grid *g, size_t num_
     printf("model: L %d C %d NH %d V %d (padded %d) maxT %d, %zu parameters, %s\n", c->num_layers, c->channels,
            c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len, num_parameters, PRECISION_NAME);
     if (c->arch == ARCH_LLAMA) {
-        printf("llama: RMSNorm (eps %g), RoPE (theta %g%s), SwiGLU of F %d, %d kv heads, %s head%s\n", c->norm_eps,
+        printf("llama: RMSNorm (eps %g), RoPE (theta %g%s), SwiGLU of F %d, %d kv heads, %s head%s%s\n", c->norm_eps,
                c->rope_theta, c->rope.kind == 1 ? ", llama3 scaling" : "", c->ffn_hidden, c->kv_heads,
-               c->tied ? "tied" : "untied", c->qkv_bias ? ", q/k/v biases" : "");
+               c->tied ? "tied" : "untied", c->qkv_bias ? ", q/k/v biases" : "", c->qk_norm ? ", QK-norm" : "");
     }
     MoEOptions mo = moe_options(a, c);
     if (c->num_experts > 0) {
-        printf("moe: %d of %d layers (every %d), %d experts of width %d + %d shared, top-%d of %s scores, capacity "
+        printf("moe: %d of %d layers (every %d), %d experts of width %d + %d shared%s, top-%d of %s scores%s, capacity "
                "factor %.3f (%d per expert and sequence%s), drop %s, aux %g, z %g, bias rate %g; ep %d (%d experts per "
                "rank), edp %d\n", num_moe_layers(c), c->num_layers, c->moe_every, c->num_experts, c->expert_hidden,
-               c->shared_experts, c->topk,
-               c->router_score == ROUTER_SIGMOID ? "sigmoid" : "softmax", a->cap1000 / 1000.0, moe_cap,
+               c->shared_experts, c->shared_gate ? " (gated)" : "", c->topk,
+               c->router_score == ROUTER_SIGMOID ? "sigmoid" : "softmax", c->norm_topk ? "" : " (not renormalised)",
+               a->cap1000 / 1000.0, moe_cap,
                a->cap1000 == 0 ? ", dropless" : "", a->drop_policy, mo.aux_coeff, mo.z_coeff, mo.bias_rate, g->ep, moe_El,
                g->edp_group.size);
     }

@@ -222,15 +222,23 @@ expect llama_odd_head   1 "(RoPE needs an even head size C/NH)" -e "arch=llama,L
 expect llama_theta      1 "(theta=0: expected a positive number)" -e "$LL,theta=0"
 expect llama_eps        1 "(eps=-1: expected a positive number)" -e "$LL,eps=-1"
 expect llama_arch       1 "(arch=mamba: expected llama or gpt2)" -e "arch=mamba,L=2,C=64,NH=4"
-expect llama_keys_gpt2  1 "(KV, F, theta, eps, tied and qkvbias need arch=llama)" -e "$TINY,KV=2"
+expect llama_keys_gpt2  1 "(KV, F, theta, eps, tied, qkvbias, topknorm, sgate and qknorm need arch=llama)" -e "$TINY,KV=2"
+expect llama_qknorm_gpt2 1 "need arch=llama)"                   -e "$TINY,qknorm=1"
 expect llama_tp_kv      2 "--tp 2 does not divide the number of key/value heads KV = 1" -e "$LL,KV=1" --tp 2
 expect llama_tp_F       2 "--tp 2 does not divide the MLP's hidden width F = 5" -e "$LL,KV=2,F=5" --tp 2
-expect llama_experts    1 "MoE layers on a Llama body are not supported yet" -e "$LL" --experts 4
+# MoE on the Llama body (Mixtral, OLMoE, Qwen2-MoE): the same rules as GPT-2's MoE, and its own keys'
+expect llama_moe_k      1 "need 1 <= k <= E"                   -e "$LL,E=2,k=3"
+expect llama_moe_H_tp   2 "--tp 2 does not divide the experts' hidden width H = 33" -e "$LL,E=4,k=2,H=33" --tp 2
+expect llama_sgate_noS  1 "(a shared experts' gate (sgate=1) needs shared experts (S > 0))" -e "$LL,E=4,k=2,sgate=1"
+expect llama_topknorm   1 "(topknorm=2: expected"              -e "$LL,E=4,k=2,topknorm=2"
+$BIN/train_gpt -e "$LL" -t 32 -b 2 -x 1 -n 1 -s 0 -v 0 -o "$W/llama_run" >/dev/null 2>&1   # (a dense Llama file)
+expect llama_H_upcycle  1 "upcycling makes each expert a copy" -e "$W/llama_run/model_00000001.bin" --experts 4 --expert-hidden 32
 # a key the descriptor names and a flag that disagrees: an error; a key it leaves out takes the flag's value, and
 # the flag table's example (S=0 among its keys) is a descriptor
 expect moe_H_named_flag 1 "--expert-hidden 64, but the descriptor has H = 256" -e "$MOE,H=256" --expert-hidden 64
 expect moe_k_unnamed    1 "with --topk 9"                      -e "$TINY,E=8" --topk 9
-for d in "$TINY,E=8,k=2 --expert-hidden 64" "L=4,C=64,NH=4,V=250,maxT=64,Vp=256,E=8,k=2,every=1,H=256,S=0"; do
+for d in "$TINY,E=8,k=2 --expert-hidden 64" "L=4,C=64,NH=4,V=250,maxT=64,Vp=256,E=8,k=2,every=1,H=256,S=0" \
+         "$LL,E=8,k=2,H=32,topknorm=0,qknorm=1" "$LL,KV=2,E=4,k=2,H=32,S=2,sgate=1,every=2,topknorm=0"; do
     timeout 60 "$BIN/train_gpt" -e $d -x 1 -b 2 -t 32 -s 0 -v 0 >"$W/desc_ok.log" 2>&1
     if [ $? -eq 0 ] && grep -q "^step    1/1" "$W/desc_ok.log"; then echo "ok   descriptor -e $d trains"
     else echo "FAIL descriptor -e $d: $(grep -m1 '^error' "$W/desc_ok.log")"; fi

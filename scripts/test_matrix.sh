@@ -66,6 +66,15 @@ reference llama_mqa --config tiny --arch llama --KV 1 --tied 1
 reference llama_qwen --config tiny --arch llama --qkvbias 1 --theta 1000000
 reference llama_hs128 --config tiny --arch llama --L 2 --C 256 --NH 2 --KV 1 --F 96 --rope_scaling llama3 --rope_orig 64
 reference llama_l8 --config tiny --arch llama --L 8 --KV 2
+# MoE on the Llama body (SwiGLU experts of width H, dropless unless --cap): Mixtral (top-2 renormalised); OLMoE
+# (QK-norm, top-k not renormalised); Qwen2-MoE (every 2nd layer MoE, 2 shared experts with their sigmoid gate, q/k/v
+# biases, dense F 96); a capacity of 1.25 (drops; 3 steps: later steps of this seed route within 1e-6 of a tie);
+# QK-norm on a dense Llama
+reference llama_mixtral --config tiny --arch llama --KV 2 --E 4 --k 2 --H 64 --cap 0
+reference llama_olmoe --config tiny --arch llama --KV 2 --E 4 --k 2 --H 32 --norm_topk 0 --qk_norm 1 --cap 0
+reference llama_qwenmoe --config tiny --arch llama --KV 2 --qkvbias 1 --F 96 --E 4 --k 2 --H 32 --S 2 --shared_gate 1 --norm_topk 0 --every 2 --cap 0
+reference llama_moecap --config tiny --arch llama --KV 2 --E 4 --k 2 --H 64 --every 2 --cap 1.25 --nsteps 3
+reference llama_qknorm --config tiny --arch llama --KV 2 --qk_norm 1
 
 # run_test NP ARGS... : one test_gpt run on NP ranks (NP = nompi: the NO_MPI=1 build, no mpirun);
 # adds its "N passed, N failed" to the totals
@@ -404,6 +413,55 @@ llama_tests() {
     resume_pair llamamqa_pp2z1__single $Q "4 -b 2 --pp 2 --zero 1" "1 -b 8"
 }
 
+moe_llama_tests() {
+    echo "== ${TAG}MoE on the Llama body (Mixtral, OLMoE, Qwen2-MoE): SwiGLU experts, top-k renormalised or not, QK-norm, the shared experts' gate, in every layout family"
+    local X=refs/llama_mixtral O=refs/llama_olmoe Q=refs/llama_qwenmoe P=refs/llama_moecap N=refs/llama_qknorm
+    run_test 1 --ref $X -b 8 --check-memory --check-comm
+    run_test 1 --ref $Q -b 8 --ce-chunk 0 --check-memory --check-comm                       # the shared gate, every 2
+    run_test 2 --ref $X -b 4 --ep 2 --check-memory --check-comm
+    run_test 4 --ref $O -b 2 --ep 4 --check-memory --check-comm
+    run_test 4 --ref $O -b 4 --ep 2 --tp 2 --sp --check-memory --check-comm                  # QK-norm's sums over tp
+    run_test 4 --ref $Q -b 4 --ep 2 --tp 2 --sp --check-memory --check-comm
+    run_test 4 --ref $P -b 4 --ep 2 --tp 2 --sp --check-memory --check-comm                  # capacity 1.25: drops
+    run_test 4 --ref $X -b 2 --pp 2 --ep 2 --pp-schedule zb --pp-layers 3,1 --check-memory --check-comm
+    run_test 4 --ref $O -b 4 --cp 2 --ep 2 --check-memory --check-comm
+    run_test 2 --ref $Q -b 4 --ep 2 --zero 3 --recompute full --check-memory --check-comm
+    run_test 2 --ref $O -b 4 --ep 2 --recompute mlp --check-memory --check-comm
+    run_test 2 --ref $N -b 8 --tp 2 --sp --check-memory --check-comm                         # dense QK-norm
+    run_test 4 --ref $N -b 2 --pp 2 --tp 2 --sp --pp-schedule zb --recompute full --check-memory --check-comm
+    resume_pair olmoe_ep2tp2sp__pp2 $O "4 -b 4 --ep 2 --tp 2 --sp" "2 -b 4 --pp 2"
+    resume_pair qwenmoe_ep2z3__cp2 $Q "2 -b 4 --ep 2 --zero 3" "2 -b 8 --cp 2"
+}
+
+cp_kinds_tests() {
+    echo "== ${TAG}context parallelism's other kinds: Ulysses (--cp-kind ulysses: an all-to-all to a head shard of the whole sequence, ordinary attention, back) and the hybrid (--cp-kind hybrid --cp-ulysses U: all-to-all in groups of U, the ring across the cp/U groups)"
+    local U="--cp-kind ulysses" H="--cp-kind hybrid --cp-ulysses 2" L=refs/llama
+    run_test 2 --ref $T -b 8 --cp 2 $U --check-memory --check-comm
+    run_test 4 --ref $T -b 8 --cp 4 $U --check-memory --check-comm                    # one head per rank
+    run_test 4 --ref $T -b 4 --cp 2 --tp 2 --sp $U --check-memory --check-comm        # the tp rank's heads over cp
+    run_test 4 --ref $T -b 4 --cp 2 --pp 2 $U --check-memory --check-comm
+    run_test 4 --ref $T -b 4 --cp 2 --pp 2 --pp-schedule zb $U --check-memory --check-comm   # in ZB's B
+    run_test 4 --ref $T -b 4 --cp 2 --zero 3 $U --check-memory --check-comm           # cp 2 x dp 2
+    run_test 4 --ref refs/moe -b 4 --cp 2 --ep 2 $U --check-memory --check-comm       # the MoE layers see the local tokens
+    run_test 2 --ref $T -b 8 --cp 2 --recompute full $U --check-memory --check-comm   # the all-to-alls again when recomputed
+    run_test 2 --ref $L -b 8 --cp 2 $U --check-memory --check-comm                    # GQA: KV 2 over 2 ranks
+    run_test 4 --ref $L -b 8 --cp 4 $U --check-memory --check-comm                    # KV 2 < U 4: each kv head on 2 ranks
+    run_test 4 --ref $L -b 4 --cp 2 --tp 2 --sp $U --check-memory --check-comm        # KV/tp 1: replicated on both
+    run_test 2 --ref refs/llama_hs128 -b 4 --cp 2 $U --check-memory --check-comm      # RoPE at global positions; hs 128
+    run_test 4 --ref refs/llama_olmoe -b 4 --cp 2 --ep 2 $U --check-memory --check-comm   # QK-norm before the all-to-all
+    # the hybrid: cp 4 as 2 all-to-all groups of 2, the ring across them (cp ranks 2 apart)
+    run_test 4 --ref $T -b 8 --cp 4 $H --check-memory --check-comm
+    run_test 8 --ref $T -b 4 --cp 4 --tp 2 --sp $H --check-memory --check-comm
+    run_test 8 --ref $T -b 4 --cp 4 --pp 2 $H --check-memory --check-comm
+    run_test 8 --ref refs/moe -b 4 --cp 4 --ep 2 $H --check-memory --check-comm
+    run_test 4 --ref $T -b 8 --cp 4 --recompute full $H --check-memory --check-comm
+    run_test 4 --ref $L -b 8 --cp 4 $H --check-memory --check-comm
+    run_test 4 --ref refs/llama_mqa -b 8 --cp 4 $H --check-memory --check-comm        # multi-query: the kv head on both
+    # resume into another kind (a checkpoint does not record it)
+    resume_pair uly_cp2z1__hybrid_cp4 $T "2 -b 8 --cp 2 $U --zero 1" "4 -b 8 --cp 4 $H"
+    resume_pair llama_hybrid_cp4__ring_tp2cp2 $L "4 -b 8 --cp 4 $H" "4 -b 4 --tp 2 --sp --cp 2"
+}
+
 # Resume into another layout: layout A (--check-resume) trains 5 steps of a reference, checkpoints, and
 # writes what it computes at step 5 from that checkpoint; layout B (--resume-from) resumes the checkpoint
 # and must compute the same step 5 (loss, routing where margins allow, every gradient element, norm) and
@@ -434,6 +492,8 @@ resume_layouts() {
 }
 resume_layouts
 llama_tests
+moe_llama_tests
+cp_kinds_tests
 
 echo "== train_gpt end to end"
 run_script test_train
@@ -443,6 +503,7 @@ run_script test_trace   # --trace: a Chrome trace per rank, its spans, its bubbl
 run_script test_levers  # --recompute, --async-checkpoint, --overlap: bit-identical end to end
 run_script test_use     # the last model kept, -nk/-nm, -x 0's validation and sample, sampling, dev/sample.py
 run_script test_hf      # dev/hf.py: transformers' loss = ours both ways, the round trips, refusals by name
+run_script test_hf_llama   # dev/hf.py on Llama/Mistral/Qwen2: transformers' loss and greedy = ours, round trips exact, tp 2 + sp x pp 2, refusals by field, sample.py --tokenizer
 run_script test_py_inputs   # dev/hf.py, dev/sample.py on bad input: one error line, no pickled code run, no link followed, no stale export
 run_script test_plan    # --plan = the measured peaks byte for byte; --memory-limit's advice for constructed OOMs
 if command -v nvcc >/dev/null 2>&1 || [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then
@@ -452,6 +513,7 @@ else
 fi
 echo "== reliability: layout-independent checkpoints, faults, fuzzed files"
 run_script test_faults           # NaN skips, checksums, kill -9 + resume, a stalled rank, SIGUSR1/SIGTERM, the lock, MPMD flags
+run_script test_flight           # the flight recorder: 8 injected faults each named in one diagnosis: line (rank, group, call, the others' waits), --check-collectives, dev/flight.sh
 run_script test_reliability      # slow/hung writes, stalls at init/end, header CRCs, fallback, torn logs, links, debris, inputs, divergence; one run per -o, retention
 run_script test_fuzz             # 500 mutated model, state, data and tokenizer files: no crash, no hang; 300 with valid CRCs (MoE v23/v25, state v3): refused or legal
 echo "== bad input"
@@ -487,6 +549,8 @@ else
     moe_tests
     random_layouts
     llama_tests
+    moe_llama_tests
+    cp_kinds_tests
     resume_layouts
     unset OPENBLAS_CORETYPE
 fi
