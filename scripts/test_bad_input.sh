@@ -230,7 +230,7 @@ expect llama_tp_F       2 "--tp 2 does not divide the MLP's hidden width F = 5" 
 expect llama_moe_k      1 "need 1 <= k <= E"                   -e "$LL,E=2,k=3"
 expect llama_moe_H_tp   2 "--tp 2 does not divide the experts' hidden width H = 33" -e "$LL,E=4,k=2,H=33" --tp 2
 expect llama_sgate_noS  1 "(a shared experts' gate (sgate=1) needs shared experts (S > 0))" -e "$LL,E=4,k=2,sgate=1"
-expect llama_topknorm   1 "(topknorm, sgate and qknorm are 0 or 1)"-e "$LL,E=4,k=2,topknorm=2"
+expect llama_topknorm   1 "(topknorm, sgate and qknorm are 0 or 1)" -e "$LL,E=4,k=2,topknorm=2"
 $BIN/train_gpt -e "$LL" -t 32 -b 2 -x 1 -n 1 -s 0 -v 0 -o "$W/llama_run" >/dev/null 2>&1   # (a dense Llama file)
 expect llama_H_upcycle  1 "upcycling makes each expert a copy" -e "$W/llama_run/model_00000001.bin" --experts 4 --expert-hidden 32
 # a key the descriptor names and a flag that disagrees: an error; a key it leaves out takes the flag's value, and
