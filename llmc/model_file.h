@@ -347,6 +347,7 @@ static void check_finite(const GPT2Config *c, const float *all, const char *what
 // NULL: zero) not all zero.
 static int model_file_has_bias(const GPT2Config *c, const float *bias) {
     if (c->num_experts == 0) { return 0; }
+    if (c->arch == ARCH_LLAMA) { return 1; }   // (a family file with experts always holds the bias)
     int nonzero = 0;
     for (size_t i = 0; bias && i < num_router_bias(c); i++) { nonzero |= bias[i] != 0.0f; }
     return c->router_score != ROUTER_SOFTMAX || c->shared_experts > 0 || c->expert_hidden != 4 * c->channels || nonzero;

@@ -93,3 +93,20 @@ cmp -s "$W/fg_full/main.log" "$W/fg_ckpt/main.log"
 say $? "fine-grained + shared: the resumed main.log equals the uninterrupted one"
 hdr=$(python3 -c "import struct,sys; h=struct.unpack('<14i', open(sys.argv[1],'rb').read(56)); print(h[1], h[11], h[12], h[13])" "$W/fg_ckpt/model_00000003.bin")
 [ "$hdr" = "23 0 1 64" ]; say $? "the checkpoint is version 23: softmax scores, S 1, H 64 (got $hdr)"
+
+# 7. MoE on the Llama body (OLMoE-like: QK-norm, gates not renormalised; H = 4C, softmax, no shared experts: the
+#    shape a GPT-2 MoE file would store without the bias) through main() under ep 2 x tp 2 + sp: 6 steps straight =
+#    3 + checkpoint + resume; the checkpoint is a family file (version 33) with its bias, and loads as a model
+LM="arch=llama,L=2,C=64,NH=4,KV=2,V=250,maxT=64,E=4,k=2,H=256,topknorm=0,qknorm=1"
+common=(-e "$LM" -t 32 -b 2 -v 0 -s 0 -l 3e-3 --tp 2 --sp --ep 2 --capacity-factor 0)
+$MPIRUN -np 4 "$BIN/train_gpt" "${common[@]}" -x 6 -o "$W/lm_full" >"$W/lm_full.log" 2>&1
+[ $? = 0 ] && grep -q "QK-norm" "$W/lm_full.log" && grep -q "top-2 of softmax scores (not renormalised)" "$W/lm_full.log"
+say $? "a Llama MoE model (QK-norm, gates not renormalised, dropless) trains under ep 2 x tp 2 + sp"
+$MPIRUN -np 4 "$BIN/train_gpt" "${common[@]}" -x 3 -n 3 -o "$W/lm_ckpt" >/dev/null 2>&1
+$MPIRUN -np 4 "$BIN/train_gpt" "${common[@]}" -x 6 -y 1 -o "$W/lm_ckpt" >/dev/null 2>&1
+cmp -s "$W/lm_full/main.log" "$W/lm_ckpt/main.log"
+say $? "Llama MoE: the resumed main.log equals the uninterrupted one"
+hdr=$(python3 -c "import struct,sys; h=struct.unpack('<29i', open(sys.argv[1],'rb').read(116)); print(h[1], h[8], h[13], h[26], h[28])" "$W/lm_ckpt/model_00000003.bin")
+[ "$hdr" = "33 4 256 0 1" ]; say $? "the checkpoint is a family file: version 33, E 4, H 256, norm_topk 0, qk_norm 1 (got $hdr)"
+"$BIN/train_gpt" -e "$W/lm_ckpt/model_00000006.bin" -t 32 -b 2 -x 1 -v 0 -s 0 >"$W/lm_load.log" 2>&1
+[ $? = 0 ] && grep -q "^step    1/1" "$W/lm_load.log"; say $? "the Llama MoE checkpoint loads as a model and trains"
