@@ -1,8 +1,9 @@
 """
 Hugging Face interop: a model file of ours (llm.c's format) <-> a directory that transformers' from_pretrained(DIR)
 loads (config.json + model.safetensors): GPT2LMHeadModel for a GPT-2 model, LlamaForCausalLM (or
-Qwen2ForCausalLM) for a Llama-family one. The architecture comes from the file (export) or from config.json's
-model_type (import: gpt2, llama, mistral, qwen2).
+Qwen2ForCausalLM) for a Llama-family one, MixtralForCausalLM, OlmoeForCausalLM or Qwen2MoeForCausalLM for MoE on
+the Llama body. The architecture comes from the file (export) or from config.json's model_type (import: gpt2,
+llama, mistral, qwen2, mixtral, olmoe, qwen2_moe).
 
     .venv/bin/python dev/hf.py export out/model_00000300.bin hf/mymodel
     .venv/bin/python dev/hf.py import hf/gpt2 gpt2_124M.bin [--bf16]
@@ -51,15 +52,40 @@ transformers 4.49's default for that model_type. import refuses, naming the fiel
 a sliding_window smaller than max_position_embeddings (Mistral's default is 4096; Qwen2 applies its window
 even with use_sliding_window false, so only null or a window >= the positions is accepted),
 attention_bias or mlp_bias true, an activation other than silu, a head_dim other than C/NH, a vocabulary over
-65536 (token ids are uint16 in our data shards). export writes a Llama model as model_type llama
+2^20 (our model file's bound on Vp, V padded to a multiple of 128; the data shards hold uint16 or uint32 ids).
+export writes a Llama model as model_type llama
 (LlamaForCausalLM), or qwen2 (Qwen2ForCausalLM) when it has q/k/v biases: a Mistral checkpoint imported comes
 back as Llama (MistralForCausalLM is LlamaForCausalLM with a sliding window, which our model never has);
 the token ids bos/eos are V-1 for our tokenizers' vocabularies (GPT-2's 50257, bytes' 257), else null (a
 model file keeps no tokenizer).
 
+MoE on the Llama body (dev/notes/moe.md, "Hugging Face MoE models"; Lm MoE layers j, Ld dense ones i;
+m = p.block_sparse_moe. (Mixtral) or p.mlp. (OLMoE, Qwen2-MoE); an expert's gate/up/down are w1/w3/w2 in
+Mixtral, else gate_proj/up_proj/down_proj):
+  routerw (Lm, E, C)         m.gate.weight
+  efcw (Lm, E, 2H, C)        rows [m.experts.e.gate; up]           expert e's [gate (H); up (H)]
+  efcprojw (Lm, E, C, H)     m.experts.e.down
+  sfcw (Lm, 2 S H, C)        rows [m.shared_expert.gate_proj; up_proj]   Qwen2-MoE (S H = its width)
+  sfcprojw (Lm, C, S H)      m.shared_expert.down_proj
+  sgatew (Lm, 1, C)          m.shared_expert_gate.weight           Qwen2-MoE (our shared_gate 1)
+  qnormw (L, NH hs)          p.self_attn.q_norm.weight             OLMoE (our qk_norm 1): RMSNorm over all of q
+  knormw (L, KV hs)          p.self_attn.k_norm.weight             OLMoE: over all of k
+  fcw, fcprojw (Ld, ...)     p.mlp.gate_proj/up_proj/down_proj     Qwen2-MoE's dense layers (F = intermediate_size)
+  (routing bias (Lm, E))     none: zero on import, must be zero to export
+E = num_local_experts (Mixtral) / num_experts, k = num_experts_per_tok, scores softmax; H = intermediate_size
+(Mixtral, OLMoE: our F, unused, is set to H) or moe_intermediate_size (Qwen2-MoE); norm_topk: 1 in Mixtral,
+norm_topk_prob in the others; every = decoder_sparse_step (Qwen2-MoE: layer l is MoE when (l+1) % step == 0, ours
+l % every == every-1), else 1. import refuses, naming the field: router_jitter_noise != 0, a Mixtral
+sliding_window shorter than the positions (Qwen2-MoE's only where use_sliding_window is true), k = 1 with
+renormalised gates (transformers' one gate is 1, ours the probability), a shared_expert_intermediate_size that is
+not a multiple of moe_intermediate_size, a decoder_sparse_step over num_hidden_layers, mlp_only_layers not empty,
+OLMoE's clip_qkv or attention_bias. export picks the one class that computes the model: QK-norm -> OLMoE; shared
+experts (gated) -> Qwen2-MoE (q/k/v biases exported as zeros if it has none); else Mixtral (norm_topk 1, k > 1); it
+refuses sigmoid scores, a routing bias, ungated shared experts, and models no class computes.
+
 Needs numpy and safetensors only (scripts/setup.sh puts safetensors and transformers in .venv; torch for a
 pytorch_model.bin); the directory's model.safetensors is fp32 whatever the model file held (a bf16
-checkpoint imported with --bf16 is stored exactly). MoE files do not export.
+checkpoint imported with --bf16 is stored exactly). GPT-2 MoE files (versions 13-25) do not export.
 
 Inputs are checked, each refusal one line naming the file, field or tensor (dev/notes/reliability.md):
 import reads config.json's integer fields through one validator, weights of float32, float16 or bfloat16 only,
@@ -133,17 +159,40 @@ def file_shapes(maxT, V, L, NH, C, Vp):
             ("fcprojw", (L, C, 4 * C)), ("fcprojb", (L, C)), ("lnfw", (C,)), ("lnfb", (C,))]
 
 
+def moe_layers(cfg):
+    """(Lm, Ld): the MoE layers (l % every == every - 1) and the dense ones"""
+    Lm = cfg["L"] // cfg["every"] if cfg["E"] else 0
+    return Lm, cfg["L"] - Lm
+
+
 def llama_shapes(cfg):
-    """(name, shape) of the 26 tensors of a dense Llama model in file order (model_file.h's tensor_spec_llama);
-    the ones it does not have hold 0 elements"""
+    """(name, shape) of the 29 tensors of a Llama model in file order (model_file.h's tensor_spec_llama); the
+    ones it does not have hold 0 elements. MoE: the dense MLP in the Ld dense layers, in the Lm MoE layers the
+    router, the experts (efcw per expert [gate (H); up (H)]), the shared experts as one SwiGLU of width S H,
+    their gate (Qwen2-MoE); QK-norm's weights over the whole q and k projections (OLMoE)"""
     L, C, NH, KV, F, Vp = (cfg[k] for k in ("L", "C", "NH", "KV", "F", "Vp"))
+    E, H, S = cfg["E"], cfg["H"], cfg["S"]
     hs = C // NH
     QKV, none = (NH + 2 * KV) * hs, (0,)
+    Lm, Ld = moe_layers(cfg)
+    Lsh = Lm if S else 0
+    moe = [("routerw", (Lm, E, C)), ("efcw", (Lm, E, 2 * H, C)), ("efcb", none), ("efcprojw", (Lm, E, C, H)),
+           ("efcprojb", none), ("sfcw", (Lsh, 2 * S * H, C)), ("sfcb", none), ("sfcprojw", (Lsh, C, S * H)),
+           ("sfcprojb", none)] if E else [(n, none) for n in MOE_NAMES]
     return [("wte", (Vp, C)), ("wpe", none), ("ln1w", (L, C)), ("ln1b", none),
             ("qkvw", (L, QKV, C)), ("qkvb", (L, QKV) if cfg["qkvbias"] else none), ("attprojw", (L, C, NH * hs)),
-            ("attprojb", none), ("ln2w", (L, C)), ("ln2b", none), ("fcw", (L, 2 * F, C)), ("fcb", none),
-            ("fcprojw", (L, C, F)), ("fcprojb", none), ("lnfw", (C,)), ("lnfb", none)] + \
-        [(n, none) for n in MOE_NAMES] + [("head", none if cfg["tied"] else (Vp, C))]
+            ("attprojb", none), ("ln2w", (L, C)), ("ln2b", none), ("fcw", (Ld, 2 * F, C)), ("fcb", none),
+            ("fcprojw", (Ld, C, F)), ("fcprojb", none), ("lnfw", (C,)), ("lnfb", none)] + moe + \
+        [("head", none if cfg["tied"] else (Vp, C)), ("sgatew", (Lsh, 1, C) if cfg["sgate"] else none),
+         ("qnormw", (L, NH * hs) if cfg["qknorm"] else none), ("knormw", (L, KV * hs) if cfg["qknorm"] else none)]
+
+
+DENSE_MOE = dict(E=0, k=0, every=0, score=0, S=0, H=0, norm_topk=1, sgate=0, qknorm=0)   # a dense Llama's MoE fields
+
+
+def bias_shape(cfg):
+    """the routing bias after the tensors of a Llama MoE file (fp32 in both versions); (0,) without one"""
+    return (moe_layers(cfg)[0], cfg["E"]) if cfg.get("arch") == "llama" and cfg["E"] else (0,)
 
 
 def model_shapes(cfg):
@@ -152,9 +201,25 @@ def model_shapes(cfg):
     return file_shapes(*(cfg[k] for k in ("maxT", "V", "L", "NH", "C", "Vp")))
 
 
+def moe_problem(cfg):
+    """What is wrong with a Llama config's MoE and QK-norm fields (model_file.h's config_problem), or None"""
+    E, k, every, S, H = (cfg[x] for x in ("E", "k", "every", "S", "H"))
+    if any(cfg[x] not in (0, 1) for x in ("norm_topk", "sgate", "qknorm", "score")):
+        return "norm_topk, shared_gate, qk_norm and the router's scores are 0 or 1"
+    if E == 0:
+        return None if k == every == S == H == 0 and cfg["sgate"] == 0 else "k, every, S, H and sgate need E > 0"
+    if not (1 <= k <= E <= 256 and 1 <= every <= cfg["L"] and 1 <= H <= 65536 and 0 <= S <= 64):
+        return "need 1 <= k <= E <= 256, 1 <= every <= L, 1 <= H <= 65536, 0 <= S <= 64 (MoE)"
+    if cfg["sgate"] and S == 0:
+        return "a shared experts' gate needs shared experts (S > 0)"
+    return None
+
+
 def family_problem(cfg):
     """What is wrong with a Llama config (model_file.h's config_problem), or None"""
     C, NH, KV, rope = cfg["C"], cfg["NH"], cfg["KV"], cfg["rope"]
+    if cfg["Vp"] > 1 << 20:
+        return "need Vp <= 2^20"
     if KV < 1 or NH % KV:
         return "NH must be a multiple of KV >= 1"
     if (C // NH) % 2:
@@ -165,24 +230,25 @@ def family_problem(cfg):
         return "theta and eps must be finite and positive"
     if rope and not (all(math.isfinite(x) for x in rope[:3]) and rope[0] > 0 and 0 < rope[1] < rope[2] and rope[3] > 0):
         return "the RoPE scaling must be llama3 with factor > 0, 0 < low < high, orig > 0"
-    return None
+    return moe_problem(cfg)
 
 
 def read_header_family(h, cfg):
-    """A family file's header slots 14-25 into cfg (the floats from their bits); None or what is wrong"""
-    if h[8] != 0:
-        return f"a MoE model ({h[8]} experts)"
+    """A family file's header slots 8-13 (MoE) and 14-28 into cfg (the floats from their bits); None or what
+    is wrong"""
     if h[14] != 1:
         return f"architecture {h[14]} in header slot 14, expected 1 (Llama)"
     if h[21] not in (0, 1):
         return f"RoPE scaling {h[21]} in header slot 21, expected 0 (none) or 1 (llama3)"
     cfg.update(arch="llama", KV=h[15], F=h[16], tied=h[17], qkvbias=h[18], theta=bits_f32(h[19]), eps=bits_f32(h[20]),
-               rope=(bits_f32(h[22]), bits_f32(h[23]), bits_f32(h[24]), h[25]) if h[21] == 1 else None)
+               rope=(bits_f32(h[22]), bits_f32(h[23]), bits_f32(h[24]), h[25]) if h[21] == 1 else None,
+               E=h[8], k=h[9], every=h[10], score=h[11], S=h[12], H=h[13], norm_topk=h[26], sgate=h[27], qknorm=h[28])
     return family_problem(cfg)
 
 
 def read_model(path):
-    """-> (config dict, {name: fp32 array}) of a dense model file (GPT-2 or the Llama family)"""
+    """-> (config dict, {name: fp32 array}) of a model file of GPT-2 or the Llama family (dense or MoE; a MoE
+    one's routing bias as "bias" (Lm, E))"""
     with open(path, "rb") as f:
         raw = f.read(4 * HEADER_INTS)
         if len(raw) != 4 * HEADER_INTS:
@@ -191,9 +257,9 @@ def read_model(path):
         body = f.read()
     if h[0] != MODEL_MAGIC:
         fail(f"model file '{path}' has bad magic {h[0]}, expected {MODEL_MAGIC}")
-    if h[1] in (13, 15, 23, 25) or (h[1] in (33, 35) and h[8] != 0):
-        fail(f"model file '{path}' is a MoE model ({h[8]} experts): the Hugging Face classes an export writes "
-             "(GPT-2, Llama, Qwen2) have no experts, so it cannot be exported")
+    if h[1] in (13, 15, 23, 25):
+        fail(f"model file '{path}' is a GPT-2 MoE model ({h[8]} experts, version {h[1]}): no Hugging Face class has "
+             "GELU experts with biases, so it cannot be exported (MoE on the Llama body exports)")
     if h[1] not in (3, 5, 33, 35):
         fail(f"model file '{path}' has version {h[1]}, expected 3 (fp32) or 5 (bf16), 33 or 35 (Llama family)")
     cfg = dict(maxT=h[2], V=h[3], L=h[4], NH=h[5], C=h[6], Vp=h[7])
@@ -207,20 +273,23 @@ def read_model(path):
     shapes = model_shapes(cfg)
     n = sum(math.prod(s) for _, s in shapes)
     es = 4 if h[1] % 10 == 3 else 2
-    if len(body) != n * es:
-        fail(f"model file '{path}' has {len(body)} bytes after its header, expected {n * es} for {cfg}")
+    nb = math.prod(bias_shape(cfg))   # (fp32 in both)
+    if len(body) != n * es + 4 * nb:
+        fail(f"model file '{path}' has {len(body)} bytes after its header, expected {n * es + 4 * nb} for {cfg}")
     crc = zlib.crc32(body, zlib.crc32(raw[:1020] + b"\0" * 4) if h[254] == 1 else 0) or 1
     if h[255] != 0 and (h[255] & 0xFFFFFFFF) != crc:
         fail(f"file '{path}' is corrupt: its CRC-32 is {crc:08x}, its header says {h[255] & 0xFFFFFFFF:08x}")
     if es == 4:
-        flat = np.frombuffer(body, dtype="<f4")
+        flat = np.frombuffer(body[:4 * n], dtype="<f4")
     else:
-        flat = (np.frombuffer(body, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        flat = (np.frombuffer(body[:2 * n], dtype="<u2").astype(np.uint32) << 16).view(np.float32)
     tensors, off = {}, 0
     for name, shape in shapes:
         k = math.prod(shape)
         tensors[name] = flat[off:off + k].reshape(shape)
         off += k
+    if nb:
+        tensors["bias"] = np.frombuffer(body[n * es:], dtype="<f4").reshape(bias_shape(cfg))
     return cfg, tensors
 
 
@@ -254,27 +323,32 @@ def write_new(path, parts):
 
 
 def model_header(cfg, bf16):
-    """The header of a dense model file (model_file.h's model_header_write), slot 255 (the CRC) 0"""
+    """The header of a model file (model_file.h's model_header_write), slot 255 (the CRC) 0"""
     h = [0] * HEADER_INTS
     llama = cfg.get("arch") == "llama"
     h[0], h[1] = MODEL_MAGIC, (5 if bf16 else 3) + (30 if llama else 0)
     h[2:8] = [cfg["maxT"], cfg["V"], cfg["L"], cfg["NH"], cfg["C"], cfg["Vp"]]
-    if llama:   # [8..13] stay 0 (dense); the floats as their bits, the scaling's slots 0 without one
+    if llama:   # [8..13] MoE's (0: dense); the floats as their bits, the scaling's slots 0 without one
         rope = cfg["rope"] or (0.0, 0.0, 0.0, 0)
+        h[8:14] = [cfg[k] for k in ("E", "k", "every", "score", "S", "H")]
         h[14:26] = [1, cfg["KV"], cfg["F"], cfg["tied"], cfg["qkvbias"], f32_bits(cfg["theta"]), f32_bits(cfg["eps"]),
                     1 if cfg["rope"] else 0, f32_bits(rope[0]), f32_bits(rope[1]), f32_bits(rope[2]), rope[3]]
+        h[26:29] = [cfg["norm_topk"], cfg["sgate"], cfg["qknorm"]]
     h[254] = 1   # the CRC covers the header (slot 255 as 0) and the body
     return h
 
 
 def write_model(path, cfg, tensors, bf16):
-    """Writes a dense model file with its CRC (write_new: never half a file, never through a link)"""
+    """Writes a model file with its CRC (write_new: never half a file, never through a link); a Llama MoE
+    model's routing bias (tensors["bias"], zeros when absent) after the tensors in fp32"""
     h = model_header(cfg, bf16)
     parts = []
     for name, shape in model_shapes(cfg):
         t = np.asarray(tensors[name], dtype=np.float32)
         assert t.shape == shape, (name, t.shape, shape)
         parts.append(to_bf16_bits(t).astype("<u2").tobytes() if bf16 else t.astype("<f4").tobytes())
+    if math.prod(bias_shape(cfg)):
+        parts.append(np.asarray(tensors.get("bias", np.zeros(bias_shape(cfg))), dtype="<f4").tobytes())
     crc = zlib.crc32(struct.pack(f"<{HEADER_INTS}i", *h))
     for p in parts:
         crc = zlib.crc32(p, crc)
@@ -305,10 +379,61 @@ def short(x):
     return float(str(np.float32(x)))
 
 
-def hf_config_llama(cfg):
-    """config.json of LlamaForCausalLM, or Qwen2ForCausalLM for a model with q/k/v biases (Llama has none;
-    Qwen2 is Llama with them); rope_scaling's low/high factors as the exact values of their float32 (the
-    importer wants them exact)"""
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM",
+                 "olmoe": "OlmoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}   # model_type -> class
+
+
+def export_type(cfg, t, path):
+    """The model_type a Llama-family model exports as (the one class of transformers 4.49 that computes what it
+    computes), or one line saying why none does"""
+    no = lambda why: fail(f"model file '{path}' cannot be exported: {why}")
+    S, every, bias, qkn = cfg["S"], cfg["every"], cfg["qkvbias"], cfg["qknorm"]
+    if cfg["E"] == 0:
+        if qkn:
+            no("QK-norm without experts: the class with QK-norm (OLMoE) has experts in every layer")
+        return "qwen2" if bias else "llama"
+    if cfg["score"]:
+        no("its router's scores are sigmoid: Mixtral, OLMoE and Qwen2-MoE route by a softmax")
+    if np.any(t["bias"] != 0):
+        no("its routing bias is not zero: Mixtral, OLMoE and Qwen2-MoE have none")
+    if S and not cfg["sgate"]:
+        no(f"{S} shared experts without their gate (sgate=0): Qwen2-MoE's shared expert is gated")
+    if qkn:
+        if S or every > 1 or bias:
+            no("QK-norm (OLMoE) with shared experts, dense layers or q/k/v biases: OLMoE has none of them")
+        return "olmoe"
+    if S:
+        return "qwen2_moe"
+    if every > 1 or bias:
+        no("dense layers or q/k/v biases without shared experts: the class with them (Qwen2-MoE) has a gated "
+           "shared expert in every MoE layer")
+    if cfg["norm_topk"] == 0 or cfg["k"] == 1:
+        no(f"{'k = 1' if cfg['k'] == 1 else 'norm_topk 0'} without QK-norm or shared experts: Mixtral renormalises "
+           "its top k gates (its one gate at k = 1 is 1, ours the probability)")
+    return "mixtral"
+
+
+def hf_config_moe(cfg, mt):
+    """config.json's MoE fields of Mixtral, OLMoE or Qwen2-MoE (intermediate_size: Mixtral's and OLMoE's is an
+    expert's width H, Qwen2-MoE's the dense layers' F); no router jitter, no sliding window, no clip_qkv"""
+    E, k, H = cfg["E"], cfg["k"], cfg["H"]
+    norm = bool(cfg["norm_topk"]) and k > 1   # (k = 1: our gate is the probability, either way)
+    if mt == "mixtral":
+        return dict(intermediate_size=H, num_local_experts=E, num_experts_per_tok=k, router_jitter_noise=0.0,
+                    sliding_window=None, output_router_logits=False)
+    if mt == "olmoe":
+        return dict(intermediate_size=H, num_experts=E, num_experts_per_tok=k, norm_topk_prob=norm, clip_qkv=None,
+                    attention_bias=False, pad_token_id=None, output_router_logits=False)
+    return dict(intermediate_size=cfg["F"], num_experts=E, num_experts_per_tok=k, norm_topk_prob=norm,
+                moe_intermediate_size=H, shared_expert_intermediate_size=cfg["S"] * H, decoder_sparse_step=cfg["every"],
+                mlp_only_layers=[], use_sliding_window=False, sliding_window=None, max_window_layers=cfg["L"],
+                output_router_logits=False)
+
+
+def hf_config_llama(cfg, mt):
+    """config.json of model_type mt (export_type): LlamaForCausalLM, Qwen2ForCausalLM (Llama with q/k/v biases),
+    or a MoE class; rope_scaling's low/high factors as the exact values of their float32 (the importer wants
+    them exact)"""
     V, L, C, NH = cfg["V"], cfg["L"], cfg["C"], cfg["NH"]
     eot = V - 1 if V in (50257, 257) else None   # our tokenizers' <|endoftext|>; else unknown
     rope = None
@@ -316,18 +441,19 @@ def hf_config_llama(cfg):
         factor, low, high, orig = cfg["rope"]
         rope = {"rope_type": "llama3", "factor": short(factor), "low_freq_factor": low, "high_freq_factor": high,
                 "original_max_position_embeddings": orig}
-    hc = {"architectures": ["Qwen2ForCausalLM" if cfg["qkvbias"] else "LlamaForCausalLM"],
-          "model_type": "qwen2" if cfg["qkvbias"] else "llama",
+    hc = {"architectures": [ARCHITECTURES[mt]], "model_type": mt,
           "vocab_size": V, "hidden_size": C, "intermediate_size": cfg["F"], "num_hidden_layers": L,
           "num_attention_heads": NH, "num_key_value_heads": cfg["KV"], "head_dim": C // NH, "hidden_act": "silu",
           "max_position_embeddings": cfg["maxT"], "rms_norm_eps": short(cfg["eps"]), "rope_theta": short(cfg["theta"]),
           "rope_scaling": rope, "tie_word_embeddings": bool(cfg["tied"]), "attention_dropout": 0.0,
           "initializer_range": 0.02, "bos_token_id": eot, "eos_token_id": eot, "use_cache": True,
           "torch_dtype": "float32"}
-    if cfg["qkvbias"]:   # no sliding window (Qwen2 would apply one even with use_sliding_window false)
+    if mt == "qwen2":   # no sliding window (Qwen2 would apply one even with use_sliding_window false)
         hc.update(use_sliding_window=False, sliding_window=None, max_window_layers=L)
-    else:
+    elif mt == "llama":
         hc.update(attention_bias=False, mlp_bias=False)
+    else:
+        hc.update(hf_config_moe(cfg, mt))
     return hc
 
 
@@ -353,24 +479,55 @@ def qkv_rows(cfg):
     return cfg["NH"] * hs, cfg["KV"] * hs, cfg["KV"] * hs
 
 
-def to_hf_llama(cfg, t):
-    """our Llama tensors -> HF state dict (fp32, contiguous; lm_head only when untied)"""
-    V, F = cfg["V"], cfg["F"]
-    q, k, _ = qkv_rows(cfg)
-    sd = {"model.embed_tokens.weight": t["wte"][:V], "model.norm.weight": t["lnfw"]}
+def llama_pieces(cfg, mt):
+    """[(transformers' weight name, our tensor, index into it)] of a model of model_type mt: each weight is one
+    slice of one of our tensors (q_proj: qkvw[l][:NH hs], gate_proj: fcw[i][:F], an expert's gate: efcw[j][e][:H],
+    ...; i counts the dense layers, j the MoE ones), and together they cover our tensors but the padded rows"""
+    V, F, H, E, SH, every = cfg["V"], cfg["F"], cfg["H"], cfg["E"], cfg["S"] * cfg["H"], cfg["every"]
+    q, k, v = qkv_rows(cfg)
+    out = [("model.embed_tokens.weight", "wte", slice(0, V)), ("model.norm.weight", "lnfw", ())]
+    if not cfg["tied"]:
+        out.append(("lm_head.weight", "head", slice(0, V)))
+    qkv = list(zip("qkv", (slice(0, q), slice(q, q + k), slice(q + k, q + k + v))))
+    moe = "block_sparse_moe." if mt == "mixtral" else "mlp."
+    g, u, dn = ("w1", "w3", "w2") if mt == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    i = j = 0
     for l in range(cfg["L"]):
         p = f"model.layers.{l}."
-        for name, x in zip("qkv", np.split(t["qkvw"][l], [q, q + k])):
-            sd[p + f"self_attn.{name}_proj.weight"] = x
-        if cfg["qkvbias"]:
-            for name, x in zip("qkv", np.split(t["qkvb"][l], [q, q + k])):
-                sd[p + f"self_attn.{name}_proj.bias"] = x
-        sd[p + "self_attn.o_proj.weight"] = t["attprojw"][l]
-        sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = t["fcw"][l][:F], t["fcw"][l][F:]
-        sd[p + "mlp.down_proj.weight"] = t["fcprojw"][l]
-        sd[p + "input_layernorm.weight"], sd[p + "post_attention_layernorm.weight"] = t["ln1w"][l], t["ln2w"][l]
-    if not cfg["tied"]:
-        sd["lm_head.weight"] = t["head"][:V]
+        out += [(p + "input_layernorm.weight", "ln1w", l), (p + "post_attention_layernorm.weight", "ln2w", l),
+                (p + "self_attn.o_proj.weight", "attprojw", l)]
+        out += [(p + f"self_attn.{x}_proj.weight", "qkvw", (l, sl)) for x, sl in qkv]
+        out += [(p + f"self_attn.{x}_proj.bias", "qkvb", (l, sl)) for x, sl in qkv if cfg["qkvbias"]]
+        if cfg["qknorm"]:
+            out += [(p + "self_attn.q_norm.weight", "qnormw", l), (p + "self_attn.k_norm.weight", "knormw", l)]
+        if E and l % every == every - 1:
+            m = p + moe
+            out.append((m + "gate.weight", "routerw", j))
+            for e in range(E):
+                out += [(m + f"experts.{e}.{g}.weight", "efcw", (j, e, slice(0, H))),
+                        (m + f"experts.{e}.{u}.weight", "efcw", (j, e, slice(H, 2 * H))),
+                        (m + f"experts.{e}.{dn}.weight", "efcprojw", (j, e))]
+            if SH:
+                out += [(m + "shared_expert.gate_proj.weight", "sfcw", (j, slice(0, SH))),
+                        (m + "shared_expert.up_proj.weight", "sfcw", (j, slice(SH, 2 * SH))),
+                        (m + "shared_expert.down_proj.weight", "sfcprojw", j)]
+            if cfg["sgate"]:
+                out.append((m + "shared_expert_gate.weight", "sgatew", j))
+            j += 1
+        else:
+            out += [(p + "mlp.gate_proj.weight", "fcw", (i, slice(0, F))),
+                    (p + "mlp.up_proj.weight", "fcw", (i, slice(F, 2 * F))), (p + "mlp.down_proj.weight", "fcprojw", i)]
+            i += 1
+    return out
+
+
+def to_hf_llama(cfg, t, mt):
+    """our Llama tensors -> the state dict of model_type mt (fp32, contiguous; lm_head only when untied; a
+    Qwen2-MoE export of a model without q/k/v biases gets zero ones)"""
+    sd = {name: t[ours][idx] for name, ours, idx in llama_pieces(cfg, mt)}
+    if mt == "qwen2_moe" and not cfg["qkvbias"]:
+        for name in [n for n in sd if n.endswith("_proj.weight") and ".self_attn." in n and "o_proj" not in n]:
+            sd[name[:-len("weight")] + "bias"] = np.zeros(sd[name].shape[0], np.float32)
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
 
 
@@ -416,8 +573,23 @@ def describe(cfg):
     if cfg.get("arch") == "llama":
         s += (f", Llama: KV {cfg['KV']} F {cfg['F']} theta {short(cfg['theta']):g} eps {short(cfg['eps']):g}"
               f"{' tied' if cfg['tied'] else ''}{' qkvbias' if cfg['qkvbias'] else ''}"
-              f"{' rope_scaling llama3' if cfg['rope'] else ''}")
+              f"{' rope_scaling llama3' if cfg['rope'] else ''}{' qk_norm' if cfg['qknorm'] else ''}")
+    if cfg.get("E"):
+        s += (f"; MoE: E {cfg['E']} k {cfg['k']} H {cfg['H']} every {cfg['every']} norm_topk {cfg['norm_topk']}"
+              f"{' S ' + str(cfg['S']) if cfg['S'] else ''}{' shared_gate' if cfg['sgate'] else ''}")
     return s
+
+
+def export_notes(cfg, mt):
+    """What an export to mt does not keep, one note each (an import of it gives another model file that
+    computes the same)"""
+    if mt in ("mixtral", "olmoe") and cfg["F"] != cfg["H"]:
+        print(f"note: F {cfg['F']} (the dense MLP's width; no layer is dense) is not exported: {mt}'s "
+              f"intermediate_size is an expert's width H {cfg['H']}, which an import takes for F too")
+    if mt == "qwen2_moe" and not cfg["qkvbias"]:
+        print("note: Qwen2-MoE has q/k/v biases: they are exported as zeros (an import gives qkvbias 1)")
+    if cfg["E"] and cfg["k"] == 1 and cfg["norm_topk"]:
+        print("note: k = 1: norm_topk_prob is written false (our one gate is the probability either way)")
 
 
 def cmd_export(a):
@@ -430,7 +602,12 @@ def cmd_export(a):
         if t[name].size and np.any(t[name][cfg["V"]:] != 0):
             print(f"note: the padded rows {cfg['V']}..{cfg['Vp'] - 1} of {name} are not zero; they are dropped "
                   "(no token has those ids)")
-    hc, sd = (hf_config_llama(cfg), to_hf_llama(cfg, t)) if llama else (hf_config(cfg), to_hf(cfg, t))
+    if llama:
+        mt = export_type(cfg, t, a.model)
+        export_notes(cfg, mt)
+        hc, sd = hf_config_llama(cfg, mt), to_hf_llama(cfg, t, mt)
+    else:
+        hc, sd = hf_config(cfg), to_hf(cfg, t)
     parent = os.path.dirname(os.path.abspath(d))
     tmp = None
     try:
@@ -476,7 +653,7 @@ def int_field(hc, path, field, default, lo=1, hi=2**31 - 1, why=""):
     return v
 
 
-VOCAB = " (our data shards hold token ids as uint16)"
+VOCAB = " (our model file's bound: Vp, the vocabulary padded to a multiple of 128, at most 2^20)"
 
 
 def float_field(hc, path, field, default):
@@ -493,7 +670,7 @@ def gpt2_config(hc, path):
     C = int_field(hc, path, "n_embd", 768)
     NH = int_field(hc, path, "n_head", 12)
     cfg = dict(maxT=int_field(hc, path, "n_positions" if "n_positions" in hc else "n_ctx", 1024),
-               V=int_field(hc, path, "vocab_size", 50257, hi=65536, why=VOCAB),
+               V=int_field(hc, path, "vocab_size", 50257, hi=2**20, why=VOCAB),
                L=int_field(hc, path, "n_layer", 12), NH=NH, C=C)
     if C % NH:
         refuse(hc, path, "n_head", f"n_embd {C} is not a multiple of it")
@@ -524,6 +701,16 @@ FAMILY_DEFAULTS = {
                     sliding_window=4096),
     "qwen2": dict(vocab_size=151936, intermediate_size=22016, num_key_value_heads=32, max_position_embeddings=32768,
                   sliding_window=4096),
+    "mixtral": dict(vocab_size=32000, intermediate_size=14336, num_key_value_heads=8, max_position_embeddings=131072,
+                    sliding_window=None, rms_norm_eps=1e-5, rope_theta=1e6, num_local_experts=8,
+                    num_experts_per_tok=2),
+    "olmoe": dict(vocab_size=50304, hidden_size=2048, intermediate_size=2048, num_hidden_layers=16,
+                  num_attention_heads=16, num_key_value_heads=None, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                  num_experts=64, num_experts_per_tok=8, norm_topk_prob=False),
+    "qwen2_moe": dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
+                      num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=32768, sliding_window=4096,
+                      num_experts=60, num_experts_per_tok=4, norm_topk_prob=False, moe_intermediate_size=1408,
+                      shared_expert_intermediate_size=5632, decoder_sparse_step=1),
 }
 FAMILY_COMMON = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, hidden_act="silu",
                      rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False)
@@ -555,9 +742,30 @@ def rope_scaling(hc, path):
     return tuple(vals) + (orig,)
 
 
+def attention_checks(hc, path, mt, d, cfg):
+    """Refuses, naming the field, attention that is not ours: biases (Llama's attention_bias / mlp_bias, OLMoE's
+    attention_bias, clip_qkv), a sliding window shorter than the positions"""
+    if mt in ("llama", "olmoe"):
+        if hc.get("attention_bias", False) is not False:
+            refuse(hc, path, "attention_bias", "expected false: our attention has no biases on q, k, v and o "
+                   "(Qwen2's q/k/v biases are model_type qwen2)")
+    if mt == "llama" and hc.get("mlp_bias", False) is not False:
+        refuse(hc, path, "mlp_bias", "expected false: our MLP has no biases")
+    if mt == "olmoe" and hc.get("clip_qkv") is not None:
+        refuse(hc, path, "clip_qkv", "expected null: our attention does not clamp q, k and v")
+    # Mistral's and Mixtral's masks and Qwen2's (whatever use_sliding_window says) use the window; Qwen2-MoE's only
+    # under use_sliding_window (flash attention)
+    if mt in ("mistral", "qwen2", "mixtral") or (mt == "qwen2_moe" and hc.get("use_sliding_window", False)):
+        w = hc.get("sliding_window", d["sliding_window"])
+        if w is not None and (type(w) is not int or w < cfg["maxT"]):
+            left = "" if "sliding_window" in hc else f", left out: {mt}'s default"
+            refuse_value(path, "sliding_window", w, f"expected null or at least max_position_embeddings {cfg['maxT']} "
+                         f"(our attention sees every earlier position{left})")
+
+
 def llama_config(hc, path):
-    """Our shape from a LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM config (Qwen2: q/k/v biases,
-    our qkvbias=1), refusing by name what our model cannot be"""
+    """Our shape from a config of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (q/k/v biases, our
+    qkvbias=1) or a MoE class (moe_config), refusing by name what our model cannot be"""
     mt = hc["model_type"]
     d = {**FAMILY_COMMON, **FAMILY_DEFAULTS[mt]}
     C = int_field(hc, path, "hidden_size", d["hidden_size"], hi=16384)
@@ -565,11 +773,11 @@ def llama_config(hc, path):
     KV = hc.get("num_key_value_heads", d["num_key_value_heads"])
     KV = NH if KV is None else int_field(hc, path, "num_key_value_heads", KV)
     cfg = dict(maxT=int_field(hc, path, "max_position_embeddings", d["max_position_embeddings"], hi=2**20),
-               V=int_field(hc, path, "vocab_size", d["vocab_size"], hi=65536, why=VOCAB),
+               V=int_field(hc, path, "vocab_size", d["vocab_size"], hi=2**20, why=VOCAB),
                L=int_field(hc, path, "num_hidden_layers", d["num_hidden_layers"], hi=1024), NH=NH, C=C, arch="llama",
                KV=KV, F=int_field(hc, path, "intermediate_size", d["intermediate_size"], hi=2**20),
-               qkvbias=int(mt == "qwen2"), theta=float_field(hc, path, "rope_theta", d["rope_theta"]),
-               eps=float_field(hc, path, "rms_norm_eps", d["rms_norm_eps"]), rope=rope_scaling(hc, path))
+               qkvbias=int(mt in ("qwen2", "qwen2_moe")), theta=float_field(hc, path, "rope_theta", d["rope_theta"]),
+               eps=float_field(hc, path, "rms_norm_eps", d["rms_norm_eps"]), rope=rope_scaling(hc, path), **DENSE_MOE)
     if C % NH:
         refuse(hc, path, "num_attention_heads", f"hidden_size {C} is not a multiple of it")
     if NH % KV:
@@ -584,22 +792,59 @@ def llama_config(hc, path):
     if type(tied) is not bool:
         refuse(hc, path, "tie_word_embeddings", "expected true or false")
     cfg["tied"] = int(tied)
-    if mt == "llama":   # (the other two classes have neither field)
-        if hc.get("attention_bias", False) is not False:
-            refuse(hc, path, "attention_bias", "expected false: our attention has no biases on q, k, v and o "
-                   "(Qwen2's q/k/v biases are model_type qwen2)")
-        if hc.get("mlp_bias", False) is not False:
-            refuse(hc, path, "mlp_bias", "expected false: our MLP has no biases")
-    else:   # Mistral's mask and Qwen2's (whatever use_sliding_window says) use the window
-        w = hc.get("sliding_window", d["sliding_window"])
-        if w is not None and (type(w) is not int or w < cfg["maxT"]):
-            left = "" if "sliding_window" in hc else f", left out: {mt}'s default"
-            refuse_value(path, "sliding_window", w, f"expected null or at least max_position_embeddings {cfg['maxT']} "
-                         f"(our attention sees every earlier position{left})")
+    attention_checks(hc, path, mt, d, cfg)
+    if mt in MOE_TYPES:
+        cfg.update(moe_config(hc, path, mt, d, cfg))
     return cfg
 
 
-CONFIGS = {"gpt2": gpt2_config, "llama": llama_config, "mistral": llama_config, "qwen2": llama_config}
+MOE_TYPES = ("mixtral", "olmoe", "qwen2_moe")
+
+
+def bool_field(hc, path, field, default):
+    v = hc.get(field, default)
+    if type(v) is not bool:
+        refuse(hc, path, field, "expected true or false")
+    return v
+
+
+def moe_config(hc, path, mt, d, cfg):
+    """The MoE fields of a Mixtral, OLMoE or Qwen2-MoE config (moe_llama_spec.md): softmax routing, top k, the
+    gates renormalised (norm_topk) always in Mixtral, by norm_topk_prob in the others; OLMoE's QK-norm;
+    Qwen2-MoE's gated shared expert (S H wide), q/k/v biases and dense layers (decoder_sparse_step = our every).
+    Mixtral's and OLMoE's intermediate_size is an expert's width H (our F, unused, is set to it)"""
+    E = int_field(hc, path, "num_local_experts" if mt == "mixtral" else "num_experts",
+                  d["num_local_experts" if mt == "mixtral" else "num_experts"], hi=256)
+    k = int_field(hc, path, "num_experts_per_tok", d["num_experts_per_tok"], hi=E, why=f" (E = {E})")
+    norm = True if mt == "mixtral" else bool_field(hc, path, "norm_topk_prob", d["norm_topk_prob"])
+    if k == 1 and norm:   # transformers' one renormalised gate is 1; ours (k = 1) is the probability
+        refuse(hc, path, "num_experts_per_tok", "expected at least 2 with renormalised gates (Mixtral, norm_topk_prob "
+               "true): their one gate at k = 1 is 1, ours the probability")
+    moe = dict(E=E, k=k, every=1, H=cfg["F"], norm_topk=int(norm), qknorm=int(mt == "olmoe"))
+    if mt == "mixtral":
+        jitter = number(hc.get("router_jitter_noise", 0.0))
+        if jitter != 0:
+            refuse(hc, path, "router_jitter_noise", "expected 0: our router adds no noise")
+    if mt != "qwen2_moe":
+        if moe["H"] > 65536:
+            refuse(hc, path, "intermediate_size", "expected at most 65536 (an expert's width)")
+        return moe
+    H = int_field(hc, path, "moe_intermediate_size", d["moe_intermediate_size"], hi=65536)
+    SH = int_field(hc, path, "shared_expert_intermediate_size", d["shared_expert_intermediate_size"], hi=64 * H,
+                   why=f", a multiple of moe_intermediate_size {H} (our shared experts: S of width H, S <= 64)")
+    if SH % H:
+        refuse(hc, path, "shared_expert_intermediate_size", f"expected a multiple of moe_intermediate_size {H} (our "
+               "shared experts: S of width H)")
+    every = int_field(hc, path, "decoder_sparse_step", d["decoder_sparse_step"], hi=cfg["L"],
+                      why=f" (num_hidden_layers {cfg['L']}: at least one MoE layer)")
+    if hc.get("mlp_only_layers") not in (None, []):
+        refuse(hc, path, "mlp_only_layers", "expected null or []: our MoE layers are every decoder_sparse_step-th")
+    moe.update(H=H, S=SH // H, sgate=1, every=every)
+    return moe
+
+
+CONFIGS = {"gpt2": gpt2_config, "llama": llama_config, "mistral": llama_config, "qwen2": llama_config,
+           "mixtral": llama_config, "olmoe": llama_config, "qwen2_moe": llama_config}
 # (model_type -> its reader: config.json -> our shape)
 
 
@@ -744,36 +989,24 @@ def from_hf(cfg, sd, d):
     return t
 
 
-def from_hf_llama(cfg, sd, d):
-    """HF Llama / Mistral / Qwen2 state dict -> our tensors, every shape checked; each stacked from the file's
-    weights (nothing of config.json's size is allocated before the weights show it is real)"""
+def from_hf_llama(cfg, sd, d, mt):
+    """HF state dict of model_type mt (Llama, Mistral, Qwen2, Mixtral, OLMoE, Qwen2-MoE) -> our tensors through
+    llama_pieces, every weight's shape checked before anything of config.json's size is allocated (the weights
+    then show it is real); the routing bias zero (none of the classes has one)"""
     used = set()
     get = getter(sd, d, used)
-    V, Vp, L, C, F = cfg["V"], cfg["Vp"], cfg["L"], cfg["C"], cfg["F"]
-    q, k, v = qkv_rows(cfg)
-    t = {name: np.zeros(shape, np.float32) for name, shape in llama_shapes(cfg) if math.prod(shape) == 0}
-    emb = get("model.embed_tokens.weight", (V, C))
-    t["wte"] = padded(emb, Vp)
-    t["lnfw"] = get("model.norm.weight", (C,))
-    p = lambda l: f"model.layers.{l}."
-    cat = lambda l, parts: np.concatenate([get(p(l) + name, shape) for name, shape in parts])
-    attn = lambda suffix, cols: [(f"self_attn.{x}_proj.{suffix}", (n,) + cols) for x, n in zip("qkv", (q, k, v))]
-    per_layer = {"ln1w": lambda l: get(p(l) + "input_layernorm.weight", (C,)),
-                 "qkvw": lambda l: cat(l, attn("weight", (C,))),
-                 "attprojw": lambda l: get(p(l) + "self_attn.o_proj.weight", (C, q)),
-                 "ln2w": lambda l: get(p(l) + "post_attention_layernorm.weight", (C,)),
-                 "fcw": lambda l: cat(l, [("mlp.gate_proj.weight", (F, C)), ("mlp.up_proj.weight", (F, C))]),
-                 "fcprojw": lambda l: get(p(l) + "mlp.down_proj.weight", (C, F))}
-    if cfg["qkvbias"]:
-        per_layer["qkvb"] = lambda l: cat(l, attn("bias", ()))
-    for name, fn in per_layer.items():
-        t[name] = np.stack([fn(l) for l in range(L)])
-    if not cfg["tied"]:
-        t["head"] = padded(get("lm_head.weight", (V, C)), Vp)
-    elif "lm_head.weight" in sd:   # a file that stores the tied head: it must be the embedding
-        if not np.array_equal(get("lm_head.weight", (V, C)), emb):
+    shapes = dict(llama_shapes(cfg))
+    view = lambda name, idx: np.broadcast_to(np.float32(0), shapes[name])[idx]   # (no memory)
+    pieces = [(ours, idx, get(name, view(ours, idx).shape)) for name, ours, idx in llama_pieces(cfg, mt)]
+    t = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
+    for ours, idx, x in pieces:
+        t[ours][idx] = x
+    if cfg["tied"] and "lm_head.weight" in sd:   # a file that stores the tied head: it must be the embedding
+        emb = sd["model.embed_tokens.weight"]
+        if not np.array_equal(get("lm_head.weight", emb.shape), emb):
             fail(f"{d}: lm_head.weight differs from model.embed_tokens.weight, but tie_word_embeddings is true")
     check_rest(sd, used, [k for k in sd if k.endswith("rotary_emb.inv_freq")], d)   # (older files keep RoPE's buffer)
+    t["bias"] = np.zeros(bias_shape(cfg), np.float32)
     return t
 
 
@@ -781,9 +1014,10 @@ def cmd_import(a):
     path = os.path.join(a.dir, "config.json")
     if not os.path.exists(path):
         fail(f"{a.dir}: no config.json")
-    cfg = check_hf_config(read_json(path), path)
+    hc = read_json(path)
+    cfg = check_hf_config(hc, path)
     sd = load_hf_weights(a.dir)
-    t = from_hf_llama(cfg, sd, a.dir) if cfg.get("arch") == "llama" else from_hf(cfg, sd, a.dir)
+    t = from_hf_llama(cfg, sd, a.dir, hc["model_type"]) if cfg.get("arch") == "llama" else from_hf(cfg, sd, a.dir)
     for name, x in t.items():
         bad = np.flatnonzero(~np.isfinite(x))
         if bad.size:
@@ -796,12 +1030,13 @@ def cmd_import(a):
 def main():
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    e = sub.add_parser("export", help="MODEL.bin DIR: our model file -> a GPT2LMHeadModel, LlamaForCausalLM or "
-                       "Qwen2ForCausalLM directory")
+    e = sub.add_parser("export", help="MODEL.bin DIR: our model file -> a GPT2LMHeadModel, LlamaForCausalLM, "
+                       "Qwen2ForCausalLM, MixtralForCausalLM, OlmoeForCausalLM or Qwen2MoeForCausalLM directory")
     e.add_argument("model")
     e.add_argument("dir")
-    i = sub.add_parser("import", help="DIR MODEL.bin: a GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM or "
-                       "Qwen2ForCausalLM directory -> our model file")
+    i = sub.add_parser("import", help="DIR MODEL.bin: a GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
+                       "Qwen2ForCausalLM, MixtralForCausalLM, OlmoeForCausalLM or Qwen2MoeForCausalLM directory -> our "
+                       "model file")
     i.add_argument("dir")
     i.add_argument("model")
     i.add_argument("--bf16", action="store_true", help="store the parameters in bf16 (version 5, Llama 35)")

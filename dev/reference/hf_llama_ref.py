@@ -98,14 +98,19 @@ def make_tokenizer(d):
     PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>").save_pretrained(d)
 
 
-def cmd_make(a):
-    import transformers
-    transformers.logging.set_verbosity_error()
+def write_val(w):
+    """w/val.bin: 4096 random tokens < V, an llm.c uint16 shard"""
     rng = np.random.default_rng(1)
     h = np.zeros(256, dtype="<i4")
     h[:3] = [20240520, 1, 4096]
-    with open(os.path.join(a.w, "val.bin"), "wb") as f:
+    with open(os.path.join(w, "val.bin"), "wb") as f:
         f.write(h.tobytes() + rng.integers(0, V, size=4096).astype("<u2").tobytes())
+
+
+def cmd_make(a):
+    import transformers
+    transformers.logging.set_verbosity_error()
+    write_val(a.w)
     for seed, (name, (mt, fields)) in enumerate(CASES.items()):
         shutil.rmtree(os.path.join(a.w, name), ignore_errors=True)
         save_with_edits(random_model(mt, fields, seed), os.path.join(a.w, name), {})
