@@ -407,9 +407,11 @@ def export_type(cfg, t, path):
     if every > 1 or bias:
         no("dense layers or q/k/v biases without shared experts: the class with them (Qwen2-MoE) has a gated "
            "shared expert in every MoE layer")
-    if cfg["norm_topk"] == 0 or cfg["k"] == 1:
-        no(f"{'k = 1' if cfg['k'] == 1 else 'norm_topk 0'} without QK-norm or shared experts: Mixtral renormalises "
-           "its top k gates (its one gate at k = 1 is 1, ours the probability)")
+    if cfg["k"] == 1:
+        no("k = 1 without QK-norm or shared experts: Mixtral renormalises its gates (its one gate is 1, ours the "
+           "probability)")
+    if cfg["norm_topk"] == 0:
+        no("norm_topk 0 without QK-norm or shared experts: Mixtral renormalises its top k gates")
     return "mixtral"
 
 
@@ -708,8 +710,9 @@ FAMILY_DEFAULTS = {
                   num_attention_heads=16, num_key_value_heads=None, max_position_embeddings=4096, rms_norm_eps=1e-5,
                   num_experts=64, num_experts_per_tok=8, norm_topk_prob=False),
     "qwen2_moe": dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
-                      num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=32768, sliding_window=4096,
-                      num_experts=60, num_experts_per_tok=4, norm_topk_prob=False, moe_intermediate_size=1408,
+                      num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=32768,
+                      sliding_window=4096, num_experts=60, num_experts_per_tok=4, norm_topk_prob=False,
+                      moe_intermediate_size=1408,
                       shared_expert_intermediate_size=5632, decoder_sparse_step=1),
 }
 FAMILY_COMMON = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, hidden_act="silu",
