@@ -131,6 +131,10 @@ refused bad_qwen2_moe_window sliding_window
 refused bad_norm_topk_prob norm_topk_prob
 refused bad_clip_qkv clip_qkv
 refused bad_olmoe_bias attention_bias
+refused bad_vocab vocab_size
+$HF import "$W/vocab_2p20" "$W/refused.bin" >"$W/refused.log" 2>&1
+[ $? != 0 ] && grep -q "'model.embed_tokens.weight' has shape (300, 64), expected (1048576, 64)" "$W/refused.log"
+say $? "vocab_size 2^20 (Vp 2^20, the bound) passes config.json's check; the weights then must have it: $(cat "$W/refused.log")"
 
 # 6. export refuses what no class of transformers computes: one line naming why, no directory
 $PY - "$W" <<'PYEOF'

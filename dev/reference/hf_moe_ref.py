@@ -69,6 +69,8 @@ REFUSED = {   # name: (a case, its config fields changed, config.json fields cha
     "bad_norm_topk_prob": ("qwen2_moe", {}, {"norm_topk_prob": "yes"}),
     "bad_clip_qkv": ("olmoe", dict(clip_qkv=8.0), {}),
     "bad_olmoe_bias": ("olmoe", dict(attention_bias=True), {}),
+    "bad_vocab": ("mixtral", {}, {"vocab_size": 2**20 + 1}),   # past the model file's Vp <= 2^20
+    "vocab_2p20": ("mixtral", {}, {"vocab_size": 2**20}),      # the config passes; the weights (V 300) do not
 }
 
 
