@@ -53,11 +53,10 @@ a sliding_window smaller than max_position_embeddings (Mistral's default is 4096
 even with use_sliding_window false, so only null or a window >= the positions is accepted),
 attention_bias or mlp_bias true, an activation other than silu, a head_dim other than C/NH, a vocabulary over
 2^20 (our model file's bound on Vp, V padded to a multiple of 128; the data shards hold uint16 or uint32 ids).
-export writes a Llama model as model_type llama
-(LlamaForCausalLM), or qwen2 (Qwen2ForCausalLM) when it has q/k/v biases: a Mistral checkpoint imported comes
-back as Llama (MistralForCausalLM is LlamaForCausalLM with a sliding window, which our model never has);
-the token ids bos/eos are V-1 for our tokenizers' vocabularies (GPT-2's 50257, bytes' 257), else null (a
-model file keeps no tokenizer).
+export writes a Llama model as model_type llama (LlamaForCausalLM), or qwen2 (Qwen2ForCausalLM) when it has
+q/k/v biases: a Mistral checkpoint imported comes back as Llama (MistralForCausalLM is LlamaForCausalLM with a
+sliding window, which our model never has); the token ids bos/eos are V-1 for our tokenizers' vocabularies
+(GPT-2's 50257, bytes' 257), else null (a model file keeps no tokenizer).
 
 MoE on the Llama body (dev/notes/moe.md, "Hugging Face MoE models"; Lm MoE layers j, Ld dense ones i;
 m = p.block_sparse_moe. (Mixtral) or p.mlp. (OLMoE, Qwen2-MoE); an expert's gate/up/down are w1/w3/w2 in
@@ -218,8 +217,6 @@ def moe_problem(cfg):
 def family_problem(cfg):
     """What is wrong with a Llama config (model_file.h's config_problem), or None"""
     C, NH, KV, rope = cfg["C"], cfg["NH"], cfg["KV"], cfg["rope"]
-    if cfg["Vp"] > 1 << 20:
-        return "need Vp <= 2^20"
     if KV < 1 or NH % KV:
         return "NH must be a multiple of KV >= 1"
     if (C // NH) % 2:
@@ -266,8 +263,8 @@ def read_model(path):
         fail(f"model file '{path}' has version {h[1]}, expected 3 (fp32) or 5 (bf16), 33 or 35 (Llama family)")
     cfg = dict(maxT=h[2], V=h[3], L=h[4], NH=h[5], C=h[6], Vp=h[7])
     why = None
-    if min(cfg.values()) <= 0 or cfg["C"] % cfg["NH"] or cfg["Vp"] < cfg["V"]:
-        why = "sizes not positive, NH not dividing C, or Vp < V"
+    if min(cfg.values()) <= 0 or cfg["C"] % cfg["NH"] or not cfg["V"] <= cfg["Vp"] <= 1 << 20:
+        why = "sizes not positive, NH not dividing C, or not V <= Vp <= 2^20"
     elif h[1] in (33, 35):
         why = read_header_family(h, cfg)
     if why:
