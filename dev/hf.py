@@ -239,9 +239,9 @@ def read_header_family(h, cfg):
         return f"RoPE scaling {h[21]} in header slot 21, expected 0 (none) or 1 (llama3)"
     cfg.update(arch="llama", KV=h[15], F=h[16], tied=h[17], qkvbias=h[18], theta=bits_f32(h[19]), eps=bits_f32(h[20]),
                rope=(bits_f32(h[22]), bits_f32(h[23]), bits_f32(h[24]), h[25]) if h[21] == 1 else None,
-               norm_topk=h[26], sgate=h[27], qknorm=h[28], E=max(h[8], 0), k=0, every=0, score=0, S=0, H=0)
-    if h[8] > 0:   # (a dense file's slots 9-13 are not read, nor in model_file.h)
-        cfg.update(k=h[9], every=h[10], score=h[11], S=h[12], H=h[13])
+               sgate=h[27], qknorm=h[28], E=max(h[8], 0), k=0, every=0, score=0, S=0, H=0, norm_topk=1)
+    if h[8] > 0:   # (a dense file's slots 9-13 and 26 are not read, nor in model_file.h)
+        cfg.update(k=h[9], every=h[10], score=h[11], S=h[12], H=h[13], norm_topk=h[26])
     return family_problem(cfg)
 
 
@@ -332,7 +332,7 @@ def model_header(cfg, bf16):
         h[8:14] = [cfg[k] for k in ("E", "k", "every", "score", "S", "H")]
         h[14:26] = [1, cfg["KV"], cfg["F"], cfg["tied"], cfg["qkvbias"], f32_bits(cfg["theta"]), f32_bits(cfg["eps"]),
                     1 if cfg["rope"] else 0, f32_bits(rope[0]), f32_bits(rope[1]), f32_bits(rope[2]), rope[3]]
-        h[26:29] = [cfg["norm_topk"], cfg["sgate"], cfg["qknorm"]]
+        h[26:29] = [cfg["norm_topk"] if cfg["E"] else 0, cfg["sgate"], cfg["qknorm"]]   # ([26]: MoE's)
     h[254] = 1   # the CRC covers the header (slot 255 as 0) and the body
     return h
 

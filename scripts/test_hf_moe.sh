@@ -6,7 +6,7 @@
 # Qwen2-MoE (renormalised gates, S 1, tied), OLMoE (QK-norm, raw gates) and OLMoE (renormalised, tied, llama3
 # RoPE scaling); each imported gives transformers' loss and greedy continuation, export -> import gives the model
 # file byte for byte, import -> export every tensor bit for bit. Three models trained here (Mixtral-like,
-# Qwen2-MoE-like, OLMoE-like), exported, give ours in transformers. Two imports under tp 2 + sp + ep 2 and ep 4;
+# Qwen2-MoE-like, OLMoE-like), exported, give ours in transformers. Three imports under tp 2 + sp + ep 2 and ep 4;
 # --bf16; refusals by name, on import (the config's field) and on export (what no class computes).
 # Our side runs dropless (--capacity-factor 0) with --aux-coeff 0 --z-coeff 0: transformers' loss is the CE alone.
 # The loss tolerance is test_hf_llama.sh's (fp32 both sides in different orders, here also the experts' outputs
@@ -83,8 +83,9 @@ for m in $TRAINED; do
     say $? "$m: exported as $(awk -F'"' '/"model_type"/ { print $4 }' "$W/$m/config.json"), imported back byte for byte"
 done
 
-# 3. other layouts (dp 2 x -b 2 and dp 4 x -b 1 read the same 4 rows): tp 2 + sp + ep 2, ep 4
-for run in "qwen2_moe 4 -b 2 --tp 2 --sp --ep 2" "mixtral 4 -b 1 --ep 4"; do
+# 3. other layouts (dp 2 x -b 2 and dp 4 x -b 1 read the same 4 rows): tp 2 + sp + ep 2 (OLMoE: QK-norm's sums
+# over tp), ep 4
+for run in "qwen2_moe 4 -b 2 --tp 2 --sp --ep 2" "olmoe 4 -b 2 --tp 2 --sp --ep 2" "mixtral 4 -b 1 --ep 4"; do
     set -- $run
     m=$1; np=$2; shift 2
     a=$($MPIRUN -np $np "$BIN/train_gpt" -e "$W/$m.bin" -x 0 -j "$W/val.bin" -m 1 -t $T -s 0 $MOE "$@" 2>&1 \
@@ -153,6 +154,8 @@ write_model(f"{w}/x_ungated.bin", {**cfg, "sgate": 0}, {**t, "sgatew": np.zeros(
 PYEOF
 "$BIN/train_gpt" -e "L=2,C=64,NH=4,V=300,maxT=64,E=4,k=2" -b 4 -t 32 -x 1 -v 0 -s 0 -o "$W/run_gpt2moe" >/dev/null 2>&1
 cp "$W/run_gpt2moe/model_00000001.bin" "$W/x_gpt2moe.bin"
+"$BIN/train_gpt" -e "arch=llama,L=2,C=64,NH=4,V=300,maxT=64,qknorm=1" -b 4 -t 32 -x 1 -v 0 -s 0 -o "$W/run_qkdense" >/dev/null 2>&1
+cp "$W/run_qkdense/model_00000001.bin" "$W/x_qkdense.bin"
 unexported() {   # MODEL WHAT
     $HF export "$W/$1.bin" "$W/$1_out" >"$W/unexported.log" 2>&1
     local rc=$?
@@ -165,3 +168,4 @@ unexported x_bias "routing bias"
 unexported x_raw "norm_topk 0"
 unexported x_ungated "without their gate"
 unexported x_gpt2moe "GPT-2 MoE"
+unexported x_qkdense "QK-norm without experts"
