@@ -330,10 +330,66 @@ static ExpertTensors expert_tensors(floatX *const *layer, floatX *const *experts
     return t;
 }
 
+// ---- 5. the local experts of the counted dispatch (dropless): their rows grouped by expert, each expert's on its own
+// weights. The loop over the experts is the specification (the CPU's path); CUDA runs each projection of SwiGLU
+// experts (no biases) as one grouped GEMM over the experts with rows (matmul_forward_grouped: cuBLAS 12.5 on).
+
+// rows (El) of each local expert (host, from the dispatch's counts); their sum
+static size_t moe_expert_row_counts(const ExpertParallel *x, const int *counts, int *rows) {
+    size_t R = 0, r0;
+    for (int le = 0; le < x->El; le++) { rows[le] = (int)moe_expert_rows(x, counts, le, &r0); R += (size_t)rows[le]; }
+    return R;
+}
+
+// xe -> h, hg (the fc and activation outputs) -> mexp (the rows' outputs), expert by expert
+static void moe_experts_forward_loop(ExpertParallel *x, MoEActs *ma, ExpertWeights w) {
+    int C = x->C, Hl = x->Hl, Hw = x->Hw;
+#ifndef USE_CUDA
+    // (CPU: the local experts side by side, each on one thread, its GEMMs single-threaded inside: one parallel
+    // region for all of them, where each expert's small GEMMs would each split over every thread)
+    #pragma omp parallel for schedule(dynamic, 1)
+#endif
+    for (int le = 0; le < x->El; le++) {
+        size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
+        if (n == 0) { continue; }
+        const floatX *b2 = x->tp_rank == 0 && w.fcprojb ? w.fcprojb + (size_t)le * C : NULL;   // added once over tp
+        mlp_fc_forward(x->swiglu, ma->hg + r0 * Hl, ma->h + r0 * Hw, ma->xe + r0 * C, w.fcw + (size_t)le * Hw * C,
+                       w.fcb ? w.fcb + (size_t)le * Hl : NULL, (int)n, C, Hl);
+        matmul_forward(x->mexp + r0 * C, ma->hg + r0 * Hl, w.fcprojw + (size_t)le * C * Hl, b2, (int)n, Hl, C);
+    }
+}
+
+#ifdef MATMUL_GROUPED
+// the grouped GEMMs' case: SwiGLU experts, no biases (GELU experts keep their fused epilogues in the loop)
+static int moe_experts_grouped(const ExpertParallel *x, ExpertTensors w) {
+    return matmul_grouped_enabled && x->swiglu && w.fcb == NULL && w.fcprojb == NULL;
+}
+
+// SwiGLU's fc rows of every expert (h: (R, 2Hl) [gate | up]; hg: (R, Hl)), one grouped GEMM
+static void moe_experts_fc_grouped(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const int *rows, size_t R) {
+    matmul_forward_grouped(ma->h, ma->xe, w.fcw, rows, x->C, x->Hw, x->El);
+    swiglu_forward(ma->hg, ma->h, (int)R, x->Hl);
+}
+#endif
+
+// the launcher: the grouped GEMMs where they apply, else the loop
+static void moe_experts_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w) {
+#ifdef MATMUL_GROUPED
+    if (moe_experts_grouped(x, w)) {
+        int rows[MOE_MAX_EXPERTS];
+        size_t R = moe_expert_row_counts(x, ma->counts, rows);
+        moe_experts_fc_grouped(x, ma, w, rows, R);
+        matmul_forward_grouped(x->mexp, ma->hg, w.fcprojw, rows, x->Hl, x->C, x->El);
+        return;
+    }
+#endif
+    moe_experts_forward_loop(x, ma, w);
+}
+
 // x (BT, C): the ln2 output of all tokens (the same on every tp rank) -> out (BT, C), a partial sum over
 // tp. record: count the step's numbers and log the routing (not when the forward is a recomputation).
 static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const floatX *in, floatX *out, int record) {
-    int B = x->B, T = x->T, BT = x->BT, C = x->C, Hl = x->Hl, Hw = x->Hw, E = x->E, k = x->k, El = x->El;
+    int B = x->B, T = x->T, BT = x->BT, C = x->C, Hl = x->Hl, E = x->E, k = x->k, El = x->El;
     // 1. route: probabilities, top-k, capacity per sequence, the statistics of the auxiliary losses
     moe_router_forward(ma->probs, ma->lse, in, w.router, BT, C, E, x->sigmoid);
     moe_topk(ma->choice, x->cprob, ma->gate, ma->probs, x->bias + (size_t)x->layer * E, BT, E, k, x->norm_topk);
@@ -377,19 +433,7 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
         mlp_fc_forward_batched(x->swiglu, ma->hg, ma->h, ma->xe, w.fcw, w.fcb, (int)n, C, Hl, El);
         matmul_forward_batched(x->mexp, ma->hg, w.fcprojw, x->tp_rank == 0 ? w.fcprojb : NULL, (int)n, Hl, C, El);
     } else {
-#ifndef USE_CUDA
-        // (CPU: the local experts side by side, each on one thread, its GEMMs single-threaded inside: one parallel
-        // region for all of them, where each expert's small GEMMs would each split over every thread)
-        #pragma omp parallel for schedule(dynamic, 1)
-#endif
-        for (int le = 0; le < El; le++) {
-            size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
-            if (n == 0) { continue; }
-            const floatX *b2 = x->tp_rank == 0 && w.fcprojb ? w.fcprojb + (size_t)le * C : NULL;   // added once over tp
-            mlp_fc_forward(x->swiglu, ma->hg + r0 * Hl, ma->h + r0 * Hw, ma->xe + r0 * C, w.fcw + (size_t)le * Hw * C,
-                           w.fcb ? w.fcb + (size_t)le * Hl : NULL, (int)n, C, Hl);
-            matmul_forward(x->mexp + r0 * C, ma->hg + r0 * Hl, w.fcprojw + (size_t)le * C * Hl, b2, (int)n, Hl, C);
-        }
+        moe_experts_forward(x, ma, w);
     }
     moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
     moe_all_to_all(x, ma->counts, x->mrecv, ma->ys, 0);
@@ -424,6 +468,74 @@ typedef struct {
     float *dsgate;         // (BT) of the shared experts' gate's logit (Qwen2-MoE)
     int *counts;           // host (ep, E): the dispatch's rows, as B had them
 } MoEWGrads;
+
+// 5.'s backward (the counted dispatch): mexp (the rows' output gradients) -> mdh (fc outputs') -> mexp := the rows'
+// input gradients; g's fcprojw, fcprojb, fcw, fcb += theirs (weights 0: ZB's B, g not touched). recompute_mlp: h
+// and hg again first. Expert by expert (the specification)
+static void moe_experts_backward_loop(ExpertParallel *x, MoEActs *ma, ExpertWeights w, ExpertGrads g, floatX *mdh,
+                                      int recompute_mlp, int weights) {
+    int C = x->C, Hl = x->Hl, Hw = x->Hw;
+#ifndef USE_CUDA
+    #pragma omp parallel for schedule(dynamic, 1)   // (as in the forward: the experts side by side)
+#endif
+    for (int le = 0; le < x->El; le++) {
+        size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
+        if (n == 0) { continue; }
+        floatX *dye = x->mexp + r0 * C, *dh = mdh + r0 * Hw;
+        const floatX *fcw = w.fcw + (size_t)le * Hw * C, *fcb = w.fcb ? w.fcb + (size_t)le * Hl : NULL;
+        if (recompute_mlp) {   // the rows' fc and activation outputs again, from their stored input
+            mlp_fc_forward(x->swiglu, ma->hg + r0 * Hl, ma->h + r0 * Hw, ma->xe + r0 * C, fcw, fcb, (int)n, C, Hl);
+        }
+        mlp_proj_backward(x->swiglu, dh, !weights ? NULL : g.fcprojw + (size_t)le * C * Hl, dye, ma->hg + r0 * Hl,
+                          w.fcprojw + (size_t)le * C * Hl, ma->h + r0 * Hw, x->mdact + r0 * Hl, (int)n, Hl, C);
+        if (weights && g.fcprojb) { bias_backward(g.fcprojb + (size_t)le * C, dye, (int)n, C); }   // (complete on each tp rank)
+        floatX *dfcw = weights ? g.fcw + (size_t)le * Hw * C : NULL, *dfcb = weights && g.fcb ? g.fcb + (size_t)le * Hl : NULL;
+        matmul_backward(dye, dfcw, dfcb, dh, ma->xe + r0 * C, fcw, (int)n, C, Hw);   // dye := the rows' dx
+    }
+}
+
+// the launcher (as moe_experts_forward's): the grouped GEMMs' products are the loop's, in the same order
+static void moe_experts_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, ExpertGrads g, floatX *mdh,
+                                 int recompute_mlp, int weights) {
+#ifdef MATMUL_GROUPED
+    if (moe_experts_grouped(x, w)) {
+        int rows[MOE_MAX_EXPERTS], C = x->C, Hl = x->Hl, Hw = x->Hw, El = x->El;
+        size_t R = moe_expert_row_counts(x, ma->counts, rows);
+        if (recompute_mlp) { moe_experts_fc_grouped(x, ma, w, rows, R); }
+        matmul_backward_grouped(x->mdact, weights ? g.fcprojw : NULL, x->mexp, ma->hg, w.fcprojw, rows, Hl, C, El);
+        swiglu_backward(mdh, x->mdact, ma->h, (int)R, Hl);
+        matmul_backward_grouped(x->mexp, weights ? g.fcw : NULL, mdh, ma->xe, w.fcw, rows, C, Hw, El);   // := dx
+        return;
+    }
+#endif
+    moe_experts_backward_loop(x, ma, w, g, mdh, recompute_mlp, weights);
+}
+
+// ZB's W pass of 5.: g's fcprojw, fcprojb, fcw, fcb += the products moe_experts_backward skipped, from what B kept
+static void moe_experts_dweight(ExpertParallel *x, const MoEActs *ma, const MoEWGrads *d, ExpertGrads g) {
+    int C = x->C, Hl = x->Hl, Hw = x->Hw, El = x->El;
+#ifdef MATMUL_GROUPED
+    if (moe_experts_grouped(x, g)) {   // (the gradients have the weights' layout: no biases either)
+        int rows[MOE_MAX_EXPERTS];
+        moe_expert_row_counts(x, d->counts, rows);
+        matmul_backward_grouped(NULL, g.fcprojw, d->dye, ma->hg, NULL, rows, Hl, C, El);
+        matmul_backward_grouped(NULL, g.fcw, d->dh, ma->xe, NULL, rows, C, Hw, El);
+        return;
+    }
+#endif
+#ifndef USE_CUDA
+    #pragma omp parallel for schedule(dynamic, 1)
+#endif
+    for (int le = 0; le < El; le++) {
+        size_t r0, n = moe_expert_rows(x, d->counts, le, &r0);
+        if (n == 0) { continue; }
+        const floatX *dye = d->dye + r0 * C, *dh = d->dh + r0 * Hw;
+        matmul_backward(NULL, g.fcprojw + (size_t)le * C * Hl, NULL, dye, ma->hg + r0 * Hl, NULL, (int)n, Hl, C);
+        if (g.fcprojb) { bias_backward(g.fcprojb + (size_t)le * C, dye, (int)n, C); }
+        matmul_backward(NULL, g.fcw + (size_t)le * Hw * C, g.fcb ? g.fcb + (size_t)le * Hl : NULL, dh,
+                        ma->xe + r0 * C, NULL, (int)n, C, Hw);
+    }
+}
 
 // The backward of moe_forward. dy (BT, C): the gradient of out on every tp rank (all tokens; its buffer may be
 // dx's) -> dx (BT, C), the gradient of in, a partial sum over tp (written); g: the experts' gradients and the router's (+=).
@@ -479,23 +591,7 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
         }
         matmul_backward_batched(x->mexp, g.fcw, g.fcb, mdh, ma->xe, w.fcw, (int)n, C, Hw, El);   // := the rows' dx
     } else {
-#ifndef USE_CUDA
-        #pragma omp parallel for schedule(dynamic, 1)   // (as in the forward: the experts side by side)
-#endif
-        for (int le = 0; le < El; le++) {
-            size_t r0, n = moe_expert_rows(x, ma->counts, le, &r0);
-            if (n == 0) { continue; }
-            floatX *dye = x->mexp + r0 * C, *dh = mdh + r0 * Hw;
-            const floatX *fcw = w.fcw + (size_t)le * Hw * C, *fcb = w.fcb ? w.fcb + (size_t)le * Hl : NULL;
-            if (recompute_mlp) {   // the rows' fc and activation outputs again, from their stored input
-                mlp_fc_forward(x->swiglu, ma->hg + r0 * Hl, ma->h + r0 * Hw, ma->xe + r0 * C, fcw, fcb, (int)n, C, Hl);
-            }
-            mlp_proj_backward(x->swiglu, dh, d ? NULL : g.fcprojw + (size_t)le * C * Hl, dye, ma->hg + r0 * Hl,
-                              w.fcprojw + (size_t)le * C * Hl, ma->h + r0 * Hw, x->mdact + r0 * Hl, (int)n, Hl, C);
-            if (!d && g.fcprojb) { bias_backward(g.fcprojb + (size_t)le * C, dye, (int)n, C); }   // complete on every tp rank
-            matmul_backward(dye, d ? NULL : g.fcw + (size_t)le * Hw * C, d || !g.fcb ? NULL : g.fcb + (size_t)le * Hl, dh,
-                            ma->xe + r0 * C, fcw, (int)n, C, Hw);   // dye := the rows' dx
-        }
+        moe_experts_backward(x, ma, w, g, mdh, recompute_mlp, d == NULL);
     }
     moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
     moe_all_to_all(x, ma->counts, x->mrecv, x->msend, 0);
@@ -530,18 +626,7 @@ static void moe_backward_weights(ExpertParallel *x, const MoEActs *ma, const MoE
         }
         matmul_backward_batched(NULL, g.fcw, g.fcb, d->dh, ma->xe, NULL, (int)n, C, Hw, El);
     } else {
-#ifndef USE_CUDA
-        #pragma omp parallel for schedule(dynamic, 1)
-#endif
-        for (int le = 0; le < El; le++) {
-            size_t r0, n = moe_expert_rows(x, d->counts, le, &r0);
-            if (n == 0) { continue; }
-            const floatX *dye = d->dye + r0 * C, *dh = d->dh + r0 * Hw;
-            matmul_backward(NULL, g.fcprojw + (size_t)le * C * Hl, NULL, dye, ma->hg + r0 * Hl, NULL, (int)n, Hl, C);
-            if (g.fcprojb) { bias_backward(g.fcprojb + (size_t)le * C, dye, (int)n, C); }
-            matmul_backward(NULL, g.fcw + (size_t)le * Hw * C, g.fcb ? g.fcb + (size_t)le * Hl : NULL, dh,
-                            ma->xe + r0 * C, NULL, (int)n, C, Hw);
-        }
+        moe_experts_dweight(x, ma, d, g);
     }
     moe_router_dweight(g.router, d->dlogits, in, BT, C, E);
 }

@@ -605,4 +605,168 @@ static void matmul_backward_dgelu_batched(floatX *dpre, floatX *dweight, const f
     }
 }
 
+
+// ---- groups: count linear layers of one shape on row blocks of different heights (the local experts of a dropless
+// MoE dispatch): layer i has rows[i] rows (host ints; 0: nothing to do), its block right after layer i-1's:
+// inp (R, IC), weight (count, OC, IC), out (R, OC), R = the sum of rows; no bias. CPU: the loop over the layers is
+// the specification (each layer on one thread, its GEMMs single-threaded inside). CUDA: one grouped GEMM per
+// product (cuBLAS's cublasGemmGroupedBatchedEx, cuBLAS 12.5 on), the layers with rows only; the loop of the
+// per-layer launchers where cuBLAS lacks it, matmul_grouped_enabled is 0, or an operand is not 16-byte aligned.
+#define MATMUL_GROUPED_MAX 256   // layers in a group at most (MOE_MAX_EXPERTS)
+
+// each layer's first row (off[i]) and R, off[count]
+static void matmul_group_offsets(size_t *off, const int *rows, int count) {
+    if (count > MATMUL_GROUPED_MAX) { fail("a group of %d linear layers: at most %d", count, MATMUL_GROUPED_MAX); }
+    off[0] = 0;
+    for (int i = 0; i < count; i++) { off[i + 1] = off[i] + (size_t)rows[i]; }
+}
+
+#if defined(USE_CUDA) && defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120500
+#define MATMUL_GROUPED 1
+static int matmul_grouped_enabled = 1;   // 0: the per-layer loop (dev/cuda/moe.cu compares the two)
+static cublasHandle_t matmul_grouped_cublas = NULL;
+// the device pointer arrays (3 MATMUL_GROUPED_MAX pointers: 6 KiB) lie in the cuBLASLt workspace's head, queued
+// right before their GEMM on the one stream (nothing uses the workspace in between: no allocation of their own,
+// so --plan's numbers stay the measured ones); the grouped GEMMs get the rest as cuBLAS's workspace
+#define MATMUL_GROUPED_HEAD ((size_t)64 * 1024)
+
+// One grouped call's problems, one per layer with rows: C_i (m_i, n_i) = op(A_i) op(B_i) + beta C_i, column-major
+// as matmul_cublaslt_epilogue's; host arrays (cuBLAS reads them in the call), but the pointers: p, A_i at i, B_i at
+// MATMUL_GROUPED_MAX + i, C_i at 2 MATMUL_GROUPED_MAX + i, queued to the device in one copy
+typedef struct {
+    int g;
+    cublasOperation_t ta[MATMUL_GROUPED_MAX], tb[MATMUL_GROUPED_MAX];
+    int m[MATMUL_GROUPED_MAX], n[MATMUL_GROUPED_MAX], k[MATMUL_GROUPED_MAX], size[MATMUL_GROUPED_MAX];
+    int lda[MATMUL_GROUPED_MAX], ldb[MATMUL_GROUPED_MAX], ldc[MATMUL_GROUPED_MAX];
+    float alpha[MATMUL_GROUPED_MAX], beta[MATMUL_GROUPED_MAX];
+    const void *p[3 * MATMUL_GROUPED_MAX];
+} MatmulGroup;
+static MatmulGroup matmul_group;
+static_assert(sizeof(matmul_group.p) <= MATMUL_GROUPED_HEAD, "the pointer arrays fit the workspace's head");
+
+static cublasHandle_t matmul_grouped_handle(void) {
+    if (matmul_grouped_cublas == NULL) {
+        matmul_setup();
+        cublasCheck(cublasCreate(&matmul_grouped_cublas));
+        cublasCheck(cublasSetStream(matmul_grouped_cublas, main_stream));   // resets the workspace: set it after
+        cublasCheck(cublasSetMathMode(matmul_grouped_cublas,   // (split-K partial sums in fp32, as cuBLASLt's)
+                                      (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+        cublasCheck(cublasSetWorkspace(matmul_grouped_cublas, (char *)cublaslt_workspace + MATMUL_GROUPED_HEAD,
+                                       cublaslt_workspace_size - MATMUL_GROUPED_HEAD));
+    }
+    return matmul_grouped_cublas;
+}
+
+// a pointer and a leading dimension cuBLAS can take without asking: 16-byte aligned, rows of whole 16 bytes
+static int matmul_grouped_aligned(const void *p, int ld) {
+    return matmul_alignment(p) >= 16 && ((size_t)ld * sizeof(floatX)) % 16 == 0;
+}
+
+// one problem more (an empty one is left out); 0 if its operands are not aligned
+static int matmul_group_add(MatmulGroup *G, int transa, int transb, int m, int n, int k, const void *a, int lda,
+                            const void *b, int ldb, void *c, int ldc, float beta) {
+    if (m == 0 || n == 0 || k == 0) { return 1; }
+    if (!matmul_grouped_aligned(a, lda) || !matmul_grouped_aligned(b, ldb) || !matmul_grouped_aligned(c, ldc)) {
+        return 0;
+    }
+    int i = G->g++;
+    G->ta[i] = transa ? CUBLAS_OP_T : CUBLAS_OP_N; G->tb[i] = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    G->m[i] = m; G->n[i] = n; G->k[i] = k; G->size[i] = 1;
+    G->lda[i] = lda; G->ldb[i] = ldb; G->ldc[i] = ldc; G->alpha[i] = 1.0f; G->beta[i] = beta;
+    G->p[i] = a; G->p[MATMUL_GROUPED_MAX + i] = b; G->p[2 * MATMUL_GROUPED_MAX + i] = c;
+    return 1;
+}
+
+// the group's problems in one cuBLAS call (fp32 accumulation, floatX operands)
+static void matmul_group_run(MatmulGroup *G) {
+    int g = G->g;
+    if (g == 0) { return; }
+    cublasHandle_t h = matmul_grouped_handle();
+    const void **dp = (const void **)cublaslt_workspace, **b = dp + MATMUL_GROUPED_MAX, **c = b + MATMUL_GROUPED_MAX;
+    copy_to_device_async(dp, G->p, sizeof(G->p));   // (pageable: staged before the call returns)
+    cublasCheck(cublasGemmGroupedBatchedEx(h, G->ta, G->tb, G->m, G->n, G->k, G->alpha, dp, CUBLAS_FLOATX, G->lda,
+                                           b, CUBLAS_FLOATX, G->ldb, G->beta, (void *const *)c, CUBLAS_FLOATX, G->ldc,
+                                           g, G->size, CUBLAS_COMPUTE_32F));
+}
+
+// out (R, OC) = the rows @ their layer's weight^T: one grouped call; 0 (nothing queued) where it cannot
+static int matmul_forward_grouped_cuda(floatX *out, const floatX *inp, const floatX *weight, const size_t *off,
+                                       int IC, int OC, int count) {
+    MatmulGroup *G = &matmul_group;
+    G->g = 0;
+    for (int i = 0; i < count; i++) {   // (as matmul_forward_cuda: m = OC, n = rows, k = IC)
+        if (!matmul_group_add(G, 1, 0, OC, (int)(off[i + 1] - off[i]), IC, weight + (size_t)i * OC * IC, IC,
+                              inp + off[i] * IC, IC, out + off[i] * OC, OC, 0.0f)) {
+            return 0;
+        }
+    }
+    matmul_group_run(G);
+    return 1;
+}
+
+// dinp (R, IC) = each block's dout @ its weight (written), or dweight (count, OC, IC) += dout^T inp per layer
+// (dinp NULL): one grouped call; 0 (nothing queued) where it cannot
+static int matmul_backward_grouped_cuda(floatX *dinp, floatX *dweight, const floatX *dout, const floatX *inp,
+                                        const floatX *weight, const size_t *off, int IC, int OC, int count) {
+    MatmulGroup *G = &matmul_group;
+    G->g = 0;
+    for (int i = 0; i < count; i++) {   // (as matmul_backward_cuda's two products)
+        int n = (int)(off[i + 1] - off[i]), ok;
+        if (dinp != NULL) {
+            ok = matmul_group_add(G, 0, 0, IC, n, OC, weight + (size_t)i * OC * IC, IC, dout + off[i] * OC, OC,
+                                  dinp + off[i] * IC, IC, 0.0f);
+        } else {
+            ok = matmul_group_add(G, 0, 1, IC, OC, n, inp + off[i] * IC, IC, dout + off[i] * OC, OC,
+                                  dweight + (size_t)i * OC * IC, IC, 1.0f);
+        }
+        if (!ok) { return 0; }
+    }
+    matmul_group_run(G);
+    return 1;
+}
+#endif
+
+// out (R, OC): block i = its rows of inp @ weight_i^T (written)
+static void matmul_forward_grouped(floatX *out, const floatX *inp, const floatX *weight, const int *rows, int IC,
+                                   int OC, int count) {
+    size_t off[MATMUL_GROUPED_MAX + 1];
+    matmul_group_offsets(off, rows, count);
+#ifdef MATMUL_GROUPED
+    if (matmul_grouped_enabled && matmul_forward_grouped_cuda(out, inp, weight, off, IC, OC, count)) { return; }
+#elif !defined(USE_CUDA)
+    #pragma omp parallel for schedule(dynamic, 1)
+#endif
+    for (int i = 0; i < count; i++) {
+        if (rows[i] == 0) { continue; }
+        matmul_forward(out + off[i] * OC, inp + off[i] * IC, weight + (size_t)i * OC * IC, NULL, rows[i], IC, OC);
+    }
+}
+
+// dinp (R, IC) (written; NULL: skipped) and dweight (count, OC, IC) (added to; NULL: skipped), as matmul_backward
+// for each block (weight: NULL without dinp)
+static void matmul_backward_grouped(floatX *dinp, floatX *dweight, const floatX *dout, const floatX *inp,
+                                    const floatX *weight, const int *rows, int IC, int OC, int count) {
+    size_t off[MATMUL_GROUPED_MAX + 1];
+    matmul_group_offsets(off, rows, count);
+#ifdef MATMUL_GROUPED
+    if (matmul_grouped_enabled) {
+        if (dinp != NULL && matmul_backward_grouped_cuda(dinp, NULL, dout, inp, weight, off, IC, OC, count)) {
+            dinp = NULL;
+        }
+        if (dweight != NULL && matmul_backward_grouped_cuda(NULL, dweight, dout, inp, weight, off, IC, OC, count)) {
+            dweight = NULL;
+        }
+        if (dinp == NULL && dweight == NULL) { return; }
+    }
+#elif !defined(USE_CUDA)
+    #pragma omp parallel for schedule(dynamic, 1)
+#endif
+    for (int i = 0; i < count; i++) {
+        if (rows[i] == 0) { continue; }
+        matmul_backward(dinp ? dinp + off[i] * IC : NULL, dweight ? dweight + (size_t)i * OC * IC : NULL, NULL,
+                        dout + off[i] * OC, inp + off[i] * IC, weight ? weight + (size_t)i * OC * IC : NULL, rows[i],
+                        IC, OC);
+    }
+}
+
 #endif

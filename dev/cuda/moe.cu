@@ -1,7 +1,10 @@
 // The MoE kernels (llmc/moe.h) against their CPU loops: router, top-k, capacity, per-sequence
 // statistics, dispatch rows, permute, combine and their backwards, the router's weight and input
 // gradients, the load count and the routing bias update (loss-free balancing); softmax and sigmoid scores;
-// determinism; timing. Shape: 16 sequences of 1024 tokens, C 768, E 8, top-2, F 1.25.
+// determinism; timing. Shape: 16 sequences of 1024 tokens, C 768, E 8, top-2, F 1.25. And the dropless experts'
+// grouped GEMMs (matmul.h's matmul_forward_grouped / matmul_backward_grouped: one cublasGemmGroupedBatchedEx per
+// product) against the CPU loop and against the CUDA per-expert loop, zero-row experts and a misaligned fallback
+// among them, and their times beside the loop's.
 // The integer decisions (choices, keep masks, rows) must be identical: each kernel gets the CPU's
 // inputs (the probabilities included), so there is no near-tie to flip.
 #include "../../llmc/moe.h"
@@ -306,6 +309,95 @@ static void moe_case_free(MoECase *m) {
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) { free(host[i]); }
 }
 
+// ---- the grouped GEMMs of the dropless experts: count layers (experts) of rows[i] rows each (zeros among them):
+// forward (written), dinp (written) and dweight (accumulated into random values), by the grouped launcher (cuBLAS's
+// grouped GEMM where this cuBLAS has it) and by the per-expert CUDA loop (matmul_grouped_enabled 0), each against the
+// CPU loop; the grouped run twice: bitwise the same
+static void grouped_run(int grouped, floatX *out, floatX *dinp, floatX *dw, const floatX *inp, const floatX *w,
+                        const floatX *dout, const int *rows, int IC, int OC, int count) {
+#ifdef MATMUL_GROUPED
+    matmul_grouped_enabled = grouped;
+#else
+    (void)grouped;   // (no grouped GEMM in this cuBLAS: both runs are the loop)
+#endif
+    matmul_forward_grouped(out, inp, w, rows, IC, OC, count);
+    matmul_backward_grouped(dinp, dw, dout, inp, w, rows, IC, OC, count);
+#ifdef MATMUL_GROUPED
+    matmul_grouped_enabled = 1;
+#endif
+}
+
+// the CPU loop (the specification): out, dinp written, dw += for each layer with rows
+static void grouped_cpu(float *out, float *dinp, float *dw, const float *inp, const float *w, const float *dout,
+                        const int *rows, int IC, int OC, int count) {
+    size_t off = 0;
+    for (int i = 0; i < count; off += (size_t)rows[i], i++) {
+        if (rows[i] == 0) { continue; }
+        const float *wi = w + (size_t)i * OC * IC;
+        matmul_forward_cpu(out + off * OC, inp + off * IC, wi, NULL, rows[i], IC, OC);
+        matmul_backward_cpu(dinp + off * IC, dw + (size_t)i * OC * IC, NULL, dout + off * OC, inp + off * IC, wi,
+                            rows[i], IC, OC);
+    }
+}
+
+static int check_grouped(const char *name, const int *rows, int count, int IC, int OC, int timed) {
+    size_t R = 0;
+    for (int i = 0; i < count; i++) { R += (size_t)rows[i]; }
+    printf("-- grouped experts (%s): %d experts, R=%zu rows, IC=%d OC=%d\n", name, count, R, IC, OC);
+    size_t nin = R * IC, nw = (size_t)count * OC * IC, nout = R * OC;
+    float *inp = make_random(nin, -1.0f, 1.0f), *w = make_random(nw, -0.1f, 0.1f), *dout = make_random(nout, -1.0f, 1.0f);
+    float *dw = make_random(nw, -1.0f, 1.0f), *out = (float *)calloc_check(nout, sizeof(float));
+    float *dinp = (float *)calloc_check(nin, sizeof(float));
+    floatX *d_inp = to_device(inp, nin), *d_w = to_device(w, nw), *d_dout = to_device(dout, nout);
+    floatX *d_out[3], *d_dinp[3], *d_dw[3];   // the loop, grouped, grouped again
+    for (int g = 0; g < 3; g++) {
+        d_out[g] = to_device(out, nout); d_dinp[g] = to_device(dinp, nin); d_dw[g] = to_device(dw, nw);
+        grouped_run(g > 0, d_out[g], d_dinp[g], d_dw[g], d_inp, d_w, d_dout, rows, IC, OC, count);
+    }
+    grouped_cpu(out, dinp, dw, inp, w, dout, rows, IC, OC, count);
+    int fails = 0;
+    const char *what[2] = {"loop", "grouped"};
+    for (int g = 0; g < 2; g++) {
+        char label[64];
+        snprintf(label, sizeof(label), "%s forward", what[g]);
+        fails += compare_device(label, d_out[g], out, nout, TOL_X);
+        snprintf(label, sizeof(label), "%s dinp", what[g]);
+        fails += compare_device(label, d_dinp[g], dinp, nin, TOL_X);
+        snprintf(label, sizeof(label), "%s dweight (+=)", what[g]);
+        fails += compare_device(label, d_dw[g], dw, nw, TOL_X);
+    }
+    fails += compare_bitwise("grouped forward twice", d_out[1], d_out[2], nout * sizeof(floatX));
+    fails += compare_bitwise("grouped dinp twice", d_dinp[1], d_dinp[2], nin * sizeof(floatX));
+    if (timed) {
+        double flops = 2.0 * R * IC * OC;
+        for (int g = 0; g < 2; g++) {
+            char label[64];
+            snprintf(label, sizeof(label), "%s forward + backward", what[g]);
+            report_time(label, time_ms(10, [&] { grouped_run(g, d_out[1], d_dinp[1], d_dw[1], d_inp, d_w, d_dout, rows,
+                                                             IC, OC, count); }), 0, 3 * flops);
+        }
+    }
+    for (int g = 0; g < 3; g++) { cudaCheck(cudaFree(d_out[g])); cudaCheck(cudaFree(d_dinp[g])); cudaCheck(cudaFree(d_dw[g])); }
+    cudaCheck(cudaFree(d_inp)); cudaCheck(cudaFree(d_w)); cudaCheck(cudaFree(d_dout));
+    free(inp); free(w); free(dout); free(dw); free(out); free(dinp);
+    return fails;
+}
+
+// the grouped GEMMs' cases: OLMoE-1B-7B's experts under ep 8 (8 local experts of H 1024, SwiGLU: fc C 2048 -> 2H,
+// fcproj H -> C; B8 T1024 top-8 of 64: ~8192 rows over 8 experts, uneven, one empty), a small shape with several
+// empty experts, and rows of 36 bf16 elements (72 bytes: not 16-byte multiples: the loop's fallback)
+static int check_grouped_cases(void) {
+    int fails = 0;
+    int olmoe[8] = {1500, 0, 977, 1203, 640, 1811, 1024, 1037};
+    fails += check_grouped("OLMoE fc, ep 8", olmoe, 8, 2048, 2048, 1);
+    fails += check_grouped("OLMoE fcproj, ep 8", olmoe, 8, 1024, 2048, 1);
+    int small[6] = {0, 5, 0, 17, 1, 0};
+    fails += check_grouped("small, empty experts", small, 6, 64, 128, 0);
+    int odd[3] = {3, 7, 2};
+    fails += check_grouped("misaligned rows: the loop", odd, 3, 36, 20, 0);
+    return fails;
+}
+
 // one case: every check in order (each on the CPU's results of the one before), then the times if asked
 static int run_case(int B, int T, int C, int E, int k, int cap1000, DropPolicy policy, int timed, int sigmoid,
                     int biased) {
@@ -334,5 +426,6 @@ int main(int argc, char **argv) {
     fails += run_case(2, 64, 96, 8, 8, 0, DROP_PROBS, 0, 0, 0);          // k = E, dropless
     fails += run_case(3, 50, 128, 6, 3, 500, DROP_PROBS, 0, 0, 0);       // heavy drops
     fails += run_case(4, 256, 128, 64, 8, 1000, DROP_PROBS, 0, 1, 1);    // fine-grained: E 64 top-8, sigmoid, bias
+    fails += check_grouped_cases();
     return harness_finish(fails);
 }
