@@ -385,7 +385,7 @@ static int check_grouped(const char *name, const int *rows, int count, int IC, i
 
 // the grouped GEMMs' cases: OLMoE-1B-7B's experts under ep 8 (8 local experts of H 1024, SwiGLU: fc C 2048 -> 2H,
 // fcproj H -> C; B8 T1024 top-8 of 64: ~8192 rows over 8 experts, uneven, one empty), a small shape with several
-// empty experts, and rows of 36 bf16 elements (72 bytes: not 16-byte multiples: the loop's fallback)
+// empty experts, and rows of 36 elements (bf16: 72 bytes, not a 16-byte multiple: the loop's fallback; fp32: grouped)
 static int check_grouped_cases(void) {
     int fails = 0;
     int olmoe[8] = {1500, 0, 977, 1203, 640, 1811, 1024, 1037};
@@ -394,7 +394,7 @@ static int check_grouped_cases(void) {
     int small[6] = {0, 5, 0, 17, 1, 0};
     fails += check_grouped("small, empty experts", small, 6, 64, 128, 0);
     int odd[3] = {3, 7, 2};
-    fails += check_grouped("misaligned rows: the loop", odd, 3, 36, 20, 0);
+    fails += check_grouped("rows of 36 elements", odd, 3, 36, 20, 0);
     return fails;
 }
 
