@@ -702,7 +702,7 @@ static void check_memory_buffers(GPT2 *m) {
     double X = sizeof(floatX), BT = m->BT, BTs = m->BTs, C = m->config.channels, Rs, Rr;
     int vpp = m->vpp;
     dispatch_rows_bound(m, &Rs, &Rr);
-    // comm buffers: MoE's dispatch buffers, send and receive, at their worst case; with a pipeline and
+    // comm buffers: MoE's dispatch buffers, send and receive, at their worst case (ep > 1); with a pipeline and
     // --overlap, the copy of the input's gradient being sent (but on the first stage, without
     // interleaving); interleaved, where a received gradient waits for its backward
     double grad_copy = m->pipe.overlap && (!m->first || vpp > 1) ? X * BTs * C : 0,
@@ -717,7 +717,7 @@ static void check_memory_buffers(GPT2 *m) {
     double hs = C / m->config.num_heads, Ckv = (KVl % U == 0 ? KVl : U) * hs;
     double ring = m->grid->cp > 1 && N > 1 ? 4.0 * X * BT * 2 * Ckv : 0;
     double a2a = m->grid->cp > 1 && U > 1 ? 2.0 * X * BT * (m->Cl + 2 * Ckv) : 0;
-    double comm_expect = X * (Rs + Rr) * C + grad_copy + grad_wait + input_wait + ring + a2a;
+    double comm_expect = X * (m->grid->ep > 1 ? Rs + Rr : 0) * C + grad_copy + grad_wait + input_wait + ring + a2a;
     check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1,
           "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B + waiting input %.0f B + cp ring 4 x (B, T/cp, 2 KV hs/tp) %.0f B + cp all-to-all 2 x (B, T/cp, (NH + 2KV) hs/tp) %.0f B",
           (double)mem_current[MEM_COMM], Rs, Rr, (int)X, grad_copy, grad_wait, input_wait, ring, a2a);

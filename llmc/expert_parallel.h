@@ -145,8 +145,9 @@ static void moe_work_alloc(ExpertParallel *x) {
     size_t BT = x->BT, C = x->C, Hl = x->Hl, SHl = x->SHl, E = x->E, k = x->k, Rs = x->rows_send, Rr = x->rows_recv,
         cp = x->cp->size;
     size_t X = floatx_bytes(), F = sizeof(float), I = sizeof(int);
-    x->msend = (floatX *)mem_alloc(Rs * C * X, MEM_COMM);
-    x->mrecv = (floatX *)mem_alloc(Rr * C * X, MEM_COMM);
+    size_t a2a = x->ep->size > 1;   // (ep 1: no exchange, no exchange buffers: moe_forward)
+    x->msend = (floatX *)mem_alloc(a2a * Rs * C * X, MEM_COMM);
+    x->mrecv = (floatX *)mem_alloc(a2a * Rr * C * X, MEM_COMM);
     x->mexp = (floatX *)mem_alloc(Rr * C * X, MEM_WORKSPACE);
     x->mdh = (floatX *)mem_alloc(Rr * x->Hw * X, MEM_WORKSPACE);
     if (x->swiglu) { x->mdact = (floatX *)mem_alloc(Rr * Hl * X, MEM_WORKSPACE); }
@@ -342,7 +343,7 @@ static size_t moe_expert_row_counts(const ExpertParallel *x, const int *counts, 
 }
 
 // xe -> h, hg (the fc and activation outputs) -> mexp (the rows' outputs), expert by expert
-static void moe_experts_forward_loop(ExpertParallel *x, MoEActs *ma, ExpertWeights w) {
+static void moe_experts_forward_loop(ExpertParallel *x, MoEActs *ma, ExpertWeights w, floatX *out) {
     int C = x->C, Hl = x->Hl, Hw = x->Hw;
 #ifndef USE_CUDA
     // (CPU: the local experts side by side, each on one thread, its GEMMs single-threaded inside: one parallel
@@ -355,7 +356,7 @@ static void moe_experts_forward_loop(ExpertParallel *x, MoEActs *ma, ExpertWeigh
         const floatX *b2 = x->tp_rank == 0 && w.fcprojb ? w.fcprojb + (size_t)le * C : NULL;   // added once over tp
         mlp_fc_forward(x->swiglu, ma->hg + r0 * Hl, ma->h + r0 * Hw, ma->xe + r0 * C, w.fcw + (size_t)le * Hw * C,
                        w.fcb ? w.fcb + (size_t)le * Hl : NULL, (int)n, C, Hl);
-        matmul_forward(x->mexp + r0 * C, ma->hg + r0 * Hl, w.fcprojw + (size_t)le * C * Hl, b2, (int)n, Hl, C);
+        matmul_forward(out + r0 * C, ma->hg + r0 * Hl, w.fcprojw + (size_t)le * C * Hl, b2, (int)n, Hl, C);
     }
 }
 
@@ -372,18 +373,18 @@ static void moe_experts_fc_grouped(ExpertParallel *x, MoEActs *ma, ExpertWeights
 }
 #endif
 
-// the launcher: the grouped GEMMs where they apply, else the loop
-static void moe_experts_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w) {
+// the launcher: the grouped GEMMs where they apply, else the loop; out (rows grouped by local expert, C)
+static void moe_experts_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, floatX *out) {
 #ifdef MATMUL_GROUPED
     if (moe_experts_grouped(x, w)) {
         int rows[MOE_MAX_EXPERTS];
         size_t R = moe_expert_row_counts(x, ma->counts, rows);
         moe_experts_fc_grouped(x, ma, w, rows, R);
-        matmul_forward_grouped(x->mexp, ma->hg, w.fcprojw, rows, x->Hl, x->C, x->El);
+        matmul_forward_grouped(out, ma->hg, w.fcprojw, rows, x->Hl, x->C, x->El);
         return;
     }
 #endif
-    moe_experts_forward_loop(x, ma, w);
+    moe_experts_forward_loop(x, ma, w, out);
 }
 
 // x (BT, C): the ln2 output of all tokens (the same on every tp rank) -> out (BT, C), a partial sum over
@@ -414,7 +415,6 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
     if (x->padded) {   // P rows per slot, the kept ones first: known on the host without asking the device
         for (int i = 0; i < x->ep->size * E; i++) { ma->counts[i] = (int)P; }
         moe_rows(ma->row, ma->choice, ma->keep, x->pad_offsets, BT, E, k, (int)P);
-        memset_zero_device(x->msend, (size_t)E * P * C * sizeof(floatX));   // (the padding rows: zero)
     } else {           // counted, exchanged over the ep group and checked
         int mine[MOE_MAX_EXPERTS], offsets[MOE_MAX_EXPERTS];
         copy_to_host(mine, x->counts, E * sizeof(int));
@@ -424,19 +424,27 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
         copy_to_device(x->offsets, offsets, E * sizeof(int));
         moe_rows(ma->row, ma->choice, ma->keep, x->offsets, BT, E, k, BT * k);
     }
-    // 3-4. dispatch; 5. the local experts; 6. back; 7. combine
-    moe_permute(x->msend, in, ma->row, BT, k, C);
-    moe_all_to_all(x, ma->counts, x->msend, x->mrecv, 1);
-    moe_regroup(x, ma->counts, x->mrecv, ma->xe, 1);
+    // 3-4. dispatch; 5. the local experts; 6. back; 7. combine. (ep 1: the send layout is the experts' layout, the
+    // exchange an identity: the rows go straight to xe, the experts' outputs straight to ys)
+    int a2a = x->ep->size > 1;
+    floatX *send = a2a ? x->msend : ma->xe, *yexp = a2a ? x->mexp : ma->ys;
+    if (x->padded) { memset_zero_device(send, (size_t)E * P * C * sizeof(floatX)); }   // (the padding rows: zero)
+    moe_permute(send, in, ma->row, BT, k, C);
+    if (a2a) {
+        moe_all_to_all(x, ma->counts, x->msend, x->mrecv, 1);
+        moe_regroup(x, ma->counts, x->mrecv, ma->xe, 1);
+    }
     if (x->padded) {   // every local expert has the same rows: one strided-batched GEMM per projection
         size_t r0, n = moe_expert_rows(x, ma->counts, 0, &r0);
         mlp_fc_forward_batched(x->swiglu, ma->hg, ma->h, ma->xe, w.fcw, w.fcb, (int)n, C, Hl, El);
-        matmul_forward_batched(x->mexp, ma->hg, w.fcprojw, x->tp_rank == 0 ? w.fcprojb : NULL, (int)n, Hl, C, El);
+        matmul_forward_batched(yexp, ma->hg, w.fcprojw, x->tp_rank == 0 ? w.fcprojb : NULL, (int)n, Hl, C, El);
     } else {
-        moe_experts_forward(x, ma, w);
+        moe_experts_forward(x, ma, w, yexp);
     }
-    moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
-    moe_all_to_all(x, ma->counts, x->mrecv, ma->ys, 0);
+    if (a2a) {
+        moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
+        moe_all_to_all(x, ma->counts, x->mrecv, ma->ys, 0);
+    }
     moe_combine(out, ma->ys, ma->gate, ma->row, BT, k, C);
     // 8. the shared experts, on every token (Qwen2-MoE: scaled per token by their sigmoid gate)
     if (x->SHl > 0) {
@@ -568,12 +576,16 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
     }
     // 7. combine: the gradient of each kept row (send layout; padded: the padding rows' zero), and of the gates
     // (all-reduced over tp: the expert outputs are partial sums over tp)
-    if (x->padded) { memset_zero_device(x->msend, (size_t)E * x->B * x->cap * C * sizeof(floatX)); }
-    moe_combine_backward(x->msend, x->dgate, dy, ma->ys, ma->gate, ma->row, BT, k, C);
+    int a2a = x->ep->size > 1;   // (ep 1: the exchanges are identities, as in the forward: in mexp throughout)
+    floatX *send = a2a ? x->msend : x->mexp;
+    if (x->padded) { memset_zero_device(send, (size_t)E * x->B * x->cap * C * sizeof(floatX)); }
+    moe_combine_backward(send, x->dgate, dy, ma->ys, ma->gate, ma->row, BT, k, C);
     comm_all_reduce(x->tp, x->dgate, (size_t)BT * k, DT_FLOAT, NULL);
     // 6-4. to the experts, 5. their backward, 4-3. back
-    moe_all_to_all(x, ma->counts, x->msend, x->mrecv, 1);
-    moe_regroup(x, ma->counts, x->mrecv, x->mexp, 1);
+    if (a2a) {
+        moe_all_to_all(x, ma->counts, x->msend, x->mrecv, 1);
+        moe_regroup(x, ma->counts, x->mrecv, x->mexp, 1);
+    }
     size_t rows = 0, r0;
     for (int le = 0; le < El; le++) { rows += moe_expert_rows(x, ma->counts, le, &r0); }
     if (d) {   // (the rows' output gradients: mexp becomes their input's gradient below)
@@ -593,9 +605,11 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
     } else {
         moe_experts_backward(x, ma, w, g, mdh, recompute_mlp, d == NULL);
     }
-    moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
-    moe_all_to_all(x, ma->counts, x->mrecv, x->msend, 0);
-    moe_unpermute(dx, x->msend, ma->row, BT, k, C);
+    if (a2a) {
+        moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
+        moe_all_to_all(x, ma->counts, x->mrecv, x->msend, 0);
+    }
+    moe_unpermute(dx, send, ma->row, BT, k, C);
     if (x->SHl > 0) { accumulate(dx, x->sout, (size_t)BT * C); }   // (8.'s input gradient)
     if (x->shared_gate && x->tp_rank == 0) { moe_router_dinput(dx, x->sglogit, w.sgate, BT, C, 1); }   // (its gate's, once)
     // 1. the router: identical on every tp rank (complete gates' gradient); its input gradient added once
