@@ -3,7 +3,10 @@
 #   1. builds the cuda backend (bf16 and fp32)
 #   2. builds and runs every dev/cuda harness (CUDA kernel vs the CPU loop, timing), bf16 and fp32
 #   3. test_gpt on one GPU against the PyTorch reference (refs/: carry it, or PyTorch writes it)
-#   4. a short GPT-2 124M-shaped throughput run: tokens/s and MFU (and the same with flash attention, with MoE)
+#   3c. the same for the Llama family (refs/llama: KV 2 of NH 4, untied; refs/llama_hs128: head size 128, llama3
+#      RoPE scaling, also with the flash kernels)
+#   4. a short GPT-2 124M-shaped throughput run: tokens/s and MFU (and the same with flash attention, with MoE,
+#      and a SmolLM2-135M-shaped Llama)
 #   5. the roofline model (dev/cuda/roofline.py) with the efficiencies the harnesses measured, beside the step
 # and prints a summary (also $LOG_DIR/summary.txt; the roofline table in $LOG_DIR/roofline.txt). Budget: under 8 minutes on an H200 (each step has its own timeout).
 # Usage: bash scripts/gpu_check.sh            (CUDA_ARCH=90 by default; JOBS=16 parallel builds)
@@ -89,6 +92,25 @@ for cfg in moe moe_pos moe_dl moe_k1 moe_sig; do
         SUMMARY+=("skip  test_gpt_$cfg: no reference state refs/$cfg (carry it)")
     fi
 done
+# 3c. the Llama family on one GPU (RMSNorm, RoPE, SwiGLU, grouped-query attention, the untied head): the
+#     matrix's Llama references (test_matrix.sh's `reference llama ...` lines; carry refs/llama*, or PyTorch
+#     writes them here), fp32 and bf16; head size 128 through the flash kernels too
+ref_llama() {   # NAME FLAGS...: the reference as scripts/test_matrix.sh writes it
+    local name=$1; shift
+    [ -f refs/$name/state.bin ] || python3 dev/reference/gpt2_ref.py "$@" --out refs/$name >/dev/null 2>&1 ||
+        echo "(no refs/$name and no PyTorch to write it)"
+}
+ref_llama llama --config tiny --arch llama --KV 2
+ref_llama llama_hs128 --config tiny --arch llama --L 2 --C 256 --NH 2 --KV 1 --F 96 --rope_scaling llama3 --rope_orig 64
+for cfg in llama llama_hs128; do
+    if [ -f refs/$cfg/state.bin ]; then
+        step test_gpt_fp32_$cfg 120 "./build/cuda-fp32/test_gpt --ref refs/$cfg -b 8 --check-memory --check-comm"
+        step test_gpt_bf16_$cfg 120 "./build/cuda/test_gpt --ref refs/$cfg -b 8 --check-memory --check-comm"
+        [ $cfg = llama_hs128 ] && step test_gpt_bf16_llama_hs128_flash 120 "./build/cuda/test_gpt --ref refs/$cfg -b 8 --check-memory --attention flash"
+    else
+        SUMMARY+=("FAIL  test_gpt_$cfg: no reference state refs/$cfg"); FAILED=$((FAILED + 1))
+    fi
+done
 [ -f refs/tiny/state.bin ] && step test_gpt_fp32_recompute 120 "./build/cuda-fp32/test_gpt --ref refs/tiny -b 4 --recompute full --check-memory"
 # a run that cannot fit stops before allocating, with the plan and the levers (the free device memory as limit)
 step oom_stops_early 60 "./build/cuda/train_gpt -e d48 -b 64 -t 1024 -x 1 -v 0 -s 0 > $LOG_DIR/oom.out 2>&1;
@@ -125,6 +147,18 @@ fi
 # 5. the same shape with MoE every 2nd layer (E 8, top-2, F 1.25): tokens/s beside the dense run
 step throughput_124m_moe 180 "./build/cuda/train_gpt -e d12 --experts 8 --topk 2 --moe-every 2 -b 16 -t 1024 -x 20 -v 0 -s 0 --ce-chunk 2048 --memory-report"
 
+# 5b. a SmolLM2-135M-shaped Llama (L30 C576 NH9 KV3 F1536, tied, GPT-2's V 50257), the 124M run's B16 T1024 and
+#     CE chunk: tokens/s and MFU counted as for 124M (6N + 6 L C T flops per token)
+SMOL="arch=llama,L=30,C=576,NH=9,KV=3,F=1536,V=50257,maxT=1024,tied=1"
+step throughput_llama_135m 240 "./build/cuda/train_gpt -e $SMOL -b 16 -t 1024 -x 30 -v 0 -s 0 --ce-chunk 2048 --memory-report"
+if [ -f "$LOG_DIR/throughput_llama_135m.log" ]; then
+    awk '/parameters,/ { for (i = 1; i < NF; i++) if ($(i+1) == "parameters,") N = $i }
+         /average step/ { tok = $(NF-1) }
+         END { if (tok > 0) { f = 6 * N + 6 * 30 * 576 * 1024; printf "  Llama 135M (SmolLM2 shape): %d tok/s, %.1f ms/step, MFU %.1f%% of 790 TFLOP/s, %.1f%% of 989 (%.3g flops per token)\n",
+                                tok, 16384000 / tok, 100 * tok * f / 790e12, 100 * tok * f / 989e12, f } }' \
+        "$LOG_DIR/throughput_llama_135m.log" | tee "$LOG_DIR/mfu_llama.txt"
+fi
+
 # 6. the roofline model of the same step, with the efficiencies the harnesses just measured, beside the measurement
 STEP_MS=$(awk '/^average step/ { print $3 }' "$LOG_DIR/throughput_124m.log" 2>/dev/null)
 python3 dev/cuda/roofline.py --measured "$LOG_DIR"/harness_bf16_*.log ${STEP_MS:+--step-ms $STEP_MS} > "$LOG_DIR/roofline.txt" 2>&1
@@ -136,6 +170,7 @@ for line in "${SUMMARY[@]}"; do echo "  $line"; done
 # the timings of the kernels, one line each, for the record
 grep -h "^  time" "$LOG_DIR"/harness_bf16_*.log 2>/dev/null | sed 's/^/  bf16 /'
 cat "$LOG_DIR/mfu.txt" 2>/dev/null
+cat "$LOG_DIR/mfu_llama.txt" 2>/dev/null
 grep -h "^average step" "$LOG_DIR/throughput_124m_flash.log" 2>/dev/null | sed 's/^/  124M --attention flash: /'
 grep -h "^average step" "$LOG_DIR/throughput_124m_moe.log" 2>/dev/null | sed 's/^/  124M MoE E8 k2 every 2: /'
 echo "  roofline (dev/cuda/roofline.py, 124M B16 T1024, cuBLAS attention):"

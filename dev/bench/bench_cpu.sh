@@ -6,8 +6,11 @@
 #   2. peak logits memory at T=1024: --ce-chunk 0 (full logits) vs the chunked default
 #   3. data parallel d4 at dp 2: tokens/s and bytes per step for each ZeRO stage
 #   4. peak memory per rank for T = 1024, 4096, 16384 (V=50304) at tp 1/2/4, with and without chunked CE
-# usage: bash dev/bench/bench_cpu.sh [threads] [tables, e.g. 1 or 1234]   (from the repo root after make)
-# env: ROUNDS=N runs table 1 N times, ours and PyTorch alternating, and keeps each side's best; STEPS (20)
+#   5. table 1 for a Llama (L4 C256 NH4 KV2 F768 V50257, untied) against transformers' LlamaForCausalLM
+#      (dev/bench/torch_llama.py, eager, run by .venv/bin/python or $VENV_PY) at B16 T64, B4 T256, B1 T1024
+# usage: bash dev/bench/bench_cpu.sh [threads] [tables, e.g. 1 or 12345]   (from the repo root after make)
+# env: ROUNDS=N runs tables 1 and 5 N times, ours and PyTorch alternating, and keeps each side's best (table 5
+#      also prints each side's median); STEPS (20)
 #      timed steps per run; CPUTIME=1 times table 1 (and the sgemm rate) in process CPU seconds instead of wall
 #      seconds: with 1 thread on a machine others load, what an unloaded run would take (with more threads it
 #      also counts the threads' spin-waits); OPENBLAS_CORETYPE reaches both sides (OpenBLAS 0.3.21 runs its Prescott kernels
@@ -15,12 +18,13 @@
 set -u
 cd "$(dirname "$0")/../.."
 TH=${1:-2}
-TABLES=${2:-1234}
+TABLES=${2:-12345}
 ROUNDS=${ROUNDS:-1}
 STEPS=${STEPS:-20}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MPIRUN="mpirun --oversubscribe --bind-to none"
 PY=/usr/bin/python3
+VENV_PY=${VENV_PY:-.venv/bin/python}
 MODEL="L=4,C=128,NH=4,V=50257,maxT=1024"
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 
@@ -46,16 +50,17 @@ sgemm_rate() { OMP_NUM_THREADS=$TH $PY -c "$SGEMM_PY" "$BLAS_LIB" "$@" "${CPUTIM
 # steps less those of a run of 1 (start-up and the untimed first step cancel)
 cpu_seconds() { /usr/bin/time -f "%U %S" "$@" 2>&1 >/dev/null | tail -n 1 | awk '{ print $1 + $2 }'; }
 ours_tok() {
-    local run=(env OMP_NUM_THREADS=$TH ./train_gpt -e "$MODEL" -b $1 -t $2 -s 0 -v 0)
+    local run=(env OMP_NUM_THREADS=$TH ./train_gpt -e "${OURS_MODEL:-$MODEL}" -b $1 -t $2 -s 0 -v 0)
     if [ "${CPUTIME:-0}" = 1 ]; then
         awk -v a="$(cpu_seconds "${run[@]}" -x 1)" -v b="$(cpu_seconds "${run[@]}" -x $((STEPS + 1)))" -v n=$(($1 * $2 * STEPS)) \
             'BEGIN { printf "%.0f", n / (b - a) }'
     else "${run[@]}" -x $((STEPS + 1)) | awk '/average step/ { print $(NF-1) }'; fi
 }
-# ... of PyTorch (dev/bench/torch_gpt2.py, its OpenBLAS on the same threads) into t, its line into torch_line:
-# wall, or from its CPU ms per step
+# ... of PyTorch (dev/bench/torch_gpt2.py, or the command in TORCH_CMD; its OpenBLAS on the same threads) into
+# t, its line into torch_line: wall, or from its CPU ms per step
 torch_tok() {
-    torch_line=$(OPENBLAS_NUM_THREADS=$TH $PY dev/bench/torch_gpt2.py --threads "$TH" --steps "$STEPS" --B $1 --T $2)
+    local cmd=(${TORCH_CMD:-$PY dev/bench/torch_gpt2.py})
+    torch_line=$(OPENBLAS_NUM_THREADS=$TH "${cmd[@]}" --threads "$TH" --steps "$STEPS" --B $1 --T $2)
     if [ "${CPUTIME:-0}" = 1 ]; then t=$(awk -v n=$(($1 * $2)) '{ printf "%.0f", n / ($10 / 1000) }' <<<"$torch_line")
     else t=$(awk '{ print $4 }' <<<"$torch_line"); fi
 }
@@ -138,4 +143,46 @@ for T in 1024 4096 16384; do
         done
     done
 done
+fi
+
+if [[ $TABLES == *5* ]]; then
+echo
+# L4 C256 NH4 KV2 (head size 64) F768 = 256 ceil(8C/3/256), V50257 (Vp 50304), untied, RoPE theta 500000, eps 1e-5
+LLAMA="arch=llama,L=4,C=256,NH=4,KV=2,V=50257,maxT=1024"
+echo "== 5. Llama throughput: L4 C256 NH4 KV2 F768 V50257 (Vp 50304) untied, $TH threads, $STEPS steps after" \
+     "warm-up, best and median of $ROUNDS round(s)$([ "${CPUTIME:-0}" = 1 ] && echo ", in CPU time")"
+read -r sq core < <(sgemm_rate 2048 2048 2048)
+read -r head _ < <(sgemm_rate 1024 50304 256)
+echo "OpenBLAS sgemm, $core kernels${OPENBLAS_CORETYPE:+ (OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE)}: $sq GFLOP/s at 2048^3," \
+     "$head GFLOP/s at the LM head's M1024 N50304 K256"
+# training FLOPs per token: 6 (the layers' L (2 C^2 + 2 C KV hs + 3 C F) + the untied head's C Vp) + attention's 6 L C T
+lflops() { awk -v T="$1" 'BEGIN { L = 4; C = 256; kv = 128; F = 768; Vp = 50304
+    print 6 * (L * (2 * C * C + 2 * C * kv + 3 * C * F) + C * Vp) + 6 * L * C * T }'; }
+LSHAPES=("16 64" "4 256" "1 1024")
+declare -A lours ltorch
+for r in $(seq 1 "$ROUNDS"); do
+    for bt in "${LSHAPES[@]}"; do
+        set -- $bt
+        lours[$bt]+=" $(OURS_MODEL=$LLAMA ours_tok $1 $2)"
+        TORCH_CMD="$VENV_PY dev/bench/torch_llama.py --L 4 --C 256 --NH 4 --KV 2 --F 768 --V 50257 --maxT 1024" torch_tok $1 $2
+        ltorch[$bt]+=" $t"
+    done
+done
+echo "transformers: $torch_line"
+best() { tr ' ' '\n' <<<"$1" | awk 'NF' | sort -g | tail -n 1; }
+median() { tr ' ' '\n' <<<"$1" | awk 'NF' | sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+printf "%-9s %7s %11s %11s %7s %11s %11s %7s %11s %11s\n" "shape" tokens "ours best" "torch best" ratio \
+       "ours med" "torch med" ratio "ours/bound" "torch/bound"
+for bt in "${LSHAPES[@]}"; do
+    set -- $bt
+    awk -v B=$1 -v T=$2 -v a="$(best "${lours[$bt]}")" -v b="$(best "${ltorch[$bt]}")" -v c="$(median "${lours[$bt]}")" \
+        -v d="$(median "${ltorch[$bt]}")" -v f="$(lflops $2)" -v sq="$sq" 'BEGIN {
+        bound = sq * 1e9 / f   # tok/s if every FLOP ran at the 2048^3 sgemm rate
+        printf "B%-2d T%-4d %7d %11.0f %11.0f %6.2fx %11.0f %11.0f %6.2fx %10.0f%% %10.0f%%\n", B, T, B * T, a, b, a / b,
+               c, d, c / d, 100 * a / bound, 100 * b / bound }'
+done
+awk -v a="$(best "${lours[1 1024]}")" -v b="$(best "${lours[16 64]}")" -v c="$(best "${ltorch[1 1024]}")" \
+    -v d="$(best "${ltorch[16 64]}")" 'BEGIN {
+    printf "B1 T1024 / B16 T64 (1024 tokens per step both, best): ours %.2f, transformers %.2f\n", a / b, c / d }'
+echo "(tok/s; bound: the 2048^3 sgemm rate over the training FLOPs per token, 6 (L (2C^2 + 2C KV hs + 3C F) + C Vp) + 6 L C T)"
 fi
