@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CPU benchmarks (not tests: timings on a 2-core machine are noisy, so what matters are the ratios
-# measured side by side in one run). Prints four tables:
+# measured side by side in one run). Prints five tables:
 #   1. tokens/s of train_gpt vs PyTorch (same model, same threads) at B4 T64, B16 T64, B4 T256, B1 T1024,
 #      the ratios, OpenBLAS's sgemm rate on this machine and each side's share of the sgemm bound
 #   2. peak logits memory at T=1024: --ce-chunk 0 (full logits) vs the chunked default
