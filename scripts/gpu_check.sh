@@ -102,7 +102,11 @@ ref_llama() {   # NAME FLAGS...: the reference as scripts/test_matrix.sh writes 
 }
 ref_llama llama --config tiny --arch llama --KV 2
 ref_llama llama_hs128 --config tiny --arch llama --L 2 --C 256 --NH 2 --KV 1 --F 96 --rope_scaling llama3 --rope_orig 64
-for cfg in llama llama_hs128; do
+# MoE on the Llama body, dropless: the local experts' projections as grouped GEMMs (cuBLAS >= 12.5); OLMoE's QK-norm
+ref_llama llama_mixtral --config tiny --arch llama --KV 2 --E 4 --k 2 --H 64 --cap 0
+ref_llama llama_olmoe --config tiny --arch llama --KV 2 --E 4 --k 2 --H 32 --norm_topk 0 --qk_norm 1 --cap 0
+ref_llama llama_qwenmoe --config tiny --arch llama --KV 2 --qkvbias 1 --F 96 --E 4 --k 2 --H 32 --S 2 --shared_gate 1 --norm_topk 0 --every 2 --cap 0
+for cfg in llama llama_hs128 llama_mixtral llama_olmoe llama_qwenmoe; do
     if [ -f refs/$cfg/state.bin ]; then
         step test_gpt_fp32_$cfg 120 "./build/cuda-fp32/test_gpt --ref refs/$cfg -b 8 --check-memory --check-comm"
         step test_gpt_bf16_$cfg 120 "./build/cuda/test_gpt --ref refs/$cfg -b 8 --check-memory --check-comm"
