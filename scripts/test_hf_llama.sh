@@ -127,3 +127,41 @@ say $? "sample.py --tokenizer: the prompt round-trips through AutoTokenizer and 
 $PY dev/sample.py "hi" -e "$(model trained_llama)" --tokenizer "$W/llama" -g 2 --bin "$BIN/train_gpt" >"$W/sample_bad.log" 2>&1
 [ $? != 0 ] && [ "$(wc -l <"$W/sample_bad.log")" = 1 ] && grep -q "^error: --tokenizer $W/llama" "$W/sample_bad.log"
 say $? "sample.py --tokenizer of a directory without a tokenizer: $(cat "$W/sample_bad.log")"
+
+# 7. dev/data/tinyshakespeare.py --tokenizer DIR: a Hugging Face tokenizer's ids in llm.c's shards (each document
+#    after the tokenizer's BOS, else its EOS), uint16 for the BPE of 300 ids; a word-level tokenizer of 70,000 ids
+#    (past 65,536) writes uint32 shards (version 7) that a V 70,000 Llama trains on
+for i in $(seq 60); do printf 'First Citizen:\nBefore we proceed any further, hear me speak, %d.\n\nAll:\nSpeak, speak.\n\n' $i; done >"$W/ts.txt"
+$PY dev/data/tinyshakespeare.py --input "$W/ts.txt" --out "$W/ts_tok" --tokenizer "$W/tok" --val-tokens 500 >"$W/ts_tok.log" 2>&1 \
+    && $PY - "$W/ts.txt" "$W/tok" "$W/ts_tok/ts_val.bin" "$W/ts_tok/ts_train.bin" <<'PYEOF'
+import sys, numpy as np
+from transformers import AutoTokenizer
+text, tok = open(sys.argv[1], encoding="utf-8").read(), AutoTokenizer.from_pretrained(sys.argv[2], local_files_only=True)
+docs, ids = text.split("\n\n"), []
+start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+for i, d in enumerate(docs):
+    ids += [start] + tok.encode(d + ("\n\n" if i < len(docs) - 1 else ""), add_special_tokens=False)
+got = []
+for path in sys.argv[3:]:
+    h = np.fromfile(path, dtype="<i4", count=256)
+    assert h[0] == 20240520 and h[1] == 1, h[:3]
+    got += np.fromfile(path, dtype="<u2", offset=1024).tolist()
+sys.exit(got != ids)
+PYEOF
+[ $? = 0 ] && [ ! -e "$W/ts_tok/tokenizer.bin" ]
+say $? "tinyshakespeare.py --tokenizer DIR: the shards hold AutoTokenizer's ids of every document after its BOS/EOS (uint16, V 300), no tokenizer.bin"
+$PY - "$W/ts.txt" "$W/tok70k" <<'PYEOF' >/dev/null 2>&1
+import re, sys
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+words = sorted(set(re.findall(r"\w+|[^\w\s]", open(sys.argv[1], encoding="utf-8").read())))
+vocab = {w: i for i, w in enumerate(["<unk>", "<s>"] + words + [f"w{i}" for i in range(70000 - 2 - len(words))])}
+tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>")); tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", unk_token="<unk>").save_pretrained(sys.argv[2])
+PYEOF
+$PY dev/data/tinyshakespeare.py --input "$W/ts.txt" --out "$W/ts70k" --tokenizer "$W/tok70k" --val-tokens 500 >"$W/ts70k.log" 2>&1
+v=$($PY -c "import numpy as np, sys; h = np.fromfile(sys.argv[1], dtype='<i4', count=2); print(h[0], h[1])" "$W/ts70k/ts_train.bin" 2>/dev/null)
+"$BIN/train_gpt" -e "arch=llama,L=1,C=64,NH=4,V=70000,maxT=64" -i "$W/ts70k/ts_train.bin" -j "$W/ts70k/ts_val.bin" -t 32 -b 2 -x 2 \
+    -v 2 -m 1 -s 0 >"$W/ts70k_train.log" 2>&1
+[ $? = 0 ] && [ "$v" = "20240801 7" ] && grep -q "^step    2/2" "$W/ts70k_train.log"
+say $? "tinyshakespeare.py --tokenizer DIR of 70,000 ids writes uint32 shards ($v) that a V 70,000 Llama trains on"

