@@ -22,10 +22,7 @@ HF="$PY dev/hf.py"
 B=4; T=32; IDS=1,2,3; N=12
 CASES="llama llama_tied mistral qwen2"
 TRAINED="trained_llama trained_qwen2"
-model() { case $1 in trained_*) echo "$W/run_${1#trained_}/model_00000020.bin" ;; *) echo "$W/$1.bin" ;; esac; }
-our_loss() { "$BIN/train_gpt" -e "$1" -x 0 -j "$W/val.bin" -m 1 -b $B -t $T -s 0 2>&1 | awk '/^val loss/ { print $3 }'; }
-absdiff() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; printf "%.1e", d < 0 ? -d : d }'; }
-close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 1e-5 * (b < 0 ? -b : b) + 5e-7) }'; }
+. "$(dirname "$0")/test_hf_lib.sh"
 
 $REF make "$W" >"$W/make.log" 2>&1
 say $? "transformers builds the four random models, the configs to refuse and a byte-level BPE tokenizer (V 300)"
@@ -35,14 +32,7 @@ say $? "transformers builds the four random models, the configs to refuse and a 
     -o "$W/run_llama" >"$W/train_llama.log" 2>&1
 "$BIN/train_gpt" -e "arch=llama,L=2,C=64,NH=4,KV=1,V=300,maxT=64,F=96,qkvbias=1,tied=1,theta=10000" -b 4 -t 32 -x 20 \
     -l 3e-3 -v 0 -s 0 -o "$W/run_qwen2" >"$W/train_qwen2.log" 2>&1
-for m in $CASES; do
-    $HF import "$W/$m" "$W/$m.bin" >"$W/import_$m.log" 2>&1 && $HF export "$W/$m.bin" "$W/${m}_out" >"$W/export_$m.log" 2>&1
-    say $? "$m: $(head -n 1 "$W/import_$m.log")"
-done
-for m in $TRAINED; do
-    $HF export "$(model $m)" "$W/$m" >"$W/export_$m.log" 2>&1
-    say $? "$m: $(head -n 1 "$W/export_$m.log")"
-done
+import_export_all
 dirs=""; for m in $CASES $TRAINED; do dirs="$dirs $W/$m"; done
 $REF ref "$W/val.bin" -b $B -t $T --ids $IDS -n $N $dirs >"$W/ref.log" 2>&1
 
@@ -84,30 +74,9 @@ for m in llama qwen2; do
 done
 
 # 4. --bf16: version 35, every value the fp32 import's rounded to nearest even; bf16 -> export -> import --bf16 is exact
-$HF import "$W/llama_tied" "$W/tied16.bin" --bf16 >/dev/null 2>&1
-$PY - "$W/llama_tied.bin" "$W/tied16.bin" <<'PYEOF'
-import struct, sys
-import numpy as np
-sys.path.insert(0, "dev")
-from hf import read_model, to_bf16_bits
-_, x = read_model(sys.argv[1]); _, y = read_model(sys.argv[2])
-v = struct.unpack("<2i", open(sys.argv[2], "rb").read(8))[1]
-rne = lambda t: (to_bf16_bits(t).astype(np.uint32) << 16).view(np.float32)
-sys.exit(not (v == 35 and all(np.array_equal(rne(x[k]), y[k]) for k in x)))
-PYEOF
-rc=$?
-$HF export "$W/tied16.bin" "$W/tied16_out" >/dev/null 2>&1 && $HF import "$W/tied16_out" "$W/tied16_back.bin" --bf16 >/dev/null 2>&1 \
-    && cmp -s "$W/tied16.bin" "$W/tied16_back.bin" && [ -n "$(our_loss "$W/tied16.bin")" ] && [ $rc = 0 ]
-say $? "import --bf16 writes version 35, each fp32 value rounded to nearest even; it exports and imports back byte for byte, and train_gpt reads it"
+check_bf16_import llama_tied
 
 # 5. refused, naming the field: one line, a non-zero exit, nothing written
-refused() {   # DIR FIELD
-    $HF import "$W/$1" "$W/refused.bin" >"$W/refused.log" 2>&1
-    local rc=$?
-    [ $rc != 0 ] && [ "$(wc -l <"$W/refused.log")" = 1 ] && grep -q "^error: .*config.json: $2 = " "$W/refused.log" \
-        && [ ! -e "$W/refused.bin" ] && [ ! -e "$W/refused.bin.tmp" ]
-    say $? "import refuses $1: $(cat "$W/refused.log")"
-}
 refused bad_dynamic rope_scaling
 refused bad_yarn rope_scaling
 refused bad_window sliding_window

@@ -25,11 +25,8 @@ B=4; T=32; IDS=1,2,3; N=12
 MOE="--aux-coeff 0 --z-coeff 0 --capacity-factor 0"
 CASES="mixtral mixtral_tied qwen2_moe qwen2_moe_norm olmoe olmoe_norm"
 TRAINED="trained_mixtral trained_qwen2_moe trained_olmoe"
-model() { case $1 in trained_*) echo "$W/run_${1#trained_}/model_00000020.bin" ;; *) echo "$W/$1.bin" ;; esac; }
-our_loss() { "$BIN/train_gpt" -e "$1" -x 0 -j "$W/val.bin" -m 1 -b $B -t $T -s 0 $MOE 2>&1 | awk '/^val loss/ { print $3 }'; }
+. "$(dirname "$0")/test_hf_lib.sh"
 ref() { awk -v k="$1" -v m="$2" -v c="$3" '$1 == k && $2 == m { print $c }' "$W/ref.log"; }
-absdiff() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; printf "%.1e", d < 0 ? -d : d }'; }
-close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 1e-5 * (b < 0 ? -b : b) + 5e-7) }'; }
 
 $REF make "$W" >"$W/make.log" 2>&1
 say $? "transformers builds the six random MoE models (routed without near ties: $(grep -c margin "$W/make.log") seeds found) and the configs to refuse"
@@ -42,14 +39,7 @@ train() { "$BIN/train_gpt" -e "arch=llama,C=64,NH=4,V=300,maxT=64,$2" -b 4 -t 32
 train mixtral "L=2,KV=2,F=64,E=4,k=2"
 train qwen2_moe "L=4,KV=1,F=96,E=4,k=2,H=32,S=2,sgate=1,qkvbias=1,every=2,topknorm=0,tied=1,theta=10000"
 train olmoe "L=2,KV=2,F=32,E=8,k=2,qknorm=1,topknorm=0,theta=10000"
-for m in $CASES; do
-    $HF import "$W/$m" "$W/$m.bin" >"$W/import_$m.log" 2>&1 && $HF export "$W/$m.bin" "$W/${m}_out" >"$W/export_$m.log" 2>&1
-    say $? "$m: $(head -n 1 "$W/import_$m.log")"
-done
-for m in $TRAINED; do
-    $HF export "$(model $m)" "$W/$m" >"$W/export_$m.log" 2>&1
-    say $? "$m: $(head -n 1 "$W/export_$m.log")"
-done
+import_export_all
 dirs=""; for m in $CASES $TRAINED; do dirs="$dirs $W/$m"; done
 $REF ref "$W/val.bin" -b $B -t $T --ids $IDS -n $N $dirs >"$W/ref.log" 2>&1
 
@@ -97,30 +87,9 @@ done
 
 # 4. --bf16: version 35 (the routing bias stays fp32), every value the fp32 import's rounded to nearest even;
 # bf16 -> export -> import --bf16 is exact
-$HF import "$W/qwen2_moe" "$W/q16.bin" --bf16 >/dev/null 2>&1
-$PY - "$W/qwen2_moe.bin" "$W/q16.bin" <<'PYEOF'
-import struct, sys
-import numpy as np
-sys.path.insert(0, "dev")
-from hf import read_model, to_bf16_bits
-_, x = read_model(sys.argv[1]); _, y = read_model(sys.argv[2])
-v = struct.unpack("<2i", open(sys.argv[2], "rb").read(8))[1]
-rne = lambda t: (to_bf16_bits(t).astype(np.uint32) << 16).view(np.float32)
-sys.exit(not (v == 35 and np.array_equal(x["bias"], y["bias"]) and all(np.array_equal(rne(x[k]), y[k]) for k in x if k != "bias")))
-PYEOF
-rc=$?
-$HF export "$W/q16.bin" "$W/q16_out" >/dev/null 2>&1 && $HF import "$W/q16_out" "$W/q16_back.bin" --bf16 >/dev/null 2>&1 \
-    && cmp -s "$W/q16.bin" "$W/q16_back.bin" && [ -n "$(our_loss "$W/q16.bin")" ] && [ $rc = 0 ]
-say $? "import --bf16 writes version 35, each fp32 value rounded to nearest even; it exports and imports back byte for byte, and train_gpt reads it"
+check_bf16_import qwen2_moe
 
 # 5. import refuses, naming the field: one line, a non-zero exit, nothing written
-refused() {   # DIR FIELD
-    $HF import "$W/$1" "$W/refused.bin" >"$W/refused.log" 2>&1
-    local rc=$?
-    [ $rc != 0 ] && [ "$(wc -l <"$W/refused.log")" = 1 ] && grep -q "^error: .*config.json: $2 = " "$W/refused.log" \
-        && [ ! -e "$W/refused.bin" ] && [ ! -e "$W/refused.bin.tmp" ]
-    say $? "import refuses $1: $(cat "$W/refused.log")"
-}
 refused bad_jitter router_jitter_noise
 refused bad_mixtral_window sliding_window
 refused bad_mixtral_k1 num_experts_per_tok

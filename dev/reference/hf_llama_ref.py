@@ -180,8 +180,9 @@ def cmd_same(a):
     print(f"{len(x)} tensors equal")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def cli(doc, commands):
+    """The make / ref / same command line (this script's and hf_moe_ref.py's): commands maps each to its function."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
     m.add_argument("w")
@@ -196,7 +197,11 @@ def main():
     s.add_argument("dir1")
     s.add_argument("dir2")
     a = ap.parse_args()
-    {"make": cmd_make, "ref": cmd_ref, "same": cmd_same}[a.cmd](a)
+    commands[a.cmd](a)
+
+
+def main():
+    cli(__doc__, {"make": cmd_make, "ref": cmd_ref, "same": cmd_same})
 
 
 if __name__ == "__main__":

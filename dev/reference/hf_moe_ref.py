@@ -21,7 +21,6 @@ Routing margins: our forward and transformers' differ by fp32 rounding in the or
 router's inputs, ~1e-7 of a probability); a top-k choice flips only where two probabilities are that close, and a
 flip changes the loss by far more than rounding. MIN_MARGIN = 1e-5 is 100x that: no flip, the same experts.
 """
-import argparse
 import os
 import shutil
 import sys
@@ -176,22 +175,7 @@ def cmd_ref(a):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("make")
-    m.add_argument("w")
-    r = sub.add_parser("ref")
-    r.add_argument("shard")
-    r.add_argument("-b", type=int, required=True)
-    r.add_argument("-t", type=int, required=True)
-    r.add_argument("--ids", required=True)
-    r.add_argument("-n", type=int, required=True)
-    r.add_argument("dirs", nargs="+")
-    s = sub.add_parser("same")
-    s.add_argument("dir1")
-    s.add_argument("dir2")
-    a = ap.parse_args()
-    {"make": cmd_make, "ref": cmd_ref, "same": dense.cmd_same}[a.cmd](a)
+    dense.cli(__doc__, {"make": cmd_make, "ref": cmd_ref, "same": dense.cmd_same})
 
 
 if __name__ == "__main__":
