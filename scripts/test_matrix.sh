@@ -12,6 +12,7 @@ PY=/usr/bin/python3
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 passed=0
+rows_seconds=0; script_times=()   # where the time goes (printed at the end)
 failed=0
 failed_names=()   # what failed, printed before the closing line
 TAG=""            # the second pass's kernel choice, in front of its test names
@@ -79,6 +80,11 @@ reference llama_qknorm --config tiny --arch llama --KV 2 --qk_norm 1
 # run_test NP ARGS... : one test_gpt run on NP ranks (NP = nompi: the NO_MPI=1 build, no mpirun);
 # adds its "N passed, N failed" to the totals
 run_test() {
+    local t0=$SECONDS
+    run_test_once "$@"
+    rows_seconds=$((rows_seconds + SECONDS - t0))
+}
+run_test_once() {
     local np=$1; shift
     local log="$TMP/log" launch="$MPIRUN -np $np $BIN/test_gpt"
     [ "$np" = nompi ] && launch=build/cpu-nompi/test_gpt
@@ -183,8 +189,9 @@ run_test 8 --ref $T -b 4 --tp 4 --sp --zero 1 --check-comm                 # tp 
 
 # run_script NAME: a script that prints "ok ..." / "FAIL ..." lines
 run_script() {
-    local log="$TMP/$PASS/$1.log"
+    local log="$TMP/$PASS/$1.log" t0=$SECONDS
     bash "scripts/$1.sh" "$BIN" "$TMP/$PASS/$1" >"$log" 2>&1
+    script_times+=("$TAG$1 $((SECONDS - t0))")
     grep -E "^(ok|FAIL)" "$log" | sed "s/^\(ok\|FAIL\) */&$TAG/"
     local p f
     p=$(grep -c '^ok' "$log"); f=$(grep -c '^FAIL' "$log")
@@ -556,6 +563,8 @@ else
     unset OPENBLAS_CORETYPE
 fi
 
+# where the time went (make test must stay under 30 minutes on 2 cores: cheaper rows, not fewer)
+echo "times (s): the matrix $SECONDS, its test_gpt rows $rows_seconds; $(printf '%s, ' "${script_times[@]}" | sed 's/, $//')"
 [ ${#failed_names[@]} -gt 0 ] && echo "failed: $(printf '%s; ' "${failed_names[@]}" | sed 's/; $//')"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
