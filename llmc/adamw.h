@@ -9,6 +9,16 @@
 
 #include "backend.h"
 
+// one element: its moments m, v updated in place; returns the new weight
+static inline float adamw_element(float p, float g, float *m, float *v, float lr, float beta1, float beta2, float b1c,
+                                  float b2c, float eps, float weight_decay) {
+    float mi = beta1 * *m + (1.0f - beta1) * g;
+    float vi = beta2 * *v + (1.0f - beta2) * g * g;
+    *m = mi;
+    *v = vi;
+    return p - lr * ((mi / b1c) / (sqrtf(vi / b2c) + eps) + weight_decay * p);
+}
+
 static void adamw_update_cpu(float *params, float *master, const float *grads, float *m, float *v, size_t n,
                              float lr, float beta1, float beta2, float eps, float weight_decay,
                              const float *grad_scale, int t, unsigned int seed) {
@@ -16,16 +26,18 @@ static void adamw_update_cpu(float *params, float *master, const float *grads, f
     float scale = *grad_scale;
     if (scale == 0.0f) { return; }
     float b1c = 1.0f - powf(beta1, (float)t), b2c = 1.0f - powf(beta2, (float)t);
+    if (master == NULL) {   // (two loops without a branch inside: each vectorizes; memory bound either way)
+        #pragma omp parallel for
+        for (size_t i = 0; i < n; i++) {
+            params[i] = adamw_element(params[i], grads[i] * scale, m + i, v + i, lr, beta1, beta2, b1c, b2c, eps,
+                                      weight_decay);
+        }
+        return;
+    }
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
-        float g = grads[i] * scale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float p = master ? master[i] : params[i];
-        p -= lr * ((mi / b1c) / (sqrtf(vi / b2c) + eps) + weight_decay * p);
-        if (master) { master[i] = p; }
+        float p = adamw_element(master[i], grads[i] * scale, m + i, v + i, lr, beta1, beta2, b1c, b2c, eps, weight_decay);
+        master[i] = p;
         params[i] = p;
     }
 }
