@@ -56,12 +56,9 @@ endif
 HEADERS := $(wildcard llmc/*.h)
 TARGETS := $(BUILD_DIR)/train_gpt $(BUILD_DIR)/test_gpt
 
-# the build configuration, in a file that changes when it does: switching BACKEND, PRECISION, NO_MPI
-# or CUDA_ARCH rebuilds the binaries instead of keeping ones built for another configuration
 CHUNK_CFLAGS := $(if $(COMM_HOST_CHUNK),-DCOMM_HOST_CHUNK=$(COMM_HOST_CHUNK))
 CONFIG := $(BACKEND) $(PRECISION) nompi=$(NO_MPI) sm_$(CUDA_ARCH) chunk=$(COMM_HOST_CHUNK) cudnn=$(USE_CUDNN)
 STAMP := $(BUILD_DIR)/.build-config
-$(shell mkdir -p $(BUILD_DIR) && (echo '$(CONFIG)' | cmp -s - $(STAMP) || echo '$(CONFIG)' > $(STAMP)))
 
 ifeq ($(BACKEND),cpu)
   CXX := g++
@@ -109,6 +106,11 @@ else ifeq ($(BACKEND),cuda)
 else
   $(error BACKEND must be cpu or cuda, got '$(BACKEND)')
 endif
+
+# the build configuration, in a file that changes when it does: switching BACKEND, PRECISION, NO_MPI,
+# CUDA_ARCH or the compiler's flags rebuilds the binaries instead of keeping ones built another way
+BUILD_CONFIG := $(CONFIG) $(COMPILE)
+$(shell mkdir -p $(BUILD_DIR) && (echo '$(BUILD_CONFIG)' | cmp -s - $(STAMP) || echo '$(BUILD_CONFIG)' > $(STAMP)))
 
 all: $(TARGETS)
 
