@@ -118,16 +118,17 @@ static inline void moe_topk_body(int t, int *choice, float *cprob, float *gate, 
                                  int E, int k, int norm) {
     const float *p = probs + (size_t)t * E;
     int *ch = choice + (size_t)t * k;
+    unsigned int taken[(MOE_MAX_EXPERTS + 31) / 32] = {0};   // bit e: expert e already chosen
     float sum = 0.0f;
     for (int j = 0; j < k; j++) {
         int best = -1;
         float key_best = 0.0f;
         for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int i = 0; i < j; i++) { taken |= ch[i] == e; }
             float key = p[e] + bias[e];
-            if (!taken && (best < 0 || key > key_best)) { best = e; key_best = key; }   // strict: the lower index wins ties
+            int free = !(taken[e / 32] >> (e % 32) & 1u);
+            if (free && (best < 0 || key > key_best)) { best = e; key_best = key; }   // strict: the lower index wins ties
         }
+        taken[best / 32] |= 1u << (best % 32);
         ch[j] = best;
         cprob[(size_t)t * k + j] = p[best];
         sum += p[best];
@@ -136,6 +137,7 @@ static inline void moe_topk_body(int t, int *choice, float *cprob, float *gate, 
 }
 static void moe_topk_cpu(int *choice, float *cprob, float *gate, const float *probs, const float *bias, int N, int E,
                          int k, int norm) {
+    #pragma omp parallel for
     for (int t = 0; t < N; t++) { moe_topk_body(t, choice, cprob, gate, probs, bias, E, k, norm); }
 }
 
@@ -699,6 +701,10 @@ static int moe_assignment_order(const void *x, const void *y) {
 }
 static void moe_capacity_keep_sorted(int *keep, const int *choice, const float *cprob, int S, int me, int B, int T,
                                      int k, int E, int cap, DropPolicy policy) {
+    if (cap >= S * T) {   // (an expert meets each token at most once: at most S T assignments per sequence)
+        for (size_t i = 0; i < (size_t)B * T * k; i++) { keep[i] = 1; }
+        return;
+    }
     moe_sort_policy = policy;
     #pragma omp parallel
     {
