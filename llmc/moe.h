@@ -109,29 +109,43 @@ static void moe_router_forward_cpu(float *probs, float *lse, const float *x, con
     }
 }
 
-// probs (N, E), bias (E) -> choice (N, k): the k largest p_e + b_e in order, ties to the lower index;
-// cprob (N, k) their scores p_e (unbiased); gate (N, k).
+// probs (N, E), bias (E) -> choice (N, k): the k largest keys p_e + b_e in order, ties to the lower index;
+// cprob (N, k) their scores p_e (unbiased); gate (N, k). One pass over the experts keeps the k best so far in
+// order (gate holds their keys meanwhile). Keys with a NaN have no order: then k passes, pass j choosing the
+// first free expert unless a later one's key is strictly larger (the one pass's choice where there is no NaN).
 #ifdef USE_CUDA
 __host__ __device__
 #endif
 static inline void moe_topk_body(int t, int *choice, float *cprob, float *gate, const float *probs, const float *bias,
                                  int E, int k, int norm) {
     const float *p = probs + (size_t)t * E;
-    int *ch = choice + (size_t)t * k;
-    unsigned int taken[(MOE_MAX_EXPERTS + 31) / 32] = {0};   // bit e: expert e already chosen
-    float sum = 0.0f;
-    for (int j = 0; j < k; j++) {
+    int *ch = choice + (size_t)t * k, n = 0, nan = 0;
+    float *key = gate + (size_t)t * k;
+    for (int e = 0; e < E; e++) { float x = p[e] + bias[e]; nan |= x != x; }
+    for (int e = 0; e < E && !nan; e++) {
+        float x = p[e] + bias[e];
+        if (n == k && !(x > key[k - 1])) { continue; }   // not above the k-th: an equal key keeps the lower index
+        int i = n < k ? n++ : k - 1;                      // (k kept already: the k-th drops out)
+        for (; i > 0 && x > key[i - 1]; i--) { key[i] = key[i - 1]; ch[i] = ch[i - 1]; }
+        key[i] = x;
+        ch[i] = e;
+    }
+    unsigned int taken[(MOE_MAX_EXPERTS + 31) / 32] = {0};   // (NaN: bit e, expert e chosen)
+    for (int j = 0; j < k && nan; j++) {
         int best = -1;
         float key_best = 0.0f;
         for (int e = 0; e < E; e++) {
-            float key = p[e] + bias[e];
+            float x = p[e] + bias[e];
             int free = !(taken[e / 32] >> (e % 32) & 1u);
-            if (free && (best < 0 || key > key_best)) { best = e; key_best = key; }   // strict: the lower index wins ties
+            if (free && (best < 0 || x > key_best)) { best = e; key_best = x; }
         }
         taken[best / 32] |= 1u << (best % 32);
         ch[j] = best;
-        cprob[(size_t)t * k + j] = p[best];
-        sum += p[best];
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        cprob[(size_t)t * k + j] = p[ch[j]];
+        sum += p[ch[j]];
     }
     for (int j = 0; j < k; j++) { gate[(size_t)t * k + j] = k == 1 || !norm ? p[ch[j]] : p[ch[j]] / sum; }
 }
