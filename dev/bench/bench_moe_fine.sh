@@ -34,7 +34,7 @@ for round in $(seq $ROUNDS); do
     done
 done
 python3 - $(for r in $(seq $ROUNDS); do echo "$(avg "$W/dense$r.log") $(avg "$W/fine$r.log") $(avg "$W/dropless$r.log")"; done) <<'EOF'
-import sys
+import statistics, sys
 v = list(map(float, sys.argv[1:]))
 L, C, V, T, E, k, H, S = 4, 128, 257, 128, 64, 8, 64, 1
 # FLOPs per token: 6 x the weights a token meets (attention 4C^2, each MLP it visits with its biases, the router
@@ -66,7 +66,7 @@ for round in $(seq $ROUNDS); do
         >"$W/olmoe$round.log" 2>&1
 done
 python3 - $(for r in $(seq $ROUNDS); do echo "$(avg "$W/ldense$r.log") $(avg "$W/olmoe$r.log")"; done) <<'EOF'
-import sys
+import statistics, sys
 v = list(map(float, sys.argv[1:]))
 L, C, V, T, E, k, H = 4, 128, 257, 128, 64, 8, 64
 # FLOPs per token: 6 x the weights a token meets (attention 4C^2, SwiGLU's 3 C F without biases, the router E C,
@@ -80,7 +80,10 @@ for r in range(len(v) // 2):
     per.append(m / d * f_moe / f_dense)
     print(f"round {r + 1}: dense {d:.0f} tok/s; OLMoE-shaped dropless {m:.0f} tok/s, per FLOP {per[-1]:.2f}")
 print(f"tok/s per FLOP of the dense Llama's, OLMoE-shaped dropless: mean {sum(per) / len(per):.2f}, "
-      f"min {min(per):.2f}, max {max(per):.2f}")
+      f"min {min(per):.2f}, max {max(per):.2f}, median {statistics.median(per):.2f}")
+# each side's best round: the one other jobs on the machine disturbed least (as bench_cpu.sh's tables)
+bd, bm = max(v[0::2]), max(v[1::2])
+print(f"best of {len(per)} rounds: dense {bd:.0f} tok/s, OLMoE-shaped {bm:.0f}: per FLOP {bm / bd * f_moe / f_dense:.2f}")
 EOF
 
 [ -n "${THROUGHPUT_ONLY:-}${OLMOE_ONLY:-}" ] && exit 0   # (THROUGHPUT_ONLY=1: section 1 alone)
