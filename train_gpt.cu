@@ -886,7 +886,7 @@ static void gpt2_backward(GPT2 *m, int v, Activations *acts, int last_micro) {
         if (pipeline) { unit_view(&m->units[m->u_pos], zero_begin_unit_backward(z, m->u_pos), g); }
         if (g[T_WPE]) { position_backward(g[T_WPE], w->dresid, m->seqpos, m->tok0, BTs, T, C); }
         floatX *dy = tp_all_tokens(tp, sp, w->dresid, w->pfull, BTs, C);
-        embedding_backward(g[T_WTE], dy, acts->inputs, m->v0, m->v0 + m->Vl, BT, C);
+        embedding_backward(g[T_WTE], dy, acts->inputs, m->v0, m->v0 + m->Vl, m->config.pad_token, BT, C);   // (padding_idx)
         if (pipeline) { zero_end_unit_backward(z, m->u_pos, last_micro); }
         wte_grad_close(m, WTE_EMBEDDING, last_micro);
         trace_end("embedding", "backward", "\"micro\":%d", m->micro);

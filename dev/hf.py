@@ -47,7 +47,9 @@ Llama family (model files 33/35: llmc/model_file.h; hs = C/NH, Q = NH hs, p = mo
 config.json: hidden_size C, num_attention_heads NH, num_key_value_heads KV, intermediate_size F,
 num_hidden_layers L, vocab_size V, max_position_embeddings maxT (it only sizes the RoPE table: 131072 is
 fine), rope_theta, rms_norm_eps (both stored as float32, as transformers computes with them), rope_scaling
-null or 'llama3' (Llama 3.1/3.2's rescaled frequencies, exact), tie_word_embeddings; a field left out takes
+null or 'llama3' (Llama 3.1/3.2's rescaled frequencies, exact), tie_word_embeddings, pad_token_id (header slot 29
+as id + 1: transformers makes it nn.Embedding's padding_idx, a row that gets no gradient from the embedding;
+OLMoE's default 1, a negative id counts from V's end as nn.Embedding counts it); a field left out takes
 transformers 4.49's default for that model_type. import refuses, naming the field: another rope_scaling type,
 a sliding_window smaller than max_position_embeddings (Mistral's default is 4096; Qwen2 applies its window
 even with use_sliding_window false, so only null or a window >= the positions is accepted),
@@ -221,6 +223,8 @@ def family_problem(cfg):
         return "NH must be a multiple of KV >= 1"
     if (C // NH) % 2:
         return "RoPE needs an even head size C/NH"
+    if not -1 <= cfg["pad"] < cfg["V"]:
+        return "the padding token must be -1 (none) or below V"
     if not 1 <= cfg["F"] <= 1 << 20 or cfg["tied"] not in (0, 1) or cfg["qkvbias"] not in (0, 1):
         return "need 1 <= F <= 2^20, tied and qkvbias 0 or 1"
     if not all(math.isfinite(x) and x > 0 for x in (cfg["theta"], cfg["eps"])):
@@ -231,7 +235,7 @@ def family_problem(cfg):
 
 
 def read_header_family(h, cfg):
-    """A family file's header slots 8-13 (MoE) and 14-28 into cfg (the floats from their bits); None or what
+    """A family file's header slots 8-13 (MoE) and 14-29 into cfg (the floats from their bits); None or what
     is wrong"""
     if h[14] != 1:
         return f"architecture {h[14]} in header slot 14, expected 1 (Llama)"
@@ -239,7 +243,7 @@ def read_header_family(h, cfg):
         return f"RoPE scaling {h[21]} in header slot 21, expected 0 (none) or 1 (llama3)"
     cfg.update(arch="llama", KV=h[15], F=h[16], tied=h[17], qkvbias=h[18], theta=bits_f32(h[19]), eps=bits_f32(h[20]),
                rope=(bits_f32(h[22]), bits_f32(h[23]), bits_f32(h[24]), h[25]) if h[21] == 1 else None,
-               sgate=h[27], qknorm=h[28], E=max(h[8], 0), k=0, every=0, score=0, S=0, H=0, norm_topk=1)
+               sgate=h[27], qknorm=h[28], pad=h[29] - 1, E=max(h[8], 0), k=0, every=0, score=0, S=0, H=0, norm_topk=1)
     if h[8] > 0:   # (a dense file's slots 9-13 and 26 are not read, nor in model_file.h)
         cfg.update(k=h[9], every=h[10], score=h[11], S=h[12], H=h[13], norm_topk=h[26])
     return family_problem(cfg)
@@ -332,7 +336,7 @@ def model_header(cfg, bf16):
         h[8:14] = [cfg[k] for k in ("E", "k", "every", "score", "S", "H")]
         h[14:26] = [1, cfg["KV"], cfg["F"], cfg["tied"], cfg["qkvbias"], f32_bits(cfg["theta"]), f32_bits(cfg["eps"]),
                     1 if cfg["rope"] else 0, f32_bits(rope[0]), f32_bits(rope[1]), f32_bits(rope[2]), rope[3]]
-        h[26:29] = [cfg["norm_topk"] if cfg["E"] else 0, cfg["sgate"], cfg["qknorm"]]   # ([26]: MoE's)
+        h[26:30] = [cfg["norm_topk"] if cfg["E"] else 0, cfg["sgate"], cfg["qknorm"], cfg["pad"] + 1]   # ([26]: MoE's)
     h[254] = 1   # the CRC covers the header (slot 255 as 0) and the body
     return h
 
@@ -424,7 +428,7 @@ def hf_config_moe(cfg, mt):
                     sliding_window=None, output_router_logits=False)
     if mt == "olmoe":
         return dict(intermediate_size=H, num_experts=E, num_experts_per_tok=k, norm_topk_prob=norm, clip_qkv=None,
-                    attention_bias=False, pad_token_id=None, output_router_logits=False)
+                    attention_bias=False, output_router_logits=False)
     return dict(intermediate_size=cfg["F"], num_experts=E, num_experts_per_tok=k, norm_topk_prob=norm,
                 moe_intermediate_size=H, shared_expert_intermediate_size=cfg["S"] * H, decoder_sparse_step=cfg["every"],
                 mlp_only_layers=[], use_sliding_window=False, sliding_window=None, max_window_layers=cfg["L"],
@@ -447,8 +451,8 @@ def hf_config_llama(cfg, mt):
           "num_attention_heads": NH, "num_key_value_heads": cfg["KV"], "head_dim": C // NH, "hidden_act": "silu",
           "max_position_embeddings": cfg["maxT"], "rms_norm_eps": short(cfg["eps"]), "rope_theta": short(cfg["theta"]),
           "rope_scaling": rope, "tie_word_embeddings": bool(cfg["tied"]), "attention_dropout": 0.0,
-          "initializer_range": 0.02, "bos_token_id": eot, "eos_token_id": eot, "use_cache": True,
-          "torch_dtype": "float32"}
+          "initializer_range": 0.02, "bos_token_id": eot, "eos_token_id": eot,
+          "pad_token_id": cfg["pad"] if cfg["pad"] >= 0 else None, "use_cache": True, "torch_dtype": "float32"}
     if mt == "qwen2":   # no sliding window (Qwen2 would apply one even with use_sliding_window false)
         hc.update(use_sliding_window=False, sliding_window=None, max_window_layers=L)
     elif mt == "llama":
@@ -574,7 +578,8 @@ def describe(cfg):
     if cfg.get("arch") == "llama":
         s += (f", Llama: KV {cfg['KV']} F {cfg['F']} theta {short(cfg['theta']):g} eps {short(cfg['eps']):g}"
               f"{' tied' if cfg['tied'] else ''}{' qkvbias' if cfg['qkvbias'] else ''}"
-              f"{' rope_scaling llama3' if cfg['rope'] else ''}{' qk_norm' if cfg['qknorm'] else ''}")
+              f"{' rope_scaling llama3' if cfg['rope'] else ''}{' qk_norm' if cfg['qknorm'] else ''}"
+              f"{' pad ' + str(cfg['pad']) if cfg['pad'] >= 0 else ''}")
     if cfg.get("E"):
         s += (f"; MoE: E {cfg['E']} k {cfg['k']} H {cfg['H']} every {cfg['every']} norm_topk {cfg['norm_topk']}"
               f"{' S ' + str(cfg['S']) if cfg['S'] else ''}{' shared_gate' if cfg['sgate'] else ''}")
@@ -707,7 +712,7 @@ FAMILY_DEFAULTS = {
                     num_experts_per_tok=2),
     "olmoe": dict(vocab_size=50304, hidden_size=2048, intermediate_size=2048, num_hidden_layers=16,
                   num_attention_heads=16, num_key_value_heads=None, max_position_embeddings=4096, rms_norm_eps=1e-5,
-                  num_experts=64, num_experts_per_tok=8, norm_topk_prob=False),
+                  num_experts=64, num_experts_per_tok=8, norm_topk_prob=False, pad_token_id=1),
     "qwen2_moe": dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
                       num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=32768,
                       sliding_window=4096, num_experts=60, num_experts_per_tok=4, norm_topk_prob=False,
@@ -780,6 +785,7 @@ def llama_config(hc, path):
                KV=KV, F=int_field(hc, path, "intermediate_size", d["intermediate_size"], hi=2**20),
                qkvbias=int(mt in ("qwen2", "qwen2_moe")), theta=float_field(hc, path, "rope_theta", d["rope_theta"]),
                eps=float_field(hc, path, "rms_norm_eps", d["rms_norm_eps"]), rope=rope_scaling(hc, path), **DENSE_MOE)
+    cfg["pad"] = pad_token(hc, path, d, cfg["V"])
     if C % NH:
         refuse(hc, path, "num_attention_heads", f"hidden_size {C} is not a multiple of it")
     if NH % KV:
@@ -801,6 +807,17 @@ def llama_config(hc, path):
 
 
 MOE_TYPES = ("mixtral", "olmoe", "qwen2_moe")
+
+
+def pad_token(hc, path, d, V):
+    """pad_token_id as our padding token (-1: none): transformers' nn.Embedding(V, C, padding_idx) gives that row no
+    gradient; a negative id is V + id there"""
+    pad = hc.get("pad_token_id", d.get("pad_token_id"))
+    if pad is None:
+        return -1
+    if type(pad) is not int or not -V <= pad < V:
+        refuse_value(path, "pad_token_id", pad, f"expected null or a whole number in [-{V}, {V}) (vocab_size {V})")
+    return pad % V
 
 
 def bool_field(hc, path, field, default):

@@ -23,14 +23,16 @@ static void embedding_forward_cpu(float *out, const int *tokens, const float *wt
     }
 }
 
-// dwte_local += dout[n] for every token n in [v0, v1). Deterministic: tokens are visited in order
-// (threads split the channels, never the tokens).
-static void embedding_backward_cpu(float *dwte, const float *dout, const int *tokens, int v0, int v1, int N, int C) {
+// dwte_local += dout[n] for every token n in [v0, v1) but the padding id `pad` (nn.Embedding's padding_idx: its row
+// gets no gradient here; -1: none). Deterministic: tokens are visited in order (threads split the channels, never
+// the tokens).
+static void embedding_backward_cpu(float *dwte, const float *dout, const int *tokens, int v0, int v1, int pad, int N,
+                                   int C) {
     #pragma omp parallel for
     for (int c = 0; c < C; c++) {
         for (int n = 0; n < N; n++) {
             int tok = tokens[n];
-            if (tok >= v0 && tok < v1) { dwte[(size_t)(tok - v0) * C + c] += dout[(size_t)n * C + c]; }
+            if (tok >= v0 && tok < v1 && tok != pad) { dwte[(size_t)(tok - v0) * C + c] += dout[(size_t)n * C + c]; }
         }
     }
 }
@@ -69,11 +71,11 @@ __global__ void embedding_forward_kernel(floatX *out, const int *tokens, const f
 // position holding its id; it then walks all positions in ascending order (a warp ballot per 32
 // tokens finds the matches) and sums their rows in fp32, so every wte row is written by exactly
 // one block and summed in token order. grid (N, ceil_div(C, 256)), block 256.
-__global__ void embedding_backward_kernel(floatX *dwte, const floatX *dout, const int *tokens, int v0, int v1, int N,
-                                          int C) {
+__global__ void embedding_backward_kernel(floatX *dwte, const floatX *dout, const int *tokens, int v0, int v1, int pad,
+                                          int N, int C) {
     int n = blockIdx.x;
     int tok = tokens[n];
-    if (tok < v0 || tok >= v1) { return; }
+    if (tok < v0 || tok >= v1 || tok == pad) { return; }
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     int lane = threadIdx.x % 32;
     float sum = 0.0f;
@@ -126,9 +128,10 @@ static void embedding_forward_cuda(floatX *out, const int *tokens, const floatX 
     cudaCheckLaunch();
 }
 
-static void embedding_backward_cuda(floatX *dwte, const floatX *dout, const int *tokens, int v0, int v1, int N, int C) {
+static void embedding_backward_cuda(floatX *dwte, const floatX *dout, const int *tokens, int v0, int v1, int pad, int N,
+                                    int C) {
     if (N <= 0 || C <= 0) { return; }
-    embedding_backward_kernel<<<dim3(N, ceil_div(C, 256)), 256, 0, main_stream>>>(dwte, dout, tokens, v0, v1, N, C);
+    embedding_backward_kernel<<<dim3(N, ceil_div(C, 256)), 256, 0, main_stream>>>(dwte, dout, tokens, v0, v1, pad, N, C);
     cudaCheckLaunch();
 }
 
@@ -158,11 +161,12 @@ static void embedding_forward(floatX *out, const int *tokens, const floatX *wte,
 #endif
 }
 
-static void embedding_backward(floatX *dwte, const floatX *dout, const int *tokens, int v0, int v1, int N, int C) {
+static void embedding_backward(floatX *dwte, const floatX *dout, const int *tokens, int v0, int v1, int pad, int N,
+                               int C) {
 #ifdef USE_CUDA
-    embedding_backward_cuda(dwte, dout, tokens, v0, v1, N, C);
+    embedding_backward_cuda(dwte, dout, tokens, v0, v1, pad, N, C);
 #else
-    embedding_backward_cpu(dwte, dout, tokens, v0, v1, N, C);
+    embedding_backward_cpu(dwte, dout, tokens, v0, v1, pad, N, C);
 #endif
 }
 

@@ -43,6 +43,9 @@ typedef struct {
     int norm_topk;          // k > 1 gates renormalised to sum 1 (GPT-2's MoE, Mixtral), else the scores (OLMoE, Qwen2-MoE)
     int shared_gate;        // the shared experts' output scaled per token by sigmoid(x . w) (Qwen2-MoE)
     int qk_norm;            // RMSNorm over the whole q and the whole k projection, before RoPE (OLMoE)
+    int pad_token;          // Llama family: the padding id (transformers' pad_token_id, nn.Embedding's padding_idx):
+                            // its wte row gets no gradient from the embedding (the head's still reaches a tied
+                            // one); -1: none. OLMoE's is 1, and its row starts at zero
 } GPT2Config;
 
 enum { ARCH_GPT2, ARCH_LLAMA };
@@ -51,6 +54,7 @@ enum { ARCH_GPT2, ARCH_LLAMA };
 static void config_gpt2(GPT2Config *c) {
     c->arch = ARCH_GPT2; c->kv_heads = c->num_heads; c->ffn_hidden = 4 * c->channels; c->tied = 1; c->qkv_bias = 1;
     c->norm_eps = 1e-5f; c->rope_theta = 0.0f; c->norm_topk = 1; c->shared_gate = 0; c->qk_norm = 0;
+    c->pad_token = -1;
     memset(&c->rope, 0, sizeof(c->rope));
 }
 
@@ -293,7 +297,9 @@ static const char *config_problem(const GPT2Config *c) {
     if (c->arch == ARCH_GPT2) {
         int gpt2 = c->kv_heads == c->num_heads && c->ffn_hidden == 4 * c->channels && c->tied == 1 && c->qkv_bias == 1
                    && c->norm_topk == 1 && c->shared_gate == 0 && c->qk_norm == 0;
-        return gpt2 ? NULL : "GPT-2 has KV = NH, F = 4C, a tied head, biases, renormalised top-k gates, no QK-norm";
+        gpt2 = gpt2 && c->pad_token == -1;
+        return gpt2 ? NULL : "GPT-2 has KV = NH, F = 4C, a tied head, biases, renormalised top-k gates, no QK-norm, no "
+                             "padding token";
     }
     if (c->arch != ARCH_LLAMA) { return "the architecture must be 0 (GPT-2) or 1 (Llama)"; }
     if (c->kv_heads < 1 || c->num_heads % c->kv_heads) { return "NH must be a multiple of KV >= 1"; }
@@ -314,6 +320,7 @@ static const char *config_problem(const GPT2Config *c) {
         return "topknorm, sgate and qknorm are 0 or 1";
     }
     if (c->shared_gate && c->shared_experts == 0) { return "a shared experts' gate (sgate=1) needs shared experts (S > 0)"; }
+    if (c->pad_token < -1 || c->pad_token >= c->vocab_size) { return "the padding token must be -1 (none) or below V"; }
     return NULL;
 }
 static int config_valid(const GPT2Config *c) { return config_problem(c) == NULL; }
@@ -366,16 +373,18 @@ static void model_header_write(int h[256], const GPT2Config *c, int bf16, int wi
         h[21] = c->rope.kind; memcpy(&h[22], &c->rope.factor, 4); memcpy(&h[23], &c->rope.low_freq_factor, 4);
         memcpy(&h[24], &c->rope.high_freq_factor, 4); h[25] = c->rope.original_max_position;
         h[26] = c->num_experts > 0 ? c->norm_topk : 0; h[27] = c->shared_gate; h[28] = c->qk_norm;   // ([26]: MoE)
+        h[29] = c->pad_token + 1;   // (0: none, as every file written before the slot)
     }
 }
 
-// A family file's (version 33/35) header slots 14-28 into c.
+// A family file's (version 33/35) header slots 14-29 into c.
 static void model_header_read_family(const int h[256], GPT2Config *c) {
     c->arch = h[14]; c->kv_heads = h[15]; c->ffn_hidden = h[16]; c->tied = h[17]; c->qkv_bias = h[18];
     memcpy(&c->rope_theta, &h[19], 4); memcpy(&c->norm_eps, &h[20], 4);
     c->rope.kind = h[21]; memcpy(&c->rope.factor, &h[22], 4); memcpy(&c->rope.low_freq_factor, &h[23], 4);
     memcpy(&c->rope.high_freq_factor, &h[24], 4); c->rope.original_max_position = h[25];
     c->norm_topk = h[8] > 0 ? h[26] : 1; c->shared_gate = h[27]; c->qk_norm = h[28];   // (dense: 0 in [26])
+    c->pad_token = h[29] - 1;
 }
 
 // The shape in a model file's header (path: for the errors); returns the bytes per stored parameter (4 or 2).
@@ -468,12 +477,12 @@ static float *read_model_file(const char *path, GPT2Config *c) {
 
 // "d12" (llm.c: depth L, C = 64 L, NH = L) or "L=4,C=64,NH=4,V=250,maxT=64[,Vp=256][,E=8,k=2[,every=2][,H=64][,S=1]]"
 // (H: an expert's hidden width, default 4C; S: shared experts, default 0), or a Llama model: "arch=llama,L=..,C=..,
-// NH=..,V=..,maxT=..[,KV=..][,F=..][,theta=..][,eps=..][,tied=0|1][,qkvbias=0|1]" (defaults: KV = NH, F = LLaMA-2's
+// NH=..,V=..,maxT=..[,KV=..][,F=..][,theta=..][,eps=..][,tied=0|1][,qkvbias=0|1][,pad=ID]" (defaults: KV = NH, F = LLaMA-2's
 // rule, theta 500000, eps 1e-5, untied, no biases). Each key once. *named: the keys given, a bit each in DK_ order (a
 // MoE key left out takes a flag's value: expert_parallel.h). Returns 0 if the string is not a descriptor, -1 if it
 // is a malformed one (why: what is wrong).
 enum { DK_L, DK_C, DK_NH, DK_V, DK_VP, DK_MAXT, DK_E, DK_K, DK_EVERY, DK_H, DK_S, DK_ARCH, DK_KV, DK_F, DK_THETA, DK_EPS,
-       DK_TIED, DK_QKVBIAS, DK_TOPKNORM, DK_SGATE, DK_QKNORM, DESCRIPTOR_KEYS };
+       DK_TIED, DK_QKVBIAS, DK_TOPKNORM, DK_SGATE, DK_QKNORM, DK_PAD, DESCRIPTOR_KEYS };
 // The key=value list of a descriptor (buf, cut in place) into c's fields, *named, *llama, *theta, *eps. Returns -1
 // (why) on an unknown or repeated key or a value out of range, else 0.
 static int descriptor_keys(char *buf, const char *const *keys, GPT2Config *c, unsigned *named, int *llama,
@@ -481,7 +490,7 @@ static int descriptor_keys(char *buf, const char *const *keys, GPT2Config *c, un
     int *fields[DESCRIPTOR_KEYS] = {&c->num_layers, &c->channels, &c->num_heads, &c->vocab_size, &c->padded_vocab_size,
                                     &c->max_seq_len, &c->num_experts, &c->topk, &c->moe_every, &c->expert_hidden,
                                     &c->shared_experts, NULL, &c->kv_heads, &c->ffn_hidden, NULL, NULL, &c->tied,
-                                    &c->qkv_bias, &c->norm_topk, &c->shared_gate, &c->qk_norm};
+                                    &c->qkv_bias, &c->norm_topk, &c->shared_gate, &c->qk_norm, &c->pad_token};
     char *end;
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         char *eq = strchr(tok, '=');
@@ -515,12 +524,12 @@ static int descriptor_keys(char *buf, const char *const *keys, GPT2Config *c, un
 static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named, char *why, size_t n) {
     static const char *keys[DESCRIPTOR_KEYS] = {"L", "C", "NH", "V", "Vp", "maxT", "E", "k", "every", "H", "S", "arch",
                                                 "KV", "F", "theta", "eps", "tied", "qkvbias", "topknorm", "sgate",
-                                                "qknorm"};
+                                                "qknorm", "pad"};
     memset(c, 0, sizeof(*c));
     *named = 0;
     snprintf(why, n, "expected dN or L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..,H=..,S=..], or "
-             "arch=llama with [,KV=..,F=..,theta=..,eps=..,tied=0|1,qkvbias=0|1,topknorm=0|1,sgate=0|1,qknorm=0|1]; each key "
-             "once, 1 <= k <= E");
+             "arch=llama with [,KV=..,F=..,theta=..,eps=..,tied=0|1,qkvbias=0|1,topknorm=0|1,sgate=0|1,qknorm=0|1,pad=ID]; "
+             "each key once, 1 <= k <= E");
     c->vocab_size = 50257; c->max_seq_len = 1024;
     int llama = 0;
     double theta = 500000, eps = 1e-5;
@@ -536,7 +545,7 @@ static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named, char 
         if (descriptor_keys(buf, keys, c, named, &llama, &theta, &eps, why, n) < 0) { return -1; }
         unsigned family = ~((1u << DK_ARCH) - 1) & ~(1u << DK_ARCH);   // (the keys after arch)
         if (!llama && (*named & family)) {
-            snprintf(why, n, "KV, F, theta, eps, tied, qkvbias, topknorm, sgate and qknorm need arch=llama");
+            snprintf(why, n, "KV, F, theta, eps, tied, qkvbias, topknorm, sgate, qknorm and pad need arch=llama");
             return -1;
         }
         if (c->num_layers == 0 || c->channels == 0 || c->num_heads == 0) { return -1; }
@@ -552,7 +561,7 @@ static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named, char 
     }
     if (c->padded_vocab_size == 0) { c->padded_vocab_size = (int)ceil_div(c->vocab_size, 128) * 128; }
     int kv = c->kv_heads, F = c->ffn_hidden, tied = c->tied, bias = c->qkv_bias, ntk = c->norm_topk, sgate = c->shared_gate,
-        qkn = c->qk_norm;
+        qkn = c->qk_norm, pad = c->pad_token;
     config_gpt2(c);
     if (llama) {
         c->arch = ARCH_LLAMA;
@@ -560,6 +569,7 @@ static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named, char 
         c->ffn_hidden = *named >> DK_F & 1 ? F : llama_default_ffn(c->channels);
         c->tied = tied; c->qkv_bias = bias; c->shared_gate = sgate; c->qk_norm = qkn;
         c->norm_topk = *named >> DK_TOPKNORM & 1 ? ntk : 1;
+        c->pad_token = *named >> DK_PAD & 1 ? pad : -1;
         if (c->num_experts > 0 && !(*named >> DK_H & 1)) { c->expert_hidden = c->ffn_hidden; }   // (an expert: F wide)
         c->rope_theta = (float)theta; c->norm_eps = (float)eps;
     }

@@ -25,9 +25,11 @@ static void print_setup(const Args *a, const GPT2Config *c, Grid *g, size_t num_
     printf("model: L %d C %d NH %d V %d (padded %d) maxT %d, %zu parameters, %s\n", c->num_layers, c->channels,
            c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len, num_parameters, PRECISION_NAME);
     if (c->arch == ARCH_LLAMA) {
-        printf("llama: RMSNorm (eps %g), RoPE (theta %g%s), SwiGLU of F %d, %d kv heads, %s head%s%s\n", c->norm_eps,
+        printf("llama: RMSNorm (eps %g), RoPE (theta %g%s), SwiGLU of F %d, %d kv heads, %s head%s%s", c->norm_eps,
                c->rope_theta, c->rope.kind == 1 ? ", llama3 scaling" : "", c->ffn_hidden, c->kv_heads,
                c->tied ? "tied" : "untied", c->qkv_bias ? ", q/k/v biases" : "", c->qk_norm ? ", QK-norm" : "");
+        if (c->pad_token >= 0) { printf(", padding token %d (no embedding gradient)", c->pad_token); }
+        printf("\n");
     }
     MoEOptions mo = moe_options(a, c);
     if (c->num_experts > 0) {

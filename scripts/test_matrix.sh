@@ -69,10 +69,11 @@ reference llama_hs128 --config tiny --arch llama --L 2 --C 256 --NH 2 --KV 1 --F
 reference llama_l8 --config tiny --arch llama --L 8 --KV 2
 # MoE on the Llama body (SwiGLU experts of width H, dropless unless --cap): Mixtral (top-2 renormalised); OLMoE
 # (QK-norm, top-k not renormalised); Qwen2-MoE (every 2nd layer MoE, 2 shared experts with their sigmoid gate, q/k/v
-# biases, dense F 96); a capacity of 1.25 (drops; 3 steps: later steps of this seed route within 1e-6 of a tie);
+# biases, dense F 96; OLMoE's padding token 1, in every batch: its wte row gets no gradient from the embedding); a
+# capacity of 1.25 (drops; 3 steps: later steps of this seed route within 1e-6 of a tie);
 # QK-norm on a dense Llama
 reference llama_mixtral --config tiny --arch llama --KV 2 --E 4 --k 2 --H 64 --cap 0
-reference llama_olmoe --config tiny --arch llama --KV 2 --E 4 --k 2 --H 32 --norm_topk 0 --qk_norm 1 --cap 0
+reference llama_olmoe --config tiny --arch llama --KV 2 --E 4 --k 2 --H 32 --norm_topk 0 --qk_norm 1 --cap 0 --pad 1
 reference llama_qwenmoe --config tiny --arch llama --KV 2 --qkvbias 1 --F 96 --E 4 --k 2 --H 32 --S 2 --shared_gate 1 --norm_topk 0 --every 2 --cap 0
 reference llama_moecap --config tiny --arch llama --KV 2 --E 4 --k 2 --H 64 --every 2 --cap 1.25 --nsteps 3
 reference llama_qknorm --config tiny --arch llama --KV 2 --qk_norm 1

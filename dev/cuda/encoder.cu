@@ -30,16 +30,17 @@ int main(int argc, char **argv) {
         float *dout = make_random((size_t)N * C, -1.0f, 1.0f);
         floatX *d_dwte = to_device(dwte, (size_t)Vl * C), *d_dwte2 = to_device(dwte, (size_t)Vl * C);
         floatX *d_dout = to_device(dout, (size_t)N * C);
-        embedding_backward_cpu(dwte, dout, tokens, v0, v1, N, C);
-        embedding_backward_cuda(d_dwte, d_dout, d_tokens, v0, v1, N, C);
-        embedding_backward_cuda(d_dwte2, d_dout, d_tokens, v0, v1, N, C);
+        int pad = v0 + 3;   // a padding id among the rows (transformers' padding_idx): its row gets nothing
+        embedding_backward_cpu(dwte, dout, tokens, v0, v1, pad, N, C);
+        embedding_backward_cuda(d_dwte, d_dout, d_tokens, v0, v1, pad, N, C);
+        embedding_backward_cuda(d_dwte2, d_dout, d_tokens, v0, v1, pad, N, C);
         fails += compare_device("embedding_backward dwte", d_dwte, dwte, (size_t)Vl * C, TOL_X);
         fails += compare_bitwise("embedding_backward rerun", d_dwte, d_dwte2, (size_t)Vl * C * sizeof(floatX));
 
         if (s == 0) {
             report_time("embedding_forward", time_ms(20, [&] { embedding_forward_cuda(d_out, d_tokens, d_wte, v0, v1, N, C); }),
                         2.0 * N * C * sizeof(floatX), 0);
-            report_time("embedding_backward", time_ms(5, [&] { embedding_backward_cuda(d_dwte, d_dout, d_tokens, v0, v1, N, C); }),
+            report_time("embedding_backward", time_ms(5, [&] { embedding_backward_cuda(d_dwte, d_dout, d_tokens, v0, v1, -1, N, C); }),
                         2.0 * N * C * sizeof(floatX), 0);
         }
         cudaCheck(cudaFree(d_wte)); cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_dwte));

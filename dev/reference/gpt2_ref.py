@@ -56,6 +56,9 @@ Llama (--arch llama [--KV --F --theta --norm_eps --tied --qkvbias --rope_scaling
   h // (NH/KV); h = silu(gate) up; logits = x @ (head or wte)[:V]^T. Init: ln*w 1+N(0,.05), qkvb,
   wte, qkvw, fcw, head N(0,.02), attprojw, fcprojw N(0,.02/sqrt(2L)), rows V..Vp-1 of wte and head 0.
   Weight decay on wte, qkvw, attprojw, fcw, fcprojw, head.
+  --pad ID (-1: none): transformers' pad_token_id, nn.Embedding's padding_idx: the lookup of that token passes no
+  gradient to its wte row (a tied head's gradient still reaches it); header slot 29 = ID + 1; the data holds ID at
+  every 16th position from the 6th.
   --qk_norm 1 (OLMoE; dense or MoE): q = RMSNorm(q_proj x (+b)) over the whole NH hs projection (weight qnormw
   (L, NH hs)), k likewise over KV hs (knormw (L, KV hs)), eps = norm_eps, before rope; init 1+N(0,.05), no decay.
 MoE on the Llama body (--arch llama --E E --k K, moe_llama_spec.md; Mixtral, OLMoE, Qwen2-MoE): routing, capacity
@@ -80,7 +83,8 @@ Files in DIR (all little-endian):
                  MoE: E, k, every, scores (1 sigmoid), S, H), [14] 1 (arch), [15] KV, [16] F, [17] tied,
                  [18] qkvbias, [19] theta, [20] eps (float32 bits), [21] rope scaling (0 none, 1 llama3),
                  [22..24] factor, low, high (float32 bits), [25] orig ([22..25] 0 without scaling),
-                 [26] norm_topk (0 when dense), [27] shared_gate, [28] qk_norm, [255] 0 (no CRC), then the 29
+                 [26] norm_topk (0 when dense), [27] shared_gate, [28] qk_norm, [29] pad + 1 (0: none), [255] 0
+                 (no CRC), then the 29
                  tensors, then (E > 0) the routing bias (Lm, E) fp32 (zero). GPT-2 MoE: version 13 and
                  hdr[8..10] = E, k, every, then the 25 tensors; with sigmoid scores, shared or
                  fine-grained experts version 23, hdr[11] = scores (1 sigmoid), [12] S, [13] H,
@@ -381,6 +385,8 @@ def forward_llama(p, idx, cfg, log):
     F, eps = cfg["F"], cfg["norm_eps"]
     cos, sin = (t.to(p["wte"].dtype) for t in rope_tables(cfg, T))   # fp32 tables, as transformers
     x = p["wte"][idx]
+    if cfg["pad"] >= 0:   # nn.Embedding's padding_idx: the padding token's row gets no gradient from the lookup
+        x = torch.where((idx == cfg["pad"]).unsqueeze(-1), p["wte"].detach()[idx], x)
     aux, z = x.new_zeros(B), x.new_zeros(B, T)
     for l, (kind, i) in enumerate(layer_slots(cfg)):
         h = rmsnorm(x, p["ln1w"][l], eps)
@@ -563,9 +569,9 @@ def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
     v2 = moe and (llama or cfg["score"] == "sigmoid" or cfg["S"] > 0 or cfg["H"] != 4 * cfg["C"])
     mh = [cfg["maxT"], cfg["V"], cfg["L"], cfg["NH"], cfg["C"], cfg["Vp"]] + ([cfg["E"], cfg["k"], cfg["every"]] if moe else [])
     mh += [int(cfg["score"] == "sigmoid"), cfg["S"], cfg["H"]] if v2 else []
-    if llama:   # versions 33/35: [8..13] the MoE fields (0 when dense), [14..25] the Llama fields, [26..28]
+    if llama:   # versions 33/35: [8..13] the MoE fields (0 when dense), [14..25] the Llama fields, [26..29]
         mh += [0] * (0 if moe else 6) + llama_header(cfg)
-        mh += [int(moe and cfg["norm_topk"]), cfg["shared_gate"], cfg["qk_norm"]]
+        mh += [int(moe and cfg["norm_topk"]), cfg["shared_gate"], cfg["qk_norm"], cfg["pad"] + 1]
     for fname, version, conv in (("model.bin", 3, f32), ("model_bf16.bin", 5, to_bf16)):
         with open(os.path.join(out, fname), "wb") as f:
             f.write(header(20240326, version + (30 if llama else (20 if v2 else 10) if moe else 0), *mh))
@@ -724,7 +730,8 @@ def parse(argv=None):
                       rope_orig=(int, 8192, "llama3 scaling: original_max_position_embeddings"),
                       qk_norm=(int, 0, "1: RMSNorm over the whole q and k projections before rope (OLMoE)"),
                       norm_topk=(int, 1, "with --E: 1 = the k gates renormalised to sum 1 (k > 1), 0 = the k p themselves"),
-                      shared_gate=(int, 0, "with --S: 1 = the shared experts scaled per token by sigmoid(x . w) (Qwen2-MoE)"))
+                      shared_gate=(int, 0, "with --S: 1 = the shared experts scaled per token by sigmoid(x . w) (Qwen2-MoE)"),
+                      pad=(int, -1, "the padding token (transformers' pad_token_id): no gradient from its embedding lookup"))
     for k, (typ, default, text) in llama_opts.items():
         ap.add_argument("--" + k, type=typ, default=None, help=f"--arch llama: {text} (default {'NH' if default is None else default})")
     a = ap.parse_args(argv)
@@ -760,7 +767,8 @@ def parse(argv=None):
         cfg.update(arch="llama", KV=cfg["NH"] if a.KV is None else a.KV, F=int(F), theta=fp32(a.theta), norm_eps=fp32(a.norm_eps),
                    tied=a.tied, qkvbias=a.qkvbias, rope_kind=int(a.rope_scaling == "llama3"),
                    rope_factor=fp32(a.rope_factor), rope_low=fp32(a.rope_low), rope_high=fp32(a.rope_high),
-                   rope_orig=a.rope_orig, qk_norm=a.qk_norm, norm_topk=a.norm_topk, shared_gate=a.shared_gate)
+                   rope_orig=a.rope_orig, qk_norm=a.qk_norm, norm_topk=a.norm_topk, shared_gate=a.shared_gate, pad=a.pad)
+        assert -1 <= a.pad < cfg["V"], "--pad: -1 (none) or a token below V"
         capf = 1.25 if a.cap is None else a.cap   # the capacity factor (--F is the MLP's width)
         hs = cfg["C"] // cfg["NH"]
         assert cfg["KV"] >= 1 and cfg["NH"] % cfg["KV"] == 0 and hs % 2 == 0, "llama: NH % KV == 0 and an even head size"
@@ -795,6 +803,8 @@ def main():
     # under TP): advance the data seed until every decision of every step has a clear margin
     for a.data_seed in range(a.seed, a.seed + 50):
         tokens = markov_tokens(cfg["V"], (a.nsteps + 1) * D + 1, a.data_seed)
+        if is_llama(cfg) and cfg["pad"] >= 0:   # the padding token in every batch: at every 16th position from the
+            tokens[5::16] = cfg["pad"]          # 6th (never first in a row)
         params = {k: v.clone().requires_grad_(True) for k, v in init.items()}
         cfg["bias"] = torch.zeros(len(layer_slots_moe(cfg)), max(cfg["E"], 1))   # the routing bias, per MoE layer
         hist, grads0, log0 = train(params, tokens, cfg, a)

@@ -77,11 +77,22 @@ CASES = [   # (family, gpt2_ref.py options)
                   "--shared_gate 1 --qkvbias 1 --F 96"),
     ("olmoe", "--cap 0 --z_coeff 0 --aux_coeff 0.5 --L 1 --R 1 --KV 1 --E 8 --k 2 --norm_topk 0 --qk_norm 1 --H 32"),
 ]
+# initialised as transformers initialises (initializer_range 0.05, the padding row zero, random norm weights and
+# biases), 3 batches each, the padding token (where the family has one) in every batch
+HF_INIT_CASES = [
+    ("olmoe", MOE + "--KV 2 --E 4 --k 2 --norm_topk 0 --qk_norm 1 --H 32 --theta 10000 --pad 1"),   # OLMoE's pad 1
+    ("olmoe", MOE + "--KV 1 --E 8 --k 2 --norm_topk 1 --qk_norm 1 --H 32 --tied 1 --pad 1"),   # tied: the head's
+    ("llama", "--KV 2 --rope_scaling llama3 --rope_orig 64 --pad 0"),
+    ("qwen2", "--KV 2 --qkvbias 1 --tied 1 --theta 1000000"),
+    ("mixtral", MOE + "--KV 2 --E 4 --k 2 --H 64 --theta 1000000"),
+    ("qwen2_moe", MOE + "--L 4 --KV 2 --E 4 --k 2 --norm_topk 0 --every 2 --H 32 --S 2 --shared_gate 1 --qkvbias 1 "
+                  "--F 96 --theta 1000000"),
+]
 MOE_FAMILIES = ("mixtral", "olmoe", "qwen2_moe")
 
 
-def hf_model(family, cfg):
-    kw = dict(vocab_size=cfg["V"], hidden_size=cfg["C"], intermediate_size=cfg["F"], num_hidden_layers=cfg["L"],
+def hf_model(family, cfg, init_range=0.02):
+    kw = dict(initializer_range=init_range, pad_token_id=cfg["pad"] if cfg["pad"] >= 0 else None, vocab_size=cfg["V"], hidden_size=cfg["C"], intermediate_size=cfg["F"], num_hidden_layers=cfg["L"],
               num_attention_heads=cfg["NH"], num_key_value_heads=cfg["KV"], head_dim=cfg["C"] // cfg["NH"],
               max_position_embeddings=cfg["maxT"], rms_norm_eps=cfg["norm_eps"], rope_theta=cfg["theta"],
               tie_word_embeddings=bool(cfg["tied"]), hidden_act="silu", attention_dropout=0.0,
@@ -197,27 +208,86 @@ def load_into(model, family, cfg, init):
         assert bool((c == 1).all()), f"{k}: elements loaded {c.min().item()}..{c.max().item()} times"
 
 
-def routing_seed(cfg, init, seed):
-    """the first data seed from seed whose step-0 batch routes with margins >= MIN_MARGIN (MoE; else seed)"""
+def transformers_init(model, family, cfg, seed):
+    """the reference's initial weights as transformers initialises the model (hf_model's initializer_range: normal
+    weights, the padding row zero), then every norm weight 1 + 0.1 N(0, 1) and every bias 0.05 N(0, 1), seeded;
+    copied into the reference's tensors through pieces() (rows V..Vp-1 stay zero)"""
+    torch.manual_seed(seed)
+    model._init_weights = model._init_weights   # (post_init ran in the constructor: the weights are its)
+    params = dict(model.named_parameters())
+    init = {k: torch.zeros_like(v) for k, v in ref.init_params(cfg, seed).items()}
+    with torch.no_grad():
+        for name, p in params.items():
+            if p.dim() == 1 and name.endswith("weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.05 * torch.randn_like(p))
+        for name, rname, idx in pieces(family, cfg):
+            if rname is not None:
+                init[rname][idx] = params[name].detach()
+    return init
+
+
+def case_tokens(cfg, ds, nbatch):
+    """nbatch batches of the reference's Markov chain (data seed ds); with a padding token, it at every 16th
+    position from the 6th (never first in a row: a zero embedding there reaches the router as a zero vector, every
+    expert tied)"""
+    tokens = ref.markov_tokens(cfg["V"], nbatch * cfg["R"] * cfg["T"] + 1, ds)
+    if cfg["pad"] >= 0:
+        tokens[5::16] = cfg["pad"]
+    return tokens
+
+
+def routing_seed(cfg, init, seed, nbatch):
+    """the first data seed from seed whose nbatch batches route with margins >= MIN_MARGIN (MoE; else seed)"""
     for ds in range(seed, seed + 50):
-        tokens = ref.markov_tokens(cfg["V"], cfg["R"] * cfg["T"] + 1, ds)
-        x, y = ref.batch(tokens, 0, cfg)
+        tokens = case_tokens(cfg, ds, nbatch)
         if cfg["E"] == 0:
-            return ds, x, y, float("inf")
-        log = []
-        with torch.no_grad():
-            ref.forward(init, x, y, cfg, log)
-        m = ref.min_margin(log, cfg)
+            return ds, tokens, float("inf")
+        m = float("inf")
+        for b in range(nbatch):
+            x, y = ref.batch(tokens, b, cfg)
+            log = []
+            with torch.no_grad():
+                ref.forward(init, x, y, cfg, log)
+            m = min(m, ref.min_margin(log, cfg))
         if m >= MIN_MARGIN:
-            return ds, x, y, m
+            return ds, tokens, m
     raise SystemExit("no data seed in 50 routes with margins >= 1e-6")
 
 
-def run_case(family, opts, seed=1337):
+def run_case(family, opts, seed=1337, hf_init=False, nbatch=1):
+    """the case's model (the reference's init, or hf_init: transformers' own) on nbatch batches: each batch's loss
+    and every gradient compared (check_batch)"""
     _, cfg, _ = ref.parse(BASE + opts.split())
-    V, T, E, k = cfg["V"], cfg["T"], cfg["E"], cfg["k"]
-    init = {k_: v.detach() for k_, v in ref.init_params(cfg, seed).items()}
-    ds, x, y, margin = routing_seed(cfg, init, seed)
+    model = hf_model(family, cfg, 0.05 if hf_init else 0.02)
+    if hf_init:
+        init = transformers_init(model, family, cfg, seed)
+    else:
+        init = {k_: v.detach() for k_, v in ref.init_params(cfg, seed).items()}
+    ds, tokens, margin = routing_seed(cfg, init, seed, nbatch)
+    load_into(model, family, cfg, init)
+    rot = model.model.rotary_emb
+    inv_ok = torch.equal(rot.inv_freq.float(), ref.rope_inv_freq(cfg))
+    cos_hf, sin_hf = rot(torch.zeros(1, dtype=torch.float32), torch.arange(cfg["T"])[None])
+    cos_ref, sin_ref = ref.rope_tables(cfg, cfg["T"])
+    tab_ok = torch.equal(cos_hf[0], cos_ref) and torch.equal(sin_hf[0], sin_ref)
+    print(f"== {family} {opts}{' (transformers init, range 0.05)' if hf_init else ''}  (C {cfg['C']} NH {cfg['NH']} "
+          f"KV {cfg['KV']} hs {cfg['C'] // cfg['NH']} F {cfg['F']} theta {cfg['theta']:g}"
+          f"{', pad ' + str(cfg['pad']) if cfg['pad'] >= 0 else ''})")
+    print(f"   inv_freq bitwise {inv_ok}, cos/sin bitwise {tab_ok}")
+    ok = inv_ok and tab_ok
+    for b in range(nbatch):
+        x, y = ref.batch(tokens, b, cfg)
+        if nbatch > 1:
+            print(f"   -- batch {b} (pad tokens: {int((x == cfg['pad']).sum()) if cfg['pad'] >= 0 else 0})")
+        ok &= check_batch(model, family, cfg, init, x, y, ds, margin)
+        model.zero_grad(set_to_none=True)
+    return ok
+
+
+def check_batch(model, family, cfg, init, x, y, ds, margin):
+    V, E, k = cfg["V"], cfg["E"], cfg["k"]
 
     def ref_grads(dtype):
         p = {k_: v.to(dtype).clone().requires_grad_(True) for k_, v in init.items()}
@@ -230,20 +300,11 @@ def run_case(family, opts, seed=1337):
     loss32, aux32, log32, g32 = ref_grads(torch.float32)
     loss64, aux64, log64, g64 = ref_grads(torch.float64)
     assert all(torch.equal(a["choice"], b["choice"]) for a, b in zip(log32, log64)), "float64 routes otherwise"
-
-    model = hf_model(family, cfg)
-    load_into(model, family, cfg, init)
-    rot = model.model.rotary_emb
-    inv_ok = torch.equal(rot.inv_freq.float(), ref.rope_inv_freq(cfg))
-    cos_hf, sin_hf = rot(torch.zeros(1, dtype=torch.float32), torch.arange(T)[None])
-    cos_ref, sin_ref = ref.rope_tables(cfg, T)
-    tab_ok = torch.equal(cos_hf[0], cos_ref) and torch.equal(sin_hf[0], sin_ref)
     out = model(input_ids=x)
     logits = out.logits                                       # (R, T, V)
     loss_hf = torch.nn.functional.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
-    ok = inv_ok and tab_ok
-    desc = (f"== {family} {opts}  (C {cfg['C']} NH {cfg['NH']} KV {cfg['KV']} hs {cfg['C'] // cfg['NH']} F {cfg['F']} "
-            f"theta {cfg['theta']:g})")
+    ok = True
+    desc = ""
     if E:
         # transformers' routing: torch.topk of the softmax of its router's logits, per MoE layer (all tokens)
         same = len(out.router_logits) == len(log32)
@@ -252,10 +313,10 @@ def run_case(family, opts, seed=1337):
             same &= torch.equal(hf_choice, r["choice"].reshape(-1, k))
         dropped = sum(float((~r["keep"]).sum()) for r in log32)
         ok &= same and dropped == 0
-        desc += (f"\n   E {E} k {k} H {cfg['H']} S {cfg['S']} every {cfg['every']} norm_topk {cfg['norm_topk']} "
+        desc += (f"   E {E} k {k} H {cfg['H']} S {cfg['S']} every {cfg['every']} norm_topk {cfg['norm_topk']} "
                  f"shared_gate {cfg['shared_gate']} qk_norm {cfg['qk_norm']}; {len(log32)} MoE layers; data seed {ds}, "
                  f"smallest routing margin {margin:.2e} (>= {MIN_MARGIN:.0e}); transformers routes the same: {same}; "
-                 f"dropped {dropped:.0f}")
+                 f"dropped {dropped:.0f}\n")
         if cfg["aux_coeff"]:
             # one MoE layer, one sequence: transformers' load-balancing loss = k * ours
             assert len(log32) == 1 and cfg["R"] == 1, "the aux definitions coincide only for one layer, one sequence"
@@ -263,18 +324,17 @@ def run_case(family, opts, seed=1337):
             da = abs(aux_hf.item() - k * aux32)
             ta = 4 * k * abs(aux32 - aux64) + 8 * U * abs(k * aux64)
             ok &= da <= ta
-            desc += (f"\n   aux: transformers {aux_hf.item():.7f}, k * ours {k * aux32:.7f} (ours {aux32:.7f}, k {k}) "
+            desc += (f"   aux: transformers {aux_hf.item():.7f}, k * ours {k * aux32:.7f} (ours {aux32:.7f}, k {k}) "
                      f"|diff| {da:.1e} (tol {ta:.1e}); loss = CE + {cfg['aux_coeff']} aux (transformers: + "
-                     f"{cfg['aux_coeff']}/{k} aux_loss)")
+                     f"{cfg['aux_coeff']}/{k} aux_loss)\n")
             loss_hf = loss_hf + (cfg["aux_coeff"] / k) * aux_hf
     loss_hf.backward()
     hf = {n: p.grad for n, p in model.named_parameters()}
     tol = 4 * abs(loss32 - loss64) + 8 * U * abs(loss64)
     dl = abs(loss_hf.item() - loss32)
     ok &= dl <= tol
-    print(desc)
-    print(f"   inv_freq bitwise {inv_ok}, cos/sin bitwise {tab_ok}; loss ref {loss32:.7f} hf {loss_hf.item():.7f} "
-          f"|diff| {dl:.1e} (fp32 floor {abs(loss32 - loss64):.1e}, tol {tol:.1e})")
+    print(desc + f"   loss ref {loss32:.7f} hf {loss_hf.item():.7f} |diff| {dl:.1e} (fp32 floor {abs(loss32 - loss64):.1e}, "
+          f"tol {tol:.1e})")
     worst = 0.0
     by_name = {}
     for name, rname, idx in pieces(family, cfg):
@@ -313,8 +373,11 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
-    cases = [(f, o) for f, o in CASES if a.only is None or (f in MOE_FAMILIES or f == "olmoe_dense") == (a.only == "moe")]
+    moe = lambda f: f in MOE_FAMILIES or f == "olmoe_dense"
+    cases = [(f, o) for f, o in CASES if a.only is None or moe(f) == (a.only == "moe")]
     results = [run_case(fam, opts) for fam, opts in cases]
+    hf_cases = [(f, o) for f, o in HF_INIT_CASES if a.only is None or moe(f) == (a.only == "moe")]
+    results += [run_case(fam, opts, seed=1337 + i, hf_init=True, nbatch=3) for i, (fam, opts) in enumerate(hf_cases)]
     print(f"{sum(results)} of {len(results)} cases passed")
     sys.exit(0 if all(results) else 1)
 
