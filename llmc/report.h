@@ -121,7 +121,7 @@ static void log_step(int logf, const StepLine *s, const MoEStepLoad *moe) {
         MoELoad r = moe_load_summary(moe->load + (size_t)l * moe->E, moe->kept[l], moe->E);
         if (r.max_mean > worst) { worst = r.max_mean; }
     }
-    printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", s->step + 1, s->max_steps, s->loss,
+    printf("step %4d/%d | loss %.6f | norm %.6f | lr %.2e | %.1f ms | %.0f tok/s", s->step + 1, s->max_steps, s->loss,
            s->norm, s->lr, ms, s->tokens / (ms / 1e3));
 #ifdef USE_CUDA
     printf(" | MFU %.1f%%", 100.0 * s->mfu);

@@ -17,7 +17,7 @@ transformers 4.49's model class in fp32 on the CPU, torch.optim.AdamW, the globa
         as train_gpt's -c), lr constant, the gradient scaled by CLIP / norm when its norm is over CLIP. Once
         in fp32 and once in float64 from the same start; per step a line
         "step S LOSS32 LOSS64 NORM32 NORM64 MARGIN" (the loss before the step's update, the norm before
-        clipping, the batch's smallest routing margin in fp32, inf for a dense model).
+        clipping, the batch's smallest routing margin in fp32, 1 for a dense model).
 """
 import argparse
 import os
@@ -122,7 +122,7 @@ def train(model, rows, lr, wd, clip):
             for g in grads:
                 g.mul_(clip / norm)
         opt.step()
-        m = moe.margins(o.router_logits, k) if k else float("inf")
+        m = moe.margins(o.router_logits, k) if k else 1.0
         out.append((loss.item(), norm, m))
     return out
 
