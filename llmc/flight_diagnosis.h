@@ -55,19 +55,45 @@ static void fd_put(Line *l, const char *fmt, ...) {
 // ----------------------------------------------------------------------------
 // reading the rings
 
-// A ring from the bytes of its file (of this job, unless job is NULL): its valid records, oldest first.
+// Why the last ring was not read ("": it was, or it is another job's).
+static char fd_why[160];
+
+// What is wrong with a ring's header (NULL: nothing): the layout this reader knows, 0 <= rank < world <=
+// FLIGHT_MAX_WORLD, each group's place inside its size and its size inside the world.
+static const char *fd_header_problem(const FlightHeader *h, size_t len) {
+    if (memcmp(h->magic, FLIGHT_MAGIC, 8) != 0) { return "not a ring of the flight recorder (magic)"; }
+    if (h->version != FLIGHT_VERSION || h->header_bytes != FLIGHT_HEADER_BYTES || h->record_bytes != (int)sizeof(FlightRecord)) {
+        return "another version or layout of the ring";
+    }
+    if (h->capacity <= 0 || h->capacity > (1 << 24) || len < flight_bytes(h->capacity)) { return "its capacity does not match its size"; }
+    if (h->world < 1 || h->world > FLIGHT_MAX_WORLD || h->rank < 0 || h->rank >= h->world) {
+        return "its rank and world are not 0 <= rank < world <= 65536";
+    }
+    if (h->ngroups < 0 || h->ngroups > FLIGHT_GROUPS || h->end < FL_RUNNING || h->end > FL_FINISHED) {
+        return "its group count or its end is out of range";
+    }
+    for (int g = 0; g < h->ngroups; g++) {
+        const FlightGroup *x = &h->groups[g];
+        if (x->size < 1 || x->size > h->world || x->rank < 0 || x->rank >= x->size || x->instance < 0 ||
+            x->instance >= h->world) {
+            return "a group's size, place or instance is out of range";
+        }
+    }
+    return NULL;
+}
+
+// A ring from the bytes of its file (of this job, unless job is NULL): its valid records, oldest first. 0 and
+// fd_why set when the header is not one this reader can trust (another job's ring: 0, fd_why "").
 static int fd_parse(const char *buf, size_t len, const char *job, RankRing *out) {
     FlightHeader *h = &out->h;
-    if (len < sizeof(FlightHeader)) { return 0; }
+    fd_why[0] = '\0';
+    if (len < sizeof(FlightHeader)) { snprintf(fd_why, sizeof(fd_why), "%zu bytes: shorter than a header", len); return 0; }
     memcpy(h, buf, sizeof(*h));
-    if (memcmp(h->magic, FLIGHT_MAGIC, 8) != 0 || h->version != FLIGHT_VERSION || h->header_bytes != FLIGHT_HEADER_BYTES
-        || h->record_bytes != (int)sizeof(FlightRecord) || h->capacity <= 0 || len < flight_bytes(h->capacity) ||
-        h->ngroups < 0 || h->ngroups > FLIGHT_GROUPS || h->end < FL_RUNNING || h->end > FL_FINISHED ||
-        (job && strncmp(h->job, job, sizeof(h->job)) != 0)) {
-        return 0;
-    }
+    const char *problem = fd_header_problem(h, len);
+    if (problem) { snprintf(fd_why, sizeof(fd_why), "%s", problem); return 0; }
+    if (job && strncmp(h->job, job, sizeof(h->job)) != 0) { return 0; }
     h->host[sizeof(h->host) - 1] = h->job[sizeof(h->job) - 1] = h->why[sizeof(h->why) - 1] = '\0';   // (its words
-    h->io_what[sizeof(h->io_what) - 1] = '\0';                                                          //  ended)
+    h->io_what[sizeof(h->io_what) - 1] = h->diagnosis[sizeof(h->diagnosis) - 1] = '\0';                //  ended)
     for (int g = 0; g < h->ngroups; g++) { h->groups[g].name[sizeof(h->groups[g].name) - 1] = '\0'; }
     uint64_t cap = (uint64_t)h->capacity, end = h->written, i = end > cap ? end - cap : 0;
     out->rec = (FlightRecord *)malloc((size_t)cap * sizeof(FlightRecord));
@@ -75,17 +101,26 @@ static int fd_parse(const char *buf, size_t len, const char *job, RankRing *out)
     for (; out->rec && i < end; i++) {   // (a slot being rewritten holds another index: skipped)
         FlightRecord x;
         memcpy(&x, buf + FLIGHT_HEADER_BYTES + (i % cap) * sizeof(FlightRecord), sizeof(x));
-        if (x.index == i && x.group >= 1 && (int)x.group <= h->ngroups && x.op < FL_NOPS) { out->rec[out->n++] = x; }
+        if (x.index == i && x.group >= 1 && (int)x.group <= h->ngroups && x.op < FL_NOPS && x.peer >= -1 &&
+            x.peer < h->world) {
+            out->rec[out->n++] = x;
+        }
     }
     out->present = out->rec != NULL;
     return out->present;
 }
 
+// A ring file (a regular file, opened without blocking: a FIFO there never hangs the reader); 0 and fd_why if not.
 static int fd_read(const char *path, const char *job, RankRing *out) {
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
-    if (fd < 0) { return 0; }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (64 << 20)) { close(fd); return 0; }
+    fd_why[0] = '\0';
+    if (fd < 0) { snprintf(fd_why, sizeof(fd_why), "cannot open it: %s", strerror(errno)); return 0; }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (64 << 20)) {
+        snprintf(fd_why, sizeof(fd_why), "not a regular file of at most 64 MiB");
+        close(fd);
+        return 0;
+    }
     char *buf = (char *)malloc((size_t)st.st_size + 1);
     ssize_t got = buf ? pread(fd, buf, (size_t)st.st_size, 0) : -1;
     close(fd);
@@ -658,7 +693,11 @@ static void fd_read_rank(Rings *rs, int r) {
     }
     const char *dirs[2] = {flight.run_dir, flight.job_dir};
     for (int d = 0; d < 2 && !R->present; d++) {
-        if (dirs[d][0] && flight_ring_name(path, sizeof(path), dirs[d], r)) { fd_read(path, mine->job, R); }
+        if (dirs[d][0] && flight_ring_name(path, sizeof(path), dirs[d], r) && fd_read(path, mine->job, R) &&
+            (R->h.rank != r || R->h.world != rs->world)) {   // (another rank's or another world's: not this one's)
+            free(R->rec);
+            memset(R, 0, sizeof(*R));
+        }
     }
 }
 
@@ -700,6 +739,9 @@ static void flight_report(void) {
         char line[2048];
         memcpy(line, "diagnosis: ", 11);
         fd_diagnose(&rs, line + 11, sizeof(line) - 12);
+        FlightHeader *h = flight_header();   // (kept in the ring: dev/flight.sh prints it first)
+        snprintf(h->diagnosis, sizeof(h->diagnosis), "%s", line + 11);
+        if (flight.fd >= 0) { msync(flight.base, flight_bytes(h->capacity), MS_ASYNC); }
         size_t n = strlen(line);
         line[n++] = '\n';
         if (write(2, line, n) < 0) { /* nothing more to do */ }

@@ -36,10 +36,11 @@
 #endif
 
 #define FLIGHT_MAGIC "LLMCFLT1"
-#define FLIGHT_VERSION 1
+#define FLIGHT_VERSION 2           // (2: the diagnosis line in the header)
 #define FLIGHT_RECORDS 256          // train_gpt's ring: a few steps of a small run, the last of a large one
 #define FLIGHT_GROUPS 32            // groups one rank records (its grid's, the host groups of the checkpoints)
 #define FLIGHT_HEADER_BYTES 4096    // the header's room in the file; the records follow
+#define FLIGHT_MAX_WORLD 65536      // the most ranks a ring may name (a reader sizes its tables by the world)
 #define FLIGHT_PATH 4352            // a ring file's path at most (a folder name of at most 4096 bytes, and the file's)
 
 // The operations (their names: flight_op_names)
@@ -109,6 +110,8 @@ typedef struct {
     char io_what[96];               // rank 0's file work in flight (a checkpoint write), "" none
     double io_since;                // its last progress
     FlightGroup groups[FLIGHT_GROUPS];
+    char diagnosis[2048];           // the diagnosis line this rank printed as the job ran ("" none): dev/flight.sh
+                                    // prints it first, as the ranks the launcher ended afterwards no longer show it
 } FlightHeader;
 static_assert(sizeof(FlightHeader) <= FLIGHT_HEADER_BYTES, "the header must fit its room in the file");
 static_assert(sizeof(FlightRecord) == 64, "a record is 64 bytes");
@@ -242,7 +245,7 @@ static void flight_start(int rank, int world, double timeout) {
     h.record_bytes = (int32_t)sizeof(FlightRecord);
     h.capacity = FLIGHT_RECORDS;
     h.rank = rank < 0 ? 0 : rank;
-    h.world = world;
+    h.world = world > h.rank ? world : h.rank + 1;   // (no launcher: one rank)
     h.pid = (int32_t)getpid();
     gethostname(h.host, sizeof(h.host) - 1);
     flight_job_name(h.job, sizeof(h.job));
@@ -266,7 +269,7 @@ static void flight_start(int rank, int world, double timeout) {
     }
     memcpy(base, &h, sizeof(h));
     flight.base = base;
-    flight.world = flight_group("world", world, h.rank, NULL);   // (every rank's: MPI_Init is its first call)
+    flight.world = flight_group("world", h.world, h.rank, NULL);   // (every rank's: MPI_Init is its first call)
 }
 
 // A ring in memory of `capacity` records (test_gpt --check-comm: one that holds a whole step), from now on.

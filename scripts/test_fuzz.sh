@@ -11,6 +11,10 @@
 # file: only an unused or informational header field changed, or a field set to another legal value of the
 # same size (V <= Vp, NH dividing C, k <= E, the router's scores, the generator state, -e's CRC scope 0), or
 # a weight to a finite value (AdamW's v: not negative). Fixed seeds: the same mutations every run.
+# Last, the flight recorder's rings as dev/flight.sh reads them (a run directory's flight/: two rings of one job):
+# 200 mutated headers and truncations, and the reprobe's cases (a world or rank byte set high, a FIFO, a folder in
+# a ring's place, another rank's or world's ring): each reading ends within 20 s, exit 0 or 1, and each named case
+# is skipped with a line saying why.
 # Usage: bash scripts/test_fuzz.sh BIN_DIR WORK_DIR [RUNS (500)] [VALID (300)]  (prints "ok ..." / "FAIL ..." lines)
 set -u
 W=$2
@@ -225,4 +229,76 @@ for b in bad[:5]:
     print("     ", b)
 print(("ok   " if not bad else "FAIL ") + f"fuzz: {runs} mutated MoE model files (versions 23, 25) and state files (version 3) "
       f"with valid CRCs (seed {SEED}): each refused with an error line, or legal and run ({stats['legal']})")
+EOF
+
+bash dev/flight.sh /nonexistent >/dev/null 2>&1   # (builds build/flight)
+python3 - build/flight "$W" "$NOMPI" <<'EOF'
+import os, random, shutil, struct, subprocess, sys
+flight, W, nompi = sys.argv[1], sys.argv[2], sys.argv[3]
+random.seed(20261203)
+run_dir = os.path.join(W, "ringrun")
+shutil.rmtree(run_dir, ignore_errors=True)
+subprocess.run([nompi, "-e", "L=2,C=64,NH=4,V=256,maxT=64", "-t", "32", "-b", "2", "-x", "2", "-v", "0", "-s", "0",
+                "-o", run_dir], capture_output=True, text=True)
+ring0 = open(os.path.join(run_dir, "flight", "rank_00000.ring"), "rb").read()
+def as_rank(b, rank, world):   # header: magic 8, version, header_bytes, record_bytes, capacity, rank (24), world (28)
+    b = bytearray(b); b[24:32] = struct.pack("<2i", rank, world); return bytes(b)
+rings = [as_rank(ring0, 0, 2), as_rank(ring0, 1, 2)]
+def mutate(b):
+    b = bytearray(b)
+    kind = random.choice(["flip", "flip", "field", "byte", "truncate"])
+    if kind == "flip":
+        b[random.randrange(1600)] ^= 1 << random.randrange(8)
+    elif kind == "field":
+        i = random.randrange(0, 64)
+        b[4 * i:4 * i + 4] = struct.pack("<i", random.choice([0, -1, 1, 2, 65536, 65537, 2**31 - 1, -2**31]))
+    elif kind == "byte":
+        b[random.randrange(16, 40)] = random.randrange(256)
+    else:
+        b = b[:random.randrange(len(b))]
+    return bytes(b), kind
+D = os.path.join(W, "rings")
+def trial(name, setup):
+    shutil.rmtree(D, ignore_errors=True)
+    os.makedirs(D)
+    for r, b in enumerate(rings):
+        open(os.path.join(D, "rank_%05d.ring" % r), "wb").write(b)
+    setup(D)
+    try:
+        p = subprocess.run([flight, D, "--list", "4"], capture_output=True, text=True, errors="replace", timeout=20)
+    except subprocess.TimeoutExpired:
+        return f"{name}: timeout", ""
+    if p.returncode not in (0, 1):
+        return f"{name}: exit {p.returncode}", p.stderr
+    if p.returncode == 0 and not p.stdout.startswith("diagnosis: "):
+        return f"{name}: exit 0 without a diagnosis line", p.stderr
+    return None, p.stderr
+def write_ring(rank, data):
+    return lambda d: open(os.path.join(d, "rank_%05d.ring" % rank), "wb").write(data)
+def set_byte(i, v):
+    b = bytearray(rings[1]); b[i] = v; return write_ring(1, bytes(b))
+def replace(make):
+    return lambda d: (os.unlink(os.path.join(d, "rank_00001.ring")), make(os.path.join(d, "rank_00001.ring")))
+named = {"byte 31 = 0x53 (world)": set_byte(31, 0x53), "byte 27 = 0x10 (rank)": set_byte(27, 0x10),
+         "byte 26 = 0x80 (rank)": set_byte(26, 0x80), "byte 30 = 0x7f (world)": set_byte(30, 0x7f),
+         "a FIFO as rank 1's ring": replace(os.mkfifo), "a folder as rank 1's ring": replace(os.mkdir),
+         "rank 1's ring naming rank 0": write_ring(1, as_rank(ring0, 0, 2)),
+         "rank 1's ring naming world 3": write_ring(1, as_rank(ring0, 1, 3))}
+bad, said = [], {}
+for k, f in named.items():   # each skipped, saying why
+    x, err = trial(k, f)
+    said[k] = err.strip()
+    if x or "flight: skipped" not in err:
+        bad.append(x or f"{k}: no line saying the ring was skipped")
+n = 200
+for i in range(n):
+    m, kind = mutate(rings[i % 2])
+    x, _ = trial(f"mutation {i} ({kind})", write_ring(i % 2, m))
+    if x:
+        bad.append(x)
+for b in bad[:5]:
+    print("     ", b)
+print(("ok   " if not bad else "FAIL ") + f"fuzz: dev/flight.sh on {n} mutated rings and {len(named)} named cases (world and rank "
+      f"bytes high, a FIFO, a folder, another rank's or world's ring: each skipped with a line): each read ends within "
+      f"20 s, exit 0 or 1; e.g. {said['byte 31 = 0x53 (world)'][:160]}")
 EOF
