@@ -101,6 +101,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import struct
 import sys
 import tempfile
@@ -116,10 +117,34 @@ EPS = 1e-5
 MOE_NAMES = ("routerw", "efcw", "efcb", "efcprojw", "efcprojb", "sfcw", "sfcb", "sfcprojw", "sfcprojb")
 
 
+def read_regular(path):
+    """The bytes of path, a regular file (opened without blocking and checked before reading: a FIFO or a link to
+    /dev/zero is refused, never read without end), read up to its size"""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        fail(f"{path}: cannot open it: {e.strerror}")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            fail(f"{path}: not a regular file (a FIFO, a device, a folder or a link to one)")
+        parts, left = [], st.st_size
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 30))
+            if not b:
+                break
+            parts.append(b)
+            left -= len(b)
+        return b"".join(parts)
+    except OSError as e:
+        fail(f"{path}: cannot read it: {e.strerror}")
+    finally:
+        os.close(fd)
+
+
 def read_json(path):
     try:
-        with open(path, "rb") as f:
-            return json.loads(f.read())
+        return json.loads(read_regular(path))
     except (ValueError, RecursionError) as e:   # not JSON, not UTF-8, nested too deep
         fail(f"{path}: not valid JSON ({e})")
 
@@ -564,11 +589,12 @@ def check_export_dir(d):
         fail(f"{d} is {'a link' if os.path.islink(d) else 'not a directory'}: expected a new directory, an empty "
              "one or a previous export")
     old = sorted(os.listdir(d)) if os.path.isdir(d) else []
-    foreign = [n for n in old if n not in EXPORT_FILES]
+    foreign = [n for n in old if n not in EXPORT_FILES or os.path.islink(os.path.join(d, n))
+               or not os.path.isfile(os.path.join(d, n))]
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        fail(f"{d} holds '{foreign[0]}'{more}, which an export does not write: expected a new directory, an empty "
-             "one or a previous export (which is replaced)")
+        fail(f"{d} holds '{foreign[0]}'{more}, which is not a file an export writes: expected a new directory, an "
+             "empty one or a previous export (which is replaced)")
     return old
 
 
@@ -598,10 +624,28 @@ def export_notes(cfg, mt):
         print("note: k = 1: norm_topk_prob is written false (our one gate is the probability either way)")
 
 
+def swap_in(new, d):
+    """Puts the directory new at d: d's previous export (if any) is renamed aside first and comes back if the
+    rename of new fails, so a failed export leaves the previous one whole. Returns where the previous one went
+    (None: there was none)"""
+    if not os.path.lexists(d):
+        os.rename(new, d)
+        return None
+    aside = tempfile.mkdtemp(prefix=f".{os.path.basename(d)}.old.", dir=os.path.dirname(os.path.abspath(d)))
+    os.rmdir(aside)
+    os.rename(d, aside)
+    try:
+        os.rename(new, d)
+    except OSError:
+        os.rename(aside, d)
+        raise
+    return aside
+
+
 def cmd_export(a):
     from safetensors.numpy import save_file
     d = a.dir.rstrip("/") or a.dir
-    old = check_export_dir(d)
+    check_export_dir(d)
     cfg, t = read_model(a.model)
     llama = cfg.get("arch") == "llama"
     for name in ("wte", "head") if llama else ("wte",):
@@ -626,14 +670,16 @@ def cmd_export(a):
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)   # mkdtemp's 0700 -> what mkdir gives
-        for n in old:   # the previous export's files (checked above), then the empty directory is replaced
-            os.unlink(os.path.join(d, n))
-        os.replace(tmp, d)
+        aside = swap_in(tmp, d)
     except OSError as e:
         fail(f"cannot export to {d}: {e.filename}: {e.strerror}")
     finally:
         if tmp and os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+    if aside:   # the previous export, whole, swapped out: removed now (what cannot be is said, and stays there)
+        shutil.rmtree(aside, ignore_errors=True)
+        if os.path.lexists(aside):
+            print(f"note: the previous export, moved to {aside}, could not be removed entirely: remove it")
     print(f"exported {a.model} ({describe(cfg)}) to {d} as {hc['architectures'][0]}: config.json, model.safetensors")
     if tok:
         print(tok)
@@ -888,9 +934,9 @@ ST_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i
 
 def read_safetensors(path):
     """{name: array} of a .safetensors file (8-byte header length, JSON header, data): each tensor's dtype,
-    shape and offsets checked against the file before it is read"""
-    with open(path, "rb") as f:
-        data = f.read()
+    shape and offsets checked against the file before it is read; their ranges must tile the data (disjoint, no
+    gap: safetensors' own rule)"""
+    data = read_regular(path)
     n = int.from_bytes(data[:8], "little")
     if len(data) < 8 or 8 + n > len(data):
         fail(f"{path}: truncated: {len(data)} bytes, less than "
@@ -903,7 +949,7 @@ def read_safetensors(path):
         fail(f"{path}: its header is not a JSON object")
     body = memoryview(data)[8 + n:]
     dims = lambda v: isinstance(v, list) and all(type(x) is int and 0 <= x < 2**62 for x in v)
-    sd = {}
+    sd, ranges = {}, []
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -918,14 +964,25 @@ def read_safetensors(path):
                  f"file's {len(body)} bytes of data (truncated?)")
         x = np.frombuffer(body[offs[0]:offs[1]], ST_DTYPES[dtype]).reshape(shape)
         sd[name] = (x.astype(np.uint32) << 16).view(np.float32) if dtype == "BF16" else x
+        ranges.append((offs[0], offs[1], name))
+    end = 0
+    for a, b, name in sorted(ranges):
+        if a != end:
+            fail(f"{path}: '{name}' starts at byte {a} of the data, expected {end}: the tensors' data_offsets must "
+                 f"{'not overlap' if a < end else 'leave no gap'} and cover the data")
+        end = b
+    if end != len(body):
+        fail(f"{path}: the tensors cover {end} of the data's {len(body)} bytes: expected all of it")
     return sd
 
 
 def read_torch_bin(path):
     """{name: array} of a pytorch_model.bin, unpickled with weights_only=True: tensors, never code"""
+    import io
     import torch
+    data = read_regular(path)
     try:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
+        sd = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:   # anything but tensors (UnpicklingError), a torn file (RuntimeError), ...
         why = (str(e).rpartition("WeightsUnpickler error: ")[2].strip() or type(e).__name__).splitlines()[0]
         fail(f"{path}: not a state dict of tensors that torch.load(weights_only=True) reads: {why[:200]}")

@@ -28,7 +28,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "data"))
 from tinyshakespeare import make_tokenizer  # noqa: E402  (the data script's tokenizers)
-from cli import fail, Parser  # noqa: E402
+from cli import check_tokenizer_dir, fail, Parser  # noqa: E402
 
 OURS = ("-e", "-x", "-v", "-s", "-g", "--prompt-ids")   # the flags this script gives train_gpt
 
@@ -56,8 +56,7 @@ def hf_tokenizer(d, V):
     except ImportError:
         fail("--tokenizer needs transformers (scripts/setup.sh installs it into .venv)")
     transformers.logging.set_verbosity_error()
-    if not os.path.isdir(d):
-        fail(f"--tokenizer {d}: not a directory")
+    check_tokenizer_dir(d)
     try:
         tok = transformers.AutoTokenizer.from_pretrained(d, local_files_only=True)
     except Exception as e:   # no tokenizer files, a broken one: whatever transformers raises

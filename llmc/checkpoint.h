@@ -664,7 +664,11 @@ static void lock_output_dir(const char *dir, int rank) {
         } else {   // ours until this process ends: the descriptor stays open
             char host[128] = "?", line[256];
             gethostname(host, sizeof(host) - 1);
-            int len = snprintf(line, sizeof(line), "pid %d on %s since %ld\n", (int)getpid(), host, (long)time(NULL));
+            char since[64] = "?";
+            time_t now = time(NULL);
+            struct tm tm;
+            if (gmtime_r(&now, &tm)) { strftime(since, sizeof(since), "%Y-%m-%d %H:%M:%S UTC", &tm); }
+            int len = snprintf(line, sizeof(line), "pid %d on %s since %s\n", (int)getpid(), host, since);
             if (ftruncate(fd, 0) != 0 || pwrite(fd, line, len, 0) != len) {
                 snprintf(msg, sizeof(msg), "cannot write '%s'", path);
             }
@@ -755,6 +759,11 @@ static void *checkpoint_search(void *arg) {
     uint64_t logged;
     int has_log = log_run_id(c->dir, &logged, c->error, sizeof(c->error));
     c->step = -1;
+    if (has_log == 1 && logged == 0 && n > 0) {   // (a log without its run:ID line: the run it records is unknown)
+        printf("note: '%s/main.log' has no run:ID line (cut, or written by an older version): the checkpoints' own "
+               "identity decides which run continues\n", c->dir);
+        has_log = 0;
+    }
     for (int i = n - 1; i >= 0 && c->step < 0 && has_log >= 0; i--) {
         char why[2 * PATH_LEN];
         if (checkpoint_intact(c->dir, steps[i], why, sizeof(why))) {
@@ -926,8 +935,12 @@ static void run_dir_prepare(const char *dir, int rank, int resume_step, int over
 static void log_keep_lines(const char *path, int resume_step) {
     char tmp[PATH_LEN + 8];
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    int in = open(path, O_RDONLY | O_NOFOLLOW);
+    int in = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK);
+    struct stat st;
     if (in < 0) { if (errno == ENOENT) { return; } fail("cannot open '%s': %s", path, open_error()); }
+    if (fstat(in, &st) != 0 || !S_ISREG(st.st_mode)) {   // (before the temporary file: none is left behind)
+        fail("'%s' is not a regular file: move it out of the way to resume", path);
+    }
     FILE *r = fdopen(in, "r");
     int out = create_file(tmp);
     if (r == NULL || out < 0) { fail("cannot create '%s': %s", tmp, strerror(errno)); }
@@ -939,8 +952,8 @@ static void log_keep_lines(const char *path, int resume_step) {
         if (write_all(out, line, n) != 0) { fail("cannot write '%s' (disk full?)", tmp); }
     }
     fclose(r);
-    if (fsync(out) != 0 || close(out) != 0) { fail("cannot write '%s' (disk full?)", tmp); }
-    if (rename(tmp, path) != 0) { fail("cannot rename '%s' to '%s'", tmp, path); }
+    if (fsync(out) != 0 || close(out) != 0) { unlink(tmp); fail("cannot write '%s' (disk full?)", tmp); }
+    if (rename(tmp, path) != 0) { int e = errno; unlink(tmp); fail("cannot rename '%s' to '%s': %s", tmp, path, strerror(e)); }
 }
 
 static void log_printf(int fd, const char *fmt, ...) {

@@ -512,8 +512,11 @@ static int descriptor_keys(char *buf, const char *const *keys, GPT2Config *c, un
         int zero_ok = key == DK_S || key >= DK_TIED;
         if (*end != '\0' || !(v >= (zero_ok ? 0 : 1e-30)) || v > (fields[key] ? 1 << 20 : 1e12) ||
             (fields[key] && v != (int)v)) {
-            snprintf(why, n, "%s=%s: expected a %s number", keys[key], eq + 1,
-                     fields[key] ? (zero_ok ? "whole, non-negative" : "whole, positive") : "positive");
+            if (fields[key]) {
+                snprintf(why, n, "%s=%s: expected a whole number from %d to %d", keys[key], eq + 1, zero_ok ? 0 : 1, 1 << 20);
+            } else {
+                snprintf(why, n, "%s=%s: expected a positive number from 1e-30 to 1e12", keys[key], eq + 1);
+            }
             return -1;
         }
         if (fields[key]) { *fields[key] = (int)v; } else if (key == DK_THETA) { *theta = v; } else { *eps = v; }

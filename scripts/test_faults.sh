@@ -120,7 +120,7 @@ holder=$!
 for i in $(seq 1 100); do [ -f "$W/lock/main.log" ] && break; sleep 0.05; done
 "$BIN/train_gpt" "${COMMON[@]}" -x 2 -o "$W/lock" >"$W/lock2.log" 2>&1
 rc=$?
-[ $rc = 1 ] && grep -q "^error: -o '.*lock' is in use by another run (pid $holder on " "$W/lock2.log"
+[ $rc = 1 ] && grep -qE "^error: -o '.*lock' is in use by another run \(pid $holder on .* since 20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9:]{8} UTC\)" "$W/lock2.log"
 say $? "a second run on a busy -o: $(grep -m1 '^error' "$W/lock2.log" | cut -c1-100)..."
 kill -9 $holder; wait $holder 2>/dev/null
 "$BIN/train_gpt" "${COMMON[@]}" -x 2 -o "$W/lock" >/dev/null 2>&1

@@ -10,6 +10,7 @@
 need_py safetensors torch
 HF="$PY dev/hf.py"
 W="$W/py_inputs"   # made afresh: the cases below plant files and links at fixed names
+chattr -R -i "$W" 2>/dev/null   # (an undeletable file of an earlier run's check, below)
 rm -rf "$W" && mkdir -p "$W"
 
 # tiny models (ours), a GPT-2 directory exported from one, and every bad input made from it
@@ -207,4 +208,65 @@ for how in "-- -x" "--prompt=-x"; do
     rc=$?
     out=$(head -n 1 "$W/dash.log" | tr -cd '[:print:]' | head -c 40)
     say $rc "sample.py: the prompt '-x' given as '$how' is continued: $out"
+done
+
+# 10. reliability, fourth round: overlapping tensors; special files read without bound; a failed export keeps
+#     the previous one whole; broken tokenizer directories named by file and problem
+$PY - "$W" <<'PYEOF'
+import json, os, shutil, sys
+W = sys.argv[1]
+st = open(f"{W}/base/model.safetensors", "rb").read()
+n = int.from_bytes(st[:8], "little")
+h = json.loads(st[8:8 + n])
+names = sorted((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"][0])
+a, b = names[0], names[1]   # b's range moved inside a's (a is the larger: the wte)
+size = h[b]["data_offsets"][1] - h[b]["data_offsets"][0]
+h[b]["data_offsets"] = [h[a]["data_offsets"][0], h[a]["data_offsets"][0] + size]
+hb = json.dumps(h).encode()
+os.makedirs(f"{W}/overlap")
+shutil.copy(f"{W}/base/config.json", f"{W}/overlap/config.json")
+open(f"{W}/overlap/model.safetensors", "wb").write(len(hb).to_bytes(8, "little") + hb + st[8 + n:])
+PYEOF
+refused "a safetensors file whose tensors overlap (one's data_offsets inside another's): safetensors refuses it" \
+    "data_offsets must not overlap" $HF import "$W/overlap" "$W/out.bin"
+mkdir -p "$W/zero" "$W/fifo"
+cp "$W/base/config.json" "$W/zero/config.json"; ln -s /dev/zero "$W/zero/model.safetensors"
+cp "$W/base/model.safetensors" "$W/fifo/model.safetensors"; mkfifo "$W/fifo/config.json"
+refused "model.safetensors a link to /dev/zero: refused at once, not read without end" "not a regular file" \
+    timeout 20 $HF import "$W/zero" "$W/out.bin"
+refused "config.json a FIFO: refused at once, no hang" "not a regular file" timeout 20 $HF import "$W/fifo" "$W/out.bin"
+# an export that cannot replace the previous one leaves it whole: a directory named model.safetensors in it is
+# not a file an export writes (refused before anything is touched); an undeletable file (chattr +i, where the file
+# system has it) is swapped out with its directory, never half deleted
+$HF export "$W/m300.bin" "$W/prev" >/dev/null 2>&1 && cp "$W/prev/config.json" "$W/prev_config.json"
+rm "$W/prev/model.safetensors" && mkdir "$W/prev/model.safetensors"
+$HF export "$W/m257.bin" "$W/prev" >"$W/prev.log" 2>&1
+[ $? != 0 ] && one_line "$W/prev.log" "model.safetensors" && cmp -s "$W/prev/config.json" "$W/prev_config.json" \
+    && [ -d "$W/prev/model.safetensors" ]
+say $? "export over a previous one holding a directory model.safetensors: refused, config.json still there: $(cat "$W/prev.log")"
+$HF export "$W/m300.bin" "$W/immut" >/dev/null 2>&1
+if chattr +i "$W/immut/model.safetensors" 2>/dev/null; then
+    $HF export "$W/m257.bin" "$W/immut" >"$W/immut.log" 2>&1
+    aside=$(ls -A "$W" | grep '^\.immut\.old\.' | head -n 1)
+    grep -q '"vocab_size": 257' "$W/immut/config.json" && [ -n "$aside" ] && [ -f "$W/$aside/model.safetensors" ] \
+        && grep -q "note: the previous export, moved to .*$aside, could not be removed" "$W/immut.log"
+    say $? "export over a previous one with an undeletable model.safetensors: the new export in place, the old one swapped out whole (what could not be removed of it stays aside), and said"
+    [ -n "$aside" ] && chattr -i "$W/$aside/model.safetensors" 2>/dev/null && rm -rf "${W:?}/${aside:?}"
+    chattr -i "$W/immut/model.safetensors" 2>/dev/null
+else
+    say 0 "(chattr +i is not available on this file system: the undeletable-file case is covered by the directory case above)"
+fi
+# tokenizer directories: tokenizer.json invalid, empty, missing, a link to a special file
+for t in invalid empty missing special; do
+    mkdir -p "$W/tok_$t"
+    echo '{"model_max_length": 64}' >"$W/tok_$t/tokenizer_config.json"
+done
+echo '{"model": ' >"$W/tok_invalid/tokenizer.json"; : >"$W/tok_empty/tokenizer.json"; ln -s /dev/zero "$W/tok_special/tokenizer.json"
+S="$PY dev/sample.py --bin $BIN/train_gpt"
+for t in invalid empty missing special; do
+    want=$(case $t in invalid) echo "tokenizer.json: not valid JSON";; empty) echo "tokenizer.json: empty";;
+           missing) echo "no tokenizer.json";; special) echo "tokenizer.json: not a regular file";; esac)
+    refused "sample.py --tokenizer with tokenizer.json $t" "$want" timeout 20 $S "hi" -e "$W/m300.bin" -g 2 --tokenizer "$W/tok_$t"
+    refused "tinyshakespeare.py --tokenizer with tokenizer.json $t" "$want" timeout 20 $PY dev/data/tinyshakespeare.py \
+        --input dev/data/tinyshakespeare.py --out "$W/tok_out" --tokenizer "$W/tok_$t"
 done

@@ -156,6 +156,17 @@ d="$W/frag"; copy_ref "$d"; printf 's:3' >>"$d/main.log"
 "$TG" "${COMMON[@]}" -x 9 -n 3 -y 1 -o "$d" >/dev/null 2>&1
 diff <(trl "$W/ref9") <(trl "$d") >/dev/null
 say $? "a fragment 's:3' at the end of main.log: dropped on resume, the log equals the uninterrupted run's"
+# a main.log without its run:ID line (cut, or an older version's) records no run: the checkpoints' own identity
+# decides, said in a note (it used to block the resume, blaming "another run")
+d="$W/norun"; copy_ref "$d"; sed -i '/^run:/d' "$d/main.log"
+"$TG" "${COMMON[@]}" -x 9 -n 3 -y 1 -o "$d" >"$d.log" 2>&1
+[ $? = 0 ] && grep -q "^note: .*main.log' has no run:ID line" "$d.log" && diff <(trl "$W/ref9" | grep -v '^run:') <(trl "$d") >/dev/null
+say $? "main.log without its run: line: the resume continues (the checkpoints' identity decides), the log the uninterrupted run's: $(grep -m1 '^note: .*run:ID' "$d.log" | cut -c1-80)..."
+# a main.log that is a directory: a resume refuses it in one line and leaves no main.log.tmp behind
+d="$W/logdir"; copy_ref "$d"; rm -f "$d/main.log"; mkdir "$d/main.log"
+"$TG" "${COMMON[@]}" -x 9 -n 3 -y 1 -o "$d" >"$d.log" 2>&1
+[ $? = 1 ] && grep -q "^error: '.*main.log' is not a regular file" "$d.log" && [ ! -e "$d/main.log.tmp" ]
+say $? "a main.log that is a directory: refused in one line, no main.log.tmp left: $(grep -m1 '^error' "$d.log" | cut -c1-100)"
 # 7. links planted in -o are never followed: .lock refused; main.log, temporary files and DONE replaced
 echo "precious" >"$W/victim"
 d="$W/links"; rm -rf "$d"; mkdir -p "$d"; ln -s "$W/victim" "$d/.lock"

@@ -38,6 +38,9 @@ import struct
 import sys
 from array import array
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cli import check_tokenizer_dir, fail  # noqa: E402  (dev/cli.py: one line "error: ..." on bad input)
+
 try:
     import numpy as np
 except ImportError:
@@ -142,18 +145,19 @@ class HFTokenizer:
         try:
             import transformers
         except ImportError:
-            sys.exit("--tokenizer DIR needs transformers (bash scripts/setup.sh installs it into .venv)")
+            fail("--tokenizer DIR needs transformers (bash scripts/setup.sh installs it into .venv)")
         transformers.logging.set_verbosity_error()
         if not os.path.isdir(d):
-            sys.exit(f"--tokenizer {d}: expected auto, gpt2, byte or a Hugging Face tokenizer directory")
+            fail(f"--tokenizer {d}: expected auto, gpt2, byte or a Hugging Face tokenizer directory")
+        check_tokenizer_dir(d)
         try:
             self.tok = transformers.AutoTokenizer.from_pretrained(d, local_files_only=True)
         except Exception as e:   # no tokenizer files, a broken one: whatever transformers raises
             why = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-            sys.exit(f"--tokenizer {d}: AutoTokenizer cannot load it (tokenizer.json, tokenizer_config.json?): {why}")
+            fail(f"--tokenizer {d}: AutoTokenizer cannot load it (tokenizer.json, tokenizer_config.json?): {why}")
         eot = self.tok.bos_token_id if self.tok.bos_token_id is not None else self.tok.eos_token_id
         if eot is None:
-            sys.exit(f"--tokenizer {d}: the tokenizer has neither a BOS nor an EOS token to start documents with")
+            fail(f"--tokenizer {d}: the tokenizer has neither a BOS nor an EOS token to start documents with")
         self.eot, self.vocab_size = eot, len(self.tok)
         self.source = f"{type(self.tok).__name__} from {d}"
 
