@@ -166,6 +166,41 @@ static void grid_warn_spanning(Grid *grid, int node) {
     }
 }
 
+// Rank 0 prints where every rank runs: per host, its ranks and their node-local ranks (the GPU each one takes), as
+// "hosts: a ranks 0-7 (local 0-7); b ranks 8-15 (local 0-7)" (a run of consecutive ranks with consecutive local
+// ranks is one range), so a hostfile or Slurm placement can be checked against the layout's order.
+static void grid_print_hosts(int rank, int world, int local_rank) {
+    typedef struct { char host[64]; int local; } Where;
+    Where me, *all = rank == 0 ? (Where *)calloc(world, sizeof(Where)) : NULL;
+    memset(&me, 0, sizeof(me));
+    gethostname(me.host, sizeof(me.host) - 1);
+    me.local = local_rank;
+    MPI_Gather(&me, (int)sizeof(me), MPI_BYTE, all, (int)sizeof(me), MPI_BYTE, 0, MPI_COMM_WORLD);
+    if (rank != 0) { return; }
+    printf("hosts:");
+    int *said = (int *)calloc(world, sizeof(int));
+    for (int r = 0, nh = 0; all && said && r < world; r++) {
+        if (said[r]) { continue; }
+        int n = 0;
+        for (int i = r; i < world; i++) { n += !strcmp(all[i].host, all[r].host); }
+        printf("%s %s rank%s ", nh++ ? ";" : "", all[r].host, n > 1 ? "s" : "");
+        for (int i = r, first = 1; i < world; i++) {
+            if (said[i] || strcmp(all[i].host, all[r].host) != 0) { continue; }
+            int j = i;   // a run: consecutive ranks on this host with consecutive local ranks
+            while (j + 1 < world && !strcmp(all[j + 1].host, all[r].host) && all[j + 1].local == all[j].local + 1) { j++; }
+            for (int k = i; k <= j; k++) { said[k] = 1; }
+            if (j > i) { printf("%s%d-%d (local %d-%d)", first ? "" : ", ", i, j, all[i].local, all[j].local); }
+            else { printf("%s%d (local %d)", first ? "" : ", ", i, all[i].local); }
+            first = 0;
+            i = j;
+        }
+    }
+    printf("\n");
+    fflush(stdout);
+    free(said);
+    free(all);
+}
+
 // Builds every group of the grid. Call after the sizes were validated (args.h's validate_layout).
 static void grid_init(Grid *grid, int tp, int cp, int pp, int ep) {
     MPI_Comm_size(MPI_COMM_WORLD, &grid->world_size);
@@ -176,6 +211,7 @@ static void grid_init(Grid *grid, int tp, int cp, int pp, int ep) {
     int node = grid->rank;   // this rank's node: the lowest world rank of those that share its memory
     MPI_Allreduce(MPI_IN_PLACE, &node, 1, MPI_INT, MPI_MIN, local);
     MPI_Comm_free(&local);
+    grid_print_hosts(grid->rank, grid->world_size, grid->local_rank);
     int r = grid->rank;
     grid->tp = tp; grid->cp = cp; grid->pp = pp; grid->dp = grid->world_size / (tp * cp * pp); grid->ep = ep;
     grid->tp_rank = r % tp;

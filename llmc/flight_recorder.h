@@ -252,7 +252,9 @@ static void flight_start(int rank, int world, double timeout) {
     h.started = flight_clock();
     h.timeout = timeout;
     h.now = (FlightContext){-1, -1, FL_LAYER_NONE, PH_SETUP};
-    const char *tmp = getenv("TMPDIR"), *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    const char *tmp = getenv("TMPDIR"), *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");   // (the node's first rank sweeps)
+    if (local == NULL) { local = getenv("SLURM_LOCALID"); }      // srun
+    if (local == NULL) { local = getenv("MPI_LOCALRANKID"); }    // MPICH's Hydra
     if (tmp == NULL || !*tmp) { tmp = "/tmp"; }
     int fits = snprintf(flight.job_dir, sizeof(flight.job_dir), "%s/llmc-flight-%s", tmp, h.job) < 4096;
     if (fits && (local == NULL || atoi(local) == 0)) { flight_sweep(tmp, flight.job_dir, h.host); }

@@ -128,7 +128,9 @@ static void watchdog_start(int argc, char **argv) {
     }
     const char *r = getenv("OMPI_COMM_WORLD_RANK"), *w = getenv("OMPI_COMM_WORLD_SIZE");
     if (r == NULL) { r = getenv("PMIX_RANK"); }
+    if (r == NULL) { r = getenv("SLURM_PROCID"); }   // (srun)
     if (w == NULL) { w = getenv("PMI_SIZE"); }
+    if (w == NULL) { w = getenv("SLURM_NTASKS"); }
     watch_rank = r ? atoi(r) : -1;
     flight_start(watch_rank, w ? atoi(w) : 1, watch_timeout);
     if (watch_timeout <= 0.0) { return; }

