@@ -47,6 +47,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/layout_search.h"     // defines: --plan's report and levers, the memory check, plan_search
 #include "llmc/calibrate.h"         // defines: calibrate: this machine's rates for the cost model (--machine)
 #include "llmc/report.h"            // defines: the step line, the first step's reports, the times at the end
+#include "llmc/hellaswag.h"         // defines: HellaSwag (llm.c's eval file) and its rows
 #include "llmc/sampler.h"           // defines: Sampler, sample_token (temperature, top-k)
 
 // ----------------------------------------------------------------------------
@@ -430,8 +431,8 @@ static size_t wgrads_layout(const GPT2 *m, int moe, floatX *q, float *qf, WGrads
 
 // Allocates the activations for micro-batches of (B, T), `accum` of them per step, with the pipeline
 // schedule's number of (micro-batch, model chunk) pairs alive at once, and a CE chunk of `chunk` tokens
-// (0: all). MoE dispatch buffers are sized for the capacity factor, or dropless when the run samples
-// (moe_dropless).
+// (0: all). MoE dispatch buffers are sized for the capacity factor, or dropless when the run samples or scores
+// HellaSwag (moe_dropless).
 static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, PipeSchedule schedule,
                                    int moe_dropless) {
     const GPT2Config *c = &m->config;
@@ -1075,6 +1076,77 @@ static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
 }
 
 // ----------------------------------------------------------------------------
+// HellaSwag (llmc/hellaswag.h): each example's 4 rows (context + completion) through a forward, each completion
+// scored by the mean loss of its tokens, the lowest predicted (the first on a tie). Example e goes to dp rank
+// e % dp; a rank's rows fill its micro-batches in order (B need not divide 4), and every rank runs the same number
+// of forwards (padding rows are masked). The last stage's ranks hold each local token's loss (tp ranks alike: tp
+// rank 0 counts); a cp rank holds its chunks' positions, so the row sums are added over cp. MoE layers run
+// dropless, as when sampling: the padding would take capacity. Returns (correct, examples, contexts cut) summed.
+
+// Adds this rank's per-token losses of the batch (the forward and head have run) into sums (B rows): masked.
+static void hellaswag_add_losses(GPT2 *m, const int *mask, double *sums, float *host) {
+    int T = m->T, Tg = T * m->grid->cp;
+    copy_to_host(host, m->ws.losses, sizeof(float) * m->BT);
+    for (int b = 0; b < m->B; b++) {
+        for (int t = 0; t < T; t++) {
+            int p = seq_pos(m->seqpos, t);
+            if (mask[(size_t)b * Tg + p]) { sums[b] += host[(size_t)b * T + t]; }
+        }
+    }
+}
+
+static void gpt2_hellaswag(GPT2 *m, const HellaSwag *hs, int counts[3]) {
+    Grid *g = m->grid;
+    int B = m->B, Tg = m->T * g->cp, per = ceil_div(hs->n, g->dp), nb = ceil_div(HS_ENDINGS * per, B);
+    int cap = m->moe.cap, padded = m->moe.padded, counting = m->last && g->tp_rank == 0;
+    m->moe.cap = Tg;   // (dropless: the counted dispatch)
+    m->moe.padded = 0;
+    int *in = (int *)malloc_check(sizeof(int) * 3 * B * Tg), *tg = in + B * Tg, *mask = tg + B * Tg;
+    double *score = (double *)calloc_check((size_t)nb * B, sizeof(double));   // each row's masked loss sum
+    int *ntok = (int *)calloc_check((size_t)nb * B, sizeof(int));
+    float *host = (float *)malloc_check(sizeof(float) * m->BT);
+    counts[0] = counts[1] = counts[2] = 0;
+    flight_at(PH_EVAL, 0, FL_LAYER_EMBEDDING);
+    for (int k = 0; k < nb; k++) {
+        for (int b = 0; b < B; b++) {   // row j of this rank: its (j / 4)-th example, completion j % 4
+            int j = k * B + b, e = g->dp_rank + g->dp * (j / HS_ENDINGS);
+            int *x = in + (size_t)b * Tg, *y = tg + (size_t)b * Tg, *mk = mask + (size_t)b * Tg;
+            if (j < HS_ENDINGS * per && e < hs->n) {
+                int cut = hellaswag_row(hs, e, j % HS_ENDINGS, Tg, x, y, mk);
+                counts[2] += cut && j % HS_ENDINGS == 0 && counting && g->cp_rank == 0;
+            } else {
+                memset(x, 0, sizeof(int) * Tg); memset(y, 0, sizeof(int) * Tg); memset(mk, 0, sizeof(int) * Tg);
+            }
+            for (int t = 0; t < Tg; t++) { ntok[j] += mk[t]; }
+        }
+        gpt2_forward_pipeline(m, in, tg);
+        if (m->last) {
+            gpt2_head(m, chunk_acts(m, m->vpp - 1, 0), 0.0f, 0, 0);
+            if (counting) { hellaswag_add_losses(m, mask, score + (size_t)k * B, host); }
+        }
+    }
+    if (counting && g->cp > 1) {   // (each cp rank summed its positions)
+        comm_host_all_reduce(&g->cp_group, score, (size_t)nb * B, DT_DOUBLE, HOST_SUM, "all-reduce (hellaswag)");
+    }
+    for (int i = 0; counting && g->cp_rank == 0 && i < per; i++) {
+        int e = g->dp_rank + g->dp * i, best = 0;
+        if (e >= hs->n) { break; }
+        double mean[HS_ENDINGS];
+        for (int c = 0; c < HS_ENDINGS; c++) {
+            int j = HS_ENDINGS * i + c;
+            mean[c] = ntok[j] > 0 ? score[j] / ntok[j] : INFINITY;
+            if (mean[c] < mean[best]) { best = c; }
+        }
+        counts[0] += best == hs->label[e];
+        counts[1]++;
+    }
+    comm_host_all_reduce(&g->world, counts, 3, DT_INT, HOST_SUM, "all-reduce (hellaswag)");
+    m->moe.cap = cap;
+    m->moe.padded = padded;
+    free(in); free(score); free(ntok); free(host);
+}
+
+// ----------------------------------------------------------------------------
 // sampling
 
 // The logits of sequence position pos of the window (row 0), on the last stage's cp rank that holds it, into
@@ -1336,6 +1408,7 @@ typedef struct {
     int accum, max_steps, start_step, saved;   // saved: the step of the newest checkpoint this run wrote (-1: none)
     DataLoader train_loader, val_loader;
     int have_val;
+    HellaSwag hellaswag;       // --hellaswag's examples (n 0: none)
     Tokenizer tokenizer;
     int eot;
     LRScheduler sched;
@@ -1382,6 +1455,7 @@ static void run_setup(Run *r) {
     r->prompt = sampler_prompt(a->prompt, a->prompt_ids, r->config.vocab_size, rank, &r->nprompt);
     // (checked before anything is written)
     r->have_val = data_setup(a, r->config.vocab_size, &r->grid, &r->train_loader, &r->val_loader, &r->tokenizer);
+    if (a->hellaswag) { hellaswag_load(&r->hellaswag, a->hellaswag, r->config.vocab_size); }
     run_agree_on_inputs(r, params);
     if (a->output_dir) {
         check_output_dir(a->output_dir, rank);
@@ -1468,6 +1542,21 @@ static void run_validate(Run *r, int step) {
     }
 }
 
+// HellaSwag's accuracy with the model of `step`: "HellaSwag: C/N = acc", and "s:STEP eval:ACC" in main.log.
+static void run_hellaswag(Run *r, int step) {
+    static int said_cut = 0;
+    int counts[3];
+    gpt2_hellaswag(&r->model, &r->hellaswag, counts);
+    if (r->rank != 0) { return; }
+    if (counts[2] && !said_cut) {
+        printf("HellaSwag: %d of %d examples longer than -t %d tokens: their contexts cut from the left\n", counts[2],
+               counts[1], r->model.T * r->grid.cp);
+        said_cut = 1;
+    }
+    printf("HellaSwag: %d/%d = %f\n", counts[0], counts[1], (double)counts[0] / counts[1]);
+    log_printf(r->logf, "s:%d eval:%.4f\n", step, (double)counts[0] / counts[1]);
+}
+
 static void run_sample(Run *r) {
     gpt2_sample(&r->model, &r->sampler, &r->tokenizer, &r->sample_rng, r->prompt, r->nprompt, r->args.gen_tokens, r->eot,
                 r->ids_note);
@@ -1480,6 +1569,7 @@ static void run_step(Run *r, int step) {
     GPT2 *m = &r->model;
     flight_step(step);
     if (r->have_val && a->val_every > 0 && step % a->val_every == 0) { run_validate(r, step); }
+    if (r->hellaswag.n && a->val_every > 0 && step > 0 && step % a->val_every == 0) { run_hellaswag(r, step); }
     if (a->sample_every > 0 && step > 0 && step % a->sample_every == 0) { run_sample(r); }
     if (test_hook_alloc_at_step(step)) { mem_alloc(256, MEM_WORKSPACE); }
     comm_reset_counters(&r->grid);
@@ -1562,6 +1652,7 @@ static void run_finish(Run *r, int stopped) {
                             r->max_steps);
         }
         if (r->have_val && a->val_every > 0) { run_validate(r, r->max_steps); }
+        if (r->hellaswag.n) { run_hellaswag(r, r->max_steps); }
         if (r->sampling) { run_sample(r); }
     }
     checkpoint_wait();

@@ -1,8 +1,9 @@
 """
 Plots train and validation loss from train_gpt's (or llm.c's) main.log files, one colour per run.
 
-main.log lines: "s:STEP trl:LOSS" (train loss of step STEP) and "s:STEP tel:LOSS" (validation loss
-before step STEP); any other line is skipped. A resumed run appends to its log: for a step logged
+main.log lines: "s:STEP trl:LOSS" (train loss of step STEP), "s:STEP tel:LOSS" (validation loss
+before step STEP) and "s:STEP eval:ACC" (HellaSwag's accuracy, --hellaswag: drawn in a second panel, as llm.c's
+plot does); any other line is skipped. A resumed run appends to its log: for a step logged
 twice the later line wins.
 
   .venv/bin/python dev/plot.py out/tinyshakespeare/main.log -o loss.png
@@ -24,21 +25,19 @@ import os
 import re
 import sys
 
-LINE = re.compile(r"^s:(\d+) (trl|tel):([-+0-9.eE]+|nan|inf)\s*$")
+LINE = re.compile(r"^s:(\d+) (trl|tel|eval):([-+0-9.eE]+|nan|inf)\s*$")
 LOAD = re.compile(r"^s:(\d+) moe(\d+):.* load ([0-9,]+)\s*$")
 
 
 def read_log(path):
-    """Returns ({step: train loss}, {step: val loss}) of one main.log."""
-    train, val = {}, {}
+    """Returns ({step: train loss}, {step: val loss}, {step: HellaSwag accuracy}) of one main.log."""
+    logs = {"trl": {}, "tel": {}, "eval": {}}
     with open(path) as f:
         for line in f:
             m = LINE.match(line)
-            if not m:
-                continue
-            step, kind, value = int(m.group(1)), m.group(2), float(m.group(3))
-            (train if kind == "trl" else val)[step] = value
-    return train, val
+            if m:
+                logs[m.group(2)][int(m.group(1))] = float(m.group(3))
+    return logs["trl"], logs["tel"], logs["eval"]
 
 
 def read_moe_load(path):
@@ -131,10 +130,18 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    logs = [read_log(path) for path in a.logs]
+    evals = any(e for _, _, e in logs)
+    fig, axes = plt.subplots(1, 2 if evals else 1, figsize=(12 if evals else 7, 4.2), dpi=100, squeeze=False)
+    ax = axes[0, 0]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (path, label) in enumerate(zip(a.logs, labels)):
-        train, val = read_log(path)
+        train, val, ev = logs[i]
+        if ev:
+            steps = sorted(ev)
+            axes[0, 1].plot([s * (tps[i] if tps else 1.0) for s in steps], [ev[s] for s in steps],
+                            color=colors[i % len(colors)], lw=2.0, marker="o", ms=4, label=label)
+            print(f"{label}: {len(ev)} HellaSwag points; last {ev[max(ev)]:.4f}")
         if not train and not val:
             print(f"warning: {path} has no 's:STEP trl:' or 's:STEP tel:' lines", file=sys.stderr)
             continue
@@ -160,6 +167,11 @@ def main():
         ax.set_title(a.title)
     ax.grid(True, alpha=0.3)
     ax.legend()
+    if evals:
+        axes[0, 1].set_xlabel("tokens" if tps else "step")
+        axes[0, 1].set_ylabel("HellaSwag accuracy (acc_norm)")
+        axes[0, 1].grid(True, alpha=0.3)
+        axes[0, 1].legend()
     fig.tight_layout()
     fig.savefig(a.out)
     print(f"wrote {a.out}")

@@ -49,6 +49,7 @@ typedef struct {
     const char *machine;         // --machine FILE: the cost model's rates (key=value; NULL: the defaults)
     const char *calibrate;       // --calibrate FILE: measure this machine's rates into FILE, and exit
     const char *scheduler, *pp_schedule, *drop_policy, *trace_dir;
+    const char *hellaswag;       // --hellaswag FILE: llm.c's HellaSwag eval file (NULL: none)
     const char *pp_layers;   // --pp-layers: NULL (even), "auto" or "5,7"
     unsigned int seed;
     int keep_newest, keep_every;   // -nk, -nm: checkpoint retention (0: keep them all)
@@ -239,6 +240,9 @@ static const Flag FLAGS[] = {
         "loss-free load balancing: each step an overloaded expert's routing bias -U, an underloaded one's +U "
         "(DeepSeek-V3; try 0.001), 0 off (0)"},
     {"--trace", 0, F_DIR, ARG(trace_dir), 0, 0, 0, "DIR", "a Chrome trace per rank (dev/trace.py merges them)"},
+    {"--hellaswag", 0, F_STRING, ARG(hellaswag), 0, 0, 0, "FILE",
+        "HellaSwag's accuracy (llm.c's acc_norm) on this eval file (dev/data/hellaswag.py) at every -v step after 0 and "
+        "at the end (none)"},
     {"--comm-streams", 0, F_INT, ARG(comm_streams), 0, 1, 0, "0|1",
         "CUDA: 1 runs every group's NCCL calls on one stream, in program order (a fallback: no overlap between "
         "groups, no order between communicators to get wrong); 0 a stream per group (0; the CPU build: no effect)"},
@@ -359,6 +363,11 @@ static int flag_given(const Args *a, const char *name) {
 static void parse_args(int argc, char **argv, Args *a) {
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
+        if (!strcmp(f, "-h") && i + 1 < argc && (!strcmp(argv[i + 1], "0") || !strcmp(argv[i + 1], "1"))) {
+            arg_fail("-h %s is llm.c's HellaSwag switch; here -h is the help: give the eval file with --hellaswag FILE "
+                     "(dev/data/hellaswag.py writes it)", argv[++i]);
+            continue;
+        }
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { a->help = 1; continue; }
         int known = -1;
         for (int k = 0; k < NUM_FLAGS; k++) {
@@ -667,7 +676,7 @@ typedef struct {
     int B, T;                 // a micro-batch: sequences, and the tokens of each this rank holds (T/cp)
     int ce_chunk, accum;      // tokens per cross-entropy chunk; micro-batches per step
     PipeSchedule schedule;
-    int moe_dropless;         // the MoE buffers sized for dropless routing (the run samples)
+    int moe_dropless;         // the MoE buffers sized for dropless routing (the run samples, or scores HellaSwag)
     int cp_u;                 // cp's all-to-all group size (cp_ulysses_degree: 1 the ring)
 } ModelOptions;
 
@@ -675,7 +684,7 @@ static ModelOptions model_options(const Args *a, MoEOptions moe, int dp) {
     const char *schedule = test_hook_pp_schedule() ? test_hook_pp_schedule() : a->pp_schedule;   // (a test hook's)
     ModelOptions o = {a->vpp, a->zero, a->sp, a->pp_layers, moe, recompute_mode(a->recompute), a->overlap, a->B, a->T / a->cp,
                       a->ce_chunk,
-                      a->total_batch / (a->B * a->T * dp), pipe_schedule(schedule), args_samples(a),
+                      a->total_batch / (a->B * a->T * dp), pipe_schedule(schedule), args_samples(a) || a->hellaswag,
                       cp_ulysses_degree(a)};
     return o;
 }

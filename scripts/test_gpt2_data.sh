@@ -8,6 +8,8 @@
 #    byte counts, index, label, the tokens of ctx and of " " + each ending); with --tokenizer DIR the context
 #    starts with the tokenizer's BOS; tokens past 65,534 give version 2 (uint32 fields); bad inputs one line.
 #  - many nodes' first line: at np 4 rank 0 prints every rank's host and node-local rank.
+#  - --hellaswag: the count = transformers' acc_norm on the exported model, in one process and 4 layouts; the
+#    evaluations in main.log and the plot; bad eval files; DRY=1 scripts/run_gpt2_124M.sh under a minute.
 # Usage: bash scripts/test_gpt2_data.sh BIN_DIR WORK_DIR   (prints "ok ..." / "FAIL ..." lines)
 . "$(dirname "$0")/test_lib.sh"
 need_py pyarrow tiktoken transformers
@@ -62,6 +64,11 @@ rc=$?
 n=$(grep -c '"file"' "$W/kill/fineweb_manifest.json")
 $FW --input "$W/in" --out "$W/kill" --shard-size $S --workers 2 >/dev/null 2>&1 && diff -r "$W/one" "$W/kill" >/dev/null && [ $rc = 137 ] && [ "$n" = 3 ]
 say $? "fineweb.py killed (SIGKILL, exit $rc) after shard 3's file and before its manifest entry ($n recorded): the rerun writes the same files"
+{ FINEWEB_TEST_KILL=mid:2 $FW --input "$W/in" --out "$W/kill3" --shard-size $S --workers 2 >/dev/null 2>&1; } 2>/dev/null
+rc=$?
+n=$(grep -c '"file"' "$W/kill3/fineweb_manifest.json")
+$FW --input "$W/in" --out "$W/kill3" --shard-size $S --workers 2 >/dev/null 2>&1 && diff -r "$W/one" "$W/kill3" >/dev/null && [ $rc = 137 ] && [ "$n" = 3 ]
+say $? "fineweb.py killed (SIGKILL, exit $rc) halfway through shard 4 ($n recorded): the rerun writes the same files"
 $FW --input "$W/in" --out "$W/kill2" --shard-size 7000 --workers 1 >/dev/null 2>&1
 $FW --input "$W/in" --out "$W/kill2" --shard-size 5000 --workers 1 >"$W/other.log" 2>&1
 [ $? != 0 ] && [ "$(wc -l <"$W/other.log")" = 1 ] && grep -q "^error: .*records other inputs or settings" "$W/other.log"
@@ -163,3 +170,94 @@ done
 $MPIRUN -np 4 "$BIN/train_gpt" -e d1 -b 2 -t 32 -x 1 -v 0 -s 0 >"$W/hosts.log" 2>&1
 [ "$(grep -c '^hosts:' "$W/hosts.log")" = 1 ] && grep -qx "hosts: $(hostname) ranks 0-3 (local 0-3)" "$W/hosts.log"
 say $? "np 4: rank 0 prints every rank's host and local rank: $(grep -m1 '^hosts:' "$W/hosts.log")"
+
+# --hellaswag: a GPT-2 trained here briefly (on the hellaswag examples' own text, so it is better than chance),
+# exported; its count = transformers' acc_norm computed the llm.c way (each completion's mean cross-entropy, the
+# lowest predicted, the first on a tie) on the export, up to examples whose two lowest means are within 1e-4
+# (both sides are fp32 sums of at most 64 token losses of ~10 each: ~1e-6 apart; 1e-4 is 100x that); the same
+# count in one process and at dp 2 (B 3: an example's rows across micro-batches), tp 2 + SP, pp 2, cp 2
+$PY - "$W" <<'PYEOF'
+import json, struct, sys
+sys.path.insert(0, "dev/data")
+from tinyshakespeare import make_tokenizer
+W = sys.argv[1]
+tok = make_tokenizer("gpt2")
+ids = []
+for l in open(f"{W}/hs.jsonl"):
+    e = json.loads(l)
+    ids += [tok.eot] + tok.encode(e["ctx"] + " " + e["endings"][e["label"]])
+ids = (ids * 40)[:40000]
+open(f"{W}/hs_train.bin", "wb").write(struct.pack("<256i", 20240520, 1, len(ids), *([0] * 253)) + struct.pack(f"<{len(ids)}H", *ids))
+PYEOF
+M="L=2,C=64,NH=4,V=50257,maxT=64"
+"$BIN/train_gpt" -e "$M" -i "$W/hs_train.bin" -b 8 -t 64 -x 40 -l 3e-3 -v 0 -s 0 -o "$W/hs_run" >/dev/null 2>&1
+$PY dev/hf.py export "$W/hs_run/model_00000040.bin" "$W/hs_hf" >/dev/null 2>&1
+$PY - "$W" >"$W/hs_ref.log" 2>&1 <<'PYEOF'
+import os, sys
+os.environ["HF_HUB_OFFLINE"] = "1"
+import torch, transformers
+sys.path.insert(0, sys.argv[1])
+from reader import read
+W = sys.argv[1]
+model = transformers.GPT2LMHeadModel.from_pretrained(f"{W}/hs_hf", torch_dtype=torch.float32).eval()
+_, examples = read(f"{W}/hs.bin")
+correct = near = 0
+with torch.no_grad():
+    for _, label, ctx, ends in examples:
+        means = []
+        for e in ends:
+            row = torch.tensor([ctx + e])
+            logits = model(row).logits[0, :-1]
+            losses = torch.nn.functional.cross_entropy(logits, row[0, 1:], reduction="none")
+            means.append(losses[len(ctx) - 1:].mean().item())
+        best = min(range(4), key=lambda c: (means[c], c))
+        s = sorted(means)
+        near += s[1] - s[0] < 1e-4
+        correct += best == label
+print(f"transformers {correct} {len(examples)} {near}")
+PYEOF
+read -r _ hc hn hnear < <(grep '^transformers ' "$W/hs_ref.log")
+for L in "1 -b 4" "2 -b 3" "2 -b 4 --tp 2 --sp" "2 -b 4 --pp 2" "2 -b 4 --cp 2"; do
+    set -- $L; np=$1; shift
+    launch="$MPIRUN -np $np"; [ $np = 1 ] && launch=""
+    $launch "$BIN/train_gpt" -e "$W/hs_run/model_00000040.bin" -x 0 -t 64 -v 0 -s 0 --hellaswag "$W/hs.bin" "$@" >"$W/hs_ours.log" 2>&1
+    ours=$(grep -m1 '^HellaSwag: [0-9]*/' "$W/hs_ours.log")
+    c=$(sed 's|^HellaSwag: \([0-9]*\)/.*|\1|' <<<"$ours")
+    [ -n "$hc" ] && [ -n "$c" ] && awk -v a="$c" -v b="$hc" -v n="$hnear" 'BEGIN { d = a - b; exit !((d < 0 ? -d : d) <= n) }' \
+        && grep -q "^HellaSwag: [0-9]*/$hn = " <<<"$ours"
+    say $? "--hellaswag under ${*}: ${ours:-no line} = transformers' acc_norm on the export, $hc/$hn (near ties: ${hnear:-?})"
+done
+# a MoE model (the trained model upcycled, 4 experts top-2, dropless here as when sampling): ep 2 x pp 2 with ZeRO-3
+# and cp 2 x ep 2 count what one process counts
+MOE=(-e "$W/hs_run/model_00000040.bin" --experts 4 --topk 2 -x 0 -t 64 -v 0 -s 0 --hellaswag "$W/hs.bin")
+one=$("$BIN/train_gpt" "${MOE[@]}" -b 4 2>&1 | grep -m1 '^HellaSwag: [0-9]')
+for L in "-b 2 --ep 2 --pp 2 --zero 3" "-b 4 --cp 2 --ep 2"; do
+    got=$($MPIRUN -np 4 "$BIN/train_gpt" "${MOE[@]}" $L 2>&1 | grep -m1 '^HellaSwag: [0-9]')
+    [ -n "$one" ] && [ "$got" = "$one" ]
+    say $? "--hellaswag on a MoE model under $L: ${got:-no line} = one process's ${one:-none}"
+done
+"$BIN/train_gpt" -e "$W/hs_run/model_00000040.bin" -i "$W/hs_train.bin" -x 4 -v 2 -t 64 -s 0 --hellaswag "$W/hs.bin" -o "$W/hs_log" >/dev/null 2>&1
+[ "$(grep -c '^s:[0-9]* eval:' "$W/hs_log/main.log")" = 2 ] && $PY dev/plot.py "$W/hs_log/main.log" -o "$W/hs_log/plot.png" >/dev/null 2>&1 && [ -s "$W/hs_log/plot.png" ]
+say $? "-v 2 -x 4 --hellaswag: main.log has the evaluations of steps 2 and 4 ($(grep '^s:[0-9]* eval:' "$W/hs_log/main.log" | tr '\n' ' ')), dev/plot.py draws them"
+# bad eval files: truncated, wrong magic, a label out of range, -h 1
+head -c 1500 "$W/hs.bin" >"$W/hs_trunc.bin"
+$PY -c "import sys; b = bytearray(open(sys.argv[1], 'rb').read()); b[0] ^= 1; open(sys.argv[2], 'wb').write(b)" "$W/hs.bin" "$W/hs_magic.bin"
+$PY -c "import sys; b = bytearray(open(sys.argv[1], 'rb').read()); b[1024 + 6] = 7; open(sys.argv[2], 'wb').write(b)" "$W/hs.bin" "$W/hs_lab.bin"
+for c in "trunc:does not fit" "magic:expected 20240522" "lab:label 7"; do
+    n=${c%%:*}; pat=${c#*:}
+    "$BIN/train_gpt" -e "$M" -x 0 -t 64 -v 0 -s 0 --hellaswag "$W/hs_$n.bin" >"$W/hs_bad.log" 2>&1
+    [ $? = 1 ] && [ "$(grep -c '^error' "$W/hs_bad.log")" = 1 ] && grep -q "^error: --hellaswag .*$pat" "$W/hs_bad.log"
+    say $? "--hellaswag on a $n eval file: one line: $(grep -m1 '^error' "$W/hs_bad.log" | cut -c1-150)"
+done
+"$BIN/train_gpt" -h 1 -x 0 >"$W/hs_h1.log" 2>&1
+[ $? = 1 ] && grep -q "^error: -h 1 is llm.c's HellaSwag switch.*--hellaswag FILE" "$W/hs_h1.log"
+say $? "-h 1 (llm.c's spelling): $(grep -m1 '^error' "$W/hs_h1.log" | cut -c1-120)"
+
+# the recipe: DRY=1 runs scripts/run_gpt2_124M.sh on the CPU (a 2-layer model, 6 steps, a small local FineWeb and
+# HellaSwag file made from text); main.log has validation and HellaSwag lines, and the plot is drawn
+t0=$SECONDS
+DRY=1 DRY_BIN="$BIN" DRY_DIR="$W/dry" bash scripts/run_gpt2_124M.sh >"$W/dry.log" 2>&1
+rc=$?
+[ $rc = 0 ] && [ "$(grep -c '^s:[0-9]* tel:' "$W/dry/run/main.log")" -ge 2 ] && [ "$(grep -c '^s:[0-9]* eval:' "$W/dry/run/main.log")" = 2 ] \
+    && [ -s "$W/dry/run/loss.png" ] && [ $((SECONDS - t0)) -lt 60 ]
+say $? "DRY=1 scripts/run_gpt2_124M.sh: exit $rc in $((SECONDS - t0)) s, main.log: $(grep -E '^s:[0-9]+ (tel|eval):' "$W/dry/run/main.log" 2>/dev/null | tr '\n' ' ')and loss.png"

@@ -224,8 +224,10 @@ def main():
     total, docs_before = sum(rows), sum(rows[:fi]) + row
     prog = Progress(total, docs_before)
     buf, tokens_seen, index = array("I"), 0, len(m["shards"])
-    kill_at = int(os.environ.get("FINEWEB_TEST_KILL", "-1"))   # (the test: SIGKILL after that shard's file, before
-                                                                # its manifest entry)
+    # (the test's kill: "N" SIGKILL after shard N's file, before its manifest entry; "mid:N" after its manifest entry,
+    # at the next document, the next shard half made)
+    hook = os.environ.get("FINEWEB_TEST_KILL", "-1")
+    kill_at, kill_mid = (-1, int(hook[4:])) if hook.startswith("mid:") else (int(hook), -1)
     pool = multiprocessing.Pool(a.workers, initializer=_init_worker, initargs=(a.tokenizer,))
 
     def emit(next_pos):
@@ -260,6 +262,8 @@ def main():
                     if done:
                         break
                 buf.extend(ids)
+                if 0 <= kill_mid < index:
+                    os.kill(os.getpid(), signal.SIGKILL)
                 tokens_seen += len(ids)
                 docs += 1
                 prog.show(docs, tokens_seen)
