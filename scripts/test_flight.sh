@@ -78,6 +78,11 @@ verdict "(5) rank 1 stopped (SIGSTOP) at step 3 or later" "$W/stop.log" \
     "^diagnosis: rank 1 (never entered [a-z]+ [a-z-]+ #[0-9]+ .*: it )?is stopped \(process state T"
 [ -n "$waited" ] && grep -q "pending $waited " <<<"$pending"
 say $? "(5) what rank 0 waits in, as the diagnosis names it ($waited), is pending in its ring"
+# afterwards the launcher has ended rank 1 (SIGTERM) and the rings alone would blame MPI: dev/flight.sh prints the
+# line the job printed first (kept in the diagnosing rank's ring), so both name the stopped rank
+bash dev/flight.sh "$W/stop" >"$W/stop.offline" 2>&1
+[ -n "$(diag "$W/stop.log")" ] && [ "$(diag "$W/stop.offline")" = "$(diag "$W/stop.log")" ]
+say $? "(5) dev/flight.sh on the run directory afterwards names the same culprit: $(diag "$W/stop.offline" | cut -c1-120)"
 
 # (6) a rank killed (kill -9) inside an exchange: mpirun ends the job at once, so dev/flight.sh diagnoses from -o
 rm -rf "$W/kill"
@@ -122,7 +127,7 @@ job noout 2 "-x TRAIN_GPT_COMM_FAULT=swap:dp:all-reduce:8:1" -b 2 -x 4
 verdict "(4) without -o (the rings in \$TMPDIR/llmc-flight-JOB)" "$W/noout.log" \
     "^diagnosis: rank 1 never entered dp all-reduce #8 of step 1 .*: it waits in world all-reduce #[0-9]+ of step 1 \(optimizer\), which rank 0 never entered"
 [ "$(ls "$W"/tmp/llmc-flight-*/rank_*.ring 2>/dev/null | wc -l)" = 2 ] \
-    && [ "$(bash dev/flight.sh "$W"/tmp/llmc-flight-* | cut -c1-80)" = "$(diag "$W/noout.log" | cut -c1-80)" ]
+    && [ "$(bash dev/flight.sh "$W"/tmp/llmc-flight-* | head -n 1 | cut -c1-80)" = "$(diag "$W/noout.log" | cut -c1-80)" ]
 say $? "    ... its 2 rings kept in \$TMPDIR/llmc-flight-JOB, where dev/flight.sh prints the same line"
 
 echo "the table (dev/notes/reliability.md):"
