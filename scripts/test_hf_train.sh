@@ -36,9 +36,9 @@ say $? "transformers makes the 8 models as it initialises them (MoE seeds routin
 
 # per step "S LOSS NORM" of a train_gpt log
 steps() { awk '/^step / { split($2, a, "/"); print a[1] - 1, $5, $8 }' "$1"; }
-# compare LOG REF: every step of ours within the bound of transformers' (the header's derivation); prints the worst
+# compare LOG NAME: every step of ours within the bound of transformers' (the header's derivation); prints the worst
 compare() {
-    paste -d' ' <(steps "$1") <(awk '$1 == "step" { print $3, $4, $5, $6, $7 }' "$2") | awk -v n=$N '
+    paste -d' ' <(steps "$1") <(awk -v m="$2" '$1 == "step" && $2 == m { print $4, $5, $6, $7, $8 }' "$W/ref.log") | awk -v n=$N '
         function abs(x) { return x < 0 ? -x : x }
         NF == 8 {
             fl = abs($4 - $5) > fl ? abs($4 - $5) : fl; fn = abs($6 - $7) > fn ? abs($6 - $7) : fn
@@ -63,17 +63,18 @@ CASES=(
     "qwen2_moe 4 -b 1 -d 128 --pp 2 --ep 2"
     "qwen2_moe_norm 2 -b 4 --cp 2 --cp-kind ulysses"
 )
+dirs=""; for c in "${CASES[@]}"; do dirs="$dirs $W/${c%% *}"; done
+$REF train "$W/train.bin" -b 4 -t 32 -n $N --lr $LR --wd $WD --clip $CLIP $dirs >"$W/ref.log" 2>&1   # (one process: all)
 for c in "${CASES[@]}"; do
     set -- $c
     m=$1; np=$2; shift 2
     flags=""; case $m in mixtral|olmoe|qwen2_moe*) flags=$MOE ;; esac
     $HF import "$W/$m" "$W/$m.bin" >"$W/import_$m.log" 2>&1 || { say 1 "$m: import: $(cat "$W/import_$m.log")"; continue; }
-    $REF train "$W/$m" "$W/train.bin" -b 4 -t 32 -n $N --lr $LR --wd $WD --clip $CLIP >"$W/ref_$m.log" 2>&1
     "$BIN/train_gpt" -e "$W/$m.bin" -b 4 $OURS $flags >"$W/one_$m.log" 2>&1
-    r=$(compare "$W/one_$m.log" "$W/ref_$m.log")
+    r=$(compare "$W/one_$m.log" $m)
     say $? "$m trained $N steps in one process = transformers' training (loss and pre-clip norm each step): $r"
     $MPIRUN -np $np "$BIN/train_gpt" -e "$W/$m.bin" $OURS $flags "$@" >"$W/par_$m.log" 2>&1
-    r=$(compare "$W/par_$m.log" "$W/ref_$m.log")
+    r=$(compare "$W/par_$m.log" $m)
     say $? "$m trained $N steps under $* ($np ranks) = transformers' training: $r"
 done
 

@@ -10,13 +10,13 @@ transformers 4.49's model class in fp32 on the CPU, torch.optim.AdamW, the globa
         at every 16th position from the 6th (OLMoE's pad_token_id, and the llama case's), so every batch holds it.
         The MoE cases take the first seed whose routing of every step's batch, in fp32 and in float64, has no
         top-k margin under MIN_MARGIN (hf_moe_ref.py's reasoning: the same experts on both sides).
-    hf_train_ref.py train DIR SHARD -b B -t T -n N --lr LR --wd WD --clip CLIP
+    hf_train_ref.py train SHARD -b B -t T -n N --lr LR --wd WD --clip CLIP DIR...
         N steps of training, step s on the shard's tokens s B T .. (s + 1) B T (+1) as B rows of T (train_gpt's
         batch at one rank, and its global batch in any layout), the loss the mean cross-entropy (no router
         loss); AdamW (betas 0.9 / 0.95, eps 1e-8, weight decay WD on every parameter of two or more dimensions,
         as train_gpt's -c), lr constant, the gradient scaled by CLIP / norm when its norm is over CLIP. Once
-        in fp32 and once in float64 from the same start; per step a line
-        "step S LOSS32 LOSS64 NORM32 NORM64 MARGIN" (the loss before the step's update, the norm before
+        in fp32 and once in float64 from the same start; per DIR (named by its last path component) and step a line
+        "step NAME S LOSS32 LOSS64 NORM32 NORM64 MARGIN" (the loss before the step's update, the norm before
         clipping, the batch's smallest routing margin in fp32, 1 for a dense model).
 """
 import argparse
@@ -164,12 +164,14 @@ def cmd_train(a):
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
     rows = batches(a.shard, a.b, a.t, a.n)
-    model = transformers.AutoModelForCausalLM.from_pretrained(a.dir, torch_dtype=torch.float32,
-                                                              attn_implementation="eager")
-    m64 = copy.deepcopy(model).double()
-    r32, r64 = train(model, rows, a.lr, a.wd, a.clip), train(m64, rows, a.lr, a.wd, a.clip)
-    for s, (x, y) in enumerate(zip(r32, r64)):
-        print(f"step {s} {x[0]:.9f} {y[0]:.12f} {x[1]:.9g} {y[1]:.12g} {x[2]:.3e}")
+    for d in a.dirs:
+        name = os.path.basename(d.rstrip("/"))
+        model = transformers.AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32,
+                                                                  attn_implementation="eager")
+        m64 = copy.deepcopy(model).double()
+        r32, r64 = train(model, rows, a.lr, a.wd, a.clip), train(m64, rows, a.lr, a.wd, a.clip)
+        for s, (x, y) in enumerate(zip(r32, r64)):
+            print(f"step {name} {s} {x[0]:.9f} {y[0]:.12f} {x[1]:.9g} {y[1]:.12g} {x[2]:.3e}")
 
 
 def main():
@@ -178,10 +180,10 @@ def main():
     m = sub.add_parser("make")
     m.add_argument("w")
     t = sub.add_parser("train")
-    t.add_argument("dir")
     t.add_argument("shard")
     for f, typ in (("-b", int), ("-t", int), ("-n", int), ("--lr", float), ("--wd", float), ("--clip", float)):
         t.add_argument(f, type=typ, required=True)
+    t.add_argument("dirs", nargs="+")
     a = ap.parse_args()
     {"make": cmd_make, "train": cmd_train}[a.cmd](a)
 
