@@ -4,8 +4,10 @@
 //   the file: int32 header[256] = {20240522, version, examples, the longest example in bytes}, then per example
 //   <DELIMITER> <EXAMPLE_BYTES> <INDEX> <LABEL> <4> <CONTEXT_LENGTH> context... then 4 x (<LENGTH> completion...);
 //   version 1: uint16 fields, delimiter 65535; version 2 (ours, past 65,535 ids): uint32, delimiter 0xFFFFFFFF.
-//   a row: the context, then completion c, as T + 1 tokens at most (a longer context is cut from the left); the
-//   inputs its first T, the targets its last T; the mask marks the targets that are completion tokens. The score
+//   a row: the context, then completion c, as T + 1 tokens at most: when the context and the example's longest
+//   completion exceed that, the context is cut from the left, alike in the 4 rows (each completion follows the same
+//   context); the inputs are the row's first T tokens, the targets its last T; the mask marks the targets that are
+//   completion tokens. The score
 //   of a completion is the mean cross-entropy of its tokens; the prediction the lowest score, the first on an exact
 //   tie (llm.c's acc_norm).
 #ifndef LLMC_HELLASWAG_H
@@ -89,11 +91,13 @@ static void hellaswag_load(HellaSwag *hs, const char *path, int V) {
 }
 
 // Row (example e, completion c) of T + 1 tokens at most: rows (T) inputs and targets, mask (T) 1 where the target
-// is a completion token, padding 0 after the row (its targets masked). Returns 1 if its context was cut.
+// is a completion token, padding 0 after the row (its targets masked). Returns 1 if the example's context is cut.
 static int hellaswag_row(const HellaSwag *hs, int e, int c, int T, int *inputs, int *targets, int *mask) {
-    int cl = hs->ctx_len[e], el = hs->end_len[e * HS_ENDINGS + c], total = cl + el, cut = total > T + 1 ? total - T - 1 : 0;
-    int n = total - cut;   // tokens in the row: the context's last cl - cut, then the completion
-    if (cut > cl) { cut = cl; n = T + 1 < el ? T + 1 : el; }   // (a completion longer than the row: its first T + 1)
+    int cl = hs->ctx_len[e], el = hs->end_len[e * HS_ENDINGS + c], longest = 0;
+    for (int i = 0; i < HS_ENDINGS; i++) { if (hs->end_len[e * HS_ENDINGS + i] > longest) { longest = hs->end_len[e * HS_ENDINGS + i]; } }
+    int cut = cl + longest > T + 1 ? cl + longest - T - 1 : 0;   // (the same for the example's 4 rows)
+    if (cut > cl) { cut = cl; }   // (a completion longer than the row: no context, its first T + 1 tokens)
+    int n = cl - cut + el < T + 1 ? cl - cut + el : T + 1;   // tokens in the row
     const int *ctx = hs->tok + hs->ctx[e] + cut, *end = hs->tok + hs->end[e * HS_ENDINGS + c];
     int keep = cl - cut;
     for (int t = 0; t < T; t++) {
