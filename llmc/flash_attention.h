@@ -240,8 +240,8 @@ __host__ __device__ inline void flash_row_dot_body(float *D, const floatX *dout,
     for (int c = 0; c < HS; c += 8) {   // 16-byte loads
         int4 u = *(const int4 *)(dy + c), v = *(const int4 *)(y + c);
         floatX a[8], e[8];
-        memcpy(a, &u, 16);   // (memcpy: no aliasing through another type; registers on the GPU)
-        memcpy(e, &v, 16);
+        memcpy((void *)a, &u, 16);   // (memcpy: no aliasing through another type; registers on the GPU)
+        memcpy((void *)e, &v, 16);
         for (int k = 0; k < 8; k++) { d += (float)a[k] * (float)e[k]; }
     }
     D[((size_t)b * NH + h) * T + q] = d;

@@ -7,6 +7,9 @@
 set -u
 cd "$(dirname "$0")/.."
 export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
+# (the five binaries built first, two at a time: nvcc is most of their cost on 2 cores)
+make -s -j2 -C dev/cuda bin/column_sums_replay bin/adamw_replay bin/fused_ce_replay bin/fused_ce_replay_fp32 bin/flash_replay \
+    2>&1 || echo "FAIL make -C dev/cuda: the replay binaries"
 make -s -C dev/cuda replay 2>&1 || echo "FAIL make -C dev/cuda replay"
 make -s -C dev/cuda flash-replay 2>&1 || echo "FAIL make -C dev/cuda flash-replay"
 # the replay's emulation must be able to fail: an ldmatrix with .trans inverted, a cp.async wait that retires one
