@@ -53,11 +53,11 @@ else
   NCCL_LIB := $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -l:libnccl.so.2 -Wl$(comma)-rpath$(comma)$(NCCL_HOME)/lib,-lnccl)
 endif
 
-HEADERS := $(wildcard llmc/*.h)
+HEADERS := $(wildcard llmc/*.h llmc/emu/*.h)
 TARGETS := $(BUILD_DIR)/train_gpt $(BUILD_DIR)/test_gpt
 
 CHUNK_CFLAGS := $(if $(COMM_HOST_CHUNK),-DCOMM_HOST_CHUNK=$(COMM_HOST_CHUNK))
-CONFIG := $(BACKEND) $(PRECISION) nompi=$(NO_MPI) sm_$(CUDA_ARCH) chunk=$(COMM_HOST_CHUNK) cudnn=$(USE_CUDNN)
+CONFIG := $(BACKEND) $(PRECISION) nompi=$(NO_MPI) sm_$(CUDA_ARCH) chunk=$(COMM_HOST_CHUNK) cudnn=$(USE_CUDNN) checked=$(CHECKED)
 STAMP := $(BUILD_DIR)/.build-config
 
 ifeq ($(BACKEND),cpu)
@@ -103,8 +103,20 @@ else ifeq ($(BACKEND),cuda)
     LDLIBS += -lcudnn -lnvrtc
   endif
   COMPILE = $(NVCC) $(NVCCFLAGS) $< -o $@ $(LDLIBS)
+else ifeq ($(BACKEND),emu)
+  # The CUDA code paths compiled by g++ as host code, run on an emulated device (llmc/emu/): no GPU, no CUDA
+  # libraries, only the toolkit's headers. CHECKED=1: under AddressSanitizer and UBSan.
+  ifeq ($(wildcard $(CUDA_HOME)/include/cuda_runtime.h)$(SKIP_CHECKS),)
+    $(error BACKEND=emu needs the CUDA toolkit's headers ($(CUDA_HOME)/include/cuda_runtime.h); set CUDA_HOME)
+  endif
+  CXX := g++
+  EMU_OPT := $(if $(filter 1,$(CHECKED)),-O1 -g -fsanitize=address$(comma)undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined,-O2 -g)
+  CXXFLAGS := $(EMU_OPT) -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-function -Wno-missing-field-initializers -Wno-unknown-pragmas -x c++ \
+              -DUSE_CUDA -DMPI_THREAD_LEVEL=MPI_THREAD_MULTIPLE -I$(CUDA_HOME)/include $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32) $(MPI_CFLAGS) $(CHUNK_CFLAGS)
+  LDLIBS := -lpthread $(MPI_LDFLAGS)
+  COMPILE = $(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 else
-  $(error BACKEND must be cpu or cuda, got '$(BACKEND)')
+  $(error BACKEND must be cpu, cuda or emu, got '$(BACKEND)')
 endif
 
 # the build configuration, in a file that changes when it does: switching BACKEND, PRECISION, NO_MPI,

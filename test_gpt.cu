@@ -2156,7 +2156,7 @@ static void check_model(TestRun *t, const TestFlags *f, const GPT2Config *ref_co
 
 int main(int argc, char **argv) {
     backend_env_before_init();    // (CUDA: before any context exists)
-    MPI_Init(&argc, &argv);
+    mpi_init(&argc, &argv);
     TestRun t;
     memset(&t, 0, sizeof(t));
     MPI_Comm_size(MPI_COMM_WORLD, &t.world);

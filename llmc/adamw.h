@@ -107,7 +107,7 @@ static void adamw_update_segments_cuda(floatX *params, float *master, const floa
     unsigned int blocks = adamw_deal_blocks(&sg);
     if (blocks == 0) { return; }
     float b1c = 1.0f - powf(beta1, (float)t), b2c = 1.0f - powf(beta2, (float)t);   // as the CPU loop
-    adamw_kernel<<<blocks, ADAMW_THREADS, 0, main_stream>>>(params, master, grads, m, v, sg, lr, beta1, beta2, b1c,
+    LAUNCH(adamw_kernel, blocks, ADAMW_THREADS, 0, main_stream)(params, master, grads, m, v, sg, lr, beta1, beta2, b1c,
                                                             b2c, eps, grad_scale);
     cudaCheckLaunch();
 }

@@ -8,23 +8,33 @@
 #include "utils.h"
 #include "guard.h"
 
-#if defined(__CUDACC__)
+// USE_CUDA: the CUDA code paths, compiled by nvcc for a GPU or by g++ for the emulated device (BACKEND=emu, which
+// defines it; llmc/emu/device.h)
+#if defined(__CUDACC__) && !defined(USE_CUDA)
 #define USE_CUDA 1
-#if !defined(NO_MPI)
-#define USE_NCCL 1     // multi-GPU collectives; a NO_MPI build runs one process and needs none
 #endif
+#if defined(USE_CUDA) && !defined(NO_MPI) && !defined(USE_NCCL)
+#define USE_NCCL 1     // multi-GPU collectives; a NO_MPI build runs one process and needs none
 #endif
 
 // The CUDA build's cuBLAS/cuBLASLt workspace (allocated at the first GEMM; a memory plan counts it).
 #define CUBLASLT_WORKSPACE_BYTES ((size_t)32 * 1024 * 1024)
 
 #ifdef USE_CUDA
+#ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #ifdef USE_NCCL
 #include <nccl.h>
+#endif
+// kernel<<<grid, block, smem, stream>>>(args) written LAUNCH(kernel, grid, block, smem, stream)(args), and the
+// dynamic shared memory of a kernel, so that the emulated device can run the same source
+#define LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+#define DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#else
+#include "emu/device.h"   // the CUDA runtime, cuBLASLt, NCCL and a block's threads on the CPU
 #endif
 #if defined(ENABLE_FP32)
 typedef float floatX;

@@ -355,7 +355,7 @@ static void attention_block_forward(floatX *out, float *lse, const floatX *qkv, 
     }
 #endif
 #ifdef USE_CUDA
-    attention_block_forward_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(out, lse, qkv, kv, T, NH, KV, hs, q0, k0, n,
+    LAUNCH(attention_block_forward_kernel, dim3(n, NH, B), 32, 0, main_stream)(out, lse, qkv, kv, T, NH, KV, hs, q0, k0, n,
             causal);
     cudaCheckLaunch();
 #else
@@ -380,10 +380,10 @@ static void attention_block_backward(floatX *dqkv, floatX *dkv, const floatX *do
     }
 #endif
 #ifdef USE_CUDA
-    attention_block_backward_dq_kernel<<<dim3(n, NH, B), 32, 0, main_stream>>>(dqkv, dout, qkv, out, lse, kv, T, NH, KV,
+    LAUNCH(attention_block_backward_dq_kernel, dim3(n, NH, B), 32, 0, main_stream)(dqkv, dout, qkv, out, lse, kv, T, NH, KV,
             hs, q0, k0, n, causal);
     cudaCheckLaunch();
-    attention_block_backward_dkdv_kernel<<<dim3(n, KV, B), 32, 0, main_stream>>>(dkv, dout, qkv, out, lse, kv, T, NH,
+    LAUNCH(attention_block_backward_dkdv_kernel, dim3(n, KV, B), 32, 0, main_stream)(dkv, dout, qkv, out, lse, kv, T, NH,
             KV, hs, q0, k0, n, causal);
     cudaCheckLaunch();
 #else
@@ -397,7 +397,7 @@ static void cp_kv_copy(floatX *kv, floatX *qkv, size_t N, int NH, int KV, int hs
 #ifdef USE_CUDA
     size_t total = N * w;
     if (total == 0) { return; }
-    cp_kv_copy_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(kv, qkv, N, W, c0, w, pack);
+    LAUNCH(cp_kv_copy_kernel, (unsigned int)ceil_div(total, 256), 256, 0, main_stream)(kv, qkv, N, W, c0, w, pack);
     cudaCheckLaunch();
 #else
     for (size_t r = 0; r < N; r++) {
@@ -410,7 +410,7 @@ static void cp_kv_copy(floatX *kv, floatX *qkv, size_t N, int NH, int KV, int hs
 static void attention_block_init(floatX *out, float *lse, size_t nout, size_t nlse) {
 #ifdef USE_CUDA
     size_t total = nout > nlse ? nout : nlse;
-    attention_block_init_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(out, lse, nout, nlse);
+    LAUNCH(attention_block_init_kernel, (unsigned int)ceil_div(total, 256), 256, 0, main_stream)(out, lse, nout, nlse);
     cudaCheckLaunch();
 #else
     for (size_t i = 0; i < nout; i++) { out[i] = 0.0f; }
@@ -647,12 +647,13 @@ __global__ void uly_rows_kernel(floatX *dst, const floatX *src, int B, int T, in
 #endif
 
 static void uly_select(floatX *dst, const floatX *src, size_t rows, UlyHeads h) {
-    size_t w = uly_shard_width(h), W = uly_local_width(h);
+    size_t w = uly_shard_width(h);
 #ifdef USE_CUDA
     size_t n = h.U * rows * w;
-    uly_select_kernel<<<(unsigned int)ceil_div(n, (size_t)256), 256, 0, main_stream>>>(dst, src, rows, h);
+    LAUNCH(uly_select_kernel, (unsigned int)ceil_div(n, (size_t)256), 256, 0, main_stream)(dst, src, rows, h);
     cudaCheckLaunch();
 #else
+    size_t W = uly_local_width(h);
     for (int m = 0; m < h.U; m++) {   // (runs of a head's hs columns)
         for (size_t r = 0; r < rows; r++) {
             for (size_t c = 0; c < w; c += h.hs) {
@@ -666,7 +667,7 @@ static void uly_select(floatX *dst, const floatX *src, size_t rows, UlyHeads h) 
 static void uly_gather(floatX *dst, const floatX *src, size_t rows, UlyHeads h) {
     size_t W = uly_local_width(h);
 #ifdef USE_CUDA
-    uly_gather_kernel<<<(unsigned int)ceil_div(rows * W, (size_t)256), 256, 0, main_stream>>>(dst, src, rows, h);
+    LAUNCH(uly_gather_kernel, (unsigned int)ceil_div(rows * W, (size_t)256), 256, 0, main_stream)(dst, src, rows, h);
     cudaCheckLaunch();
 #else
     size_t stride = rows * uly_shard_width(h), q = (size_t)h.NH * h.hs;
@@ -683,7 +684,7 @@ static void uly_gather(floatX *dst, const floatX *src, size_t rows, UlyHeads h) 
 static void uly_rows(floatX *dst, const floatX *src, int B, int T, int U, int w, int to_shard) {
 #ifdef USE_CUDA
     size_t n = (size_t)U * B * T * w;
-    uly_rows_kernel<<<(unsigned int)ceil_div(n, (size_t)256), 256, 0, main_stream>>>(dst, src, B, T, U, w, to_shard);
+    LAUNCH(uly_rows_kernel, (unsigned int)ceil_div(n, (size_t)256), 256, 0, main_stream)(dst, src, B, T, U, w, to_shard);
     cudaCheckLaunch();
 #else
     int half = T / 2;

@@ -123,7 +123,7 @@ __global__ void position_backward_kernel(floatX *dwpe, const floatX *dout, SeqPo
 static void embedding_forward_cuda(floatX *out, const int *tokens, const floatX *wte, int v0, int v1, int N, int C) {
     size_t total = (size_t)N * C;
     if (total == 0) { return; }
-    embedding_forward_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(out, tokens, wte, v0, v1, N,
+    LAUNCH(embedding_forward_kernel, (unsigned int)ceil_div(total, 256), 256, 0, main_stream)(out, tokens, wte, v0, v1, N,
             C);
     cudaCheckLaunch();
 }
@@ -131,21 +131,21 @@ static void embedding_forward_cuda(floatX *out, const int *tokens, const floatX 
 static void embedding_backward_cuda(floatX *dwte, const floatX *dout, const int *tokens, int v0, int v1, int pad, int N,
                                     int C) {
     if (N <= 0 || C <= 0) { return; }
-    embedding_backward_kernel<<<dim3(N, ceil_div(C, 256)), 256, 0, main_stream>>>(dwte, dout, tokens, v0, v1, pad, N, C);
+    LAUNCH(embedding_backward_kernel, dim3(N, ceil_div(C, 256)), 256, 0, main_stream)(dwte, dout, tokens, v0, v1, pad, N, C);
     cudaCheckLaunch();
 }
 
 static void position_forward_cuda(floatX *out, const floatX *wpe, SeqPos sp, int n0, int N, int T, int C) {
     size_t total = (size_t)N * C;
     if (total == 0) { return; }
-    position_forward_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(out, wpe, sp, n0, N, T, C);
+    LAUNCH(position_forward_kernel, (unsigned int)ceil_div(total, 256), 256, 0, main_stream)(out, wpe, sp, n0, N, T, C);
     cudaCheckLaunch();
 }
 
 static void position_backward_cuda(floatX *dwpe, const floatX *dout, SeqPos sp, int n0, int N, int T, int C) {
     size_t total = (size_t)T * C;
     if (total == 0 || N <= 0) { return; }
-    position_backward_kernel<<<(unsigned int)ceil_div(total, 256), 256, 0, main_stream>>>(dwpe, dout, sp, n0, N, T, C);
+    LAUNCH(position_backward_kernel, (unsigned int)ceil_div(total, 256), 256, 0, main_stream)(dwpe, dout, sp, n0, N, T, C);
     cudaCheckLaunch();
 }
 #endif

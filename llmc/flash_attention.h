@@ -40,7 +40,8 @@ static size_t flash_workspace_bytes(int B, int T, int NH) { return ((size_t)B * 
 #define FA_THREADS (32 * FA_WARPS)
 #define FA_LOG2E 1.4426950408889634f   // exp(x) = exp2(x log2 e)
 
-// The CPU replay's warp operations (set by dev/cuda/flash_replay.cu; never used by the trainer).
+// The warp operations of a host compile: the emulated device's (FA_HOST_OPS, llmc/emu/threads.h), or the CPU
+// replay's (set by dev/cuda/flash_replay.cu). nvcc's device code runs the PTX instead.
 typedef struct {
     void (*mma)(float c[4], const uint32_t a[4], const uint32_t b[2]);
     float (*shfl_xor)(float v, int mask);
@@ -50,7 +51,10 @@ typedef struct {
     void (*cp_commit)(void);
     void (*cp_wait)(int pending);
 } FaHostOps;
-static FaHostOps fa_host_ops;
+#ifndef FA_HOST_OPS
+#define FA_HOST_OPS {}
+#endif
+static FaHostOps fa_host_ops = FA_HOST_OPS;
 
 // c (16 x 8, fp32) += A (16 x 16, bf16, row) B (16 x 8, bf16, col): lane (g, t) holds a = {A[g][2t..], A[g+8][2t..],
 // A[g][2t+8..], A[g+8][2t+8..]}, b = {B[2t..][g], B[2t+8..][g]}, c = {C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]}
@@ -515,17 +519,17 @@ __host__ __device__ void flash_backward_dq_body(unsigned char *smem, int bx, int
 
 template <int HS>
 __global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(const FaArgs a) {
-    extern __shared__ __align__(16) unsigned char fa_smem[];
+    DYNAMIC_SHARED(unsigned char, fa_smem);
     flash_forward_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, threadIdx.x, a);
 }
 template <int HS>
 __global__ void __launch_bounds__(FA_THREADS) flash_backward_dkdv_kernel(const FaArgs a) {
-    extern __shared__ __align__(16) unsigned char fa_smem[];
+    DYNAMIC_SHARED(unsigned char, fa_smem);
     flash_backward_dkdv_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, a);
 }
 template <int HS>
 __global__ void __launch_bounds__(FA_THREADS) flash_backward_dq_kernel(const FaArgs a) {
-    extern __shared__ __align__(16) unsigned char fa_smem[];
+    DYNAMIC_SHARED(unsigned char, fa_smem);
     flash_backward_dq_body<HS>(fa_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, threadIdx.x, a);
 }
 template <int HS>
@@ -549,7 +553,7 @@ static void flash_setup(int B, int T, int NH) {
 template <int HS>
 static void flash_row_dot(const floatX *dout, const floatX *out, int B, int T, int NH) {
     flash_setup(B, T, NH);   // (set up before: a no-op)
-    flash_row_dot_kernel<HS><<<dim3(ceil_div(T, 128), NH, B), 128, 0, main_stream>>>(fa_D, dout, out, T, NH);
+    LAUNCH(flash_row_dot_kernel<HS>, dim3(ceil_div(T, 128), NH, B), 128, 0, main_stream)(fa_D, dout, out, T, NH);
     cudaCheckLaunch();
 }
 
@@ -557,7 +561,7 @@ template <int HS>
 static void flash_forward_args(const FaArgs &a, int B) {
     size_t smem = fa_forward_smem<HS>();
     cudaCheck(cudaFuncSetAttribute(flash_forward_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    flash_forward_kernel<HS><<<dim3(ceil_div(a.nq, FA_TILE), a.NH, B), FA_THREADS, smem, main_stream>>>(a);
+    LAUNCH(flash_forward_kernel<HS>, dim3(ceil_div(a.nq, FA_TILE), a.NH, B), FA_THREADS, smem, main_stream)(a);
     cudaCheckLaunch();
 }
 
@@ -567,11 +571,11 @@ static void flash_backward_args(const FaArgs &a, int B) {
     size_t smem = fa_dkdv_smem<HS>(), smem_dq = fa_dq_smem<HS>();
     cudaCheck(cudaFuncSetAttribute(flash_backward_dkdv_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)smem));
-    flash_backward_dkdv_kernel<HS><<<dim3(ceil_div(a.nk, FA_TILE), a.KV, B), FA_THREADS, smem, main_stream>>>(a);
+    LAUNCH(flash_backward_dkdv_kernel<HS>, dim3(ceil_div(a.nk, FA_TILE), a.KV, B), FA_THREADS, smem, main_stream)(a);
     cudaCheckLaunch();
     cudaCheck(cudaFuncSetAttribute(flash_backward_dq_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)smem_dq));
-    flash_backward_dq_kernel<HS><<<dim3(ceil_div(a.nq, FA_TILE), a.NH, B), FA_THREADS, smem_dq, main_stream>>>(a);
+    LAUNCH(flash_backward_dq_kernel<HS>, dim3(ceil_div(a.nq, FA_TILE), a.NH, B), FA_THREADS, smem_dq, main_stream)(a);
     cudaCheckLaunch();
 }
 

@@ -31,7 +31,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#ifdef __CUDACC__
+#ifdef USE_CUDA
 #include <cuda_runtime.h>
 #endif
 
@@ -399,7 +399,7 @@ static void flight_wait(uint64_t id) {
     if (r->index == id - 1) { r->flags &= ~FL_ASYNC; }
 }
 
-#ifdef __CUDACC__
+#ifdef USE_CUDA
 // CUDA: a device call is complete when an event recorded on its stream after it is; one event per ring slot, made
 // at its first use. flight_poll asks them without waiting (at each call, and before a diagnosis).
 static cudaEvent_t *flight_events = NULL;

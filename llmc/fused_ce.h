@@ -190,9 +190,9 @@ __global__ void ce_fused_kernel(floatX *logits, float *losses, const int *target
 static void ce_stats_cuda(float *stats, const floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
     if (n <= 0) { return; }
     if (ce_vector_width(logits, Vl) > 1) {
-        ce_stats_kernel<CE_VEC><<<n, CE_THREADS, 0, main_stream>>>(stats, logits, targets, v0, V, Vl);
+        LAUNCH(ce_stats_kernel<CE_VEC>, n, CE_THREADS, 0, main_stream)(stats, logits, targets, v0, V, Vl);
     }
-    else { ce_stats_kernel<1><<<n, CE_THREADS, 0, main_stream>>>(stats, logits, targets, v0, V, Vl); }
+    else { LAUNCH(ce_stats_kernel<1>, n, CE_THREADS, 0, main_stream)(stats, logits, targets, v0, V, Vl); }
     cudaCheckLaunch();
 }
 
@@ -200,10 +200,10 @@ static void ce_loss_dlogits_cuda(floatX *logits, float *losses, const float *sta
                                  int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
     if (n <= 0) { return; }
     if (ce_vector_width(logits, Vl) > 1) {
-        ce_loss_dlogits_kernel<CE_VEC><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, stats_all, targets, v0, V, n,
+        LAUNCH(ce_loss_dlogits_kernel<CE_VEC>, n, CE_THREADS, 0, main_stream)(logits, losses, stats_all, targets, v0, V, n,
                 Vl, tp, dloss, write_dlogits);
     } else {
-        ce_loss_dlogits_kernel<1><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, stats_all, targets, v0, V, n, Vl,
+        LAUNCH(ce_loss_dlogits_kernel<1>, n, CE_THREADS, 0, main_stream)(logits, losses, stats_all, targets, v0, V, n, Vl,
                                                                      tp, dloss, write_dlogits);
     }
     cudaCheckLaunch();
@@ -213,11 +213,11 @@ static void ce_fused_cuda(floatX *logits, float *losses, const int *targets, int
                           int write_dlogits) {
     if (n <= 0) { return; }
     if (ce_vector_width(logits, Vl) > 1) {
-        ce_fused_kernel<CE_VEC><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, targets, V, Vl, dloss,
+        LAUNCH(ce_fused_kernel<CE_VEC>, n, CE_THREADS, 0, main_stream)(logits, losses, targets, V, Vl, dloss,
                                                                    write_dlogits);
     }
     else {
-        ce_fused_kernel<1><<<n, CE_THREADS, 0, main_stream>>>(logits, losses, targets, V, Vl, dloss, write_dlogits);
+        LAUNCH(ce_fused_kernel<1>, n, CE_THREADS, 0, main_stream)(logits, losses, targets, V, Vl, dloss, write_dlogits);
     }
     cudaCheckLaunch();
 }
@@ -235,11 +235,11 @@ static void loss_accumulate_cpu(double *acc, const float *losses, int n) {
 __global__ void loss_accumulate_kernel(double *acc, const float *losses, int n) {
     __shared__ double part[LOSS_THREADS];
     double s = 0.0;
-    for (int i = threadIdx.x; i < n; i += LOSS_THREADS) { s += losses[i]; }
+    for (int i = (int)threadIdx.x; i < n; i += LOSS_THREADS) { s += losses[i]; }
     part[threadIdx.x] = s;
     __syncthreads();
     for (int stride = LOSS_THREADS / 2; stride > 0; stride /= 2) {
-        if (threadIdx.x < stride) { part[threadIdx.x] += part[threadIdx.x + stride]; }
+        if ((int)threadIdx.x < stride) { part[threadIdx.x] += part[threadIdx.x + stride]; }
         __syncthreads();
     }
     if (threadIdx.x == 0) { acc[0] += part[0]; }
@@ -247,7 +247,7 @@ __global__ void loss_accumulate_kernel(double *acc, const float *losses, int n) 
 #endif
 static void loss_accumulate(double *acc, const float *losses, int n) {
 #ifdef USE_CUDA
-    loss_accumulate_kernel<<<1, LOSS_THREADS, 0, main_stream>>>(acc, losses, n);
+    LAUNCH(loss_accumulate_kernel, 1, LOSS_THREADS, 0, main_stream)(acc, losses, n);
     cudaCheckLaunch();
 #else
     loss_accumulate_cpu(acc, losses, n);

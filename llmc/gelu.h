@@ -52,13 +52,13 @@ __global__ void gelu_backward_kernel(floatX *dinp, const floatX *inp, const floa
 
 static void gelu_forward_cuda(floatX *out, const floatX *inp, size_t n) {
     if (n == 0) { return; }
-    gelu_forward_kernel<<<elementwise_grid(n, 256), 256, 0, main_stream>>>(out, inp, n);
+    LAUNCH(gelu_forward_kernel, elementwise_grid(n, 256), 256, 0, main_stream)(out, inp, n);
     cudaCheckLaunch();
 }
 
 static void gelu_backward_cuda(floatX *dinp, const floatX *inp, const floatX *dout, size_t n) {
     if (n == 0) { return; }
-    gelu_backward_kernel<<<elementwise_grid(n, 256), 256, 0, main_stream>>>(dinp, inp, dout, n);
+    LAUNCH(gelu_backward_kernel, elementwise_grid(n, 256), 256, 0, main_stream)(dinp, inp, dout, n);
     cudaCheckLaunch();
 }
 #endif

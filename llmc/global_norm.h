@@ -78,9 +78,9 @@ __global__ void sum_of_squares_final_kernel(float *out) {
 }
 
 static void sum_of_squares_cuda(float *out, const floatX *x, size_t n) {
-    sum_of_squares_partial_kernel<<<SOS_BLOCKS, SOS_THREADS, 0, main_stream>>>(x, n);
+    LAUNCH(sum_of_squares_partial_kernel, SOS_BLOCKS, SOS_THREADS, 0, main_stream)(x, n);
     cudaCheckLaunch();
-    sum_of_squares_final_kernel<<<1, SOS_THREADS, 0, main_stream>>>(out);
+    LAUNCH(sum_of_squares_final_kernel, 1, SOS_THREADS, 0, main_stream)(out);
     cudaCheckLaunch();
 }
 #endif
@@ -151,7 +151,7 @@ __global__ void step_stats_clip_kernel(StepStats *st, double tokens, float clip,
 
 static void step_stats_gather(StepStats *st, const float *parts, int n, const double *loss_sum) {
 #ifdef USE_CUDA
-    step_stats_gather_kernel<<<1, 1, 0, main_stream>>>(st, parts, n, loss_sum);
+    LAUNCH(step_stats_gather_kernel, 1, 1, 0, main_stream)(st, parts, n, loss_sum);
     cudaCheckLaunch();
 #else
     step_stats_gather_body(st, parts, n, loss_sum);
@@ -160,7 +160,7 @@ static void step_stats_gather(StepStats *st, const float *parts, int n, const do
 
 static void step_stats_clip(StepStats *st, double tokens, float clip, float loss_limit, float norm_limit) {
 #ifdef USE_CUDA
-    step_stats_clip_kernel<<<1, 1, 0, main_stream>>>(st, tokens, clip, loss_limit, norm_limit);
+    LAUNCH(step_stats_clip_kernel, 1, 1, 0, main_stream)(st, tokens, clip, loss_limit, norm_limit);
     cudaCheckLaunch();
 #else
     step_stats_clip_body(st, tokens, clip, loss_limit, norm_limit);

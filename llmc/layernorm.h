@@ -130,7 +130,7 @@ static void layernorm_forward_cuda(floatX *out, float *mean, float *rstd, const 
                                    const floatX *weight, const floatX *bias, int N, int C) {
     if (N <= 0) { return; }
     const int block = 256, rows_per_block = block / 32;
-    layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(out, mean, rstd, inp, weight,
+    LAUNCH(layernorm_forward_kernel, ceil_div(N, rows_per_block), block, 0, main_stream)(out, mean, rstd, inp, weight,
             bias, N, C);
     cudaCheckLaunch();
 }
@@ -140,7 +140,7 @@ static void layernorm_backward_cuda(floatX *dinp, floatX *dweight, floatX *dbias
     if (N <= 0) { return; }
     const int block = 256, rows_per_block = block / 32;
     if (dinp != NULL) {
-        layernorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(dinp, dout, inp, weight,
+        LAUNCH(layernorm_backward_dinp_kernel, ceil_div(N, rows_per_block), block, 0, main_stream)(dinp, dout, inp, weight,
                 mean, rstd, N, C);
         cudaCheckLaunch();
     }
@@ -226,7 +226,7 @@ static int residual_layernorm_forward_launch(floatX *res_out, floatX *ln_out, fl
     const int npacks = C / V;
     const int block = npacks >= 1024 ? 1024 : ceil_div(npacks, 32) * 32;
     const int per_thread = ceil_div(npacks, block);
-    #define RLN_LAUNCH(P) residual_layernorm_forward_kernel<V, P><<<N, block, 0, main_stream>>>( \
+    #define RLN_LAUNCH(P) LAUNCH((residual_layernorm_forward_kernel<V, P>), N, block, 0, main_stream)( \
         res_out, ln_out, mean, rstd, res, x, bias, weight, lnbias, C)
     if (per_thread <= 1) { RLN_LAUNCH(1); }
     else if (per_thread <= 2) { RLN_LAUNCH(2); }

@@ -379,7 +379,7 @@ static void matmul_forward_cuda(floatX *out, const floatX *inp, const floatX *we
     if (matmul_cublaslt(out, weight, inp, bias, OC, N, IC, 1, 0, IC, IC, 0.0f)) { return; }
     matmul_cublaslt_check(out, weight, inp, OC, N, IC, 1, 0, IC, IC, 0.0f);   // no epilogue, then the bias
     if (bias != NULL) {
-        add_bias_kernel<<<elementwise_grid((size_t)N * OC, 256), 256, 0, main_stream>>>(out, bias, N, OC);
+        LAUNCH(add_bias_kernel, elementwise_grid((size_t)N * OC, 256), 256, 0, main_stream)(out, bias, N, OC);
         cudaCheckLaunch();
     }
 }

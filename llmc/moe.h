@@ -759,7 +759,7 @@ static void moe_router_forward(float *probs, float *lse, const floatX *x, const 
                                int sigmoid) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_router_forward_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(probs, lse, x, wr, N, C, E, sigmoid);
+    LAUNCH(moe_router_forward_kernel, ceil_div(N, 8), 256, 0, main_stream)(probs, lse, x, wr, N, C, E, sigmoid);
     cudaCheckLaunch();
 #else
     moe_router_forward_blas(probs, lse, x, wr, N, C, E, sigmoid);
@@ -770,7 +770,7 @@ static void moe_topk(int *choice, float *cprob, float *gate, const float *probs,
                      int k, int norm) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_topk_kernel<<<ceil_div(N, 256), 256, 0, main_stream>>>(choice, cprob, gate, probs, bias, N, E, k, norm);
+    LAUNCH(moe_topk_kernel, ceil_div(N, 256), 256, 0, main_stream)(choice, cprob, gate, probs, bias, N, E, k, norm);
     cudaCheckLaunch();
 #else
     moe_topk_cpu(choice, cprob, gate, probs, bias, N, E, k, norm);
@@ -781,7 +781,7 @@ static void moe_topk(int *choice, float *cprob, float *gate, const float *probs,
 static void moe_load_count(int *load, const int *choice, int N, int k) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_load_count_kernel<<<elementwise_grid((size_t)N * k, 256), 256, 0, main_stream>>>(load, choice, (size_t)N * k);
+    LAUNCH(moe_load_count_kernel, elementwise_grid((size_t)N * k, 256), 256, 0, main_stream)(load, choice, (size_t)N * k);
     cudaCheckLaunch();
 #else
     moe_load_count_cpu(load, choice, N, k);
@@ -792,7 +792,7 @@ static void moe_load_count(int *load, const int *choice, int N, int k) {
 static void moe_bias_update(float *bias, const int *load, int nlayers, int E, float rate, const float *scale) {
 #ifdef USE_CUDA
     if (nlayers <= 0) { return; }
-    moe_bias_update_kernel<<<nlayers, 256, 0, main_stream>>>(bias, load, E, rate, scale);
+    LAUNCH(moe_bias_update_kernel, nlayers, 256, 0, main_stream)(bias, load, E, rate, scale);
     cudaCheckLaunch();
 #else
     moe_bias_update_cpu(bias, load, nlayers, E, rate, scale);
@@ -804,7 +804,7 @@ static void moe_capacity_keep(int *keep, const int *choice, const float *cprob, 
 #ifdef USE_CUDA
     (void)E;
     if (B <= 0) { return; }
-    moe_capacity_keep_kernel<<<B, 256, 0, main_stream>>>(keep, choice, cprob, S, me, B, T, k, cap, policy);
+    LAUNCH(moe_capacity_keep_kernel, B, 256, 0, main_stream)(keep, choice, cprob, S, me, B, T, k, cap, policy);
     cudaCheckLaunch();
 #else
     moe_capacity_keep_sorted(keep, choice, cprob, S, me, B, T, k, E, cap, policy);
@@ -815,7 +815,7 @@ static void moe_sequence_stats(float *f, float *pmean, float *zsum, const int *c
                                const float *lse, int B, int T, int E, int k, int Tg, int sigmoid) {
 #ifdef USE_CUDA
     if (B <= 0) { return; }
-    moe_sequence_stats_kernel<<<B, 32, 0, main_stream>>>(f, pmean, zsum, choice, probs, lse, T, E, k, Tg, sigmoid);
+    LAUNCH(moe_sequence_stats_kernel, B, 32, 0, main_stream)(f, pmean, zsum, choice, probs, lse, T, E, k, Tg, sigmoid);
     cudaCheckLaunch();
 #else
     moe_sequence_stats_cpu(f, pmean, zsum, choice, probs, lse, B, T, E, k, Tg, sigmoid);
@@ -824,7 +824,7 @@ static void moe_sequence_stats(float *f, float *pmean, float *zsum, const int *c
 
 static void moe_loss_sums(double *sums, const float *f, const float *pmean, const float *zsum, int B, int E) {
 #ifdef USE_CUDA
-    moe_loss_sums_kernel<<<1, 1, 0, main_stream>>>(sums, f, pmean, zsum, B, E);
+    LAUNCH(moe_loss_sums_kernel, 1, 1, 0, main_stream)(sums, f, pmean, zsum, B, E);
     cudaCheckLaunch();
 #else
     moe_loss_sums_body(sums, f, pmean, zsum, B, E);
@@ -834,7 +834,7 @@ static void moe_loss_sums(double *sums, const float *f, const float *pmean, cons
 // counts (E, device): kept assignments per expert
 static void moe_count(int *counts, const int *choice, const int *keep, int N, int E, int k) {
 #ifdef USE_CUDA
-    moe_rows_kernel<<<E, 1024, 0, main_stream>>>(counts, NULL, choice, keep, NULL, N, k, N * k);
+    LAUNCH(moe_rows_kernel, E, 1024, 0, main_stream)(counts, NULL, choice, keep, NULL, N, k, N * k);
     cudaCheckLaunch();
 #else
     moe_count_cpu(counts, choice, keep, N, E, k);
@@ -845,9 +845,9 @@ static void moe_count(int *counts, const int *choice, const int *keep, int N, in
 static void moe_rows(int *row, const int *choice, const int *keep, const int *offsets, int N, int E, int k, int limit) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_rows_kernel<<<E, 1024, 0, main_stream>>>(NULL, row, choice, keep, offsets, N, k, limit);
+    LAUNCH(moe_rows_kernel, E, 1024, 0, main_stream)(NULL, row, choice, keep, offsets, N, k, limit);
     cudaCheckLaunch();
-    moe_dropped_rows_kernel<<<elementwise_grid((size_t)N * k, 256), 256, 0, main_stream>>>(row, keep, (size_t)N * k);
+    LAUNCH(moe_dropped_rows_kernel, elementwise_grid((size_t)N * k, 256), 256, 0, main_stream)(row, keep, (size_t)N * k);
     cudaCheckLaunch();
 #else
     moe_rows_cpu(row, choice, keep, offsets, N, E, k, limit);
@@ -860,7 +860,7 @@ __global__ void moe_kept_add_kernel(int *kept, const int *counts, int E) { moe_k
 #endif
 static void moe_kept_add(int *kept, const int *counts, int E) {
 #ifdef USE_CUDA
-    moe_kept_add_kernel<<<1, 1, 0, main_stream>>>(kept, counts, E);
+    LAUNCH(moe_kept_add_kernel, 1, 1, 0, main_stream)(kept, counts, E);
     cudaCheckLaunch();
 #else
     moe_kept_add_body(kept, counts, E);
@@ -870,7 +870,7 @@ static void moe_kept_add(int *kept, const int *counts, int E) {
 static void moe_permute(floatX *xs, const floatX *x, const int *row, int N, int k, int C) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_permute_kernel<<<N * k, 256, 0, main_stream>>>(xs, x, row, k, C);
+    LAUNCH(moe_permute_kernel, N * k, 256, 0, main_stream)(xs, x, row, k, C);
     cudaCheckLaunch();
 #else
     moe_permute_cpu(xs, x, row, N, k, C);
@@ -880,7 +880,7 @@ static void moe_permute(floatX *xs, const floatX *x, const int *row, int N, int 
 static void moe_combine(floatX *out, const floatX *ys, const float *gate, const int *row, int N, int k, int C) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_combine_kernel<<<N, 256, 0, main_stream>>>(out, ys, gate, row, k, C);
+    LAUNCH(moe_combine_kernel, N, 256, 0, main_stream)(out, ys, gate, row, k, C);
     cudaCheckLaunch();
 #else
     moe_combine_cpu(out, ys, gate, row, N, k, C);
@@ -891,7 +891,7 @@ static void moe_combine_backward(floatX *dys, float *dgate, const floatX *dout, 
                                  const int *row, int N, int k, int C) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_combine_backward_kernel<<<N * k, 256, 0, main_stream>>>(dys, dgate, dout, ys, gate, row, k, C);
+    LAUNCH(moe_combine_backward_kernel, N * k, 256, 0, main_stream)(dys, dgate, dout, ys, gate, row, k, C);
     cudaCheckLaunch();
 #else
     moe_combine_backward_cpu(dys, dgate, dout, ys, gate, row, N, k, C);
@@ -901,7 +901,7 @@ static void moe_combine_backward(floatX *dys, float *dgate, const floatX *dout, 
 static void moe_unpermute(floatX *dx, const floatX *dxs, const int *row, int N, int k, int C) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_unpermute_kernel<<<N, 256, 0, main_stream>>>(dx, dxs, row, k, C);
+    LAUNCH(moe_unpermute_kernel, N, 256, 0, main_stream)(dx, dxs, row, k, C);
     cudaCheckLaunch();
 #else
     moe_unpermute_cpu(dx, dxs, row, N, k, C);
@@ -913,7 +913,7 @@ static void moe_router_backward(float *dlogits, const float *dgate, const float 
                                 float aux_scale, float z_scale, int sigmoid, int norm) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_router_backward_kernel<<<ceil_div(N, 128), 128, 0, main_stream>>>(dlogits, dgate, gate, choice, probs, lse, f,
+    LAUNCH(moe_router_backward_kernel, ceil_div(N, 128), 128, 0, main_stream)(dlogits, dgate, gate, choice, probs, lse, f,
                                                                           T, N, E, k, aux_scale, z_scale, sigmoid, norm);
     cudaCheckLaunch();
 #else
@@ -924,7 +924,7 @@ static void moe_router_backward(float *dlogits, const float *dgate, const float 
 static void moe_router_dweight(floatX *dwr, const float *dlogits, const floatX *x, int N, int C, int E) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_router_dweight_kernel<<<dim3(E, ceil_div(C, 32)), dim3(32, 32), 0, main_stream>>>(dwr, dlogits, x, N, C, E);
+    LAUNCH(moe_router_dweight_kernel, dim3(E, ceil_div(C, 32)), dim3(32, 32), 0, main_stream)(dwr, dlogits, x, N, C, E);
     cudaCheckLaunch();
 #else
     moe_router_dweight_blas(dwr, dlogits, x, N, C, E);
@@ -934,7 +934,7 @@ static void moe_router_dweight(floatX *dwr, const float *dlogits, const floatX *
 static void moe_router_dinput(floatX *dx, const float *dlogits, const floatX *wr, int N, int C, int E) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_router_dinput_kernel<<<elementwise_grid((size_t)N * C, 256), 256, 0, main_stream>>>(dx, dlogits, wr, N, C, E);
+    LAUNCH(moe_router_dinput_kernel, elementwise_grid((size_t)N * C, 256), 256, 0, main_stream)(dx, dlogits, wr, N, C, E);
     cudaCheckLaunch();
 #else
     moe_router_dinput_blas(dx, dlogits, wr, N, C, E);
@@ -944,7 +944,7 @@ static void moe_router_dinput(floatX *dx, const float *dlogits, const floatX *wr
 static void moe_shared_gate_forward(float *g, floatX *y, const floatX *x, const floatX *w, int N, int C) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_shared_gate_forward_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(g, y, x, w, N, C);
+    LAUNCH(moe_shared_gate_forward_kernel, ceil_div(N, 8), 256, 0, main_stream)(g, y, x, w, N, C);
     cudaCheckLaunch();
 #else
     moe_shared_gate_forward_cpu(g, y, x, w, N, C);
@@ -955,7 +955,7 @@ static void moe_shared_gate_backward(float *dlogit, floatX *ds, const floatX *dy
                                      int N, int C) {
 #ifdef USE_CUDA
     if (N <= 0) { return; }
-    moe_shared_gate_backward_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(dlogit, ds, dy, s, g, N, C);
+    LAUNCH(moe_shared_gate_backward_kernel, ceil_div(N, 8), 256, 0, main_stream)(dlogit, ds, dy, s, g, N, C);
     cudaCheckLaunch();
 #else
     moe_shared_gate_backward_cpu(dlogit, ds, dy, s, g, N, C);

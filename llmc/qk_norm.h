@@ -131,7 +131,7 @@ __global__ void rows_rmsnorm_dinp_kernel(floatX *dy, const floatX *raw, const fl
 
 static void rows_copy(floatX *raw, const floatX *x, int N, int W, int stride) {
 #ifdef USE_CUDA
-    rows_copy_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(raw, x, N, W, stride);
+    LAUNCH(rows_copy_kernel, ceil_div(N, 8), 256, 0, main_stream)(raw, x, N, W, stride);
     cudaCheckLaunch();
 #else
     rows_copy_cpu(raw, x, N, W, stride);
@@ -140,7 +140,7 @@ static void rows_copy(floatX *raw, const floatX *x, int N, int W, int stride) {
 
 static void rows_sumsq(float *ss, const floatX *raw, int N, int W) {
 #ifdef USE_CUDA
-    rows_sumsq_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(ss, raw, N, W);
+    LAUNCH(rows_sumsq_kernel, ceil_div(N, 8), 256, 0, main_stream)(ss, raw, N, W);
     cudaCheckLaunch();
 #else
     rows_sumsq_cpu(ss, raw, N, W);
@@ -150,7 +150,7 @@ static void rows_sumsq(float *ss, const floatX *raw, int N, int W) {
 static void rows_rmsnorm_apply(floatX *y, float *rstd, const floatX *raw, const float *ss, const floatX *w, float eps,
                                int total, int N, int W, int stride) {
 #ifdef USE_CUDA
-    rows_rmsnorm_apply_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(y, rstd, raw, ss, w, eps, total, N, W, stride);
+    LAUNCH(rows_rmsnorm_apply_kernel, ceil_div(N, 8), 256, 0, main_stream)(y, rstd, raw, ss, w, eps, total, N, W, stride);
     cudaCheckLaunch();
 #else
     rows_rmsnorm_apply_cpu(y, rstd, raw, ss, w, eps, total, N, W, stride);
@@ -160,7 +160,7 @@ static void rows_rmsnorm_apply(floatX *y, float *rstd, const floatX *raw, const 
 static void rows_rmsnorm_dot(float *dot, const floatX *dy, const floatX *raw, const floatX *w, const float *rstd,
                              int N, int W, int stride) {
 #ifdef USE_CUDA
-    rows_rmsnorm_dot_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(dot, dy, raw, w, rstd, N, W, stride);
+    LAUNCH(rows_rmsnorm_dot_kernel, ceil_div(N, 8), 256, 0, main_stream)(dot, dy, raw, w, rstd, N, W, stride);
     cudaCheckLaunch();
 #else
     rows_rmsnorm_dot_cpu(dot, dy, raw, w, rstd, N, W, stride);
@@ -170,8 +170,8 @@ static void rows_rmsnorm_dot(float *dot, const floatX *dy, const floatX *raw, co
 static void rows_rmsnorm_backward(floatX *dy, floatX *dw, const floatX *raw, const floatX *w, const float *rstd,
                                   const float *dot, int total, int N, int W, int stride) {
 #ifdef USE_CUDA
-    if (dw) { rows_rmsnorm_dweight_kernel<<<ceil_div(W, 256), 256, 0, main_stream>>>(dw, dy, raw, rstd, N, W, stride); }
-    rows_rmsnorm_dinp_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(dy, raw, w, rstd, dot, total, N, W, stride);
+    if (dw) { LAUNCH(rows_rmsnorm_dweight_kernel, ceil_div(W, 256), 256, 0, main_stream)(dw, dy, raw, rstd, N, W, stride); }
+    LAUNCH(rows_rmsnorm_dinp_kernel, ceil_div(N, 8), 256, 0, main_stream)(dy, raw, w, rstd, dot, total, N, W, stride);
     cudaCheckLaunch();
 #else
     rows_rmsnorm_backward_cpu(dy, dw, raw, w, rstd, dot, total, N, W, stride);

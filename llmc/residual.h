@@ -54,7 +54,7 @@ static void residual_bias_forward_cuda(floatX *out, const floatX *res, const flo
                                        int C) {
     size_t total = (size_t)N * C;
     if (total == 0) { return; }
-    residual_bias_forward_kernel<<<elementwise_grid(total, 256), 256, 0, main_stream>>>(out, res, x, bias, N, C);
+    LAUNCH(residual_bias_forward_kernel, elementwise_grid(total, 256), 256, 0, main_stream)(out, res, x, bias, N, C);
     cudaCheckLaunch();
 }
 
@@ -115,10 +115,10 @@ static void column_sums_accumulate(floatX *dbias, floatX *dweight, const floatX 
     if (cublaslt_workspace == NULL) { cublaslt_workspace = mem_alloc(cublaslt_workspace_size, MEM_WORKSPACE); }
     int rows = column_slice_rows(N, C, inp != NULL ? 2 : 1, cublaslt_workspace_size), R = ceil_div(N, rows);
     float *part = (float *)cublaslt_workspace;
-    column_partials_kernel<<<dim3(ceil_div(C, COLSUM_THREADS), R), COLSUM_THREADS, 0, main_stream>>>(part, dout, inp,
+    LAUNCH(column_partials_kernel, dim3(ceil_div(C, COLSUM_THREADS), R), COLSUM_THREADS, 0, main_stream)(part, dout, inp,
             mean, rstd, N, C, rows);
     cudaCheckLaunch();
-    column_finish_kernel<<<ceil_div(C, COLSUM_THREADS), COLSUM_THREADS, 0, main_stream>>>(dbias, dweight, part, C, R);
+    LAUNCH(column_finish_kernel, ceil_div(C, COLSUM_THREADS), COLSUM_THREADS, 0, main_stream)(dbias, dweight, part, C, R);
     cudaCheckLaunch();
 }
 
@@ -129,7 +129,7 @@ static void bias_backward_cuda(floatX *dbias, const floatX *dout, int N, int C) 
 
 static void accumulate_cuda(floatX *dst, const floatX *src, size_t n) {
     if (n == 0) { return; }
-    accumulate_kernel<<<elementwise_grid(n, 256), 256, 0, main_stream>>>(dst, src, n);
+    LAUNCH(accumulate_kernel, elementwise_grid(n, 256), 256, 0, main_stream)(dst, src, n);
     cudaCheckLaunch();
 }
 #endif

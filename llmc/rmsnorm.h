@@ -120,7 +120,7 @@ static void rmsnorm_forward_cuda(floatX *out, float *rstd, const floatX *inp, co
                                  int C) {
     if (N <= 0) { return; }
     const int block = 256, rows_per_block = block / 32;
-    rmsnorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(out, rstd, inp, weight, eps, N, C);
+    LAUNCH(rmsnorm_forward_kernel, ceil_div(N, rows_per_block), block, 0, main_stream)(out, rstd, inp, weight, eps, N, C);
     cudaCheckLaunch();
 }
 
@@ -129,7 +129,7 @@ static void rmsnorm_backward_cuda(floatX *dinp, floatX *dweight, const floatX *d
     if (N <= 0) { return; }
     const int block = 256, rows_per_block = block / 32;
     if (dinp != NULL) {
-        rmsnorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(dinp, dout, inp, weight,
+        LAUNCH(rmsnorm_backward_dinp_kernel, ceil_div(N, rows_per_block), block, 0, main_stream)(dinp, dout, inp, weight,
                 rstd, N, C);
         cudaCheckLaunch();
     }
@@ -143,7 +143,7 @@ static void residual_rmsnorm_forward_cuda(floatX *res_out, floatX *ln_out, float
                                           int C) {
     if (N <= 0) { return; }
     const int block = 256, rows_per_block = block / 32;
-    residual_rmsnorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(res_out, ln_out, rstd, res,
+    LAUNCH(residual_rmsnorm_forward_kernel, ceil_div(N, rows_per_block), block, 0, main_stream)(res_out, ln_out, rstd, res,
             x, bias, weight, eps, N, C);
     cudaCheckLaunch();
 }

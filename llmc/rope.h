@@ -111,7 +111,7 @@ static void rope_rotate_cuda(floatX *qkv, const float *cos_sin, SeqPos sp, int B
                              int backward) {
     int pairs = (NH + KV) * (hs / 2);
     if (B * T <= 0 || pairs <= 0) { return; }
-    rope_kernel<<<B * T, pairs >= 256 ? 256 : ceil_div(pairs, 32) * 32, 0, main_stream>>>(qkv, cos_sin, sp, T, NH, KV,
+    LAUNCH(rope_kernel, B * T, pairs >= 256 ? 256 : ceil_div(pairs, 32) * 32, 0, main_stream)(qkv, cos_sin, sp, T, NH, KV,
             hs, backward);
     cudaCheckLaunch();
 }

@@ -61,14 +61,14 @@ __global__ void swiglu_backward_kernel(floatX *dinp, const floatX *dout, const f
 static void swiglu_forward_cuda(floatX *out, const floatX *inp, int N, int F) {
     size_t total = (size_t)N * F;
     if (N <= 0 || F <= 0) { return; }
-    swiglu_forward_kernel<<<elementwise_grid(total, 256), 256, 0, main_stream>>>(out, inp, N, F);
+    LAUNCH(swiglu_forward_kernel, elementwise_grid(total, 256), 256, 0, main_stream)(out, inp, N, F);
     cudaCheckLaunch();
 }
 
 static void swiglu_backward_cuda(floatX *dinp, const floatX *dout, const floatX *inp, int N, int F) {
     size_t total = (size_t)N * F;
     if (N <= 0 || F <= 0) { return; }
-    swiglu_backward_kernel<<<elementwise_grid(total, 256), 256, 0, main_stream>>>(dinp, dout, inp, N, F);
+    LAUNCH(swiglu_backward_kernel, elementwise_grid(total, 256), 256, 0, main_stream)(dinp, dout, inp, N, F);
     cudaCheckLaunch();
 }
 #endif

@@ -22,7 +22,9 @@
 static FILE *trace_file = NULL;
 static double trace_t0 = 0.0;
 static int trace_rank = 0, trace_events = 0;
-static double trace_start_us[TRACE_MAX_DEPTH];
+#ifndef USE_CUDA
+static double trace_start_us[TRACE_MAX_DEPTH];   // (CUDA: events time the spans)
+#endif
 static int trace_depth = 0;
 
 static double trace_now_us(void) {

@@ -81,11 +81,22 @@ static void mpi_error_handler(MPI_Comm *comm, int *code, ...) {
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
+// MPI_Init. The emulated device's NCCL (llmc/emu/nccl.h) makes its MPI calls on the device's thread beside the
+// host's, so that build asks for MPI_THREAD_MULTIPLE (the Makefile's MPI_THREAD_LEVEL).
+static int mpi_init(int *argc, char ***argv) {
+#if defined(MPI_THREAD_LEVEL) && !defined(NO_MPI)
+    int provided;
+    return MPI_Init_thread(argc, argv, MPI_THREAD_LEVEL, &provided);
+#else
+    return MPI_Init(argc, argv);
+#endif
+}
+
 // MPI_Init, watched (a rank stalled before it cannot hang the others) and recorded as the world's first call;
 // then MPI errors go to mpi_error_handler.
 static void mpi_init_watched(int *argc, char ***argv) {
     uint64_t id = flight_post(flight.world, FL_INIT, -1, 0, 0, 0, 0);
-    WATCHED("MPI_Init", "world", MPI_Init(argc, argv));
+    WATCHED("MPI_Init", "world", mpi_init(argc, argv));
     flight_done(id);
     int rank, world;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
