@@ -35,6 +35,7 @@ static double trace_now_us(void) {
 
 // One event of the file: name, category, row, start and duration (us), optional arguments (a JSON object's body).
 static void trace_write(const char *name, const char *cat, int tid, double start, double dur, const char *args) {
+    if (trace_file == NULL) { return; }
     fprintf(trace_file, ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f", name,
             cat, trace_rank, tid, start, dur);
     if (args != NULL && args[0]) { fprintf(trace_file, ",\"args\":{%s}", args); }

@@ -14,6 +14,11 @@
 //   copies   an async copy from or to pinned memory (cudaMallocHost) is queued; from pageable memory the source is
 //            staged at the call; to pageable memory the call waits for it, as the CUDA runtime does.
 // EMU_SEED (default 1) seeds the orders; EMU_LAUNCH_LOG=FILE appends each kernel's name the first time it runs.
+// EMU_MUTATE breaks the program on purpose, to show the checks catch it (scripts/test_emu.sh):
+//   barrier:KERNEL:N  each thread of KERNEL skips its N-th __syncthreads (a barrier removed from the source)
+//   grid:KERNEL       KERNEL's launches run one block short (the last one)
+//   wait:S            the S-th stream the program made (1: main_stream) ignores its cudaStreamWaitEvent calls
+//   short:N           the N-th cudaMalloc is 4 bytes short (a kernel reading all of it reads past its end)
 // Not modelled: timing (events hold wall-clock times), concurrent kernels, the legacy stream's implicit
 // synchronisation with blocking streams (the program makes only non-blocking ones), unified memory, graphs.
 #ifndef LLMC_EMU_RUNTIME_H
@@ -33,9 +38,13 @@
 #include <thread>
 #include <condition_variable>
 #include <tuple>
+#include <algorithm>
 #include <type_traits>
 #include "contract.h"
 #include "threads.h"
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 
 #define EMU_IDLE_MS 20
 #define EMU_SM_COUNT 132
@@ -61,6 +70,30 @@ static std::map<uintptr_t, EmuAllocation> emu_allocations;   // by start address
 static std::mutex emu_memory_lock;
 static size_t emu_device_bytes;
 
+// ---- mutations (EMU_MUTATE) ----
+static char emu_mutate_kind[16], emu_mutate_kernel[128];
+static long emu_mutate_n;
+static void emu_mutate_parse(void) {
+    const char *m = getenv("EMU_MUTATE");
+    if (m == NULL || !*m) { return; }
+    char spec[256];
+    snprintf(spec, sizeof(spec), "%s", m);
+    char *kind = strtok(spec, ":"), *a = strtok(NULL, ":"), *b = strtok(NULL, ":");
+    snprintf(emu_mutate_kind, sizeof(emu_mutate_kind), "%s", kind ? kind : "");
+    int named = !strcmp(emu_mutate_kind, "barrier") || !strcmp(emu_mutate_kind, "grid");
+    if (named && a) { snprintf(emu_mutate_kernel, sizeof(emu_mutate_kernel), "%s", a); }
+    emu_mutate_n = strtol(named ? (b ? b : "0") : (a ? a : "0"), NULL, 10);
+    if (!strcmp(emu_mutate_kind, "barrier") ? (a == NULL || emu_mutate_n < 1) : !strcmp(emu_mutate_kind, "grid") ? a == NULL
+        : (strcmp(emu_mutate_kind, "wait") && strcmp(emu_mutate_kind, "short")) || emu_mutate_n < 1) {
+        emu_fail("EMU_MUTATE: expected barrier:KERNEL:N, grid:KERNEL, wait:S or short:N, got '%s'", m);
+    }
+}
+static int emu_mutation(const char *kind, const char *kernel) {
+    static std::once_flag parsed;
+    std::call_once(parsed, emu_mutate_parse);
+    return !strcmp(emu_mutate_kind, kind) && (kernel == NULL || !strcmp(emu_mutate_kernel, kernel));
+}
+
 static const EmuAllocation *emu_find(const void *p, uintptr_t *start) {
     auto it = emu_allocations.upper_bound((uintptr_t)p);
     if (it == emu_allocations.begin()) { return NULL; }
@@ -80,11 +113,24 @@ static int emu_is_pinned(const void *p) {
     const EmuAllocation *a = emu_find(p, &start);
     return a != NULL && a->pinned;
 }
+static long emu_device_allocations;
+static size_t emu_short_allocation;   // (EMU_MUTATE=short:N: allocation N's size, until its end is poisoned)
+static void *emu_short_pointer;
+// EMU_MUTATE=short:N, at the first kernel: allocation N's last 4 bytes become unaddressable (AddressSanitizer's
+// poisoning; the setup's copies into it are done), as if it were one fp32 element short: a kernel reading all of it
+// reads past its end. (Without AddressSanitizer nothing changes.)
+static void emu_short_mutation_arm(void) {
+#if defined(__SANITIZE_ADDRESS__)
+    if (emu_short_pointer != NULL) { __asan_poison_memory_region((char *)emu_short_pointer + emu_short_allocation - 4, 4); }
+#endif
+    emu_short_pointer = NULL;
+}
 static void *emu_allocate(size_t bytes, int pinned) {
-    size_t rounded = (bytes + 255) / 256 * 256;
-    void *p = aligned_alloc(256, rounded > 0 ? rounded : 256);
-    if (p == NULL) { return NULL; }
-    memset(p, pinned ? 0 : 0xff, rounded > 0 ? rounded : 256);
+    if (!pinned && emu_mutation("short", NULL) && ++emu_device_allocations == emu_mutate_n) { emu_short_allocation = bytes; }
+    void *p = NULL;   // (the size as asked: AddressSanitizer guards its end)
+    if (posix_memalign(&p, 256, bytes > 0 ? bytes : 1) != 0) { return NULL; }
+    memset(p, pinned ? 0 : 0xff, bytes);
+    if (emu_short_allocation == bytes && emu_short_pointer == NULL && bytes >= 4) { emu_short_pointer = p; }
     std::lock_guard<std::mutex> g(emu_memory_lock);
     emu_allocations[(uintptr_t)p] = (EmuAllocation){bytes, pinned};
     if (!pinned) { emu_device_bytes += bytes; }
@@ -123,6 +169,7 @@ typedef struct {
 struct CUstream_st {
     std::deque<EmuItem> items;
     int running;           // its head is being run by the device thread
+    int number;            // 1, 2, ... in the order the program made them (0: the legacy stream)
 };
 
 static std::mutex emu_lock;
@@ -272,6 +319,8 @@ static void emu_run_grid(const char *kernel, dim3 grid, dim3 block, size_t smem,
     std::vector<unsigned char> shared(smem + 16);
     EmuBlock *b = emu_block;
     b->kernel = kernel; b->bdim = block; b->gdim = grid; b->body = body;
+    b->skip_barrier = emu_mutation("barrier", kernel) ? (unsigned)emu_mutate_n : 0;
+    if (emu_mutation("grid", kernel) && nblocks > 1) { nblocks--; order.erase(std::find(order.begin(), order.end(), nblocks)); }
     b->nthreads = (int)(block.x * block.y * block.z);
     b->dynamic_smem = smem ? (unsigned char *)(((uintptr_t)shared.data() + 15) & ~(uintptr_t)15) : NULL;
     for (size_t i = 0; i < nblocks; i++) {
@@ -307,6 +356,7 @@ struct EmuLaunch {
         size_t s = smem;
         emu_enqueue(stream, EMU_KERNEL, kname.c_str(), [k, params, kname, g, b, s]() -> bool {
             std::function<void(void)> body = [&]() { std::apply(k, params); };
+            emu_short_mutation_arm();
             emu_log_launch(kname);
             emu_run_grid(kname.c_str(), g, b, s, &body);
             return true;
@@ -380,6 +430,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
     std::lock_guard<std::mutex> g(emu_lock);
     emu_start();
     *s = new CUstream_st();
+    (*s)->number = (int)emu_streams.size();
     emu_streams.push_back(*s);
     return cudaSuccess;
 }
@@ -415,6 +466,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
     (void)flags;
+    if (emu_mutation("wait", NULL) && s != NULL && s->number == emu_mutate_n) { return cudaSuccess; }
     uint64_t gen;
     {
         std::lock_guard<std::mutex> g(emu_lock);

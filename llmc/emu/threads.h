@@ -44,6 +44,7 @@ typedef struct EmuThread {
     uint3 tid;                // threadIdx
     int linear, lane, warp;   // threadIdx.x + blockDim.x (y + blockDim.y z); lane and warp of the linear index
     unsigned exchanges;       // warp operations so far (which set of slots the next one uses)
+    unsigned barriers;        // __syncthreads so far
     std::vector<std::vector<EmuAsyncCopy>> cp_groups;   // committed cp.async groups, oldest first
     std::vector<EmuAsyncCopy> cp_open;                   // issued since the last commit
 } EmuThread;
@@ -56,6 +57,7 @@ typedef struct {
     int nthreads;
     unsigned char *dynamic_smem;
     const std::function<void(void)> *body;
+    unsigned skip_barrier;    // (a mutation: each thread's barrier number skip_barrier is skipped; 0: none)
     uint64_t exchange[2][EMU_MAX_THREADS];   // each lane's value in a warp exchange (two sets, alternating)
     unsigned exchange_no[2][EMU_MAX_THREADS];  // which of the lane's exchanges put it there
     uint32_t frag[2][EMU_MAX_THREADS][6];    // each lane's registers in an mma (a0..a3, b0, b1)
@@ -200,7 +202,7 @@ static void emu_run_block(int nthreads) {
         t->state = FIBER_RUNNING;
         t->linear = i; t->lane = i % 32; t->warp = i / 32;
         t->tid.x = i % b->bdim.x; t->tid.y = (i / b->bdim.x) % b->bdim.y; t->tid.z = i / (b->bdim.x * b->bdim.y);
-        t->exchanges = 0;
+        t->exchanges = t->barriers = 0;
         emu_block->exchange_no[0][i] = emu_block->exchange_no[1][i] = 0;
         t->cp_groups.clear(); t->cp_open.clear();
         emu_fiber_init(t);
@@ -234,7 +236,10 @@ static void emu_run_block(int nthreads) {
 #define blockDim (emu_block->bdim)
 #define gridDim (emu_block->gdim)
 
-static inline void __syncthreads(void) { emu_yield(FIBER_AT_BARRIER); }
+static inline void __syncthreads(void) {
+    if (++emu_self->barriers == emu_block->skip_barrier) { return; }
+    emu_yield(FIBER_AT_BARRIER);
+}
 static inline void __syncwarp(unsigned mask = 0xffffffffu) { (void)mask; emu_yield(FIBER_AT_WARP_OP); }
 
 // every lane of the warp puts v in; returns the set the warp's values are in once all are there
