@@ -1,5 +1,5 @@
 # make                  -> builds train_gpt and test_gpt for the backend found (cuda if nvcc and a GPU, else cpu)
-# make BACKEND=cpu|cuda -> forces one;  PRECISION=FP32 -> fp32 CUDA build;  CUDA_ARCH=90 -> sm_90 (Hopper)
+# make BACKEND=cpu|cuda|emu -> forces one;  PRECISION=FP32 -> fp32 CUDA build;  CUDA_ARCH=90 -> sm_90 (Hopper)
 # make BUILD_DIR=build/cuda BACKEND=cuda  -> puts the binaries elsewhere (CI builds both backends)
 # make NO_MPI=1         -> one process, no Open MPI and no NCCL needed (llmc/mpi_single.h): one GPU or the CPU
 # make COMM_HOST_CHUNK=1000 -> MPI calls of at most 1000 elements (the matrix tests the pieces of large counts)
@@ -10,11 +10,14 @@
 # make train            -> setup, build, tinyshakespeare in GPT-2 tokens, a small model trained (samples printed),
 #                          its loss curve (scripts/train_tinyshakespeare.sh; TS_TEXT=... for another text file)
 # make test             -> setup, every build CI checks (CUDA compile + link when nvcc is there, cpu, cpu NO_MPI=1),
-#                          then scripts/test_matrix.sh; .ci/run runs exactly this
+#                          then scripts/test_matrix.sh; .ci/run runs this, then test-emu
+# make BACKEND=emu      -> the CUDA build as host code on an emulated device (llmc/emu/; no GPU, the toolkit's headers
+#                          only); CHECKED=1 -> with AddressSanitizer and UBSan
+# make test-emu         -> setup, then scripts/test_emu.sh: the emulated builds' rows against PyTorch
 
 # setup, train and test install what is missing before they build: the checks below must not stop
 # them first (their recipes run make again, which checks)
-SETUP_GOALS := setup train test clean
+SETUP_GOALS := setup train test test-emu clean
 ifneq ($(MAKECMDGOALS),)
   ifeq ($(filter-out $(SETUP_GOALS),$(MAKECMDGOALS)),)
     SKIP_CHECKS := 1
@@ -110,7 +113,7 @@ else ifeq ($(BACKEND),emu)
     $(error BACKEND=emu needs the CUDA toolkit's headers ($(CUDA_HOME)/include/cuda_runtime.h); set CUDA_HOME)
   endif
   CXX := g++
-  EMU_OPT := $(if $(filter 1,$(CHECKED)),-O1 -g -fsanitize=address$(comma)undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined,-O2 -g)
+  EMU_OPT := $(if $(filter 1,$(CHECKED)),-O2 -g -fsanitize=address$(comma)undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined,-O2 -g)
   CXXFLAGS := $(EMU_OPT) -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-function -Wno-missing-field-initializers -Wno-unknown-pragmas -x c++ \
               -DUSE_CUDA -DMPI_THREAD_LEVEL=MPI_THREAD_MULTIPLE -I$(CUDA_HOME)/include $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32) $(MPI_CFLAGS) $(CHUNK_CFLAGS)
   LDLIBS := -lpthread $(MPI_LDFLAGS)
@@ -174,4 +177,9 @@ test:
 	@echo "== tests: bash scripts/test_matrix.sh"
 	@bash scripts/test_matrix.sh
 
-.PHONY: all clean setup train test
+# The CUDA program on the emulated device (no GPU): its own target, beside make test.
+test-emu:
+	@bash scripts/setup.sh
+	@bash scripts/test_emu.sh
+
+.PHONY: all clean setup train test test-emu

@@ -1533,10 +1533,10 @@ static void check_plan(TestRun *t, GPT2 *m) {
 // gathered on rank 0 in one form: a message sent (send 1) or received (0), or a collective (2, kind its operation);
 // its peer's world rank; its group (its name and instance); a message's kind; its bytes.
 typedef struct { int send, peer_world, group, kind; double bytes; } CallRecord;
-static int call_group(const FlightGroup *g) {
-    int h = 5381;
-    for (const char *c = g->name; *c; c++) { h = h * 33 + *c; }
-    return h * 31 + g->instance;
+static int call_group(const FlightGroup *g) {   // (a djb2 hash, in unsigned arithmetic: it wraps)
+    unsigned h = 5381;
+    for (const char *c = g->name; *c; c++) { h = h * 33 + (unsigned char)*c; }
+    return (int)(h * 31 + (unsigned)g->instance);
 }
 static int ring_calls(CallRecord *out, int *lost) {
     FlightHeader *h = flight_header();

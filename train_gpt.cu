@@ -312,7 +312,7 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
     moe_setup(&m->moe, c, grid, moe, m->layer_id, m->Ls);
     if (m->rms) { m->rope = (float *)mem_alloc((size_t)c->max_seq_len * m->hs * sizeof(float), MEM_WORKSPACE); }
     if (all_params == NULL) { return; }   // (a plan: the sizes only)
-    if (m->rope) { rope_setup(m->rope, c->max_seq_len, m->hs, c->rope_theta, &c->rope); }
+    if (m->rope) { rope_setup(m->rope, c->max_seq_len, m->hs, c->rope_theta, &c->rope); mem_keep(m->rope); }
     moe_set_bias(&m->moe, all_params + num_parameters(c));   // (the routing bias follows the parameters)
     float *full[NUM_TENSORS];
     split_tensors(c, all_params, full);
@@ -979,6 +979,7 @@ static void train_weights(void *ctx, int v, int i) {
 // gradients end up reduced as the ZeRO stage wants them, the losses summed on the device. Nothing waits
 // for the device here: gpt2_update reads the loss with the norm (or gpt2_read_loss, for a test).
 static void gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
+    mem_poison_scratch();   // (the emulated device only: what this step reads before writing shows as NaN)
     zero_clear_grads(&m->zero);
     gpt2_clear_loss(m);
     // the MoE auxiliary losses' seeds (moe.h): aux is a mean over the global batch's sequences, z over its tokens

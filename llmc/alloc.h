@@ -13,7 +13,7 @@ static const char *mem_category_names[MEM_NCAT] = {
     "parameters", "gradients", "optimizer", "activations", "logits", "comm", "workspace"
 };
 
-typedef struct { void *ptr; size_t bytes; MemCategory cat; } MemBlock;
+typedef struct { void *ptr; size_t bytes; MemCategory cat; int kept; } MemBlock;   // kept: see mem_keep
 static MemBlock *mem_blocks = NULL;
 static int mem_nblocks = 0, mem_capacity = 0;
 static size_t mem_current[MEM_NCAT], mem_peak[MEM_NCAT];
@@ -54,12 +54,35 @@ static void *mem_alloc(size_t bytes, MemCategory cat) {
         mem_capacity = mem_capacity ? 2 * mem_capacity : 256;
         mem_blocks = (MemBlock *)realloc_check(mem_blocks, mem_capacity * sizeof(MemBlock));
     }
-    mem_blocks[mem_nblocks++] = (MemBlock){p, bytes, cat};
+    mem_blocks[mem_nblocks++] = (MemBlock){p, bytes, cat, 0};
     mem_current[cat] += bytes;
     mem_current_total += bytes;
     if (mem_current[cat] > mem_peak[cat]) { mem_peak[cat] = mem_current[cat]; }
     if (mem_current_total > mem_peak_total) { mem_peak_total = mem_current_total; }
     return p;
+}
+
+// An activation or workspace buffer whose contents outlive a step (set once at set-up, read every step): the
+// emulated device's poisoning below leaves it as it is.
+static void mem_keep(void *p) {
+    for (int i = 0; i < mem_nblocks; i++) { if (mem_blocks[i].ptr == p) { mem_blocks[i].kept = 1; } }
+}
+
+// The emulated device (make BACKEND=emu) fills every activation and workspace buffer with NaN (0xff bytes) at each
+// step's start, on the compute stream: a kernel that reads what this step has not written then gives NaN, which the
+// checks see (a GPU keeps the last step's values, which hide such a read). What relies on contents from before the
+// step is marked with mem_keep: the RoPE table, MoE's padded-layout offsets. (No other buffer relies on the zeros
+// of its allocation or on the last step's values: each is written, or cleared, within the step before it is read.)
+static void mem_poison_scratch(void) {
+#if defined(USE_CUDA) && !defined(__CUDACC__)
+    if (getenv("EMU_NO_POISON")) { return; }
+    for (int i = 0; i < mem_nblocks; i++) {
+        const MemBlock *b = &mem_blocks[i];
+        if ((b->cat == MEM_ACTIVATIONS || b->cat == MEM_WORKSPACE) && !b->kept) {
+            cudaCheck(cudaMemsetAsync(b->ptr, 0xff, b->bytes, main_stream));
+        }
+    }
+#endif
 }
 
 static void mem_free(void *p) {

@@ -175,7 +175,7 @@ static void moe_work_alloc(ExpertParallel *x) {
         x->pad_offsets = (int *)mem_alloc(E * I, MEM_WORKSPACE);
         int off[MOE_MAX_EXPERTS];
         for (size_t e = 0; e < E; e++) { off[e] = (int)(e * x->B * x->cap); }
-        if (!mem_planning) { copy_to_device(x->pad_offsets, off, E * I); }
+        if (!mem_planning) { copy_to_device(x->pad_offsets, off, E * I); mem_keep(x->pad_offsets); }
     }
     x->zsum = (float *)mem_alloc((size_t)x->B * F, MEM_WORKSPACE);
     x->sums = (double *)mem_alloc(2 * sizeof(double), MEM_WORKSPACE);

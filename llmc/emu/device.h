@@ -12,7 +12,7 @@
 #define LLMC_EMU_DEVICE_H
 
 #undef __shared__
-#define __shared__ static thread_local   // one block runs at a time on the device thread: its statics are the block's
+#define __shared__ static   // (one block runs at a time, on the one device thread: its statics are the block's)
 #include <math.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>

@@ -512,7 +512,7 @@ static void nccl_emu_post_reduce(NcclEmuOp *op, size_t total) {
     size_t begin, len;
     nccl_emu_chunk(total, n, me, &begin, &len);
     op->parts = (char *)nccl_emu_malloc((size_t)n * len * op->es);
-    memcpy(op->parts + (size_t)me * len * op->es, op->stage + begin * op->es, len * op->es);
+    if (len * op->es > 0) { memcpy(op->parts + (size_t)me * len * op->es, op->stage + begin * op->es, len * op->es); }
     for (int p = 0; p < n; p++) {
         if (p == me) { continue; }
         size_t pb, pl;
@@ -528,7 +528,7 @@ static void nccl_emu_post_gather_sums(NcclEmuOp *op, char *sum) {
     int n = op->comm->nranks, me = op->comm->rank, tag = nccl_emu_collective_tag(op, 1);
     size_t begin, len;
     nccl_emu_chunk(op->count, n, me, &begin, &len);
-    memcpy(op->stage + begin * op->es, sum, len * op->es);
+    if (len * op->es > 0) { memcpy(op->stage + begin * op->es, sum, len * op->es); }
     for (int p = 0; p < n; p++) {
         if (p == me) { continue; }
         size_t pb, pl;
@@ -543,7 +543,7 @@ static void nccl_emu_post_all_gather(NcclEmuOp *op) {
     int n = op->comm->nranks, me = op->comm->rank, tag = nccl_emu_collective_tag(op, 0);
     size_t bytes = op->count * op->es;
     op->parts = (char *)nccl_emu_malloc((size_t)n * bytes);
-    memcpy(op->parts + (size_t)me * bytes, op->stage, bytes);
+    if (bytes > 0) { memcpy(op->parts + (size_t)me * bytes, op->stage, bytes); }
     for (int p = 0; p < n; p++) {
         if (p == me) { continue; }
         nccl_emu_post(op, 0, op->parts + (size_t)p * bytes, bytes, p, tag);
@@ -571,7 +571,7 @@ static void nccl_emu_start(NcclEmuOp *op) {
     size_t in = nccl_emu_input_bytes(op);
     nccl_emu_check_range(op, op->send, in, "sendbuff");
     op->stage = (char *)nccl_emu_malloc(in);
-    memcpy(op->stage, op->send, in);
+    if (in > 0) { memcpy(op->stage, op->send, in); }   // (a receive has no input: send is NULL)
     switch (op->kind) {
         case NCCL_EMU_ALL_REDUCE: nccl_emu_post_reduce(op, op->count); break;
         case NCCL_EMU_REDUCE_SCATTER: nccl_emu_post_reduce(op, (size_t)op->comm->nranks * op->count); break;
@@ -613,7 +613,7 @@ static int nccl_emu_messages_done(NcclEmuOp *op) {
 static void nccl_emu_write_output(NcclEmuOp *op, const char *result) {
     size_t out = nccl_emu_output_bytes(op);
     nccl_emu_check_range(op, op->recv, out, "recvbuff");
-    memcpy(op->recv, result, out);
+    if (out > 0) { memcpy(op->recv, result, out); }
 }
 
 // The messages of a call that will never be waited for again: receives cancelled, sends left to MPI. Their buffers

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <pthread.h>
 #include <vector>
 #include <functional>
 #include <type_traits>
@@ -24,6 +25,13 @@
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
+#endif
+
+// The emulator's own scheduling is not what AddressSanitizer is here to check (the kernels are): uninstrumented
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_UNCHECKED __attribute__((no_sanitize_address))
+#else
+#define EMU_UNCHECKED
 #endif
 
 #define EMU_MAX_THREADS 1024
@@ -40,6 +48,9 @@ typedef struct { void *dst; const void *src; int bytes; } EmuAsyncCopy;   // a c
 // One thread of a block
 typedef struct EmuThread {
     void *sp;                 // its saved stack pointer while it waits
+    void *asan_fake;          // (AddressSanitizer: its fake stack while others run)
+    int stack;                // its stack (-1: not started): a thread that ends hands its stack to the next one, so
+                              // threads that never wait all run on one stack, warm in the cache
     FiberState state;
     uint3 tid;                // threadIdx
     int linear, lane, warp;   // threadIdx.x + blockDim.x (y + blockDim.y z); lane and warp of the linear index
@@ -64,24 +75,22 @@ typedef struct {
     const void *rows[2][EMU_MAX_THREADS];    // each lane's row address in an ldmatrix
 } EmuBlock;
 
-static thread_local EmuThread *emu_self;     // the thread running now (threadIdx and the warp operations read it)
-static thread_local EmuBlock *emu_block;
-static thread_local void *emu_scheduler_sp;  // the scheduler's stack pointer while a fiber runs
-static thread_local EmuThread *emu_threads;  // EMU_MAX_THREADS of them, with their stacks
-static thread_local unsigned char *emu_stacks;
+static EmuThread *emu_self;     // the thread running now (threadIdx and the warp operations read it)
+static EmuBlock *emu_block;
+static void *emu_scheduler_sp;  // the scheduler's stack pointer while a fiber runs
+static EmuThread *emu_threads;  // EMU_MAX_THREADS of them, with their stacks
+static unsigned char *emu_stacks;
 
 // ---- the fiber switch: x86-64 System V, callee-saved registers and the FP control words on the old stack ----
-// emu_switch(&save, to): pushes rbp rbx r12-r15 and MXCSR/x87 CW, stores rsp in *save, loads rsp = to, pops, returns
-// into the other fiber. A new fiber's stack is made to look as if it had switched away just before its entry.
+// emu_switch(&save, to): pushes rbp rbx r12-r15, stores rsp in *save, loads rsp = to, pops, returns into the other
+// fiber (the floating-point control words are not switched: no kernel changes them). A new fiber's stack is made to look as if it had switched away just before its entry.
 extern "C" void emu_switch(void **save, void *to);
 extern "C" void emu_fiber_entry(void);
 __asm__(".text\n"
         ".globl emu_switch\n.type emu_switch,@function\n"
         "emu_switch:\n"
         "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
-        "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
         "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
-        "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
         "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
         "  ret\n"
         ".size emu_switch, .-emu_switch\n"
@@ -91,86 +100,115 @@ __asm__(".text\n"
         ".size emu_fiber_entry, .-emu_fiber_entry\n");
 
 #if defined(__SANITIZE_ADDRESS__)
-static thread_local void *emu_asan_fake;
-static void emu_switch_to(void **save, void *to, const void *stack, size_t size) {
-    __sanitizer_start_switch_fiber(&emu_asan_fake, stack, size);
-    emu_switch(save, to);
-    __sanitizer_finish_switch_fiber(emu_asan_fake, NULL, NULL);
-}
-#else
-static void emu_switch_to(void **save, void *to, const void *stack, size_t size) {
-    (void)stack; (void)size;
-    emu_switch(save, to);
-}
+static const void *emu_scheduler_stack;   // the device thread's own stack
+static size_t emu_scheduler_stack_size;
+static void *emu_scheduler_fake;            // its fake stack while a fiber runs
 #endif
-static thread_local const void *emu_scheduler_stack;   // (AddressSanitizer: the stack a fiber switches back to)
-static thread_local size_t emu_scheduler_stack_size;
+static int emu_free_stacks[EMU_MAX_THREADS], emu_nfree;
+static int emu_retired_stack = -1;   // the stack of a thread that has just ended, free once left
+static int emu_order[EMU_MAX_THREADS], emu_order_n, emu_order_at;   // this pass's order, the next
+static unsigned char *emu_stack_of(const EmuThread *t) { return emu_stacks + (size_t)t->stack * EMU_STACK_BYTES; }
+EMU_UNCHECKED static void emu_fiber_init(EmuThread *t);
 
-static unsigned char *emu_stack_of(const EmuThread *t) { return emu_stacks + (size_t)(t - emu_threads) * EMU_STACK_BYTES; }
+// Leaves the running context (a thread, or the scheduler starting a pass) for the next thread of this pass, or for
+// the scheduler once the pass is done: one switch per wait. save: where the context leaving keeps its stack pointer
+// (NULL: a thread that has ended, never resumed).
+EMU_UNCHECKED static void emu_run_next(void **save) {
+    EmuThread *from = emu_self, *to = NULL;
+    void *unused;
+    if (emu_order_at < emu_order_n) {
+        to = &emu_threads[emu_order[emu_order_at++]];
+        if (to->stack < 0) { to->stack = emu_free_stacks[--emu_nfree]; emu_fiber_init(to); }
+    }
+    emu_self = to;
+#if defined(__SANITIZE_ADDRESS__)
+    void **fake = save == NULL ? NULL : from ? &from->asan_fake : &emu_scheduler_fake;
+    __sanitizer_start_switch_fiber(fake, to ? emu_stack_of(to) : emu_scheduler_stack, to ? EMU_STACK_BYTES : emu_scheduler_stack_size);
+#else
+    (void)from;
+#endif
+    emu_switch(save ? save : &unused, to ? to->sp : emu_scheduler_sp);
+    // (here again: this context resumed)
+#if defined(__SANITIZE_ADDRESS__)
+    __sanitizer_finish_switch_fiber(emu_self ? emu_self->asan_fake : emu_scheduler_fake, NULL, NULL);
+#endif
+    if (emu_retired_stack >= 0) { emu_free_stacks[emu_nfree++] = emu_retired_stack; emu_retired_stack = -1; }
+}
 
-// the running fiber stops here until the scheduler resumes it
-static void emu_yield(FiberState why) {
+// the running thread stops here until a pass resumes it
+EMU_UNCHECKED static void emu_yield(FiberState why) {
     EmuThread *me = emu_self;
     me->state = why;
-    emu_switch_to(&me->sp, emu_scheduler_sp, emu_scheduler_stack, emu_scheduler_stack_size);
+    emu_run_next(&me->sp);
 }
 
 static void emu_fiber_main(EmuThread *t) {
 #if defined(__SANITIZE_ADDRESS__)
-    __sanitizer_finish_switch_fiber(NULL, &emu_scheduler_stack, &emu_scheduler_stack_size);
+    __sanitizer_finish_switch_fiber(NULL, NULL, NULL);
 #endif
+    if (emu_retired_stack >= 0) { emu_free_stacks[emu_nfree++] = emu_retired_stack; emu_retired_stack = -1; }
     (*emu_block->body)();
-    if (!t->cp_open.empty() || !t->cp_groups.empty()) {
+    size_t unwaited = t->cp_open.size();
+    for (const std::vector<EmuAsyncCopy> &g : t->cp_groups) { unwaited += g.size(); }
+    if (unwaited > 0) {
         emu_fail("kernel %s: thread (%u,%u,%u) of block (%u,%u,%u) ended with cp.async copies it never waited for",
                  emu_block->kernel, t->tid.x, t->tid.y, t->tid.z, emu_block->bid.x, emu_block->bid.y, emu_block->bid.z);
     }
     t->state = FIBER_DONE;
-#if defined(__SANITIZE_ADDRESS__)
-    __sanitizer_start_switch_fiber(NULL, emu_scheduler_stack, emu_scheduler_stack_size);   // (this stack is done)
-#endif
-    void *unused;
-    emu_switch(&unused, emu_scheduler_sp);
+    emu_retired_stack = t->stack;
+    emu_run_next(NULL);
 }
 
 // a fresh stack whose first switch enters emu_fiber_main(t)
-static void emu_fiber_init(EmuThread *t) {
+EMU_UNCHECKED static void emu_fiber_init(EmuThread *t) {
     uint64_t *top = (uint64_t *)(emu_stack_of(t) + EMU_STACK_BYTES);   // (16-byte aligned)
-    uint32_t csr[2];
-    __asm__ volatile("stmxcsr (%0)\n fnstcw 4(%0)" : : "r"(csr) : "memory");
     top[-1] = (uint64_t)(uintptr_t)emu_fiber_entry;   // ret lands here with rsp = top: aligned for its call
     top[-2] = 0;                                       // rbp
     top[-3] = (uint64_t)(uintptr_t)emu_fiber_main;     // rbx
     top[-4] = (uint64_t)(uintptr_t)t;                  // r12
     top[-5] = top[-6] = top[-7] = 0;                   // r13 r14 r15
-    memcpy(&top[-8], csr, 8);
-    t->sp = &top[-8];
+    t->sp = &top[-7];
 }
 
-// the stacks, made once per CPU thread that runs blocks: a page at the bottom of each is a guard (an overflow faults)
+// the stacks, made once by the device thread (the one thread that runs blocks): a page at the bottom of each is a guard (an overflow faults)
 static void emu_threads_setup(void) {
     if (emu_threads != NULL) { return; }
     size_t bytes = (size_t)EMU_MAX_THREADS * EMU_STACK_BYTES;
     void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) { emu_fail("no memory for %d thread stacks", EMU_MAX_THREADS); }
     emu_stacks = (unsigned char *)m;
+#if defined(__SANITIZE_ADDRESS__)
     for (int i = 0; i < EMU_MAX_THREADS; i++) { mprotect(emu_stacks + (size_t)i * EMU_STACK_BYTES, 4096, PROT_NONE); }
+#else
+    madvise(m, bytes, MADV_HUGEPAGE);   // (the threads' stack tops on few pages: a guard page each would split them)
+#endif
     emu_threads = new EmuThread[EMU_MAX_THREADS];
+#if defined(__SANITIZE_ADDRESS__)
+    pthread_attr_t attr;   // (the device thread's own stack, where each pass ends)
+    void *addr;
+    pthread_getattr_np(pthread_self(), &attr);
+    pthread_attr_getstack(&attr, &addr, &emu_scheduler_stack_size);
+    emu_scheduler_stack = addr;
+    pthread_attr_destroy(&attr);
+#endif
     emu_block = new EmuBlock;
 }
 
 // ---- seeded orders ----
-static thread_local uint64_t emu_rng_state = 1;
-static uint32_t emu_rand(void) {   // xorshift64*
+static uint64_t emu_rng_state = 1;
+EMU_UNCHECKED static uint32_t emu_rand(void) {   // xorshift64*
     emu_rng_state ^= emu_rng_state >> 12; emu_rng_state ^= emu_rng_state << 25; emu_rng_state ^= emu_rng_state >> 27;
     return (uint32_t)((emu_rng_state * 2685821657736338717ull) >> 32);
 }
-static void emu_shuffle(int *a, int n) {
-    for (int i = n - 1; i > 0; i--) { int j = (int)(emu_rand() % (uint32_t)(i + 1)), t = a[i]; a[i] = a[j]; a[j] = t; }
+EMU_UNCHECKED static void emu_shuffle(int *a, int n) {
+    for (int i = n - 1; i > 0; i--) {   // (j = rand * (i + 1) / 2^32: no division)
+        int j = (int)(((uint64_t)emu_rand() * (uint32_t)(i + 1)) >> 32), t = a[i]; a[i] = a[j]; a[j] = t;
+    }
 }
 
 // Which waiting threads may go on: all of them at a barrier once every live thread is there; a warp's lanes at a
 // warp operation once every live lane of that warp is. Returns how many were released.
-static int emu_release(int n) {
+EMU_UNCHECKED static int emu_release(int n) {
     int live = 0, at_barrier = 0, released = 0;
     for (int i = 0; i < n; i++) {
         live += emu_threads[i].state != FIBER_DONE;
@@ -194,8 +232,7 @@ static int emu_release(int n) {
 }
 
 // Runs one block: every thread's body from its start to its end, cooperatively.
-static void emu_run_block(int nthreads) {
-    static thread_local int order[EMU_MAX_THREADS];
+EMU_UNCHECKED static void emu_run_block(int nthreads) {
     EmuBlock *b = emu_block;
     for (int i = 0; i < nthreads; i++) {
         EmuThread *t = &emu_threads[i];
@@ -205,18 +242,16 @@ static void emu_run_block(int nthreads) {
         t->exchanges = t->barriers = 0;
         emu_block->exchange_no[0][i] = emu_block->exchange_no[1][i] = 0;
         t->cp_groups.clear(); t->cp_open.clear();
-        emu_fiber_init(t);
+        t->stack = -1;
     }
+    emu_nfree = 0;
+    for (int i = EMU_MAX_THREADS - 1; i >= 0; i--) { emu_free_stacks[emu_nfree++] = i; }
     for (;;) {
         int n = 0;
-        for (int i = 0; i < nthreads; i++) { if (emu_threads[i].state == FIBER_RUNNING) { order[n++] = i; } }
-        emu_shuffle(order, n);
-        for (int j = 0; j < n; j++) {
-            EmuThread *t = &emu_threads[order[j]];
-            emu_self = t;
-            emu_switch_to(&emu_scheduler_sp, t->sp, emu_stack_of(t), EMU_STACK_BYTES);
-        }
-        emu_self = NULL;
+        for (int i = 0; i < nthreads; i++) { if (emu_threads[i].state == FIBER_RUNNING) { emu_order[n++] = i; } }
+        emu_shuffle(emu_order, n);
+        emu_order_n = n; emu_order_at = 0;
+        if (n > 0) { emu_run_next(&emu_scheduler_sp); }   // (each thread hands over to the next; the last, back here)
         if (emu_release(nthreads) > 0) { continue; }
         int barrier = 0, warp = 0;
         for (int i = 0; i < nthreads; i++) {
@@ -243,7 +278,7 @@ static inline void __syncthreads(void) {
 static inline void __syncwarp(unsigned mask = 0xffffffffu) { (void)mask; emu_yield(FIBER_AT_WARP_OP); }
 
 // every lane of the warp puts v in; returns the set the warp's values are in once all are there
-static uint64_t *emu_exchange(uint64_t v) {
+EMU_UNCHECKED static uint64_t *emu_exchange(uint64_t v) {
     EmuThread *me = emu_self;
     int set = me->exchanges++ & 1;
     emu_block->exchange[set][me->linear] = v;
@@ -252,7 +287,7 @@ static uint64_t *emu_exchange(uint64_t v) {
     return emu_block->exchange[set] + me->warp * 32;
 }
 // did lane l of this warp take part in this lane's latest exchange (not ended before it, not at another one)?
-static int emu_lane_took_part(int l) {
+EMU_UNCHECKED static int emu_lane_took_part(int l) {
     EmuThread *me = emu_self;
     int i = me->warp * 32 + l;
     return i < emu_block->nthreads && emu_block->exchange_no[(me->exchanges - 1) & 1][i] == me->exchanges;
