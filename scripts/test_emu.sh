@@ -29,10 +29,11 @@ say() {   # RC DESCRIPTION: one check
 
 echo "== builds: fp32, bf16, checked (AddressSanitizer + UBSan)"
 t0=$SECONDS
-make -s BACKEND=emu PRECISION=FP32 BUILD_DIR=build/emu-fp32 -j2 >/dev/null &&
-make -s BACKEND=emu BUILD_DIR=build/emu-bf16 -j2 >/dev/null &&
-make -s BACKEND=emu PRECISION=FP32 CHECKED=1 BUILD_DIR=build/emu-checked build/emu-checked/test_gpt >/dev/null ||
-    { echo "an emulated build failed"; echo "0 passed, 1 failed"; exit 1; }
+build() { make -s "$@" >"$TMP/build.$#.$RANDOM.log" 2>&1; }   # (the three at once: their five compiles share the cores)
+build BACKEND=emu PRECISION=FP32 BUILD_DIR=build/emu-fp32 -j2 & p1=$!
+build BACKEND=emu BUILD_DIR=build/emu-bf16 -j2 & p2=$!
+build BACKEND=emu PRECISION=FP32 CHECKED=1 BUILD_DIR=build/emu-checked build/emu-checked/test_gpt & p3=$!
+wait $p1 && wait $p2 && wait $p3 || { cat "$TMP"/build.*.log | tail -n 20; echo "an emulated build failed"; echo "0 passed, 1 failed"; exit 1; }
 echo "(builds: $((SECONDS - t0)) s)"
 
 reference() {   # NAME ARGS...: the PyTorch reference state (test_matrix.sh writes the same ones)
@@ -69,20 +70,21 @@ run_test() {
 }
 
 T=refs/tiny
-echo "== 1. fp32 on the emulated device, in the checked build (AddressSanitizer + UBSan): test_gpt at the CPU build's tolerances"
+echo "== 1. fp32 on the emulated device: test_gpt at the CPU build's tolerances; the first seven rows in the checked build (AddressSanitizer + UBSan: ~3x slower), the rest in the plain one"
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 F=emu-checked
 run_test $F 1 --ref $T -b 8 --check-memory --check-comm                     # GPT-2, the chunked cross-entropy
 run_test $F 1 --ref refs/llama -b 8 --ce-chunk 0 --recompute full           # Llama, GQA (KV 2 of NH 4); full logits; recompute
 run_test $F 2 --ref $T -b 8 --tp 2 --sp --ce-chunk 7 --check-memory --check-comm   # vocab-parallel CE, ragged chunks
 run_test $F 2 --ref $T -b 4 --zero 3 --check-memory --check-comm
-run_test $F 2 --ref $T -b 1 --pp 2 --check-comm                             # 1F1B
 run_test $F 2 --ref $T -b 1 --pp 2 --pp-schedule zb --recompute mlp --check-comm
 run_test $F 2 --ref refs/moe -b 2 --ep 2 --check-memory --check-comm        # capacity 1.25: drops
+run_test $F 2 --ref $T -b 4 --cp 2 --cp-kind ulysses --check-comm
+F=emu-fp32
+run_test $F 2 --ref $T -b 1 --pp 2 --check-comm                             # 1F1B
 run_test $F 2 --ref refs/llama_mixtral -b 2 --ep 2 --check-comm             # dropless: the grouped GEMM
 run_test $F 2 --ref refs/llama_olmoe -b 2 --ep 2 --check-comm               # QK-norm, top-k not renormalised, padding
 run_test $F 2 --ref $T -b 4 --cp 2 --check-comm                             # ring
-run_test $F 2 --ref $T -b 4 --cp 2 --cp-kind ulysses --check-comm
 rm -rf "$TMP/resume"                                                        # resume into another layout
 run_test $F 2 --ref $T -b 2 --tp 2 --sp --zero 1 --check-resume "$TMP/resume"
 run_test $F 2 --ref $T -b 4 --zero 3 --resume-from "$TMP/resume"
@@ -125,6 +127,10 @@ seeds single emu-fp32 1 -e "$TINY" -b 4
 seeds tp2_sp_zero2 emu-fp32 2 -e "$TINY" -b 4 --tp 2 --sp --zero 2
 seeds ep2_cp2 emu-fp32 4 -e "$MOE" -b 2 --ep 2 --cp 2 --zero 1
 seeds pp2_zb emu-fp32 2 -e "$TINY" -b 1 -d 128 --pp 2 --pp-schedule zb
+# Qwen2-MoE's gated shared experts with loss-free balancing; experts of width 36, which cuBLASLt's GELU epilogue
+# does not take (its aux's ld is not a multiple of 8): the separate GELU kernels
+seeds qwenmoe_bias emu-fp32 2 -e "arch=llama,L=2,C=64,NH=4,KV=2,V=256,maxT=64,E=4,k=2,H=32,S=2,sgate=1,topknorm=0" -b 4 --ep 2 --moe-bias-rate 0.01
+seeds moe_gelu_unfused emu-fp32 2 -e "$MOE,H=36" -b 4 --ep 2
 seeds bf16_flash emu-bf16 1 -e "$LLAMA64" -b 4 --attention flash
 seeds bf16_flash_cp2 emu-bf16 2 -e "$LLAMA64" -b 4 --attention flash --cp 2
 
@@ -151,10 +157,20 @@ kernels = set()
 for p in glob.glob("llmc/*.h"):
     kernels |= set(re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(", open(p).read()))
 ran = set(open(sys.argv[1]).read().split()) if glob.glob(sys.argv[1]) else set()
-missing = sorted(kernels - ran)
+why = {   # what the program's flags cannot reach (counted as not run)
+    "add_bias_kernel": "matmul.h's fallback when cuBLASLt has no algorithm with a bias epilogue; the emulated cuBLASLt always has one",
+    "attention_forward_kernel": "the tiled attention (ATT_TILED) is only dev/cuda/attention.cu's third path; --attention offers cublas|flash|cudnn",
+    "attention_backward_dkdv_kernel": "the tiled attention's backward, as above",
+    "attention_backward_dq_kernel": "the tiled attention's backward, as above",
+}
 print("kernels run under emulation: %d of %d" % (len(kernels & ran), len(kernels)))
-for k in missing: print("     not run: %s" % k)
+unexplained = 0
+for k in sorted(kernels - ran):
+    print("     not run: %s (%s)" % (k, why.get(k, "no row launches it")))
+    unexplained += k not in why
+sys.exit(1 if unexplained else 0)
 PYEOF
+say $? "every __global__ kernel in llmc/ ran under emulation, or says why it cannot"
 echo "(total $((SECONDS - t_start)) s)"
 for n in "${failed_names[@]}"; do echo "failed: $n"; done
 echo "$passed passed, $failed failed"
