@@ -98,14 +98,20 @@ say $? "a rank stopped with SIGSTOP: the job ends in $((t1 - t0)) s (--timeout 3
 
 # 5. SIGUSR1 through mpirun, and SIGTERM to the ranks themselves: a checkpoint, exit 0, an exact resume
 $MPIRUN -np 2 "$BIN/train_gpt" "${COMMON[@]}" -b 2 -x 40 -o "$W/u_ref" >/dev/null 2>&1
+# (40 steps take well under a second: a signal sent after the 3rd step's line may land after the run has ended;
+# then the run is made again, up to 3 times)
 for sig in USR1 TERM; do
     d="$W/u_$sig"
-    $MPIRUN -np 2 "$BIN/train_gpt" "${COMMON[@]}" -b 2 -x 40 -o "$d" >"$d.log" 2>&1 &
-    mp=$!
-    for i in $(seq 1 200); do [ "$(grep -c trl "$d/main.log" 2>/dev/null)" -ge 3 ] && break; sleep 0.05; done
-    if [ $sig = USR1 ]; then kill -USR1 $mp; else pgrep -f "train_gpt.*-o $d\$" | grep -v "^$mp\$" | xargs -r kill -TERM; fi
-    wait $mp
-    rc=$?
+    for attempt in 1 2 3; do
+        rm -rf "$d"
+        $MPIRUN -np 2 "$BIN/train_gpt" "${COMMON[@]}" -b 2 -x 40 -o "$d" >"$d.log" 2>&1 &
+        mp=$!
+        for i in $(seq 1 200); do [ "$(grep -c trl "$d/main.log" 2>/dev/null)" -ge 3 ] && break; sleep 0.05; done
+        if [ $sig = USR1 ]; then kill -USR1 $mp; else pgrep -f "train_gpt.*-o $d\$" | grep -v "^$mp\$" | xargs -r kill -TERM; fi
+        wait $mp
+        rc=$?
+        grep -q "stopped by SIG$sig after step" "$d.log" && break
+    done
     step=$(grep -o "stopped by SIG$sig after step [0-9]*" "$d.log" | awk '{ print $NF }')
     [ $rc = 0 ] && [ -n "$step" ] && [ -f "$d/DONE_$(printf %08d "$step")" ]
     say $? "SIG$sig ($([ $sig = USR1 ] && echo "to mpirun, forwarded" || echo "to the ranks")): exit 0 after step ${step:-?} with a checkpoint"
