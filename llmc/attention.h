@@ -665,6 +665,8 @@ static void attention_backward_launch(floatX *dqkv, const floatX *dout, const fl
 #define ATT_CUDA_X CUDA_R_16BF
 #endif
 #define ATT_ROWS_PER_BLOCK 8        // row kernels: one warp per (head, query) row, 8 warps per block
+#define ATT_ROW_THREADS 256         // 32 * ATT_ROWS_PER_BLOCK (a number: the emulated device reads __launch_bounds__'s)
+static_assert(ATT_ROW_THREADS == 32 * ATT_ROWS_PER_BLOCK, "a warp per row");
 
 static cublasHandle_t att_cublas_handle = NULL;
 // workspace for one batch index: n = NH*T*T elements per region, each region 256-byte aligned
@@ -750,7 +752,7 @@ static void att_gemm_scores(float *S, const floatX *kv, const floatX *qdy, int l
 // block 32 * ATT_ROWS_PER_BLOCK; warp w of block x owns query t = x * ATT_ROWS_PER_BLOCK + w of head
 // blockIdx.y. S, P: (NH, T, T) of one batch index; lse: (NH, T) of that batch index.
 // lse = max + log(sum_{t2 <= t} exp(s scale - max)), P = exp(s scale - max) / sum, 0 for t2 > t.
-__global__ void __launch_bounds__(32 * ATT_ROWS_PER_BLOCK)
+__global__ void __launch_bounds__(ATT_ROW_THREADS)
 attention_softmax_forward_kernel(floatX *P, float *lse, const float *S, int T, float scale) {
     int lane = threadIdx.x % 32, h = blockIdx.y;
     int t = blockIdx.x * ATT_ROWS_PER_BLOCK + threadIdx.x / 32;
@@ -777,7 +779,7 @@ attention_softmax_forward_kernel(floatX *P, float *lse, const float *S, int T, f
 // P, dS (floatX) from S, dP (fp32), lse, and D = dout . out per row, same grid/block/rows as above.
 // dout, out: (T, C) of this batch index (head h at column h*hs). 0 above the diagonal.
 //   p = exp(s scale - lse);  ds = p (dp - D) scale
-__global__ void __launch_bounds__(32 * ATT_ROWS_PER_BLOCK)
+__global__ void __launch_bounds__(ATT_ROW_THREADS)
 attention_softmax_backward_kernel(floatX *P, floatX *dS, const float *S, const float *dP, const float *lse,
                                   const floatX *dout, const floatX *out, int T, int C, int hs, float scale) {
     int lane = threadIdx.x % 32, h = blockIdx.y;
@@ -810,7 +812,7 @@ static void attention_forward_cublas(floatX *out, float *lse, const floatX *qkv,
     for (int b = 0; b < B; b++) {
         const floatX *q = qkv + (size_t)b * T * W, *k = q + NH * hs, *v = k + KV * hs;
         att_gemm_scores(att_ws_S, k, q, W, T, NH, KV, hs);
-        LAUNCH(attention_softmax_forward_kernel, grid, 32 * ATT_ROWS_PER_BLOCK, 0, main_stream)(
+        LAUNCH(attention_softmax_forward_kernel, grid, ATT_ROW_THREADS, 0, main_stream)(
             att_ws_P, lse + (size_t)b * NH * T, att_ws_S, T, scale);
         cudaCheckLaunch();
         AttMat Vm = {v, ATT_CUDA_X, W, hs, 0}, P = {att_ws_P, ATT_CUDA_X, T, (long long)T * T, 1};
@@ -837,7 +839,7 @@ static void attention_backward_cublas(floatX *dqkv, const floatX *dout, const fl
         floatX *dq = dqkv + (size_t)b * T * W, *dk = dq + NH * hs, *dv = dk + KV * hs;
         att_gemm_scores(att_ws_S, k, q, W, T, NH, KV, hs);
         att_gemm_scores(att_ws_dP, v, dy, C, T, NH, KV, hs);
-        LAUNCH(attention_softmax_backward_kernel, grid, 32 * ATT_ROWS_PER_BLOCK, 0, main_stream)(
+        LAUNCH(attention_softmax_backward_kernel, grid, ATT_ROW_THREADS, 0, main_stream)(
             att_ws_P, att_ws_dS, att_ws_S, att_ws_dP, lse + (size_t)b * NH * T, dy, y, T, C, hs, scale);
         cudaCheckLaunch();
         AttMat Qm = {q, ATT_CUDA_X, W, hs, 1}, Km = {k, ATT_CUDA_X, W, hs, 0}, dY = {dy, ATT_CUDA_X, C, hs, 1};

@@ -6,8 +6,8 @@
 #   2. bf16 (build/emu-bf16): test_gpt at the bf16 tolerances; train_gpt's 10 losses beside the CPU build's
 #   3. order independence: each train_gpt row under two seeds of the thread, block and stream orders, the
 #      checkpoints compared byte for byte
-#   4. it can fail: four mutations (a barrier removed, a grid one block short, the main stream's wait on the
-#      communication stream removed, a read past an allocation's end), each caught
+#   4. it can fail: five mutations (a barrier removed, a grid one block short, the main stream's wait on the
+#      communication stream removed, a read past an allocation's end, a block past __launch_bounds__), each caught
 #   5. the checked build (build/emu-checked: AddressSanitizer and UBSan) runs rows of 1 clean
 #   6. coverage: every __global__ kernel in llmc/ launched by these rows ("kernels run under emulation: N of N")
 # Usage: bash scripts/test_emu.sh   (closes with "N passed, N failed")
@@ -141,7 +141,7 @@ mutation() {   # WHAT EMU_MUTATE BUILD NP TEST_GPT_ARGS...
     EMU_MUTATE=$m timeout 600 $MPIRUN -np $np build/$build/test_gpt "$@" >"$log" 2>&1
     local rc=$? line
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
-    local how=$(grep -m1 -oE 'FAIL .{0,80}|ERROR: AddressSanitizer: [a-z-]+|emulated device: .{0,80}' "$log")
+    local how=$(grep -m1 -oE 'FAIL .{0,80}|ERROR: AddressSanitizer: [a-z-]+|emulated device: .{0,80}|error: CUDA: .{0,80}' "$log")
     [ $rc != 0 ] || [ "${line#*, }" != "0 failed" ]
     say $? "mutation caught: $what (EMU_MUTATE=$m; $build np $np: ${how:-exit $rc})"
 }
@@ -149,6 +149,7 @@ mutation "a __syncthreads removed from the global norm's block reduction" barrie
 mutation "layernorm's launcher one block short" grid:layernorm_forward_kernel emu-fp32 1 --ref $T -b 8
 mutation "the main stream's wait on the communication stream removed" wait:1 emu-fp32 2 --ref $T -b 4 --zero 2
 mutation "the parameters' last element past the end of their allocation (AddressSanitizer)" short:1 emu-checked 1 --ref $T -b 8
+mutation "the softmax kernel's launch 32 threads past its __launch_bounds__(256)" block:attention_softmax_forward_kernel emu-fp32 1 --ref $T -b 8
 
 echo "== 5. coverage"
 $PY - "$EMU_LAUNCH_LOG" <<'PYEOF'

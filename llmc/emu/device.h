@@ -18,7 +18,12 @@
 #include <cuda_bf16.h>
 #include <cublasLt.h>
 #include <cublas_v2.h>
-#define __launch_bounds__(...)
+// __launch_bounds__(n[, blocks]): the kernel's code goes into a section named by n (emu_launch_bounds_n), which the runtime reads from the
+// executable to refuse a launch of more than n threads a block, as the CUDA runtime does (n must expand to a number)
+#define EMU_STRING_(x) #x
+#define EMU_STRING(x) EMU_STRING_(x)
+#define EMU_LAUNCH_BOUNDS_(n, ...) __attribute__((section("emu_launch_bounds_" EMU_STRING(n))))
+#define __launch_bounds__(...) EMU_LAUNCH_BOUNDS_(__VA_ARGS__, 0)
 #include "runtime.h"
 #include "cublas.h"
 #ifdef USE_NCCL

@@ -17,6 +17,7 @@
 // EMU_MUTATE breaks the program on purpose, to show the checks catch it (scripts/test_emu.sh):
 //   barrier:KERNEL:N  each thread of KERNEL skips its N-th __syncthreads (a barrier removed from the source)
 //   grid:KERNEL       KERNEL's launches run one block short (the last one)
+//   block:KERNEL      KERNEL's launches ask for 32 more threads a block (past a __launch_bounds__ it fails)
 //   wait:S            the S-th stream the program made (1: main_stream) ignores its cudaStreamWaitEvent calls
 //   short:N           the N-th cudaMalloc is 4 bytes short (a kernel reading all of it reads past its end)
 // Not modelled: timing (events hold wall-clock times), concurrent kernels, the legacy stream's implicit
@@ -38,6 +39,9 @@
 #include <thread>
 #include <condition_variable>
 #include <tuple>
+#include <vector>
+#include <elf.h>
+#include <link.h>
 #include <algorithm>
 #include <type_traits>
 #include "contract.h"
@@ -80,12 +84,12 @@ static void emu_mutate_parse(void) {
     snprintf(spec, sizeof(spec), "%s", m);
     char *kind = strtok(spec, ":"), *a = strtok(NULL, ":"), *b = strtok(NULL, ":");
     snprintf(emu_mutate_kind, sizeof(emu_mutate_kind), "%s", kind ? kind : "");
-    int named = !strcmp(emu_mutate_kind, "barrier") || !strcmp(emu_mutate_kind, "grid");
+    int named = !strcmp(emu_mutate_kind, "barrier") || !strcmp(emu_mutate_kind, "grid") || !strcmp(emu_mutate_kind, "block");
     if (named && a) { snprintf(emu_mutate_kernel, sizeof(emu_mutate_kernel), "%s", a); }
     emu_mutate_n = strtol(named ? (b ? b : "0") : (a ? a : "0"), NULL, 10);
-    if (!strcmp(emu_mutate_kind, "barrier") ? (a == NULL || emu_mutate_n < 1) : !strcmp(emu_mutate_kind, "grid") ? a == NULL
+    if (!strcmp(emu_mutate_kind, "barrier") ? (a == NULL || emu_mutate_n < 1) : named ? a == NULL
         : (strcmp(emu_mutate_kind, "wait") && strcmp(emu_mutate_kind, "short")) || emu_mutate_n < 1) {
-        emu_fail("EMU_MUTATE: expected barrier:KERNEL:N, grid:KERNEL, wait:S or short:N, got '%s'", m);
+        emu_fail("EMU_MUTATE: expected barrier:KERNEL:N, grid:KERNEL, block:KERNEL, wait:S or short:N, got '%s'", m);
     }
 }
 static int emu_mutation(const char *kind, const char *kernel) {
@@ -299,6 +303,45 @@ static std::string emu_kernel_name(const char *spelled) {
     return s;
 }
 
+// __launch_bounds__(n) puts a kernel's code in the section "emu_launch_bounds_n" (device.h); the sections of
+// this executable (/proc/self/exe) say which code addresses take at most how many threads a block
+typedef struct { uintptr_t lo, hi; long threads; } EmuBoundedCode;
+static std::vector<EmuBoundedCode> emu_bounded_code;
+static int emu_load_bias(struct dl_phdr_info *info, size_t, void *bias) { *(uintptr_t *)bias = info->dlpi_addr; return 1; }   // (the first object: the executable)
+static void emu_read_launch_bounds(void) {
+    const char prefix[] = "emu_launch_bounds_";
+    uintptr_t bias = 0;
+    dl_iterate_phdr(emu_load_bias, &bias);
+    FILE *f = fopen("/proc/self/exe", "rb");
+    Elf64_Ehdr eh;
+    if (f == NULL || fread(&eh, sizeof(eh), 1, f) != 1 || memcmp(eh.e_ident, ELFMAG, SELFMAG) || eh.e_ident[EI_CLASS] != ELFCLASS64) {
+        emu_fail("__launch_bounds__: cannot read this executable's ELF header (/proc/self/exe)");
+    }
+    std::vector<Elf64_Shdr> sh(eh.e_shnum);
+    if (fseek(f, (long)eh.e_shoff, SEEK_SET) || fread(sh.data(), sizeof(Elf64_Shdr), sh.size(), f) != sh.size() || eh.e_shstrndx >= sh.size()) {
+        emu_fail("__launch_bounds__: cannot read this executable's section headers");
+    }
+    std::vector<char> names(sh[eh.e_shstrndx].sh_size + 1, 0);
+    if (fseek(f, (long)sh[eh.e_shstrndx].sh_offset, SEEK_SET) || fread(names.data(), 1, names.size() - 1, f) != names.size() - 1) {
+        emu_fail("__launch_bounds__: cannot read this executable's section names");
+    }
+    fclose(f);
+    for (const Elf64_Shdr &h : sh) {
+        const char *name = h.sh_name < names.size() ? names.data() + h.sh_name : "";
+        if (strncmp(name, prefix, sizeof(prefix) - 1)) { continue; }
+        char *end;
+        long n = strtol(name + sizeof(prefix) - 1, &end, 10);
+        if (*end || n < 1) { emu_fail("__launch_bounds__: section %s: the bound must expand to a number", name); }
+        emu_bounded_code.push_back({bias + h.sh_addr, bias + h.sh_addr + h.sh_size, n});
+    }
+}
+static long emu_launch_bound(const void *fn) {   // (the caller holds emu_lock)
+    static int read = 0;
+    if (!read) { emu_read_launch_bounds(); read = 1; }
+    for (const EmuBoundedCode &c : emu_bounded_code) { if ((uintptr_t)fn >= c.lo && (uintptr_t)fn < c.hi) { return c.threads; } }
+    return EMU_MAX_THREADS;
+}
+
 static cudaError_t emu_check_launch(const void *fn, dim3 grid, dim3 block, size_t smem) {
     size_t threads = (size_t)block.x * block.y * block.z;
     if (threads == 0 || threads > EMU_MAX_THREADS || block.x > 1024 || block.y > 1024 || block.z > 64) { return cudaErrorInvalidConfiguration; }
@@ -307,6 +350,7 @@ static cudaError_t emu_check_launch(const void *fn, dim3 grid, dim3 block, size_
     auto it = emu_smem_limit.find(fn);
     size_t limit = it == emu_smem_limit.end() ? EMU_SMEM_DEFAULT : (size_t)it->second;
     if (smem > limit) { return cudaErrorInvalidValue; }
+    if ((long)threads > emu_launch_bound(fn)) { return cudaErrorLaunchOutOfResources; }   // (as the runtime says it)
     return cudaSuccess;
 }
 
@@ -347,12 +391,13 @@ struct EmuLaunch {
     size_t smem;
     cudaStream_t stream;
     void operator()(P... args) const {   // (the arguments converted as in a call: NULL to a pointer)
-        cudaError_t err = emu_check_launch((const void *)kernel, grid, block, smem);
+        std::string kname = emu_kernel_name(name);
+        dim3 g = grid, b = block;
+        if (emu_mutation("block", kname.c_str())) { b.x += 32; }
+        cudaError_t err = emu_check_launch((const void *)kernel, g, b, smem);
         if (err != cudaSuccess) { emu_last_error = err; return; }
         std::tuple<typename std::decay<P>::type...> params(args...);
         void (*k)(P...) = kernel;
-        std::string kname = emu_kernel_name(name);
-        dim3 g = grid, b = block;
         size_t s = smem;
         emu_enqueue(stream, EMU_KERNEL, kname.c_str(), [k, params, kname, g, b, s]() -> bool {
             std::function<void(void)> body = [&]() { std::apply(k, params); };
@@ -381,6 +426,7 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
     default: return "unknown error (emulated device)";
     }
 }
