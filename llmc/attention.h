@@ -665,8 +665,7 @@ static void attention_backward_launch(floatX *dqkv, const floatX *dout, const fl
 #define ATT_CUDA_X CUDA_R_16BF
 #endif
 #define ATT_ROWS_PER_BLOCK 8        // row kernels: one warp per (head, query) row, 8 warps per block
-#define ATT_ROW_THREADS 256         // 32 * ATT_ROWS_PER_BLOCK (a number: the emulated device reads __launch_bounds__'s)
-static_assert(ATT_ROW_THREADS == 32 * ATT_ROWS_PER_BLOCK, "a warp per row");
+#define ATT_ROW_THREADS (32 * ATT_ROWS_PER_BLOCK)
 
 static cublasHandle_t att_cublas_handle = NULL;
 // workspace for one batch index: n = NH*T*T elements per region, each region 256-byte aligned

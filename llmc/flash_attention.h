@@ -37,8 +37,7 @@ static size_t flash_workspace_bytes(int B, int T, int NH) { return ((size_t)B * 
 
 #define FA_TILE 64                 // query rows per block = keys per tile
 #define FA_WARPS 4                 // 16 rows each
-#define FA_THREADS 128             // 32 * FA_WARPS (a number: the emulated device reads __launch_bounds__'s)
-static_assert(FA_THREADS == 32 * FA_WARPS, "a warp per 16 rows");
+#define FA_THREADS (32 * FA_WARPS)
 #define FA_LOG2E 1.4426950408889634f   // exp(x) = exp2(x log2 e)
 
 // The warp operations of a host compile: the emulated device's (FA_HOST_OPS, llmc/emu/threads.h), or the CPU

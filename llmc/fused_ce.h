@@ -90,13 +90,20 @@ static void ce_fused_train_cpu(float *logits, float *losses, const int *targets,
 }
 
 #ifdef USE_CUDA
-// One block of CE_THREADS per token row. Thread t reads the row in 16-byte vectors of W elements:
-// columns W (t + k CE_THREADS) .. + W - 1, k = 0, 1, ... (W = CE_VEC where the row length and the
+// One block of nt = ce_threads(Vl, W) threads per token row (CE_THREADS, fewer for a short row). Thread t reads
+// the row in 16-byte vectors of W elements: columns W (t + k nt) .. + W - 1, k = 0, 1, ... (W = CE_VEC where the row length and the
 // pointer allow, else 1). The thread bodies are functions of their indices, replayed on the CPU by
 // dev/cuda/fused_ce_replay.cu; the block's max and sum are fixed-shape reductions (deterministic).
 #define CE_THREADS 1024
 #define CE_VEC ((int)(16 / sizeof(floatX)))
 template <int W> struct alignas(W * sizeof(floatX)) CEVec { floatX x[W]; };
+
+// threads per row: one vector of W each, in whole warps, at most CE_THREADS (a block of 1,024 threads on a row
+// of 256 columns would leave 960 of them idle)
+__host__ __device__ inline int ce_threads(int Vl, int W) {
+    int t = ((Vl + W - 1) / W + 31) / 32 * 32;
+    return t < 32 ? 32 : t > CE_THREADS ? CE_THREADS : t;
+}
 
 // the vector width for rows of Vl elements starting at logits
 static int ce_vector_width(const floatX *logits, int Vl) {
@@ -105,9 +112,9 @@ static int ce_vector_width(const floatX *logits, int Vl) {
 
 // thread t's online softmax over its valid columns of row z: m its max, s = sum exp(z - m)
 template <int W>
-__host__ __device__ inline void ce_thread_stats(float *m_out, float *s_out, const floatX *z, int valid, int t) {
+__host__ __device__ inline void ce_thread_stats(float *m_out, float *s_out, const floatX *z, int valid, int t, int nt) {
     float m = -INFINITY, s = 0.0f;
-    for (int j0 = W * t; j0 < valid; j0 += W * CE_THREADS) {
+    for (int j0 = W * t; j0 < valid; j0 += W * nt) {
         CEVec<W> v = *(const CEVec<W> *)(z + j0);
         float vm = m;
         for (int k = 0; k < W; k++) { if (j0 + k < valid) { vm = fmaxf(vm, (float)v.x[k]); } }
@@ -121,8 +128,8 @@ __host__ __device__ inline void ce_thread_stats(float *m_out, float *s_out, cons
 // thread t's columns of row z (all Vl, padding included) become (exp(z - M) inv_S - onehot[tcol]) dloss
 template <int W>
 __host__ __device__ inline void ce_thread_dlogits(floatX *z, int valid, int Vl, int tcol, float M, float inv_S,
-                                                  float dloss, int t) {
-    for (int j0 = W * t; j0 < Vl; j0 += W * CE_THREADS) {
+                                                  float dloss, int t, int nt) {
+    for (int j0 = W * t; j0 < Vl; j0 += W * nt) {
         CEVec<W> v = *(CEVec<W> *)(z + j0);
         for (int k = 0; k < W; k++) {
             int j = j0 + k;
@@ -145,7 +152,7 @@ __global__ void ce_stats_kernel(float *stats, const floatX *logits, const int *t
     int i = blockIdx.x, valid = V - v0 < Vl ? V - v0 : Vl, t = targets[i] - v0;
     const floatX *z = logits + (size_t)i * Vl;
     float m, s, M, S;
-    ce_thread_stats<W>(&m, &s, z, valid, threadIdx.x);
+    ce_thread_stats<W>(&m, &s, z, valid, threadIdx.x, blockDim.x);
     ce_block_stats(&M, &S, m, s);
     if (threadIdx.x == 0) {
         stats[3 * i + 0] = M;
@@ -169,7 +176,7 @@ __global__ void ce_loss_dlogits_kernel(floatX *logits, float *losses, const floa
     }
     if (threadIdx.x == 0) { losses[i] = logf(S) + M - zt; }
     if (write_dlogits) {
-        ce_thread_dlogits<W>(logits + (size_t)i * Vl, valid, Vl, targets[i] - v0, M, 1.0f / S, dloss, threadIdx.x);
+        ce_thread_dlogits<W>(logits + (size_t)i * Vl, valid, Vl, targets[i] - v0, M, 1.0f / S, dloss, threadIdx.x, blockDim.x);
     }
 }
 
@@ -181,18 +188,18 @@ __global__ void ce_fused_kernel(floatX *logits, float *losses, const int *target
     floatX *z = logits + (size_t)i * Vl;
     float zt = t >= 0 && t < valid ? (float)z[t] : 0.0f;   // read before the reductions' barriers: before any write
     float m, s, M, S;
-    ce_thread_stats<W>(&m, &s, z, valid, threadIdx.x);
+    ce_thread_stats<W>(&m, &s, z, valid, threadIdx.x, blockDim.x);
     ce_block_stats(&M, &S, m, s);
     if (threadIdx.x == 0) { losses[i] = logf(S) + M - zt; }
-    if (write_dlogits) { ce_thread_dlogits<W>(z, valid, Vl, t, M, 1.0f / S, dloss, threadIdx.x); }
+    if (write_dlogits) { ce_thread_dlogits<W>(z, valid, Vl, t, M, 1.0f / S, dloss, threadIdx.x, blockDim.x); }
 }
 
 static void ce_stats_cuda(float *stats, const floatX *logits, const int *targets, int v0, int V, int n, int Vl) {
     if (n <= 0) { return; }
     if (ce_vector_width(logits, Vl) > 1) {
-        LAUNCH(ce_stats_kernel<CE_VEC>, n, CE_THREADS, 0, main_stream)(stats, logits, targets, v0, V, Vl);
+        LAUNCH(ce_stats_kernel<CE_VEC>, n, ce_threads(Vl, CE_VEC), 0, main_stream)(stats, logits, targets, v0, V, Vl);
     }
-    else { LAUNCH(ce_stats_kernel<1>, n, CE_THREADS, 0, main_stream)(stats, logits, targets, v0, V, Vl); }
+    else { LAUNCH(ce_stats_kernel<1>, n, ce_threads(Vl, 1), 0, main_stream)(stats, logits, targets, v0, V, Vl); }
     cudaCheckLaunch();
 }
 
@@ -200,10 +207,10 @@ static void ce_loss_dlogits_cuda(floatX *logits, float *losses, const float *sta
                                  int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
     if (n <= 0) { return; }
     if (ce_vector_width(logits, Vl) > 1) {
-        LAUNCH(ce_loss_dlogits_kernel<CE_VEC>, n, CE_THREADS, 0, main_stream)(logits, losses, stats_all, targets, v0, V, n,
+        LAUNCH(ce_loss_dlogits_kernel<CE_VEC>, n, ce_threads(Vl, CE_VEC), 0, main_stream)(logits, losses, stats_all, targets, v0, V, n,
                 Vl, tp, dloss, write_dlogits);
     } else {
-        LAUNCH(ce_loss_dlogits_kernel<1>, n, CE_THREADS, 0, main_stream)(logits, losses, stats_all, targets, v0, V, n, Vl,
+        LAUNCH(ce_loss_dlogits_kernel<1>, n, ce_threads(Vl, 1), 0, main_stream)(logits, losses, stats_all, targets, v0, V, n, Vl,
                                                                      tp, dloss, write_dlogits);
     }
     cudaCheckLaunch();
@@ -213,11 +220,11 @@ static void ce_fused_cuda(floatX *logits, float *losses, const int *targets, int
                           int write_dlogits) {
     if (n <= 0) { return; }
     if (ce_vector_width(logits, Vl) > 1) {
-        LAUNCH(ce_fused_kernel<CE_VEC>, n, CE_THREADS, 0, main_stream)(logits, losses, targets, V, Vl, dloss,
+        LAUNCH(ce_fused_kernel<CE_VEC>, n, ce_threads(Vl, CE_VEC), 0, main_stream)(logits, losses, targets, V, Vl, dloss,
                                                                    write_dlogits);
     }
     else {
-        LAUNCH(ce_fused_kernel<1>, n, CE_THREADS, 0, main_stream)(logits, losses, targets, V, Vl, dloss, write_dlogits);
+        LAUNCH(ce_fused_kernel<1>, n, ce_threads(Vl, 1), 0, main_stream)(logits, losses, targets, V, Vl, dloss, write_dlogits);
     }
     cudaCheckLaunch();
 }

@@ -37,10 +37,13 @@ static void sum_of_squares_cpu(float *out, const float *x, size_t n) {
 }
 
 #ifdef USE_CUDA
-// Deterministic two-pass sum of squares: a FIXED grid of SOS_BLOCKS blocks (independent of the
-// device) each writes one partial (fp64) to a static device array, then one block adds the
-// partials in a fixed tree order. Launches are ordered on main_stream, so one array suffices.
+// Deterministic two-pass sum of squares: a grid of at most SOS_BLOCKS blocks, its size a function of n alone
+// (never of the device: the same n sums in the same order everywhere), each block writes one partial (fp64) to a
+// static device array, then one block adds the partials in a fixed tree order. A block covers at least
+// SOS_PER_THREAD elements a thread (a small tensor gets few blocks, not 512 idle ones). Launches are ordered on
+// main_stream, so one array suffices.
 #define SOS_BLOCKS 512
+#define SOS_PER_THREAD 8
 #define SOS_THREADS 512
 static __device__ double sos_partials[SOS_BLOCKS];
 
@@ -58,7 +61,7 @@ __device__ double block_reduce_sum_f64(double v) {
     return warp_reduce_sum_f64(lane < nwarps ? buf[lane] : 0.0);
 }
 
-// x (n) -> sos_partials[blockIdx.x]: block b sums elements b*SOS_THREADS + tid + k*SOS_BLOCKS*SOS_THREADS
+// x (n) -> sos_partials[blockIdx.x]: block b sums elements b*SOS_THREADS + tid + k*gridDim.x*SOS_THREADS
 __global__ void sum_of_squares_partial_kernel(const floatX *x, size_t n) {
     double acc = 0.0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -69,18 +72,20 @@ __global__ void sum_of_squares_partial_kernel(const floatX *x, size_t n) {
     if (threadIdx.x == 0) { sos_partials[blockIdx.x] = acc; }
 }
 
-// one block: *out = sum of the SOS_BLOCKS partials
-__global__ void sum_of_squares_final_kernel(float *out) {
+// one block: *out = sum of the nblocks partials
+__global__ void sum_of_squares_final_kernel(float *out, int nblocks) {
     double acc = 0.0;
-    for (int i = threadIdx.x; i < SOS_BLOCKS; i += blockDim.x) { acc += sos_partials[i]; }
+    for (int i = threadIdx.x; i < nblocks; i += blockDim.x) { acc += sos_partials[i]; }
     acc = block_reduce_sum_f64(acc);
     if (threadIdx.x == 0) { *out = (float)acc; }
 }
 
 static void sum_of_squares_cuda(float *out, const floatX *x, size_t n) {
-    LAUNCH(sum_of_squares_partial_kernel, SOS_BLOCKS, SOS_THREADS, 0, main_stream)(x, n);
+    size_t per_block = (size_t)SOS_THREADS * SOS_PER_THREAD, want = (n + per_block - 1) / per_block;
+    int nblocks = want < 1 ? 1 : want > SOS_BLOCKS ? SOS_BLOCKS : (int)want;
+    LAUNCH(sum_of_squares_partial_kernel, nblocks, SOS_THREADS, 0, main_stream)(x, n);
     cudaCheckLaunch();
-    LAUNCH(sum_of_squares_final_kernel, 1, SOS_THREADS, 0, main_stream)(out);
+    LAUNCH(sum_of_squares_final_kernel, 1, SOS_THREADS, 0, main_stream)(out, nblocks);
     cudaCheckLaunch();
 }
 #endif

@@ -2,14 +2,17 @@
 # The CUDA program on the emulated device (make BACKEND=emu, llmc/emu/): the CUDA build's kernels, launches,
 # streams, cuBLASLt and NCCL calls run on the CPU and are checked against the PyTorch reference, as test_matrix.sh
 # checks the CPU build. What `make test-emu` runs (.ci/run too).
-#   1. fp32 (build/emu-fp32): test_gpt at the CPU build's tolerances in the layouts of the issue's list
+#   1. fp32 (build/emu-checked, the fp32 build under AddressSanitizer + UBSan; build/emu-fp32 for 3 and 4): test_gpt at the CPU build's tolerances in the layouts of the issue's list
 #   2. bf16 (build/emu-bf16): test_gpt at the bf16 tolerances; train_gpt's 10 losses beside the CPU build's
 #   3. order independence: each train_gpt row under two seeds of the thread, block and stream orders, the
 #      checkpoints compared byte for byte
-#   4. it can fail: five mutations (a barrier removed, a grid one block short, the main stream's wait on the
-#      communication stream removed, a read past an allocation's end, a block past __launch_bounds__), each caught
-#   5. the checked build (build/emu-checked: AddressSanitizer and UBSan) runs rows of 1 clean
+#   4. it can fail: six mutations (a barrier removed, a grid one block short, the main stream's wait on the
+#      communication stream removed, a read past an allocation's end, a block past __launch_bounds__ in a kernel
+#      and in a template kernel), each caught
+#   5. the checked build (build/emu-checked: AddressSanitizer and UBSan) runs every fp32 row (rows of 1 and 2) clean
 #   6. coverage: every __global__ kernel in llmc/ launched by these rows ("kernels run under emulation: N of N")
+#   0. first, the emulation's own parts: dev/emu/test_emu_cublas.cpp (cuBLASLt/cuBLAS against a double GEMM) and
+#      dev/emu/test_emu_nccl.cpp (NCCL over MPI against the ring-order sums, at 4 and 3 ranks)
 # Usage: bash scripts/test_emu.sh   (closes with "N passed, N failed")
 set -u
 cd "$(dirname "$0")/.."
@@ -33,7 +36,10 @@ build() { make -s "$@" >"$TMP/build.$#.$RANDOM.log" 2>&1; }   # (the three at on
 build BACKEND=emu PRECISION=FP32 BUILD_DIR=build/emu-fp32 -j2 & p1=$!
 build BACKEND=emu BUILD_DIR=build/emu-bf16 -j2 & p2=$!
 build BACKEND=emu PRECISION=FP32 CHECKED=1 BUILD_DIR=build/emu-checked build/emu-checked/test_gpt & p3=$!
-wait $p1 && wait $p2 && wait $p3 || { cat "$TMP"/build.*.log | tail -n 20; echo "an emulated build failed"; echo "0 passed, 1 failed"; exit 1; }
+CXXFLAGS_EMU="-std=c++17 -O2 -Wall -Wextra -Wno-unused-function -Wno-missing-field-initializers -I${CUDA_HOME:-/usr/local/cuda}/include"
+{ g++ $CXXFLAGS_EMU dev/emu/test_emu_cublas.cpp -o "$TMP/test_emu_cublas" &&
+  mpicxx $CXXFLAGS_EMU -DOMPI_SKIP_MPICXX dev/emu/test_emu_nccl.cpp -o "$TMP/test_emu_nccl" -lpthread; } >"$TMP/build.units.log" 2>&1 & p4=$!
+wait $p1 && wait $p2 && wait $p3 && wait $p4 || { cat "$TMP"/build.*.log | tail -n 20; echo "an emulated build failed"; echo "0 passed, 1 failed"; exit 1; }
 echo "(builds: $((SECONDS - t0)) s)"
 
 reference() {   # NAME ARGS...: the PyTorch reference state (test_matrix.sh writes the same ones)
@@ -69,8 +75,29 @@ run_test() {
     fi
 }
 
+# unit LOG NAME: the "N passed, M failed" lines of LOG (one per rank) added to the totals, one FAIL per failing line
+unit() {
+    local log=$1 name=$2 p f n=0
+    while read -r p _ f _; do
+        n=$((n + 1)); passed=$((passed + p)); failed=$((failed + f))
+        [ "$f" = 0 ] || failed_names+=("$name")
+    done < <(grep -oE '[0-9]+ passed, [0-9]+ failed$' "$log" | tr -d ,)
+    echo "      $name: $n summaries, $(grep -oE '[0-9]+ passed, [0-9]+ failed$' "$log" | tr -d , | awk '{p += $1; f += $3} END {print p " passed, " f " failed"}')"
+}
+echo "== 0. the emulation's own parts: cuBLASLt against a double GEMM, NCCL against the ring-order sums"
+"$TMP/test_emu_cublas" >"$TMP/cublas.log" 2>&1
+say $? "dev/emu/test_emu_cublas: the emulated cuBLASLt/cuBLAS (exit status)"
+unit "$TMP/cublas.log" test_emu_cublas
+for np in 4 3; do
+    timeout 300 $MPIRUN -np $np "$TMP/test_emu_nccl" >"$TMP/nccl.$np.log" 2>&1
+    rc=$?
+    [ $rc = 0 ] && [ "$(grep -cE '^rank [0-9]+: [0-9]+ passed, 0 failed$' "$TMP/nccl.$np.log")" = $np ]
+    say $? "dev/emu/test_emu_nccl at $np ranks: every rank's summary with 0 failed (exit $rc)"
+    unit "$TMP/nccl.$np.log" "test_emu_nccl np $np"
+done
+
 T=refs/tiny
-echo "== 1. fp32 on the emulated device: test_gpt at the CPU build's tolerances; the first seven rows in the checked build (AddressSanitizer + UBSan: ~3x slower), the rest in the plain one"
+echo "== 1. fp32 on the emulated device: test_gpt at the CPU build's tolerances, in the checked build (AddressSanitizer + UBSan)"
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 F=emu-checked
 run_test $F 1 --ref $T -b 8 --check-memory --check-comm                     # GPT-2, the chunked cross-entropy
@@ -80,7 +107,6 @@ run_test $F 2 --ref $T -b 4 --zero 3 --check-memory --check-comm
 run_test $F 2 --ref $T -b 1 --pp 2 --pp-schedule zb --recompute mlp --check-comm
 run_test $F 2 --ref refs/moe -b 2 --ep 2 --check-memory --check-comm        # capacity 1.25: drops
 run_test $F 2 --ref $T -b 4 --cp 2 --cp-kind ulysses --check-comm
-F=emu-fp32
 run_test $F 2 --ref $T -b 1 --pp 2 --check-comm                             # 1F1B
 run_test $F 2 --ref refs/llama_mixtral -b 2 --ep 2 --check-comm             # dropless: the grouped GEMM
 run_test $F 2 --ref refs/llama_olmoe -b 2 --ep 2 --check-comm               # QK-norm, top-k not renormalised, padding
@@ -150,6 +176,7 @@ mutation "layernorm's launcher one block short" grid:layernorm_forward_kernel em
 mutation "the main stream's wait on the communication stream removed" wait:1 emu-fp32 2 --ref $T -b 4 --zero 2
 mutation "the parameters' last element past the end of their allocation (AddressSanitizer)" short:1 emu-checked 1 --ref $T -b 8
 mutation "the softmax kernel's launch 32 threads past its __launch_bounds__(256)" block:attention_softmax_forward_kernel emu-fp32 1 --ref $T -b 8
+mutation "the flash forward kernel's (a template's) launch 32 threads past its __launch_bounds__(128)" block:flash_forward_kernel emu-bf16 1 --ref refs/llama_hs128 -b 8 --attention flash
 
 echo "== 5. coverage"
 $PY - "$EMU_LAUNCH_LOG" <<'PYEOF'

@@ -1,5 +1,5 @@
 // The cross-entropy kernels (llmc/fused_ce.h) replayed on the CPU: for each row (one block), every one of
-// the block's CE_THREADS threads runs the kernels' own thread bodies (ce_thread_stats, ce_thread_dlogits)
+// the block's ce_threads(Vl, W) threads runs the kernels' own thread bodies (ce_thread_stats, ce_thread_dlogits)
 // in turn, and the block's max and sum (ce_block_stats: block_reduce_max/sum, device-only) are done here
 // in plain loops. Checks the 16-byte vector slicing, the scalar fallback (a row length that is not a
 // multiple of the vector, a misaligned pointer), the padding columns and the target column, against the
@@ -16,13 +16,13 @@ static float rnd(void) { seed = seed * 1664525u + 1013904223u; return ((seed >> 
 
 // block i of ce_stats_kernel / ce_fused_kernel up to the reductions: the row's (M, S) over its valid columns
 template <int W>
-static void replay_row_stats(float *M, float *S, const floatX *z, int valid) {
+static void replay_row_stats(float *M, float *S, const floatX *z, int valid, int nt) {
     float m[CE_THREADS], s[CE_THREADS];
-    for (int t = 0; t < CE_THREADS; t++) { ce_thread_stats<W>(&m[t], &s[t], z, valid, t); }
+    for (int t = 0; t < nt; t++) { ce_thread_stats<W>(&m[t], &s[t], z, valid, t, nt); }
     *M = -INFINITY;
-    for (int t = 0; t < CE_THREADS; t++) { *M = fmaxf(*M, m[t]); }
+    for (int t = 0; t < nt; t++) { *M = fmaxf(*M, m[t]); }
     *S = 0.0f;
-    for (int t = 0; t < CE_THREADS; t++) { *S += m[t] == -INFINITY ? 0.0f : s[t] * expf(m[t] - *M); }
+    for (int t = 0; t < nt; t++) { *S += m[t] == -INFINITY ? 0.0f : s[t] * expf(m[t] - *M); }
 }
 
 // one case: tp ranks of Vl = Vp / tp columns; rank r's logits at `skew` elements past a 16-byte boundary.
@@ -30,17 +30,17 @@ static void replay_row_stats(float *M, float *S, const floatX *z, int valid) {
 template <int W>
 static void replay_rank(float *stats, float *losses, floatX *zx, const float *stats_all, const int *targets, int v0,
                         int V, int n, int Vl, int tp, float dloss, int pass) {
-    int valid = V - v0 < Vl ? V - v0 : Vl;
+    int valid = V - v0 < Vl ? V - v0 : Vl, nt = ce_threads(Vl, W);
     for (int i = 0; i < n; i++) {
         floatX *z = zx + (size_t)i * Vl;
         int t = targets[i] - v0;
         if (tp == 1) {
             float M, S, zt = t >= 0 && t < valid ? (float)z[t] : 0.0f;
-            replay_row_stats<W>(&M, &S, z, valid);
+            replay_row_stats<W>(&M, &S, z, valid, nt);
             losses[i] = logf(S) + M - zt;
-            for (int th = 0; th < CE_THREADS; th++) { ce_thread_dlogits<W>(z, valid, Vl, t, M, 1.0f / S, dloss, th); }
+            for (int th = 0; th < nt; th++) { ce_thread_dlogits<W>(z, valid, Vl, t, M, 1.0f / S, dloss, th, nt); }
         } else if (pass == 0) {
-            replay_row_stats<W>(&stats[3 * i], &stats[3 * i + 1], z, valid);
+            replay_row_stats<W>(&stats[3 * i], &stats[3 * i + 1], z, valid, nt);
             stats[3 * i + 2] = t >= 0 && t < valid ? (float)z[t] : 0.0f;
         } else {
             float M = -INFINITY, S = 0.0f, zt = 0.0f;
@@ -51,7 +51,7 @@ static void replay_rank(float *stats, float *losses, floatX *zx, const float *st
                 zt += st[2];
             }
             losses[i] = logf(S) + M - zt;
-            for (int th = 0; th < CE_THREADS; th++) { ce_thread_dlogits<W>(z, valid, Vl, t, M, 1.0f / S, dloss, th); }
+            for (int th = 0; th < nt; th++) { ce_thread_dlogits<W>(z, valid, Vl, t, M, 1.0f / S, dloss, th, nt); }
         }
     }
 }

@@ -18,11 +18,10 @@
 #include <cuda_bf16.h>
 #include <cublasLt.h>
 #include <cublas_v2.h>
-// __launch_bounds__(n[, blocks]): the kernel's code goes into a section named by n (emu_launch_bounds_n), which the runtime reads from the
-// executable to refuse a launch of more than n threads a block, as the CUDA runtime does (n must expand to a number)
-#define EMU_STRING_(x) #x
-#define EMU_STRING(x) EMU_STRING_(x)
-#define EMU_LAUNCH_BOUNDS_(n, ...) __attribute__((section("emu_launch_bounds_" EMU_STRING(n))))
+// __launch_bounds__(n[, blocks]): one one-byte NOP a warp of n at the kernel's entry (g++'s patchable_function_entry,
+// which template kernels keep too); the runtime counts them to refuse a launch of more than n threads a block (n
+// rounded up to whole warps), as the CUDA runtime does
+#define EMU_LAUNCH_BOUNDS_(n, ...) __attribute__((patchable_function_entry(((n) + 31) / 32, 0)))
 #define __launch_bounds__(...) EMU_LAUNCH_BOUNDS_(__VA_ARGS__, 0)
 #include "runtime.h"
 #include "cublas.h"
