@@ -17,7 +17,8 @@
 // pointer-array batches, the RELU, BGRAD and DGELU_BGRAD epilogues, scale/amax pointers (fp8), TF32 or reduced
 // precision math modes: these return CUBLAS_STATUS_NOT_SUPPORTED (or INVALID_VALUE where the arguments conflict), never
 // a different result. Workspaces are accepted and not used; algorithms carry only an index; alignment preferences
-// exclude nothing. Timing is the runtime's.
+// exclude nothing. Timing is the runtime's. EMU_LT_NO_EPILOGUES=1: the heuristic finds no algorithm for a problem
+// with an epilogue (as cuBLASLt, for a type or an alignment it has none for), so matmul.h's fallbacks run.
 #ifndef LLMC_EMU_CUBLAS_H
 #define LLMC_EMU_CUBLAS_H
 
@@ -729,6 +730,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle, cubl
     EmuGemmBatch bt;
     cublasStatus_t st = emu_lt_problem(&bt, operationDesc, Adesc, Bdesc, Cdesc, Ddesc);
     if (st != CUBLAS_STATUS_SUCCESS) { return st; }
+    if (bt.g.epi != 0 && getenv("EMU_LT_NO_EPILOGUES") != NULL) { return CUBLAS_STATUS_NOT_SUPPORTED; }
     int n = requestedAlgoCount < EMU_LT_ALGOS ? requestedAlgoCount : EMU_LT_ALGOS;
     for (int i = 0; i < n; i++) {
         cublasLtMatmulHeuristicResult_t *r = &heuristicResultsArray[i];
