@@ -10,7 +10,8 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/utils.h"             // defines: fail, fail_all (the error rule), checked allocation and file I/O
 #include "llmc/backend.h"           // defines: floatX, device memory and copies, streams, CUDA/cuBLAS error checks
 #include "llmc/alloc.h"             // defines: mem_alloc (the one allocator, by category), the memory report, plans
-#include "llmc/comm.h"              // defines: Grid, Group, the collectives (device and host), the comm report
+#include "llmc/grid.h"              // defines: Grid, Group: the process grid and its groups (communicators)
+#include "llmc/comm.h"              // defines: the collectives (device and host), the comm report
 #include "llmc/rand.h"              // defines: Rng (the model's init and sampling)
 #include "llmc/test_hooks.h"        // defines: the few places a test reaches into the program
 // the kernels: a CPU loop (the specification) beside each CUDA kernel, one launcher each
@@ -40,7 +41,8 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/tokenizer.h"         // defines: Tokenizer (llm.c's tokenizer.bin, decoding)
 #include "llmc/schedulers.h"        // defines: the learning rate schedules
 #include "llmc/model_file.h"        // defines: GPT2Config, the tensors in file order, a unit's tensors, model files, init, upcycling
-#include "llmc/checkpoint.h"        // defines: layout-independent checkpoints, resume, the run directory
+#include "llmc/run_dir.h"           // defines: the run directory: lock, identity, retention, unusable/, main.log
+#include "llmc/checkpoint.h"        // defines: layout-independent checkpoints: save, load
 #include "llmc/args.h"              // defines: Args, the table of flags, parse_args, the layout checks
 #include "llmc/cost_model.h"        // defines: the machine, a step's bytes per group by formula, the step-time model
 #include "llmc/plan.h"              // defines: the memory plan of any rank

@@ -465,7 +465,7 @@ static void agree_on_args(Args *a, int rank, int world) {
     }
 }
 
-// The identity of a fresh run (checkpoint.h records it in main.log and its state files; a resume keeps its
+// The identity of a fresh run (run_dir.h records it in main.log and its state files; a resume keeps its
 // checkpoint's): a hash of the flags that define what is trained and on what, and of the training data's
 // fingerprint. Not of -x (a resume may stretch the schedule), of where and when files are written, of the
 // layout and the kernels, or of what is evaluated and printed: the same run, in any layout, with any lever,

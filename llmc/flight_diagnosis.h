@@ -13,7 +13,7 @@
 //         it passed (a deadlock: a call skipped, calls made in different orders, a send without its receive);
 //         (3) else a stopped or vanished rank
 // Printed by the first rank to time out (guard.h), by a rank that meets an MPI error (utils.h's handler), by rank 0
-// when its checkpoint write stops progressing (checkpoint.h), and from a run directory by dev/flight.sh; the words
+// when its checkpoint write stops progressing (run_dir.h), and from a run directory by dev/flight.sh; the words
 // of a disagreement also by --check-collectives (comm.h).
 #ifndef LLMC_FLIGHT_DIAGNOSIS_H
 #define LLMC_FLIGHT_DIAGNOSIS_H

@@ -285,7 +285,7 @@ static void flight_start_memory(int capacity) {
     flight.base = base;   // (a ring before stays mapped: the watchdog's thread may be reading it)
 }
 
-// The run directory (-o) is this run's now (checkpoint.h: after its lock and its checks): the ring moves into
+// The run directory (-o) is this run's now (run_dir.h: after its lock and its checks): the ring moves into
 // DIR/flight/, where it outlives the job, and the temporary file goes. (If it cannot, it stays where it is.)
 static void flight_move(const char *run_dir) {
     FlightHeader *h = flight_header();
@@ -475,7 +475,7 @@ static void flight_signal(int sig) {
     h->signalled = flight_clock();
 }
 
-// Rank 0's long file work, while every rank waits with it (checkpoint.h): what it is and when it last progressed;
+// Rank 0's long file work, while every rank waits with it (run_dir.h): what it is and when it last progressed;
 // what "" when it is over.
 static void flight_io(const char *what, double since_monotonic_age) {
     FlightHeader *h = flight_header();

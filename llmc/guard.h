@@ -55,7 +55,7 @@ static uint32_t crc_begin(const int *header) {
 static uint32_t crc_end(uint32_t crc) { return crc ? crc : 1; }
 
 // Pieces of file I/O done (bumped by whatever reads or writes a checkpoint, on any thread): how rank 0 shows
-// the others that a long read or write progresses (checkpoint.h's rank0_wait).
+// the others that a long read or write progresses (run_dir.h's rank0_wait_done).
 static volatile long io_progress = 0;
 
 // The CRC of an open file (its header given) as crc_begin / crc_end define it.

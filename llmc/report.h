@@ -10,7 +10,7 @@
 #include "alloc.h"
 #include "comm.h"
 #include "args.h"
-#include "checkpoint.h"
+#include "run_dir.h"
 #include "global_norm.h"
 #include "expert_parallel.h"
 #include "pipeline_split.h"

@@ -22,7 +22,7 @@
 //                                       bench compares their bytes and time
 //   TRAIN_GPT_ALLOC_AT_STEP=STEP        the run allocates a device buffer at that step: the allocator must stop
 //                                       it (nothing is allocated after set-up, alloc.h)
-//   TRAIN_GPT_RANKS_PER_NODE=N          the grid takes nodes of N consecutive ranks (comm.h's warning for a tp or
+//   TRAIN_GPT_RANKS_PER_NODE=N          the grid takes nodes of N consecutive ranks (grid.h's warning for a tp or
 //                                       ep group that spans nodes), whatever the ranks share
 //   ExpertParallel.route_log            test_gpt reads the routing of each MoE layer (expert_parallel.h)
 // Nothing else in the program reads the environment for a test.
