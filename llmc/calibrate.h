@@ -28,6 +28,18 @@
 #define LLMC_CALIBRATE_H
 
 #include <unistd.h>
+#include "backend.h"
+#include "alloc.h"
+#include "grid.h"
+#include "comm.h"
+#include "args.h"
+#include "model_file.h"
+#include "matmul.h"
+#include "residual.h"
+#include "attention.h"
+#include "global_norm.h"
+#include "adamw.h"
+#include "cost_model.h"
 
 // Seconds per call of the code between CALIBRATE_TIME and CALIBRATE_END: repeated until 0.3 s have passed
 // (at least 3 calls, one untimed first), the device synchronised, then the mean over the ranks. The ranks

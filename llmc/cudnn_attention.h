@@ -16,6 +16,8 @@
 #ifndef LLMC_CUDNN_ATTENTION_H
 #define LLMC_CUDNN_ATTENTION_H
 
+#include <stddef.h>
+
 // What a plan counts for cuDNN's workspace (every build: a memory plan counts what the GPU allocates): the
 // deterministic backward accumulates dQ in fp32, (B, T, C) floats (C = NH HS), and keeps a (B, NH, T) row
 // statistic; the rest is a fixed allowance. (GQA: the frontend's dK, dV of all NH heads, summed over each group,

@@ -28,6 +28,8 @@
 #ifndef LLMC_FLASH_ATTENTION_H
 #define LLMC_FLASH_ATTENTION_H
 
+#include <stddef.h>
+
 // The backward's workspace: D (B, NH, T) fp32 (in every build: a memory plan counts what the GPU allocates)
 static size_t flash_workspace_bytes(int B, int T, int NH) { return ((size_t)B * NH * T * sizeof(float) + 255) / 256 * 256; }
 

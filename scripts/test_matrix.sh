@@ -529,6 +529,8 @@ run_script test_reliability      # slow/hung writes, stalls at init/end, header 
 run_script test_fuzz             # 500 mutated model, state, data and tokenizer files: no crash, no hang; 300 with valid CRCs (MoE v23/v25, state v3): refused or legal
 echo "== bad input"
 run_script test_bad_input
+echo "== the house"
+run_script test_headers          # every llmc/ header includes what it uses: each compiles by itself, with MPI and without
 
 # The layout comparisons again under another of OpenBLAS's kernel choices (another summation order in
 # every GEMM): a tolerance that holds only for this machine's kernels fails here. OpenBLAS picks its
