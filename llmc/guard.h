@@ -18,6 +18,43 @@
 #include <unistd.h>
 #include <time.h>
 #include "utils.h"
+#include "flight_diagnosis.h"
+
+// ----------------------------------------------------------------------------
+// MPI_Init watched and recorded; MPI errors diagnosed
+
+// An MPI error on any communicator (every one is split from the world, whose handler it inherits): the error line
+// naming the call (the watched op), the ring marked, the diagnosis (comm.h's records show who called what: a
+// mismatched collective is what Open MPI reports as MPI_ERR_TRUNCATE), and every rank taken down.
+static void mpi_error_handler(MPI_Comm *comm, int *code, ...) {
+    (void)comm;
+    char text[MPI_MAX_ERROR_STRING] = "", msg[1024];
+    int len = 0, rank = 0;
+    MPI_Error_string(*code, text, &len);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    snprintf(msg, sizeof(msg), "rank %d: MPI error in %s on group %s: %s", rank, watch_op[0] ? watch_op : "a call",
+             watch_group[0] ? watch_group : "?", text);
+    fprintf(stderr, "error: %s\n", msg);
+    fflush(stderr);
+    flight_end(FL_MPI_ERROR, msg);
+    flight_report();
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+// MPI_Init, watched (a rank stalled before it cannot hang the others) and recorded as the world's first call;
+// then MPI errors go to mpi_error_handler.
+static void mpi_init_watched(int *argc, char ***argv) {
+    uint64_t id = flight_post(flight.world, FL_INIT, -1, 0, 0, 0, 0);
+    WATCHED("MPI_Init", "world", mpi_init(argc, argv));
+    flight_done(id);
+    int rank, world;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    flight_rank(rank, world);
+    MPI_Errhandler handler;
+    MPI_Comm_create_errhandler(mpi_error_handler, &handler);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, handler);
+}
 
 // ----------------------------------------------------------------------------
 // crc32

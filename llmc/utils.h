@@ -10,7 +10,8 @@
 // the watchdog (guard.h) prints its line and _exit(1)s, which mpirun turns into the job's end.
 // Every wait on another rank is watched (watch_enter / watch_leave below, the watchdog in guard.h), MPI_Init
 // and MPI_Finalize included: no rank waits forever on a stalled one. Every call to other ranks is recorded
-// (flight_recorder.h), and a hang, an MPI error or a failed rank is diagnosed from the records (flight_diagnosis.h).
+// (flight_recorder.h), and a hang, an MPI error or a failed rank is diagnosed from the records (flight_diagnosis.h,
+// called from guard.h: the watchdog, and the MPI error handler installed by mpi_init_watched).
 #ifndef LLMC_UTILS_H
 #define LLMC_UTILS_H
 
@@ -27,7 +28,7 @@
 #else
 #include <mpi.h>
 #endif
-#include "flight_diagnosis.h"
+#include "flight_recorder.h"
 
 // ----------------------------------------------------------------------------
 // the watched op: what this rank is waiting for and since when (the watchdog thread of guard.h reads it)
@@ -63,24 +64,6 @@ static void mpi_finalize_watched(void) {
     flight_finish();
 }
 
-// An MPI error on any communicator (every one is split from the world, whose handler it inherits): the error line
-// naming the call (the watched op), the ring marked, the diagnosis (comm.h's records show who called what: a
-// mismatched collective is what Open MPI reports as MPI_ERR_TRUNCATE), and every rank taken down.
-static void mpi_error_handler(MPI_Comm *comm, int *code, ...) {
-    (void)comm;
-    char text[MPI_MAX_ERROR_STRING] = "", msg[1024];
-    int len = 0, rank = 0;
-    MPI_Error_string(*code, text, &len);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    snprintf(msg, sizeof(msg), "rank %d: MPI error in %s on group %s: %s", rank, watch_op[0] ? watch_op : "a call",
-             watch_group[0] ? watch_group : "?", text);
-    fprintf(stderr, "error: %s\n", msg);
-    fflush(stderr);
-    flight_end(FL_MPI_ERROR, msg);
-    flight_report();
-    MPI_Abort(MPI_COMM_WORLD, 1);
-}
-
 // MPI_Init. The emulated device's NCCL (llmc/emu/nccl.h) makes its MPI calls on the device's thread beside the
 // host's, so that build asks for MPI_THREAD_MULTIPLE (the Makefile's MPI_THREAD_LEVEL).
 static int mpi_init(int *argc, char ***argv) {
@@ -90,21 +73,6 @@ static int mpi_init(int *argc, char ***argv) {
 #else
     return MPI_Init(argc, argv);
 #endif
-}
-
-// MPI_Init, watched (a rank stalled before it cannot hang the others) and recorded as the world's first call;
-// then MPI errors go to mpi_error_handler.
-static void mpi_init_watched(int *argc, char ***argv) {
-    uint64_t id = flight_post(flight.world, FL_INIT, -1, 0, 0, 0, 0);
-    WATCHED("MPI_Init", "world", mpi_init(argc, argv));
-    flight_done(id);
-    int rank, world;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    flight_rank(rank, world);
-    MPI_Errhandler handler;
-    MPI_Comm_create_errhandler(mpi_error_handler, &handler);
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, handler);
 }
 
 // ----------------------------------------------------------------------------
