@@ -13,6 +13,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/grid.h"              // defines: Grid, Group: the process grid and its groups (communicators)
 #include "llmc/comm.h"              // defines: the collectives (device and host), the comm report
 #include "llmc/rand.h"              // defines: Rng (the model's init and sampling)
+#include "llmc/seq_layout.h"        // defines: SeqPos: where a rank's tokens are in the sequence (cp chunks)
 #include "llmc/test_hooks.h"        // defines: the few places a test reaches into the program
 // the kernels: a CPU loop (the specification) beside each CUDA kernel, one launcher each
 #include "llmc/encoder.h"           // defines: vocab-parallel token embedding, position embedding
@@ -31,7 +32,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/moe.h"               // defines: the MoE layer's semantics and kernels (router, top-k, capacity, losses)
 // the parallel strategies
 #include "llmc/tensor_parallel.h"   // defines: tp_all_tokens, tp_sum_partials (Megatron TP + SP), tp slices
-#include "llmc/context_parallel.h"  // defines: the sequence layout over the cp ranks, ring attention, Ulysses
+#include "llmc/context_parallel.h"  // defines: ring attention, Ulysses and the hybrid over the cp ranks
 #include "llmc/zero.h"              // defines: Zero: data parallel + ZeRO 0-3 over units
 #include "llmc/pipeline.h"          // defines: Pipeline: 1F1B, GPipe, interleaved, ZB schedules as step lists
 #include "llmc/pipeline_split.h"    // defines: the layers of each stage (--pp-layers), the measured costs' file
@@ -195,7 +196,7 @@ typedef struct {
     int sp;
     int B, T, BT, BTs, tok0;     // T: the tokens of a sequence this rank holds (with cp: T/cp); tok0: first local
                                  // token of the LayerNorm/residual region
-    SeqPos seqpos;               // where the local tokens are in the sequence (context_parallel.h)
+    SeqPos seqpos;               // where the local tokens are in the sequence (seq_layout.h)
     CPRing cpring;               // cp's attention: the ring, Ulysses or the hybrid, its layout and buffers
     int Cl, NHl, Vl, v0;         // this tp rank's channels, heads, vocab rows [v0, v0 + Vl)
     int KVl, hs, QKVl, FCl, Fl;  // its kv heads; the head size; the widths of its qkv rows ((NHl + 2 KVl) hs), of

@@ -6,7 +6,7 @@
 #define LLMC_ENCODER_H
 
 #include "backend.h"
-#include "context_parallel.h"   // the sequence layout: seq_pos
+#include "seq_layout.h"        // the sequence layout: SeqPos, seq_pos
 
 // out (N, C) = wte[tok - v0] for tokens in [v0, v1), else 0.   wte_local (v1 - v0, C)
 static void embedding_forward_cpu(float *out, const int *tokens, const float *wte, int v0, int v1, int N, int C) {

@@ -51,7 +51,7 @@
 #include "comm.h"
 #include "matmul.h"
 #include "residual.h"
-#include "encoder.h"
+#include "seq_layout.h"
 
 #define MOE_MAX_EXPERTS 256
 #define MOE_MAX_SHARED 64

@@ -6,7 +6,7 @@
 #define LLMC_ROPE_H
 
 #include "backend.h"
-#include "context_parallel.h"   // the sequence layout: SeqPos, seq_pos
+#include "seq_layout.h"        // the sequence layout: SeqPos, seq_pos
 
 // kind 0: none; kind 1: 'llama3' (transformers' _compute_llama3_parameters)
 typedef struct { int kind; float factor, low_freq_factor, high_freq_factor; int original_max_position; } RopeScaling;
