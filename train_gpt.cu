@@ -41,7 +41,9 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/dataloader.h"        // defines: DataLoader (llm.c's shards and order), the built-in corpus, the run's data
 #include "llmc/tokenizer.h"         // defines: Tokenizer (llm.c's tokenizer.bin, decoding)
 #include "llmc/schedulers.h"        // defines: the learning rate schedules
-#include "llmc/model_file.h"        // defines: GPT2Config, the tensors in file order, a unit's tensors, model files, init, upcycling
+#include "llmc/model_file.h"        // defines: GPT2Config, the tensors in file order, model files, descriptors, init
+#include "llmc/model_units.h"       // defines: a unit's tensors (zero.h's units from the tensor table), cut and put back
+#include "llmc/upcycle.h"           // defines: sparse upcycling (a MoE model from a dense one)
 #include "llmc/run_dir.h"           // defines: the run directory: lock, identity, retention, unusable/, main.log
 #include "llmc/checkpoint.h"        // defines: layout-independent checkpoints: save, load
 #include "llmc/args.h"              // defines: Args, the table of flags, parse_args, the layout checks

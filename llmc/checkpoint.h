@@ -24,6 +24,7 @@
 #include "dataloader.h"
 #include "rand.h"
 #include "model_file.h"
+#include "model_units.h"
 #include "run_dir.h"
 #include "test_hooks.h"
 

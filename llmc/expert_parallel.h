@@ -37,6 +37,7 @@
 #include "moe.h"
 #include "swiglu.h"
 #include "model_file.h"
+#include "upcycle.h"
 #include "args.h"
 
 // One MoE layer of one micro-batch, stored for the backward.

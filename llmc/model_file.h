@@ -1,7 +1,7 @@
 // The model's shape (GPT2Config), its tensors in llm.c's file order (shape, tensor-parallel split,
-// weight decay of each), the model file format, model descriptors, the initialisation and sparse
-// upcycling: everything that knows the file order. A rank's part of the model is cut out of the
-// file-order tensors unit by unit (unit_copy_full; the units are zero.h's, made in train_gpt.cu).
+// weight decay of each), the model file format, model descriptors and the initialisation: everything that
+// knows the file order. A rank's part of the model is cut out of the file-order tensors unit by unit
+// (model_units.h); sparse upcycling makes a MoE model of a dense one (upcycle.h).
 #ifndef LLMC_MODEL_FILE_H
 #define LLMC_MODEL_FILE_H
 
@@ -9,7 +9,6 @@
 #include "rand.h"
 #include "guard.h"
 #include "tensor_parallel.h"
-#include "zero.h"
 #include "moe.h"
 #include "rope.h"
 
@@ -211,52 +210,6 @@ static int tensor_layer_slice(const GPT2Config *c, int id, int l) {
         return n;
     }
     return l;
-}
-
-// One unit of zero.h: the embedding (wpe, wte), a layer, the experts of a MoE layer held by this ep
-// rank, the final norm, or an untied LM head, reduced over data-parallel group dpg. Inside a unit the tensors whose
-// gradients are partial over tp under SP come first (one block to all-reduce under SP). The tensors the model does
-// not have (Llama's wpe and biases) are left out.
-static void build_unit(const GPT2Config *c, int tp, int ep, int ep_rank, Group *dpg, Unit *U, const int *ids, int n,
-                       int layer) {
-    memset(U, 0, sizeof(Unit));
-    U->dpg = dpg;
-    for (int k = 0; k < n; k++) {
-        TensorSpec s = tensor_spec(c, ids[k]);
-        if (s.rows * s.cols == 0 || s.layers == 0) { continue; }   // (not in this model)
-        UnitTensor *t = &U->t[U->ntensors++];
-        t->id = ids[k];
-        t->layer = layer;
-        t->nblk = s.experts ? s.nblk / ep : s.nblk;   // the local experts [blk0, blk0 + nblk)
-        t->blk0 = s.experts ? ep_rank * t->nblk : 0;
-        t->offset = U->size;
-        t->size = (size_t)t->nblk * s.rows * s.cols / (s.split == SPLIT_NONE ? 1 : tp);
-        t->decay = s.decay;
-        t->replicated = s.split == SPLIT_NONE;
-        U->size += t->size;
-        if (t->replicated && !s.full_grad) { U->nrep = U->size; }
-        if (ids[k] == T_WTE || ids[k] == T_HEAD) { U->embedding = 1; }   // (ZeRO-3: a work buffer of their own)
-    }
-}
-
-// Pointers to each tensor of a unit, given the unit's base (parameters or gradients: same layout).
-static void unit_view(const Unit *U, floatX *base, floatX *ptr[NUM_TENSORS]) {
-    for (int k = 0; k < U->ntensors; k++) { ptr[U->t[k].id] = base + U->t[k].offset; }
-}
-
-// Host, fp32: cut this tp rank's unit (its local experts) out of the full tensors (to_unit = 1), or
-// put it back.
-static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_TENSORS], float *unit,
-                           int tp, int tp_rank, int to_unit) {
-    for (int k = 0; k < U->ntensors; k++) {
-        const UnitTensor *t = &U->t[k];
-        TensorSpec s = tensor_spec(c, t->id);
-        size_t blk = s.rows * s.cols, per_layer = (size_t)s.nblk * blk;
-        float *f = full[t->id] + (t->layer >= 0 ? (size_t)tensor_layer_slice(c, t->id, t->layer) * per_layer
-                                  : 0) + (size_t)t->blk0 * blk;
-        if (s.split == SPLIT_QKV) { tp_slice_copy_qkv(f, unit + t->offset, s.rows, s.qrows, s.cols, tp, tp_rank, to_unit); }
-        else { tp_slice_copy(f, unit + t->offset, t->nblk, s.rows, s.cols, s.split, tp, tp_rank, to_unit); }
-    }
 }
 
 // ----------------------------------------------------------------------------
@@ -604,42 +557,6 @@ static float *random_init(const GPT2Config *c, uint64_t seed) {
         }
         if (i == T_ATTPROJW || i == T_FCPROJW || i == T_EFCPROJW
             || i == T_SFCPROJW) { for (size_t j = 0; j < n; j++) { t[i][j] = rng_normal(&rng, 0, proj_std); } }
-    }
-    return all;
-}
-
-// Sparse upcycling: the MoE model `moe` from a dense model of the same shape, every expert of a MoE
-// layer a copy of that layer's dense MLP; the router N(0, 0.02) from seed (or zeros: router_zero).
-// (Also how test_gpt lays out a dense reference's gradients for an E = 1 model.)
-static float *upcycle_dense(const GPT2Config *dense, float *dense_all, const GPT2Config *moe, uint64_t seed,
-                            int router_zero) {
-    float *all = (float *)calloc_check(model_floats(moe), sizeof(float));   // (the routing bias: zero)
-    float *d[NUM_TENSORS], *t[NUM_TENSORS];
-    split_tensors(dense, dense_all, d);
-    split_tensors(moe, all, t);
-    for (int i = 0; i < NUM_TENSORS; i++) {
-        if (i == T_FCW || i == T_FCB || i == T_FCPROJW || i == T_FCPROJB || is_moe_tensor(i)) { continue; }   // (below)
-        memcpy(t[i], d[i], tensor_full_size(moe, i) * sizeof(float));
-    }
-    static const int mlp[4] = {T_FCW, T_FCB, T_FCPROJW, T_FCPROJB},
-        experts[4] = {T_EFCW, T_EFCB, T_EFCPROJW, T_EFCPROJB};
-    for (int l = 0; l < moe->num_layers; l++) {
-        for (int i = 0; i < 4; i++) {
-            TensorSpec s = tensor_spec(dense, mlp[i]);
-            size_t n = (size_t)s.nblk * s.rows * s.cols;   // (a layer's: Llama's fcw is [gate; up])
-            const float *src = d[mlp[i]] + (size_t)l * n;   // the dense model: every layer dense
-            float *dst = is_moe_layer(moe, l)
-                    ? t[experts[i]] + (size_t)tensor_layer_slice(moe, experts[i], l) * moe->num_experts * n
-                                              : t[mlp[i]] + (size_t)tensor_layer_slice(moe, mlp[i], l) * n;
-            for (int e = 0; e < (is_moe_layer(moe, l) ? moe->num_experts : 1); e++) {
-                memcpy(dst + (size_t)e * n, src, n * sizeof(float));
-            }
-        }
-    }
-    Rng rng;
-    rng_init(&rng, seed);
-    for (size_t j = 0; j < tensor_full_size(moe, T_ROUTERW); j++) {
-        t[T_ROUTERW][j] = router_zero ? 0.0f : rng_normal(&rng, 0, 0.02f);
     }
     return all;
 }
