@@ -103,7 +103,7 @@ typedef struct {
     float *losses, *norms;
 } RefState;
 
-static void read_ref_state(const char *path, const GPT2Config *c, RefState *s) {
+static void read_ref_state(const char *path, const ModelConfig *c, RefState *s) {
     FILE *f = fopen_check(path, "rb");
     int h[256];
     float fh[256];
@@ -189,9 +189,9 @@ static void read_ref_moe(const char *dir, RefMoE *r) {
 
 // test_gpt's routing log (model.route_log, see moe_forward): per micro-batch, per MoE layer of the
 // stage in the stage's order, an entry of choice (BT, k) ints, keep (BT, k) ints, probs (BT, E) floats.
-static size_t route_entry(const GPT2 *m) { return (size_t)m->BT * (2 * m->config.topk + m->config.num_experts); }
+static size_t route_entry(const Model *m) { return (size_t)m->BT * (2 * m->config.topk + m->config.num_experts); }
 
-static int stage_moe_layers(const GPT2 *m) {
+static int stage_moe_layers(const Model *m) {
     int n = 0;
     for (int l = 0; l < m->Ls; l++) { n += is_moe_layer(&m->config, m->layer_id[l]); }
     return n;
@@ -207,8 +207,8 @@ static int stage_moe_layers(const GPT2 *m) {
 // masks, when every margin of its decisions is clear and nothing upstream differs. The largest margin of
 // a compared choice that differs is printed: it is what ROUTE_MARGIN must stay above. Collective (the
 // earlier layers may be on other stages); returns the tokens of this rank whose choice differs.
-static long compare_routing(GPT2 *m, const RefMoE *r, const int *log, int accum) {
-    const GPT2Config *c = &m->config;
+static long compare_routing(Model *m, const RefMoE *r, const int *log, int accum) {
+    const ModelConfig *c = &m->config;
     int B = m->B, T = m->T, Tg = r->T, k = c->topk, E = c->num_experts, dp = m->grid->dp, R = r->R;
     int nmoe = stage_moe_layers(m);
     // first[gm][g]: the first position of row g whose choice or keep differs in MoE layer gm (Tg: none), all ranks'.
@@ -296,7 +296,7 @@ static double rms_of(const float *x, size_t n) {
     return n ? sqrt(s / n) : 0;
 }
 
-static void grad_blocks_init(const GPT2Config *c, const float *ref_all, GradBlocks *gb) {
+static void grad_blocks_init(const ModelConfig *c, const float *ref_all, GradBlocks *gb) {
     gb->nblocks = 0;
     for (int id = 0; id < NUM_TENSORS; id++) {
         TensorSpec s = tensor_spec(c, id);
@@ -378,8 +378,8 @@ static int block_errors_report(const GradBlocks *gb, const BlockError *e, double
 // (Parameters after the AdamW steps are not compared element-wise: an element whose gradient is
 // rounding noise, e.g. the key biases, whose exact gradient is 0, moves by +-lr whatever the noise;
 // the step losses are the check of the optimizer.)
-static void compare_grads(GPT2 *m, float *ref_all, double flipped_share) {
-    const GPT2Config *c = &m->config;
+static void compare_grads(Model *m, float *ref_all, double flipped_share) {
+    const ModelConfig *c = &m->config;
     float *ref[NUM_TENSORS];
     split_tensors(c, ref_all, ref);
 #ifndef BF16_GRADS
@@ -461,7 +461,7 @@ static long old_tolerance_misses(const float *g, const float *ref, size_t n) {  
     return bad;
 }
 
-static void check_zeroed_qkv(const GPT2Config *c, const GradBlocks *gb, const float *ref, float *g, int rows_zeroed) {
+static void check_zeroed_qkv(const ModelConfig *c, const GradBlocks *gb, const float *ref, float *g, int rows_zeroed) {
     size_t P = num_parameters(c), C = c->channels;
     float *t[NUM_TENSORS];
     memcpy(g, ref, P * sizeof(float));
@@ -483,7 +483,7 @@ static void check_zeroed_qkv(const GPT2Config *c, const GradBlocks *gb, const fl
     free(e);
 }
 
-static void check_tolerance(const GPT2Config *c, const float *ref, const char *emulated_path) {
+static void check_tolerance(const ModelConfig *c, const float *ref, const char *emulated_path) {
     size_t P = num_parameters(c);
     GradBlocks gb;
     grad_blocks_init(c, ref, &gb);
@@ -514,8 +514,8 @@ static void check_tolerance(const GPT2Config *c, const float *ref, const char *e
 // stage's, tp-sliced, its experts') parameters, Psh its share under ZeRO: each unit divided by its
 // data-parallel group (dp, or cp x dp with context parallelism; edp for the experts); padding is at
 // most p-1 elements per unit.
-static void check_memory_model(GPT2 *m) {
-    const GPT2Config *c = &m->config;
+static void check_memory_model(Model *m) {
+    const ModelConfig *c = &m->config;
     Zero *z = &m->zero;
     int dp = m->grid->grad_group->size;
     double P = 0, Psh = 0, experts = 0;
@@ -560,8 +560,8 @@ static void check_memory_model(GPT2 *m) {
 // The rows a MoE layer's dispatch sends (Rs) and receives (Rr) at most, the formula (0 without MoE layers on
 // the stage): a token goes to at most k experts (min(k, E/ep) of one rank), a sequence at most cap times to
 // one expert.
-static void dispatch_rows_bound(GPT2 *m, double *Rs, double *Rr) {
-    const GPT2Config *c = &m->config;
+static void dispatch_rows_bound(Model *m, double *Rs, double *Rr) {
+    const ModelConfig *c = &m->config;
     double E = c->num_experts, k = c->topk;
     *Rs = *Rr = 0;
     if (stage_moe_layers(m) == 0) { return; }
@@ -576,7 +576,7 @@ static void dispatch_rows_bound(GPT2 *m, double *Rs, double *Rr) {
 // count) 2(pp - stage - 1) + (vpp-1)pp warm-up forwards + 1, all m*vpp when m = pp: stage 0 holds pp + (pp-1)/vpp
 // stages' worth. The step just run must have had that many alive at once (pipeline.h checks as it runs that no slot
 // is taken twice).
-static void check_memory_slots(GPT2 *m, int accum) {
+static void check_memory_slots(Model *m, int accum) {
     int vpp = m->vpp, pp = m->grid->pp, s = m->grid->pp_rank, alive;
     if (pp == 1) { alive = 1; }
     else if (m->pipe.schedule == SCHEDULE_GPIPE) { alive = accum; }
@@ -596,8 +596,8 @@ static void check_memory_slots(GPT2 *m, int accum) {
 // the forward: the input waits in a buffer of its own): pp slots on every stage, 1F1B's peak. The pending W passes:
 // s + 1 at most (right after a B, before its exchange runs the oldest), fewer when the steady state (m - warm-up
 // steps) is shorter. Rr: the rows a MoE layer's experts may receive.
-static double zb_store_formula(GPT2 *m, int accum, double Rr) {
-    const GPT2Config *c = &m->config;
+static double zb_store_formula(Model *m, int accum, double Rr) {
+    const ModelConfig *c = &m->config;
     int Ls = m->Ls, nmoe = stage_moe_layers(m), pp = m->grid->pp, s = m->grid->pp_rank;
     double X = sizeof(floatX), BT = m->BT, C = c->channels, Cl = m->Cl;
     double wstore = 0;
@@ -628,8 +628,8 @@ static double zb_store_formula(GPT2 *m, int accum, double Rr) {
 }
 
 // The activations (per micro-batch alive, and the recompute scratch) against their formula.
-static void check_memory_activations(GPT2 *m, int accum) {
-    const GPT2Config *c = &m->config;
+static void check_memory_activations(Model *m, int accum) {
+    const ModelConfig *c = &m->config;
     int Ls = m->Ls, nmoe = stage_moe_layers(m);
     double X = sizeof(floatX), BT = m->BT, BTs = m->BTs, C = c->channels, Cl = m->Cl;
     // activations, per micro-batch alive (1F1B: pp - stage of them, GPipe: all): the LayerNorm/residual
@@ -698,7 +698,7 @@ static void check_memory_activations(GPT2 *m, int accum) {
 }
 
 // The comm buffers and the logits against their formulas.
-static void check_memory_buffers(GPT2 *m) {
+static void check_memory_buffers(Model *m) {
     double X = sizeof(floatX), BT = m->BT, BTs = m->BTs, C = m->config.channels, Rs, Rr;
     int vpp = m->vpp;
     dispatch_rows_bound(m, &Rs, &Rr);
@@ -733,7 +733,7 @@ static void check_memory_buffers(GPT2 *m) {
 // `accum` micro-batches: every group's bytes. ep_rows: the rows the step's all-to-alls moved, from its routing.
 // ZeRO-3 with a pipeline or MoE layers: the interleaving of the uses decides which units stay gathered, so the
 // gathers are the ones the run made, and at most the bound the plan takes (every use of a unit gathered).
-static void check_comm(GPT2 *m, int accum, double ep_rows) {
+static void check_comm(Model *m, int accum, double ep_rows) {
     Grid *g = m->grid;
     Zero *z = &m->zero;
     CommShape s = gpt2_comm_shape(m);
@@ -1414,7 +1414,7 @@ static void check_attention(void) {
 
 typedef struct {           // what every phase needs: the reference, the layout, the model's options
     Args args;
-    GPT2Config config;     // the model tested (the reference's, or its upcycling with --experts)
+    ModelConfig config;     // the model tested (the reference's, or its upcycling with --experts)
     float *params;         // its initial parameters, file order
     RefState ref;
     RefMoE rmoe;
@@ -1428,7 +1428,7 @@ typedef struct {           // what every phase needs: the reference, the layout,
 
 // A model of the run's layout and options from the parameters `params` (file order), and its data loader
 // at the start of the reference's data.
-static void test_model(TestRun *t, GPT2 *m, const GPT2Config *c, float *params, DataLoader *dl) {
+static void test_model(TestRun *t, Model *m, const ModelConfig *c, float *params, DataLoader *dl) {
     const Args *a = &t->args;
     ModelOptions o = model_options(a, t->moe, t->grid.dp);
     gpt2_init(m, c, params, &t->grid, &o);
@@ -1437,7 +1437,7 @@ static void test_model(TestRun *t, GPT2 *m, const GPT2Config *c, float *params, 
 
 // The rows this rank's MoE dispatches moved to and from the other ep ranks in the logged step, from
 // its routing and the others' (each micro-batch and MoE layer: counts per expert, all-gathered over ep).
-static double ep_rows_moved(GPT2 *m, const int *log, int accum) {
+static double ep_rows_moved(Model *m, const int *log, int accum) {
     Grid *g = m->grid;
     int E = m->config.num_experts, El = E / g->ep, k = m->config.topk, nmoe = stage_moe_layers(m);
     // padded (a capacity): every slot of P = B cap rows goes, whatever the routing: El slots to and from each
@@ -1465,9 +1465,9 @@ static double ep_rows_moved(GPT2 *m, const int *log, int accum) {
 // the loss, MoE's auxiliary losses, dropped fraction and routing, every owned gradient element, the
 // norm; then the update. Only the summation order differs from the reference, which the tolerances at
 // the top bound. Returns the step's result; *ep_rows: the rows the step's all-to-alls moved (check_comm).
-static StepResult check_step(TestRun *t, GPT2 *m, DataLoader *dl, const RefState *ref, const RefMoE *rmoe, int step,
+static StepResult check_step(TestRun *t, Model *m, DataLoader *dl, const RefState *ref, const RefMoE *rmoe, int step,
                              const char *what, double *ep_rows) {
-    const GPT2Config *c = &m->config;
+    const ModelConfig *c = &m->config;
     int accum = t->accum;
     int *log = (int *)malloc_check(sizeof(int) * (route_entry(m) * stage_moe_layers(m) * accum + 1));
     m->moe.route_log = log;
@@ -1517,7 +1517,7 @@ static StepResult check_step(TestRun *t, GPT2 *m, DataLoader *dl, const RefState
 
 // The memory plan (--plan, --memory-limit) of this rank, made without allocating, equals what the model
 // allocated, category by category and in total (this build's sizes; test_gpt does not sample).
-static void check_plan(TestRun *t, GPT2 *m) {
+static void check_plan(TestRun *t, Model *m) {
     MemPlan plan = gpt2_plan(&t->args, &t->config, m->moe.opt, t->world, my_rank, plan_build(&t->args), NULL);
     int same = plan.peak_total == mem_peak_total;
     for (int k = 0; k < MEM_NCAT; k++) { same &= plan.peak[k] == mem_peak[k]; }
@@ -1625,7 +1625,7 @@ static void check_p2p_pairs(void) {
 
 // Step 0 against the PyTorch reference (loss, routing, gradients, norm), then the memory and comm
 // reports against their formulas.
-static void check_first_step(TestRun *t, GPT2 *m, DataLoader *dl, int check_mem, int check_comm_flag, float *loss0) {
+static void check_first_step(TestRun *t, Model *m, DataLoader *dl, int check_mem, int check_comm_flag, float *loss0) {
     comm_reset_counters(&t->grid);
     double ep_rows;
     if (check_comm_flag) { flight_start_memory(1 << 16); }   // (a ring that holds the step's calls: check_p2p_pairs)
@@ -1665,7 +1665,7 @@ static void check_losses(const float *got, const float *want, int n, int s0, con
 // rely on the same).
 // (fp32 builds: bf16 rounds the scores by ~2^-8 of their size, far above the margins, so a bf16 run routes some
 // tokens otherwise; its losses carry its own tolerance.)
-static void check_moe_load(GPT2 *m, const RefMoE *r, int step) {
+static void check_moe_load(Model *m, const RefMoE *r, int step) {
     if (r->loads == NULL || sizeof(floatX) != 4) { return; }
     size_t n = (size_t)r->Lm * r->E;
     double *load = (double *)malloc_check(n * sizeof(double)), *kept = (double *)malloc_check(r->Lm * sizeof(double));
@@ -1681,7 +1681,7 @@ static void check_moe_load(GPT2 *m, const RefMoE *r, int step) {
 
 // After the last step: the routing bias of loss-free balancing equals the reference's bit for bit (each step
 // moves it by +-rate or 0 by the sign of integer loads, the same on both sides: the same fp32 operations).
-static void check_moe_bias(GPT2 *m, const RefMoE *r) {
+static void check_moe_bias(Model *m, const RefMoE *r) {
     if (r->bias == NULL || sizeof(floatX) != 4) { return; }   // (fp32 builds, as check_moe_load)
     float *b = moe_gather_bias(&m->moe, m->grid, num_moe_layers(&m->config));
     if (my_rank == 0) {
@@ -1699,7 +1699,7 @@ static void check_moe_bias(GPT2 *m, const RefMoE *r) {
 
 // Steps 1 .. nsteps-1 (AdamW, the reference's schedule): each step's loss against the reference's (and a MoE
 // reference's loads and final routing bias).
-static void check_training(TestRun *t, GPT2 *m, DataLoader *dl, float loss0) {
+static void check_training(TestRun *t, Model *m, DataLoader *dl, float loss0) {
     float *losses = (float *)malloc_check(sizeof(float) * t->ref.nsteps);
     losses[0] = loss0;
     check_moe_load(m, &t->rmoe, 0);
@@ -1736,9 +1736,9 @@ static void unit_grads_getter(Zero *z, int u, int which, float *host) {
 // The logged routing of a step on rank 0 as the reference's arrays: choice, keep (Lm, R, Tg, k) and
 // probs (Lm, R, Tg, E) of every MoE layer, global row and sequence position (each written by the one
 // rank that holds it: tp rank 0 of its stage, dp rank and cp part; summed over the world).
-static void gather_routing(GPT2 *m, const int *log, int accum, int R, int Tg, int **choice_out, int **keep_out,
+static void gather_routing(Model *m, const int *log, int accum, int R, int Tg, int **choice_out, int **keep_out,
                            float **probs_out) {
-    const GPT2Config *c = &m->config;
+    const ModelConfig *c = &m->config;
     int k = c->topk, E = c->num_experts, Lm = num_moe_layers(c), B = m->B, T = m->T, dp = m->grid->dp;
     size_t nk = (size_t)Lm * R * Tg * k, ne = (size_t)Lm * R * Tg * E;
     int *choice = (int *)calloc(nk, sizeof(int)), *keep = (int *)calloc(nk, sizeof(int));
@@ -1870,10 +1870,10 @@ static void write_step_dump(TestRun *t, const char *dir, const StepDump *d, cons
 
 // A model of the run's layout resumed from the checkpoint of `step` in dir: its model file (which must have
 // the tested shape) and its state file.
-static void test_model_resumed(TestRun *t, GPT2 *m, DataLoader *dl, Rng *rng, const char *dir, int step) {
+static void test_model_resumed(TestRun *t, Model *m, DataLoader *dl, Rng *rng, const char *dir, int step) {
     char path[PATH_LEN];
     path_join(path, dir, "model_%08d.bin", step);
-    GPT2Config c;
+    ModelConfig c;
     float *params = read_model_file(path, &c);
     check(!memcmp(&c, &t->config, sizeof(c)), "checkpoint: the model file keeps the shape (E %d k %d every %d)",
           c.num_experts, c.topk, c.moe_every);
@@ -1892,7 +1892,7 @@ static void check_resume(TestRun *t, const char *dir) {
     }
     if (my_rank == 0) { mkdir(dir, 0755); }
     MPI_Barrier(MPI_COMM_WORLD);
-    GPT2 run;
+    Model run;
     DataLoader dl;
     test_model(t, &run, &t->config, t->params, &dl);
     Rng rng;
@@ -1931,7 +1931,7 @@ static void check_resume(TestRun *t, const char *dir) {
     free(d.grads); free(d.choice); free(d.keep); free(d.probs); free(d.bias);
     int step = latest_checkpoint(dir);
     check(step == RESUME_STEP, "checkpoint: newest complete checkpoint is step %d (expected %d)", step, RESUME_STEP);
-    GPT2 resumed;
+    Model resumed;
     DataLoader dl3;
     Rng rng3;
     test_model_resumed(t, &resumed, &dl3, &rng3, dir, step);
@@ -1949,7 +1949,7 @@ static void check_resume(TestRun *t, const char *dir) {
 // --mutate experts: a copy of the checkpoint in dir whose state file stores experts 0 and 1 of every MoE
 // layer swapped (m, v and master), with a valid checksum: the resume check must fail on it.
 static void mutate_checkpoint_experts(TestRun *t, const char *dir, const char *out) {
-    const GPT2Config *c = &t->config;
+    const ModelConfig *c = &t->config;
     if (c->num_experts < 2) { fail("--mutate experts needs a reference with 2 or more experts"); }
     if (my_rank == 0) {
         mkdir(out, 0755);
@@ -2027,7 +2027,7 @@ static void check_resume_from(TestRun *t, const char *dir, const char *mutation)
     if (a5.nsteps != t->ref.nsteps - RESUME_STEP) {
         fail_all(my_rank, "%s: %d steps, expected %d", path, a5.nsteps, t->ref.nsteps - RESUME_STEP);
     }
-    GPT2 m;
+    Model m;
     DataLoader dl;
     Rng rng;
     test_model_resumed(t, &m, &dl, &rng, ckdir, step);
@@ -2081,7 +2081,7 @@ static int parse_test_flags(int argc, char **argv, TestFlags *f, char **rest) {
 
 // The model tested (the reference's, or its upcycling with --experts E), its options (a MoE reference's
 // own), the grid, the reference's batch, schedule and optimizer.
-static void test_setup(TestRun *t, const char *ref_dir, const GPT2Config *ref_config, const float *ref_params) {
+static void test_setup(TestRun *t, const char *ref_dir, const ModelConfig *ref_config, const float *ref_params) {
     Args *args = &t->args;
     char path[1024];
     args->T = t->ref.T;
@@ -2128,11 +2128,11 @@ static void test_setup(TestRun *t, const char *ref_dir, const GPT2Config *ref_co
 
 // The bf16 model file (version 5) of the reference's weights, if there is one, loads as their
 // round-to-nearest-even.
-static void check_bf16_model_file(const char *ref_dir, const GPT2Config *ref_config, const float *ref_params) {
+static void check_bf16_model_file(const char *ref_dir, const ModelConfig *ref_config, const float *ref_params) {
     char path[1024];
     snprintf(path, sizeof(path), "%s/model_bf16.bin", ref_dir);
     if (access(path, R_OK) != 0) { return; }
-    GPT2Config c16;
+    ModelConfig c16;
     float *p16 = read_model_file(path, &c16);
     size_t P = num_parameters(ref_config), bad = 0;
     for (size_t i = 0; i < P; i++) { if (p16[i] != bf16_to_float(float_to_bf16(ref_params[i]))) { bad++; } }
@@ -2143,9 +2143,9 @@ static void check_bf16_model_file(const char *ref_dir, const GPT2Config *ref_con
 }
 
 // The checks of one layout against the reference: the model files, the first step, training, resume.
-static void check_model(TestRun *t, const TestFlags *f, const GPT2Config *ref_config, const float *ref_params) {
+static void check_model(TestRun *t, const TestFlags *f, const ModelConfig *ref_config, const float *ref_params) {
     check_bf16_model_file(f->ref_dir, ref_config, ref_params);
-    GPT2 model;
+    Model model;
     DataLoader loader;
     test_model(t, &model, &t->config, t->params, &loader);
     float loss0;
@@ -2167,7 +2167,7 @@ int main(int argc, char **argv) {
     int nrest = parse_test_flags(argc, argv, &f, rest);
     char path[1024];
     snprintf(path, sizeof(path), "%s/model.bin", f.ref_dir);
-    GPT2Config ref_config;   // the reference's shape; the model tested is the same, or (--experts E with a
+    ModelConfig ref_config;   // the reference's shape; the model tested is the same, or (--experts E with a
                              // dense reference) its upcycling, compared with the dense reference's numbers
     float *ref_params = read_model_file(path, &ref_config);
     snprintf(path, sizeof(path), "%s/state.bin", f.ref_dir);
@@ -2175,7 +2175,7 @@ int main(int argc, char **argv) {
     read_ref_moe(f.ref_dir, &t.rmoe);
     if (f.bad_rank >= 0) {
         // one rank meets a bad file while the others wait in a collective: all must exit, none hang
-        if (my_rank == f.bad_rank) { GPT2Config c; read_model_file("/nonexistent/model.bin", &c); }
+        if (my_rank == f.bad_rank) { ModelConfig c; read_model_file("/nonexistent/model.bin", &c); }
         MPI_Barrier(MPI_COMM_WORLD);
         if (my_rank == 0) { printf("--bad-file-on-rank %d: no rank failed?\n", f.bad_rank); }
         MPI_Finalize();

@@ -41,7 +41,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/dataloader.h"        // defines: DataLoader (llm.c's shards and order), the built-in corpus, the run's data
 #include "llmc/tokenizer.h"         // defines: Tokenizer (llm.c's tokenizer.bin, decoding)
 #include "llmc/schedulers.h"        // defines: the learning rate schedules
-#include "llmc/model_file.h"        // defines: GPT2Config, the tensors in file order, model files, descriptors, init
+#include "llmc/model_file.h"        // defines: ModelConfig, the tensors in file order, model files, descriptors, init
 #include "llmc/model_units.h"       // defines: a unit's tensors (zero.h's units from the tensor table), cut and put back
 #include "llmc/upcycle.h"           // defines: sparse upcycling (a MoE model from a dense one)
 #include "llmc/run_dir.h"           // defines: the run directory: lock, identity, retention, unusable/, main.log
@@ -65,7 +65,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 // by shard. Returns the number of units; sets the index of each kind (-1: none; without a pipeline u_pos ==
 // u_embed, one unit [wpe, wte]; Llama: no wpe) and, per layer of the stage, its unit and its experts' unit (-1 for a
 // dense layer).
-static int build_units(const GPT2Config *c, Grid *grid, int vpp, const int *first, Unit *units, int *u_embed,
+static int build_units(const ModelConfig *c, Grid *grid, int vpp, const int *first, Unit *units, int *u_embed,
                        int *u_pos, int *u_layer, int *u_experts, int *u_final, int *u_head) {
     static const int embedding[] = {T_WPE, T_WTE}, token[] = {T_WTE}, position[] = {T_WPE};
     static const int layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_FCPROJB, T_QNORMW, T_KNORMW,
@@ -192,8 +192,10 @@ typedef struct {
     int *counts;                 // host (npending, MoE layers, ep, E): the dispatch's rows
 } WStore;
 
+// The model on this rank, whatever its family (GPT-2, Llama, their MoE forms): its shape, its place in the grid, its
+// units, parameters, gradients, activations and the state of its parallel strategies.
 typedef struct {
-    GPT2Config config;
+    ModelConfig config;
     Grid *grid;
     int sp;
     int B, T, BT, BTs, tok0;     // T: the tokens of a sequence this rank holds (with cp: T/cp); tok0: first local
@@ -231,22 +233,22 @@ typedef struct {
     WStore wstore;
     StageCosts costs;            // --comm-report with a pipeline (pipeline_split.h)
     UpdateGuard guard;           // the updates applied and skipped, the limits of the next (global_norm.h)
-} GPT2;
+} Model;
 
 // The model chunk holding the stage's layer l.
-static int layer_chunk(const GPT2 *m, int l) {
+static int layer_chunk(const Model *m, int l) {
     int v = 0;
     while (l >= m->chunk_l0[v + 1]) { v++; }
     return v;
 }
 
 // --comm-report with a pipeline: a clock for the work between two calls (the device synchronised first), 0 otherwise.
-static double cost_clock(const GPT2 *m) {
+static double cost_clock(const Model *m) {
     if (!m->costs.in_step || !m->pipe.time_waits || m->grid->pp == 1) { return 0.0; }
     device_synchronize();
     return wall_seconds();
 }
-static void cost_add(const GPT2 *m, double *seconds, double t0) {
+static void cost_add(const Model *m, double *seconds, double t0) {
     if (!m->costs.in_step || !m->pipe.time_waits || m->grid->pp == 1) { return; }
     device_synchronize();
     *seconds += wall_seconds() - t0;
@@ -255,7 +257,7 @@ static void cost_add(const GPT2 *m, double *seconds, double t0) {
 // The stage's layer l's slice of a micro-batch's activations (acts: a slot of l's chunk). What the
 // backward recomputes lives in m->scratch (one layer): under mlp the fc and GELU outputs, under full
 // everything but the layer's input and output (the residual stream, always stored).
-static LayerActs layer_acts(const GPT2 *m, const Activations *acts, int l) {
+static LayerActs layer_acts(const Model *m, const Activations *acts, int l) {
     int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE,
         l0 = m->chunk_l0[layer_chunk(m, l)];
     const Activations *h = full ? &m->scratch : acts;   // where the per-layer tensors are
@@ -280,7 +282,7 @@ static LayerActs layer_acts(const GPT2 *m, const Activations *acts, int l) {
 
 // Builds this rank's part of the model (its pipeline stage, its tp slice, its experts, its ZeRO shard)
 // from the full host tensors (file order). Every rank passes the same.
-static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *grid, int vpp, const int *first,
+static void gpt2_build(Model *m, const ModelConfig *c, float *all_params, Grid *grid, int vpp, const int *first,
                        int zero_stage, int sp, MoEOptions moe) {
     memset(m, 0, sizeof(*m));
     m->config = *c;
@@ -334,8 +336,8 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, float *all_params, Grid *gr
 // largest chunk, Lc layers of which at most Ldc dense, a MoE layer's tensors at each position where some
 // chunk has one: moe_at); what is recomputed in the scratch, one layer (of each kind the stage has) for
 // all layers and slots.
-static void slot_alloc(GPT2 *m, Activations *acts, int scratch, int Lc, int Ldc, int Ld, const int *moe_at) {
-    const GPT2Config *c = &m->config;
+static void slot_alloc(Model *m, Activations *acts, int scratch, int Lc, int Ldc, int Ld, const int *moe_at) {
+    const ModelConfig *c = &m->config;
     size_t C = c->channels, Cl = m->Cl, BT = m->BT, BTs = m->BTs, X = floatx_bytes(), F = sizeof(float);
     int full = m->recompute == RECOMPUTE_FULL, mlp = m->recompute != RECOMPUTE_NONE;
     memset(acts, 0, sizeof(*acts));
@@ -382,7 +384,7 @@ static void slot_alloc(GPT2 *m, Activations *acts, int scratch, int Lc, int Ldc,
 
 // The buffers shared by the layers and micro-batches: ring attention's, the workspace, the MoE layers'
 // (any), the fused head's one CE chunk of `chunk` tokens (0: all) on the last stage.
-static void workspace_alloc(GPT2 *m, int chunk, int any_moe) {
+static void workspace_alloc(Model *m, int chunk, int any_moe) {
     size_t C = m->config.channels, Cl = m->Cl, BT = m->BT, BTs = m->BTs, X = floatx_bytes(), F = sizeof(float);
     int tp = m->grid->tp;
     Workspace *w = &m->ws;
@@ -408,7 +410,7 @@ static void workspace_alloc(GPT2 *m, int chunk, int any_moe) {
 
 // ZB: one layer's WGrads (a MoE layer's if moe) laid out from q (floatX) and qf (fp32); NULL bases only count.
 // Returns the floatX elements it takes, *floats the fp32 ones: the W store holds npending sets of every layer's.
-static size_t wgrads_layout(const GPT2 *m, int moe, floatX *q, float *qf, WGrads *d, size_t *floats) {
+static size_t wgrads_layout(const Model *m, int moe, floatX *q, float *qf, WGrads *d, size_t *floats) {
     size_t C = m->config.channels, Cl = m->Cl, BT = m->BT, Rr = m->moe.rows_recv, Hl = m->moe.Hl,
            SHl = m->moe.SHl, E = m->config.num_experts, n = 0;
     int full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE;
@@ -438,9 +440,9 @@ static size_t wgrads_layout(const GPT2 *m, int moe, floatX *q, float *qf, WGrads
 // schedule's number of (micro-batch, model chunk) pairs alive at once, and a CE chunk of `chunk` tokens
 // (0: all). MoE dispatch buffers are sized for the capacity factor, or dropless when the run samples or scores
 // HellaSwag (moe_dropless).
-static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, PipeSchedule schedule,
+static void gpt2_alloc_activations(Model *m, int B, int T, int chunk, int accum, PipeSchedule schedule,
                                    int moe_dropless) {
-    const GPT2Config *c = &m->config;
+    const ModelConfig *c = &m->config;
     int tp = m->grid->tp, pp = m->grid->pp, cp = m->grid->cp, Ls = m->Ls, vpp = m->vpp;
     m->B = B; m->T = T; m->BT = B * T;
     m->BTs = m->sp ? m->BT / tp : m->BT;
@@ -491,7 +493,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int chunk, int accum, 
 
 // The one set-up path: this rank's part of the model from the full weights (params, file order; NULL in a
 // plan: the sizes only), then its activations and buffers.
-static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *grid, const ModelOptions *o) {
+static void gpt2_init(Model *m, const ModelConfig *c, float *params, Grid *grid, const ModelOptions *o) {
     int first[PIPE_MAX_LAYERS + 1];
     char err[256];
     if (layer_split(first, o->pp_layers, c, o->T * grid->cp, grid->pp, o->vpp, err, sizeof(err))) { fail("%s", err); }
@@ -513,7 +515,7 @@ static void gpt2_init(GPT2 *m, const GPT2Config *c, float *params, Grid *grid, c
 
 // The model's host memory (its device buffers are the allocator's: alloc.h frees them at the end of a
 // run, and a plan allocates none).
-static void gpt2_free(GPT2 *m) {
+static void gpt2_free(Model *m) {
     int Lmax = 0;
     for (int v = 0; v < m->vpp; v++) { if (m->chunk_l0[v + 1] - m->chunk_l0[v] > Lmax) { Lmax = m->chunk_l0[v + 1] - m->chunk_l0[v]; } }
     for (int i = 0; i <= m->pipe.nslots; i++) {   // the slots, then the scratch
@@ -539,16 +541,16 @@ static void gpt2_free(GPT2 *m) {
 // An untied LM head (Llama's head) is a unit of its own on the last stage, opened and closed by the head alone.
 typedef enum { WTE_HEAD, WTE_EMBEDDING } WteUser;
 
-static int head_unit(const GPT2 *m) { return m->u_head >= 0 ? m->u_head : m->u_embed; }   // the LM head's unit,
-static int head_tensor(const GPT2 *m) { return m->u_head >= 0 ? T_HEAD : T_WTE; }          // its weight
+static int head_unit(const Model *m) { return m->u_head >= 0 ? m->u_head : m->u_embed; }   // the LM head's unit,
+static int head_tensor(const Model *m) { return m->u_head >= 0 ? T_HEAD : T_WTE; }          // its weight
 
-static floatX *wte_grad_open(GPT2 *m, WteUser user) {
+static floatX *wte_grad_open(Model *m, WteUser user) {
     int shared = m->first && m->last && m->u_head < 0;   // one stage holds both users: the head opened it
     if (user == WTE_EMBEDDING && shared) { return zero_unit_grads(&m->zero, m->u_embed); }
     return zero_begin_unit_backward(&m->zero, user == WTE_HEAD ? head_unit(m) : m->u_embed);
 }
 
-static void wte_grad_close(GPT2 *m, WteUser user, int last_micro) {
+static void wte_grad_close(Model *m, WteUser user, int last_micro) {
     int shared = m->first && m->last && m->u_head < 0;
     if (user == WTE_HEAD && shared) { return; }   // the token embedding still adds to it
     zero_end_unit_backward(&m->zero, user == WTE_HEAD ? head_unit(m) : m->u_embed, last_micro);
@@ -556,7 +558,7 @@ static void wte_grad_close(GPT2 *m, WteUser user, int last_micro) {
 
 // One layer: y.res (BTs, C) -> y.out, its activations into y. Tensor-parallel communication by the two
 // operations of tensor_parallel.h; ZeRO-3 gathers the layer's parameters (and its experts') as they come.
-static void layer_forward(GPT2 *m, LayerActs y, int l) {
+static void layer_forward(Model *m, LayerActs y, int l) {
     int C = m->config.channels, B = m->B, T = m->T, BT = m->BT, BTs = m->BTs;
     int Cl = m->Cl, NHl = m->NHl, sp = m->sp, ue = m->u_experts[l];
     Group *tp = &m->grid->tp_group;
@@ -611,7 +613,7 @@ static void layer_forward(GPT2 *m, LayerActs y, int l) {
 // Model chunk v of the stage (the stage's layers without interleaving), a: a slot of that chunk.
 // The input (B, T) tokens on the first stage's chunk 0, a->resid[0] received from the previous stage
 // otherwise -> the chunk's output a->resid[Lc] (the last stage's last chunk: the final LayerNorm a->lnf).
-static void gpt2_forward(GPT2 *m, int v, Activations *acts) {
+static void gpt2_forward(Model *m, int v, Activations *acts) {
     int C = m->config.channels, T = m->T, BT = m->BT, BTs = m->BTs, sp = m->sp;
     int l0 = m->chunk_l0[v], l1 = m->chunk_l0[v + 1];
     Group *tp = &m->grid->tp_group;
@@ -653,8 +655,8 @@ static void gpt2_forward(GPT2 *m, int v, Activations *acts) {
 // Last stage: the LM head (tied: wte) and the loss, fused and chunked (fused_ce.h). The sum of the losses of
 // this rank's B*T tokens is added to ws.loss_sum on the device (read once, by gpt2_read_loss). With
 // backward: also the head's weight gradient and the gradient of lnf (acts->dlnf).
-static void gpt2_head(GPT2 *m, Activations *acts, float dloss, int backward, int last_micro) {
-    const GPT2Config *c = &m->config;
+static void gpt2_head(Model *m, Activations *acts, float dloss, int backward, int last_micro) {
+    const ModelConfig *c = &m->config;
     int C = c->channels, BT = m->BT;
     Group *tp = &m->grid->tp_group;
     Workspace *w = &m->ws;
@@ -685,7 +687,7 @@ static void gpt2_head(GPT2 *m, Activations *acts, float dloss, int backward, int
 }
 
 // The loss sum starts at 0 (a step's or an evaluation's first batch).
-static void gpt2_clear_loss(GPT2 *m) {
+static void gpt2_clear_loss(Model *m) {
     if (m->last) { memset_zero_device(m->ws.loss_sum, sizeof(double)); }
 }
 
@@ -693,7 +695,7 @@ static void gpt2_clear_loss(GPT2 *m) {
 // last stage since gpt2_clear_loss (a wait on the device), on every rank: broadcast from the last stage,
 // summed over the ranks sharing the step's tokens. (A training step reads its loss with its norm, in
 // gpt2_update; this is for evaluations and tests.)
-static float gpt2_read_loss(GPT2 *m, int batches) {
+static float gpt2_read_loss(Model *m, int batches) {
     double sum = 0.0;
     if (m->last) { copy_to_host(&sum, m->ws.loss_sum, sizeof(double)); }
     double loss = sum / ((double)m->BT * batches);
@@ -703,8 +705,8 @@ static float gpt2_read_loss(GPT2 *m, int batches) {
 }
 
 // Micro-batch i's WGrads for the stage's layer l (ZB), in set i % npending of the W store; 0 without ZB.
-static int layer_wgrads(const GPT2 *m, int i, int l, WGrads *d) {
-    const GPT2Config *c = &m->config;
+static int layer_wgrads(const Model *m, int i, int l, WGrads *d) {
+    const ModelConfig *c = &m->config;
     if (!m->defer_w) { return 0; }
     size_t set = 0, set_f = 0, off = 0, off_f = 0, e, f;
     int moe_before = 0, Lm = 0, j = i % m->pipe.npending;
@@ -726,7 +728,7 @@ static int layer_wgrads(const GPT2 *m, int i, int l, WGrads *d) {
 // there): the GELU output (recompute mlp, full; a MoE layer's rows and shared experts') and under full ln1, ln2
 // and the attention output (without SP ln1 and ln2 are already all the tokens: kept where B's gather would have
 // put them).
-static void wgrads_acts(const GPT2 *m, WGrads *d, LayerActs *y) {
+static void wgrads_acts(const Model *m, WGrads *d, LayerActs *y) {
     if (d->fchg) { y->fchg = d->fchg; }
     if (d->moe.dye) {   // a MoE layer: its MoEActs, with the recomputed rows where W finds them
         d->acts = *y->moe;
@@ -750,7 +752,7 @@ static floatX *keep_for_w(floatX *dst, floatX *dy, size_t n) {
 // One layer's backward: w->dresid, the gradient of y.out, becomes the gradient of y.res; the layer's
 // parameter gradients (and its experts') go to zero.h as the layer is done. ZB (d not NULL): B only, the
 // gradient of y.res; what the weights' gradients need is kept in d for layer_backward_weights.
-static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int last_micro) {
+static void layer_backward(Model *m, LayerActs y, const WGrads *d, int l, int last_micro) {
     int C = m->config.channels, B = m->B, T = m->T, BT = m->BT, BTs = m->BTs;
     int Cl = m->Cl, NHl = m->NHl, sp = m->sp, u = m->u_layer[l], ue = m->u_experts[l];
     Group *tp = &m->grid->tp_group;
@@ -811,7 +813,7 @@ static void layer_backward(GPT2 *m, LayerActs y, const WGrads *d, int l, int las
 // ZB: one layer's W pass, the gradients of its weights (a MoE layer's: and its experts') from what its B kept in
 // d and the activations still in the slot. The same products into the same gradients as layer_backward's, so the same sums; no
 // parameter is read (ZeRO-3 gathers nothing for W).
-static void layer_backward_weights(GPT2 *m, LayerActs y, const WGrads *d, int l, int last_micro) {
+static void layer_backward_weights(Model *m, LayerActs y, const WGrads *d, int l, int last_micro) {
     int C = m->config.channels, BT = m->BT, BTs = m->BTs, Cl = m->Cl, u = m->u_layer[l];
     floatX *g[NUM_TENSORS] = {};
     size_t own = (size_t)m->tok0 * C;   // the local tokens' rows of an all-token gradient (SP; 0 otherwise)
@@ -843,7 +845,7 @@ static void layer_backward_weights(GPT2 *m, LayerActs y, const WGrads *d, int l,
 // from the gradient of the chunk's output (in ws.dresid) otherwise; leaves the gradient of the chunk's
 // input in ws.dresid. Each unit's gradient goes to zero.h as soon as the unit is done, so its
 // data-parallel reduction overlaps the backward of the layers below.
-static void gpt2_backward(GPT2 *m, int v, Activations *acts, int last_micro) {
+static void gpt2_backward(Model *m, int v, Activations *acts, int last_micro) {
     int C = m->config.channels, T = m->T, BT = m->BT, BTs = m->BTs, sp = m->sp;
     int l0 = m->chunk_l0[v], l1 = m->chunk_l0[v + 1];
     Group *tp = &m->grid->tp_group;
@@ -902,7 +904,7 @@ static void gpt2_backward(GPT2 *m, int v, Activations *acts, int last_micro) {
 
 // ZB: the W pass of one micro-batch through model chunk v: the weight gradients of the layers whose B kept
 // them for later (layer_wgrads), in the backward's order; a's activations are still in its slot.
-static void gpt2_backward_weights(GPT2 *m, int v, Activations *acts, int last_micro) {
+static void gpt2_backward_weights(Model *m, int v, Activations *acts, int last_micro) {
     for (int l = m->chunk_l0[v + 1] - 1; l >= m->chunk_l0[v]; l--) {
         WGrads d;
         if (!layer_wgrads(m, m->micro, l, &d)) { continue; }
@@ -923,7 +925,7 @@ static void gpt2_backward_weights(GPT2 *m, int v, Activations *acts, int last_mi
 typedef struct { float beta1, beta2, eps, weight_decay, grad_clip; unsigned int seed; } OptConfig;
 
 // This rank's tokens of a (B, T*cp) batch: each sequence's tokens at the local positions (seq_pos).
-static void local_tokens(const GPT2 *m, int *local, const int *batch) {
+static void local_tokens(const Model *m, int *local, const int *batch) {
     int T = m->T, Tg = T * m->grid->cp;
     for (int b = 0; b < m->B; b++) {
         for (int t = 0; t < T; t++) { local[b * T + t] = batch[(size_t)b * Tg + seq_pos(m->seqpos, t)]; }
@@ -931,13 +933,13 @@ static void local_tokens(const GPT2 *m, int *local, const int *batch) {
 }
 
 // Micro-batch i's activations in model chunk v.
-static Activations *chunk_acts(GPT2 *m, int v, int i) { return &m->acts[m->pipe.slot_of[v * m->pipe.micro + i]]; }
+static Activations *chunk_acts(Model *m, int v, int i) { return &m->acts[m->pipe.slot_of[v * m->pipe.micro + i]]; }
 
 // Micro-batch i's tokens go to chunk 0 (the embedding), its targets to the last chunk (the loss), each
 // when that chunk's forward starts (a slot of the last chunk may still hold an earlier micro-batch
 // whose forward is yet to come). NULL: not now.
 // The copies are queued (copy_to_device_async): the host arrays must hold until the device has run them.
-static void gpt2_upload_batch(GPT2 *m, int i, const int *inputs, const int *targets) {
+static void gpt2_upload_batch(Model *m, int i, const int *inputs, const int *targets) {
     if (inputs && m->first) { copy_to_device_async(chunk_acts(m, 0, i)->inputs, inputs, sizeof(int) * m->BT); }
     if (targets && m->last) {
         copy_to_device_async(chunk_acts(m, m->vpp - 1, i)->targets, targets, sizeof(int) * m->BT);
@@ -946,7 +948,7 @@ static void gpt2_upload_batch(GPT2 *m, int i, const int *inputs, const int *targ
 
 // What the schedule runs for one training step on this stage.
 typedef struct {
-    GPT2 *m;
+    Model *m;
     int accum;
     int *inputs, *targets;   // (accum, BT) the step's batches, read by every stage in the same order
     float dloss;       // d(loss)/d(each token's loss): 1 / (tokens in the global batch)
@@ -956,7 +958,7 @@ typedef struct {
 // runs the fused head too, forward and backward at once.
 static void train_forward(void *ctx, int v, int i) {
     TrainStep *s = (TrainStep *)ctx;
-    GPT2 *m = s->m;
+    Model *m = s->m;
     Activations *acts = chunk_acts(m, v, i);
     m->micro = i;
     flight_at(PH_FORWARD, i, FL_LAYER_EMBEDDING);
@@ -983,7 +985,7 @@ static void train_weights(void *ctx, int v, int i) {
 // Forward and backward of `accum` micro-batches (the number the activations were allocated for); the
 // gradients end up reduced as the ZeRO stage wants them, the losses summed on the device. Nothing waits
 // for the device here: gpt2_update reads the loss with the norm (or gpt2_read_loss, for a test).
-static void gpt2_forward_backward(GPT2 *m, DataLoader *dl, int accum) {
+static void gpt2_forward_backward(Model *m, DataLoader *dl, int accum) {
     mem_poison_scratch();   // (the emulated device only: what this step reads before writing shows as NaN)
     zero_clear_grads(&m->zero);
     gpt2_clear_loss(m);
@@ -1022,7 +1024,7 @@ typedef struct { float loss, norm; int why; } StepResult;   // why: SKIP_NONE, o
 // skips the update: the parameters and the AdamW state stay as they were, and AdamW's step count t
 // counts only the updates applied. Then the step's one wait: the host reads the loss and the norm
 // (m->guard.skips_in_a_row says whether this update was skipped).
-static StepResult gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
+static StepResult gpt2_update(Model *m, const OptConfig *o, float lr, int step) {
     Zero *z = &m->zero;
     Grid *grid = m->grid;
     flight_at(PH_OPTIMIZER, -1, FL_LAYER_NONE);
@@ -1048,7 +1050,7 @@ static StepResult gpt2_update(GPT2 *m, const OptConfig *o, float lr, int step) {
     return (StepResult){st.loss, st.norm, (int)st.why};
 }
 
-typedef struct { GPT2 *m; const int *inputs, *targets; } ForwardOnly;   // this rank's tokens and targets
+typedef struct { Model *m; const int *inputs, *targets; } ForwardOnly;   // this rank's tokens and targets
 
 static void forward_only(void *ctx, int v, int i) {
     ForwardOnly *f = (ForwardOnly *)ctx;
@@ -1058,7 +1060,7 @@ static void forward_only(void *ctx, int v, int i) {
 
 // Forward only, through every stage: tokens (B, T*cp) in; the last stage's lnf of this rank's tokens
 // out (in the last chunk's acts of micro-batch 0).
-static void gpt2_forward_pipeline(GPT2 *m, const int *inputs, const int *targets) {
+static void gpt2_forward_pipeline(Model *m, const int *inputs, const int *targets) {
     int *in = m->fwd_tokens, *tg = in + m->BT;
     local_tokens(m, in, inputs);
     local_tokens(m, tg, targets);
@@ -1067,7 +1069,7 @@ static void gpt2_forward_pipeline(GPT2 *m, const int *inputs, const int *targets
 }
 
 // Mean loss over up to max_batches batches of the loader (from its start), over all dp ranks.
-static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
+static float gpt2_validate(Model *m, DataLoader *dl, int max_batches) {
     flight_at(PH_EVAL, 0, FL_LAYER_EMBEDDING);
     dataloader_reset(dl);
     gpt2_clear_loss(m);
@@ -1090,7 +1092,7 @@ static float gpt2_validate(GPT2 *m, DataLoader *dl, int max_batches) {
 // dropless, as when sampling: the padding would take capacity. Returns (correct, examples, contexts cut) summed.
 
 // Adds this rank's per-token losses of the batch (the forward and head have run) into sums (B rows): masked.
-static void hellaswag_add_losses(GPT2 *m, const int *mask, double *sums, float *host) {
+static void hellaswag_add_losses(Model *m, const int *mask, double *sums, float *host) {
     int T = m->T, Tg = T * m->grid->cp;
     copy_to_host(host, m->ws.losses, sizeof(float) * m->BT);
     for (int b = 0; b < m->B; b++) {
@@ -1101,7 +1103,7 @@ static void hellaswag_add_losses(GPT2 *m, const int *mask, double *sums, float *
     }
 }
 
-static void gpt2_hellaswag(GPT2 *m, const HellaSwag *hs, int counts[3]) {
+static void gpt2_hellaswag(Model *m, const HellaSwag *hs, int counts[3]) {
     Grid *g = m->grid;
     int B = m->B, Tg = m->T * g->cp, per = ceil_div(hs->n, g->dp), nb = ceil_div(HS_ENDINGS * per, B);
     int cap = m->moe.cap, padded = m->moe.padded, counting = m->last && g->tp_rank == 0;
@@ -1157,7 +1159,7 @@ static void gpt2_hellaswag(GPT2 *m, const HellaSwag *hs, int counts[3]) {
 
 // The logits of sequence position pos of the window (row 0), on the last stage's cp rank that holds it, into
 // s->logits; returns that rank (cp). The forward has run.
-static int position_logits(GPT2 *m, Sampler *s, int pos) {
+static int position_logits(Model *m, Sampler *s, int pos) {
     int C = m->config.channels, owner, row_t;
     seq_pos_owner(m->grid->cp, m->T, pos, &owner, &row_t);   // position pos's cp rank and its local row there
     floatX *p[NUM_TENSORS];
@@ -1178,7 +1180,7 @@ static int position_logits(GPT2 *m, Sampler *s, int pos) {
 // position draws the token and sends it to the others. Rank 0 prints the text (decoded by tok, or as ids
 // after ids_note) and a line "sample ids: ..." of the tokens generated. MoE layers run dropless: with a
 // capacity, the padding after the current token would take capacity from it.
-static void gpt2_sample(GPT2 *m, Sampler *s, Tokenizer *tok, Rng *rng, const int *prompt, int nprompt, int n, int eot,
+static void gpt2_sample(Model *m, Sampler *s, Tokenizer *tok, Rng *rng, const int *prompt, int nprompt, int n, int eot,
                         const char *ids_note) {
     int Tg = m->T * m->grid->cp, cap = m->moe.cap, padded = m->moe.padded, len = 0, rank0 = m->grid->rank == 0;
     flight_at(PH_EVAL, 0, FL_LAYER_EMBEDDING);
@@ -1219,14 +1221,14 @@ static void gpt2_sample(GPT2 *m, Sampler *s, Tokenizer *tok, Rng *rng, const int
 // checkpoints (checkpoint.h): the step counters and the data position beside the units' parameters and
 // AdamW state
 
-static TrainState gpt2_train_state(const GPT2 *m, int total_batch, int max_steps, const DataLoader *dl) {
+static TrainState gpt2_train_state(const Model *m, int total_batch, int max_steps, const DataLoader *dl) {
     Grid *grid = m->grid;
     TrainState s = {m->guard.updates, m->guard.skips, m->guard.skips_in_a_row, m->T * grid->cp, total_batch,
                     total_batch / (m->B * m->T * grid->cp * grid->dp), max_steps, dl->fingerprint};
     return s;
 }
 
-static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch, int async,
+static void save_checkpoint(Model *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch, int async,
                             int max_steps) {
     TrainState s = gpt2_train_state(m, total_batch, max_steps, dl);
     flight_at(PH_CHECKPOINT, -1, FL_LAYER_NONE);
@@ -1236,7 +1238,7 @@ static void save_checkpoint(GPT2 *m, const char *dir, int step, DataLoader *dl, 
 }
 
 // Returns the -x of the run that wrote the checkpoint (0: not recorded).
-static int load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch) {
+static int load_state(Model *m, const char *dir, int step, DataLoader *dl, Rng *rng, int total_batch) {
     TrainState s = gpt2_train_state(m, total_batch, 0, dl);
     checkpoint_load(&m->config, &m->zero, dir, step, &s, dl, rng);
     m->guard.updates = s.updates; m->guard.skips = s.skips; m->guard.skips_in_a_row = s.skips_in_a_row;
@@ -1244,8 +1246,8 @@ static int load_state(GPT2 *m, const char *dir, int step, DataLoader *dl, Rng *r
 }
 
 // The rank's shapes that its step's bytes per group follow from (cost_model.h), as the model set them up.
-static CommShape gpt2_comm_shape(const GPT2 *m) {
-    const GPT2Config *c = &m->config;
+static CommShape gpt2_comm_shape(const Model *m) {
+    const ModelConfig *c = &m->config;
     Grid *grid = m->grid;
     CommShape s;
     memset(&s, 0, sizeof(s));
@@ -1304,12 +1306,12 @@ static CommShape gpt2_comm_shape(const GPT2 *m) {
 // beside it: the sampler's logits row (the last stage, when sampling) and, on CUDA, the cuBLASLt workspace and
 // the attention's (cp_attention_workspace_bytes: without cp or with Ulysses the path's at its shape, the ring's
 // flash D), which gpt2_init allocates only in a run.
-static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int world, int rank, PlanBuild b,
+static MemPlan gpt2_plan(const Args *a, const ModelConfig *c, MoEOptions moe, int world, int rank, PlanBuild b,
                          CommShape *shape) {
     mem_plan_begin(b.floatx);
     Grid grid;
     grid_plan(&grid, world, rank, a->tp, a->cp, a->pp, a->ep);
-    GPT2 m;
+    Model m;
     ModelOptions o = model_options(a, moe, grid.dp);
     gpt2_init(&m, c, NULL, &grid, &o);
     if (args_samples(a) && m.last) { mem_alloc((size_t)c->padded_vocab_size * floatx_bytes(), MEM_LOGITS); }
@@ -1331,7 +1333,7 @@ static MemPlan gpt2_plan(const Args *a, const GPT2Config *c, MoEOptions moe, int
 
 // The layout checked against the model, the grid, and the memory plan (before any allocation: the plan,
 // and the advice if it does not fit).
-static void setup_grid(Args *a, const GPT2Config *c, Grid *grid, int world, int rank) {
+static void setup_grid(Args *a, const ModelConfig *c, Grid *grid, int world, int rank) {
     validate_layout(a, c, world, rank);
     comm_one_stream = a->comm_streams == 1;   // (--comm-streams: before the groups make their streams)
     comm_check_collectives = a->check_collectives;
@@ -1341,7 +1343,7 @@ static void setup_grid(Args *a, const GPT2Config *c, Grid *grid, int world, int 
 }
 
 // -e as a descriptor: 1 (config set), or 0 (not a descriptor: a model file); a malformed one stops every rank.
-static int model_descriptor(const Args *a, int rank, GPT2Config *config) {
+static int model_descriptor(const Args *a, int rank, ModelConfig *config) {
     unsigned named;
     char why[320];
     int desc = parse_descriptor(a->model, config, &named, why, sizeof(why));
@@ -1352,7 +1354,7 @@ static int model_descriptor(const Args *a, int rank, GPT2Config *config) {
 
 // The model's shape without its weights (a plan, or the memory check before the weights are made):
 // the descriptor, or the file's header; the same errors as load_model.
-static void plan_config(Args *a, int rank, GPT2Config *config) {
+static void plan_config(Args *a, int rank, ModelConfig *config) {
     int desc = model_descriptor(a, rank, config);
     if (desc == 0) {
         int h[256];
@@ -1363,9 +1365,9 @@ static void plan_config(Args *a, int rank, GPT2Config *config) {
 }
 
 // A resume continues its checkpoint's model: an -e given with it (the default d4 is not) must be of that shape.
-static void check_resume_model(Args *a, int rank, const GPT2Config *ckpt, const char *path) {
+static void check_resume_model(Args *a, int rank, const ModelConfig *ckpt, const char *path) {
     if (!flag_given(a, "-e")) { return; }
-    GPT2Config want;
+    ModelConfig want;
     plan_config(a, rank, &want);
     if (memcmp(&want, ckpt, sizeof(want)) != 0) {
         fail_all(rank, "-e '%s' (L %d C %d NH %d V %d maxT %d, E %d) is not the model of the checkpoint '%s' (L %d C %d NH "
@@ -1378,7 +1380,7 @@ static void check_resume_model(Args *a, int rank, const GPT2Config *ckpt, const 
 
 // The model's weights (host fp32, file order) and shape: from the newest checkpoint in -o when
 // resuming (*resume_step >= 0), else from a model file, else a descriptor with random init.
-static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step) {
+static float *load_model(Args *a, int rank, ModelConfig *config, int *resume_step) {
     *resume_step = -1;
     if (a->resume) {
         *resume_step = latest_checkpoint(a->output_dir);
@@ -1408,9 +1410,9 @@ static float *load_model(Args *a, int rank, GPT2Config *config, int *resume_step
 typedef struct {
     Args args;
     int rank, world;
-    GPT2Config config;
+    ModelConfig config;
     Grid grid;
-    GPT2 model;
+    Model model;
     int accum, max_steps, start_step, saved;   // saved: the step of the newest checkpoint this run wrote (-1: none)
     DataLoader train_loader, val_loader;
     int have_val;
@@ -1475,7 +1477,7 @@ static void run_setup(Run *r) {
     free(params);
     r->accum = options.accum;
     if (rank == 0) {
-        GPT2 *m = &r->model;
+        Model *m = &r->model;
         print_setup(a, &r->config, &r->grid, m->num_parameters, m->moe.cap, m->moe.El, r->accum);
     }
     // the schedule, the optimizer, and the state of a resumed run
@@ -1504,7 +1506,7 @@ static void run_setup(Run *r) {
                                    : " token ids (the built-in corpus is a Markov chain over token ids, not text)";
     r->sampling = args_samples(a);
     if (r->sampling) {
-        GPT2 *m = &r->model;
+        Model *m = &r->model;
         sampler_init(&r->sampler, (size_t)m->B * m->T * r->grid.cp, r->nprompt + a->gen_tokens + 1,
                      r->config.padded_vocab_size, m->last, a->temperature, a->top_k);
     }
@@ -1528,8 +1530,8 @@ static void run_setup(Run *r) {
 
 // The step's line (report.h): the MoE layers' numbers gathered on every rank, the line on rank 0.
 static void run_log_step(Run *r, int step, StepResult res, float lr, StepClock clock) {
-    GPT2 *m = &r->model;
-    const GPT2Config *c = &r->config;
+    Model *m = &r->model;
+    const ModelConfig *c = &r->config;
     MoEStepLoad moe = moe_step_load(&m->moe, m->grid, num_moe_layers(c), (double)m->B * r->accum * r->grid.dp,
                                     (double)m->T * r->grid.cp);
     double flops = (6.0 * m->num_parameters + 6.0 * c->num_layers * c->channels * r->args.T) * r->args.total_batch;
@@ -1572,7 +1574,7 @@ static void run_sample(Run *r) {
 // when due.
 static void run_step(Run *r, int step) {
     Args *a = &r->args;
-    GPT2 *m = &r->model;
+    Model *m = &r->model;
     flight_step(step);
     if (r->have_val && a->val_every > 0 && step % a->val_every == 0) { run_validate(r, step); }
     if (r->hellaswag.n && a->val_every > 0 && step > 0 && step % a->val_every == 0) { run_hellaswag(r, step); }
@@ -1668,7 +1670,7 @@ static void run_finish(Run *r, int stopped) {
         comm_host_all_reduce(&r->grid.world, &after, 1, DT_DOUBLE, HOST_MAX, "all-reduce (allocations)");
         if (r->rank == 0) { printf("device allocations after the first step: %.0f (none expected)\n", after); }
     }
-    GPT2 *m = &r->model;
+    Model *m = &r->model;
     double *costs = stage_costs_per_layer(&m->costs, r->config.num_layers, m->layer_id, m->Ls, m->first, m->last,
                                           &r->grid);
     report_times(a, &r->grid, &r->times, r->accum, r->model.vpp, costs, &r->config, r->model.moe.time_a2a);

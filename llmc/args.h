@@ -497,7 +497,7 @@ static int cp_ulysses_degree(const Args *a) {
 // --cp-kind and --cp-ulysses against --cp and the heads: a head shard is whole heads of the tp rank's, its query
 // heads' kv heads whole too (U divides the tp rank's kv heads, or they divide U: each then replicated on U/KV
 // members).
-static int layout_cp_kind_error(const Args *a, const GPT2Config *c, char *err, size_t errlen) {
+static int layout_cp_kind_error(const Args *a, const ModelConfig *c, char *err, size_t errlen) {
     int hybrid = !strcmp(a->cp_kind, "hybrid");
     if (a->cp_ulysses && !hybrid) {
         LAYOUT_FAIL("--cp-ulysses %d is the hybrid's all-to-all group size: it needs --cp-kind hybrid (not %s)",
@@ -529,7 +529,7 @@ static int layout_cp_kind_error(const Args *a, const GPT2Config *c, char *err, s
 }
 
 // The grid against the world size and the model: every group divides what it cuts.
-static int layout_grid_error(Args *a, const GPT2Config *c, int world, char *err, size_t errlen) {
+static int layout_grid_error(Args *a, const ModelConfig *c, int world, char *err, size_t errlen) {
     if (world % (a->tp * a->cp * a->pp) != 0) {
         LAYOUT_FAIL("world size %d is not divisible by tp*cp*pp = %d*%d*%d (world = tp*cp*pp*dp)", world, a->tp, a->cp,
                     a->pp);
@@ -575,7 +575,7 @@ static int layout_grid_error(Args *a, const GPT2Config *c, int world, char *err,
 
 // The batch against the grid: -t within the model, -d a multiple of the micro-batch's tokens (its default: one
 // micro-batch), the interleaved schedule's micro-batches in groups of pp.
-static int layout_batch_error(Args *a, const GPT2Config *c, char *err, size_t errlen) {
+static int layout_batch_error(Args *a, const ModelConfig *c, char *err, size_t errlen) {
     int dp = a->dp;
     if (a->T > c->max_seq_len) {
         LAYOUT_FAIL("-t %d is larger than the model's maximum sequence length %d", a->T, c->max_seq_len);
@@ -611,7 +611,7 @@ static int layout_batch_error(Args *a, const GPT2Config *c, char *err, size_t er
 
 // The checks that need the world size and the model shape (and the defaults that follow from them: dp,
 // -d). Returns 1 with the reason in err if the layout cannot run (the memory plan tries layouts with it).
-static int layout_error(Args *a, const GPT2Config *c, int world, char *err, size_t errlen) {
+static int layout_error(Args *a, const ModelConfig *c, int world, char *err, size_t errlen) {
     if (layout_grid_error(a, c, world, err, errlen) || layout_batch_error(a, c, err, errlen)) { return 1; }
     int first[PIPE_MAX_LAYERS + 1];
     if (a->pp_layers && a->pp == 1) { LAYOUT_FAIL("--pp-layers '%s' needs a pipeline (--pp >= 2)", a->pp_layers); }
@@ -636,7 +636,7 @@ static int layout_error(Args *a, const GPT2Config *c, int world, char *err, size
 #undef LAYOUT_FAIL
 
 // Identical on every rank, so every rank exits with the same message before any collective could hang.
-static void validate_layout(Args *a, const GPT2Config *c, int world, int rank) {
+static void validate_layout(Args *a, const ModelConfig *c, int world, int rank) {
     char err[512];
     if (layout_error(a, c, world, err, sizeof(err))) { fail_all(rank, "%s", err); }
 }

@@ -164,7 +164,7 @@ static double calibrate_optimizer(Grid *g, size_t n) {
 }
 
 // The machine file (rank 0): the rates from k, at the model's layer shapes (C, B T), and this rank's cores (CPU).
-static void calibrate_write(const char *path, const Calibration *k, const Args *a, const GPT2Config *c, int world) {
+static void calibrate_write(const char *path, const Calibration *k, const Args *a, const ModelConfig *c, int world) {
     double C = c->channels, BT = (double)a->B * a->T, X = sizeof(floatX);
     double flops = 3 * 2.0 * BT * C * 4.0 * C / k->t_gemm, attn = BT * 6.0 * C * a->T / 2 / k->t_att;
     FILE *f = fopen(path, "w");
@@ -198,7 +198,7 @@ static void calibrate_write(const char *path, const Calibration *k, const Args *
 }
 
 // The line that says what was measured (rank 0).
-static void calibrate_print(const char *path, const Calibration *k, const Args *a, const GPT2Config *c, int world) {
+static void calibrate_print(const char *path, const Calibration *k, const Args *a, const ModelConfig *c, int world) {
     double C = c->channels, BT = (double)a->B * a->T, X = sizeof(floatX);
     double flops = 3 * 2.0 * BT * C * 4.0 * C / k->t_gemm, attn = BT * 6.0 * C * a->T / 2 / k->t_att;
     double mem = 3.0 * 4 * BT * C * X / k->t_mem;
@@ -218,7 +218,7 @@ static void calibrate_print(const char *path, const Calibration *k, const Args *
 
 // --calibrate FILE: the kernels at the model's shapes (a layer's MLP GEMMs, its attention, a bandwidth-bound
 // kernel, a layer's launches), the optimizer, the collectives and their overlap, every rank at once.
-static void calibrate(const Args *a, const GPT2Config *c, Grid *g, const char *path) {
+static void calibrate(const Args *a, const ModelConfig *c, Grid *g, const char *path) {
     int B = a->B, T = a->T, C = c->channels, NH = c->num_heads, KV = c->kv_heads, BT = B * T, world = g->world_size;
     size_t big = (size_t)BT * 4 * C, comm_n = (size_t)16 << 20;
     floatX *x = (floatX *)mem_alloc(big * sizeof(floatX), MEM_WORKSPACE);

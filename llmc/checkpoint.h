@@ -51,7 +51,7 @@ static void unit_params_getter(Zero *z, int u, int which, float *host) {
     zero_get_unit_params(z, u, host);
 }
 
-static float *checkpoint_gather(const GPT2Config *c, Zero *z, UnitGetter get, int which) {
+static float *checkpoint_gather(const ModelConfig *c, Zero *z, UnitGetter get, int which) {
     Grid *g = z->grid;
     size_t P = num_parameters(c);
     // (edp rank 0 <=> dp rank < ep)
@@ -105,7 +105,7 @@ static Checkpoint ckpt_writer;   // rank 0's (one write in flight at most)
 // Every rank: the full parameters and AdamW state assembled on rank 0 into c (stage 3 and the
 // experts gather; each rank contributes its part). Checks that no value is non-finite.
 // router_bias: the MoE layers' routing bias (Lm, E) on rank 0 (NULL elsewhere, or without MoE).
-static void checkpoint_assemble(const GPT2Config *c, Zero *z, Checkpoint *ck, const char *dir, int step,
+static void checkpoint_assemble(const ModelConfig *c, Zero *z, Checkpoint *ck, const char *dir, int step,
                                 const TrainState *s, const DataLoader *dl, const Rng *rng, const float *router_bias) {
     Grid *g = z->grid;
     float *all = checkpoint_gather(c, z, unit_params_getter, 0);
@@ -224,7 +224,7 @@ static void checkpoint_wait(void) {
 // Every rank: a checkpoint of this step. The assembly is collective and synchronous; rank 0's writer
 // thread then writes the files, and every rank waits for it (rank0_wait_done) now, or with async at the
 // next checkpoint, a stop or the end, while training goes on.
-static void checkpoint_save(const GPT2Config *c, Zero *z, const char *dir, int step, const TrainState *s,
+static void checkpoint_save(const ModelConfig *c, Zero *z, const char *dir, int step, const TrainState *s,
                             const DataLoader *dl, const Rng *rng, int async, const float *router_bias) {
     trace_begin();
     Checkpoint *ck = &ckpt_writer;
@@ -257,7 +257,7 @@ static void checkpoint_model_matches(const char *dir, int step, int model_crc, c
 }
 
 // Fails naming the tensor and the index of the first negative value of a file-order array (AdamW's v).
-static void check_nonnegative(const GPT2Config *c, const float *all, const char *what) {
+static void check_nonnegative(const ModelConfig *c, const float *all, const char *what) {
     size_t P = num_parameters(c);
     for (size_t i = 0; i < P; i++) {
         if (all[i] >= 0.0f) { continue; }
@@ -271,7 +271,7 @@ static void check_nonnegative(const GPT2Config *c, const float *all, const char 
 
 // The state file of checkpoint `step` in dir (its path into path) opened and its header h checked against this run
 // (the model's parameters, the run, the data, -t, -d, the step counters, the size); positioned after the header.
-static FILE *state_open_checked(const GPT2Config *c, const char *dir, int step, const TrainState *s,
+static FILE *state_open_checked(const ModelConfig *c, const char *dir, int step, const TrainState *s,
                                 const DataLoader *dl, int h[256], char *path) {
     size_t Pm = num_parameters(c);
     path_join(path, dir, "state_%08d.bin", step);
@@ -332,7 +332,7 @@ static FILE *state_open_checked(const GPT2Config *c, const char *dir, int step, 
 // Restores the optimizer state of this rank's part, the step counters, the data position and the
 // generator from DIR/state_STEP.bin (the parameters come from the model file). Every field is checked
 // before it is used.
-static void checkpoint_load(const GPT2Config *c, Zero *z, const char *dir, int step, TrainState *s, DataLoader *dl,
+static void checkpoint_load(const ModelConfig *c, Zero *z, const char *dir, int step, TrainState *s, DataLoader *dl,
                             Rng *rng) {
     Grid *g = z->grid;
     char path[PATH_LEN];

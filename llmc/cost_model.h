@@ -635,7 +635,7 @@ static void group_rates(const Args *a, int world, int dp, const Machine *mc, Gro
 // (p2p); its compute and exposed comm in a step (step_busy); its bytes and calls per group in a step.
 typedef struct { double f, b, w, busy, tp, ep, cp, p2p, step_busy; CommBytes bytes, calls; } StageTime;
 
-static StageTime stage_time(const Args *a, const GPT2Config *c, const Machine *mc, const CommShape *sh, const int *first,
+static StageTime stage_time(const Args *a, const ModelConfig *c, const Machine *mc, const CommShape *sh, const int *first,
                             int s, int accum, const GroupRates *bw, const GroupRates *lat) {
     StageTime st;
     int n = a->pp * a->vpp;
@@ -736,7 +736,7 @@ static double dp_and_optimizer(const Args *a, int world, int accum, const Machin
 }
 
 // Seconds per step of layout a (world ranks, its plan's CommShape per stage in shapes).
-static StepTime plan_step_time(const Args *a, const GPT2Config *c, int world, const Machine *mc,
+static StepTime plan_step_time(const Args *a, const ModelConfig *c, int world, const Machine *mc,
                                const CommShape *shapes) {
     StepTime t;
     memset(&t, 0, sizeof(t));

@@ -651,7 +651,7 @@ static void moe_backward_weights(ExpertParallel *x, const MoEActs *ma, const MoE
 // set-up: the shapes, this stage's MoE layers in model order, their routing bias
 
 // The MoE layers of a stage that holds the model's layers layer_id[0 .. Ls), on this rank of the grid.
-static void moe_setup(ExpertParallel *x, const GPT2Config *c, Grid *grid, MoEOptions opt, const int *layer_id, int Ls) {
+static void moe_setup(ExpertParallel *x, const ModelConfig *c, Grid *grid, MoEOptions opt, const int *layer_id, int Ls) {
     int tp = grid->tp;
     x->tp = &grid->tp_group; x->cp = &grid->cp_group; x->ep = &grid->ep_group; x->tp_rank = grid->tp_rank;
     x->E = c->num_experts; x->k = c->topk; x->El = c->num_experts / grid->ep; x->C = c->channels; x->Cl = c->channels / tp;
@@ -758,7 +758,7 @@ static MoEStepLoad moe_step_load(const ExpertParallel *x, Grid *g, int Lm, doubl
 
 // A MoE descriptor's keys it leaves out (named: parse_descriptor's) take the flags' values: --topk, --moe-every,
 // --expert-hidden, --shared-experts; a key it names keeps its own (apply_moe_shape refuses a flag that disagrees).
-static void moe_descriptor_defaults(const Args *a, int rank, GPT2Config *c, unsigned named) {
+static void moe_descriptor_defaults(const Args *a, int rank, ModelConfig *c, unsigned named) {
     if (c->num_experts == 0) { return; }
     int key[4] = {DK_K, DK_EVERY, DK_H, DK_S}, flag[4] = {a->topk, a->moe_every, a->expert_hidden, a->shared_experts};
     int *field[4] = {&c->topk, &c->moe_every, &c->expert_hidden, &c->shared_experts};
@@ -771,7 +771,7 @@ static void moe_descriptor_defaults(const Args *a, int rank, GPT2Config *c, unsi
 }
 
 // The MoE training options for model c (the z-loss's default depends on its router's scores).
-static MoEOptions moe_options(const Args *a, const GPT2Config *c) {
+static MoEOptions moe_options(const Args *a, const ModelConfig *c) {
     float z = a->z_coeff >= 0.0f ? a->z_coeff : c->router_score == ROUTER_SIGMOID ? 0.0f : 0.001f;
     MoEOptions o = {a->cap1000, strcmp(a->drop_policy, "position") ? DROP_PROBS : DROP_POSITION, a->aux_coeff, z,
                     a->moe_bias_rate};
@@ -782,7 +782,7 @@ static MoEOptions moe_options(const Args *a, const GPT2Config *c) {
 // (file, checkpoint, descriptor with E=) must agree with every flag given; a dense descriptor or file
 // becomes a MoE model of that shape (a file: upcycled, each expert a copy of its layer's MLP), except
 // when resuming (a checkpoint keeps its shape). Returns the weights (params, or a new array).
-static float *apply_moe_shape(const Args *a, int rank, GPT2Config *c, float *params, const char *what, int resuming) {
+static float *apply_moe_shape(const Args *a, int rank, ModelConfig *c, float *params, const char *what, int resuming) {
     if (a->experts < 0 && a->topk < 0 && a->moe_every < 0 && a->expert_hidden < 0 && a->shared_experts < 0) {
         return params;
     }
@@ -803,7 +803,7 @@ static float *apply_moe_shape(const Args *a, int rank, GPT2Config *c, float *par
     if (a->experts < 0) {
         fail_all(rank, "--topk, --moe-every, --expert-hidden and --shared-experts need --experts E (or a MoE model)");
     }
-    GPT2Config moe = *c;
+    ModelConfig moe = *c;
     moe.num_experts = a->experts;
     moe.topk = a->topk > 0 ? a->topk : 1;
     moe.moe_every = a->moe_every > 0 ? a->moe_every : 1;
@@ -832,7 +832,7 @@ static float *apply_moe_shape(const Args *a, int rank, GPT2Config *c, float *par
 // The MoE flags against the model: the shape (apply_moe_shape), then the router's scores: a MoE model file or
 // checkpoint keeps its own (--router-score must agree), a descriptor or an upcycled dense file takes the flag's;
 // then what the final model refuses. file: the model comes from a file (or a checkpoint: resuming).
-static float *apply_moe_flags(const Args *a, int rank, GPT2Config *c, float *params, const char *what, int resuming,
+static float *apply_moe_flags(const Args *a, int rank, ModelConfig *c, float *params, const char *what, int resuming,
                               int file) {
     int keeps_score = (file || resuming) && c->num_experts > 0;
     params = apply_moe_shape(a, rank, c, params, what, resuming);

@@ -20,7 +20,7 @@ typedef struct { char what[96]; int kind; Args args; double peak; double seconds
 enum { LV_ZERO, LV_SP, LV_TP, LV_PP, LV_SCHEDULE, LV_SPLIT, LV_CP, LV_CE, LV_ATTENTION, LV_RECOMPUTE, LV_BATCH, LV_EP };
 
 // One lever's layout, if it runs: its worst stage's peak and its time.
-static int try_lever(Lever *lv, const GPT2Config *c, int world, PlanBuild b, const Machine *mc, double limit,
+static int try_lever(Lever *lv, const ModelConfig *c, int world, PlanBuild b, const Machine *mc, double limit,
                      const char *what) {
     char err[512];
     lv->args.dp = -1;   // (world and -d fixed: dp follows)
@@ -44,7 +44,7 @@ static int lever_order(const void *x, const void *y) {
 }
 
 // The single levers that apply to layout a (world and -d fixed), planned; without one that fits, pairs.
-static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild b, const Machine *mc, double limit,
+static int plan_levers(const Args *a, const ModelConfig *c, int world, PlanBuild b, const Machine *mc, double limit,
                        Lever *out, int pairs_of) {
     int n = 0;
     #define LEVER(cond, k, what, change) do { \
@@ -108,7 +108,7 @@ static int plan_levers(const Args *a, const GPT2Config *c, int world, PlanBuild 
 
 // Over the limit: the largest category of the worst stage, what dominates it, and the levers (single ones,
 // or pairs when none fits) ranked by fit and time, with the machine-readable "lever ..." lines.
-static void plan_print_advice(const Args *a, const GPT2Config *c, int world, PlanBuild b, const Machine *mc, double limit,
+static void plan_print_advice(const Args *a, const ModelConfig *c, int world, PlanBuild b, const Machine *mc, double limit,
                               const MemPlan *plans, const CommShape *shapes, int worst) {
     int big = 0;
     for (int k = 1; k < MEM_NCAT; k++) { if (plans[worst].peak[k] > plans[worst].peak[big]) { big = k; } }
@@ -142,7 +142,7 @@ static void plan_print_advice(const Args *a, const GPT2Config *c, int world, Pla
 
 // Prints the plan of every stage and, with a limit, whether each fits; over the limit, what dominates
 // and the levers. Returns 1 if every rank fits (or there is no limit).
-static int plan_report(const Args *a, const GPT2Config *c, int world, double limit) {
+static int plan_report(const Args *a, const ModelConfig *c, int world, double limit) {
     PlanBuild b = plan_build(a);
     Machine mc = plan_machine(a);
     MemPlan *plans = (MemPlan *)malloc_check(sizeof(MemPlan) * a->pp);
@@ -181,7 +181,7 @@ static int plan_report(const Args *a, const GPT2Config *c, int world, double lim
 // Before allocating: this rank's planned peak against --memory-limit (on CUDA, without one: the free device
 // memory, less the reserve the plan assumes for the CUDA context and NCCL). If any rank does not fit, every
 // rank stops; rank 0 prints the plan and the levers first.
-static void check_memory_fits(const Args *a, const GPT2Config *c, Grid *g) {
+static void check_memory_fits(const Args *a, const ModelConfig *c, Grid *g) {
     PlanBuild b = plan_build(a);
     double limit = a->memory_limit > 0 ? a->memory_limit : device_free_bytes();
     if (limit <= 0) { return; }
@@ -264,7 +264,7 @@ static void tally(Tally *t, int *n, int cap, const char *what) {
 
 // Whether the run of a is the run of a layout the search tries as well: --pp-layers auto giving the even
 // split, or --ce-chunk 0 (the full logits) where the command line's chunk holds all the rank's tokens.
-static int layout_same_as_another(const Args *a, const GPT2Config *c, int chunk) {
+static int layout_same_as_another(const Args *a, const ModelConfig *c, int chunk) {
     if (a->ce_chunk == 0 && chunk > 0 && a->B * (a->T / a->cp) <= chunk) { return 1; }
     if (a->pp_layers && !strcmp(a->pp_layers, "auto")) {
         int even[PIPE_MAX_LAYERS + 1], aut[PIPE_MAX_LAYERS + 1];
@@ -296,7 +296,7 @@ static int layout_faster(const void *x, const void *y) {
 // The search's inputs and what it found so far.
 typedef struct {
     const Args *base;        // the command line: the model's flags, -t, the build planned
-    const GPT2Config *c;
+    const ModelConfig *c;
     int world;
     long tokens;             // -d
     PlanBuild b;
@@ -372,7 +372,7 @@ static void search_grid(Search *s, int tp, int cp, int pp) {
 
 // The search's heading: the model, the world, the limit, the machine's rates, the counts of the layouts tried.
 static void search_heading(const Search *s) {
-    const GPT2Config *c = s->c;
+    const ModelConfig *c = s->c;
     const Machine *mc = &s->mc;
     long noverall = 0, ninv = 0;
     for (int i = 0; i < s->nover; i++) { noverall += s->over[i].count; }
@@ -465,7 +465,7 @@ static void search_report(Search *s) {
 }
 
 // --plan-search N: every grid of N ranks (tp x cp x pp x dp), each grid's layouts, then the report.
-static void plan_search(const Args *base, const GPT2Config *c, int world) {
+static void plan_search(const Args *base, const ModelConfig *c, int world) {
     Search s;
     memset(&s, 0, sizeof(s));
     s.base = base; s.c = c; s.world = world;

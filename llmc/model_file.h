@@ -1,4 +1,4 @@
-// The model's shape (GPT2Config), its tensors in llm.c's file order (shape, tensor-parallel split,
+// The model's shape (ModelConfig), its tensors in llm.c's file order (shape, tensor-parallel split,
 // weight decay of each), the model file format, model descriptors and the initialisation: everything that
 // knows the file order. A rank's part of the model is cut out of the file-order tensors unit by unit
 // (model_units.h); sparse upcycling makes a MoE model of a dense one (upcycle.h).
@@ -45,12 +45,12 @@ typedef struct {
     int pad_token;          // Llama family: the padding id (transformers' pad_token_id, nn.Embedding's padding_idx):
                             // its wte row gets no gradient from the embedding (the head's still reaches a tied
                             // one); -1: none. OLMoE's is 1, and its row starts at zero
-} GPT2Config;
+} ModelConfig;
 
 enum { ARCH_GPT2, ARCH_LLAMA };
 
 // GPT-2's values of the family's fields: KV = NH, F = 4C, tied, biases, LayerNorm's eps.
-static void config_gpt2(GPT2Config *c) {
+static void config_gpt2(ModelConfig *c) {
     c->arch = ARCH_GPT2; c->kv_heads = c->num_heads; c->ffn_hidden = 4 * c->channels; c->tied = 1; c->qkv_bias = 1;
     c->norm_eps = 1e-5f; c->rope_theta = 0.0f; c->norm_topk = 1; c->shared_gate = 0; c->qk_norm = 0;
     c->pad_token = -1;
@@ -70,11 +70,11 @@ __attribute__((unused)) static const char *tensor_names[NUM_TENSORS] = {"wte", "
                                                 "routerw", "efcw", "efcb", "efcprojw", "efcprojb",
                                                 "sfcw", "sfcb", "sfcprojw", "sfcprojb", "head", "sgatew", "qnormw", "knormw"};
 
-static int is_moe_layer(const GPT2Config *c, int l) {
+static int is_moe_layer(const ModelConfig *c, int l) {
     return c->num_experts > 0 && l % c->moe_every == c->moe_every - 1;
 }
 
-static int num_moe_layers(const GPT2Config *c) {
+static int num_moe_layers(const ModelConfig *c) {
     int n = 0;
     for (int l = 0; l < c->num_layers; l++) { n += is_moe_layer(c, l); }
     return n;
@@ -99,7 +99,7 @@ typedef struct {
 // Llama's tensors (the GPT-2 ones it does not have: 0 rows): fcw holds gate and up, 2 blocks of F rows each; a
 // MoE layer's experts, SwiGLU without biases, 2E blocks of H rows (expert e: gate 2e, up 2e+1), the shared experts
 // one SwiGLU of width S H, their gate (Qwen2-MoE) a (1, C) row; OLMoE's q and k norms over the whole projections.
-static TensorSpec tensor_spec_llama(const GPT2Config *c, int id) {
+static TensorSpec tensor_spec_llama(const ModelConfig *c, int id) {
     size_t C = c->channels, hs = C / c->num_heads, Q = c->num_heads * hs, KVw = c->kv_heads * hs, QKV = Q + 2 * KVw;
     size_t F = c->ffn_hidden, Vp = c->padded_vocab_size, bias = c->qkv_bias ? 1 : 0;
     size_t E = c->num_experts, H = c->expert_hidden, SH = (size_t)c->shared_experts * H;
@@ -127,7 +127,7 @@ static TensorSpec tensor_spec_llama(const GPT2Config *c, int id) {
     }
 }
 
-static TensorSpec tensor_spec(const GPT2Config *c, int id) {
+static TensorSpec tensor_spec(const ModelConfig *c, int id) {
     if (c->arch == ARCH_LLAMA) { return tensor_spec_llama(c, id); }
     size_t C = c->channels;
     int L = c->num_layers, Lm = num_moe_layers(c), Ld = L - Lm, E = c->num_experts;
@@ -161,12 +161,12 @@ static TensorSpec tensor_spec(const GPT2Config *c, int id) {
     }
 }
 
-static size_t tensor_full_size(const GPT2Config *c, int id) {   // all layers
+static size_t tensor_full_size(const ModelConfig *c, int id) {   // all layers
     TensorSpec s = tensor_spec(c, id);
     return (size_t)s.nblk * s.rows * s.cols * (s.layers < 0 ? 1 : (size_t)s.layers);
 }
 
-static size_t num_parameters(const GPT2Config *c) {
+static size_t num_parameters(const ModelConfig *c) {
     size_t n = 0;
     for (int i = 0; i < NUM_TENSORS; i++) { n += tensor_full_size(c, i); }
     return n;
@@ -174,13 +174,13 @@ static size_t num_parameters(const GPT2Config *c) {
 
 // The routing bias of loss-free balancing (moe.h), (Lm, E) fp32: model state, not a parameter (no
 // gradient, not in AdamW). A model's host array holds the parameters in file order, then this bias.
-static size_t num_router_bias(const GPT2Config *c) { return (size_t)num_moe_layers(c) * c->num_experts; }
-static size_t model_floats(const GPT2Config *c) { return num_parameters(c) + num_router_bias(c); }
+static size_t num_router_bias(const ModelConfig *c) { return (size_t)num_moe_layers(c) * c->num_experts; }
+static size_t model_floats(const ModelConfig *c) { return num_parameters(c) + num_router_bias(c); }
 
 // Training FLOPs per token (6 per parameter a token passes through, and causal attention's 6 C T) of
 // layer l at sequence length T, and of the LM head (6 C Vp): the cost model of --pp-layers auto. A MoE
 // layer counts its router and k experts, the experts a token is sent to.
-static double layer_flops_per_token(const GPT2Config *c, int l, int T) {
+static double layer_flops_per_token(const ModelConfig *c, int l, int T) {
     if (c->arch == ARCH_LLAMA) {   // (every tensor of the layer: tensor_spec's)
         double params = 0;
         for (int id = 0; id < NUM_TENSORS; id++) {
@@ -196,13 +196,13 @@ static double layer_flops_per_token(const GPT2Config *c, int l, int T) {
     double params = attention + (is_moe_layer(c, l) ? c->topk * expert + shared + C * c->num_experts : mlp);
     return 6.0 * params + 6.0 * C * T;
 }
-static double head_flops_per_token(const GPT2Config *c) { return 6.0 * c->channels * c->padded_vocab_size; }
+static double head_flops_per_token(const ModelConfig *c) { return 6.0 * c->channels * c->padded_vocab_size; }
 
 // Which slice of a per-layer tensor belongs to layer l: the dense MLP tensors count only the dense
 // layers, the MoE tensors only the MoE layers.
 static int is_moe_tensor(int id) { return (id >= T_ROUTERW && id <= T_SFCPROJB) || id == T_SGATEW; }   // (shared too)
 
-static int tensor_layer_slice(const GPT2Config *c, int id, int l) {
+static int tensor_layer_slice(const ModelConfig *c, int id, int l) {
     int moe = is_moe_tensor(id);
     if (id == T_FCW || id == T_FCB || id == T_FCPROJW || id == T_FCPROJB || moe) {
         int n = 0;
@@ -232,7 +232,7 @@ static int tensor_layer_slice(const GPT2Config *c, int id, int l) {
 // (MoE) 1 <= k <= E <= MOE_MAX_EXPERTS, 1 <= moe_every <= L, 1 <= H <= 65536, 0 <= S <= MOE_MAX_SHARED;
 // (Llama) NH a multiple of KV, an even head size (RoPE's halves), theta and eps finite and positive, a known
 // RoPE scaling, no MoE layers yet. Returns what is wrong in words, or NULL.
-static const char *config_problem(const GPT2Config *c) {
+static const char *config_problem(const ModelConfig *c) {
     if (!(c->max_seq_len > 0 && c->vocab_size > 0 && c->num_layers > 0 && c->num_heads > 0 && c->channels > 0)) {
         return "every size must be positive";
     }
@@ -276,7 +276,7 @@ static const char *config_problem(const GPT2Config *c) {
     if (c->pad_token < -1 || c->pad_token >= c->vocab_size) { return "the padding token must be -1 (none) or below V"; }
     return NULL;
 }
-static int config_valid(const GPT2Config *c) { return config_problem(c) == NULL; }
+static int config_valid(const ModelConfig *c) { return config_problem(c) == NULL; }
 
 static float bf16_to_float(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 static uint16_t float_to_bf16(float f) {   // round to nearest even
@@ -286,13 +286,13 @@ static uint16_t float_to_bf16(float f) {   // round to nearest even
 }
 
 // Pointers to the tensors inside one array in file order.
-static void split_tensors(const GPT2Config *c, float *all, float *ptr[NUM_TENSORS]) {
+static void split_tensors(const ModelConfig *c, float *all, float *ptr[NUM_TENSORS]) {
     for (int i = 0; i < NUM_TENSORS; i++) { ptr[i] = all; all += tensor_full_size(c, i); }
 }
 
 // Fails naming the tensor and the index of the first value of a file-order array that is not a finite
 // number (what: the file or the state it came from).
-static void check_finite(const GPT2Config *c, const float *all, const char *what) {
+static void check_finite(const ModelConfig *c, const float *all, const char *what) {
     size_t P = num_parameters(c);
     for (size_t i = 0; i < P; i++) {
         if (isfinite(all[i])) { continue; }
@@ -305,7 +305,7 @@ static void check_finite(const GPT2Config *c, const float *all, const char *what
 
 // Whether a MoE model needs versions 23/25: sigmoid scores, shared or fine-grained experts, or a routing bias (Lm, E;
 // NULL: zero) not all zero.
-static int model_file_has_bias(const GPT2Config *c, const float *bias) {
+static int model_file_has_bias(const ModelConfig *c, const float *bias) {
     if (c->num_experts == 0) { return 0; }
     if (c->arch == ARCH_LLAMA) { return 1; }   // (a family file with experts always holds the bias)
     int nonzero = 0;
@@ -313,7 +313,7 @@ static int model_file_has_bias(const GPT2Config *c, const float *bias) {
     return c->router_score != ROUTER_SOFTMAX || c->shared_experts > 0 || c->expert_hidden != 4 * c->channels || nonzero;
 }
 // The header of a model file of shape c, its parameters stored in bf16 or fp32 (slot 255, the CRC, is the writer's).
-static void model_header_write(int h[256], const GPT2Config *c, int bf16, int with_bias) {
+static void model_header_write(int h[256], const ModelConfig *c, int bf16, int with_bias) {
     memset(h, 0, 256 * sizeof(int));
     int llama = c->arch == ARCH_LLAMA;
     h[0] = MODEL_MAGIC; h[1] = (bf16 ? 5 : 3) + (llama ? 30 : c->num_experts > 0 ? (with_bias ? 20 : 10) : 0);
@@ -331,7 +331,7 @@ static void model_header_write(int h[256], const GPT2Config *c, int bf16, int wi
 }
 
 // A family file's (version 33/35) header slots 14-29 into c.
-static void model_header_read_family(const int h[256], GPT2Config *c) {
+static void model_header_read_family(const int h[256], ModelConfig *c) {
     c->arch = h[14]; c->kv_heads = h[15]; c->ffn_hidden = h[16]; c->tied = h[17]; c->qkv_bias = h[18];
     memcpy(&c->rope_theta, &h[19], 4); memcpy(&c->norm_eps, &h[20], 4);
     c->rope.kind = h[21]; memcpy(&c->rope.factor, &h[22], 4); memcpy(&c->rope.low_freq_factor, &h[23], 4);
@@ -341,7 +341,7 @@ static void model_header_read_family(const int h[256], GPT2Config *c) {
 }
 
 // The shape in a model file's header (path: for the errors); returns the bytes per stored parameter (4 or 2).
-static size_t model_header_read(const int h[256], GPT2Config *c, const char *path) {
+static size_t model_header_read(const int h[256], ModelConfig *c, const char *path) {
     if (h[0] != MODEL_MAGIC) { fail("model file '%s' has bad magic %d, expected %d", path, h[0], MODEL_MAGIC); }
     int family = h[1] == 33 || h[1] == 35, moe = h[1] == 13 || h[1] == 15 || h[1] == 23 || h[1] == 25 || family;
     if (h[1] != 3 && h[1] != 5 && !moe) {
@@ -379,13 +379,13 @@ static size_t model_header_read(const int h[256], GPT2Config *c, const char *pat
 
 // Bytes of a model file's body after its header: the parameters (es bytes each), then (version 23/25)
 // the routing bias in fp32.
-static size_t model_body_bytes(const GPT2Config *c, const int h[256], size_t es) {
+static size_t model_body_bytes(const ModelConfig *c, const int h[256], size_t es) {
     return num_parameters(c) * es + (h[1] > 20 ? num_router_bias(c) * sizeof(float) : 0);
 }
 
 // Opens a model file and checks its header and size; returns it positioned after the header, with the
 // config and the bytes per stored parameter (4 or 2).
-static FILE *open_model_file(const char *path, GPT2Config *c, int h[256], size_t *es_out) {
+static FILE *open_model_file(const char *path, ModelConfig *c, int h[256], size_t *es_out) {
     FILE *f = fopen_check(path, "rb");
     if (fread(h, sizeof(int), 256, f) != 256) {
         fail("model file '%s' is truncated: expected a 1024-byte header", path);
@@ -401,7 +401,7 @@ static FILE *open_model_file(const char *path, GPT2Config *c, int h[256], size_t
 }
 
 // Reads and checks a model file; returns all parameters as one host fp32 array in file order (then the routing bias).
-static float *read_model_file(const char *path, GPT2Config *c) {
+static float *read_model_file(const char *path, ModelConfig *c) {
     int h[256];
     size_t es, P;
     FILE *f = open_model_file(path, c, h, &es);
@@ -438,7 +438,7 @@ enum { DK_L, DK_C, DK_NH, DK_V, DK_VP, DK_MAXT, DK_E, DK_K, DK_EVERY, DK_H, DK_S
        DK_TIED, DK_QKVBIAS, DK_TOPKNORM, DK_SGATE, DK_QKNORM, DK_PAD, DESCRIPTOR_KEYS };
 // The key=value list of a descriptor (buf, cut in place) into c's fields, *named, *llama, *theta, *eps. Returns -1
 // (why) on an unknown or repeated key or a value out of range, else 0.
-static int descriptor_keys(char *buf, const char *const *keys, GPT2Config *c, unsigned *named, int *llama,
+static int descriptor_keys(char *buf, const char *const *keys, ModelConfig *c, unsigned *named, int *llama,
                            double *theta, double *eps, char *why, size_t n) {
     int *fields[DESCRIPTOR_KEYS] = {&c->num_layers, &c->channels, &c->num_heads, &c->vocab_size, &c->padded_vocab_size,
                                     &c->max_seq_len, &c->num_experts, &c->topk, &c->moe_every, &c->expert_hidden,
@@ -477,7 +477,7 @@ static int descriptor_keys(char *buf, const char *const *keys, GPT2Config *c, un
     return 0;
 }
 
-static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named, char *why, size_t n) {
+static int parse_descriptor(const char *s, ModelConfig *c, unsigned *named, char *why, size_t n) {
     static const char *keys[DESCRIPTOR_KEYS] = {"L", "C", "NH", "V", "Vp", "maxT", "E", "k", "every", "H", "S", "arch",
                                                 "KV", "F", "theta", "eps", "tied", "qkvbias", "topknorm", "sgate",
                                                 "qknorm", "pad"};
@@ -538,7 +538,7 @@ static int parse_descriptor(const char *s, GPT2Config *c, unsigned *named, char 
 // weights 1, biases 0, padded vocab rows 0; the router N(0, 0.02), the experts as the dense MLP; Llama the same
 // (its norms' weights 1, an untied head N(0, 0.02)).
 // Same numbers on every rank, whatever the layout.
-static float *random_init(const GPT2Config *c, uint64_t seed) {
+static float *random_init(const ModelConfig *c, uint64_t seed) {
     float *all = (float *)calloc_check(model_floats(c), sizeof(float));   // (the routing bias: zero)
     float *t[NUM_TENSORS];
     split_tensors(c, all, t);

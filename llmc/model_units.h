@@ -15,7 +15,7 @@
 // rank, the final norm, or an untied LM head, reduced over data-parallel group dpg. Inside a unit the tensors whose
 // gradients are partial over tp under SP come first (one block to all-reduce under SP). The tensors the model does
 // not have (Llama's wpe and biases) are left out.
-static void build_unit(const GPT2Config *c, int tp, int ep, int ep_rank, Group *dpg, Unit *U, const int *ids, int n,
+static void build_unit(const ModelConfig *c, int tp, int ep, int ep_rank, Group *dpg, Unit *U, const int *ids, int n,
                        int layer) {
     memset(U, 0, sizeof(Unit));
     U->dpg = dpg;
@@ -44,7 +44,7 @@ static void unit_view(const Unit *U, floatX *base, floatX *ptr[NUM_TENSORS]) {
 
 // Host, fp32: cut this tp rank's unit (its local experts) out of the full tensors (to_unit = 1), or
 // put it back.
-static void unit_copy_full(const GPT2Config *c, const Unit *U, float *full[NUM_TENSORS], float *unit,
+static void unit_copy_full(const ModelConfig *c, const Unit *U, float *full[NUM_TENSORS], float *unit,
                            int tp, int tp_rank, int to_unit) {
     for (int k = 0; k < U->ntensors; k++) {
         const UnitTensor *t = &U->t[k];

@@ -102,7 +102,7 @@ static int word_number(const char *s, double lo, double hi, double *v) {
 // model. Lines "model L C NH Vp E", "embedding S", "head S", "layer I S" (S: seconds, finite, at most 1e6; a layer's
 // and the head's above 0), each once. Returns 1 with the reason in err if the file cannot be read, a line is anything
 // else, or it was measured for another model. costs: (L) the layers', then the embedding's and the head's.
-static int read_pipeline_costs(const char *path, const GPT2Config *c, double *costs, char *err, size_t errlen) {
+static int read_pipeline_costs(const char *path, const ModelConfig *c, double *costs, char *err, size_t errlen) {
     FILE *f = fopen(path, "r");
     if (!f) { snprintf(err, errlen, "--pp-layers auto:%s: cannot read the file (%s)", path, strerror(errno)); return 1; }
     int L = c->num_layers, seen_m = 0, nl = 0, bad = 0, n = 0;
@@ -154,7 +154,7 @@ static int read_pipeline_costs(const char *path, const GPT2Config *c, double *co
 // says: NULL an even split, "auto" the balanced one under layer_flops_per_token at sequence length T
 // (the embedding counted as nothing, the head as head_flops_per_token), "auto:FILE" the balanced one under
 // the costs measured in FILE (read_pipeline_costs), else the counts given. Returns 1 with the reason in err.
-static int layer_split(int *first, const char *spec, const GPT2Config *c, int T, int pp, int vpp, char *err,
+static int layer_split(int *first, const char *spec, const ModelConfig *c, int T, int pp, int vpp, char *err,
                        size_t errlen) {
     int L = c->num_layers, n = pp * vpp;
     if (n > L) {
@@ -197,7 +197,7 @@ static double *stage_costs_per_layer(const StageCosts *s, int L, const int *laye
 // embedding and the head + loss), each rank's in units of its own dense layers, scaled back to seconds by their mean
 // over the ranks: the split balances work, so a rank that ran slower (another core's load, a hotter GPU) does not make
 // its layers look costlier than the same layers elsewhere. Returns the ratio of the ranks' paces (1: equal).
-static double costs_at_one_pace(double *cost, const GPT2Config *c, const int *run_first, int pp, int n) {
+static double costs_at_one_pace(double *cost, const ModelConfig *c, const int *run_first, int pp, int n) {
     int L = c->num_layers;
     double *dsum = (double *)calloc_check(2 * pp, sizeof(double)), *dn = dsum + pp, all = 0, alln = 0, spread = 1;
     for (int vs = 0; vs < n; vs++) {
@@ -221,7 +221,7 @@ static double costs_at_one_pace(double *cost, const GPT2Config *c, const int *ru
 }
 
 // -o/pipeline_costs.txt, for --pp-layers auto:FILE (read_pipeline_costs), written whole or not at all.
-static void pipeline_costs_write(const double *cost, const GPT2Config *c, const Grid *g, int B, int T, const char *dir) {
+static void pipeline_costs_write(const double *cost, const ModelConfig *c, const Grid *g, int B, int T, const char *dir) {
     int L = c->num_layers;
     char path[PATH_LEN], tmp[PATH_LEN + 8];
     snprintf(path, sizeof(path), "%s/pipeline_costs.txt", dir);
@@ -243,7 +243,7 @@ static void pipeline_costs_write(const double *cost, const GPT2Config *c, const 
 // FLOPs), and the split that balances these measured costs (pipe_split_balanced, as auto): a --pp-layers to run
 // next time (checkpoints resume into any split). cost (L + 2): this rank's part (costs_at_one_pace), summed here
 // over the ranks; the run's split was spec at sequence length T; its file goes to dir (NULL: none).
-static void pipeline_costs_report(double *cost, const GPT2Config *c, Grid *g, int vpp, const char *spec, int B, int T,
+static void pipeline_costs_report(double *cost, const ModelConfig *c, Grid *g, int vpp, const char *spec, int B, int T,
                                   const char *dir) {
     int L = c->num_layers, n = g->pp * vpp, first[PIPE_MAX_LAYERS + 1], run_first[PIPE_MAX_LAYERS + 1];
     char err[256];
@@ -273,11 +273,11 @@ static void pipeline_costs_report(double *cost, const GPT2Config *c, Grid *g, in
 // The layers of each (virtual) stage of the split spec (pp x vpp stages, sequence length T) and what each costs:
 // under --pp-layers auto's model, in units of a dense layer (the last stage's includes the LM head), or as measured
 // (auto:FILE).
-static void print_layer_split(const GPT2Config *c, const char *spec, int T, int pp, int vpp) {
+static void print_layer_split(const ModelConfig *c, const char *spec, int T, int pp, int vpp) {
     int first[PIPE_MAX_LAYERS + 1], n = pp * vpp;
     char err[256];
     if (layer_split(first, spec, c, T, pp, vpp, err, sizeof(err))) { fail("%s", err); }
-    GPT2Config dense = *c;
+    ModelConfig dense = *c;
     dense.num_experts = 0;
     double unit = layer_flops_per_token(&dense, 0, T);
     printf("pipeline stages%s (%s): layers", vpp > 1 ? " (virtual, v*pp + rank)" : "", spec ? spec : "even");

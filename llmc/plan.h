@@ -34,11 +34,11 @@ static PlanBuild plan_build(const Args *a) {
 
 // The plan of rank `rank` of a world of `world` ranks, made by the model (set by the program before any plan is
 // made); shape (if not NULL): the rank's shapes its step's bytes follow from (cost_model.h).
-typedef MemPlan (*ModelPlan)(const Args *a, const GPT2Config *c, MoEOptions moe, int world, int rank, PlanBuild b,
+typedef MemPlan (*ModelPlan)(const Args *a, const ModelConfig *c, MoEOptions moe, int world, int rank, PlanBuild b,
                              CommShape *shape);
 static ModelPlan plan_model = NULL;
 
-static MemPlan plan_rank(const Args *a, const GPT2Config *c, MoEOptions moe, int world, int rank, PlanBuild b,
+static MemPlan plan_rank(const Args *a, const ModelConfig *c, MoEOptions moe, int world, int rank, PlanBuild b,
                          CommShape *shape) {
     if (!plan_model) { fail("plan_rank: the model has not set plan_model: a bug"); }
     return plan_model(a, c, moe, world, rank, b, shape);
@@ -49,7 +49,7 @@ static double plan_reserve(PlanBuild b) { return b.cuda ? 1024.0 * 1048576.0 : 0
 
 // The plan of every pipeline stage (tp, cp, dp rank 0 of each: the other positions hold as much), and its
 // shapes for the cost model (shapes: NULL, or pp of them); returns the stage with the largest peak total.
-static int plan_stages(const Args *a, const GPT2Config *c, int world, PlanBuild b, MemPlan *plans, CommShape *shapes) {
+static int plan_stages(const Args *a, const ModelConfig *c, int world, PlanBuild b, MemPlan *plans, CommShape *shapes) {
     int worst = 0;
     for (int s = 0; s < a->pp; s++) {
         plans[s] = plan_rank(a, c, moe_options(a, c), world, s * a->tp * a->cp, b, shapes ? &shapes[s] : NULL);
@@ -61,7 +61,7 @@ static int plan_stages(const Args *a, const GPT2Config *c, int world, PlanBuild 
 static double gib(double bytes) { return bytes / 1073741824.0; }
 
 // What dominates a category of the plan, in words (for the advice).
-static void plan_explain(const Args *a, const GPT2Config *c, int world, int stage, int cat, PlanBuild b, int slots,
+static void plan_explain(const Args *a, const ModelConfig *c, int world, int stage, int cat, PlanBuild b, int slots,
                          char *out, size_t n) {
     int dp = world / (a->tp * a->cp * a->pp), accum = a->total_batch / (a->B * a->T * dp), layers = 0;
     int first[PIPE_MAX_LAYERS + 1];
@@ -101,7 +101,7 @@ static void plan_explain(const Args *a, const GPT2Config *c, int world, int stag
 
 // The plan's table: a row per stage (and one for a stage's last tp, cp, dp position where it differs), then
 // the machine-readable lines "plan STAGE CATEGORY PEAK" that tests read.
-static void plan_print_stages(const Args *a, const GPT2Config *c, int world, PlanBuild b, const MemPlan *plans) {
+static void plan_print_stages(const Args *a, const ModelConfig *c, int world, PlanBuild b, const MemPlan *plans) {
     printf("%-5s", "stage");
     for (int k = 0; k < MEM_NCAT; k++) { printf(" | %11s", mem_category_names[k]); }
     printf(" | %10s  (peak MiB per rank)\n", "peak total");

@@ -20,7 +20,7 @@
 
 // The start-up lines (rank 0): the model, the MoE layers (moe_cap: assignments per expert and sequence; moe_El: experts
 // per ep rank), the batch and the layout.
-static void print_setup(const Args *a, const GPT2Config *c, Grid *g, size_t num_parameters, int moe_cap, int moe_El,
+static void print_setup(const Args *a, const ModelConfig *c, Grid *g, size_t num_parameters, int moe_cap, int moe_El,
                         int accum) {
     printf("model: L %d C %d NH %d V %d (padded %d) maxT %d, %zu parameters, %s\n", c->num_layers, c->channels,
            c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len, num_parameters, PRECISION_NAME);
@@ -255,7 +255,7 @@ static void report_all_to_all(Grid *g, const StepTimes *t) {
 // costs (stage_costs: this rank's part, pipeline_costs_report), each group's exposed communication; the
 // all-to-alls' share when timed.
 static void report_times(const Args *a, Grid *g, const StepTimes *t, int accum, int vpp, double *stage_costs,
-                         const GPT2Config *c, int time_a2a) {
+                         const ModelConfig *c, int time_a2a) {
     if (t->steps == 0) { return; }
     if (g->rank == 0) {
         printf("average step: %.1f ms, %.0f tok/s\n", t->total_ms / t->steps,

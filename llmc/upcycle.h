@@ -10,7 +10,7 @@
 // Sparse upcycling: the MoE model `moe` from a dense model of the same shape, every expert of a MoE
 // layer a copy of that layer's dense MLP; the router N(0, 0.02) from seed (or zeros: router_zero).
 // (Also how test_gpt lays out a dense reference's gradients for an E = 1 model.)
-static float *upcycle_dense(const GPT2Config *dense, float *dense_all, const GPT2Config *moe, uint64_t seed,
+static float *upcycle_dense(const ModelConfig *dense, float *dense_all, const ModelConfig *moe, uint64_t seed,
                             int router_zero) {
     float *all = (float *)calloc_check(model_floats(moe), sizeof(float));   // (the routing bias: zero)
     float *d[NUM_TENSORS], *t[NUM_TENSORS];
