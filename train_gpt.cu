@@ -13,6 +13,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/grid.h"              // defines: Grid, Group: the process grid and its groups (communicators)
 #include "llmc/comm.h"              // defines: the collectives (device and host), the comm report
 #include "llmc/rand.h"              // defines: Rng (the model's init and sampling)
+#include "llmc/model_config.h"      // defines: ModelConfig (every family), the tensors in file order (TensorSpec)
 #include "llmc/seq_layout.h"        // defines: SeqPos: where a rank's tokens are in the sequence (cp chunks)
 #include "llmc/test_hooks.h"        // defines: the few places a test reaches into the program
 // the kernels: a CPU loop (the specification) beside each CUDA kernel, one launcher each
@@ -41,7 +42,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/dataloader.h"        // defines: DataLoader (llm.c's shards and order), the built-in corpus, the run's data
 #include "llmc/tokenizer.h"         // defines: Tokenizer (llm.c's tokenizer.bin, decoding)
 #include "llmc/schedulers.h"        // defines: the learning rate schedules
-#include "llmc/model_file.h"        // defines: ModelConfig, the tensors in file order, model files, descriptors, init
+#include "llmc/model_file.h"        // defines: model files, descriptors, init (over model_config.h's shape and tensors)
 #include "llmc/model_units.h"       // defines: a unit's tensors (zero.h's units from the tensor table), cut and put back
 #include "llmc/upcycle.h"           // defines: sparse upcycling (a MoE model from a dense one)
 #include "llmc/run_dir.h"           // defines: the run directory: lock, identity, retention, unusable/, main.log

@@ -52,12 +52,9 @@
 #include "matmul.h"
 #include "residual.h"
 #include "seq_layout.h"
-
-#define MOE_MAX_EXPERTS 256
-#define MOE_MAX_SHARED 64
+#include "model_config.h"
 
 typedef enum { DROP_PROBS, DROP_POSITION } DropPolicy;
-typedef enum { ROUTER_SOFTMAX = 0, ROUTER_SIGMOID = 1 } RouterScore;   // (the model file's numbers)
 
 // The training options of the MoE layers (the shape, E, k, every and the scores, is in the model).
 typedef struct {

@@ -7,9 +7,8 @@
 
 #include "backend.h"
 #include "seq_layout.h"        // the sequence layout: SeqPos, seq_pos
+#include "model_config.h"      // RopeScaling
 
-// kind 0: none; kind 1: 'llama3' (transformers' _compute_llama3_parameters)
-typedef struct { int kind; float factor, low_freq_factor, high_freq_factor; int original_max_position; } RopeScaling;
 
 // x as an fp32 value in memory: torch rounds every operation, so no fused multiply-add may span this point
 static float rope_f32(float x) { volatile float v = x; return v; }

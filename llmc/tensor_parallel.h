@@ -23,8 +23,8 @@
 #define LLMC_TENSOR_PARALLEL_H
 
 #include "comm.h"
+#include "model_config.h"   // SplitKind
 
-typedef enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS, SPLIT_QKV } SplitKind;
 
 // A full (llm.c) tensor viewed as nblk blocks of (rows, cols); SPLIT_ROWS gives rank r the rows
 // [r*rows/tp, (r+1)*rows/tp) of every block, SPLIT_COLS the columns [r*cols/tp, (r+1)*cols/tp).
