@@ -132,7 +132,7 @@ all: $(TARGETS)
 $(BUILD_DIR)/train_gpt: train_gpt.cu $(HEADERS) $(STAMP) | $(BUILD_DIR)
 	$(COMPILE)
 
-$(BUILD_DIR)/test_gpt: test_gpt.cu train_gpt.cu $(HEADERS) $(STAMP) | $(BUILD_DIR)
+$(BUILD_DIR)/test_gpt: test_gpt.cu train_gpt.cu $(HEADERS) $(wildcard test/*.h) $(STAMP) | $(BUILD_DIR)
 	$(COMPILE)
 
 $(BUILD_DIR):
