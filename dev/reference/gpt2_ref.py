@@ -1,7 +1,10 @@
 #!/usr/bin/python3
 """
-PyTorch (fp32, CPU) reference of GPT-2 exactly as llm.c defines it.  Writes a
-*reference state* that the C/CUDA test harness compares against.
+PyTorch (fp32, CPU) reference of every model family the trainer trains: GPT-2 exactly as
+llm.c defines it, the Llama family (--arch llama: Llama, Mistral, Qwen2: RMSNorm, RoPE,
+SwiGLU, GQA) and both with Mixture-of-Experts layers (--E: GPT-2 MoE, Mixtral, OLMoE,
+Qwen2-MoE). (The file keeps llm.c's name.)  Writes a *reference state* that the C/CUDA
+test harness compares against.
 
 Usage:  /usr/bin/python3 dev/reference/gpt2_ref.py --config tiny|d4 --out DIR
         [--L --C --NH --V --Vp --maxT --T --R --nsteps --lr --clip ... --seed --threads] [--arch llama ...]
