@@ -159,8 +159,19 @@ seeds pp2_zb emu-fp32 2 -e "$TINY" -b 1 -d 128 --pp 2 --pp-schedule zb
 # does not take (its aux's ld is not a multiple of 8): the separate GELU kernels
 seeds qwenmoe_bias emu-fp32 2 -e "arch=llama,L=2,C=64,NH=4,KV=2,V=256,maxT=64,E=4,k=2,H=32,S=2,sgate=1,topknorm=0" -b 4 --ep 2 --moe-bias-rate 0.01
 seeds moe_gelu_unfused emu-fp32 2 -e "$MOE,H=36" -b 4 --ep 2
+# the layouts of section 1's rows besides: ZeRO-3, Ulysses, 1F1B, Mixtral (dropless: the grouped GEMM), OLMoE
+# (QK-norm, gates not renormalised, a padding token), a Llama with full recompute and the full logits
+LLAMA="arch=llama,L=2,C=64,NH=4,KV=2,V=256,maxT=64"
+seeds zero3 emu-fp32 2 -e "$TINY" -b 4 --zero 3
+seeds cp2_ulysses emu-fp32 2 -e "$TINY" -b 4 --cp 2 --cp-kind ulysses
+seeds pp2_1f1b emu-fp32 2 -e "$TINY" -b 1 -d 128 --pp 2
+seeds mixtral_ep2 emu-fp32 2 -e "$LLAMA,E=4,k=2,H=64" -b 4 --ep 2 --capacity-factor 0
+seeds olmoe_ep2 emu-fp32 2 -e "$LLAMA,E=4,k=2,H=32,topknorm=0,qknorm=1,pad=1" -b 4 --ep 2 --capacity-factor 0
+seeds llama_recompute emu-fp32 1 -e "$LLAMA" -b 4 --recompute full --ce-chunk 0
 seeds bf16_flash emu-bf16 1 -e "$LLAMA64" -b 4 --attention flash
 seeds bf16_flash_cp2 emu-bf16 2 -e "$LLAMA64" -b 4 --attention flash --cp 2
+seeds bf16_tp2_sp emu-bf16 2 -e "$TINY" -b 4 --tp 2 --sp
+seeds bf16_moe_ep2 emu-bf16 2 -e "$MOE" -b 2 --ep 2
 
 echo "== 4. it can fail: each mutation caught"
 mutation() {   # WHAT EMU_MUTATE BUILD NP TEST_GPT_ARGS...
