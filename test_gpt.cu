@@ -99,6 +99,8 @@ static void check(int ok, const char *fmt, ...) {
 typedef struct {
     int T, R, nsteps, warmup;
     float lr, beta1, beta2, eps, weight_decay, clip, final_frac, loss0, norm0;
+    int muon;               // the reference trained with Muon (gpt2_ref.py --optimizer muon)
+    float muon_momentum, fp64_dist;   // its momentum; its fp32 losses' and norms' distance from its fp64 run's
     float *grads;        // 16 tensors, file order
     float *losses, *norms;
 } RefState;
@@ -113,6 +115,7 @@ static void read_ref_state(const char *path, const ModelConfig *c, RefState *s) 
     s->T = h[2]; s->R = h[3]; s->nsteps = h[4]; s->warmup = h[5];
     s->lr = fh[0]; s->beta1 = fh[1]; s->beta2 = fh[2]; s->eps = fh[3]; s->weight_decay = fh[4]; s->clip = fh[5];
     s->final_frac = fh[6]; s->loss0 = fh[7]; s->norm0 = fh[8];
+    s->muon = fh[9] == 1.0f; s->muon_momentum = fh[10]; s->fp64_dist = fh[11];
     size_t P = num_parameters(c);
     s->grads = (float *)malloc_check(P * sizeof(float));
     s->losses = (float *)malloc_check(s->nsteps * sizeof(float));
@@ -146,6 +149,7 @@ typedef struct {           // what every phase needs: the reference, the layout,
     char data_path[1024];
     LRScheduler sched;
     OptConfig opt;
+    float norm0;           // our step 0's gradient norm (check_first_step)
 } TestRun;
 
 // A model of the run's layout and options from the parameters `params` (file order), and its data loader
@@ -351,7 +355,15 @@ static void check_first_step(TestRun *t, Model *m, DataLoader *dl, int check_mem
     comm_reset_counters(&t->grid);
     double ep_rows;
     if (check_comm_flag) { flight_start_memory(1 << 16); }   // (a ring that holds the step's calls: check_p2p_pairs)
-    *loss0 = check_step(t, m, dl, &t->ref, &t->rmoe, 0, "reference", &ep_rows).loss;
+    long ns_before = m->muon.ns_calls;
+    StepResult r0 = check_step(t, m, dl, &t->ref, &t->rmoe, 0, "reference", &ep_rows);
+    *loss0 = r0.loss;
+    t->norm0 = r0.norm;
+    if (check_comm_flag && m->muon.world) {   // each Muon matrix orthogonalised on exactly one rank
+        double ns = muon_ns_calls_world(&m->muon, ns_before);
+        check(ns == m->muon.nmat, "Muon: Newton-Schulz ran %.0f times in the step over all %d ranks, once per Muon matrix "
+              "(%d); this rank owns %d", ns, t->world, m->muon.nmat, m->muon.owned);
+    }
     if (check_comm_flag) { check_p2p_pairs(); }
     // ep_rows: the rows this rank's MoE dispatches sent to other ep ranks plus those it received from them
     // (each moves forward and back, in the forward and again in the backward), from the routing
@@ -419,20 +431,45 @@ static void check_moe_bias(Model *m, const RefMoE *r) {
     free(b);
 }
 
+// Muon (gpt2_ref.py --optimizer muon): each step's loss and gradient norm against the reference's. Newton-Schulz
+// amplifies a rounding difference (five steps of slope up to a = 3.44 in a small singular direction), so the bound
+// is measured, not assumed: the reference ran the same steps in fp64 too, and its fp32 run's worst relative distance
+// from that, d, is how far an fp32 computation of these steps lands from the exact one. Ours and the reference's
+// are two such computations (other summation orders): at most 2 d apart when each lands as far as the reference
+// did, 4 d leaving 2x for another order landing farther; never below LOSS_TOL, which bounds the forward's own sums.
+static void check_muon_training(TestRun *t, const float *losses, const float *norms) {
+    float tol = fmaxf(LOSS_TOL, 4.0f * t->ref.fp64_dist);
+    double worst = 0;
+    int at = 0;
+    for (int s = 0; s < t->ref.nsteps; s++) {
+        double e = fmax(fabs(losses[s] - t->ref.losses[s]) / fabs(t->ref.losses[s]),
+                        fabs(norms[s] - t->ref.norms[s]) / fabs(t->ref.norms[s]));
+        if (e > worst || e != e) { worst = e != e ? INFINITY : e; at = s; }
+    }
+    check(worst <= tol, "Muon (momentum %g): losses and gradient norms of steps 0..%d against the reference's: worst "
+          "relative error %.2e at step %d (loss %.6f vs %.6f, norm %.6f vs %.6f); tolerance %.1e (the reference's fp32 "
+          "run within %.1e of its fp64 run)", t->ref.muon_momentum, t->ref.nsteps - 1, worst, at, losses[at],
+          t->ref.losses[at], norms[at], t->ref.norms[at], tol, t->ref.fp64_dist);
+}
+
 // Steps 1 .. nsteps-1 (AdamW, the reference's schedule): each step's loss against the reference's (and a MoE
 // reference's loads and final routing bias).
 static void check_training(TestRun *t, Model *m, DataLoader *dl, float loss0) {
-    float *losses = (float *)malloc_check(sizeof(float) * t->ref.nsteps);
+    float *losses = (float *)malloc_check(sizeof(float) * t->ref.nsteps), *norms = (float *)malloc_check(sizeof(float) * t->ref.nsteps);
     losses[0] = loss0;
+    norms[0] = t->norm0;
     check_moe_load(m, &t->rmoe, 0);
     for (int s = 1; s < t->ref.nsteps; s++) {
         gpt2_forward_backward(m, dl, t->accum);
-        losses[s] = gpt2_update(m, &t->opt, lr_at(&t->sched, s), s).loss;
+        StepResult r = gpt2_update(m, &t->opt, lr_at(&t->sched, s), s);
+        losses[s] = r.loss;
+        norms[s] = r.norm;
         check_moe_load(m, &t->rmoe, s);
     }
-    check_losses(losses, t->ref.losses, t->ref.nsteps, 0, "(AdamW) against the reference's");
+    if (t->ref.muon) { check_muon_training(t, losses, norms); }
+    else { check_losses(losses, t->ref.losses, t->ref.nsteps, 0, "(AdamW) against the reference's"); }
     check_moe_bias(m, &t->rmoe);
-    free(losses);
+    free(losses); free(norms);
 }
 
 #include "test/resume.h"
@@ -518,6 +555,10 @@ static void test_setup(TestRun *t, const char *ref_dir, const ModelConfig *ref_c
     snprintf(t->data_path, sizeof(t->data_path), "%s/data.bin", ref_dir);
     t->sched = (LRScheduler){"cosine", t->ref.lr, t->ref.final_frac, t->ref.warmup, t->ref.nsteps};
     t->opt = (OptConfig){t->ref.beta1, t->ref.beta2, t->ref.eps, t->ref.weight_decay, t->ref.clip, args->seed};
+    if (t->ref.muon != !strcmp(args->optimizer, "muon") && strcmp(args->optimizer, "adamw")) {
+        fail("--optimizer %s: the reference %s trained with %s", args->optimizer, ref_dir, t->ref.muon ? "muon" : "adamw");
+    }
+    if (t->ref.muon) { args->optimizer = "muon"; args->muon_momentum = t->ref.muon_momentum; }   // (the reference's)
 }
 
 // The bf16 model file (version 5) of the reference's weights, if there is one, loads as their

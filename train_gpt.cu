@@ -35,6 +35,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/tensor_parallel.h"   // defines: tp_all_tokens, tp_sum_partials (Megatron TP + SP), tp slices
 #include "llmc/context_parallel.h"  // defines: ring attention, Ulysses and the hybrid over the cp ranks
 #include "llmc/zero.h"              // defines: Zero: data parallel + ZeRO 0-3 over units
+#include "llmc/muon.h"              // defines: Muon: each matrix orthogonalised once in the job, under any layout
 #include "llmc/pipeline.h"          // defines: Pipeline: 1F1B, GPipe, interleaved, ZB schedules as step lists
 #include "llmc/pipeline_split.h"    // defines: the layers of each stage (--pp-layers), the measured costs' file
 #include "llmc/expert_parallel.h"   // defines: ExpertParallel: a MoE layer over the ep group (all-to-all)
@@ -216,6 +217,7 @@ typedef struct {
     int *u_layer, *u_experts;    // (Ls) each layer's unit; its experts' unit (-1: a dense layer)
     Unit *units;
     Zero zero;
+    Muon muon;              // --optimizer muon (muon.h); muon.world NULL: AdamW everywhere
     Pipeline pipe;               // the schedule, the activation slots, the exchanges (pipeline.h)
     Activations *acts;           // (pipe.nslots) one per (micro-batch, model chunk) alive at once (pipeline.h's slots)
     Workspace ws;
@@ -500,6 +502,7 @@ static void gpt2_init(Model *m, const ModelConfig *c, float *params, Grid *grid,
     if (layer_split(first, o->pp_layers, c, o->T * grid->cp, grid->pp, o->vpp, err, sizeof(err))) { fail("%s", err); }
     gpt2_build(m, c, params, grid, o->vpp, first, o->zero, o->sp, o->moe);
     cp_attention_init(&m->cpring, &grid->cp_group, o->cp_u, m->NHl, m->KVl, m->hs);
+    if (o->muon && !mem_planning) { muon_init(&m->muon, &m->zero, grid, c, o->muon_momentum); }
     m->recompute = o->recompute;
     m->zero.prefetch = o->overlap;
     gpt2_alloc_activations(m, o->B, o->T, o->ce_chunk, o->accum, o->schedule, o->moe_dropless);
@@ -1035,6 +1038,7 @@ static StepResult gpt2_update(Model *m, const OptConfig *o, float lr, int step) 
     comm_all_reduce(&grid->world, z->stats, 2, DT_DOUBLE, NULL);   // loss_sum, norm_sq
     double tokens = (double)m->BT * (m->pipe.steps.n_total / m->vpp) * grid->dp * grid->cp;   // the global batch's
     step_stats_clip(z->stats, tokens, o->grad_clip, m->guard.loss_limit, m->guard.norm_limit);
+    if (m->muon.world) { muon_step(&m->muon, lr, o->weight_decay, &z->stats->scale, o->seed + 7919u * step); }
     zero_optimizer_step(z, lr, o->beta1, o->beta2, o->eps, o->weight_decay, &z->stats->scale, m->guard.updates + 1,
                         o->seed + 7919u * step);
     moe_balance_bias(&m->moe, grid->grad_group, &z->stats->scale);   // loss-free balancing (--moe-bias-rate)
@@ -1225,7 +1229,7 @@ static void gpt2_sample(Model *m, Sampler *s, Tokenizer *tok, Rng *rng, const in
 static TrainState gpt2_train_state(const Model *m, int total_batch, int max_steps, const DataLoader *dl) {
     Grid *grid = m->grid;
     TrainState s = {m->guard.updates, m->guard.skips, m->guard.skips_in_a_row, m->T * grid->cp, total_batch,
-                    total_batch / (m->B * m->T * grid->cp * grid->dp), max_steps, dl->fingerprint};
+                    total_batch / (m->B * m->T * grid->cp * grid->dp), max_steps, dl->fingerprint, m->muon.world != NULL};
     return s;
 }
 

@@ -33,6 +33,8 @@ typedef struct {
     float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff, timeout;   // z_coeff -1: not given
     const char *router_score;    // --router-score softmax|sigmoid (NULL: the model's; softmax for a new one)
     float moe_bias_rate;         // --moe-bias-rate: loss-free balancing's step (0: off)
+    const char *optimizer;       // --optimizer adamw|muon (muon.h: the 2-D matrices inside the blocks)
+    float muon_momentum;         // --muon-momentum: Muon's mu (0.95)
     int max_skips, help;
     float skip_loss_z, skip_norm_z;     // -sl, -sg: skip an update this many standard deviations above (0 off)
     const char *recompute;
@@ -75,6 +77,7 @@ static void default_args(Args *a) {
     a->vpp = 1;
     a->dp = -1;
     a->ep = 1; a->sp = 0; a->ce_chunk = 256; a->shuffle = -1; a->grad_clip = 1.0f; a->scheduler = "cosine";
+    a->optimizer = "adamw"; a->muon_momentum = 0.95f;
     a->pp_schedule = "1f1b";
     a->experts = a->topk = a->moe_every = -1;
     a->expert_hidden = a->shared_experts = -1;
@@ -211,6 +214,10 @@ static const Flag FLAGS[] = {
         "init seed, and the built-in corpus's and the shuffle's (1337)"},
     {"--shuffle", 0, F_INT, ARG(shuffle), 0, 1, 0, "0|1",
         "shuffle shards and samples in llm.c's order (on for several shards)"},
+    {"--optimizer", 0, F_CHOICE, ARG(optimizer), 0, 0, "adamw|muon", "OPT",
+        "muon: the 2-D matrices inside the blocks (q, k, v, attention output, MLP, experts) by Muon, each matrix "
+        "orthogonalised on one rank; everything else AdamW; the same -l and -c (adamw)"},
+    {"--muon-momentum", 0, F_FLOAT, ARG(muon_momentum), 0.0, 0.999, 0, "MU", "Muon's momentum (0.95)"},
     {"--grad-clip", 0, F_FLOAT, ARG(grad_clip), 0.0, 1e9, 0, "F", "clip the global gradient norm, 0 off (1.0)"},
     {"--pp-layers", 0, F_STRING, ARG(pp_layers), 0, 0, 0, "N,N|auto|auto:FILE",
         "layers of each pipeline stage (with --vpp: of each model chunk, in virtual-stage order), or auto: the "
@@ -483,6 +490,11 @@ static uint64_t args_run_id(const Args *a, uint32_t data_fp) {
             h = (h ^ hash_string(a->given[k])) * 1099511628211ull;
         }
     }
+    if (!strcmp(a->optimizer, "muon")) {   // (only then: an AdamW run's identity is what it was before Muon)
+        char mu[64];
+        snprintf(mu, sizeof(mu), "muon %.9g", a->muon_momentum);
+        h = (h ^ hash_string(mu)) * 1099511628211ull;
+    }
     return h ? h : 1;
 }
 
@@ -678,6 +690,8 @@ typedef struct {
     PipeSchedule schedule;
     int moe_dropless;         // the MoE buffers sized for dropless routing (the run samples, or scores HellaSwag)
     int cp_u;                 // cp's all-to-all group size (cp_ulysses_degree: 1 the ring)
+    int muon;                 // --optimizer muon
+    float muon_momentum;
 } ModelOptions;
 
 static ModelOptions model_options(const Args *a, MoEOptions moe, int dp) {
@@ -685,7 +699,7 @@ static ModelOptions model_options(const Args *a, MoEOptions moe, int dp) {
     ModelOptions o = {a->vpp, a->zero, a->sp, a->pp_layers, moe, recompute_mode(a->recompute), a->overlap, a->B, a->T / a->cp,
                       a->ce_chunk,
                       a->total_batch / (a->B * a->T * dp), pipe_schedule(schedule), args_samples(a) || a->hellaswag,
-                      cp_ulysses_degree(a)};
+                      cp_ulysses_degree(a), !strcmp(a->optimizer, "muon"), a->muon_momentum};
     return o;
 }
 

@@ -38,6 +38,7 @@ typedef struct {
     int rounds;
     int max_steps;                        // the run's -x (the learning-rate schedule's length)
     uint32_t data_fp;                     // dataloader_fingerprint of the training data: a resume keeps it
+    int muon;                             // --optimizer muon: the first state holds Muon's momentum for its matrices
 } TrainState;
 
 // One full host array (file order) on rank 0 from every rank's units: get(z, u, which, host) gives
@@ -148,6 +149,7 @@ static void checkpoint_assemble(const ModelConfig *c, Zero *z, Checkpoint *ck, c
     h[SH_RNG_LO] = (int)(rng->s & 0xFFFFFFFFu); h[SH_RNG_HI] = (int)(rng->s >> 32);
     h[SH_TP] = g->tp; h[SH_PP] = g->pp; h[SH_DP] = g->dp; h[SH_EP] = g->ep; h[SH_ZERO] = z->stage;   // (for the reader)
     h[SH_MAX_STEPS] = s->max_steps;
+    h[SH_OPTIMIZER] = s->muon;   // (0, AdamW: as the files before Muon)
     h[SH_DATA_FP] = (int)s->data_fp;
     h[SH_RUN_LO] = (int)(ckpt_run_id & 0xFFFFFFFFu); h[SH_RUN_HI] = (int)(ckpt_run_id >> 32);
     for (int i = 0; i < nstates; i++) { ck->states[i] = states[i]; }
@@ -297,6 +299,10 @@ static FILE *state_open_checked(const ModelConfig *c, const char *dir, int step,
         fail("-i: the training data differs from the data of the run that wrote '%s' (file names, token counts or "
              "first tokens): a resume continues the same data; to train its model on other data, start a new run "
              "with -e %s/model_%08d.bin", path, dir, step);
+    }
+    if (h[SH_OPTIMIZER] != s->muon) {
+        fail("--optimizer: state file '%s' was written by a run with --optimizer %s, this run has %s: a resume keeps "
+             "the optimizer", path, h[SH_OPTIMIZER] ? "muon" : "adamw", s->muon ? "muon" : "adamw");
     }
     uint64_t P = (uint32_t)h[SH_PARAMS_LO] | (uint64_t)(uint32_t)h[SH_PARAMS_HI] << 32;
     int nstates = h[SH_MASTER] ? 3 : 2;

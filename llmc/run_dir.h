@@ -26,7 +26,7 @@
 enum { SH_STEP = 2, SH_UPDATES, SH_SKIPS, SH_T, SH_BATCH, SH_EPOCH, SH_SHARD, SH_SHUFFLE, SH_MASTER, SH_PARAMS_LO, SH_PARAMS_HI,
        SH_RNG_LO = 15, SH_RNG_HI, SH_NSHARDS, SH_SKIPS_IN_A_ROW,
        SH_TP = 20, SH_PP, SH_DP, SH_EP, SH_ZERO, SH_MAX_STEPS, SH_MODEL_CRC, SH_DATA_FP, SH_RUN_LO, SH_RUN_HI,
-       SH_CRC = 255 };
+       SH_OPTIMIZER, SH_CRC = 255 };   // SH_OPTIMIZER: 1 Muon (muon.h), 0 AdamW
 
 // The identity of the run in -o (every rank): a fresh run's comes from args_run_id (a hash of the flags that
 // define what it trains, and of its data: the same run gives the same bytes), a resumed run's from its

@@ -39,6 +39,7 @@ typedef struct {
     size_t offset, size;  // within the unit, local (tp-sliced) elements
     int decay;            // weight decay applies
     int replicated;       // the same on every tp rank (counted once in the gradient norm)
+    int muon;             // updated by Muon (muon.h), not AdamW
 } UnitTensor;
 
 typedef struct {
@@ -412,7 +413,7 @@ static void zero_optimizer_step(Zero *z, float lr, float beta1, float beta2, flo
         AdamWSegments sg = {0};
         for (int k = 0; k < U->ntensors; k++) {
             const UnitTensor *T = &U->t[k];
-            if (!tensor_overlap(T, start, start + len, &a, &b)) { continue; }
+            if (T->muon || !tensor_overlap(T, start, start + len, &a, &b)) { continue; }
             // the rounding seed depends on the element's place in its tensor, not on the layout, so
             // the two copies of a tied tensor round alike
             unsigned tensor_seed = seed + 1000003u * (unsigned)(T->id * 4096 + T->layer + 1) + (unsigned)(a - T->offset);

@@ -279,6 +279,11 @@ expect plan_and_search  1 "--plan, --plan-search and --calibrate: give one of th
 # a checkpoint written with one batch shape cannot be resumed with another
 $BIN/train_gpt -e "$TINY" -t 32 -b 4 -x 2 -n 2 -s 0 -v 0 -o "$W/ckpt_shape" >/dev/null 2>&1
 expect resume_shape     1 "was written with -t 32 -d 128"     -e "$TINY" -t 32 -b 2 -x 4 -y 1 -o "$W/ckpt_shape"
+# Muon: its flags' values; a checkpoint keeps its optimizer (a resume with the other one is refused)
+expect optimizer        1 "--optimizer expects adamw or muon, got 'sgd'" -e "$TINY" --optimizer sgd
+expect muon_momentum    1 "--muon-momentum must be in [0, 0.999], got 1" -e "$TINY" --optimizer muon --muon-momentum 1
+$BIN/train_gpt -e "$TINY" -t 32 -b 4 -x 2 -n 2 -s 0 -v 0 --optimizer muon -o "$W/ckpt_muon" >/dev/null 2>&1
+expect resume_optimizer 1 "was written by a run with --optimizer muon, this run has adamw" -e "$TINY" -t 32 -b 4 -x 4 -y 1 -o "$W/ckpt_muon"
 # a NO_MPI=1 binary launched as several ranks refuses instead of running N separate copies
 if [ -x build/cpu-nompi/train_gpt ]; then
     timeout 60 $MPIRUN -np 2 build/cpu-nompi/train_gpt -e "$TINY" -t 32 -x 1 >"$W/nompi.log" 2>&1

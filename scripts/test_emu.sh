@@ -53,6 +53,8 @@ reference llama --config tiny --arch llama --KV 2
 reference llama_mixtral --config tiny --arch llama --KV 2 --E 4 --k 2 --H 64 --cap 0
 reference llama_olmoe --config tiny --arch llama --KV 2 --E 4 --k 2 --H 32 --norm_topk 0 --qk_norm 1 --cap 0 --pad 1
 reference llama_hs128 --config tiny --arch llama --L 2 --C 256 --NH 2 --KV 1 --F 96 --rope_scaling llama3 --rope_orig 64
+reference muon --config tiny --optimizer muon
+reference muon_mixtral --config tiny --optimizer muon --arch llama --KV 2 --E 4 --k 2 --H 64 --cap 0
 
 # run_test BUILD NP ARGS...: one test_gpt run; its "N passed, N failed" added to the totals
 run_test() {
@@ -116,12 +118,15 @@ run_test $F 2 --ref $T -b 4 --cp 2 --check-comm                             # ri
 rm -rf "$TMP/resume"                                                        # resume into another layout
 run_test $F 2 --ref $T -b 2 --tp 2 --sp --zero 1 --check-resume "$TMP/resume"
 run_test $F 2 --ref $T -b 4 --zero 3 --resume-from "$TMP/resume"
+run_test $F 2 --ref refs/muon -b 4 --tp 2 --sp --zero 1 --check-comm         # Muon: its kernels, the owners' all-to-alls
+run_test $F 2 --ref refs/muon_mixtral -b 2 --ep 2 --zero 3                  # Muon on each expert's gate, up and down
 
 echo "== 2. bf16 on the emulated device: test_gpt at the bf16 tolerances; train_gpt beside the CPU build"
 X=emu-bf16
 run_test $X 1 --ref $T -b 8
 run_test $X 1 --ref refs/llama_hs128 -b 8 --attention flash                 # the flash kernels (head size 128)
 run_test $X 2 --ref $T -b 8 --tp 2 --sp --check-comm
+run_test $X 2 --ref refs/muon -b 4 --zero 2 --check-comm                     # Muon: bf16 parameters, the fp32 master
 run_test $X 2 --ref refs/moe -b 2 --ep 2 --check-comm
 run_test $X 2 --ref refs/llama_hs128 -b 4 --cp 2 --attention flash --check-comm
 TINY="L=2,C=64,NH=4,V=256,maxT=64"

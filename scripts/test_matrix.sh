@@ -77,6 +77,12 @@ reference llama_olmoe --config tiny --arch llama --KV 2 --E 4 --k 2 --H 32 --nor
 reference llama_qwenmoe --config tiny --arch llama --KV 2 --qkvbias 1 --F 96 --E 4 --k 2 --H 32 --S 2 --shared_gate 1 --norm_topk 0 --every 2 --cap 0
 reference llama_moecap --config tiny --arch llama --KV 2 --E 4 --k 2 --H 64 --every 2 --cap 1.25 --nsteps 3
 reference llama_qknorm --config tiny --arch llama --KV 2 --qk_norm 1
+# Muon (--optimizer muon: llmc/muon.h) on GPT-2, GPT-2 MoE, a Llama with GQA and SwiGLU, Mixtral and Qwen2-MoE shapes
+reference muon --config tiny --optimizer muon
+reference muon_moe --config tiny --optimizer muon --E 4 --k 2
+reference muon_llama --config tiny --optimizer muon --arch llama --KV 2
+reference muon_mixtral --config tiny --optimizer muon --arch llama --KV 2 --E 4 --k 2 --H 64 --cap 0
+reference muon_qwenmoe --config tiny --optimizer muon --arch llama --KV 2 --qkvbias 1 --F 96 --E 4 --k 2 --H 32 --S 2 --shared_gate 1 --norm_topk 0 --every 2 --cap 0
 
 # run_test NP ARGS... : one test_gpt run on NP ranks (NP = nompi: the NO_MPI=1 build, no mpirun);
 # adds its "N passed, N failed" to the totals
@@ -368,6 +374,25 @@ run_test 4 --ref $T -b 1 --pp 2 --zero 3 --overlap 0 --check-memory --check-comm
 run_test 4 --ref $T -b 1 --pp 4 --pp-schedule gpipe --overlap 0 --check-memory --check-comm
 run_test 4 --ref refs/l8 -b 1 --pp 4 --vpp 2 --overlap 0 --check-memory --check-comm
 run_test 4 --ref $MO -b 4 --tp 2 --sp --ep 2 --zero 3 --overlap 0 --check-memory --check-comm
+
+echo "== Muon (--optimizer muon): each matrix orthogonalised on one rank (--check-comm counts), losses and norms exact"
+MU=refs/muon
+run_test 1 --ref $MU -b 8 --check-comm
+run_test 2 --ref $MU --zero 1 --check-comm
+run_test 2 --ref $MU --zero 2
+run_test 2 --ref $MU --zero 3 --check-comm
+run_test 2 --ref $MU --tp 2 --sp --check-comm
+run_test 4 --ref $MU --tp 2 --zero 1
+run_test 2 --ref $MU --pp 2 -b 2
+run_test 2 --ref $MU --pp 2 -b 2 --pp-schedule zb
+run_test 2 --ref $MU --cp 2
+run_test 2 --ref refs/muon_moe --ep 2 --check-comm
+run_test 2 --ref refs/muon_mixtral --ep 2
+run_test 1 --ref refs/muon_llama
+run_test 2 --ref refs/muon_llama --tp 2 --sp
+run_test 4 --ref refs/muon_qwenmoe --ep 2 --tp 2 --zero 1
+run_test 2 --ref $MU -b 4 --tp 2 --sp --zero 1 --check-resume "$TMP/muon_resume"
+run_test 2 --ref $MU -b 4 --zero 3 --resume-from "$TMP/muon_resume"
 
 random_layouts() {
     echo "== ${TAG}random layouts (drawn once, seed 11, from tp 1-4, cp 1-4, pp 1-4, vpp, ep, ZeRO 0-3, SP, recompute,"

@@ -117,6 +117,8 @@ Files in DIR (all little-endian):
   README.txt     human-readable summary
 """
 import argparse, math, os, sys, time
+import contextlib
+import io
 import numpy as np
 import torch
 
@@ -492,6 +494,52 @@ def min_margin(log, cfg):
             m = min(m, float(r["cap_margin"].min()))
     return m
 
+# ----------------------------------------------------------------------------- Muon
+MUON = ("qkvw", "attprojw", "fcw", "fcprojw", "efcw", "efcprojw", "sfcw", "sfcprojw")
+
+def muon_matrices(cfg, k, t):
+    """the Muon matrices of tensor k (t: the parameter or a tensor shaped like it), as 2-D views: per layer (and
+    expert), q, k and v each, SwiGLU's gate and up each (llmc/muon.h's list)"""
+    if t.numel() == 0:
+        return []
+    rows = t.shape[-2]
+    if k == "qkvw":
+        hs = cfg["C"] // cfg["NH"]
+        parts = [cfg["NH"] * hs, cfg["KV"] * hs, cfg["KV"] * hs] if is_llama(cfg) else [rows // 3] * 3
+    elif k in ("fcw", "efcw", "sfcw") and is_llama(cfg):
+        parts = [rows // 2] * 2          # [gate; up]
+    else:
+        parts = [rows]
+    out = []
+    for w in t.reshape(-1, rows, t.shape[-1]):   # (a view: every leading index, layers and experts)
+        r0 = 0
+        for n in parts:
+            out.append(w[r0:r0 + n])
+            r0 += n
+    return out
+
+def newton_schulz(u):
+    """torch.optim.Muon's orthogonalisation (5 steps, its coefficients, the norm clamped at 1e-7), in u's dtype"""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = u / u.norm().clamp_min(1e-7)
+    tr = x.shape[0] > x.shape[1]
+    if tr:
+        x = x.T
+    for _ in range(5):
+        s = x @ x.T
+        x = a * x + (b * s + c * s @ s) @ x
+    return x.T if tr else x
+
+def muon_update(p, g, mom, cfg, k, lr, a):
+    """M = mu M + (1-mu) g, U = (1-mu) g + mu M (torch.optim.Muon's lerps, Nesterov); each matrix
+    W = W (1 - lr wd) - lr 0.2 sqrt(max(A, B)) NS(U) (adjust_lr_fn "match_rms_adamw")"""
+    mom.lerp_(g, 1.0 - a.muon_momentum)
+    u = g.lerp(mom, a.muon_momentum)
+    for w, um in zip(muon_matrices(cfg, k, p), muon_matrices(cfg, k, u)):
+        o = newton_schulz(um)
+        w.mul_(1.0 - lr * a.weight_decay)
+        w.add_(o, alpha=-lr * 0.2 * math.sqrt(max(w.shape)))
+
 def train(params, tokens, cfg, a):
     """-> per step: CE losses, pre-clip norms, aux, z, dropped fraction, the smallest routing
     margin; the step-0 gradients and routing log"""
@@ -519,6 +567,9 @@ def train(params, tokens, cfg, a):
             for k, p in params.items():
                 wd = a.weight_decay if k in DECAYED else 0.0
                 g = p.grad * scale
+                if a.optimizer == "muon" and k in MUON:
+                    muon_update(p, g, m[k], cfg, k, lr, a)
+                    continue
                 m[k] = a.b1 * m[k] + (1.0 - a.b1) * g
                 vv[k] = a.b2 * vv[k] + (1.0 - a.b2) * g * g
                 mhat = m[k] / (1.0 - a.b1 ** t)
@@ -588,8 +639,10 @@ def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
     losses, norms = hist["losses"], hist["norms"]
     with open(os.path.join(out, "state.bin"), "wb") as f:
         f.write(header(20241129, 1, cfg["T"], cfg["R"], a.nsteps, a.warmup))
+        muon = a.optimizer == "muon"   # [9] 1: Muon, [10] its momentum, [11] the fp32 run's distance from fp64's
         f.write(header(a.lr, a.b1, a.b2, a.eps, a.weight_decay, a.clip, a.final_frac,
-                       losses[0], norms[0], dtype=np.float32))
+                       losses[0], norms[0], float(muon), a.muon_momentum if muon else 0.0,
+                       hist.get("fp64_dist", 0.0), dtype=np.float32))
         for k in names(cfg):
             f.write(f32(grads0[k]))
         f.write(np.array(losses, dtype="<f4").tobytes())
@@ -705,6 +758,9 @@ def parse(argv=None):
     ap.add_argument("--weight_decay", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=None)
     ap.add_argument("--final_frac", type=float, default=0.1)
+    ap.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw",
+                    help="muon: the matrices inside the blocks by Muon (llmc/muon.h), the rest AdamW")
+    ap.add_argument("--muon_momentum", type=float, default=0.95)
     ap.add_argument("--check", action="store_true", help="run the finite-difference self-test")
     ap.add_argument("--E", type=int, default=0, help="experts (0: dense)")
     ap.add_argument("--k", type=int, default=1, help="top-k")
@@ -816,6 +872,17 @@ def main():
         print(f"data seed {a.data_seed}: smallest routing margin {hist['margin']:.2e} < {a.min_margin:.0e}, next seed")
     else:
         sys.exit(f"no data seed in 50 gives routing margins >= {a.min_margin}")
+    if a.optimizer == "muon":
+        # Newton-Schulz amplifies rounding (its slope near 0 is a = 3.44, five times): the same run in fp64 measures how
+        # far an fp32 run lands from the exact one; test_gpt bounds ours by it (state.bin [11])
+        cfg64 = dict(cfg, bias=torch.zeros_like(cfg["bias"], dtype=torch.float64))
+        p64 = {k: v.double().clone().requires_grad_(True) for k, v in init.items()}
+        with contextlib.redirect_stdout(io.StringIO()):
+            h64, _, _ = train(p64, tokens, cfg64, a)
+        dist = max(max(abs(x - y) / abs(y) for x, y in zip(hist["losses"], h64["losses"])),
+                   max(abs(x - y) / abs(y) for x, y in zip(hist["norms"], h64["norms"])))
+        hist["fp64_dist"] = dist
+        print(f"Muon: the fp32 run's losses and norms within {dist:.2e} (relative) of the fp64 run's")
     write_all(a.out, cfg, a, init, tokens, hist, grads0, log0, params)
     print(f"wrote {a.out} in {time.time() - t0:.1f} s")
 

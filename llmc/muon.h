@@ -1,0 +1,591 @@
+// Muon (momentum orthogonalised by Newton-Schulz) for the 2-D matrices inside the blocks, distributed so that
+// each matrix is orthogonalised once in the job, in any layout. Per matrix W stored [A, B], g its clipped gradient:
+//   M = mu M + (1 - mu) g;   U = (1 - mu) g + mu M                        (Nesterov; M starts at 0)
+//   X = U / max(|U|_F, 1e-7), transposed when A > B; 5 times: S = X X^T, X = a X + (b S + c S S^T) X
+//   W = W (1 - lr wd) - lr 0.2 sqrt(max(A, B)) X (transposed back)
+// with (a, b, c) = (3.4445, -4.7750, 2.0315): torch.optim.Muon's update (adjust_lr_fn "match_rms_adamw", so one
+// -l serves AdamW and Muon), in fp32. Muon's matrices, each its own: attention's q, k and v (GPT-2's three blocks
+// of qkvw; Llama's q rows, k rows, v rows), the attention output, the MLP's fc and fc_proj (SwiGLU: gate, up and
+// down), each expert's, the shared experts' as stored. Every other tensor keeps AdamW (zero.h).
+//
+// Distribution. The momentum is elementwise: a rank keeps it where it updates the parameters (zero.h's owned
+// ranges), in the AdamW m array. Newton-Schulz needs the whole matrix: each matrix has one OWNER, a rank that
+// holds part of it (greedy by Newton-Schulz FLOPs, so the work spreads), and per step
+//   1. every rank makes U for its elements; the rank whose ZeRO shard partition holds an element sends its U to
+//      the element's owner (at stage 0 the dp replicas hold the same U: each sends its own partition);
+//   2. the owner assembles each matrix it owns (tp slices, ZeRO shards, experts: wherever they were), runs
+//      Newton-Schulz, and sends the scaled result back to every rank that updates each element;
+//   3. each rank applies it to its elements (bf16: to the fp32 master, rounded stochastically as AdamW does).
+// Two all-to-alls over the world per step, float per element each way; which element goes where is settled once
+// at init (the positions exchanged then, so a step moves only values).
+#ifndef LLMC_MUON_H
+#define LLMC_MUON_H
+
+#include "utils.h"
+#include "backend.h"
+#include "alloc.h"
+#include "comm.h"
+#include "grid.h"
+#include "zero.h"
+#include "model_config.h"
+
+#define MUON_NS_STEPS 5
+#define MUON_A 3.4445f
+#define MUON_B (-4.7750f)
+#define MUON_C 2.0315f
+
+typedef struct {
+    int id, layer, blk, part;   // tensor, layer, block (an expert's; GPT-2's q, k, v), part (Llama's q, k, v rows)
+    size_t rows, cols;          // as stored
+    int owner;                  // the world rank that orthogonalises it
+    size_t at;                  // its offset in the owner's matrix buffer
+} MuonMatrix;
+
+typedef struct {   // a run of elements this rank updates: one tensor's part of a unit's owned range
+    floatX *param;
+    float *master, *m;          // master: NULL in the fp32 build
+    const floatX *grad;
+    size_t len, h;              // its elements are h .. h + len of this rank's list
+    unsigned int seed;          // as AdamW's: the tensor and the run's place in it (+ the step's seed)
+} MuonRun;
+
+typedef struct {
+    float momentum;
+    int nmat, owned;            // Muon matrices in the model; those this rank orthogonalises
+    MuonMatrix *mat;
+    int nrun;
+    MuonRun *run;
+    size_t n;                   // elements this rank updates
+    float *u;                   // device (n): U, then the owners' results
+    int *send_h, *recv_pos;     // device: element h of send slot i; the owner's buffer position of receive slot j
+    int *need_h, *serve_pos;    // device: the return trip (every element this rank updates; what owners send back)
+    size_t *counts;             // host, 8 x world: send, recv, need, serve counts, then their offsets
+    size_t nsend, nrecv, nserve;
+    float *sendbuf, *recvbuf;   // device
+    float *mats;                // device: the owned matrices, one after another
+    size_t mats_size, work;     // largest owned matrix
+    float *x, *y, *s, *t, *ss;  // device: Newton-Schulz's work (x, y: A B; s, t: min(A, B)^2; ss: one float)
+    long ns_calls;              // Newton-Schulz runs since init (--check-comm: one per matrix per step in the job)
+    Group *world;
+} Muon;
+
+static int muon_tensor(int id) {
+    return id == T_QKVW || id == T_ATTPROJW || id == T_FCW || id == T_FCPROJW || id == T_EFCW || id == T_EFCPROJW ||
+           id == T_SFCW || id == T_SFCPROJW;
+}
+
+// ----------------------------------------------------------------------------
+// the kernels: CPU loop beside the CUDA kernel
+
+// M = mu M + (1 - mu) g s; u = (1 - mu) g s + mu M (s = *grad_scale; 0: a skipped step, nothing changes)
+static void muon_momentum_cpu(float *m, float *u, const float *g, size_t n, float mu, const float *grad_scale) {
+    float s = *grad_scale;
+    if (s == 0.0f) { return; }
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] * s;
+        m[i] = mu * m[i] + (1.0f - mu) * gi;
+        u[i] = (1.0f - mu) * gi + mu * m[i];
+    }
+}
+
+// p = p (1 - lr wd) - lr o (o already scaled by 0.2 sqrt(max(A, B)))
+static void muon_apply_cpu(float *params, float *master, const float *o, size_t n, float lr, float wd,
+                           const float *grad_scale) {
+    if (*grad_scale == 0.0f) { return; }
+    for (size_t i = 0; i < n; i++) {
+        float p = (master ? master[i] : params[i]) * (1.0f - lr * wd) - lr * o[i];
+        if (master) { master[i] = p; }
+        params[i] = p;
+    }
+}
+
+static void gather_floats_cpu(float *out, const float *in, const int *idx, size_t n) {
+    for (size_t i = 0; i < n; i++) { out[i] = in[idx[i]]; }
+}
+static void scatter_floats_cpu(float *out, const float *in, const int *idx, size_t n) {
+    for (size_t i = 0; i < n; i++) { out[idx[i]] = in[i]; }
+}
+
+// out (M, N) = alpha a (M, K) b^T (b (N, K)) + beta out, or with b (K, N) untransposed
+static void muon_gemm_cpu(float *out, const float *a, const float *b, int M, int N, int K, int bt, float alpha,
+                          float beta) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, bt ? CblasTrans : CblasNoTrans, M, N, K, alpha, a, K, b, bt ? K : N, beta,
+                out, N);
+}
+
+// ss[0] = sum of w^2 (n)
+static void sum_squares_f32_cpu(float *ss, const float *w, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) { s += (double)w[i] * w[i]; }
+    ss[0] = (float)s;
+}
+
+// x = w (rows, cols) / max(sqrt(ss), 1e-7), transposed (x (cols, rows)) when tr
+static void muon_load_cpu(float *x, const float *w, const float *ss, size_t rows, size_t cols, int tr) {
+    float inv = 1.0f / fmaxf(sqrtf(ss[0]), 1e-7f);
+    for (size_t i = 0; i < rows; i++) {
+        for (size_t j = 0; j < cols; j++) { x[tr ? j * rows + i : i * cols + j] = w[i * cols + j] * inv; }
+    }
+}
+
+// w (rows, cols) = scale x, x transposed back when tr
+static void muon_store_cpu(float *w, const float *x, size_t rows, size_t cols, int tr, float scale) {
+    for (size_t i = 0; i < rows; i++) {
+        for (size_t j = 0; j < cols; j++) { w[i * cols + j] = scale * x[tr ? j * rows + i : i * cols + j]; }
+    }
+}
+
+#ifdef USE_CUDA
+__global__ void muon_momentum_kernel(float *m, float *u, const floatX *g, size_t n, float mu, const float *grad_scale) {
+    float s = *grad_scale;
+    if (s == 0.0f) { return; }
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float gi = (float)g[i] * s;
+        float mi = mu * m[i] + (1.0f - mu) * gi;
+        m[i] = mi;
+        u[i] = (1.0f - mu) * gi + mu * mi;
+    }
+}
+
+__global__ void muon_apply_kernel(floatX *params, float *master, const float *o, size_t n, float lr, float wd,
+                                  const float *grad_scale, unsigned int seed) {
+    if (*grad_scale == 0.0f) { return; }
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float p = (master != NULL ? master[i] : (float)params[i]) * (1.0f - lr * wd) - lr * o[i];
+        if (master != NULL) { master[i] = p; }
+        params[i] = float_to_floatX_stochastic(p, random_bits(seed, i));
+    }
+}
+
+__global__ void gather_floats_kernel(float *out, const float *in, const int *idx, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        out[i] = in[idx[i]];
+    }
+}
+__global__ void scatter_floats_kernel(float *out, const float *in, const int *idx, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        out[idx[i]] = in[i];
+    }
+}
+
+// fp32 GEMM in 16 x 16 tiles (Newton-Schulz on matrices of a layer: small; fp32 as the update is specified)
+#define MUON_TILE 16
+__global__ void __launch_bounds__(MUON_TILE * MUON_TILE) muon_gemm_kernel(float *out, const float *a, const float *b,
+                                                                          int M, int N, int K, int bt, float alpha,
+                                                                          float beta) {
+    __shared__ float as[MUON_TILE][MUON_TILE], bs[MUON_TILE][MUON_TILE + 1];
+    int tx = threadIdx.x % MUON_TILE, ty = threadIdx.x / MUON_TILE;
+    int row = blockIdx.y * MUON_TILE + ty, col = blockIdx.x * MUON_TILE + tx;
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += MUON_TILE) {
+        int ka = k0 + tx, kb = k0 + ty;
+        as[ty][tx] = row < M && ka < K ? a[(size_t)row * K + ka] : 0.0f;
+        int bcol = blockIdx.x * MUON_TILE + tx;   // bs[k][n]
+        float bv = 0.0f;
+        if (bcol < N && kb < K) { bv = bt ? b[(size_t)bcol * K + kb] : b[(size_t)kb * N + bcol]; }
+        bs[ty][tx] = bv;
+        __syncthreads();
+        for (int k = 0; k < MUON_TILE; k++) { acc += as[ty][k] * bs[k][tx]; }
+        __syncthreads();
+    }
+    if (row < M && col < N) {
+        size_t o = (size_t)row * N + col;
+        out[o] = alpha * acc + (beta != 0.0f ? beta * out[o] : 0.0f);
+    }
+}
+
+// ss[0] = sum of w^2, one block (deterministic: a fixed tree)
+#define MUON_SS_THREADS 256
+__global__ void __launch_bounds__(MUON_SS_THREADS) sum_squares_f32_kernel(float *ss, const float *w, size_t n) {
+    __shared__ float part[MUON_SS_THREADS];
+    float s = 0.0f;
+    for (size_t i = threadIdx.x; i < n; i += MUON_SS_THREADS) { s += w[i] * w[i]; }
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int h = MUON_SS_THREADS / 2; h > 0; h /= 2) {
+        if ((int)threadIdx.x < h) { part[threadIdx.x] += part[threadIdx.x + h]; }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) { ss[0] = part[0]; }
+}
+
+__global__ void muon_load_kernel(float *x, const float *w, const float *ss, size_t rows, size_t cols, int tr) {
+    float inv = 1.0f / fmaxf(sqrtf(ss[0]), 1e-7f);
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < rows * cols; k += (size_t)gridDim.x * blockDim.x) {
+        size_t i = k / cols, j = k % cols;
+        x[tr ? j * rows + i : k] = w[k] * inv;
+    }
+}
+
+__global__ void muon_store_kernel(float *w, const float *x, size_t rows, size_t cols, int tr, float scale) {
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < rows * cols; k += (size_t)gridDim.x * blockDim.x) {
+        size_t i = k / cols, j = k % cols;
+        w[k] = scale * x[tr ? j * rows + i : k];
+    }
+}
+#endif
+
+static void muon_momentum(float *m, float *u, const floatX *g, size_t n, float mu, const float *grad_scale) {
+    if (n == 0) { return; }
+#ifdef USE_CUDA
+    LAUNCH(muon_momentum_kernel, elementwise_grid(n, 256), 256, 0, main_stream)(m, u, g, n, mu, grad_scale);
+    cudaCheckLaunch();
+#else
+    muon_momentum_cpu(m, u, g, n, mu, grad_scale);
+#endif
+}
+
+static void muon_apply(floatX *params, float *master, const float *o, size_t n, float lr, float wd,
+                       const float *grad_scale, unsigned int seed) {
+    if (n == 0) { return; }
+#ifdef USE_CUDA
+    LAUNCH(muon_apply_kernel, elementwise_grid(n, 256), 256, 0, main_stream)(params, master, o, n, lr, wd, grad_scale,
+                                                                             seed);
+    cudaCheckLaunch();
+#else
+    (void)seed;
+    muon_apply_cpu(params, master, o, n, lr, wd, grad_scale);
+#endif
+}
+
+static void gather_floats(float *out, const float *in, const int *idx, size_t n) {
+    if (n == 0) { return; }
+#ifdef USE_CUDA
+    LAUNCH(gather_floats_kernel, elementwise_grid(n, 256), 256, 0, main_stream)(out, in, idx, n);
+    cudaCheckLaunch();
+#else
+    gather_floats_cpu(out, in, idx, n);
+#endif
+}
+
+static void scatter_floats(float *out, const float *in, const int *idx, size_t n) {
+    if (n == 0) { return; }
+#ifdef USE_CUDA
+    LAUNCH(scatter_floats_kernel, elementwise_grid(n, 256), 256, 0, main_stream)(out, in, idx, n);
+    cudaCheckLaunch();
+#else
+    scatter_floats_cpu(out, in, idx, n);
+#endif
+}
+
+static void muon_gemm(float *out, const float *a, const float *b, int M, int N, int K, int bt, float alpha, float beta) {
+#ifdef USE_CUDA
+    dim3 grid(ceil_div(N, MUON_TILE), ceil_div(M, MUON_TILE));
+    LAUNCH(muon_gemm_kernel, grid, MUON_TILE * MUON_TILE, 0, main_stream)(out, a, b, M, N, K, bt, alpha, beta);
+    cudaCheckLaunch();
+#else
+    muon_gemm_cpu(out, a, b, M, N, K, bt, alpha, beta);
+#endif
+}
+
+static void sum_squares_f32(float *ss, const float *w, size_t n) {
+#ifdef USE_CUDA
+    LAUNCH(sum_squares_f32_kernel, 1, MUON_SS_THREADS, 0, main_stream)(ss, w, n);
+    cudaCheckLaunch();
+#else
+    sum_squares_f32_cpu(ss, w, n);
+#endif
+}
+
+static void muon_load(float *x, const float *w, const float *ss, size_t rows, size_t cols, int tr) {
+#ifdef USE_CUDA
+    LAUNCH(muon_load_kernel, elementwise_grid(rows * cols, 256), 256, 0, main_stream)(x, w, ss, rows, cols, tr);
+    cudaCheckLaunch();
+#else
+    muon_load_cpu(x, w, ss, rows, cols, tr);
+#endif
+}
+
+static void muon_store(float *w, const float *x, size_t rows, size_t cols, int tr, float scale) {
+#ifdef USE_CUDA
+    LAUNCH(muon_store_kernel, elementwise_grid(rows * cols, 256), 256, 0, main_stream)(w, x, rows, cols, tr, scale);
+    cudaCheckLaunch();
+#else
+    muon_store_cpu(w, x, rows, cols, tr, scale);
+#endif
+}
+
+// ----------------------------------------------------------------------------
+// Newton-Schulz on one matrix w (rows, cols), in place: U in, 0.2 sqrt(max(rows, cols)) O out
+
+static void newton_schulz(Muon *mu, float *w, size_t rows, size_t cols) {
+    int tr = rows > cols;
+    int m = (int)(tr ? cols : rows), n = (int)(tr ? rows : cols);   // x (m, n), m <= n
+    float *x = mu->x, *y = mu->y;
+    sum_squares_f32(mu->ss, w, rows * cols);
+    muon_load(x, w, mu->ss, rows, cols, tr);
+    for (int k = 0; k < MUON_NS_STEPS; k++) {
+        muon_gemm(mu->s, x, x, m, m, n, 1, 1.0f, 0.0f);                              // S = X X^T (m, m)
+        copy_on_device(mu->t, mu->s, (size_t)m * m * sizeof(float));
+        muon_gemm(mu->t, mu->s, mu->s, m, m, m, 1, MUON_C, MUON_B);                   // T = b S + c S S^T (S symmetric)
+        copy_on_device(y, x, (size_t)m * n * sizeof(float));
+        muon_gemm(y, mu->t, x, m, n, m, 0, 1.0f, MUON_A);                             // Y = a X + T X
+        float *swap = x; x = y; y = swap;
+    }
+    muon_store(w, x, rows, cols, tr, 0.2f * sqrtf((float)(rows > cols ? rows : cols)));
+    mu->ns_calls++;
+}
+
+// ----------------------------------------------------------------------------
+// the step
+
+// After zero_finish_grads and the clip scale (zero.h, global_norm.h): the Muon elements of every owned range are
+// updated; zero_optimizer_step then runs AdamW on the rest and (stages 1-2) gathers the shards.
+static void muon_step(Muon *mu, float lr, float weight_decay, const float *grad_scale, unsigned int seed) {
+    int W = mu->world->size;
+    size_t *sc = mu->counts, *rc = sc + W, *nc = sc + 2 * W, *vc = sc + 3 * W, *so = sc + 4 * W, *ro = sc + 5 * W,
+        *no = sc + 6 * W, *vo = sc + 7 * W;
+    for (int r = 0; r < mu->nrun; r++) {
+        MuonRun *q = &mu->run[r];
+        muon_momentum(q->m, mu->u + q->h, q->grad, q->len, mu->momentum, grad_scale);
+    }
+    gather_floats(mu->sendbuf, mu->u, mu->send_h, mu->nsend);
+    comm_all_to_allv(mu->world, mu->sendbuf, sc, so, mu->recvbuf, rc, ro, DT_FLOAT);   // U to the owners
+    scatter_floats(mu->mats, mu->recvbuf, mu->recv_pos, mu->nrecv);
+    for (int i = 0; i < mu->nmat; i++) {
+        const MuonMatrix *a = &mu->mat[i];
+        if (a->owner == mu->world->rank) { newton_schulz(mu, mu->mats + a->at, a->rows, a->cols); }
+    }
+    gather_floats(mu->sendbuf, mu->mats, mu->serve_pos, mu->nserve);
+    comm_all_to_allv(mu->world, mu->sendbuf, vc, vo, mu->recvbuf, nc, no, DT_FLOAT);   // the results back
+    scatter_floats(mu->u, mu->recvbuf, mu->need_h, mu->n);
+    for (int r = 0; r < mu->nrun; r++) {
+        MuonRun *q = &mu->run[r];
+        muon_apply(q->param, q->master, mu->u + q->h, q->len, lr, weight_decay, grad_scale, seed + q->seed);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// set-up: the matrices, their owners, where every element goes
+
+static int muon_tensor_in_layer(const ModelConfig *c, int id, int l) {
+    TensorSpec s = tensor_spec(c, id);
+    if (s.layers <= 0 || s.rows * s.cols == 0) { return 0; }
+    if (id == T_FCW || id == T_FCPROJW) { return !is_moe_layer(c, l); }
+    if (is_moe_tensor(id)) { return is_moe_layer(c, l); }
+    return 1;
+}
+
+static size_t muon_part_rows(const TensorSpec *s, int part) {
+    if (s->split != SPLIT_QKV) { return s->rows; }
+    return part == 0 ? s->qrows : (s->rows - s->qrows) / 2;
+}
+
+// Every Muon matrix of the model in one order (tensor, layer, block, part), the same on every rank; base[id * L + l]:
+// the index of (id, l)'s first (-1: none).
+static int muon_list(const ModelConfig *c, MuonMatrix *out, int *base) {
+    int n = 0, L = c->num_layers;
+    for (int id = 0; id < NUM_TENSORS; id++) {
+        for (int l = 0; l < L; l++) {
+            base[id * L + l] = -1;
+            if (!muon_tensor(id) || !muon_tensor_in_layer(c, id, l)) { continue; }
+            TensorSpec s = tensor_spec(c, id);
+            int parts = s.split == SPLIT_QKV ? 3 : 1;
+            base[id * L + l] = n;
+            for (int b = 0; b < s.nblk; b++) {
+                for (int p = 0; p < parts; p++) {
+                    if (out) { out[n] = (MuonMatrix){id, l, b, p, muon_part_rows(&s, p), s.cols, -1, 0}; }
+                    n++;
+                }
+            }
+        }
+    }
+    return n;
+}
+
+// Element o of a rank's (tp slice, local blocks) copy of tensor t -> its matrix's index and its place in it.
+static void muon_locate(const ModelConfig *c, const UnitTensor *t, const int *base, int tp, int tp_rank, size_t o,
+                        int *mi, size_t *q) {
+    TensorSpec s = tensor_spec(c, t->id);
+    int parts = s.split == SPLIT_QKV ? 3 : 1, part = 0, lb;
+    size_t row, col;
+    if (s.split == SPLIT_COLS) {
+        size_t lc = s.cols / tp, blk = s.rows * lc;
+        lb = (int)(o / blk);
+        row = o % blk / lc;
+        col = (size_t)tp_rank * lc + o % lc;
+    } else if (s.split == SPLIT_QKV) {
+        size_t ql = s.qrows / tp, kl = (s.rows - s.qrows) / 2 / tp, lr = o / s.cols;
+        lb = 0;
+        col = o % s.cols;
+        part = lr < ql ? 0 : lr < ql + kl ? 1 : 2;
+        size_t within = part == 0 ? lr : part == 1 ? lr - ql : lr - ql - kl, per = part == 0 ? ql : kl;
+        row = (size_t)tp_rank * per + within;
+    } else {   // SPLIT_ROWS (and a tensor not cut, tp_rank 0's rows being all of them)
+        size_t lrows = s.split == SPLIT_NONE ? s.rows : s.rows / tp, blk = lrows * s.cols;
+        lb = (int)(o / blk);
+        row = (s.split == SPLIT_NONE ? 0 : (size_t)tp_rank * lrows) + o % blk / s.cols;
+        col = o % s.cols;
+    }
+    *mi = base[t->id * c->num_layers + t->layer] + (t->blk0 + lb) * parts + part;
+    *q = row * s.cols + col;
+}
+
+// The matrices' owners: largest Newton-Schulz cost first, each to the holder with the least cost so far (ties:
+// the lower rank); held: (world, nmat) elements each rank updates of each matrix. Sets owner and at.
+static void muon_assign(Muon *mu, const int *held, int W) {
+    double *load = (double *)calloc_check(W, sizeof(double)), *cost = (double *)malloc_check(mu->nmat * sizeof(double));
+    int *order = (int *)malloc_check(mu->nmat * sizeof(int));
+    for (int i = 0; i < mu->nmat; i++) {
+        double m = (double)(mu->mat[i].rows < mu->mat[i].cols ? mu->mat[i].rows : mu->mat[i].cols);
+        double n = (double)(mu->mat[i].rows < mu->mat[i].cols ? mu->mat[i].cols : mu->mat[i].rows);
+        cost[i] = MUON_NS_STEPS * (4.0 * m * m * n + 2.0 * m * m * m);
+        order[i] = i;
+    }
+    for (int i = 1; i < mu->nmat; i++) {   // (insertion sort: stable, by cost descending)
+        int k = order[i], j = i;
+        while (j > 0 && cost[order[j - 1]] < cost[k]) { order[j] = order[j - 1]; j--; }
+        order[j] = k;
+    }
+    for (int i = 0; i < mu->nmat; i++) {
+        int k = order[i], best = -1;
+        for (int r = 0; r < W; r++) {
+            if (held[(size_t)r * mu->nmat + k] > 0 && (best < 0 || load[r] < load[best])) { best = r; }
+        }
+        if (best < 0) { fail("Muon: matrix %d (tensor %s, layer %d) is held by no rank: a bug", k,
+                             tensor_names[mu->mat[k].id], mu->mat[k].layer); }
+        mu->mat[k].owner = best;
+        load[best] += cost[k];
+    }
+    size_t *size = (size_t *)calloc_check(W, sizeof(size_t));
+    for (int k = 0; k < mu->nmat; k++) {
+        MuonMatrix *a = &mu->mat[k];
+        a->at = size[a->owner];
+        size[a->owner] += a->rows * a->cols;
+    }
+    mu->mats_size = size[mu->world->rank];
+    free(load); free(cost); free(order); free(size);
+}
+
+// Per element h of this rank's list: its matrix (mi) and place (q); whether this rank sends its U (the ZeRO shard
+// partition's holder).
+typedef struct { int *mi; size_t *q; unsigned char *sends; } MuonPlaces;
+
+static void muon_runs(Muon *mu, Zero *z, const ModelConfig *c, const int *base, MuonPlaces *pl, int *held) {
+    int tp = z->grid->tp, tp_rank = z->grid->tp_rank;
+    for (int pass = 0; pass < 2; pass++) {   // count, then fill
+        size_t h = 0;
+        int nrun = 0;
+        for (int u = 0; u < z->nunits; u++) {
+            Unit *U = &z->units[u];
+            size_t start, len, a, b, s0 = (size_t)U->dpg->rank * U->shard;
+            zero_owned_range(z, u, &start, &len);
+            for (int k = 0; k < U->ntensors; k++) {
+                UnitTensor *T = &U->t[k];
+                if (!muon_tensor(T->id) || !tensor_overlap(T, start, start + len, &a, &b)) { continue; }
+                if (pass == 1) {
+                    T->muon = 1;
+                    size_t o = zero_owned_state(z, u, a);
+                    mu->run[nrun] = (MuonRun){zero_owned_param(z, u, a), z->master ? z->master + o : NULL, z->m + o,
+                                              zero_owned_grad(z, u, a), b - a, h,
+                                              1000003u * (unsigned)(T->id * 4096 + T->layer + 1) + (unsigned)(a - T->offset)};
+                    for (size_t e = a; e < b; e++) {
+                        muon_locate(c, T, base, tp, tp_rank, e - T->offset, &pl->mi[h + e - a], &pl->q[h + e - a]);
+                        pl->sends[h + e - a] = e >= s0 && e < s0 + U->shard;
+                        held[pl->mi[h + e - a]]++;
+                    }
+                }
+                h += b - a;
+                nrun++;
+            }
+        }
+        if (pass == 0) {
+            mu->nrun = nrun;
+            mu->n = h;
+            mu->run = (MuonRun *)calloc_check(nrun > 0 ? nrun : 1, sizeof(MuonRun));
+            pl->mi = (int *)malloc_check((h + 1) * sizeof(int));
+            pl->q = (size_t *)malloc_check((h + 1) * sizeof(size_t));
+            pl->sends = (unsigned char *)malloc_check(h + 1);
+        }
+    }
+}
+
+// One direction's lists, grouped by owner: h of each element (those that send, or all) and its place in the owner's
+// buffer; counts and offsets per owner. Then the counts exchanged and the places sent to the owners once.
+static int *muon_route(Muon *mu, const MuonPlaces *pl, int only_senders, size_t *counts, size_t *offsets,
+                       size_t *rcounts, size_t *roffsets, size_t *nsend, size_t *nrecv, int **recv_place) {
+    int W = mu->world->size;
+    for (int r = 0; r < W; r++) { counts[r] = 0; }
+    for (size_t h = 0; h < mu->n; h++) { if (!only_senders || pl->sends[h]) { counts[mu->mat[pl->mi[h]].owner]++; } }
+    size_t total = 0;
+    for (int r = 0; r < W; r++) { offsets[r] = total; total += counts[r]; }
+    int *hs = (int *)malloc_check((total + 1) * sizeof(int)), *place = (int *)malloc_check((total + 1) * sizeof(int));
+    size_t *fill = (size_t *)malloc_check(W * sizeof(size_t));
+    memcpy(fill, offsets, W * sizeof(size_t));
+    for (size_t h = 0; h < mu->n; h++) {
+        if (only_senders && !pl->sends[h]) { continue; }
+        const MuonMatrix *a = &mu->mat[pl->mi[h]];
+        size_t i = fill[a->owner]++, at = a->at + pl->q[h];
+        if (at > INT_MAX || h > INT_MAX) { fail("Muon: %zu elements exceed the int positions of its lists", at); }
+        hs[i] = (int)h;
+        place[i] = (int)at;
+    }
+    // the counts: each rank's row of the (world, world) table, all-gathered (small: once)
+    int *mine = (int *)calloc_check(W, sizeof(int)), *all = (int *)malloc_check((size_t)W * W * sizeof(int));
+    for (int r = 0; r < W; r++) { mine[r] = (int)counts[r]; }
+    comm_host_all_gather(mu->world, mine, W, all, DT_INT, "all-gather (Muon's element counts)");
+    size_t rtotal = 0;
+    for (int r = 0; r < W; r++) { rcounts[r] = (size_t)all[(size_t)r * W + mu->world->rank]; roffsets[r] = rtotal; rtotal += rcounts[r]; }
+    int *d_place = (int *)mem_alloc((total + 1) * sizeof(int), MEM_OPTIMIZER);
+    *recv_place = (int *)mem_alloc((rtotal + 1) * sizeof(int), MEM_OPTIMIZER);
+    copy_to_device(d_place, place, (total + 1) * sizeof(int));
+    comm_all_to_allv(mu->world, d_place, counts, offsets, *recv_place, rcounts, roffsets, DT_INT);
+    int *d_h = (int *)mem_alloc((total + 1) * sizeof(int), MEM_OPTIMIZER);
+    copy_to_device(d_h, hs, (total + 1) * sizeof(int));
+    *nsend = total;
+    *nrecv = rtotal;
+    free(hs); free(place); free(fill); free(mine); free(all);
+    return d_h;
+}
+
+static void muon_init(Muon *mu, Zero *z, Grid *grid, const ModelConfig *c, float momentum) {
+    memset(mu, 0, sizeof(*mu));
+    mu->momentum = momentum;
+    mu->world = &grid->world;
+    int W = grid->world_size, L = c->num_layers;
+    int *base = (int *)malloc_check((size_t)NUM_TENSORS * L * sizeof(int));
+    mu->nmat = muon_list(c, NULL, base);
+    mu->mat = (MuonMatrix *)calloc_check(mu->nmat > 0 ? mu->nmat : 1, sizeof(MuonMatrix));
+    muon_list(c, mu->mat, base);
+    int *held = (int *)calloc_check(mu->nmat + 1, sizeof(int)), *all = (int *)malloc_check(((size_t)W * mu->nmat + 1) * sizeof(int));
+    MuonPlaces pl = {0};
+    muon_runs(mu, z, c, base, &pl, held);
+    comm_host_all_gather(mu->world, held, mu->nmat, all, DT_INT, "all-gather (Muon's matrix holders)");
+    muon_assign(mu, all, W);
+    for (int i = 0; i < mu->nmat; i++) { mu->owned += mu->mat[i].owner == grid->rank; }
+    mu->counts = (size_t *)calloc_check(8 * (size_t)W, sizeof(size_t));
+    size_t *cn = mu->counts, n_need, n_serve;
+    mu->send_h = muon_route(mu, &pl, 1, cn, cn + 4 * W, cn + W, cn + 5 * W, &mu->nsend, &mu->nrecv, &mu->recv_pos);
+    mu->need_h = muon_route(mu, &pl, 0, cn + 2 * W, cn + 6 * W, cn + 3 * W, cn + 7 * W, &n_need, &n_serve, &mu->serve_pos);
+    mu->nserve = n_serve;
+    size_t sb = mu->nsend > mu->nserve ? mu->nsend : mu->nserve, rb = mu->nrecv > mu->n ? mu->nrecv : mu->n;
+    mu->u = (float *)mem_alloc((mu->n + 1) * sizeof(float), MEM_OPTIMIZER);
+    mu->sendbuf = (float *)mem_alloc((sb + 1) * sizeof(float), MEM_COMM);
+    mu->recvbuf = (float *)mem_alloc((rb + 1) * sizeof(float), MEM_COMM);
+    mu->mats = (float *)mem_alloc((mu->mats_size + 1) * sizeof(float), MEM_OPTIMIZER);
+    size_t work = 1, sq = 1;
+    for (int i = 0; i < mu->nmat; i++) {
+        const MuonMatrix *a = &mu->mat[i];
+        size_t m = a->rows < a->cols ? a->rows : a->cols;
+        if (a->owner != grid->rank) { continue; }
+        if (a->rows * a->cols > work) { work = a->rows * a->cols; }
+        if (m * m > sq) { sq = m * m; }
+    }
+    mu->work = work;
+    mu->x = (float *)mem_alloc(work * sizeof(float), MEM_WORKSPACE);
+    mu->y = (float *)mem_alloc(work * sizeof(float), MEM_WORKSPACE);
+    mu->s = (float *)mem_alloc(sq * sizeof(float), MEM_WORKSPACE);
+    mu->t = (float *)mem_alloc(sq * sizeof(float), MEM_WORKSPACE);
+    mu->ss = (float *)mem_alloc(sizeof(float), MEM_WORKSPACE);
+    memset_zero_device(mu->mats, (mu->mats_size + 1) * sizeof(float));
+    free(base); free(held); free(all); free(pl.mi); free(pl.q); free(pl.sends);
+}
+
+// The Newton-Schulz runs of one step, summed over the world (--check-comm: equals nmat).
+static double muon_ns_calls_world(Muon *mu, long before) {
+    double mine = (double)(mu->ns_calls - before);
+    comm_host_all_reduce(mu->world, &mine, 1, DT_DOUBLE, HOST_SUM, "all-reduce (Muon's Newton-Schulz count)");
+    return mine;
+}
+
+#endif
