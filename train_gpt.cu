@@ -286,7 +286,7 @@ static LayerActs layer_acts(const Model *m, const Activations *acts, int l) {
 // Builds this rank's part of the model (its pipeline stage, its tp slice, its experts, its ZeRO shard)
 // from the full host tensors (file order). Every rank passes the same.
 static void gpt2_build(Model *m, const ModelConfig *c, float *all_params, Grid *grid, int vpp, const int *first,
-                       int zero_stage, int sp, MoEOptions moe) {
+                       int zero_stage, int sp, MoEOptions moe, int muon) {
     memset(m, 0, sizeof(*m));
     m->config = *c;
     m->grid = grid;
@@ -318,6 +318,7 @@ static void gpt2_build(Model *m, const ModelConfig *c, float *all_params, Grid *
     m->u_experts = (int *)malloc_check((m->Ls + 1) * sizeof(int));
     m->nunits = build_units(c, grid, vpp, first, m->units, &m->u_embed, &m->u_pos, m->u_layer, m->u_experts,
                             &m->u_final, &m->u_head);
+    if (muon) { muon_mark_units(m->units, m->nunits); }   // (before zero_init: Muon's elements have no AdamW v)
     zero_init(&m->zero, grid, zero_stage, sp, m->units, m->nunits);
     moe_setup(&m->moe, c, grid, moe, m->layer_id, m->Ls);
     if (m->rms) { m->rope = (float *)mem_alloc((size_t)c->max_seq_len * m->hs * sizeof(float), MEM_WORKSPACE); }
@@ -500,9 +501,9 @@ static void gpt2_init(Model *m, const ModelConfig *c, float *params, Grid *grid,
     int first[PIPE_MAX_LAYERS + 1];
     char err[256];
     if (layer_split(first, o->pp_layers, c, o->T * grid->cp, grid->pp, o->vpp, err, sizeof(err))) { fail("%s", err); }
-    gpt2_build(m, c, params, grid, o->vpp, first, o->zero, o->sp, o->moe);
+    gpt2_build(m, c, params, grid, o->vpp, first, o->zero, o->sp, o->moe, o->muon);
     cp_attention_init(&m->cpring, &grid->cp_group, o->cp_u, m->NHl, m->KVl, m->hs);
-    if (o->muon && !mem_planning) { muon_init(&m->muon, &m->zero, grid, c, o->muon_momentum); }
+    if (o->muon) { muon_init(&m->muon, &m->zero, grid, c, first, o->vpp, o->muon_momentum); }
     m->recompute = o->recompute;
     m->zero.prefetch = o->overlap;
     gpt2_alloc_activations(m, o->B, o->T, o->ce_chunk, o->accum, o->schedule, o->moe_dropless);

@@ -45,9 +45,10 @@ static void adamw_update_cpu(float *params, float *master, const float *grads, f
 // One update of several tensors that lie in the same arrays (a unit's owned range: params, master, grads,
 // m and v indexed alike): segment k is elements [start, start + len) with its own weight decay and
 // rounding seed, its element i rounded with random_bits(seed, i) as a launch of its own would be.
-// Gaps between segments are left alone. On CUDA one launch for all of them (a multi-tensor update).
+// Gaps between segments are left alone. On CUDA one launch for all of them (a multi-tensor update). v_start: where
+// the segment's v is (v need not hold the gaps: with Muon, zero.h keeps no v for Muon's elements).
 #define ADAMW_MAX_SEGMENTS 16
-typedef struct { size_t start, len; float weight_decay; unsigned int seed; } AdamWSegment;
+typedef struct { size_t start, len; float weight_decay; unsigned int seed; size_t v_start; } AdamWSegment;
 typedef struct {
     int n;
     AdamWSegment s[ADAMW_MAX_SEGMENTS];
@@ -79,12 +80,12 @@ __global__ void adamw_kernel(floatX *params, float *master, const floatX *grads,
     unsigned int b, nb;
     const AdamWSegment *seg = &sg.s[adamw_block_segment(&sg, blockIdx.x, &b, &nb)];
     for (size_t i = (size_t)b * ADAMW_THREADS + threadIdx.x; i < seg->len; i += (size_t)nb * ADAMW_THREADS) {
-        size_t j = seg->start + i;
+        size_t j = seg->start + i, jv = seg->v_start + i;
         float g = (float)grads[j] * scale;
         float mi = beta1 * m[j] + (1.0f - beta1) * g;
-        float vi = beta2 * v[j] + (1.0f - beta2) * g * g;
+        float vi = beta2 * v[jv] + (1.0f - beta2) * g * g;
         m[j] = mi;
-        v[j] = vi;
+        v[jv] = vi;
         float p = master != NULL ? master[j] : (float)params[j];
         p -= lr * ((mi / b1c) / (sqrtf(vi / b2c) + eps) + seg->weight_decay * p);
         if (master != NULL) { master[j] = p; }
@@ -122,7 +123,7 @@ static void adamw_update_segments(floatX *params, float *master, const floatX *g
     for (int k = 0; k < sg->n; k++) {
         const AdamWSegment *s = &sg->s[k];
         adamw_update_cpu(params + s->start, master ? master + s->start : NULL, grads + s->start, m + s->start,
-                         v + s->start, s->len,
+                         v + s->v_start, s->len,
                          lr, beta1, beta2, eps, s->weight_decay, grad_scale, t, s->seed);
     }
 #endif
@@ -132,7 +133,7 @@ static void adamw_update_segments(floatX *params, float *master, const floatX *g
 static void adamw_update(floatX *params, float *master, const floatX *grads, float *m, float *v, size_t n,
                          float lr, float beta1, float beta2, float eps, float weight_decay,
                          const float *grad_scale, int t, unsigned int seed) {
-    AdamWSegments sg = {1, {{0, n, weight_decay, seed}}, {0}};
+    AdamWSegments sg = {1, {{0, n, weight_decay, seed, 0}}, {0}};
     adamw_update_segments(params, master, grads, m, v, &sg, lr, beta1, beta2, eps, grad_scale, t);
 }
 

@@ -9,15 +9,18 @@
 // down), each expert's, the shared experts' as stored. Every other tensor keeps AdamW (zero.h).
 //
 // Distribution. The momentum is elementwise: a rank keeps it where it updates the parameters (zero.h's owned
-// ranges), in the AdamW m array. Newton-Schulz needs the whole matrix: each matrix has one OWNER, a rank that
-// holds part of it (greedy by Newton-Schulz FLOPs, so the work spreads), and per step
+// ranges), in the AdamW m array; AdamW's v has no place for Muon's elements (zero.h), so a Muon parameter carries
+// one fp32 state. Newton-Schulz needs the whole matrix: each matrix has one OWNER among the ranks of its pipeline
+// stage (and, an expert's, of its ep rank), chosen from the layout alone (greedy by Newton-Schulz FLOPs, so the
+// work spreads; a memory plan of any rank knows them), and per step
 //   1. every rank makes U for its elements; the rank whose ZeRO shard partition holds an element sends its U to
 //      the element's owner (at stage 0 the dp replicas hold the same U: each sends its own partition);
 //   2. the owner assembles each matrix it owns (tp slices, ZeRO shards, experts: wherever they were), runs
 //      Newton-Schulz, and sends the scaled result back to every rank that updates each element;
 //   3. each rank applies it to its elements (bf16: to the fp32 master, rounded stochastically as AdamW does).
 // Two all-to-alls over the world per step, float per element each way; which element goes where is settled once
-// at init (the positions exchanged then, so a step moves only values).
+// at init (the positions exchanged then, so a step moves only values: an int per element and direction stays, in
+// the comm buffers). U, the owners' matrices and Newton-Schulz's work are workspace.
 #ifndef LLMC_MUON_H
 #define LLMC_MUON_H
 
@@ -28,6 +31,7 @@
 #include "grid.h"
 #include "zero.h"
 #include "model_config.h"
+#include "pipeline_split.h"
 
 #define MUON_NS_STEPS 5
 #define MUON_A 3.4445f
@@ -72,6 +76,13 @@ typedef struct {
 static int muon_tensor(int id) {
     return id == T_QKVW || id == T_ATTPROJW || id == T_FCW || id == T_FCPROJW || id == T_EFCW || id == T_EFCPROJW ||
            id == T_SFCW || id == T_SFCPROJW;
+}
+
+// Marks Muon's tensors in the units, before zero_init lays out the optimizer state (zero.h: no v for them).
+static void muon_mark_units(Unit *units, int n) {
+    for (int u = 0; u < n; u++) {
+        for (int k = 0; k < units[u].ntensors; k++) { units[u].t[k].muon = muon_tensor(units[u].t[k].id); }
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -421,11 +432,36 @@ static void muon_locate(const ModelConfig *c, const UnitTensor *t, const int *ba
     *q = row * s.cols + col;
 }
 
-// The matrices' owners: largest Newton-Schulz cost first, each to the holder with the least cost so far (ties:
-// the lower rank); held: (world, nmat) elements each rank updates of each matrix. Sets owner and at.
-static void muon_assign(Muon *mu, const int *held, int W) {
-    double *load = (double *)calloc_check(W, sizeof(double)), *cost = (double *)malloc_check(mu->nmat * sizeof(double));
-    int *order = (int *)malloc_check(mu->nmat * sizeof(int));
+// The pipeline stage that holds layer l (first: the layer split, layer_split's).
+static int muon_layer_stage(const int *first, int pp, int vpp, int l) {
+    for (int st = 0; st < pp; st++) {
+        for (int v = 0; v < vpp; v++) {
+            int l0, l1;
+            chunk_layers(first, pp, st, v, &l0, &l1);
+            if (l >= l0 && l < l1) { return st; }
+        }
+    }
+    return -1;
+}
+
+// Whether world rank r holds (a part of) matrix a: its stage holds the layer, and for an expert's matrix its ep rank
+// holds the expert (grid.h's rank order: tp fastest, then cp, pp, dp; ep_rank = dp_rank % ep). Every tp, cp and dp
+// rank of that stage (and ep rank) holds a part, or (ZeRO) holds it in the sense of being one of its replicas.
+static int muon_holds(const ModelConfig *c, const Grid *g, const MuonMatrix *a, int stage, int r) {
+    int pp_rank = r / (g->tp * g->cp) % g->pp, dp_rank = r / (g->tp * g->cp * g->pp);
+    if (pp_rank != stage) { return 0; }
+    if (!is_moe_tensor(a->id)) { return 1; }
+    TensorSpec s = tensor_spec(c, a->id);
+    if (!s.experts) { return 1; }   // (the shared experts: on every ep rank)
+    return dp_rank % g->ep == a->blk / (s.nblk / g->ep);
+}
+
+// The matrices' owners, from the layout alone (so a memory plan of any rank knows them): largest Newton-Schulz cost
+// first, each to the holder with the least cost so far (ties: the lower rank). Sets owner and at.
+static void muon_assign(Muon *mu, const ModelConfig *c, const Grid *g, const int *first, int vpp) {
+    int W = g->world_size;
+    double *load = (double *)calloc_check(W, sizeof(double)), *cost = (double *)malloc_check((mu->nmat + 1) * sizeof(double));
+    int *order = (int *)malloc_check((mu->nmat + 1) * sizeof(int));
     for (int i = 0; i < mu->nmat; i++) {
         double m = (double)(mu->mat[i].rows < mu->mat[i].cols ? mu->mat[i].rows : mu->mat[i].cols);
         double n = (double)(mu->mat[i].rows < mu->mat[i].cols ? mu->mat[i].cols : mu->mat[i].rows);
@@ -438,14 +474,14 @@ static void muon_assign(Muon *mu, const int *held, int W) {
         order[j] = k;
     }
     for (int i = 0; i < mu->nmat; i++) {
-        int k = order[i], best = -1;
+        MuonMatrix *a = &mu->mat[order[i]];
+        int best = -1, stage = muon_layer_stage(first, g->pp, vpp, a->layer);
         for (int r = 0; r < W; r++) {
-            if (held[(size_t)r * mu->nmat + k] > 0 && (best < 0 || load[r] < load[best])) { best = r; }
+            if (muon_holds(c, g, a, stage, r) && (best < 0 || load[r] < load[best])) { best = r; }
         }
-        if (best < 0) { fail("Muon: matrix %d (tensor %s, layer %d) is held by no rank: a bug", k,
-                             tensor_names[mu->mat[k].id], mu->mat[k].layer); }
-        mu->mat[k].owner = best;
-        load[best] += cost[k];
+        if (best < 0) { fail("Muon: matrix %s of layer %d is held by no rank: a bug", tensor_names[a->id], a->layer); }
+        a->owner = best;
+        load[best] += cost[order[i]];
     }
     size_t *size = (size_t *)calloc_check(W, sizeof(size_t));
     for (int k = 0; k < mu->nmat; k++) {
@@ -453,7 +489,7 @@ static void muon_assign(Muon *mu, const int *held, int W) {
         a->at = size[a->owner];
         size[a->owner] += a->rows * a->cols;
     }
-    mu->mats_size = size[mu->world->rank];
+    mu->mats_size = size[g->rank];
     free(load); free(cost); free(order); free(size);
 }
 
@@ -461,7 +497,7 @@ static void muon_assign(Muon *mu, const int *held, int W) {
 // partition's holder).
 typedef struct { int *mi; size_t *q; unsigned char *sends; } MuonPlaces;
 
-static void muon_runs(Muon *mu, Zero *z, const ModelConfig *c, const int *base, MuonPlaces *pl, int *held) {
+static void muon_runs(Muon *mu, Zero *z, const ModelConfig *c, const int *base, MuonPlaces *pl) {
     int tp = z->grid->tp, tp_rank = z->grid->tp_rank;
     for (int pass = 0; pass < 2; pass++) {   // count, then fill
         size_t h = 0;
@@ -472,9 +508,8 @@ static void muon_runs(Muon *mu, Zero *z, const ModelConfig *c, const int *base, 
             zero_owned_range(z, u, &start, &len);
             for (int k = 0; k < U->ntensors; k++) {
                 UnitTensor *T = &U->t[k];
-                if (!muon_tensor(T->id) || !tensor_overlap(T, start, start + len, &a, &b)) { continue; }
+                if (!T->muon || !tensor_overlap(T, start, start + len, &a, &b)) { continue; }
                 if (pass == 1) {
-                    T->muon = 1;
                     size_t o = zero_owned_state(z, u, a);
                     mu->run[nrun] = (MuonRun){zero_owned_param(z, u, a), z->master ? z->master + o : NULL, z->m + o,
                                               zero_owned_grad(z, u, a), b - a, h,
@@ -482,7 +517,6 @@ static void muon_runs(Muon *mu, Zero *z, const ModelConfig *c, const int *base, 
                     for (size_t e = a; e < b; e++) {
                         muon_locate(c, T, base, tp, tp_rank, e - T->offset, &pl->mi[h + e - a], &pl->q[h + e - a]);
                         pl->sends[h + e - a] = e >= s0 && e < s0 + U->shard;
-                        held[pl->mi[h + e - a]]++;
                     }
                 }
                 h += b - a;
@@ -501,14 +535,20 @@ static void muon_runs(Muon *mu, Zero *z, const ModelConfig *c, const int *base, 
 }
 
 // One direction's lists, grouped by owner: h of each element (those that send, or all) and its place in the owner's
-// buffer; counts and offsets per owner. Then the counts exchanged and the places sent to the owners once.
+// buffer; counts and offsets per owner. expect: the elements this rank receives (as owner), known from the layout.
+// Then (not in a plan) the counts exchanged, checked against expect, and the places sent to the owners once.
 static int *muon_route(Muon *mu, const MuonPlaces *pl, int only_senders, size_t *counts, size_t *offsets,
-                       size_t *rcounts, size_t *roffsets, size_t *nsend, size_t *nrecv, int **recv_place) {
+                       size_t *rcounts, size_t *roffsets, size_t expect, size_t *nsend, int **recv_place) {
     int W = mu->world->size;
     for (int r = 0; r < W; r++) { counts[r] = 0; }
     for (size_t h = 0; h < mu->n; h++) { if (!only_senders || pl->sends[h]) { counts[mu->mat[pl->mi[h]].owner]++; } }
     size_t total = 0;
     for (int r = 0; r < W; r++) { offsets[r] = total; total += counts[r]; }
+    int *d_h = (int *)mem_alloc((total + 1) * sizeof(int), MEM_COMM);
+    *recv_place = (int *)mem_alloc((expect + 1) * sizeof(int), MEM_COMM);
+    int *d_place = (int *)mem_alloc((total + 1) * sizeof(int), MEM_COMM);   // (set-up only)
+    *nsend = total;
+    if (mem_planning) { mem_free(d_place); return d_h; }
     int *hs = (int *)malloc_check((total + 1) * sizeof(int)), *place = (int *)malloc_check((total + 1) * sizeof(int));
     size_t *fill = (size_t *)malloc_check(W * sizeof(size_t));
     memcpy(fill, offsets, W * sizeof(size_t));
@@ -526,19 +566,18 @@ static int *muon_route(Muon *mu, const MuonPlaces *pl, int only_senders, size_t 
     comm_host_all_gather(mu->world, mine, W, all, DT_INT, "all-gather (Muon's element counts)");
     size_t rtotal = 0;
     for (int r = 0; r < W; r++) { rcounts[r] = (size_t)all[(size_t)r * W + mu->world->rank]; roffsets[r] = rtotal; rtotal += rcounts[r]; }
-    int *d_place = (int *)mem_alloc((total + 1) * sizeof(int), MEM_OPTIMIZER);
-    *recv_place = (int *)mem_alloc((rtotal + 1) * sizeof(int), MEM_OPTIMIZER);
+    if (rtotal != expect) { fail("Muon: rank %d receives %zu elements, the layout says %zu: a bug", mu->world->rank, rtotal, expect); }
     copy_to_device(d_place, place, (total + 1) * sizeof(int));
     comm_all_to_allv(mu->world, d_place, counts, offsets, *recv_place, rcounts, roffsets, DT_INT);
-    int *d_h = (int *)mem_alloc((total + 1) * sizeof(int), MEM_OPTIMIZER);
     copy_to_device(d_h, hs, (total + 1) * sizeof(int));
-    *nsend = total;
-    *nrecv = rtotal;
+    mem_free(d_place);
     free(hs); free(place); free(fill); free(mine); free(all);
     return d_h;
 }
 
-static void muon_init(Muon *mu, Zero *z, Grid *grid, const ModelConfig *c, float momentum) {
+// Sets up Muon over zero.h's units (their tensors marked muon), for a run or (mem_planning) a memory plan, which
+// allocates the same sizes and sends nothing. first, vpp: the layer split (the owners' stages).
+static void muon_init(Muon *mu, Zero *z, Grid *grid, const ModelConfig *c, const int *first, int vpp, float momentum) {
     memset(mu, 0, sizeof(*mu));
     mu->momentum = momentum;
     mu->world = &grid->world;
@@ -547,22 +586,31 @@ static void muon_init(Muon *mu, Zero *z, Grid *grid, const ModelConfig *c, float
     mu->nmat = muon_list(c, NULL, base);
     mu->mat = (MuonMatrix *)calloc_check(mu->nmat > 0 ? mu->nmat : 1, sizeof(MuonMatrix));
     muon_list(c, mu->mat, base);
-    int *held = (int *)calloc_check(mu->nmat + 1, sizeof(int)), *all = (int *)malloc_check(((size_t)W * mu->nmat + 1) * sizeof(int));
+    muon_assign(mu, c, grid, first, vpp);
     MuonPlaces pl = {0};
-    muon_runs(mu, z, c, base, &pl, held);
-    comm_host_all_gather(mu->world, held, mu->nmat, all, DT_INT, "all-gather (Muon's matrix holders)");
-    muon_assign(mu, all, W);
-    for (int i = 0; i < mu->nmat; i++) { mu->owned += mu->mat[i].owner == grid->rank; }
+    muon_runs(mu, z, c, base, &pl);
+    // as an owner: every element of its matrices arrives once (from the rank whose shard partition holds it) and goes
+    // back to each rank that updates it: at ZeRO 0 the whole group of the matrix's unit, else one rank
+    size_t serve = 0;
+    for (int i = 0; i < mu->nmat; i++) {
+        const MuonMatrix *a = &mu->mat[i];
+        if (a->owner != grid->rank) { continue; }
+        mu->owned++;
+        TensorSpec s = tensor_spec(c, a->id);
+        int copies = z->stage > 0 ? 1 : s.experts ? grid->edp_group.size : grid->grad_group->size;
+        serve += a->rows * a->cols * copies;
+    }
+    mu->nrecv = mu->mats_size;
+    mu->nserve = serve;
     mu->counts = (size_t *)calloc_check(8 * (size_t)W, sizeof(size_t));
-    size_t *cn = mu->counts, n_need, n_serve;
-    mu->send_h = muon_route(mu, &pl, 1, cn, cn + 4 * W, cn + W, cn + 5 * W, &mu->nsend, &mu->nrecv, &mu->recv_pos);
-    mu->need_h = muon_route(mu, &pl, 0, cn + 2 * W, cn + 6 * W, cn + 3 * W, cn + 7 * W, &n_need, &n_serve, &mu->serve_pos);
-    mu->nserve = n_serve;
+    size_t *cn = mu->counts, n_need;
+    mu->send_h = muon_route(mu, &pl, 1, cn, cn + 4 * W, cn + W, cn + 5 * W, mu->nrecv, &mu->nsend, &mu->recv_pos);
+    mu->need_h = muon_route(mu, &pl, 0, cn + 2 * W, cn + 6 * W, cn + 3 * W, cn + 7 * W, mu->nserve, &n_need, &mu->serve_pos);
     size_t sb = mu->nsend > mu->nserve ? mu->nsend : mu->nserve, rb = mu->nrecv > mu->n ? mu->nrecv : mu->n;
-    mu->u = (float *)mem_alloc((mu->n + 1) * sizeof(float), MEM_OPTIMIZER);
+    mu->u = (float *)mem_alloc((mu->n + 1) * sizeof(float), MEM_WORKSPACE);
     mu->sendbuf = (float *)mem_alloc((sb + 1) * sizeof(float), MEM_COMM);
     mu->recvbuf = (float *)mem_alloc((rb + 1) * sizeof(float), MEM_COMM);
-    mu->mats = (float *)mem_alloc((mu->mats_size + 1) * sizeof(float), MEM_OPTIMIZER);
+    mu->mats = (float *)mem_alloc((mu->mats_size + 1) * sizeof(float), MEM_WORKSPACE);
     size_t work = 1, sq = 1;
     for (int i = 0; i < mu->nmat; i++) {
         const MuonMatrix *a = &mu->mat[i];
@@ -577,8 +625,7 @@ static void muon_init(Muon *mu, Zero *z, Grid *grid, const ModelConfig *c, float
     mu->s = (float *)mem_alloc(sq * sizeof(float), MEM_WORKSPACE);
     mu->t = (float *)mem_alloc(sq * sizeof(float), MEM_WORKSPACE);
     mu->ss = (float *)mem_alloc(sizeof(float), MEM_WORKSPACE);
-    memset_zero_device(mu->mats, (mu->mats_size + 1) * sizeof(float));
-    free(base); free(held); free(all); free(pl.mi); free(pl.q); free(pl.sends);
+    free(base); free(pl.mi); free(pl.q); free(pl.sends);
 }
 
 // The Newton-Schulz runs of one step, summed over the world (--check-comm: equals nmat).

@@ -54,6 +54,7 @@ typedef struct {
     int embedding;   // holds wte (the token embedding and the tied LM head): its own work buffer
     int tied;        // pipeline: a copy of it lives on another stage; gradients summed over the emb group
     int norm_skip;   // pipeline: the last stage's copy, whose gradient the first stage counts in the norm
+    size_t muon_before;   // Muon's owned elements in the units before this one (AdamW's v holds none of them)
 } Unit;
 
 // Three work buffers holding one full unit each (stage 3: gathered parameters; stages 2-3: the full
@@ -85,8 +86,9 @@ typedef struct {
     floatX *grads_shard;     // stages 2-3: this rank's gradient shards, accumulated over micro-batches
     WorkBuffers gw;          // stages 2-3: full gradients of the units whose backward is open or reducing
     CommRequest *pending;    // per unit: its gradient reduction in flight
-    float *m, *v, *master;   // AdamW state over the owned range (master only when floatX != float)
-    size_t opt_size;
+    float *m, *v, *master;   // AdamW state over the owned range (master only when floatX != float); Muon's elements
+                             // (tensors marked muon, muon.h) keep their momentum in m and have no place in v
+    size_t opt_size, v_size;
     float *norm_parts;       // device: one sum of squares per (unit, tensor)
     StepStats *stats;        // device: the step's loss, norm and gradient scale (global_norm.h)
     int prefetch;            // stage 3: gather the next unit while this one computes (zero_prefetch_params)
@@ -121,6 +123,22 @@ static int tensor_overlap(const UnitTensor *t, size_t start, size_t end, size_t 
     return *b > *a;
 }
 
+static void zero_owned_range(const Zero *z, int u, size_t *start, size_t *len);
+
+// Sets each unit's muon_before; returns Muon's owned elements in all (0 without Muon).
+static size_t zero_count_muon(Zero *z) {
+    size_t n = 0, start, len, a, b;
+    for (int u = 0; u < z->nunits; u++) {
+        Unit *U = &z->units[u];
+        U->muon_before = n;
+        zero_owned_range(z, u, &start, &len);
+        for (int k = 0; k < U->ntensors; k++) {
+            if (U->t[k].muon && tensor_overlap(&U->t[k], start, start + len, &a, &b)) { n += b - a; }
+        }
+    }
+    return n;
+}
+
 // Lays out the units (offsets, shards) and allocates every buffer of the chosen stage.
 static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int nunits) {
     memset(z, 0, sizeof(*z));
@@ -150,8 +168,9 @@ static void zero_init(Zero *z, Grid *grid, int stage, int sp, Unit *units, int n
     }
     z->pending = (CommRequest *)calloc_check(nunits, sizeof(CommRequest));
     z->opt_size = stage == 0 ? z->full_size : z->shard_size;
+    z->v_size = z->opt_size - zero_count_muon(z);
     z->m = (float *)mem_alloc(z->opt_size * sizeof(float), MEM_OPTIMIZER);
-    z->v = (float *)mem_alloc(z->opt_size * sizeof(float), MEM_OPTIMIZER);
+    z->v = (float *)mem_alloc(z->v_size * sizeof(float), MEM_OPTIMIZER);
     z->master = floatx_bytes() != sizeof(float) ? (float *)mem_alloc(z->opt_size * sizeof(float), MEM_OPTIMIZER) : NULL;
     z->norm_parts = (float *)mem_alloc((size_t)nunits * MAX_UNIT_TENSORS * sizeof(float), MEM_WORKSPACE);
     z->stats = (StepStats *)mem_alloc(sizeof(StepStats), MEM_WORKSPACE);
@@ -237,6 +256,37 @@ static size_t zero_owned_state(const Zero *z, int u, size_t start) {
     return U->shard_offset + (start - zero_shard_start(z, u));
 }
 
+// Where AdamW's v of owned element a of unit u lives: its state index less Muon's elements before it (none without Muon).
+static size_t zero_owned_vstate(const Zero *z, int u, size_t a) {
+    const Unit *U = &z->units[u];
+    size_t start, len, x, y, o = zero_owned_state(z, u, a) - U->muon_before;
+    zero_owned_range(z, u, &start, &len);
+    for (int k = 0; k < U->ntensors; k++) { if (U->t[k].muon && tensor_overlap(&U->t[k], start, a, &x, &y)) { o -= y - x; } }
+    return o;
+}
+
+// Copies n elements of state `which` from the owned element `start` of unit u to (to_host) or from host. v has no
+// place for Muon's elements: they read as 0 and are not written.
+static void zero_copy_state(Zero *z, int u, int which, size_t start, size_t n, float *host, int to_host) {
+    const Unit *U = &z->units[u];
+    float *state = which == 0 ? z->m : which == 1 ? z->v : z->master;
+    int muon = 0;
+    for (int k = 0; k < U->ntensors; k++) { muon |= U->t[k].muon; }
+    if (which != 1 || !muon) {   // (v of a unit without Muon's tensors: contiguous, after the units' Muon elements)
+        float *d = state + (which == 1 ? zero_owned_vstate(z, u, start) : zero_owned_state(z, u, start));
+        if (to_host) { copy_to_host(host, d, n * sizeof(float)); } else { copy_to_device(d, host, n * sizeof(float)); }
+        return;
+    }
+    size_t a, b;
+    if (to_host) { memset(host, 0, n * sizeof(float)); }
+    for (int k = 0; k < U->ntensors; k++) {
+        if (U->t[k].muon || !tensor_overlap(&U->t[k], start, start + n, &a, &b)) { continue; }
+        float *d = state + zero_owned_vstate(z, u, a);
+        if (to_host) { copy_to_host(host + (a - start), d, (b - a) * sizeof(float)); }
+        else { copy_to_device(d, host + (a - start), (b - a) * sizeof(float)); }
+    }
+}
+
 // Sets unit u from a host fp32 copy of the whole unit (U->size elements): the rank keeps what its
 // stage stores, and the fp32 master of its owned range.
 static void zero_set_unit_params(Zero *z, int u, const float *host) {
@@ -264,15 +314,12 @@ static void zero_get_unit_params(Zero *z, int u, float *host) {
 // The AdamW state of unit u (which: 0 m, 1 v, 2 the fp32 master weights, NULL without one) as a host
 // fp32 copy of the whole unit (U->size elements), for checkpoints: the owned shards all-gathered over
 // the unit's group (stage 0: every rank holds it all). Every rank of the group must call.
-static float *zero_state_array(Zero *z, int which) { return which == 0 ? z->m : which == 1 ? z->v : z->master; }
-
 static void zero_get_unit_state(Zero *z, int u, int which, float *host) {
     const Unit *U = &z->units[u];
-    float *state = zero_state_array(z, which);
-    if (z->stage == 0) { copy_to_host(host, state + zero_owned_state(z, u, 0), U->size * sizeof(float)); return; }
+    if (z->stage == 0) { zero_copy_state(z, u, which, 0, U->size, host, 1); return; }
     float *shard = (float *)malloc_check(U->shard * sizeof(float)),
         *padded = (float *)malloc_check(U->padded * sizeof(float));
-    copy_to_host(shard, state + zero_owned_state(z, u, zero_shard_start(z, u)), U->shard * sizeof(float));
+    zero_copy_state(z, u, which, zero_shard_start(z, u), U->shard, shard, 1);
     comm_host_all_gather(U->dpg, shard, U->shard, padded, DT_FLOAT, "all-gather of optimizer state (checkpoint)");
     memcpy(host, padded, U->size * sizeof(float));
     free(shard); free(padded);
@@ -282,9 +329,7 @@ static void zero_get_unit_state(Zero *z, int u, int which, float *host) {
 static void zero_set_unit_state(Zero *z, int u, int which, const float *host) {
     size_t start, len;
     zero_owned_range(z, u, &start, &len);
-    if (len > 0) {
-        copy_to_device(zero_state_array(z, which) + zero_owned_state(z, u, start), host + start, len * sizeof(float));
-    }
+    if (len > 0) { zero_copy_state(z, u, which, start, len, (float *)host + start, 0); }
 }
 
 // ----------------------------------------------------------------------------
@@ -417,13 +462,14 @@ static void zero_optimizer_step(Zero *z, float lr, float beta1, float beta2, flo
             // the rounding seed depends on the element's place in its tensor, not on the layout, so
             // the two copies of a tied tensor round alike
             unsigned tensor_seed = seed + 1000003u * (unsigned)(T->id * 4096 + T->layer + 1) + (unsigned)(a - T->offset);
-            sg.s[sg.n++] = (AdamWSegment){a - start, b - a, T->decay ? weight_decay : 0.0f, tensor_seed};
+            sg.s[sg.n++] = (AdamWSegment){a - start, b - a, T->decay ? weight_decay : 0.0f, tensor_seed,
+                                          zero_owned_vstate(z, u, a)};
         }
         if (sg.n > 0) {
             size_t o = zero_owned_state(z, u, start);
             adamw_update_segments(zero_owned_param(z, u, start), z->master ? z->master + o : NULL,
                                   zero_owned_grad(z, u, start),
-                                  z->m + o, z->v + o, &sg, lr, beta1, beta2, eps, grad_scale, t);
+                                  z->m + o, z->v, &sg, lr, beta1, beta2, eps, grad_scale, t);
         }
         if (z->stage == 1 || z->stage == 2) {
             floatX *full = z->params + U->full_offset;

@@ -126,7 +126,7 @@ X=emu-bf16
 run_test $X 1 --ref $T -b 8
 run_test $X 1 --ref refs/llama_hs128 -b 8 --attention flash                 # the flash kernels (head size 128)
 run_test $X 2 --ref $T -b 8 --tp 2 --sp --check-comm
-run_test $X 2 --ref refs/muon -b 4 --zero 2 --check-comm                     # Muon: bf16 parameters, the fp32 master
+run_test $X 2 --ref refs/muon -b 4 --zero 2 --check-comm --check-memory      # Muon: bf16 parameters, the fp32 master
 run_test $X 2 --ref refs/moe -b 2 --ep 2 --check-comm
 run_test $X 2 --ref refs/llama_hs128 -b 4 --cp 2 --attention flash --check-comm
 TINY="L=2,C=64,NH=4,V=256,maxT=64"

@@ -375,22 +375,22 @@ run_test 4 --ref $T -b 1 --pp 4 --pp-schedule gpipe --overlap 0 --check-memory -
 run_test 4 --ref refs/l8 -b 1 --pp 4 --vpp 2 --overlap 0 --check-memory --check-comm
 run_test 4 --ref $MO -b 4 --tp 2 --sp --ep 2 --zero 3 --overlap 0 --check-memory --check-comm
 
-echo "== Muon (--optimizer muon): each matrix orthogonalised on one rank (--check-comm counts), losses and norms exact"
+echo "== Muon (--optimizer muon): each matrix orthogonalised on one rank (--check-comm counts), losses and norms exact, memory = plan"
 MU=refs/muon
-run_test 1 --ref $MU -b 8 --check-comm
-run_test 2 --ref $MU --zero 1 --check-comm
-run_test 2 --ref $MU --zero 2
-run_test 2 --ref $MU --zero 3 --check-comm
-run_test 2 --ref $MU --tp 2 --sp --check-comm
+run_test 1 --ref $MU -b 8 --check-comm --check-memory
+run_test 2 --ref $MU --zero 1 --check-comm --check-memory
+run_test 2 --ref $MU --zero 2 --check-memory
+run_test 2 --ref $MU --zero 3 --check-comm --check-memory
+run_test 2 --ref $MU --tp 2 --sp --check-comm --check-memory
 run_test 4 --ref $MU --tp 2 --zero 1
-run_test 2 --ref $MU --pp 2 -b 2
+run_test 2 --ref $MU --pp 2 -b 2 --check-memory
 run_test 2 --ref $MU --pp 2 -b 2 --pp-schedule zb
 run_test 2 --ref $MU --cp 2
-run_test 2 --ref refs/muon_moe --ep 2 --check-comm
+run_test 2 --ref refs/muon_moe --ep 2 --check-comm --check-memory
 run_test 2 --ref refs/muon_mixtral --ep 2
 run_test 1 --ref refs/muon_llama
 run_test 2 --ref refs/muon_llama --tp 2 --sp
-run_test 4 --ref refs/muon_qwenmoe --ep 2 --tp 2 --zero 1
+run_test 4 --ref refs/muon_qwenmoe --ep 2 --tp 2 --zero 1 --check-memory
 run_test 2 --ref $MU -b 4 --tp 2 --sp --zero 1 --check-resume "$TMP/muon_resume"
 run_test 2 --ref $MU -b 4 --zero 3 --resume-from "$TMP/muon_resume"
 

@@ -17,10 +17,20 @@ static void check_memory_model(Model *m) {
         if (m->units[u].dpg == &m->grid->edp_group) { experts += m->units[u].size; }
     }
     double pad = 4.0 * (m->nunits) * dp;    // bytes of padding at most, per buffer
-    double X = sizeof(floatX), opt_expect = (z->master ? 12.0 : 8.0) * (z->stage == 0 ? P : Psh);
+    // Muon (muon.h): its elements keep one state (m), no v
+    double muon = 0;
+    for (int u = 0; u < m->nunits; u++) {
+        size_t s0, n0, a, b;
+        zero_owned_range(z, u, &s0, &n0);
+        for (int k = 0; k < m->units[u].ntensors; k++) {
+            if (m->units[u].t[k].muon && tensor_overlap(&m->units[u].t[k], s0, s0 + n0, &a, &b)) { muon += b - a; }
+        }
+    }
+    double X = sizeof(floatX), opt_expect = (z->master ? 12.0 : 8.0) * (z->stage == 0 ? P : Psh) - 4.0 * muon;
     check(fabs((double)mem_current[MEM_OPTIMIZER] - opt_expect) <= 3 * pad,
-          "memory: optimizer state %.0f B, formula %s = %.0f B (P_local %.0f, dp %d)",
-          (double)mem_current[MEM_OPTIMIZER], z->stage == 0 ? "8P" : "8P/dp (experts: /edp)", opt_expect, P, dp);
+          "memory: optimizer state %.0f B, formula %s%s = %.0f B (P_local %.0f, dp %d%s%.0f)",
+          (double)mem_current[MEM_OPTIMIZER], z->stage == 0 ? "8P" : "8P/dp (experts: /edp)", muon > 0 ? " - 4 P_muon" : "",
+          opt_expect, P, dp, muon > 0 ? ", Muon's elements " : "", muon);
     double max_layer = 0, embed = 0;   // (the embedding's work buffer: wte's, or an untied head's, the larger)
     for (int u = 0; u < m->nunits; u++) {
         double *big = m->units[u].embedding ? &embed : &max_layer;
@@ -209,10 +219,35 @@ static void check_memory_buffers(Model *m) {
     double hs = C / m->config.num_heads, Ckv = (KVl % U == 0 ? KVl : U) * hs;
     double ring = m->grid->cp > 1 && N > 1 ? 4.0 * X * BT * 2 * Ckv : 0;
     double a2a = m->grid->cp > 1 && U > 1 ? 2.0 * X * BT * (m->Cl + 2 * Ckv) : 0;
-    double comm_expect = X * (m->grid->ep > 1 ? Rs + Rr : 0) * C + grad_copy + grad_wait + input_wait + ring + a2a;
+    // Muon: per element this rank updates (n), sends (ZeRO 0: its shard partition's) and, as an owner, receives (its
+    // matrices' elements, once) and serves (once per rank that updates it: the unit's group at ZeRO 0): an int of
+    // each list and a float of the larger direction's send and receive buffers (+1 each)
+    double muon_comm = 0;
+    if (m->muon.world) {
+        const Muon *mu = &m->muon;
+        const Zero *z = &m->zero;
+        double n = (double)(z->opt_size - z->v_size), mats = 0, serve = 0, send = 0;
+        for (int i = 0; i < mu->nmat; i++) {
+            const MuonMatrix *a = &mu->mat[i];
+            if (a->owner != m->grid->rank) { continue; }
+            int copies = z->stage > 0 ? 1 : tensor_spec(&m->config, a->id).experts ? m->grid->edp_group.size
+                                                                                    : m->grid->grad_group->size;
+            mats += (double)a->rows * a->cols;
+            serve += (double)a->rows * a->cols * copies;
+        }
+        for (int u = 0; u < m->nunits; u++) {   // the shard partition's part of the owned Muon elements
+            const Unit *U = &m->units[u];
+            size_t s0 = (size_t)U->dpg->rank * U->shard, a, b;
+            for (int k = 0; k < U->ntensors; k++) {
+                if (U->t[k].muon && tensor_overlap(&U->t[k], s0, s0 + U->shard, &a, &b)) { send += b - a; }
+            }
+        }
+        muon_comm = 4.0 * ((send + 1) + (mats + 1) + (n + 1) + (serve + 1)) + 4.0 * (fmax(send, serve) + 1 + fmax(mats, n) + 1);
+    }
+    double comm_expect = X * (m->grid->ep > 1 ? Rs + Rr : 0) * C + grad_copy + grad_wait + input_wait + ring + a2a + muon_comm;
     check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1,
-          "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B + waiting input %.0f B + cp ring 4 x (B, T/cp, 2 KV hs/tp) %.0f B + cp all-to-all 2 x (B, T/cp, (NH + 2KV) hs/tp) %.0f B",
-          (double)mem_current[MEM_COMM], Rs, Rr, (int)X, grad_copy, grad_wait, input_wait, ring, a2a);
+          "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B + waiting input %.0f B + cp ring 4 x (B, T/cp, 2 KV hs/tp) %.0f B + cp all-to-all 2 x (B, T/cp, (NH + 2KV) hs/tp) %.0f B + Muon's lists and buffers %.0f B",
+          (double)mem_current[MEM_COMM], Rs, Rr, (int)X, grad_copy, grad_wait, input_wait, ring, a2a, muon_comm);
     // logits (last stage): one chunk of chunk x Vp/tp, never B*T x Vp (plus per-token stats and losses)
     double logits_expect = m->last
             ? X * m->ce.chunk * m->Vl + 4.0 * (3.0 * m->ce.chunk * (1 + m->grid->tp) + BT) + 8.0 : 0;

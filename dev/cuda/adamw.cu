@@ -118,7 +118,7 @@ static int check_without_master(AdamWBuffers *b) {
 static int check_segments(AdamWBuffers *b) {
     int fails = 0;
     printf("-- three tensors in one launch (adamw_update_segments) vs one launch each\n");
-    AdamWSegments sg = {3, {{5, 1000003, wd, 11u}, {1000010, 77, 0.0f, 22u}, {1000100, n - 1000200, wd, 33u}}, {0}};
+    AdamWSegments sg = {3, {{5, 1000003, wd, 11u, 5}, {1000010, 77, 0.0f, 22u, 1000010}, {1000100, n - 1000200, wd, 33u, 1000100}}, {0}};
     upload_floats(b->d_params, b->master, n); upload_floats(b->d_params2, b->master, n);
     copy_to_device(b->d_master, b->master, n * sizeof(float));
     copy_to_device(b->d_master2, b->master, n * sizeof(float));

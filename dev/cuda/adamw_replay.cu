@@ -41,13 +41,13 @@ int main(void) {
     size_t C = 768, sizes[12] = {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C};
     AdamWSegments layer = {12, {}, {0}};
     size_t o = 0;
-    for (int k = 0; k < 12; k++) { layer.s[k] = (AdamWSegment){o, sizes[k], 0.1f, (unsigned)k}; o += sizes[k]; }
+    for (int k = 0; k < 12; k++) { layer.s[k] = (AdamWSegment){o, sizes[k], 0.1f, (unsigned)k, o}; o += sizes[k]; }
     fails += run("a 124M layer (12 tensors)", layer, o);
-    AdamWSegments gaps = {3, {{5, 1000003, 0.1f, 1u}, {1000010, 77, 0.0f, 2u}, {1000100, 3000, 0.1f, 3u}}, {0}};
+    AdamWSegments gaps = {3, {{5, 1000003, 0.1f, 1u, 5}, {1000010, 77, 0.0f, 2u, 1000010}, {1000100, 3000, 0.1f, 3u, 1000100}}, {0}};
     fails += run("gaps between segments", gaps, 1000100 + 3000 + 100);
-    AdamWSegments empty = {3, {{0, 10, 0.1f, 1u}, {10, 0, 0.0f, 2u}, {10, 1, 0.1f, 3u}}, {0}};
+    AdamWSegments empty = {3, {{0, 10, 0.1f, 1u, 0}, {10, 0, 0.0f, 2u, 10}, {10, 1, 0.1f, 3u, 10}}, {0}};
     fails += run("an empty segment, a segment of one", empty, 11);
-    AdamWSegments one = {1, {{0, 1, 0.1f, 1u}}, {0}};
+    AdamWSegments one = {1, {{0, 1, 0.1f, 1u, 0}}, {0}};
     fails += run("one element", one, 1);
     return fails != 0;
 }
