@@ -504,6 +504,7 @@ static void gpt2_init(Model *m, const ModelConfig *c, float *params, Grid *grid,
     gpt2_build(m, c, params, grid, o->vpp, first, o->zero, o->sp, o->moe, o->muon);
     cp_attention_init(&m->cpring, &grid->cp_group, o->cp_u, m->NHl, m->KVl, m->hs);
     if (o->muon) { muon_init(&m->muon, &m->zero, grid, c, first, o->vpp, o->muon_momentum); }
+    if (o->muon && !mem_planning) { comm_report_world = 1; }
     m->recompute = o->recompute;
     m->zero.prefetch = o->overlap;
     gpt2_alloc_activations(m, o->B, o->T, o->ce_chunk, o->accum, o->schedule, o->moe_dropless);
@@ -1268,6 +1269,7 @@ static CommShape gpt2_comm_shape(const Model *m) {
     s.capped = s.nmoe > 0 && m->moe.cap < m->T * grid->cp; s.padded = s.nmoe > 0 && m->moe.padded; s.cap = m->moe.cap;
     s.bias = s.nmoe > 0 && m->moe.opt.bias_rate > 0;
     s.sgate = s.nmoe > 0 && m->moe.shared_gate; s.qknorm = m->QKn > 0;
+    s.world = grid->world_size; s.muon_calls = m->muon.world != NULL; s.muon_out = m->muon.out;
     int exact = grid->pp == 1 && s.nmoe == 0 && c->num_layers >= 2 && c->tied;   // zero_unit_params' policy, below
     s.z3_exact = exact;
     for (int u = 0; u < m->nunits; u++) {

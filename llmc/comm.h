@@ -807,10 +807,11 @@ static void comm_report_table(Grid *grid, Group **groups, int NG, const double *
 
 // Prints, per rank, the bytes this rank sent in each group since the last reset, and its calls: the table, then
 // the lines "comm RANK GROUP BYTES" and "comm-calls RANK GROUP CALLS" (per step) for tools.
+static int comm_report_world = 0;   // the report shows the world group too (Muon's all-to-alls: muon.h)
 static void comm_report(Grid *grid, int steps, const char *label) {
-    enum { NGMAX = 8 };
+    enum { NGMAX = 10 };
     Group *groups[NGMAX];
-    int NG = grid_groups(grid, groups, 0);
+    int NG = grid_groups(grid, groups, comm_report_world);
     double mine[2 * NGMAX];
     for (int i = 0; i < NG; i++) {
         mine[2 * i] = groups[i]->bytes / steps;

@@ -245,9 +245,13 @@ typedef struct {
     // gathers per group as the ring elements above count them (once per step, per micro-batch, saved between)
     int nunits[2], nrep_units;
     double z3n_step[2], z3n_micro[2], z3n_between[2];
+    int world;                          // the world's size
+    double muon_out;                    // Muon: its elements this rank sends to other ranks per step, both ways
+    int muon_calls;                     // Muon is on (its two all-to-alls are calls even when nothing leaves)
 } CommShape;
 
-typedef struct { double tp, cp, pp, dp, edp, ep, emb; } CommBytes;   // bytes per step, one rank's
+// bytes per step, one rank's; world: the step's loss and norm, and Muon's all-to-alls (muon.h)
+typedef struct { double tp, cp, pp, dp, edp, ep, emb, world; } CommBytes;
 
 // cp's attention per layer and micro-batch (context_parallel.h), one rank's bytes and calls: the ring's hops (ring)
 // and the all-to-alls (a2a). The ring over N' = N/U positions: N'-1 hops of k, v forward (again when recomputed),
@@ -286,7 +290,7 @@ static double comm_ep_rows_even(const CommShape *s, int accum) {
 // routing; a plan: comm_ep_rows_even). gathered[2]: ZeRO-3's ring elements gathered per group, as a run
 // counted them (NULL: from the shape's policy: exact or the bound, see CommShape).
 static CommBytes comm_step_bytes(const CommShape *s, int accum, double ep_rows, const double *gathered) {
-    CommBytes b = {0, 0, 0, 0, 0, 0, 0};
+    CommBytes b = {0, 0, 0, 0, 0, 0, 0, 0};
     double X = s->X;
     // dp and edp: ZeRO's reductions and gathers, per group
     int p[2] = {s->dp, s->edp};
@@ -348,6 +352,9 @@ static CommBytes comm_step_bytes(const CommShape *s, int accum, double ep_rows, 
         double qkn = s->qknorm ? s->Ls * (s->recompute_full ? 3.0 : 2.0) * 2.0 * ring * 2.0 * s->BT * 4 : 0;
         b.tp = accum * (act + ce + pipe_ag + gates + qkn) + rep;
     }
+    // world: the step's loss sum and squared norm (2 doubles) all-reduced; Muon: U to the matrices' owners and their
+    // results back, fp32, the elements whose other end is another rank
+    if (s->world > 1) { b.world = 2.0 * (s->world - 1) / s->world * 16 + 4.0 * s->muon_out; }
     return b;
 }
 
@@ -356,7 +363,7 @@ static CommBytes comm_step_bytes(const CommShape *s, int accum, double ep_rows, 
 // collective's latency costs (plan_step_time) is per call, whatever its size. gathered[2]: ZeRO-3's gathers per group as
 // a run counted them (NULL: from the shape's policy, as comm_step_bytes).
 static CommBytes comm_step_calls(const CommShape *s, int accum, const double *gathered) {
-    CommBytes n = {0, 0, 0, 0, 0, 0, 0};
+    CommBytes n = {0, 0, 0, 0, 0, 0, 0, 0};
     // dp and edp: per unit, an all-reduce (ZeRO 0), a reduce-scatter and an all-gather (1), a reduce-scatter per
     // micro-batch and an all-gather (2), the gathers and a reduce-scatter per micro-batch (3)
     int p[2] = {s->dp, s->edp};
@@ -397,6 +404,7 @@ static CommBytes comm_step_calls(const CommShape *s, int accum, const double *ga
         double qkn = s->qknorm ? s->Ls * (s->recompute_full ? 3.0 : 2.0) : 0;
         n.tp = accum * (act + ce + pipe_ag + s->nmoe * (s->sgate ? 2 : 1) + qkn) + rep;
     }
+    if (s->world > 1) { n.world = 1 + (s->muon_calls ? 2 : 0); }   // the stats; Muon's two all-to-alls
     return n;
 }
 

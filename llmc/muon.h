@@ -53,6 +53,20 @@ typedef struct {   // a run of elements this rank updates: one tensor's part of 
     unsigned int seed;          // as AdamW's: the tensor and the run's place in it (+ the step's seed)
 } MuonRun;
 
+// A piece: slots [slot, slot + n) of an all-to-all buffer and the elements they are, in the rank's list (u) or in an
+// owner's matrix: slot slot + i is element base + (j / w) S + j % w, j = i + phase (w = S = 1: base + i). A piece is
+// one matrix's part of a rank's tp slice and ZeRO range: contiguous, or rows of w columns (a row-parallel slice).
+typedef struct { size_t slot, n, base, phase, w, S; } MuonPiece;
+
+// One direction of a step's all-to-all, from one side: its pieces (device; slots in peer order), counts and offsets
+// per peer (host, elements), the slots in all.
+typedef struct {
+    MuonPiece *pieces;
+    int npieces;
+    size_t *counts, *offsets;
+    size_t total;
+} MuonMove;
+
 typedef struct {
     float momentum;
     int nmat, owned;            // Muon matrices in the model; those this rank orthogonalises
@@ -61,15 +75,15 @@ typedef struct {
     MuonRun *run;
     size_t n;                   // elements this rank updates
     float *u;                   // device (n): U, then the owners' results
-    int *send_h, *recv_pos;     // device: element h of send slot i; the owner's buffer position of receive slot j
-    int *need_h, *serve_pos;    // device: the return trip (every element this rank updates; what owners send back)
-    size_t *counts;             // host, 8 x world: send, recv, need, serve counts, then their offsets
+    MuonMove send, recv;        // U: from this rank's list to the owners; into this rank's matrices (as owner)
+    MuonMove serve, need;       // the results: from this rank's matrices to the ranks that update them; into u
     size_t nsend, nrecv, nserve;
     float *sendbuf, *recvbuf;   // device
     float *mats;                // device: the owned matrices, one after another
     size_t mats_size, work;     // largest owned matrix
     float *x, *y, *s, *t, *ss;  // device: Newton-Schulz's work (x, y: A B; s, t: min(A, B)^2; ss: one float)
     long ns_calls;              // Newton-Schulz runs since init (--check-comm: one per matrix per step in the job)
+    double out;                 // elements this rank sends to other ranks per step, both all-to-alls (cost_model.h)
     Group *world;
 } Muon;
 
@@ -110,11 +124,23 @@ static void muon_apply_cpu(float *params, float *master, const float *o, size_t 
     }
 }
 
-static void gather_floats_cpu(float *out, const float *in, const int *idx, size_t n) {
-    for (size_t i = 0; i < n; i++) { out[i] = in[idx[i]]; }
+// The element slot i of piece p is (MuonPiece above); the kernel's and the CPU loop's
+#ifdef USE_CUDA
+__host__ __device__
+#endif
+static inline size_t piece_element(const MuonPiece *p, size_t i) {
+    size_t j = i + p->phase;
+    return p->base + (j / p->w) * p->S + j % p->w;
 }
-static void scatter_floats_cpu(float *out, const float *in, const int *idx, size_t n) {
-    for (size_t i = 0; i < n; i++) { out[idx[i]] = in[i]; }
+
+// buf (slots) <- data (gather) or data <- buf (scatter), over the pieces (slots in order, covering [0, total))
+static void move_pieces_cpu(float *buf, float *data, const MuonPiece *pc, int np, int gather) {
+    for (int k = 0; k < np; k++) {
+        for (size_t i = 0; i < pc[k].n; i++) {
+            size_t e = piece_element(&pc[k], i);
+            if (gather) { buf[pc[k].slot + i] = data[e]; } else { data[e] = buf[pc[k].slot + i]; }
+        }
+    }
 }
 
 // out (M, N) = alpha a (M, K) b^T (b (N, K)) + beta out, or with b (K, N) untransposed
@@ -168,14 +194,16 @@ __global__ void muon_apply_kernel(floatX *params, float *master, const float *o,
     }
 }
 
-__global__ void gather_floats_kernel(float *out, const float *in, const int *idx, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        out[i] = in[idx[i]];
-    }
-}
-__global__ void scatter_floats_kernel(float *out, const float *in, const int *idx, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        out[idx[i]] = in[i];
+// a thread per slot: its piece by binary search over the pieces' first slots
+__global__ void move_pieces_kernel(float *buf, float *data, const MuonPiece *pc, int np, size_t total, int gather) {
+    for (size_t s = (size_t)blockIdx.x * blockDim.x + threadIdx.x; s < total; s += (size_t)gridDim.x * blockDim.x) {
+        int lo = 0, hi = np - 1;
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (pc[mid].slot <= s) { lo = mid; } else { hi = mid - 1; }
+        }
+        size_t e = piece_element(&pc[lo], s - pc[lo].slot);
+        if (gather) { buf[s] = data[e]; } else { data[e] = buf[s]; }
     }
 }
 
@@ -259,23 +287,14 @@ static void muon_apply(floatX *params, float *master, const float *o, size_t n, 
 #endif
 }
 
-static void gather_floats(float *out, const float *in, const int *idx, size_t n) {
-    if (n == 0) { return; }
+static void move_pieces(float *buf, float *data, const MuonMove *mv, int gather) {
+    if (mv->total == 0) { return; }
 #ifdef USE_CUDA
-    LAUNCH(gather_floats_kernel, elementwise_grid(n, 256), 256, 0, main_stream)(out, in, idx, n);
+    LAUNCH(move_pieces_kernel, elementwise_grid(mv->total, 256), 256, 0, main_stream)(buf, data, mv->pieces,
+                                                                                     mv->npieces, mv->total, gather);
     cudaCheckLaunch();
 #else
-    gather_floats_cpu(out, in, idx, n);
-#endif
-}
-
-static void scatter_floats(float *out, const float *in, const int *idx, size_t n) {
-    if (n == 0) { return; }
-#ifdef USE_CUDA
-    LAUNCH(scatter_floats_kernel, elementwise_grid(n, 256), 256, 0, main_stream)(out, in, idx, n);
-    cudaCheckLaunch();
-#else
-    scatter_floats_cpu(out, in, idx, n);
+    move_pieces_cpu(buf, data, mv->pieces, mv->npieces, gather);
 #endif
 }
 
@@ -343,23 +362,22 @@ static void newton_schulz(Muon *mu, float *w, size_t rows, size_t cols) {
 // After zero_finish_grads and the clip scale (zero.h, global_norm.h): the Muon elements of every owned range are
 // updated; zero_optimizer_step then runs AdamW on the rest and (stages 1-2) gathers the shards.
 static void muon_step(Muon *mu, float lr, float weight_decay, const float *grad_scale, unsigned int seed) {
-    int W = mu->world->size;
-    size_t *sc = mu->counts, *rc = sc + W, *nc = sc + 2 * W, *vc = sc + 3 * W, *so = sc + 4 * W, *ro = sc + 5 * W,
-        *no = sc + 6 * W, *vo = sc + 7 * W;
     for (int r = 0; r < mu->nrun; r++) {
         MuonRun *q = &mu->run[r];
         muon_momentum(q->m, mu->u + q->h, q->grad, q->len, mu->momentum, grad_scale);
     }
-    gather_floats(mu->sendbuf, mu->u, mu->send_h, mu->nsend);
-    comm_all_to_allv(mu->world, mu->sendbuf, sc, so, mu->recvbuf, rc, ro, DT_FLOAT);   // U to the owners
-    scatter_floats(mu->mats, mu->recvbuf, mu->recv_pos, mu->nrecv);
+    move_pieces(mu->sendbuf, mu->u, &mu->send, 1);
+    comm_all_to_allv(mu->world, mu->sendbuf, mu->send.counts, mu->send.offsets, mu->recvbuf, mu->recv.counts,
+                     mu->recv.offsets, DT_FLOAT);   // U to the owners
+    move_pieces(mu->recvbuf, mu->mats, &mu->recv, 0);
     for (int i = 0; i < mu->nmat; i++) {
         const MuonMatrix *a = &mu->mat[i];
         if (a->owner == mu->world->rank) { newton_schulz(mu, mu->mats + a->at, a->rows, a->cols); }
     }
-    gather_floats(mu->sendbuf, mu->mats, mu->serve_pos, mu->nserve);
-    comm_all_to_allv(mu->world, mu->sendbuf, vc, vo, mu->recvbuf, nc, no, DT_FLOAT);   // the results back
-    scatter_floats(mu->u, mu->recvbuf, mu->need_h, mu->n);
+    move_pieces(mu->sendbuf, mu->mats, &mu->serve, 1);
+    comm_all_to_allv(mu->world, mu->sendbuf, mu->serve.counts, mu->serve.offsets, mu->recvbuf, mu->need.counts,
+                     mu->need.offsets, DT_FLOAT);   // the results back
+    move_pieces(mu->recvbuf, mu->u, &mu->need, 0);
     for (int r = 0; r < mu->nrun; r++) {
         MuonRun *q = &mu->run[r];
         muon_apply(q->param, q->master, mu->u + q->h, q->len, lr, weight_decay, grad_scale, seed + q->seed);
@@ -402,34 +420,6 @@ static int muon_list(const ModelConfig *c, MuonMatrix *out, int *base) {
         }
     }
     return n;
-}
-
-// Element o of a rank's (tp slice, local blocks) copy of tensor t -> its matrix's index and its place in it.
-static void muon_locate(const ModelConfig *c, const UnitTensor *t, const int *base, int tp, int tp_rank, size_t o,
-                        int *mi, size_t *q) {
-    TensorSpec s = tensor_spec(c, t->id);
-    int parts = s.split == SPLIT_QKV ? 3 : 1, part = 0, lb;
-    size_t row, col;
-    if (s.split == SPLIT_COLS) {
-        size_t lc = s.cols / tp, blk = s.rows * lc;
-        lb = (int)(o / blk);
-        row = o % blk / lc;
-        col = (size_t)tp_rank * lc + o % lc;
-    } else if (s.split == SPLIT_QKV) {
-        size_t ql = s.qrows / tp, kl = (s.rows - s.qrows) / 2 / tp, lr = o / s.cols;
-        lb = 0;
-        col = o % s.cols;
-        part = lr < ql ? 0 : lr < ql + kl ? 1 : 2;
-        size_t within = part == 0 ? lr : part == 1 ? lr - ql : lr - ql - kl, per = part == 0 ? ql : kl;
-        row = (size_t)tp_rank * per + within;
-    } else {   // SPLIT_ROWS (and a tensor not cut, tp_rank 0's rows being all of them)
-        size_t lrows = s.split == SPLIT_NONE ? s.rows : s.rows / tp, blk = lrows * s.cols;
-        lb = (int)(o / blk);
-        row = (s.split == SPLIT_NONE ? 0 : (size_t)tp_rank * lrows) + o % blk / s.cols;
-        col = o % s.cols;
-    }
-    *mi = base[t->id * c->num_layers + t->layer] + (t->blk0 + lb) * parts + part;
-    *q = row * s.cols + col;
 }
 
 // The pipeline stage that holds layer l (first: the layer split, layer_split's).
@@ -493,18 +483,180 @@ static void muon_assign(Muon *mu, const ModelConfig *c, const Grid *g, const int
     free(load); free(cost); free(order); free(size);
 }
 
-// Per element h of this rank's list: its matrix (mi) and place (q); whether this rank sends its U (the ZeRO shard
-// partition's holder).
-typedef struct { int *mi; size_t *q; unsigned char *sends; } MuonPlaces;
+// A rank's place for the walk below: its tp rank and ep rank, and per unit the range [start, start + len) it walks
+// (its shard partition: what it sends; or its owned range: what it updates).
+typedef struct { int tp_rank, ep_rank; size_t *start, *len; } MuonRank;
 
-static void muon_runs(Muon *mu, Zero *z, const ModelConfig *c, const int *base, MuonPlaces *pl) {
-    int tp = z->grid->tp, tp_rank = z->grid->tp_rank;
+// The group rank of world rank r in unit U's data-parallel group (grid.h's order, members by world rank: dp x cp for
+// the dense units, (dp / ep) x cp for the experts').
+static int muon_dp_rank(const Grid *g, const Unit *U, int r) {
+    int cp_rank = r / g->tp % g->cp, dp_rank = r / (g->tp * g->cp * g->pp);
+    if (U->dpg == &g->edp_group) { return dp_rank / g->ep * g->cp + cp_rank; }
+    return g->cp > 1 ? dp_rank * g->cp + cp_rank : dp_rank;
+}
+
+// Rank r's ranges: its shard partition of each unit (updates = 0), or what it updates (1: the whole unit at ZeRO 0).
+static MuonRank muon_rank(const Zero *z, int r, int updates) {
+    const Grid *g = z->grid;
+    MuonRank k = {r % g->tp, r / (g->tp * g->cp * g->pp) % g->ep, NULL, NULL};
+    k.start = (size_t *)calloc_check(z->nunits + 1, sizeof(size_t));
+    k.len = (size_t *)calloc_check(z->nunits + 1, sizeof(size_t));
+    for (int u = 0; u < z->nunits; u++) {
+        const Unit *U = &z->units[u];
+        size_t s0 = (size_t)muon_dp_rank(g, U, r) * U->shard, e = s0 + U->shard < U->size ? s0 + U->shard : U->size;
+        if (updates && z->stage == 0) { s0 = 0; e = U->size; }
+        k.start[u] = s0;
+        k.len[u] = e > s0 ? e - s0 : 0;
+    }
+    return k;
+}
+
+// The piece of matrix elements starting at element o of a rank's copy of tensor T (tp rank tp_rank): its matrix (mi),
+// the end of the local region it lies in (a block, or Llama's q, k, v rows), and where it sits in the matrix (base,
+// phase, w, S of MuonPiece, the matrix's offset not added).
+static void muon_geometry(const ModelConfig *c, const UnitTensor *T, const int *base, int tp, int tp_rank, size_t o,
+                          int *mi, size_t *end, MuonPiece *pc) {
+    TensorSpec s = tensor_spec(c, T->id);
+    int parts = s.split == SPLIT_QKV ? 3 : 1;
+    size_t first = (size_t)base[T->id * c->num_layers + T->layer];
+    pc->phase = 0; pc->w = 1; pc->S = 1;
+    if (s.split == SPLIT_COLS) {   // [blocks][rows][cols/tp]: rows of w = cols/tp, S = cols apart
+        size_t lc = s.cols / tp, blk = s.rows * lc, lb = o / blk, rel = o % blk;
+        *mi = (int)(first + (T->blk0 + lb) * parts);
+        *end = (lb + 1) * blk;
+        pc->base = rel / lc * s.cols + (size_t)tp_rank * lc;
+        pc->phase = rel % lc; pc->w = lc; pc->S = s.cols;
+    } else if (s.split == SPLIT_QKV) {   // [q rows / tp | k rows / tp | v rows / tp] x cols
+        size_t ql = s.qrows / tp, kl = (s.rows - s.qrows) / 2 / tp, lr = o / s.cols;
+        int part = lr < ql ? 0 : lr < ql + kl ? 1 : 2;
+        size_t r0 = part == 0 ? 0 : part == 1 ? ql : ql + kl, per = part == 0 ? ql : kl;
+        *mi = (int)(first + part);
+        *end = (r0 + per) * s.cols;
+        pc->base = ((size_t)tp_rank * per + lr - r0) * s.cols + o % s.cols;
+    } else {   // SPLIT_ROWS: [blocks][rows / tp] x cols
+        size_t lrows = s.rows / tp, blk = lrows * s.cols, lb = o / blk, rel = o % blk;
+        *mi = (int)(first + (T->blk0 + lb) * parts);
+        *end = (lb + 1) * blk;
+        pc->base = (size_t)tp_rank * lrows * s.cols + rel;
+    }
+}
+
+// Walks rank k's ranges of Muon's tensors (units in order, tensors in order), cut into pieces at the matrices'
+// bounds: each piece's matrix (mi[i]), its place in that matrix (pc[i]: base, phase, w, S), its length (pc[i].n) and
+// its first element's index h in the rank's list of updated elements (pc[i].slot; meaningful for this rank's own
+// walks). Skips an experts' unit of another ep rank (other experts). Returns the number of pieces; NULL out: counts.
+static int muon_walk(const Zero *z, const ModelConfig *c, const int *base, const MuonRank *k, int *mi, MuonPiece *pc) {
+    int n = 0, tp = z->grid->tp;
+    for (int u = 0; u < z->nunits; u++) {
+        const Unit *U = &z->units[u];
+        if (U->dpg == &z->grid->edp_group && k->ep_rank != z->grid->ep_rank) { continue; }
+        size_t a, b, ustart, ulen;
+        zero_owned_range(z, u, &ustart, &ulen);
+        for (int t = 0; t < U->ntensors; t++) {
+            const UnitTensor *T = &U->t[t];
+            if (!T->muon || !tensor_overlap(T, k->start[u], k->start[u] + k->len[u], &a, &b)) { continue; }
+            for (size_t e = a; e < b;) {
+                int m;
+                size_t end;
+                MuonPiece p;
+                muon_geometry(c, T, base, tp, k->tp_rank, e - T->offset, &m, &end, &p);
+                size_t stop = T->offset + end < b ? T->offset + end : b;
+                if (pc) {
+                    // h: this rank's Muon elements before e (zero.h's order: units, then tensors)
+                    size_t h = U->muon_before, x, y;
+                    for (int q = 0; q < U->ntensors; q++) {
+                        if (U->t[q].muon && tensor_overlap(&U->t[q], ustart, e, &x, &y)) { h += y - x; }
+                    }
+                    p.slot = h;
+                    p.n = stop - e;
+                    pc[n] = p;
+                    mi[n] = m;
+                }
+                n++;
+                e = stop;
+            }
+        }
+    }
+    return n;
+}
+
+// Rank k's pieces (walked as above), all of them or those of the matrices `owner` owns (-1: any).
+static int muon_rank_pieces(const Muon *mu, const Zero *z, const ModelConfig *c, const int *base, const MuonRank *k,
+                            int owner, int **mi, MuonPiece **pc) {
+    int n = muon_walk(z, c, base, k, NULL, NULL);
+    *mi = (int *)malloc_check((n + 1) * sizeof(int));
+    *pc = (MuonPiece *)malloc_check((n + 1) * sizeof(MuonPiece));
+    muon_walk(z, c, base, k, *mi, *pc);
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        if (owner >= 0 && mu->mat[(*mi)[i]].owner != owner) { continue; }
+        (*mi)[kept] = (*mi)[i];
+        (*pc)[kept++] = (*pc)[i];
+    }
+    return kept;
+}
+
+// One direction's move, as this rank sees it, uploaded (device pieces, host counts):
+//   holder (as_owner 0): this rank's pieces (its shard partition's, or what it updates), grouped by owner; slots in
+//     owner order, elements in u (contiguous: base h);
+//   owner (1): for every rank in order, that rank's pieces of the matrices this rank owns; elements in the matrices.
+static void muon_move_init(Muon *mu, const Zero *z, const ModelConfig *c, const int *base, int updates, int as_owner,
+                           MuonMove *mv) {
+    int W = mu->world->size, me = mu->world->rank, cap = 16, np = 0;
+    MuonPiece *all = (MuonPiece *)malloc_check(cap * sizeof(MuonPiece));
+    mv->counts = (size_t *)calloc_check(W, sizeof(size_t));
+    mv->offsets = (size_t *)calloc_check(W, sizeof(size_t));
+    size_t slot = 0;
+    const Grid *g = z->grid;
+    for (int r = 0; r < W; r++) {   // peer r: the owner sent to (holder), or the rank received from (owner)
+        mv->offsets[r] = slot;
+        if (as_owner && r / (g->tp * g->cp) % g->pp != g->pp_rank) { continue; }   // (another stage: other layers)
+        MuonRank k = muon_rank(z, as_owner ? r : me, updates);
+        int *mi;
+        MuonPiece *pc;
+        int n = muon_rank_pieces(mu, z, c, base, &k, as_owner ? me : r, &mi, &pc);
+        for (int i = 0; i < n; i++) {
+            if (np == cap) { cap *= 2; all = (MuonPiece *)realloc_check(all, cap * sizeof(MuonPiece)); }
+            MuonPiece p = pc[i];
+            if (as_owner) { p.base += mu->mat[mi[i]].at; }   // (in the owner's buffer)
+            else { p.base = p.slot; p.phase = 0; p.w = 1; p.S = 1; }   // (in u: contiguous from h)
+            p.slot = slot;
+            slot += p.n;
+            all[np++] = p;
+        }
+        mv->counts[r] = slot - mv->offsets[r];
+        free(mi); free(pc); free(k.start); free(k.len);
+    }
+    mv->total = slot;
+    mv->npieces = np;
+    mv->pieces = (MuonPiece *)mem_alloc((np + 1) * sizeof(MuonPiece), MEM_COMM);
+    if (!mem_planning && np > 0) { copy_to_device(mv->pieces, all, np * sizeof(MuonPiece)); }
+    free(all);
+}
+
+// The counts each rank derived for the other side agree with that side's own (once, at set-up): a check of the walks.
+static void muon_check_counts(Muon *mu, const MuonMove *from, const MuonMove *to, const char *what) {
+    int W = mu->world->size;
+    int *mine = (int *)calloc_check(W, sizeof(int)), *all = (int *)malloc_check((size_t)W * W * sizeof(int));
+    for (int r = 0; r < W; r++) { mine[r] = (int)from->counts[r]; }
+    comm_host_all_gather(mu->world, mine, W, all, DT_INT, "all-gather (Muon's element counts)");
+    for (int r = 0; r < W; r++) {
+        if ((size_t)all[(size_t)r * W + mu->world->rank] != to->counts[r]) {
+            fail("Muon: %s: rank %d sends %d elements to rank %d, which expects %zu: a bug", what, r,
+                 all[(size_t)r * W + mu->world->rank], mu->world->rank, to->counts[r]);
+        }
+    }
+    free(mine); free(all);
+}
+
+// The Muon runs of this rank: each tensor's part of each unit's owned range (the elementwise kernels' arguments).
+static void muon_runs(Muon *mu, Zero *z) {
     for (int pass = 0; pass < 2; pass++) {   // count, then fill
         size_t h = 0;
         int nrun = 0;
         for (int u = 0; u < z->nunits; u++) {
             Unit *U = &z->units[u];
-            size_t start, len, a, b, s0 = (size_t)U->dpg->rank * U->shard;
+            size_t start, len, a, b;
             zero_owned_range(z, u, &start, &len);
             for (int k = 0; k < U->ntensors; k++) {
                 UnitTensor *T = &U->t[k];
@@ -514,10 +666,6 @@ static void muon_runs(Muon *mu, Zero *z, const ModelConfig *c, const int *base, 
                     mu->run[nrun] = (MuonRun){zero_owned_param(z, u, a), z->master ? z->master + o : NULL, z->m + o,
                                               zero_owned_grad(z, u, a), b - a, h,
                                               1000003u * (unsigned)(T->id * 4096 + T->layer + 1) + (unsigned)(a - T->offset)};
-                    for (size_t e = a; e < b; e++) {
-                        muon_locate(c, T, base, tp, tp_rank, e - T->offset, &pl->mi[h + e - a], &pl->q[h + e - a]);
-                        pl->sends[h + e - a] = e >= s0 && e < s0 + U->shard;
-                    }
                 }
                 h += b - a;
                 nrun++;
@@ -527,85 +675,46 @@ static void muon_runs(Muon *mu, Zero *z, const ModelConfig *c, const int *base, 
             mu->nrun = nrun;
             mu->n = h;
             mu->run = (MuonRun *)calloc_check(nrun > 0 ? nrun : 1, sizeof(MuonRun));
-            pl->mi = (int *)malloc_check((h + 1) * sizeof(int));
-            pl->q = (size_t *)malloc_check((h + 1) * sizeof(size_t));
-            pl->sends = (unsigned char *)malloc_check(h + 1);
         }
     }
 }
 
-// One direction's lists, grouped by owner: h of each element (those that send, or all) and its place in the owner's
-// buffer; counts and offsets per owner. expect: the elements this rank receives (as owner), known from the layout.
-// Then (not in a plan) the counts exchanged, checked against expect, and the places sent to the owners once.
-static int *muon_route(Muon *mu, const MuonPlaces *pl, int only_senders, size_t *counts, size_t *offsets,
-                       size_t *rcounts, size_t *roffsets, size_t expect, size_t *nsend, int **recv_place) {
-    int W = mu->world->size;
-    for (int r = 0; r < W; r++) { counts[r] = 0; }
-    for (size_t h = 0; h < mu->n; h++) { if (!only_senders || pl->sends[h]) { counts[mu->mat[pl->mi[h]].owner]++; } }
-    size_t total = 0;
-    for (int r = 0; r < W; r++) { offsets[r] = total; total += counts[r]; }
-    int *d_h = (int *)mem_alloc((total + 1) * sizeof(int), MEM_COMM);
-    *recv_place = (int *)mem_alloc((expect + 1) * sizeof(int), MEM_COMM);
-    int *d_place = (int *)mem_alloc((total + 1) * sizeof(int), MEM_COMM);   // (set-up only)
-    *nsend = total;
-    if (mem_planning) { mem_free(d_place); return d_h; }
-    int *hs = (int *)malloc_check((total + 1) * sizeof(int)), *place = (int *)malloc_check((total + 1) * sizeof(int));
-    size_t *fill = (size_t *)malloc_check(W * sizeof(size_t));
-    memcpy(fill, offsets, W * sizeof(size_t));
-    for (size_t h = 0; h < mu->n; h++) {
-        if (only_senders && !pl->sends[h]) { continue; }
-        const MuonMatrix *a = &mu->mat[pl->mi[h]];
-        size_t i = fill[a->owner]++, at = a->at + pl->q[h];
-        if (at > INT_MAX || h > INT_MAX) { fail("Muon: %zu elements exceed the int positions of its lists", at); }
-        hs[i] = (int)h;
-        place[i] = (int)at;
-    }
-    // the counts: each rank's row of the (world, world) table, all-gathered (small: once)
-    int *mine = (int *)calloc_check(W, sizeof(int)), *all = (int *)malloc_check((size_t)W * W * sizeof(int));
-    for (int r = 0; r < W; r++) { mine[r] = (int)counts[r]; }
-    comm_host_all_gather(mu->world, mine, W, all, DT_INT, "all-gather (Muon's element counts)");
-    size_t rtotal = 0;
-    for (int r = 0; r < W; r++) { rcounts[r] = (size_t)all[(size_t)r * W + mu->world->rank]; roffsets[r] = rtotal; rtotal += rcounts[r]; }
-    if (rtotal != expect) { fail("Muon: rank %d receives %zu elements, the layout says %zu: a bug", mu->world->rank, rtotal, expect); }
-    copy_to_device(d_place, place, (total + 1) * sizeof(int));
-    comm_all_to_allv(mu->world, d_place, counts, offsets, *recv_place, rcounts, roffsets, DT_INT);
-    copy_to_device(d_h, hs, (total + 1) * sizeof(int));
-    mem_free(d_place);
-    free(hs); free(place); free(fill); free(mine); free(all);
-    return d_h;
-}
-
 // Sets up Muon over zero.h's units (their tensors marked muon), for a run or (mem_planning) a memory plan, which
-// allocates the same sizes and sends nothing. first, vpp: the layer split (the owners' stages).
+// allocates the same sizes and sends nothing: every rank works out every move from the layout alone.
+// first, vpp: the layer split (the owners' stages).
 static void muon_init(Muon *mu, Zero *z, Grid *grid, const ModelConfig *c, const int *first, int vpp, float momentum) {
     memset(mu, 0, sizeof(*mu));
     mu->momentum = momentum;
     mu->world = &grid->world;
-    int W = grid->world_size, L = c->num_layers;
+    int L = c->num_layers, me = grid->rank;
     int *base = (int *)malloc_check((size_t)NUM_TENSORS * L * sizeof(int));
     mu->nmat = muon_list(c, NULL, base);
     mu->mat = (MuonMatrix *)calloc_check(mu->nmat > 0 ? mu->nmat : 1, sizeof(MuonMatrix));
     muon_list(c, mu->mat, base);
     muon_assign(mu, c, grid, first, vpp);
-    MuonPlaces pl = {0};
-    muon_runs(mu, z, c, base, &pl);
-    // as an owner: every element of its matrices arrives once (from the rank whose shard partition holds it) and goes
-    // back to each rank that updates it: at ZeRO 0 the whole group of the matrix's unit, else one rank
-    size_t serve = 0;
-    for (int i = 0; i < mu->nmat; i++) {
-        const MuonMatrix *a = &mu->mat[i];
-        if (a->owner != grid->rank) { continue; }
-        mu->owned++;
-        TensorSpec s = tensor_spec(c, a->id);
-        int copies = z->stage > 0 ? 1 : s.experts ? grid->edp_group.size : grid->grad_group->size;
-        serve += a->rows * a->cols * copies;
+    for (int i = 0; i < mu->nmat; i++) { mu->owned += mu->mat[i].owner == me; }
+    for (int u = 0; u < z->nunits && !mem_planning; u++) {   // (the walks' group ranks are the groups' own)
+        if (muon_dp_rank(grid, &z->units[u], me) != z->units[u].dpg->rank) {
+            fail("Muon: rank %d is rank %d of its %s group, the grid's order says %d: a bug", me, z->units[u].dpg->rank,
+                 z->units[u].dpg->name, muon_dp_rank(grid, &z->units[u], me));
+        }
     }
-    mu->nrecv = mu->mats_size;
-    mu->nserve = serve;
-    mu->counts = (size_t *)calloc_check(8 * (size_t)W, sizeof(size_t));
-    size_t *cn = mu->counts, n_need;
-    mu->send_h = muon_route(mu, &pl, 1, cn, cn + 4 * W, cn + W, cn + 5 * W, mu->nrecv, &mu->nsend, &mu->recv_pos);
-    mu->need_h = muon_route(mu, &pl, 0, cn + 2 * W, cn + 6 * W, cn + 3 * W, cn + 7 * W, mu->nserve, &n_need, &mu->serve_pos);
+    muon_runs(mu, z);
+    muon_move_init(mu, z, c, base, 0, 0, &mu->send);    // U: this rank's shard partition, to the owners
+    muon_move_init(mu, z, c, base, 0, 1, &mu->recv);    //    every rank's, of this rank's matrices
+    muon_move_init(mu, z, c, base, 1, 1, &mu->serve);   // the results: to every rank that updates them
+    muon_move_init(mu, z, c, base, 1, 0, &mu->need);    //    into what this rank updates
+    if (!mem_planning) {
+        muon_check_counts(mu, &mu->send, &mu->recv, "U to the owners");
+        muon_check_counts(mu, &mu->serve, &mu->need, "the results back");
+    }
+    mu->nsend = mu->send.total; mu->nrecv = mu->recv.total; mu->nserve = mu->serve.total;
+    if (mu->nrecv != mu->mats_size || mu->need.total != mu->n) {
+        fail("Muon: rank %d receives %zu elements of its %zu and %zu of the %zu it updates: a bug", me, mu->nrecv,
+             mu->mats_size, mu->need.total, mu->n);
+    }
+    // what leaves the rank: its sends but those to itself; what it serves but what it keeps
+    mu->out = (double)(mu->nsend - mu->send.counts[me]) + (double)(mu->nserve - mu->serve.counts[me]);
     size_t sb = mu->nsend > mu->nserve ? mu->nsend : mu->nserve, rb = mu->nrecv > mu->n ? mu->nrecv : mu->n;
     mu->u = (float *)mem_alloc((mu->n + 1) * sizeof(float), MEM_WORKSPACE);
     mu->sendbuf = (float *)mem_alloc((sb + 1) * sizeof(float), MEM_COMM);
@@ -615,7 +724,7 @@ static void muon_init(Muon *mu, Zero *z, Grid *grid, const ModelConfig *c, const
     for (int i = 0; i < mu->nmat; i++) {
         const MuonMatrix *a = &mu->mat[i];
         size_t m = a->rows < a->cols ? a->rows : a->cols;
-        if (a->owner != grid->rank) { continue; }
+        if (a->owner != me) { continue; }
         if (a->rows * a->cols > work) { work = a->rows * a->cols; }
         if (m * m > sq) { sq = m * m; }
     }
@@ -625,7 +734,7 @@ static void muon_init(Muon *mu, Zero *z, Grid *grid, const ModelConfig *c, const
     mu->s = (float *)mem_alloc(sq * sizeof(float), MEM_WORKSPACE);
     mu->t = (float *)mem_alloc(sq * sizeof(float), MEM_WORKSPACE);
     mu->ss = (float *)mem_alloc(sizeof(float), MEM_WORKSPACE);
-    free(base); free(pl.mi); free(pl.q); free(pl.sends);
+    free(base);
 }
 
 // The Newton-Schulz runs of one step, summed over the world (--check-comm: equals nmat).

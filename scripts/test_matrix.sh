@@ -79,6 +79,7 @@ reference llama_moecap --config tiny --arch llama --KV 2 --E 4 --k 2 --H 64 --ev
 reference llama_qknorm --config tiny --arch llama --KV 2 --qk_norm 1
 # Muon (--optimizer muon: llmc/muon.h) on GPT-2, GPT-2 MoE, a Llama with GQA and SwiGLU, Mixtral and Qwen2-MoE shapes
 reference muon --config tiny --optimizer muon
+reference muon_rows6 --config tiny --R 6 --optimizer muon
 reference muon_moe --config tiny --optimizer muon --E 4 --k 2
 reference muon_llama --config tiny --optimizer muon --arch llama --KV 2
 reference muon_mixtral --config tiny --optimizer muon --arch llama --KV 2 --E 4 --k 2 --H 64 --cap 0
@@ -386,6 +387,8 @@ run_test 4 --ref $MU --tp 2 --zero 1
 run_test 2 --ref $MU --pp 2 -b 2 --check-memory
 run_test 2 --ref $MU --pp 2 -b 2 --pp-schedule zb
 run_test 2 --ref $MU --cp 2
+run_test 3 --ref refs/muon_rows6 -b 2 --zero 1 --check-comm --check-memory   # dp 3: shards cut the matrices unevenly
+run_test 8 --ref $MU --tp 2 --cp 2 --zero 3 --check-comm --check-memory
 run_test 2 --ref refs/muon_moe --ep 2 --check-comm --check-memory
 run_test 2 --ref refs/muon_mixtral --ep 2
 run_test 1 --ref refs/muon_llama

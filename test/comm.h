@@ -26,7 +26,8 @@ static void check_comm(Model *m, int accum, double ep_rows) {
         {&g->pp_group, f.pp, n.pp, "each micro-batch and chunk: the activation forward, its gradient back"},
         {&g->cp_group, f.cp, n.cp, "ring attention's k, v hops, Ulysses' all-to-alls; MoE routing's capacity and f"},
         {&g->ep_group, f.ep, n.ep, "all-to-all dispatch and return, forward, backward (and recomputed)"},
-        {&g->tp_group, f.tp, n.tp, "SP: RS + AG, or all-reduces, of (p-1)/p BT C per layer and end; CE stats; gates"}};
+        {&g->tp_group, f.tp, n.tp, "SP: RS + AG, or all-reduces, of (p-1)/p BT C per layer and end; CE stats; gates"},
+        {&g->world, f.world, n.world, "the step's loss and norm all-reduced; Muon: U to the owners, the results back"}};
     for (int i = 0; i < (int)(sizeof(rows) / sizeof(rows[0])); i++) {
         double got = rows[i].grp->bytes;
         check(fabs(got - rows[i].expect) < 1 + 1e-9 * rows[i].expect, "comm: %s bytes/step %.0f = formula %.0f (%s)",

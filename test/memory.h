@@ -219,9 +219,10 @@ static void check_memory_buffers(Model *m) {
     double hs = C / m->config.num_heads, Ckv = (KVl % U == 0 ? KVl : U) * hs;
     double ring = m->grid->cp > 1 && N > 1 ? 4.0 * X * BT * 2 * Ckv : 0;
     double a2a = m->grid->cp > 1 && U > 1 ? 2.0 * X * BT * (m->Cl + 2 * Ckv) : 0;
-    // Muon: per element this rank updates (n), sends (ZeRO 0: its shard partition's) and, as an owner, receives (its
-    // matrices' elements, once) and serves (once per rank that updates it: the unit's group at ZeRO 0): an int of
-    // each list and a float of the larger direction's send and receive buffers (+1 each)
+    // Muon: the all-to-alls' send buffer (the larger of what it sends: its shard partition's Muon elements, and what it
+    // serves as owner: its matrices' elements once per rank that updates them, the unit's whole group at ZeRO 0) and
+    // receive buffer (the larger of its matrices' elements, received once, and what it updates), a float each (+1),
+    // and the moves' pieces (a matrix's part of a rank's tp slice and range: a few per matrix)
     double muon_comm = 0;
     if (m->muon.world) {
         const Muon *mu = &m->muon;
@@ -242,11 +243,12 @@ static void check_memory_buffers(Model *m) {
                 if (U->t[k].muon && tensor_overlap(&U->t[k], s0, s0 + U->shard, &a, &b)) { send += b - a; }
             }
         }
-        muon_comm = 4.0 * ((send + 1) + (mats + 1) + (n + 1) + (serve + 1)) + 4.0 * (fmax(send, serve) + 1 + fmax(mats, n) + 1);
+        double pieces = mu->send.npieces + mu->recv.npieces + mu->serve.npieces + mu->need.npieces + 4.0;
+        muon_comm = 4.0 * (fmax(send, serve) + 1 + fmax(mats, n) + 1) + sizeof(MuonPiece) * pieces;
     }
     double comm_expect = X * (m->grid->ep > 1 ? Rs + Rr : 0) * C + grad_copy + grad_wait + input_wait + ring + a2a + muon_comm;
     check(fabs((double)mem_current[MEM_COMM] - comm_expect) < 1,
-          "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B + waiting input %.0f B + cp ring 4 x (B, T/cp, 2 KV hs/tp) %.0f B + cp all-to-all 2 x (B, T/cp, (NH + 2KV) hs/tp) %.0f B + Muon's lists and buffers %.0f B",
+          "memory: comm buffers %.0f B = MoE dispatch (Rs %.0f + Rr %.0f rows) x C x %d B + pipeline gradient copy %.0f B + waiting gradient %.0f B + waiting input %.0f B + cp ring 4 x (B, T/cp, 2 KV hs/tp) %.0f B + cp all-to-all 2 x (B, T/cp, (NH + 2KV) hs/tp) %.0f B + Muon's buffers and pieces %.0f B",
           (double)mem_current[MEM_COMM], Rs, Rr, (int)X, grad_copy, grad_wait, input_wait, ring, a2a, muon_comm);
     // logits (last stage): one chunk of chunk x Vp/tp, never B*T x Vp (plus per-token stats and losses)
     double logits_expect = m->last
