@@ -249,12 +249,12 @@ static int layer_chunk(const Model *m, int l) {
 static double cost_clock(const Model *m) {
     if (!m->costs.in_step || !m->pipe.time_waits || m->grid->pp == 1) { return 0.0; }
     device_synchronize();
-    return wall_seconds();
+    return monotonic_seconds();
 }
 static void cost_add(const Model *m, double *seconds, double t0) {
     if (!m->costs.in_step || !m->pipe.time_waits || m->grid->pp == 1) { return; }
     device_synchronize();
-    *seconds += wall_seconds() - t0;
+    *seconds += monotonic_seconds() - t0;
 }
 
 // The stage's layer l's slice of a micro-batch's activations (acts: a slot of l's chunk). What the
@@ -1591,7 +1591,7 @@ static void run_step(Run *r, int step) {
     comm_reset_counters(&r->grid);
     m->pipe.wait_seconds = m->moe.a2a_seconds = 0.0;
     trace_begin();
-    double t0 = wall_seconds();
+    double t0 = monotonic_seconds();
     if (step == r->start_step) { r->t_start = t0; }
     gpt2_forward_backward(m, &r->train_loader, r->accum);
     if (r->rank == 0 && test_hook_inject_nan(step)) { zero_poison_gradient(&m->zero); }   // (a test hook)
@@ -1602,7 +1602,7 @@ static void run_step(Run *r, int step) {
     StepResult res = gpt2_update(m, &r->opt, lr, step);
     if (res.why == SKIP_NONE) { outlier_add(&r->losses, res.loss); outlier_add(&r->norms, res.norm); }
     device_synchronize();
-    double ms = (wall_seconds() - t0) * 1e3;
+    double ms = (monotonic_seconds() - t0) * 1e3;
     trace_end("step", "step", "\"step\":%d,\"pipeline_wait_ms\":%.3f", step, m->pipe.wait_seconds * 1e3);
     trace_flush();   // (CUDA: the step's spans from their events, now that the step has ended)
     if (step > r->start_step) { step_times_add(&r->times, &r->grid, ms, m->pipe.wait_seconds, m->moe.a2a_seconds); }
@@ -1612,7 +1612,7 @@ static void run_step(Run *r, int step) {
         m->costs.micro_batches = 0;
     }
     double per_step = r->times.steps > 0 ? r->times.total_ms / r->times.steps : ms;
-    StepClock clock = {wall_seconds() - r->t_start, per_step * (r->max_steps - step - 1) / 1e3, ms};
+    StepClock clock = {monotonic_seconds() - r->t_start, per_step * (r->max_steps - step - 1) / 1e3, ms};
     run_log_step(r, step, res, lr, clock);
     if (m->guard.skips_in_a_row >= a->max_skips) {
         fail_all(r->rank,

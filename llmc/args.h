@@ -16,6 +16,7 @@
 #include "pipeline_split.h"
 #include "moe.h"
 #include "model_file.h"
+#include "upcycle.h"          // (apply_moe_shape: a dense model upcycled)
 
 #define MAX_FLAGS 80
 #define MAX_ACCUM 65536   // micro-batches per step (-d over B*T*dp) at most
@@ -701,6 +702,114 @@ static ModelOptions model_options(const Args *a, MoEOptions moe, int dp) {
                       a->total_batch / (a->B * a->T * dp), pipe_schedule(schedule), args_samples(a) || a->hellaswag,
                       cp_ulysses_degree(a), !strcmp(a->optimizer, "muon"), a->muon_momentum};
     return o;
+}
+
+// ----------------------------------------------------------------------------
+// the MoE flags against the model
+
+// A MoE descriptor's keys it leaves out (named: parse_descriptor's) take the flags' values: --topk, --moe-every,
+// --expert-hidden, --shared-experts; a key it names keeps its own (apply_moe_shape refuses a flag that disagrees).
+static void moe_descriptor_defaults(const Args *a, int rank, ModelConfig *c, unsigned named) {
+    if (c->num_experts == 0) { return; }
+    int key[4] = {DK_K, DK_EVERY, DK_H, DK_S}, flag[4] = {a->topk, a->moe_every, a->expert_hidden, a->shared_experts};
+    int *field[4] = {&c->topk, &c->moe_every, &c->expert_hidden, &c->shared_experts};
+    for (int i = 0; i < 4; i++) { if (!(named >> key[i] & 1) && flag[i] >= 0) { *field[i] = flag[i]; } }
+    if (!config_valid(c)) {
+        fail_all(rank, "-e '%s' with --topk %d --moe-every %d --expert-hidden %d --shared-experts %d: need 1 <= k <= E = "
+                 "%d <= %d, 1 <= every <= L = %d, 1 <= H <= 65536, 0 <= S <= %d", a->model, c->topk, c->moe_every,
+                 c->expert_hidden, c->shared_experts, c->num_experts, MOE_MAX_EXPERTS, c->num_layers, MOE_MAX_SHARED);
+    }
+}
+
+// The MoE training options for model c (the z-loss's default depends on its router's scores).
+static MoEOptions moe_options(const Args *a, const ModelConfig *c) {
+    float z = a->z_coeff >= 0.0f ? a->z_coeff : c->router_score == ROUTER_SIGMOID ? 0.0f : 0.001f;
+    MoEOptions o = {a->cap1000, strcmp(a->drop_policy, "position") ? DROP_PROBS : DROP_POSITION, a->aux_coeff, z,
+                    a->moe_bias_rate};
+    return o;
+}
+
+// The MoE shape given by the flags (--experts, --topk, --moe-every) against the model's: a MoE model
+// (file, checkpoint, descriptor with E=) must agree with every flag given; a dense descriptor or file
+// becomes a MoE model of that shape (a file: upcycled, each expert a copy of its layer's MLP), except
+// when resuming (a checkpoint keeps its shape). Returns the weights (params, or a new array).
+static float *apply_moe_shape(const Args *a, int rank, ModelConfig *c, float *params, const char *what, int resuming) {
+    if (a->experts < 0 && a->topk < 0 && a->moe_every < 0 && a->expert_hidden < 0 && a->shared_experts < 0) {
+        return params;
+    }
+
+    if (c->num_experts > 0 || resuming) {
+        int given[5] = {a->experts, a->topk, a->moe_every, a->expert_hidden, a->shared_experts},
+            has[5] = {c->num_experts, c->topk, c->moe_every, c->expert_hidden, c->shared_experts};
+        static const char *flag[5] = {"--experts", "--topk", "--moe-every", "--expert-hidden", "--shared-experts"},
+            *name[5] = {"E", "k", "every", "H", "S"};
+        for (int i = 0; i < 5; i++) {
+            if (given[i] >= 0 && given[i] != has[i]) {
+                fail_all(rank, "%s %d, but %s has %s = %d%s", flag[i], given[i], what, name[i], has[i],
+                         resuming ? " (a checkpoint resumes with its own shape)" : "");
+            }
+        }
+        return params;
+    }
+    if (a->experts < 0) {
+        fail_all(rank, "--topk, --moe-every, --expert-hidden and --shared-experts need --experts E (or a MoE model)");
+    }
+    ModelConfig moe = *c;
+    moe.num_experts = a->experts;
+    moe.topk = a->topk > 0 ? a->topk : 1;
+    moe.moe_every = a->moe_every > 0 ? a->moe_every : 1;
+    moe.expert_hidden = a->expert_hidden > 0 ? a->expert_hidden : c->ffn_hidden;   // (GPT-2: 4C; Llama: F)
+    moe.shared_experts = a->shared_experts > 0 ? a->shared_experts : 0;
+    if (!config_valid(&moe)) {
+        fail_all(rank, "--experts %d --topk %d --moe-every %d: need 1 <= k <= E <= %d and 1 <= every <= L = %d",
+                 moe.num_experts, moe.topk, moe.moe_every, MOE_MAX_EXPERTS, c->num_layers);
+    }
+    if (params && (moe.expert_hidden != c->ffn_hidden || moe.shared_experts > 0)) {
+        // (upcycling copies the dense MLP into each expert: only experts of its width, and no shared ones)
+        fail_all(rank, "%s is dense: upcycling makes each expert a copy of its layer's MLP, so --expert-hidden must be "
+                 "%s = %d and --shared-experts 0 (got %d, %d); train such a model from a descriptor", what,
+                 c->arch == ARCH_LLAMA ? "F" : "4C", c->ffn_hidden, moe.expert_hidden, moe.shared_experts);
+    }
+    float *out = params ? upcycle_dense(c, params, &moe, a->seed, 0) : NULL;
+    if (params && rank == 0) {
+        printf("%s: dense model upcycled to %d experts (each a copy of its layer's MLP), top-%d, every %d layers\n",
+               what, moe.num_experts, moe.topk, moe.moe_every);
+    }
+    free(params);
+    *c = moe;
+    return out;
+}
+
+// The MoE flags against the model: the shape (apply_moe_shape), then the router's scores: a MoE model file or
+// checkpoint keeps its own (--router-score must agree), a descriptor or an upcycled dense file takes the flag's;
+// then what the final model refuses. file: the model comes from a file (or a checkpoint: resuming).
+static float *apply_moe_flags(const Args *a, int rank, ModelConfig *c, float *params, const char *what, int resuming,
+                              int file) {
+    int keeps_score = (file || resuming) && c->num_experts > 0;
+    params = apply_moe_shape(a, rank, c, params, what, resuming);
+    if (a->router_score) {
+        int want = strcmp(a->router_score, "sigmoid") ? ROUTER_SOFTMAX : ROUTER_SIGMOID;
+        if (c->num_experts == 0) {
+            fail_all(rank, "--router-score %s needs MoE layers (--experts E or a MoE model)", a->router_score);
+        }
+        if (keeps_score && want != c->router_score) {
+            fail_all(rank, "--router-score %s, but %s has %s router scores (a MoE model keeps its own)", a->router_score,
+                     what, c->router_score == ROUTER_SIGMOID ? "sigmoid" : "softmax");
+        }
+        c->router_score = want;
+    }
+    if (a->moe_bias_rate > 0.0f && c->num_experts == 0) {
+        fail_all(rank, "--moe-bias-rate %g needs MoE layers (--experts E or a MoE model)", a->moe_bias_rate);
+    }
+    if (c->router_score == ROUTER_SIGMOID && c->topk == 1) {
+        fail_all(rank, "sigmoid router scores with top-1 (%s): the one gate would be the constant 1 and the router "
+                 "would get no gradient; use --topk 2 or more, or softmax scores", what);
+    }
+    if (c->router_score == ROUTER_SIGMOID && a->z_coeff > 0.0f) {
+        fail_all(rank, "--z-coeff %g with sigmoid router scores: the z-loss is a softmax router's regulariser "
+                 "(leave it out: 0 with sigmoid)", a->z_coeff);
+    }
+    return params;
 }
 
 #endif // LLMC_ARGS_H

@@ -47,19 +47,19 @@
 #define CALIBRATE_TIME(g, out) do { \
     Grid *g_ = (g); double *out_ = (out), t0_ = 0; int n_ = -1; \
     for (;;) { \
-        if (n_ == 0) { device_synchronize(); t0_ = wall_seconds(); }
+        if (n_ == 0) { device_synchronize(); t0_ = monotonic_seconds(); }
 #define CALIBRATE_END \
         n_++; \
         if (n_ >= 3) { \
             device_synchronize(); \
-            double ta_ = wall_seconds(); \
+            double ta_ = monotonic_seconds(); \
             int stop_ = ta_ - t0_ > 0.3; \
             comm_host_all_reduce(&g_->world, &stop_, 1, DT_INT, HOST_MAX, "all-reduce (calibration)"); \
-            t0_ += wall_seconds() - ta_; \
+            t0_ += monotonic_seconds() - ta_; \
             if (stop_) { break; } \
         } \
     } \
-    double s_ = (wall_seconds() - t0_) / n_; \
+    double s_ = (monotonic_seconds() - t0_) / n_; \
     comm_host_all_reduce(&g_->world, &s_, 1, DT_DOUBLE, HOST_SUM, "all-reduce (calibration)"); \
     *out_ = s_ / g_->world_size; \
 } while (0)

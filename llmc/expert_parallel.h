@@ -1,9 +1,10 @@
 // Expert parallelism (--ep N): a MoE layer's MLP over the ep group, in one place. moe.h has the layer's
-// semantics (router, top-k, capacity per sequence, auxiliary losses) and its kernels; this file runs
-// them for one MoE layer and one micro-batch, every rank of the ep group at once:
-//   1. route: router probabilities, top-k, the capacity keep masks per whole sequence (with cp, the
-//      sequence's other parts' assignments all-gathered over cp), the auxiliary losses' statistics
-//   2. the dispatch plan, one of two:
+// semantics (router, top-k, capacity per sequence, auxiliary losses) and their kernels, moe_dispatch.h the token
+// shuffle's; this file runs them for one MoE layer and one micro-batch, every rank of the ep group at once.
+// moe_forward reads as Megatron's verbs, one function each:
+//   moe_route           1. router probabilities, top-k, the capacity keep masks per whole sequence (with cp, the
+//                          sequence's other parts' assignments all-gathered over cp), the auxiliary losses' statistics
+//   moe_dispatch_plan   2. one of two:
 //      padded (a capacity: --capacity-factor > 0): every (source rank, expert) slot holds P = B cap rows, the
 //        kept ones first, the rest zero (GShard's layout): the sizes are known in advance, so nothing is
 //        counted on the host and the step has no host wait here;
@@ -11,17 +12,17 @@
 //        group (host ints: a host wait) and check the whole (ep, E) table on every rank, so a bad count stops
 //        every rank alike, never a hang.
 //      Either way the rest reads one (ep, E) table of rows per (source rank, expert): P everywhere when padded.
-//   3. permute: the kept rows of x, grouped by expert = by owner rank ("send layout")
-//   4. all-to-all(v): the rows to the ranks owning their experts; arriving grouped by source rank, they
-//      are regrouped by local expert (copies of contiguous segments)
-//   5. each local expert runs its MLP on its contiguous rows (with TP the experts are column/row-parallel
-//      like the dense MLP: partial outputs, fcproj's bias on tp rank 0)
-//   6. the outputs back: regrouped by source, all-to-all(v) in reverse, into the send layout
-//   7. combine with the gates, in the fixed order of each token's choices -> (BT, C), summed over tp by
-//      the caller like any row-parallel output
-//   8. the shared experts (--shared-experts S): one MLP of width S*H on every token, tensor-parallel like the
-//      dense MLP (its fcproj bias, like the experts', added on tp rank 0), added to the routed output
-// The backward runs the same exchanges in reverse with the gradients. The gradient of the gates needs
+//   moe_dispatch        3. permute: the kept rows of x, grouped by expert = by owner rank ("send layout");
+//                       4. all-to-all(v): the rows to the ranks owning their experts; arriving grouped by source
+//                          rank, they are regrouped by local expert (copies of contiguous segments)
+//   moe_experts_apply   5. each local expert runs its MLP on its contiguous rows (with TP the experts are
+//                          column/row-parallel like the dense MLP: partial outputs, fcproj's bias on tp rank 0)
+//   moe_undispatch      6. the outputs back: regrouped by source, all-to-all(v) in reverse, into the send layout
+//   moe_combine         7. with the gates, in the fixed order of each token's choices -> (BT, C), summed over tp
+//                          by the caller like any row-parallel output
+//   moe_shared_forward  8. the shared experts (--shared-experts S): one MLP of width S*H on every token,
+//                          tensor-parallel like the dense MLP (its fcproj bias added on tp rank 0), added to it
+// The backward (moe_backward) runs the same exchanges in reverse with the gradients, a function per verb. The gradient of the gates needs
 // the full expert outputs: each tp rank has a partial sum, so dgate (BT, k floats) is all-reduced over
 // tp. Then the router's backward runs identically on every tp rank: its weight gradient is complete on
 // each (counted once, never summed over tp), and its input gradient is added on tp rank 0 only.
@@ -35,10 +36,9 @@
 #include "comm.h"
 #include "matmul.h"
 #include "moe.h"
+#include "moe_dispatch.h"
 #include "swiglu.h"
 #include "model_file.h"
-#include "upcycle.h"
-#include "args.h"
 
 // One MoE layer of one micro-batch, stored for the backward.
 typedef struct {
@@ -280,10 +280,10 @@ static void moe_all_to_all(ExpertParallel *x, const int *counts, const floatX *s
         a += to[r]; b += from[r];
     }
     double t0 = 0.0;
-    if (x->time_a2a) { device_synchronize(); t0 = wall_seconds(); }
+    if (x->time_a2a) { device_synchronize(); t0 = monotonic_seconds(); }
     if (to_experts) { comm_all_to_allv(g, send, to, to_off, recv, from, from_off, DT_FLOATX); }
     else { comm_all_to_allv(g, send, from, from_off, recv, to, to_off, DT_FLOATX); }
-    if (x->time_a2a) { device_synchronize(); x->a2a_seconds += wall_seconds() - t0; }
+    if (x->time_a2a) { device_synchronize(); x->a2a_seconds += monotonic_seconds() - t0; }
     free(buf);
 }
 
@@ -388,16 +388,14 @@ static void moe_experts_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w,
     moe_experts_forward_loop(x, ma, w, out);
 }
 
-// x (BT, C): the ln2 output of all tokens (the same on every tp rank) -> out (BT, C), a partial sum over
-// tp. record: count the step's numbers and log the routing (not when the forward is a recomputation).
-static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const floatX *in, floatX *out, int record) {
-    int B = x->B, T = x->T, BT = x->BT, C = x->C, Hl = x->Hl, E = x->E, k = x->k, El = x->El;
-    // 1. route: probabilities, top-k, capacity per sequence, the statistics of the auxiliary losses
+// 1. route: the router's scores, the top k, the capacity per sequence, the statistics of the auxiliary losses.
+// Capacity and f count per whole sequence: with cp its other parts are on the other cp ranks (a capacity needs
+// their assignments: all-gathered; f is a sum: all-reduced; P and z stay partial sums).
+static void moe_route(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const floatX *in, int record) {
+    int B = x->B, T = x->T, BT = x->BT, C = x->C, E = x->E, k = x->k;
     moe_router_forward(ma->probs, ma->lse, in, w.router, BT, C, E, x->sigmoid);
     moe_topk(ma->choice, x->cprob, ma->gate, ma->probs, x->bias + (size_t)x->layer * E, BT, E, k, x->norm_topk);
     if (x->count_stats && record) { moe_load_count(x->load + (size_t)x->layer * E, ma->choice, BT, k); }
-    // capacity and f count per whole sequence: with cp its other parts are on the other cp ranks (a
-    // capacity needs their assignments: all-gathered; f is a sum: all-reduced; P and z stay partial sums)
     Group *cpg = x->cp;
     int cp = cpg->size, Tg = T * cp;
     if (cp > 1 && x->cap < Tg) {
@@ -409,7 +407,11 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
     }
     moe_sequence_stats(ma->f, x->pmean, x->zsum, ma->choice, ma->probs, ma->lse, B, T, E, k, Tg, x->sigmoid);
     comm_all_reduce(cpg, ma->f, (size_t)B * E, DT_FLOAT, NULL);
-    // 2. the dispatch plan: each kept row's place in the send layout, and the (ep, E) table of rows
+}
+
+// 2. the dispatch plan: each kept row's place in the send layout, and the (ep, E) table of rows
+static void moe_dispatch_plan(ExpertParallel *x, MoEActs *ma, int record) {
+    int BT = x->BT, E = x->E, k = x->k;
     moe_count(x->counts, ma->choice, ma->keep, BT, E, k);
     if (x->count_stats && record) { moe_kept_add(x->kept + x->layer, x->counts, E); }
     size_t P = (size_t)x->B * x->cap;
@@ -425,16 +427,24 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
         copy_to_device(x->offsets, offsets, E * sizeof(int));
         moe_rows(ma->row, ma->choice, ma->keep, x->offsets, BT, E, k, BT * k);
     }
-    // 3-4. dispatch; 5. the local experts; 6. back; 7. combine. (ep 1: the send layout is the experts' layout, the
-    // exchange an identity: the rows go straight to xe, the experts' outputs straight to ys)
-    int a2a = x->ep->size > 1;
-    floatX *send = a2a ? x->msend : ma->xe, *yexp = a2a ? x->mexp : ma->ys;
-    if (x->padded) { memset_zero_device(send, (size_t)E * P * C * sizeof(floatX)); }   // (the padding rows: zero)
-    moe_permute(send, in, ma->row, BT, k, C);
+}
+
+// 3-4. dispatch: in's kept rows permuted into the send layout, then sent to their experts' ep ranks -> ma->xe, rows
+// grouped by local expert (ep 1: the send layout is the experts' layout, the exchange an identity: straight to xe)
+static void moe_dispatch(ExpertParallel *x, MoEActs *ma, const floatX *in) {
+    int a2a = x->ep->size > 1, C = x->C;
+    floatX *send = a2a ? x->msend : ma->xe;
+    if (x->padded) { memset_zero_device(send, (size_t)x->E * x->B * x->cap * C * sizeof(floatX)); }   // (padding: 0)
+    moe_permute(send, in, ma->row, x->BT, x->k, C);
     if (a2a) {
         moe_all_to_all(x, ma->counts, x->msend, x->mrecv, 1);
         moe_regroup(x, ma->counts, x->mrecv, ma->xe, 1);
     }
+}
+
+// 5. the local experts: ma->xe -> yexp, rows grouped by local expert
+static void moe_experts_apply(ExpertParallel *x, MoEActs *ma, ExpertWeights w, floatX *yexp) {
+    int C = x->C, Hl = x->Hl, El = x->El;
     if (x->padded) {   // every local expert has the same rows: one strided-batched GEMM per projection
         size_t r0, n = moe_expert_rows(x, ma->counts, 0, &r0);
         mlp_fc_forward_batched(x->swiglu, ma->hg, ma->h, ma->xe, w.fcw, w.fcb, (int)n, C, Hl, El);
@@ -442,28 +452,52 @@ static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const f
     } else {
         moe_experts_forward(x, ma, w, yexp);
     }
-    if (a2a) {
-        moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
-        moe_all_to_all(x, ma->counts, x->mrecv, ma->ys, 0);
-    }
-    moe_combine(out, ma->ys, ma->gate, ma->row, BT, k, C);
-    // 8. the shared experts, on every token (Qwen2-MoE: scaled per token by their sigmoid gate)
-    if (x->SHl > 0) {
-        mlp_fc_forward(x->swiglu, ma->shg, ma->sh, in, w.sfcw, w.sfcb, BT, C, x->SHl);
-        matmul_forward(x->sout, ma->shg, w.sfcprojw, x->tp_rank == 0 ? w.sfcprojb : NULL, BT, x->SHl, C);
-        if (x->shared_gate) { moe_shared_gate_forward(ma->sgate, x->sout, in, w.sgate, BT, C); }
-        accumulate(out, x->sout, (size_t)BT * C);
-    }
-    if (x->route_log && x->micro < x->route_log_micro && record) {   // test hook: this layer's routing
+}
+
+// 6. back: the experts' outputs (mexp) to their tokens' ep ranks, in the send layout -> ma->ys (ep 1: already there)
+static void moe_undispatch(ExpertParallel *x, MoEActs *ma) {
+    if (x->ep->size == 1) { return; }
+    moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
+    moe_all_to_all(x, ma->counts, x->mrecv, ma->ys, 0);
+}
+
+// 8. the shared experts, on every token, added to out (Qwen2-MoE: scaled per token by their sigmoid gate)
+static void moe_shared_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const floatX *in, floatX *out) {
+    if (x->SHl == 0) { return; }
+    int BT = x->BT, C = x->C;
+    mlp_fc_forward(x->swiglu, ma->shg, ma->sh, in, w.sfcw, w.sfcb, BT, C, x->SHl);
+    matmul_forward(x->sout, ma->shg, w.sfcprojw, x->tp_rank == 0 ? w.sfcprojb : NULL, BT, x->SHl, C);
+    if (x->shared_gate) { moe_shared_gate_forward(ma->sgate, x->sout, in, w.sgate, BT, C); }
+    accumulate(out, x->sout, (size_t)BT * C);
+}
+
+// The layer's records of a micro-batch that counts: the routing (a test hook's log), aux and z (on the device), the
+// assignments
+static void moe_record(ExpertParallel *x, MoEActs *ma) {
+    int BT = x->BT, E = x->E, k = x->k;
+    if (x->route_log && x->micro < x->route_log_micro) {
         int *log = x->route_log + ((size_t)x->micro * x->nlayers + x->layer) * BT * (2 * k + E);
         copy_to_host(log, ma->choice, (size_t)BT * k * sizeof(int));
         copy_to_host(log + (size_t)BT * k, ma->keep, (size_t)BT * k * sizeof(int));
         copy_to_host(log + (size_t)BT * 2 * k, ma->probs, (size_t)BT * E * sizeof(float));   // (bits of floats)
     }
-    if (x->count_stats && record) {   // aux and z of this micro-batch's sequences (on the device), the assignments
-        moe_loss_sums(x->sums, ma->f, x->pmean, x->zsum, B, E);
+    if (x->count_stats) {
+        moe_loss_sums(x->sums, ma->f, x->pmean, x->zsum, x->B, E);
         x->assigned += (double)BT * k;
     }
+}
+
+// x (BT, C): the ln2 output of all tokens (the same on every tp rank) -> out (BT, C), a partial sum over
+// tp. record: count the step's numbers and log the routing (not when the forward is a recomputation).
+static void moe_forward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, const floatX *in, floatX *out, int record) {
+    moe_route(x, ma, w, in, record);
+    moe_dispatch_plan(x, ma, record);
+    moe_dispatch(x, ma, in);
+    moe_experts_apply(x, ma, w, x->ep->size > 1 ? x->mexp : ma->ys);
+    moe_undispatch(x, ma);
+    moe_combine(out, ma->ys, ma->gate, ma->row, x->BT, x->k, x->C);   // 7. out = the kept rows times their gates
+    moe_shared_forward(x, ma, w, in, out);
+    if (record) { moe_record(x, ma); }
 }
 
 // ZB (--pp-schedule zb): what a MoE layer's W pass (moe_backward_weights) needs, kept by its B (moe_backward
@@ -546,52 +580,59 @@ static void moe_experts_dweight(ExpertParallel *x, const MoEActs *ma, const MoEW
     }
 }
 
-// The backward of moe_forward. dy (BT, C): the gradient of out on every tp rank (all tokens; its buffer may be
-// dx's) -> dx (BT, C), the gradient of in, a partial sum over tp (written); g: the experts' gradients and the router's (+=).
-// recompute_mlp: the experts' (and shared experts') fc and GELU outputs are not stored (--recompute mlp):
-// computed again here. ZB (d not NULL): B only (g not touched); what W needs is kept in d.
-static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, ExpertGrads g, const floatX *in,
-                         const floatX *dy, floatX *dx, int recompute_mlp, const MoEWGrads *d) {
-    int T = x->T, BT = x->BT, C = x->C, Hl = x->Hl, Hw = x->Hw, E = x->E, k = x->k, El = x->El;
-    // 8. the shared experts first (dy may share its buffer with dx: read it before dx is written); their
-    // input's gradient waits in sout
-    if (x->SHl > 0) {
-        if (recompute_mlp) { mlp_fc_forward(x->swiglu, ma->shg, ma->sh, in, w.sfcw, w.sfcb, BT, C, x->SHl); }
-        const floatX *ds = dy;   // the gradient of the shared experts' output
-        if (x->shared_gate) {    // (their output again, unscaled: the gate's gradient; summed over tp as the parts)
-            matmul_forward(x->sout, ma->shg, w.sfcprojw, NULL, BT, x->SHl, C);
-            moe_shared_gate_backward(x->sglogit, x->sdy, dy, x->sout, ma->sgate, BT, C);
-            comm_all_reduce(x->tp, x->sglogit, BT, DT_FLOAT, NULL);
-            ds = x->sdy;
-        }
-        if (d) {
-            copy_on_device(d->dy, ds, (size_t)BT * C * sizeof(floatX));
-            if (x->shared_gate) { copy_on_device(d->dsgate, x->sglogit, BT * sizeof(float)); }
-        } else {
-            bias_backward(g.sfcprojb, ds, BT, C);   // complete on every tp rank (as the experts' fcproj bias)
-            if (x->shared_gate) { moe_router_dweight(g.sgate, x->sglogit, in, BT, C, 1); }   // (complete on each)
-        }
-        floatX *sdh = d ? d->sdh : x->sdh;
-        mlp_proj_backward(x->swiglu, sdh, g.sfcprojw, ds, ma->shg, w.sfcprojw, ma->sh, x->sdact, BT, x->SHl, C);
-        matmul_backward(x->sout, g.sfcw, g.sfcb, sdh, in, w.sfcw, BT, C, x->SHw);
+// 8.'s backward, first (dy may share its buffer with dx: read it before dx is written); the shared experts' input
+// gradient waits in sout. ZB (d): their output's gradient (and the gate's) kept for W, g not touched.
+static void moe_shared_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, ExpertGrads g, const floatX *in,
+                                const floatX *dy, int recompute_mlp, const MoEWGrads *d) {
+    if (x->SHl == 0) { return; }
+    int BT = x->BT, C = x->C;
+    if (recompute_mlp) { mlp_fc_forward(x->swiglu, ma->shg, ma->sh, in, w.sfcw, w.sfcb, BT, C, x->SHl); }
+    const floatX *ds = dy;   // the gradient of the shared experts' output
+    if (x->shared_gate) {    // (their output again, unscaled: the gate's gradient; summed over tp as the parts)
+        matmul_forward(x->sout, ma->shg, w.sfcprojw, NULL, BT, x->SHl, C);
+        moe_shared_gate_backward(x->sglogit, x->sdy, dy, x->sout, ma->sgate, BT, C);
+        comm_all_reduce(x->tp, x->sglogit, BT, DT_FLOAT, NULL);
+        ds = x->sdy;
     }
-    // 7. combine: the gradient of each kept row (send layout; padded: the padding rows' zero), and of the gates
-    // (all-reduced over tp: the expert outputs are partial sums over tp)
-    int a2a = x->ep->size > 1;   // (ep 1: the exchanges are identities, as in the forward: in mexp throughout)
+    if (d) {
+        copy_on_device(d->dy, ds, (size_t)BT * C * sizeof(floatX));
+        if (x->shared_gate) { copy_on_device(d->dsgate, x->sglogit, BT * sizeof(float)); }
+    } else {
+        bias_backward(g.sfcprojb, ds, BT, C);   // complete on every tp rank (as the experts' fcproj bias)
+        if (x->shared_gate) { moe_router_dweight(g.sgate, x->sglogit, in, BT, C, 1); }   // (complete on each)
+    }
+    floatX *sdh = d ? d->sdh : x->sdh;
+    mlp_proj_backward(x->swiglu, sdh, g.sfcprojw, ds, ma->shg, w.sfcprojw, ma->sh, x->sdact, BT, x->SHl, C);
+    matmul_backward(x->sout, g.sfcw, g.sfcb, sdh, in, w.sfcw, BT, C, x->SHw);
+}
+
+// 7.'s backward: the gradient of each kept row in the send layout (padded: the padding rows' zero) and of the gates
+// (all-reduced over tp: the expert outputs are partial sums over tp); 6.'s: the rows to their experts (mexp, grouped
+// by local expert; ep 1: the exchanges are identities, as in the forward: in mexp throughout). Returns the send
+// layout's buffer, which 4-3.'s backward fills again.
+static floatX *moe_combine_backward_to_experts(ExpertParallel *x, MoEActs *ma, const floatX *dy) {
+    int BT = x->BT, C = x->C, k = x->k, a2a = x->ep->size > 1;
     floatX *send = a2a ? x->msend : x->mexp;
-    if (x->padded) { memset_zero_device(send, (size_t)E * x->B * x->cap * C * sizeof(floatX)); }
+    if (x->padded) { memset_zero_device(send, (size_t)x->E * x->B * x->cap * C * sizeof(floatX)); }
     moe_combine_backward(send, x->dgate, dy, ma->ys, ma->gate, ma->row, BT, k, C);
     comm_all_reduce(x->tp, x->dgate, (size_t)BT * k, DT_FLOAT, NULL);
-    // 6-4. to the experts, 5. their backward, 4-3. back
     if (a2a) {
         moe_all_to_all(x, ma->counts, x->msend, x->mrecv, 1);
         moe_regroup(x, ma->counts, x->mrecv, x->mexp, 1);
     }
+    return send;
+}
+
+// 5.'s backward: mexp (the rows' output gradients) := the rows' input gradients; g's experts += theirs (ZB, d: what W
+// needs kept in d instead, g not touched)
+static void moe_experts_apply_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, ExpertGrads g,
+                                       int recompute_mlp, const MoEWGrads *d) {
+    int C = x->C, Hl = x->Hl, Hw = x->Hw, El = x->El;
     size_t rows = 0, r0;
     for (int le = 0; le < El; le++) { rows += moe_expert_rows(x, ma->counts, le, &r0); }
     if (d) {   // (the rows' output gradients: mexp becomes their input's gradient below)
         copy_on_device(d->dye, x->mexp, rows * C * sizeof(floatX));
-        memcpy(d->counts, ma->counts, (size_t)x->ep->size * E * sizeof(int));
+        memcpy(d->counts, ma->counts, (size_t)x->ep->size * x->E * sizeof(int));
     }
     floatX *mdh = d ? d->dh : x->mdh;
     if (x->padded) {   // (as in the forward: one strided-batched GEMM per product)
@@ -606,19 +647,42 @@ static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, Expert
     } else {
         moe_experts_backward(x, ma, w, g, mdh, recompute_mlp, d == NULL);
     }
-    if (a2a) {
+}
+
+// 4-3.'s backward: the rows' input gradients back to their tokens' ep ranks (send layout), summed per token -> dx
+static void moe_dispatch_backward(ExpertParallel *x, MoEActs *ma, floatX *send, floatX *dx) {
+    if (x->ep->size > 1) {
         moe_regroup(x, ma->counts, x->mexp, x->mrecv, 0);
         moe_all_to_all(x, ma->counts, x->mrecv, x->msend, 0);
     }
-    moe_unpermute(dx, send, ma->row, BT, k, C);
-    if (x->SHl > 0) { accumulate(dx, x->sout, (size_t)BT * C); }   // (8.'s input gradient)
-    if (x->shared_gate && x->tp_rank == 0) { moe_router_dinput(dx, x->sglogit, w.sgate, BT, C, 1); }   // (its gate's, once)
-    // 1. the router: identical on every tp rank (complete gates' gradient); its input gradient added once
-    moe_router_backward(x->dlogits, x->dgate, ma->gate, ma->choice, ma->probs, ma->lse, ma->f, T, BT, E, k,
+    moe_unpermute(dx, send, ma->row, x->BT, x->k, x->C);
+}
+
+// 1.'s backward: the router, identical on every tp rank (complete gates' gradient); its input gradient added once
+static void moe_route_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, ExpertGrads g, const floatX *in,
+                               floatX *dx, const MoEWGrads *d) {
+    int BT = x->BT, C = x->C, E = x->E;
+    moe_router_backward(x->dlogits, x->dgate, ma->gate, ma->choice, ma->probs, ma->lse, ma->f, x->T, BT, E, x->k,
                         x->aux_scale, x->z_scale, x->sigmoid, x->norm_topk);
     if (d) { copy_on_device(d->dlogits, x->dlogits, (size_t)BT * E * sizeof(float)); }
     else { moe_router_dweight(g.router, x->dlogits, in, BT, C, E); }
     if (x->tp_rank == 0) { moe_router_dinput(dx, x->dlogits, w.router, BT, C, E); }
+}
+
+// The backward of moe_forward. dy (BT, C): the gradient of out on every tp rank (all tokens; its buffer may be
+// dx's) -> dx (BT, C), the gradient of in, a partial sum over tp (written); g: the experts' gradients and the router's (+=).
+// recompute_mlp: the experts' (and shared experts') fc and GELU outputs are not stored (--recompute mlp):
+// computed again here. ZB (d not NULL): B only (g not touched); what W needs is kept in d.
+static void moe_backward(ExpertParallel *x, MoEActs *ma, ExpertWeights w, ExpertGrads g, const floatX *in,
+                         const floatX *dy, floatX *dx, int recompute_mlp, const MoEWGrads *d) {
+    int BT = x->BT, C = x->C;
+    moe_shared_backward(x, ma, w, g, in, dy, recompute_mlp, d);
+    floatX *send = moe_combine_backward_to_experts(x, ma, dy);
+    moe_experts_apply_backward(x, ma, w, g, recompute_mlp, d);
+    moe_dispatch_backward(x, ma, send, dx);
+    if (x->SHl > 0) { accumulate(dx, x->sout, (size_t)BT * C); }   // (8.'s input gradient)
+    if (x->shared_gate && x->tp_rank == 0) { moe_router_dinput(dx, x->sglogit, w.sgate, BT, C, 1); }   // (its gate's, once)
+    moe_route_backward(x, ma, w, g, in, dx, d);
 }
 
 // ZB: the W pass of a MoE layer, from what its B kept in d and the rows' activations in ma (xe, hg, shg): the
@@ -751,114 +815,6 @@ static MoEStepLoad moe_step_load(const ExpertParallel *x, Grid *g, int Lm, doubl
     s.kept = (double *)malloc_check(Lm * sizeof(double));
     moe_gather_load(x, g, Lm, s.load, s.kept);
     return s;
-}
-
-// ----------------------------------------------------------------------------
-// the MoE flags against the model
-
-// A MoE descriptor's keys it leaves out (named: parse_descriptor's) take the flags' values: --topk, --moe-every,
-// --expert-hidden, --shared-experts; a key it names keeps its own (apply_moe_shape refuses a flag that disagrees).
-static void moe_descriptor_defaults(const Args *a, int rank, ModelConfig *c, unsigned named) {
-    if (c->num_experts == 0) { return; }
-    int key[4] = {DK_K, DK_EVERY, DK_H, DK_S}, flag[4] = {a->topk, a->moe_every, a->expert_hidden, a->shared_experts};
-    int *field[4] = {&c->topk, &c->moe_every, &c->expert_hidden, &c->shared_experts};
-    for (int i = 0; i < 4; i++) { if (!(named >> key[i] & 1) && flag[i] >= 0) { *field[i] = flag[i]; } }
-    if (!config_valid(c)) {
-        fail_all(rank, "-e '%s' with --topk %d --moe-every %d --expert-hidden %d --shared-experts %d: need 1 <= k <= E = "
-                 "%d <= %d, 1 <= every <= L = %d, 1 <= H <= 65536, 0 <= S <= %d", a->model, c->topk, c->moe_every,
-                 c->expert_hidden, c->shared_experts, c->num_experts, MOE_MAX_EXPERTS, c->num_layers, MOE_MAX_SHARED);
-    }
-}
-
-// The MoE training options for model c (the z-loss's default depends on its router's scores).
-static MoEOptions moe_options(const Args *a, const ModelConfig *c) {
-    float z = a->z_coeff >= 0.0f ? a->z_coeff : c->router_score == ROUTER_SIGMOID ? 0.0f : 0.001f;
-    MoEOptions o = {a->cap1000, strcmp(a->drop_policy, "position") ? DROP_PROBS : DROP_POSITION, a->aux_coeff, z,
-                    a->moe_bias_rate};
-    return o;
-}
-
-// The MoE shape given by the flags (--experts, --topk, --moe-every) against the model's: a MoE model
-// (file, checkpoint, descriptor with E=) must agree with every flag given; a dense descriptor or file
-// becomes a MoE model of that shape (a file: upcycled, each expert a copy of its layer's MLP), except
-// when resuming (a checkpoint keeps its shape). Returns the weights (params, or a new array).
-static float *apply_moe_shape(const Args *a, int rank, ModelConfig *c, float *params, const char *what, int resuming) {
-    if (a->experts < 0 && a->topk < 0 && a->moe_every < 0 && a->expert_hidden < 0 && a->shared_experts < 0) {
-        return params;
-    }
-
-    if (c->num_experts > 0 || resuming) {
-        int given[5] = {a->experts, a->topk, a->moe_every, a->expert_hidden, a->shared_experts},
-            has[5] = {c->num_experts, c->topk, c->moe_every, c->expert_hidden, c->shared_experts};
-        static const char *flag[5] = {"--experts", "--topk", "--moe-every", "--expert-hidden", "--shared-experts"},
-            *name[5] = {"E", "k", "every", "H", "S"};
-        for (int i = 0; i < 5; i++) {
-            if (given[i] >= 0 && given[i] != has[i]) {
-                fail_all(rank, "%s %d, but %s has %s = %d%s", flag[i], given[i], what, name[i], has[i],
-                         resuming ? " (a checkpoint resumes with its own shape)" : "");
-            }
-        }
-        return params;
-    }
-    if (a->experts < 0) {
-        fail_all(rank, "--topk, --moe-every, --expert-hidden and --shared-experts need --experts E (or a MoE model)");
-    }
-    ModelConfig moe = *c;
-    moe.num_experts = a->experts;
-    moe.topk = a->topk > 0 ? a->topk : 1;
-    moe.moe_every = a->moe_every > 0 ? a->moe_every : 1;
-    moe.expert_hidden = a->expert_hidden > 0 ? a->expert_hidden : c->ffn_hidden;   // (GPT-2: 4C; Llama: F)
-    moe.shared_experts = a->shared_experts > 0 ? a->shared_experts : 0;
-    if (!config_valid(&moe)) {
-        fail_all(rank, "--experts %d --topk %d --moe-every %d: need 1 <= k <= E <= %d and 1 <= every <= L = %d",
-                 moe.num_experts, moe.topk, moe.moe_every, MOE_MAX_EXPERTS, c->num_layers);
-    }
-    if (params && (moe.expert_hidden != c->ffn_hidden || moe.shared_experts > 0)) {
-        // (upcycling copies the dense MLP into each expert: only experts of its width, and no shared ones)
-        fail_all(rank, "%s is dense: upcycling makes each expert a copy of its layer's MLP, so --expert-hidden must be "
-                 "%s = %d and --shared-experts 0 (got %d, %d); train such a model from a descriptor", what,
-                 c->arch == ARCH_LLAMA ? "F" : "4C", c->ffn_hidden, moe.expert_hidden, moe.shared_experts);
-    }
-    float *out = params ? upcycle_dense(c, params, &moe, a->seed, 0) : NULL;
-    if (params && rank == 0) {
-        printf("%s: dense model upcycled to %d experts (each a copy of its layer's MLP), top-%d, every %d layers\n",
-               what, moe.num_experts, moe.topk, moe.moe_every);
-    }
-    free(params);
-    *c = moe;
-    return out;
-}
-
-// The MoE flags against the model: the shape (apply_moe_shape), then the router's scores: a MoE model file or
-// checkpoint keeps its own (--router-score must agree), a descriptor or an upcycled dense file takes the flag's;
-// then what the final model refuses. file: the model comes from a file (or a checkpoint: resuming).
-static float *apply_moe_flags(const Args *a, int rank, ModelConfig *c, float *params, const char *what, int resuming,
-                              int file) {
-    int keeps_score = (file || resuming) && c->num_experts > 0;
-    params = apply_moe_shape(a, rank, c, params, what, resuming);
-    if (a->router_score) {
-        int want = strcmp(a->router_score, "sigmoid") ? ROUTER_SOFTMAX : ROUTER_SIGMOID;
-        if (c->num_experts == 0) {
-            fail_all(rank, "--router-score %s needs MoE layers (--experts E or a MoE model)", a->router_score);
-        }
-        if (keeps_score && want != c->router_score) {
-            fail_all(rank, "--router-score %s, but %s has %s router scores (a MoE model keeps its own)", a->router_score,
-                     what, c->router_score == ROUTER_SIGMOID ? "sigmoid" : "softmax");
-        }
-        c->router_score = want;
-    }
-    if (a->moe_bias_rate > 0.0f && c->num_experts == 0) {
-        fail_all(rank, "--moe-bias-rate %g needs MoE layers (--experts E or a MoE model)", a->moe_bias_rate);
-    }
-    if (c->router_score == ROUTER_SIGMOID && c->topk == 1) {
-        fail_all(rank, "sigmoid router scores with top-1 (%s): the one gate would be the constant 1 and the router "
-                 "would get no gradient; use --topk 2 or more, or softmax scores", what);
-    }
-    if (c->router_score == ROUTER_SIGMOID && a->z_coeff > 0.0f) {
-        fail_all(rank, "--z-coeff %g with sigmoid router scores: the z-loss is a softmax router's regulariser "
-                 "(leave it out: 0 with sigmoid)", a->z_coeff);
-    }
-    return params;
 }
 
 #endif // LLMC_EXPERT_PARALLEL_H

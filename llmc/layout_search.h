@@ -478,7 +478,7 @@ static void plan_search(const Args *base, const ModelConfig *c, int world) {
     s.fit = (Layout *)malloc_check(s.cap * sizeof(Layout));
     s.plans = (MemPlan *)malloc_check(world * sizeof(MemPlan));
     s.shapes = (CommShape *)malloc_check(world * sizeof(CommShape));
-    double t0 = wall_seconds();
+    double t0 = monotonic_seconds();
     for (int tp = 1; tp <= world; tp++) {
         for (int cp = 1; cp <= world / tp; cp++) {
             for (int pp = 1; pp <= world / (tp * cp); pp++) {
@@ -486,7 +486,7 @@ static void plan_search(const Args *base, const ModelConfig *c, int world) {
             }
         }
     }
-    double seconds = wall_seconds() - t0;
+    double seconds = monotonic_seconds() - t0;
     search_report(&s);
     printf("(searched in %.2f s)\n", seconds);
     fflush(stdout);

@@ -57,12 +57,6 @@
 
 typedef enum { SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_ZB } PipeSchedule;
 
-static double wall_seconds(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
 // The k-th forward (or backward) of a rank, k = 0 .. m*vpp-1: its model chunk and its micro-batch.
 // Groups of pp micro-batches pass chunk 0, then chunk 1, ...; the backward takes the chunks in reverse.
 static int schedule_chunk(int k, int pp, int vpp, int forward) {
@@ -436,7 +430,7 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st, StageWork w) {
     // this rank's slice
     size_t k = p->split ? p->n / p->tp->size : p->n, off = p->split ? (size_t)p->tp->rank * k : 0;
     if (p->time_waits) { device_synchronize(); }   // the compute before is not waiting
-    double t0 = wall_seconds();
+    double t0 = monotonic_seconds();
     for (int i = 0; i < 2; i++) { comm_wait(&p->sending[i]); }   // the previous exchange's sends
     PipeMsg msg[4];
     P2POp ops[4];
@@ -470,19 +464,19 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st, StageWork w) {
     int wgt = st->wgt >= 0;
     comm_p2p(p->pp, ops, n, DT_FLOATX, p->overlap ? p->sending : wgt ? sends : NULL, wgt ? recvs : NULL);
     if (wgt) {   // (what the receives write and the sends read, W does not touch: p->grad, the slots' resid)
-        p->wait_seconds += wall_seconds() - t0;
+        p->wait_seconds += monotonic_seconds() - t0;
         EXCHANGE_TRACE_END();
         pipe_weights(p, st->wgt, w);
         trace_begin();
         if (p->time_waits) { device_synchronize(); }
-        t0 = wall_seconds();
+        t0 = monotonic_seconds();
         for (int i = 0; i < 2; i++) { comm_wait(&recvs[i]); comm_wait(&sends[i]); }
     }
     for (int i = 0; i < 2; i++) {
         if (p->split && got[i]) { comm_all_gather(p->tp, got[i] + off, got[i], k, DT_FLOATX, NULL); }
     }
     if (p->time_waits) { device_synchronize(); }
-    p->wait_seconds += wall_seconds() - t0;
+    p->wait_seconds += monotonic_seconds() - t0;
     EXCHANGE_TRACE_END();
     #undef EXCHANGE_TRACE_END
 }
@@ -524,10 +518,10 @@ static void pipeline_run(Pipeline *p, StageWork w) {
     if (p->pp->size > 1) {   // the later stages finish their last backward first: that wait is bubble too
         trace_begin();
         if (p->time_waits) { device_synchronize(); }
-        double t0 = wall_seconds();
+        double t0 = monotonic_seconds();
         for (int i = 0; i < 2; i++) { comm_wait(&p->sending[i]); }
         if (p->time_waits) { comm_host_barrier(p->pp, "pipeline flush barrier"); }
-        p->wait_seconds += wall_seconds() - t0;
+        p->wait_seconds += monotonic_seconds() - t0;
         trace_end("flush", "pipeline", NULL);
     }
 }

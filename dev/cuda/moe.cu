@@ -8,6 +8,7 @@
 // The integer decisions (choices, keep masks, rows) must be identical: each kernel gets the CPU's
 // inputs (the probabilities included), so there is no near-tie to flip.
 #include "../../llmc/moe.h"
+#include "../../llmc/moe_dispatch.h"
 #include "common.h"
 
 static int compare_ints(const char *what, const int *d, const int *ref, size_t n) {
