@@ -1457,6 +1457,61 @@ static void run_agree_on_inputs(Run *r, const float *params) {
     }
 }
 
+// The schedule, the optimizer, and the state of a resumed run (run_setup's)
+static void run_setup_schedule(Run *r, int resume_step) {
+    Args *a = &r->args;
+    int rank = r->rank;
+    int steps_per_epoch = (int)(r->train_loader.rounds_per_epoch / r->accum);
+    r->max_steps = a->max_steps >= 0 ? a->max_steps : (steps_per_epoch > 0 ? steps_per_epoch : 1);
+    r->sched = (LRScheduler){a->scheduler, a->lr, a->final_frac, a->warmup, r->max_steps};
+    r->opt = (OptConfig){0.9f, 0.95f, 1e-8f, a->weight_decay, a->grad_clip, a->seed};
+    rng_init(&r->sample_rng, a->seed + 1);
+    r->start_step = resume_step >= 0 ? resume_step : 0;
+    r->resumed = resume_step >= 0;
+    if (resume_step > r->max_steps) {
+        fail_all(rank, "-x %d: the checkpoint in '%s' is of step %d, past it: nothing to run (give -x %d or more, or "
+                 "another -o)", r->max_steps, a->output_dir, resume_step, resume_step);
+    }
+    if (resume_step >= 0) {
+        int was = load_state(&r->model, a->output_dir, resume_step, &r->train_loader, &r->sample_rng, a->total_batch);
+        if (rank == 0) { printf("resumed from step %d of %s\n", resume_step, a->output_dir); }
+        if (rank == 0 && was > 0 && was != r->max_steps && resume_step < r->max_steps) {
+            printf("note: the checkpoint's run had -x %d, this one -x %d: the learning-rate schedule is stretched to %d steps\n",
+                   was, r->max_steps, r->max_steps);
+        }
+    }
+}
+
+// What a step reads beside the model: the end-of-text token, the sampler, retention, the timing flags, each GEMM's
+// cuBLASLt algorithm (run_setup's)
+static void run_setup_rest(Run *r) {
+    Args *a = &r->args;
+    r->eot = r->tokenizer.init_ok ? r->tokenizer.eot_token : r->config.vocab_size - 1;
+    r->ids_note = a->train_pattern || a->val_pattern ? " token ids (no tokenizer.bin with the model's vocabulary beside the shards)"
+                                   : " token ids (the built-in corpus is a Markov chain over token ids, not text)";
+    r->sampling = args_samples(a);
+    if (r->sampling) {
+        Model *m = &r->model;
+        sampler_init(&r->sampler, (size_t)m->B * m->T * r->grid.cp, r->nprompt + a->gen_tokens + 1,
+                     r->config.padded_vocab_size, m->last, a->temperature, a->top_k);
+    }
+    ckpt_keep_newest = a->keep_newest;
+    ckpt_keep_every = a->keep_every;
+    r->saved = -1;
+    r->model.moe.time_a2a = a->comm_report && r->config.num_experts > 0;
+    r->model.pipe.time_waits = a->comm_report || a->trace_dir != NULL;
+    // each GEMM's cuBLASLt algorithm: a one-rank run times the candidates once and keeps them in -o (matmul.h)
+    static char choices[1100];
+    matmul_tune = !a->deterministic && r->world == 1;
+    if (matmul_tune && a->output_dir) {
+        path_join(choices, a->output_dir, "gemm_choices.txt");
+        matmul_choices_path = choices;
+    }
+#ifdef USE_CUDA
+    if (matmul_tune) { matmul_choices_load(); }
+#endif
+}
+
 // The model, the grid, this rank's part of the model, the data, the output dir, and the state of a
 // resumed run. A fresh run's shape alone says whether it fits: it is checked before the weights are
 // made (a resumed one's shape is in its checkpoint).
@@ -1488,51 +1543,9 @@ static void run_setup(Run *r) {
         Model *m = &r->model;
         print_setup(a, &r->config, &r->grid, m->num_parameters, m->moe.cap, m->moe.El, r->accum);
     }
-    // the schedule, the optimizer, and the state of a resumed run
-    int steps_per_epoch = (int)(r->train_loader.rounds_per_epoch / r->accum);
-    r->max_steps = a->max_steps >= 0 ? a->max_steps : (steps_per_epoch > 0 ? steps_per_epoch : 1);
-    r->sched = (LRScheduler){a->scheduler, a->lr, a->final_frac, a->warmup, r->max_steps};
-    r->opt = (OptConfig){0.9f, 0.95f, 1e-8f, a->weight_decay, a->grad_clip, a->seed};
-    rng_init(&r->sample_rng, a->seed + 1);
-    r->start_step = resume_step >= 0 ? resume_step : 0;
-    r->resumed = resume_step >= 0;
-    if (resume_step > r->max_steps) {
-        fail_all(rank, "-x %d: the checkpoint in '%s' is of step %d, past it: nothing to run (give -x %d or more, or "
-                 "another -o)", r->max_steps, a->output_dir, resume_step, resume_step);
-    }
-    if (resume_step >= 0) {
-        int was = load_state(&r->model, a->output_dir, resume_step, &r->train_loader, &r->sample_rng, a->total_batch);
-        if (rank == 0) { printf("resumed from step %d of %s\n", resume_step, a->output_dir); }
-        if (rank == 0 && was > 0 && was != r->max_steps && resume_step < r->max_steps) {
-            printf("note: the checkpoint's run had -x %d, this one -x %d: the learning-rate schedule is stretched to %d steps\n",
-                   was, r->max_steps, r->max_steps);
-        }
-    }
+    run_setup_schedule(r, resume_step);
     r->logf = a->output_dir && rank == 0 ? open_log(a->output_dir, r->start_step) : -1;
-    r->eot = r->tokenizer.init_ok ? r->tokenizer.eot_token : r->config.vocab_size - 1;
-    r->ids_note = a->train_pattern || a->val_pattern ? " token ids (no tokenizer.bin with the model's vocabulary beside the shards)"
-                                   : " token ids (the built-in corpus is a Markov chain over token ids, not text)";
-    r->sampling = args_samples(a);
-    if (r->sampling) {
-        Model *m = &r->model;
-        sampler_init(&r->sampler, (size_t)m->B * m->T * r->grid.cp, r->nprompt + a->gen_tokens + 1,
-                     r->config.padded_vocab_size, m->last, a->temperature, a->top_k);
-    }
-    ckpt_keep_newest = a->keep_newest;
-    ckpt_keep_every = a->keep_every;
-    r->saved = -1;
-    r->model.moe.time_a2a = a->comm_report && r->config.num_experts > 0;
-    r->model.pipe.time_waits = a->comm_report || a->trace_dir != NULL;
-    // each GEMM's cuBLASLt algorithm: a one-rank run times the candidates once and keeps them in -o (matmul.h)
-    static char choices[1100];
-    matmul_tune = !a->deterministic && r->world == 1;
-    if (matmul_tune && a->output_dir) {
-        path_join(choices, a->output_dir, "gemm_choices.txt");
-        matmul_choices_path = choices;
-    }
-#ifdef USE_CUDA
-    if (matmul_tune) { matmul_choices_load(); }
-#endif
+    run_setup_rest(r);
     mem_setup_done();   // from here no buffer is allocated or freed (alloc.h)
 }
 

@@ -271,13 +271,8 @@ static void check_nonnegative(const ModelConfig *c, const float *all, const char
     }
 }
 
-// The state file of checkpoint `step` in dir (its path into path) opened and its header h checked against this run
-// (the model's parameters, the run, the data, -t, -d, the step counters, the size); positioned after the header.
-static FILE *state_open_checked(const ModelConfig *c, const char *dir, int step, const TrainState *s,
-                                const DataLoader *dl, int h[256], char *path) {
-    size_t Pm = num_parameters(c);
-    path_join(path, dir, "state_%08d.bin", step);
-    FILE *f = fopen_check(path, "rb");
+// The state file's form: a whole header, the magic, this version, and its CRC over header and body, which holds.
+static void state_check_form(FILE *f, int h[256], const char *path) {
     if (fread(h, sizeof(int), 256, f) != 256) {
         fail("state file '%s' is truncated: expected a 1024-byte header", path);
     }
@@ -290,6 +285,16 @@ static FILE *state_open_checked(const ModelConfig *c, const char *dir, int step,
         fail("state file '%s' is corrupt: it has no CRC-32 of its header and body (slots %d, 255)", path, CRC_SCOPE_SLOT);
     }
     check_file_crc(f, h, path);
+}
+
+// The state file of checkpoint `step` in dir (its path into path) opened and its header h checked against this run
+// (the model's parameters, the run, the data, -t, -d, the step counters, the size); positioned after the header.
+static FILE *state_open_checked(const ModelConfig *c, const char *dir, int step, const TrainState *s,
+                                const DataLoader *dl, int h[256], char *path) {
+    size_t Pm = num_parameters(c);
+    path_join(path, dir, "state_%08d.bin", step);
+    FILE *f = fopen_check(path, "rb");
+    state_check_form(f, h, path);
     checkpoint_model_matches(dir, step, h[SH_MODEL_CRC], path);
     if (state_run_id(h) != ckpt_run_id) {
         fail("state file '%s' is of run %016llx, this run is %016llx (the one main.log records): a resume continues "

@@ -286,6 +286,34 @@ static double comm_ep_rows_even(const CommShape *s, int accum) {
     return (double)s->nmoe * accum * 2.0 * s->BT * s->topk * (s->ep - 1.0) / s->ep;
 }
 
+// tp's bytes of a step (comm_step_bytes')
+static double comm_tp_bytes(const CommShape *s, int accum) {
+    double X = s->X;
+    // tp, per micro-batch: 4 collectives per layer of the stage, plus the embedding (first stage) and the head
+    // (last stage): SP (ends+4L) reduce-scatters + (ends+6L) all-gathers of (p-1)/p BT C (2L of them the
+    // backward's re-gathers), without SP (ends+4L) all-reduces; recompute full: each layer's forward
+    // collectives again; the CE chunks' statistics (3 floats a token over the tp ranks); MoE: the gates'
+    // gradient (BT, k) fp32 all-reduced per MoE layer (and the shared gate's logits', BT); QK-norm: per layer q's
+    // and k's sums (2 BT fp32) all-reduced forward, backward (and recomputed); a pipeline without SP: the stage boundary tensors, of
+    // which each tp rank received 1/tp, all-gathered; SP: the replicated elements' partial-sum gradients
+    // all-reduced once per step (ZeRO-2/3: per micro-batch)
+    if (s->tp == 1) { return 0; }
+    double S = X * s->BT * s->C, ring = (s->tp - 1.0) / s->tp, ends = s->first + s->last;
+    double act = (2 * ends + (s->sp ? 10.0 : 8.0) * s->Ls) * ring * S;
+    if (s->recompute_full) { act += 4.0 * s->Ls * ring * S; }
+    double ce = 0;
+    for (int c0 = 0; s->last && c0 < s->BT; c0 += s->ce_chunk) {
+        int n = s->BT - c0 < s->ce_chunk ? s->BT - c0 : s->ce_chunk;
+        ce += (s->tp - 1.0) * 3 * n * 4;
+    }
+    double pipe_ag = s->pp > 1 && !s->sp
+            ? ((s->vpp - s->first) + (s->vpp - s->last)) * ring * S * s->BTs / s->BT : 0;
+    double gates = s->nmoe * 2.0 * ring * s->BT * (s->topk + (s->sgate ? 1 : 0)) * 4;   // (+ the shared gate's)
+    double rep = s->sp ? 2.0 * ring * X * s->rep * (s->zero >= 2 ? accum : 1) : 0;
+    double qkn = s->qknorm ? s->Ls * (s->recompute_full ? 3.0 : 2.0) * 2.0 * ring * 2.0 * s->BT * 4 : 0;
+    return accum * (act + ce + pipe_ag + gates + qkn) + rep;
+}
+
 // One step of `accum` micro-batches. ep_rows: the rows the all-to-alls moved (a run counts them from its
 // routing; a plan: comm_ep_rows_even). gathered[2]: ZeRO-3's ring elements gathered per group, as a run
 // counted them (NULL: from the shape's policy: exact or the bound, see CommShape).
@@ -328,30 +356,7 @@ static CommBytes comm_step_bytes(const CommShape *s, int accum, double ep_rows, 
     }
     // ep: the rows x C each way, forward (dispatch, return), backward (the same), and the recomputed forward
     if (s->ep > 1 && s->nmoe > 0) { b.ep = (s->recompute_full ? 3 : 2) * ep_rows * s->C * X; }
-    // tp, per micro-batch: 4 collectives per layer of the stage, plus the embedding (first stage) and the head
-    // (last stage): SP (ends+4L) reduce-scatters + (ends+6L) all-gathers of (p-1)/p BT C (2L of them the
-    // backward's re-gathers), without SP (ends+4L) all-reduces; recompute full: each layer's forward
-    // collectives again; the CE chunks' statistics (3 floats a token over the tp ranks); MoE: the gates'
-    // gradient (BT, k) fp32 all-reduced per MoE layer (and the shared gate's logits', BT); QK-norm: per layer q's
-    // and k's sums (2 BT fp32) all-reduced forward, backward (and recomputed); a pipeline without SP: the stage boundary tensors, of
-    // which each tp rank received 1/tp, all-gathered; SP: the replicated elements' partial-sum gradients
-    // all-reduced once per step (ZeRO-2/3: per micro-batch)
-    if (s->tp > 1) {
-        double S = X * s->BT * s->C, ring = (s->tp - 1.0) / s->tp, ends = s->first + s->last;
-        double act = (2 * ends + (s->sp ? 10.0 : 8.0) * s->Ls) * ring * S;
-        if (s->recompute_full) { act += 4.0 * s->Ls * ring * S; }
-        double ce = 0;
-        for (int c0 = 0; s->last && c0 < s->BT; c0 += s->ce_chunk) {
-            int n = s->BT - c0 < s->ce_chunk ? s->BT - c0 : s->ce_chunk;
-            ce += (s->tp - 1.0) * 3 * n * 4;
-        }
-        double pipe_ag = s->pp > 1 && !s->sp
-                ? ((s->vpp - s->first) + (s->vpp - s->last)) * ring * S * s->BTs / s->BT : 0;
-        double gates = s->nmoe * 2.0 * ring * s->BT * (s->topk + (s->sgate ? 1 : 0)) * 4;   // (+ the shared gate's)
-        double rep = s->sp ? 2.0 * ring * X * s->rep * (s->zero >= 2 ? accum : 1) : 0;
-        double qkn = s->qknorm ? s->Ls * (s->recompute_full ? 3.0 : 2.0) * 2.0 * ring * 2.0 * s->BT * 4 : 0;
-        b.tp = accum * (act + ce + pipe_ag + gates + qkn) + rep;
-    }
+    b.tp = comm_tp_bytes(s, accum);   // tp: the layers' collectives, the CE's statistics, MoE's gates
     // world: the step's loss sum and squared norm (2 doubles) all-reduced; Muon: U to the matrices' owners and their
     // results back, fp32, the elements whose other end is another rank
     if (s->world > 1) { b.world = 2.0 * (s->world - 1) / s->world * 16 + 4.0 * s->muon_out; }

@@ -409,6 +409,34 @@ static void pipe_weights(Pipeline *p, int k, StageWork w) {
 
 
 
+// Where message m of step st is sent from or received into (this rank's slice: k elements at off of the buffer);
+// got[0], got[1]: set to the buffer of a received activation, a received gradient.
+static floatX *pipe_message_buffer(Pipeline *p, const PipeStep *st, const PipeMsg *m, floatX *got[2], size_t off,
+                                   size_t k) {
+    int pp = p->pp->size;
+    floatX *buf;
+    if (m->send && !m->grad) {          // forward k's output
+        buf = p->resid[pipe_slot(p, st->fwd, 1)] + (size_t)p->chunk_len[schedule_chunk(st->fwd, pp, p->vpp, 1)] * p->n;
+    } else if (m->send) {               // the gradient of backward k's input
+        buf = p->grad;
+        if (p->grad_send) {   // the next backward writes grad while this is in flight
+            copy_on_device(p->grad_send + off, buf + off, k * sizeof(floatX));
+            buf = p->grad_send;
+        }
+    } else if (!m->grad && p->input) {  // ZB: forward k's input, to wait for its forward
+        if (p->input_held >= 0) { fail("pipeline: input %d arrived over input %d: a bug", st->recv_fwd, p->input_held); }
+        buf = got[0] = p->input;
+        p->input_held = st->recv_fwd;
+    } else if (!m->grad) {              // forward k's input, into a slot of its own
+        slot_take(p, st->recv_fwd);
+        buf = got[0] = p->resid[pipe_slot(p, st->recv_fwd, 1)];
+    } else {                            // backward k's output gradient
+        buf = got[1] = p->grad_recv;
+        p->grad_held = st->recv_bwd;
+    }
+    return buf;
+}
+
 // One exchange with the neighbours (the step's sends and receives, all started together). The next
 // stage of chunk v is the next rank's chunk v, but after rank pp-1: rank 0's chunk v+1 (interleaved).
 // ZB: the step's W pass runs while the messages are in flight (the time it takes is not counted as waiting).
@@ -437,26 +465,7 @@ static void pipe_exchange(Pipeline *p, const PipeStep *st, StageWork w) {
     int n = pipe_step_messages(st, pp, p->pp->rank, msg);   // (the order steps_match checked at set-up)
     floatX *got[2] = {NULL, NULL};
     for (int j = 0; j < n; j++) {
-        floatX *buf;
-        if (msg[j].send && !msg[j].grad) {          // forward k's output
-            buf = p->resid[pipe_slot(p, st->fwd, 1)] + (size_t)p->chunk_len[schedule_chunk(st->fwd, pp, p->vpp, 1)] * p->n;
-        } else if (msg[j].send) {                   // the gradient of backward k's input
-            buf = p->grad;
-            if (p->grad_send) {   // the next backward writes grad while this is in flight
-                copy_on_device(p->grad_send + off, buf + off, k * sizeof(floatX));
-                buf = p->grad_send;
-            }
-        } else if (!msg[j].grad && p->input) {      // ZB: forward k's input, to wait for its forward
-            if (p->input_held >= 0) { fail("pipeline: input %d arrived over input %d: a bug", st->recv_fwd, p->input_held); }
-            buf = got[0] = p->input;
-            p->input_held = st->recv_fwd;
-        } else if (!msg[j].grad) {                  // forward k's input, into a slot of its own
-            slot_take(p, st->recv_fwd);
-            buf = got[0] = p->resid[pipe_slot(p, st->recv_fwd, 1)];
-        } else {                                    // backward k's output gradient
-            buf = got[1] = p->grad_recv;
-            p->grad_held = st->recv_bwd;
-        }
+        floatX *buf = pipe_message_buffer(p, st, &msg[j], got, off, k);
         // (kind: the micro-batch and activation or gradient: what the two ranks must agree the message is)
         ops[j] = (P2POp){msg[j].send, buf + off, k, msg[j].peer, 1 + msg[j].grad + 2 * schedule_micro(msg[j].k, pp, p->vpp)};
     }
