@@ -90,9 +90,11 @@ else ifeq ($(BACKEND),cuda)
   endif
   # fast math (approximate expf and division, flush to zero) in the bf16 build only: the fp32 build is the
   # GPU's precise twin of the CPU loops
+  # (nvcc takes the host compiler's -pthread and -Wl,X only as -Xcompiler / -Xlinker: an Open MPI 5 mpicxx prints both)
+  nvcc_host = $(patsubst -pthread,-Xcompiler=-pthread,$(patsubst -Wl$(comma)%,-Xlinker=%,$(1)))
   NVCCFLAGS := -O3 $(if $(filter FP32,$(PRECISION)),,--use_fast_math) -std=c++17 -arch=sm_$(CUDA_ARCH) -Xcompiler -fopenmp,-Wall,-Wno-unused-function \
-               -DUSE_CUDA $(MPI_CFLAGS) $(CHUNK_CFLAGS) -I$(CUDA_HOME)/include $(if $(NCCL_HOME),-I$(NCCL_HOME)/include) $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32)
-  LDLIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas $(NCCL_LIB) -lgomp $(MPI_LDFLAGS)
+               -DUSE_CUDA $(call nvcc_host,$(MPI_CFLAGS)) $(CHUNK_CFLAGS) -I$(CUDA_HOME)/include $(if $(NCCL_HOME),-I$(NCCL_HOME)/include) $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32)
+  LDLIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas $(call nvcc_host,$(NCCL_LIB) -lgomp $(MPI_LDFLAGS))
   ifeq ($(USE_CUDNN),1)
     CUDNN_FRONTEND_PATH ?= $(firstword $(patsubst %/cudnn_frontend.h,%,$(wildcard .venv/lib/python3*/site-packages/include/cudnn_frontend.h)))
     ifeq ($(wildcard $(CUDNN_FRONTEND_PATH)/cudnn_frontend.h)$(SKIP_CHECKS),)

@@ -38,6 +38,32 @@ step() {
     fi
     return "$rc"
 }
+# queue NAME TIMEOUT_SECONDS 'COMMAND': a check that needs no quiet GPU (test_gpt), run later by run_queue N: N at a
+# time, their results in the summary in the order queued
+QUEUE=()
+queue() { QUEUE+=("$1|$2|$3"); }
+run_queue() {
+    local n=$1 i=0 pids=() q name limit cmd
+    for q in "${QUEUE[@]}"; do
+        name=${q%%|*} q=${q#*|}; limit=${q%%|*} cmd=${q#*|}
+        ( t=$(date +%s); timeout "$limit" bash -c "$cmd" > "$LOG_DIR/$name.log" 2>&1; rc=$?
+          echo "$rc $(( $(date +%s) - t ))" > "$LOG_DIR/$name.rc" ) &
+        pids+=($!); i=$((i + 1))
+        [ $((i % n)) -eq 0 ] && wait "${pids[@]}" && pids=()
+    done
+    wait
+    for q in "${QUEUE[@]}"; do
+        name=${q%%|*} q=${q#*|}; limit=${q%%|*}
+        read -r rc dt < "$LOG_DIR/$name.rc" 2>/dev/null || { rc=1; dt=?; }
+        echo "=== $name: exit $rc (${dt}s); $(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$LOG_DIR/$name.log" | tail -n 1)"
+        if [ "$rc" -eq 0 ]; then SUMMARY+=("ok    $name (${dt}s)")
+        else
+            [ "$rc" -eq 124 ] && SUMMARY+=("FAIL  $name: timed out after ${limit}s") || SUMMARY+=("FAIL  $name: exit $rc (${dt}s), log $LOG_DIR/$name.log")
+            FAILED=$((FAILED + 1))
+        fi
+    done
+    QUEUE=()
+}
 
 echo "=== device"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "(nvidia-smi not available)"
@@ -46,25 +72,30 @@ nvcc --version | tail -1
 # 1. the cuda backend, both precisions (the two builds in parallel). One GPU needs neither Open MPI nor
 #    NCCL: without them (the device image may lack them) build the single-process NO_MPI=1 variant.
 MPI_FLAG=""
-if ! command -v mpicxx >/dev/null 2>&1 || { [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ]; }; then
+if ! command -v mpicxx >/dev/null 2>&1 || { [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ] && [ ! -f "${NCCL_HOME:-/none}/include/nccl.h" ]; }; then
     MPI_FLAG="NO_MPI=1"; echo "(no Open MPI or NCCL here: building with NO_MPI=1)"
 fi
+# SKIP_BUILD=1: the binaries and harnesses were built elsewhere for this GPU and carried (scripts/gpu_session.sh)
+if [ "${SKIP_BUILD:-0}" = 1 ]; then SUMMARY+=("skip  build_cuda, build_harnesses: carried (SKIP_BUILD=1)"); else
 step build_cuda 240 "make BACKEND=cuda BUILD_DIR=build/cuda CUDA_ARCH=$CUDA_ARCH $MPI_FLAG -j2 & a=\$!;
                     make BACKEND=cuda BUILD_DIR=build/cuda-fp32 PRECISION=FP32 CUDA_ARCH=$CUDA_ARCH $MPI_FLAG -j2 & b=\$!;
                     wait \$a && wait \$b"
 
 # 2. the kernel harnesses, bf16 then fp32
 step build_harnesses 240 "make -C dev/cuda CUDA_ARCH=$CUDA_ARCH -j$JOBS && make -C dev/cuda PRECISION=FP32 CUDA_ARCH=$CUDA_ARCH -j$JOBS"
+fi
 for prec in bf16 fp32; do
-    for op in encoder layernorm matmul attention gelu residual fused_ce adamw global_norm matmul_gelu residual_layernorm moe context_parallel; do
+    for op in $(sed -n 's/^OPS := //p' dev/cuda/Makefile); do
         if [ -x "dev/cuda/bin/$prec/$op" ]; then
-            step "harness_${prec}_$op" 90 "dev/cuda/bin/$prec/$op"
+            step "harness_${prec}_$op" 60 "dev/cuda/bin/$prec/$op"
         else
             SUMMARY+=("FAIL  harness_${prec}_$op: not built"); FAILED=$((FAILED + 1))
         fi
     done
 done
 
+# REFS_READY: a file that appears when the references written in the background are there (gpu_session.sh)
+for i in $(seq 1 240); do [ -z "${REFS_READY:-}" ] || [ -f "$REFS_READY" ] && break; sleep 0.5; done
 # 3. test_gpt on one GPU against the PyTorch reference states (refs/tiny, refs/d4: carry them, or they are
 #    written here when PyTorch is installed). fp32 build: the fp32 tolerances; bf16 build: the bf16 row.
 for cfg in tiny d4; do
@@ -74,9 +105,9 @@ for cfg in tiny d4; do
 done
 for cfg in tiny d4; do
     if [ -f refs/$cfg/state.bin ]; then
-        step test_gpt_fp32_$cfg 120 "./build/cuda-fp32/test_gpt --ref refs/$cfg -b 4 --check-memory"
-        step test_gpt_bf16_$cfg 120 "./build/cuda/test_gpt --ref refs/$cfg -b 4 --check-memory"
-        [ $cfg = d4 ] && step test_gpt_bf16_d4_flash 120 "./build/cuda/test_gpt --ref refs/d4 -b 4 --check-memory --attention flash"
+        queue test_gpt_fp32_$cfg 90 "./build/cuda-fp32/test_gpt --ref refs/$cfg -b 4 --check-memory"
+        queue test_gpt_bf16_$cfg 90 "./build/cuda/test_gpt --ref refs/$cfg -b 4 --check-memory"
+        [ $cfg = d4 ] && queue test_gpt_bf16_d4_flash 90 "./build/cuda/test_gpt --ref refs/d4 -b 4 --check-memory --attention flash"
     else
         SUMMARY+=("FAIL  test_gpt_$cfg: no reference state refs/$cfg"); FAILED=$((FAILED + 1))
     fi
@@ -86,8 +117,8 @@ done
 #     against the PyTorch MoE references (carry refs/moe*: the MoE reference needs its flags, see test_matrix.sh)
 for cfg in moe moe_pos moe_dl moe_k1 moe_sig; do
     if [ -f refs/$cfg/state.bin ]; then
-        step test_gpt_fp32_$cfg 120 "./build/cuda-fp32/test_gpt --ref refs/$cfg -b 2 --check-memory"
-        step test_gpt_bf16_$cfg 120 "./build/cuda/test_gpt --ref refs/$cfg -b 2 --check-memory"
+        queue test_gpt_fp32_$cfg 90 "./build/cuda-fp32/test_gpt --ref refs/$cfg -b 2 --check-memory"
+        queue test_gpt_bf16_$cfg 90 "./build/cuda/test_gpt --ref refs/$cfg -b 2 --check-memory"
     else
         SUMMARY+=("skip  test_gpt_$cfg: no reference state refs/$cfg (carry it)")
     fi
@@ -108,14 +139,29 @@ ref_llama llama_olmoe --config tiny --arch llama --KV 2 --E 4 --k 2 --H 32 --nor
 ref_llama llama_qwenmoe --config tiny --arch llama --KV 2 --qkvbias 1 --F 96 --E 4 --k 2 --H 32 --S 2 --shared_gate 1 --norm_topk 0 --every 2 --cap 0
 for cfg in llama llama_hs128 llama_mixtral llama_olmoe llama_qwenmoe; do
     if [ -f refs/$cfg/state.bin ]; then
-        step test_gpt_fp32_$cfg 120 "./build/cuda-fp32/test_gpt --ref refs/$cfg -b 8 --check-memory --check-comm"
-        step test_gpt_bf16_$cfg 120 "./build/cuda/test_gpt --ref refs/$cfg -b 8 --check-memory --check-comm"
-        [ $cfg = llama_hs128 ] && step test_gpt_bf16_llama_hs128_flash 120 "./build/cuda/test_gpt --ref refs/$cfg -b 8 --check-memory --attention flash"
+        queue test_gpt_fp32_$cfg 90 "./build/cuda-fp32/test_gpt --ref refs/$cfg -b 8 --check-memory --check-comm"
+        queue test_gpt_bf16_$cfg 90 "./build/cuda/test_gpt --ref refs/$cfg -b 8 --check-memory --check-comm"
+        [ $cfg = llama_hs128 ] && queue test_gpt_bf16_llama_hs128_flash 90 "./build/cuda/test_gpt --ref refs/$cfg -b 8 --check-memory --attention flash"
     else
         SUMMARY+=("FAIL  test_gpt_$cfg: no reference state refs/$cfg"); FAILED=$((FAILED + 1))
     fi
 done
-[ -f refs/tiny/state.bin ] && step test_gpt_fp32_recompute 120 "./build/cuda-fp32/test_gpt --ref refs/tiny -b 4 --recompute full --check-memory"
+[ -f refs/tiny/state.bin ] && queue test_gpt_fp32_recompute 90 "./build/cuda-fp32/test_gpt --ref refs/tiny -b 4 --recompute full --check-memory"
+# 3d. Muon (Newton-Schulz's GEMMs, the momentum and update kernels) on one GPU: GPT-2, its MoE form, a Mixtral shape
+for cfg in muon muon_moe muon_mixtral; do
+    if [ -f refs/$cfg/state.bin ]; then
+        queue test_gpt_fp32_$cfg 90 "./build/cuda-fp32/test_gpt --ref refs/$cfg --check-memory --check-comm"
+        queue test_gpt_bf16_$cfg 90 "./build/cuda/test_gpt --ref refs/$cfg --check-memory --check-comm"
+    else
+        SUMMARY+=("skip  test_gpt_$cfg: no reference state refs/$cfg (carry it)")
+    fi
+done
+# the test_gpt checks above, 6 at a time (correctness only: the GPU is shared among them); BEFORE_QUEUE: a command
+# started beside them (gpu_session.sh: PyTorch's benchmark runs compile meanwhile), WAIT_QUIET: one that returns
+# when it no longer uses the GPU (they are warm and wait), before the timed runs below
+[ -n "${BEFORE_QUEUE:-}" ] && bash -c "$BEFORE_QUEUE"
+run_queue 6
+[ -n "${WAIT_QUIET:-}" ] && bash -c "$WAIT_QUIET"
 # a run that cannot fit stops before allocating, with the plan and the levers (the free device memory as limit)
 step oom_stops_early 60 "./build/cuda/train_gpt -e d48 -b 64 -t 1024 -x 1 -v 0 -s 0 > $LOG_DIR/oom.out 2>&1;
                          rc=\$?; cat $LOG_DIR/oom.out | tail -25; [ \$rc -ne 0 ] && grep -q 'exceeds the free device memory' $LOG_DIR/oom.out && ! grep -q '^step' $LOG_DIR/oom.out"
@@ -140,12 +186,13 @@ step throughput_124m_flash 120 "./build/cuda/train_gpt -e d12 -b 16 -t 1024 -x 2
 
 # 4c. cuDNN's fused attention (make USE_CUDNN=1: needs the frontend's headers, .venv/lib/python3*/site-packages/include
 #     from make setup on a machine with PyPI: carry it), checked against the d4 reference, then the same step
-if ls .venv/lib/python3*/site-packages/include/cudnn_frontend.h >/dev/null 2>&1 && [ -f /usr/local/cuda/include/cudnn.h ]; then
-    step build_cuda_cudnn 300 "make BACKEND=cuda BUILD_DIR=build/cuda-cudnn USE_CUDNN=1 CUDA_ARCH=$CUDA_ARCH $MPI_FLAG -j2"
+if [ "${SKIP_BUILD:-0}" = 1 ] && build/cuda-cudnn/train_gpt -h >/dev/null 2>&1 ||
+   { ls .venv/lib/python3*/site-packages/include/cudnn_frontend.h >/dev/null 2>&1 && [ -f /usr/local/cuda/include/cudnn.h ]; }; then
+    [ "${SKIP_BUILD:-0}" = 1 ] || step build_cuda_cudnn 300 "make BACKEND=cuda BUILD_DIR=build/cuda-cudnn USE_CUDNN=1 CUDA_ARCH=$CUDA_ARCH $MPI_FLAG -j2"
     [ -f refs/d4/state.bin ] && step test_gpt_bf16_d4_cudnn 120 "./build/cuda-cudnn/test_gpt --ref refs/d4 -b 4 --check-memory --attention cudnn"
     step throughput_124m_cudnn 120 "./build/cuda-cudnn/train_gpt -e d12 -b 16 -t 1024 -x 20 -v 0 -s 0 --ce-chunk 2048 --attention cudnn --memory-report"
 else
-    SUMMARY+=("skip  cudnn: no cudnn_frontend.h in .venv (carry .venv/lib/python3*/site-packages/include) or no cudnn.h")
+    SUMMARY+=("skip  cudnn: no carried build/cuda-cudnn that loads, and no cudnn_frontend.h in .venv or no cudnn.h to build one")
 fi
 
 # 5. the same shape with MoE every 2nd layer (E 8, top-2, F 1.25): tokens/s beside the dense run
@@ -163,9 +210,27 @@ if [ -f "$LOG_DIR/throughput_llama_135m.log" ]; then
         "$LOG_DIR/throughput_llama_135m.log" | tee "$LOG_DIR/mfu_llama.txt"
 fi
 
+# 5c. the cost model's prediction of each step measured above (the machine file from 4a), beside its measurement
+predict() {   # NAME LOG ARGS...: "NAME: predicted X ms, measured Y ms"
+    local name=$1 log=$2; shift 2
+    local p=$(./build/cuda/train_gpt "$@" -s 0 -v 0 --plan 1 --machine $LOG_DIR/machine_h200.txt 2>&1 | sed -n 's/^predicted step: \([0-9.]*\) ms.*/\1/p')
+    local m=$(awk '/^average step/ { print $3 }' "$log" 2>/dev/null)
+    echo "  cost model, $name: predicted ${p:-?} ms, measured ${m:-?} ms"
+}
+if [ -f $LOG_DIR/machine_h200.txt ]; then
+    {
+    predict "124M cuBLAS attention" $LOG_DIR/throughput_124m.log -e d12 -b 16 -t 1024 --ce-chunk 2048
+    predict "124M flash attention" $LOG_DIR/throughput_124m_flash.log -e d12 -b 16 -t 1024 --ce-chunk 2048 --attention flash
+    predict "124M MoE E8 k2 every 2" $LOG_DIR/throughput_124m_moe.log -e d12 --experts 8 --topk 2 --moe-every 2 -b 16 -t 1024 --ce-chunk 2048
+    predict "Llama 135M" $LOG_DIR/throughput_llama_135m.log -e $SMOL -b 16 -t 1024 --ce-chunk 2048
+    } | tee "$LOG_DIR/predictions.txt"
+fi
+
 # 6. the roofline model of the same step, with the efficiencies the harnesses just measured, beside the measurement
 STEP_MS=$(awk '/^average step/ { print $3 }' "$LOG_DIR/throughput_124m.log" 2>/dev/null)
 python3 dev/cuda/roofline.py --measured "$LOG_DIR"/harness_bf16_*.log ${STEP_MS:+--step-ms $STEP_MS} > "$LOG_DIR/roofline.txt" 2>&1
+STEP_MS=$(awk '/^average step/ { print $3 }' "$LOG_DIR/throughput_124m_flash.log" 2>/dev/null)
+python3 dev/cuda/roofline.py --attention flash --measured "$LOG_DIR"/harness_bf16_*.log ${STEP_MS:+--step-ms $STEP_MS} > "$LOG_DIR/roofline_flash.txt" 2>&1
 
 echo
 {
@@ -175,6 +240,7 @@ for line in "${SUMMARY[@]}"; do echo "  $line"; done
 grep -h "^  time" "$LOG_DIR"/harness_bf16_*.log 2>/dev/null | sed 's/^/  bf16 /'
 cat "$LOG_DIR/mfu.txt" 2>/dev/null
 cat "$LOG_DIR/mfu_llama.txt" 2>/dev/null
+cat "$LOG_DIR/predictions.txt" 2>/dev/null
 grep -h "^average step" "$LOG_DIR/throughput_124m_flash.log" 2>/dev/null | sed 's/^/  124M --attention flash: /'
 grep -h "^average step" "$LOG_DIR/throughput_124m_moe.log" 2>/dev/null | sed 's/^/  124M MoE E8 k2 every 2: /'
 echo "  roofline (dev/cuda/roofline.py, 124M B16 T1024, cuBLAS attention):"

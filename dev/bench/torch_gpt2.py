@@ -20,6 +20,7 @@ p.add_argument("--bf16", action="store_true")
 p.add_argument("--sdpa", action="store_true")
 p.add_argument("--compile", action="store_true")
 p.add_argument("--data", default=None)
+p.add_argument("--go", default=None)   # after the warm-up, print "warm" and wait for this file to exist
 a = p.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
@@ -87,6 +88,11 @@ data = data.to(dev)
 sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
 times, cpu = [], []
 for s in range(a.steps + a.warmup):
+    if a.go and s == a.warmup:   # compiled and warm: the timed steps wait for a quiet GPU (bench_gpu.sh)
+        import os
+        print("warm", flush=True)
+        while not os.path.exists(a.go):
+            time.sleep(0.05)
     sync()
     t0, c0 = time.perf_counter(), time.process_time()
     loss = step_loss(data[s, :, :-1], data[s, :, 1:])
