@@ -161,19 +161,44 @@ __global__ void ce_stats_kernel(float *stats, const floatX *logits, const int *t
     }
 }
 
-// the global max and sum from the tp ranks' stats (in rank order), the loss, and optionally dlogits
+// row i's global max M and sum S from the tp ranks' stats (n, 3) each, in rank order, as ce_loss_dlogits_cpu:
+// M = max_r m_r, S = sum_r s_r exp(m_r - M) over the ranks with s_r > 0 (a rank of padding only has m = -inf, s = 0),
+// and the target logit zt = sum_r (the one rank holding the target wrote it, the others 0).
+// A pointer walks the ranks and the loops are not unrolled: nvcc 13.0 (V13.0.88) unrolled the loop written as
+// st = stats_all + (r n + i) 3, with st[0] read under if (st[1] > 0), by 4 and read the second and third copies' st[0]
+// at st[1]'s address and the fourth's st[2] at st[3] (the next row's m: -inf on a rank of padding only), so at tp >= 4
+// S and the loss were wrong on the GPU (an infinite loss, dev/cuda/fused_ce.cu's tp 4 case) and right under g++.
+#ifdef __CUDA_ARCH__
+#define CE_NO_UNROLL _Pragma("unroll 1")
+#else
+#define CE_NO_UNROLL   // (host code: the replay)
+#endif
+__host__ __device__ inline void ce_global_stats(float *M_out, float *S_out, float *zt_out, const float *stats_all,
+                                                int i, int n, int tp) {
+    const size_t stride = (size_t)n * 3;   // from one rank's (m, s, zt) of row i to the next rank's
+    float M = -INFINITY, S = 0.0f, zt = 0.0f;
+    const float *st = stats_all + (size_t)i * 3;
+    CE_NO_UNROLL
+    for (int r = 0; r < tp; r++, st += stride) { M = fmaxf(M, st[0]); }
+    st = stats_all + (size_t)i * 3;
+    CE_NO_UNROLL
+    for (int r = 0; r < tp; r++, st += stride) {
+        float m = st[0], s = st[1];
+        if (s > 0.0f) { S += s * expf(m - M); }
+        zt += st[2];
+    }
+    *M_out = M;
+    *S_out = S;
+    *zt_out = zt;
+}
+
+// the global max and sum from the tp ranks' stats (ce_global_stats), the loss, and optionally dlogits
 template <int W>
 __global__ void ce_loss_dlogits_kernel(floatX *logits, float *losses, const float *stats_all, const int *targets,
                                        int v0, int V, int n, int Vl, int tp, float dloss, int write_dlogits) {
     int i = blockIdx.x, valid = V - v0 < Vl ? V - v0 : Vl;
-    float M = -INFINITY;
-    for (int r = 0; r < tp; r++) { M = fmaxf(M, stats_all[((size_t)r * n + i) * 3]); }
-    float S = 0.0f, zt = 0.0f;
-    for (int r = 0; r < tp; r++) {
-        const float *st = stats_all + ((size_t)r * n + i) * 3;
-        if (st[1] > 0.0f) { S += st[1] * expf(st[0] - M); }
-        zt += st[2];
-    }
+    float M, S, zt;
+    ce_global_stats(&M, &S, &zt, stats_all, i, n, tp);
     if (threadIdx.x == 0) { losses[i] = logf(S) + M - zt; }
     if (write_dlogits) {
         ce_thread_dlogits<W>(logits + (size_t)i * Vl, valid, Vl, targets[i] - v0, M, 1.0f / S, dloss, threadIdx.x, blockDim.x);

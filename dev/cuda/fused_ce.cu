@@ -5,7 +5,8 @@
 // 2x fails; the check proves it on a doubled softmax first. Then timed.
 // GPT-2 124M: a chunk of n=256 tokens x Vp=50304 columns (V=50257: 47 padding columns), the two halves
 // of a tp=2 split (the second half holds all the padding); a row length that is not a multiple of the
-// 16-byte vector (the scalar path) and a misaligned logits pointer.
+// 16-byte vector (the scalar path) and a misaligned logits pointer; tp 4 with two ranks of padding only and tp 8
+// (ce_global_stats' loop over 4 and more ranks: nvcc 13.0 miscompiled it unrolled, llmc/fused_ce.h).
 #include "../../llmc/fused_ce.h"
 #include "common.h"
 #include "ce_check.h"
@@ -49,7 +50,9 @@ static int run(const char *name, int n, int V, int Vp, int tp, int skew, int tim
         else {
             ce_stats_cuda(d_stats, d_z, d_targets, v0, V, n, Vl);
             float *st = from_device_f32(d_stats, 3 * n);
-            fails += ce_check_stats("ce_stats (m, s, target logit)", st, stats_all + (size_t)r * n * 3, n);
+            int W = ce_vector_width(d_z, Vl);
+            fails += ce_check_stats("ce_stats (m, s, target logit)", st, stats_all + (size_t)r * n * 3, z[r], valid,
+                                    n, Vl, W, ce_threads(Vl, W));
             free(st);
             float *d_stats_all = to_device_f32(stats_all, (size_t)tp * n * 3);
             ce_loss_dlogits_cuda(d_z, d_losses, d_stats_all, d_targets, v0, V, n, Vl, tp, dloss, 0);
@@ -101,5 +104,6 @@ int main(int argc, char **argv) {
     fails += run("row length not a multiple of the vector", 33, 1000, 1001, 1, 0, 0);
     fails += run("misaligned logits pointer", 33, 1000, 1024, 1, 3, 0);
     fails += run("a rank of padding only", 9, 100, 256, 4, 0, 0);
+    fails += run("GPT-2 124M rows, vocab-parallel over 8 ranks", 32, 50257, 50304, 8, 0, 0);
     return harness_finish(fails);
 }

@@ -1,11 +1,13 @@
 // The cross-entropy kernels (llmc/fused_ce.h) replayed on the CPU: for each row (one block), every one of
 // the block's ce_threads(Vl, W) threads runs the kernels' own thread bodies (ce_thread_stats, ce_thread_dlogits)
-// in turn, and the block's max and sum (ce_block_stats: block_reduce_max/sum, device-only) are done here
-// in plain loops. Checks the 16-byte vector slicing, the scalar fallback (a row length that is not a
-// multiple of the vector, a misaligned pointer), the padding columns and the target column, against the
-// CPU loops, with the harness's own checks (ce_check.h: dlogits as probabilities, relative to each one).
+// in turn; the block's max and sum (ce_block_stats: block_reduce_max/sum, device-only) are done here in
+// block_reduce_sum's order, and the loss kernel's global (M, S) is its own ce_global_stats. Checks the 16-byte
+// vector slicing, the scalar fallback (a row length that is not a multiple of the vector, a misaligned pointer),
+// the padding columns and the target column, against the CPU loops, with the harness's own checks (ce_check.h:
+// dlogits as probabilities, relative to each one; the row sums against the exact sums within the kernel's bound).
 // Outputs start as the logits themselves, so an element never written shows. Built twice: bf16 (vector
-// of 8) and fp32 (vector of 4). No GPU needed: make -C dev/cuda replay
+// of 8) and fp32 (vector of 4). No GPU needed: make -C dev/cuda replay. (It runs the kernels' code compiled
+// by the host compiler: it cannot see what nvcc makes of it; the GPU harness dev/cuda/fused_ce.cu does.)
 #include "../../llmc/fused_ce.h"
 #include "ce_check.h"
 #include <stdlib.h>
@@ -14,15 +16,34 @@ static int fails = 0;
 static unsigned int seed = 12345u;
 static float rnd(void) { seed = seed * 1664525u + 1013904223u; return ((seed >> 8) / 16777216.0f) * 2.0f - 1.0f; }
 
-// block i of ce_stats_kernel / ce_fused_kernel up to the reductions: the row's (M, S) over its valid columns
+// warp_reduce_sum's order (llmc/backend.h): an xor-butterfly over the 32 lanes of v; lane 0's sum
+static float replay_warp_sum(const float *v0) {
+    float v[32], w[32];
+    memcpy(v, v0, sizeof(v));
+    for (int off = 16; off > 0; off >>= 1) {
+        for (int l = 0; l < 32; l++) { w[l] = v[l] + v[l ^ off]; }
+        memcpy(v, w, sizeof(v));
+    }
+    return v[0];
+}
+
+// block_reduce_sum's order: each warp's butterfly, then one over the warps' sums (lanes past the warps 0)
+static float replay_block_sum(const float *v, int nt) {
+    float buf[32] = {0.0f};
+    for (int w = 0; w < nt / 32; w++) { buf[w] = replay_warp_sum(v + 32 * w); }
+    return replay_warp_sum(buf);
+}
+
+// block i of ce_stats_kernel / ce_fused_kernel up to the reductions: the row's (M, S) over its valid columns, the
+// block's max and sum (ce_block_stats) in block_reduce_max/sum's order
 template <int W>
 static void replay_row_stats(float *M, float *S, const floatX *z, int valid, int nt) {
     float m[CE_THREADS], s[CE_THREADS];
     for (int t = 0; t < nt; t++) { ce_thread_stats<W>(&m[t], &s[t], z, valid, t, nt); }
     *M = -INFINITY;
     for (int t = 0; t < nt; t++) { *M = fmaxf(*M, m[t]); }
-    *S = 0.0f;
-    for (int t = 0; t < nt; t++) { *S += m[t] == -INFINITY ? 0.0f : s[t] * expf(m[t] - *M); }
+    for (int t = 0; t < nt; t++) { s[t] = m[t] == -INFINITY ? 0.0f : s[t] * expf(m[t] - *M); }
+    *S = replay_block_sum(s, nt);
 }
 
 // one case: tp ranks of Vl = Vp / tp columns; rank r's logits at `skew` elements past a 16-byte boundary.
@@ -43,13 +64,8 @@ static void replay_rank(float *stats, float *losses, floatX *zx, const float *st
             replay_row_stats<W>(&stats[3 * i], &stats[3 * i + 1], z, valid, nt);
             stats[3 * i + 2] = t >= 0 && t < valid ? (float)z[t] : 0.0f;
         } else {
-            float M = -INFINITY, S = 0.0f, zt = 0.0f;
-            for (int r = 0; r < tp; r++) { M = fmaxf(M, stats_all[((size_t)r * n + i) * 3]); }
-            for (int r = 0; r < tp; r++) {
-                const float *st = stats_all + ((size_t)r * n + i) * 3;
-                if (st[1] > 0.0f) { S += st[1] * expf(st[0] - M); }
-                zt += st[2];
-            }
+            float M, S, zt;
+            ce_global_stats(&M, &S, &zt, stats_all, i, n, tp);   // the kernel's own function
             losses[i] = logf(S) + M - zt;
             for (int th = 0; th < nt; th++) { ce_thread_dlogits<W>(z, valid, Vl, t, M, 1.0f / S, dloss, th, nt); }
         }
@@ -80,7 +96,8 @@ static void run(const char *name, int n, int V, int Vp, int tp, int skew) {
             for (size_t k = 0; k < nl; k++) { zx[k] = (floatX)z[r][k]; }
             if (vec > 1) { replay_rank<CE_VEC>(stats, NULL, zx, NULL, targets, v0, V, n, Vl, tp, dloss, 0); }
             else { replay_rank<1>(stats, NULL, zx, NULL, targets, v0, V, n, Vl, tp, dloss, 0); }
-            fails += ce_check_stats("stats", stats, stats_all + (size_t)r * n * 3, n);
+            fails += ce_check_stats("stats", stats, stats_all + (size_t)r * n * 3, z[r], valid, n, Vl, vec,
+                                    ce_threads(Vl, vec));
         }
         for (size_t k = 0; k < nl; k++) { zx[k] = (floatX)z[r][k]; }
         if (vec > 1) { replay_rank<CE_VEC>(NULL, got_losses, zx, stats_all, targets, v0, V, n, Vl, tp, dloss, 1); }
@@ -108,6 +125,7 @@ int main(void) {
     run("row length not a multiple of the vector", 5, 1000, 1001, 1, 0);
     run("misaligned rows", 5, 1000, 1024, 1, 3);
     run("ranks of padding only", 3, 100, 256, 4, 0);
+    run("vocab-parallel over 8 ranks", 3, 1000, 1024, 8, 0);
     run("fewer columns than threads x vector", 4, 300, 312, 1, 0);
     return fails != 0;
 }
