@@ -86,7 +86,12 @@ static void default_args(Args *a) {
     a->drop_policy = "probs";
     a->aux_coeff = 0.01f;
     a->z_coeff = -1.0f;   // (0.001, or 0 with sigmoid scores: moe_options)
-    a->timeout = (float)DEFAULT_TIMEOUT; a->max_skips = 5; a->recompute = "none"; a->overlap = 1; a->attention = "cublas";
+    a->timeout = (float)DEFAULT_TIMEOUT; a->max_skips = 5; a->recompute = "none"; a->overlap = 1;
+#ifdef USE_CUDA
+    a->attention = "flash";   // (where it applies: bf16, head size 64 or 128; cuBLAS otherwise: attention.h)
+#else
+    a->attention = "cublas";  // (the CPU build has one attention: the flag is the CUDA build's)
+#endif
     a->seed = 1337;
     a->temperature = 1.0f;
 }
@@ -267,7 +272,7 @@ static const Flag FLAGS[] = {
     {"--overlap", 0, F_INT, ARG(overlap), 0, 1, 0, "0|1",
         "ZeRO-3: gather the next layer while one computes; pipeline: post receives early (1)"},
     {"--attention", 0, F_CHOICE, ARG(attention), 0, 0, "cublas|flash|cudnn", "PATH",
-        "CUDA attention: cuBLAS through an (NH, T, T) workspace, the flash kernels, or cuDNN's (make USE_CUDNN=1) (cublas)"},
+        "CUDA attention: cuBLAS through an (NH, T, T) workspace, the flash kernels (bf16, head size 64 or 128: else cuBLAS), or cuDNN's (make USE_CUDNN=1) (flash)"},
     {"--deterministic", 0, F_SWITCH, ARG(deterministic), 0, 0, 0, 0,
         "CUDA: each GEMM with cuBLASLt's first-ranked algorithm, untimed (else a one-rank run times the candidates once, kept in -o)"},
     {"--plan", 0, F_INT, ARG(plan), 1, 1 << 20, 0, "N",

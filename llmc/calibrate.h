@@ -4,6 +4,7 @@
 //   flops       the MLP's fc forward and backward: 3 GEMMs of 2 (B T) C (4C) FLOPs; flops_R the same at R rows
 //               (R = 32, 64, ... up to B T: a small micro-batch's GEMMs run at a lower rate)
 //   attn_flops  causal attention forward and backward, counted as the cost model counts it (6 C T / 2 a token)
+//   flash_slower CUDA bf16, head size 64 or 128: the flash kernels' attention time over cuBLAS's (--attention flash)
 //   mem_bw      a bandwidth-bound kernel (residual + bias: reads 2, writes 1 of (B T, C))
 //   adamw       parameters per second of the optimizer: the gradient's sum of squares (the clip norm) and
 //               AdamW over 4M elements (the fp32 master too under bf16)
@@ -23,7 +24,8 @@
 //               as long as the GEMMs (CUDA: NCCL's stream beside the compute; CPU: MPI progresses only inside
 //               MPI calls, on the rank's own core)
 // What it cannot measure here stays out of the file (the defaults apply, named in --plan-search's output):
-// net_bw and net_lat (one machine has no network), flash_slower, gpus_per_node.
+// net_bw and net_lat (one machine has no network), gpus_per_node, and flash_slower where the flash kernels do not
+// apply (the CPU build, fp32, head sizes other than 64 and 128).
 #ifndef LLMC_CALIBRATE_H
 #define LLMC_CALIBRATE_H
 
@@ -134,7 +136,7 @@ static double calibrate_overlap(Grid *g, floatX *buf, size_t n, double bw, doubl
 // n_opt elements, the collectives' bandwidth and latency per kind and group size 2^i (top: the largest measured, 0:
 // one rank), the overlap (-1: not measured).
 typedef struct {
-    double t_gemm, t_att, t_mem, t_tiny, t_opt, t_rows[MACHINE_ROWS];
+    double t_gemm, t_att, t_flash, t_mem, t_tiny, t_opt, t_rows[MACHINE_ROWS];   // (t_flash 0: not measured)
     size_t n_opt;
     double bw[3][CALIBRATE_SIZES], lat[3][CALIBRATE_SIZES], overlap;
     int top;
@@ -178,6 +180,7 @@ static void calibrate_write(const char *path, const Calibration *k, const Args *
         if (k->t_rows[i] > 0) { fprintf(f, "flops_%d=%.4g\n", 1 << i, 3 * 2.0 * (1 << i) * C * 4.0 * C / k->t_rows[i]); }
     }
     if (k->overlap >= 0) { fprintf(f, "overlap=%.3g\n", k->overlap); }
+    if (k->t_flash > 0) { fprintf(f, "flash_slower=%.3g\n", k->t_flash / k->t_att); }
     static const char *keys[3] = {"node_bw", "a2a_bw", "p2p_bw"}, *lkeys[3] = {"node_lat", "a2a_lat", "p2p_lat"};
     for (int i = 1; i <= k->top; i++) {
         if (k->bw[COMM_RING][i] == 0) { continue; }
@@ -188,7 +191,7 @@ static void calibrate_write(const char *path, const Calibration *k, const Args *
     }
     int t = k->top;
     if (t) { for (int j = 0; j < 3; j++) { fprintf(f, "%s=%.4g\n%s=%.4g\n", keys[j], k->bw[j][t], lkeys[j], k->lat[j][t]); } }
-    else { fprintf(f, "# the collectives: not measured (one rank); net_bw, net_lat, flash_slower, gpus_per_node: the defaults\n"); }
+    else { fprintf(f, "# the collectives: not measured (one rank); net_bw, net_lat, gpus_per_node: the defaults\n"); }
 #ifndef USE_CUDA
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     double cores = (double)ncpu / att_threads();
@@ -239,7 +242,6 @@ static void calibrate(const Args *a, const ModelConfig *c, Grid *g, const char *
 #ifdef USE_CUDA
     matmul_setup();
 #endif
-    attention_setup(B, T, NH, KV, C / NH);
     Calibration k;
     memset(&k, 0, sizeof(k));
     // x (BT, C) -> y (BT, 4C); back: dx (BT, C), dw (4C, C); then at R rows of them
@@ -254,11 +256,28 @@ static void calibrate(const Args *a, const ModelConfig *c, Grid *g, const char *
             matmul_backward(dx, dw, NULL, y, x, w, R, C, 4 * C);
         CALIBRATE_END;
     }
-    // qkv: x as (B, T, (NH + 2KV) hs) -> out: y (B, T, C); back: dout y -> dqkv dx
+    // qkv: x as (B, T, (NH + 2KV) hs) -> out: y (B, T, C); back: dout y -> dqkv dx. attn_flops: cuBLAS's
+    // attention; flash_slower: the flash kernels' time over it, where they apply (CUDA, bf16, head size 64 or 128)
+    int path_of_run = attention_path;
+#ifdef USE_CUDA
+    attention_path = ATT_CUBLAS;
+#endif
+    attention_setup(B, T, NH, KV, C / NH);
     CALIBRATE_TIME(g, &k.t_att)
         attention_forward(y, lse, x, B, T, NH, KV, C / NH);
         attention_backward(dx, y, x, y, lse, B, T, NH, KV, C / NH);
     CALIBRATE_END;
+#ifdef USE_CUDA
+    if (attention_flash_applies(C / NH, sizeof(floatX))) {
+        attention_path = ATT_FLASH;
+        attention_setup(B, T, NH, KV, C / NH);
+        CALIBRATE_TIME(g, &k.t_flash)
+            attention_forward(y, lse, x, B, T, NH, KV, C / NH);
+            attention_backward(dx, y, x, y, lse, B, T, NH, KV, C / NH);
+        CALIBRATE_END;
+    }
+#endif
+    attention_path = path_of_run;
     CALIBRATE_TIME(g, &k.t_mem)
         residual_bias_forward(dx, x, y, bias, 4 * BT, C);
     CALIBRATE_END;

@@ -45,7 +45,7 @@ typedef struct {
                           // (its kernels' launches)
     double adamw;         // [calibrated] parameters per second of the optimizer, the clip norm's pass included (0:
                           // its bytes at mem_bw: parameter, gradient, m, v and the bf16 build's fp32 master)
-    double flash_slower;  // [assumed] --attention flash: its attention at 1/this of attn_flops
+    double flash_slower;  // [calibrated on CUDA] --attention flash: its attention time over cuBLAS's (attn_flops)
     double cores;         // [calibrated] CPU ranks: the cores the ranks share (0: a device per rank)
     double overlap;       // [calibrated] the share of a collective posted beside compute that the compute hides
                           // (1: NCCL on its own stream; CPU ranks: MPI progresses on the rank's own core)
@@ -71,7 +71,7 @@ static Machine machine_default(void) {
     m.net_bw = 40e9;        // one 400 Gb/s ConnectX-7 port per GPU (50 GB/s)
     m.net_lat = 25e-6;      // a few us of InfiniBand per hop on top
     m.layer_cost = 50e-6;   // the launches of a layer's ~20 kernels at a few us each
-    m.flash_slower = 3.0;
+    m.flash_slower = 0.41;  // the flash kernels' time over cuBLAS's on an H200, GPT-2 124M B16 T1024 (1.05 / 2.58 ms, dev/notes/gpu.md)
     m.overlap = 1.0;        // NCCL runs on its own stream: a collective posted before compute runs beside it
     m.elem_passes = 40.0;   // counted by hand from the layer's kernels
     m.gpus_per_node = 8;
@@ -648,13 +648,25 @@ static void group_rates(const Args *a, int world, int dp, const Machine *mc, Gro
 // (p2p); its compute and exposed comm in a step (step_busy); its bytes and calls per group in a step.
 typedef struct { double f, b, w, busy, tp, ep, cp, p2p, step_busy; CommBytes bytes, calls; } StageTime;
 
+// --attention flash runs the flash kernels where they apply (a CUDA bf16 build, head size 64 or 128: attention.h),
+// at flash_slower times cuBLAS's attention time; elsewhere cuBLAS's (or the CPU build's one attention)
+static double attention_flash_factor(const Args *a, const ModelConfig *c, const Machine *mc) {
+#if defined(USE_CUDA) && !defined(ENABLE_FP32)
+    int hs = c->channels / c->num_heads;
+    if (!strcmp(a->attention, "flash") && (hs == 64 || hs == 128)) { return mc->flash_slower; }
+#else
+    (void)a; (void)c; (void)mc;
+#endif
+    return 1.0;
+}
+
 static StageTime stage_time(const Args *a, const ModelConfig *c, const Machine *mc, const CommShape *sh, const int *first,
                             int s, int accum, const GroupRates *bw, const GroupRates *lat) {
     StageTime st;
     int n = a->pp * a->vpp;
     double C = c->channels, T = a->T, X = sh->X, tokens = (double)a->B * a->T / a->cp;   // a micro-batch's, a rank's
     int full = !strcmp(a->recompute, "full"), mlp = !strcmp(a->recompute, "mlp");
-    double flash = !strcmp(a->attention, "flash") ? mc->flash_slower : 1.0;
+    double flash = attention_flash_factor(a, c, mc);
     double ov = mc->overlap;   // the share of a collective that compute beside it hides
     double gemm = 0, attn = 0, layers = 0;   // FLOPs per token of the stage (this tp rank: / tp)
     for (int v = s; v < n; v += a->pp) {

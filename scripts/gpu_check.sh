@@ -4,8 +4,8 @@
 #   2. builds and runs every dev/cuda harness (CUDA kernel vs the CPU loop, timing), bf16 and fp32
 #   3. test_gpt on one GPU against the PyTorch reference (refs/: carry it, or PyTorch writes it)
 #   3c. the same for the Llama family (refs/llama: KV 2 of NH 4, untied; refs/llama_hs128: head size 128, llama3
-#      RoPE scaling, also with the flash kernels)
-#   4. a short GPT-2 124M-shaped throughput run: tokens/s and MFU (and the same with flash attention, with MoE,
+#      RoPE scaling, also with the cuBLAS attention: flash is the default where it applies)
+#   4. a short GPT-2 124M-shaped throughput run: tokens/s and MFU (flash attention; the same with cuBLAS attention, with MoE,
 #      and a SmolLM2-135M-shaped Llama)
 #   5. the roofline model (dev/cuda/roofline.py) with the efficiencies the harnesses measured, beside the step
 # and prints a summary (also $LOG_DIR/summary.txt; the roofline table in $LOG_DIR/roofline.txt). Budget: under 8 minutes on an H200 (each step has its own timeout).
@@ -87,7 +87,7 @@ fi
 for prec in bf16 fp32; do
     for op in $(sed -n 's/^OPS := //p' dev/cuda/Makefile); do
         if [ -x "dev/cuda/bin/$prec/$op" ]; then
-            step "harness_${prec}_$op" 60 "dev/cuda/bin/$prec/$op"
+            step "harness_${prec}_$op" 90 "dev/cuda/bin/$prec/$op"
         else
             SUMMARY+=("FAIL  harness_${prec}_$op: not built"); FAILED=$((FAILED + 1))
         fi
@@ -107,7 +107,7 @@ for cfg in tiny d4; do
     if [ -f refs/$cfg/state.bin ]; then
         queue test_gpt_fp32_$cfg 90 "./build/cuda-fp32/test_gpt --ref refs/$cfg -b 4 --check-memory"
         queue test_gpt_bf16_$cfg 90 "./build/cuda/test_gpt --ref refs/$cfg -b 4 --check-memory"
-        [ $cfg = d4 ] && queue test_gpt_bf16_d4_flash 90 "./build/cuda/test_gpt --ref refs/d4 -b 4 --check-memory --attention flash"
+        [ $cfg = d4 ] && queue test_gpt_bf16_d4_cublas 90 "./build/cuda/test_gpt --ref refs/d4 -b 4 --check-memory --attention cublas"
     else
         SUMMARY+=("FAIL  test_gpt_$cfg: no reference state refs/$cfg"); FAILED=$((FAILED + 1))
     fi
@@ -141,7 +141,7 @@ for cfg in llama llama_hs128 llama_mixtral llama_olmoe llama_qwenmoe; do
     if [ -f refs/$cfg/state.bin ]; then
         queue test_gpt_fp32_$cfg 90 "./build/cuda-fp32/test_gpt --ref refs/$cfg -b 8 --check-memory --check-comm"
         queue test_gpt_bf16_$cfg 90 "./build/cuda/test_gpt --ref refs/$cfg -b 8 --check-memory --check-comm"
-        [ $cfg = llama_hs128 ] && queue test_gpt_bf16_llama_hs128_flash 90 "./build/cuda/test_gpt --ref refs/$cfg -b 8 --check-memory --attention flash"
+        [ $cfg = llama_hs128 ] && queue test_gpt_bf16_llama_hs128_cublas 90 "./build/cuda/test_gpt --ref refs/$cfg -b 8 --check-memory --attention cublas"
     else
         SUMMARY+=("FAIL  test_gpt_$cfg: no reference state refs/$cfg"); FAILED=$((FAILED + 1))
     fi
@@ -168,7 +168,7 @@ step oom_stops_early 60 "./build/cuda/train_gpt -e d48 -b 64 -t 1024 -x 1 -v 0 -
 
 # 4. GPT-2 124M-shaped throughput (d12: L12 C768 NH12 V50257), B16 T1024, bf16, 30 steps. MFU counts
 #    6N + 6 L C T flops per token against 790 TFLOP/s (an H200's measured dense bf16 rate) and the 989 peak.
-step throughput_124m 240 "./build/cuda/train_gpt -e d12 -b 16 -t 1024 -x 30 -v 0 -s 0 --ce-chunk 2048 --memory-report"
+step throughput_124m 240 "./build/cuda/train_gpt -e d12 -b 16 -t 1024 -x 30 -v 0 -s 0 --ce-chunk 2048 --memory-report"   # (flash: the default)
 if [ -f "$LOG_DIR/throughput_124m.log" ]; then
     awk '/parameters,/ { for (i = 1; i < NF; i++) if ($(i+1) == "parameters,") N = $i }
          /average step/ { tok = $(NF-1) }
@@ -181,8 +181,8 @@ fi
 #     model's prediction for the step above beside its measurement
 step calibrate_h200 60 "./build/cuda/train_gpt -e d12 -b 16 -t 1024 --calibrate $LOG_DIR/machine_h200.txt && cat $LOG_DIR/machine_h200.txt && ./build/cuda/train_gpt -e d12 -b 16 -t 1024 -s 0 -v 0 --plan 1 --machine $LOG_DIR/machine_h200.txt | grep '^predicted step'"
 
-# 4b. the same with the flash attention kernels (no (NH, T, T) workspace)
-step throughput_124m_flash 120 "./build/cuda/train_gpt -e d12 -b 16 -t 1024 -x 20 -v 0 -s 0 --ce-chunk 2048 --attention flash --memory-report"
+# 4b. the same with the cuBLAS attention (an (NH, T, T) workspace)
+step throughput_124m_cublas 120 "./build/cuda/train_gpt -e d12 -b 16 -t 1024 -x 20 -v 0 -s 0 --ce-chunk 2048 --attention cublas --memory-report"
 
 # 4c. cuDNN's fused attention (make USE_CUDNN=1: needs the frontend's headers, .venv/lib/python3*/site-packages/include
 #     from make setup on a machine with PyPI: carry it), checked against the d4 reference, then the same step
@@ -219,8 +219,8 @@ predict() {   # NAME LOG ARGS...: "NAME: predicted X ms, measured Y ms"
 }
 if [ -f $LOG_DIR/machine_h200.txt ]; then
     {
-    predict "124M cuBLAS attention" $LOG_DIR/throughput_124m.log -e d12 -b 16 -t 1024 --ce-chunk 2048
-    predict "124M flash attention" $LOG_DIR/throughput_124m_flash.log -e d12 -b 16 -t 1024 --ce-chunk 2048 --attention flash
+    predict "124M flash attention" $LOG_DIR/throughput_124m.log -e d12 -b 16 -t 1024 --ce-chunk 2048
+    predict "124M cuBLAS attention" $LOG_DIR/throughput_124m_cublas.log -e d12 -b 16 -t 1024 --ce-chunk 2048 --attention cublas
     predict "124M MoE E8 k2 every 2" $LOG_DIR/throughput_124m_moe.log -e d12 --experts 8 --topk 2 --moe-every 2 -b 16 -t 1024 --ce-chunk 2048
     predict "Llama 135M" $LOG_DIR/throughput_llama_135m.log -e $SMOL -b 16 -t 1024 --ce-chunk 2048
     } | tee "$LOG_DIR/predictions.txt"
@@ -228,9 +228,9 @@ fi
 
 # 6. the roofline model of the same step, with the efficiencies the harnesses just measured, beside the measurement
 STEP_MS=$(awk '/^average step/ { print $3 }' "$LOG_DIR/throughput_124m.log" 2>/dev/null)
-python3 dev/cuda/roofline.py --measured "$LOG_DIR"/harness_bf16_*.log ${STEP_MS:+--step-ms $STEP_MS} > "$LOG_DIR/roofline.txt" 2>&1
-STEP_MS=$(awk '/^average step/ { print $3 }' "$LOG_DIR/throughput_124m_flash.log" 2>/dev/null)
-python3 dev/cuda/roofline.py --attention flash --measured "$LOG_DIR"/harness_bf16_*.log ${STEP_MS:+--step-ms $STEP_MS} > "$LOG_DIR/roofline_flash.txt" 2>&1
+python3 dev/cuda/roofline.py --attention flash --measured "$LOG_DIR"/harness_bf16_*.log ${STEP_MS:+--step-ms $STEP_MS} > "$LOG_DIR/roofline.txt" 2>&1
+STEP_MS=$(awk '/^average step/ { print $3 }' "$LOG_DIR/throughput_124m_cublas.log" 2>/dev/null)
+python3 dev/cuda/roofline.py --attention cublas --measured "$LOG_DIR"/harness_bf16_*.log ${STEP_MS:+--step-ms $STEP_MS} > "$LOG_DIR/roofline_cublas.txt" 2>&1
 
 echo
 {
@@ -241,9 +241,9 @@ grep -h "^  time" "$LOG_DIR"/harness_bf16_*.log 2>/dev/null | sed 's/^/  bf16 /'
 cat "$LOG_DIR/mfu.txt" 2>/dev/null
 cat "$LOG_DIR/mfu_llama.txt" 2>/dev/null
 cat "$LOG_DIR/predictions.txt" 2>/dev/null
-grep -h "^average step" "$LOG_DIR/throughput_124m_flash.log" 2>/dev/null | sed 's/^/  124M --attention flash: /'
+grep -h "^average step" "$LOG_DIR/throughput_124m_cublas.log" 2>/dev/null | sed 's/^/  124M --attention cublas: /'
 grep -h "^average step" "$LOG_DIR/throughput_124m_moe.log" 2>/dev/null | sed 's/^/  124M MoE E8 k2 every 2: /'
-echo "  roofline (dev/cuda/roofline.py, 124M B16 T1024, cuBLAS attention):"
+echo "  roofline (dev/cuda/roofline.py, 124M B16 T1024, flash attention):"
 tail -n 3 "$LOG_DIR/roofline.txt" | sed 's/^/    /'
 if [ "$FAILED" -eq 0 ]; then echo "GPU CHECK PASSED"; else echo "GPU CHECK FAILED: $FAILED step(s)"; fi
 } | tee "$LOG_DIR/summary.txt"
