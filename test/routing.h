@@ -75,6 +75,54 @@ static int stage_moe_layers(const Model *m) {
     return n;
 }
 
+// What routing otherwise than the reference does to the expert gradients (compare_grads): per (MoE layer,
+// expert), the assignments whose term in that expert's gradient differs from the reference's (moved: kept on
+// one side only, or kept on both with another gate: a token whose chosen set differs, where the gates are its k > 1
+// scores renormalised over that set), and the assignments the reference keeps (kept); the share of (layer, token)
+// pairs whose choice differs (the dropped fraction's and every block's allowance, see compare_grads).
+typedef struct {
+    double flipped_share;
+    int E;               // (0: no MoE reference; moved and kept NULL)
+    int *moved, *kept;   // (Lm, E)
+} RouteDiff;
+
+static void route_diff_init(RouteDiff *d, const RefMoE *r) {
+    memset(d, 0, sizeof(*d));
+    if (!r->present) { return; }
+    d->E = r->E;
+    d->moved = (int *)calloc_check((size_t)r->Lm * r->E, sizeof(int));
+    d->kept = (int *)calloc_check((size_t)r->Lm * r->E, sizeof(int));
+    for (size_t a = 0; a < (size_t)r->Lm * r->R * r->T * r->k; a++) {
+        int e = r->choice[a];
+        if (r->keep[a] && e >= 0 && e < r->E) { d->kept[a / ((size_t)r->R * r->T * r->k) * r->E + e]++; }
+    }
+}
+
+static void route_diff_free(RouteDiff *d) { free(d->moved); free(d->kept); memset(d, 0, sizeof(*d)); }
+
+// One token's assignments (ours ch, kp; the reference's rch, rkp; k each) whose expert-gradient term differs, added
+// to moved (E; renorm: the gates are the chosen scores renormalised); returns whether its chosen set is the same.
+static int route_token_moved(const int *ch, const int *kp, const int *rch, const int *rkp, int k, int E, int renorm,
+                             int *moved) {
+    int same_set = 1;
+    for (int j = 0; j < k; j++) {
+        int found = 0;
+        for (int jj = 0; jj < k; jj++) { found |= ch[j] == rch[jj]; }
+        same_set &= found;
+    }
+    for (int j = 0; j < k; j++) {   // our experts, and the reference's that are not ours
+        int in_r = 0, ours = 0;
+        for (int jj = 0; jj < k; jj++) {
+            if (rch[jj] == ch[j]) { in_r = rkp[jj] != 0; }
+            if (ch[jj] == rch[j]) { ours = 1; }
+        }
+        int in_o = kp[j] != 0;
+        if ((in_o || in_r) && (in_o != in_r || (!same_set && renorm)) && ch[j] >= 0 && ch[j] < E) { moved[ch[j]]++; }
+        if (!ours && rkp[j] && rch[j] >= 0 && rch[j] < E) { moved[rch[j]]++; }
+    }
+    return same_set;
+}
+
 // The routing of a step (model.route_log: per micro-batch i, per MoE layer of this stage in the stage's
 // order, choice then keep (BT, k) each) against the reference's: micro-batch i's row b on dp rank r is the
 // reference's row (i dp + r) B + b. A token's top-k choice (experts in order of p) depends on its router
@@ -83,19 +131,25 @@ static int stage_moe_layers(const Model *m) {
 // sent to another expert, or dropped, changes its row and, through causal attention, the rows after it).
 // The capacity keep masks depend on the whole sequence: a (layer, sequence) is compared, choices and keep
 // masks, when every margin of its decisions is clear and nothing upstream differs. The largest margin of
-// a compared choice that differs is printed: it is what ROUTE_MARGIN must stay above. Collective (the
-// earlier layers may be on other stages); returns the tokens of this rank whose choice differs.
-static long compare_routing(Model *m, const RefMoE *r, const int *log, int accum) {
+// a compared choice that differs is printed: it is what ROUTE_MARGIN must stay above. Token by token, a keep
+// that differs where the choices are the same must have a cause the margins allow: its expert's capacity
+// margin in that sequence <= ROUTE_MARGIN (p near a tie at the capacity's edge), a choice involving that expert
+// changed in that sequence (its candidates changed), or a token of the sequence routed otherwise upstream (their
+// p changed). Fills d->moved (every rank: the sums over the world, tp rank 0's tokens). Collective (the earlier
+// layers may be on other stages); returns the tokens of this rank whose choice differs.
+static long compare_routing(Model *m, const RefMoE *r, const int *log, int accum, RouteDiff *d) {
     const ModelConfig *c = &m->config;
     int B = m->B, T = m->T, Tg = r->T, k = c->topk, E = c->num_experts, dp = m->grid->dp, R = r->R;
     int nmoe = stage_moe_layers(m);
     // first[gm][g]: the first position of row g whose choice or keep differs in MoE layer gm (Tg: none), all ranks'.
     // This rank's token t is at position seq_pos(m->seqpos, t) of its sequence (cp: Tg = cp T)
     int *first = (int *)malloc_check(sizeof(int) * ((size_t)r->Lm * R + 1));
+    // changed[gm][g][e]: a token of row g whose choice differs has e among its or the reference's choices, all ranks'
+    int *changed = (int *)calloc_check((size_t)r->Lm * R * E + 1, sizeof(int));
     for (size_t q = 0; q < (size_t)r->Lm * R; q++) { first[q] = Tg; }
     for (int pass = 0; pass < 2; pass++) {
         long tok_compared = 0, tok_differ = 0, tok_downstream = 0, seq_compared = 0, seq_skipped = 0, seq_differ = 0,
-            flips = 0;
+            flips = 0, keep_differ = 0, keep_unexplained = 0;
         float flip_margin = 0.0f;
         for (int i = 0; i < accum; i++) {
             int j = 0;
@@ -107,14 +161,19 @@ static long compare_routing(Model *m, const RefMoE *r, const int *log, int accum
                 for (int b = 0; b < B; b++) {
                     int g = (i * dp + m->grid->dp_rank) * B + b, upstream = Tg;
                     size_t mine = (size_t)b * T * k, ref = (((size_t)gm * R + g) * Tg) * k;
+                    int *chg = changed + ((size_t)gm * R + g) * E;
                     if (pass == 0) {
                         int *f = &first[(size_t)gm * R + g];
                         for (int t = 0; t < T; t++) {
                             int pos = seq_pos(m->seqpos, t);
-                            if (memcmp(choice + mine + (size_t)t * k, r->choice + ref + (size_t)pos * k,
-                                       k * sizeof(int)) ||
-                                memcmp(keep + mine + (size_t)t * k, r->keep + ref + (size_t)pos * k,
-                                       k * sizeof(int))) { *f = pos < *f ? pos : *f; }
+                            const int *ch = choice + mine + (size_t)t * k, *rch = r->choice + ref + (size_t)pos * k;
+                            int list = memcmp(ch, rch, k * sizeof(int)) != 0;
+                            for (int q = 0; q < k && list; q++) {
+                                if (ch[q] >= 0 && ch[q] < E) { chg[ch[q]] = 1; }
+                                chg[rch[q]] = 1;
+                            }
+                            if (list || memcmp(keep + mine + (size_t)t * k, r->keep + ref + (size_t)pos * k,
+                                               k * sizeof(int))) { *f = pos < *f ? pos : *f; }
                         }
                         continue;
                     }
@@ -125,9 +184,19 @@ static long compare_routing(Model *m, const RefMoE *r, const int *log, int accum
                     for (int t = 0; t < T; t++) {
                         int pos = seq_pos(m->seqpos, t);
                         float margin = r->topk_margin[((size_t)gm * R + g) * Tg + pos];
-                        int same = !memcmp(choice + mine + (size_t)t * k, r->choice + ref + (size_t)pos * k,
-                                           k * sizeof(int));
+                        const int *ch = choice + mine + (size_t)t * k, *kp = keep + mine + (size_t)t * k;
+                        const int *rch = r->choice + ref + (size_t)pos * k, *rkp = r->keep + ref + (size_t)pos * k;
+                        int same = !memcmp(ch, rch, k * sizeof(int));
                         flips += !same;
+                        if (m->grid->tp_rank == 0) {
+                            route_token_moved(ch, kp, rch, rkp, k, E, c->norm_topk && k > 1, d->moved + (size_t)gm * E);
+                        }
+                        for (int q = 0; q < k && same; q++) {   // a keep that differs with the same choices: its cause
+                            if ((kp[q] != 0) == (rkp[q] != 0)) { continue; }
+                            keep_differ++;
+                            keep_unexplained += upstream == Tg && !chg[ch[q]] &&
+                                                !(r->cap_margin[((size_t)gm * R + g) * E + ch[q]] <= ROUTE_MARGIN);
+                        }
                         if (pos >= upstream) { tok_downstream++; continue; }
                         if (margin > ROUTE_MARGIN) { tok_compared++; tok_differ += !same; } else { clear = 0; }
                         if (!same && margin > flip_margin) { flip_margin = margin; }
@@ -145,8 +214,14 @@ static long compare_routing(Model *m, const RefMoE *r, const int *log, int accum
                 j++;
             }
         }
-        if (pass == 0) { MPI_Allreduce(MPI_IN_PLACE, first, r->Lm * R, MPI_INT, MPI_MIN, MPI_COMM_WORLD); continue; }
+        if (pass == 0) {
+            MPI_Allreduce(MPI_IN_PLACE, first, r->Lm * R, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+            MPI_Allreduce(MPI_IN_PLACE, changed, r->Lm * R * E, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+            continue;
+        }
         free(first);
+        free(changed);
+        MPI_Allreduce(MPI_IN_PLACE, d->moved, r->Lm * E, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
         if (nmoe == 0) { return 0; }   // no MoE layer on this stage
         check(tok_differ == 0 && seq_differ == 0 && tok_compared > 0,
               "routing: %ld tokens with a top-k margin > %.0e compared, %ld differ from the reference's choices (%ld "
@@ -156,6 +231,10 @@ static long compare_routing(Model *m, const RefMoE *r, const int *log, int accum
               "%.1e",
               tok_compared, ROUTE_MARGIN, tok_differ, tok_downstream, seq_compared, seq_differ, seq_skipped,
                   flip_margin);
+        check(keep_unexplained == 0,
+              "routing: %ld assignments kept or dropped otherwise than the reference's with the same choices, %ld of "
+              "them without a cause the margins allow (capacity margin <= %.0e, a choice of that expert changed in "
+              "the sequence, a token routed otherwise upstream)", keep_differ, keep_unexplained, ROUTE_MARGIN);
         return flips;
     }
     return 0;
