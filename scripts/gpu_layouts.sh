@@ -21,7 +21,8 @@
 #                                            wheel's Open MPI, then runs every layout in both)
 #   bash scripts/gpu_layouts.sh --dry-run   (a CPU machine: the same layouts on the CPU build with the wheel's
 #                                            Open MPI: arguments, carried files, launch; no NCCL, no GPU)
-# env: LOG_DIR (build/gpu_layouts), TIMEOUT per layout in seconds (90)
+# env: LOG_DIR (build/gpu_layouts), TIMEOUT per layout in seconds (90), PAR layouts at a time (4), LAYOUT_BUILDS
+#      (KIND:DIR ...: the builds to run, e.g. "cuda:build/cuda")
 set -u
 cd "$(dirname "$0")/.."
 MODE=${1:-run}
@@ -71,6 +72,7 @@ else
     if [ "${SKIP_BUILD:-0}" = 1 ]; then BUILDS="cuda-fp32:build/cuda-fp32 cuda:build/cuda"
     else BUILDS="cuda-fp32:build/layouts-cuda-fp32 cuda:build/layouts-cuda"; fi
     MPIRUN_ENV="-x NCCL_SOCKET_IFNAME=lo -x NCCL_IB_DISABLE=1 -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET"
+    [ -n "${LAYOUT_BUILDS:-}" ] && BUILDS=$LAYOUT_BUILDS   # e.g. "cuda:build/cuda": the bf16 build alone
 fi
 
 # the builds (with the wheel's mpicxx)

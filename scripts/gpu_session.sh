@@ -68,8 +68,8 @@ done
     echo "build/cuda-cudnn does not load here: $(ldd build/cuda-cudnn/train_gpt | grep 'not found' | tr '\n' ' ')"
 export SKIP_BUILD
 
-# 1. gpu_check.sh: its own budget (at most 300 s)
-b=$(( $(left) - 200 )); [ $b -gt 300 ] && b=300
+# 1. gpu_check.sh: its own budget (at most 340 s: it needed ~330 on 2026-12-04)
+b=$(( $(left) - 190 )); [ $b -gt 340 ] && b=340
 echo "=== 1. gpu_check.sh (budget ${b}s)"
 BENCH="env LOG_DIR=$LOGS/bench bash dev/bench/bench_gpu.sh build/cuda 20"
 BEFORE_QUEUE="setsid $BENCH start" WAIT_QUIET="$BENCH wait" LOG_DIR=$LOGS/gpu_check timeout $b bash scripts/gpu_check.sh
