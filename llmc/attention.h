@@ -34,11 +34,11 @@ static size_t attention_cublas_workspace_bytes(int T, int NH, size_t floatx) {
     size_t n = (size_t)NH * T * T;
     return 2 * ((n * 4 + 255) / 256 * 256) + 2 * ((n * floatx + 255) / 256 * 256);
 }
-// ... what path `path` allocates: flash (where it applies) its backward's D (B, NH, T), cuDNN its workspace
-// (none of them depends on the kv heads)
-static size_t attention_workspace_bytes(int path, int B, int T, int NH, int hs, size_t floatx) {
+// ... what path `path` allocates: flash (where it applies) its backward's D (B, NH, T), cuDNN its workspace (what
+// its graphs at this shape report, in a run: cudnn_attention.h; the only one that depends on the kv heads)
+static size_t attention_workspace_bytes(int path, int B, int T, int NH, int KV, int hs, size_t floatx) {
     if (path == ATT_FLASH && attention_flash_applies(hs, floatx)) { return flash_workspace_bytes(B, T, NH); }
-    if (path == ATT_CUDNN && attention_cudnn_applies(hs, floatx)) { return cudnn_workspace_bytes(B, T, NH * hs, NH); }
+    if (path == ATT_CUDNN && attention_cudnn_applies(hs, floatx)) { return cudnn_workspace_bytes(B, T, NH, KV, hs); }
     return attention_cublas_workspace_bytes(T, NH, floatx);
 }
 

@@ -100,6 +100,7 @@ static cublasLtHandle_t cublaslt_handle;
 static void *cublaslt_workspace;   // allocated on first use through the allocator (matmul.h)
 static const size_t cublaslt_workspace_size = CUBLASLT_WORKSPACE_BYTES;
 static int device_sm_count;
+static int device_ready = 0;        // backend_init has run: a device to ask (cudnn_attention.h: the workspace's need)
 
 // A kernel launch is checked right after it is queued (launch configuration errors).
 #define cudaCheckLaunch() cudaCheck(cudaGetLastError())
@@ -240,6 +241,7 @@ static void backend_init(int local_rank) {
     // kernel names its stream)
     cudaCheck(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking));
     cublasCheck(cublasLtCreate(&cublaslt_handle));
+    device_ready = 1;
 #else
     (void)local_rank;
 #endif
@@ -256,17 +258,24 @@ static double device_free_bytes(void) {
 #endif
 }
 
+// Every host wait on the device is watched (guard.h): with NCCL a hung collective shows as a wait that never ends,
+// and the watchdog only sees a wait it watches. Not only the synchronisations wait: a cudaMemcpyAsync between
+// device and pageable host memory (most of the copies below: the host arrays are the callers' own) returns only
+// once the copy landed (to the host) or may wait for the stream to stage it (from the host), so the copy is
+// watched as well. (On an H200 a copy of the step's loss to the stack, unwatched, waited forever behind a peer's
+// stopped all-reduce: rank 0's watchdog never fired.)
 static void device_synchronize(void) {
 #ifdef USE_CUDA
-    // (with NCCL a hung collective shows here: the watchdog sees it, guard.h)
     WATCHED("device synchronize", "-", cudaCheck(cudaStreamSynchronize(main_stream)));
 #endif
 }
 
 static void copy_to_device(void *dst, const void *src, size_t bytes) {
 #ifdef USE_CUDA
+    watch_enter("device synchronize (a copy to the device)", "-");
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, main_stream));
     cudaCheck(cudaStreamSynchronize(main_stream));
+    watch_leave();
 #else
     memcpy(dst, src, bytes);
 #endif
@@ -275,8 +284,9 @@ static void copy_to_device(void *dst, const void *src, size_t bytes) {
 // Queued on the compute stream, no wait: src must stay unchanged until the device has run the copy
 // (page-locked from host_alloc_pinned; pageable memory is staged by the driver before the call returns).
 static void copy_to_device_async(void *dst, const void *src, size_t bytes) {
-#ifdef USE_CUDA
-    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, main_stream));
+#ifdef USE_CUDA   // (watched: staging a pageable source may wait for the stream)
+    WATCHED("device synchronize (a copy to the device)", "-",
+            cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, main_stream)));
 #else
     memcpy(dst, src, bytes);
 #endif
@@ -302,9 +312,11 @@ static void *host_alloc_pinned(size_t bytes) {
 }
 
 static void copy_to_host(void *dst, const void *src, size_t bytes) {
-#ifdef USE_CUDA
+#ifdef USE_CUDA   // (the copy itself waits when dst is pageable: watched with the synchronisation)
+    watch_enter("device synchronize (a copy to the host)", "-");
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, main_stream));
-    WATCHED("device synchronize", "-", cudaCheck(cudaStreamSynchronize(main_stream)));
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    watch_leave();
 #else
     memcpy(dst, src, bytes);
 #endif

@@ -437,7 +437,7 @@ static void cp_attention_setup(const CPRing *r, int B, int T) {
 #endif
 }
 static size_t cp_attention_workspace_bytes(const CPRing *r, int path, int B, int T, size_t floatx) {
-    if (cp_ring_n(r) == 1) { return attention_workspace_bytes(path, B, T * r->U, r->Hq, r->hs, floatx); }
+    if (cp_ring_n(r) == 1) { return attention_workspace_bytes(path, B, T * r->U, r->Hq, r->Hkv, r->hs, floatx); }
     return attention_flash_applies(r->hs, floatx) ? flash_workspace_bytes(B, T * r->U, r->Hq) : 0;
 }
 

@@ -8,8 +8,8 @@
 //   find  (1) the earliest call two ranks made differently (under one number: a collective's operation, count or
 //         type; a message's size or kind), and whether one rank's calls are the others' shifted by one (it skipped
 //         one); else (2) from the rank whose waiting call was posted first, whom it waits for: a collective waits for
-//         the members that have not posted its number, a receive for a peer that sent fewer, a send for one that
-//         received fewer. The chain ends at a rank in no call, stopped or gone (the cause), or comes back to a rank
+//         the members that have not posted its number (CUDA: or whose device is still in an earlier call), a receive
+//         for a peer that sent fewer, a send for one that received fewer. The chain ends at a rank in no call, stopped or gone (the cause), or comes back to a rank
 //         it passed (a deadlock: a call skipped, calls made in different orders, a send without its receive);
 //         (3) else a stopped or vanished rank
 // Printed by the first rank to time out (guard.h), by a rank that meets an MPI error (utils.h's handler), by rank 0
@@ -225,6 +225,24 @@ static void fd_call(Line *l, const RankRing *r, const FlightRecord *x) {
     fd_put(l, "%s %s #%u", fd_group(r, x)->name, flight_op_names[x->op], x->seq);
     if (flight_is_message(x->op)) { fd_put(l, " %s rank %d", x->op == FL_SEND ? "to" : "from", x->peer); }
     fd_context(l, &x->ctx);
+}
+
+// This rank's own record of id in words, as fd_call says it (the watchdog's line: guard.h); "a device call" if the
+// ring no longer holds it.
+static void fd_own_call(char *out, size_t n, uint64_t id) {
+    static RankRing me;   // (the watchdog's thread only: the header is too large for its stack's comfort)
+    Line l = {out, n, 0};
+    out[0] = '\0';
+    FlightRecord *x = id ? flight_slot(id - 1) : NULL;
+    FlightRecord copy;
+    if (x) { memcpy(&copy, x, sizeof(copy)); }
+    if (x == NULL || copy.index != id - 1 || copy.group < 1 || (int)copy.group > flight_header()->ngroups ||
+        copy.op >= FL_NOPS) {
+        fd_put(&l, "a device call");
+        return;
+    }
+    memcpy(&me.h, flight_header(), sizeof(me.h));
+    fd_call(&l, &me, &copy);
 }
 
 // "rank 1", "ranks 0,2-3"
@@ -460,8 +478,31 @@ static int fd_message_disagreement(Rings *rs, Line *l) {
 // ----------------------------------------------------------------------------
 // (2) who waits for whom
 
-// The ranks rank a's waiting call waits for (have: how many of the call's kind each has posted); *unknown: members
-// whose rings were not read.
+// Whether rank r posted call seq of group g to its device (a collective: op, peer -1; a message: op, with world rank
+// peer), but its device has not reached it: its oldest call not complete is a device call (CUDA) made before it.
+// (NCCL starts a rank's calls in the order the host posted them, NCCL_LAUNCH_ORDER_IMPLICIT across communicators:
+// backend.h. A CUDA rank's host runs ahead of its device, so having posted a call is not having entered it.)
+static int fd_device_behind(const RankRing *r, const FlightGroup *g, int op, int peer, uint32_t seq) {
+    if (r->wait < 0 || !(r->rec[r->wait].flags & FL_DEVICE)) { return 0; }
+    const FlightRecord *y = fd_find(r, g, op, peer, seq);
+    return y != NULL && y->done == 0.0 && r->rec[r->wait].index < y->index;
+}
+
+// The highest number among rank r's messages (op) of group g with world rank peer seen complete in its ring (0: none).
+static uint32_t fd_messages_done(const RankRing *r, const FlightGroup *g, int op, int peer) {
+    uint32_t most = 0;
+    for (int i = 0; i < r->n; i++) {
+        const FlightRecord *x = &r->rec[i];
+        if (x->op == op && x->peer == peer && x->done != 0.0 && x->seq > most && fd_same_group(fd_group(r, x), g)) {
+            most = x->seq;
+        }
+    }
+    return most;
+}
+
+// The ranks rank a's waiting call waits for (have: how many of the call's kind each has posted; a message's peer
+// whose device is behind: how many it completed); *unknown: members whose rings were not read. A call waits for the
+// members (the peer) that have not posted it, or whose device has not reached it (fd_device_behind).
 static int fd_blockers(const Rings *rs, int a, int *out, uint32_t *have, int *unknown) {
     const RankRing *A = &rs->r[a];
     const FlightRecord *x = &A->rec[A->wait];
@@ -469,19 +510,26 @@ static int fd_blockers(const Rings *rs, int a, int *out, uint32_t *have, int *un
     int n = 0, members = 1;
     *unknown = 0;
     if (flight_is_message(x->op)) {
-        int p = x->peer;
+        int p = x->peer, other = x->op == FL_SEND ? FL_RECV : FL_SEND;
         if (p < 0 || p >= rs->world || !rs->r[p].present) { *unknown = 1; return 0; }
         const FlightGroup *gp = fd_find_group(&rs->r[p], g);
-        int64_t got = gp ? fd_messages(&rs->r[p], gp, x->op == FL_SEND ? FL_RECV : FL_SEND, a) : 0;
+        int64_t got = gp ? fd_messages(&rs->r[p], gp, other, a) : 0;
         if (got < 0) { *unknown = 1; }
         else if (got < x->seq) { out[n] = p; have[n++] = (uint32_t)got; }
+        else if (fd_device_behind(&rs->r[p], gp, other, a, x->seq)) {
+            out[n] = p;
+            have[n++] = fd_messages_done(&rs->r[p], gp, other, a);
+        }
         return n;
     }
     for (int m = 0; m < rs->world; m++) {
         const FlightGroup *gm = m != a && rs->r[m].present ? fd_find_group(&rs->r[m], g) : NULL;
         if (gm == NULL) { continue; }
         members++;
-        if (gm->posted < x->seq) { out[n] = m; have[n++] = gm->posted; }
+        if (gm->posted < x->seq || fd_device_behind(&rs->r[m], gm, FL_ALL_REDUCE, -1, x->seq)) {
+            out[n] = m;
+            have[n++] = gm->posted;
+        }
     }
     *unknown = g->size > members ? g->size - members : 0;
     return n;

@@ -131,6 +131,9 @@ typedef struct {
 } Flight;
 static Flight flight = {NULL, -1, "", "", "", {}, {}, {}, {}, 0, 0};
 static FlightHeader flight_idle;    // the header before the ring exists (and test_gpt's, without --check-comm)
+// The recording thread's last sign of progress (wall seconds): a call posted, a step, phase or layer begun. The
+// watchdog's other test (guard.h: flight_device_stall) reads it.
+static volatile double flight_host_seen = 0.0;
 
 static double flight_clock(void) {
     struct timespec t;
@@ -358,7 +361,7 @@ static uint64_t flight_post(int group, int op, int peer, size_t count, int type,
     FlightRecord *r = flight_slot(i);
     r->index = UINT64_MAX;   // (being written: a reader skips it)
     __atomic_thread_fence(__ATOMIC_RELEASE);
-    r->posted = flight_clock();
+    r->posted = flight_host_seen = flight_clock();
     r->done = 0.0;
     r->count = (int64_t)count;
     r->seq = seq;
@@ -443,20 +446,46 @@ static void flight_poll(void) {
 static void flight_poll(void) {}
 #endif
 
+// The watchdog's second test (guard.h), for the waits it does not watch: CUDA's host thread blocks behind the device
+// not only in the synchronisations (watched) but wherever a call waits for the stream (a copy to pageable memory, a
+// kernel launch once the launch queue is full, a library call that synchronises): a device call (FL_DEVICE) not seen
+// complete, posted `age` seconds ago, with no sign of the host's progress since (flight_host_seen), inside a step or
+// an evaluation (their host work only queues device work and waits; set-up, a checkpoint and the end may keep the
+// host busy for long on its own). Returns the record's id (0: none) and *age: the time since the later of its post
+// and the host's last progress. (The CPU build: no device calls, 0.)
+static uint64_t flight_device_stall(double *age) {
+    FlightHeader *h = flight_header();
+    uint64_t end = h->written, i = flight.unresolved;
+    int phase = h->now.phase;
+    *age = 0.0;
+    if (phase == PH_SETUP || phase == PH_CHECKPOINT || phase == PH_END || phase < 0 || phase >= PH_N) { return 0; }
+    if (end > (uint64_t)h->capacity && i < end - h->capacity) { i = end - h->capacity; }
+    for (; i < end; i++) {
+        FlightRecord *r = flight_slot(i);
+        if (r->index != i || !(r->flags & FL_DEVICE) || r->done != 0.0) { continue; }
+        double seen = flight_host_seen, since = r->posted > seen ? r->posted : seen;
+        *age = flight_clock() - since;
+        return i + 1;
+    }
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 // what the rank is doing, and how it ends (the model's code sets the context; comm.h, guard.h, utils.h the rest)
 
 static void flight_step(int step) {
     FlightHeader *h = flight_header();
     h->now = (FlightContext){step, -1, FL_LAYER_NONE, PH_FORWARD};
+    flight_host_seen = flight_clock();
 }
 static void flight_at(int phase, int micro, int layer) {
     FlightHeader *h = flight_header();
     h->now.phase = phase;
     h->now.micro = (int16_t)micro;
     h->now.layer = (int16_t)layer;
+    flight_host_seen = flight_clock();
 }
-static void flight_layer(int layer) { flight_header()->now.layer = (int16_t)layer; }
+static void flight_layer(int layer) { flight_header()->now.layer = (int16_t)layer; flight_host_seen = flight_clock(); }
 
 // The rank's place once MPI says it (the launcher may not have).
 static void flight_rank(int rank, int world) { flight_header()->rank = rank; flight_header()->world = world; }

@@ -129,24 +129,60 @@ static double watch_timeout = 0.0;            // seconds; 0: off
 static int watch_rank = -1;                   // -1: not known yet (before MPI_Init, without a launcher's rank)
 static void (*watch_abort)(void) = NULL;      // called before exiting (CUDA: abort the NCCL communicators)
 
+// The NCCL communicators' abort may itself hang (a communicator's cudaFree waiting for another one's kernel that
+// still spins, resources freed in step with a peer that is stopped: NVIDIA/nccl issues 549, 564, 992, 1777): it runs
+// after the diagnosis is out, and the rank exits WATCH_ABORT_SECONDS later whether or not it returned.
+#define WATCH_ABORT_SECONDS 10
+static void *watch_abort_deadline(void *arg) {
+    (void)arg;
+    sleep(WATCH_ABORT_SECONDS);
+    static const char msg[] = "error: the NCCL communicators' abort has not returned in 10 s: exiting without it\n";
+    if (write(2, msg, sizeof(msg) - 1) < 0) { /* nothing more to do */ }
+    _exit(1);
+    return NULL;
+}
+
+// A stop for no progress: the line (msg, "error: ..."), the ring's end, the diagnosis, the communicators aborted.
+static void watchdog_stop(const char *msg) {
+    if (write(2, msg, strlen(msg)) < 0) { /* nothing more to do */ }
+    flight_end(FL_TIMED_OUT, msg + 7);   // (without "error: ")
+    flight_report();
+    if (watch_abort) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, watch_abort_deadline, NULL) == 0) { pthread_detach(t); }
+        watch_abort();
+    }
+    _exit(1);
+}
+
+// Two tests, 5 times a second: (1) the watched op (a wait on other ranks: a collective, an exchange, a device
+// synchronisation) has lasted --timeout; (2) CUDA: the host thread has been blocked for --timeout outside a watched
+// op behind a device call (a collective) that has not completed (flight_device_stall: a wait the code does not
+// watch, so that an unwatched blocking call cannot hang the rank for good).
 static void *watchdog_thread(void *arg) {
     (void)arg;
     for (;;) {
         usleep(200 * 1000);
         flight_beat();
-        double since = watch_since;
+        double since = watch_since, stalled = 0.0;
+        char msg[1024], who[32] = "?";
+        if (watch_rank >= 0) { snprintf(who, sizeof(who), "%d", watch_rank); }
         if (since > 0.0 && monotonic_seconds() - since > watch_timeout) {
-            char msg[512], who[32] = "?";
-            if (watch_rank >= 0) { snprintf(who, sizeof(who), "%d", watch_rank); }
-            int n = snprintf(msg, sizeof(msg),
-                             "error: rank %s: no progress for %.0f s in %s on group %s (a stalled or dead rank, or a "
-                             "deadlock; --timeout %.0f); stopping\n", who, monotonic_seconds() - since, watch_op,
-                             watch_group, watch_timeout);
-            if (write(2, msg, n > 0 ? (size_t)n : 0) < 0) { /* nothing more to do */ }
-            flight_end(FL_TIMED_OUT, msg + 7);   // (without "error: ")
-            flight_report();
-            if (watch_abort) { watch_abort(); }
-            _exit(1);
+            snprintf(msg, sizeof(msg),
+                     "error: rank %s: no progress for %.0f s in %s on group %s (a stalled or dead rank, or a "
+                     "deadlock; --timeout %.0f); stopping\n", who, monotonic_seconds() - since, watch_op,
+                     watch_group, watch_timeout);
+            watchdog_stop(msg);
+        }
+        uint64_t id = since > 0.0 ? 0 : flight_device_stall(&stalled);
+        if (id && stalled > watch_timeout) {
+            char call[512];
+            fd_own_call(call, sizeof(call), id);
+            snprintf(msg, sizeof(msg),
+                     "error: rank %s: no progress for %.0f s: the host waits outside any watched op behind %s, which "
+                     "has not completed on the device (a stalled or dead rank, or a deadlock; --timeout %.0f); "
+                     "stopping\n", who, stalled, call, watch_timeout);
+            watchdog_stop(msg);
         }
     }
     return NULL;

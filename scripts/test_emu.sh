@@ -11,6 +11,9 @@
 #      and in a template kernel), each caught
 #   5. the checked build (build/emu-checked: AddressSanitizer and UBSan) runs every fp32 row (rows of 1 and 2) clean
 #   6. coverage: every __global__ kernel in llmc/ launched by these rows ("kernels run under emulation: N of N")
+#   7. a stalled peer (bf16, dp 2): rank 1 stopped (SIGSTOP) mid-run; rank 0, whose host waits behind an NCCL call
+#      that never completes on the device, must stop within --timeout and print the diagnosis naming rank 1 (what
+#      scripts/gpu_layouts.sh checks on a GPU)
 #   0. first, the emulation's own parts: dev/emu/test_emu_cublas.cpp (cuBLASLt/cuBLAS against a double GEMM) and
 #      dev/emu/test_emu_nccl.cpp (NCCL over MPI against the ring-order sums, at 4 and 3 ranks)
 # Usage: bash scripts/test_emu.sh   (closes with "N passed, N failed")
@@ -195,6 +198,38 @@ mutation "the main stream's wait on the communication stream removed" wait:1 emu
 mutation "the parameters' last element past the end of their allocation (AddressSanitizer)" short:1 emu-checked 1 --ref $T -b 8
 mutation "the softmax kernel's launch 32 threads past its __launch_bounds__(256)" block:attention_softmax_forward_kernel emu-fp32 1 --ref $T -b 8
 mutation "the flash forward kernel's (a template's) launch 32 threads past its __launch_bounds__(128)" block:flash_forward_kernel emu-bf16 1 --ref refs/llama_hs128 -b 8 --attention flash
+
+echo "== 7. a stalled peer under NCCL's semantics: rank 1 stopped (SIGSTOP), rank 0's watchdog diagnoses"
+# The emulated NCCL, like NCCL, only queues a collective; rank 0's host then waits behind it wherever it next waits
+# for the device (on an H200: the copy of the step's loss to the host, which its watchdog did not watch). The job
+# must end within --timeout + 10 s with "diagnosis: rank 1 ... is stopped", rank 0 waiting in a call of the step
+# the run had reached.
+stopped_rank() {   # BUILD
+    local build=$1 log=$TMP/sigstop.log mp victim p step t0 t line waited
+    rm -rf "$TMP/sigstop"
+    $MPIRUN -np 2 -x TMPDIR=$TMP build/$build/train_gpt -e "$TINY" -t 32 -b 2 -v 0 -s 0 -x 100000 \
+        --timeout 5 -o "$TMP/sigstop" >"$log" 2>&1 &
+    mp=$!
+    for i in $(seq 1 1200); do grep -q "^step    5/" "$log" && break; sleep 0.1; done
+    victim=""
+    for p in $(pgrep -P $mp) $(for c in $(pgrep -P $mp); do pgrep -P "$c"; done); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$p
+    done
+    step=$(grep -o "^step *[0-9]*" "$log" | tail -n 1 | awk '{ print $2 }')
+    t0=$SECONDS
+    [ -n "$victim" ] && kill -STOP "$victim"
+    for i in $(seq 1 300); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
+    t=$((SECONDS - t0))
+    kill -0 $mp 2>/dev/null && kill -9 $mp
+    [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null
+    wait $mp 2>/dev/null
+    line=$(grep -m1 '^diagnosis:' "$log" | cut -c1-400)
+    waited=$(grep -oE "rank 0 waits in [a-z]+ [a-z-]+ #[0-9]+ of step [0-9]+" <<<"$line" | awk '{ print $NF }')
+    grep -q "^diagnosis: rank 1 .*is stopped" <<<"$line" && [ -n "$waited" ] && [ "$waited" -ge $((${step:-1} - 1)) ] &&
+        [ $t -le 15 ]
+    say $? "$build: rank 1 stopped at step ${step:-?}, the job ended in $t s: ${line:-no diagnosis line ($(grep -m1 '^error' "$log" | cut -c1-100))}"
+}
+stopped_rank emu-bf16
 
 echo "== 5. coverage"
 $PY - "$EMU_LAUNCH_LOG" <<'PYEOF'
