@@ -219,6 +219,32 @@ static void calibrate_print(const char *path, const Calibration *k, const Args *
     fflush(stdout);
 }
 
+// qkv: x as (B, T, (NH + 2KV) hs) -> out: y (B, T, NH hs); back: dout y -> dqkv dx. t_att: cuBLAS's attention;
+// t_flash: the flash kernels', where they apply (CUDA, bf16, head size 64 or 128: flash_slower = t_flash / t_att)
+static void calibrate_attention(Grid *g, Calibration *k, floatX *x, floatX *y, floatX *dx, float *lse, int B, int T,
+                                int NH, int KV, int hs) {
+    int path_of_run = attention_path;
+#ifdef USE_CUDA
+    attention_path = ATT_CUBLAS;
+#endif
+    attention_setup(B, T, NH, KV, hs);
+    CALIBRATE_TIME(g, &k->t_att)
+        attention_forward(y, lse, x, B, T, NH, KV, hs);
+        attention_backward(dx, y, x, y, lse, B, T, NH, KV, hs);
+    CALIBRATE_END;
+#ifdef USE_CUDA
+    if (attention_flash_applies(hs, sizeof(floatX))) {
+        attention_path = ATT_FLASH;
+        attention_setup(B, T, NH, KV, hs);
+        CALIBRATE_TIME(g, &k->t_flash)
+            attention_forward(y, lse, x, B, T, NH, KV, hs);
+            attention_backward(dx, y, x, y, lse, B, T, NH, KV, hs);
+        CALIBRATE_END;
+    }
+#endif
+    attention_path = path_of_run;
+}
+
 // --calibrate FILE: the kernels at the model's shapes (a layer's MLP GEMMs, its attention, a bandwidth-bound
 // kernel, a layer's launches), the optimizer, the collectives and their overlap, every rank at once.
 static void calibrate(const Args *a, const ModelConfig *c, Grid *g, const char *path) {
@@ -256,28 +282,7 @@ static void calibrate(const Args *a, const ModelConfig *c, Grid *g, const char *
             matmul_backward(dx, dw, NULL, y, x, w, R, C, 4 * C);
         CALIBRATE_END;
     }
-    // qkv: x as (B, T, (NH + 2KV) hs) -> out: y (B, T, C); back: dout y -> dqkv dx. attn_flops: cuBLAS's
-    // attention; flash_slower: the flash kernels' time over it, where they apply (CUDA, bf16, head size 64 or 128)
-    int path_of_run = attention_path;
-#ifdef USE_CUDA
-    attention_path = ATT_CUBLAS;
-#endif
-    attention_setup(B, T, NH, KV, C / NH);
-    CALIBRATE_TIME(g, &k.t_att)
-        attention_forward(y, lse, x, B, T, NH, KV, C / NH);
-        attention_backward(dx, y, x, y, lse, B, T, NH, KV, C / NH);
-    CALIBRATE_END;
-#ifdef USE_CUDA
-    if (attention_flash_applies(C / NH, sizeof(floatX))) {
-        attention_path = ATT_FLASH;
-        attention_setup(B, T, NH, KV, C / NH);
-        CALIBRATE_TIME(g, &k.t_flash)
-            attention_forward(y, lse, x, B, T, NH, KV, C / NH);
-            attention_backward(dx, y, x, y, lse, B, T, NH, KV, C / NH);
-        CALIBRATE_END;
-    }
-#endif
-    attention_path = path_of_run;
+    calibrate_attention(g, &k, x, y, dx, lse, B, T, NH, KV, C / NH);
     CALIBRATE_TIME(g, &k.t_mem)
         residual_bias_forward(dx, x, y, bias, 4 * BT, C);
     CALIBRATE_END;

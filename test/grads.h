@@ -128,6 +128,33 @@ static int block_errors_report(const ModelConfig *c, const GradBlocks *gb, const
 // (Parameters after the AdamW steps are not compared element-wise: an element whose gradient is
 // rounding noise, e.g. the key biases, whose exact gradient is 0, moves by +-lr whatever the noise;
 // the step losses are the check of the optimizer.)
+#ifdef BF16_GRADS
+// each block's tolerance: rtol, and an expert's block whose tokens were routed otherwise (m of the reference's n kept
+// assignments, test/routing.h) 2 sqrt(m / n) more
+static double *block_tolerances(const ModelConfig *c, const GradBlocks *gb, const RouteDiff *rd, double rtol) {
+    double *brtol = (double *)malloc_check(gb->nblocks * sizeof(double));
+    for (int b = 0; b < gb->nblocks; b++) {
+        brtol[b] = rtol;
+        TensorSpec s = tensor_spec(c, gb->tensor[b]);
+        if (rd->moved && s.experts) {   // (Llama's efcw: 2 blocks an expert, gate and up)
+            size_t q = (size_t)gb->layer[b] * rd->E + gb->piece[b] / (s.nblk / rd->E);
+            int moved = rd->moved[q], kept = rd->kept[q] > 1 ? rd->kept[q] : 1;
+            if (moved > 0) { brtol[b] += 2.0 * sqrt((double)moved / kept); }
+        }
+    }
+    return brtol;
+}
+#else
+// the fp32 builds' element-wise verdict per tensor
+static void report_elementwise_grads(const long *bad, const long *checked, const double *worst) {
+    for (int i = 0; i < NUM_TENSORS; i++) {
+        if (checked[i] == 0) { continue; }
+        check(bad[i] == 0, "grad %-8s: %ld owned elements, %ld outside |g-ref| <= %.0e + %.0e|ref| (worst excess %.3e)",
+              tensor_names[i], checked[i], bad[i], GRAD_ATOL, GRAD_RTOL, worst[i]);
+    }
+}
+#endif
+
 static void compare_grads(Model *m, float *ref_all, const RouteDiff *rd) {
     const ModelConfig *c = &m->config;
     float *ref[NUM_TENSORS];
@@ -141,16 +168,7 @@ static void compare_grads(Model *m, float *ref_all, const RouteDiff *rd) {
     grad_blocks_init(c, ref_all, &gb);
     BlockError *berr = (BlockError *)calloc_check(gb.nblocks, sizeof(BlockError));
     double rtol = BF16_BLOCK_RTOL + 2.0 * sqrt(2.0 * rd->flipped_share);
-    double *brtol = (double *)malloc_check(gb.nblocks * sizeof(double));
-    for (int b = 0; b < gb.nblocks; b++) {
-        brtol[b] = rtol;
-        TensorSpec s = tensor_spec(c, gb.tensor[b]);
-        if (rd->moved && s.experts) {   // (Llama's efcw: 2 blocks an expert, gate and up)
-            size_t q = (size_t)gb.layer[b] * rd->E + gb.piece[b] / (s.nblk / rd->E);
-            int moved = rd->moved[q], kept = rd->kept[q] > 1 ? rd->kept[q] : 1;
-            if (moved > 0) { brtol[b] += 2.0 * sqrt((double)moved / kept); }
-        }
-    }
+    double *brtol = block_tolerances(c, &gb, rd, rtol);
     float *numbers[NUM_TENSORS];
     split_tensors(c, gb.number, numbers);
 #endif
@@ -194,11 +212,7 @@ static void compare_grads(Model *m, float *ref_all, const RouteDiff *rd) {
     free(brtol);
     grad_blocks_free(&gb);
 #else
-    for (int i = 0; i < NUM_TENSORS; i++) {
-        if (checked[i] == 0) { continue; }
-        check(bad[i] == 0, "grad %-8s: %ld owned elements, %ld outside |g-ref| <= %.0e + %.0e|ref| (worst excess %.3e)",
-              tensor_names[i], checked[i], bad[i], GRAD_ATOL, GRAD_RTOL, worst[i]);
-    }
+    report_elementwise_grads(bad, checked, worst);
 #endif
 }
 
