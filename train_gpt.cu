@@ -16,6 +16,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/model_config.h"      // defines: ModelConfig (every family), the tensors in file order (TensorSpec)
 #include "llmc/seq_layout.h"        // defines: SeqPos: where a rank's tokens are in the sequence (cp chunks)
 #include "llmc/test_hooks.h"        // defines: the few places a test reaches into the program
+#include "llmc/span.h"              // defines: Span: the flight recorder, the trace and the cost clock in one call
 // the kernels: a CPU loop (the specification) beside each CUDA kernel, one launcher each
 #include "llmc/encoder.h"           // defines: vocab-parallel token embedding, position embedding
 #include "llmc/layernorm.h"         // defines: layernorm_forward/backward
@@ -44,7 +45,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/tokenizer.h"         // defines: Tokenizer (llm.c's tokenizer.bin, decoding)
 #include "llmc/schedulers.h"        // defines: the learning rate schedules
 #include "llmc/model_file.h"        // defines: model files, descriptors, init (over model_config.h's shape and tensors)
-#include "llmc/model_units.h"       // defines: a unit's tensors (zero.h's units from the tensor table), cut and put back
+#include "llmc/model_units.h"       // defines: a stage's units (zero.h's, from the tensor table), a unit's tensors cut and put back
 #include "llmc/upcycle.h"           // defines: sparse upcycling (a MoE model from a dense one)
 #include "llmc/run_dir.h"           // defines: the run directory: lock, identity, retention, unusable/, main.log
 #include "llmc/checkpoint.h"        // defines: layout-independent checkpoints: save, load
@@ -56,64 +57,6 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/report.h"            // defines: the step line, the first step's reports, the times at the end
 #include "llmc/hellaswag.h"         // defines: HellaSwag (llm.c's eval file) and its rows
 #include "llmc/sampler.h"           // defines: Sampler, sample_token (temperature, top-k)
-
-// ----------------------------------------------------------------------------
-// the model's units: how the tensors (model_file.h) are cut over the pipeline stages, tp and ep ranks
-
-// The units of a pipeline stage, in the order they run: the embedding (first stage), its layers
-// (a MoE layer: the layer, then its experts; interleaved: chunk 0's, then chunk 1's, ...), the final
-// norm and an untied LM head (last stage). With a pipeline the first stage's wte and wpe are two units, and the
-// last stage holds a copy of the wte unit for the tied LM head: same layout, so the two copies' gradients sum shard
-// by shard. Returns the number of units; sets the index of each kind (-1: none; without a pipeline u_pos ==
-// u_embed, one unit [wpe, wte]; Llama: no wpe) and, per layer of the stage, its unit and its experts' unit (-1 for a
-// dense layer).
-static int build_units(const ModelConfig *c, Grid *grid, int vpp, const int *first, Unit *units, int *u_embed,
-                       int *u_pos, int *u_layer, int *u_experts, int *u_final, int *u_head) {
-    static const int embedding[] = {T_WPE, T_WTE}, token[] = {T_WTE}, position[] = {T_WPE};
-    static const int layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_FCPROJB, T_QNORMW, T_KNORMW,
-                                T_QKVW, T_QKVB, T_ATTPROJW, T_FCW, T_FCB, T_FCPROJW};
-    static const int moe_layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_QNORMW, T_KNORMW, T_ROUTERW, T_QKVW,
-                                    T_QKVB, T_ATTPROJW};
-    static const int moe_shared_layer[] = {T_LN1W, T_LN1B, T_ATTPROJB, T_LN2W, T_LN2B, T_QNORMW, T_KNORMW, T_ROUTERW,
-                                           T_QKVW, T_QKVB, T_ATTPROJW, T_SFCW, T_SFCB, T_SFCPROJW, T_SFCPROJB,
-                                           T_SGATEW};   // (+ shared)
-    static const int experts[] = {T_EFCPROJB, T_EFCW, T_EFCB, T_EFCPROJW};
-    static const int final_ln[] = {T_LNFW, T_LNFB}, head[] = {T_HEAD};
-    int tp = grid->tp, pp = grid->pp, stage = grid->pp_rank, ep = grid->ep, er = grid->ep_rank, n = 0, ll = 0;
-    Group *dp = grid->grad_group;   // (the dp group; with cp, the cp x dp ranks)
-    *u_embed = *u_pos = *u_final = *u_head = -1;
-    int wpe = tensor_full_size(c, T_WPE) > 0;
-    if (stage == 0 && pp == 1) { *u_embed = *u_pos = n; build_unit(c, tp, ep, er, dp, &units[n++], embedding, 2, -1); }
-    if (stage == 0 && pp > 1) {
-        *u_embed = n; build_unit(c, tp, ep, er, dp, &units[n++], token, 1, -1);
-        if (wpe) { *u_pos = n; build_unit(c, tp, ep, er, dp, &units[n++], position, 1, -1); }
-    }
-    for (int v = 0; v < vpp; v++) {   // the stage's model chunks (one without interleaving), in order
-        int l0, l1;
-        chunk_layers(first, pp, stage, v, &l0, &l1);
-        for (int l = l0; l < l1; l++, ll++) {
-            u_layer[ll] = n;
-            u_experts[ll] = -1;
-            if (!is_moe_layer(c, l)) { build_unit(c, tp, ep, er, dp, &units[n++], layer, 14, l); continue; }
-            if (c->shared_experts > 0) { build_unit(c, tp, ep, er, dp, &units[n++], moe_shared_layer, 16, l); }
-            else { build_unit(c, tp, ep, er, dp, &units[n++], moe_layer, 11, l); }
-            u_experts[ll] = n;
-            build_unit(c, tp, ep, er, &grid->edp_group, &units[n++], experts, 4, l);
-        }
-    }
-    if (stage == pp - 1) {
-        *u_final = n;
-        build_unit(c, tp, ep, er, dp, &units[n++], final_ln, 2, -1);
-        if (!c->tied) { *u_head = n; build_unit(c, tp, ep, er, dp, &units[n++], head, 1, -1); }
-        if (pp > 1 && c->tied) {
-            *u_embed = n;
-            build_unit(c, tp, ep, er, dp, &units[n++], token, 1, -1);
-            units[n - 1].norm_skip = 1;
-        }
-    }
-    if (pp > 1 && *u_embed >= 0 && c->tied) { units[*u_embed].tied = 1; }
-    return n;
-}
 
 // ----------------------------------------------------------------------------
 // the model
@@ -245,16 +188,10 @@ static int layer_chunk(const Model *m, int l) {
     return v;
 }
 
-// --comm-report with a pipeline: a clock for the work between two calls (the device synchronised first), 0 otherwise.
-static double cost_clock(const Model *m) {
-    if (!m->costs.in_step || !m->pipe.time_waits || m->grid->pp == 1) { return 0.0; }
-    device_synchronize();
-    return monotonic_seconds();
-}
-static void cost_add(const Model *m, double *seconds, double t0) {
-    if (!m->costs.in_step || !m->pipe.time_waits || m->grid->pp == 1) { return; }
-    device_synchronize();
-    *seconds += monotonic_seconds() - t0;
+// A span of the model's work (span.h): the flight recorder's layer, a trace span (name NULL: none), and its seconds
+// for the stage's costs when a step runs under --comm-report with a pipeline.
+static Span model_span(const Model *m, int layer, const char *name, const char *cat) {
+    return span_open(layer, m->costs.in_step && m->pipe.time_waits && m->grid->pp > 1, name, cat);
 }
 
 // The stage's layer l's slice of a micro-batch's activations (acts: a slot of l's chunk). What the
@@ -626,35 +563,29 @@ static void gpt2_forward(Model *m, int v, Activations *acts) {
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS] = {}, *x;   // (a tensor the model lacks stays NULL)
 
-    double t0 = cost_clock(m);
     if (m->first && v == 0) {
         // embedding: vocab-parallel token lookup of all BT tokens, summed over tp (SP: reduce-scattered
         // along the tokens), then (GPT-2) the position embedding of the local tokens
-        trace_begin();
+        Span s = model_span(m, SPAN_SAME_LAYER, "embedding", "forward");
         unit_view(&m->units[m->u_embed], zero_unit_params(&m->zero, m->u_embed), p);
         if (m->u_pos >= 0) { unit_view(&m->units[m->u_pos], zero_unit_params(&m->zero, m->u_pos), p); }   // (the same unit without a pipeline)
         embedding_forward(w->pfull, acts->inputs, p[T_WTE], m->v0, m->v0 + m->Vl, BT, C);
         x = tp_sum_partials(tp, sp, w->pfull, w->tokbuf, BTs, C);
         copy_on_device(acts->resid, x, (size_t)BTs * C * sizeof(floatX));
         if (p[T_WPE]) { position_forward(acts->resid, p[T_WPE], m->seqpos, m->tok0, BTs, T, C); }
-        trace_end("embedding", "forward", "\"micro\":%d", m->micro);
-        cost_add(m, &m->costs.embed, t0);
+        span_close(s, &m->costs.embed, "\"micro\":%d", m->micro);
     }
     for (int l = l0; l < l1; l++) {
-        flight_layer(m->layer_id[l]);
-        t0 = cost_clock(m);
-        trace_begin();
+        Span s = model_span(m, m->layer_id[l], m->u_experts[l] >= 0 ? "MoE layer" : "layer", "forward");
         layer_forward(m, layer_acts(m, acts, l), l);
-        cost_add(m, &m->costs.layer[l], t0);
-        trace_end(m->u_experts[l] >= 0 ? "MoE layer" : "layer", "forward", "\"layer\":%d,\"micro\":%d", m->layer_id[l],
-                  m->micro);
+        span_close(s, &m->costs.layer[l], "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
     }
     if (m->last && v == m->vpp - 1) {
-        t0 = cost_clock(m);
+        Span s = model_span(m, SPAN_SAME_LAYER, NULL, NULL);
         unit_view(&m->units[m->u_final], zero_unit_params(&m->zero, m->u_final), p);
         norm_forward(m->rms, acts->lnf, acts->lnf_mean, acts->lnf_rstd, acts->resid + (size_t)(l1 - l0) * BTs * C,
                      p[T_LNFW], p[T_LNFB], m->config.norm_eps, BTs, C);
-        cost_add(m, &m->costs.head, t0);
+        span_close(s, &m->costs.head, NULL);
     }
 }
 
@@ -667,9 +598,7 @@ static void gpt2_head(Model *m, Activations *acts, float dloss, int backward, in
     Group *tp = &m->grid->tp_group;
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS], *g[NUM_TENSORS];
-    double t0 = cost_clock(m);
-    flight_layer(FL_LAYER_HEAD);
-    trace_begin();
+    Span s = model_span(m, FL_LAYER_HEAD, "head + loss", backward ? "forward+backward" : "forward");
     // every tp rank needs the hidden states of all tokens: it holds Vp/tp of the vocabulary
     floatX *h = tp_all_tokens(tp, m->sp, acts->lnf, w->xfull, m->BTs, C);
     int u = head_unit(m), id = head_tensor(m);
@@ -688,8 +617,7 @@ static void gpt2_head(Model *m, Activations *acts, float dloss, int backward, in
         wte_grad_close(m, WTE_HEAD, last_micro);
     }
     loss_accumulate(w->loss_sum, w->losses, BT);
-    trace_end("head + loss", backward ? "forward+backward" : "forward", "\"micro\":%d", m->micro);
-    if (backward) { cost_add(m, &m->costs.head, t0); }
+    span_close(s, backward ? &m->costs.head : NULL, "\"micro\":%d", m->micro);
 }
 
 // The loss sum starts at 0 (a step's or an evaluation's first batch).
@@ -859,8 +787,8 @@ static void gpt2_backward(Model *m, int v, Activations *acts, int last_micro) {
     Workspace *w = &m->ws;
     floatX *p[NUM_TENSORS] = {}, *g[NUM_TENSORS] = {};   // (a tensor the model lacks stays NULL)
 
-    double t0 = cost_clock(m);
     if (m->last && v == m->vpp - 1) {
+        Span s = model_span(m, SPAN_SAME_LAYER, NULL, NULL);
         unit_view(&m->units[m->u_final], zero_unit_params(z, m->u_final), p);
         if (l1 > l0) { zero_prefetch_params(z, m->u_layer[l1 - 1], m->u_final); }
         unit_view(&m->units[m->u_final], zero_begin_unit_backward(z, m->u_final), g);
@@ -868,32 +796,28 @@ static void gpt2_backward(Model *m, int v, Activations *acts, int last_micro) {
         norm_backward(m->rms, w->dresid, g[T_LNFW], g[T_LNFB], acts->dlnf, acts->resid + (size_t)(l1 - l0) * BTs * C,
                       p[T_LNFW], acts->lnf_mean, acts->lnf_rstd, BTs, C);
         zero_end_unit_backward(z, m->u_final, last_micro);
-        cost_add(m, &m->costs.head, t0);
+        span_close(s, &m->costs.head, NULL);
     }
     for (int l = l1 - 1; l >= l0; l--) {
-        flight_layer(m->layer_id[l]);
-        t0 = cost_clock(m);
+        Span s = model_span(m, m->layer_id[l], NULL, NULL);
         LayerActs y = layer_acts(m, acts, l);
         WGrads d;
         int defer = layer_wgrads(m, m->micro, l, &d);   // ZB: B only, W later (gpt2_backward_weights)
         if (defer) { wgrads_acts(m, &d, &y); }          // (what is recomputed, where W finds it)
         if (m->recompute == RECOMPUTE_FULL) {   // the layer's activations again, from its stored input
-            trace_begin();
+            Span r = span_open(SPAN_SAME_LAYER, 0, "recompute", "forward");
             m->recomputing = 1;
             layer_forward(m, y, l);
             m->recomputing = 0;
-            trace_end("recompute", "forward", "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
+            span_close(r, NULL, "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
         }
-        trace_begin();
+        Span b = span_open(SPAN_SAME_LAYER, 0, m->u_experts[l] >= 0 ? "MoE layer" : defer ? "layer B" : "layer", "backward");
         layer_backward(m, y, defer ? &d : NULL, l, last_micro);
-        trace_end(m->u_experts[l] >= 0 ? "MoE layer" : defer ? "layer B" : "layer", "backward",
-                  "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
-        cost_add(m, &m->costs.layer[l], t0);
+        span_close(b, NULL, "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
+        span_close(s, &m->costs.layer[l], NULL);
     }
     if (m->first && v == 0) {
-        flight_layer(FL_LAYER_EMBEDDING);
-        t0 = cost_clock(m);
-        trace_begin();
+        Span s = model_span(m, FL_LAYER_EMBEDDING, "embedding", "backward");
         // the embedding: the position embedding of the local tokens, the token embedding of all of them
         int pipeline = m->u_pos >= 0 && m->u_pos != m->u_embed;   // (GPT-2's wpe a unit of its own)
         unit_view(&m->units[m->u_embed], wte_grad_open(m, WTE_EMBEDDING), g);
@@ -903,8 +827,7 @@ static void gpt2_backward(Model *m, int v, Activations *acts, int last_micro) {
         embedding_backward(g[T_WTE], dy, acts->inputs, m->v0, m->v0 + m->Vl, m->config.pad_token, BT, C);   // (padding_idx)
         if (pipeline) { zero_end_unit_backward(z, m->u_pos, last_micro); }
         wte_grad_close(m, WTE_EMBEDDING, last_micro);
-        trace_end("embedding", "backward", "\"micro\":%d", m->micro);
-        cost_add(m, &m->costs.embed, t0);
+        span_close(s, &m->costs.embed, "\"micro\":%d", m->micro);
     }
 }
 
@@ -914,14 +837,13 @@ static void gpt2_backward_weights(Model *m, int v, Activations *acts, int last_m
     for (int l = m->chunk_l0[v + 1] - 1; l >= m->chunk_l0[v]; l--) {
         WGrads d;
         if (!layer_wgrads(m, m->micro, l, &d)) { continue; }
-        flight_layer(m->layer_id[l]);
-        double t0 = cost_clock(m);
+        Span s = model_span(m, m->layer_id[l], NULL, NULL);
         LayerActs y = layer_acts(m, acts, l);
         wgrads_acts(m, &d, &y);
-        trace_begin();
+        Span w = span_open(SPAN_SAME_LAYER, 0, "layer W", "weights");
         layer_backward_weights(m, y, &d, l, last_micro);
-        trace_end("layer W", "weights", "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
-        cost_add(m, &m->costs.layer[l], t0);
+        span_close(w, NULL, "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
+        span_close(s, &m->costs.layer[l], NULL);
     }
 }
 
@@ -1034,7 +956,7 @@ static StepResult gpt2_update(Model *m, const OptConfig *o, float lr, int step) 
     Zero *z = &m->zero;
     Grid *grid = m->grid;
     flight_at(PH_OPTIMIZER, -1, FL_LAYER_NONE);
-    trace_begin();
+    Span s = span_open(SPAN_SAME_LAYER, 0, "norm + AdamW", "optimizer");
     int nparts = zero_grad_norm_parts(z);
     step_stats_gather(z->stats, z->norm_parts, nparts, m->last && grid->tp_rank == 0 ? m->ws.loss_sum : NULL);
     comm_all_reduce(&grid->world, z->stats, 2, DT_DOUBLE, NULL);   // loss_sum, norm_sq
@@ -1053,7 +975,7 @@ static StepResult gpt2_update(Model *m, const OptConfig *o, float lr, int step) 
         m->guard.updates++;
         m->guard.skips_in_a_row = 0;
     }
-    trace_end("norm + AdamW", "optimizer", "\"step\":%d", step);
+    span_close(s, NULL, "\"step\":%d", step);
     return (StepResult){st.loss, st.norm, (int)st.why};
 }
 
@@ -1256,8 +1178,7 @@ static int load_state(Model *m, const char *dir, int step, DataLoader *dl, Rng *
 static CommShape gpt2_comm_shape(const Model *m) {
     const ModelConfig *c = &m->config;
     Grid *grid = m->grid;
-    CommShape s;
-    memset(&s, 0, sizeof(s));
+    CommShape s = {};
     s.X = floatx_bytes();
     s.tp = grid->tp; s.cp = grid->cp; s.pp = grid->pp; s.sp = m->sp; s.vpp = m->vpp; s.first = m->first; s.last = m->last;
     s.zero = m->zero.stage; s.dp = grid->grad_group->size; s.edp = grid->edp_group.size; s.ep = grid->ep;
@@ -1270,39 +1191,7 @@ static CommShape gpt2_comm_shape(const Model *m) {
     s.bias = s.nmoe > 0 && m->moe.opt.bias_rate > 0;
     s.sgate = s.nmoe > 0 && m->moe.shared_gate; s.qknorm = m->QKn > 0;
     s.world = grid->world_size; s.muon_calls = m->muon.world != NULL; s.muon_out = m->muon.out;
-    int exact = grid->pp == 1 && s.nmoe == 0 && c->num_layers >= 2 && c->tied;   // zero_unit_params' policy, below
-    s.z3_exact = exact;
-    for (int u = 0; u < m->nunits; u++) {
-        const Unit *U = &m->units[u];
-        int i = U->dpg == &grid->edp_group;
-        double r = (U->dpg->size - 1.0) / U->dpg->size * U->padded;   // ring elements of one gather
-        s.units[i] += U->padded;
-        s.nunits[i]++;
-        s.rep += U->nrep;
-        s.nrep_units += U->nrep > 0;
-        if (exact) { continue; }
-        // (the bound: see CommShape; an untied head shares the embedding's work buffer with wte, each evicting the other)
-        if (U->embedding && c->tied) { s.z3_step[i] += r; s.z3n_step[i]++; }
-        else { s.z3_micro[i] += 2 * r; s.z3n_micro[i] += 2; }
-    }
-    if (exact) {
-        // the embedding gathered once per step; each layer twice per micro-batch (forward, backward) but the
-        // last, still there for its backward; the final LayerNorm once per micro-batch; layers 0 and 1 kept
-        // from one micro-batch's backward to the next one's forward
-        int L = c->num_layers;
-        double r = (grid->grad_group->size - 1.0) / grid->grad_group->size, E = m->units[m->u_embed].padded;
-        double F = m->units[m->u_final].padded, Llast = m->units[m->u_layer[L - 1]].padded;
-        s.z3_step[0] = r * E;
-        s.z3_micro[0] = r * (2.0 * (s.units[0] - E - F) + F - Llast);
-        s.z3_between[0] = r * (m->units[m->u_layer[0]].padded + m->units[m->u_layer[1]].padded);
-        s.z3n_step[0] = 1;
-        s.z3n_micro[0] = 2 * L;   // (2 per layer and the final LayerNorm's 1, less the last layer's)
-        s.z3n_between[0] = 2;
-    }
-    if (grid->pp > 1 && m->u_embed >= 0 && c->tied) {
-        s.embed_padded = m->units[m->u_embed].padded;
-        s.embed_shard = m->units[m->u_embed].shard;
-    }
+    comm_shape_units(&s, c, grid, m->units, m->nunits, m->u_embed, m->u_final, m->u_layer);
     return s;
 }
 
@@ -1603,7 +1492,7 @@ static void run_step(Run *r, int step) {
     if (test_hook_alloc_at_step(step)) { mem_alloc(256, MEM_WORKSPACE); }
     comm_reset_counters(&r->grid);
     m->pipe.wait_seconds = m->moe.a2a_seconds = 0.0;
-    trace_begin();
+    Span s = span_open(SPAN_SAME_LAYER, 0, "step", "step");
     double t0 = monotonic_seconds();
     if (step == r->start_step) { r->t_start = t0; }
     gpt2_forward_backward(m, &r->train_loader, r->accum);
@@ -1616,7 +1505,7 @@ static void run_step(Run *r, int step) {
     if (res.why == SKIP_NONE) { outlier_add(&r->losses, res.loss); outlier_add(&r->norms, res.norm); }
     device_synchronize();
     double ms = (monotonic_seconds() - t0) * 1e3;
-    trace_end("step", "step", "\"step\":%d,\"pipeline_wait_ms\":%.3f", step, m->pipe.wait_seconds * 1e3);
+    span_close(s, NULL, "\"step\":%d,\"pipeline_wait_ms\":%.3f", step, m->pipe.wait_seconds * 1e3);
     trace_flush();   // (CUDA: the step's spans from their events, now that the step has ended)
     if (step > r->start_step) { step_times_add(&r->times, &r->grid, ms, m->pipe.wait_seconds, m->moe.a2a_seconds); }
     else {   // (the first step's costs are not counted either: report_costs)

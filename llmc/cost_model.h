@@ -16,6 +16,8 @@
 
 #include "utils.h"
 #include "args.h"
+#include "grid.h"
+#include "zero.h"
 #include "model_file.h"
 #include "pipeline.h"
 #include "pipeline_split.h"
@@ -249,6 +251,46 @@ typedef struct {
     double muon_out;                    // Muon: its elements this rank sends to other ranks per step, both ways
     int muon_calls;                     // Muon is on (its two all-to-alls are calls even when nothing leaves)
 } CommShape;
+
+// CommShape's ZeRO part from the stage's units (zero.h): padded elements and calls per group, ZeRO-3's gathers
+// (exact where zero_unit_params' policy is simple to count: no pipeline, no MoE, a tied head; else the bound), and
+// the tied embedding's unit with a pipeline
+static void comm_shape_units(CommShape *s, const ModelConfig *c, const Grid *grid, const Unit *units, int nunits,
+                             int u_embed, int u_final, const int *u_layer) {
+    int exact = grid->pp == 1 && s->nmoe == 0 && c->num_layers >= 2 && c->tied;   // zero_unit_params' policy
+    s->z3_exact = exact;
+    for (int u = 0; u < nunits; u++) {
+        const Unit *U = &units[u];
+        int i = U->dpg == &grid->edp_group;
+        double r = (U->dpg->size - 1.0) / U->dpg->size * U->padded;   // ring elements of one gather
+        s->units[i] += U->padded;
+        s->nunits[i]++;
+        s->rep += U->nrep;
+        s->nrep_units += U->nrep > 0;
+        if (exact) { continue; }
+        // (the bound: see CommShape; an untied head shares the embedding's work buffer with wte, each evicting the other)
+        if (U->embedding && c->tied) { s->z3_step[i] += r; s->z3n_step[i]++; }
+        else { s->z3_micro[i] += 2 * r; s->z3n_micro[i] += 2; }
+    }
+    if (exact) {
+        // the embedding gathered once per step; each layer twice per micro-batch (forward, backward) but the
+        // last, still there for its backward; the final LayerNorm once per micro-batch; layers 0 and 1 kept
+        // from one micro-batch's backward to the next one's forward
+        int L = c->num_layers;
+        double r = (grid->grad_group->size - 1.0) / grid->grad_group->size, E = units[u_embed].padded;
+        double F = units[u_final].padded, Llast = units[u_layer[L - 1]].padded;
+        s->z3_step[0] = r * E;
+        s->z3_micro[0] = r * (2.0 * (s->units[0] - E - F) + F - Llast);
+        s->z3_between[0] = r * (units[u_layer[0]].padded + units[u_layer[1]].padded);
+        s->z3n_step[0] = 1;
+        s->z3n_micro[0] = 2 * L;   // (2 per layer and the final LayerNorm's 1, less the last layer's)
+        s->z3n_between[0] = 2;
+    }
+    if (grid->pp > 1 && u_embed >= 0 && c->tied) {   // the tied embedding's copy on the last stage
+        s->embed_padded = units[u_embed].padded;
+        s->embed_shard = units[u_embed].shard;
+    }
+}
 
 // bytes per step, one rank's; world: the step's loss and norm, and Muon's all-to-alls (muon.h)
 typedef struct { double tp, cp, pp, dp, edp, ep, emb, world; } CommBytes;

@@ -15,6 +15,7 @@
 #define LLMC_TRACE_H
 
 #include <time.h>
+#include <stdarg.h>
 #include "backend.h"
 
 #define TRACE_MAX_DEPTH 16
@@ -159,15 +160,10 @@ static void trace_begin(void) {
 
 // The innermost span closes: its name, category and (optional) arguments, a JSON object's body such
 // as "\"bytes\":1024" (printf format).
-static void trace_end(const char *name, const char *cat, const char *args_fmt, ...) {
+static void trace_endv(const char *name, const char *cat, const char *args_fmt, va_list ap) {
     if (!trace_file) { return; }
     char args[192] = "";
-    if (args_fmt != NULL) {
-        va_list ap;
-        va_start(ap, args_fmt);
-        vsnprintf(args, sizeof(args), args_fmt, ap);
-        va_end(ap);
-    }
+    if (args_fmt != NULL) { vsnprintf(args, sizeof(args), args_fmt, ap); }
     trace_depth--;
     if (trace_depth < 0 || trace_depth >= TRACE_MAX_DEPTH) { trace_depth = trace_depth < 0 ? 0 : trace_depth; return; }
 #ifdef USE_CUDA
@@ -189,6 +185,13 @@ static void trace_end(const char *name, const char *cat, const char *args_fmt, .
     double end = trace_now_us(), start = trace_start_us[trace_depth];
     trace_write(name, cat, 0, start, end - start, args);
 #endif
+}
+
+static void trace_end(const char *name, const char *cat, const char *args_fmt, ...) {
+    va_list ap;
+    va_start(ap, args_fmt);
+    trace_endv(name, cat, args_fmt, ap);
+    va_end(ap);
 }
 
 #endif
