@@ -164,9 +164,9 @@ typedef struct {           // what every phase needs: the reference, the layout,
 // at the start of the reference's data.
 static void test_model(TestRun *t, Model *m, const ModelConfig *c, float *params, DataLoader *dl) {
     const Args *a = &t->args;
-    ModelOptions o = model_options(a, t->moe, t->grid.dp);
+    ModelOptions o = model_options(&a->layout, a, t->moe, t->grid.dp);
     gpt2_init(m, c, params, &t->grid, &o);
-    dataloader_init(dl, t->data_path, a->B, a->T, c->vocab_size, t->grid.dp, t->grid.dp_rank, 0, a->seed);
+    dataloader_init(dl, t->data_path, a->layout.B, a->layout.T, c->vocab_size, t->grid.dp, t->grid.dp_rank, 0, a->seed);
 }
 
 // The rows this rank's MoE dispatches moved to and from the other ep ranks in the logged step, from
@@ -254,7 +254,8 @@ static StepResult check_step(TestRun *t, Model *m, DataLoader *dl, const RefStat
 // The memory plan (--plan, --memory-limit) of this rank, made without allocating, equals what the model
 // allocated, category by category and in total (this build's sizes; test_gpt does not sample).
 static void check_plan(TestRun *t, Model *m) {
-    MemPlan plan = gpt2_plan(&t->args, &t->config, m->moe.opt, t->world, my_rank, plan_build(&t->args), NULL);
+    MemPlan plan = gpt2_plan(&t->args.layout, &t->config, m->moe.opt, t->world, my_rank, plan_build(t->args.plan_precision),
+                             NULL);
     int same = plan.peak_total == mem_peak_total;
     for (int k = 0; k < MEM_NCAT; k++) { same &= plan.peak[k] == mem_peak[k]; }
     check(same, "memory plan = measurement: planned peaks %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f), measured %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f)",
@@ -525,8 +526,8 @@ static int parse_test_flags(int argc, char **argv, TestFlags *f, char **rest) {
 static void test_setup(TestRun *t, const char *ref_dir, const ModelConfig *ref_config, const float *ref_params) {
     Args *args = &t->args;
     char path[1024];
-    args->T = t->ref.T;
-    args->total_batch = t->ref.R * t->ref.T;
+    args->layout.T = t->ref.T;
+    args->layout.total_batch = t->ref.R * t->ref.T;
     t->config = *ref_config;
     t->params = (float *)malloc_check(model_floats(ref_config) * sizeof(float));
     memcpy(t->params, ref_params, model_floats(ref_config) * sizeof(float));
@@ -546,13 +547,13 @@ static void test_setup(TestRun *t, const char *ref_dir, const ModelConfig *ref_c
     }
     validate_layout(args, &t->config, t->world, my_rank);
     comm_one_stream = args->comm_streams == 1;   // (--comm-streams: before the groups make their streams)
-    grid_init(&t->grid, args->tp, args->cp, args->pp, args->ep);
-    t->accum = args->total_batch / (args->B * args->T * t->grid.dp);
+    grid_init(&t->grid, args->layout.tp, args->layout.cp, args->layout.pp, args->layout.ep);
+    t->accum = args->layout.total_batch / (args->layout.B * args->layout.T * t->grid.dp);
     if (my_rank == 0) {
         printf("test_gpt: %s | world %d = tp %d x cp %d x pp %d x dp %d | zero %d%s | B %d T %d accum %d | ce chunk %d | %s\n", ref_dir,
-               t->world, t->grid.tp, t->grid.cp, t->grid.pp, t->grid.dp, args->zero, args->sp ? " | sp" : "", args->B,
-                   args->T, t->accum,
-               args->ce_chunk, PRECISION_NAME);
+               t->world, t->grid.tp, t->grid.cp, t->grid.pp, t->grid.dp, args->layout.zero, args->layout.sp ? " | sp" : "", args->layout.B,
+                   args->layout.T, t->accum,
+               args->layout.ce_chunk, PRECISION_NAME);
         if (t->config.num_experts > 0) {
             printf("          MoE: E %d k %d every %d, %s scores | ep %d edp %d | capacity factor %.3f, drop %s, aux "
                    "%g, z %g, bias rate %g%s\n", t->config.num_experts, t->config.topk, t->config.moe_every,
@@ -607,6 +608,7 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &t.world);
     MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
     plan_model = gpt2_plan;
+    plan_args = &t.args;
     TestFlags f;
     char **rest = (char **)malloc_check(sizeof(char *) * (argc + 1));
     int nrest = parse_test_flags(argc, argv, &f, rest);
@@ -628,14 +630,14 @@ int main(int argc, char **argv) {
     }
     Args *args = &t.args;
     default_args(args);
-    args->B = 1;
+    args->layout.B = 1;
     parse_args(nrest, rest, args);
     args->sample_every = 0;   // (test_gpt does not sample: the MoE buffers are sized for the capacity)
     agree_on_args(args, my_rank, t.world);
-    attention_path = attention_path_of(args);
+    attention_path = attention_path_of(args->layout.attention);
     if (f.check_layer) {   // the comm layer alone, on the grid of --tp/--pp (any world size they divide)
-        if (t.world % (args->tp * args->pp)) { fail_all(my_rank, "world %d is not divisible by tp*pp", t.world); }
-        grid_init(&t.grid, args->tp, 1, args->pp, 1);
+        if (t.world % (args->layout.tp * args->layout.pp)) { fail_all(my_rank, "world %d is not divisible by tp*pp", t.world); }
+        grid_init(&t.grid, args->layout.tp, 1, args->layout.pp, 1);
         check_comm_layer(&t.grid);
     } else if (f.check_attention) {   // the CPU attention (and MoE router, capacity) fast paths against their loops
         grid_init(&t.grid, 1, 1, 1, 1);

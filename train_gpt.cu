@@ -1202,20 +1202,22 @@ static CommShape gpt2_comm_shape(const Model *m) {
 // Rank `rank` of a world of `world` ranks: what gpt2_init allocates for the model, then what set-up allocates
 // beside it: the sampler's logits row (the last stage, when sampling) and, on CUDA, the cuBLASLt workspace and
 // the attention's (cp_attention_workspace_bytes: without cp or with Ulysses the path's at its shape, the ring's
-// flash D), which gpt2_init allocates only in a run.
-static MemPlan gpt2_plan(const Args *a, const ModelConfig *c, MoEOptions moe, int world, int rank, PlanBuild b,
+// flash D), which gpt2_init allocates only in a run. The run's other flags (sampling, HellaSwag, the optimizer):
+// plan_args.
+static const Args *plan_args;
+static MemPlan gpt2_plan(const Layout *lay, const ModelConfig *c, MoEOptions moe, int world, int rank, PlanBuild b,
                          CommShape *shape) {
     mem_plan_begin(b.floatx);
     Grid grid;
-    grid_plan(&grid, world, rank, a->tp, a->cp, a->pp, a->ep);
+    grid_plan(&grid, world, rank, lay->tp, lay->cp, lay->pp, lay->ep);
     Model m;
-    ModelOptions o = model_options(a, moe, grid.dp);
+    ModelOptions o = model_options(lay, plan_args, moe, grid.dp);
     gpt2_init(&m, c, NULL, &grid, &o);
-    if (args_samples(a) && m.last) { mem_alloc((size_t)c->padded_vocab_size * floatx_bytes(), MEM_LOGITS); }
+    if (args_samples(plan_args) && m.last) { mem_alloc((size_t)c->padded_vocab_size * floatx_bytes(), MEM_LOGITS); }
     if (b.cuda) {
         mem_alloc(CUBLASLT_WORKSPACE_BYTES, MEM_WORKSPACE);
         if (m.Ls > 0) {   // (without cp or with Ulysses: the attention's at its shape; the ring's flash blocks: D)
-            mem_alloc(cp_attention_workspace_bytes(&m.cpring, attention_path_of(a), m.B, m.T, b.floatx), MEM_WORKSPACE);
+            mem_alloc(cp_attention_workspace_bytes(&m.cpring, attention_path_of(lay->attention), m.B, m.T, b.floatx), MEM_WORKSPACE);
         }
     }
     MemPlan p = mem_plan_end();
@@ -1234,9 +1236,10 @@ static void setup_grid(Args *a, const ModelConfig *c, Grid *grid, int world, int
     validate_layout(a, c, world, rank);
     comm_one_stream = a->comm_streams == 1;   // (--comm-streams: before the groups make their streams)
     comm_check_collectives = a->check_collectives;
-    grid_init(grid, a->tp, a->cp, a->pp, a->ep);
+    grid_init(grid, a->layout.tp, a->layout.cp, a->layout.pp, a->layout.ep);
     grid_print(grid);
-    check_memory_fits(a, c, grid);
+    check_memory_fits(&a->layout, c, moe_options(a, c), grid, plan_build(a->plan_precision), a->memory_limit, a->machine,
+                      a->gpus_per_node);
 }
 
 // -e as a descriptor: 1 (config set), or 0 (not a descriptor: a model file); a malformed one stops every rank.
@@ -1362,7 +1365,7 @@ static void run_setup_schedule(Run *r, int resume_step) {
                  "another -o)", r->max_steps, a->output_dir, resume_step, resume_step);
     }
     if (resume_step >= 0) {
-        int was = load_state(&r->model, a->output_dir, resume_step, &r->train_loader, &r->sample_rng, a->total_batch);
+        int was = load_state(&r->model, a->output_dir, resume_step, &r->train_loader, &r->sample_rng, a->layout.total_batch);
         if (rank == 0) { printf("resumed from step %d of %s\n", resume_step, a->output_dir); }
         if (rank == 0 && was > 0 && was != r->max_steps && resume_step < r->max_steps) {
             printf("note: the checkpoint's run had -x %d, this one -x %d: the learning-rate schedule is stretched to %d steps\n",
@@ -1414,7 +1417,8 @@ static void run_setup(Run *r) {
     if (a->resume) { setup_grid(a, &r->config, &r->grid, world, rank); }
     r->prompt = sampler_prompt(a->prompt, a->prompt_ids, r->config.vocab_size, rank, &r->nprompt);
     // (checked before anything is written)
-    r->have_val = data_setup(a, r->config.vocab_size, &r->grid, &r->train_loader, &r->val_loader, &r->tokenizer);
+    r->have_val = data_setup(a->train_pattern, a->val_pattern, a->shuffle, a->seed, a->layout.B, a->layout.T,
+                             r->config.vocab_size, &r->grid, &r->train_loader, &r->val_loader, &r->tokenizer);
     if (a->hellaswag) { hellaswag_load(&r->hellaswag, a->hellaswag, r->config.vocab_size); }
     run_agree_on_inputs(r, params);
     if (a->output_dir) {
@@ -1424,13 +1428,14 @@ static void run_setup(Run *r) {
     }
     if (a->trace_dir) { check_output_dir(a->trace_dir, rank); }
     trace_open(a->trace_dir, rank);
-    ModelOptions options = model_options(a, moe_options(a, &r->config), r->grid.dp);
+    ModelOptions options = model_options(&a->layout, a, moe_options(a, &r->config), r->grid.dp);
     gpt2_init(&r->model, &r->config, params, &r->grid, &options);
     free(params);
     r->accum = options.accum;
     if (rank == 0) {
         Model *m = &r->model;
-        print_setup(a, &r->config, &r->grid, m->num_parameters, m->moe.cap, m->moe.El, r->accum);
+        print_setup(&a->layout, &r->config, moe_options(a, &r->config), &r->grid, m->num_parameters, m->moe.cap,
+                    m->moe.El, r->accum);
     }
     run_setup_schedule(r, resume_step);
     r->logf = a->output_dir && rank == 0 ? open_log(a->output_dir, r->start_step) : -1;
@@ -1444,9 +1449,9 @@ static void run_log_step(Run *r, int step, StepResult res, float lr, StepClock c
     const ModelConfig *c = &r->config;
     MoEStepLoad moe = moe_step_load(&m->moe, m->grid, num_moe_layers(c), (double)m->B * r->accum * r->grid.dp,
                                     (double)m->T * r->grid.cp);
-    double flops = (6.0 * m->num_parameters + 6.0 * c->num_layers * c->channels * r->args.T) * r->args.total_batch;
+    double flops = (6.0 * m->num_parameters + 6.0 * c->num_layers * c->channels * r->args.layout.T) * r->args.layout.total_batch;
     StepLine line = {step, r->max_steps, res.loss, res.norm, lr, res.why, m->guard.skips_in_a_row, m->guard.loss_limit,
-                     m->guard.norm_limit, (double)r->args.total_batch, step_mfu(flops, clock.ms, r->world), clock};
+                     m->guard.norm_limit, (double)r->args.layout.total_batch, step_mfu(flops, clock.ms, r->world), clock};
     if (r->rank == 0) { log_step(r->logf, &line, &moe); }
     free(moe.load); free(moe.kept);
 }
@@ -1523,14 +1528,14 @@ static void run_step(Run *r, int step) {
                  m->guard.skips_in_a_row, a->max_skips, step + 2 - m->guard.skips_in_a_row);
     }
     if (step == r->start_step) {
-        report_first_step(a, &r->grid, m->pipe.nslots, m->vpp, r->accum);
+        report_first_step(&a->layout, a->comm_report, a->memory_report, &r->grid, m->pipe.nslots, m->vpp, r->accum);
         r->allocations = mem_allocations;
 #ifdef USE_CUDA
         if (matmul_tune) { matmul_choices_save(); }   // (every problem of a step has made its choice)
 #endif
     }
     if (a->checkpoint_every > 0 && (step + 1) % a->checkpoint_every == 0) {
-        save_checkpoint(m, a->output_dir, step + 1, &r->train_loader, &r->sample_rng, a->total_batch,
+        save_checkpoint(m, a->output_dir, step + 1, &r->train_loader, &r->sample_rng, a->layout.total_batch,
                         a->async_checkpoint, r->max_steps);
         r->saved = step + 1;
     } else if (r->rank == 0) {
@@ -1546,7 +1551,7 @@ static int run_stop_requested(Run *r, int step) {
     if (!stop || step + 1 >= r->max_steps) { return 0; }
     Args *a = &r->args;
     if (a->output_dir && r->saved != step + 1) {
-        save_checkpoint(&r->model, a->output_dir, step + 1, &r->train_loader, &r->sample_rng, a->total_batch, 0,
+        save_checkpoint(&r->model, a->output_dir, step + 1, &r->train_loader, &r->sample_rng, a->layout.total_batch, 0,
                         r->max_steps);
     }
     checkpoint_wait();
@@ -1566,7 +1571,7 @@ static void run_finish(Run *r, int stopped) {
     if (!stopped) {
         if (a->memory_report && !ran) { mem_report(r->rank, r->world, "set up, no step run (-x 0)"); }
         if (a->output_dir && r->saved != r->max_steps && !(r->resumed && !ran)) {
-            save_checkpoint(&r->model, a->output_dir, r->max_steps, &r->train_loader, &r->sample_rng, a->total_batch, 0,
+            save_checkpoint(&r->model, a->output_dir, r->max_steps, &r->train_loader, &r->sample_rng, a->layout.total_batch, 0,
                             r->max_steps);
         }
         if (r->have_val && a->val_every > 0) { run_validate(r, r->max_steps); }
@@ -1583,7 +1588,8 @@ static void run_finish(Run *r, int stopped) {
     Model *m = &r->model;
     double *costs = stage_costs_per_layer(&m->costs, r->config.num_layers, m->layer_id, m->Ls, m->first, m->last,
                                           &r->grid);
-    report_times(a, &r->grid, &r->times, r->accum, r->model.vpp, costs, &r->config, r->model.moe.time_a2a);
+    report_times(&a->layout, a->comm_report, a->output_dir, &r->grid, &r->times, r->accum, r->model.vpp, costs,
+                 &r->config, r->model.moe.time_a2a);
     free(costs);
     log_close(r->logf);
     trace_close();
@@ -1592,6 +1598,17 @@ static void run_finish(Run *r, int stopped) {
     if (r->have_val) { dataloader_free(&r->val_loader); }
     mem_free_all();
     grid_free(&r->grid);
+}
+
+// --plan N (the plan of the command line's layout, the levers over --memory-limit) or --plan-search N (every layout
+// of N ranks): on one process, no weights, no device, no data
+static void run_plan(const Run *r) {
+    const Args *a = &r->args;
+    PlanBuild b = plan_build(a->plan_precision);
+    Machine mc = plan_machine(a->machine, a->gpus_per_node);
+    MoEOptions moe = moe_options(a, &r->config);
+    if (a->plan) { plan_report(&a->layout, &r->config, moe, a->plan, b, mc, a->memory_limit); }
+    else { plan_search(&a->layout, &r->config, moe, a->plan_search, b, mc, a->memory_limit); }
 }
 
 #ifndef TESTING
@@ -1608,9 +1625,10 @@ int main(int argc, char **argv) {
     default_args(&r->args);
     parse_args(argc, argv, &r->args);
     plan_model = gpt2_plan;   // (the memory plan of llmc/plan.h runs this model's set-up)
+    plan_args = &r->args;
     signals_install();
     agree_on_args(&r->args, r->rank, r->world);
-    attention_path = attention_path_of(&r->args);
+    attention_path = attention_path_of(r->args.layout.attention);
     if (r->args.machine) {   // (read here so that a bad file stops any run, not only a plan's advice)
         Machine mc = machine_default();
         char err[512];
@@ -1619,7 +1637,7 @@ int main(int argc, char **argv) {
     if (r->args.plan) {   // the memory plan for --plan N ranks, on one process: no weights, no device, no data
         plan_config(&r->args, r->rank, &r->config);
         validate_layout(&r->args, &r->config, r->args.plan, r->rank);
-        if (r->rank == 0) { plan_report(&r->args, &r->config, r->args.plan, r->args.memory_limit); }
+        if (r->rank == 0) { run_plan(r); }
         mpi_finalize_watched();
         return 0;
     }
@@ -1627,13 +1645,13 @@ int main(int argc, char **argv) {
         plan_config(&r->args, r->rank, &r->config);
         static Grid grid;
         grid_init(&grid, 1, 1, 1, 1);
-        calibrate(&r->args, &r->config, &grid, r->args.calibrate);
+        calibrate(&r->args.layout, &r->config, &grid, r->args.calibrate);
         mpi_finalize_watched();
         return 0;
     }
     if (r->args.plan_search) {   // every layout of N ranks, planned and timed, on one process
         plan_config(&r->args, r->rank, &r->config);
-        if (r->rank == 0) { plan_search(&r->args, &r->config, r->args.plan_search); }
+        if (r->rank == 0) { run_plan(r); }
         mpi_finalize_watched();
         return 0;
     }

@@ -17,18 +17,16 @@
 #include "moe.h"
 #include "model_file.h"
 #include "upcycle.h"          // (apply_moe_shape: a dense model upcycled)
+#include "layout.h"
+#include "cost_model.h"       // (MACHINE_KEYS: --machine's help)
 
 #define MAX_FLAGS 80
-#define MAX_ACCUM 65536   // micro-batches per step (-d over B*T*dp) at most
-#define MACHINE_ROWS 17   // flops_R: R = 1, 2, 4, ... 65536 rows (cost_model.h)
-#define MACHINE_KEYS "flops attn_flops mem_bw node_bw a2a_bw p2p_bw node_lat a2a_lat p2p_lat (each also per group size: node_bw_4) net_bw net_lat layer_cost adamw flash_slower cores overlap gpus_per_node; flops also per GEMM rows: flops_512"   // (cost_model.h)
 
 typedef struct {
     const char *train_pattern, *val_pattern, *output_dir, *model;
-    int B, T, total_batch, max_steps, warmup, val_every, val_batches, sample_every, gen_tokens;
-    int checkpoint_every, resume, zero, tp, cp, pp, vpp, dp, ep, sp, ce_chunk, memory_report, comm_report, shuffle;
-    const char *cp_kind;         // --cp-kind ring|ulysses|hybrid: how the cp group computes attention (ring)
-    int cp_ulysses;              // --cp-ulysses U: the hybrid's all-to-all group size (0: not given; no default)
+    Layout layout;               // -b, -t, -d, --tp, --sp, --cp, --pp, ...: how the run is cut (layout.h)
+    int max_steps, warmup, val_every, val_batches, sample_every, gen_tokens;
+    int checkpoint_every, resume, memory_report, comm_report, shuffle;
     int experts, topk, moe_every, cap1000;   // MoE; the first three -1 when not given
     int expert_hidden, shared_experts;        // MoE: H, S (-1 when not given)
     float lr, final_frac, weight_decay, grad_clip, aux_coeff, z_coeff, timeout;   // z_coeff -1: not given
@@ -38,8 +36,6 @@ typedef struct {
     float muon_momentum;         // --muon-momentum: Muon's mu (0.95)
     int max_skips, help;
     float skip_loss_z, skip_norm_z;     // -sl, -sg: skip an update this many standard deviations above (0 off)
-    const char *recompute;
-    const char *attention;       // the CUDA build's attention path: cublas, flash or cudnn
     int deterministic;           // --deterministic: every GEMM with the cuBLASLt heuristic's first algorithm
     int async_checkpoint, overlap;
     int comm_streams;            // --comm-streams 1: every group's NCCL calls on one stream (CUDA)
@@ -51,9 +47,8 @@ typedef struct {
     int gpus_per_node;           // --gpus-per-node G: ranks per node for the cost model (0: the machine's)
     const char *machine;         // --machine FILE: the cost model's rates (key=value; NULL: the defaults)
     const char *calibrate;       // --calibrate FILE: measure this machine's rates into FILE, and exit
-    const char *scheduler, *pp_schedule, *drop_policy, *trace_dir;
+    const char *scheduler, *drop_policy, *trace_dir;
     const char *hellaswag;       // --hellaswag FILE: llm.c's HellaSwag eval file (NULL: none)
-    const char *pp_layers;   // --pp-layers: NULL (even), "auto" or "5,7"
     unsigned int seed;
     int keep_newest, keep_every;   // -nk, -nm: checkpoint retention (0: keep them all)
     int overwrite;                 // --overwrite: a fresh run deletes an earlier run's checkpoints in -o
@@ -65,33 +60,21 @@ typedef struct {
 
 static void default_args(Args *a) {
     memset(a, 0, sizeof(*a));
-    a->model = "d4"; a->B = 4; a->T = 64; a->total_batch = -1; a->max_steps = -1; a->lr = 3e-4f; a->warmup = 0;
+    a->layout = default_layout();
+    a->model = "d4"; a->max_steps = -1; a->lr = 3e-4f; a->warmup = 0;
     a->final_frac = 1.0f; a->weight_decay = 0.0f; a->val_every = 20; a->val_batches = 20; a->sample_every = 20;
     a->gen_tokens = 64;
     a->checkpoint_every = 0;
     a->resume = 0;
-    a->zero = 0;
-    a->tp = 1;
-    a->cp = 1;
-    a->cp_kind = "ring";
-    a->pp = 1;
-    a->vpp = 1;
-    a->dp = -1;
-    a->ep = 1; a->sp = 0; a->ce_chunk = 256; a->shuffle = -1; a->grad_clip = 1.0f; a->scheduler = "cosine";
+    a->shuffle = -1; a->grad_clip = 1.0f; a->scheduler = "cosine";
     a->optimizer = "adamw"; a->muon_momentum = 0.95f;
-    a->pp_schedule = "1f1b";
     a->experts = a->topk = a->moe_every = -1;
     a->expert_hidden = a->shared_experts = -1;
     a->cap1000 = 1250;
     a->drop_policy = "probs";
     a->aux_coeff = 0.01f;
     a->z_coeff = -1.0f;   // (0.001, or 0 with sigmoid scores: moe_options)
-    a->timeout = (float)DEFAULT_TIMEOUT; a->max_skips = 5; a->recompute = "none"; a->overlap = 1;
-#ifdef USE_CUDA
-    a->attention = "flash";   // (where it applies: bf16, head size 64 or 128; cuBLAS otherwise: attention.h)
-#else
-    a->attention = "cublas";  // (the CPU build has one attention: the flag is the CUDA build's)
-#endif
+    a->timeout = (float)DEFAULT_TIMEOUT; a->max_skips = 5; a->overlap = 1;
     a->seed = 1337;
     a->temperature = 1.0f;
 }
@@ -177,9 +160,9 @@ static const Flag FLAGS[] = {
     {"-o", 0, F_DIR, ARG(output_dir), 0, 0, 0, "DIR", "output dir: main.log and checkpoints (default: none)"},
     {"-e", 0, F_STRING, ARG(model), 0, 0, 0, "MODEL",
         "llm.c model file, dN (L=N, C=64N, NH=N), or L=..,C=..,NH=..,V=..,maxT=..[,Vp=..][,E=..,k=..,every=..] (d4)"},
-    {"-b", 0, F_INT, ARG(B), 1, 1 << 20, 0, "B", "micro-batch size per rank (4)"},
-    {"-t", 0, F_INT, ARG(T), 1, 1 << 20, 0, "T", "sequence length (64)"},
-    {"-d", 0, F_INT, ARG(total_batch), -1, 1 << 30, 0, "TOKENS",
+    {"-b", 0, F_INT, ARG(layout.B), 1, 1 << 20, 0, "B", "micro-batch size per rank (4)"},
+    {"-t", 0, F_INT, ARG(layout.T), 1, 1 << 20, 0, "T", "sequence length (64)"},
+    {"-d", 0, F_INT, ARG(layout.total_batch), -1, 1 << 30, 0, "TOKENS",
         "tokens per step; B*T*dp must divide it, the rest is accumulation (B*T*dp)"},
     {"-x", 0, F_INT, ARG(max_steps), -1, 1 << 30, 0, "N",
         "steps (-1: one epoch; 0: no step, only the end's work: validation, a sample) (-1)"},
@@ -199,22 +182,22 @@ static const Flag FLAGS[] = {
         "resume: 1 from the newest checkpoint in -o (error if none), 2 if there is one (0)"},
     {"--overwrite", 0, F_SWITCH, ARG(overwrite), 0, 0, 0, NULL,
         "a new run (-y 0) in an -o that holds an earlier run's checkpoints deletes them (without it: refused)"},
-    {"--zero", "-z", F_INT, ARG(zero), 0, 3, 0, "0-3", "ZeRO stage over the dp group (0)"},
-    {"--tp", "--tensor-model-parallel-size", F_INT, ARG(tp), 1, 1 << 16, 0, "N", "tensor parallel (1)"},
-    {"--cp", "--context-parallel-size", F_INT, ARG(cp), 1, 1 << 16, 0, "N",
+    {"--zero", "-z", F_INT, ARG(layout.zero), 0, 3, 0, "0-3", "ZeRO stage over the dp group (0)"},
+    {"--tp", "--tensor-model-parallel-size", F_INT, ARG(layout.tp), 1, 1 << 16, 0, "N", "tensor parallel (1)"},
+    {"--cp", "--context-parallel-size", F_INT, ARG(layout.cp), 1, 1 << 16, 0, "N",
         "context parallel: each sequence over N ranks (attention: --cp-kind); T a multiple of 2N (1)"},
-    {"--cp-kind", 0, F_CHOICE, ARG(cp_kind), 0, 0, "ring|ulysses|hybrid", "KIND",
+    {"--cp-kind", 0, F_CHOICE, ARG(layout.cp_kind), 0, 0, "ring|ulysses|hybrid", "KIND",
         "cp's attention: ring (k, v around the cp ring), ulysses (all-to-alls to a head shard of the whole sequence; "
         "the heads per tp rank divisible by cp), hybrid (all-to-all in groups of --cp-ulysses U, the ring across "
         "them) (ring)"},
-    {"--cp-ulysses", 0, F_INT, ARG(cp_ulysses), 1, 1 << 16, 0, "U",
+    {"--cp-ulysses", 0, F_INT, ARG(layout.cp_ulysses), 1, 1 << 16, 0, "U",
         "--cp-kind hybrid: the all-to-all groups' size, 1 < U < cp dividing cp (no default)"},
-    {"--pp", 0, F_INT, ARG(pp), 1, 1 << 16, 0, "N", "pipeline stages (1)"},
-    {"--vpp", "--virtual-pipeline-model-parallel-size", F_INT, ARG(vpp), 1, 1024, 0, "V",
+    {"--pp", 0, F_INT, ARG(layout.pp), 1, 1 << 16, 0, "N", "pipeline stages (1)"},
+    {"--vpp", "--virtual-pipeline-model-parallel-size", F_INT, ARG(layout.vpp), 1, 1024, 0, "V",
         "model chunks per stage; V > 1 is the interleaved schedule (1)"},
-    {"--dp", 0, F_INT, ARG(dp), 1, 1 << 16, 0, "N", "data parallel; checked against world / (tp cp pp) (that)"},
-    {"--ep", "--expert-model-parallel-size", F_INT, ARG(ep), 1, 1 << 16, 0, "N", "expert parallel, within dp (1)"},
-    {"--ce-chunk", 0, F_INT, ARG(ce_chunk), 0, 1 << 30, 0, "N",
+    {"--dp", 0, F_INT, ARG(layout.dp), 1, 1 << 16, 0, "N", "data parallel; checked against world / (tp cp pp) (that)"},
+    {"--ep", "--expert-model-parallel-size", F_INT, ARG(layout.ep), 1, 1 << 16, 0, "N", "expert parallel, within dp (1)"},
+    {"--ce-chunk", 0, F_INT, ARG(layout.ce_chunk), 0, 1 << 30, 0, "N",
         "tokens per cross-entropy chunk, 0 = the full logits (256)"},
     {"--seed", 0, F_UINT, ARG(seed), 0, 2147483647, 0, "N",
         "init seed, and the built-in corpus's and the shuffle's (1337)"},
@@ -225,11 +208,11 @@ static const Flag FLAGS[] = {
         "orthogonalised on one rank; everything else AdamW; the same -l and -c (adamw)"},
     {"--muon-momentum", 0, F_FLOAT, ARG(muon_momentum), 0.0, 0.999, 0, "MU", "Muon's momentum (0.95)"},
     {"--grad-clip", 0, F_FLOAT, ARG(grad_clip), 0.0, 1e9, 0, "F", "clip the global gradient norm, 0 off (1.0)"},
-    {"--pp-layers", 0, F_STRING, ARG(pp_layers), 0, 0, 0, "N,N|auto|auto:FILE",
+    {"--pp-layers", 0, F_STRING, ARG(layout.pp_layers), 0, 0, 0, "N,N|auto|auto:FILE",
         "layers of each pipeline stage (with --vpp: of each model chunk, in virtual-stage order), or auto: the "
         "split whose costliest stage costs least in FLOPs, the LM head counted, or auto:FILE: in the costs a "
         "--comm-report run measured (its -o/pipeline_costs.txt) (default: even)"},
-    {"--pp-schedule", 0, F_CHOICE, ARG(pp_schedule), 0, 0, "1f1b|gpipe|interleaved|zb", "SCHED",
+    {"--pp-schedule", 0, F_CHOICE, ARG(layout.pp_schedule), 0, 0, "1f1b|gpipe|interleaved|zb", "SCHED",
         "pipeline schedule; zb: ZB-H1, each backward split into B and a W that fills the waits (1f1b)"},
     {"--experts", "--num-experts", F_INT, ARG(experts), 1, MOE_MAX_EXPERTS, 0, "E",
         "MoE experts per MoE layer; a dense model file is upcycled (each expert its layer's MLP)"},
@@ -267,11 +250,11 @@ static const Flag FLAGS[] = {
         "skip an update whose gradient norm is Z standard deviations above the last 128, 0 off (0)"},
     {"--max-skips", 0, F_INT, ARG(max_skips), 1, 1 << 30, 0, "N",
         "stop after N updates in a row skipped (a non-finite or diverging loss or norm) (5)"},
-    {"--recompute", 0, F_CHOICE, ARG(recompute), 0, 0, "none|mlp|full", "WHAT",
+    {"--recompute", 0, F_CHOICE, ARG(layout.recompute), 0, 0, "none|mlp|full", "WHAT",
         "recompute the MLP's fc/GELU outputs, or whole layers, in the backward (none)"},
     {"--overlap", 0, F_INT, ARG(overlap), 0, 1, 0, "0|1",
         "ZeRO-3: gather the next layer while one computes; pipeline: post receives early (1)"},
-    {"--attention", 0, F_CHOICE, ARG(attention), 0, 0, "cublas|flash|cudnn", "PATH",
+    {"--attention", 0, F_CHOICE, ARG(layout.attention), 0, 0, "cublas|flash|cudnn", "PATH",
         "CUDA attention: cuBLAS through an (NH, T, T) workspace, the flash kernels (bf16, head size 64 or 128: else cuBLAS), or cuDNN's (make USE_CUDNN=1) (flash)"},
     {"--deterministic", 0, F_SWITCH, ARG(deterministic), 0, 0, 0, 0,
         "CUDA: each GEMM with cuBLASLt's first-ranked algorithm, untimed (else a one-rank run times the candidates once, kept in -o)"},
@@ -297,7 +280,7 @@ static const Flag FLAGS[] = {
     {"--prompt", 0, F_STRING, ARG(prompt), 0, 0, 0, "TEXT", "sample after this text (byte models, V 257)"},
     {"--sample-temperature", 0, F_FLOAT, ARG(temperature), 0.0, 100.0, 0, "F", "sampling temperature, 0 the most likely (1.0)"},
     {"--sample-top-k", 0, F_INT, ARG(top_k), 1, 1 << 20, 0, "K", "sample from the K most likely tokens (all)"},
-    {"--sp", 0, F_SWITCH, ARG(sp), 0, 0, 0, 0, "sequence parallel (with --tp)"},
+    {"--sp", 0, F_SWITCH, ARG(layout.sp), 0, 0, 0, 0, "sequence parallel (with --tp)"},
     {"--memory-report", 0, F_SWITCH, ARG(memory_report), 0, 0, 0, 0,
         "bytes per rank and category, after the first step"},
     {"--comm-report", 0, F_SWITCH, ARG(comm_report), 0, 0, 0, 0, "bytes per step and group; the pipeline bubble"},
@@ -398,15 +381,15 @@ static void parse_args(int argc, char **argv, Args *a) {
         parse_flag(flag, argv[i], a);
     }
     // --vpp V > 1 is the interleaved schedule; --pp-schedule interleaved needs it
-    int vpp_given = a->vpp > 1, interleaved = !strcmp(a->pp_schedule, "interleaved");
+    int vpp_given = a->layout.vpp > 1, interleaved = !strcmp(a->layout.pp_schedule, "interleaved");
     int schedule_given = flag_given(a, "--pp-schedule");
     if (vpp_given && schedule_given && !interleaved) {
-        arg_fail("--vpp %d is the interleaved schedule, not --pp-schedule %s", a->vpp, a->pp_schedule);
+        arg_fail("--vpp %d is the interleaved schedule, not --pp-schedule %s", a->layout.vpp, a->layout.pp_schedule);
     }
     if (interleaved && !vpp_given) {
         arg_fail("--pp-schedule interleaved needs --vpp V >= 2 (model chunks per stage)");
     }
-    if (vpp_given) { a->pp_schedule = "interleaved"; }
+    if (vpp_given) { a->layout.pp_schedule = "interleaved"; }
     if (a->model[0] == '\0') { arg_fail("-e '': expected a model file, dN, or L=..,C=..,NH=..,V=..,maxT=.."); }
     if (a->val_batches == 0) { arg_fail("-m must be -1 (the whole val set) or at least 1, got 0"); }
     if (a->prompt_ids && a->prompt) { arg_fail("--prompt-ids and --prompt: give one of them"); }
@@ -504,183 +487,26 @@ static uint64_t args_run_id(const Args *a, uint32_t data_fp) {
     return h ? h : 1;
 }
 
-#define LAYOUT_FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return 1; } while (0)
-// The Ulysses degree U of the layout (context_parallel.h): the size of the all-to-all groups, 1 with the ring alone
-// (and without cp), cp with Ulysses, --cp-ulysses with the hybrid.
-static int cp_ulysses_degree(const Args *a) {
-    if (a->cp <= 1 || !strcmp(a->cp_kind, "ring")) { return 1; }
-    return !strcmp(a->cp_kind, "ulysses") ? a->cp : a->cp_ulysses;
-}
-
-// --cp-kind and --cp-ulysses against --cp and the heads: a head shard is whole heads of the tp rank's, its query
-// heads' kv heads whole too (U divides the tp rank's kv heads, or they divide U: each then replicated on U/KV
-// members).
-static int layout_cp_kind_error(const Args *a, const ModelConfig *c, char *err, size_t errlen) {
-    int hybrid = !strcmp(a->cp_kind, "hybrid");
-    if (a->cp_ulysses && !hybrid) {
-        LAYOUT_FAIL("--cp-ulysses %d is the hybrid's all-to-all group size: it needs --cp-kind hybrid (not %s)",
-                    a->cp_ulysses, a->cp_kind);
-    }
-    if (hybrid && !a->cp_ulysses) {
-        LAYOUT_FAIL("--cp-kind hybrid needs --cp-ulysses U (the all-to-all groups' size, 1 < U < cp dividing --cp %d; "
-                    "no default)", a->cp);
-    }
-    if (strcmp(a->cp_kind, "ring") && a->cp == 1) {
-        LAYOUT_FAIL("--cp-kind %s: context parallelism needs --cp N >= 2", a->cp_kind);
-    }
-    if (hybrid && (a->cp_ulysses <= 1 || a->cp_ulysses >= a->cp || a->cp % a->cp_ulysses)) {
-        LAYOUT_FAIL("--cp-ulysses %d must be strictly between 1 and --cp %d and divide it (the ring runs across cp/U "
-                    "groups of U)", a->cp_ulysses, a->cp);
-    }
-    int U = cp_ulysses_degree(a), NHl = c->num_heads / a->tp, KVl = c->kv_heads / a->tp;
-    const char *flag = hybrid ? "--cp-ulysses" : "--cp";
-    if (U > 1 && NHl % U) {
-        LAYOUT_FAIL("--cp-kind %s: %s %d does not divide the %d query heads per tp rank (NH %d / --tp %d): a rank's "
-                    "head shard is whole heads", a->cp_kind, flag, U, NHl, c->num_heads, a->tp);
-    }
-    if (U > 1 && KVl % U && U % KVl) {
-        LAYOUT_FAIL("--cp-kind %s: %s %d and the %d kv heads per tp rank (KV %d / --tp %d) do not divide one another: "
-                    "a head shard's kv heads are whole (U | KV) or one replicated (KV | U)", a->cp_kind, flag, U, KVl,
-                    c->kv_heads, a->tp);
-    }
-    return 0;
-}
-
-// The grid against the world size and the model: every group divides what it cuts.
-static int layout_grid_error(Args *a, const ModelConfig *c, int world, char *err, size_t errlen) {
-    if (world % (a->tp * a->cp * a->pp) != 0) {
-        LAYOUT_FAIL("world size %d is not divisible by tp*cp*pp = %d*%d*%d (world = tp*cp*pp*dp)", world, a->tp, a->cp,
-                    a->pp);
-    }
-    int dp = world / (a->tp * a->cp * a->pp);
-    if (a->dp != -1 && a->dp != dp) {
-        LAYOUT_FAIL("--dp %d does not match world size %d = tp %d * cp %d * pp %d * dp %d", a->dp, world, a->tp, a->cp,
-                    a->pp, dp);
-    }
-    if (a->cp > 1 && a->T % (2 * a->cp)) {   // the sequence in 2cp chunks
-        LAYOUT_FAIL("--cp %d: T = %d is not a multiple of 2*cp = %d (each rank holds 2 chunks of T/(2cp))", a->cp,
-                    a->T, 2 * a->cp);
-    }
-    a->dp = dp;
-    if (a->pp > c->num_layers) { LAYOUT_FAIL("--pp %d is larger than the number of layers %d", a->pp, c->num_layers); }
-    if (dp % a->ep != 0) { LAYOUT_FAIL("--ep %d does not divide dp %d (world = tp*pp*dp, ep within dp)", a->ep, dp); }
-    if (a->ep > 1 && c->num_experts == 0) {
-        LAYOUT_FAIL("--ep %d: expert parallelism needs MoE layers (--experts E or a MoE model)", a->ep);
-    }
-    if (c->num_experts % a->ep) {
-        LAYOUT_FAIL("--ep %d does not divide the number of experts %d", a->ep, c->num_experts);
-    }
-    if (c->num_heads % a->tp) { LAYOUT_FAIL("--tp %d does not divide the number of heads %d", a->tp, c->num_heads); }
-    if (c->kv_heads % a->tp) {   // (a tp rank holds whole kv heads, and the query heads that read them)
-        LAYOUT_FAIL("--tp %d does not divide the number of key/value heads KV = %d", a->tp, c->kv_heads);
-    }
-    if (c->ffn_hidden % a->tp) {
-        LAYOUT_FAIL("--tp %d does not divide the MLP's hidden width %s = %d", a->tp, c->arch == ARCH_LLAMA ? "F" : "4C",
-                    c->ffn_hidden);
-    }
-    if (layout_cp_kind_error(a, c, err, errlen)) { return 1; }
-    if (c->num_experts > 0 && c->expert_hidden % a->tp) {
-        LAYOUT_FAIL("--tp %d does not divide the experts' hidden width H = %d", a->tp, c->expert_hidden);
-    }
-    if (c->padded_vocab_size % a->tp) {
-        LAYOUT_FAIL("--tp %d does not divide the padded vocab size %d", a->tp, c->padded_vocab_size);
-    }
-    if (a->sp && (a->T / a->cp) % a->tp) {
-        LAYOUT_FAIL("--sp: --tp %d does not divide T/cp = %d", a->tp, a->T / a->cp);
-    }
-    return 0;
-}
-
-// The batch against the grid: -t within the model, -d a multiple of the micro-batch's tokens (its default: one
-// micro-batch), the interleaved schedule's micro-batches in groups of pp.
-static int layout_batch_error(Args *a, const ModelConfig *c, char *err, size_t errlen) {
-    int dp = a->dp;
-    if (a->T > c->max_seq_len) {
-        LAYOUT_FAIL("-t %d is larger than the model's maximum sequence length %d", a->T, c->max_seq_len);
-    }
-    long tokens_per_micro = (long)a->B * a->T * dp;
-    if (tokens_per_micro > (1L << 30)) {
-        LAYOUT_FAIL("B*T*dp = %d*%d*%d = %ld tokens per micro-batch is too large (at most 2^30)", a->B, a->T, dp,
-                    tokens_per_micro);
-    }
-    if (a->total_batch == -1) { a->total_batch = (int)tokens_per_micro; }
-    if (a->total_batch <= 0 || a->total_batch % tokens_per_micro != 0) {
-        LAYOUT_FAIL("-d %d is not a multiple of B*T*dp = %d*%d*%d = %ld", a->total_batch, a->B, a->T, dp,
-                    tokens_per_micro);
-    }
-    if (a->total_batch / tokens_per_micro > MAX_ACCUM) {   // (the schedule keeps a few ints per micro-batch)
-        LAYOUT_FAIL("-d %d is %ld micro-batches of B*T*dp = %ld tokens per step, more than %d: raise -b or lower -d",
-                    a->total_batch, a->total_batch / tokens_per_micro, tokens_per_micro, MAX_ACCUM);
-    }
-    if (a->vpp > 1) {   // interleaved: micro-batches go through the chunks in groups of pp
-        int accum = (int)(a->total_batch / tokens_per_micro);
-        if (a->pp < 2) { LAYOUT_FAIL("--vpp %d: the interleaved schedule needs a pipeline (--pp >= 2)", a->vpp); }
-        if (accum % a->pp) {
-            LAYOUT_FAIL("--vpp %d: the interleaved schedule needs the micro-batches per step (-d / (B*T*dp) = %d) to be a multiple of --pp %d",
-                     a->vpp, accum, a->pp);
-        }
-        if (a->pp * a->vpp > c->num_layers) {
-            LAYOUT_FAIL("--pp %d x --vpp %d = %d model chunks, more than the %d layers", a->pp, a->vpp, a->pp * a->vpp,
-                        c->num_layers);
-        }
-    }
-    return 0;
-}
-
-// The checks that need the world size and the model shape (and the defaults that follow from them: dp,
-// -d). Returns 1 with the reason in err if the layout cannot run (the memory plan tries layouts with it).
-static int layout_error(Args *a, const ModelConfig *c, int world, char *err, size_t errlen) {
-    if (layout_grid_error(a, c, world, err, errlen) || layout_batch_error(a, c, err, errlen)) { return 1; }
-    int first[PIPE_MAX_LAYERS + 1];
-    if (a->pp_layers && a->pp == 1) { LAYOUT_FAIL("--pp-layers '%s' needs a pipeline (--pp >= 2)", a->pp_layers); }
-    if (layer_split(first, a->pp_layers, c, a->T, a->pp, a->vpp, err, errlen)) { return 1; }
-    if ((a->checkpoint_every > 0 || a->resume) && a->output_dir == NULL) {
-        LAYOUT_FAIL("-n and -y need an output dir (-o)");
-    }
-    if (a->val_pattern && !a->train_pattern && a->max_steps != 0) {
-        LAYOUT_FAIL("-j needs -i to train (without -i both come from the built-in corpus; -x 0 evaluates on -j alone)");
-    }
-#ifdef USE_CUDA
-    int hs = c->channels / c->num_heads;
-    if (hs != 16 && hs != 32 && hs != 64 && hs != 128) {
-        LAYOUT_FAIL("head size C/NH = %d: the CUDA attention supports 16, 32, 64, 128", hs);
-    }
-#ifndef USE_CUDNN
-    if (!strcmp(a->attention, "cudnn")) { LAYOUT_FAIL("--attention cudnn: this build has no cuDNN (make USE_CUDNN=1)"); }
-#endif
-#endif
-    return 0;
-}
-#undef LAYOUT_FAIL
 
 // Identical on every rank, so every rank exits with the same message before any collective could hang.
 static void validate_layout(Args *a, const ModelConfig *c, int world, int rank) {
     char err[512];
-    if (layout_error(a, c, world, err, sizeof(err))) { fail_all(rank, "%s", err); }
+    if (layout_error(&a->layout, c, world, err, sizeof(err))) { fail_all(rank, "%s", err); }
+    if ((a->checkpoint_every > 0 || a->resume) && a->output_dir == NULL) {
+        fail_all(rank, "-n and -y need an output dir (-o)");
+    }
+    if (a->val_pattern && !a->train_pattern && a->max_steps != 0) {
+        fail_all(rank, "-j needs -i to train (without -i both come from the built-in corpus; -x 0 evaluates on -j alone)");
+    }
 }
 
 // Whether the run samples (every -s steps, or after a prompt at the end): the logits row is allocated, and
 // the MoE buffers are sized for dropless routing.
 static int args_samples(const Args *a) { return a->sample_every > 0 || a->prompt_ids != NULL || a->prompt != NULL; }
 
-static int attention_path_of(const Args *a) {
-    return !strcmp(a->attention, "flash") ? ATT_FLASH : !strcmp(a->attention, "cudnn") ? ATT_CUDNN : ATT_CUBLAS;
-}
-
-static PipeSchedule pipe_schedule(const char *name) {
-    return !strcmp(name, "gpipe") ? SCHEDULE_GPIPE : !strcmp(name, "interleaved") ? SCHEDULE_INTERLEAVED
-            : !strcmp(name, "zb") ? SCHEDULE_ZB : SCHEDULE_1F1B;
-}
-
-// Activation recompute (--recompute): none stores every layer's activations for the backward; mlp drops
-// the MLP's fc and GELU outputs (the experts' too), the largest, and recomputes them in the backward from
-// the stored ln2 output; full keeps only each layer's input and recomputes the whole layer (its
-// tensor-parallel collectives and expert all-to-alls included) before its backward. The results are
-// bit-identical: the recomputation runs the same kernels on the same inputs.
-typedef enum { RECOMPUTE_NONE, RECOMPUTE_MLP, RECOMPUTE_FULL } Recompute;
-
-static Recompute recompute_mode(const char *name) {
-    return !strcmp(name, "mlp") ? RECOMPUTE_MLP : !strcmp(name, "full") ? RECOMPUTE_FULL : RECOMPUTE_NONE;
+// --attention's name -> attention.h's path
+static int attention_path_of(const char *name) {
+    return !strcmp(name, "flash") ? ATT_FLASH : !strcmp(name, "cudnn") ? ATT_CUDNN : ATT_CUBLAS;
 }
 
 // What a model is made with besides its weights and its grid: the layout's options and the step's shape (the
@@ -700,12 +526,13 @@ typedef struct {
     float muon_momentum;
 } ModelOptions;
 
-static ModelOptions model_options(const Args *a, MoEOptions moe, int dp) {
-    const char *schedule = test_hook_pp_schedule() ? test_hook_pp_schedule() : a->pp_schedule;   // (a test hook's)
-    ModelOptions o = {a->vpp, a->zero, a->sp, a->pp_layers, moe, recompute_mode(a->recompute), a->overlap, a->B, a->T / a->cp,
-                      a->ce_chunk,
-                      a->total_batch / (a->B * a->T * dp), pipe_schedule(schedule), args_samples(a) || a->hellaswag,
-                      cp_ulysses_degree(a), !strcmp(a->optimizer, "muon"), a->muon_momentum};
+// The options of a model of layout lay (the command line's, or one the plan tries) and the run's other flags a.
+static ModelOptions model_options(const Layout *lay, const Args *a, MoEOptions moe, int dp) {
+    const char *schedule = test_hook_pp_schedule() ? test_hook_pp_schedule() : lay->pp_schedule;   // (a test hook's)
+    ModelOptions o = {lay->vpp, lay->zero, lay->sp, lay->pp_layers, moe, recompute_mode(lay->recompute), a->overlap,
+                      lay->B, lay->T / lay->cp, lay->ce_chunk, lay->total_batch / (lay->B * lay->T * dp),
+                      pipe_schedule(schedule), args_samples(a) || a->hellaswag, cp_ulysses_degree(lay),
+                      !strcmp(a->optimizer, "muon"), a->muon_momentum};
     return o;
 }
 

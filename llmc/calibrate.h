@@ -34,7 +34,7 @@
 #include "alloc.h"
 #include "grid.h"
 #include "comm.h"
-#include "args.h"
+#include "layout.h"
 #include "model_file.h"
 #include "matmul.h"
 #include "residual.h"
@@ -166,13 +166,13 @@ static double calibrate_optimizer(Grid *g, size_t n) {
 }
 
 // The machine file (rank 0): the rates from k, at the model's layer shapes (C, B T), and this rank's cores (CPU).
-static void calibrate_write(const char *path, const Calibration *k, const Args *a, const ModelConfig *c, int world) {
-    double C = c->channels, BT = (double)a->B * a->T, X = sizeof(floatX);
-    double flops = 3 * 2.0 * BT * C * 4.0 * C / k->t_gemm, attn = BT * 6.0 * C * a->T / 2 / k->t_att;
+static void calibrate_write(const char *path, const Calibration *k, const Layout *lay, const ModelConfig *c, int world) {
+    double C = c->channels, BT = (double)lay->B * lay->T, X = sizeof(floatX);
+    double flops = 3 * 2.0 * BT * C * 4.0 * C / k->t_gemm, attn = BT * 6.0 * C * lay->T / 2 / k->t_att;
     FILE *f = fopen(path, "w");
     if (!f) { fail("--calibrate %s: cannot write it", path); }
     fprintf(f, "# --calibrate: %d rank(s) at once, this build's kernels at L %d C %d NH %d, B %d T %d (tp 1)\n",
-            world, c->num_layers, c->channels, c->num_heads, a->B, a->T);
+            world, c->num_layers, c->channels, c->num_heads, lay->B, lay->T);
     fprintf(f, "flops=%.4g\nattn_flops=%.4g\nmem_bw=%.4g\nlayer_cost=%.4g\nadamw=%.4g\n", flops, attn,
             3.0 * 4 * BT * C * X / k->t_mem, k->t_tiny, k->n_opt / k->t_opt);
     fprintf(f, "# the GEMMs at R rows\n");
@@ -201,9 +201,9 @@ static void calibrate_write(const char *path, const Calibration *k, const Args *
 }
 
 // The line that says what was measured (rank 0).
-static void calibrate_print(const char *path, const Calibration *k, const Args *a, const ModelConfig *c, int world) {
-    double C = c->channels, BT = (double)a->B * a->T, X = sizeof(floatX);
-    double flops = 3 * 2.0 * BT * C * 4.0 * C / k->t_gemm, attn = BT * 6.0 * C * a->T / 2 / k->t_att;
+static void calibrate_print(const char *path, const Calibration *k, const Layout *lay, const ModelConfig *c, int world) {
+    double C = c->channels, BT = (double)lay->B * lay->T, X = sizeof(floatX);
+    double flops = 3 * 2.0 * BT * C * 4.0 * C / k->t_gemm, attn = BT * 6.0 * C * lay->T / 2 / k->t_att;
     double mem = 3.0 * 4 * BT * C * X / k->t_mem;
     int t = k->top;
     char comm[256] = "no collectives (one rank)", ov[64] = "";
@@ -247,8 +247,8 @@ static void calibrate_attention(Grid *g, Calibration *k, floatX *x, floatX *y, f
 
 // --calibrate FILE: the kernels at the model's shapes (a layer's MLP GEMMs, its attention, a bandwidth-bound
 // kernel, a layer's launches), the optimizer, the collectives and their overlap, every rank at once.
-static void calibrate(const Args *a, const ModelConfig *c, Grid *g, const char *path) {
-    int B = a->B, T = a->T, C = c->channels, NH = c->num_heads, KV = c->kv_heads, BT = B * T, world = g->world_size;
+static void calibrate(const Layout *lay, const ModelConfig *c, Grid *g, const char *path) {
+    int B = lay->B, T = lay->T, C = c->channels, NH = c->num_heads, KV = c->kv_heads, BT = B * T, world = g->world_size;
     size_t big = (size_t)BT * 4 * C, comm_n = (size_t)16 << 20;
     floatX *x = (floatX *)mem_alloc(big * sizeof(floatX), MEM_WORKSPACE);
     floatX *y = (floatX *)mem_alloc(big * sizeof(floatX), MEM_WORKSPACE);
@@ -296,8 +296,8 @@ static void calibrate(const Args *a, const ModelConfig *c, Grid *g, const char *
     k.overlap = world > 1 ? calibrate_overlap(g, comm_buf, comm_n, k.bw[COMM_RING][k.top], k.t_gemm, x, y, dx, w, dw, BT, C)
                           : -1;
     if (g->rank == 0) {
-        calibrate_write(path, &k, a, c, world);
-        calibrate_print(path, &k, a, c, world);
+        calibrate_write(path, &k, lay, c, world);
+        calibrate_print(path, &k, lay, c, world);
     }
 }
 

@@ -10,12 +10,12 @@
 // run: Spearman's rank correlation 0.963 (2 ranks) and 0.913 (4 ranks); a step measured at 1.52x (1.39-1.82) and
 // 1.53x (1.41-1.80) its prediction (the CPU runs' fixed costs the model leaves out); the worst misprediction against
 // that median ratio 1.20x (2 ranks: -b 1, small micro-batches' per-layer fixed cost undercounted) and 1.18x (4 ranks:
-// -b 4 --tp 2 --sp --pp 2). On a GPU it has not been checked (the H200 check waits for a GPU).
+// -b 4 --tp 2 --sp --pp 2). On an H200 (dev/notes/gpu.md), one GPU: GPT-2 124M 44.1 ms predicted, 47.5 measured.
 #ifndef LLMC_COST_MODEL_H
 #define LLMC_COST_MODEL_H
 
 #include "utils.h"
-#include "args.h"
+#include "layout.h"
 #include "grid.h"
 #include "zero.h"
 #include "model_file.h"
@@ -25,6 +25,9 @@
 // ----------------------------------------------------------------------------
 // the machine: each rate is a key of --machine FILE; [calibrated]: --calibrate measures it on this machine with
 // this build; [assumed]: a default from public figures (machine_default says which), to be given in the file
+
+#define MACHINE_ROWS 17   // flops_R: R = 1, 2, 4, ... 65536 rows
+#define MACHINE_KEYS "flops attn_flops mem_bw node_bw a2a_bw p2p_bw node_lat a2a_lat p2p_lat (each also per group size: node_bw_4) net_bw net_lat layer_cost adamw flash_slower cores overlap gpus_per_node; flops also per GEMM rows: flops_512"
 
 typedef struct {
     double flops;         // [calibrated] FLOP/s per rank on the matrix multiplies (layers, head)
@@ -188,11 +191,11 @@ static int machine_read(Machine *m, const char *path, char *err, size_t errlen) 
 }
 
 // The machine of --machine FILE (each key it lacks: the default's), with --gpus-per-node over its own.
-static Machine plan_machine(const Args *a) {
+static Machine plan_machine(const char *path, int gpus_per_node) {
     Machine m = machine_default();
     char err[512];
-    if (a->machine && machine_read(&m, a->machine, err, sizeof(err))) { fail("%s", err); }
-    if (a->gpus_per_node > 0) { m.gpus_per_node = a->gpus_per_node; }
+    if (path && machine_read(&m, path, err, sizeof(err))) { fail("%s", err); }
+    if (gpus_per_node > 0) { m.gpus_per_node = gpus_per_node; }
     return m;
 }
 
@@ -657,32 +660,32 @@ typedef struct { double total, compute, bubble, tp, cp, ep, pp, dp, optimizer; i
 // that core (they compute at the same time: the other pipelines' copies of the stage); the ranks of other stages
 // on it compute between (pipe_simulate shares the core among them). Returns 0 (and sets nothing) when every rank
 // has a core of its own.
-static int stage_cores(const Args *a, int world, double cores, int *core, double *weight) {
-    int nc = (int)cores, tc = a->tp * a->cp, ids[PIPE_MAX_LAYERS], nid = 0;
+static int stage_cores(const Layout *lay, int world, double cores, int *core, double *weight) {
+    int nc = (int)cores, tc = lay->tp * lay->cp, ids[PIPE_MAX_LAYERS], nid = 0;
     if (cores <= 0 || world <= cores || nc < 1) { return 0; }
-    for (int s = 0; s < a->pp; s++) {
+    for (int s = 0; s < lay->pp; s++) {
         int c = (s * tc) % nc, k = 0;
         while (k < nid && ids[k] != c) { k++; }
         if (k == nid) { ids[nid++] = c; }
         core[s] = k;
         weight[s] = 0;
-        for (int q = c; q < world; q += nc) { weight[s] += (q / tc) % a->pp == s; }
+        for (int q = c; q < world; q += nc) { weight[s] += (q / tc) % lay->pp == s; }
     }
     return 1;
 }
 
 // Each group's seconds per byte (bw) and per call (lat) for layout a of world ranks on machine mc.
 typedef struct { double tp, cp, cpa, pp, ep, dp, emb; } GroupRates;   // cpa: cp's all-to-alls (U ranks)
-static void group_rates(const Args *a, int world, int dp, const Machine *mc, GroupRates *bw, GroupRates *lat) {
-    long tcp = (long)a->tp * a->cp;
-    bw->tp = group_bw(mc, COMM_RING, a->tp, a->tp); bw->cp = group_bw(mc, COMM_P2P, a->cp, tcp);
-    bw->pp = group_bw(mc, COMM_P2P, a->pp, tcp * a->pp); bw->ep = group_bw(mc, COMM_A2A, a->ep, tcp * a->pp * a->ep);
-    bw->dp = group_bw(mc, COMM_RING, dp * a->cp, world); bw->emb = group_bw(mc, COMM_RING, 2, tcp * a->pp);
-    lat->tp = group_lat(mc, COMM_RING, a->tp, a->tp); lat->cp = group_lat(mc, COMM_P2P, a->cp, tcp);
-    lat->pp = group_lat(mc, COMM_P2P, a->pp, tcp * a->pp); lat->ep = group_lat(mc, COMM_A2A, a->ep, tcp * a->pp * a->ep);
-    lat->dp = group_lat(mc, COMM_RING, dp * a->cp, world); lat->emb = group_lat(mc, COMM_RING, 2, tcp * a->pp);
-    int U = cp_ulysses_degree(a);   // (U consecutive cp ranks)
-    bw->cpa = group_bw(mc, COMM_A2A, U, (long)a->tp * U); lat->cpa = group_lat(mc, COMM_A2A, U, (long)a->tp * U);
+static void group_rates(const Layout *lay, int world, int dp, const Machine *mc, GroupRates *bw, GroupRates *lat) {
+    long tcp = (long)lay->tp * lay->cp;
+    bw->tp = group_bw(mc, COMM_RING, lay->tp, lay->tp); bw->cp = group_bw(mc, COMM_P2P, lay->cp, tcp);
+    bw->pp = group_bw(mc, COMM_P2P, lay->pp, tcp * lay->pp); bw->ep = group_bw(mc, COMM_A2A, lay->ep, tcp * lay->pp * lay->ep);
+    bw->dp = group_bw(mc, COMM_RING, dp * lay->cp, world); bw->emb = group_bw(mc, COMM_RING, 2, tcp * lay->pp);
+    lat->tp = group_lat(mc, COMM_RING, lay->tp, lay->tp); lat->cp = group_lat(mc, COMM_P2P, lay->cp, tcp);
+    lat->pp = group_lat(mc, COMM_P2P, lay->pp, tcp * lay->pp); lat->ep = group_lat(mc, COMM_A2A, lay->ep, tcp * lay->pp * lay->ep);
+    lat->dp = group_lat(mc, COMM_RING, dp * lay->cp, world); lat->emb = group_lat(mc, COMM_RING, 2, tcp * lay->pp);
+    int U = cp_ulysses_degree(lay);   // (U consecutive cp ranks)
+    bw->cpa = group_bw(mc, COMM_A2A, U, (long)lay->tp * U); lat->cpa = group_lat(mc, COMM_A2A, U, (long)lay->tp * U);
 }
 
 // One stage's seconds per micro-batch: its forward f, backward B b and W w (ZB runs them apart; the others B and W
@@ -692,36 +695,36 @@ typedef struct { double f, b, w, busy, tp, ep, cp, p2p, step_busy; CommBytes byt
 
 // --attention flash runs the flash kernels where they apply (a CUDA bf16 build, head size 64 or 128: attention.h),
 // at flash_slower times cuBLAS's attention time; elsewhere cuBLAS's (or the CPU build's one attention)
-static double attention_flash_factor(const Args *a, const ModelConfig *c, const Machine *mc) {
+static double attention_flash_factor(const Layout *lay, const ModelConfig *c, const Machine *mc) {
 #if defined(USE_CUDA) && !defined(ENABLE_FP32)
     int hs = c->channels / c->num_heads;
-    if (!strcmp(a->attention, "flash") && (hs == 64 || hs == 128)) { return mc->flash_slower; }
+    if (!strcmp(lay->attention, "flash") && (hs == 64 || hs == 128)) { return mc->flash_slower; }
 #else
-    (void)a; (void)c; (void)mc;
+    (void)lay; (void)c; (void)mc;
 #endif
     return 1.0;
 }
 
-static StageTime stage_time(const Args *a, const ModelConfig *c, const Machine *mc, const CommShape *sh, const int *first,
+static StageTime stage_time(const Layout *lay, const ModelConfig *c, const Machine *mc, const CommShape *sh, const int *first,
                             int s, int accum, const GroupRates *bw, const GroupRates *lat) {
     StageTime st;
-    int n = a->pp * a->vpp;
-    double C = c->channels, T = a->T, X = sh->X, tokens = (double)a->B * a->T / a->cp;   // a micro-batch's, a rank's
-    int full = !strcmp(a->recompute, "full"), mlp = !strcmp(a->recompute, "mlp");
-    double flash = attention_flash_factor(a, c, mc);
+    int n = lay->pp * lay->vpp;
+    double C = c->channels, T = lay->T, X = sh->X, tokens = (double)lay->B * lay->T / lay->cp;   // a micro-batch's, a rank's
+    int full = !strcmp(lay->recompute, "full"), mlp = !strcmp(lay->recompute, "mlp");
+    double flash = attention_flash_factor(lay, c, mc);
     double ov = mc->overlap;   // the share of a collective that compute beside it hides
     double gemm = 0, attn = 0, layers = 0;   // FLOPs per token of the stage (this tp rank: / tp)
-    for (int v = s; v < n; v += a->pp) {
+    for (int v = s; v < n; v += lay->pp) {
         for (int l = first[v]; l < first[v + 1]; l++) {
-            gemm += layer_flops_per_token(c, l, a->T) - 6.0 * C * T;
+            gemm += layer_flops_per_token(c, l, lay->T) - 6.0 * C * T;
             attn += 6.0 * C * T / 2;   // (causal: half the T x T blocks)
             layers++;
         }
         if (v == n - 1) { gemm += head_flops_per_token(c); }
     }
-    double g = tokens * gemm / a->tp / machine_flops(mc, tokens), at = tokens * attn / a->tp / mc->attn_flops * flash;
+    double g = tokens * gemm / lay->tp / machine_flops(mc, tokens), at = tokens * attn / lay->tp / mc->attn_flops * flash;
     // bandwidth-bound: each layer's LayerNorms, residuals, GELU, softmax read and write elem_passes (BTs, C)
-    double elem = layers * mc->elem_passes * tokens / (a->sp ? a->tp : 1) * C * X / mc->mem_bw;
+    double elem = layers * mc->elem_passes * tokens / (lay->sp ? lay->tp : 1) * C * X / mc->mem_bw;
     double fixed = layers * mc->layer_cost;
     // each group's seconds per micro-batch: its bytes at its bandwidth, and a latency per call (the cp ring's
     // hops overlap attention, as far as the machine overlaps; cp's all-to-alls (Ulysses, the hybrid) are at the
@@ -749,18 +752,18 @@ static StageTime stage_time(const Args *a, const ModelConfig *c, const Machine *
 
 // The pipeline: each stage's passes through the schedule's own step lists (each message on the critical path;
 // interleaved: a chunk's passes a vpp-th of its stage's); without one, the micro-batches one after another.
-static double pipeline_seconds(const Args *a, int accum, const StageTime *st, double p2p, const int *core,
+static double pipeline_seconds(const Layout *lay, int accum, const StageTime *st, double p2p, const int *core,
                                const double *share) {
-    if (a->pp == 1) { return accum * (st[0].f + st[0].b + st[0].w) * share[0]; }
-    double idle[PIPE_MAX_LAYERS], f[PIPE_MAX_LAYERS], b[PIPE_MAX_LAYERS], w[PIPE_MAX_LAYERS], v = a->vpp;
-    PipeSchedule sch = a->vpp > 1 ? SCHEDULE_INTERLEAVED : pipe_schedule(a->pp_schedule);
+    if (lay->pp == 1) { return accum * (st[0].f + st[0].b + st[0].w) * share[0]; }
+    double idle[PIPE_MAX_LAYERS], f[PIPE_MAX_LAYERS], b[PIPE_MAX_LAYERS], w[PIPE_MAX_LAYERS], v = lay->vpp;
+    PipeSchedule sch = lay->vpp > 1 ? SCHEDULE_INTERLEAVED : pipe_schedule(lay->pp_schedule);
     int zb = sch == SCHEDULE_ZB;
-    for (int s = 0; s < a->pp; s++) {
+    for (int s = 0; s < lay->pp; s++) {
         f[s] = (st[s].f + p2p) / v;
         b[s] = (st[s].b + (zb ? 0 : st[s].w) + p2p) / v;
         w[s] = zb ? st[s].w : 0;
     }
-    return pipe_simulate(sch, a->pp, a->vpp, accum, f, b, w, core, core ? share : NULL, idle);
+    return pipe_simulate(sch, lay->pp, lay->vpp, accum, f, b, w, core, core ? share : NULL, idle);
 }
 
 // dp (the worst stage): what the code overlaps with the backward (as far as the machine's overlap hides it),
@@ -771,11 +774,11 @@ static double pipeline_seconds(const Args *a, int accum, const StageTime *st, do
 //   ZeRO 3: the gathers are prefetched during the forward and backward, the reduce-scatters during the
 //           backward, per micro-batch; no all-gather at the end
 // Sets t->dp and t->optimizer (AdamW's seconds); returns every rank's busy seconds, summed.
-static double dp_and_optimizer(const Args *a, int world, int accum, const Machine *mc, const CommShape *shapes,
+static double dp_and_optimizer(const Layout *lay, int world, int accum, const Machine *mc, const CommShape *shapes,
                                const StageTime *st, const GroupRates *bw, const GroupRates *lat, const double *share,
                                StepTime *t) {
     double X = shapes[0].X, ov = mc->overlap, dp_exposed = 0, opt = 0, work = 0;
-    for (int s = 0; s < a->pp; s++) {
+    for (int s = 0; s < lay->pp; s++) {
         const CommShape *sh = &shapes[s];
         const CommBytes *cb = &st[s].bytes, *cn = &st[s].calls;
         double ring = 0, units = 0;   // one reduce-scatter's (or all-gather's) bytes of every unit, dp and edp; the units
@@ -795,7 +798,7 @@ static double dp_and_optimizer(const Args *a, int world, int accum, const Machin
         double owned = sh->zero == 0 ? sh->units[0] + sh->units[1] : sh->units[0] / sh->dp + sh->units[1] / sh->edp;
         double o = mc->adamw > 0 ? owned / mc->adamw : owned * (2.0 * X + 8 + 8 + (X == 2 ? 8 : 0)) / mc->mem_bw;
         opt = fmax(opt, o * share[s]);
-        work += (double)world / a->pp * (st[s].step_busy + e + o);
+        work += (double)world / lay->pp * (st[s].step_busy + e + o);
     }
     t->dp = dp_exposed;
     t->optimizer = opt;
@@ -803,33 +806,33 @@ static double dp_and_optimizer(const Args *a, int world, int accum, const Machin
 }
 
 // Seconds per step of layout a (world ranks, its plan's CommShape per stage in shapes).
-static StepTime plan_step_time(const Args *a, const ModelConfig *c, int world, const Machine *mc,
+static StepTime plan_step_time(const Layout *lay, const ModelConfig *c, int world, const Machine *mc,
                                const CommShape *shapes) {
     StepTime t;
     memset(&t, 0, sizeof(t));
-    int dp = world / (a->tp * a->cp * a->pp), accum = a->total_batch / (a->B * a->T * dp);
+    int dp = world / (lay->tp * lay->cp * lay->pp), accum = lay->total_batch / (lay->B * lay->T * dp);
     int first[PIPE_MAX_LAYERS + 1], core[PIPE_MAX_LAYERS];   // more ranks than cores: each stage's core and its ranks
     double share[PIPE_MAX_LAYERS];                           // on it (stage_cores), else 1
     char err[256];
-    if (layer_split(first, a->pp_layers, c, a->T, a->pp, a->vpp, err, sizeof(err))) { fail("%s", err); }
+    if (layer_split(first, lay->pp_layers, c, lay->T, lay->pp, lay->vpp, err, sizeof(err))) { fail("%s", err); }
     double slow = mc->cores > 0 && world > mc->cores ? world / mc->cores : 1.0;   // ranks sharing the cores
-    int shared = stage_cores(a, world, mc->cores, core, share);
-    if (!shared) { for (int s = 0; s < a->pp; s++) { share[s] = 1; } }
+    int shared = stage_cores(lay, world, mc->cores, core, share);
+    if (!shared) { for (int s = 0; s < lay->pp; s++) { share[s] = 1; } }
     GroupRates bw, lat;
-    group_rates(a, world, dp, mc, &bw, &lat);
-    StageTime *st = (StageTime *)malloc_check(a->pp * sizeof(StageTime));
+    group_rates(lay, world, dp, mc, &bw, &lat);
+    StageTime *st = (StageTime *)malloc_check(lay->pp * sizeof(StageTime));
     double busy = 0, p2p = 0;   // the slowest stage's, per micro-batch
-    for (int s = 0; s < a->pp; s++) {
-        st[s] = stage_time(a, c, mc, &shapes[s], first, s, accum, &bw, &lat);
+    for (int s = 0; s < lay->pp; s++) {
+        st[s] = stage_time(lay, c, mc, &shapes[s], first, s, accum, &bw, &lat);
         if (st[s].busy * share[s] > busy) { busy = st[s].busy * share[s]; t.stage = s; }
         t.tp = fmax(t.tp, accum * st[s].tp); t.ep = fmax(t.ep, accum * st[s].ep); t.cp = fmax(t.cp, accum * st[s].cp);
         p2p = fmax(p2p, st[s].p2p);
     }
     t.compute = accum * busy - t.tp - t.ep - t.cp;
-    double pipe = pipeline_seconds(a, accum, st, p2p, shared ? core : NULL, share);
-    if (a->pp > 1) { t.pp = accum * 2 * p2p; }
+    double pipe = pipeline_seconds(lay, accum, st, p2p, shared ? core : NULL, share);
+    if (lay->pp > 1) { t.pp = accum * 2 * p2p; }
     t.bubble = pipe - accum * busy - t.pp > 0 ? pipe - accum * busy - t.pp : 0;
-    double work = dp_and_optimizer(a, world, accum, mc, shapes, st, &bw, &lat, share, &t);
+    double work = dp_and_optimizer(lay, world, accum, mc, shapes, st, &bw, &lat, share, &t);
     free(st);
     // more ranks than cores: while a rank waits (the bubble, a message) another computes on its core, so the
     // step is the longer of the critical path and every rank's work spread over the cores

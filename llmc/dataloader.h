@@ -25,7 +25,7 @@
 #include "mt19937.h"
 #include "rand.h"
 #include "comm.h"
-#include "args.h"
+#include "grid.h"
 #include "tokenizer.h"
 
 // The two shard formats: the header's magic and version, and the bytes of a token.
@@ -350,20 +350,22 @@ static void dataloader_init_builtin(DataLoader *train, DataLoader *val, int B, i
 // ----------------------------------------------------------------------------
 // the run's data from its flags
 
-// The run's data (a model of vocabulary V, on this grid): the train and validation loaders: the -i / -j shards (and tokenizer.bin beside the train shards,
-// for decoding samples), or the built-in corpus; -x 0 with -j alone evaluates on -j (its shards stand in
-// for the train data, never read). Returns whether there is validation data.
-static int data_setup(const Args *a, int V, Grid *grid, DataLoader *train, DataLoader *val, Tokenizer *tok) {
+// The run's data (micro-batches of B x T tokens of a model of vocabulary V, on this grid): the train and validation
+// loaders: the -i / -j shards (and tokenizer.bin beside the train shards, for decoding samples), or the built-in
+// corpus; -x 0 with -j alone evaluates on -j (its shards stand in for the train data, never read). shuffle, seed:
+// --shuffle, --seed. Returns whether there is validation data.
+static int data_setup(const char *train_glob, const char *val_glob, int shuffle, unsigned seed, int B, int T, int V,
+                      Grid *grid, DataLoader *train, DataLoader *val, Tokenizer *tok) {
     memset(tok, 0, sizeof(*tok));
-    if (a->train_pattern == NULL && a->val_pattern == NULL) {
-        dataloader_init_builtin(train, val, a->B, a->T, V, grid->dp, grid->dp_rank, a->seed, grid->rank == 0);
+    if (train_glob == NULL && val_glob == NULL) {
+        dataloader_init_builtin(train, val, B, T, V, grid->dp, grid->dp_rank, seed, grid->rank == 0);
         return 1;
     }
-    const char *train_pattern = a->train_pattern ? a->train_pattern : a->val_pattern;
-    dataloader_init(train, train_pattern, a->B, a->T, V, grid->dp, grid->dp_rank, a->shuffle, a->seed);
-    if (a->val_pattern) { dataloader_init(val, a->val_pattern, a->B, a->T, V, grid->dp, grid->dp_rank, 0, a->seed); }
+    const char *train_pattern = train_glob ? train_glob : val_glob;
+    dataloader_init(train, train_pattern, B, T, V, grid->dp, grid->dp_rank, shuffle, seed);
+    if (val_glob) { dataloader_init(val, val_glob, B, T, V, grid->dp, grid->dp_rank, 0, seed); }
     tokenizer_init_beside(tok, train->files.gl_pathv[0], V, grid->rank == 0);
-    return a->val_pattern != NULL;
+    return val_glob != NULL;
 }
 
 #endif

@@ -16,21 +16,21 @@
 
 // A change of the layout: what (the flags), its kind (one flag: a pair changes two different ones), its
 // layout, worst stage's peak, time per step, and whether it fits.
-typedef struct { char what[96]; int kind; Args args; double peak; double seconds; int fits; } Lever;
+typedef struct { char what[96]; int kind; Layout lay; double peak; double seconds; int fits; } Lever;
 enum { LV_ZERO, LV_SP, LV_TP, LV_PP, LV_SCHEDULE, LV_SPLIT, LV_CP, LV_CE, LV_ATTENTION, LV_RECOMPUTE, LV_BATCH, LV_EP };
 
 // One lever's layout, if it runs: its worst stage's peak and its time.
-static int try_lever(Lever *lv, const ModelConfig *c, int world, PlanBuild b, const Machine *mc, double limit,
-                     const char *what) {
+static int try_lever(Lever *lv, const ModelConfig *c, MoEOptions moe, int world, PlanBuild b, const Machine *mc,
+                     double limit, const char *what) {
     char err[512];
-    lv->args.dp = -1;   // (world and -d fixed: dp follows)
-    if (layout_error(&lv->args, c, world, err, sizeof(err))) { return 0; }
-    MemPlan *plans = (MemPlan *)malloc_check(sizeof(MemPlan) * lv->args.pp);
-    CommShape *shapes = (CommShape *)malloc_check(sizeof(CommShape) * lv->args.pp);
-    int w = plan_stages(&lv->args, c, world, b, plans, shapes);
+    lv->lay.dp = -1;   // (world and -d fixed: dp follows)
+    if (layout_error(&lv->lay, c, world, err, sizeof(err))) { return 0; }
+    MemPlan *plans = (MemPlan *)malloc_check(sizeof(MemPlan) * lv->lay.pp);
+    CommShape *shapes = (CommShape *)malloc_check(sizeof(CommShape) * lv->lay.pp);
+    int w = plan_stages(&lv->lay, c, moe, world, b, plans, shapes);
     lv->peak = (double)plans[w].peak_total + plan_reserve(b);
     lv->fits = lv->peak <= limit;
-    lv->seconds = plan_step_time(&lv->args, c, world, mc, shapes).total;
+    lv->seconds = plan_step_time(&lv->lay, c, world, mc, shapes).total;
     snprintf(lv->what, sizeof(lv->what), "%s", what);
     free(plans);
     free(shapes);
@@ -44,54 +44,54 @@ static int lever_order(const void *x, const void *y) {
 }
 
 // The single levers that apply to layout a (world and -d fixed), planned; without one that fits, pairs.
-static int plan_levers(const Args *a, const ModelConfig *c, int world, PlanBuild b, const Machine *mc, double limit,
-                       Lever *out, int pairs_of) {
+static int plan_levers(const Layout *lay, const ModelConfig *c, MoEOptions moe, int world, PlanBuild b,
+                       const Machine *mc, double limit, Lever *out, int pairs_of) {
     int n = 0;
     #define LEVER(cond, k, what, change) do { \
         if (cond) { \
-            Lever lv; lv.args = *a; lv.kind = k; \
-            { Args *x = &lv.args; change; } \
-            if (try_lever(&lv, c, world, b, mc, limit, what)) { out[n++] = lv; } \
+            Lever lv; lv.lay = *lay; lv.kind = k; \
+            { Layout *x = &lv.lay; change; } \
+            if (try_lever(&lv, c, moe, world, b, mc, limit, what)) { out[n++] = lv; } \
         } } while (0)
     char w[96];
-    if (a->zero < 3 && a->dp > 1) {   // (ZeRO shards over dp: nothing to shard at dp 1)
-        snprintf(w, sizeof(w), "--zero %d", a->zero + 1);
-        LEVER(1, LV_ZERO, w, x->zero = a->zero + 1);
+    if (lay->zero < 3 && lay->dp > 1) {   // (ZeRO shards over dp: nothing to shard at dp 1)
+        snprintf(w, sizeof(w), "--zero %d", lay->zero + 1);
+        LEVER(1, LV_ZERO, w, x->zero = lay->zero + 1);
     }
-    LEVER(a->tp > 1 && !a->sp, LV_SP, "--sp", x->sp = 1);
-    snprintf(w, sizeof(w), "--tp %d --sp", 2 * a->tp); LEVER(1, LV_TP, w, { x->tp = 2 * a->tp; x->sp = 1; });
+    LEVER(lay->tp > 1 && !lay->sp, LV_SP, "--sp", x->sp = 1);
+    snprintf(w, sizeof(w), "--tp %d --sp", 2 * lay->tp); LEVER(1, LV_TP, w, { x->tp = 2 * lay->tp; x->sp = 1; });
     // (a split given as counts is for this pp: twice the stages start even)
-    int counts = a->pp_layers && strncmp(a->pp_layers, "auto", 4);
-    snprintf(w, sizeof(w), "--pp %d%s", 2 * a->pp, counts ? " (even stages)" : "");
-    LEVER(1, LV_PP, w, { x->pp = 2 * a->pp; if (counts) { x->pp_layers = NULL; } });
-    LEVER(a->pp > 1 && !strcmp(a->pp_schedule, "gpipe"), LV_SCHEDULE, "--pp-schedule 1f1b", x->pp_schedule = "1f1b");
+    int counts = lay->pp_layers && strncmp(lay->pp_layers, "auto", 4);
+    snprintf(w, sizeof(w), "--pp %d%s", 2 * lay->pp, counts ? " (even stages)" : "");
+    LEVER(1, LV_PP, w, { x->pp = 2 * lay->pp; if (counts) { x->pp_layers = NULL; } });
+    LEVER(lay->pp > 1 && !strcmp(lay->pp_schedule, "gpipe"), LV_SCHEDULE, "--pp-schedule 1f1b", x->pp_schedule = "1f1b");
     // ZB-H1: a smaller bubble for the pending W passes' memory (a lever for time: it never lowers the peak)
-    LEVER(a->pp > 1 && !strcmp(a->pp_schedule, "1f1b"), LV_SCHEDULE, "--pp-schedule zb", x->pp_schedule = "zb");
+    LEVER(lay->pp > 1 && !strcmp(lay->pp_schedule, "1f1b"), LV_SCHEDULE, "--pp-schedule zb", x->pp_schedule = "zb");
     // stages cut by cost: less on the costliest stage (the head's), and the first stage's activations move too
-    LEVER(a->pp > 1 && !(a->pp_layers && !strncmp(a->pp_layers, "auto", 4)), LV_SPLIT, "--pp-layers auto",
+    LEVER(lay->pp > 1 && !(lay->pp_layers && !strncmp(lay->pp_layers, "auto", 4)), LV_SPLIT, "--pp-layers auto",
           x->pp_layers = "auto");
-    snprintf(w, sizeof(w), "--cp %d", 2 * a->cp); LEVER(1, LV_CP, w, x->cp = 2 * a->cp);
-    LEVER(a->ce_chunk == 0, LV_CE, "--ce-chunk 256", x->ce_chunk = 256);
-    if (a->ce_chunk > 64) {
-        snprintf(w, sizeof(w), "--ce-chunk %d", a->ce_chunk / 2);
-        LEVER(1, LV_CE, w, x->ce_chunk = a->ce_chunk / 2);
+    snprintf(w, sizeof(w), "--cp %d", 2 * lay->cp); LEVER(1, LV_CP, w, x->cp = 2 * lay->cp);
+    LEVER(lay->ce_chunk == 0, LV_CE, "--ce-chunk 256", x->ce_chunk = 256);
+    if (lay->ce_chunk > 64) {
+        snprintf(w, sizeof(w), "--ce-chunk %d", lay->ce_chunk / 2);
+        LEVER(1, LV_CE, w, x->ce_chunk = lay->ce_chunk / 2);
     }
-    LEVER(b.cuda && a->cp == 1 && strcmp(a->attention, "flash")
+    LEVER(b.cuda && lay->cp == 1 && strcmp(lay->attention, "flash")
           && attention_flash_applies(c->channels / c->num_heads, b.floatx),
           LV_ATTENTION, "--attention flash", x->attention = "flash");
-    LEVER(!strcmp(a->recompute, "none"), LV_RECOMPUTE, "--recompute mlp", x->recompute = "mlp");
-    LEVER(strcmp(a->recompute, "full"), LV_RECOMPUTE, "--recompute full", x->recompute = "full");
-    if (a->B % 2 == 0) {
-        snprintf(w, sizeof(w), "-b %d (twice the accumulation)", a->B / 2);
-        LEVER(1, LV_BATCH, w, x->B = a->B / 2);
+    LEVER(!strcmp(lay->recompute, "none"), LV_RECOMPUTE, "--recompute mlp", x->recompute = "mlp");
+    LEVER(strcmp(lay->recompute, "full"), LV_RECOMPUTE, "--recompute full", x->recompute = "full");
+    if (lay->B % 2 == 0) {
+        snprintf(w, sizeof(w), "-b %d (twice the accumulation)", lay->B / 2);
+        LEVER(1, LV_BATCH, w, x->B = lay->B / 2);
     }
-    if (c->num_experts > 0) { snprintf(w, sizeof(w), "--ep %d", 2 * a->ep); LEVER(1, LV_EP, w, x->ep = 2 * a->ep); }
+    if (c->num_experts > 0) { snprintf(w, sizeof(w), "--ep %d", 2 * lay->ep); LEVER(1, LV_EP, w, x->ep = 2 * lay->ep); }
     #undef LEVER
     if (pairs_of) {   // no single lever fits: each pair of two kinds (the second applied on top of the first), once
         int singles = n;
         for (int i = 0; i < singles; i++) {
             Lever more[16];
-            int k = plan_levers(&out[i].args, c, world, b, mc, limit, more, 0);
+            int k = plan_levers(&out[i].lay, c, moe, world, b, mc, limit, more, 0);
             for (int j = 0; j < k && n < 256; j++) {
                 if (more[j].kind <= out[i].kind) { continue; }   // (the same flag twice, or this pair the other way round)
                 char both[96];
@@ -108,24 +108,23 @@ static int plan_levers(const Args *a, const ModelConfig *c, int world, PlanBuild
 
 // Over the limit: the largest category of the worst stage, what dominates it, and the levers (single ones,
 // or pairs when none fits) ranked by fit and time, with the machine-readable "lever ..." lines.
-static void plan_print_advice(const Args *a, const ModelConfig *c, int world, PlanBuild b, const Machine *mc, double limit,
-                              const MemPlan *plans, const CommShape *shapes, int worst) {
+static void plan_print_advice(const Layout *lay, const ModelConfig *c, MoEOptions moe, int world, PlanBuild b,
+                              const Machine *mc, double limit, const MemPlan *plans, const CommShape *shapes, int worst) {
     int big = 0;
     for (int k = 1; k < MEM_NCAT; k++) { if (plans[worst].peak[k] > plans[worst].peak[big]) { big = k; } }
     char why[256];
-    plan_explain(a, c, world, worst, big, b, plans[worst].slots, why, sizeof(why));
+    plan_explain(lay, c, world, worst, big, b, plans[worst].slots, why, sizeof(why));
     printf("largest on stage %d: %s = %.2f GiB\n", worst, mem_category_names[big], gib(plans[worst].peak[big]));
     printf("  %s\n", why);
     Lever *levers = (Lever *)malloc_check(sizeof(Lever) * 256);
-    Args base = *a;
-    int n = plan_levers(&base, c, world, b, mc, limit, levers, 0), any = 0;
+    int n = plan_levers(lay, c, moe, world, b, mc, limit, levers, 0), any = 0;
     for (int i = 0; i < n; i++) { any |= levers[i].fits; }
-    if (!any) { n = plan_levers(&base, c, world, b, mc, limit, levers, 1); }
+    if (!any) { n = plan_levers(lay, c, moe, world, b, mc, limit, levers, 1); }
     qsort(levers, n, sizeof(Lever), lever_order);
     printf("levers (%s; world %d and -d %d fixed, so tp, cp or pp x2 halves dp), fits first, then fastest; the time "
            "per step is the cost model's (%s: %.0f TFLOP/s, %.0f GB/s inside a node of %d, %.0f GB/s across; "
            "the schedule's own bubble): it ranks the levers, it is not this machine's step%s:\n",
-           any ? "one at a time" : "no single lever fits: pairs of two", world, a->total_batch, mc->name,
+           any ? "one at a time" : "no single lever fits: pairs of two", world, lay->total_batch, mc->name,
            mc->flops / 1e12, mc->node_bw / 1e9, mc->gpus_per_node, mc->net_bw / 1e9,
            b.cuda || mc->cores > 0 ? "" : " (a CPU rank runs far slower)");
     for (int i = 0; i < n && i < 12; i++) {
@@ -136,28 +135,27 @@ static void plan_print_advice(const Args *a, const ModelConfig *c, int world, Pl
         printf("lever %d %d %.0f %.6f %s\n", i, levers[i].fits, levers[i].peak, levers[i].seconds, levers[i].what);
     }
     if (n == 0) { printf("  (no lever applies to this layout)\n"); }
-    printf("  (this layout: %.2f ms/step)\n", plan_step_time(a, c, world, mc, shapes).total * 1e3);
+    printf("  (this layout: %.2f ms/step)\n", plan_step_time(lay, c, world, mc, shapes).total * 1e3);
     free(levers);
 }
 
 // Prints the plan of every stage and, with a limit, whether each fits; over the limit, what dominates
 // and the levers. Returns 1 if every rank fits (or there is no limit).
-static int plan_report(const Args *a, const ModelConfig *c, int world, double limit) {
-    PlanBuild b = plan_build(a);
-    Machine mc = plan_machine(a);
-    MemPlan *plans = (MemPlan *)malloc_check(sizeof(MemPlan) * a->pp);
-    CommShape *shapes = (CommShape *)malloc_check(sizeof(CommShape) * a->pp);
-    int worst = plan_stages(a, c, world, b, plans, shapes), accum = a->total_batch / (a->B * a->T * a->dp);
+static int plan_report(const Layout *lay, const ModelConfig *c, MoEOptions moe, int world, PlanBuild b, Machine mc,
+                       double limit) {
+    MemPlan *plans = (MemPlan *)malloc_check(sizeof(MemPlan) * lay->pp);
+    CommShape *shapes = (CommShape *)malloc_check(sizeof(CommShape) * lay->pp);
+    int worst = plan_stages(lay, c, moe, world, b, plans, shapes), accum = layout_accum(lay);
     double reserve = plan_reserve(b);
     char kind[48] = "";
-    if (cp_ulysses_degree(a) > 1) { snprintf(kind, sizeof(kind), " (%s, all-to-all in %d)", a->cp_kind, cp_ulysses_degree(a)); }
+    if (cp_ulysses_degree(lay) > 1) { snprintf(kind, sizeof(kind), " (%s, all-to-all in %d)", lay->cp_kind, cp_ulysses_degree(lay)); }
     printf("memory plan: L %d C %d NH %d Vp %d%s, world %d = tp %d x cp %d%s x pp %d x dp %d, B %d T %d x %d "
            "micro-batches, zero %d%s, %s%s, recompute %s, ce chunk %d; %s\n",
-           c->num_layers, c->channels, c->num_heads, c->padded_vocab_size, c->num_experts ? " (MoE)" : "", world, a->tp,
-           a->cp, kind, a->pp, a->dp, a->B, a->T, accum, a->zero, a->sp ? ", sp" : "", a->pp_schedule,
-           a->vpp > 1 ? " (vpp)" : "", a->recompute, a->ce_chunk, b.name);
-    plan_print_stages(a, c, world, b, plans);
-    StepTime t = plan_step_time(a, c, world, &mc, shapes);
+           c->num_layers, c->channels, c->num_heads, c->padded_vocab_size, c->num_experts ? " (MoE)" : "", world, lay->tp,
+           lay->cp, kind, lay->pp, lay->dp, lay->B, lay->T, accum, lay->zero, lay->sp ? ", sp" : "", lay->pp_schedule,
+           lay->vpp > 1 ? " (vpp)" : "", lay->recompute, lay->ce_chunk, b.name);
+    plan_print_stages(lay, c, moe, world, b, plans);
+    StepTime t = plan_step_time(lay, c, world, &mc, shapes);
     printf("predicted step: %.3f ms (cost model, %s: compute %.3f, bubble %.3f, exposed tp %.3f cp %.3f ep %.3f pp "
            "%.3f dp %.3f, AdamW %.3f; slowest stage %d)\n", t.total * 1e3, mc.name, t.compute * 1e3, t.bubble * 1e3,
            t.tp * 1e3, t.cp * 1e3, t.ep * 1e3, t.pp * 1e3, t.dp * 1e3, t.optimizer * 1e3, t.stage);
@@ -169,7 +167,7 @@ static int plan_report(const Args *a, const ModelConfig *c, int world, double li
                reserve > 0 ? " (1.00 GiB of it assumed for the CUDA context and NCCL)" : "", worst, gib(need),
                    fits ? "fits" : "does NOT fit");
     }
-    if (!fits) { plan_print_advice(a, c, world, b, &mc, limit, plans, shapes, worst); }
+    if (!fits) { plan_print_advice(lay, c, moe, world, b, &mc, limit, plans, shapes, worst); }
     fflush(stdout);
     free(plans);
     free(shapes);
@@ -181,65 +179,51 @@ static int plan_report(const Args *a, const ModelConfig *c, int world, double li
 // Before allocating: this rank's planned peak against --memory-limit (on CUDA, without one: the free device
 // memory, less the reserve the plan assumes for the CUDA context and NCCL). If any rank does not fit, every
 // rank stops; rank 0 prints the plan and the levers first.
-static void check_memory_fits(const Args *a, const ModelConfig *c, Grid *g) {
-    PlanBuild b = plan_build(a);
-    double limit = a->memory_limit > 0 ? a->memory_limit : device_free_bytes();
+// memory_limit: --memory-limit (0: none); machine, gpus_per_node: --machine, --gpus-per-node (for the levers' times).
+static void check_memory_fits(const Layout *lay, const ModelConfig *c, MoEOptions moe, Grid *g, PlanBuild b,
+                              double memory_limit, const char *machine, int gpus_per_node) {
+    double limit = memory_limit > 0 ? memory_limit : device_free_bytes();
     if (limit <= 0) { return; }
-    MemPlan mine = plan_rank(a, c, moe_options(a, c), g->world_size, g->rank, b, NULL);
-    double need = (double)mine.peak_total + (a->memory_limit > 0 ? plan_reserve(b) : 0.0);
+    MemPlan mine = plan_rank(lay, c, moe, g->world_size, g->rank, b, NULL);
+    double need = (double)mine.peak_total + (memory_limit > 0 ? plan_reserve(b) : 0.0);
     int over = need > limit ? 1 : 0;
     comm_host_all_reduce(&g->world, &over, 1, DT_INT, HOST_MAX, "all-reduce (memory plan)");
     if (!over) { return; }
-    Args shown = *a;
-    if (g->rank == 0) { plan_report(&shown, c, g->world_size, limit); }
+    if (g->rank == 0) { plan_report(lay, c, moe, g->world_size, b, plan_machine(machine, gpus_per_node), limit); }
     fail_all(g->rank,
              "the planned peak of a rank exceeds %s %.2f GiB: see the plan and the levers above (or --plan %d to "
              "explore)",
-             a->memory_limit > 0 ? "--memory-limit" : "the free device memory", gib(limit), g->world_size);
+             memory_limit > 0 ? "--memory-limit" : "the free device memory", gib(limit), g->world_size);
 }
 
 // ----------------------------------------------------------------------------
 // the search
 
-// One layout tried: what varies (the rest is the command line's), its worst stage's peak and its time.
+// One layout tried (the command line's, with what the search varies), its worst stage's peak and its time.
 typedef struct {
-    int tp, cp, pp, vpp, ep, zero, sp, B, ce_chunk;
-    const char *schedule, *split, *recompute;
+    Layout lay;
     double peak;
     StepTime t;
     long id;   // the enumeration's order (ties keep it)
-    int cp_u;  // cp's all-to-all group size: 1 the ring, cp Ulysses, between the hybrid (--cp-ulysses)
-} Layout;
+} Candidate;
 
 // The flags that give layout x (beside the command line's model, -t and -d).
 static void layout_flags(const Layout *x, char *out, size_t n) {
-    int o = snprintf(out, n, "-b %d", x->B);
+    int o = snprintf(out, n, "-b %d", x->B), U = cp_ulysses_degree(x);
     if (x->tp > 1) { o += snprintf(out + o, n - o, " --tp %d%s", x->tp, x->sp ? " --sp" : ""); }
     if (x->cp > 1) { o += snprintf(out + o, n - o, " --cp %d", x->cp); }
-    if (x->cp > 1 && x->cp_u == x->cp) { o += snprintf(out + o, n - o, " --cp-kind ulysses"); }
-    else if (x->cp_u > 1) { o += snprintf(out + o, n - o, " --cp-kind hybrid --cp-ulysses %d", x->cp_u); }
+    if (x->cp > 1 && U == x->cp) { o += snprintf(out + o, n - o, " --cp-kind ulysses"); }
+    else if (U > 1) { o += snprintf(out + o, n - o, " --cp-kind hybrid --cp-ulysses %d", U); }
     if (x->pp > 1) {
         o += snprintf(out + o, n - o, " --pp %d", x->pp);
         if (x->vpp > 1) { o += snprintf(out + o, n - o, " --vpp %d", x->vpp); }
-        else { o += snprintf(out + o, n - o, " --pp-schedule %s", x->schedule); }
-        if (x->split) { o += snprintf(out + o, n - o, " --pp-layers %s", x->split); }
+        else { o += snprintf(out + o, n - o, " --pp-schedule %s", x->pp_schedule); }
+        if (x->pp_layers) { o += snprintf(out + o, n - o, " --pp-layers %s", x->pp_layers); }
     }
     if (x->ep > 1) { o += snprintf(out + o, n - o, " --ep %d", x->ep); }
     o += snprintf(out + o, n - o, " --zero %d", x->zero);
     if (strcmp(x->recompute, "none")) { o += snprintf(out + o, n - o, " --recompute %s", x->recompute); }
     snprintf(out + o, n - o, " --ce-chunk %d", x->ce_chunk);
-}
-
-// The command line's args with layout x's choices (dp follows from the world).
-static Args layout_args(const Args *base, const Layout *x, long tokens) {
-    Args a = *base;
-    a.tp = x->tp; a.cp = x->cp; a.pp = x->pp; a.vpp = x->vpp; a.dp = -1; a.ep = x->ep;
-    a.zero = x->zero; a.sp = x->sp; a.recompute = x->recompute;
-    a.pp_schedule = x->schedule; a.pp_layers = x->split; a.B = x->B;
-    a.ce_chunk = x->ce_chunk; a.total_batch = (int)tokens;
-    a.cp_kind = x->cp_u <= 1 ? "ring" : x->cp_u == x->cp ? "ulysses" : "hybrid";
-    a.cp_ulysses = x->cp_u > 1 && x->cp_u < x->cp ? x->cp_u : 0;
-    return a;
 }
 
 // A rule of layout_error, its numbers taken out: the key the refusals are counted by.
@@ -264,14 +248,14 @@ static void tally(Tally *t, int *n, int cap, const char *what) {
 
 // Whether the run of a is the run of a layout the search tries as well: --pp-layers auto giving the even
 // split, or --ce-chunk 0 (the full logits) where the command line's chunk holds all the rank's tokens.
-static int layout_same_as_another(const Args *a, const ModelConfig *c, int chunk) {
-    if (a->ce_chunk == 0 && chunk > 0 && a->B * (a->T / a->cp) <= chunk) { return 1; }
-    if (a->pp_layers && !strcmp(a->pp_layers, "auto")) {
+static int layout_same_as_another(const Layout *lay, const ModelConfig *c, int chunk) {
+    if (lay->ce_chunk == 0 && chunk > 0 && lay->B * (lay->T / lay->cp) <= chunk) { return 1; }
+    if (lay->pp_layers && !strcmp(lay->pp_layers, "auto")) {
         int even[PIPE_MAX_LAYERS + 1], aut[PIPE_MAX_LAYERS + 1];
         char err[256];
-        if (layer_split(even, NULL, c, a->T, a->pp, a->vpp, err, sizeof(err))
-            || layer_split(aut, "auto", c, a->T, a->pp, a->vpp, err, sizeof(err))) { return 0; }
-        for (int s = 0; s <= a->pp * a->vpp; s++) { if (even[s] != aut[s]) { return 0; } }
+        if (layer_split(even, NULL, c, lay->T, lay->pp, lay->vpp, err, sizeof(err))
+            || layer_split(aut, "auto", c, lay->T, lay->pp, lay->vpp, err, sizeof(err))) { return 0; }
+        for (int s = 0; s <= lay->pp * lay->vpp; s++) { if (even[s] != aut[s]) { return 0; } }
         return 1;
     }
     return 0;
@@ -280,12 +264,12 @@ static int layout_same_as_another(const Args *a, const ModelConfig *c, int chunk
 static int layout_same_choices(const Layout *x, const Layout *y) {
     return x->tp == y->tp && x->cp == y->cp && x->pp == y->pp && x->vpp == y->vpp && x->ep == y->ep
         && x->zero == y->zero && x->sp == y->sp && x->B == y->B && x->ce_chunk == y->ce_chunk
-        && !strcmp(x->schedule, y->schedule) && !strcmp(x->recompute, y->recompute)
-        && (x->split == NULL) == (y->split == NULL) && x->cp_u == y->cp_u;
+        && !strcmp(x->pp_schedule, y->pp_schedule) && !strcmp(x->recompute, y->recompute)
+        && (x->pp_layers == NULL) == (y->pp_layers == NULL) && cp_ulysses_degree(x) == cp_ulysses_degree(y);
 }
 
-static int layout_faster(const void *x, const void *y) {
-    const Layout *a = (const Layout *)x, *b = (const Layout *)y;
+static int candidate_faster(const void *x, const void *y) {
+    const Candidate *a = (const Candidate *)x, *b = (const Candidate *)y;
     if (a->t.total != b->t.total) { return a->t.total < b->t.total ? -1 : 1; }
     if (a->peak != b->peak) { return a->peak < b->peak ? -1 : 1; }
     return a->id < b->id ? -1 : a->id > b->id;
@@ -295,14 +279,15 @@ static int layout_faster(const void *x, const void *y) {
 
 // The search's inputs and what it found so far.
 typedef struct {
-    const Args *base;        // the command line: the model's flags, -t, the build planned
+    Layout base;             // the command line's: -t, --attention, the CE chunk (the search tries 0 beside it)
     const ModelConfig *c;
+    MoEOptions moe;
     int world;
     long tokens;             // -d
     PlanBuild b;
     Machine mc;
     double limit, reserve;   // --memory-limit (0: none); what the plan assumes beside the allocator (CUDA)
-    Layout *fit;             // the layouts that fit
+    Candidate *fit;          // the layouts that fit
     size_t nfit, cap;
     Tally invalid[64], over[MEM_NCAT];   // refusals by layout_error's rule; over the limit by largest category
     int ninvalid, nover;
@@ -312,17 +297,17 @@ typedef struct {
 } Search;
 
 // One layout: refused by layout_error, the same run as another, over the limit, or planned and timed.
-static void search_try(Search *s, Layout x) {
+static void search_try(Search *s, Candidate x) {
     x.id = s->tried++;
-    Args a = layout_args(s->base, &x, s->tokens);
+    Layout a = x.lay;
     char err[512], rule[160];
     if (layout_error(&a, s->c, s->world, err, sizeof(err))) {
         rule_of(err, rule, sizeof(rule));
         tally(s->invalid, &s->ninvalid, 64, rule);
         return;
     }
-    if (layout_same_as_another(&a, s->c, s->base->ce_chunk)) { s->same++; return; }
-    int w = plan_stages(&a, s->c, s->world, s->b, s->plans, s->shapes);
+    if (layout_same_as_another(&a, s->c, s->base.ce_chunk)) { s->same++; return; }
+    int w = plan_stages(&a, s->c, s->moe, s->world, s->b, s->plans, s->shapes);
     x.peak = (double)s->plans[w].peak_total + s->reserve;
     if (s->limit > 0 && x.peak > s->limit) {
         int big = 0;
@@ -331,7 +316,7 @@ static void search_try(Search *s, Layout x) {
         return;
     }
     x.t = plan_step_time(&a, s->c, s->world, &s->mc, s->shapes);
-    if (s->nfit == s->cap) { s->cap *= 2; s->fit = (Layout *)realloc_check(s->fit, s->cap * sizeof(Layout)); }
+    if (s->nfit == s->cap) { s->cap *= 2; s->fit = (Candidate *)realloc_check(s->fit, s->cap * sizeof(Candidate)); }
     s->fit[s->nfit++] = x;
 }
 
@@ -342,7 +327,7 @@ static void search_grid_kind(Search *s, int tp, int cp, int pp, int u) {
     static const char *recomputes[3] = {"none", "mlp", "full"};
     static const char *schedules[4] = {"1f1b", "gpipe", "zb", "interleaved"};
     int dp = s->world / (tp * cp * pp), nsched = pp > 1 ? 4 : 1, nsplit = pp > 1 ? 2 : 1;
-    int chunks[2] = {s->base->ce_chunk, 0}, nchunks = s->base->ce_chunk > 0 ? 2 : 1;
+    int chunks[2] = {s->base.ce_chunk, 0}, nchunks = s->base.ce_chunk > 0 ? 2 : 1;
     for (int ep = 1; ep <= (s->c->num_experts > 0 ? dp : 1); ep++) {
         if (dp % ep) { continue; }
         for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); zero++) {
@@ -350,11 +335,14 @@ static void search_grid_kind(Search *s, int tp, int cp, int pp, int u) {
                 for (int r = 0; r < 3; r++) {
                     for (int sc = 0; sc < nsched; sc++) {
                         for (int split = 0; split < nsplit; split++) {
-                            for (int B = 1; (long)B * s->base->T * dp <= s->tokens; B++) {
-                                if (s->tokens % ((long)B * s->base->T * dp)) { continue; }
+                            for (int B = 1; (long)B * s->base.T * dp <= s->tokens; B++) {
+                                if (s->tokens % ((long)B * s->base.T * dp)) { continue; }
                                 for (int k = 0; k < nchunks; k++) {
-                                    Layout x = {tp, cp, pp, sc == 3 ? 2 : 1, ep, zero, sp, B, chunks[k], schedules[sc],
-                                                split ? "auto" : NULL, recomputes[r], 0, {0}, 0, u};
+                                    Layout y = {B, s->base.T, (int)s->tokens, tp, sp, cp, u <= 1 ? "ring" : u == cp
+                                                ? "ulysses" : "hybrid", u > 1 && u < cp ? u : 0, pp, sc == 3 ? 2 : 1,
+                                                schedules[sc], split ? "auto" : NULL, -1, zero, ep, recomputes[r],
+                                                chunks[k], s->base.attention};
+                                    Candidate x = {y, 0, {0}, 0};
                                     search_try(s, x);
                                 }
                             }
@@ -381,7 +369,7 @@ static void search_heading(const Search *s) {
     snprintf(lim, sizeof(lim), s->limit > 0 ? "%.3g GiB" : "none", gib(s->limit));
     printf("layout search: L %d C %d NH %d Vp %d%s, %d ranks (nodes of %d), T %d, -d %ld tokens per step, %s; "
            "limit %s per rank%s\n", c->num_layers, c->channels, c->num_heads, c->padded_vocab_size,
-           c->num_experts ? " (MoE)" : "", s->world, mc->gpus_per_node, s->base->T, s->tokens, s->b.name, lim,
+           c->num_experts ? " (MoE)" : "", s->world, mc->gpus_per_node, s->base.T, s->tokens, s->b.name, lim,
            s->reserve > 0 ? " (1.00 GiB of it for the CUDA context and NCCL)" : "");
     printf("machine: %s: %.3g TFLOP/s GEMM, %.3g attention, %.3g GB/s memory, %.3g GB/s and %.3g us a call inside a "
            "node (all-to-all %.3g, %.3g; exchange %.3g, %.3g), %.3g and %.3g across, %.0f us per layer and micro-batch, collectives %.0f%% hidden beside compute%s\n",
@@ -399,14 +387,14 @@ static void search_heading(const Search *s) {
 // gathers with a pipeline or MoE layers are the bound, and MoE's counted dispatch assumes an even routing).
 static void search_lines(Search *s, size_t shown) {
     for (size_t i = 0; i < shown; i++) {
-        const Layout *x = &s->fit[i];
+        const Candidate *x = &s->fit[i];
         char flags[256], err[512];
-        layout_flags(x, flags, sizeof(flags));
+        layout_flags(&x->lay, flags, sizeof(flags));
         printf("search %zu %.0f %.6f %s\n", i + 1, x->peak, x->t.total, flags);
-        Args a = layout_args(s->base, x, s->tokens);
+        Layout a = x->lay;
         if (layout_error(&a, s->c, s->world, err, sizeof(err))) { fail("layout search: %s", err); }
-        int accum = a.total_batch / (a.B * a.T * a.dp);
-        plan_stages(&a, s->c, s->world, s->b, s->plans, s->shapes);
+        int accum = layout_accum(&a);
+        plan_stages(&a, s->c, s->moe, s->world, s->b, s->plans, s->shapes);
         for (int st = 0; st < a.pp; st++) {
             const CommShape *sh = &s->shapes[st];
             CommBytes cb = comm_step_bytes(sh, accum, comm_ep_rows_even(sh, accum), NULL);
@@ -421,7 +409,7 @@ static void search_lines(Search *s, size_t shown) {
 // more memory: the model gives the chunk no time), then why the others are not shown.
 static void search_report(Search *s) {
     const Machine *mc = &s->mc;
-    qsort(s->fit, s->nfit, sizeof(Layout), layout_faster);
+    qsort(s->fit, s->nfit, sizeof(Candidate), candidate_faster);
     search_heading(s);
     printf("%4s %10s %9s | %9s %8s %8s %8s %8s %8s %8s %8s | %s\n", "rank", "ms/step", "peak GiB", "compute",
            "bubble", "tp", "cp", "ep", "pp", "dp", "adamw", "flags (with -e, -t, -d as given)");
@@ -429,21 +417,22 @@ static void search_report(Search *s) {
     for (size_t i = 0; i < s->nfit && shown < SEARCH_TOP; i++) {
         int dom = 0;
         for (size_t j = 0; j < shown && !dom; j++) {
-            Layout y = s->fit[j];
-            y.ce_chunk = s->fit[i].ce_chunk;
-            dom = layout_same_choices(&y, &s->fit[i]) && s->fit[j].peak <= s->fit[i].peak;
+            Layout y = s->fit[j].lay;
+            y.ce_chunk = s->fit[i].lay.ce_chunk;
+            dom = layout_same_choices(&y, &s->fit[i].lay) && s->fit[j].peak <= s->fit[i].peak;
         }
         if (dom) { dominated++; continue; }
         s->fit[shown++] = s->fit[i];
     }
     for (size_t i = 0; i < shown; i++) {
-        const Layout *x = &s->fit[i];
+        const Candidate *x = &s->fit[i];
+        const Layout *y = &x->lay;
         char flags[256];
-        layout_flags(x, flags, sizeof(flags));
+        layout_flags(y, flags, sizeof(flags));
         printf("%4zu %10.2f %9.3f | %9.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f | %s\n", i + 1, x->t.total * 1e3,
                gib(x->peak), x->t.compute * 1e3, x->t.bubble * 1e3, x->t.tp * 1e3, x->t.cp * 1e3, x->t.ep * 1e3,
                x->t.pp * 1e3, x->t.dp * 1e3, x->t.optimizer * 1e3, flags);
-        int G = mc->gpus_per_node, tp_spans = x->tp > G, ep_spans = x->ep > 1 && (long)x->tp * x->cp * x->pp * x->ep > G;
+        int G = mc->gpus_per_node, tp_spans = y->tp > G, ep_spans = y->ep > 1 && (long)y->tp * y->cp * y->pp * y->ep > G;
         if (tp_spans || ep_spans) {
             printf("     warning: its %s group spans nodes of %d ranks: it runs at the network's bandwidth\n",
                    tp_spans ? "tp" : "ep", G);
@@ -465,17 +454,19 @@ static void search_report(Search *s) {
 }
 
 // --plan-search N: every grid of N ranks (tp x cp x pp x dp), each grid's layouts, then the report.
-static void plan_search(const Args *base, const ModelConfig *c, int world) {
+// base: the command line's layout; memory_limit: --memory-limit (0: none).
+static void plan_search(const Layout *base, const ModelConfig *c, MoEOptions moe, int world, PlanBuild b, Machine mc,
+                        double memory_limit) {
     Search s;
     memset(&s, 0, sizeof(s));
-    s.base = base; s.c = c; s.world = world;
+    s.base = *base; s.c = c; s.moe = moe; s.world = world;
     s.tokens = base->total_batch > 0 ? base->total_batch : (long)base->B * base->T * world;
-    s.b = plan_build(base);
-    s.mc = plan_machine(base);
-    s.limit = base->memory_limit > 0 ? base->memory_limit : 0;
+    s.b = b;
+    s.mc = mc;
+    s.limit = memory_limit > 0 ? memory_limit : 0;
     s.reserve = plan_reserve(s.b);
     s.cap = 1024;
-    s.fit = (Layout *)malloc_check(s.cap * sizeof(Layout));
+    s.fit = (Candidate *)malloc_check(s.cap * sizeof(Candidate));
     s.plans = (MemPlan *)malloc_check(world * sizeof(MemPlan));
     s.shapes = (CommShape *)malloc_check(world * sizeof(CommShape));
     double t0 = monotonic_seconds();

@@ -57,6 +57,12 @@
 
 typedef enum { SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_ZB } PipeSchedule;
 
+// --pp-schedule's name -> the schedule
+static PipeSchedule pipe_schedule(const char *name) {
+    return !strcmp(name, "gpipe") ? SCHEDULE_GPIPE : !strcmp(name, "interleaved") ? SCHEDULE_INTERLEAVED
+            : !strcmp(name, "zb") ? SCHEDULE_ZB : SCHEDULE_1F1B;
+}
+
 // The k-th forward (or backward) of a rank, k = 0 .. m*vpp-1: its model chunk and its micro-batch.
 // Groups of pp micro-batches pass chunk 0, then chunk 1, ...; the backward takes the chunks in reverse.
 static int schedule_chunk(int k, int pp, int vpp, int forward) {

@@ -9,7 +9,8 @@
 #include "utils.h"
 #include "alloc.h"
 #include "comm.h"
-#include "args.h"
+#include "layout.h"
+#include "moe.h"
 #include "run_dir.h"
 #include "global_norm.h"
 #include "expert_parallel.h"
@@ -18,10 +19,10 @@
 // ----------------------------------------------------------------------------
 // the start
 
-// The start-up lines (rank 0): the model, the MoE layers (moe_cap: assignments per expert and sequence; moe_El: experts
-// per ep rank), the batch and the layout.
-static void print_setup(const Args *a, const ModelConfig *c, Grid *g, size_t num_parameters, int moe_cap, int moe_El,
-                        int accum) {
+// The start-up lines (rank 0): the model, the MoE layers (mo: their options; moe_cap: assignments per expert and
+// sequence; moe_El: experts per ep rank), the batch and the layout a.
+static void print_setup(const Layout *lay, const ModelConfig *c, MoEOptions mo, Grid *g, size_t num_parameters,
+                        int moe_cap, int moe_El, int accum) {
     printf("model: L %d C %d NH %d V %d (padded %d) maxT %d, %zu parameters, %s\n", c->num_layers, c->channels,
            c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len, num_parameters, PRECISION_NAME);
     if (c->arch == ARCH_LLAMA) {
@@ -31,23 +32,22 @@ static void print_setup(const Args *a, const ModelConfig *c, Grid *g, size_t num
         if (c->pad_token >= 0) { printf(", padding token %d (no embedding gradient)", c->pad_token); }
         printf("\n");
     }
-    MoEOptions mo = moe_options(a, c);
     if (c->num_experts > 0) {
         printf("moe: %d of %d layers (every %d), %d experts of width %d + %d shared%s, top-%d of %s scores%s, capacity "
                "factor %.3f (%d per expert and sequence%s), drop %s, aux %g, z %g, bias rate %g; ep %d (%d experts per "
                "rank), edp %d\n", num_moe_layers(c), c->num_layers, c->moe_every, c->num_experts, c->expert_hidden,
                c->shared_experts, c->shared_gate ? " (gated)" : "", c->topk,
                c->router_score == ROUTER_SIGMOID ? "sigmoid" : "softmax", c->norm_topk ? "" : " (not renormalised)",
-               a->cap1000 / 1000.0, moe_cap,
-               a->cap1000 == 0 ? ", dropless" : "", a->drop_policy, mo.aux_coeff, mo.z_coeff, mo.bias_rate, g->ep, moe_El,
+               mo.cap1000 / 1000.0, moe_cap,
+               mo.cap1000 == 0 ? ", dropless" : "", mo.policy == DROP_POSITION ? "position" : "probs", mo.aux_coeff, mo.z_coeff, mo.bias_rate, g->ep, moe_El,
                g->edp_group.size);
     }
     char kind[48] = "";
-    if (cp_ulysses_degree(a) > 1) { snprintf(kind, sizeof(kind), " (%s, all-to-all in %d)", a->cp_kind, cp_ulysses_degree(a)); }
+    if (cp_ulysses_degree(lay) > 1) { snprintf(kind, sizeof(kind), " (%s, all-to-all in %d)", lay->cp_kind, cp_ulysses_degree(lay)); }
     printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, cp %d%s, pp %d (%s), "
-           "ce chunk %d, recompute %s\n", a->B, a->T, g->dp, accum, a->total_batch, a->zero, a->tp, a->sp ? " + sp" : "",
-           a->cp, kind, a->pp, a->pp_schedule, a->ce_chunk, a->recompute);
-    if (a->pp > 1) { print_layer_split(c, a->pp_layers, a->T, a->pp, a->vpp); }
+           "ce chunk %d, recompute %s\n", lay->B, lay->T, g->dp, accum, lay->total_batch, lay->zero, lay->tp, lay->sp ? " + sp" : "",
+           lay->cp, kind, lay->pp, lay->pp_schedule, lay->ce_chunk, lay->recompute);
+    if (lay->pp > 1) { print_layer_split(c, lay->pp_layers, lay->T, lay->pp, lay->vpp); }
 }
 
 // ----------------------------------------------------------------------------
@@ -146,24 +146,25 @@ static void log_step(int logf, const StepLine *s, const MoEStepLoad *moe) {
 // ----------------------------------------------------------------------------
 // the first step's reports
 
-// After the first step: bytes per group (--comm-report), memory per category and the activation
-// slots per pipeline stage (--memory-report; nslots: this rank's, of vpp model chunks).
-static void report_first_step(const Args *a, Grid *g, int nslots, int vpp, int accum) {
-    if (a->comm_report) {
+// After the first step: bytes per group (comm_reported: --comm-report), memory per category and the activation
+// slots per pipeline stage (memory_reported: --memory-report; nslots: this rank's, of vpp model chunks).
+static void report_first_step(const Layout *lay, int comm_reported, int memory_reported, Grid *g, int nslots, int vpp,
+                              int accum) {
+    if (comm_reported) {
         comm_report(g, 1, "first step");
-        if (g->rank == 0 && a->zero >= 2 && accum > 1) {
+        if (g->rank == 0 && lay->zero >= 2 && accum > 1) {
             printf("note: zero %d reduce-scatters the gradients after every micro-batch (%d per step) so that no full\n"
                    "      gradient outlives its unit's backward: dp traffic grows with accumulation, unlike stages "
-                   "0-1\n", a->zero, accum);
+                   "0-1\n", lay->zero, accum);
         }
     }
-    if (a->memory_report) {
+    if (memory_reported) {
         mem_report(g->rank, g->world_size, "after the first step");
         if (g->pp > 1) {   // 1F1B: pp - stage, GPipe: all of them; interleaved: (micro-batch, chunk) pairs
             int *alive = (int *)malloc_check(sizeof(int) * g->world_size);
             comm_host_gather(&g->world, &nslots, 1, alive, DT_INT, 0, "gather of the activation slots");
             if (g->rank == 0) {
-                printf("pipeline (%s, %d micro-batches): %s of activations alive per stage:", a->pp_schedule, accum,
+                printf("pipeline (%s, %d micro-batches): %s of activations alive per stage:", lay->pp_schedule, accum,
                        vpp > 1 ? "(micro-batch, model chunk) pairs" : "micro-batches");
                 for (int s = 0; s < g->pp; s++) { printf(" %d", alive[s * g->tp * g->cp]); }
                 printf("\n");
@@ -193,14 +194,14 @@ static void step_times_add(StepTimes *t, Grid *g, double ms, double wait_seconds
 
 // The pipeline bubble of each stage: time waiting on the neighbour stages / step time, averaged
 // over the timed steps, next to the ideal (pp-1)/(V*m+pp-1) (vpp = 1 but interleaved).
-static void report_bubble(const Args *a, Grid *g, double bubble_sum, int steps, int accum) {
+static void report_bubble(const Layout *lay, Grid *g, double bubble_sum, int steps, int accum) {
     double mine = bubble_sum / steps, *all = (double *)malloc_check(sizeof(double) * g->world_size);
     comm_host_gather(&g->world, &mine, 1, all, DT_DOUBLE, 0, "gather of the bubbles");
     if (g->rank == 0) {
-        int vpp = a->vpp;
+        int vpp = lay->vpp;
         printf("pipeline bubble (%s, %d micro-batches): measured time waiting on the neighbour stages / step time, "
                "ideal (pp-1)/(%sm+pp-1) = %.3f\n",
-               a->pp_schedule, accum, vpp > 1 ? "V*" : "", (double)(g->pp - 1) / (vpp * accum + g->pp - 1));
+               lay->pp_schedule, accum, vpp > 1 ? "V*" : "", (double)(g->pp - 1) / (vpp * accum + g->pp - 1));
         // (tp 0, dp 0) rank of each stage
         for (int s = 0; s < g->pp; s++) {
             printf("  stage %d: %.3f\n", s, all[s * g->tp]);
@@ -254,18 +255,19 @@ static void report_all_to_all(Grid *g, const StepTimes *t) {
 // At the end of a run that timed steps: the average step; with --comm-report the pipeline's bubble and measured
 // costs (stage_costs: this rank's part, pipeline_costs_report), each group's exposed communication; the
 // all-to-alls' share when timed.
-static void report_times(const Args *a, Grid *g, const StepTimes *t, int accum, int vpp, double *stage_costs,
-                         const ModelConfig *c, int time_a2a) {
+// comm_reported: --comm-report; output_dir: -o (pipeline_costs.txt; NULL: none).
+static void report_times(const Layout *lay, int comm_reported, const char *output_dir, Grid *g, const StepTimes *t,
+                         int accum, int vpp, double *stage_costs, const ModelConfig *c, int time_a2a) {
     if (t->steps == 0) { return; }
     if (g->rank == 0) {
         printf("average step: %.1f ms, %.0f tok/s\n", t->total_ms / t->steps,
-               a->total_batch / (t->total_ms / t->steps / 1e3));
+               lay->total_batch / (t->total_ms / t->steps / 1e3));
     }
-    if (a->comm_report && g->pp > 1) {
-        report_bubble(a, g, t->bubble, t->steps, accum);
-        pipeline_costs_report(stage_costs, c, g, vpp, a->pp_layers, a->B, a->T, a->output_dir);
+    if (comm_reported && g->pp > 1) {
+        report_bubble(lay, g, t->bubble, t->steps, accum);
+        pipeline_costs_report(stage_costs, c, g, vpp, lay->pp_layers, lay->B, lay->T, output_dir);
     }
-    if (a->comm_report) { report_exposed(g, t); }
+    if (comm_reported) { report_exposed(g, t); }
     if (time_a2a) { report_all_to_all(g, t); }
 }
 

@@ -168,7 +168,7 @@ static void test_model_resumed(TestRun *t, Model *m, DataLoader *dl, Rng *rng, c
           c.num_experts, c.topk, c.moe_every);
     test_model(t, m, &c, params, dl);
     free(params);
-    load_state(m, dir, step, dl, rng, t->args.total_batch);
+    load_state(m, dir, step, dl, rng, t->args.layout.total_batch);
 }
 
 // Same layout: a fresh model trains to step RESUME_STEP, checkpoints into dir, and goes on; a model
@@ -212,7 +212,7 @@ static void check_resume(TestRun *t, const char *dir) {
         StepResult r = gpt2_update(&run, &t->opt, lr_at(&t->sched, s), s);
         uninterrupted[s] = r.loss; norms[s] = r.norm;
         if (dump) { d.norm = r.norm; }
-        if (s + 1 == RESUME_STEP) { save_checkpoint(&run, dir, RESUME_STEP, &dl, &rng, t->args.total_batch, 0, t->ref.nsteps); }
+        if (s + 1 == RESUME_STEP) { save_checkpoint(&run, dir, RESUME_STEP, &dl, &rng, t->args.layout.total_batch, 0, t->ref.nsteps); }
     }
     if (my_rank == 0) {
         write_step_dump(t, dir, &d, uninterrupted + RESUME_STEP, norms + RESUME_STEP, nsteps - RESUME_STEP);
