@@ -600,6 +600,43 @@ static void check_model(TestRun *t, const TestFlags *f, const ModelConfig *ref_c
     if (f->resume_dir) { check_resume(t, f->resume_dir); }
 }
 
+// --bad-file-on-rank: rank bad_rank reads a model file that does not exist while the others wait in a barrier (its
+// failure must end them all); if no rank failed, rank 0 says so. Finalizes MPI; returns main's exit status (1).
+static int check_bad_file_on_rank(int bad_rank) {
+    if (my_rank == bad_rank) { ModelConfig c; read_model_file("/nonexistent/model.bin", &c); }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (my_rank == 0) { printf("--bad-file-on-rank %d: no rank failed?\n", bad_rank); }
+    MPI_Finalize();
+    return 1;
+}
+
+// The checks the flags ask for: the comm layer, the CPU fast paths, the gradient tolerances or the pipeline
+// schedules alone, else the model against the reference (or a resume from a run's checkpoint).
+static void run_checks(TestRun *t, const TestFlags *f, const ModelConfig *ref_config, const float *ref_params) {
+    Args *args = &t->args;
+    if (f->check_layer) {   // the comm layer alone, on the grid of --tp/--pp (any world size they divide)
+        if (t->world % (args->layout.tp * args->layout.pp)) { fail_all(my_rank, "world %d is not divisible by tp*pp", t->world); }
+        grid_init(&t->grid, args->layout.tp, 1, args->layout.pp, 1);
+        check_comm_layer(&t->grid);
+    } else if (f->check_attention) {   // the CPU attention (and MoE router, capacity) fast paths against their loops
+        grid_init(&t->grid, 1, 1, 1, 1);
+        check_attention();
+#ifndef USE_CUDA
+        check_moe_cpu();
+#endif
+    } else if (f->check_tolerance) {   // the bf16 gradient tolerances on the reference (host code, any rank)
+        grid_init(&t->grid, 1, 1, 1, 1);
+        check_tolerance(ref_config, t->ref.grads, f->bf16_grads);
+    } else if (f->check_schedules) {   // the pipeline schedules' message order (host logic, any rank)
+        grid_init(&t->grid, 1, 1, 1, 1);
+        if (my_rank == 0) { check_schedules(); }
+    } else {
+        test_setup(t, f->ref_dir, ref_config, ref_params);
+        if (f->resume_from) { check_resume_from(t, f->resume_from, f->mutation); }
+        else { check_model(t, f, ref_config, ref_params); }
+    }
+}
+
 int main(int argc, char **argv) {
     backend_env_before_init();    // (CUDA: before any context exists)
     mpi_init(&argc, &argv);
@@ -622,11 +659,7 @@ int main(int argc, char **argv) {
     read_ref_moe(f.ref_dir, &t.rmoe);
     if (f.bad_rank >= 0) {
         // one rank meets a bad file while the others wait in a collective: all must exit, none hang
-        if (my_rank == f.bad_rank) { ModelConfig c; read_model_file("/nonexistent/model.bin", &c); }
-        MPI_Barrier(MPI_COMM_WORLD);
-        if (my_rank == 0) { printf("--bad-file-on-rank %d: no rank failed?\n", f.bad_rank); }
-        MPI_Finalize();
-        return 1;
+        return check_bad_file_on_rank(f.bad_rank);
     }
     Args *args = &t.args;
     default_args(args);
@@ -635,27 +668,7 @@ int main(int argc, char **argv) {
     args->sample_every = 0;   // (test_gpt does not sample: the MoE buffers are sized for the capacity)
     agree_on_args(args, my_rank, t.world);
     attention_path = attention_path_of(args->layout.attention);
-    if (f.check_layer) {   // the comm layer alone, on the grid of --tp/--pp (any world size they divide)
-        if (t.world % (args->layout.tp * args->layout.pp)) { fail_all(my_rank, "world %d is not divisible by tp*pp", t.world); }
-        grid_init(&t.grid, args->layout.tp, 1, args->layout.pp, 1);
-        check_comm_layer(&t.grid);
-    } else if (f.check_attention) {   // the CPU attention (and MoE router, capacity) fast paths against their loops
-        grid_init(&t.grid, 1, 1, 1, 1);
-        check_attention();
-#ifndef USE_CUDA
-        check_moe_cpu();
-#endif
-    } else if (f.check_tolerance) {   // the bf16 gradient tolerances on the reference (host code, any rank)
-        grid_init(&t.grid, 1, 1, 1, 1);
-        check_tolerance(&ref_config, t.ref.grads, f.bf16_grads);
-    } else if (f.check_schedules) {   // the pipeline schedules' message order (host logic, any rank)
-        grid_init(&t.grid, 1, 1, 1, 1);
-        if (my_rank == 0) { check_schedules(); }
-    } else {
-        test_setup(&t, f.ref_dir, &ref_config, ref_params);
-        if (f.resume_from) { check_resume_from(&t, f.resume_from, f.mutation); }
-        else { check_model(&t, &f, &ref_config, ref_params); }
-    }
+    run_checks(&t, &f, &ref_config, ref_params);
     int counts[2] = {n_passed, n_failed};
     MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (my_rank == 0) { printf("%d passed, %d failed\n", counts[0], counts[1]); }

@@ -463,11 +463,58 @@ static void comm_p2p_launch(Group *g, const P2POp *ops, int nops, DType t, CommR
     else { comm_stream_end(g, NULL); }
 }
 #else
+// comm_p2p's MPI receives: each receive's record (into ids from *nid on), then its pieces posted (MPI_Irecv, into
+// recv_req). Returns the number of requests posted.
+static int comm_p2p_post_recvs(Group *g, const P2POp *ops, int nops, DType t, MPI_Request *recv_req, uint64_t *ids,
+                               int *nid) {
+    size_t es = comm_type_size(t);
+    int nr = 0;
+    for (int i = 0; i < nops; i++) {   // the receives first: a send then finds its receive posted
+        if (!ops[i].send) { ids[(*nid)++] = comm_record(g, FL_RECV, ops[i].peer, ops[i].n, t, ops[i].kind); }
+        for (size_t o = 0, c; !ops[i].send && o < ops[i].n; o += c) {
+            c = comm_piece(ops[i].n, o);
+            MPI_Irecv((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, 0, g->mpi,
+                      &recv_req[nr++]);
+        }
+    }
+    return nr;
+}
+
+// comm_p2p's MPI sends (synchronous: MPI_Issend), in the order of ops (reversed under TRAIN_GPT_REVERSE_SENDS): each
+// send's record (into ids from *nid on), then its pieces posted (into send_req). Returns the number of requests posted.
+static int comm_p2p_post_sends(Group *g, const P2POp *ops, int nops, DType t, MPI_Request *send_req, uint64_t *ids,
+                               int *nid) {
+    size_t es = comm_type_size(t);
+    int ns = 0;
+    int reverse = test_hook_reverse_sends();
+    for (int k = 0; k < nops; k++) {
+        int i = reverse ? nops - 1 - k : k;
+        if (ops[i].send) { ids[(*nid)++] = comm_record(g, FL_SEND, ops[i].peer, ops[i].n, t, ops[i].kind); }
+        for (size_t o = 0, c; ops[i].send && o < ops[i].n; o += c) {
+            c = comm_piece(ops[i].n, o);
+            MPI_Issend((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, 0, g->mpi,
+                       &send_req[ns++]);
+        }
+    }
+    return ns;
+}
+
+// The caller's requests (out: n of them, one per message) take over the n posted MPI requests (req), their messages'
+// records (ids) marked posted with them: complete when the caller's comm_wait says so.
+static void comm_p2p_hand_over(Group *g, CommRequest *out, const MPI_Request *req, const uint64_t *ids, int n) {
+    for (int i = 0; i < n; i++) {
+        comm_mark(&out[i], g);
+        out[i].req = req[i];
+        out[i].active = 1;
+        out[i].move_bytes = 0;
+        comm_posted(g, ids[i], &out[i]);
+    }
+}
+
 // comm_p2p's MPI path: the receives posted, then the sends (synchronous sends), in pieces of at most
 // COMM_HOST_CHUNK elements.
 static void comm_p2p_launch(Group *g, const P2POp *ops, int nops, DType t, CommRequest *sends, CommRequest *recvs, int nrecv) {
     (void)nrecv;
-    size_t es = comm_type_size(t);
     size_t pieces = 0;   // a message of more than COMM_HOST_CHUNK elements goes in pieces (then it completes here)
     for (int i = 0; i < nops; i++) { pieces += (ops[i].n + COMM_HOST_CHUNK - 1) / COMM_HOST_CHUNK; }
     if (pieces > (size_t)nops) {   // (blocking: the caller's requests say there is nothing to wait for)
@@ -479,48 +526,20 @@ static void comm_p2p_launch(Group *g, const P2POp *ops, int nops, DType t, CommR
     }
     MPI_Request *recv_req = (MPI_Request *)malloc_check(sizeof(MPI_Request) * (pieces + 1)), *send_req = recv_req;
     uint64_t *ids = (uint64_t *)malloc_check(sizeof(uint64_t) * (nops + 1));   // each message's record, as posted
-    int nr = 0, ns = 0, nid = 0;
-    for (int i = 0; i < nops; i++) {   // the receives first: a send then finds its receive posted
-        if (!ops[i].send) { ids[nid++] = comm_record(g, FL_RECV, ops[i].peer, ops[i].n, t, ops[i].kind); }
-        for (size_t o = 0, c; !ops[i].send && o < ops[i].n; o += c) {
-            c = comm_piece(ops[i].n, o);
-            MPI_Irecv((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, 0, g->mpi,
-                      &recv_req[nr++]);
-        }
-    }
+    int nid = 0;
+    int nr = comm_p2p_post_recvs(g, ops, nops, t, recv_req, ids, &nid);
     send_req = recv_req + nr;
     int nrid = nid;   // (ids: the receives' records, then the sends')
-    int reverse = test_hook_reverse_sends();
-    for (int k = 0; k < nops; k++) {
-        int i = reverse ? nops - 1 - k : k;
-        if (ops[i].send) { ids[nid++] = comm_record(g, FL_SEND, ops[i].peer, ops[i].n, t, ops[i].kind); }
-        for (size_t o = 0, c; ops[i].send && o < ops[i].n; o += c) {
-            c = comm_piece(ops[i].n, o);
-            MPI_Issend((char *)ops[i].buf + o * es, (int)c, mpi_type(t), ops[i].peer, 0, g->mpi,
-                       &send_req[ns++]);
-        }
-    }
+    int ns = comm_p2p_post_sends(g, ops, nops, t, send_req, ids, &nid);
     test_hook_stall("exchange", -1);
     if (sends && recvs) {   // (requests given: no pieces, so one per message, in the order of ids)
-        for (int i = 0; i < nr; i++) {
-            comm_mark(&recvs[i], g);
-            recvs[i].req = recv_req[i];
-            recvs[i].active = 1;
-            recvs[i].move_bytes = 0;
-            comm_posted(g, ids[i], &recvs[i]);
-        }
+        comm_p2p_hand_over(g, recvs, recv_req, ids, nr);
     } else {
         MPI_Waitall(nr, recv_req, MPI_STATUSES_IGNORE);
         for (int i = 0; i < nrid; i++) { comm_posted(g, ids[i], NULL); }
     }
     if (sends) {
-        for (int i = 0; i < ns; i++) {
-            comm_mark(&sends[i], g);
-            sends[i].req = send_req[i];
-            sends[i].active = 1;
-            sends[i].move_bytes = 0;
-            comm_posted(g, ids[nrid + i], &sends[i]);
-        }
+        comm_p2p_hand_over(g, sends, send_req, ids + nrid, ns);
     } else {
         MPI_Waitall(ns, send_req, MPI_STATUSES_IGNORE);
         for (int i = nrid; i < nid; i++) { comm_posted(g, ids[i], NULL); }

@@ -544,6 +544,52 @@ static int fd_stuck(const RankRing *r) {
            (r->state == FD_GONE && !waited && r->h.end != FL_FINISHED);
 }
 
+// The next rank on fd_chain's path (path: np ranks) among the nb blockers of its last rank (have: what each has
+// posted or received): one already on the path (a deadlock: *cycle set), else one in no call (a cause), else the
+// first. *got: what the next one has.
+static int fd_next_on_chain(const Rings *rs, const int *path, int np, const int *blockers, const uint32_t *have,
+                            int nb, uint32_t *got, int *cycle) {
+    int next = blockers[0];
+    *cycle = 0;
+    *got = have[0];
+    for (int i = 0; i < nb; i++) {
+        int on_path = 0;
+        for (int j = 0; j < np; j++) { on_path |= path[j] == blockers[i]; }
+        if (on_path || (!*cycle && rs->r[blockers[i]].wait < 0)) {
+            next = blockers[i];
+            *got = have[i];
+            *cycle = on_path;
+        }
+        if (*cycle) { break; }
+    }
+    return next;
+}
+
+// One link of fd_chain's line: rank a (np-th on the path) waits in its call A->rec[A->wait], for the nb blockers
+// (a message: its peer, which has got; a collective: the ranks that never entered it). Returns whether the next
+// rank is to be named "it" (a collective's single blocker).
+static int fd_say_link(Line *l, const RankRing *A, int a, int np, int pronoun, const int *blockers, int nb,
+                       uint32_t got, int *said) {
+    const FlightRecord *x = &A->rec[A->wait];
+    int message = flight_is_message(x->op);
+    if (np == 1 && !message) {
+        fd_ranks(l, blockers, nb);
+        fd_put(l, " never entered ");
+        fd_call(l, A, x);
+        pronoun = nb == 1;
+    } else {
+        if (np == 1) { fd_put(l, "rank %d waits in ", a); }
+        else if (pronoun) { fd_put(l, ": it waits in "); }
+        else { fd_put(l, ": rank %d waits in ", a); }
+        fd_call(l, A, x);
+        said[a] = 1;
+        if (message) { fd_put(l, ", which %s %u", x->op == FL_SEND ? "received" : "sent", got); }
+        else { fd_put(l, ", which "); fd_ranks(l, blockers, nb); fd_put(l, " never entered"); }
+        pronoun = !message && nb == 1;
+    }
+    return pronoun;
+}
+
 // From rank start's waiting call, whom it waits for, and so on: the cause at the chain's end (a rank in no call,
 // stopped or gone), or a deadlock (the chain comes back to a rank). 0 if the chain names no one (every member of
 // start's call posted it). "it" is the rank just named as the one that never entered a call; after a message, its
@@ -576,34 +622,10 @@ static int fd_chain(const Rings *rs, int start, Line *l, int *said) {
             return 1;
         }
         // the next rank: one already on the chain (a deadlock), else one in no call (a cause), else the first
-        int next = blockers[0], cycle = 0;
-        uint32_t got = have[0];
-        for (int i = 0; i < nb; i++) {
-            int on_path = 0;
-            for (int j = 0; j < np; j++) { on_path |= path[j] == blockers[i]; }
-            if (on_path || (!cycle && rs->r[blockers[i]].wait < 0)) {
-                next = blockers[i];
-                got = have[i];
-                cycle = on_path;
-            }
-            if (cycle) { break; }
-        }
-        int message = flight_is_message(x->op);
-        if (np == 1 && !message) {
-            fd_ranks(l, blockers, nb);
-            fd_put(l, " never entered ");
-            fd_call(l, A, x);
-            pronoun = nb == 1;
-        } else {
-            if (np == 1) { fd_put(l, "rank %d waits in ", a); }
-            else if (pronoun) { fd_put(l, ": it waits in "); }
-            else { fd_put(l, ": rank %d waits in ", a); }
-            fd_call(l, A, x);
-            said[a] = 1;
-            if (message) { fd_put(l, ", which %s %u", x->op == FL_SEND ? "received" : "sent", got); }
-            else { fd_put(l, ", which "); fd_ranks(l, blockers, nb); fd_put(l, " never entered"); }
-            pronoun = !message && nb == 1;
-        }
+        int cycle;
+        uint32_t got;
+        int next = fd_next_on_chain(rs, path, np, blockers, have, nb, &got, &cycle);
+        pronoun = fd_say_link(l, A, a, np, pronoun, blockers, nb, got, said);
         if (cycle) {
             fd_put(l, ": a deadlock, these ranks wait on each other (a call skipped, calls made in different orders, "
                       "or a send without its receive)");

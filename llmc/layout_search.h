@@ -43,9 +43,9 @@ static int lever_order(const void *x, const void *y) {
     return a->seconds < b->seconds ? -1 : a->seconds > b->seconds;
 }
 
-// The single levers that apply to layout a (world and -d fixed), planned; without one that fits, pairs.
-static int plan_levers(const Layout *lay, const ModelConfig *c, MoEOptions moe, int world, PlanBuild b,
-                       const Machine *mc, double limit, Lever *out, int pairs_of) {
+// The single levers that apply to layout lay (world and -d fixed), planned, into out; returns their number.
+static int plan_single_levers(const Layout *lay, const ModelConfig *c, MoEOptions moe, int world, PlanBuild b,
+                              const Machine *mc, double limit, Lever *out) {
     int n = 0;
     #define LEVER(cond, k, what, change) do { \
         if (cond) { \
@@ -87,6 +87,13 @@ static int plan_levers(const Layout *lay, const ModelConfig *c, MoEOptions moe, 
     }
     if (c->num_experts > 0) { snprintf(w, sizeof(w), "--ep %d", 2 * lay->ep); LEVER(1, LV_EP, w, x->ep = 2 * lay->ep); }
     #undef LEVER
+    return n;
+}
+
+// The single levers that apply to layout lay (world and -d fixed), planned; without one that fits, pairs.
+static int plan_levers(const Layout *lay, const ModelConfig *c, MoEOptions moe, int world, PlanBuild b,
+                       const Machine *mc, double limit, Lever *out, int pairs_of) {
+    int n = plan_single_levers(lay, c, moe, world, b, mc, limit, out);
     if (pairs_of) {   // no single lever fits: each pair of two kinds (the second applied on top of the first), once
         int singles = n;
         for (int i = 0; i < singles; i++) {

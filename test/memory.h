@@ -129,47 +129,29 @@ static double zb_store_formula(Model *m, int accum, double Rr) {
     return wstore;
 }
 
-// The activations (per micro-batch alive, and the recompute scratch) against their formula.
-static void check_memory_activations(Model *m, int accum) {
+// The bytes that every layer stores per micro-batch alive: the LayerNorm/residual tensors on BTs tokens, qkv and the
+// attention output on BT tokens, the attention lse (BT, NH/tp); with QK-norm, q's and k's rows before the norm and
+// their scales.
+static double layer_core_bytes(Model *m) {
     const ModelConfig *c = &m->config;
-    int Ls = m->Ls, nmoe = stage_moe_layers(m);
     double X = sizeof(floatX), BT = m->BT, BTs = m->BTs, C = c->channels, Cl = m->Cl;
-    // activations, per micro-batch alive (1F1B: pp - stage of them, GPipe: all): the LayerNorm/residual
-    // parts on BTs tokens (BT/tp with SP), the rest on BT tokens; lnf and its gradient on the last stage;
-    // a dense layer's MLP stores fc and GELU (BT, 4Cl); a MoE layer its routing and, for the Rr rows its
-    // experts may receive, their input, fc and GELU (Rr, H/tp), and for the Rs rows it may send, their outputs;
-    // with shared experts their fc and GELU (BT, S*H/tp)
-    double Rs, Rr, E = c->num_experts, k = c->topk;
-    dispatch_rows_bound(m, &Rs, &Rr);
-    // per layer: the LayerNorm/residual tensors, qkv and attention output, the attention lse; a dense
-    // layer's fc and GELU outputs; a MoE layer's routing and expert rows, and its experts' fc and GELU
-    // (Llama: RMSNorm keeps no mean; qkv rows of NH/tp query and KV/tp kv heads; SwiGLU's fc output [gate | up]
-    // 2F/tp, its activation F/tp; GPT-2: 3C/tp, 4C/tp and 4C/tp)
+    // (Llama: RMSNorm keeps no mean; qkv rows of NH/tp query and KV/tp kv heads)
     // (QK-norm: q's and k's rows before the norm and their two scales per token)
     // (cp's all-to-all over U ranks leaves the head shard's qkv stored: with fewer kv heads per tp rank than U, each
     // replicated U/KV times, the rows NH/tp + 2U heads wide)
     int llama = c->arch == ARCH_LLAMA, tp = m->grid->tp, U = m->cpring.U, KVl = c->kv_heads / tp;
-    double hs = C / c->num_heads, Fl = (double)c->ffn_hidden / tp;
+    double hs = C / c->num_heads;
     double qkv = ((double)c->num_heads / tp + 2.0 * (KVl % U == 0 ? KVl : U)) * hs;
     double core = X * 3.0 * BTs * C + 4.0 * (llama ? 2.0 : 4.0) * BTs + X * BT * (qkv + Cl) + 4.0 * BT * m->NHl;
     if (c->qk_norm) { core += X * BT * ((double)c->num_heads / tp + KVl) * hs + 4.0 * 2 * BT; }   // (q, k raw; scales)
-    // (a MoE layer: SwiGLU experts keep [gate | up] and their output, GELU ones fc and GELU; Qwen2-MoE's shared gate
-    // one float per token)
-    double hw = llama ? 3.0 : 2.0, sgate = c->shared_gate ? 4.0 * BT : 0;
-    double dense_fc = X * BT * hw * Fl, route = 4.0 * (BT * E + BT + 4 * BT * k + m->B * E) + X * (Rr * C + Rs * C) + sgate;
-    double hidden = X * hw * (Rr * m->moe.Hl + BT * m->moe.SHl), Ld = Ls - nmoe;
-    // --recompute: what is recomputed is not stored per micro-batch; one layer of it lives in a scratch
-    double scratch;
-    if (m->recompute == RECOMPUTE_NONE) { scratch = 0; }
-    else if (m->recompute == RECOMPUTE_MLP) { scratch = (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? hidden : 0); }
-    else { scratch = (Ls > 0 ? core : 0) + (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? route + hidden : 0); }
-    int vpp = m->vpp;
-    check_memory_slots(m, accum);
-    double wstore = zb_store_formula(m, accum, Rr);
-    check(m->pipe.peak == m->pipe.nslots, "memory: the step run had %d pairs alive at once, the %d slots",
-          m->pipe.peak, m->pipe.nslots);
-    // a slot holds any chunk of the stage: the largest chunk's layers, a dense layer's fc at as many
-    // positions as the most dense layers of a chunk, a MoE layer's tensors at each position where a chunk has one
+    return core;
+}
+
+// The shape of a slot, which holds any chunk of the stage: the largest chunk's layers (Lmax), the most dense layers
+// of a chunk (Ldmax), the layer positions where some chunk has a MoE layer (nmoe_pos).
+static void slot_layer_counts(Model *m, int *Lmax_out, int *Ldmax_out, int *nmoe_pos_out) {
+    const ModelConfig *c = &m->config;
+    int Ls = m->Ls, vpp = m->vpp;
     int Lmax = 0, Ldmax = 0, nmoe_pos = 0;
     for (int l = 0, any; l < Ls; l++) {
         any = 0;
@@ -185,6 +167,47 @@ static void check_memory_activations(Model *m, int accum) {
         if (Lc > Lmax) { Lmax = Lc; }
         if (Ldc > Ldmax) { Ldmax = Ldc; }
     }
+    *Lmax_out = Lmax;
+    *Ldmax_out = Ldmax;
+    *nmoe_pos_out = nmoe_pos;
+}
+
+// The activations (per micro-batch alive, and the recompute scratch) against their formula.
+static void check_memory_activations(Model *m, int accum) {
+    const ModelConfig *c = &m->config;
+    int Ls = m->Ls, nmoe = stage_moe_layers(m);
+    double X = sizeof(floatX), BT = m->BT, BTs = m->BTs, C = c->channels;
+    // activations, per micro-batch alive (1F1B: pp - stage of them, GPipe: all): the LayerNorm/residual
+    // parts on BTs tokens (BT/tp with SP), the rest on BT tokens; lnf and its gradient on the last stage;
+    // a dense layer's MLP stores fc and GELU (BT, 4Cl); a MoE layer its routing and, for the Rr rows its
+    // experts may receive, their input, fc and GELU (Rr, H/tp), and for the Rs rows it may send, their outputs;
+    // with shared experts their fc and GELU (BT, S*H/tp)
+    double Rs, Rr, E = c->num_experts, k = c->topk;
+    dispatch_rows_bound(m, &Rs, &Rr);
+    // per layer: the LayerNorm/residual tensors, qkv and attention output, the attention lse (layer_core_bytes); a
+    // dense layer's fc and GELU outputs; a MoE layer's routing and expert rows, and its experts' fc and GELU
+    // (SwiGLU's fc output [gate | up] 2F/tp, its activation F/tp; GPT-2: 3C/tp, 4C/tp and 4C/tp)
+    int llama = c->arch == ARCH_LLAMA, tp = m->grid->tp;
+    double Fl = (double)c->ffn_hidden / tp;
+    double core = layer_core_bytes(m);
+    // (a MoE layer: SwiGLU experts keep [gate | up] and their output, GELU ones fc and GELU; Qwen2-MoE's shared gate
+    // one float per token)
+    double hw = llama ? 3.0 : 2.0, sgate = c->shared_gate ? 4.0 * BT : 0;
+    double dense_fc = X * BT * hw * Fl, route = 4.0 * (BT * E + BT + 4 * BT * k + m->B * E) + X * (Rr * C + Rs * C) + sgate;
+    double hidden = X * hw * (Rr * m->moe.Hl + BT * m->moe.SHl), Ld = Ls - nmoe;
+    // --recompute: what is recomputed is not stored per micro-batch; one layer of it lives in a scratch
+    double scratch;
+    if (m->recompute == RECOMPUTE_NONE) { scratch = 0; }
+    else if (m->recompute == RECOMPUTE_MLP) { scratch = (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? hidden : 0); }
+    else { scratch = (Ls > 0 ? core : 0) + (Ld > 0 ? dense_fc : 0) + (nmoe > 0 ? route + hidden : 0); }
+    check_memory_slots(m, accum);
+    double wstore = zb_store_formula(m, accum, Rr);
+    check(m->pipe.peak == m->pipe.nslots, "memory: the step run had %d pairs alive at once, the %d slots",
+          m->pipe.peak, m->pipe.nslots);
+    // a slot holds any chunk of the stage: the largest chunk's layers, a dense layer's fc at as many
+    // positions as the most dense layers of a chunk, a MoE layer's tensors at each position where a chunk has one
+    int Lmax, Ldmax, nmoe_pos;
+    slot_layer_counts(m, &Lmax, &Ldmax, &nmoe_pos);
     // the residual stream, lnf (last stage), tokens (first stage) and targets (last stage)
     double stage = X * (Lmax + 1) * BTs * C + (m->last ? X * 2 * BTs * C + 4.0 * (llama ? 1 : 2) * BTs
                                                : 0) + 4.0 * BT * (m->first + m->last);

@@ -123,6 +123,135 @@ static int route_token_moved(const int *ch, const int *kp, const int *rch, const
     return same_set;
 }
 
+// The tallies of compare_routing's second pass: the tokens compared, those whose choice differs, those not compared
+// (after a token routed otherwise upstream); the (layer, sequence) pairs compared, skipped, and those that differ;
+// the tokens whose choice differs (every token); the keeps that differ with the same choices, and those of them
+// without a cause the margins allow; the largest margin of a compared choice that differs.
+typedef struct {
+    long tok_compared, tok_differ, tok_downstream, seq_compared, seq_skipped, seq_differ, flips, keep_differ,
+        keep_unexplained;
+    float flip_margin;
+} RouteTally;
+
+// compare_routing's first pass on one row: row b of a micro-batch's log entry (choice, keep: (BT, k)) of MoE layer
+// gm, the reference's row g. Lowers first[gm][g] to the first position whose choice or keep differs (first: (Lm, R))
+// and marks in changed[gm][g] (changed: (Lm, R, E)) the experts of a choice that differs, ours and the reference's.
+static void route_row_first_diff(const Model *m, const RefMoE *r, const int *choice, const int *keep, int gm, int b,
+                                 int g, int *first, int *changed) {
+    int T = m->T, Tg = r->T, k = m->config.topk, E = m->config.num_experts, R = r->R;
+    size_t mine = (size_t)b * T * k, ref = (((size_t)gm * R + g) * Tg) * k;
+    int *chg = changed + ((size_t)gm * R + g) * E;
+    int *f = &first[(size_t)gm * R + g];
+    for (int t = 0; t < T; t++) {
+        int pos = seq_pos(m->seqpos, t);
+        const int *ch = choice + mine + (size_t)t * k, *rch = r->choice + ref + (size_t)pos * k;
+        int list = memcmp(ch, rch, k * sizeof(int)) != 0;
+        for (int q = 0; q < k && list; q++) {
+            if (ch[q] >= 0 && ch[q] < E) { chg[ch[q]] = 1; }
+            chg[rch[q]] = 1;
+        }
+        if (list || memcmp(keep + mine + (size_t)t * k, r->keep + ref + (size_t)pos * k,
+                           k * sizeof(int))) { *f = pos < *f ? pos : *f; }
+    }
+}
+
+// compare_routing's second pass on one row's tokens (the row as route_row_first_diff; chg: changed[gm][g], E;
+// upstream: the first position routed otherwise in an earlier MoE layer, Tg if none): each choice against the
+// reference's, the keeps that differ with the same choices and whether a cause allows them, the assignments
+// moved (into d, on tp rank 0), tallied into s. Returns whether nothing upstream differs and every compared
+// token's top-k margin is clear.
+static int route_row_tokens(const Model *m, const RefMoE *r, const int *choice, const int *keep, int gm, int b,
+                            int g, const int *chg, int upstream, RouteDiff *d, RouteTally *s) {
+    const ModelConfig *c = &m->config;
+    int T = m->T, Tg = r->T, k = c->topk, E = c->num_experts, R = r->R;
+    size_t mine = (size_t)b * T * k, ref = (((size_t)gm * R + g) * Tg) * k;
+    int clear = upstream == Tg;
+    for (int t = 0; t < T; t++) {
+        int pos = seq_pos(m->seqpos, t);
+        float margin = r->topk_margin[((size_t)gm * R + g) * Tg + pos];
+        const int *ch = choice + mine + (size_t)t * k, *kp = keep + mine + (size_t)t * k;
+        const int *rch = r->choice + ref + (size_t)pos * k, *rkp = r->keep + ref + (size_t)pos * k;
+        int same = !memcmp(ch, rch, k * sizeof(int));
+        s->flips += !same;
+        if (m->grid->tp_rank == 0) {
+            route_token_moved(ch, kp, rch, rkp, k, E, c->norm_topk && k > 1, d->moved + (size_t)gm * E);
+        }
+        for (int q = 0; q < k && same; q++) {   // a keep that differs with the same choices: its cause
+            if ((kp[q] != 0) == (rkp[q] != 0)) { continue; }
+            s->keep_differ++;
+            s->keep_unexplained += upstream == Tg && !chg[ch[q]] &&
+                                   !(r->cap_margin[((size_t)gm * R + g) * E + ch[q]] <= ROUTE_MARGIN);
+        }
+        if (pos >= upstream) { s->tok_downstream++; continue; }
+        if (margin > ROUTE_MARGIN) { s->tok_compared++; s->tok_differ += !same; } else { clear = 0; }
+        if (!same && margin > s->flip_margin) { s->flip_margin = margin; }
+    }
+    return clear;
+}
+
+// compare_routing's second pass on one row (as route_row_first_diff; first and changed: every rank's): its tokens
+// (route_row_tokens), then the (layer, sequence) whole, choices and keep masks, when every margin of its decisions
+// is clear and nothing upstream differs; tallied into s.
+static void route_row_compare(const Model *m, const RefMoE *r, const int *choice, const int *keep, int gm, int b,
+                              int g, const int *first, const int *changed, RouteDiff *d, RouteTally *s) {
+    int T = m->T, Tg = r->T, k = m->config.topk, E = m->config.num_experts, R = r->R, upstream = Tg;
+    size_t mine = (size_t)b * T * k, ref = (((size_t)gm * R + g) * Tg) * k;
+    for (int q = 0; q < gm; q++) {
+        upstream = first[(size_t)q * R + g] < upstream ? first[(size_t)q * R + g] : upstream;
+    }
+    int clear = route_row_tokens(m, r, choice, keep, gm, b, g, changed + ((size_t)gm * R + g) * E, upstream, d, s);
+    for (int e = 0; e < E; e++) { clear &= r->cap_margin[((size_t)gm * R + g) * E + e] > ROUTE_MARGIN; }
+    if (!clear) { s->seq_skipped++; return; }
+    s->seq_compared++;
+    for (int t = 0; t < T; t++) {
+        size_t q = (size_t)seq_pos(m->seqpos, t) * k;
+        if (memcmp(choice + mine + (size_t)t * k, r->choice + ref + q, k * sizeof(int)) ||
+            memcmp(keep + mine + (size_t)t * k, r->keep + ref + q,
+                   k * sizeof(int))) { s->seq_differ++; break; }
+    }
+}
+
+// One pass of compare_routing over this rank's rows: per micro-batch i, per MoE layer of this stage in the log's
+// order, per row b (the reference's row g). Pass 0 fills first and changed (route_row_first_diff), pass 1 compares
+// and tallies into s (route_row_compare).
+static void route_compare_pass(const Model *m, const RefMoE *r, const int *log, int accum, int pass, int *first,
+                               int *changed, RouteDiff *d, RouteTally *s) {
+    const ModelConfig *c = &m->config;
+    int B = m->B, k = c->topk, dp = m->grid->dp, nmoe = stage_moe_layers(m);
+    for (int i = 0; i < accum; i++) {
+        int j = 0;
+        for (int l = 0; l < m->Ls; l++) {
+            if (!is_moe_layer(c, m->layer_id[l])) { continue; }
+            const int *choice = log + ((size_t)i * nmoe + j) * route_entry(m), *keep = choice + (size_t)m->BT * k;
+            int gm = 0;   // the model's MoE layers before this one
+            for (int q = 0; q < m->layer_id[l]; q++) { gm += is_moe_layer(c, q); }
+            for (int b = 0; b < B; b++) {
+                int g = (i * dp + m->grid->dp_rank) * B + b;
+                if (pass == 0) { route_row_first_diff(m, r, choice, keep, gm, b, g, first, changed); }
+                else { route_row_compare(m, r, choice, keep, gm, b, g, first, changed, d, s); }
+            }
+            j++;
+        }
+    }
+}
+
+// compare_routing's verdict on its tallies (s): the compared choices and (layer, sequence) pairs are the
+// reference's, and every keep that differs with the same choices has a cause the margins allow.
+static void check_route_tally(const RouteTally *s) {
+    check(s->tok_differ == 0 && s->seq_differ == 0 && s->tok_compared > 0,
+          "routing: %ld tokens with a top-k margin > %.0e compared, %ld differ from the reference's choices (%ld "
+          "after a token "
+          "routed otherwise upstream not compared); %ld (layer, sequence) pairs with every margin clear compared, %ld differ in "
+          "choices or capacity keep masks (%ld not compared); largest margin of a compared choice that differs "
+          "%.1e",
+          s->tok_compared, ROUTE_MARGIN, s->tok_differ, s->tok_downstream, s->seq_compared, s->seq_differ,
+          s->seq_skipped, s->flip_margin);
+    check(s->keep_unexplained == 0,
+          "routing: %ld assignments kept or dropped otherwise than the reference's with the same choices, %ld of "
+          "them without a cause the margins allow (capacity margin <= %.0e, a choice of that expert changed in "
+          "the sequence, a token routed otherwise upstream)", s->keep_differ, s->keep_unexplained, ROUTE_MARGIN);
+}
+
 // The routing of a step (model.route_log: per micro-batch i, per MoE layer of this stage in the stage's
 // order, choice then keep (BT, k) each) against the reference's: micro-batch i's row b on dp rank r is the
 // reference's row (i dp + r) B + b. A token's top-k choice (experts in order of p) depends on its router
@@ -138,8 +267,7 @@ static int route_token_moved(const int *ch, const int *kp, const int *rch, const
 // p changed). Fills d->moved (every rank: the sums over the world, tp rank 0's tokens). Collective (the earlier
 // layers may be on other stages); returns the tokens of this rank whose choice differs.
 static long compare_routing(Model *m, const RefMoE *r, const int *log, int accum, RouteDiff *d) {
-    const ModelConfig *c = &m->config;
-    int B = m->B, T = m->T, Tg = r->T, k = c->topk, E = c->num_experts, dp = m->grid->dp, R = r->R;
+    int Tg = r->T, E = m->config.num_experts, R = r->R;
     int nmoe = stage_moe_layers(m);
     // first[gm][g]: the first position of row g whose choice or keep differs in MoE layer gm (Tg: none), all ranks'.
     // This rank's token t is at position seq_pos(m->seqpos, t) of its sequence (cp: Tg = cp T)
@@ -147,97 +275,18 @@ static long compare_routing(Model *m, const RefMoE *r, const int *log, int accum
     // changed[gm][g][e]: a token of row g whose choice differs has e among its or the reference's choices, all ranks'
     int *changed = (int *)calloc_check((size_t)r->Lm * R * E + 1, sizeof(int));
     for (size_t q = 0; q < (size_t)r->Lm * R; q++) { first[q] = Tg; }
-    for (int pass = 0; pass < 2; pass++) {
-        long tok_compared = 0, tok_differ = 0, tok_downstream = 0, seq_compared = 0, seq_skipped = 0, seq_differ = 0,
-            flips = 0, keep_differ = 0, keep_unexplained = 0;
-        float flip_margin = 0.0f;
-        for (int i = 0; i < accum; i++) {
-            int j = 0;
-            for (int l = 0; l < m->Ls; l++) {
-                if (!is_moe_layer(c, m->layer_id[l])) { continue; }
-                const int *choice = log + ((size_t)i * nmoe + j) * route_entry(m), *keep = choice + (size_t)m->BT * k;
-                int gm = 0;   // the model's MoE layers before this one
-                for (int q = 0; q < m->layer_id[l]; q++) { gm += is_moe_layer(c, q); }
-                for (int b = 0; b < B; b++) {
-                    int g = (i * dp + m->grid->dp_rank) * B + b, upstream = Tg;
-                    size_t mine = (size_t)b * T * k, ref = (((size_t)gm * R + g) * Tg) * k;
-                    int *chg = changed + ((size_t)gm * R + g) * E;
-                    if (pass == 0) {
-                        int *f = &first[(size_t)gm * R + g];
-                        for (int t = 0; t < T; t++) {
-                            int pos = seq_pos(m->seqpos, t);
-                            const int *ch = choice + mine + (size_t)t * k, *rch = r->choice + ref + (size_t)pos * k;
-                            int list = memcmp(ch, rch, k * sizeof(int)) != 0;
-                            for (int q = 0; q < k && list; q++) {
-                                if (ch[q] >= 0 && ch[q] < E) { chg[ch[q]] = 1; }
-                                chg[rch[q]] = 1;
-                            }
-                            if (list || memcmp(keep + mine + (size_t)t * k, r->keep + ref + (size_t)pos * k,
-                                               k * sizeof(int))) { *f = pos < *f ? pos : *f; }
-                        }
-                        continue;
-                    }
-                    for (int q = 0; q < gm; q++) {
-                        upstream = first[(size_t)q * R + g] < upstream ? first[(size_t)q * R + g] : upstream;
-                    }
-                    int clear = upstream == Tg;
-                    for (int t = 0; t < T; t++) {
-                        int pos = seq_pos(m->seqpos, t);
-                        float margin = r->topk_margin[((size_t)gm * R + g) * Tg + pos];
-                        const int *ch = choice + mine + (size_t)t * k, *kp = keep + mine + (size_t)t * k;
-                        const int *rch = r->choice + ref + (size_t)pos * k, *rkp = r->keep + ref + (size_t)pos * k;
-                        int same = !memcmp(ch, rch, k * sizeof(int));
-                        flips += !same;
-                        if (m->grid->tp_rank == 0) {
-                            route_token_moved(ch, kp, rch, rkp, k, E, c->norm_topk && k > 1, d->moved + (size_t)gm * E);
-                        }
-                        for (int q = 0; q < k && same; q++) {   // a keep that differs with the same choices: its cause
-                            if ((kp[q] != 0) == (rkp[q] != 0)) { continue; }
-                            keep_differ++;
-                            keep_unexplained += upstream == Tg && !chg[ch[q]] &&
-                                                !(r->cap_margin[((size_t)gm * R + g) * E + ch[q]] <= ROUTE_MARGIN);
-                        }
-                        if (pos >= upstream) { tok_downstream++; continue; }
-                        if (margin > ROUTE_MARGIN) { tok_compared++; tok_differ += !same; } else { clear = 0; }
-                        if (!same && margin > flip_margin) { flip_margin = margin; }
-                    }
-                    for (int e = 0; e < E; e++) { clear &= r->cap_margin[((size_t)gm * R + g) * E + e] > ROUTE_MARGIN; }
-                    if (!clear) { seq_skipped++; continue; }
-                    seq_compared++;
-                    for (int t = 0; t < T; t++) {
-                        size_t q = (size_t)seq_pos(m->seqpos, t) * k;
-                        if (memcmp(choice + mine + (size_t)t * k, r->choice + ref + q, k * sizeof(int)) ||
-                            memcmp(keep + mine + (size_t)t * k, r->keep + ref + q,
-                                   k * sizeof(int))) { seq_differ++; break; }
-                    }
-                }
-                j++;
-            }
-        }
-        if (pass == 0) {
-            MPI_Allreduce(MPI_IN_PLACE, first, r->Lm * R, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-            MPI_Allreduce(MPI_IN_PLACE, changed, r->Lm * R * E, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-            continue;
-        }
-        free(first);
-        free(changed);
-        MPI_Allreduce(MPI_IN_PLACE, d->moved, r->Lm * E, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-        if (nmoe == 0) { return 0; }   // no MoE layer on this stage
-        check(tok_differ == 0 && seq_differ == 0 && tok_compared > 0,
-              "routing: %ld tokens with a top-k margin > %.0e compared, %ld differ from the reference's choices (%ld "
-              "after a token "
-              "routed otherwise upstream not compared); %ld (layer, sequence) pairs with every margin clear compared, %ld differ in "
-              "choices or capacity keep masks (%ld not compared); largest margin of a compared choice that differs "
-              "%.1e",
-              tok_compared, ROUTE_MARGIN, tok_differ, tok_downstream, seq_compared, seq_differ, seq_skipped,
-                  flip_margin);
-        check(keep_unexplained == 0,
-              "routing: %ld assignments kept or dropped otherwise than the reference's with the same choices, %ld of "
-              "them without a cause the margins allow (capacity margin <= %.0e, a choice of that expert changed in "
-              "the sequence, a token routed otherwise upstream)", keep_differ, keep_unexplained, ROUTE_MARGIN);
-        return flips;
-    }
-    return 0;
+    RouteTally s;
+    memset(&s, 0, sizeof(s));
+    route_compare_pass(m, r, log, accum, 0, first, changed, d, &s);
+    MPI_Allreduce(MPI_IN_PLACE, first, r->Lm * R, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, changed, r->Lm * R * E, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    route_compare_pass(m, r, log, accum, 1, first, changed, d, &s);
+    free(first);
+    free(changed);
+    MPI_Allreduce(MPI_IN_PLACE, d->moved, r->Lm * E, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (nmoe == 0) { return 0; }   // no MoE layer on this stage
+    check_route_tally(&s);
+    return s.flips;
 }
 
 
