@@ -176,7 +176,7 @@ static double ep_rows_moved(Model *m, const int *log, int accum) {
     int E = m->config.num_experts, El = E / g->ep, k = m->config.topk, nmoe = stage_moe_layers(m);
     // padded (a capacity): every slot of P = B cap rows goes, whatever the routing: El slots to and from each
     // other ep rank, per MoE layer and micro-batch
-    if (m->moe.padded) { CommShape s = gpt2_comm_shape(m); return comm_ep_rows_even(&s, accum); }
+    if (m->moe.dispatch.padded) { CommShape s = gpt2_comm_shape(m); return comm_ep_rows_even(&s, accum); }
     int *cnt = (int *)malloc_check(sizeof(int) * E), *all = (int *)malloc_check(sizeof(int) * E * g->ep);
     double rows = 0;
     for (int q = 0; q < nmoe * accum; q++) {
@@ -204,11 +204,11 @@ static StepResult check_step(TestRun *t, Model *m, DataLoader *dl, const RefStat
     const ModelConfig *c = &m->config;
     int accum = t->accum;
     int *log = (int *)malloc_check(sizeof(int) * (route_entry(m) * stage_moe_layers(m) * accum + 1));
-    m->moe.route_log = log;
-    m->moe.route_log_micro = accum;
+    m->moe.route_log.entries = log;
+    m->moe.route_log.micros = accum;
     gpt2_forward_backward(m, dl, accum);
     float loss = gpt2_read_loss(m, accum);
-    m->moe.route_log = NULL;
+    m->moe.route_log.entries = NULL;
     check(fabs(loss - ref->loss0) <= LOSS_TOL * fabs(ref->loss0), "step %d: loss %.6f, %s %.6f", step, loss, what,
           ref->loss0);
     *ep_rows = 0;
@@ -254,8 +254,8 @@ static StepResult check_step(TestRun *t, Model *m, DataLoader *dl, const RefStat
 // The memory plan (--plan, --memory-limit) of this rank, made without allocating, equals what the model
 // allocated, category by category and in total (this build's sizes; test_gpt does not sample).
 static void check_plan(TestRun *t, Model *m) {
-    MemPlan plan = gpt2_plan(&t->args.layout, &t->config, m->moe.opt, t->world, my_rank, plan_build(t->args.plan_precision),
-                             NULL);
+    MemPlan plan = gpt2_plan(&t->args.layout, &t->config, m->moe.shape.opt, t->world, my_rank,
+                             plan_build(t->args.plan_precision), NULL);
     int same = plan.peak_total == mem_peak_total;
     for (int k = 0; k < MEM_NCAT; k++) { same &= plan.peak[k] == mem_peak[k]; }
     check(same, "memory plan = measurement: planned peaks %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f), measured %.0f %.0f %.0f %.0f %.0f %.0f %.0f B (total %.0f)",

@@ -166,12 +166,12 @@ typedef struct {
     Workspace ws;
     CEBuffers ce;
     size_t num_parameters;
-    // the MoE layers: options, shapes, dispatch buffers, the step's numbers (expert_parallel.h)
+    // the MoE layers: shape and options, routing bias, dispatch, buffers, the step's numbers (expert_parallel.h)
     ExpertParallel moe;
     Recompute recompute;         // what the backward recomputes instead of storing (see layer_acts)
     int recomputing;             // the forward running now is a recomputation (its MoE numbers are not counted again)
     Activations scratch;         // one layer's worth of what is recomputed, shared by the layers and micro-batches
-    int micro;                   // the micro-batch running (for --trace)
+    int micro;                   // the micro-batch running (for --trace, and the MoE layers' routing log)
     int *step_tokens;            // (2, accum, BT) page-locked: a step's inputs and targets, uploaded without a wait
     int *fwd_tokens;             // (2, BT) a forward-only pass's inputs and targets (validation, sampling)
     // beside the model: ZB's pending W passes, the instruments' measured costs, the guard's counters
@@ -352,8 +352,8 @@ static void workspace_alloc(Model *m, int chunk, int any_moe) {
 // ZB: one layer's WGrads (a MoE layer's if moe) laid out from q (floatX) and qf (fp32); NULL bases only count.
 // Returns the floatX elements it takes, *floats the fp32 ones: the W store holds npending sets of every layer's.
 static size_t wgrads_layout(const Model *m, int moe, floatX *q, float *qf, WGrads *d, size_t *floats) {
-    size_t C = m->config.channels, Cl = m->Cl, BT = m->BT, Rr = m->moe.rows_recv, Hl = m->moe.Hl,
-           SHl = m->moe.SHl, E = m->config.num_experts, n = 0;
+    size_t C = m->config.channels, Cl = m->Cl, BT = m->BT, Rr = m->moe.buf.rows_recv, Hl = m->moe.shape.Hl,
+           SHl = m->moe.shape.SHl, E = m->config.num_experts, n = 0;
     int full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE;
     memset(d, 0, sizeof(*d));
     #define TAKE(ptr, count) ((ptr) = q ? q + n : NULL, n += (count))
@@ -364,16 +364,16 @@ static size_t wgrads_layout(const Model *m, int moe, floatX *q, float *qf, WGrad
         TAKE(d->dfcproj, BT * C); TAKE(d->dfc, BT * m->FCl);
         if (rec) { TAKE(d->fchg, BT * m->Fl); }
     } else {
-        if (SHl > 0) { TAKE(d->moe.dy, BT * C); TAKE(d->moe.sdh, BT * m->moe.SHw); }
-        TAKE(d->moe.dye, Rr * C); TAKE(d->moe.dh, Rr * m->moe.Hw);
+        if (SHl > 0) { TAKE(d->moe.dy, BT * C); TAKE(d->moe.sdh, BT * m->moe.shape.SHw); }
+        TAKE(d->moe.dye, Rr * C); TAKE(d->moe.dh, Rr * m->moe.shape.Hw);
         if (rec) { TAKE(d->hg, Rr * Hl); }
         if (rec && SHl > 0) { TAKE(d->shg, BT * SHl); }
         if (full) { TAKE(d->xe, Rr * C); }
         d->moe.dlogits = qf;
-        d->moe.dsgate = m->moe.shared_gate && qf ? qf + BT * E : NULL;
+        d->moe.dsgate = m->moe.shape.shared_gate && qf ? qf + BT * E : NULL;
     }
     #undef TAKE
-    *floats = moe ? BT * E + (m->moe.shared_gate ? BT : 0) : 0;
+    *floats = moe ? BT * E + (m->moe.shape.shared_gate ? BT : 0) : 0;
     return n;
 }
 
@@ -469,7 +469,7 @@ static void gpt2_free(Model *m) {
     pipeline_free(&m->pipe);
     zero_free(&m->zero);
     free(m->units); free(m->u_layer); free(m->u_experts); free(m->layer_id); free(m->chunk_l0); free(m->acts);
-    free(m->costs.layer); free(m->wstore.counts); free(m->moe.layer_index);
+    free(m->costs.layer); free(m->wstore.counts); free(m->moe.shape.layer_index);
     free(m->fwd_tokens);
 }
 
@@ -497,6 +497,13 @@ static void wte_grad_close(Model *m, WteUser user, int last_micro) {
     int shared = m->first && m->last && m->u_head < 0;
     if (user == WTE_HEAD && shared) { return; }   // the token embedding still adds to it
     zero_end_unit_backward(&m->zero, user == WTE_HEAD ? head_unit(m) : m->u_embed, last_micro);
+}
+
+// The stage's layer l's number among the stage's MoE layers (in the stage's order: moe_forward's layer), l a MoE layer.
+static int moe_layer_number(const Model *m, int l) {
+    int n = 0;
+    for (int i = 0; i < l; i++) { n += m->u_experts[i] >= 0; }
+    return n;
 }
 
 // One layer: y.res (BTs, C) -> y.out, its activations into y. Tensor-parallel communication by the two
@@ -537,10 +544,7 @@ static void layer_forward(Model *m, LayerActs y, int l) {
     if (ue >= 0) {
         floatX *pe[NUM_TENSORS] = {};
         unit_view(&m->units[ue], zero_unit_params(&m->zero, ue), pe);
-        m->moe.layer = 0;
-        for (int i = 0; i < l; i++) { m->moe.layer += m->u_experts[i] >= 0; }
-        m->moe.micro = m->micro;
-        moe_forward(&m->moe, y.moe, expert_tensors(p, pe), x, w->pfull, !m->recomputing);
+        moe_forward(&m->moe, y.moe, expert_tensors(p, pe), x, w->pfull, moe_layer_number(m, l), m->micro, !m->recomputing);
         // (over the layer's own unit: done with it)
         if (!m->recomputing) {
             zero_prefetch_params(&m->zero, next, ue);
@@ -920,8 +924,8 @@ static void gpt2_forward_backward(Model *m, DataLoader *dl, int accum) {
     // the MoE auxiliary losses' seeds (moe.h): aux is a mean over the global batch's sequences, z over its tokens
     double sequences = (double)m->B * accum * m->grid->dp;
     double Tg = (double)m->T * m->grid->cp;   // a whole sequence's tokens
-    moe_step_begin(&m->moe, (float)(m->moe.opt.aux_coeff * m->config.num_experts / (Tg * sequences)),
-                   (float)(m->moe.opt.z_coeff / (Tg * sequences)));
+    moe_step_begin(&m->moe, (float)(m->moe.shape.opt.aux_coeff * m->config.num_experts / (Tg * sequences)),
+                   (float)(m->moe.shape.opt.z_coeff / (Tg * sequences)));
     int ranks = m->grid->dp * m->grid->cp;   // the ranks that share a step's tokens (cp: each sequence too)
     if (accum != m->pipe.steps.n_total / m->vpp) {
         fail("%d micro-batches, the schedule was made for %d: a bug", accum, m->pipe.steps.n_total / m->vpp);
@@ -938,7 +942,7 @@ static void gpt2_forward_backward(Model *m, DataLoader *dl, int accum) {
     pipeline_run(&m->pipe, (StageWork){&s, train_forward, train_backward, train_weights});
     m->costs.in_step = 0;
     m->costs.micro_batches += accum;
-    m->moe.count_stats = 0;
+    m->moe.stats.count_stats = 0;
     zero_finish_grads(&m->zero);
 }
 
@@ -1035,9 +1039,9 @@ static void hellaswag_add_losses(Model *m, const int *mask, double *sums, float 
 static void gpt2_hellaswag(Model *m, const HellaSwag *hs, int counts[3]) {
     Grid *g = m->grid;
     int B = m->B, Tg = m->T * g->cp, per = ceil_div(hs->n, g->dp), nb = ceil_div(HS_ENDINGS * per, B);
-    int cap = m->moe.cap, padded = m->moe.padded, counting = m->last && g->tp_rank == 0;
-    m->moe.cap = Tg;   // (dropless: the counted dispatch)
-    m->moe.padded = 0;
+    int counting = m->last && g->tp_rank == 0;
+    MoEDispatch dispatch = m->moe.dispatch;
+    m->moe.dispatch = (MoEDispatch){Tg, 0};   // (dropless: the counted dispatch)
     int *in = (int *)malloc_check(sizeof(int) * 3 * B * Tg), *tg = in + B * Tg, *mask = tg + B * Tg;
     double *score = (double *)calloc_check((size_t)nb * B, sizeof(double));   // each row's masked loss sum
     int *ntok = (int *)calloc_check((size_t)nb * B, sizeof(int));
@@ -1078,8 +1082,7 @@ static void gpt2_hellaswag(Model *m, const HellaSwag *hs, int counts[3]) {
         counts[1]++;
     }
     comm_host_all_reduce(&g->world, counts, 3, DT_INT, HOST_SUM, "all-reduce (hellaswag)");
-    m->moe.cap = cap;
-    m->moe.padded = padded;
+    m->moe.dispatch = dispatch;
     free(in); free(score); free(ntok); free(host);
 }
 
@@ -1111,10 +1114,10 @@ static int position_logits(Model *m, Sampler *s, int pos) {
 // capacity, the padding after the current token would take capacity from it.
 static void gpt2_sample(Model *m, Sampler *s, Tokenizer *tok, Rng *rng, const int *prompt, int nprompt, int n, int eot,
                         const char *ids_note) {
-    int Tg = m->T * m->grid->cp, cap = m->moe.cap, padded = m->moe.padded, len = 0, rank0 = m->grid->rank == 0;
+    int Tg = m->T * m->grid->cp, len = 0, rank0 = m->grid->rank == 0;
+    MoEDispatch dispatch = m->moe.dispatch;
     flight_at(PH_EVAL, 0, FL_LAYER_EMBEDDING);
-    m->moe.cap = Tg;   // (dropless: the counted dispatch)
-    m->moe.padded = 0;
+    m->moe.dispatch = (MoEDispatch){Tg, 0};   // (dropless: the counted dispatch)
     if (nprompt == 0) { s->text[len++] = eot; }
     for (int i = 0; i < nprompt; i++) { s->text[len++] = prompt[i]; }
     if (rank0) {
@@ -1142,8 +1145,7 @@ static void gpt2_sample(Model *m, Sampler *s, Tokenizer *tok, Rng *rng, const in
         for (int i = len - n; i < len; i++) { printf(" %d", s->text[i]); }
         printf(tok->init_ok ? "\n" : "\n---\n");
     }
-    m->moe.cap = cap;
-    m->moe.padded = padded;
+    m->moe.dispatch = dispatch;
 }
 
 // ----------------------------------------------------------------------------
@@ -1186,10 +1188,10 @@ static CommShape gpt2_comm_shape(const Model *m) {
     s.cp_u = m->cpring.U; s.Ckv_cp = m->cpring.U * m->cpring.Hkv * m->hs;
     s.ce_chunk = m->ce.chunk; s.recompute_full = m->recompute == RECOMPUTE_FULL;
     for (int l = 0; l < m->Ls; l++) { s.nmoe += m->u_experts[l] >= 0; }
-    s.moe_layers = m->moe.nlayers; s.topk = c->topk; s.E = c->num_experts; s.El = c->num_experts / grid->ep;
-    s.capped = s.nmoe > 0 && m->moe.cap < m->T * grid->cp; s.padded = s.nmoe > 0 && m->moe.padded; s.cap = m->moe.cap;
-    s.bias = s.nmoe > 0 && m->moe.opt.bias_rate > 0;
-    s.sgate = s.nmoe > 0 && m->moe.shared_gate; s.qknorm = m->QKn > 0;
+    s.moe_layers = m->moe.shape.nlayers; s.topk = c->topk; s.E = c->num_experts; s.El = c->num_experts / grid->ep;
+    s.capped = s.nmoe > 0 && m->moe.dispatch.cap < m->T * grid->cp; s.cap = m->moe.dispatch.cap;
+    s.padded = s.nmoe > 0 && m->moe.dispatch.padded; s.bias = s.nmoe > 0 && m->moe.shape.opt.bias_rate > 0;
+    s.sgate = s.nmoe > 0 && m->moe.shape.shared_gate; s.qknorm = m->QKn > 0;
     s.world = grid->world_size; s.muon_calls = m->muon.world != NULL; s.muon_out = m->muon.out;
     comm_shape_units(&s, c, grid, m->units, m->nunits, m->u_embed, m->u_final, m->u_layer);
     return s;
@@ -1390,7 +1392,7 @@ static void run_setup_rest(Run *r) {
     ckpt_keep_newest = a->keep_newest;
     ckpt_keep_every = a->keep_every;
     r->saved = -1;
-    r->model.moe.time_a2a = a->comm_report && r->config.num_experts > 0;
+    r->model.moe.stats.time_a2a = a->comm_report && r->config.num_experts > 0;
     r->model.pipe.time_waits = a->comm_report || a->trace_dir != NULL;
     // each GEMM's cuBLASLt algorithm: a one-rank run times the candidates once and keeps them in -o (matmul.h)
     static char choices[1100];
@@ -1434,8 +1436,8 @@ static void run_setup(Run *r) {
     r->accum = options.accum;
     if (rank == 0) {
         Model *m = &r->model;
-        print_setup(&a->layout, &r->config, moe_options(a, &r->config), &r->grid, m->num_parameters, m->moe.cap,
-                    m->moe.El, r->accum);
+        print_setup(&a->layout, &r->config, moe_options(a, &r->config), &r->grid, m->num_parameters, m->moe.dispatch.cap,
+                    m->moe.shape.El, r->accum);
     }
     run_setup_schedule(r, resume_step);
     r->logf = a->output_dir && rank == 0 ? open_log(a->output_dir, r->start_step) : -1;
@@ -1496,7 +1498,7 @@ static void run_step(Run *r, int step) {
     if (a->sample_every > 0 && step > 0 && step % a->sample_every == 0) { run_sample(r); }
     if (test_hook_alloc_at_step(step)) { mem_alloc(256, MEM_WORKSPACE); }
     comm_reset_counters(&r->grid);
-    m->pipe.wait_seconds = m->moe.a2a_seconds = 0.0;
+    m->pipe.wait_seconds = m->moe.stats.a2a_seconds = 0.0;
     Span s = span_open(SPAN_SAME_LAYER, 0, "step", "step");
     double t0 = monotonic_seconds();
     if (step == r->start_step) { r->t_start = t0; }
@@ -1512,7 +1514,7 @@ static void run_step(Run *r, int step) {
     double ms = (monotonic_seconds() - t0) * 1e3;
     span_close(s, NULL, "\"step\":%d,\"pipeline_wait_ms\":%.3f", step, m->pipe.wait_seconds * 1e3);
     trace_flush();   // (CUDA: the step's spans from their events, now that the step has ended)
-    if (step > r->start_step) { step_times_add(&r->times, &r->grid, ms, m->pipe.wait_seconds, m->moe.a2a_seconds); }
+    if (step > r->start_step) { step_times_add(&r->times, &r->grid, ms, m->pipe.wait_seconds, m->moe.stats.a2a_seconds); }
     else {   // (the first step's costs are not counted either: report_costs)
         memset(m->costs.layer, 0, m->Ls * sizeof(double));
         m->costs.head = m->costs.embed = 0;
@@ -1589,7 +1591,7 @@ static void run_finish(Run *r, int stopped) {
     double *costs = stage_costs_per_layer(&m->costs, r->config.num_layers, m->layer_id, m->Ls, m->first, m->last,
                                           &r->grid);
     report_times(&a->layout, a->comm_report, a->output_dir, &r->grid, &r->times, r->accum, r->model.vpp, costs,
-                 &r->config, r->model.moe.time_a2a);
+                 &r->config, r->model.moe.stats.time_a2a);
     free(costs);
     log_close(r->logf);
     trace_close();

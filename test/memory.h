@@ -42,7 +42,7 @@ static void check_memory_model(Model *m) {
           z->stage < 2 ? "4P" : "4P/dp + transient(2 layers + embedding)", grads_expect);
     // (+ the routing bias of the stage's MoE layers, fp32: model state, not a parameter)
     double params_expect = (z->stage < 3 ? X * P : X * Psh + X * (2.0 * max_layer + embed))
-            + 4.0 * m->moe.nlayers * c->num_experts;
+            + 4.0 * m->moe.shape.nlayers * c->num_experts;
     check(fabs((double)mem_current[MEM_PARAMS] - params_expect) <= 3 * pad,
           "memory: parameters %.0f B, formula %s = %.0f B", (double)mem_current[MEM_PARAMS],
           z->stage < 3 ? "4P" : "4P/dp + gathered (2 layers + embedding)", params_expect);
@@ -50,7 +50,7 @@ static void check_memory_model(Model *m) {
     double C = c->channels;
     int nmoe = stage_moe_layers(m);
     if (nmoe > 0) {
-        double El = (double)c->num_experts / m->grid->ep, Hl = m->moe.Hl;
+        double El = (double)c->num_experts / m->grid->ep, Hl = m->moe.shape.Hl;
         double per_expert = c->arch == ARCH_LLAMA ? 3 * Hl * C             // (SwiGLU: gate, up, down; no biases)
                                                   : Hl * C + Hl + C * Hl + C;   // (width H: Hl = H/tp of it here)
         check(experts == nmoe * El * per_expert,
@@ -67,11 +67,11 @@ static void dispatch_rows_bound(Model *m, double *Rs, double *Rr) {
     double E = c->num_experts, k = c->topk;
     *Rs = *Rr = 0;
     if (stage_moe_layers(m) == 0) { return; }
-    double cap = moe_capacity(c->topk, m->T * m->grid->cp, c->num_experts, m->moe.opt.cap1000), El = E / m->grid->ep;
+    double cap = moe_capacity(c->topk, m->T * m->grid->cp, c->num_experts, m->moe.shape.opt.cap1000), El = E / m->grid->ep;
     double kl = k < El ? k : El;
     *Rs = m->B * fmin(m->T * k, E * cap);
     *Rr = m->grid->ep * m->B * fmin(m->T * kl, El * cap);
-    if (m->moe.padded) { *Rs = *Rr = E * m->B * cap; }   // padded: E slots of B cap rows each way
+    if (m->moe.dispatch.padded) { *Rs = *Rr = E * m->B * cap; }   // padded: E slots of B cap rows each way
 }
 
 // The activation slots: (micro-batch, chunk) pairs alive at once: 1F1B pp - stage, GPipe all m; interleaved (Megatron's
@@ -115,7 +115,7 @@ static double zb_store_formula(Model *m, int accum, double Rr) {
         // output and fc gradients (Rr, C), (Rr, Hl); recompute: the rows' GELU output (Rr, Hl) and the shared
         // experts' (BT, SHl); full: the rows' input (Rr, C); the router logits' gradient (BT, E fp32)
         int full = m->recompute == RECOMPUTE_FULL, rec = m->recompute != RECOMPUTE_NONE, tp = m->grid->tp;
-        double Hl = m->moe.Hl, SHl = m->moe.SHl, hs = C / c->num_heads, Fl = (double)c->ffn_hidden / tp;
+        double Hl = m->moe.shape.Hl, SHl = m->moe.shape.SHl, hs = C / c->num_heads, Fl = (double)c->ffn_hidden / tp;
         double qkv = (c->num_heads + 2.0 * c->kv_heads) / tp * hs, fc = c->arch == ARCH_LLAMA ? 2 * Fl : Fl;
         double qkn = c->qk_norm ? (c->num_heads + c->kv_heads) / tp * hs : 0;   // (+ QK-norm's weight gradients)
         double common = X * (BT * (C + qkv) + 4 * C + qkn + ((m->sp && m->grid->tp > 1) || full ? 2 * BT * C : 0) +
@@ -194,7 +194,7 @@ static void check_memory_activations(Model *m, int accum) {
     // one float per token)
     double hw = llama ? 3.0 : 2.0, sgate = c->shared_gate ? 4.0 * BT : 0;
     double dense_fc = X * BT * hw * Fl, route = 4.0 * (BT * E + BT + 4 * BT * k + m->B * E) + X * (Rr * C + Rs * C) + sgate;
-    double hidden = X * hw * (Rr * m->moe.Hl + BT * m->moe.SHl), Ld = Ls - nmoe;
+    double hidden = X * hw * (Rr * m->moe.shape.Hl + BT * m->moe.shape.SHl), Ld = Ls - nmoe;
     // --recompute: what is recomputed is not stored per micro-batch; one layer of it lives in a scratch
     double scratch;
     if (m->recompute == RECOMPUTE_NONE) { scratch = 0; }

@@ -192,10 +192,10 @@ static void check_resume(TestRun *t, const char *dir) {
         int dump = s == RESUME_STEP;
         int *log = dump ? (int *)malloc_check(sizeof(int) * (route_entry(&run) * stage_moe_layers(&run) * accum + 1))
                 : NULL;
-        run.moe.route_log = log;
-        run.moe.route_log_micro = accum;
+        run.moe.route_log.entries = log;
+        run.moe.route_log.micros = accum;
         gpt2_forward_backward(&run, &dl, accum);
-        run.moe.route_log = NULL;
+        run.moe.route_log.entries = NULL;
         if (dump) {
             d.loss = gpt2_read_loss(&run, accum);
             if (t->config.num_experts > 0) {
