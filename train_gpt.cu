@@ -45,7 +45,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/tokenizer.h"         // defines: Tokenizer (llm.c's tokenizer.bin, decoding)
 #include "llmc/schedulers.h"        // defines: the learning rate schedules
 #include "llmc/model_file.h"        // defines: model files, descriptors, init (over model_config.h's shape and tensors)
-#include "llmc/model_units.h"       // defines: a stage's units (zero.h's, from the tensor table), a unit's tensors cut and put back
+#include "llmc/model_units.h"       // defines: a stage's units (zero.h's, from the tensor table), cut and put back
 #include "llmc/upcycle.h"           // defines: sparse upcycling (a MoE model from a dense one)
 #include "llmc/run_dir.h"           // defines: the run directory: lock, identity, retention, unusable/, main.log
 #include "llmc/checkpoint.h"        // defines: layout-independent checkpoints: save, load
@@ -815,7 +815,8 @@ static void gpt2_backward(Model *m, int v, Activations *acts, int last_micro) {
             m->recomputing = 0;
             span_close(r, NULL, "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
         }
-        Span b = span_open(SPAN_SAME_LAYER, 0, m->u_experts[l] >= 0 ? "MoE layer" : defer ? "layer B" : "layer", "backward");
+        const char *name = m->u_experts[l] >= 0 ? "MoE layer" : defer ? "layer B" : "layer";
+        Span b = span_open(SPAN_SAME_LAYER, 0, name, "backward");
         layer_backward(m, y, defer ? &d : NULL, l, last_micro);
         span_close(b, NULL, "\"layer\":%d,\"micro\":%d", m->layer_id[l], m->micro);
         span_close(s, &m->costs.layer[l], NULL);
@@ -1219,7 +1220,8 @@ static MemPlan gpt2_plan(const Layout *lay, const ModelConfig *c, MoEOptions moe
     if (b.cuda) {
         mem_alloc(CUBLASLT_WORKSPACE_BYTES, MEM_WORKSPACE);
         if (m.Ls > 0) {   // (without cp or with Ulysses: the attention's at its shape; the ring's flash blocks: D)
-            mem_alloc(cp_attention_workspace_bytes(&m.cpring, attention_path_of(lay->attention), m.B, m.T, b.floatx), MEM_WORKSPACE);
+            int path = attention_path_of(lay->attention);
+            mem_alloc(cp_attention_workspace_bytes(&m.cpring, path, m.B, m.T, b.floatx), MEM_WORKSPACE);
         }
     }
     MemPlan p = mem_plan_end();
@@ -1242,70 +1244,6 @@ static void setup_grid(Args *a, const ModelConfig *c, Grid *grid, int world, int
     grid_print(grid);
     check_memory_fits(&a->layout, c, moe_options(a, c), grid, plan_build(a->plan_precision), a->memory_limit, a->machine,
                       a->gpus_per_node);
-}
-
-// -e as a descriptor: 1 (config set), or 0 (not a descriptor: a model file); a malformed one stops every rank.
-static int model_descriptor(const Args *a, int rank, ModelConfig *config) {
-    unsigned named;
-    char why[320];
-    int desc = parse_descriptor(a->model, config, &named, why, sizeof(why));
-    if (desc < 0) { fail_all(rank, "-e '%s' is a malformed model descriptor (%s)", a->model, why); }
-    if (desc == 1) { moe_descriptor_defaults(a, rank, config, named); }
-    return desc;
-}
-
-// The model's shape without its weights (a plan, or the memory check before the weights are made):
-// the descriptor, or the file's header; the same errors as load_model.
-static void plan_config(Args *a, int rank, ModelConfig *config) {
-    int desc = model_descriptor(a, rank, config);
-    if (desc == 0) {
-        int h[256];
-        size_t es;
-        fclose(open_model_file(a->model, config, h, &es));
-    }
-    apply_moe_flags(a, rank, config, NULL, desc == 1 ? "the descriptor" : a->model, 0, desc != 1);
-}
-
-// A resume continues its checkpoint's model: an -e given with it (the default d4 is not) must be of that shape.
-static void check_resume_model(Args *a, int rank, const ModelConfig *ckpt, const char *path) {
-    if (!flag_given(a, "-e")) { return; }
-    ModelConfig want;
-    plan_config(a, rank, &want);
-    if (memcmp(&want, ckpt, sizeof(want)) != 0) {
-        fail_all(rank, "-e '%s' (L %d C %d NH %d V %d maxT %d, E %d) is not the model of the checkpoint '%s' (L %d C %d NH "
-                 "%d V %d maxT %d, E %d): a resume continues its checkpoint's model; drop -e, or use another -o",
-                 a->model, want.num_layers, want.channels, want.num_heads, want.vocab_size, want.max_seq_len,
-                 want.num_experts, path, ckpt->num_layers, ckpt->channels, ckpt->num_heads, ckpt->vocab_size,
-                 ckpt->max_seq_len, ckpt->num_experts);
-    }
-}
-
-// The model's weights (host fp32, file order) and shape: from the newest checkpoint in -o when
-// resuming (*resume_step >= 0), else from a model file, else a descriptor with random init.
-static float *load_model(Args *a, int rank, ModelConfig *config, int *resume_step) {
-    *resume_step = -1;
-    if (a->resume) {
-        *resume_step = latest_checkpoint(a->output_dir);
-        if (*resume_step < 0 && a->resume == 1) {
-            fail_all(rank,
-                     "-y 1: nothing to resume in '%s' (no intact checkpoint with a DONE_ marker); use -y 2 to start fresh when there is none",
-                     a->output_dir);
-        }
-        if (*resume_step < 0 && rank == 0) { printf("-y 2: no checkpoint in %s, starting fresh\n", a->output_dir); }
-    }
-    int desc = model_descriptor(a, rank, config);
-    if (*resume_step >= 0) {
-        char path[PATH_LEN];
-        path_join(path, a->output_dir, "model_%08d.bin", *resume_step);
-        float *params = apply_moe_flags(a, rank, config, read_model_file(path, config), "the checkpoint", 1, 1);
-        check_resume_model(a, rank, config, path);
-        return params;
-    }
-    if (desc == 1) {
-        apply_moe_flags(a, rank, config, NULL, "the descriptor", 0, 0);
-        return random_init(config, a->seed);
-    }
-    return apply_moe_flags(a, rank, config, read_model_file(a->model, config), a->model, 0, 1);
 }
 
 // Everything one training run holds: the flags, the grid and model, the data, the schedule, the log.
@@ -1451,9 +1389,10 @@ static void run_log_step(Run *r, int step, StepResult res, float lr, StepClock c
     const ModelConfig *c = &r->config;
     MoEStepLoad moe = moe_step_load(&m->moe, m->grid, num_moe_layers(c), (double)m->B * r->accum * r->grid.dp,
                                     (double)m->T * r->grid.cp);
-    double flops = (6.0 * m->num_parameters + 6.0 * c->num_layers * c->channels * r->args.layout.T) * r->args.layout.total_batch;
+    const Layout *lay = &r->args.layout;
+    double flops = (6.0 * m->num_parameters + 6.0 * c->num_layers * c->channels * lay->T) * lay->total_batch;
     StepLine line = {step, r->max_steps, res.loss, res.norm, lr, res.why, m->guard.skips_in_a_row, m->guard.loss_limit,
-                     m->guard.norm_limit, (double)r->args.layout.total_batch, step_mfu(flops, clock.ms, r->world), clock};
+                     m->guard.norm_limit, (double)lay->total_batch, step_mfu(flops, clock.ms, r->world), clock};
     if (r->rank == 0) { log_step(r->logf, &line, &moe); }
     free(moe.load); free(moe.kept);
 }

@@ -1,7 +1,8 @@
 // The command line: the Args, the one table of flags (name, alias, field, type, range, help), the parser,
-// the check that every rank was given the same flags, and the checks of a layout against the model and
-// the world size. Flags are llm.c's letters for what llm.c has, GNU long options (Megatron's names as
-// aliases) for the rest; unknown flags and bad values are errors, never ignored.
+// the check that every rank was given the same flags, the run's checks beside the layout's (layout.h), and what the
+// flags make: the model's options, its MoE options and the model itself (-e, or the checkpoint in -o). Flags are
+// llm.c's letters for what llm.c has, GNU long options (Megatron's names as aliases) for the rest; unknown flags and
+// bad values are errors, never ignored.
 #ifndef LLMC_ARGS_H
 #define LLMC_ARGS_H
 
@@ -17,6 +18,7 @@
 #include "moe.h"
 #include "model_file.h"
 #include "upcycle.h"          // (apply_moe_shape: a dense model upcycled)
+#include "run_dir.h"          // (load_model: the newest checkpoint in -o)
 #include "layout.h"
 #include "cost_model.h"       // (MACHINE_KEYS: --machine's help)
 
@@ -642,6 +644,73 @@ static float *apply_moe_flags(const Args *a, int rank, ModelConfig *c, float *pa
                  "(leave it out: 0 with sigmoid)", a->z_coeff);
     }
     return params;
+}
+
+// ----------------------------------------------------------------------------
+// the model of the command line: -e (a descriptor or a model file) or -o's checkpoint, with the MoE flags
+
+// -e as a descriptor: 1 (config set), or 0 (not a descriptor: a model file); a malformed one stops every rank.
+static int model_descriptor(const Args *a, int rank, ModelConfig *config) {
+    unsigned named;
+    char why[320];
+    int desc = parse_descriptor(a->model, config, &named, why, sizeof(why));
+    if (desc < 0) { fail_all(rank, "-e '%s' is a malformed model descriptor (%s)", a->model, why); }
+    if (desc == 1) { moe_descriptor_defaults(a, rank, config, named); }
+    return desc;
+}
+
+// The model's shape without its weights (a plan, or the memory check before the weights are made):
+// the descriptor, or the file's header; the same errors as load_model.
+static void plan_config(Args *a, int rank, ModelConfig *config) {
+    int desc = model_descriptor(a, rank, config);
+    if (desc == 0) {
+        int h[256];
+        size_t es;
+        fclose(open_model_file(a->model, config, h, &es));
+    }
+    apply_moe_flags(a, rank, config, NULL, desc == 1 ? "the descriptor" : a->model, 0, desc != 1);
+}
+
+// A resume continues its checkpoint's model: an -e given with it (the default d4 is not) must be of that shape.
+static void check_resume_model(Args *a, int rank, const ModelConfig *ckpt, const char *path) {
+    if (!flag_given(a, "-e")) { return; }
+    ModelConfig want;
+    plan_config(a, rank, &want);
+    if (memcmp(&want, ckpt, sizeof(want)) != 0) {
+        fail_all(rank, "-e '%s' (L %d C %d NH %d V %d maxT %d, E %d) is not the model of the checkpoint '%s' (L %d C %d NH "
+                 "%d V %d maxT %d, E %d): a resume continues its checkpoint's model; drop -e, or use another -o",
+                 a->model, want.num_layers, want.channels, want.num_heads, want.vocab_size, want.max_seq_len,
+                 want.num_experts, path, ckpt->num_layers, ckpt->channels, ckpt->num_heads, ckpt->vocab_size,
+                 ckpt->max_seq_len, ckpt->num_experts);
+    }
+}
+
+// The model's weights (host fp32, file order) and shape: from the newest checkpoint in -o when
+// resuming (*resume_step >= 0), else from a model file, else a descriptor with random init.
+static float *load_model(Args *a, int rank, ModelConfig *config, int *resume_step) {
+    *resume_step = -1;
+    if (a->resume) {
+        *resume_step = latest_checkpoint(a->output_dir);
+        if (*resume_step < 0 && a->resume == 1) {
+            fail_all(rank,
+                     "-y 1: nothing to resume in '%s' (no intact checkpoint with a DONE_ marker); use -y 2 to start fresh when there is none",
+                     a->output_dir);
+        }
+        if (*resume_step < 0 && rank == 0) { printf("-y 2: no checkpoint in %s, starting fresh\n", a->output_dir); }
+    }
+    int desc = model_descriptor(a, rank, config);
+    if (*resume_step >= 0) {
+        char path[PATH_LEN];
+        path_join(path, a->output_dir, "model_%08d.bin", *resume_step);
+        float *params = apply_moe_flags(a, rank, config, read_model_file(path, config), "the checkpoint", 1, 1);
+        check_resume_model(a, rank, config, path);
+        return params;
+    }
+    if (desc == 1) {
+        apply_moe_flags(a, rank, config, NULL, "the descriptor", 0, 0);
+        return random_init(config, a->seed);
+    }
+    return apply_moe_flags(a, rank, config, read_model_file(a->model, config), a->model, 0, 1);
 }
 
 #endif // LLMC_ARGS_H

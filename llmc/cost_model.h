@@ -679,10 +679,12 @@ typedef struct { double tp, cp, cpa, pp, ep, dp, emb; } GroupRates;   // cpa: cp
 static void group_rates(const Layout *lay, int world, int dp, const Machine *mc, GroupRates *bw, GroupRates *lat) {
     long tcp = (long)lay->tp * lay->cp;
     bw->tp = group_bw(mc, COMM_RING, lay->tp, lay->tp); bw->cp = group_bw(mc, COMM_P2P, lay->cp, tcp);
-    bw->pp = group_bw(mc, COMM_P2P, lay->pp, tcp * lay->pp); bw->ep = group_bw(mc, COMM_A2A, lay->ep, tcp * lay->pp * lay->ep);
+    bw->pp = group_bw(mc, COMM_P2P, lay->pp, tcp * lay->pp);
+    bw->ep = group_bw(mc, COMM_A2A, lay->ep, tcp * lay->pp * lay->ep);
     bw->dp = group_bw(mc, COMM_RING, dp * lay->cp, world); bw->emb = group_bw(mc, COMM_RING, 2, tcp * lay->pp);
     lat->tp = group_lat(mc, COMM_RING, lay->tp, lay->tp); lat->cp = group_lat(mc, COMM_P2P, lay->cp, tcp);
-    lat->pp = group_lat(mc, COMM_P2P, lay->pp, tcp * lay->pp); lat->ep = group_lat(mc, COMM_A2A, lay->ep, tcp * lay->pp * lay->ep);
+    lat->pp = group_lat(mc, COMM_P2P, lay->pp, tcp * lay->pp);
+    lat->ep = group_lat(mc, COMM_A2A, lay->ep, tcp * lay->pp * lay->ep);
     lat->dp = group_lat(mc, COMM_RING, dp * lay->cp, world); lat->emb = group_lat(mc, COMM_RING, 2, tcp * lay->pp);
     int U = cp_ulysses_degree(lay);   // (U consecutive cp ranks)
     bw->cpa = group_bw(mc, COMM_A2A, U, (long)lay->tp * U); lat->cpa = group_lat(mc, COMM_A2A, U, (long)lay->tp * U);

@@ -155,7 +155,8 @@ static int plan_report(const Layout *lay, const ModelConfig *c, MoEOptions moe, 
     int worst = plan_stages(lay, c, moe, world, b, plans, shapes), accum = layout_accum(lay);
     double reserve = plan_reserve(b);
     char kind[48] = "";
-    if (cp_ulysses_degree(lay) > 1) { snprintf(kind, sizeof(kind), " (%s, all-to-all in %d)", lay->cp_kind, cp_ulysses_degree(lay)); }
+    int U = cp_ulysses_degree(lay);
+    if (U > 1) { snprintf(kind, sizeof(kind), " (%s, all-to-all in %d)", lay->cp_kind, U); }
     printf("memory plan: L %d C %d NH %d Vp %d%s, world %d = tp %d x cp %d%s x pp %d x dp %d, B %d T %d x %d "
            "micro-batches, zero %d%s, %s%s, recompute %s, ce chunk %d; %s\n",
            c->num_layers, c->channels, c->num_heads, c->padded_vocab_size, c->num_experts ? " (MoE)" : "", world, lay->tp,

@@ -27,7 +27,9 @@ static PlanBuild plan_build(const char *precision) {
 #else
     PlanBuild b = {sizeof(floatX), 0, "CPU build, fp32"};
 #endif
-    if (precision && !strcmp(precision, "bf16")) { b = (PlanBuild){2, 1, "CUDA build, bf16 (AdamW state and master weights fp32)"}; }
+    if (precision && !strcmp(precision, "bf16")) {
+        b = (PlanBuild){2, 1, "CUDA build, bf16 (AdamW state and master weights fp32)"};
+    }
     if (precision && !strcmp(precision, "fp32")) { b = (PlanBuild){4, 1, "CUDA build, fp32"}; }
     return b;
 }
@@ -112,7 +114,7 @@ static void plan_print_stages(const Layout *lay, const ModelConfig *c, MoEOption
         for (int k = 0; k < MEM_NCAT; k++) { printf(" | %11.1f", plans[s].peak[k] / 1048576.0); }
         printf(" | %10.1f\n", plans[s].peak_total / 1048576.0);
         // the stage's last (tp, cp, dp) position: the same, or a row of its own
-        int last = s * lay->tp * lay->cp + (lay->tp - 1) + lay->tp * (lay->cp - 1) + lay->tp * lay->cp * lay->pp * (lay->dp - 1);
+        int tcp = lay->tp * lay->cp, last = s * tcp + (lay->tp - 1) + lay->tp * (lay->cp - 1) + tcp * lay->pp * (lay->dp - 1);
         MemPlan other = plan_rank(lay, c, moe, world, last, b, NULL);
         int same = other.peak_total == plans[s].peak_total;
         for (int k = 0; k < MEM_NCAT; k++) { same &= other.peak[k] == plans[s].peak[k]; }

@@ -39,13 +39,16 @@ static void print_setup(const Layout *lay, const ModelConfig *c, MoEOptions mo, 
                c->shared_experts, c->shared_gate ? " (gated)" : "", c->topk,
                c->router_score == ROUTER_SIGMOID ? "sigmoid" : "softmax", c->norm_topk ? "" : " (not renormalised)",
                mo.cap1000 / 1000.0, moe_cap,
-               mo.cap1000 == 0 ? ", dropless" : "", mo.policy == DROP_POSITION ? "position" : "probs", mo.aux_coeff, mo.z_coeff, mo.bias_rate, g->ep, moe_El,
+               mo.cap1000 == 0 ? ", dropless" : "", mo.policy == DROP_POSITION ? "position" : "probs", mo.aux_coeff,
+               mo.z_coeff, mo.bias_rate, g->ep, moe_El,
                g->edp_group.size);
     }
     char kind[48] = "";
-    if (cp_ulysses_degree(lay) > 1) { snprintf(kind, sizeof(kind), " (%s, all-to-all in %d)", lay->cp_kind, cp_ulysses_degree(lay)); }
+    int U = cp_ulysses_degree(lay);
+    if (U > 1) { snprintf(kind, sizeof(kind), " (%s, all-to-all in %d)", lay->cp_kind, U); }
     printf("batch: B %d T %d, dp %d, grad accumulation %d -> %d tokens per step; zero %d, tp %d%s, cp %d%s, pp %d (%s), "
-           "ce chunk %d, recompute %s\n", lay->B, lay->T, g->dp, accum, lay->total_batch, lay->zero, lay->tp, lay->sp ? " + sp" : "",
+           "ce chunk %d, recompute %s\n", lay->B, lay->T, g->dp, accum, lay->total_batch, lay->zero, lay->tp,
+           lay->sp ? " + sp" : "",
            lay->cp, kind, lay->pp, lay->pp_schedule, lay->ce_chunk, lay->recompute);
     if (lay->pp > 1) { print_layer_split(c, lay->pp_layers, lay->T, lay->pp, lay->vpp); }
 }
