@@ -15,6 +15,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/rand.h"              // defines: Rng (the model's init and sampling)
 #include "llmc/model_config.h"      // defines: ModelConfig (every family), the tensors in file order (TensorSpec)
 #include "llmc/seq_layout.h"        // defines: SeqPos: where a rank's tokens are in the sequence (cp chunks)
+#include "llmc/layout.h"            // defines: Layout: how the run is cut over ranks and micro-batches; layout_error
 #include "llmc/test_hooks.h"        // defines: the few places a test reaches into the program
 #include "llmc/span.h"              // defines: Span: the flight recorder, the trace and the cost clock in one call
 // the kernels: a CPU loop (the specification) beside each CUDA kernel, one launcher each
@@ -49,7 +50,7 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/upcycle.h"           // defines: sparse upcycling (a MoE model from a dense one)
 #include "llmc/run_dir.h"           // defines: the run directory: lock, identity, retention, unusable/, main.log
 #include "llmc/checkpoint.h"        // defines: layout-independent checkpoints: save, load
-#include "llmc/args.h"              // defines: Args, the table of flags, parse_args, the layout checks
+#include "llmc/args.h"              // defines: Args (a Layout, the other flags), the flags, the model they make
 #include "llmc/cost_model.h"        // defines: the machine, a step's bytes per group by formula, the step-time model
 #include "llmc/plan.h"              // defines: the memory plan of any rank
 #include "llmc/layout_search.h"     // defines: --plan's report and levers, the memory check, plan_search

@@ -407,7 +407,7 @@ static void cp_attention_init(CPRing *r, Group *cp, int U, int NH, int KV, int h
     memset(r, 0, sizeof(*r));
     r->cp = cp; r->U = U; r->NH = NH; r->KV = KV; r->hs = hs;
     r->Hq = NH / U;
-    r->Hkv = KV % U == 0 ? KV / U : 1;   // (args.h's layout checks: U divides NH, and KV or U % KV == 0)
+    r->Hkv = KV % U == 0 ? KV / U : 1;   // (layout.h's checks: U divides NH, and KV or U % KV == 0)
     r->qkv_w = (NH + 2 * U * r->Hkv) * hs;
 }
 

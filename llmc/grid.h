@@ -152,7 +152,7 @@ static void grid_print_hosts(int rank, int world, int local_rank) {
     free(all);
 }
 
-// Builds every group of the grid. Call after the sizes were validated (args.h's validate_layout).
+// Builds every group of the grid. Call after the sizes were validated (layout.h's layout_error).
 static void grid_init(Grid *grid, int tp, int cp, int pp, int ep) {
     MPI_Comm_size(MPI_COMM_WORLD, &grid->world_size);
     MPI_Comm_rank(MPI_COMM_WORLD, &grid->rank);
