@@ -39,7 +39,8 @@ other concern lives in one file of llmc/, listed below with what it defines.
 #include "llmc/zero.h"              // defines: Zero: data parallel + ZeRO 0-3 over units
 #include "llmc/muon.h"              // defines: Muon: each matrix orthogonalised once in the job, under any layout
 #include "llmc/pipeline.h"          // defines: Pipeline: 1F1B, GPipe, interleaved, ZB schedules as step lists
-#include "llmc/pipeline_split.h"    // defines: the layers of each stage (--pp-layers), the measured costs' file
+#include "llmc/pipeline_split.h"    // defines: the layers of each stage (--pp-layers), from the FLOPs or a run's costs
+#include "llmc/stage_costs.h"       // defines: StageCosts: the seconds a run measures per stage, reported, written
 #include "llmc/expert_parallel.h"   // defines: ExpertParallel: a MoE layer over the ep group (all-to-all)
 // the program
 #include "llmc/dataloader.h"        // defines: DataLoader (llm.c's shards and order), the built-in corpus, the run's data
@@ -178,7 +179,7 @@ typedef struct {
     // beside the model: ZB's pending W passes, the instruments' measured costs, the guard's counters
     int defer_w;                 // ZB: the layers' weight gradients wait for the W pass
     WStore wstore;
-    StageCosts costs;            // --comm-report with a pipeline (pipeline_split.h)
+    StageCosts costs;            // --comm-report with a pipeline (stage_costs.h)
     UpdateGuard guard;           // the updates applied and skipped, the limits of the next (global_norm.h)
 } Model;
 

@@ -15,6 +15,7 @@
 #include "global_norm.h"
 #include "expert_parallel.h"
 #include "pipeline_split.h"
+#include "stage_costs.h"
 
 // ----------------------------------------------------------------------------
 // the start
