@@ -53,6 +53,7 @@ static void run_queue(void) {
 }
 
 #include "../../llmc/emu/cublas.h"
+#include "../../llmc/emu/cublas_batched.h"
 
 // ---- results
 static int passed, failed;

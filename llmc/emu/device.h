@@ -25,6 +25,7 @@
 #define __launch_bounds__(...) EMU_LAUNCH_BOUNDS_(__VA_ARGS__, 0)
 #include "runtime.h"
 #include "cublas.h"
+#include "cublas_batched.h"
 #ifdef USE_NCCL
 #include <nccl.h>
 #include "nccl.h"
