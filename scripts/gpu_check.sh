@@ -128,7 +128,7 @@ done
 #     writes them here), fp32 and bf16; head size 128 through the flash kernels too
 ref_llama() {   # NAME FLAGS...: the reference as scripts/test_matrix.sh writes it
     local name=$1; shift
-    [ -f refs/$name/state.bin ] || python3 dev/reference/gpt2_ref.py "$@" --out refs/$name >/dev/null 2>&1 ||
+    [ -f refs/$name/dterm.bin ] || python3 dev/reference/gpt2_ref.py "$@" --out refs/$name >/dev/null 2>&1 ||
         echo "(no refs/$name and no PyTorch to write it)"
 }
 ref_llama llama --config tiny --arch llama --KV 2

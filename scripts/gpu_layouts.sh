@@ -36,8 +36,8 @@ case "$MODE" in --prepare|--dry-run|run) ;; *) echo "usage: bash scripts/gpu_lay
 # the references the layouts compare against (the PyTorch reference, as test_matrix.sh writes them)
 write_refs() {
     local py=/usr/bin/python3
-    [ -f refs/tiny/state.bin ] || $py dev/reference/gpt2_ref.py --config tiny --out refs/tiny >/dev/null || return 1
-    [ -f refs/l8/state.bin ] || $py dev/reference/gpt2_ref.py --config tiny --L 8 --out refs/l8 >/dev/null || return 1
+    [ -f refs/tiny/dterm.bin ] || $py dev/reference/gpt2_ref.py --config tiny --out refs/tiny >/dev/null || return 1
+    [ -f refs/l8/dterm.bin ] || $py dev/reference/gpt2_ref.py --config tiny --L 8 --out refs/l8 >/dev/null || return 1
     [ -f refs/moe/state.bin ] || $py dev/reference/gpt2_ref.py --config tiny --E 4 --k 2 --out refs/moe >/dev/null || return 1
     [ -f refs/muon/state.bin ] || $py dev/reference/gpt2_ref.py --config tiny --optimizer muon --out refs/muon >/dev/null || return 1
 }

@@ -47,7 +47,7 @@ echo "(builds: $((SECONDS - t0)) s)"
 
 reference() {   # NAME ARGS...: the PyTorch reference state (test_matrix.sh writes the same ones)
     local name=$1; shift
-    [ -f refs/$name/state.bin ] || $PY dev/reference/gpt2_ref.py "$@" --out refs/$name >/dev/null || { echo "reference $name failed"; exit 1; }
+    [ -f refs/$name/dterm.bin ] || $PY dev/reference/gpt2_ref.py "$@" --out refs/$name >/dev/null || { echo "reference $name failed"; exit 1; }
 }
 reference tiny --config tiny
 reference moe --config tiny --E 4 --k 2

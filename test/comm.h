@@ -96,7 +96,7 @@ static void check_group_reductions(Group *g, floatX *dbuf, float *h, size_t n) {
 static void check_group_exchanges(Group *g, floatX *dbuf, float *h, size_t n, size_t cap) {
     int p = g->size, r = g->rank, ok;
     // all-to-all(v): rank r sends (j + 1) elements valued 1000 r + j to rank j
-    size_t sc[64], so[64], rc[64], ro[64], s_off = 0, r_off = 0;
+    size_t sc[64] = {0}, so[64] = {0}, rc[64] = {0}, ro[64] = {0}, s_off = 0, r_off = 0;   // (p <= 64: set below)
     if (p <= 64) {
         for (int j = 0; j < p; j++) {
             sc[j] = j + 1;

@@ -9,7 +9,8 @@ Emulated rounding (round to nearest even, both directions): the parameters are b
 activation a kernel stores is bf16 (the residual stream, each LayerNorm output, qkv, the attention
 output, each projection, fc and its GELU, the final LayerNorm) and so is the gradient of each
 (rounded again on the way back); products accumulate in fp32, as cuBLAS does; the softmaxes (the
-attention's and the loss's) run in fp32; the parameter gradients are stored bf16. FILE: the 16
+attention's and the loss's) run in fp32, the attention's backward with D = rowsum(dY o Y) from the stored bf16 Y
+(as the kernels: FlashAttention's recipe); the parameter gradients are stored bf16. FILE: the 16
 gradient tensors, fp32 (holding bf16 values), in llm.c order, nothing else.
 """
 import argparse, os, sys
@@ -34,15 +35,24 @@ class Round(torch.autograd.Function):
 R = Round.apply
 
 
+class AttendStoredY(ref.AttendD):
+    """causal attention in fp32 (scores, softmax, P v); its backward as the kernels run it: D = rowsum(dy o y) from
+    the stored bf16 y (FlashAttention's recipe), where the reference's D is exact"""
+    @staticmethod
+    def backward(ctx, dy):
+        q, k, v, P, y = ctx.saved_tensors
+        D = (dy * y.to(torch.bfloat16).float()).sum(-1, keepdim=True)
+        dS = P * (dy @ v.transpose(-2, -1) - D)
+        return dS @ k * ctx.scale, dS.transpose(-2, -1) @ q * ctx.scale, P.transpose(-2, -1) @ dy, None
+
+
 def attention_bf16(h, w, b, NH):
     B, T, C = h.shape
     hs = C // NH
     qkv = R(h @ w.t() + b)
     q, k, v = (qkv[..., i * C:(i + 1) * C].reshape(B, T, NH, hs).transpose(1, 2) for i in range(3))
-    att = (q @ k.transpose(-2, -1)) * (1.0 / hs ** 0.5)     # fp32 scores and softmax
-    mask = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
-    att = torch.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
-    return R((att @ v).transpose(1, 2).reshape(B, T, C))
+    y = AttendStoredY.apply(q, k, v, 1.0 / hs ** 0.5)
+    return R(y.transpose(1, 2).reshape(B, T, C))
 
 
 def forward_bf16(p, idx, targets, cfg):

@@ -114,6 +114,10 @@ Files in DIR (all little-endian):
                  z[nsteps], dropped[nsteps] (fraction of assignments dropped); int32
                  load[nsteps][Lm][E] (each step's top-k assignments per expert, before drops);
                  fp32 bias[Lm][E] (the routing bias after the last step)
+  dterm.bin      int32 hdr[256] = {20241204, 1, nprobes, 0...}, then per parameter (the tensors of state.bin's
+                 gradients, in order) fp32: the rms change of its step-0 gradient when every attention row's D =
+                 rowsum(dY o Y) carries the error of one bf16 rounding of Y (d_term: over nprobes draws); test_gpt's
+                 bf16 tolerance of each block adds its share
   README.txt     human-readable summary
 """
 import argparse, math, os, sys, time
@@ -230,6 +234,45 @@ def layernorm(x, w, b, eps=1e-5):
 def gelu_tanh(x):
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
+# The attention backward's D: a kernel takes D = rowsum(dY o Y) from the stored Y (FlashAttention's recipe; ours in
+# every path), and dS = P (dP - D) cancels, so D's bf16 error reaches dq and dk magnified. d_term measures by how much:
+# ATTEND_D runs the backward that way, D_NOISE (a generator) adds to each row's D a draw of its error.
+ATTEND_D, D_NOISE = False, None
+D_SIGMA = 2.0 ** -8 / (2.0 * math.sqrt(3.0))   # one bf16 rounding of Y: each element's relative error's rms (u = 2^-8)
+
+class AttendD(torch.autograd.Function):
+    """y = P v, P = softmax(causal q k^T scale); backward with D = rowsum(dy o y) (+ D_NOISE's draw: D_SIGMA
+    sqrt(rowsum((dy o y)^2)) N(0, 1), the error of D from a y rounded once, each element independently)"""
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        T = q.shape[-2]
+        mask = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
+        P = torch.softmax(((q @ k.transpose(-2, -1)) * scale).masked_fill(mask, float("-inf")), dim=-1)
+        y = P @ v
+        ctx.save_for_backward(q, k, v, P, y)
+        ctx.scale = scale
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        q, k, v, P, y = ctx.saved_tensors
+        prod = dy * y
+        D = prod.sum(-1, keepdim=True)
+        if D_NOISE is not None:
+            D = D + D_SIGMA * prod.pow(2).sum(-1, keepdim=True).sqrt() * torch.randn(D.shape, generator=D_NOISE)
+        dS = P * (dy @ v.transpose(-2, -1) - D)
+        return dS @ k * ctx.scale, dS.transpose(-2, -1) @ q * ctx.scale, P.transpose(-2, -1) @ dy, None
+
+def attend(q, k, v, hs):
+    """causal attention of q over k, v (B, NH, T, hs) -> (B, NH, T, hs)"""
+    if ATTEND_D:
+        return AttendD.apply(q, k, v, 1.0 / math.sqrt(hs))
+    T = q.shape[-2]
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))   # (B, NH, T, T)
+    mask = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)  # True above diagonal
+    att = torch.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
+    return att @ v
+
 def attention(x, w, b, NH):
     B, T, C = x.shape
     hs = C // NH
@@ -238,10 +281,7 @@ def attention(x, w, b, NH):
     q = q.reshape(B, T, NH, hs).transpose(1, 2)                 # (B, NH, T, hs)
     k = k.reshape(B, T, NH, hs).transpose(1, 2)
     v = v.reshape(B, T, NH, hs).transpose(1, 2)
-    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))   # (B, NH, T, T)
-    mask = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)  # True above diagonal
-    att = torch.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
-    y = att @ v                                                 # (B, NH, T, hs)
+    y = attend(q, k, v, hs)                                     # (B, NH, T, hs)
     return y.transpose(1, 2).reshape(B, T, C)
 
 def capacity(cfg, T):
@@ -378,10 +418,7 @@ def attention_llama(x, w, b, cfg, cos, sin, qn=None, kn=None):
     q, k = rope(q, cos, sin), rope(k, cos, sin)
     k = k.repeat_interleave(NH // KV, dim=1)                    # query head h reads kv head h // (NH/KV)
     v = v.repeat_interleave(NH // KV, dim=1)
-    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-    mask = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
-    att = torch.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
-    return (att @ v).transpose(1, 2).reshape(B, T, C)
+    return attend(q, k, v, hs).transpose(1, 2).reshape(B, T, C)
 
 def forward_llama(p, idx, cfg, log):
     """-> the logits (B, T, V) of LlamaForCausalLM (transformers 4.49; with MoE layers Mixtral, OLMoE,
@@ -688,6 +725,36 @@ def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
             extra = f" aux {hist['aux'][s]:.6f} z {hist['z'][s]:.6f} dropped {hist['dropped'][s]:.4f}" if moe else ""
             f.write(f"step {s:3d} loss {l:.6f} norm {n:.6f}{extra}\n")
 
+def d_term(init, tokens, cfg, nprobes=8):
+    """-> per parameter name, the rms over nprobes draws of the step-0 gradient's change when each attention row's D
+    carries its bf16 error (AttendD, D_NOISE), against the same backward with D exact"""
+    global ATTEND_D, D_NOISE
+    x, y = batch(tokens, 0, cfg)
+    cfg0 = dict(cfg, bias=torch.zeros_like(cfg["bias"]))   # (the routing bias of step 0)
+
+    def grads(noise):
+        global D_NOISE
+        D_NOISE = noise
+        p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
+        forward(p, x, y, cfg0)[3].backward()
+        return {k: (v.grad if v.grad is not None else torch.zeros_like(v)).detach() for k, v in p.items()}
+
+    ATTEND_D = True
+    exact, sq = grads(None), {k: torch.zeros_like(v) for k, v in init.items()}
+    gen = torch.Generator().manual_seed(20241204)
+    for _ in range(nprobes):
+        g = grads(gen)
+        for k in sq:
+            sq[k] += (g[k] - exact[k]) ** 2
+    ATTEND_D, D_NOISE = False, None
+    return {k: (v / nprobes).sqrt() for k, v in sq.items()}
+
+def write_d_term(out, cfg, dterm, nprobes=8):
+    with open(os.path.join(out, "dterm.bin"), "wb") as f:
+        f.write(header(20241204, 1, nprobes))
+        for k in names(cfg):
+            f.write(f32(dterm[k]))
+
 # ----------------------------------------------------------------------------- self-test
 def check(cfg, seed, nsamples=8, h=1e-5):
     """Autograd vs central finite differences in float64, on random elements of all
@@ -884,6 +951,7 @@ def main():
         hist["fp64_dist"] = dist
         print(f"Muon: the fp32 run's losses and norms within {dist:.2e} (relative) of the fp64 run's")
     write_all(a.out, cfg, a, init, tokens, hist, grads0, log0, params)
+    write_d_term(a.out, cfg, d_term(init, tokens, cfg))
     print(f"wrote {a.out} in {time.time() - t0:.1f} s")
 
 if __name__ == "__main__":
