@@ -163,6 +163,13 @@ static void report_elementwise_grads(const long *bad, const long *checked, const
 }
 #endif
 
+// kY for block_tolerances: the times a row's attention output is rounded to bf16 before the backward reads D from it:
+// once, or, merged block by block on the ring over cp/U positions (two chunks a rank), up to 2 cp/U times
+static double y_roundings(const Model *m) {
+    int cp = m->grid->cp, U = m->cpring.U;
+    return cp > 1 && U < cp ? 2.0 * cp / U : 1.0;
+}
+
 // dterm: the reference's dterm.bin (NULL: none).
 static void compare_grads(Model *m, float *ref_all, const float *dterm, const RouteDiff *rd) {
     const ModelConfig *c = &m->config;
@@ -177,8 +184,7 @@ static void compare_grads(Model *m, float *ref_all, const float *dterm, const Ro
     grad_blocks_init(c, ref_all, dterm, &gb);
     BlockError *berr = (BlockError *)calloc_check(gb.nblocks, sizeof(BlockError));
     double rtol = BF16_BLOCK_RTOL + 2.0 * sqrt(2.0 * rd->flipped_share);
-    int cp = m->grid->cp, U = m->cpring.U;   // (the ring over cp/U positions: a row's output merged 2 cp/U times at most)
-    double *brtol = block_tolerances(c, &gb, rd, rtol, cp > 1 && U < cp ? 2.0 * cp / U : 1.0);
+    double *brtol = block_tolerances(c, &gb, rd, rtol, y_roundings(m));
     float *numbers[NUM_TENSORS];
     split_tensors(c, gb.number, numbers);
 #endif
