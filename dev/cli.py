@@ -12,25 +12,41 @@ class Parser(argparse.ArgumentParser):
         fail(f"{message} (see --help)")
 
 
-def read_json_file(path):
-    """The JSON value in path, a regular file (opened without blocking and checked before reading: a FIFO or a link
-    to a device is refused, never read without end); one error line naming the file and the problem otherwise"""
-    import json
+def read_regular(path, limit=None, limit_what=""):
+    """The bytes of path, a regular file (opened without blocking and checked before reading: a FIFO or a link to
+    /dev/zero is refused, never read without end), read up to its size; with limit, a file of more bytes is
+    refused as more than limit_what. One error line naming the file and the problem otherwise"""
     import os
     import stat
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         fail(f"{path}: cannot open it: {e.strerror}")
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             fail(f"{path}: not a regular file (a FIFO, a device, a folder or a link to one)")
-        if st.st_size > 1 << 30:
-            fail(f"{path}: {st.st_size} bytes: more than a tokenizer's or config's 1 GiB")
-        data = os.read(fd, st.st_size) if st.st_size else b""
+        if limit is not None and st.st_size > limit:
+            fail(f"{path}: {st.st_size} bytes: more than {limit_what}")
+        parts, left = [], st.st_size
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 30))
+            if not b:
+                break
+            parts.append(b)
+            left -= len(b)
+        return b"".join(parts)
+    except OSError as e:
+        fail(f"{path}: cannot read it: {e.strerror}")
     finally:
         os.close(fd)
+
+
+def read_json_file(path):
+    """The JSON value in path, a regular file of at most 1 GiB (read_regular: a FIFO or a link to a device is
+    refused, never read without end); one error line naming the file and the problem otherwise"""
+    import json
+    data = read_regular(path, 1 << 30, "a tokenizer's or config's 1 GiB")
     if not data.strip():
         fail(f"{path}: empty: expected a JSON object")
     try:

@@ -166,10 +166,13 @@ static void att_row_dots(float *D, const float *dout, int ldo, const float *out,
     }
 }
 
-// qkv (B, T, (NH + 2KV) hs) -> out (B, T, NH hs), lse (B, NH, T): attention_forward_cpu through BLAS. One task
-// per (batch, query head, panel), the longest panels (the last rows) first.
-static void attention_forward_blas(float *out, float *lse, const float *qkv, int B, int T, int NH, int KV, int hs) {
-    int W = (NH + 2 * KV) * hs, C = NH * hs, G = NH / KV, QT = att_panel_rows, np = (T + QT - 1) / QT;
+// The forward of one block (ring attention's, context_parallel.h; the whole sequence for one device): query rows
+// q0 .. q0 + n - 1 of qkv over key rows k0 .. k0 + n - 1 of kv (row width ldkv, its kv heads' k then their v),
+// row i of a panel at t0 seeing keys j <= t0 + i (causal) or all n. One task per (batch, query head, panel), the
+// longest panels (the last rows) first. merge 0: out and lse written; 1: merged with the (out, lse) they hold.
+static void att_block_forward(float *out, float *lse, const float *qkv, const float *kv, int ldkv, int B, int T,
+                              int NH, int KV, int hs, int q0, int k0, int n, int causal, int merge) {
+    int W = (NH + 2 * KV) * hs, C = NH * hs, G = NH / KV, QT = att_panel_rows, np = (n + QT - 1) / QT;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel
     {
@@ -177,18 +180,32 @@ static void attention_forward_blas(float *out, float *lse, const float *qkv, int
         #pragma omp for schedule(dynamic, 1)
         for (int r = 0; r < B * NH * np; r++) {
             int b, h, t0, nq;
-            att_panel_task(r, NH, np, QT, T, &b, &h, &t0, &nq);
-            const float *row0 = qkv + (size_t)b * T * W, *k = row0 + (NH + h / G) * hs;   // its kv head's k, v
-            AttHead a = {row0 + (size_t)t0 * W + h * hs, k, k + KV * hs, NULL, W, W, 0, hs, scale};
-            att_panel_forward(&w, a, nq, T, t0);
+            att_panel_task(r, NH, np, QT, n, &b, &h, &t0, &nq);
+            const float *k = kv + ((size_t)b * T + k0) * ldkv + (h / G) * hs;   // its kv head's k, v
+            AttHead a = {qkv + ((size_t)b * T + q0 + t0) * W + h * hs, k, k + KV * hs, NULL, W, ldkv, 0, hs, scale};
+            att_panel_forward(&w, a, nq, n, causal ? t0 : n);
             for (int i = 0; i < nq; i++) {
-                float *y = out + ((size_t)b * T + t0 + i) * C + h * hs, inv = 1.0f / w.l[i];
-                for (int c = 0; c < hs; c++) { y[c] = w.o[(size_t)i * hs + c] * inv; }
-                lse[((size_t)b * NH + h) * T + t0 + i] = w.m[i] + logf(w.l[i]);
+                float *y = out + ((size_t)b * T + q0 + t0 + i) * C + h * hs;
+                float *lp = lse + ((size_t)b * NH + h) * T + q0 + t0 + i, lse2 = w.m[i] + logf(w.l[i]);
+                if (merge) {   // (out1, lse1) with this block's (o / l, lse2)
+                    float mx = *lp > lse2 ? *lp : lse2, l12 = mx + logf(expf(*lp - mx) + expf(lse2 - mx));
+                    float w1 = expf(*lp - l12), w2 = expf(lse2 - l12) / w.l[i];
+                    for (int c = 0; c < hs; c++) { y[c] = y[c] * w1 + w.o[(size_t)i * hs + c] * w2; }
+                    *lp = l12;
+                } else {
+                    float inv = 1.0f / w.l[i];
+                    for (int c = 0; c < hs; c++) { y[c] = w.o[(size_t)i * hs + c] * inv; }
+                    *lp = lse2;
+                }
             }
         }
         att_panel_free(&w);
     }
+}
+
+// qkv (B, T, (NH + 2KV) hs) -> out (B, T, NH hs), lse (B, NH, T): attention_forward_cpu through BLAS, one block
+static void attention_forward_blas(float *out, float *lse, const float *qkv, int B, int T, int NH, int KV, int hs) {
+    att_block_forward(out, lse, qkv, qkv + NH * hs, (NH + 2 * KV) * hs, B, T, NH, KV, hs, 0, 0, T, 1, 0);
 }
 
 // Backward of one query head's n rows over n keys, panel by panel (a, g at row 0; y: its out rows, ld ldy; lse:
@@ -206,10 +223,13 @@ static void att_head_backward(AttGrad g, AttHead a, const float *y, int ldy, con
     }
 }
 
-// dout (B, T, NH hs) -> dqkv (B, T, (NH + 2KV) hs) (written): attention_backward_cpu through BLAS. One task per
-// (batch, kv head): it owns its G query heads' dq and its dk, dv, which it sums over them in order.
-static void attention_backward_blas(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                    const float *lse, int B, int T, int NH, int KV, int hs) {
+// The backward of one block (as att_block_forward's), with out and lse the final ones (over every block): dq into
+// the q part of dqkv, dk and dv into dkv (row width ldkv, as kv), added to, or written where zero (dkv then dqkv's
+// k and v part). One task per (batch, kv head): it owns its G query heads' dq and its dk, dv, which it sums over
+// them in order.
+static void att_block_backward(float *dqkv, float *dkv, const float *dout, const float *qkv, const float *out,
+                               const float *lse, const float *kv, int ldkv, int B, int T, int NH, int KV, int hs,
+                               int q0, int k0, int n, int causal, int zero) {
     int W = (NH + 2 * KV) * hs, C = NH * hs, G = NH / KV, QT = att_panel_rows;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel if (B * KV >= att_threads())
@@ -219,19 +239,27 @@ static void attention_backward_blas(float *dqkv, const float *dout, const float 
         #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {
             for (int kh = 0; kh < KV; kh++) {
-                size_t r0 = (size_t)b * T;   // batch b's first row
-                const float *k = qkv + r0 * W + (NH + kh) * hs;
-                float *dk = dqkv + r0 * W + (NH + kh) * hs;
-                att_zero_group(dqkv + r0 * W, T, NH, KV, hs, kh);
+                const float *k = kv + ((size_t)b * T + k0) * ldkv + kh * hs;
+                float *dk = dkv + ((size_t)b * T + k0) * ldkv + kh * hs;
+                if (zero) { att_zero_group(dqkv + (size_t)b * T * W, T, NH, KV, hs, kh); }
                 for (int h = kh * G; h < (kh + 1) * G; h++) {
-                    AttHead a = {qkv + r0 * W + h * hs, k, k + KV * hs, dout + r0 * C + h * hs, W, W, C, hs, scale};
-                    AttGrad g = {dqkv + r0 * W + h * hs, dk, dk + KV * hs, W, W};
-                    att_head_backward(g, a, out + r0 * C + h * hs, C, lse + ((size_t)b * NH + h) * T, T, 1, s, dp, D);
+                    size_t row = (size_t)b * T + q0;
+                    AttHead a = {qkv + row * W + h * hs, k, k + KV * hs, dout + row * C + h * hs, W, ldkv, C, hs, scale};
+                    AttGrad g = {dqkv + row * W + h * hs, dk, dk + KV * hs, W, ldkv};
+                    att_head_backward(g, a, out + row * C + h * hs, C, lse + ((size_t)b * NH + h) * T + q0, n, causal,
+                                      s, dp, D);
                 }
             }
         }
         free(s); free(D);
     }
+}
+
+// dout (B, T, NH hs) -> dqkv (B, T, (NH + 2KV) hs) (written): attention_backward_cpu through BLAS, one block
+static void attention_backward_blas(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                    const float *lse, int B, int T, int NH, int KV, int hs) {
+    att_block_backward(dqkv, dqkv + NH * hs, dout, qkv, out, lse, qkv + NH * hs, (NH + 2 * KV) * hs, B, T, NH, KV, hs,
+                       0, 0, T, 1, 1);
 }
 
 #endif

@@ -122,63 +122,18 @@ static void attention_block_backward_cpu(float *dqkv, float *dkv, const float *d
     }
 }
 
-// The two blocks above through BLAS (attention.h's panels: what the CPU build runs), so that the ring
-// computes what the one-device attention_forward_blas / attention_backward_blas compute, block by block.
-// Threads as there: forward one task per (batch, query head, panel), backward one per (batch, kv head).
-// Row i of a panel starting at block row t0 sees block keys j <= t0 + i (causal), all n otherwise.
+// The two blocks above through BLAS (attention_blas.h's panels: what the CPU build runs), the code of the one-device
+// attention_forward_blas / attention_backward_blas, so that the ring computes what they compute, block by block:
+// the forward merged into (out, lse), the backward added to dqkv and dkv (2 KV hs wide, as kv).
 static void attention_block_forward_blas(float *out, float *lse, const float *qkv, const float *kv, int B, int T,
                                          int NH, int KV, int hs, int q0, int k0, int n, int causal) {
-    int W = (NH + 2 * KV) * hs, C = NH * hs, W2 = 2 * KV * hs, G = NH / KV, QT = att_panel_rows;
-    int np = (n + QT - 1) / QT;
-    float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel
-    {
-        AttPanel w = att_panel_alloc(hs);
-        #pragma omp for schedule(dynamic, 1)
-        for (int r = 0; r < B * NH * np; r++) {
-            int b, h, t0, nq;
-            att_panel_task(r, NH, np, QT, n, &b, &h, &t0, &nq);
-            const float *k = kv + ((size_t)b * T + k0) * W2 + (h / G) * hs;
-            AttHead a = {qkv + ((size_t)b * T + q0 + t0) * W + h * hs, k, k + KV * hs, NULL, W, W2, 0, hs, scale};
-            att_panel_forward(&w, a, nq, n, causal ? t0 : n);
-            for (int i = 0; i < nq; i++) {   // merge (out1, lse1) with this block's (o / l, lse2)
-                float *lp = lse + ((size_t)b * NH + h) * T + q0 + t0 + i, lse2 = w.m[i] + logf(w.l[i]);
-                float mx = *lp > lse2 ? *lp : lse2, l12 = mx + logf(expf(*lp - mx) + expf(lse2 - mx));
-                float w1 = expf(*lp - l12), w2 = expf(lse2 - l12) / w.l[i];
-                float *y = out + ((size_t)b * T + q0 + t0 + i) * C + h * hs;
-                for (int c = 0; c < hs; c++) { y[c] = y[c] * w1 + w.o[(size_t)i * hs + c] * w2; }
-                *lp = l12;
-            }
-        }
-        att_panel_free(&w);
-    }
+    att_block_forward(out, lse, qkv, kv, 2 * KV * hs, B, T, NH, KV, hs, q0, k0, n, causal, 1);
 }
 
 static void attention_block_backward_blas(float *dqkv, float *dkv, const float *dout, const float *qkv,
                                           const float *out, const float *lse, const float *kv, int B, int T, int NH,
                                           int KV, int hs, int q0, int k0, int n, int causal) {
-    int W = (NH + 2 * KV) * hs, C = NH * hs, W2 = 2 * KV * hs, G = NH / KV, QT = att_panel_rows;
-    float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel if (B * KV >= att_threads())
-    {
-        float *s = (float *)malloc_check(sizeof(float) * 2 * QT * att_key_tile), *dp = s + QT * att_key_tile;
-        float *D = (float *)malloc_check(sizeof(float) * QT);
-        #pragma omp for collapse(2)
-        for (int b = 0; b < B; b++) {
-            for (int kh = 0; kh < KV; kh++) {   // this (b, kv head) owns its heads' slices of dq, dk, dv
-                const float *k = kv + ((size_t)b * T + k0) * W2 + kh * hs;
-                float *dk = dkv + ((size_t)b * T + k0) * W2 + kh * hs;
-                for (int h = kh * G; h < (kh + 1) * G; h++) {
-                    size_t row = (size_t)b * T + q0;
-                    AttHead a = {qkv + row * W + h * hs, k, k + KV * hs, dout + row * C + h * hs, W, W2, C, hs, scale};
-                    AttGrad g = {dqkv + row * W + h * hs, dk, dk + KV * hs, W, W2};
-                    att_head_backward(g, a, out + row * C + h * hs, C, lse + ((size_t)b * NH + h) * T + q0, n, causal,
-                                      s, dp, D);
-                }
-            }
-        }
-        free(s); free(D);
-    }
+    att_block_backward(dqkv, dkv, dout, qkv, out, lse, kv, 2 * KV * hs, B, T, NH, KV, hs, q0, k0, n, causal, 0);
 }
 
 #ifdef USE_CUDA

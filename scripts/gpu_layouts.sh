@@ -25,6 +25,7 @@
 #      (KIND:DIR ...: the builds to run, e.g. "cuda:build/cuda")
 set -u
 cd "$(dirname "$0")/.."
+. scripts/fault_lib.sh   # stop_rank1 (the injected fault)
 MODE=${1:-run}
 LOG_DIR=${LOG_DIR:-build/gpu_layouts}
 TIMEOUT=${TIMEOUT:-90}
@@ -160,18 +161,7 @@ kind=${b%%:*} dir=${b#*:} log="$LOG_DIR/${kind}_fault_sigstop.log"
 rm -rf "$LOG_DIR/fault_run"
 mpirun --allow-run-as-root --oversubscribe -np 2 $MPIRUN_ENV -x OMP_NUM_THREADS=1 bash -c "NCCL_HOSTID=layouts-\$OMPI_COMM_WORLD_RANK \
     exec $dir/train_gpt -e L=2,C=64,NH=4,V=256,maxT=64 -t 32 -b 2 -v 0 -s 0 -x 100000 --timeout 5 -o $LOG_DIR/fault_run" >"$log" 2>&1 &
-mp=$!
-for i in $(seq 1 1200); do grep -q "^step    5/" "$log" && break; sleep 0.1; done
-victim=""
-for p in $(pgrep -P $mp) $(for c in $(pgrep -P $mp); do pgrep -P "$c"; done); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$p
-done
-step=$(grep -o "^step *[0-9]*" "$log" | tail -n 1 | awk '{ print $2 }')
-[ -n "$victim" ] && kill -STOP "$victim"
-for i in $(seq 1 300); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
-kill -0 $mp 2>/dev/null && kill -9 $mp
-[ -n "$victim" ] && kill -9 "$victim" 2>/dev/null
-wait $mp 2>/dev/null
+stop_rank1 $! "$log"
 line=$(grep -m1 '^diagnosis:' "$log")
 waited_step=$(grep -oE "rank 0 waits in [a-z]+ [a-z-]+ #[0-9]+ of step [0-9]+" <<<"$line" | awk '{ print $NF }')
 if grep -q "^diagnosis: rank 1 .*is stopped" <<<"$line" && [ -n "$waited_step" ] && [ "$waited_step" -ge $((${step:-1} - 1)) ]; then

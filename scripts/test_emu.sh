@@ -19,6 +19,7 @@
 # Usage: bash scripts/test_emu.sh   (closes with "N passed, N failed")
 set -u
 cd "$(dirname "$0")/.."
+. scripts/fault_lib.sh   # stop_rank1 (section 7)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 MPIRUN="mpirun --oversubscribe --bind-to none"
 PY=/usr/bin/python3
@@ -205,29 +206,16 @@ echo "== 7. a stalled peer under NCCL's semantics: rank 1 stopped (SIGSTOP), ran
 # must end within --timeout + 10 s with "diagnosis: rank 1 ... is stopped", rank 0 waiting in a call of the step
 # the run had reached.
 stopped_rank() {   # BUILD
-    local build=$1 log=$TMP/sigstop.log mp victim p step t0 t line waited
+    local build=$1 log=$TMP/sigstop.log step stop_s line waited
     rm -rf "$TMP/sigstop"
     $MPIRUN -np 2 -x TMPDIR=$TMP build/$build/train_gpt -e "$TINY" -t 32 -b 2 -v 0 -s 0 -x 100000 \
         --timeout 5 -o "$TMP/sigstop" >"$log" 2>&1 &
-    mp=$!
-    for i in $(seq 1 1200); do grep -q "^step    5/" "$log" && break; sleep 0.1; done
-    victim=""
-    for p in $(pgrep -P $mp) $(for c in $(pgrep -P $mp); do pgrep -P "$c"; done); do
-        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$p
-    done
-    step=$(grep -o "^step *[0-9]*" "$log" | tail -n 1 | awk '{ print $2 }')
-    t0=$SECONDS
-    [ -n "$victim" ] && kill -STOP "$victim"
-    for i in $(seq 1 300); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
-    t=$((SECONDS - t0))
-    kill -0 $mp 2>/dev/null && kill -9 $mp
-    [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null
-    wait $mp 2>/dev/null
+    stop_rank1 $! "$log"
     line=$(grep -m1 '^diagnosis:' "$log" | cut -c1-400)
     waited=$(grep -oE "rank 0 waits in [a-z]+ [a-z-]+ #[0-9]+ of step [0-9]+" <<<"$line" | awk '{ print $NF }')
     grep -q "^diagnosis: rank 1 .*is stopped" <<<"$line" && [ -n "$waited" ] && [ "$waited" -ge $((${step:-1} - 1)) ] &&
-        [ $t -le 15 ]
-    say $? "$build: rank 1 stopped at step ${step:-?}, the job ended in $t s: ${line:-no diagnosis line ($(grep -m1 '^error' "$log" | cut -c1-100))}"
+        [ $stop_s -le 15 ]
+    say $? "$build: rank 1 stopped at step ${step:-?}, the job ended in $stop_s s: ${line:-no diagnosis line ($(grep -m1 '^error' "$log" | cut -c1-100))}"
 }
 stopped_rank emu-bf16
 

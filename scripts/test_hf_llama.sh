@@ -38,37 +38,20 @@ $REF ref "$W/val.bin" -b $B -t $T --ids $IDS -n $N $dirs >"$W/ref.log" 2>&1
 
 # 1. the same loss, the same greedy continuation
 for m in $CASES $TRAINED; do
-    a=$(our_loss "$(model $m)"); b=$(awk -v m=$m '$1 == "loss" && $2 == m { print $3 }' "$W/ref.log")
-    b64=$(awk -v m=$m '$1 == "loss" && $2 == m { print $4 }' "$W/ref.log")
-    close "$a" "$b"
-    say $? "$m: our val loss $a = transformers' $b (1e-5): |diff| $(absdiff "$a" "$b"), transformers' fp32 against float64 $(absdiff "$b" "$b64")"
+    check_loss $m
     # transformers' next tokens are ours (--sample-temperature 0) up to the first step whose top two logits are
     # within 1e-4 (fp32 rounding of the logits is ~1e-6 of them: beyond that an argmax cannot flip)
-    cut=$(awk -v m=$m '$1 == "margin" && $2 == m { print $3 }' "$W/ref.log")
-    h=$(awk -v m=$m '$1 == "greedy" && $2 == m { $1 = $2 = ""; print }' "$W/ref.log" | xargs | cut -d' ' -f1-$((cut > 0 ? cut : 1)))
-    o=$("$BIN/train_gpt" -e "$(model $m)" -x 0 -v 0 -s 0 -g $N --prompt-ids $IDS --sample-temperature 0 2>&1 \
-        | awk -F: '/^sample ids:/ { print $2 }' | xargs | cut -d' ' -f1-$((cut > 0 ? cut : 1)))
-    [ -n "$cut" ] && [ "$cut" -gt 0 ] && [ "$h" = "$o" ]
-    say $? "$m: greedy after $IDS in transformers = ours, $cut of $N tokens compared (the rest past a near tie): $o"
+    check_greedy $m
 done
 
 # 2. round trips
-for m in $CASES; do
-    $HF import "$W/${m}_out" "$W/${m}_back.bin" >/dev/null 2>&1 && cmp -s "$W/$m.bin" "$W/${m}_back.bin"
-    say $? "$m: export then import gives back the model file byte for byte (exported as $(awk -F'"' '/"model_type"/ { print $4 }' "$W/${m}_out/config.json"))"
-    $REF same "$W/$m" "$W/${m}_out" >"$W/same_$m.log" 2>&1
-    say $? "$m: import then export gives back transformers' weights bit for bit: $(cat "$W/same_$m.log")"
-done
-for m in $TRAINED; do
-    $HF import "$W/$m" "$W/$m.bin" >/dev/null 2>&1 && cmp -s "$(model $m)" "$W/$m.bin"
-    say $? "$m: exported as $(awk -F'"' '/"model_type"/ { print $4 }' "$W/$m/config.json"), imported back byte for byte"
-done
+check_round_trips
 
 # 3. another layout: tp 2 (a kv head per rank) + sp x pp 2
 for m in llama qwen2; do
     a=$($MPIRUN -np 4 "$BIN/train_gpt" -e "$W/$m.bin" -x 0 -j "$W/val.bin" -m 1 -b $B -t $T -s 0 --tp 2 --sp --pp 2 2>&1 \
         | awk '/^val loss/ { print $3 }')
-    b=$(awk -v m=$m '$1 == "loss" && $2 == m { print $3 }' "$W/ref.log")
+    b=$(ref loss $m 3)
     close "$a" "$b"
     say $? "$m imported, under tp 2 + sp x pp 2: $a = transformers' $b"
 done

@@ -26,7 +26,6 @@ MOE="--aux-coeff 0 --z-coeff 0 --capacity-factor 0"
 CASES="mixtral mixtral_tied qwen2_moe qwen2_moe_norm olmoe olmoe_norm"
 TRAINED="trained_mixtral trained_qwen2_moe trained_olmoe"
 . "$(dirname "$0")/test_hf_lib.sh"
-ref() { awk -v k="$1" -v m="$2" -v c="$3" '$1 == k && $2 == m { print $c }' "$W/ref.log"; }
 
 $REF make "$W" >"$W/make.log" 2>&1
 say $? "transformers builds the six random MoE models (routed without near ties: $(grep -c margin "$W/make.log") seeds found) and the configs to refuse"
@@ -48,30 +47,14 @@ for m in $CASES $TRAINED; do
     r=$(ref route $m 3)
     awk -v r="$r" 'BEGIN { exit !(r != "" && r >= 1e-5) }'
     say $? "$m: transformers routes the batch with top-k margins >= 1e-5 (smallest $r): both sides choose the same experts"
-    a=$(our_loss "$(model $m)"); b=$(ref loss $m 3); b64=$(ref loss $m 4)
-    close "$a" "$b"
-    say $? "$m: our val loss $a = transformers' $b (1e-5): |diff| $(absdiff "$a" "$b"), transformers' fp32 against float64 $(absdiff "$b" "$b64")"
+    check_loss $m
     # transformers' next tokens are ours up to the first step with the top two logits within 1e-4 or a routing
     # margin under 1e-5 (beyond those an fp32 rounding may flip an argmax or an expert)
-    cut=$(ref margin $m 3)
-    h=$(awk -v m=$m '$1 == "greedy" && $2 == m { $1 = $2 = ""; print }' "$W/ref.log" | xargs | cut -d' ' -f1-$((cut > 0 ? cut : 1)))
-    o=$("$BIN/train_gpt" -e "$(model $m)" -x 0 -v 0 -s 0 $MOE -g $N --prompt-ids $IDS --sample-temperature 0 2>&1 \
-        | awk -F: '/^sample ids:/ { print $2 }' | xargs | cut -d' ' -f1-$((cut > 0 ? cut : 1)))
-    [ -n "$cut" ] && [ "$cut" -gt 0 ] && [ "$h" = "$o" ]
-    say $? "$m: greedy after $IDS in transformers = ours, $cut of $N tokens compared (the rest past a near tie): $o"
+    check_greedy $m
 done
 
 # 2. round trips
-for m in $CASES; do
-    $HF import "$W/${m}_out" "$W/${m}_back.bin" >/dev/null 2>&1 && cmp -s "$W/$m.bin" "$W/${m}_back.bin"
-    say $? "$m: export then import gives back the model file byte for byte (exported as $(awk -F'"' '/"model_type"/ { print $4 }' "$W/${m}_out/config.json"))"
-    $REF same "$W/$m" "$W/${m}_out" >"$W/same_$m.log" 2>&1
-    say $? "$m: import then export gives back transformers' weights bit for bit: $(cat "$W/same_$m.log")"
-done
-for m in $TRAINED; do
-    $HF import "$W/$m" "$W/$m.bin" >/dev/null 2>&1 && cmp -s "$(model $m)" "$W/$m.bin"
-    say $? "$m: exported as $(awk -F'"' '/"model_type"/ { print $4 }' "$W/$m/config.json"), imported back byte for byte"
-done
+check_round_trips
 
 # 3. other layouts (dp 2 x -b 2 and dp 4 x -b 1 read the same 4 rows): tp 2 + sp + ep 2 (OLMoE: QK-norm's sums
 # over tp), ep 4

@@ -2,44 +2,18 @@
 import json
 import math
 import os
-import stat
 import struct
 import zlib
 
 import numpy as np
 
-from cli import fail
+from cli import fail, read_regular
 
 
 MODEL_MAGIC = 20240326
 HEADER_INTS = 256
 EPS = 1e-5
 MOE_NAMES = ("routerw", "efcw", "efcb", "efcprojw", "efcprojb", "sfcw", "sfcb", "sfcprojw", "sfcprojb")
-
-
-def read_regular(path):
-    """The bytes of path, a regular file (opened without blocking and checked before reading: a FIFO or a link to
-    /dev/zero is refused, never read without end), read up to its size"""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        fail(f"{path}: cannot open it: {e.strerror}")
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            fail(f"{path}: not a regular file (a FIFO, a device, a folder or a link to one)")
-        parts, left = [], st.st_size
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 30))
-            if not b:
-                break
-            parts.append(b)
-            left -= len(b)
-        return b"".join(parts)
-    except OSError as e:
-        fail(f"{path}: cannot read it: {e.strerror}")
-    finally:
-        os.close(fd)
 
 
 def read_json(path):

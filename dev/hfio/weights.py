@@ -5,8 +5,8 @@ import os
 
 import numpy as np
 
-from cli import fail
-from .ourfile import read_regular, read_json
+from cli import fail, read_regular
+from .ourfile import read_json
 
 
 # safetensors' dtypes -> numpy's; BF16 (which numpy lacks) is read as its bits and widened to fp32
