@@ -524,7 +524,7 @@ static void comm_p2p_launch(Group *g, const P2POp *ops, int nops, DType t, CommR
         }
         sends = recvs = NULL;
     }
-    MPI_Request *recv_req = (MPI_Request *)malloc_check(sizeof(MPI_Request) * (pieces + 1)), *send_req = recv_req;
+    MPI_Request *recv_req = (MPI_Request *)calloc_check(pieces + 1, sizeof(MPI_Request)), *send_req = recv_req;
     uint64_t *ids = (uint64_t *)malloc_check(sizeof(uint64_t) * (nops + 1));   // each message's record, as posted
     int nid = 0;
     int nr = comm_p2p_post_recvs(g, ops, nops, t, recv_req, ids, &nid);
