@@ -44,7 +44,8 @@ Prints one line per check and closes with "N passed, N failed" (rank 0, summed o
 //    error) and w ~ 0.02 over C = 64 channels: the logits differ by ~sqrt(64) 1e-6 0.02 ~ 2e-7 and p by
 //    at most p(1 - p) that, 4e-8. A decision whose margin (gap in p) exceeds 1e-5 (250x) cannot flip and
 //    is compared; others may flip. The references' data seeds give every decision of their 10 steps a
-//    margin >= 1e-6 (gpt2_ref.py --min_margin, 25x), so losses and gradients compare without exclusions.
+//    margin >= 1e-6 (gpt2_ref.py --min_margin), 25x this at step 0, so its gradients compare without
+//    exclusions; later steps drift further (check_moe_load) and their loads and losses carry measured bounds.
 //  - DROP: the dropped fraction is a ratio of counts: equal when the masks are (1e-6: the printing).
 // bf16 (GPU; u = 2^-8 = 3.9e-3 per stored activation, fp32 accumulation): the gradients compare per
 // block (BF16_BLOCK_RTOL below, with its derivation); a loss or norm passes ~10 bf16 roundings per layer,
@@ -408,67 +409,94 @@ static void check_first_step(TestRun *t, Model *m, DataLoader *dl, int check_mem
     if (t->args.comm_report) { comm_report(&t->grid, 1, "test step 0"); }
 }
 
-// |got[i] - want[i]| <= LOSS_TOL |want[i]| for steps s0 + i, i < n.
-static void check_losses(const float *got, const float *want, int n, int s0, const char *what) {
+// |got[i] - want[i]| <= tol |want[i]| for steps s0 + i, i < n.
+static void check_losses(const float *got, const float *want, int n, int s0, const char *what, float tol) {
     double worst = 0;
     int at = 0;
     for (int i = 0; i < n; i++) {
         double e = fabs(got[i] - want[i]) / fabs(want[i]);
         if (e > worst || e != e) { worst = e != e ? INFINITY : e; at = i; }
     }
-    check(worst <= LOSS_TOL, "losses of steps %d..%d %s: worst relative error %.2e at step %d (%.6f vs %.6f)", s0,
-          s0 + n - 1, what, worst,
-          s0 + at, got[at], want[at]);
+    check(worst <= tol, "losses of steps %d..%d %s: worst relative error %.2e at step %d (%.6f vs %.6f; tolerance "
+          "%.1e)", s0, s0 + n - 1, what, worst, s0 + at, got[at], want[at], tol);
 }
 
-// A MoE reference with the loads of its steps (gpt2_ref.py, moe.bin version 2): the load of the step just run
+// The losses' tolerance over a reference's steps. LOSS_TOL bounds the forward's own sums; where the steps amplify a
+// rounding difference the bound is measured, not assumed: the reference ran the same steps in fp64 too (Muon:
+// Newton-Schulz, five steps of slope up to a = 3.44 in a small singular direction; MoE: from the first AdamW step
+// on, elements whose gradient is rounding noise of eps's size, and the routing near-ties their drift reaches), and
+// its fp32 run's worst relative distance from that, d, is how far an fp32 computation of these steps lands from the
+// exact one. Ours and the reference's are two such computations (other summation orders): at most 2 d apart when
+// each lands as far as the reference did, 4 d leaving 2x for another order landing farther.
+static float measured_loss_tol(const TestRun *t) { return fmaxf(LOSS_TOL, 4.0f * t->ref.fp64_dist); }
+
+// A MoE reference with the loads of its steps (gpt2_ref.py, moe.bin version 3): the load of the step just run
 // (the top-k assignments to each expert of each MoE layer before drops, over the global batch: main.log's load
-// line) equals the reference's, count for count. They are integers that follow from the choices, and every
-// choice of every step is the reference's: its data seed gives each decision of every step a margin of at
-// least min_margin between the (biased) scores, far above their rounding differences (the 10-step losses
-// rely on the same).
+// line) against the reference's, count for count. They are integers that follow from the choices. At step 0 every
+// choice is the reference's: the data seed gives each decision a margin of at least min_margin (1e-6), 16x the
+// scores' rounding (6e-8, ROUTE_MARGIN's derivation), and the allowance is 0. From the first AdamW step on, the
+// scores of two fp32 runs drift apart ~100x further (an element whose gradient is rounding noise of eps's size moves
+// by another fraction of lr in each): the reference measured its drift from its fp64 run, D, and counted, per
+// step and layer, the assignments that can move to another expert when each score may be off by 3 D (ours within
+// 2 D of the exact run's), each move changing two loads by 1 (fp64_twin, load_allowance in gpt2_ref.py): per
+// layer, sum |load - ref| <= that allowance. Returns whether any load differs: a token routed otherwise changes
+// the step's gradient by far more than rounding, the two runs separate there, and the reference's later
+// near-ties no longer bound ours (check_training stops comparing loads; the losses keep their measured bound).
 // (fp32 builds: bf16 rounds the scores by ~2^-8 of their size, far above the margins, so a bf16 run routes some
 // tokens otherwise; its losses carry its own tolerance.)
-static void check_moe_load(Model *m, const RefMoE *r, int step) {
-    if (r->loads == NULL || sizeof(floatX) != 4) { return; }
+static int check_moe_load(Model *m, const RefMoE *r, int step) {
+    if (r->loads == NULL || sizeof(floatX) != 4) { return 0; }
     size_t n = (size_t)r->Lm * r->E;
     double *load = (double *)malloc_check(n * sizeof(double)), *kept = (double *)malloc_check(r->Lm * sizeof(double));
     moe_gather_load(&m->moe, m->grid, r->Lm, load, kept);
+    long moved = 0, allowed = 0, over = 0;   // (rank 0 holds the loads: it decides for every rank)
+    for (int l = 0; l < r->Lm && my_rank == 0; l++) {
+        long d = 0, allow = r->allow ? r->allow[step * r->Lm + l] : 0;
+        for (int e = 0; e < r->E; e++) { d += labs(lround(load[l * r->E + e]) - r->loads[step * n + l * r->E + e]); }
+        moved += d; allowed += allow; over += d > allow;
+    }
     if (my_rank == 0) {
-        long differ = 0;
-        for (size_t i = 0; i < n; i++) { differ += load[i] != r->loads[step * n + i]; }
-        check(differ == 0, "step %d: MoE load (assignments per MoE layer and expert before drops, %zu counts) = the "
-              "reference's: %ld differ", step, n, differ);
+        check(over == 0, "step %d: MoE load (assignments per MoE layer and expert before drops, %zu counts) against the "
+              "reference's: sum |difference| %ld, allowed %ld by the near-ties (%ld layers over theirs)", step, n, moved,
+              allowed, over);
     }
     free(load); free(kept);
+    int differ = moved > 0;
+    comm_host_bcast(&m->grid->world, &differ, 1, DT_INT, 0, "whether the MoE load differed");
+    return differ;
 }
 
-// After the last step: the routing bias of loss-free balancing equals the reference's bit for bit (each step
-// moves it by +-rate or 0 by the sign of integer loads, the same on both sides: the same fp32 operations).
-static void check_moe_bias(Model *m, const RefMoE *r) {
+// After the last step: the routing bias of loss-free balancing against the reference's. Each step moves it by
+// +-rate or 0 by the sign of integer loads, the same fp32 operations on both sides: bit for bit when every step's
+// loads were the reference's; from the step whose loads first differed (check_moe_load) on, a step may move a bias
+// by -rate instead of +rate: within 2 rate per such step.
+static void check_moe_bias(Model *m, const RefMoE *r, int steps_separated) {
     if (r->bias == NULL || sizeof(floatX) != 4) { return; }   // (fp32 builds, as check_moe_load)
     float *b = moe_gather_bias(&m->moe, m->grid, num_moe_layers(&m->config));
     if (my_rank == 0) {
-        size_t n = (size_t)r->Lm * r->E, differ = 0;
-        float worst = 0.0f;
+        size_t n = (size_t)r->Lm * r->E, differ = 0, over = 0;
+        float worst = 0.0f, bound = 2.0f * r->bias_rate * steps_separated;
         for (size_t i = 0; i < n; i++) {
             differ += memcmp(&b[i], &r->bias[i], sizeof(float)) != 0;
+            over += !(fabsf(b[i] - r->bias[i]) <= bound * (1.0f + 1e-6f));
             worst = fmaxf(worst, fabsf(b[i] - r->bias[i]));
         }
-        check(differ == 0, "MoE routing bias after %d steps (rate %g) = the reference's bit for bit: %zu of %zu differ "
-              "(worst %.3g)", r->nsteps, r->bias_rate, differ, n, worst);
+        if (steps_separated == 0) {
+            check(differ == 0, "MoE routing bias after %d steps (rate %g) = the reference's bit for bit: %zu of %zu "
+                  "differ (worst %.3g)", r->nsteps, r->bias_rate, differ, n, worst);
+        } else {
+            check(over == 0, "MoE routing bias after %d steps (rate %g) within 2 rate x %d steps since the loads first "
+                  "differed of the reference's: %zu of %zu outside (worst %.3g)", r->nsteps, r->bias_rate, steps_separated,
+                  over, n, worst);
+        }
     }
     free(b);
 }
 
-// Muon (gpt2_ref.py --optimizer muon): each step's loss and gradient norm against the reference's. Newton-Schulz
-// amplifies a rounding difference (five steps of slope up to a = 3.44 in a small singular direction), so the bound
-// is measured, not assumed: the reference ran the same steps in fp64 too, and its fp32 run's worst relative distance
-// from that, d, is how far an fp32 computation of these steps lands from the exact one. Ours and the reference's
-// are two such computations (other summation orders): at most 2 d apart when each lands as far as the reference
-// did, 4 d leaving 2x for another order landing farther; never below LOSS_TOL, which bounds the forward's own sums.
+// Muon (gpt2_ref.py --optimizer muon): each step's loss and gradient norm against the reference's, within
+// measured_loss_tol (Newton-Schulz amplifies a rounding difference).
 static void check_muon_training(TestRun *t, const float *losses, const float *norms) {
-    float tol = fmaxf(LOSS_TOL, 4.0f * t->ref.fp64_dist);
+    float tol = measured_loss_tol(t);
     double worst = 0;
     int at = 0;
     for (int s = 0; s < t->ref.nsteps; s++) {
@@ -488,17 +516,21 @@ static void check_training(TestRun *t, Model *m, DataLoader *dl, float loss0) {
     float *losses = (float *)malloc_check(sizeof(float) * t->ref.nsteps), *norms = (float *)malloc_check(sizeof(float) * t->ref.nsteps);
     losses[0] = loss0;
     norms[0] = t->norm0;
-    check_moe_load(m, &t->rmoe, 0);
+    int split = check_moe_load(m, &t->rmoe, 0) ? 0 : -1;   // the step whose loads first differ: the runs separate
     for (int s = 1; s < t->ref.nsteps; s++) {
         gpt2_forward_backward(m, dl, t->accum);
         StepResult r = gpt2_update(m, &t->opt, lr_at(&t->sched, s), s);
         losses[s] = r.loss;
         norms[s] = r.norm;
-        check_moe_load(m, &t->rmoe, s);
+        if (split < 0 && check_moe_load(m, &t->rmoe, s)) { split = s; }
+    }
+    if (split >= 0 && split + 1 < t->ref.nsteps && my_rank == 0) {
+        printf("       MoE loads of steps %d..%d not compared: a near-tie routed a token otherwise at step %d\n", split + 1,
+               t->ref.nsteps - 1, split);
     }
     if (t->ref.muon) { check_muon_training(t, losses, norms); }
-    else { check_losses(losses, t->ref.losses, t->ref.nsteps, 0, "(AdamW) against the reference's"); }
-    check_moe_bias(m, &t->rmoe);
+    else { check_losses(losses, t->ref.losses, t->ref.nsteps, 0, "(AdamW) against the reference's", measured_loss_tol(t)); }
+    check_moe_bias(m, &t->rmoe, split < 0 ? 0 : t->ref.nsteps - split);
     free(losses); free(norms);
 }
 

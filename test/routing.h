@@ -11,6 +11,7 @@ typedef struct {
     float bias_rate;                    // (version 2) loss-free balancing's rate
     int *loads;                         // (version 2, PyTorch's) (nsteps, Lm, E) assignments per expert before drops
     float *bias;                        // (version 2, PyTorch's) (Lm, E) the routing bias after the last step
+    int *allow;                         // (version 3) (nsteps, Lm) the assignments another fp32 run may move, x 2
 } RefMoE;
 
 static void read_ref_moe(const char *dir, RefMoE *r) {
@@ -23,7 +24,7 @@ static void read_ref_moe(const char *dir, RefMoE *r) {
     float fh[256];
     fread_check(h, sizeof(int), 256, f, path);
     fread_check(fh, sizeof(float), 256, f, path);
-    if (h[0] != 20241130 || (h[1] != 1 && h[1] != 2)) { fail("reference '%s' has bad magic/version", path); }
+    if (h[0] != 20241130 || h[1] < 1 || h[1] > 3) { fail("reference '%s' has bad magic/version", path); }
     r->present = 1;
     r->E = h[2];
     r->k = h[3];
@@ -49,7 +50,7 @@ static void read_ref_moe(const char *dir, RefMoE *r) {
     fread_check(r->keep, sizeof(int), n, f, path);
     fread_check(r->topk_margin, sizeof(float), (size_t)r->Lm * r->R * r->T, f, path);
     fread_check(r->cap_margin, sizeof(float), (size_t)r->Lm * r->R * r->E, f, path);
-    if (h[1] == 2) {
+    if (h[1] >= 2) {
         r->bias_rate = fh[6];
         if (h[11]) {   // the loads of every step and the final bias (a dump of layout A has none)
             size_t nl = (size_t)r->Lm * r->E;
@@ -60,6 +61,13 @@ static void read_ref_moe(const char *dir, RefMoE *r) {
             r->bias = (float *)malloc_check(nl * sizeof(float));
             fread_check(r->loads, sizeof(int), r->nsteps * nl, f, path);
             fread_check(r->bias, sizeof(float), nl, f, path);
+            if (h[1] == 3) {   // the scores' drift from the fp64 run per step (not used here), the allowances
+                float *drift = (float *)malloc_check(r->nsteps * sizeof(float));
+                fread_check(drift, sizeof(float), r->nsteps, f, path);
+                free(drift);
+                r->allow = (int *)malloc_check((size_t)r->nsteps * r->Lm * sizeof(int));
+                fread_check(r->allow, sizeof(int), (size_t)r->nsteps * r->Lm, f, path);
+            }
         }
     }
     fclose(f);

@@ -98,12 +98,13 @@ Files in DIR (all little-endian):
                  ntok = (nsteps+1)*D + 1, seeded random first-order Markov chain
   state.bin      int32 hdr[256] = {20241129, 1, T, R, nsteps, warmup, 0...}
                  fp32 fhdr[256] = {lr, b1, b2, eps, weight_decay, clip, final_frac,
-                                   loss0, gradnorm0, 0...}
+                                   loss0, gradnorm0, muon (1 or 0), its momentum, fp64_dist (Muon, MoE: the
+                                   losses' and norms' worst relative distance from the fp64 run's, fp64_twin), 0...}
                  16 fp32 gradient tensors of step 0 (raw, before clipping; llm.c order)
                  fp32 step_losses[nsteps], fp32 step_norms[nsteps] (pre-clip norms)
                  16 fp32 parameter tensors after the last step (MoE: 25 tensors, Llama: the 29 of
                  model.bin, empty ones writing nothing, both times)
-  moe.bin        (MoE only) int32 hdr[256] = {20241130, 2, E, k, every, F1000, policy (0 probs,
+  moe.bin        (MoE only) int32 hdr[256] = {20241130, 3, E, k, every, F1000, policy (0 probs,
                  1 position), Lm, R, T, nsteps, 1 (loads and bias below), 0...}; fp32 fhdr[256] =
                  {aux_coeff, z_coeff, aux0, z0, dropped0, min_margin, bias_rate, 0...};
                  step 0: int32 choice[Lm][R][T][k] (the
@@ -113,7 +114,9 @@ Files in DIR (all little-endian):
                  last kept minus p of the first dropped; else inf); then fp32 aux[nsteps],
                  z[nsteps], dropped[nsteps] (fraction of assignments dropped); int32
                  load[nsteps][Lm][E] (each step's top-k assignments per expert, before drops);
-                 fp32 bias[Lm][E] (the routing bias after the last step)
+                 fp32 bias[Lm][E] (the routing bias after the last step); fp32 drift[nsteps] (the
+                 scores' largest distance from the fp64 run's so far, fp64_twin), int32 allow[nsteps][Lm]
+                 (the top-k assignments per layer that another fp32 run may route otherwise, times 2)
   dterm.bin      int32 hdr[256] = {20241204, 1, nprobes, 0...}, then per parameter (the tensors of state.bin's
                  gradients, in order) fp32: the rms change of its step-0 gradient when every attention row's D =
                  rowsum(dY o Y) carries the error of one bf16 rounding of Y (d_term: over nprobes draws); test_gpt's
@@ -367,7 +370,7 @@ def moe_mlp(x, p, i, cfg, log):
     f = counts.to(x.dtype) / (k * T)                                                # no gradient
     P = (probs / probs.sum(dim=-1, keepdim=True) if sigmoid else probs).mean(dim=1)
     aux = E * (f * P).sum(dim=-1)                              # (B)
-    log.append(dict(choice=choice, keep=keep, topk_margin=topk_margin, cap_margin=cap_margin,
+    log.append(dict(choice=choice, keep=keep, topk_margin=topk_margin, cap_margin=cap_margin, score=probs.detach() + bias,
                     dropped=float((~keep).sum()) / keep.numel(), load=counts.sum(dim=0)))
     return out, aux, lse ** 2
 
@@ -582,7 +585,7 @@ def train(params, tokens, cfg, a):
     margin; the step-0 gradients and routing log"""
     m = {k: torch.zeros_like(v) for k, v in params.items()}
     vv = {k: torch.zeros_like(v) for k, v in params.items()}
-    hist = dict(losses=[], norms=[], aux=[], z=[], dropped=[], loads=[], margin=float("inf"))
+    hist = dict(losses=[], norms=[], aux=[], z=[], dropped=[], loads=[], scores=[], margin=float("inf"))
     grads0, log0 = None, None
     for s in range(a.nsteps):
         for p in params.values():
@@ -622,6 +625,7 @@ def train(params, tokens, cfg, a):
         hist["z"].append(float(z))
         hist["dropped"].append(sum(r["dropped"] for r in log) / len(log) if log else 0.0)
         hist["loads"].append([r["load"].tolist() for r in log])
+        hist["scores"].append([r["score"] for r in log])
         hist["margin"] = min(hist["margin"], min_margin(log, cfg))
         moe = f"  aux {float(aux):.6f}  z {float(z):.6f}  dropped {hist['dropped'][-1]:.4f}" if cfg["E"] else ""
         print(f"step {s:3d}  loss {float(ce):.6f}  norm {norm:.6f}  lr {lr:.3e}"
@@ -676,7 +680,7 @@ def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
     losses, norms = hist["losses"], hist["norms"]
     with open(os.path.join(out, "state.bin"), "wb") as f:
         f.write(header(20241129, 1, cfg["T"], cfg["R"], a.nsteps, a.warmup))
-        muon = a.optimizer == "muon"   # [9] 1: Muon, [10] its momentum, [11] the fp32 run's distance from fp64's
+        muon = a.optimizer == "muon"   # [9] 1: Muon, [10] its momentum, [11] the fp32 run's distance from fp64's (Muon, MoE)
         f.write(header(a.lr, a.b1, a.b2, a.eps, a.weight_decay, a.clip, a.final_frac,
                        losses[0], norms[0], float(muon), a.muon_momentum if muon else 0.0,
                        hist.get("fp64_dist", 0.0), dtype=np.float32))
@@ -689,7 +693,7 @@ def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
     if moe:
         Lm = len(log0)
         with open(os.path.join(out, "moe.bin"), "wb") as f:
-            f.write(header(20241130, 2, cfg["E"], cfg["k"], cfg["every"], cfg["F1000"],
+            f.write(header(20241130, 3, cfg["E"], cfg["k"], cfg["every"], cfg["F1000"],
                            0 if cfg["policy"] == "probs" else 1, Lm, cfg["R"], cfg["T"], a.nsteps, 1))
             f.write(header(cfg["aux_coeff"], cfg["z_coeff"], hist["aux"][0], hist["z"][0],
                            hist["dropped"][0], hist["margin"], cfg["bias_rate"], dtype=np.float32))
@@ -700,6 +704,8 @@ def write_all(out, cfg, a, init, tokens, hist, grads0, log0, final):
                 f.write(np.array(hist[key], dtype="<f4").tobytes())
             f.write(np.array(hist["loads"], dtype="<i4").tobytes())
             f.write(cfg["bias"].numpy().astype("<f4").tobytes())
+            f.write(np.array(hist["drift"], dtype="<f4").tobytes())
+            f.write(np.array(hist["allow"], dtype="<i4").tobytes())
     with open(os.path.join(out, "README.txt"), "w") as f:
         f.write(f"gpt2_ref.py reference state, config {a.config}, seed {a.seed}, data seed {a.data_seed}\n")
         f.write(" ".join(f"{k}={cfg[k]}" for k in ("L", "C", "NH", "V", "Vp", "maxT", "T", "R")))
@@ -913,6 +919,44 @@ def parse(argv=None):
     assert a.nsteps > a.warmup >= 1
     return a, cfg, ap
 
+def load_allowance(scores, k, delta):
+    """scores (..., E) the choice's p + b, each possibly off by delta / 2 in another fp32 run -> the most top-k
+    assignments that can move to another expert: a chosen expert can leave only if it is within delta of the
+    best unchosen, an unchosen one enter only if within delta of the last chosen; each move changes two loads by 1"""
+    v = torch.sort(scores.reshape(-1, scores.shape[-1]).double(), dim=-1, descending=True).values
+    if k >= v.shape[-1]:
+        return 0
+    leave = (v[:, :k] - v[:, k:k + 1] <= delta).sum(dim=-1)
+    enter = (v[:, k - 1:k] - v[:, k:] <= delta).sum(dim=-1)
+    return 2 * int(torch.minimum(leave, enter).sum())
+
+def fp64_twin(hist, init, tokens, cfg, a):
+    """The same steps in fp64, which measure how far an fp32 run of them lands from the exact one (test_gpt bounds
+    ours by it). Muon: Newton-Schulz amplifies rounding (its slope near 0 is a = 3.44, five times). MoE: from the
+    first AdamW step on, an element whose gradient is rounding noise of eps's size (1e-10..1e-8) moves by another
+    fraction of lr in each run, and the router's scores drift ~100x further than step 0's rounding (tiny OLMoE:
+    6e-8 at step 0, up to 1.2e-5 after), past the margins of some decisions. hist gets fp64_dist (the worst
+    relative distance of the losses and norms) and, with MoE, per step the scores' drift (the largest so far of
+    max |p + b - (p + b)64|, D) and per MoE layer the load allowance: another fp32 run lands within 2 D (2x
+    for another order landing farther), so the two runs' scores differ by at most 3 D each and a gap flips
+    only below delta = 6 D (load_allowance)."""
+    cfg64 = dict(cfg, bias=torch.zeros_like(cfg["bias"], dtype=torch.float64))
+    p64 = {k: v.double().clone().requires_grad_(True) for k, v in init.items()}
+    with contextlib.redirect_stdout(io.StringIO()):
+        h64, _, _ = train(p64, tokens, cfg64, a)
+    hist["fp64_dist"] = max(max(abs(x - y) / abs(y) for x, y in zip(hist["losses"], h64["losses"])),
+                            max(abs(x - y) / abs(y) for x, y in zip(hist["norms"], h64["norms"])))
+    print(f"the fp32 run's losses and norms within {hist['fp64_dist']:.2e} (relative) of the fp64 run's")
+    if not cfg["E"]:
+        return
+    hist["drift"], hist["allow"], D = [], [], 0.0
+    for s32, s64 in zip(hist["scores"], h64["scores"]):
+        D = max([D] + [float((x.double() - y).abs().max()) for x, y in zip(s32, s64)])
+        hist["drift"].append(D)
+        hist["allow"].append([load_allowance(x, cfg["k"], 6 * D) for x in s32])
+    print("MoE scores' drift from the fp64 run per step: " + " ".join(f"{d:.1e}" for d in hist["drift"]) +
+          "; load allowance (assignments) per step: " + " ".join(str(sum(x)) for x in hist["allow"]))
+
 def main():
     a, cfg, ap = parse()
     if a.threads:
@@ -939,17 +983,8 @@ def main():
         print(f"data seed {a.data_seed}: smallest routing margin {hist['margin']:.2e} < {a.min_margin:.0e}, next seed")
     else:
         sys.exit(f"no data seed in 50 gives routing margins >= {a.min_margin}")
-    if a.optimizer == "muon":
-        # Newton-Schulz amplifies rounding (its slope near 0 is a = 3.44, five times): the same run in fp64 measures how
-        # far an fp32 run lands from the exact one; test_gpt bounds ours by it (state.bin [11])
-        cfg64 = dict(cfg, bias=torch.zeros_like(cfg["bias"], dtype=torch.float64))
-        p64 = {k: v.double().clone().requires_grad_(True) for k, v in init.items()}
-        with contextlib.redirect_stdout(io.StringIO()):
-            h64, _, _ = train(p64, tokens, cfg64, a)
-        dist = max(max(abs(x - y) / abs(y) for x, y in zip(hist["losses"], h64["losses"])),
-                   max(abs(x - y) / abs(y) for x, y in zip(hist["norms"], h64["norms"])))
-        hist["fp64_dist"] = dist
-        print(f"Muon: the fp32 run's losses and norms within {dist:.2e} (relative) of the fp64 run's")
+    if a.optimizer == "muon" or cfg["E"]:
+        fp64_twin(hist, init, tokens, cfg, a)
     write_all(a.out, cfg, a, init, tokens, hist, grads0, log0, params)
     write_d_term(a.out, cfg, d_term(init, tokens, cfg))
     print(f"wrote {a.out} in {time.time() - t0:.1f} s")
