@@ -525,8 +525,8 @@ static void check_training(TestRun *t, Model *m, DataLoader *dl, float loss0) {
         if (split < 0 && check_moe_load(m, &t->rmoe, s)) { split = s; }
     }
     if (split >= 0 && split + 1 < t->ref.nsteps && my_rank == 0) {
-        printf("       MoE loads of steps %d..%d not compared: a near-tie routed a token otherwise at step %d\n", split + 1,
-               t->ref.nsteps - 1, split);
+        printf("       MoE loads of steps %d..%d not compared: the runs separated at step %d (its loads differed)\n",
+               split + 1, t->ref.nsteps - 1, split);
     }
     if (t->ref.muon) { check_muon_training(t, losses, norms); }
     else { check_losses(losses, t->ref.losses, t->ref.nsteps, 0, "(AdamW) against the reference's", measured_loss_tol(t)); }
